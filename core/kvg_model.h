@@ -1,0 +1,86 @@
+/* kvg_model.h: the model description shared by every backend (private). */
+#ifndef KVG_MODEL_H
+#define KVG_MODEL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvg_gguf.h"
+#include "kvg_tokenizer.h"
+#include "kvgen.h"
+
+typedef struct kvg_hparams {
+    int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot;
+    int n_ctx_train, n_vocab;
+    float rope_freq_base, rms_norm_eps;
+} kvg_hparams;
+
+/* Weights of one transformer block; shapes as GGUF stores them (ne[0] = input width). */
+typedef struct kvg_layer {
+    const kvg_tensor *attn_norm; /* [n_embd] f32 */
+    const kvg_tensor *wq;        /* [n_embd] -> [n_head*head_dim] */
+    const kvg_tensor *wk;        /* [n_embd] -> [n_head_kv*head_dim] */
+    const kvg_tensor *wv;        /* [n_embd] -> [n_head_kv*head_dim] */
+    const kvg_tensor *wo;        /* [n_head*head_dim] -> [n_embd] */
+    const kvg_tensor *ffn_norm;  /* [n_embd] f32 */
+    const kvg_tensor *w_gate;    /* [n_embd] -> [n_ff] */
+    const kvg_tensor *w_up;      /* [n_embd] -> [n_ff] */
+    const kvg_tensor *w_down;    /* [n_ff] -> [n_embd] */
+} kvg_layer;
+
+/* Describes the weights of a llama-architecture GGUF: hyperparameters and tensor lookup,
+ * shapes and types checked. Refuses other architectures and missing tensors clearly. */
+typedef struct kvg_weights {
+    kvg_hparams hp;
+    const kvg_tensor *tok_embd;    /* [n_embd] x n_vocab */
+    const kvg_tensor *output_norm; /* [n_embd] f32 */
+    const kvg_tensor *output;      /* [n_embd] x n_vocab; == tok_embd when tied */
+    bool tied;
+    kvg_layer *layers;             /* n_layer */
+} kvg_weights;
+
+kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error *err);
+void kvg_weights_free(kvg_weights *w);
+
+/* ---- backends ---- */
+typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-session state (its KV cache) */
+
+typedef struct kvg_backend_ops {
+    const char *name;
+    /* per-model state (device buffers, ...) */
+    kvgen_status (*model_init)(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
+    void (*model_free)(kvgen_model *m);
+    kvgen_status (*session_init)(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err);
+    void (*session_free)(kvgen_model *m, kvg_backend_session *s);
+    /* Runs tokens[0..n) at positions pos0.., appending their K/V at those positions.
+     * logits: n_vocab floats for the last token, or n*n_vocab when all_logits. */
+    kvgen_status (*forward)(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                            float *logits, bool all_logits, kvgen_error *err);
+    /* copies K (which=0) or V of a layer, positions [0,len), as (kv_heads, len, head_dim) floats */
+    kvgen_status (*read_cache)(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
+                               kvgen_error *err);
+    size_t (*cache_bytes_per_token)(const kvgen_model *m);
+} kvg_backend_ops;
+
+extern const kvg_backend_ops kvg_reference_backend;
+extern const kvg_backend_ops kvg_vulkan_backend;
+
+struct kvgen_model {
+    int refcount;
+    kvg_gguf *gguf;
+    kvg_weights w;
+    kvg_tokenizer *tok;
+    const kvg_backend_ops *ops;
+    void *backend;       /* the backend's per-model state */
+    char *name;
+    char device_name[256];
+    int n_threads;
+};
+
+/* error helper: formats into err (when not NULL) and returns status */
+kvgen_status kvg_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif

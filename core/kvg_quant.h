@@ -1,0 +1,30 @@
+/* kvg_quant.h: tensor types (ggml numbering), block layouts, (de)quantization, dot products. */
+#ifndef KVG_QUANT_H
+#define KVG_QUANT_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kvg_type {
+    KVG_TYPE_F32 = 0, KVG_TYPE_F16 = 1, KVG_TYPE_Q4_0 = 2, KVG_TYPE_Q4_1 = 3,
+    KVG_TYPE_Q8_0 = 8, KVG_TYPE_BF16 = 30
+} kvg_type;
+
+bool kvg_type_supported(uint32_t type);   /* kvgen can compute with it */
+bool kvg_type_known(uint32_t type);       /* a ggml type number kvgen can size (may be unsupported) */
+const char *kvg_type_name(uint32_t type); /* "Q4_1", or "type 14" style for unknown ones (static buffer-free) */
+uint32_t kvg_type_block_elems(uint32_t type);  /* elements per block (1 for F32/F16/BF16, 32 for Q*_0/1) */
+uint32_t kvg_type_block_bytes(uint32_t type);  /* bytes per block */
+size_t kvg_row_bytes(uint32_t type, uint64_t n);  /* n must be a multiple of the block size */
+
+float kvg_f16_to_f32(uint16_t h);
+uint16_t kvg_f32_to_f16(float f);
+float kvg_bf16_to_f32(uint16_t h);
+uint16_t kvg_f32_to_bf16(float f);
+
+void kvg_dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n);
+void kvg_quantize_row(uint32_t type, const float *src, void *dst, uint64_t n);
+/* dot(row of `type`, f32 vector x), n elements */
+float kvg_dot_row(uint32_t type, const void *row, const float *x, uint64_t n);
+
+#endif

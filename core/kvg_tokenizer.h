@@ -1,0 +1,33 @@
+/* kvg_tokenizer.h: byte-level BPE and SentencePiece tokenizers built from GGUF metadata (private). */
+#ifndef KVG_TOKENIZER_H
+#define KVG_TOKENIZER_H
+#include <stddef.h>
+#include <stdint.h>
+#include "kvg_gguf.h"
+#include "kvgen.h"
+
+typedef struct kvg_tokenizer kvg_tokenizer;
+
+/* Builds the tokenizer from tokenizer.ggml.* keys; errors name the file and the key. */
+kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_error *err);
+void kvg_tokenizer_free(kvg_tokenizer *t);
+
+kvgen_tokenizer_kind kvg_tokenizer_kind(const kvg_tokenizer *t);
+const char *kvg_tokenizer_pre(const kvg_tokenizer *t);
+int32_t kvg_tokenizer_n_vocab(const kvg_tokenizer *t);
+int32_t kvg_tokenizer_bos(const kvg_tokenizer *t); /* -1 when none */
+int32_t kvg_tokenizer_eos(const kvg_tokenizer *t);
+int32_t kvg_tokenizer_eot(const kvg_tokenizer *t);
+int kvg_tokenizer_add_bos(const kvg_tokenizer *t);
+
+/* Same contract as kvgen_tokenize / kvgen_token_piece / kvgen_token_is_eog in kvgen.h. */
+kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *out,
+                          size_t cap, size_t *n_tokens, kvgen_error *err);
+size_t kvg_token_piece(const kvg_tokenizer *t, int32_t token, unsigned flags, char *buf, size_t size);
+int kvg_token_is_eog(const kvg_tokenizer *t, int32_t token);
+int kvg_token_is_control(const kvg_tokenizer *t, int32_t token);
+int32_t kvg_token_find(const kvg_tokenizer *t, const char *text);
+/* SentencePiece with add_space_prefix: the first piece of a detokenized text drops its leading space. */
+int kvg_tokenizer_strips_leading_space(const kvg_tokenizer *t);
+
+#endif

@@ -1,0 +1,81 @@
+#define _POSIX_C_SOURCE 200809L
+#include "testutil.h"
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int tu_failures = 0;
+int tu_checks = 0;
+
+int tu_finish(const char *name) {
+    printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
+}
+
+void tu_skip(const char *why) {
+    printf("SKIP: %s\n", why);
+    exit(77);
+}
+
+const char *tu_model_path(void) {
+    const char *p = getenv("KVGEN_MODEL");
+    if (!p || !*p) p = getenv("KVGEN_DEFAULT_MODEL");
+    if (!p || access(p, R_OK) != 0) return NULL;
+    return p;
+}
+
+static char *join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s/%s", a, b);
+    return s;
+}
+
+char *tu_testdata(const char *rel) {
+    const char *d = getenv("KVGEN_TESTDATA");
+    return join(d && *d ? d : "../shared/testdata", rel);
+}
+
+char *tu_tmpfile(const char *name) {
+    const char *d = getenv("KVGEN_TEST_TMP");
+    if (!d || !*d) d = "/tmp";
+    mkdir(d, 0777);
+    return join(d, name);
+}
+
+char *tu_make_model(const char *name, const char *args) {
+    const char *bin = getenv("KVGEN_BIN");
+    char *path = tu_tmpfile(name);
+    size_t n = strlen(path) + strlen(args) + (bin ? strlen(bin) : 1) + 64;
+    char *cmd = malloc(n);
+    snprintf(cmd, n, "%s/kvgen-mkmodel -o %s %s", bin ? bin : ".", path, args);
+    int rc = system(cmd);
+    if (rc != 0) {
+        fprintf(stderr, "model generation failed (%d): %s\n", rc, cmd);
+        free(cmd);
+        free(path);
+        return NULL;
+    }
+    free(cmd);
+    return path;
+}
+
+char *tu_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        if (size) *size = (size_t)n;
+    }
+    return buf;
+}
