@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# kvgen set-up: installs the Debian packages kvgen needs and fetches the default model.
+# Idempotent: skips what is already there. Run as root (or with sudo available).
+#   KVGEN_MODEL=/path/to.gguf   use another model (nothing is downloaded then)
+#   KVGEN_SKIP_PACKAGES=1       do not touch system packages
+#   KVGEN_SKIP_MODEL=1          do not fetch the default model
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+packages=(
+  build-essential cmake pkg-config clang
+  libvulkan-dev mesa-vulkan-drivers glslc glslang-tools spirv-tools vulkan-validationlayers vulkan-tools
+  lua5.4 liblua5.4-dev lua-busted
+  libpcre2-dev
+  unzip ca-certificates
+)
+
+install_packages() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup: packages already installed"
+    return
+  fi
+  echo "setup: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+[ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  packages=(python3 python3-pip)
+  [ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages
+fi
+[ "${KVGEN_SKIP_MODEL:-0}" = 1 ] || [ -n "${KVGEN_MODEL:-}" ] || "$here/scripts/fetch_model.sh"

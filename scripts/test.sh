@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# kvgen's whole test suite: builds (warnings as errors), runs the C tests with the Vulkan
+# validation layer on, runs them again under ASan+UBSan, then the busted specs.
+# The last line is "N passed, N failed" over everything that ran.
+#   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+jobs=$(nproc 2>/dev/null || echo 2)
+passed=0
+failed=0
+log_dir="$here/build/test-logs"
+
+# count ctest's per-test result lines; skipped tests are neither passed nor failed
+count_ctest() {
+  local log=$1 p f
+  p=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' "$log")
+  f=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run)' "$log")
+  passed=$((passed + p)); failed=$((failed + f))
+  echo "ctest ($2): $p passed, $f failed"
+}
+
+build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S "$here" -B "$dir" -DKVGEN_WERROR=ON "$@" >/dev/null &&
+    cmake --build "$dir" -j"$jobs" >"$dir.build.log" 2>&1 || { cat "$dir.build.log"; return 1; }
+}
+
+mkdir -p "$log_dir"
+if build "$here/build"; then
+  KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
+  count_ctest "$log_dir/ctest.log" "validation on"
+else
+  echo "build failed"; failed=$((failed + 1))
+fi
+
+if [ "${KVGEN_TEST_QUICK:-0}" != 1 ]; then
+  if build "$here/build-asan" -DKVGEN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest --test-dir "$here/build-asan" --output-on-failure -j"$jobs" -LE slow 2>&1 | tee "$log_dir/ctest-asan.log"
+    count_ctest "$log_dir/ctest-asan.log" "ASan+UBSan"
+  else
+    echo "sanitizer build failed"; failed=$((failed + 1))
+  fi
+fi
+
+if ls spec/*_spec.lua >/dev/null 2>&1; then
+  tags=()
+  [ "${KVGEN_TEST_QUICK:-0}" = 1 ] && tags=(--exclude-tags=model)
+  KVGEN_BUILD="$here/build" lua5.4 /usr/bin/busted "${tags[@]}" -o TAP 2>&1 | tee "$log_dir/busted.log"
+  bp=$(grep -cE '^ok ' "$log_dir/busted.log")
+  bf=$(grep -cE '^not ok ' "$log_dir/busted.log")
+  if [ "$bp" -eq 0 ] && [ "$bf" -eq 0 ]; then bf=1; echo "busted ran nothing"; fi
+  passed=$((passed + bp)); failed=$((failed + bf))
+  echo "busted: $bp passed, $bf failed"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
