@@ -52,6 +52,9 @@ bool kvg_gguf_get_str(const kvg_gguf *g, const char *key, kvg_str *out);
 bool kvg_gguf_get_arr(const kvg_gguf *g, const char *key, kvg_gguf_vtype *elem_type, uint64_t *count);
 const void *kvg_gguf_arr_data(const kvg_gguf *g, const char *key);
 kvg_str kvg_gguf_arr_str(const kvg_gguf *g, const char *key, uint64_t i);
+/* element i of an array of arrays: its element type, count and encoded elements (numeric: the data) */
+bool kvg_gguf_arr_arr(const kvg_gguf *g, const char *key, uint64_t i, kvg_gguf_vtype *elem_type, uint64_t *count,
+                      const void **data);
 
 /* tensors */
 int kvg_gguf_n_tensors(const kvg_gguf *g);
@@ -72,6 +75,9 @@ void kvg_gguf_set_bool(kvg_gguf_writer *w, const char *key, bool v);
 void kvg_gguf_set_str(kvg_gguf_writer *w, const char *key, const char *v);
 void kvg_gguf_set_arr_str(kvg_gguf_writer *w, const char *key, const kvg_str *v, uint64_t n);
 void kvg_gguf_set_arr_num(kvg_gguf_writer *w, const char *key, kvg_gguf_vtype elem, const void *data, uint64_t n);
+/* a value of any type given as its encoded bytes (everything after the type field): for the types
+ * without a setter, nested arrays, and tests that write malformed values */
+void kvg_gguf_set_raw(kvg_gguf_writer *w, const char *key, kvg_gguf_vtype type, const void *value, size_t nbytes);
 /* copies one key (any type, arrays included) from a reader */
 bool kvg_gguf_copy_kv(kvg_gguf_writer *w, const kvg_gguf *src, const char *key);
 /* adds a tensor; data (nbytes, must equal the size its type and shape give) is copied */
