@@ -405,10 +405,11 @@ static kvgen_status parse(kvg_gguf *g, kvgen_error *err) {
                             ", size %zu, file %zu)", g->path, t->name, g->data_offset + t->offset, t->nbytes, g->size);
         t->data = g->map + g->data_offset + t->offset;
     }
-    const kvg_tensor **order = malloc((size_t)g->n_tensors * sizeof *order);
+    size_t n_t = (uint32_t)g->n_tensors; /* 1 .. INT32_MAX/4 here */
+    const kvg_tensor **order = malloc(n_t * sizeof *order);
     if (!order) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", g->path);
-    for (int i = 0; i < g->n_tensors; i++) order[i] = &g->tensors[i];
-    qsort(order, (size_t)g->n_tensors, sizeof *order, cmp_tensor_offset);
+    for (size_t i = 0; i < n_t; i++) order[i] = &g->tensors[i];
+    qsort(order, n_t, sizeof *order, cmp_tensor_offset);
     for (int i = 1; i < g->n_tensors; i++) {
         const kvg_tensor *a = order[i - 1], *b = order[i];
         if (a->offset + a->nbytes > b->offset) {

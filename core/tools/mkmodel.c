@@ -1,0 +1,411 @@
+/* kvgen-mkmodel: writes a seeded random-weight llama GGUF of any shape and supported type.
+ *
+ *   kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N]
+ *                 [--ctx N] [--rope-base F] [--type T] [--embd-type T] [--untied]
+ *                 [--vocab VOCAB.gguf] [--vocab-size N]
+ *
+ * The weights are meaningless but well-scaled (normal-ish, std 0.02 to 0.08; norm weights near 1),
+ * so a forward pass gives finite, non-degenerate logits: tests and benchmarks of every shape use these. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_gguf.h"
+#include "kvg_quant.h"
+
+typedef struct options {
+    const char *out, *vocab_path;
+    uint64_t seed;
+    int layers, embd, ff, heads, kv_heads, ctx, vocab_size;
+    float rope_base;
+    uint32_t type, embd_type;
+    int untied;
+} options;
+
+typedef struct rng {
+    uint64_t state;
+} rng;
+
+static uint64_t rng_next(rng *r) { /* splitmix64 */
+    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(rng *r) { return (float)(rng_next(r) >> 40) * (1.0f / 16777216.0f); }
+
+/* Irwin-Hall: the sum of four uniforms, rescaled to unit variance; plain arithmetic, so a seed
+ * gives the same bits on every machine (no libm transcendental functions involved) */
+static float rng_normal(rng *r) {
+    float s = rng_uniform(r) + rng_uniform(r) + rng_uniform(r) + rng_uniform(r);
+    return (s - 2.0f) * 1.7320508f;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
+            "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_1]\n"
+            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n");
+}
+
+static int parse_type(const char *s, uint32_t *out) {
+    static const uint32_t types[] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_BF16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0,
+                                     KVG_TYPE_Q4_1};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strcmp(s, kvg_type_name(types[i])) == 0) {
+            *out = types[i];
+            return 0;
+        }
+    fprintf(stderr, "kvgen-mkmodel: unknown type '%s' (F32, F16, BF16, Q8_0, Q4_0 or Q4_1)\n", s);
+    return -1;
+}
+
+static int parse_int(const char *opt, const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v <= 0 || v > (1 << 20)) {
+        fprintf(stderr, "kvgen-mkmodel: %s needs a positive integer, got '%s'\n", opt, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->seed = 1;
+    o->layers = 2;
+    o->embd = 64;
+    o->ff = 128;
+    o->heads = 4;
+    o->ctx = 512;
+    o->rope_base = 10000.0f;
+    o->type = KVG_TYPE_F32;
+    int embd_type_set = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--untied") == 0) {
+            o->untied = 1;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvgen-mkmodel: %s needs a value\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        int rc = 0;
+        if (strcmp(a, "-o") == 0) o->out = v;
+        else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            o->seed = strtoull(v, &end, 0);
+            if (*end || end == v) {
+                fprintf(stderr, "kvgen-mkmodel: --seed needs an integer, got '%s'\n", v);
+                rc = -1;
+            }
+        } else if (strcmp(a, "--layers") == 0) rc = parse_int(a, v, &o->layers);
+        else if (strcmp(a, "--embd") == 0) rc = parse_int(a, v, &o->embd);
+        else if (strcmp(a, "--ff") == 0) rc = parse_int(a, v, &o->ff);
+        else if (strcmp(a, "--heads") == 0) rc = parse_int(a, v, &o->heads);
+        else if (strcmp(a, "--kv-heads") == 0) rc = parse_int(a, v, &o->kv_heads);
+        else if (strcmp(a, "--ctx") == 0) rc = parse_int(a, v, &o->ctx);
+        else if (strcmp(a, "--vocab-size") == 0) rc = parse_int(a, v, &o->vocab_size);
+        else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
+        else if (strcmp(a, "--type") == 0) rc = parse_type(v, &o->type);
+        else if (strcmp(a, "--embd-type") == 0) {
+            rc = parse_type(v, &o->embd_type);
+            embd_type_set = 1;
+        } else if (strcmp(a, "--rope-base") == 0) {
+            char *end;
+            o->rope_base = strtof(v, &end);
+            if (*end || end == v || !(o->rope_base > 0.0f) || !isfinite(o->rope_base)) {
+                fprintf(stderr, "kvgen-mkmodel: --rope-base needs a positive number, got '%s'\n", v);
+                rc = -1;
+            }
+        } else {
+            fprintf(stderr, "kvgen-mkmodel: unknown option %s\n", a);
+            rc = -1;
+        }
+        if (rc) return rc;
+    }
+    if (!o->out) {
+        fprintf(stderr, "kvgen-mkmodel: -o OUT.gguf is required\n");
+        return -1;
+    }
+    if (!embd_type_set) o->embd_type = o->type;
+    if (!o->kv_heads) o->kv_heads = o->heads;
+    if (o->embd % o->heads) {
+        fprintf(stderr, "kvgen-mkmodel: --embd %d is not a multiple of --heads %d\n", o->embd, o->heads);
+        return -1;
+    }
+    if (o->heads % o->kv_heads) {
+        fprintf(stderr, "kvgen-mkmodel: --heads %d is not a multiple of --kv-heads %d\n", o->heads, o->kv_heads);
+        return -1;
+    }
+    if ((o->embd / o->heads) % 2) {
+        fprintf(stderr, "kvgen-mkmodel: the head size %d must be even (rope rotates pairs)\n", o->embd / o->heads);
+        return -1;
+    }
+    const uint32_t checks[][2] = {{o->type, (uint32_t)o->embd}, {o->type, (uint32_t)o->ff},
+                                  {o->embd_type, (uint32_t)o->embd}};
+    for (size_t i = 0; i < 3; i++) {
+        uint32_t be = kvg_type_block_elems(checks[i][0]);
+        if (checks[i][1] % be) {
+            fprintf(stderr, "kvgen-mkmodel: type %s needs row lengths that are multiples of %u (--embd %d, --ff %d)\n",
+                    kvg_type_name(checks[i][0]), be, o->embd, o->ff);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- vocabulary ---- */
+
+typedef struct vocab {
+    char **text;
+    int32_t *type;
+    int n, cap;
+    char **merges;
+    int n_merges;
+} vocab;
+
+static int vocab_add(vocab *v, const char *text, int32_t type) {
+    if (v->n == v->cap) {
+        int cap = v->cap ? v->cap * 2 : 512;
+        char **t = realloc(v->text, (size_t)cap * sizeof *t);
+        if (!t) return -1;
+        v->text = t;
+        int32_t *ty = realloc(v->type, (size_t)cap * sizeof *ty);
+        if (!ty) return -1;
+        v->type = ty;
+        v->cap = cap;
+    }
+    size_t len = strlen(text);
+    v->text[v->n] = malloc(len + 1);
+    if (!v->text[v->n]) return -1;
+    memcpy(v->text[v->n], text, len + 1);
+    v->type[v->n] = type;
+    return v->n++;
+}
+
+/* GPT-2 maps every byte to a printable code point: printable Latin-1 bytes to themselves, the rest
+ * to U+0100 onwards in byte order. Token texts are the UTF-8 of those code points. */
+static void byte_token(int b, char out[3]) {
+    int cp = b;
+    if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))) {
+        int k = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff))) k++;
+        cp = 256 + k;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        out[2] = 0;
+    }
+}
+
+static int make_synthetic_vocab(vocab *v, int want) {
+    for (int b = 0; b < 256; b++) {
+        char t[3];
+        byte_token(b, t);
+        if (vocab_add(v, t, 1) < 0) return -1;
+    }
+    /* a few common English pairs ("Ġ" is the space byte), so the BPE path merges something */
+    static const char *const merges[][2] = {
+        {"\xc4\xa0", "t"}, {"h", "e"}, {"\xc4\xa0", "a"}, {"i", "n"}, {"t", "h"}, {"e", "r"}, {"o", "n"},
+        {"\xc4\xa0t", "he"}, {"r", "e"}, {"a", "n"}, {"\xc4\xa0", "s"}, {"o", "u"}, {"\xc4\xa0", "w"}, {"e", "n"},
+    };
+    size_t nm = sizeof merges / sizeof merges[0];
+    v->merges = calloc(nm, sizeof *v->merges);
+    if (!v->merges) return -1;
+    for (size_t i = 0; i < nm; i++) {
+        char joined[16], rule[20];
+        snprintf(joined, sizeof joined, "%s%s", merges[i][0], merges[i][1]);
+        snprintf(rule, sizeof rule, "%s %s", merges[i][0], merges[i][1]);
+        v->merges[i] = malloc(strlen(rule) + 1);
+        if (!v->merges[i] || vocab_add(v, joined, 1) < 0) return -1;
+        strcpy(v->merges[i], rule);
+        v->n_merges++;
+    }
+    static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    for (size_t i = 0; i < 3; i++)
+        if (vocab_add(v, specials[i], 3) < 0) return -1;
+    if (want && want < v->n) {
+        fprintf(stderr, "kvgen-mkmodel: --vocab-size %d is below the %d tokens of the synthetic vocabulary\n", want,
+                v->n);
+        return -2;
+    }
+    /* padding tokens: ordinary text no merge produces, so only sampling can emit them */
+    for (int i = 0; v->n < want; i++) {
+        char t[32];
+        snprintf(t, sizeof t, "tok%d", i);
+        if (vocab_add(v, t, 1) < 0) return -1;
+    }
+    return 0;
+}
+
+static void vocab_free(vocab *v) {
+    for (int i = 0; i < v->n; i++) free(v->text[i]);
+    for (int i = 0; i < v->n_merges; i++) free(v->merges[i]);
+    free(v->text);
+    free(v->type);
+    free(v->merges);
+}
+
+static int write_synthetic_tokenizer(kvg_gguf_writer *w, vocab *v) {
+    kvg_str *s = malloc((size_t)(v->n > v->n_merges ? v->n : v->n_merges) * sizeof *s);
+    if (!s) return -1;
+    for (int i = 0; i < v->n; i++) s[i] = (kvg_str){v->text[i], strlen(v->text[i])};
+    kvg_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+    kvg_gguf_set_str(w, "tokenizer.ggml.pre", "gpt2");
+    kvg_gguf_set_arr_str(w, "tokenizer.ggml.tokens", s, (uint64_t)v->n);
+    kvg_gguf_set_arr_num(w, "tokenizer.ggml.token_type", KVG_GGUF_INT32, v->type, (uint64_t)v->n);
+    for (int i = 0; i < v->n_merges; i++) s[i] = (kvg_str){v->merges[i], strlen(v->merges[i])};
+    kvg_gguf_set_arr_str(w, "tokenizer.ggml.merges", s, (uint64_t)v->n_merges);
+    free(s);
+    int eot = 256 + v->n_merges;
+    kvg_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)eot);
+    kvg_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eot + 2); /* <|im_end|> ends a chat turn */
+    kvg_gguf_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)eot);
+    kvg_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+    return 0;
+}
+
+/* copies every tokenizer.* key; returns the vocabulary size or -1 */
+static int copy_tokenizer(kvg_gguf_writer *w, const char *path) {
+    kvg_gguf *src;
+    kvgen_error err = {0};
+    if (kvg_gguf_open(path, &src, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen-mkmodel: %s\n", err.message);
+        return -1;
+    }
+    uint64_t n = 0;
+    kvg_gguf_vtype et;
+    if (!kvg_gguf_get_arr(src, "tokenizer.ggml.tokens", &et, &n) || et != KVG_GGUF_STRING || n == 0 ||
+        n > (1 << 20)) {
+        fprintf(stderr, "kvgen-mkmodel: %s: no usable tokenizer.ggml.tokens array\n", path);
+        kvg_gguf_close(src);
+        return -1;
+    }
+    for (int i = 0; i < kvg_gguf_n_kv(src); i++) {
+        const char *key = kvg_gguf_key(src, i);
+        if (strncmp(key, "tokenizer.", 10) == 0) kvg_gguf_copy_kv(w, src, key);
+    }
+    kvg_gguf_close(src);
+    return (int)n;
+}
+
+/* ---- weights ---- */
+
+/* rows x cols (cols = ne[0], contiguous) of type t: normal(0, std) + mean */
+static int add_matrix(kvg_gguf_writer *w, rng *r, const char *name, uint32_t type, int cols, int rows, float mean,
+                      float std) {
+    size_t row_bytes = kvg_row_bytes(type, (uint64_t)cols);
+    size_t nbytes = row_bytes * (size_t)rows;
+    float *row = malloc((size_t)cols * sizeof *row);
+    unsigned char *data = malloc(nbytes ? nbytes : 1);
+    if (!row || !data) {
+        free(row);
+        free(data);
+        fprintf(stderr, "kvgen-mkmodel: out of memory\n");
+        return -1;
+    }
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) row[j] = mean + std * rng_normal(r);
+        kvg_quantize_row(type, row, data + (size_t)i * row_bytes, (uint64_t)cols);
+    }
+    uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
+    kvg_gguf_add_tensor(w, name, type, rows == 1 ? 1 : 2, ne, data, nbytes);
+    free(row);
+    free(data);
+    return 0;
+}
+
+static float matrix_std(int n_in) {
+    float s = 0.5f / sqrtf((float)n_in); /* keeps each projection's output near unit scale */
+    return s < 0.02f ? 0.02f : s > 0.08f ? 0.08f : s;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (parse_args(argc, argv, &o) != 0) {
+        usage();
+        return 2;
+    }
+    kvg_gguf_writer *w = kvg_gguf_writer_new();
+    vocab v = {0};
+    int rc = 1;
+    if (!w) goto done;
+    kvg_gguf_set_str(w, "general.architecture", "llama");
+    kvg_gguf_set_str(w, "general.name", "kvgen-mkmodel random llama");
+    int n_vocab;
+    if (o.vocab_path) {
+        n_vocab = copy_tokenizer(w, o.vocab_path);
+        if (n_vocab < 0) goto done;
+        if (o.vocab_size && o.vocab_size != n_vocab) {
+            fprintf(stderr, "kvgen-mkmodel: --vocab-size %d differs from the %d tokens of %s\n", o.vocab_size, n_vocab,
+                    o.vocab_path);
+            goto done;
+        }
+    } else {
+        int vr = make_synthetic_vocab(&v, o.vocab_size);
+        if (vr == -1) fprintf(stderr, "kvgen-mkmodel: out of memory\n");
+        if (vr != 0 || write_synthetic_tokenizer(w, &v) != 0) goto done;
+        n_vocab = v.n;
+    }
+    int head_dim = o.embd / o.heads;
+    kvg_gguf_set_u32(w, "llama.block_count", (uint32_t)o.layers);
+    kvg_gguf_set_u32(w, "llama.context_length", (uint32_t)o.ctx);
+    kvg_gguf_set_u32(w, "llama.embedding_length", (uint32_t)o.embd);
+    kvg_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)o.ff);
+    kvg_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)o.heads);
+    kvg_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)o.kv_heads);
+    kvg_gguf_set_f32(w, "llama.rope.freq_base", o.rope_base);
+    kvg_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kvg_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
+    kvg_gguf_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
+    kvg_gguf_set_u32(w, "general.file_type", o.type);
+
+    rng r = {o.seed * 0x2545f4914f6cdd1dull + 1};
+    int kv_dim = o.kv_heads * head_dim;
+    int err = add_matrix(w, &r, "token_embd.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
+    for (int l = 0; l < o.layers && !err; l++) {
+        char name[64];
+        float se = matrix_std(o.embd), sf = matrix_std(o.ff);
+#define M(suffix, type, cols, rows, mean, std)                                                       \
+    if (!err) {                                                                                      \
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                  \
+        err = add_matrix(w, &r, name, type, cols, rows, mean, std);                                  \
+    }
+        M("attn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
+        M("attn_q", o.type, o.embd, o.embd, 0.0f, se)
+        M("attn_k", o.type, o.embd, kv_dim, 0.0f, se)
+        M("attn_v", o.type, o.embd, kv_dim, 0.0f, se)
+        M("attn_output", o.type, o.embd, o.embd, 0.0f, se)
+        M("ffn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
+        M("ffn_gate", o.type, o.embd, o.ff, 0.0f, se)
+        M("ffn_up", o.type, o.embd, o.ff, 0.0f, se)
+        M("ffn_down", o.type, o.ff, o.embd, 0.0f, sf)
+#undef M
+    }
+    if (!err) err = add_matrix(w, &r, "output_norm.weight", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f);
+    if (!err && o.untied) err = add_matrix(w, &r, "output.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
+    if (err) goto done;
+    kvgen_error e = {0};
+    if (kvg_gguf_writer_save(w, o.out, &e) != KVGEN_OK) {
+        fprintf(stderr, "kvgen-mkmodel: %s\n", e.message);
+        goto done;
+    }
+    rc = 0;
+done:
+    vocab_free(&v);
+    kvg_gguf_writer_free(w);
+    return rc;
+}
