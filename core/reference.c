@@ -1,0 +1,561 @@
+/* reference.c: the CPU reference backend, a plain-C f32 forward pass of a llama-family model.
+ *
+ * This is the oracle every shader is tested against, so it favours being obviously right
+ * over being fast: weights stay in their GGUF encoding and each output element is one
+ * kvg_dot_row over one weight row. Two cheap things make it usable anyway:
+ * - matrix-vector products are spread over a small persistent thread pool, one output row
+ *   per thread, so the result does not depend on the thread count;
+ * - a prompt is processed in blocks of tokens, layer by layer, so every weight row is read
+ *   from memory once per block instead of once per token.
+ *
+ * Shapes in comments: n = tokens in the current block, D = n_embd, F = n_ff, H = n_head,
+ * Hkv = n_head_kv, hd = head_dim, V = n_vocab, C = the session's context capacity.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kvg_model.h"
+#include "kvg_quant.h"
+#include "kvg_reference.h"
+
+/* Tokens per block in prefill: large enough that a weight row is reused many times while
+ * it sits in cache, small enough that the block's activations (n x F floats) stay cheap. */
+#define REF_BLOCK 64
+/* Ceiling on threads, so a strange sysconf answer cannot make us spawn thousands. */
+#define REF_MAX_THREADS 64
+
+/* ---- math helpers (kvg_reference.h) --------------------------------------------------- */
+
+void kvg_ref_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0; /* double: the oracle should not lose bits summing hundreds of squares */
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void kvg_ref_rope(float *v, int n_rot, int pos, float base) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = pos * pow(base, -2.0 * i / n_rot);
+        float c = (float)cos(theta), s = (float)sin(theta);
+        float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c - b * s;
+        v[2 * i + 1] = a * s + b * c;
+    }
+}
+
+void kvg_ref_softmax(float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+float kvg_ref_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- thread pool ---------------------------------------------------------------------- */
+
+/* A job is a range of independent items [0, n_items); fn handles [begin, end) on thread tid. */
+typedef void (*ref_job_fn)(void *ctx, int begin, int end, int tid);
+
+typedef struct ref_pool {
+    int n_threads; /* workers + the calling thread */
+    pthread_t *workers;
+    int n_started;
+    pthread_mutex_t mu;
+    pthread_cond_t start_cv, done_cv;
+    uint64_t generation; /* bumped per job: wakes the workers */
+    int n_busy;          /* workers still inside the current job */
+    bool quit;
+    /* the current job */
+    ref_job_fn fn;
+    void *ctx;
+    int n_items, chunk;
+    atomic_int next;
+    /* Serialises jobs: several sessions of one model may run forwards on different threads. */
+    pthread_mutex_t dispatch;
+} ref_pool;
+
+typedef struct ref_worker_arg {
+    ref_pool *pool;
+    int tid;
+} ref_worker_arg;
+
+static void pool_work(ref_pool *p, int tid) {
+    for (;;) {
+        int begin = atomic_fetch_add(&p->next, p->chunk);
+        if (begin >= p->n_items) break;
+        int end = begin + p->chunk < p->n_items ? begin + p->chunk : p->n_items;
+        p->fn(p->ctx, begin, end, tid);
+    }
+}
+
+static void *pool_main(void *arg) {
+    ref_worker_arg a = *(ref_worker_arg *)arg;
+    free(arg);
+    ref_pool *p = a.pool;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (p->generation == seen && !p->quit) pthread_cond_wait(&p->start_cv, &p->mu);
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+
+        pool_work(p, a.tid);
+
+        pthread_mutex_lock(&p->mu);
+        if (--p->n_busy == 0) pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+static void pool_stop(ref_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    p->quit = true;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_started; i++) pthread_join(p->workers[i], NULL);
+    free(p->workers);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->start_cv);
+    pthread_cond_destroy(&p->done_cv);
+    pthread_mutex_destroy(&p->dispatch);
+}
+
+static kvgen_status pool_start(ref_pool *p, int n_threads, kvgen_error *err) {
+    memset(p, 0, sizeof *p);
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->start_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    pthread_mutex_init(&p->dispatch, NULL);
+    atomic_init(&p->next, 0);
+    if (n_threads <= 1) return KVGEN_OK;
+    p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+    if (!p->workers) {
+        pool_stop(p);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for %d threads", n_threads);
+    }
+    for (int i = 1; i < n_threads; i++) {
+        ref_worker_arg *a = malloc(sizeof *a);
+        if (a) *a = (ref_worker_arg){p, i};
+        if (!a || pthread_create(&p->workers[i - 1], NULL, pool_main, a) != 0) {
+            free(a);
+            pool_stop(p);
+            return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: cannot start thread %d of %d", i,
+                            n_threads);
+        }
+        p->n_started++;
+    }
+    return KVGEN_OK;
+}
+
+/* Runs fn over [0, n_items) on all threads and returns when every item is done. Which
+ * thread handles an item varies; what an item computes does not, so results are exact
+ * across thread counts. */
+static void pool_run(ref_pool *p, int n_items, ref_job_fn fn, void *ctx) {
+    if (n_items <= 0) return;
+    if (p->n_threads <= 1 || n_items == 1) {
+        fn(ctx, 0, n_items, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->dispatch);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_items = n_items;
+    /* several chunks per thread so a thread slowed by other work does not hold up the rest */
+    p->chunk = n_items / (p->n_threads * 8);
+    if (p->chunk < 1) p->chunk = 1;
+    atomic_store(&p->next, 0);
+    p->n_busy = p->n_threads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+
+    pool_work(p, 0);
+
+    pthread_mutex_lock(&p->mu);
+    while (p->n_busy > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->dispatch);
+}
+
+/* ---- per-model and per-session state ---------------------------------------------------- */
+
+typedef struct ref_model {
+    ref_pool pool;
+    /* norm weights converted to f32 once, whatever type the file stores them in */
+    float *attn_norm; /* [n_layer][D] */
+    float *ffn_norm;  /* [n_layer][D] */
+    float *out_norm;  /* [D] */
+} ref_model;
+
+struct kvg_backend_session {
+    int n_ctx; /* C: positions the cache holds */
+    /* KV cache, per layer [Hkv][C][hd] f32: the seed's past_key_values made explicit */
+    float *k_cache, *v_cache;
+    /* activations of one block of tokens */
+    float *x;   /* [n][D] residual stream */
+    float *xb;  /* [n][D] normed input of a sublayer */
+    float *q;   /* [n][H*hd] */
+    float *k;   /* [n][Hkv*hd] */
+    float *v;   /* [n][Hkv*hd] */
+    float *att; /* [n][H*hd] attention output, heads concatenated */
+    float *hb;  /* [n][F] gate, then silu(gate) * up */
+    float *hb2; /* [n][F] up */
+    float *scores; /* [n_threads][C] attention weights, one row per thread */
+    int n_threads;
+};
+
+static size_t layer_cache_floats(const kvg_hparams *hp, int n_ctx) {
+    return (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim;
+}
+
+static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    (void)desc;
+    const kvg_hparams *hp = &m->w.hp;
+    const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
+    if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->head_dim <= 0 || hp->n_vocab <= 0)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: hyperparameters must be positive", path);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: n_head %d is not a multiple of n_head_kv %d", path,
+                        hp->n_head, hp->n_head_kv);
+    if (hp->n_rot < 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: rope dimension %d must be even and at most head_dim %d", path,
+                        hp->n_rot, hp->head_dim);
+
+    if (m->w.tok_embd->ne[0] != (uint64_t)hp->n_embd || m->w.tok_embd->ne[1] < (uint64_t)hp->n_vocab ||
+        m->w.output->ne[0] != (uint64_t)hp->n_embd || m->w.output->ne[1] != (uint64_t)hp->n_vocab)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: token_embd/output shapes do not match n_embd %d, n_vocab %d", path,
+                        hp->n_embd, hp->n_vocab);
+
+    int n_threads = m->n_threads;
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    if (n_threads > REF_MAX_THREADS) n_threads = REF_MAX_THREADS;
+    m->n_threads = n_threads;
+
+    ref_model *rm = calloc(1, sizeof *rm);
+    size_t D = (size_t)hp->n_embd;
+    if (rm) {
+        rm->attn_norm = malloc((size_t)hp->n_layer * D * sizeof(float));
+        rm->ffn_norm = malloc((size_t)hp->n_layer * D * sizeof(float));
+        rm->out_norm = malloc(D * sizeof(float));
+    }
+    if (!rm || !rm->attn_norm || !rm->ffn_norm || !rm->out_norm) {
+        if (rm) {
+            free(rm->attn_norm);
+            free(rm->ffn_norm);
+            free(rm->out_norm);
+        }
+        free(rm);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the reference backend", path);
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kvg_layer *L = &m->w.layers[l];
+        kvg_dequantize_row(L->attn_norm->type, L->attn_norm->data, rm->attn_norm + l * D, D);
+        kvg_dequantize_row(L->ffn_norm->type, L->ffn_norm->data, rm->ffn_norm + l * D, D);
+    }
+    kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, rm->out_norm, D);
+
+    kvgen_status st = pool_start(&rm->pool, n_threads, err);
+    if (st != KVGEN_OK) {
+        free(rm->attn_norm);
+        free(rm->ffn_norm);
+        free(rm->out_norm);
+        free(rm);
+        return st;
+    }
+    m->backend = rm;
+    snprintf(m->device_name, sizeof m->device_name, "cpu");
+    return KVGEN_OK;
+}
+
+static void ref_model_free(kvgen_model *m) {
+    ref_model *rm = m->backend;
+    if (!rm) return;
+    pool_stop(&rm->pool);
+    free(rm->attn_norm);
+    free(rm->ffn_norm);
+    free(rm->out_norm);
+    free(rm);
+    m->backend = NULL;
+}
+
+static void ref_session_free(kvgen_model *m, kvg_backend_session *s) {
+    (void)m;
+    if (!s) return;
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->x);
+    free(s->xb);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->hb);
+    free(s->hb2);
+    free(s->scores);
+    free(s);
+}
+
+static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    ref_model *rm = m->backend;
+    if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: n_ctx %d must be > 0", n_ctx);
+    kvg_backend_session *s = calloc(1, sizeof *s);
+    if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
+    s->n_ctx = n_ctx;
+    s->n_threads = rm->pool.n_threads;
+    size_t cache = (size_t)hp->n_layer * layer_cache_floats(hp, n_ctx);
+    size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    /* calloc: untouched cache pages of a large context are never made resident */
+    s->k_cache = calloc(cache, sizeof(float));
+    s->v_cache = calloc(cache, sizeof(float));
+    s->x = malloc(B * D * sizeof(float));
+    s->xb = malloc(B * D * sizeof(float));
+    s->q = malloc(B * qd * sizeof(float));
+    s->k = malloc(B * kvd * sizeof(float));
+    s->v = malloc(B * kvd * sizeof(float));
+    s->att = malloc(B * qd * sizeof(float));
+    s->hb = malloc(B * F * sizeof(float));
+    s->hb2 = malloc(B * F * sizeof(float));
+    s->scores = malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
+        !s->scores) {
+        ref_session_free(m, s);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token KV cache (%zu MiB)",
+                        n_ctx, 2 * cache * sizeof(float) >> 20);
+    }
+    *out = s;
+    return KVGEN_OK;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+/* out[t][r] = dot(W row r, in[t]) for every token t of the block: up to three weight matrices
+ * that share one input are one job, so Q/K/V (and gate/up) cost a single dispatch. */
+typedef struct matmul_part {
+    const kvg_tensor *w; /* [in] -> [rows] */
+    float *out;          /* [n][rows] */
+} matmul_part;
+
+typedef struct matmul_job {
+    const float *in; /* [n][in_dim] */
+    int in_dim, n;
+    int n_parts;
+    matmul_part parts[3];
+} matmul_job;
+
+static void matmul_rows(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const matmul_job *j = ctx;
+    for (int item = begin; item < end; item++) {
+        int r = item, p = 0;
+        while (r >= (int)j->parts[p].w->ne[1]) r -= (int)j->parts[p++].w->ne[1];
+        const kvg_tensor *w = j->parts[p].w;
+        int rows = (int)w->ne[1];
+        const unsigned char *row = (const unsigned char *)w->data + (size_t)r * kvg_row_bytes(w->type, w->ne[0]);
+        for (int t = 0; t < j->n; t++)
+            j->parts[p].out[(size_t)t * rows + r] =
+                kvg_dot_row(w->type, row, j->in + (size_t)t * j->in_dim, (uint64_t)j->in_dim);
+    }
+}
+
+static void matmul(ref_pool *pool, const float *in, int in_dim, int n, int n_parts, const matmul_part *parts) {
+    matmul_job j = {.in = in, .in_dim = in_dim, .n = n, .n_parts = n_parts};
+    int total = 0;
+    for (int p = 0; p < n_parts; p++) {
+        j.parts[p] = parts[p];
+        total += (int)parts[p].w->ne[1];
+    }
+    pool_run(pool, total, matmul_rows, &j);
+}
+
+/* Causal grouped-query attention for one (token, head) per item. */
+typedef struct attention_job {
+    kvg_backend_session *s;
+    const kvg_hparams *hp;
+    const float *k_layer, *v_layer; /* [Hkv][C][hd] */
+    int pos0, n;
+} attention_job;
+
+static void attention_heads(void *ctx, int begin, int end, int tid) {
+    const attention_job *j = ctx;
+    const kvg_hparams *hp = j->hp;
+    int hd = hp->head_dim, C = j->s->n_ctx, group = hp->n_head / hp->n_head_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scores = j->s->scores + (size_t)tid * C;
+    for (int item = begin; item < end; item++) {
+        int t = item / hp->n_head, h = item % hp->n_head;
+        int pos = j->pos0 + t; /* attends to positions [0, pos] */
+        int kvh = h / group;
+        const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
+        const float *K = j->k_layer + (size_t)kvh * C * hd; /* [C][hd] */
+        const float *V = j->v_layer + (size_t)kvh * C * hd;
+        for (int p = 0; p <= pos; p++) {
+            const float *k = K + (size_t)p * hd;
+            float dot = 0.0f;
+            for (int i = 0; i < hd; i++) dot += q[i] * k[i];
+            scores[p] = dot * scale;
+        }
+        kvg_ref_softmax(scores, pos + 1);
+        float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int p = 0; p <= pos; p++) {
+            const float *v = V + (size_t)p * hd;
+            float a = scores[p];
+            for (int i = 0; i < hd; i++) o[i] += a * v[i];
+        }
+    }
+}
+
+/* ---- the forward pass ------------------------------------------------------------------ */
+
+/* Runs one block of n <= REF_BLOCK tokens at positions pos0.. through every layer, leaving the
+ * final residual stream in s->x and their K/V in the cache. */
+static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0) {
+    const kvg_hparams *hp = &m->w.hp;
+    ref_model *rm = m->backend;
+    int D = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
+    int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd, C = s->n_ctx;
+
+    /* embedding: x[t] = row tokens[t] of tok_embd, dequantized          x: [n][D] */
+    const kvg_tensor *emb = m->w.tok_embd;
+    size_t emb_row = kvg_row_bytes(emb->type, emb->ne[0]);
+    for (int t = 0; t < n; t++)
+        kvg_dequantize_row(emb->type, (const unsigned char *)emb->data + (size_t)tokens[t] * emb_row,
+                           s->x + (size_t)t * D, (uint64_t)D);
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kvg_layer *L = &m->w.layers[l];
+        float *k_layer = s->k_cache + (size_t)l * layer_cache_floats(hp, C); /* [Hkv][C][hd] */
+        float *v_layer = s->v_cache + (size_t)l * layer_cache_floats(hp, C);
+
+        /* attention sublayer: xb = rmsnorm(x) * attn_norm                xb: [n][D] */
+        for (int t = 0; t < n; t++)
+            kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, rm->attn_norm + (size_t)l * D, D,
+                            hp->rms_norm_eps);
+
+        /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
+        matmul_part qkv[3] = {{L->wq, s->q}, {L->wk, s->k}, {L->wv, s->v}};
+        matmul(&rm->pool, s->xb, D, n, 3, qkv);
+
+        /* RoPE on every head of q and k at the token's position, then append k, v to the cache */
+        for (int t = 0; t < n; t++) {
+            int pos = pos0 + t;
+            for (int h = 0; h < hp->n_head; h++)
+                kvg_ref_rope(s->q + (size_t)t * qd + (size_t)h * hd, hp->n_rot, pos, hp->rope_freq_base);
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
+                kvg_ref_rope(k, hp->n_rot, pos, hp->rope_freq_base);
+                size_t at = ((size_t)h * C + (size_t)pos) * hd;
+                memcpy(k_layer + at, k, (size_t)hd * sizeof(float));
+                memcpy(v_layer + at, s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+            }
+        }
+
+        /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos0+t]    att: [n][H*hd] */
+        attention_job aj = {.s = s, .hp = hp, .k_layer = k_layer, .v_layer = v_layer, .pos0 = pos0, .n = n};
+        pool_run(&rm->pool, n * hp->n_head, attention_heads, &aj);
+
+        /* x += att Wo                                                      xb: [n][D] */
+        matmul_part o[1] = {{L->wo, s->xb}};
+        matmul(&rm->pool, s->att, qd, n, 1, o);
+        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
+
+        /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
+        for (int t = 0; t < n; t++)
+            kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, rm->ffn_norm + (size_t)l * D, D,
+                            hp->rms_norm_eps);
+
+        /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = silu(hb) * hb2 (SwiGLU) */
+        matmul_part gu[2] = {{L->w_gate, s->hb}, {L->w_up, s->hb2}};
+        matmul(&rm->pool, s->xb, D, n, 2, gu);
+        for (size_t i = 0; i < (size_t)n * F; i++) s->hb[i] = kvg_ref_silu(s->hb[i]) * s->hb2[i];
+
+        /* x += hb Wdown                                                    xb: [n][D] */
+        matmul_part dn[1] = {{L->w_down, s->xb}};
+        matmul(&rm->pool, s->hb, F, n, 1, dn);
+        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
+    }
+}
+
+/* logits[t] = rmsnorm(x[first + t]) * out_norm, times output (or tied tok_embd)    [count][V] */
+static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, int count, float *logits) {
+    const kvg_hparams *hp = &m->w.hp;
+    ref_model *rm = m->backend;
+    int D = hp->n_embd;
+    for (int t = 0; t < count; t++)
+        kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
+    matmul_part out[1] = {{m->w.output, logits}};
+    matmul(&rm->pool, s->xb, D, count, 1, out);
+}
+
+static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                                float *logits, bool all_logits, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: %d tokens at position %d do not fit %d", n,
+                        pos0, s->n_ctx);
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
+                            tokens[t], hp->n_vocab);
+    for (int done = 0; done < n; done += REF_BLOCK) {
+        int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
+        forward_block(m, s, tokens + done, nb, pos0 + done);
+        if (all_logits)
+            compute_logits(m, s, 0, nb, logits + (size_t)done * hp->n_vocab);
+        else if (done + nb == n)
+            compute_logits(m, s, nb - 1, 1, logits);
+    }
+    return KVGEN_OK;
+}
+
+static kvgen_status ref_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len,
+                                   float *out, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    if (layer < 0 || layer >= hp->n_layer || (which != 0 && which != 1) || len < 0 || len > s->n_ctx)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: bad cache read (layer %d, which %d, len %d)",
+                        layer, which, len);
+    const float *src = (which == 0 ? s->k_cache : s->v_cache) + (size_t)layer * layer_cache_floats(hp, s->n_ctx);
+    size_t row = (size_t)len * hp->head_dim;
+    for (int h = 0; h < hp->n_head_kv; h++)
+        memcpy(out + h * row, src + (size_t)h * s->n_ctx * hp->head_dim, row * sizeof(float));
+    return KVGEN_OK;
+}
+
+static size_t ref_cache_bytes_per_token(const kvgen_model *m) {
+    const kvg_hparams *hp = &m->w.hp;
+    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
+}
+
+const kvg_backend_ops kvg_reference_backend = {
+    .name = "reference",
+    .model_init = ref_model_init,
+    .model_free = ref_model_free,
+    .session_init = ref_session_init,
+    .session_free = ref_session_free,
+    .forward = ref_forward,
+    .read_cache = ref_read_cache,
+    .cache_bytes_per_token = ref_cache_bytes_per_token,
+};

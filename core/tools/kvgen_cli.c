@@ -1,0 +1,342 @@
+/* kvgen_cli.c: the `kvgen` command-line tool. It uses only the public kvgen.h, so it doubles
+ * as an example of the API.
+ *
+ *   kvgen info MODEL
+ *   kvgen tokenize MODEL [--special]                 (text on stdin, ids on stdout)
+ *   kvgen generate MODEL -p PROMPT [-n N] [options]  (see usage())
+ *
+ * Exit status: 0 on success, 1 when kvgen reports an error, 2 on a usage error. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "kvgen.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvgen info MODEL [--backend B] [--device D]\n"
+            "       kvgen tokenize MODEL [--special]        (reads text from stdin)\n"
+            "       kvgen generate MODEL -p PROMPT [options]\n"
+            "generate options:\n"
+            "  -n N                 generate at most N tokens (default 64)\n"
+            "  --temp T             sampling temperature (default 0: greedy)\n"
+            "  --top-k K            keep the K most likely tokens (0: off)\n"
+            "  --top-p P            keep the smallest set reaching probability P (1: off)\n"
+            "  --seed S             sampler seed; --seed/--top-k/--top-p without --temp sample at T = 1\n"
+            "  --backend B          reference | vulkan (default: $KVGEN_BACKEND, else vulkan when usable)\n"
+            "  --device D           Vulkan device index or name substring\n"
+            "  --threads N          reference backend threads (default: all cores)\n"
+            "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"
+            "  --special            parse control tokens such as <|im_start|> in the prompt and print them\n"
+            "  --ids                print the generated token ids instead of text\n"
+            "  --no-cache           recompute the whole sequence for every token (the O(N^2) baseline)\n");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "kvgen: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    usage(stderr);
+    return 2;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || v != v) return 0;
+    *out = v;
+    return 1;
+}
+
+typedef struct options {
+    const char *model, *prompt, *device;
+    kvgen_backend backend;
+    long n_predict, ctx, threads;
+    uint64_t seed;
+    float temp, top_p;
+    long top_k;
+    int temp_set, sampling_opt, special, ids, no_cache;
+} options;
+
+/* Parses argv[2..]: the first non-option is MODEL. Returns 0, or 2 after printing a usage error. */
+static int parse_options(int argc, char **argv, options *o) {
+    *o = (options){.n_predict = 64};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                       \
+    do {                                                                   \
+        if (!val) return usage_error("option %s needs a value", a);        \
+        i++;                                                               \
+    } while (0)
+        if (strcmp(a, "--special") == 0) o->special = 1;
+        else if (strcmp(a, "--ids") == 0) o->ids = 1;
+        else if (strcmp(a, "--no-cache") == 0) o->no_cache = 1;
+        else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) {
+            NEED_VALUE();
+            o->prompt = val;
+        } else if (strcmp(a, "-n") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, 0, 1 << 20, &o->n_predict)) return usage_error("-n: bad token count '%s'", val);
+        } else if (strcmp(a, "--ctx") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, 1, 1 << 20, &o->ctx)) return usage_error("--ctx: bad context size '%s'", val);
+        } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, 1, 1024, &o->threads)) return usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "--seed") == 0) {
+            NEED_VALUE();
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(val, &end, 10);
+            if (errno || end == val || *end || val[0] == '-') return usage_error("--seed: bad seed '%s'", val);
+            o->seed = v;
+            o->sampling_opt = 1;
+        } else if (strcmp(a, "--temp") == 0) {
+            NEED_VALUE();
+            if (!parse_float(val, &o->temp)) return usage_error("--temp: bad temperature '%s'", val);
+            o->temp_set = 1;
+        } else if (strcmp(a, "--top-k") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, 0, 1 << 30, &o->top_k)) return usage_error("--top-k: bad value '%s'", val);
+            o->sampling_opt = 1;
+        } else if (strcmp(a, "--top-p") == 0) {
+            NEED_VALUE();
+            if (!parse_float(val, &o->top_p) || o->top_p < 0) return usage_error("--top-p: bad value '%s'", val);
+            o->sampling_opt = 1;
+        } else if (strcmp(a, "--backend") == 0) {
+            NEED_VALUE();
+            if (strcmp(val, "reference") == 0) o->backend = KVGEN_BACKEND_REFERENCE;
+            else if (strcmp(val, "vulkan") == 0) o->backend = KVGEN_BACKEND_VULKAN;
+            else return usage_error("--backend: expected reference or vulkan, got '%s'", val);
+        } else if (strcmp(a, "--device") == 0) {
+            NEED_VALUE();
+            o->device = val;
+        } else if (a[0] == '-' && a[1] != 0) {
+            return usage_error("unknown option %s", a);
+        } else if (!o->model) {
+            o->model = a;
+        } else {
+            return usage_error("unexpected argument '%s'", a);
+        }
+#undef NEED_VALUE
+    }
+    if (!o->model) return usage_error("%s: MODEL is required", argv[1]);
+    if (!o->temp_set && o->sampling_opt) o->temp = 1.0f;
+    return 0;
+}
+
+static kvgen_model *load(const options *o) {
+    kvgen_model_desc md = {.path = o->model, .backend = o->backend, .device = o->device, .n_threads = (int)o->threads};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    if (kvgen_model_load(&md, &m, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen: %s\n", err.message);
+        return NULL;
+    }
+    return m;
+}
+
+static int cmd_info(const options *o) {
+    kvgen_model *m = load(o);
+    if (!m) return 1;
+    size_t n = kvgen_model_describe(m, NULL, 0);
+    char *text = malloc(n + 1);
+    if (!text) {
+        kvgen_model_unload(m);
+        return 1;
+    }
+    kvgen_model_describe(m, text, n + 1);
+    fputs(text, stdout);
+    free(text);
+    kvgen_model_unload(m);
+    return 0;
+}
+
+/* Tokenizes text (any size), returning a malloc'd id array; NULL after printing an error. */
+static int32_t *tokenize(kvgen_model *m, const char *text, size_t len, unsigned flags, size_t *n) {
+    kvgen_error err = {0};
+    size_t cap = len + 16; /* a byte-level tokenizer never needs more than one id per byte (+BOS) */
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return NULL;
+    kvgen_status st = kvgen_tokenize(m, text, len, flags, ids, cap, n, &err);
+    if (st == KVGEN_E_INVALID_ARGUMENT && *n > cap) { /* the buffer was short after all: size it exactly */
+        int32_t *bigger = realloc(ids, *n * sizeof *ids);
+        if (!bigger) {
+            free(ids);
+            return NULL;
+        }
+        ids = bigger;
+        cap = *n;
+        st = kvgen_tokenize(m, text, len, flags, ids, cap, n, &err);
+    }
+    if (st != KVGEN_OK) {
+        fprintf(stderr, "kvgen: tokenize: %s\n", err.message);
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+static int cmd_tokenize(const options *o) {
+    size_t cap = 4096, len = 0;
+    char *text = malloc(cap);
+    while (text) {
+        size_t got = fread(text + len, 1, cap - len, stdin);
+        len += got;
+        if (len < cap) break;
+        char *bigger = realloc(text, cap * 2);
+        if (!bigger) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = bigger;
+        cap *= 2;
+    }
+    if (!text || ferror(stdin)) {
+        fprintf(stderr, "kvgen: cannot read stdin\n");
+        free(text);
+        return 1;
+    }
+    kvgen_model *m = load(o);
+    if (!m) {
+        free(text);
+        return 1;
+    }
+    size_t n = 0;
+    int32_t *ids = tokenize(m, text, len, o->special ? KVGEN_TOKENIZE_SPECIAL : 0, &n);
+    int rc = 1;
+    if (ids) {
+        for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", (int)ids[i]);
+        printf("\n");
+        rc = 0;
+    }
+    free(ids);
+    free(text);
+    kvgen_model_unload(m);
+    return rc;
+}
+
+static int cmd_generate(const options *o) {
+    if (!o->prompt) return usage_error("%s: -p PROMPT is required", "generate");
+    kvgen_model *m = load(o);
+    if (!m) return 1;
+    int rc = 1;
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    unsigned tok_flags = KVGEN_TOKENIZE_ADD_BOS | (o->special ? KVGEN_TOKENIZE_SPECIAL : 0);
+    unsigned piece_flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0;
+    size_t n_prompt = 0;
+    int32_t *prompt = tokenize(m, o->prompt, strlen(o->prompt), tok_flags, &n_prompt);
+    if (!prompt) goto done;
+    if (n_prompt == 0) {
+        fprintf(stderr, "kvgen: the prompt has no tokens\n");
+        goto done;
+    }
+    kvgen_session_desc sd = {.n_ctx = (int)o->ctx,
+                             .no_cache = o->no_cache,
+                             .seed = o->seed,
+                             .temperature = o->temp,
+                             .top_k = (int)o->top_k,
+                             .top_p = o->top_p};
+    if (kvgen_session_create(m, &sd, &s, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen: %s\n", err.message);
+        goto done;
+    }
+
+    double t0 = now_s();
+    if (kvgen_session_prefill(s, prompt, n_prompt, NULL, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen: prompt: %s\n", err.message);
+        goto done;
+    }
+    double t_prompt = now_s() - t0;
+
+    kvgen_detok d;
+    kvgen_detok_init(&d);
+    char piece[512];
+    int n_gen = 0, n_decoded = 0;
+    const char *stop = "limit";
+    t0 = now_s();
+    for (long i = 0; i < o->n_predict; i++) {
+        int32_t t = kvgen_session_sample(s);
+        if (kvgen_token_is_eog(m, t)) {
+            stop = "end of generation";
+            break;
+        }
+        n_gen++;
+        if (o->ids) {
+            printf(n_gen > 1 ? " %d" : "%d", (int)t);
+        } else if (kvgen_detok_push(m, &d, t, piece_flags, piece, sizeof piece)) {
+            fputs(piece, stdout);
+        }
+        fflush(stdout);
+        if (i + 1 == o->n_predict) break; /* the last token's successor is never needed */
+        kvgen_status st = kvgen_session_decode(s, t, &err);
+        if (st == KVGEN_E_CONTEXT_FULL) {
+            stop = "context full";
+            break;
+        }
+        if (st != KVGEN_OK) {
+            fprintf(stderr, "\nkvgen: decode: %s\n", err.message);
+            goto done;
+        }
+        n_decoded++;
+    }
+    double t_gen = now_s() - t0;
+    if (!o->ids && kvgen_detok_flush(&d, piece, sizeof piece)) fputs(piece, stdout);
+    printf("\n");
+    fflush(stdout);
+
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    fprintf(stderr, "[%s on %s] prompt: %zu tokens in %.1f ms (%.1f tok/s); generated: %d tokens (%s), "
+            "%d decodes in %.1f ms (%.1f tok/s)%s\n",
+            info.backend, info.device, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen,
+            stop, n_decoded, t_gen * 1e3, n_decoded / (t_gen > 0 ? t_gen : 1e-9), o->no_cache ? " [no cache]" : "");
+    rc = 0;
+done:
+    free(prompt);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "info") && strcmp(cmd, "tokenize") && strcmp(cmd, "generate"))
+        return usage_error("unknown command '%s'", cmd);
+    options o;
+    int rc = parse_options(argc, argv, &o);
+    if (rc) return rc;
+    if (strcmp(cmd, "info") == 0) return cmd_info(&o);
+    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(&o);
+    return cmd_generate(&o);
+}
