@@ -30,4 +30,9 @@ int32_t kvg_token_find(const kvg_tokenizer *t, const char *text);
 /* SentencePiece with add_space_prefix: the first piece of a detokenized text drops its leading space. */
 int kvg_tokenizer_strips_leading_space(const kvg_tokenizer *t);
 
+/* UTF-8 at s[0..n) (n >= 1): *len is the length its lead byte announces (1 for a byte that
+ * cannot start a character), *ok how many bytes of it are valid. Complete: ok == len;
+ * cut off by the end: ok < len && ok == n; invalid: ok < len && ok < n (ok may be 0). */
+void kvg_utf8_scan(const unsigned char *s, size_t n, size_t *len, size_t *ok);
+
 #endif
