@@ -82,16 +82,18 @@ static float bits_f32(uint32_t u) {
     return f;
 }
 
-float kvg_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf, NaN keeps its payload */
-    if (exp != 0) return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-    /* zero and subnormals: man * 2^-24, exact in f32 */
-    float v = (float)man * 5.9604644775390625e-8f;
-    return sign ? -v : v;
+/* Branch-free so the dot product's conversion loop vectorises: the half's exponent and mantissa,
+ * placed in an f32's bit positions, read 2^112 too small (subnormal halves land on f32 subnormals),
+ * so one multiply fixes the scale; inf and NaN (exponent all ones) take the all-ones f32 exponent. */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    float scaled = bits_f32(em) * 0x1p112f;
+    uint32_t special = 0u - (uint32_t)((h & 0x7c00u) == 0x7c00u); /* all ones for inf and NaN */
+    uint32_t u = (f32_bits(scaled) & ~special) | ((em | 0x7f800000u) & special);
+    return bits_f32(u | ((uint32_t)(h & 0x8000u) << 16));
 }
+
+float kvg_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
 
 uint16_t kvg_f32_to_f16(float f) {
     uint32_t u = f32_bits(f);
@@ -301,60 +303,66 @@ static float dot_half(uint32_t type, const uint8_t *row, const float *x, uint64_
         if (type == KVG_TYPE_BF16)
             for (int j = 0; j < LANES; j++) tmp[j] = kvg_bf16_to_f32(rd16(row + 2 * (i + j)));
         else
-            for (int j = 0; j < LANES; j++) tmp[j] = kvg_f16_to_f32(rd16(row + 2 * (i + j)));
+            for (int j = 0; j < LANES; j++) tmp[j] = f16_to_f32(rd16(row + 2 * (i + j)));
         for (int j = 0; j < LANES; j++) acc[j] += tmp[j] * x[i + j];
     }
     float s = hsum(acc);
     for (; i < n; i++) {
         uint16_t h = rd16(row + 2 * i);
-        s += (type == KVG_TYPE_BF16 ? kvg_bf16_to_f32(h) : kvg_f16_to_f32(h)) * x[i];
+        s += (type == KVG_TYPE_BF16 ? kvg_bf16_to_f32(h) : f16_to_f32(h)) * x[i];
     }
     return s;
 }
 
+/* 32 block values (before scaling) against 32 activations */
+static float dot32(const float *v, const float *x) {
+    float acc[LANES] = {0};
+    for (int i = 0; i < 32; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += v[i + j] * x[i + j];
+    return hsum(acc);
+}
+
+/* The blocks are unpacked to floats first: separate simple loops vectorise where one fused
+ * integer-and-float loop does not. */
 static float dot_q8_0(const uint8_t *row, const float *x, uint64_t n) {
-    float total = 0.0f;
+    float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 34 * b;
         const int8_t *q = (const int8_t *)(blk + 2);
-        const float *xb = x + 32 * b;
-        float acc[LANES] = {0};
-        for (int i = 0; i < 32; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += (float)q[i + j] * xb[i + j];
-        total += kvg_f16_to_f32(rd16(blk)) * hsum(acc);
+        for (int i = 0; i < 32; i++) v[i] = (float)q[i];
+        total += f16_to_f32(rd16(blk)) * dot32(v, x + 32 * b);
     }
     return total;
 }
 
+static void unpack_nibbles(const uint8_t *restrict qs, float *restrict v, int offset) {
+    for (int i = 0; i < 16; i++) {
+        v[i] = (float)((qs[i] & 0x0f) - offset);
+        v[i + 16] = (float)((qs[i] >> 4) - offset);
+    }
+}
+
 static float dot_q4_0(const uint8_t *row, const float *x, uint64_t n) {
-    float total = 0.0f;
+    float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 18 * b;
-        const uint8_t *qs = blk + 2;
-        const float *xb = x + 32 * b;
-        float acc[LANES] = {0};
-        for (int i = 0; i < 16; i += LANES)
-            for (int j = 0; j < LANES; j++)
-                acc[j] += (float)((qs[i + j] & 0x0f) - 8) * xb[i + j] + (float)((qs[i + j] >> 4) - 8) * xb[i + j + 16];
-        total += kvg_f16_to_f32(rd16(blk)) * hsum(acc);
+        unpack_nibbles(blk + 2, v, 8);
+        total += f16_to_f32(rd16(blk)) * dot32(v, x + 32 * b);
     }
     return total;
 }
 
 static float dot_q4_1(const uint8_t *row, const float *x, uint64_t n) {
-    float total = 0.0f;
+    float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
         const uint8_t *blk = row + 20 * b;
-        const uint8_t *qs = blk + 4;
         const float *xb = x + 32 * b;
-        float acc[LANES] = {0}, xs[LANES] = {0};
-        for (int i = 0; i < 16; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                acc[j] += (float)(qs[i + j] & 0x0f) * xb[i + j] + (float)(qs[i + j] >> 4) * xb[i + j + 16];
-                xs[j] += xb[i + j] + xb[i + j + 16];
-            }
-        /* sum(nib*d + m) * x = d * sum(nib*x) + m * sum(x) */
-        total += kvg_f16_to_f32(rd16(blk)) * hsum(acc) + kvg_f16_to_f32(rd16(blk + 2)) * hsum(xs);
+        unpack_nibbles(blk + 4, v, 0);
+        float xs[LANES] = {0};
+        for (int i = 0; i < 32; i += LANES)
+            for (int j = 0; j < LANES; j++) xs[j] += xb[i + j];
+        /* sum((nib*d + m) * x) = d * sum(nib*x) + m * sum(x) */
+        total += f16_to_f32(rd16(blk)) * dot32(v, xb) + f16_to_f32(rd16(blk + 2)) * hsum(xs);
     }
     return total;
 }
