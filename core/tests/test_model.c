@@ -194,6 +194,8 @@ static void test_synthetic_vocab(void) {
     if (g) {
         kvg_str s;
         CHECK(kvg_gguf_get_str(g, "tokenizer.ggml.model", &s) && s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0);
+        /* "gpt-2", the spelling llama.cpp requires, so the oracle can load generated models */
+        CHECK(kvg_gguf_get_str(g, "tokenizer.ggml.pre", &s) && s.len == 5 && memcmp(s.ptr, "gpt-2", 5) == 0);
         kvg_gguf_vtype et;
         uint64_t n = 0, nt = 0;
         CHECK(kvg_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) && et == KVG_GGUF_STRING && n >= 259);

@@ -264,7 +264,7 @@ static int write_synthetic_tokenizer(kvg_gguf_writer *w, vocab *v) {
     if (!s) return -1;
     for (int i = 0; i < v->n; i++) s[i] = (kvg_str){v->text[i], strlen(v->text[i])};
     kvg_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
-    kvg_gguf_set_str(w, "tokenizer.ggml.pre", "gpt2");
+    kvg_gguf_set_str(w, "tokenizer.ggml.pre", "gpt-2"); /* llama.cpp knows the GPT-2 pre-tokenizer only by this name */
     kvg_gguf_set_arr_str(w, "tokenizer.ggml.tokens", s, (uint64_t)v->n);
     kvg_gguf_set_arr_num(w, "tokenizer.ggml.token_type", KVG_GGUF_INT32, v->type, (uint64_t)v->n);
     for (int i = 0; i < v->n_merges; i++) s[i] = (kvg_str){v->merges[i], strlen(v->merges[i])};
