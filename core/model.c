@@ -16,8 +16,8 @@ typedef struct ctx {
     kvgen_error *err;
 } ctx;
 
-/* an optional positive integer key; false (with err set) when present but unusable */
-static kvgen_status get_dim(ctx *c, const char *key, bool required, int *out) {
+/* a positive integer key (absent: *out unchanged unless required); an error when present but unusable */
+static kvgen_status get_int(ctx *c, const char *key, bool required, int64_t max, int *out) {
     int64_t v;
     if (kvg_gguf_find_key(c->g, key) < 0) {
         if (!required) return KVGEN_OK;
@@ -25,11 +25,15 @@ static kvgen_status get_dim(ctx *c, const char *key, bool required, int *out) {
     }
     if (!kvg_gguf_get_i64(c->g, key, &v))
         return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: metadata key %s is not an integer", c->path, key);
-    if (v <= 0 || v > MAX_DIM)
-        return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: %s = %" PRId64 " is out of range (1 to %d)", c->path, key, v,
-                        MAX_DIM);
+    if (v <= 0 || v > max)
+        return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: %s = %" PRId64 " is out of range (1 to %" PRId64 ")", c->path,
+                        key, v, max);
     *out = (int)v;
     return KVGEN_OK;
+}
+
+static kvgen_status get_dim(ctx *c, const char *key, bool required, int *out) {
+    return get_int(c, key, required, MAX_DIM, out);
 }
 
 static kvgen_status get_float(ctx *c, const char *key, float *out) {
@@ -63,7 +67,8 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp) {
     hp->n_rot = hp->head_dim;
     if ((st = get_dim(c, "llama.rope.dimension_count", false, &hp->n_rot))) return st;
     hp->n_ctx_train = 2048;
-    if ((st = get_dim(c, "llama.context_length", false, &hp->n_ctx_train))) return st;
+    /* training contexts run to millions of tokens; the value only bounds what sessions may ask for */
+    if ((st = get_int(c, "llama.context_length", false, INT32_MAX, &hp->n_ctx_train))) return st;
     if ((st = get_float(c, "llama.rope.freq_base", &hp->rope_freq_base)) ||
         (st = get_float(c, "llama.attention.layer_norm_rms_epsilon", &hp->rms_norm_eps)))
         return st;
