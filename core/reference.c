@@ -1,12 +1,15 @@
 /* reference.c: the CPU reference backend, a plain-C f32 forward pass of a llama-family model.
  *
  * This is the oracle every shader is tested against, so it favours being obviously right
- * over being fast: weights stay in their GGUF encoding and each output element is one
- * kvg_dot_row over one weight row. Two cheap things make it usable anyway:
+ * over being fast: weights stay in their GGUF encoding, and each output element is one f32
+ * dot product of a weight row (dequantized with kvg_dequantize_row) with an f32 input. Two
+ * cheap things make it usable anyway:
  * - matrix-vector products are spread over a small persistent thread pool, one output row
  *   per thread, so the result does not depend on the thread count;
  * - a prompt is processed in blocks of tokens, layer by layer, so every weight row is read
- *   from memory once per block instead of once per token.
+ *   and dequantized once per block instead of once per token.
+ * Decode runs the very same code with a block of one, so a token's logits are bit-identical
+ * whether it came through prefill, decode or a no-cache recomputation.
  *
  * Shapes in comments: n = tokens in the current block, D = n_embd, F = n_ff, H = n_head,
  * Hkv = n_head_kv, hd = head_dim, V = n_vocab, C = the session's context capacity.
@@ -218,6 +221,8 @@ struct kvg_backend_session {
     float *hb;  /* [n][F] gate, then silu(gate) * up */
     float *hb2; /* [n][F] up */
     float *scores; /* [n_threads][C] attention weights, one row per thread */
+    float *row_f32; /* [n_threads][row_stride] a dequantized weight row, one per thread */
+    size_t row_stride;
     int n_threads;
 };
 
@@ -313,6 +318,7 @@ static void ref_session_free(kvgen_model *m, kvg_backend_session *s) {
     free(s->hb);
     free(s->hb2);
     free(s->scores);
+    free(s->row_f32);
     free(s);
 }
 
@@ -339,8 +345,11 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->hb = malloc(B * F * sizeof(float));
     s->hb2 = malloc(B * F * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    s->row_stride = D > F ? D : F;
+    if (qd > s->row_stride) s->row_stride = qd;
+    s->row_f32 = malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
     if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
-        !s->scores) {
+        !s->scores || !s->row_f32) {
         ref_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token KV cache (%zu MiB)",
                         n_ctx, 2 * cache * sizeof(float) >> 20);
@@ -363,10 +372,31 @@ typedef struct matmul_job {
     int in_dim, n;
     int n_parts;
     matmul_part parts[3];
+    float *row_f32; /* [n_threads][row_stride]: one dequantized weight row per thread */
+    size_t row_stride;
 } matmul_job;
 
+/* Independent partial sums: the shape compilers vectorise without -ffast-math. */
+#define DOT_LANES 8
+#define DOT_TILE 4
+
+/* out[t] = dot(w, x[t]) for t < nt <= DOT_TILE: each w[i] is loaded once for the whole tile. Each
+ * token's sum is formed in the same order whatever nt is, so tiling does not change results. */
+static void dot_tile_f32(const float *w, const float *x, size_t x_stride, int nt, int n, float *out, size_t out_stride) {
+    float acc[DOT_TILE][DOT_LANES] = {{0}};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int t = 0; t < nt; t++)
+            for (int l = 0; l < DOT_LANES; l++) acc[t][l] += w[i + l] * x[(size_t)t * x_stride + i + l];
+    for (int t = 0; t < nt; t++) {
+        float s = 0.0f;
+        for (int l = 0; l < DOT_LANES; l++) s += acc[t][l];
+        for (int k = i; k < n; k++) s += w[k] * x[(size_t)t * x_stride + k];
+        out[(size_t)t * out_stride] = s;
+    }
+}
+
 static void matmul_rows(void *ctx, int begin, int end, int tid) {
-    (void)tid;
     const matmul_job *j = ctx;
     for (int item = begin; item < end; item++) {
         int r = item, p = 0;
@@ -374,14 +404,20 @@ static void matmul_rows(void *ctx, int begin, int end, int tid) {
         const kvg_tensor *w = j->parts[p].w;
         int rows = (int)w->ne[1];
         const unsigned char *row = (const unsigned char *)w->data + (size_t)r * kvg_row_bytes(w->type, w->ne[0]);
-        for (int t = 0; t < j->n; t++)
-            j->parts[p].out[(size_t)t * rows + r] =
-                kvg_dot_row(w->type, row, j->in + (size_t)t * j->in_dim, (uint64_t)j->in_dim);
+        float *out = j->parts[p].out + r;
+        /* decode the row to f32 once, then plain f32 dots for every token of the block */
+        float *wf = j->row_f32 + (size_t)tid * j->row_stride;
+        kvg_dequantize_row(w->type, row, wf, (uint64_t)j->in_dim);
+        for (int t = 0; t < j->n; t += DOT_TILE)
+            dot_tile_f32(wf, j->in + (size_t)t * j->in_dim, (size_t)j->in_dim, j->n - t < DOT_TILE ? j->n - t : DOT_TILE,
+                         j->in_dim, out + (size_t)t * rows, (size_t)rows);
     }
 }
 
-static void matmul(ref_pool *pool, const float *in, int in_dim, int n, int n_parts, const matmul_part *parts) {
-    matmul_job j = {.in = in, .in_dim = in_dim, .n = n, .n_parts = n_parts};
+static void matmul(ref_pool *pool, kvg_backend_session *s, const float *in, int in_dim, int n, int n_parts,
+                   const matmul_part *parts) {
+    matmul_job j = {.in = in, .in_dim = in_dim, .n = n, .n_parts = n_parts, .row_f32 = s->row_f32,
+                    .row_stride = s->row_stride};
     int total = 0;
     for (int p = 0; p < n_parts; p++) {
         j.parts[p] = parts[p];
@@ -457,7 +493,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t 
 
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
         matmul_part qkv[3] = {{L->wq, s->q}, {L->wk, s->k}, {L->wv, s->v}};
-        matmul(&rm->pool, s->xb, D, n, 3, qkv);
+        matmul(&rm->pool, s, s->xb, D, n, 3, qkv);
 
         /* RoPE on every head of q and k at the token's position, then append k, v to the cache */
         for (int t = 0; t < n; t++) {
@@ -479,7 +515,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t 
 
         /* x += att Wo                                                      xb: [n][D] */
         matmul_part o[1] = {{L->wo, s->xb}};
-        matmul(&rm->pool, s->att, qd, n, 1, o);
+        matmul(&rm->pool, s, s->att, qd, n, 1, o);
         for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
@@ -489,12 +525,12 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t 
 
         /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = silu(hb) * hb2 (SwiGLU) */
         matmul_part gu[2] = {{L->w_gate, s->hb}, {L->w_up, s->hb2}};
-        matmul(&rm->pool, s->xb, D, n, 2, gu);
+        matmul(&rm->pool, s, s->xb, D, n, 2, gu);
         for (size_t i = 0; i < (size_t)n * F; i++) s->hb[i] = kvg_ref_silu(s->hb[i]) * s->hb2[i];
 
         /* x += hb Wdown                                                    xb: [n][D] */
         matmul_part dn[1] = {{L->w_down, s->xb}};
-        matmul(&rm->pool, s->hb, F, n, 1, dn);
+        matmul(&rm->pool, s, s->hb, F, n, 1, dn);
         for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
     }
 }
@@ -507,7 +543,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     for (int t = 0; t < count; t++)
         kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
     matmul_part out[1] = {{m->w.output, logits}};
-    matmul(&rm->pool, s->xb, D, count, 1, out);
+    matmul(&rm->pool, s, s->xb, D, count, 1, out);
 }
 
 static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
