@@ -1,7 +1,10 @@
 /* test_parity.c: the CPU reference against an outside oracle (llama.cpp's CPU backend) on the
- * default model. The fixture (tests/fixtures/smollm2_oracle_logits.txt) holds a 65-token
- * teacher-forced sequence and the oracle's top-20 logits at every position; see
- * scripts/oracle/README.md for how it was made. */
+ * default model. Each fixture holds a 65-token teacher-forced sequence and the oracle's top-20
+ * logits at every position; see scripts/oracle/README.md for how they were made.
+ * - smollm2_oracle_logits.txt: llama.cpp on the same weights dequantized to F32, so it does the
+ *   reference's math (f32 activations): top-1 must agree everywhere, logits within 0.1.
+ * - smollm2_oracle_logits_native.txt: llama.cpp on the Q4_1 file as is; it quantizes activations
+ *   to 8 bits inside its dot products, so near-ties may flip: reported, loosely bounded. */
 #include <math.h>
 #include <string.h>
 #include "testutil.h"
@@ -14,48 +17,84 @@ static const char *TEXT =
     "<|im_start|>user\nCan you repair my sword before the festival tomorrow? It cost me 125 gold.<|im_end|>\n"
     "<|im_start|>assistant\nOf course! Bring it to my forge at dawn and it will be sharp by noon.";
 
-int main(void) {
-    const char *model_path = tu_model_path();
-    if (!model_path) tu_skip("default model absent (run scripts/setup.sh)");
-    char *fx_path = NULL;
-    {
-        const char *d = getenv("KVGEN_FIXTURES");
-        size_t n = strlen(d ? d : ".") + 64;
-        fx_path = malloc(n);
-        snprintf(fx_path, n, "%s/smollm2_oracle_logits.txt", d ? d : ".");
-    }
-    FILE *f = fopen(fx_path, "r");
-    CHECKF(f != NULL, "cannot open %s", fx_path);
-    if (!f) return tu_finish("test_parity");
-
-    int n_tok = 0, tokens[MAX_TOK];
+typedef struct fixture {
+    int n_tok;
+    int tokens[MAX_TOK];
     int top_id[MAX_TOK][TOPK];
     float top_val[MAX_TOK][TOPK];
+    int n_pos;
+} fixture;
+
+static int load_fixture(const char *name, fixture *fx) {
+    const char *d = getenv("KVGEN_FIXTURES");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", d ? d : ".", name);
+    FILE *f = fopen(path, "r");
+    CHECKF(f != NULL, "cannot open %s", path);
+    if (!f) return -1;
     char line[8192];
-    int n_pos = 0;
+    memset(fx, 0, sizeof *fx);
     while (fgets(line, sizeof line, f)) {
         if (line[0] == '#') continue;
         char *p = line;
         int off = 0;
-        if (sscanf(p, "tokens %d%n", &n_tok, &off) == 1) {
+        if (sscanf(p, "tokens %d%n", &fx->n_tok, &off) == 1) {
             p += off;
-            for (int i = 0; i < n_tok && i < MAX_TOK; i++) {
-                sscanf(p, "%d%n", &tokens[i], &off);
+            for (int i = 0; i < fx->n_tok && i < MAX_TOK; i++) {
+                sscanf(p, "%d%n", &fx->tokens[i], &off);
                 p += off;
             }
         } else {
             int pos, k;
-            if (sscanf(p, "pos %d %d%n", &pos, &k, &off) != 2 || pos >= MAX_TOK || k != TOPK) continue;
+            if (sscanf(p, "pos %d %d%n", &pos, &k, &off) != 2 || pos < 0 || pos >= MAX_TOK || k != TOPK) continue;
             p += off;
             for (int j = 0; j < TOPK; j++) {
-                sscanf(p, " %d:%f%n", &top_id[pos][j], &top_val[pos][j], &off);
+                sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off);
                 p += off;
             }
-            if (pos + 1 > n_pos) n_pos = pos + 1;
+            if (pos + 1 > fx->n_pos) fx->n_pos = pos + 1;
         }
     }
     fclose(f);
-    CHECK(n_tok == 65 && n_pos == n_tok);
+    CHECK(fx->n_tok == 65 && fx->n_pos == fx->n_tok);
+    return fx->n_tok == 65 && fx->n_pos == fx->n_tok ? 0 : -1;
+}
+
+/* compares our logits (n_tok x n_vocab) with a fixture; returns top-1 agreements, writes max diff */
+static int compare(const fixture *fx, const float *logits, int n_vocab, double *max_diff, double *mean_diff) {
+    int top1_same = 0, n_diff = 0;
+    double sum = 0;
+    *max_diff = 0;
+    for (int p = 0; p < fx->n_tok; p++) {
+        const float *l = logits + (size_t)p * (size_t)n_vocab;
+        int best = 0;
+        for (int v = 1; v < n_vocab; v++)
+            if (l[v] > l[best]) best = v;
+        if (best == fx->top_id[p][0]) top1_same++;
+        else
+            fprintf(stderr, "  position %d: top-1 %d (%.4f) vs oracle %d (%.4f, ours %.4f)\n", p, best, l[best],
+                    fx->top_id[p][0], fx->top_val[p][0], l[fx->top_id[p][0]]);
+        for (int j = 0; j < TOPK; j++) {
+            double d = fabs((double)l[fx->top_id[p][j]] - (double)fx->top_val[p][j]);
+            if (d > *max_diff) *max_diff = d;
+            sum += d;
+            n_diff++;
+        }
+    }
+    *mean_diff = sum / (n_diff ? n_diff : 1);
+    return top1_same;
+}
+
+int main(void) {
+    const char *model_path = tu_model_path();
+    if (!model_path) tu_skip("default model absent (run scripts/setup.sh)");
+    static fixture exact, native;
+    if (load_fixture("smollm2_oracle_logits.txt", &exact) || load_fixture("smollm2_oracle_logits_native.txt", &native))
+        return tu_finish("test_parity");
+    int n_tok = exact.n_tok;
+    int same_seq = 1;
+    for (int i = 0; i < n_tok; i++) same_seq &= exact.tokens[i] == native.tokens[i];
+    CHECK(same_seq);
 
     kvgen_model *model = NULL;
     kvgen_error err = {0};
@@ -71,7 +110,7 @@ int main(void) {
     size_t n_ours = 0;
     CHECK_OK(kvgen_tokenize(model, TEXT, strlen(TEXT), KVGEN_TOKENIZE_SPECIAL, ours, MAX_TOK, &n_ours, &err));
     int same = (int)n_ours == n_tok;
-    for (int i = 0; same && i < n_tok; i++) same = ours[i] == tokens[i];
+    for (int i = 0; same && i < n_tok; i++) same = ours[i] == exact.tokens[i];
     CHECKF(same, "tokenization differs from the oracle's (%zu vs %d tokens)", n_ours, n_tok);
 
     kvgen_model_info info;
@@ -81,37 +120,23 @@ int main(void) {
     CHECK_OK(kvgen_session_create(model, &sd, &s, &err));
     float *logits = malloc(sizeof(float) * (size_t)n_tok * (size_t)info.n_vocab);
     int32_t ids[MAX_TOK];
-    for (int i = 0; i < n_tok; i++) ids[i] = tokens[i];
+    for (int i = 0; i < n_tok; i++) ids[i] = exact.tokens[i];
     CHECK_OK(kvgen_session_prefill(s, ids, (size_t)n_tok, logits, &err));
 
-    int top1_same = 0;
-    double max_diff = 0, sum_diff = 0;
-    int n_diff = 0;
-    for (int p = 0; p < n_tok; p++) {
-        const float *l = logits + (size_t)p * (size_t)info.n_vocab;
-        int best = 0;
-        for (int v = 1; v < info.n_vocab; v++)
-            if (l[v] > l[best]) best = v;
-        if (best == top_id[p][0]) top1_same++;
-        else fprintf(stderr, "position %d: top-1 %d (%.4f) vs oracle %d (%.4f, ours %.4f)\n", p, best, l[best],
-                     top_id[p][0], top_val[p][0], l[top_id[p][0]]);
-        for (int j = 0; j < TOPK; j++) {
-            double d = fabs((double)l[top_id[p][j]] - (double)top_val[p][j]);
-            if (d > max_diff) max_diff = d;
-            sum_diff += d;
-            n_diff++;
-        }
-    }
-    printf("parity vs llama.cpp: top-1 identical at %d/%d positions; max |logit diff| over the oracle's top-%d = %.4f, "
-           "mean %.4f\n", top1_same, n_tok, TOPK, max_diff, sum_diff / n_diff);
-    /* 64 teacher-forced positions after the first token must agree on top-1 */
-    CHECKF(top1_same == n_tok, "top-1 differs at %d positions", n_tok - top1_same);
-    /* llama.cpp quantizes activations to 8 bits for Q4_1 dot products; the reference is f32
-     * throughout, so logits differ a little; 0.5 on logits of magnitude ~20 bounds that */
-    CHECKF(max_diff < 0.5, "max logit difference %.4f", max_diff);
+    double max_diff, mean_diff;
+    int top1 = compare(&exact, logits, info.n_vocab, &max_diff, &mean_diff);
+    printf("parity vs llama.cpp (F32 weights): top-1 identical at %d/%d positions; |logit diff| over the oracle's "
+           "top-%d: max %.4f, mean %.4f\n", top1, n_tok, TOPK, max_diff, mean_diff);
+    CHECKF(top1 == n_tok, "top-1 differs at %d positions", n_tok - top1);
+    CHECKF(max_diff < 0.1, "max logit difference %.4f", max_diff);
+
+    top1 = compare(&native, logits, info.n_vocab, &max_diff, &mean_diff);
+    printf("parity vs llama.cpp (Q4_1 as is, 8-bit activations): top-1 identical at %d/%d positions; |logit diff|: "
+           "max %.4f, mean %.4f\n", top1, n_tok, max_diff, mean_diff);
+    CHECKF(top1 >= n_tok - 2, "top-1 differs at %d positions", n_tok - top1);
+    CHECKF(max_diff < 1.5, "max logit difference %.4f", max_diff);
 
     free(logits);
-    free(fx_path);
     kvgen_session_close(s);
     kvgen_model_unload(model);
     return tu_finish("test_parity");
