@@ -400,6 +400,60 @@ static void check_toy_bpe(void) {
     free(path);
 }
 
+/* The other pre-tokenizers, on the GPT-2 vocabulary with tokenizer.ggml.pre rewritten; the
+ * expected ids are llama-tokenize's for the same rewritten files. */
+static void check_pre_variants(void) {
+    static const char *const texts[3] = {"x 12345 $$ +", "I'VE  got\\r\\n\\n 1234567 apples!!  \\n",
+                                         "Don't   stop 3.14159..."};
+    static const struct { const char *pre; int32_t ids[3][32]; size_t n[3]; } cases[] = {
+        {"default",
+         {{87, 220, 10163, 2231, 220, 13702, 220, 10},
+          {40, 6, 6089, 220, 1392, 59, 81, 59, 77, 59, 77, 220, 10163, 29228, 22, 22514, 3228, 220, 220, 59, 77},
+          {3987, 6, 83, 220, 220, 2245, 220, 18, 13, 23756, 3270, 986}},
+         {8, 21, 12}},
+        {"llama-bpe",
+         {{87, 220, 10163, 2231, 32382, 1343},
+          {40, 6, 6089, 220, 1392, 59, 81, 59, 77, 59, 77, 220, 10163, 29228, 22, 22514, 3228, 220, 3467, 77},
+          {3987, 470, 220, 220, 2245, 220, 18, 13, 23756, 3270, 986}},
+         {6, 20, 11}},
+        {"qwen2",
+         {{87, 220, 16, 17, 18, 19, 20, 32382, 1343},
+          {40, 6, 6089, 220, 1392, 59, 81, 59, 77, 59, 77, 220, 16, 17, 18, 19, 20, 21, 22, 22514, 3228, 220, 3467, 77},
+          {3987, 470, 220, 220, 2245, 220, 18, 13, 16, 19, 16, 20, 24, 986}},
+         {9, 24, 14}},
+    };
+    char *src = tu_testdata("tokenizer/ggml-vocab-gpt-2.gguf");
+    kvg_gguf *g = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_gguf_open(src, &g, &err));
+    for (size_t c = 0; g && c < sizeof cases / sizeof cases[0]; c++) {
+        kvg_gguf_writer *w = kvg_gguf_writer_new();
+        for (int i = 0; i < kvg_gguf_n_kv(g); i++)
+            if (strcmp(kvg_gguf_key(g, i), "tokenizer.ggml.pre") != 0) CHECK(kvg_gguf_copy_kv(w, g, kvg_gguf_key(g, i)));
+        kvg_gguf_set_str(w, "tokenizer.ggml.pre", cases[c].pre);
+        char name[64];
+        snprintf(name, sizeof name, "gpt2-pre-%s.gguf", cases[c].pre);
+        char *path = tu_tmpfile(name);
+        CHECK_OK(kvg_gguf_writer_save(w, path, &err));
+        kvg_gguf_writer_free(w);
+        vocab v;
+        if (vocab_open(&v, path)) {
+            for (int k = 0; k < 3; k++) {
+                size_t n = 0;
+                int32_t *ids = tokenize(&v, texts[k], strlen(texts[k]), 0, &n);
+                bool same = ids && n == cases[c].n[k] && memcmp(ids, cases[c].ids[k], n * sizeof *ids) == 0;
+                CHECKF(same, "pre %s: '%s' tokenizes differently", cases[c].pre, texts[k]);
+                if (!same && ids) print_ids("kvgen", ids, n);
+                free(ids);
+            }
+            vocab_close(&v);
+        }
+        free(path);
+    }
+    kvg_gguf_close(g);
+    free(src);
+}
+
 /* ---- the default model ----------------------------------------------------------------- */
 
 static int hexval(char c) {
@@ -514,6 +568,7 @@ int main(void) {
     free(p3);
     check_malformed();
     check_toy_bpe();
+    check_pre_variants();
     check_default_model();
     return tu_finish("test_tokenizer");
 }
