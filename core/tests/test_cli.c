@@ -117,10 +117,11 @@ int main(void) {
     free(out);
 
     /* sampling with a seed is repeatable */
-    char *a, *b;
+    char *a = NULL, *b = NULL;
     snprintf(args, sizeof args, "generate %s -p %s -n 12 --ids --seed 5 --temp 1.2 --top-k 20 --top-p 0.9", model,
              prompt);
-    CHECK(run(args, NULL, &a) == 0 && run(args, NULL, &b) == 0);
+    int rc_a = run(args, NULL, &a), rc_b = run(args, NULL, &b);
+    CHECK(rc_a == 0 && rc_b == 0);
     CHECK(strlen(a) > 1 && strcmp(a, b) == 0);
     free(a);
     free(b);
