@@ -82,6 +82,15 @@ typedef struct kvgen_model_desc {
     const char *device;    /* Vulkan device: index or name substring; NULL: KVGEN_DEVICE env or auto */
     int force_f32;         /* Vulkan: use the f32 shader variants even where fp16 is available */
     int n_threads;         /* reference backend threads; 0: all cores */
+    /* KV page pool (see "sessions" below). The pool holds every session's keys and values in
+     * fixed-size pages; its size is fixed at load. kv_pool_bytes wins over kv_pool_tokens;
+     * both 0: 16 sessions of min(context_length, 8192) tokens, at most a quarter of the
+     * host's RAM (reference backend; storage is committed page by page as it is first used). */
+    size_t kv_pool_bytes;  /* pool size in bytes (rounded down to whole pages) */
+    size_t kv_pool_tokens; /* pool size in tokens (rounded up to whole pages) */
+    int kv_page_size;      /* tokens per page: a power of two in [16, 256]; 0: 32 */
+    int kv_contiguous;     /* 1: no pool; each session reserves one contiguous n_ctx cache (the
+                              pre-paging layout, kept for comparison; fork/shift/restore recompute) */
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
@@ -163,6 +172,14 @@ size_t kvgen_detok_flush(kvgen_detok *d, char *buf, size_t size);
 
 /* ---- sessions ------------------------------------------------------------------------- */
 
+/* What an append does when it would pass the session's n_ctx. */
+typedef enum kvgen_on_full {
+    KVGEN_ON_FULL_ERROR = 0, /* KVGEN_E_CONTEXT_FULL "context full (used/max)"; session unchanged */
+    KVGEN_ON_FULL_SHIFT = 1  /* keep the first `keep` tokens, drop the oldest of the rest (at least
+                                half of them, more if the append needs it) and re-rotate the cached
+                                keys to their new positions (RoPE): no recomputation */
+} kvgen_on_full;
+
 typedef struct kvgen_session_desc {
     int n_ctx;          /* context limit in tokens; 0: min(model's context_length, 4096) */
     int no_cache;       /* 1: recompute the whole sequence on every decode (the O(N^2) baseline) */
@@ -170,6 +187,9 @@ typedef struct kvgen_session_desc {
     float temperature;  /* <= 0: greedy */
     int top_k;          /* 0: off */
     float top_p;        /* 0 or >= 1: off */
+    kvgen_on_full on_full; /* 0: error */
+    int keep;              /* KVGEN_ON_FULL_SHIFT: tokens at the start never dropped (the system prompt) */
+    int no_prefix_reuse;   /* 1: never take pages computed by other sessions (and never offer own) */
 } kvgen_session_desc;
 
 kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
@@ -199,8 +219,16 @@ void kvgen_session_reset(kvgen_session *session);
 typedef struct kvgen_cache_info {
     int n_layer, n_head_kv, head_dim;
     size_t length, capacity;
-    size_t bytes;           /* bytes the cache holds for this session */
+    size_t bytes;           /* bytes of K/V data this session's tokens take (length * bytes_per_token) */
     size_t bytes_per_token; /* K+V, all layers */
+    /* paged KV (all 0 on a kv_contiguous model) */
+    size_t page_size;       /* tokens per page */
+    size_t pages;           /* pages in this session's page table */
+    size_t pages_shared;    /* of those, pages other sessions (or the prefix cache) also hold */
+    size_t bytes_held;      /* pages * bytes per page: what the session keeps alive, shared pages included */
+    size_t tokens_reused;   /* tokens whose K/V came from pages other sessions computed (prefix reuse),
+                               since creation or the last reset */
+    size_t shifts;          /* context shifts done (KVGEN_ON_FULL_SHIFT) */
 } kvgen_cache_info;
 
 void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *info);
@@ -208,6 +236,219 @@ void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *in
  * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). */
 kvgen_status kvgen_session_read_cache(const kvgen_session *session, int layer, int which, float *out,
                                       size_t n_floats, kvgen_error *err);
+
+/* Drops the last `n` tokens (undo a reply, regenerate) without recomputing the rest: only the
+ * new last token runs once more, to give its logits back (so sample() works right away). The
+ * sampler state is not rewound. n > length is KVGEN_E_INVALID_ARGUMENT and changes nothing;
+ * rewinding to 0 leaves no logits. */
+kvgen_status kvgen_session_rewind(kvgen_session *session, size_t n, kvgen_error *err);
+
+/* A new session continuing from `session`: same tokens, logits, options and sampler state (the
+ * same seed/state draws the same next samples in both). It shares the parent's full pages
+ * copy-on-write and copies only the partly filled last page, so many NPCs forked from one
+ * persona prompt hold that prompt once. Parent and child are independent afterwards; either
+ * may be closed first. KVGEN_E_POOL_FULL when no page is left for the copy. */
+kvgen_status kvgen_session_fork(kvgen_session *session, kvgen_session **child, kvgen_error *err);
+
+/* Writes the session to `path`: a versioned header, a hash identifying the model, options,
+ * token ids, sampler state, last logits, and K/V of the used positions only (f32), with a
+ * checksum. Restoring it gives the same next-token logits and samples. */
+kvgen_status kvgen_session_save(const kvgen_session *session, const char *path, kvgen_error *err);
+/* Creates a session from a file written by kvgen_session_save (in this or another process).
+ * Refuses, with a message naming the file: another model (KVGEN_E_INVALID_ARGUMENT), a
+ * truncated or corrupted file (KVGEN_E_FORMAT, checksum), a newer format version
+ * (KVGEN_E_UNSUPPORTED), not a session file (KVGEN_E_FORMAT), missing file (KVGEN_E_IO). */
+kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err);
+
+/* The model's KV page pool: memory accounting. */
+typedef struct kvgen_pool_info {
+    size_t page_size;       /* tokens per page (0: kv_contiguous model, no pool) */
+    size_t pages_total;     /* pages the pool may hold */
+    size_t pages_used;      /* held by at least one session */
+    size_t pages_free;      /* available: never used, released, or cached */
+    size_t pages_cached;    /* of the free ones: released pages kept for prefix reuse, reclaimed
+                               least recently used first when the pool runs out */
+    size_t bytes_per_token; /* K+V, all layers */
+    size_t bytes_per_page;
+    size_t bytes_total;     /* pages_total * bytes_per_page */
+    size_t bytes_used;      /* pages_used * bytes_per_page */
+    size_t bytes_committed; /* storage actually allocated so far (the high-water mark) */
+    size_t sessions;        /* open sessions of the model */
+} kvgen_pool_info;
+
+void kvgen_model_pool_info(const kvgen_model *model, kvgen_pool_info *info);
+
+/* ---- generation ------------------------------------------------------------------------ *
+ * Sampling, generation with stop conditions, chat templates, choice scoring and constrained
+ * output. See docs/generation.md for the full contract and the defaults. */
+
+/* Adds `bias` to one token's logit before sampling; bias = -INFINITY bans the token. */
+typedef struct kvgen_logit_bias {
+    int32_t token;
+    float bias;
+} kvgen_logit_bias;
+
+/* The sampler chain, applied in this order to the current logits:
+ *   logit bias / bans -> repetition, frequency, presence penalties (over the last
+ *   `penalty_window` tokens of the session) -> greedy (temperature <= 0) or
+ *   temperature -> top-k -> top-p -> min-p -> draw with the session's RNG.
+ * Zero fields mean the default given after each field. */
+typedef struct kvgen_sampler_desc {
+    uint64_t seed;           /* RNG seed; 0: 0x5eed (kvgen_session_set_sampler: 0 keeps the RNG stream) */
+    float temperature;       /* <= 0: greedy (argmax after bias and penalties); default 0 */
+    int top_k;               /* keep the k most likely; 0: off */
+    float top_p;             /* keep the smallest set reaching probability p; 0 or >= 1: off */
+    float min_p;             /* drop tokens below min_p * p(most likely); 0: off */
+    float repeat_penalty;    /* > 1: logit/penalty (positive) or logit*penalty (negative) for seen tokens; 0 or 1: off */
+    float frequency_penalty; /* subtracts count * f from a seen token's logit; 0: off */
+    float presence_penalty;  /* subtracts p once from a seen token's logit; 0: off */
+    int penalty_window;      /* tokens looked back for penalties; 0: 64; -1: the whole session */
+    const kvgen_logit_bias *bias; /* copied; NULL: none */
+    int n_bias;
+} kvgen_sampler_desc;
+
+/* Replaces the session's sampler settings. The RNG is re-seeded when desc->seed != 0,
+ * otherwise it continues its current stream. NULL desc restores every default. */
+kvgen_status kvgen_session_set_sampler(kvgen_session *session, const kvgen_sampler_desc *desc, kvgen_error *err);
+/* The settings in force (bias points into the session; valid until the next set_sampler). */
+void kvgen_session_get_sampler(const kvgen_session *session, kvgen_sampler_desc *desc);
+
+/* Why a generation ended. */
+typedef enum kvgen_finish {
+    KVGEN_FINISH_NONE = 0,     /* still generating */
+    KVGEN_FINISH_STOP,         /* an end-of-generation token (EOS/EOT/end of turn), or a constraint completed */
+    KVGEN_FINISH_STOP_STRING,  /* one of the stop strings appeared (it is not part of the text) */
+    KVGEN_FINISH_LENGTH,       /* max_tokens reached */
+    KVGEN_FINISH_CANCELLED,    /* kvgen_gen_cancel was called */
+    KVGEN_FINISH_CONTEXT_FULL, /* the session's context is full */
+    KVGEN_FINISH_ERROR         /* a backend error; kvgen_gen_next returned it */
+} kvgen_finish;
+
+/* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error" */
+const char *kvgen_finish_name(kvgen_finish finish);
+
+/* Constrained output: generation may only produce text the constraint accepts; tokens that
+ * would leave it are masked before sampling. Supported shapes (anything else is refused with
+ * KVGEN_E_INVALID_ARGUMENT):
+ *  - KVGEN_CONSTRAIN_CHOICE: exactly one of `choices` (non-empty strings).
+ *  - KVGEN_CONSTRAIN_JSON: one flat JSON object with exactly `fields`, in that order, written
+ *    compactly: {"key":value,"key2":value2}. Values: a string without escapes or control
+ *    characters (at most max_len bytes), a number -?(0|[1-9][0-9]*)(\.[0-9]+)? (at most 16
+ *    characters), or one of the given enum strings (written as a JSON string).
+ * Generation ends with KVGEN_FINISH_STOP as soon as the text is complete. */
+typedef enum kvgen_constraint_kind {
+    KVGEN_CONSTRAIN_NONE = 0,
+    KVGEN_CONSTRAIN_CHOICE,
+    KVGEN_CONSTRAIN_JSON
+} kvgen_constraint_kind;
+
+typedef enum kvgen_json_type {
+    KVGEN_JSON_STRING = 1,
+    KVGEN_JSON_NUMBER,
+    KVGEN_JSON_ENUM
+} kvgen_json_type;
+
+typedef struct kvgen_json_field {
+    const char *key;            /* printable ASCII without '"' or '\\' */
+    kvgen_json_type type;
+    const char *const *values;  /* KVGEN_JSON_ENUM: the allowed strings */
+    int n_values;
+    int max_len;                /* KVGEN_JSON_STRING: longest value in bytes; 0: 64 */
+} kvgen_json_field;
+
+typedef struct kvgen_constraint {
+    kvgen_constraint_kind kind;
+    const char *const *choices; /* KVGEN_CONSTRAIN_CHOICE */
+    int n_choices;
+    const kvgen_json_field *fields; /* KVGEN_CONSTRAIN_JSON */
+    int n_fields;
+} kvgen_constraint;
+
+typedef struct kvgen_generate_desc {
+    int max_tokens;             /* 0: 256; < 0: until the context is full */
+    const char *const *stop;    /* stop strings (non-empty); matched across token boundaries */
+    int n_stop;
+    int ignore_eog;             /* 1: do not stop at end-of-generation tokens */
+    unsigned flags;             /* KVGEN_TOKENIZE_SPECIAL: include control tokens' text in the output */
+    const kvgen_constraint *constraint; /* NULL: free text; copied at begin */
+} kvgen_generate_desc;
+
+/* Step-wise generation. kvgen_gen_begin starts from the session's current logits (prefill a
+ * prompt, or use kvgen_chat_begin, first). Each kvgen_gen_next samples one token, appends it
+ * to the session (decode) and returns the text that is now final: complete UTF-8, with text
+ * that might begin a stop string held back until decided. After any finish the session's
+ * cache holds exactly the sampled tokens, the end-of-generation token included (so a next
+ * chat turn continues the template correctly); a token refused for lack of context is not in
+ * it. The session must outlive the generator and must not be used by other calls between
+ * begin and end (reading its length/tokens is fine). */
+typedef struct kvgen_gen kvgen_gen;
+
+typedef struct kvgen_gen_step {
+    const char *text;    /* NUL-terminated, may be ""; valid until the next kvgen_gen_* call */
+    size_t len;
+    int32_t token;       /* the token sampled in this step; -1 when none was */
+    kvgen_finish finish; /* KVGEN_FINISH_NONE while generation goes on */
+} kvgen_gen_step;
+
+kvgen_status kvgen_gen_begin(kvgen_session *session, const kvgen_generate_desc *desc, kvgen_gen **out,
+                             kvgen_error *err);
+/* One token. Returns KVGEN_OK (also for the step that finishes) or the error that ended the
+ * generation (finish = KVGEN_FINISH_ERROR). After the finish it keeps returning empty steps
+ * with the same finish reason. */
+kvgen_status kvgen_gen_next(kvgen_gen *gen, kvgen_gen_step *step, kvgen_error *err);
+/* Asks the generator to stop: the next kvgen_gen_next samples nothing and finishes with
+ * KVGEN_FINISH_CANCELLED. Safe to call from another thread while kvgen_gen_next runs. */
+void kvgen_gen_cancel(kvgen_gen *gen);
+/* All text emitted so far (NUL-terminated; valid until the next kvgen_gen_* call). */
+const char *kvgen_gen_text(const kvgen_gen *gen, size_t *len);
+int kvgen_gen_n_tokens(const kvgen_gen *gen);   /* tokens sampled so far */
+kvgen_finish kvgen_gen_finish(const kvgen_gen *gen);
+void kvgen_gen_end(kvgen_gen *gen);             /* NULL is ignored */
+
+/* One-shot generation: runs kvgen_gen_* to the end, writes the text into out (truncated,
+ * NUL-terminated when size > 0) and its full length into *len (NULL allowed). */
+kvgen_status kvgen_generate(kvgen_session *session, const kvgen_generate_desc *desc, char *out, size_t size,
+                            size_t *len, kvgen_finish *finish, kvgen_error *err);
+
+/* ---- chat ---- *
+ * A template is a prefix and suffix per role. Built-in families are recognised from the
+ * model's tokenizer.chat_template: "chatml" (SmolLM2, Qwen), "llama3", "llama2", "zephyr",
+ * "gemma", "phi3". Control text (prefixes/suffixes) is tokenized with KVGEN_TOKENIZE_SPECIAL,
+ * the caller's text never is, so a user cannot inject template tokens. */
+typedef struct kvgen_chat_template {
+    const char *name; /* a built-in family name: the other fields are ignored; NULL: custom */
+    const char *system_prefix, *system_suffix;
+    const char *user_prefix, *user_suffix;
+    const char *assistant_prefix, *assistant_suffix; /* assistant_prefix starts every reply */
+    int system_in_user; /* 1: the user turn after a system turn omits user_prefix (llama2, gemma) */
+} kvgen_chat_template;
+
+/* Chooses the session's template: NULL returns to the model's (detected); a template with
+ * `name` selects a built-in family; otherwise the strings are copied. Unknown names and an
+ * unrecognised model template give KVGEN_E_UNSUPPORTED. */
+kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvgen_chat_template *tpl, kvgen_error *err);
+/* The family name the session uses ("chatml", ..., "custom"), or NULL with *err set
+ * (KVGEN_E_UNSUPPORTED) when the model's template is unknown and none was set. */
+const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
+/* Appends one complete turn (role "system", "user" or "assistant") and prefills it; an open
+ * assistant reply is closed first. On an empty session the model's BOS comes first. */
+kvgen_status kvgen_chat_add(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
+/* Appends a turn like kvgen_chat_add (text NULL: no turn) and then the assistant header, so
+ * that kvgen_gen_begin produces the reply. Only the new tokens are prefilled. */
+kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
+
+/* ---- choice scoring ---- */
+typedef struct kvgen_choice {
+    double logprob;      /* sum of the candidate's token log-probabilities */
+    double logprob_mean; /* logprob / n_tokens */
+    int n_tokens;
+} kvgen_choice;
+
+/* Scores each candidate continuation (tokenized without special tokens or BOS) of the
+ * session's current text, which must have logits (prefill it first). The session is left
+ * exactly as it was. results receives n entries. */
+kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *candidates, size_t n,
+                                  kvgen_choice *results, kvgen_error *err);
 
 #ifdef __cplusplus
 }
