@@ -190,6 +190,9 @@ typedef struct kvgen_session_desc {
     kvgen_on_full on_full; /* 0: error */
     int keep;              /* KVGEN_ON_FULL_SHIFT: tokens at the start never dropped (the system prompt) */
     int no_prefix_reuse;   /* 1: never take pages computed by other sessions (and never offer own) */
+    /* The full sampler settings (see "generation" below); when not NULL they replace seed,
+     * temperature, top_k and top_p above. Copied at creation. */
+    const struct kvgen_sampler_desc *sampler;
 } kvgen_session_desc;
 
 kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
