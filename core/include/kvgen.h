@@ -91,6 +91,13 @@ typedef struct kvgen_model_desc {
     int kv_page_size;      /* tokens per page: a power of two in [16, 256]; 0: 32 */
     int kv_contiguous;     /* 1: no pool; each session reserves one contiguous n_ctx cache (the
                               pre-paging layout, kept for comparison; fork/shift/restore recompute) */
+    /* Vulkan: run on a device the host already owns (a game's). Give all four handles
+     * (VkInstance, VkPhysicalDevice, VkDevice, VkQueue cast to void*) and the queue's family,
+     * which must support compute; kvgen then creates and destroys no instance or device, needs
+     * no device features or extensions, and uses the queue only inside kvgen calls (the host
+     * must not use it at the same time). NULL: kvgen creates its own. */
+    void *vk_instance, *vk_physical_device, *vk_device, *vk_queue;
+    uint32_t vk_queue_family;
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
@@ -123,6 +130,32 @@ void kvgen_model_get_info(const kvgen_model *model, kvgen_model_info *info);
 /* Writes a multi-line human-readable description (hyperparameters, tensor type counts,
  * tokenizer) as printed by `kvgen info`. Returns the length it needed (like snprintf). */
 size_t kvgen_model_describe(const kvgen_model *model, char *buf, size_t size);
+
+/* ---- devices ------------------------------------------------------------------------- */
+
+/* A Vulkan device as kvgen sees it, with the features its shaders can use. */
+typedef struct kvgen_device_info {
+    int index;                     /* what desc.device / KVGEN_DEVICE accept */
+    char name[256];
+    const char *type;              /* "discrete", "integrated", "virtual", "cpu", "other" */
+    uint32_t vendor_id, device_id;
+    uint32_t api_version;          /* VK_MAKE_API_VERSION packing */
+    uint64_t device_local_bytes;   /* size of the largest device-local heap */
+    int host_visible_device_local; /* UMA or ReBAR: weights are written in place, no staging */
+    int shader_float16;            /* fp16 arithmetic */
+    int storage_16bit, storage_8bit;
+    uint32_t subgroup_size;
+    int subgroup_arithmetic;
+    uint32_t max_shared_memory;        /* bytes per workgroup */
+    uint64_t max_storage_buffer_range; /* larger buffers are split over several bindings */
+    uint64_t max_allocation_size;
+    int is_default;                /* the device kvgen picks when none is named */
+} kvgen_device_info;
+
+/* Lists the Vulkan devices: writes up to `cap` entries to `out` (may be NULL when cap is 0)
+ * and the number of devices to *count. No Vulkan driver at all is not an error: *count is 0.
+ * Only in builds with the Vulkan backend (KVGEN_VULKAN=ON). */
+kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err);
 
 /* ---- tokenizer ------------------------------------------------------------------------ */
 

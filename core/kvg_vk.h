@@ -1,0 +1,139 @@
+/* kvg_vk.h: the Vulkan backend's device layer (private): instance and device set-up, feature
+ * detection, buffers, pipelines and command submission. vk_backend.c builds the forward pass on
+ * top of it; vk_bench.c measures the device's own ceiling with it. */
+#ifndef KVG_VK_H
+#define KVG_VK_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <vulkan/vulkan.h>
+#include "kvgen.h"
+
+/* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
+enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM, KVG_SPEC_KV_F16, KVG_SPEC_DIRECT,
+       KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_COUNT };
+
+#define KVG_VK_BINDINGS 8     /* storage buffers in the one descriptor-set layout */
+#define KVG_VK_PUSH_BYTES 128 /* push-constant range every kernel shares */
+
+typedef struct kvg_vk_buffer {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceSize size;
+    void *map; /* non-NULL when host-visible (kept mapped) */
+} kvg_vk_buffer;
+
+typedef struct kvg_vk_pipeline {
+    char name[32];
+    uint32_t spec[KVG_SPEC_COUNT];
+    VkPipeline pipe;
+} kvg_vk_pipeline;
+
+typedef struct kvg_vk_ctx {
+    VkInstance instance;
+    VkPhysicalDevice phys;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t queue_family;
+    bool own_instance, own_device; /* false when the host handed them in */
+    VkDebugUtilsMessengerEXT messenger;
+    atomic_int validation_messages; /* warnings and errors the validation layer reported */
+
+    kvgen_device_info info;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties mem_props;
+    bool force_staging; /* KVGEN_VK_STAGING=1: upload through a staging buffer even on UMA */
+    bool kv_f16;        /* false when forced to f32 (option or KVGEN_FORCE_F32=1) */
+
+    VkDescriptorSetLayout set_layout;
+    VkPipelineLayout pipe_layout;
+    VkCommandPool cmd_pool; /* used under `lock` only */
+    VkFence fence;          /* for one-off submissions (uploads) */
+    kvg_vk_buffer dummy;    /* bound to unused bindings */
+    kvg_vk_pipeline *pipes;
+    int n_pipes, cap_pipes;
+    pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
+} kvg_vk_ctx;
+
+typedef struct kvg_vk_ctx_desc {
+    const char *device; /* index or name substring; NULL: KVGEN_DEVICE env, else the best device */
+    int force_f32;
+    void *vk_instance, *vk_physical_device, *vk_device, *vk_queue; /* host-owned, all or none */
+    uint32_t vk_queue_family;
+} kvg_vk_ctx_desc;
+
+kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err);
+void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx);
+
+/* Checks a VkResult: on failure writes "<what>: <VkResult name>" and returns KVGEN_E_DEVICE. */
+kvgen_status kvg_vk_check(VkResult r, kvgen_error *err, const char *what);
+const char *kvg_vk_result_name(VkResult r);
+
+enum { KVG_VK_MEM_DEVICE = 0, KVG_VK_MEM_HOST = 1, KVG_VK_MEM_UPLOAD = 2 };
+/* DEVICE: device-local (zero-filled); HOST: host-visible (mapped, zero-filled; for readback
+ * and per-step parameters); UPLOAD: device-local and, where possible, host-visible too so the
+ * weights can be written in place. */
+kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, kvg_vk_buffer *out, kvgen_error *err);
+void kvg_vk_buffer_destroy(kvg_vk_ctx *ctx, kvg_vk_buffer *b);
+/* Host -> buffer (mapped write, or a staging copy); caller holds no lock. */
+kvgen_status kvg_vk_upload(kvg_vk_ctx *ctx, kvg_vk_buffer *b, VkDeviceSize offset, const void *data, size_t size,
+                           kvgen_error *err);
+/* Buffer -> host through a staging copy when not mapped. */
+kvgen_status kvg_vk_download(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSize offset, void *data, size_t size,
+                             kvgen_error *err);
+
+/* A compute pipeline for an embedded shader and specialization constants; created once and
+ * cached (never on the per-token path: callers create everything they need at load). */
+kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
+                                 VkPipeline *out, kvgen_error *err);
+/* Finds an already created pipeline; VK_NULL_HANDLE when absent. */
+VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]);
+
+typedef struct kvg_vk_binding {
+    const kvg_vk_buffer *buf; /* NULL: the dummy buffer */
+    VkDeviceSize offset, range; /* range 0: to the end of the buffer */
+} kvg_vk_binding;
+
+kvgen_status kvg_vk_pool_create(kvg_vk_ctx *ctx, uint32_t max_sets, VkDescriptorPool *out, kvgen_error *err);
+kvgen_status kvg_vk_set_create(kvg_vk_ctx *ctx, VkDescriptorPool pool, const kvg_vk_binding b[KVG_VK_BINDINGS],
+                               VkDescriptorSet *out, kvgen_error *err);
+
+kvgen_status kvg_vk_cmd_alloc(kvg_vk_ctx *ctx, VkCommandBuffer *out, kvgen_error *err);
+/* one_time: recorded for one submission; else recorded once and replayed */
+kvgen_status kvg_vk_cmd_begin(VkCommandBuffer cb, bool one_time, kvgen_error *err);
+kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err);
+void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
+                         uint32_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz);
+/* compute writes -> compute reads/writes */
+void kvg_vk_cmd_barrier(VkCommandBuffer cb);
+/* compute writes -> host reads (end of a step whose results are read back) */
+void kvg_vk_cmd_host_barrier(VkCommandBuffer cb);
+/* Submits an ended command buffer and waits (caller holds ctx->lock). */
+kvgen_status kvg_vk_submit_wait(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkFence fence, kvgen_error *err);
+
+/* Validation messages counted so far (KVGEN_VALIDATE=1); for tests. */
+int kvg_vk_validation_count(const kvg_vk_ctx *ctx);
+
+/* The Vulkan context of a model loaded on the Vulkan backend; NULL otherwise. */
+struct kvgen_model;
+kvg_vk_ctx *kvg_vk_model_ctx(const struct kvgen_model *m);
+
+/* ---- test hooks (vk_backend.c): run one kernel through the backend's own code paths ---- */
+
+/* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of
+ * `type`; norm (K floats) or NULL for RMSNorm(x_t) * norm first; epi 0 store, 1 add (y holds the
+ * values to add to), 3 swiglu (rows interleave gate/up; y has rows/2 per token). ncols <= 8
+ * runs the decode mat-vec, larger the prefill GEMM. lane: -1 device default, 0/1 forced. */
+kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, uint32_t rows, uint32_t K,
+                                const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
+                                float *y, kvgen_error *err);
+
+/* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
+ * of k and v ((n_kv, n_ctx, hd) floats; stored in the cache's f16/f32 format first); q and out
+ * are (ncols, n_head*hd). nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. */
+kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
+                                   int nsplit, const float *q, const float *k, const float *v, float *out,
+                                   kvgen_error *err);
+
+#endif

@@ -1,0 +1,185 @@
+/* test_vk_kernels.c: each Vulkan kernel against a CPU computation in double on random inputs of
+ * awkward sizes (odd row counts, rows not a multiple of 32, reduction lengths and contexts past
+ * 65,535 so a shader loop that lavapipe would silently cut short shows), on the fp16-KV path and
+ * the forced-f32 path, and with both mat-vec layouts (cooperative and one row pair per lane). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_quant.h"
+#include "kvg_vk.h"
+#include "testutil.h"
+
+static uint64_t rng = 0x12345678ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static const uint32_t types[] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_BF16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0,
+                                 KVG_TYPE_Q4_1};
+
+/* tolerance: f32 accumulation over K terms, relative to sum |w x| */
+static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, uint32_t ncols, bool norm, int epi,
+                         int lane) {
+    size_t rb = kvg_row_bytes(type, K);
+    uint8_t *w = malloc(rb * rows);
+    float *row = malloc(sizeof(float) * K), *x = malloc(sizeof(float) * K * ncols), *g = malloc(sizeof(float) * K);
+    float *deq = malloc(sizeof(float) * K * rows);
+    uint32_t out_rows = epi == 3 ? rows / 2 : rows;
+    float *y = malloc(sizeof(float) * out_rows * ncols), *y0 = malloc(sizeof(float) * out_rows * ncols);
+    for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t k = 0; k < K; k++) row[k] = frand() * 0.5f;
+        kvg_quantize_row(type, row, w + rb * r, K);
+        kvg_dequantize_row(type, w + rb * r, deq + (size_t)K * r, K);
+    }
+    for (size_t i = 0; i < (size_t)K * ncols; i++) x[i] = frand() * 2.0f;
+    for (uint32_t k = 0; k < K; k++) g[k] = 0.5f + frand() * 0.25f;
+    for (size_t i = 0; i < (size_t)out_rows * ncols; i++) y[i] = y0[i] = frand();
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_test_matmul(ctx, type, w, rows, K, x, ncols, norm ? g : NULL, 1e-5f, epi, lane, y, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    int bad = 0;
+    double worst = 0;
+    for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
+        const float *xc = x + (size_t)c * K;
+        double scale = 1.0;
+        if (norm) {
+            double ss = 0;
+            for (uint32_t k = 0; k < K; k++) ss += (double)xc[k] * xc[k];
+            scale = 1.0 / sqrt(ss / K + 1e-5);
+        }
+        double dots[2], mags[2];
+        for (uint32_t r = 0; r < rows; r++) {
+            double d = 0, mag = 0;
+            for (uint32_t k = 0; k < K; k++) {
+                double xv = xc[k] * (norm ? scale * g[k] : 1.0);
+                d += deq[(size_t)K * r + k] * xv;
+                mag += fabs(deq[(size_t)K * r + k] * xv);
+            }
+            double want, tol;
+            size_t oi;
+            if (epi == 3) {
+                dots[r & 1] = d;
+                mags[r & 1] = mag;
+                if (!(r & 1)) continue;
+                double gt = dots[0], up = dots[1];
+                want = gt / (1.0 + exp(-gt)) * up;
+                tol = 2e-5 * (mags[0] * (fabs(up) + 1) + mags[1] * (fabs(gt) + 1)) + 1e-5;
+                oi = (size_t)c * out_rows + r / 2;
+            } else {
+                oi = (size_t)c * out_rows + r;
+                want = d + (epi == 1 ? y0[oi] : 0.0);
+                tol = 2e-5 * mag + 1e-5;
+            }
+            double diff = fabs(y[oi] - want);
+            if (diff > worst) worst = diff;
+            if (!(diff <= tol) && bad++ < 3)
+                fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d lane %d: [%u][%zu] got %g want %g\n",
+                        kvg_type_name(type), rows, K, ncols, norm, epi, lane, c, oi, y[oi], want);
+        }
+    }
+    CHECKF(bad == 0, "matmul %s rows %u K %u ncols %u norm %d epi %d lane %d: %d wrong (worst |d| %g)",
+           kvg_type_name(type), rows, K, ncols, norm, epi, lane, bad, worst);
+    free(w); free(row); free(x); free(g); free(deq); free(y); free(y0);
+}
+
+static float round_kv(const kvg_vk_ctx *ctx, float v) { return ctx->kv_f16 ? kvg_f16_to_f32(kvg_f32_to_f16(v)) : v; }
+
+static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit) {
+    int n_ctx = pos0 + ncols + 3;
+    size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
+    float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc(nq * 4), *out = malloc(nq * 4);
+    for (size_t i = 0; i < nkv; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2.0f;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, q, k, v, out, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    int bad = 0;
+    double worst = 0;
+    double *s = malloc(sizeof(double) * (size_t)(pos0 + ncols));
+    int G = n_head / n_kv;
+    for (int t = 0; t < ncols && st == KVGEN_OK; t++) {
+        int len = pos0 + t + 1;
+        for (int h = 0; h < n_head; h++) {
+            const float *qh = q + ((size_t)t * n_head + h) * hd;
+            int kvh = h / G;
+            double mx = -1e300, sum = 0;
+            for (int p = 0; p < len; p++) {
+                const float *kp = k + ((size_t)kvh * n_ctx + p) * hd;
+                double d = 0;
+                for (int e = 0; e < hd; e++) d += (double)qh[e] * round_kv(ctx, kp[e]);
+                s[p] = d / sqrt((double)hd);
+                if (s[p] > mx) mx = s[p];
+            }
+            for (int p = 0; p < len; p++) sum += (s[p] = exp(s[p] - mx));
+            for (int e = 0; e < hd; e++) {
+                double o = 0;
+                for (int p = 0; p < len; p++) o += s[p] * round_kv(ctx, v[((size_t)kvh * n_ctx + p) * hd + e]);
+                o /= sum;
+                double got = out[((size_t)t * n_head + h) * hd + e];
+                double diff = fabs(got - o);
+                if (diff > worst) worst = diff;
+                if (!(diff <= 2e-4) && bad++ < 3)
+                    fprintf(stderr, "  attn t %d h %d e %d: got %g want %g\n", t, h, e, got, o);
+            }
+        }
+    }
+    CHECKF(bad == 0, "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d kv_f16 %d: %d wrong (worst %g)", n_head,
+           n_kv, hd, pos0, ncols, nsplit, ctx->kv_f16, bad, worst);
+    free(s); free(k); free(v); free(q); free(out);
+}
+
+static void run_all(kvg_vk_ctx *ctx) {
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t t = types[ti];
+        for (int lane = 0; lane <= 1; lane++) {
+            check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, lane);
+            check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, lane);
+            check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
+        }
+        check_matmul(ctx, t, 75, 1536 + 32, 45, true, 0, -1); /* gemm: partial row and token tiles */
+        check_matmul(ctx, t, 130, 96, 33, false, 3, -1);
+        check_matmul(ctx, t, 65, 64, 40, false, 1, -1);
+    }
+    /* rows that are not whole 32-blocks (F32/F16 only) */
+    check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, 0);
+    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, 1);
+    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, -1);
+    /* a reduction longer than 65,535 elements */
+    check_matmul(ctx, KVG_TYPE_Q4_1, 6, 32 * 2101, 1, true, 0, 0);
+    check_matmul(ctx, KVG_TYPE_Q8_0, 6, 32 * 2101, 1, false, 0, 1);
+    check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 10, true, 0, -1);
+
+    check_attention(ctx, 6, 2, 64, 0, 37, 1);    /* prefill from empty */
+    check_attention(ctx, 6, 2, 64, 100, 5, 1);   /* prefill after a cached prefix */
+    check_attention(ctx, 6, 2, 64, 5000, 3, 1);  /* prefill past 4096: split + reduce */
+    check_attention(ctx, 4, 4, 80, 0, 1, 8);     /* decode, first token, split */
+    check_attention(ctx, 8, 1, 32, 77, 1, 8);    /* 8 query heads per KV head */
+    check_attention(ctx, 9, 3, 64, 4999, 1, 8);  /* decode past 4096 */
+    check_attention(ctx, 9, 3, 64, 4999, 1, 1);
+    check_attention(ctx, 2, 1, 64, 70000, 1, 1); /* a context longer than 65,535 */
+    check_attention(ctx, 2, 1, 64, 70000, 1, 8);
+}
+
+int main(void) {
+    int n_dev = 0;
+    kvgen_error err = {0};
+    if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) tu_skip("no Vulkan device");
+    for (int force = 0; force <= 1; force++) {
+        kvg_vk_ctx_desc d = {.force_f32 = force};
+        kvg_vk_ctx *ctx = NULL;
+        kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
+        CHECKF(st == KVGEN_OK, "%s", err.message);
+        if (st != KVGEN_OK) break;
+        CHECK(ctx->kv_f16 == !force || getenv("KVGEN_FORCE_F32"));
+        run_all(ctx);
+        CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
+        kvg_vk_ctx_destroy(ctx);
+    }
+    return tu_finish("test_vk_kernels");
+}

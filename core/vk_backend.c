@@ -1,0 +1,1060 @@
+/* vk_backend.c: the llama forward pass as Vulkan compute shaders (kvg_vulkan_backend).
+ *
+ * Load: every weight matrix is repacked into 32-element blocks (see shaders/weights.glsl) and
+ * uploaded once; Q/K/V are concatenated into one matrix and gate/up interleaved row by row so
+ * one dispatch computes each group; a matrix bigger than maxStorageBufferRange is split into
+ * row parts, one binding and one dispatch each. Pipelines are all created at load.
+ *
+ * A step (a prefill chunk of up to `chunk` tokens, or one decode token) is one command buffer:
+ *   embed -> per layer [QKV (+RMSNorm, RoPE, K/V cache write) -> attention (-> split reduce)
+ *   -> Wo (+residual) -> gate/up (+RMSNorm, SwiGLU) -> down (+residual)] -> logits (+final norm)
+ * Per-step values (position, token ids) live in a small host-visible buffer, so the decode
+ * command buffer of a session is recorded once and replayed; descriptor sets are written when
+ * the session is created. Nothing is allocated on the per-token path.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_quant.h"
+#include "kvg_vk.h"
+
+enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3 };
+
+typedef struct pc_weights { /* matches PC in shaders/common.glsl */
+    uint32_t nrows, nb, scale_off, ncols, ldx, ldo, row0, x_off, kreal;
+    float eps;
+    uint32_t nq, nk, hd, n_rot, n_ctx, o_off;
+} pc_weights;
+
+typedef struct pc_attn { /* matches PC in shaders/attn.comp */
+    uint32_t n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
+    float scale;
+} pc_attn;
+
+typedef struct vk_part {
+    kvg_vk_buffer buf;
+    uint32_t rows, row0, scale_off;
+} vk_part;
+
+typedef struct vk_matrix {
+    uint32_t type; /* as uploaded (mixed-type groups become F32) */
+    uint32_t rows, k, nb;
+    int n_parts;
+    vk_part *parts;
+} vk_matrix;
+
+typedef struct vk_layer {
+    vk_matrix qkv, wo, gateup, down;
+    kvg_vk_buffer attn_norm, ffn_norm;
+} vk_layer;
+
+typedef struct vk_model {
+    kvg_vk_ctx *ctx;
+    kvg_hparams hp;
+    vk_matrix embd, output;
+    bool tied;
+    kvg_vk_buffer out_norm;
+    vk_layer *layers;
+    /* scratch shared by the sessions: steps are serialised by ctx->lock */
+    uint32_t chunk;              /* tokens per step */
+    uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
+    uint32_t nsplit;             /* decode attention splits over the cache length */
+    uint32_t mv_wg, mv_rows;     /* matvec workgroup size and rows per workgroup */
+    bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
+    kvg_vk_buffer params, x, q, att, h, logits;
+    /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
+    VkQueryPool prof_pool;
+    int prof_n;
+    int prof_kind[512];
+    double prof_ms[8];
+    int prof_steps;
+} vk_model;
+
+static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
+
+struct kvg_backend_session {
+    int n_ctx;
+    kvg_vk_buffer *k, *v; /* per layer: (n_kv, n_ctx, head_dim) */
+    kvg_vk_buffer rope;   /* (n_ctx, n_rot/2) cos, sin */
+    kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
+    uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
+    VkDescriptorPool pool;
+    VkDescriptorSet *sets;
+    int n_sets;
+    VkCommandBuffer cb_decode, cb_step;
+    bool decode_recorded;
+    VkFence fence;
+};
+
+static uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+
+static uint32_t qwords_of(uint32_t type) {
+    switch (type) {
+    case KVG_TYPE_F32: return 32;
+    case KVG_TYPE_F16: case KVG_TYPE_BF16: return 16;
+    case KVG_TYPE_Q8_0: return 8;
+    default: return 4; /* Q4_0, Q4_1 */
+    }
+}
+
+/* scale words for `blocks` blocks */
+static size_t scale_words(uint32_t type, size_t blocks) {
+    switch (type) {
+    case KVG_TYPE_Q8_0: case KVG_TYPE_Q4_0: return (blocks + 1) / 2;
+    case KVG_TYPE_Q4_1: return blocks;
+    default: return 0;
+    }
+}
+
+static const char *type_suffix(uint32_t type) {
+    switch (type) {
+    case KVG_TYPE_F32: return "f32";
+    case KVG_TYPE_F16: return "f16";
+    case KVG_TYPE_BF16: return "bf16";
+    case KVG_TYPE_Q8_0: return "q8_0";
+    case KVG_TYPE_Q4_0: return "q4_0";
+    default: return "q4_1";
+    }
+}
+
+/* ---- weight upload ---- */
+
+/* One row into the repacked layout: qdst gets nb*qwords words; scales go to the part's scale
+ * region (halves for Q8_0/Q4_0 at index blk0 + b, words for Q4_1). `tmp` holds K floats. */
+static void repack_row(uint32_t src_type, uint32_t dst_type, const uint8_t *src, uint32_t K, uint32_t nb,
+                       uint32_t *qdst, uint32_t *scales, size_t blk0, float *tmp) {
+    if (src_type != dst_type) { /* mixed-type group: exact f32 */
+        kvg_dequantize_row(src_type, src, tmp, K);
+        memcpy(qdst, tmp, (size_t)K * 4);
+        return;
+    }
+    switch (dst_type) {
+    case KVG_TYPE_F32: memcpy(qdst, src, (size_t)K * 4); break;
+    case KVG_TYPE_F16: case KVG_TYPE_BF16: memcpy(qdst, src, (size_t)K * 2); break;
+    case KVG_TYPE_Q8_0:
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)b * 34;
+            memcpy(qdst + b * 8, blk + 2, 32);
+            memcpy((uint16_t *)scales + blk0 + b, blk, 2);
+        }
+        break;
+    case KVG_TYPE_Q4_0:
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)b * 18;
+            memcpy(qdst + b * 4, blk + 2, 16);
+            memcpy((uint16_t *)scales + blk0 + b, blk, 2);
+        }
+        break;
+    case KVG_TYPE_Q4_1:
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)b * 20;
+            memcpy(qdst + b * 4, blk + 4, 16);
+            memcpy(scales + blk0 + b, blk, 4); /* d (low half), m (high half) */
+        }
+        break;
+    }
+}
+
+static size_t max_part_bytes(const kvg_vk_ctx *ctx) {
+    size_t lim = ctx->props.limits.maxStorageBufferRange;
+    if (ctx->info.max_allocation_size && ctx->info.max_allocation_size < lim) lim = ctx->info.max_allocation_size;
+    const char *env = getenv("KVGEN_VK_MAX_PART"); /* tests: force splitting */
+    if (env && atol(env) > 0 && (size_t)atol(env) < lim) lim = (size_t)atol(env);
+    return lim;
+}
+
+/* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated, or, with
+ * interleave (two tensors of equal rows), alternating a row of each. */
+static kvgen_status upload_matrix(vk_model *vm, const char *what, const kvg_tensor *const *srcs, int n_src,
+                                  bool interleave, vk_matrix *out, kvgen_error *err) {
+    memset(out, 0, sizeof *out);
+    uint32_t K = (uint32_t)srcs[0]->ne[0];
+    uint32_t type = srcs[0]->type;
+    uint64_t rows = 0;
+    for (int i = 0; i < n_src; i++) {
+        if (!kvg_type_supported(srcs[i]->type))
+            return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: tensor %s has type %s, which kvgen cannot run",
+                            srcs[i]->name, kvg_type_name(srcs[i]->type));
+        if (srcs[i]->ne[0] != K)
+            return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: tensor %s has rows of %llu, expected %u", what,
+                            srcs[i]->name, (unsigned long long)srcs[i]->ne[0], K);
+        if (srcs[i]->type != type) type = KVG_TYPE_F32;
+        rows += srcs[i]->n_elements / K;
+    }
+    if (interleave && (n_src != 2 || srcs[0]->n_elements != srcs[1]->n_elements))
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: %s: interleaved tensors differ in shape", what);
+    if (rows > UINT32_MAX / 2 || K == 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: %llu rows of %u are too many", what,
+                        (unsigned long long)rows, K);
+    uint32_t nb = (K + 31) / 32;
+    if (type != KVG_TYPE_F32 && type != KVG_TYPE_F16 && type != KVG_TYPE_BF16 && K % 32 != 0)
+        return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: rows of %u are not whole blocks", what, K);
+    out->type = type;
+    out->rows = (uint32_t)rows;
+    out->k = K;
+    out->nb = nb;
+
+    size_t row_words = (size_t)nb * qwords_of(type);
+    size_t row_bytes_est = row_words * 4 + scale_words(type, nb) * 4 + 4;
+    size_t lim = max_part_bytes(vm->ctx);
+    size_t per_part = lim / row_bytes_est;
+    if (per_part >= 64) per_part = per_part / 64 * 64; /* whole gemm tiles, row pairs kept */
+    else per_part &= ~(size_t)1;
+    if (per_part < 2)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: one row (%zu bytes) exceeds the device's buffer "
+                        "range (%zu bytes)", what, row_bytes_est, lim);
+    out->n_parts = (int)((rows + per_part - 1) / per_part);
+    out->parts = calloc((size_t)out->n_parts, sizeof *out->parts);
+    float *tmp = malloc((size_t)nb * 32 * sizeof(float));
+    uint32_t *stage = NULL;
+    if (!out->parts || !tmp) {
+        free(tmp);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
+    }
+    kvgen_status st = KVGEN_OK;
+    for (int p = 0; p < out->n_parts && st == KVGEN_OK; p++) {
+        vk_part *part = &out->parts[p];
+        part->row0 = (uint32_t)(p * per_part);
+        part->rows = (uint32_t)((rows - part->row0) < per_part ? rows - part->row0 : per_part);
+        size_t qw = (size_t)part->rows * row_words;
+        size_t total_words = qw + scale_words(type, (size_t)part->rows * nb);
+        part->scale_off = (uint32_t)qw;
+        st = kvg_vk_buffer_create(vm->ctx, total_words * 4, KVG_VK_MEM_UPLOAD, &part->buf, err);
+        if (st != KVGEN_OK) break;
+        /* straight into mapped memory where possible, else through a host copy */
+        uint32_t *dst = part->buf.map;
+        if (!dst) {
+            free(stage);
+            stage = calloc(total_words, 4);
+            if (!stage) {
+                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
+                break;
+            }
+            dst = stage;
+        }
+        for (uint32_t r = 0; r < part->rows; r++) {
+            uint64_t gr = part->row0 + r;
+            const kvg_tensor *t;
+            uint64_t tr;
+            if (interleave) {
+                t = srcs[gr & 1];
+                tr = gr >> 1;
+            } else {
+                int i = 0;
+                tr = gr;
+                while (tr >= srcs[i]->n_elements / K) tr -= srcs[i++]->n_elements / K;
+                t = srcs[i];
+            }
+            const uint8_t *src = (const uint8_t *)t->data + tr * kvg_row_bytes(t->type, K);
+            repack_row(t->type, type, src, K, nb, dst + r * row_words, dst + part->scale_off, (size_t)r * nb, tmp);
+        }
+        if (!part->buf.map) st = kvg_vk_upload(vm->ctx, &part->buf, 0, stage, total_words * 4, err);
+    }
+    free(stage);
+    free(tmp);
+    return st;
+}
+
+static void free_matrix(kvg_vk_ctx *ctx, vk_matrix *m) {
+    for (int i = 0; i < m->n_parts; i++) kvg_vk_buffer_destroy(ctx, &m->parts[i].buf);
+    free(m->parts);
+    memset(m, 0, sizeof *m);
+}
+
+static kvgen_status upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer *out, kvgen_error *err) {
+    uint32_t n = (uint32_t)t->n_elements;
+    uint32_t padded = round_up(n, 32);
+    float *v = calloc(padded, sizeof *v);
+    if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", t->name);
+    kvg_dequantize_row(t->type, t->data, v, n);
+    kvgen_status st = kvg_vk_buffer_create(vm->ctx, (size_t)padded * 4, KVG_VK_MEM_UPLOAD, out, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, out, 0, v, (size_t)padded * 4, err);
+    free(v);
+    return st;
+}
+
+/* ---- the step walk ----
+ * One function walks a step's dispatches in order for every purpose, so the pipelines created
+ * at load, the descriptor sets written per session and the commands recorded per step can never
+ * disagree. */
+
+typedef enum { WALK_PIPELINES, WALK_COUNT, WALK_SETS, WALK_RECORD } walk_mode;
+
+typedef struct walk {
+    walk_mode mode;
+    vk_model *vm;
+    kvg_backend_session *s; /* NULL in WALK_PIPELINES */
+    VkCommandBuffer cb;
+    int cursor;     /* descriptor-set index */
+    uint32_t n;     /* tokens in the step */
+    uint32_t max_len; /* prefill: pos0 + n, the longest attention span of the step */
+    int logits;     /* 0: none, 1: last token's, 2: every token's */
+    kvgen_error *err;
+} walk;
+
+static void spec_init(uint32_t spec[KVG_SPEC_COUNT]) {
+    memset(spec, 0, KVG_SPEC_COUNT * sizeof *spec);
+}
+
+static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool norm, uint32_t ncols, bool create,
+                                    VkPipeline *out) {
+    vk_model *vm = w->vm;
+    char name[32];
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    spec[KVG_SPEC_MODE] = (uint32_t)epi;
+    spec[KVG_SPEC_NORM] = norm;
+    spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    if (ncols <= 8) {
+        snprintf(name, sizeof name, "matvec_%s", type_suffix(m->type));
+        spec[KVG_SPEC_WG] = vm->mv_wg;
+        spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
+        spec[KVG_SPEC_ROWS] = vm->mv_lane ? 2 : vm->mv_rows;
+        spec[KVG_SPEC_LANE] = vm->mv_lane;
+    } else {
+        snprintf(name, sizeof name, "gemm_%s", type_suffix(m->type));
+    }
+    if (create) return kvg_vk_pipeline_get(vm->ctx, name, spec, out, w->err);
+    *out = kvg_vk_pipeline_find(vm->ctx, name, spec);
+    if (!*out) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created at load", name);
+    return KVGEN_OK;
+}
+
+typedef struct matmul_args {
+    const vk_matrix *m;
+    int epi;
+    const kvg_vk_buffer *norm; /* NULL: no RMSNorm */
+    const kvg_vk_buffer *in, *out;
+    uint32_t ldx, ldo, x_off, ncols;
+    int layer; /* for EPI_QKV: the K/V cache layer */
+} matmul_args;
+
+static kvgen_status op_matmul(walk *w, const matmul_args *a) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    kvgen_status st = KVGEN_OK;
+    if (w->mode == WALK_PIPELINES) {
+        static const uint32_t variants[] = {1, 8, 9};
+        VkPipeline p;
+        for (int i = 0; i < 3 && st == KVGEN_OK; i++) st = matmul_pipeline(w, a->m, a->epi, a->norm, variants[i], true, &p);
+        return st;
+    }
+    for (int pi = 0; pi < a->m->n_parts; pi++) {
+        const vk_part *part = &a->m->parts[pi];
+        int idx = w->cursor++;
+        if (w->mode == WALK_SETS) {
+            kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+            b[0].buf = &vm->params;
+            b[1].buf = &part->buf;
+            b[2].buf = a->in;
+            b[3].buf = a->out;
+            b[4].buf = a->norm;
+            if (a->epi == EPI_QKV) {
+                b[5].buf = &w->s->k[a->layer];
+                b[6].buf = &w->s->v[a->layer];
+                b[7].buf = &w->s->rope;
+            }
+            st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+            if (st != KVGEN_OK) return st;
+        } else if (w->mode == WALK_RECORD) {
+            VkPipeline pipe;
+            st = matmul_pipeline(w, a->m, a->epi, a->norm, a->ncols, false, &pipe);
+            if (st != KVGEN_OK) return st;
+            pc_weights pc = {.nrows = part->rows,
+                             .nb = a->m->nb,
+                             .scale_off = part->scale_off,
+                             .ncols = a->ncols,
+                             .ldx = a->ldx,
+                             .ldo = a->ldo,
+                             .row0 = part->row0,
+                             .x_off = a->x_off,
+                             .kreal = a->m->k,
+                             .eps = hp->rms_norm_eps,
+                             .nq = (uint32_t)(hp->n_head * hp->head_dim),
+                             .nk = (uint32_t)(hp->n_head_kv * hp->head_dim),
+                             .hd = (uint32_t)hp->head_dim,
+                             .n_rot = (uint32_t)hp->n_rot,
+                             .n_ctx = (uint32_t)w->s->n_ctx,
+                             .o_off = 0};
+            uint32_t gx, gy = 1;
+            if (a->ncols <= 8) {
+                uint32_t per_wg = vm->mv_lane ? 2 * vm->mv_wg : vm->mv_rows;
+                gx = (part->rows + per_wg - 1) / per_wg;
+            } else {
+                gx = (part->rows + 63) / 64;
+                gy = (a->ncols + 31) / 32;
+            }
+            kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, gy, 1);
+        }
+    }
+    if (w->mode == WALK_RECORD) kvg_vk_cmd_barrier(w->cb);
+    return KVGEN_OK;
+}
+
+static kvgen_status op_embed(walk *w) {
+    vk_model *vm = w->vm;
+    kvgen_status st = KVGEN_OK;
+    char name[32];
+    snprintf(name, sizeof name, "embed_%s", type_suffix(vm->embd.type));
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    spec[KVG_SPEC_WG] = 64;
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        return kvg_vk_pipeline_get(vm->ctx, name, spec, &p, w->err);
+    }
+    for (int pi = 0; pi < vm->embd.n_parts; pi++) {
+        const vk_part *part = &vm->embd.parts[pi];
+        int idx = w->cursor++;
+        if (w->mode == WALK_SETS) {
+            kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+            b[0].buf = &vm->params;
+            b[1].buf = &part->buf;
+            b[3].buf = &vm->x;
+            st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+            if (st != KVGEN_OK) return st;
+        } else if (w->mode == WALK_RECORD) {
+            VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, name, spec);
+            if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created", name);
+            pc_weights pc = {.nrows = part->rows, .nb = vm->embd.nb, .scale_off = part->scale_off, .ncols = w->n,
+                             .ldo = vm->ld_x, .row0 = part->row0};
+            kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, w->n, 1, 1);
+        }
+    }
+    if (w->mode == WALK_RECORD) kvg_vk_cmd_barrier(w->cb);
+    return KVGEN_OK;
+}
+
+static kvgen_status op_attention(walk *w, int layer) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    uint32_t spec_direct[KVG_SPEC_COUNT], spec_split[KVG_SPEC_COUNT], spec_reduce[KVG_SPEC_COUNT];
+    spec_init(spec_direct);
+    spec_direct[KVG_SPEC_WG] = 64;
+    spec_direct[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    spec_direct[KVG_SPEC_GQ] = (uint32_t)(hp->n_head / hp->n_head_kv);
+    spec_direct[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
+    memcpy(spec_split, spec_direct, sizeof spec_split);
+    spec_direct[KVG_SPEC_DIRECT] = 1;
+    spec_split[KVG_SPEC_DIRECT] = 0;
+    spec_init(spec_reduce);
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        kvgen_status st = kvg_vk_pipeline_get(vm->ctx, "attn", spec_direct, &p, w->err);
+        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn", spec_split, &p, w->err);
+        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn_reduce", spec_reduce, &p, w->err);
+        return st;
+    }
+    int idx = w->cursor++;
+    if (w->mode == WALK_SETS) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[0].buf = &vm->params;
+        b[2].buf = &vm->q;
+        b[3].buf = &vm->att;
+        b[5].buf = &w->s->k[layer];
+        b[6].buf = &w->s->v[layer];
+        b[7].buf = &w->s->part;
+        return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+    }
+    if (w->mode != WALK_RECORD) return KVGEN_OK;
+    /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
+    uint32_t nsplit = w->n == 1 ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
+    bool split = nsplit > 1;
+    pc_attn pc = {.n_head = (uint32_t)hp->n_head,
+                  .n_kv = (uint32_t)hp->n_head_kv,
+                  .hd = (uint32_t)hp->head_dim,
+                  .ldq = vm->ld_q,
+                  .ldo = vm->ld_q,
+                  .n_ctx = (uint32_t)w->s->n_ctx,
+                  .nsplit = nsplit,
+                  .ncols = w->n,
+                  .scale = 1.0f / sqrtf((float)hp->head_dim)};
+    VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, "attn", split ? spec_split : spec_direct);
+    VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
+    if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
+    kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv, w->n,
+                        pc.nsplit);
+    kvg_vk_cmd_barrier(w->cb);
+    if (split) {
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pr, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head, w->n, 1);
+        kvg_vk_cmd_barrier(w->cb);
+    }
+    return KVGEN_OK;
+}
+
+static void prof_mark(walk *w, int kind) {
+    vk_model *vm = w->vm;
+    if (w->mode != WALK_RECORD || !vm->prof_pool || vm->prof_n >= 511) return;
+    vm->prof_kind[vm->prof_n] = kind;
+    vkCmdWriteTimestamp(w->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vm->prof_pool, (uint32_t)vm->prof_n++);
+}
+
+static kvgen_status walk_step(walk *w) {
+    vk_model *vm = w->vm;
+    if (w->mode == WALK_RECORD && vm->prof_pool) {
+        vm->prof_n = 0;
+        vkCmdResetQueryPool(w->cb, vm->prof_pool, 0, 512);
+        prof_mark(w, 7);
+    }
+    kvgen_status st = op_embed(w);
+    prof_mark(w, 0);
+    for (int l = 0; l < vm->hp.n_layer && st == KVGEN_OK; l++) {
+        vk_layer *L = &vm->layers[l];
+        matmul_args qkv = {.m = &L->qkv, .epi = EPI_QKV, .norm = &L->attn_norm, .in = &vm->x, .out = &vm->q,
+                           .ldx = vm->ld_x, .ldo = vm->ld_q, .ncols = w->n, .layer = l};
+        st = op_matmul(w, &qkv);
+        prof_mark(w, 1);
+        if (st == KVGEN_OK) st = op_attention(w, l);
+        prof_mark(w, 2);
+        matmul_args wo = {.m = &L->wo, .epi = EPI_ADD, .in = &vm->att, .out = &vm->x, .ldx = vm->ld_q,
+                          .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = op_matmul(w, &wo);
+        prof_mark(w, 3);
+        matmul_args gu = {.m = &L->gateup, .epi = EPI_SWIGLU, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
+                          .ldx = vm->ld_x, .ldo = vm->ld_h, .ncols = w->n};
+        if (st == KVGEN_OK) st = op_matmul(w, &gu);
+        prof_mark(w, 4);
+        matmul_args down = {.m = &L->down, .epi = EPI_ADD, .in = &vm->h, .out = &vm->x, .ldx = vm->ld_h,
+                            .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = op_matmul(w, &down);
+        prof_mark(w, 5);
+    }
+    if (st != KVGEN_OK) return st;
+    /* logits: sets exist for the "every token" shape and are reused for the last token only */
+    matmul_args out = {.m = &vm->output, .epi = EPI_STORE, .norm = &vm->out_norm, .in = &vm->x, .out = &vm->logits,
+                       .ldx = vm->ld_x, .ldo = (uint32_t)vm->hp.n_vocab};
+    if (w->mode == WALK_RECORD && w->logits == 0) {
+        w->cursor += vm->output.n_parts;
+        return KVGEN_OK;
+    }
+    if (w->logits == 1) {
+        out.ncols = 1;
+        out.x_off = (w->n - 1) * vm->ld_x;
+    } else {
+        out.ncols = w->n;
+    }
+    st = op_matmul(w, &out);
+    prof_mark(w, 6);
+    return st;
+}
+
+static void prof_collect(vk_model *vm) {
+    if (!vm->prof_pool || vm->prof_n < 2) return;
+    uint64_t ts[512];
+    if (vkGetQueryPoolResults(vm->ctx->dev, vm->prof_pool, 0, (uint32_t)vm->prof_n, sizeof ts, ts, 8,
+                              VK_QUERY_RESULT_64_BIT) != VK_SUCCESS)
+        return;
+    double ns = vm->ctx->props.limits.timestampPeriod;
+    for (int i = 1; i < vm->prof_n; i++) vm->prof_ms[vm->prof_kind[i]] += (double)(ts[i] - ts[i - 1]) * ns * 1e-6;
+    vm->prof_steps++;
+}
+
+/* ---- backend ops ---- */
+
+kvg_vk_ctx *kvg_vk_model_ctx(const kvgen_model *m) {
+    if (!m || m->ops != &kvg_vulkan_backend || !m->backend) return NULL;
+    return ((const vk_model *)m->backend)->ctx;
+}
+
+static void vk_model_free(kvgen_model *m) {
+    vk_model *vm = m->backend;
+    if (!vm) return;
+    kvg_vk_ctx *ctx = vm->ctx;
+    if (ctx) {
+        vkDeviceWaitIdle(ctx->dev);
+        if (vm->prof_pool) {
+            fprintf(stderr, "kvgen vulkan profile over %d steps (ms per step):", vm->prof_steps);
+            for (int i = 0; i < 7; i++) fprintf(stderr, " %s %.2f", prof_names[i], vm->prof_ms[i] / (vm->prof_steps ? vm->prof_steps : 1));
+            fprintf(stderr, "\n");
+            vkDestroyQueryPool(ctx->dev, vm->prof_pool, NULL);
+        }
+        free_matrix(ctx, &vm->embd);
+        if (!vm->tied) free_matrix(ctx, &vm->output);
+        kvg_vk_buffer_destroy(ctx, &vm->out_norm);
+        if (vm->layers)
+            for (int l = 0; l < vm->hp.n_layer; l++) {
+                vk_layer *L = &vm->layers[l];
+                free_matrix(ctx, &L->qkv);
+                free_matrix(ctx, &L->wo);
+                free_matrix(ctx, &L->gateup);
+                free_matrix(ctx, &L->down);
+                kvg_vk_buffer_destroy(ctx, &L->attn_norm);
+                kvg_vk_buffer_destroy(ctx, &L->ffn_norm);
+            }
+        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits};
+        for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
+        kvg_vk_ctx_destroy(ctx);
+    }
+    free(vm->layers);
+    free(vm);
+    m->backend = NULL;
+}
+
+static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    const char *path = desc->path ? desc->path : "model";
+    if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: vulkan: %d heads over %d KV heads", path, hp->n_head,
+                        hp->n_head_kv);
+    if (hp->n_head / hp->n_head_kv > 8 || hp->head_dim > 256 || hp->head_dim % 2 != 0 || hp->n_rot % 2 != 0 ||
+        hp->n_rot > hp->head_dim)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "%s: vulkan: attention shape (%d query heads per KV head, head_dim %d, n_rot %d) is "
+                        "outside what the shaders handle (<= 8 per KV head, head_dim even and <= 256)",
+                        path, hp->n_head / hp->n_head_kv, hp->head_dim, hp->n_rot);
+    vk_model *vm = calloc(1, sizeof *vm);
+    if (!vm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    m->backend = vm;
+    vm->hp = *hp;
+    kvg_vk_ctx_desc cd = {.device = desc->device,
+                          .force_f32 = desc->force_f32,
+                          .vk_instance = desc->vk_instance,
+                          .vk_physical_device = desc->vk_physical_device,
+                          .vk_device = desc->vk_device,
+                          .vk_queue = desc->vk_queue,
+                          .vk_queue_family = desc->vk_queue_family};
+    kvgen_status st = kvg_vk_ctx_create(&cd, &vm->ctx, err);
+    if (st != KVGEN_OK) goto fail;
+    kvg_vk_ctx *ctx = vm->ctx;
+    snprintf(m->device_name, sizeof m->device_name, "%s", ctx->info.name);
+
+    /* a CPU device runs a workgroup on one core: no cooperation inside workgroups there */
+    vm->mv_lane = ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    vm->mv_wg = vm->mv_lane ? 32 : 64;
+    vm->mv_rows = 4;
+    vm->nsplit = 8;
+    if (getenv("KVGEN_VK_LANE")) vm->mv_lane = atoi(getenv("KVGEN_VK_LANE")) != 0;
+    if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
+    if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));
+    if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
+    vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
+    vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
+    vm->ld_h = round_up((uint32_t)hp->n_ff, 32);
+    size_t range = ctx->props.limits.maxStorageBufferRange;
+    uint32_t chunk = 128;
+    while (chunk > 1 && (size_t)chunk * (size_t)hp->n_vocab * 4 > range) chunk /= 2;
+    const char *env_chunk = getenv("KVGEN_VK_CHUNK"); /* tests: force small prefill chunks */
+    if (env_chunk && atoi(env_chunk) > 0 && (uint32_t)atoi(env_chunk) < chunk) chunk = (uint32_t)atoi(env_chunk);
+    vm->chunk = chunk;
+
+    /* weights */
+    const kvg_weights *w = &m->w;
+    vm->tied = w->tied || w->output == w->tok_embd;
+    st = upload_matrix(vm, "token_embd", &w->tok_embd, 1, false, &vm->embd, err);
+    if (st == KVGEN_OK && !vm->tied) st = upload_matrix(vm, "output", &w->output, 1, false, &vm->output, err);
+    if (st == KVGEN_OK && vm->tied) vm->output = vm->embd;
+    if (st == KVGEN_OK) st = upload_norm(vm, w->output_norm, &vm->out_norm, err);
+    vm->layers = calloc((size_t)hp->n_layer, sizeof *vm->layers);
+    if (st == KVGEN_OK && !vm->layers) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
+        const kvg_layer *src = &w->layers[l];
+        vk_layer *L = &vm->layers[l];
+        const kvg_tensor *qkv[3] = {src->wq, src->wk, src->wv};
+        const kvg_tensor *gu[2] = {src->w_gate, src->w_up};
+        char what[48];
+        snprintf(what, sizeof what, "blk.%d.attn_qkv", l);
+        st = upload_matrix(vm, what, qkv, 3, false, &L->qkv, err);
+        snprintf(what, sizeof what, "blk.%d.attn_output", l);
+        if (st == KVGEN_OK) st = upload_matrix(vm, what, &src->wo, 1, false, &L->wo, err);
+        snprintf(what, sizeof what, "blk.%d.ffn_gate_up", l);
+        if (st == KVGEN_OK) st = upload_matrix(vm, what, gu, 2, true, &L->gateup, err);
+        snprintf(what, sizeof what, "blk.%d.ffn_down", l);
+        if (st == KVGEN_OK) st = upload_matrix(vm, what, &src->w_down, 1, false, &L->down, err);
+        if (st == KVGEN_OK) st = upload_norm(vm, src->attn_norm, &L->attn_norm, err);
+        if (st == KVGEN_OK) st = upload_norm(vm, src->ffn_norm, &L->ffn_norm, err);
+    }
+    if (st != KVGEN_OK) goto fail;
+
+    /* scratch */
+    uint32_t C = vm->chunk;
+    st = kvg_vk_buffer_create(ctx, 16 + (size_t)C * 4, KVG_VK_MEM_HOST, &vm->params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4, KVG_VK_MEM_DEVICE, &vm->x, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4, KVG_VK_MEM_DEVICE, &vm->att, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4, KVG_VK_MEM_DEVICE, &vm->h, err);
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
+    if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
+        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
+    if (st != KVGEN_OK) goto fail;
+
+    if (getenv("KVGEN_VK_PROFILE") && atoi(getenv("KVGEN_VK_PROFILE")) > 0) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 512};
+        st = kvg_vk_check(vkCreateQueryPool(ctx->dev, &qi, NULL, &vm->prof_pool), err, "vkCreateQueryPool");
+        if (st != KVGEN_OK) goto fail;
+    }
+    /* every pipeline a step can use, now rather than on the per-token path */
+    walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
+    st = walk_step(&pw);
+    if (st != KVGEN_OK) goto fail;
+    return KVGEN_OK;
+fail:
+    if (err && err->status != KVGEN_OK && !strstr(err->message, path)) {
+        char msg[KVGEN_ERROR_MESSAGE_SIZE];
+        size_t lp = strlen(path), lm = strlen(err->message);
+        if (lp > 200) lp = 200;
+        if (lm > sizeof msg - lp - 3) lm = sizeof msg - lp - 3;
+        memcpy(msg, path, lp);
+        memcpy(msg + lp, ": ", 2);
+        memcpy(msg + lp + 2, err->message, lm);
+        msg[lp + 2 + lm] = '\0';
+        memcpy(err->message, msg, sizeof msg);
+    }
+    vk_model_free(m);
+    return st;
+}
+
+static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
+    if (!s) return;
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    pthread_mutex_lock(&ctx->lock);
+    vkQueueWaitIdle(ctx->queue);
+    if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
+    if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
+    pthread_mutex_unlock(&ctx->lock);
+    if (s->fence) vkDestroyFence(ctx->dev, s->fence, NULL);
+    if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
+    if (s->k)
+        for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->k[l]);
+    if (s->v)
+        for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->v[l]);
+    kvg_vk_buffer_destroy(ctx, &s->rope);
+    kvg_vk_buffer_destroy(ctx, &s->part);
+    free(s->k);
+    free(s->v);
+    free(s->sets);
+    free(s);
+}
+
+static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
+    *out = NULL;
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const kvg_hparams *hp = &vm->hp;
+    if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d", n_ctx);
+    size_t elem = ctx->kv_f16 ? 2 : 4;
+    size_t layer_bytes = (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim * elem;
+    if (layer_bytes > ctx->props.limits.maxStorageBufferRange)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: a context of %d tokens needs %zu bytes of K per layer, more than the device's "
+                        "storage buffer range (%u bytes); use a smaller n_ctx",
+                        n_ctx, layer_bytes, ctx->props.limits.maxStorageBufferRange);
+    kvg_backend_session *s = calloc(1, sizeof *s);
+    if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    s->n_ctx = n_ctx;
+    s->k = calloc((size_t)hp->n_layer, sizeof *s->k);
+    s->v = calloc((size_t)hp->n_layer, sizeof *s->v);
+    kvgen_status st = KVGEN_OK;
+    if (!s->k || !s->v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
+        st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->k[l], err);
+        if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->v[l], err);
+    }
+    uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
+    s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, (size_t)vm->chunk * (size_t)hp->n_head * s->nsplit_dec * (size_t)(hp->head_dim + 2) * 4,
+                                  KVG_VK_MEM_DEVICE, &s->part, err);
+    /* RoPE angles in double on the host, as the reference computes them */
+    size_t half = (size_t)(hp->n_rot / 2);
+    if (st == KVGEN_OK) {
+        size_t n = (size_t)n_ctx * (half ? half : 1) * 2;
+        float *cs = malloc(n * sizeof *cs);
+        if (!cs) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+        else {
+            for (size_t p = 0; p < (size_t)n_ctx; p++)
+                for (size_t i = 0; i < half; i++) {
+                    double theta = (double)p * pow(hp->rope_freq_base, -2.0 * (double)i / hp->n_rot);
+                    cs[(p * half + i) * 2] = (float)cos(theta);
+                    cs[(p * half + i) * 2 + 1] = (float)sin(theta);
+                }
+            st = kvg_vk_buffer_create(ctx, n * sizeof *cs, KVG_VK_MEM_UPLOAD, &s->rope, err);
+            if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &s->rope, 0, cs, n * sizeof *cs, err);
+            free(cs);
+        }
+    }
+    if (st == KVGEN_OK) {
+        walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
+        st = walk_step(&cw);
+        s->n_sets = cw.cursor;
+    }
+    if (st == KVGEN_OK) {
+        s->sets = calloc((size_t)s->n_sets, sizeof *s->sets);
+        if (!s->sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    }
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
+    if (st == KVGEN_OK) {
+        walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
+        st = walk_step(&sw);
+    }
+    if (st == KVGEN_OK) {
+        VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        st = kvg_vk_check(vkCreateFence(ctx->dev, &fci, NULL, &s->fence), err, "vkCreateFence");
+    }
+    if (st == KVGEN_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        st = kvg_vk_cmd_alloc(ctx, &s->cb_decode, err);
+        if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &s->cb_step, err);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    if (st != KVGEN_OK) {
+        vk_session_free(m, s);
+        return st;
+    }
+    *out = s;
+    return KVGEN_OK;
+}
+
+static kvgen_status record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
+                           uint32_t max_len, int logits, kvgen_error *err) {
+    kvgen_status st = kvg_vk_cmd_begin(cb, one_time, err);
+    if (st != KVGEN_OK) return st;
+    walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = cb, .n = n, .max_len = max_len, .logits = logits,
+               .err = err};
+    st = walk_step(&rw);
+    if (st != KVGEN_OK) {
+        vkEndCommandBuffer(cb);
+        return st;
+    }
+    kvg_vk_cmd_host_barrier(cb);
+    return kvg_vk_cmd_end(cb, err);
+}
+
+static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                               float *logits, bool all_logits, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const int V = vm->hp.n_vocab;
+    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
+        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", n,
+                        pos0, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
+                            i, (int)tokens[i], V);
+    kvgen_status st = KVGEN_OK;
+    pthread_mutex_lock(&ctx->lock);
+    for (int done = 0; done < n && st == KVGEN_OK;) {
+        uint32_t c = (uint32_t)(n - done) < vm->chunk ? (uint32_t)(n - done) : vm->chunk;
+        bool last = done + (int)c == n;
+        int want = all_logits ? 2 : (last && logits ? 1 : 0);
+        uint32_t *params = vm->params.map;
+        params[0] = (uint32_t)(pos0 + done);
+        memcpy(params + 4, tokens + done, c * sizeof *tokens);
+        VkCommandBuffer cb;
+        if (c == 1 && want == 1) {
+            if (!s->decode_recorded) {
+                st = record(vm, s, s->cb_decode, false, 1, 0, 1, err);
+                s->decode_recorded = st == KVGEN_OK;
+            }
+            cb = s->cb_decode;
+        } else {
+            st = kvg_vk_check(vkResetCommandBuffer(s->cb_step, 0), err, "vkResetCommandBuffer");
+            if (st == KVGEN_OK) st = record(vm, s, s->cb_step, true, c, (uint32_t)(pos0 + done) + c, want, err);
+            cb = s->cb_step;
+        }
+        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
+        if (st == KVGEN_OK && c == 1) prof_collect(vm);
+        if (st == KVGEN_OK && want == 2)
+            memcpy(logits + (size_t)done * (size_t)V, vm->logits.map, (size_t)c * (size_t)V * sizeof(float));
+        else if (st == KVGEN_OK && want == 1)
+            memcpy(logits, vm->logits.map, (size_t)V * sizeof(float));
+        done += (int)c;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+static kvgen_status vk_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
+                                  kvgen_error *err) {
+    vk_model *vm = m->backend;
+    const kvg_hparams *hp = &vm->hp;
+    if (layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || len < 0 || len > s->n_ctx)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: read_cache(layer %d, which %d, len %d) out of range",
+                        layer, which, len);
+    const kvg_vk_buffer *b = which ? &s->v[layer] : &s->k[layer];
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
+    size_t row = (size_t)len * (size_t)hp->head_dim; /* one head's positions [0, len) */
+    void *tmp = malloc(row * elem + 1);
+    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory reading the cache");
+    kvgen_status st = KVGEN_OK;
+    for (int h = 0; h < hp->n_head_kv && st == KVGEN_OK; h++) {
+        size_t off = (size_t)h * (size_t)s->n_ctx * (size_t)hp->head_dim * elem;
+        st = kvg_vk_download(vm->ctx, b, off, tmp, row * elem, err);
+        float *dst = out + (size_t)h * row;
+        if (st == KVGEN_OK) {
+            if (elem == 4) memcpy(dst, tmp, row * 4);
+            else
+                for (size_t i = 0; i < row; i++) dst[i] = kvg_f16_to_f32(((const uint16_t *)tmp)[i]);
+        }
+    }
+    free(tmp);
+    return st;
+}
+
+static size_t vk_cache_bytes_per_token(const kvgen_model *m) {
+    const vk_model *vm = m->backend;
+    const kvg_hparams *hp = &m->w.hp;
+    size_t elem = vm && vm->ctx && !vm->ctx->kv_f16 ? 4 : 2;
+    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+}
+
+const kvg_backend_ops kvg_vulkan_backend = {
+    .name = "vulkan",
+    .model_init = vk_model_init,
+    .model_free = vk_model_free,
+    .session_init = vk_session_init,
+    .session_free = vk_session_free,
+    .forward = vk_forward,
+    .read_cache = vk_read_cache,
+    .cache_bytes_per_token = vk_cache_bytes_per_token,
+};
+
+/* ---- test hooks ---- */
+
+static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(walk *, const void *), const void *arg,
+                                kvgen_error *err) {
+    pthread_mutex_lock(&ctx->lock);
+    VkCommandBuffer cb;
+    kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
+    if (st == KVGEN_OK) {
+        st = kvg_vk_cmd_begin(cb, true, err);
+        w->cb = cb;
+        w->mode = WALK_RECORD;
+        w->cursor = 0;
+        if (st == KVGEN_OK) st = op(w, arg);
+        kvg_vk_cmd_host_barrier(cb);
+        kvgen_status st2 = kvg_vk_cmd_end(cb, err);
+        if (st == KVGEN_OK) st = st2;
+        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+static kvgen_status op_matmul_v(walk *w, const void *a) { return op_matmul(w, a); }
+static kvgen_status op_attention_v(walk *w, const void *a) { return op_attention(w, 0 * (a != NULL)); }
+
+kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdata, uint32_t rows, uint32_t K,
+                                const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
+                                float *y, kvgen_error *err) {
+    if (epi != EPI_STORE && epi != EPI_ADD && epi != EPI_SWIGLU)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_matmul: epilogue %d", epi);
+    vk_model vm = {0};
+    vm.ctx = ctx;
+    vm.hp.rms_norm_eps = eps;
+    vm.hp.head_dim = 2;
+    vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0;
+    vm.mv_wg = vm.mv_lane ? 32 : 64;
+    vm.mv_rows = 4;
+    kvg_tensor t = {.name = "test", .type = type, .n_dims = 2, .ne = {K, rows, 1, 1},
+                    .n_elements = (uint64_t)K * rows, .data = wdata};
+    const kvg_tensor *tp = &t;
+    vk_matrix m = {0};
+    kvg_backend_session s = {.n_ctx = 1};
+    kvg_vk_buffer xb = {0}, yb = {0}, nb = {0};
+    uint32_t ldx = round_up(K, 32), ldo = epi == EPI_SWIGLU ? rows / 2 : rows;
+    float *xp = calloc((size_t)ncols * ldx + 32, sizeof *xp);
+    kvgen_status st = xp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = upload_matrix(&vm, "test", &tp, 1, false, &m, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldx * 4, KVG_VK_MEM_DEVICE, &xb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldo * 4, KVG_VK_MEM_DEVICE, &yb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ldx * 4, KVG_VK_MEM_DEVICE, &nb, err);
+    if (st == KVGEN_OK) {
+        for (uint32_t c = 0; c < ncols; c++) memcpy(xp + (size_t)c * ldx, x + (size_t)c * K, (size_t)K * 4);
+        st = kvg_vk_upload(ctx, &xb, 0, xp, (size_t)ncols * ldx * 4, err);
+    }
+    if (st == KVGEN_OK && epi == EPI_ADD) st = kvg_vk_upload(ctx, &yb, 0, y, (size_t)ncols * ldo * 4, err);
+    if (st == KVGEN_OK && norm) {
+        memset(xp, 0, (size_t)ldx * 4);
+        memcpy(xp, norm, (size_t)K * 4);
+        st = kvg_vk_upload(ctx, &nb, 0, xp, (size_t)ldx * 4, err);
+    }
+    matmul_args a = {.m = &m, .epi = epi, .norm = norm ? &nb : NULL, .in = &xb, .out = &yb, .ldx = ldx, .ldo = ldo,
+                     .ncols = ncols};
+    walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = ncols, .err = err};
+    if (st == KVGEN_OK) st = op_matmul(&w, &a);
+    if (st == KVGEN_OK) {
+        s.sets = calloc((size_t)m.n_parts, sizeof *s.sets);
+        if (!s.sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    }
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)m.n_parts, &s.pool, err);
+    if (st == KVGEN_OK) {
+        w.mode = WALK_SETS;
+        st = op_matmul(&w, &a);
+    }
+    if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_matmul_v, &a, err);
+    if (st == KVGEN_OK) st = kvg_vk_download(ctx, &yb, 0, y, (size_t)ncols * ldo * 4, err);
+    if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
+    free(s.sets);
+    free(xp);
+    free_matrix(ctx, &m);
+    kvg_vk_buffer_destroy(ctx, &vm.params);
+    kvg_vk_buffer_destroy(ctx, &xb);
+    kvg_vk_buffer_destroy(ctx, &yb);
+    kvg_vk_buffer_destroy(ctx, &nb);
+    return st;
+}
+
+kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
+                                   int nsplit, const float *q, const float *k, const float *v, float *out,
+                                   kvgen_error *err) {
+    if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
+        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
+    vk_model vm = {0};
+    vm.ctx = ctx;
+    vm.hp.n_head = n_head;
+    vm.hp.n_head_kv = n_kv;
+    vm.hp.head_dim = hd;
+    vm.ld_q = (uint32_t)(n_head * hd);
+    kvg_vk_buffer kb = {0}, vb = {0};
+    kvg_backend_session s = {.n_ctx = n_ctx, .k = &kb, .v = &vb, .nsplit_dec = (uint32_t)nsplit};
+    /* the backend's policy: no split covers more than 4096 positions */
+    uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
+    if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;
+    size_t nkv = (size_t)n_kv * (size_t)n_ctx * (size_t)hd, nq = (size_t)ncols * vm.ld_q;
+    size_t elem = ctx->kv_f16 ? 2 : 4;
+    void *tmp = malloc(nkv * elem);
+    kvgen_status st = tmp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.q, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.att, err);
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, (size_t)ncols * s.nsplit_dec * (size_t)n_head * (size_t)(hd + 2) * 4, KVG_VK_MEM_DEVICE,
+                                  &s.part, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &kb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &vb, err);
+    for (int which = 0; which < 2 && st == KVGEN_OK; which++) {
+        const float *src = which ? v : k;
+        if (elem == 4) memcpy(tmp, src, nkv * 4);
+        else
+            for (size_t i = 0; i < nkv; i++) ((uint16_t *)tmp)[i] = kvg_f32_to_f16(src[i]);
+        st = kvg_vk_upload(ctx, which ? &vb : &kb, 0, tmp, nkv * elem, err);
+    }
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &vm.q, 0, q, nq * 4, err);
+    if (st == KVGEN_OK) ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
+    walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = (uint32_t)ncols, .max_len = (uint32_t)(pos0 + ncols),
+              .err = err};
+    VkDescriptorSet set = VK_NULL_HANDLE;
+    s.sets = &set;
+    if (st == KVGEN_OK) st = op_attention(&w, 0);
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &s.pool, err);
+    if (st == KVGEN_OK) {
+        w.mode = WALK_SETS;
+        st = op_attention(&w, 0);
+    }
+    if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_attention_v, NULL, err);
+    if (st == KVGEN_OK) st = kvg_vk_download(ctx, &vm.att, 0, out, nq * 4, err);
+    if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
+    free(tmp);
+    kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &kb, &vb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
+    return st;
+}

@@ -1,0 +1,803 @@
+/* vk_device.c: Vulkan instance and device set-up, feature detection, buffers, pipelines and
+ * submission for the Vulkan backend. Nothing here runs before the host calls kvgen: a context
+ * is created per loaded model (or a device list query) and destroyed with it. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_shaders.h"
+#include "kvg_vk.h"
+
+const char *kvg_vk_result_name(VkResult r) {
+    switch (r) {
+#define R(x) case x: return #x;
+    R(VK_SUCCESS) R(VK_NOT_READY) R(VK_TIMEOUT) R(VK_INCOMPLETE) R(VK_ERROR_OUT_OF_HOST_MEMORY)
+    R(VK_ERROR_OUT_OF_DEVICE_MEMORY) R(VK_ERROR_INITIALIZATION_FAILED) R(VK_ERROR_DEVICE_LOST)
+    R(VK_ERROR_MEMORY_MAP_FAILED) R(VK_ERROR_LAYER_NOT_PRESENT) R(VK_ERROR_EXTENSION_NOT_PRESENT)
+    R(VK_ERROR_FEATURE_NOT_PRESENT) R(VK_ERROR_INCOMPATIBLE_DRIVER) R(VK_ERROR_TOO_MANY_OBJECTS)
+    R(VK_ERROR_FORMAT_NOT_SUPPORTED) R(VK_ERROR_FRAGMENTED_POOL) R(VK_ERROR_OUT_OF_POOL_MEMORY)
+    R(VK_ERROR_INVALID_SHADER_NV) R(VK_ERROR_UNKNOWN)
+#undef R
+    default: return "VkResult (unknown)";
+    }
+}
+
+kvgen_status kvg_vk_check(VkResult r, kvgen_error *err, const char *what) {
+    if (r == VK_SUCCESS) return KVGEN_OK;
+    return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: %s failed: %s (%d)", what, kvg_vk_result_name(r), (int)r);
+}
+
+#define VKCHECK(call, what)                                                                         \
+    do {                                                                                            \
+        kvgen_status st_ = kvg_vk_check((call), err, (what));                                       \
+        if (st_ != KVGEN_OK) return st_;                                                            \
+    } while (0)
+
+static bool env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* ---- instance ---- */
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                     VkDebugUtilsMessageTypeFlagsEXT types,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
+    (void)types;
+    kvg_vk_ctx *ctx = user;
+    if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        if (ctx) atomic_fetch_add(&ctx->validation_messages, 1);
+        fprintf(stderr, "kvgen: vulkan validation: %s\n", data && data->pMessage ? data->pMessage : "(no message)");
+    }
+    return VK_FALSE;
+}
+
+static bool has_layer(const char *name) {
+    uint32_t n = 0;
+    if (vkEnumerateInstanceLayerProperties(&n, NULL) != VK_SUCCESS || n == 0) return false;
+    VkLayerProperties *p = calloc(n, sizeof *p);
+    if (!p) return false;
+    bool found = false;
+    if (vkEnumerateInstanceLayerProperties(&n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            if (strcmp(p[i].layerName, name) == 0) found = true;
+    free(p);
+    return found;
+}
+
+static bool has_instance_ext(const char *name) {
+    uint32_t n = 0;
+    if (vkEnumerateInstanceExtensionProperties(NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    VkExtensionProperties *p = calloc(n, sizeof *p);
+    if (!p) return false;
+    bool found = false;
+    if (vkEnumerateInstanceExtensionProperties(NULL, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            if (strcmp(p[i].extensionName, name) == 0) found = true;
+    free(p);
+    return found;
+}
+
+/* ctx may be NULL (device listing): then validation is not set up. */
+static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, VkInstance *out, kvgen_error *err) {
+    uint32_t api = VK_API_VERSION_1_1;
+    PFN_vkEnumerateInstanceVersion ev =
+        (PFN_vkEnumerateInstanceVersion)vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
+    if (!ev || ev(&api) != VK_SUCCESS || api < VK_API_VERSION_1_1)
+        return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the Vulkan loader supports only 1.0; kvgen needs 1.1");
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                             .pApplicationName = "kvgen",
+                             .pEngineName = "kvgen",
+                             .engineVersion = VK_MAKE_API_VERSION(0, KVGEN_VERSION_MAJOR, KVGEN_VERSION_MINOR,
+                                                                  KVGEN_VERSION_PATCH),
+                             .apiVersion = api >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1};
+    const char *layers[1], *exts[2];
+    uint32_t n_layers = 0, n_exts = 0;
+    bool portability = has_instance_ext("VK_KHR_portability_enumeration");
+    if (portability) exts[n_exts++] = "VK_KHR_portability_enumeration";
+    if (validate) {
+        if (!has_layer("VK_LAYER_KHRONOS_validation"))
+            return kvg_fail(err, KVGEN_E_DEVICE,
+                            "vulkan: KVGEN_VALIDATE=1 but VK_LAYER_KHRONOS_validation is not installed "
+                            "(apt install vulkan-validationlayers)");
+        layers[n_layers++] = "VK_LAYER_KHRONOS_validation";
+        exts[n_exts++] = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    }
+    VkDebugUtilsMessengerCreateInfoEXT dbg = {
+        .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
+        .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+        .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                       VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+        .pfnUserCallback = debug_callback,
+        .pUserData = ctx};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                               .pNext = validate ? &dbg : NULL,
+                               .flags = portability ? VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR : 0,
+                               .pApplicationInfo = &app,
+                               .enabledLayerCount = n_layers,
+                               .ppEnabledLayerNames = layers,
+                               .enabledExtensionCount = n_exts,
+                               .ppEnabledExtensionNames = exts};
+    VkResult r = vkCreateInstance(&ci, NULL, out);
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER)
+        return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no Vulkan driver is installed (vkCreateInstance: %s)",
+                        kvg_vk_result_name(r));
+    VKCHECK(r, "vkCreateInstance");
+    if (validate && ctx) {
+        PFN_vkCreateDebugUtilsMessengerEXT create =
+            (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(*out, "vkCreateDebugUtilsMessengerEXT");
+        if (!create) return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: vkCreateDebugUtilsMessengerEXT is missing");
+        VKCHECK(create(*out, &dbg, NULL, &ctx->messenger), "vkCreateDebugUtilsMessengerEXT");
+    }
+    return KVGEN_OK;
+}
+
+/* ---- devices ---- */
+
+static const char *type_name(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+    }
+}
+
+static int type_rank(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
+    default: return 0;
+    }
+}
+
+static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    VkExtensionProperties *p = calloc(n, sizeof *p);
+    if (!p) return false;
+    bool found = false;
+    if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            if (strcmp(p[i].extensionName, name) == 0) found = true;
+    free(p);
+    return found;
+}
+
+static void describe_device(VkPhysicalDevice pd, int index, kvgen_device_info *info) {
+    memset(info, 0, sizeof *info);
+    VkPhysicalDeviceProperties props;
+    vkGetPhysicalDeviceProperties(pd, &props);
+    VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES,
+                                                 .pNext = &sub};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+
+    VkPhysicalDevice16BitStorageFeatures s16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+    VkPhysicalDevice8BitStorageFeatures s8 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES};
+    VkPhysicalDeviceShaderFloat16Int8Features f16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+    /* 1.2 structures are chained only where the device knows them */
+    bool v12 = props.apiVersion >= VK_API_VERSION_1_2;
+    if (v12 || has_device_ext(pd, "VK_KHR_8bit_storage")) {
+        s8.pNext = s16.pNext;
+        s16.pNext = &s8;
+    }
+    if (v12 || has_device_ext(pd, "VK_KHR_shader_float16_int8")) {
+        f16.pNext = s16.pNext;
+        s16.pNext = &f16;
+    }
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &s16};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+
+    VkPhysicalDeviceMemoryProperties mp;
+    vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+
+    info->index = index;
+    snprintf(info->name, sizeof info->name, "%s", props.deviceName);
+    info->type = type_name(props.deviceType);
+    info->vendor_id = props.vendorID;
+    info->device_id = props.deviceID;
+    info->api_version = props.apiVersion;
+    for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
+        if ((mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            mp.memoryHeaps[h].size > info->device_local_bytes)
+            info->device_local_bytes = mp.memoryHeaps[h].size;
+    for (uint32_t t = 0; t < mp.memoryTypeCount; t++) {
+        VkMemoryPropertyFlags f = mp.memoryTypes[t].propertyFlags;
+        VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT;
+        /* a small BAR window (256 MiB) is not enough to hold weights in place */
+        if ((f & want) == want && mp.memoryHeaps[mp.memoryTypes[t].heapIndex].size >= (1ull << 30))
+            info->host_visible_device_local = 1;
+    }
+    info->shader_float16 = f16.shaderFloat16 ? 1 : 0;
+    info->storage_16bit = s16.storageBuffer16BitAccess ? 1 : 0;
+    info->storage_8bit = s8.storageBuffer8BitAccess ? 1 : 0;
+    info->subgroup_size = sub.subgroupSize;
+    info->subgroup_arithmetic = (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                                (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT);
+    info->max_shared_memory = props.limits.maxComputeSharedMemorySize;
+    info->max_storage_buffer_range = props.limits.maxStorageBufferRange;
+    info->max_allocation_size = m3.maxMemoryAllocationSize;
+}
+
+static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
+    uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, NULL);
+    if (n == 0) return false;
+    VkQueueFamilyProperties *q = calloc(n, sizeof *q);
+    if (!q) return false;
+    vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, q);
+    bool found = false;
+    /* a compute-only family first (often an async queue that a game's rendering does not use) */
+    for (int pass = 0; pass < 2 && !found; pass++)
+        for (uint32_t i = 0; i < n && !found; i++) {
+            bool compute = (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && q[i].queueCount > 0;
+            bool graphics = (q[i].queueFlags & VK_QUEUE_GRAPHICS_BIT) != 0;
+            if (compute && (pass == 1 || !graphics)) {
+                *family = i;
+                found = true;
+            }
+        }
+    free(q);
+    return found;
+}
+
+static kvgen_status enumerate(VkInstance inst, VkPhysicalDevice **pds, uint32_t *n, kvgen_error *err) {
+    *pds = NULL;
+    *n = 0;
+    VKCHECK(vkEnumeratePhysicalDevices(inst, n, NULL), "vkEnumeratePhysicalDevices");
+    if (*n == 0) return KVGEN_OK;
+    *pds = calloc(*n, sizeof **pds);
+    if (!*pds) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory listing devices");
+    VkResult r = vkEnumeratePhysicalDevices(inst, n, *pds);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE) {
+        free(*pds);
+        *pds = NULL;
+        return kvg_vk_check(r, err, "vkEnumeratePhysicalDevices");
+    }
+    return KVGEN_OK;
+}
+
+static int default_device(VkPhysicalDevice *pds, uint32_t n) {
+    int best = -1, best_rank = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(pds[i], &p);
+        uint32_t fam;
+        if (p.apiVersion < VK_API_VERSION_1_1 || !has_compute_queue(pds[i], &fam)) continue;
+        if (type_rank(p.deviceType) > best_rank) {
+            best_rank = type_rank(p.deviceType);
+            best = (int)i;
+        }
+    }
+    return best;
+}
+
+static bool contains_nocase(const char *hay, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i])) i++;
+        if (i == n) return true;
+    }
+    return n == 0;
+}
+
+/* desc->device, else KVGEN_DEVICE, else the best: an index or a name substring */
+static kvgen_status choose_device(VkPhysicalDevice *pds, uint32_t n, const char *want, int *out, kvgen_error *err) {
+    if (n == 0) return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no Vulkan device found");
+    if (!want || !*want) {
+        *out = default_device(pds, n);
+        if (*out < 0) return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no device supports Vulkan 1.1 compute");
+        return KVGEN_OK;
+    }
+    char *end = NULL;
+    long idx = strtol(want, &end, 10);
+    if (end && end != want && *end == '\0') {
+        if (idx < 0 || idx >= (long)n)
+            return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device index %ld is out of range (%u devices)", idx, n);
+        *out = (int)idx;
+        return KVGEN_OK;
+    }
+    char names[400] = "";
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(pds[i], &p);
+        if (contains_nocase(p.deviceName, want)) {
+            *out = (int)i;
+            return KVGEN_OK;
+        }
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof names - len, "%s%u: %s", i ? ", " : "", i, p.deviceName);
+    }
+    return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no device matches \"%s\" (devices: %s)", want, names);
+}
+
+kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err) {
+    if (count) *count = 0;
+    if (!count) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_devices: count is NULL");
+    if (cap < 0 || (cap > 0 && !out))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_devices: out is NULL or cap %d is negative", cap);
+    VkInstance inst = VK_NULL_HANDLE;
+    kvgen_error ierr = {0};
+    if (create_instance(NULL, false, &inst, &ierr) != KVGEN_OK) return KVGEN_OK; /* no driver: no devices */
+    VkPhysicalDevice *pds = NULL;
+    uint32_t n = 0;
+    kvgen_status st = enumerate(inst, &pds, &n, err);
+    if (st == KVGEN_OK) {
+        int def = default_device(pds, n);
+        for (uint32_t i = 0; i < n && (int)i < cap; i++) {
+            describe_device(pds[i], (int)i, &out[i]);
+            out[i].is_default = (int)i == def;
+        }
+        *count = (int)n;
+    }
+    free(pds);
+    vkDestroyInstance(inst, NULL);
+    return st;
+}
+
+/* ---- context ---- */
+
+static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                 .queueFamilyIndex = ctx->queue_family,
+                                 .queueCount = 1,
+                                 .pQueuePriorities = &prio};
+    /* kvgen's shaders need no optional feature: f16 is packed into 32-bit words (see weights.glsl) */
+    VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
+                             .pQueueCreateInfos = &q};
+    VKCHECK(vkCreateDevice(ctx->phys, &ci, NULL, &ctx->dev), "vkCreateDevice");
+    ctx->own_device = true;
+    vkGetDeviceQueue(ctx->dev, ctx->queue_family, 0, &ctx->queue);
+    return KVGEN_OK;
+}
+
+static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
+    VkDescriptorSetLayoutBinding b[KVG_VK_BINDINGS];
+    for (uint32_t i = 0; i < KVG_VK_BINDINGS; i++)
+        b[i] = (VkDescriptorSetLayoutBinding){.binding = i,
+                                              .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .descriptorCount = 1,
+                                              .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                           .bindingCount = KVG_VK_BINDINGS,
+                                           .pBindings = b};
+    VKCHECK(vkCreateDescriptorSetLayout(ctx->dev, &lci, NULL, &ctx->set_layout), "vkCreateDescriptorSetLayout");
+    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = KVG_VK_PUSH_BYTES};
+    VkPipelineLayoutCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                      .setLayoutCount = 1,
+                                      .pSetLayouts = &ctx->set_layout,
+                                      .pushConstantRangeCount = 1,
+                                      .pPushConstantRanges = &pcr};
+    VKCHECK(vkCreatePipelineLayout(ctx->dev, &pci, NULL, &ctx->pipe_layout), "vkCreatePipelineLayout");
+    VkCommandPoolCreateInfo cpi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                   .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = ctx->queue_family};
+    VKCHECK(vkCreateCommandPool(ctx->dev, &cpi, NULL, &ctx->cmd_pool), "vkCreateCommandPool");
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VKCHECK(vkCreateFence(ctx->dev, &fci, NULL, &ctx->fence), "vkCreateFence");
+    return kvg_vk_buffer_create(ctx, 256, KVG_VK_MEM_DEVICE, &ctx->dummy, err);
+}
+
+kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err) {
+    *out = NULL;
+    kvg_vk_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    atomic_init(&ctx->validation_messages, 0);
+    if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+        free(ctx);
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: pthread_mutex_init failed");
+    }
+    ctx->force_staging = env_flag("KVGEN_VK_STAGING");
+    ctx->kv_f16 = !(desc->force_f32 || env_flag("KVGEN_FORCE_F32"));
+    kvgen_status st = KVGEN_OK;
+    int n_ext = (desc->vk_instance != NULL) + (desc->vk_physical_device != NULL) + (desc->vk_device != NULL) +
+                (desc->vk_queue != NULL);
+    if (n_ext != 0 && n_ext != 4) {
+        st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                      "vulkan: give all of vk_instance, vk_physical_device, vk_device and vk_queue, or none");
+        goto fail;
+    }
+    if (n_ext == 4) {
+        ctx->instance = (VkInstance)desc->vk_instance;
+        ctx->phys = (VkPhysicalDevice)desc->vk_physical_device;
+        ctx->dev = (VkDevice)desc->vk_device;
+        ctx->queue = (VkQueue)desc->vk_queue;
+        ctx->queue_family = desc->vk_queue_family;
+        describe_device(ctx->phys, 0, &ctx->info);
+        if (ctx->info.api_version < VK_API_VERSION_1_1) {
+            st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the host's device supports only Vulkan 1.0; kvgen needs 1.1");
+            goto fail;
+        }
+    } else {
+        st = create_instance(ctx, env_flag("KVGEN_VALIDATE"), &ctx->instance, err);
+        if (st != KVGEN_OK) goto fail;
+        ctx->own_instance = true;
+        VkPhysicalDevice *pds = NULL;
+        uint32_t n = 0;
+        st = enumerate(ctx->instance, &pds, &n, err);
+        int idx = -1;
+        const char *want = desc->device && *desc->device ? desc->device : getenv("KVGEN_DEVICE");
+        if (st == KVGEN_OK) st = choose_device(pds, n, want, &idx, err);
+        if (st == KVGEN_OK) {
+            ctx->phys = pds[idx];
+            describe_device(ctx->phys, idx, &ctx->info);
+            ctx->info.is_default = idx == default_device(pds, n);
+        }
+        free(pds);
+        if (st != KVGEN_OK) goto fail;
+        if (ctx->info.api_version < VK_API_VERSION_1_1) {
+            st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s supports only Vulkan 1.0; kvgen needs 1.1",
+                          ctx->info.name);
+            goto fail;
+        }
+        if (!has_compute_queue(ctx->phys, &ctx->queue_family)) {
+            st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s has no compute queue", ctx->info.name);
+            goto fail;
+        }
+        st = create_device(ctx, err);
+        if (st != KVGEN_OK) goto fail;
+    }
+    vkGetPhysicalDeviceProperties(ctx->phys, &ctx->props);
+    vkGetPhysicalDeviceMemoryProperties(ctx->phys, &ctx->mem_props);
+    st = create_common(ctx, err);
+    if (st != KVGEN_OK) goto fail;
+    *out = ctx;
+    return KVGEN_OK;
+fail:
+    kvg_vk_ctx_destroy(ctx);
+    return st;
+}
+
+void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->dev) {
+        vkDeviceWaitIdle(ctx->dev);
+        for (int i = 0; i < ctx->n_pipes; i++) vkDestroyPipeline(ctx->dev, ctx->pipes[i].pipe, NULL);
+        kvg_vk_buffer_destroy(ctx, &ctx->dummy);
+        if (ctx->fence) vkDestroyFence(ctx->dev, ctx->fence, NULL);
+        if (ctx->cmd_pool) vkDestroyCommandPool(ctx->dev, ctx->cmd_pool, NULL);
+        if (ctx->pipe_layout) vkDestroyPipelineLayout(ctx->dev, ctx->pipe_layout, NULL);
+        if (ctx->set_layout) vkDestroyDescriptorSetLayout(ctx->dev, ctx->set_layout, NULL);
+        if (ctx->own_device) vkDestroyDevice(ctx->dev, NULL);
+    }
+    free(ctx->pipes);
+    if (ctx->own_instance && ctx->instance) {
+        if (ctx->messenger) {
+            PFN_vkDestroyDebugUtilsMessengerEXT destroy = (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(
+                ctx->instance, "vkDestroyDebugUtilsMessengerEXT");
+            if (destroy) destroy(ctx->instance, ctx->messenger, NULL);
+        }
+        vkDestroyInstance(ctx->instance, NULL);
+    }
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+int kvg_vk_validation_count(const kvg_vk_ctx *ctx) {
+    return ctx ? atomic_load(&((kvg_vk_ctx *)ctx)->validation_messages) : 0;
+}
+
+static kvgen_status one_off(kvg_vk_ctx *ctx, VkCommandBuffer *cb, kvgen_error *err);
+
+/* ---- buffers ---- */
+
+static int find_memory(const kvg_vk_ctx *ctx, uint32_t bits, VkMemoryPropertyFlags want, VkMemoryPropertyFlags avoid) {
+    for (uint32_t i = 0; i < ctx->mem_props.memoryTypeCount; i++) {
+        VkMemoryPropertyFlags f = ctx->mem_props.memoryTypes[i].propertyFlags;
+        if ((bits & (1u << i)) && (f & want) == want && (f & avoid) == 0) return (int)i;
+    }
+    return -1;
+}
+
+static kvgen_status alloc_bind(kvg_vk_ctx *ctx, kvg_vk_buffer *b, int type, kvgen_error *err) {
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(ctx->dev, b->buf, &req);
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                               .allocationSize = req.size,
+                               .memoryTypeIndex = (uint32_t)type};
+    VkResult r = vkAllocateMemory(ctx->dev, &ai, NULL, &b->mem);
+    if (r != VK_SUCCESS) {
+        b->mem = VK_NULL_HANDLE;
+        return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: allocating %llu bytes of device memory failed: %s",
+                        (unsigned long long)req.size, kvg_vk_result_name(r));
+    }
+    VKCHECK(vkBindBufferMemory(ctx->dev, b->buf, b->mem, 0), "vkBindBufferMemory");
+    VkMemoryPropertyFlags f = ctx->mem_props.memoryTypes[type].propertyFlags;
+    /* only coherent memory is mapped, so no flush/invalidate is ever needed; other memory is staged */
+    if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
+        VKCHECK(vkMapMemory(ctx->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map), "vkMapMemory");
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, kvg_vk_buffer *out,
+                                  kvgen_error *err) {
+    memset(out, 0, sizeof *out);
+    size = (size + 255) & ~(VkDeviceSize)255;
+    if (size == 0) size = 256;
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .size = size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VKCHECK(vkCreateBuffer(ctx->dev, &bi, NULL, &out->buf), "vkCreateBuffer");
+    out->size = size;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(ctx->dev, out->buf, &req);
+    const VkMemoryPropertyFlags DL = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                HV = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                HC = VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+    int candidates[3] = {-1, -1, -1};
+    if (kind == KVG_VK_MEM_HOST) {
+        candidates[0] = find_memory(ctx, req.memoryTypeBits, HV | HC, 0);
+        candidates[1] = find_memory(ctx, req.memoryTypeBits, HV, 0);
+    } else if (kind == KVG_VK_MEM_UPLOAD && !ctx->force_staging && ctx->info.host_visible_device_local) {
+        candidates[0] = find_memory(ctx, req.memoryTypeBits, DL | HV, 0);
+        candidates[1] = find_memory(ctx, req.memoryTypeBits, DL, 0);
+    } else {
+        /* device-local memory that is not host-visible where it exists: that is where a GPU is fastest */
+        candidates[0] = find_memory(ctx, req.memoryTypeBits, DL, ctx->force_staging ? HV : 0);
+        candidates[1] = find_memory(ctx, req.memoryTypeBits, DL, 0);
+        candidates[2] = find_memory(ctx, req.memoryTypeBits, 0, 0);
+    }
+    kvgen_status st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no memory type for a %llu-byte buffer",
+                               (unsigned long long)size);
+    for (int i = 0; i < 3; i++) {
+        if (candidates[i] < 0) continue;
+        st = alloc_bind(ctx, out, candidates[i], err);
+        if (st == KVGEN_OK) break;
+        if (out->mem) vkFreeMemory(ctx->dev, out->mem, NULL);
+        out->mem = VK_NULL_HANDLE;
+        out->map = NULL;
+    }
+    if (st != KVGEN_OK) {
+        kvg_vk_buffer_destroy(ctx, out);
+        return st;
+    }
+    if (out->map) {
+        memset(out->map, 0, (size_t)size);
+        return KVGEN_OK;
+    }
+    /* zero-fill so padding that kernels read (rows padded to 32) is 0 */
+    pthread_mutex_lock(&ctx->lock);
+    VkCommandBuffer cb;
+    st = one_off(ctx, &cb, err);
+    if (st == KVGEN_OK) {
+        vkCmdFillBuffer(cb, out->buf, 0, VK_WHOLE_SIZE, 0);
+        kvg_vk_cmd_barrier(cb);
+        st = kvg_vk_cmd_end(cb, err);
+        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (st != KVGEN_OK) kvg_vk_buffer_destroy(ctx, out);
+    return st;
+}
+
+void kvg_vk_buffer_destroy(kvg_vk_ctx *ctx, kvg_vk_buffer *b) {
+    if (!ctx || !ctx->dev || !b) return;
+    if (b->buf) vkDestroyBuffer(ctx->dev, b->buf, NULL);
+    if (b->mem) vkFreeMemory(ctx->dev, b->mem, NULL);
+    memset(b, 0, sizeof *b);
+}
+
+static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSize offset, void *host, size_t size,
+                                bool to_device, kvgen_error *err) {
+    kvg_vk_buffer staging;
+    kvgen_status st = kvg_vk_buffer_create(ctx, size, KVG_VK_MEM_HOST, &staging, err);
+    if (st != KVGEN_OK) return st;
+    if (!staging.map) {
+        kvg_vk_buffer_destroy(ctx, &staging);
+        return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the staging buffer is not host-visible");
+    }
+    if (to_device) memcpy(staging.map, host, size);
+    pthread_mutex_lock(&ctx->lock);
+    VkCommandBuffer cb;
+    st = one_off(ctx, &cb, err);
+    if (st == KVGEN_OK) {
+        VkBufferCopy region = {.srcOffset = to_device ? 0 : offset, .dstOffset = to_device ? offset : 0, .size = size};
+        vkCmdCopyBuffer(cb, to_device ? staging.buf : b->buf, to_device ? b->buf : staging.buf, 1, &region);
+        kvg_vk_cmd_barrier(cb);
+        kvg_vk_cmd_host_barrier(cb);
+        st = kvg_vk_cmd_end(cb, err);
+        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    if (st == KVGEN_OK && !to_device) memcpy(host, staging.map, size);
+    kvg_vk_buffer_destroy(ctx, &staging);
+    return st;
+}
+
+kvgen_status kvg_vk_upload(kvg_vk_ctx *ctx, kvg_vk_buffer *b, VkDeviceSize offset, const void *data, size_t size,
+                           kvgen_error *err) {
+    if (offset + size > b->size)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: upload of %zu bytes at %llu overflows a %llu-byte buffer",
+                        size, (unsigned long long)offset, (unsigned long long)b->size);
+    if (size == 0) return KVGEN_OK;
+    if (b->map) {
+        memcpy((char *)b->map + offset, data, size);
+        return KVGEN_OK;
+    }
+    return staged_copy(ctx, b, offset, (void *)data, size, true, err);
+}
+
+kvgen_status kvg_vk_download(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSize offset, void *data, size_t size,
+                             kvgen_error *err) {
+    if (offset + size > b->size)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: download of %zu bytes at %llu overflows a %llu-byte buffer",
+                        size, (unsigned long long)offset, (unsigned long long)b->size);
+    if (size == 0) return KVGEN_OK;
+    if (b->map) {
+        memcpy(data, (const char *)b->map + offset, size);
+        return KVGEN_OK;
+    }
+    return staged_copy(ctx, b, offset, data, size, false, err);
+}
+
+/* ---- pipelines and descriptor sets ---- */
+
+VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]) {
+    for (int i = 0; i < ctx->n_pipes; i++)
+        if (strcmp(ctx->pipes[i].name, shader) == 0 && memcmp(ctx->pipes[i].spec, spec, sizeof ctx->pipes[i].spec) == 0)
+            return ctx->pipes[i].pipe;
+    return VK_NULL_HANDLE;
+}
+
+kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
+                                 VkPipeline *out, kvgen_error *err) {
+    *out = kvg_vk_pipeline_find(ctx, shader, spec);
+    if (*out) return KVGEN_OK;
+    const kvg_shader_blob *blob = kvg_shader_find(shader);
+    if (!blob) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader %s is not embedded", shader);
+    if (strlen(shader) >= sizeof ctx->pipes[0].name)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader name %s is too long", shader);
+    if (ctx->n_pipes == ctx->cap_pipes) {
+        int cap = ctx->cap_pipes ? ctx->cap_pipes * 2 : 32;
+        kvg_vk_pipeline *p = realloc(ctx->pipes, (size_t)cap * sizeof *p);
+        if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for pipelines");
+        ctx->pipes = p;
+        ctx->cap_pipes = cap;
+    }
+    VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                   .codeSize = blob->size,
+                                   .pCode = blob->code};
+    VkShaderModule mod;
+    VKCHECK(vkCreateShaderModule(ctx->dev, &mi, NULL, &mod), "vkCreateShaderModule");
+    VkSpecializationMapEntry entries[KVG_SPEC_COUNT];
+    for (uint32_t i = 0; i < KVG_SPEC_COUNT; i++)
+        entries[i] = (VkSpecializationMapEntry){.constantID = i, .offset = i * 4, .size = 4};
+    VkSpecializationInfo si = {.mapEntryCount = KVG_SPEC_COUNT,
+                               .pMapEntries = entries,
+                               .dataSize = KVG_SPEC_COUNT * 4,
+                               .pData = spec};
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = mod,
+                  .pName = "main",
+                  .pSpecializationInfo = &si},
+        .layout = ctx->pipe_layout};
+    VkPipeline pipe;
+    VkResult r = vkCreateComputePipelines(ctx->dev, VK_NULL_HANDLE, 1, &ci, NULL, &pipe);
+    vkDestroyShaderModule(ctx->dev, mod, NULL);
+    if (r != VK_SUCCESS)
+        return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: creating the %s pipeline failed: %s", shader,
+                        kvg_vk_result_name(r));
+    kvg_vk_pipeline *p = &ctx->pipes[ctx->n_pipes++];
+    snprintf(p->name, sizeof p->name, "%s", shader);
+    memcpy(p->spec, spec, sizeof p->spec);
+    p->pipe = pipe;
+    *out = pipe;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_pool_create(kvg_vk_ctx *ctx, uint32_t max_sets, VkDescriptorPool *out, kvgen_error *err) {
+    VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = max_sets * KVG_VK_BINDINGS};
+    VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                     .maxSets = max_sets,
+                                     .poolSizeCount = 1,
+                                     .pPoolSizes = &size};
+    VKCHECK(vkCreateDescriptorPool(ctx->dev, &ci, NULL, out), "vkCreateDescriptorPool");
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_set_create(kvg_vk_ctx *ctx, VkDescriptorPool pool, const kvg_vk_binding b[KVG_VK_BINDINGS],
+                               VkDescriptorSet *out, kvgen_error *err) {
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                      .descriptorPool = pool,
+                                      .descriptorSetCount = 1,
+                                      .pSetLayouts = &ctx->set_layout};
+    VKCHECK(vkAllocateDescriptorSets(ctx->dev, &ai, out), "vkAllocateDescriptorSets");
+    VkDescriptorBufferInfo bi[KVG_VK_BINDINGS];
+    VkWriteDescriptorSet w[KVG_VK_BINDINGS];
+    VkDeviceSize max_range = ctx->props.limits.maxStorageBufferRange;
+    for (uint32_t i = 0; i < KVG_VK_BINDINGS; i++) {
+        const kvg_vk_buffer *buf = b[i].buf ? b[i].buf : &ctx->dummy;
+        VkDeviceSize off = b[i].buf ? b[i].offset : 0;
+        VkDeviceSize range = b[i].buf && b[i].range ? b[i].range : buf->size - off;
+        if (range > max_range) range = max_range;
+        bi[i] = (VkDescriptorBufferInfo){.buffer = buf->buf, .offset = off, .range = range};
+        w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                      .dstSet = *out,
+                                      .dstBinding = i,
+                                      .descriptorCount = 1,
+                                      .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      .pBufferInfo = &bi[i]};
+    }
+    vkUpdateDescriptorSets(ctx->dev, KVG_VK_BINDINGS, w, 0, NULL);
+    return KVGEN_OK;
+}
+
+/* ---- commands ---- */
+
+kvgen_status kvg_vk_cmd_alloc(kvg_vk_ctx *ctx, VkCommandBuffer *out, kvgen_error *err) {
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = ctx->cmd_pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    VKCHECK(vkAllocateCommandBuffers(ctx->dev, &ai, out), "vkAllocateCommandBuffers");
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_cmd_begin(VkCommandBuffer cb, bool one_time, kvgen_error *err) {
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = one_time ? VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT : 0};
+    VKCHECK(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer");
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err) {
+    VKCHECK(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+    return KVGEN_OK;
+}
+
+/* a one-off command buffer: allocate, begin */
+static kvgen_status one_off(kvg_vk_ctx *ctx, VkCommandBuffer *cb, kvgen_error *err) {
+    kvgen_status st = kvg_vk_cmd_alloc(ctx, cb, err);
+    if (st != KVGEN_OK) return st;
+    st = kvg_vk_cmd_begin(*cb, true, err);
+    if (st != KVGEN_OK) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, cb);
+    return st;
+}
+
+void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
+                         uint32_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipe_layout, 0, 1, &set, 0, NULL);
+    if (pc_size) vkCmdPushConstants(cb, ctx->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pc_size, pc);
+    vkCmdDispatch(cb, gx, gy, gz);
+}
+
+void kvg_vk_cmd_barrier(VkCommandBuffer cb) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+void kvg_vk_cmd_host_barrier(VkCommandBuffer cb) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+kvgen_status kvg_vk_submit_wait(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkFence fence, kvgen_error *err) {
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
+    VKCHECK(vkQueueSubmit(ctx->queue, 1, &si, fence), "vkQueueSubmit");
+    VKCHECK(vkWaitForFences(ctx->dev, 1, &fence, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+    VKCHECK(vkResetFences(ctx->dev, 1, &fence), "vkResetFences");
+    return KVGEN_OK;
+}

@@ -1,0 +1,135 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// attn.comp: causal attention of ncols query tokens over the layer's KV cache, online softmax.
+// Dispatch: (n_kv, ncols, nsplit), WG invocations. One workgroup handles every query head that
+// shares KV head gl_WorkGroupID.x (G = n_head / n_kv <= 8), so each cached K/V element is read
+// once for all of them; query t sits at position pos0 + t and sees positions [0, pos0 + t].
+// Split s covers a contiguous 1/nsplit of those positions (decode splits long contexts so that
+// several workgroups share the work; attn_reduce.comp merges the partial results).
+// Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
+// t*ldo + h*hd), 5 K cache, 6 V cache, 7 partials (not DIRECT: per (t, h, s): m, l, acc[hd]).
+// Positions are walked WG at a time. lavapipe's 65,535-iteration limit counts every loop iteration
+// of an invocation together (about (2 + GQ) * WG per tile here, the head_dim loops unrolled), so
+// the host chooses nsplit so that one split covers at most 4,096 positions.
+layout(constant_id = 0) const uint WG = 64;
+layout(constant_id = 5) const uint KV_F16 = 1;
+layout(constant_id = 6) const uint DIRECT = 1;
+layout(constant_id = 8) const uint GQ = 1; // query heads per KV head (<= 8)
+layout(constant_id = 9) const uint HD = 64; // head_dim (even, <= 256)
+layout(local_size_x_id = 0) in;
+
+#define KVG_OWN_PC
+#include "common.glsl"
+
+layout(push_constant) uniform PC {
+    uint n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
+    float scale;
+} pc;
+
+layout(std430, set = 0, binding = 2) readonly buffer Q { float qin[]; };
+layout(std430, set = 0, binding = 3) writeonly buffer Out { float yout[]; };
+layout(std430, set = 0, binding = 5) readonly buffer KC { uint kcache[]; };
+layout(std430, set = 0, binding = 6) readonly buffer VC { uint vcache[]; };
+layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
+
+const uint MAXG = GQ, MAXHD = HD, MAXD = (HD + WG - 1u) / WG;
+shared float qs[MAXG * MAXHD];
+shared float sc[MAXG * WG];
+shared float pr[MAXG * WG];
+
+vec2 kv_pair(bool k, uint idx) { // idx even
+    if (KV_F16 != 0u) return unpackHalf2x16(k ? kcache[idx >> 1] : vcache[idx >> 1]);
+    return k ? vec2(uintBitsToFloat(kcache[idx]), uintBitsToFloat(kcache[idx + 1u]))
+             : vec2(uintBitsToFloat(vcache[idx]), uintBitsToFloat(vcache[idx + 1u]));
+}
+float v_at(uint idx) {
+    if (KV_F16 != 0u) {
+        vec2 p = unpackHalf2x16(vcache[idx >> 1]);
+        return (idx & 1u) != 0u ? p.y : p.x;
+    }
+    return uintBitsToFloat(vcache[idx]);
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint kvh = gl_WorkGroupID.x, t = gl_WorkGroupID.y, s = gl_WorkGroupID.z;
+    const uint G = GQ;
+    const uint hd = HD;
+    uint len = params.pos0 + t + 1u;
+    // at least 256 positions per split: short contexts leave the later splits empty (cheap)
+    // rather than paying every split's fixed cost for a few positions each
+    uint chunk = max((len + pc.nsplit - 1u) / pc.nsplit, 256u);
+    uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
+
+    for (uint i = tid; i < G * hd; i += WG) {
+        uint g = i / hd, d = i % hd;
+        qs[g * MAXHD + d] = qin[t * pc.ldq + (kvh * G + g) * hd + d] * pc.scale;
+    }
+    barrier();
+
+    float m[MAXG], l[MAXG], acc[MAXG * MAXD];
+    [[unroll]] for (uint g = 0u; g < MAXG; g++) {
+        m[g] = -1e30;
+        l[g] = 0.0;
+        [[unroll]] for (uint e = 0u; e < MAXD; e++) acc[g * MAXD + e] = 0.0;
+    }
+    uint head_base = kvh * pc.n_ctx;
+    for (uint base = p_begin; base < p_end; base += WG) {
+        uint nvalid = min(WG, p_end - base);
+        uint p = base + tid;
+        if (tid < nvalid) {
+            uint kb = (head_base + p) * hd;
+            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = 0.0;
+            [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
+                vec2 kv = kv_pair(true, kb + d);
+                [[unroll]] for (uint g = 0u; g < G; g++)
+                    sc[g * WG + tid] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
+            }
+        }
+        barrier();
+        [[unroll]] for (uint g = 0u; g < G; g++) {
+            float tmax = -1e30;
+            for (uint i = 0u; i < nvalid; i++) tmax = max(tmax, sc[g * WG + i]);
+            float mnew = max(m[g], tmax);
+            float corr = exp(m[g] - mnew);
+            m[g] = mnew;
+            l[g] *= corr;
+            [[unroll]] for (uint e = 0u; e < MAXD; e++) acc[g * MAXD + e] *= corr;
+            pr[g * WG + tid] = tid < nvalid ? exp(sc[g * WG + tid] - mnew) : 0.0;
+        }
+        barrier();
+        [[unroll]] for (uint g = 0u; g < G; g++)
+            for (uint i = 0u; i < nvalid; i++) l[g] += pr[g * WG + i];
+        [[unroll]] for (uint e = 0u; e < MAXD; e++) {
+            uint d = tid + e * WG;
+            if (d >= hd) break;
+            for (uint i = 0u; i < nvalid; i++) {
+                float v = v_at((head_base + base + i) * hd + d);
+                [[unroll]] for (uint g = 0u; g < G; g++) acc[g * MAXD + e] += pr[g * WG + i] * v;
+            }
+        }
+        barrier();
+    }
+
+    [[unroll]] for (uint g = 0u; g < G; g++) {
+        uint h = kvh * G + g;
+        if (DIRECT != 0u) {
+            float inv = l[g] > 0.0 ? 1.0 / l[g] : 0.0;
+            [[unroll]] for (uint e = 0u; e < MAXD; e++) {
+                uint d = tid + e * WG;
+                if (d < hd) yout[t * pc.ldo + h * hd + d] = acc[g * MAXD + e] * inv;
+            }
+        } else {
+            uint pb = ((t * pc.n_head + h) * pc.nsplit + s) * (hd + 2u);
+            if (tid == 0u) {
+                part[pb] = m[g];
+                part[pb + 1u] = l[g];
+            }
+            [[unroll]] for (uint e = 0u; e < MAXD; e++) {
+                uint d = tid + e * WG;
+                if (d < hd) part[pb + 2u + d] = acc[g * MAXD + e];
+            }
+        }
+    }
+}

@@ -1,0 +1,45 @@
+// common.glsl: declarations every kvgen kernel shares.
+//
+// All kernels use one pipeline layout: set 0 holds eight storage buffers (unused ones are bound
+// to a small dummy buffer) and a 128-byte push-constant range. Binding roles:
+//   0 params   per-step values written by the host (position, token ids), so that a recorded
+//              decode command buffer can be replayed unchanged
+//   1 weights  a repacked weight matrix part (see weights.glsl)
+//   2 input    activations, f32, one row per token (stride a multiple of 4)
+//   3 output   activations, f32
+//   4 norm     RMSNorm weight (f32, zero-padded)
+//   5 K cache  one layer: (kv_heads, n_ctx, head_dim), f16 pairs packed in uint or f32 bits
+//   6 V cache  same layout
+//   7 aux      RoPE cos/sin table, or attention partial results
+#ifndef KVG_COMMON_GLSL
+#define KVG_COMMON_GLSL
+
+layout(std430, set = 0, binding = 0) readonly buffer Params {
+    uint pos0;   // position of the first token of this step
+    uint p_pad0, p_pad1, p_pad2;
+    int tokens[];
+} params;
+
+// The push constants of the weight kernels (embed, matvec, gemm); others define their own.
+#ifndef KVG_OWN_PC
+layout(push_constant) uniform PC {
+    uint nrows;     // rows in this weight part
+    uint nb;        // 32-element blocks per row (row length padded to 32 with zeros)
+    uint scale_off; // word offset of the scales inside the part
+    uint ncols;     // tokens in this step
+    uint ldx;       // input stride per token (floats)
+    uint ldo;       // output stride per token (floats)
+    uint row0;      // global row of the part's first row
+    uint x_off;     // input offset in floats (multiple of 4)
+    uint kreal;     // true row length (norm mean divisor)
+    float eps;      // RMSNorm epsilon
+    uint nq;        // qkv mode: rows of Q
+    uint nk;        // qkv mode: rows of K (== rows of V)
+    uint hd;        // head dim
+    uint n_rot;     // rotated dims per head
+    uint n_ctx;     // cache capacity in positions
+    uint o_off;     // output offset in floats
+} pc;
+#endif
+
+#endif

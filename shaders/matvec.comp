@@ -1,0 +1,142 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// matvec.comp: y = W x for up to NCOLS tokens (decode), weights dequantized in registers so
+// several tokens share one read of W.
+// Dispatch: (ceil(nrows / ROWS), 1, 1); each workgroup computes ROWS rows (even, so row pairs
+// stay together for the epilogue) for every token.
+// Bindings: 0 params, 1 weights (part), 2 x (f32, token t at x_off + t*ldx), 3 out, 4 norm
+// weight (NORM: x is RMS-normalised and scaled by it on the fly), 5/6/7 see epilogue.glsl.
+// Each invocation walks quarter-blocks q = tid, tid + WG, ...: at most nb*4/WG trips.
+//
+// LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
+// workgroup runs on one core and barriers and reductions are costly: each invocation computes
+// one row pair on its own (2*WG rows per workgroup, dispatch (ceil(nrows / (2*WG)), 1, 1)), the
+// inputs are the same for all invocations, and no reduction is needed. It walks nb*4 quarter
+// blocks per row. lavapipe's 65,535 limit counts every loop iteration of an invocation
+// together, so loops with constant trip counts are unrolled and rows stay below 500K elements.
+layout(constant_id = 0) const uint WG = 64;
+layout(constant_id = 1) const uint NCOLS = 1;
+layout(constant_id = 2) const uint ROWS = 4;
+layout(constant_id = 3) const uint MODE = 0;
+layout(constant_id = 4) const uint NORM = 0;
+layout(constant_id = 5) const uint KV_F16 = 1;
+layout(constant_id = 7) const uint LANE = 0;
+layout(local_size_x_id = 0) in;
+
+#include "common.glsl"
+#include "weights.glsl"
+#include "epilogue.glsl"
+
+layout(std430, set = 0, binding = 2) readonly buffer X { vec4 xin[]; };
+layout(std430, set = 0, binding = 4) readonly buffer G { vec4 gnorm[]; };
+
+shared float red[WG * ROWS * NCOLS];
+
+void reduce_all(uint tid, uint n) {
+    for (uint s = WG >> 1; s > 0u; s >>= 1) {
+        barrier();
+        if (tid < s)
+            [[unroll]] for (uint i = 0u; i < n; i++) red[i * WG + tid] += red[i * WG + tid + s];
+    }
+    barrier();
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint r0 = gl_WorkGroupID.x * ROWS;
+    uint nq4 = pc.nb * 4u;
+    float scale[NCOLS];
+    [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = 1.0;
+    if (NORM != 0u) {
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+            float ss = 0.0;
+            if (c < pc.ncols)
+                for (uint k4 = tid; k4 < pc.nb * 8u; k4 += WG) {
+                    vec4 v = xin[(pc.x_off + c * pc.ldx) / 4u + k4];
+                    ss += dot(v, v);
+                }
+            red[c * WG + tid] = ss;
+        }
+        reduce_all(tid, NCOLS);
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = inversesqrt(red[c * WG] / float(pc.kreal) + pc.eps);
+        barrier();
+    }
+
+    if (LANE != 0u) {
+        uint r = (gl_WorkGroupID.x * WG + tid) * 2u;
+        if (r >= pc.nrows) return;
+        bool has1 = r + 1u < pc.nrows;
+        uint r1 = has1 ? r + 1u : r;
+        float a0[NCOLS], a1[NCOLS];
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+            a0[c] = 0.0;
+            a1[c] = 0.0;
+        }
+        for (uint q = 0u; q < nq4; q++) {
+            uint b = q >> 2, j = q & 3u;
+            uint klo = (b * 32u + lo_off(j)) >> 2, khi = (b * 32u + hi_off(j)) >> 2;
+            vec4 lo0, hi0, lo1, hi1;
+            dequant8(r * pc.nb + b, j, lo0, hi0);
+            dequant8(r1 * pc.nb + b, j, lo1, hi1);
+            vec4 gl = vec4(1.0), gh = vec4(1.0);
+            if (NORM != 0u) {
+                gl = gnorm[klo];
+                gh = gnorm[khi];
+            }
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                if (c < pc.ncols) {
+                    uint base = (pc.x_off + c * pc.ldx) >> 2;
+                    vec4 xl = xin[base + klo] * gl * scale[c];
+                    vec4 xh = xin[base + khi] * gh * scale[c];
+                    a0[c] += dot(lo0, xl) + dot(hi0, xh);
+                    a1[c] += dot(lo1, xl) + dot(hi1, xh);
+                }
+            }
+        }
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++)
+            if (c < pc.ncols) store_pair(pc.row0 + r, c, a0[c], a1[c], has1);
+        return;
+    }
+
+    float acc[ROWS * NCOLS];
+    [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
+    for (uint q = tid; q < nq4; q += WG) {
+        uint b = q >> 2, j = q & 3u;
+        uint klo = (b * 32u + lo_off(j)) >> 2, khi = (b * 32u + hi_off(j)) >> 2;
+        vec4 xl[NCOLS], xh[NCOLS];
+        vec4 gl = vec4(1.0), gh = vec4(1.0);
+        if (NORM != 0u) {
+            gl = gnorm[klo];
+            gh = gnorm[khi];
+        }
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+            if (c < pc.ncols) {
+                uint base = (pc.x_off + c * pc.ldx) >> 2;
+                xl[c] = xin[base + klo] * gl * scale[c];
+                xh[c] = xin[base + khi] * gh * scale[c];
+            } else {
+                xl[c] = vec4(0.0);
+                xh[c] = vec4(0.0);
+            }
+        }
+        [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+            if (r0 + r < pc.nrows) {
+                vec4 lo, hi;
+                dequant8((r0 + r) * pc.nb + b, j, lo, hi);
+                [[unroll]] for (uint c = 0u; c < NCOLS; c++) acc[r * NCOLS + c] += dot(lo, xl[c]) + dot(hi, xh[c]);
+            }
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) red[i * WG + tid] = acc[i];
+    reduce_all(tid, ROWS * NCOLS);
+    // one invocation per (row pair, token)
+    uint npairs = ROWS / 2u;
+    for (uint p = tid; p < npairs * NCOLS; p += WG) {
+        uint rp = p % npairs, c = p / npairs;
+        uint r = r0 + 2u * rp;
+        if (c < pc.ncols && r < pc.nrows)
+            store_pair(pc.row0 + r, c, red[(2u * rp * NCOLS + c) * WG], red[((2u * rp + 1u) * NCOLS + c) * WG],
+                       r + 1u < pc.nrows);
+    }
+}

@@ -1,0 +1,88 @@
+// weights.glsl: reading a repacked weight matrix part (binding 1) for one WTYPE_* define.
+//
+// The host repacks every GGUF tensor at upload into 32-element blocks (rows zero-padded to a
+// multiple of 32) so shaders need neither 8- nor 16-bit storage:
+//   F32   32 words per block
+//   F16   16 words per block (two halves per word), BF16 likewise
+//   Q8_0  8 words of int8 per block; scales (f16, two per word) at word scale_off
+//   Q4_0  4 words of nibbles per block (byte i: element i low, element i+16 high); f16 scales
+//   Q4_1  as Q4_0, scales word = (d, m) as two halves at scale_off + block
+// A block is read in quarters (j = 0..3): 8 values as two vec4s at elements lo_off(j), hi_off(j).
+#ifndef KVG_WEIGHTS_GLSL
+#define KVG_WEIGHTS_GLSL
+
+layout(std430, set = 0, binding = 1) readonly buffer Weights { uint wdata[]; };
+
+#if defined(WTYPE_F32)
+#define QWORDS 32u
+#elif defined(WTYPE_F16) || defined(WTYPE_BF16)
+#define QWORDS 16u
+#elif defined(WTYPE_Q8_0)
+#define QWORDS 8u
+#elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1)
+#define QWORDS 4u
+#define WTYPE_Q4 1
+#else
+#error "define one WTYPE_*"
+#endif
+
+uint lo_off(uint j) {
+#ifdef WTYPE_Q4
+    return 4u * j;
+#else
+    return 8u * j;
+#endif
+}
+uint hi_off(uint j) {
+#ifdef WTYPE_Q4
+    return 16u + 4u * j;
+#else
+    return 8u * j + 4u;
+#endif
+}
+
+vec4 unpack_s8(uint w) {
+    return vec4(int(w << 24) >> 24, int(w << 16) >> 24, int(w << 8) >> 24, int(w) >> 24);
+}
+vec2 unpack_bf16(uint w) { return vec2(uintBitsToFloat(w << 16), uintBitsToFloat(w & 0xffff0000u)); }
+
+float half_scale(uint blk) {
+    vec2 s = unpackHalf2x16(wdata[pc.scale_off + (blk >> 1)]);
+    return (blk & 1u) != 0u ? s.y : s.x;
+}
+
+// blk = row * nb + block
+void dequant8(uint blk, uint j, out vec4 lo, out vec4 hi) {
+    uint base = blk * QWORDS;
+#if defined(WTYPE_F32)
+    uint o = base + 8u * j;
+    lo = vec4(uintBitsToFloat(wdata[o]), uintBitsToFloat(wdata[o + 1u]), uintBitsToFloat(wdata[o + 2u]),
+              uintBitsToFloat(wdata[o + 3u]));
+    hi = vec4(uintBitsToFloat(wdata[o + 4u]), uintBitsToFloat(wdata[o + 5u]), uintBitsToFloat(wdata[o + 6u]),
+              uintBitsToFloat(wdata[o + 7u]));
+#elif defined(WTYPE_F16)
+    uint o = base + 4u * j;
+    lo = vec4(unpackHalf2x16(wdata[o]), unpackHalf2x16(wdata[o + 1u]));
+    hi = vec4(unpackHalf2x16(wdata[o + 2u]), unpackHalf2x16(wdata[o + 3u]));
+#elif defined(WTYPE_BF16)
+    uint o = base + 4u * j;
+    lo = vec4(unpack_bf16(wdata[o]), unpack_bf16(wdata[o + 1u]));
+    hi = vec4(unpack_bf16(wdata[o + 2u]), unpack_bf16(wdata[o + 3u]));
+#elif defined(WTYPE_Q8_0)
+    float d = half_scale(blk);
+    lo = unpack_s8(wdata[base + 2u * j]) * d;
+    hi = unpack_s8(wdata[base + 2u * j + 1u]) * d;
+#elif defined(WTYPE_Q4_0)
+    float d = half_scale(blk);
+    uint w = wdata[base + j];
+    lo = (vec4(uvec4(w, w >> 8, w >> 16, w >> 24) & 0xfu) - 8.0) * d;
+    hi = (vec4(uvec4(w >> 4, w >> 12, w >> 20, w >> 28) & 0xfu) - 8.0) * d;
+#elif defined(WTYPE_Q4_1)
+    vec2 dm = unpackHalf2x16(wdata[pc.scale_off + blk]);
+    uint w = wdata[base + j];
+    lo = vec4(uvec4(w, w >> 8, w >> 16, w >> 24) & 0xfu) * dm.x + dm.y;
+    hi = vec4(uvec4(w >> 4, w >> 12, w >> 20, w >> 28) & 0xfu) * dm.x + dm.y;
+#endif
+}
+
+#endif
