@@ -81,6 +81,14 @@ static int type_error(lua_State *L, int arg, const char *name, const char *expec
     return luaL_argerror(L, arg, lua_pushfstring(L, "%s: %s expected, got %s", name, expected, luaL_typename(L, arg)));
 }
 
+/* Integers only: unlike lua_tointegerx, strings such as "2" are refused (an id passed as text is
+ * almost always a bug in the caller). Floats with an integral value are accepted. */
+static lua_Integer to_integer(lua_State *L, int idx, int *isint) {
+    *isint = 0;
+    if (lua_type(L, idx) != LUA_TNUMBER) return 0;
+    return lua_tointegerx(L, idx, isint);
+}
+
 /* ---- options tables --------------------------------------------------------------------- */
 
 /* Rejects keys that are not options, so a typo ("temprature") is an error and not a silent
@@ -121,7 +129,7 @@ static lua_Integer opt_integer(lua_State *L, int arg, const char *key, lua_Integ
     lua_Integer v = def;
     if (get_option(L, arg, key) != LUA_TNIL) {
         int isint = 0;
-        v = lua_tointegerx(L, -1, &isint);
+        v = to_integer(L, -1, &isint);
         if (!isint)
             option_error(L, arg, key, lua_pushfstring(L, "integer expected, got %s", luaL_typename(L, -1)));
         if (v < lo || v > hi)
@@ -212,7 +220,7 @@ static kvgen_model_info model_info(const kvgen_model *model) {
 
 static int32_t check_token(lua_State *L, int arg, const char *name, const kvgen_model *model) {
     int isint = 0;
-    lua_Integer id = lua_tointegerx(L, arg, &isint);
+    lua_Integer id = to_integer(L, arg, &isint);
     if (!isint) type_error(L, arg, name, "integer token id");
     int n_vocab = model_info(model).n_vocab;
     if (id < 0 || id >= n_vocab)
@@ -232,7 +240,7 @@ static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_m
     for (lua_Unsigned i = 0; i < len; i++) {
         int isint = 0;
         lua_rawgeti(L, arg, (lua_Integer)(i + 1));
-        lua_Integer id = lua_tointegerx(L, -1, &isint);
+        lua_Integer id = to_integer(L, -1, &isint);
         if (!isint)
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
@@ -301,7 +309,7 @@ static int l_load(lua_State *L) {
     desc.backend = (kvgen_backend)opt_choice(L, 2, "backend", KVGEN_BACKEND_DEFAULT, backend_names);
     if (get_option(L, 2, "device") == LUA_TNUMBER) {
         int isint = 0;
-        lua_Integer d = lua_tointegerx(L, -1, &isint);
+        lua_Integer d = to_integer(L, -1, &isint);
         if (!isint || d < 0) option_error(L, 2, "device", "a device index must be an integer >= 0");
         lua_tostring(L, -1); /* the index as text, as kvgen_model_desc wants it; kept on the stack */
         desc.device = lua_tostring(L, -1);
@@ -753,7 +761,7 @@ static int session_read_cache(lua_State *L) {
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
     int isint = 0;
-    lua_Integer layer = lua_tointegerx(L, 2, &isint);
+    lua_Integer layer = to_integer(L, 2, &isint);
     if (!isint) type_error(L, 2, "layer", "integer");
     luaL_argcheck(L, layer >= 0 && layer < ci.n_layer, 2,
                   lua_pushfstring(L, "layer: %I is out of range [0, %d)", (LUAI_UACINT)layer, ci.n_layer));

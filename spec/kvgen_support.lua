@@ -1,0 +1,90 @@
+-- Shared by the specs: where the module and tools are, random test models, the default model.
+local support = {}
+
+support.build = os.getenv("KVGEN_BUILD")
+if not support.build or support.build == "" then support.build = "build" end
+
+local kvgen = require("kvgen")
+support.kvgen = kvgen
+
+local function exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+support.exists = exists
+
+-- The default model (specs that use it are tagged #model).
+function support.model_path()
+  local p = os.getenv("KVGEN_MODEL")
+  if not p or p == "" then p = "models/SmolLM2-135M-Instruct.Q4_1.gguf" end
+  return p
+end
+
+local tmpfiles = {}
+
+-- A fresh temporary path; removed by support.cleanup().
+function support.tmpname(suffix)
+  local p = os.tmpname()
+  os.remove(p)
+  p = p .. (suffix or "")
+  tmpfiles[#tmpfiles + 1] = p
+  return p
+end
+
+function support.cleanup()
+  for _, p in ipairs(tmpfiles) do os.remove(p) end
+  tmpfiles = {}
+end
+
+-- Writes a random llama GGUF (synthetic vocabulary) with kvgen-mkmodel and returns its path.
+-- Extra arguments go to kvgen-mkmodel; one file per distinct argument list per spec file.
+local made = {}
+function support.random_model_path(extra)
+  extra = extra or ""
+  if made[extra] then return made[extra] end
+  local path = support.tmpname(".gguf")
+  local cmd = string.format("%s/kvgen-mkmodel -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 %s",
+    support.build, path, extra)
+  local ok = os.execute(cmd .. " >/dev/null 2>&1")
+  assert(ok, "could not run " .. cmd)
+  made[extra] = path
+  return path
+end
+
+-- A random model on the reference backend.
+function support.random_model(opts)
+  local o = { backend = "reference" }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return kvgen.load(support.random_model_path(), o)
+end
+
+-- The default model, loaded once per spec file.
+local default_model
+function support.default_model()
+  if not default_model then
+    default_model = kvgen.load(support.model_path(), { backend = "reference" })
+  end
+  return default_model
+end
+
+-- Calls f and returns the error message it raises (fails when it does not raise).
+function support.error_of(f, ...)
+  local ok, err = pcall(f, ...)
+  assert(not ok, "expected an error")
+  return tostring(err)
+end
+
+-- Greedy continuation of `ids` by `n` tokens with decode (returns the new ids).
+function support.greedy(session, prompt, n)
+  session:prefill(prompt)
+  local out = {}
+  local t = session:sample()
+  for i = 1, n do
+    out[i] = t
+    if i < n then t = session:decode(t) end
+  end
+  return out
+end
+
+return support
