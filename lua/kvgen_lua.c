@@ -797,9 +797,54 @@ static int l_type(lua_State *L) {
     return 1;
 }
 
-/* kvgen.devices() -> list of devices kvgen can run on; empty until the C API lists them */
+/* kvgen.devices() -> list of the Vulkan devices kvgen can run on (empty without a driver, and
+ * in builds without the Vulkan backend, which have no kvgen_devices) */
 static int l_devices(lua_State *L) {
+#if KVGEN_LUA_HAVE_DEVICES
+    kvgen_error err = {0};
+    int count = 0;
+    if (kvgen_devices(NULL, 0, &count, &err) != KVGEN_OK) return raise_status(L, &err);
+    kvgen_device_info *dev = lua_newuserdatauv(L, (size_t)(count > 0 ? count : 1) * sizeof *dev, 0);
+    if (count > 0 && kvgen_devices(dev, count, &count, &err) != KVGEN_OK) return raise_status(L, &err);
+    lua_createtable(L, count, 0);
+    for (int i = 0; i < count; i++) {
+        const kvgen_device_info *d = &dev[i];
+        lua_createtable(L, 0, 17);
+#define SET_INT(field, v)                                                                                              \
+    lua_pushinteger(L, (lua_Integer)(v));                                                                              \
+    lua_setfield(L, -2, field)
+#define SET_BOOL(field, v)                                                                                             \
+    lua_pushboolean(L, (v) != 0);                                                                                      \
+    lua_setfield(L, -2, field)
+        SET_INT("index", d->index);
+        lua_pushstring(L, d->name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, d->type ? d->type : "other");
+        lua_setfield(L, -2, "type");
+        SET_INT("vendor_id", d->vendor_id);
+        SET_INT("device_id", d->device_id);
+        /* VK_MAKE_API_VERSION packing: variant 3 bits, major 7, minor 10, patch 12 */
+        lua_pushfstring(L, "%d.%d.%d", (int)((d->api_version >> 22) & 0x7f), (int)((d->api_version >> 12) & 0x3ff),
+                        (int)(d->api_version & 0xfff));
+        lua_setfield(L, -2, "api_version");
+        SET_INT("device_local_bytes", d->device_local_bytes);
+        SET_BOOL("host_visible_device_local", d->host_visible_device_local);
+        SET_BOOL("shader_float16", d->shader_float16);
+        SET_BOOL("storage_16bit", d->storage_16bit);
+        SET_BOOL("storage_8bit", d->storage_8bit);
+        SET_INT("subgroup_size", d->subgroup_size);
+        SET_BOOL("subgroup_arithmetic", d->subgroup_arithmetic);
+        SET_INT("max_shared_memory", d->max_shared_memory);
+        SET_INT("max_storage_buffer_range", d->max_storage_buffer_range);
+        SET_INT("max_allocation_size", d->max_allocation_size);
+        SET_BOOL("default", d->is_default);
+#undef SET_INT
+#undef SET_BOOL
+        lua_rawseti(L, -2, i + 1);
+    }
+#else
     lua_newtable(L);
+#endif
     return 1;
 }
 
