@@ -1,6 +1,6 @@
-/* api.c: the public model and session calls of kvgen.h: argument checks, backend choice,
- * reference counting, and the session's bookkeeping (tokens, logits, context limit, sampler)
- * around a backend's forward pass. The tokenizer calls live in tokenizer.c / detok.c. */
+/* api.c: the public model calls of kvgen.h: argument checks, backend choice, the KV page
+ * pool's creation and reference counting. Sessions live in session.c, the tokenizer calls in
+ * tokenizer.c / detok.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdarg.h>
@@ -10,28 +10,13 @@
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_sampler.h"
-
-/* Sessions beyond this many positions are refused: it keeps every size computation far
- * from overflow and catches a garbage n_ctx before it asks for terabytes. */
-#define KVG_MAX_CTX (1 << 20)
-#define KVG_DEFAULT_CTX 4096
-
-struct kvgen_session {
-    kvgen_model *model; /* holds one reference */
-    kvg_backend_session *bs;
-    int n_ctx;
-    bool no_cache;
-    int32_t *tokens; /* n_ctx entries; the first n_tokens are in the cache */
-    size_t n_tokens;
-    float *logits; /* n_vocab */
-    bool has_logits;
-    kvg_sampler sampler;
-};
+#include "kvg_session.h"
 
 /* ---- models ----------------------------------------------------------------------------- */
 
 static void model_free(kvgen_model *m) {
     if (!m) return;
+    kvg_pool_destroy(m->pool);
     if (m->ops && m->backend) m->ops->model_free(m);
     kvg_tokenizer_free(m->tok);
     kvg_weights_free(&m->w);
@@ -39,8 +24,6 @@ static void model_free(kvgen_model *m) {
     free(m->name);
     free(m);
 }
-
-static void model_retain(kvgen_model *m) { __atomic_add_fetch(&m->refcount, 1, __ATOMIC_RELAXED); }
 
 static void model_release(kvgen_model *m) {
     if (m && __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL) == 0) model_free(m);
@@ -132,6 +115,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
         if (!m->name) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
     }
     if (st == KVGEN_OK) st = init_backend(m, desc, err);
+    if (st == KVGEN_OK) st = kvg_model_pool_init(m, desc, err);
     if (st != KVGEN_OK) {
         model_free(m);
         return st;
@@ -267,167 +251,4 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     tb_printf(&tb, "weight bytes:    %llu (%.2f MiB)\n", (unsigned long long)info.weight_bytes,
               (double)info.weight_bytes / (1024.0 * 1024.0));
     return tb.len;
-}
-
-/* ---- sessions --------------------------------------------------------------------------- */
-
-kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
-                                  kvgen_error *err) {
-    if (out) *out = NULL;
-    if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: model is NULL");
-    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: out is NULL");
-    kvgen_session_desc d = {0};
-    if (desc) d = *desc;
-    const kvg_hparams *hp = &model->w.hp;
-    if (d.n_ctx < 0 || d.n_ctx > KVG_MAX_CTX)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: n_ctx %d is outside [0, %d]", d.n_ctx,
-                        KVG_MAX_CTX);
-    if (d.top_k < 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: top_k %d is negative (0 turns it off)",
-                        d.top_k);
-    if (isnan(d.temperature) || isnan(d.top_p) || d.top_p < 0.0f)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                        "kvgen_session_create: temperature %g / top_p %g must be numbers, top_p >= 0",
-                        (double)d.temperature, (double)d.top_p);
-    int n_ctx = d.n_ctx;
-    if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
-
-    kvgen_session *s = calloc(1, sizeof *s);
-    if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    s->model = model;
-    s->n_ctx = n_ctx;
-    s->no_cache = d.no_cache != 0;
-    s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
-    s->logits = malloc((size_t)hp->n_vocab * sizeof *s->logits);
-    kvgen_status st = KVGEN_OK;
-    if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    kvg_sampler_params sp = {.seed = d.seed, .temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p};
-    if (st == KVGEN_OK) st = kvg_sampler_init(&s->sampler, &sp, hp->n_vocab, err);
-    if (st == KVGEN_OK) st = model->ops->session_init(model, n_ctx, &s->bs, err);
-    if (st != KVGEN_OK) {
-        kvg_sampler_free(&s->sampler);
-        free(s->tokens);
-        free(s->logits);
-        free(s);
-        return st;
-    }
-    model_retain(model);
-    *out = s;
-    return KVGEN_OK;
-}
-
-void kvgen_session_close(kvgen_session *s) {
-    if (!s) return;
-    s->model->ops->session_free(s->model, s->bs);
-    kvg_sampler_free(&s->sampler);
-    free(s->tokens);
-    free(s->logits);
-    kvgen_model *m = s->model;
-    free(s);
-    model_release(m);
-}
-
-/* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
- * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
-kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
-                                   kvgen_error *err) {
-    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
-    if (n == 0) return KVGEN_OK;
-    if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
-    kvgen_model *m = s->model;
-    int n_vocab = m->w.hp.n_vocab;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= n_vocab)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
-                            (int)tokens[i], n_vocab);
-    if (n > (size_t)s->n_ctx - s->n_tokens)
-        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot append %zu more tokens",
-                        s->n_tokens, s->n_ctx, n);
-
-    size_t len = s->n_tokens;
-    size_t V = (size_t)n_vocab;
-    kvgen_status st;
-    /* the new ids go after the cached ones, but count only once the forward pass succeeds */
-    memcpy(s->tokens + len, tokens, n * sizeof *tokens);
-    if (!s->no_cache) {
-        st = m->ops->forward(m, s->bs, tokens, (int)n, (int)len, all_logits ? all_logits : s->logits,
-                             all_logits != NULL, err);
-        if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
-    } else if (!all_logits) {
-        st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, s->logits, false, err);
-    } else {
-        float *every = malloc((len + n) * V * sizeof(float));
-        if (!every) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
-        st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, every, true, err);
-        if (st == KVGEN_OK) {
-            memcpy(all_logits, every + len * V, n * V * sizeof(float));
-            memcpy(s->logits, every + (len + n - 1) * V, V * sizeof(float));
-        }
-        free(every);
-    }
-    if (st != KVGEN_OK) {
-        s->has_logits = false; /* a failed pass may have written part of them */
-        return st;
-    }
-    s->n_tokens = len + n;
-    s->has_logits = true;
-    return KVGEN_OK;
-}
-
-kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
-    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
-    return kvgen_session_prefill(s, &token, 1, NULL, err);
-}
-
-const float *kvgen_session_logits(const kvgen_session *s) { return s && s->has_logits ? s->logits : NULL; }
-
-int32_t kvgen_session_sample(kvgen_session *s) {
-    if (!s || !s->has_logits) return -1;
-    return kvg_sampler_sample(&s->sampler, s->logits);
-}
-
-size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0; }
-
-const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->tokens : NULL; }
-
-void kvgen_session_reset(kvgen_session *s) {
-    if (!s) return;
-    /* the backend's cache needs no clearing: positions past the length are never read */
-    s->n_tokens = 0;
-    s->has_logits = false;
-    kvg_sampler_reset(&s->sampler);
-}
-
-void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
-    if (!info) return;
-    memset(info, 0, sizeof *info);
-    if (!s) return;
-    const kvg_hparams *hp = &s->model->w.hp;
-    info->n_layer = hp->n_layer;
-    info->n_head_kv = hp->n_head_kv;
-    info->head_dim = hp->head_dim;
-    info->length = s->n_tokens;
-    info->capacity = (size_t)s->n_ctx;
-    info->bytes_per_token = s->model->ops->cache_bytes_per_token(s->model);
-    info->bytes = info->length * info->bytes_per_token;
-}
-
-kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int which, float *out, size_t n_floats,
-                                      kvgen_error *err) {
-    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
-    const kvg_hparams *hp = &s->model->w.hp;
-    if (layer < 0 || layer >= hp->n_layer)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: layer %d is outside [0, %d)", layer,
-                        hp->n_layer);
-    if (which != 0 && which != 1)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: which %d must be 0 (K) or 1 (V)",
-                        which);
-    size_t need = (size_t)hp->n_head_kv * s->n_tokens * (size_t)hp->head_dim;
-    if (n_floats < need)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                        "kvgen_session_read_cache: out holds %zu floats, the cache needs %zu (%d x %zu x %d)",
-                        n_floats, need, hp->n_head_kv, s->n_tokens, hp->head_dim);
-    if (need == 0) return KVGEN_OK;
-    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: out is NULL");
-    return s->model->ops->read_cache(s->model, s->bs, layer, which, (int)s->n_tokens, out, err);
 }

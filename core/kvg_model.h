@@ -59,6 +59,33 @@ typedef struct kvg_backend_ops {
     kvgen_status (*read_cache)(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
                                kvgen_error *err);
     size_t (*cache_bytes_per_token)(const kvgen_model *m);
+
+    /* ---- paged KV cache (optional) ----
+     * A backend that leaves any of these NULL keeps one contiguous cache per session (the ops
+     * above) and api.c emulates fork, shift and restore by recomputation. With them, and unless
+     * the model was loaded with kv_contiguous, session_init allocates no cache: K/V live in the
+     * model's page pool (kvg_pool.h). A page table `pages` maps position p to page
+     * pages[p / page_size], slot p % page_size; every page it names for the positions a call
+     * writes is held by that session alone. */
+    /* pool size when the load asked for none (e.g. a share of free device memory) */
+    size_t (*kv_default_pool_bytes)(const kvgen_model *m);
+    /* reserves the page table of storage for n_pages pages of page_size tokens (no storage yet) */
+    kvgen_status (*kv_pages_init)(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
+    /* gives one page its storage; called once per page, the first time the pool hands it out */
+    kvgen_status (*kv_page_commit)(kvgen_model *m, int32_t page, kvgen_error *err);
+    /* as forward, with K/V read and written through the page table */
+    kvgen_status (*forward_paged)(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                  const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
+                                  kvgen_error *err);
+    /* copies K/V of positions [src_pos, src_pos+n) of one table to [dst_pos, ..) of another (or
+     * the same, dst_pos <= src_pos), re-rotating K by rope_delta positions (0: plain copy) */
+    kvgen_status (*kv_copy)(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                            int dst_pos, int n, int rope_delta, kvgen_error *err);
+    /* one layer's K (which=0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim) */
+    kvgen_status (*kv_read)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n, float *out,
+                            kvgen_error *err);
+    kvgen_status (*kv_write)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                             const float *in, kvgen_error *err);
 } kvg_backend_ops;
 
 extern const kvg_backend_ops kvg_reference_backend;
@@ -74,6 +101,8 @@ struct kvgen_model {
     char *name;
     char device_name[256];
     int n_threads;
+    struct kvg_pool *pool; /* the KV page pool; NULL: contiguous per-session caches */
+    int n_sessions;        /* open sessions (atomic) */
 };
 
 /* error helper: formats into err (when not NULL) and returns status */

@@ -11,8 +11,14 @@
  * Decode runs the very same code with a block of one, so a token's logits are bit-identical
  * whether it came through prefill, decode or a no-cache recomputation.
  *
+ * The KV cache lives either in the model's page pool (the default: a session holds a page
+ * table, and page p of the pool stores per layer K then V as [Hkv][page_size][hd]) or, for
+ * models loaded with kv_contiguous, in one per-session array per layer [Hkv][C][hd]. Both are
+ * reached through kv_at(), so the forward pass reads the same either way.
+ *
  * Shapes in comments: n = tokens in the current block, D = n_embd, F = n_ff, H = n_head,
- * Hkv = n_head_kv, hd = head_dim, V = n_vocab, C = the session's context capacity.
+ * Hkv = n_head_kv, hd = head_dim, V = n_vocab, C = the session's context capacity,
+ * P = page size, L = n_layer.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -205,7 +211,21 @@ typedef struct ref_model {
     float *attn_norm; /* [n_layer][D] */
     float *ffn_norm;  /* [n_layer][D] */
     float *out_norm;  /* [D] */
+    /* the page pool's storage: page i is pages[i], [L][2][Hkv][P][hd] f32, NULL until committed */
+    bool paged;
+    int page_size;
+    int32_t n_pages;
+    float **pages;
 } ref_model;
+
+/* Where a session's K/V live: a page table into the model's pages, or one contiguous cache. */
+typedef struct ref_kv {
+    float *const *page_data; /* the model's pages */
+    const int32_t *pages;    /* the session's page table; NULL: contiguous */
+    int page_size;
+    float *k_cache, *v_cache; /* contiguous: per layer [Hkv][C][hd] */
+    int n_ctx;
+} ref_kv;
 
 struct kvg_backend_session {
     int n_ctx; /* C: positions the cache holds */
@@ -228,6 +248,19 @@ struct kvg_backend_session {
 
 static size_t layer_cache_floats(const kvg_hparams *hp, int n_ctx) {
     return (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim;
+}
+
+/* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
+static float *kv_at(const ref_kv *kv, const kvg_hparams *hp, int layer, int which, int h, int pos) {
+    size_t hd = (size_t)hp->head_dim, Hkv = (size_t)hp->n_head_kv;
+    if (!kv->pages) {
+        float *cache = which == 0 ? kv->k_cache : kv->v_cache;
+        return cache + (size_t)layer * layer_cache_floats(hp, kv->n_ctx) + ((size_t)h * kv->n_ctx + (size_t)pos) * hd;
+    }
+    size_t P = (size_t)kv->page_size;
+    float *page = kv->page_data[kv->pages[pos / kv->page_size]];
+    /* page: [L][2][Hkv][P][hd] */
+    return page + ((((size_t)layer * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % kv->page_size)) * hd;
 }
 
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
@@ -297,6 +330,8 @@ static void ref_model_free(kvgen_model *m) {
     ref_model *rm = m->backend;
     if (!rm) return;
     pool_stop(&rm->pool);
+    for (int32_t i = 0; rm->pages && i < rm->n_pages; i++) free(rm->pages[i]);
+    free(rm->pages);
     free(rm->attn_norm);
     free(rm->ffn_norm);
     free(rm->out_norm);
@@ -330,12 +365,13 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
     s->n_ctx = n_ctx;
     s->n_threads = rm->pool.n_threads;
-    size_t cache = (size_t)hp->n_layer * layer_cache_floats(hp, n_ctx);
+    /* paged models keep K/V in the model's pages; only a contiguous model reserves a cache here */
+    size_t cache = rm->paged ? 0 : (size_t)hp->n_layer * layer_cache_floats(hp, n_ctx);
     size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
     /* calloc: untouched cache pages of a large context are never made resident */
-    s->k_cache = calloc(cache, sizeof(float));
-    s->v_cache = calloc(cache, sizeof(float));
+    s->k_cache = cache ? calloc(cache, sizeof(float)) : NULL;
+    s->v_cache = cache ? calloc(cache, sizeof(float)) : NULL;
     s->x = malloc(B * D * sizeof(float));
     s->xb = malloc(B * D * sizeof(float));
     s->q = malloc(B * qd * sizeof(float));
@@ -348,7 +384,7 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->row_stride = D > F ? D : F;
     if (qd > s->row_stride) s->row_stride = qd;
     s->row_f32 = malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
+    if ((cache && (!s->k_cache || !s->v_cache)) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
         !s->scores || !s->row_f32) {
         ref_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token KV cache (%zu MiB)",
@@ -430,14 +466,14 @@ static void matmul(ref_pool *pool, kvg_backend_session *s, const float *in, int 
 typedef struct attention_job {
     kvg_backend_session *s;
     const kvg_hparams *hp;
-    const float *k_layer, *v_layer; /* [Hkv][C][hd] */
-    int pos0, n;
+    const ref_kv *kv;
+    int layer, pos0, n;
 } attention_job;
 
 static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
-    int hd = hp->head_dim, C = j->s->n_ctx, group = hp->n_head / hp->n_head_kv;
+    int hd = hp->head_dim, C = j->s->n_ctx, group = hp->n_head / hp->n_head_kv, l = j->layer;
     float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->s->scores + (size_t)tid * C;
     for (int item = begin; item < end; item++) {
@@ -445,10 +481,8 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int pos = j->pos0 + t; /* attends to positions [0, pos] */
         int kvh = h / group;
         const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
-        const float *K = j->k_layer + (size_t)kvh * C * hd; /* [C][hd] */
-        const float *V = j->v_layer + (size_t)kvh * C * hd;
         for (int p = 0; p <= pos; p++) {
-            const float *k = K + (size_t)p * hd;
+            const float *k = kv_at(j->kv, hp, l, 0, kvh, p);
             float dot = 0.0f;
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
             scores[p] = dot * scale;
@@ -457,7 +491,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int p = 0; p <= pos; p++) {
-            const float *v = V + (size_t)p * hd;
+            const float *v = kv_at(j->kv, hp, l, 1, kvh, p);
             float a = scores[p];
             for (int i = 0; i < hd; i++) o[i] += a * v[i];
         }
@@ -468,11 +502,12 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
 
 /* Runs one block of n <= REF_BLOCK tokens at positions pos0.. through every layer, leaving the
  * final residual stream in s->x and their K/V in the cache. */
-static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0) {
+static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_kv *kv, const int32_t *tokens, int n,
+                          int pos0) {
     const kvg_hparams *hp = &m->w.hp;
     ref_model *rm = m->backend;
     int D = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
-    int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd, C = s->n_ctx;
+    int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
 
     /* embedding: x[t] = row tokens[t] of tok_embd, dequantized          x: [n][D] */
     const kvg_tensor *emb = m->w.tok_embd;
@@ -483,8 +518,6 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t 
 
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
-        float *k_layer = s->k_cache + (size_t)l * layer_cache_floats(hp, C); /* [Hkv][C][hd] */
-        float *v_layer = s->v_cache + (size_t)l * layer_cache_floats(hp, C);
 
         /* attention sublayer: xb = rmsnorm(x) * attn_norm                xb: [n][D] */
         for (int t = 0; t < n; t++)
@@ -503,14 +536,13 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const int32_t 
             for (int h = 0; h < hp->n_head_kv; h++) {
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
                 kvg_ref_rope(k, hp->n_rot, pos, hp->rope_freq_base);
-                size_t at = ((size_t)h * C + (size_t)pos) * hd;
-                memcpy(k_layer + at, k, (size_t)hd * sizeof(float));
-                memcpy(v_layer + at, s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+                memcpy(kv_at(kv, hp, l, 0, h, pos), k, (size_t)hd * sizeof(float));
+                memcpy(kv_at(kv, hp, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
         }
 
         /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos0+t]    att: [n][H*hd] */
-        attention_job aj = {.s = s, .hp = hp, .k_layer = k_layer, .v_layer = v_layer, .pos0 = pos0, .n = n};
+        attention_job aj = {.s = s, .hp = hp, .kv = kv, .layer = l, .pos0 = pos0, .n = n};
         pool_run(&rm->pool, n * hp->n_head, attention_heads, &aj);
 
         /* x += att Wo                                                      xb: [n][D] */
@@ -546,8 +578,8 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     matmul(&rm->pool, s, s->xb, D, count, 1, out);
 }
 
-static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                                float *logits, bool all_logits, kvgen_error *err) {
+static kvgen_status run_forward(kvgen_model *m, kvg_backend_session *s, const ref_kv *kv, const int32_t *tokens,
+                                int n, int pos0, float *logits, bool all_logits, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: %d tokens at position %d do not fit %d", n,
@@ -558,7 +590,7 @@ static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const in
                             tokens[t], hp->n_vocab);
     for (int done = 0; done < n; done += REF_BLOCK) {
         int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
-        forward_block(m, s, tokens + done, nb, pos0 + done);
+        forward_block(m, s, kv, tokens + done, nb, pos0 + done);
         if (all_logits)
             compute_logits(m, s, 0, nb, logits + (size_t)done * hp->n_vocab);
         else if (done + nb == n)
@@ -567,12 +599,33 @@ static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const in
     return KVGEN_OK;
 }
 
+static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                                float *logits, bool all_logits, kvgen_error *err) {
+    if (!s->k_cache)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: contiguous forward on a paged model");
+    ref_kv kv = {.k_cache = s->k_cache, .v_cache = s->v_cache, .n_ctx = s->n_ctx};
+    return run_forward(m, s, &kv, tokens, n, pos0, logits, all_logits, err);
+}
+
+static ref_kv paged_kv(const kvgen_model *m, const int32_t *pages) {
+    const ref_model *rm = m->backend;
+    return (ref_kv){.page_data = rm->pages, .pages = pages, .page_size = rm->page_size};
+}
+
+static kvgen_status ref_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                      const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
+                                      kvgen_error *err) {
+    ref_kv kv = paged_kv(m, pages);
+    return run_forward(m, s, &kv, tokens, n, pos0, logits, all_logits, err);
+}
+
 static kvgen_status ref_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len,
                                    float *out, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     if (layer < 0 || layer >= hp->n_layer || (which != 0 && which != 1) || len < 0 || len > s->n_ctx)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: bad cache read (layer %d, which %d, len %d)",
                         layer, which, len);
+    if (!s->k_cache) return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: contiguous read on a paged model");
     const float *src = (which == 0 ? s->k_cache : s->v_cache) + (size_t)layer * layer_cache_floats(hp, s->n_ctx);
     size_t row = (size_t)len * hp->head_dim;
     for (int h = 0; h < hp->n_head_kv; h++)
@@ -585,6 +638,87 @@ static size_t ref_cache_bytes_per_token(const kvgen_model *m) {
     return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
 }
 
+/* ---- the page pool's storage -------------------------------------------------------------- */
+
+/* A share of RAM that leaves room for the weights, the host program and other processes. */
+static size_t ref_default_pool_bytes(const kvgen_model *m) {
+    const kvg_hparams *hp = &m->w.hp;
+    size_t ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
+    size_t want = 16 * ctx * ref_cache_bytes_per_token(m);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+        size_t quarter = (size_t)pages / 4 * (size_t)page;
+        if (want > quarter) want = quarter;
+    }
+    return want;
+}
+
+static kvgen_status ref_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+    ref_model *rm = m->backend;
+    rm->pages = calloc((size_t)n_pages, sizeof *rm->pages);
+    if (!rm->pages) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for %d pages", (int)n_pages);
+    rm->paged = true;
+    rm->page_size = page_size;
+    rm->n_pages = n_pages;
+    return KVGEN_OK;
+}
+
+static kvgen_status ref_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+    ref_model *rm = m->backend;
+    size_t bytes = (size_t)rm->page_size * ref_cache_bytes_per_token(m);
+    if (page < 0 || page >= rm->n_pages)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: page %d outside the pool", (int)page);
+    if (!rm->pages[page]) rm->pages[page] = malloc(bytes);
+    if (!rm->pages[page])
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of host memory for a KV page (%zu bytes)",
+                        bytes);
+    return KVGEN_OK;
+}
+
+/* Moves token slots ascending, so a move towards the start of one table never reads a slot it
+ * has already overwritten. Re-rotating K by delta is RoPE's addition law: rotating by pos then
+ * by delta is rotating by pos + delta, up to rounding. */
+static kvgen_status ref_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                                int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    (void)err;
+    const kvg_hparams *hp = &m->w.hp;
+    ref_kv src = paged_kv(m, src_pages), dst = paged_kv(m, dst_pages);
+    size_t bytes = (size_t)hp->head_dim * sizeof(float);
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int h = 0; h < hp->n_head_kv; h++)
+            for (int i = 0; i < n; i++) {
+                float *k = kv_at(&dst, hp, l, 0, h, dst_pos + i);
+                memmove(k, kv_at(&src, hp, l, 0, h, src_pos + i), bytes);
+                memmove(kv_at(&dst, hp, l, 1, h, dst_pos + i), kv_at(&src, hp, l, 1, h, src_pos + i), bytes);
+                if (rope_delta != 0) kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
+            }
+    return KVGEN_OK;
+}
+
+static kvgen_status ref_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *out, kvgen_error *err) {
+    (void)err;
+    const kvg_hparams *hp = &m->w.hp;
+    ref_kv kv = paged_kv(m, pages);
+    size_t hd = (size_t)hp->head_dim;
+    for (int h = 0; h < hp->n_head_kv; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(out + ((size_t)h * n + i) * hd, kv_at(&kv, hp, layer, which, h, pos0 + i), hd * sizeof(float));
+    return KVGEN_OK;
+}
+
+static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                 const float *in, kvgen_error *err) {
+    (void)err;
+    const kvg_hparams *hp = &m->w.hp;
+    ref_kv kv = paged_kv(m, pages);
+    size_t hd = (size_t)hp->head_dim;
+    for (int h = 0; h < hp->n_head_kv; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(kv_at(&kv, hp, layer, which, h, pos0 + i), in + ((size_t)h * n + i) * hd, hd * sizeof(float));
+    return KVGEN_OK;
+}
+
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
     .model_init = ref_model_init,
@@ -594,4 +728,11 @@ const kvg_backend_ops kvg_reference_backend = {
     .forward = ref_forward,
     .read_cache = ref_read_cache,
     .cache_bytes_per_token = ref_cache_bytes_per_token,
+    .kv_default_pool_bytes = ref_default_pool_bytes,
+    .kv_pages_init = ref_kv_pages_init,
+    .kv_page_commit = ref_kv_page_commit,
+    .forward_paged = ref_forward_paged,
+    .kv_copy = ref_kv_copy,
+    .kv_read = ref_kv_read,
+    .kv_write = ref_kv_write,
 };

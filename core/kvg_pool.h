@@ -1,0 +1,64 @@
+/* kvg_pool.h: the model's pool of fixed-size KV pages (private).
+ *
+ * The pool only does bookkeeping; the K/V storage of a page belongs to the backend, which the
+ * pool asks to commit a page the first time it is handed out. A page id is an index in
+ * [0, n_pages). Every page is in exactly one state:
+ *   untouched  never handed out, no storage yet;
+ *   free       storage committed, held by nobody;
+ *   used       held by refcount >= 1 session page tables (copy-on-write when > 1);
+ *   cached     held by nobody but published in the prefix cache: its tokens and the hash chain
+ *              of its parents are known, so a new session with the same prefix takes it back
+ *              instead of recomputing. Cached pages are reclaimed least recently released first.
+ * A published page is immutable: a session that wants to write into one it holds alone
+ * claims it (kvg_pool_claim), which withdraws it from the prefix cache first.
+ *
+ * Thread safety: every call takes the pool's mutex, so sessions of one model may run on
+ * different threads. Page contents are written only by the one session that holds the page
+ * alone, so they need no lock. */
+#ifndef KVG_POOL_H
+#define KVG_POOL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvgen.h"
+
+typedef struct kvg_pool kvg_pool;
+
+/* Gives page `page` its storage; called under the pool's lock, once per page. */
+typedef kvgen_status (*kvg_page_commit_fn)(void *ctx, int32_t page, kvgen_error *err);
+
+kvgen_status kvg_pool_create(int page_size, int32_t n_pages, size_t bytes_per_page, kvg_page_commit_fn commit,
+                             void *commit_ctx, kvg_pool **out, kvgen_error *err);
+void kvg_pool_destroy(kvg_pool *p);
+
+int kvg_pool_page_size(const kvg_pool *p);
+size_t kvg_pool_bytes_per_page(const kvg_pool *p);
+
+/* A page with refcount 1 (free first, then untouched, then the least recently cached one).
+ * KVGEN_E_POOL_FULL when every page is used; KVGEN_E_NO_MEMORY when committing storage failed. */
+kvgen_status kvg_pool_alloc(kvg_pool *p, int32_t *page, kvgen_error *err);
+void kvg_pool_retain(kvg_pool *p, int32_t page);
+/* Drops one reference; at zero the page becomes cached when published, else free. */
+void kvg_pool_release(kvg_pool *p, int32_t page);
+int kvg_pool_refcount(kvg_pool *p, int32_t page);
+/* True when the caller, holding one reference, may write into the page in place: nobody else
+ * holds it. It is withdrawn from the prefix cache in the same step, so no session can take it
+ * between the check and the write. False: copy it to a fresh page first. */
+bool kvg_pool_claim(kvg_pool *p, int32_t page);
+
+/* Prefix cache, keyed vLLM style: hash(parent's hash, the page's tokens). The first page's
+ * parent hash is KVG_PAGE_HASH_ROOT. */
+#define KVG_PAGE_HASH_ROOT 0x6b76676e2d6b7631ull /* "kvgn-kv1" */
+uint64_t kvg_page_hash(uint64_t parent, const int32_t *tokens, int n);
+/* A full page with these exact tokens under this parent, with one more reference; -1: none. */
+int32_t kvg_pool_lookup(kvg_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens);
+/* Offers a full page the caller holds to other sessions. No-op when an equal page is already
+ * published (two sessions computed the same prefix independently: the first one stays). */
+void kvg_pool_publish(kvg_pool *p, int32_t page, uint64_t hash, uint64_t parent, const int32_t *tokens);
+
+typedef struct kvg_pool_stats {
+    int32_t total, used, free, cached, committed;
+} kvg_pool_stats;
+void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st);
+
+#endif

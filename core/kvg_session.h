@@ -1,0 +1,63 @@
+/* kvg_session.h: a session's state, shared by session.c (the public session calls),
+ * session_file.c (save/restore) and the generation code (private). */
+#ifndef KVG_SESSION_H
+#define KVG_SESSION_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvg_model.h"
+#include "kvg_pool.h"
+#include "kvg_sampler.h"
+
+/* Sessions beyond this many positions are refused: it keeps every size computation far
+ * from overflow and catches a garbage n_ctx before it asks for terabytes. */
+#define KVG_MAX_CTX (1 << 20)
+#define KVG_DEFAULT_CTX 4096
+/* "every position is a fresh computation" (see clean_len) */
+#define KVG_CLEAN_ALL SIZE_MAX
+
+struct kvgen_session {
+    kvgen_model *model; /* holds one reference */
+    kvg_backend_session *bs;
+    int n_ctx;
+    bool no_cache;
+    kvgen_on_full on_full;
+    int keep;          /* shift: tokens never dropped */
+    bool prefix_reuse; /* take and offer pages through the pool's prefix cache */
+    int32_t *tokens;   /* n_ctx entries; the first n_tokens are in the cache */
+    size_t n_tokens;
+    float *logits; /* n_vocab */
+    bool has_logits;
+    kvg_sampler sampler;
+
+    /* paged KV (model->pool != NULL) */
+    int32_t *pages;      /* page table: ceil(n_ctx / page_size) entries; the first n_pages held */
+    size_t n_pages;      /* == ceil(n_tokens / page_size) between calls */
+    uint64_t *page_hash; /* prefix-cache key of each full page below clean_len */
+    /* Positions [0, clean_len) hold exactly the K/V a fresh run of tokens[0..] computes; a
+     * shift breaks that for the moved tokens (they saw the dropped ones), and such pages must
+     * never be offered to other sessions as the K/V of their tokens. */
+    size_t clean_len;
+    size_t tokens_reused; /* prefix-cache hits, in tokens */
+    size_t shifts;
+};
+
+/* Creates the model's page pool unless the backend lacks the paged ops or desc asks for
+ * kv_contiguous; called by kvgen_model_load after the backend started. */
+kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
+
+/* A new empty session with the given (validated) options; the sampler is initialised from
+ * desc unless `sampler_from` is given, which is cloned. Used by create, fork and restore. */
+kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
+                             kvgen_session **out, kvgen_error *err);
+/* Makes `n` positions [n_tokens, n_tokens+n) hold `tokens` with the K/V given per layer by
+ * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore). Paged models
+ * write the pages; contiguous ones recompute from the token ids. */
+kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
+                                 kvgen_error *err);
+
+/* model.c's identity hash (session files): hyperparameters, tensor names/types/shapes and a
+ * sample of every tensor's bytes. */
+uint64_t kvg_model_identity(const kvgen_model *m);
+
+#endif

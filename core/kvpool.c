@@ -1,0 +1,267 @@
+/* kvpool.c: bookkeeping of the KV page pool (see kvg_pool.h). */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_pool.h"
+
+enum { PAGE_UNTOUCHED = 0, PAGE_FREE, PAGE_USED, PAGE_CACHED };
+
+struct kvg_pool {
+    pthread_mutex_t mu;
+    int page_size;
+    int32_t n_pages;
+    size_t bytes_per_page;
+    kvg_page_commit_fn commit;
+    void *commit_ctx;
+
+    /* per page */
+    uint8_t *state;
+    int32_t *refcount;
+    bool *published;
+    uint64_t *hash, *parent; /* published pages: key and the parent hash it was computed under */
+    int32_t *tokens;         /* published pages: [n_pages][page_size] */
+    int32_t *next_in_bucket; /* hash chain */
+    int32_t *lru_prev, *lru_next; /* cached pages, oldest at lru_head */
+
+    int32_t *free_stack; /* committed pages held by nobody and not published */
+    int32_t n_free;
+    int32_t n_touched; /* pages [0, n_touched) have storage; the rest are handed out in order */
+    int32_t n_used, n_cached;
+    int32_t lru_head, lru_tail;
+
+    int32_t *buckets; /* n_buckets heads, -1 = empty */
+    uint32_t n_buckets; /* a power of two */
+};
+
+static void *alloc_array(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+
+kvgen_status kvg_pool_create(int page_size, int32_t n_pages, size_t bytes_per_page, kvg_page_commit_fn commit,
+                             void *commit_ctx, kvg_pool **out, kvgen_error *err) {
+    *out = NULL;
+    if (page_size <= 0 || n_pages <= 0 || !commit)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "kv pool: bad geometry (%d tokens x %d pages)", page_size, (int)n_pages);
+    kvg_pool *p = calloc(1, sizeof *p);
+    if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kv pool: out of memory");
+    p->page_size = page_size;
+    p->n_pages = n_pages;
+    p->bytes_per_page = bytes_per_page;
+    p->commit = commit;
+    p->commit_ctx = commit_ctx;
+    size_t n = (size_t)n_pages;
+    p->n_buckets = 16;
+    while (p->n_buckets < 2 * n && p->n_buckets < (1u << 30)) p->n_buckets <<= 1;
+    p->state = alloc_array(n, sizeof *p->state);
+    p->refcount = alloc_array(n, sizeof *p->refcount);
+    p->published = alloc_array(n, sizeof *p->published);
+    p->hash = alloc_array(n, sizeof *p->hash);
+    p->parent = alloc_array(n, sizeof *p->parent);
+    p->tokens = alloc_array(n * (size_t)page_size, sizeof *p->tokens);
+    p->next_in_bucket = alloc_array(n, sizeof *p->next_in_bucket);
+    p->lru_prev = alloc_array(n, sizeof *p->lru_prev);
+    p->lru_next = alloc_array(n, sizeof *p->lru_next);
+    p->free_stack = alloc_array(n, sizeof *p->free_stack);
+    p->buckets = alloc_array(p->n_buckets, sizeof *p->buckets);
+    if (!p->state || !p->refcount || !p->published || !p->hash || !p->parent || !p->tokens || !p->next_in_bucket ||
+        !p->lru_prev || !p->lru_next || !p->free_stack || !p->buckets) {
+        kvg_pool_destroy(p);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "kv pool: out of memory for %d pages", (int)n_pages);
+    }
+    for (uint32_t i = 0; i < p->n_buckets; i++) p->buckets[i] = -1;
+    p->lru_head = p->lru_tail = -1;
+    pthread_mutex_init(&p->mu, NULL);
+    *out = p;
+    return KVGEN_OK;
+}
+
+void kvg_pool_destroy(kvg_pool *p) {
+    if (!p) return;
+    if (p->state) pthread_mutex_destroy(&p->mu);
+    free(p->state);
+    free(p->refcount);
+    free(p->published);
+    free(p->hash);
+    free(p->parent);
+    free(p->tokens);
+    free(p->next_in_bucket);
+    free(p->lru_prev);
+    free(p->lru_next);
+    free(p->free_stack);
+    free(p->buckets);
+    free(p);
+}
+
+int kvg_pool_page_size(const kvg_pool *p) { return p->page_size; }
+size_t kvg_pool_bytes_per_page(const kvg_pool *p) { return p->bytes_per_page; }
+
+/* ---- prefix-cache index (callers hold the lock) ---------------------------------------- */
+
+static uint32_t bucket_of(const kvg_pool *p, uint64_t hash) { return (uint32_t)(hash ^ (hash >> 32)) & (p->n_buckets - 1); }
+
+static void index_remove(kvg_pool *p, int32_t page) {
+    int32_t *link = &p->buckets[bucket_of(p, p->hash[page])];
+    while (*link != -1 && *link != page) link = &p->next_in_bucket[*link];
+    if (*link == page) *link = p->next_in_bucket[page];
+    p->published[page] = false;
+}
+
+static void lru_unlink(kvg_pool *p, int32_t page) {
+    int32_t a = p->lru_prev[page], b = p->lru_next[page];
+    if (a >= 0) p->lru_next[a] = b;
+    else p->lru_head = b;
+    if (b >= 0) p->lru_prev[b] = a;
+    else p->lru_tail = a;
+}
+
+static void lru_push(kvg_pool *p, int32_t page) {
+    p->lru_prev[page] = p->lru_tail;
+    p->lru_next[page] = -1;
+    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = page;
+    else p->lru_head = page;
+    p->lru_tail = page;
+}
+
+static int32_t find_locked(const kvg_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    for (int32_t q = p->buckets[bucket_of(p, hash)]; q != -1; q = p->next_in_bucket[q])
+        if (p->hash[q] == hash && p->parent[q] == parent &&
+            memcmp(p->tokens + (size_t)q * p->page_size, tokens, (size_t)p->page_size * sizeof *tokens) == 0)
+            return q;
+    return -1;
+}
+
+/* ---- pages ------------------------------------------------------------------------------ */
+
+static void take(kvg_pool *p, int32_t page) {
+    p->state[page] = PAGE_USED;
+    p->refcount[page] = 1;
+    p->n_used++;
+}
+
+kvgen_status kvg_pool_alloc(kvg_pool *p, int32_t *page, kvgen_error *err) {
+    *page = -1;
+    kvgen_status st = KVGEN_OK;
+    pthread_mutex_lock(&p->mu);
+    if (p->n_free > 0) {
+        *page = p->free_stack[--p->n_free];
+    } else if (p->n_touched < p->n_pages) {
+        int32_t q = p->n_touched;
+        st = p->commit(p->commit_ctx, q, err);
+        if (st == KVGEN_OK) {
+            p->n_touched++;
+            *page = q;
+        }
+    } else if (p->lru_head >= 0) {
+        /* every page has been used: reclaim the cached page released longest ago */
+        int32_t q = p->lru_head;
+        lru_unlink(p, q);
+        index_remove(p, q);
+        p->n_cached--;
+        *page = q;
+    } else {
+        st = kvg_fail(err, KVGEN_E_POOL_FULL,
+                      "KV pool full: all %d pages (%d tokens each) are held by sessions; close or rewind sessions, "
+                      "or load the model with a larger kv_pool_bytes",
+                      (int)p->n_pages, p->page_size);
+    }
+    if (*page >= 0) take(p, *page);
+    pthread_mutex_unlock(&p->mu);
+    return st;
+}
+
+void kvg_pool_retain(kvg_pool *p, int32_t page) {
+    pthread_mutex_lock(&p->mu);
+    p->refcount[page]++;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvg_pool_release(kvg_pool *p, int32_t page) {
+    if (page < 0) return;
+    pthread_mutex_lock(&p->mu);
+    if (--p->refcount[page] == 0) {
+        p->n_used--;
+        if (p->published[page]) {
+            p->state[page] = PAGE_CACHED;
+            lru_push(p, page);
+            p->n_cached++;
+        } else {
+            p->state[page] = PAGE_FREE;
+            p->free_stack[p->n_free++] = page;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int kvg_pool_refcount(kvg_pool *p, int32_t page) {
+    pthread_mutex_lock(&p->mu);
+    int r = p->refcount[page];
+    pthread_mutex_unlock(&p->mu);
+    return r;
+}
+
+bool kvg_pool_claim(kvg_pool *p, int32_t page) {
+    pthread_mutex_lock(&p->mu);
+    bool alone = p->refcount[page] == 1;
+    if (alone && p->published[page]) index_remove(p, page);
+    pthread_mutex_unlock(&p->mu);
+    return alone;
+}
+
+/* ---- prefix cache ------------------------------------------------------------------------- */
+
+/* FNV-1a over the little-endian bytes of the parent hash and the token ids, then a
+ * splitmix64 finaliser so nearby chains spread over the buckets. Pages are verified token
+ * by token on lookup, so a collision can cost a miss, never a wrong page. */
+uint64_t kvg_page_hash(uint64_t parent, const int32_t *tokens, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < 8; i++) h = (h ^ ((parent >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    for (int t = 0; t < n; t++) {
+        uint32_t v = (uint32_t)tokens[t];
+        for (int i = 0; i < 4; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    }
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+}
+
+int32_t kvg_pool_lookup(kvg_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    pthread_mutex_lock(&p->mu);
+    int32_t q = find_locked(p, hash, parent, tokens);
+    if (q >= 0) {
+        if (p->state[q] == PAGE_CACHED) {
+            lru_unlink(p, q);
+            p->n_cached--;
+            take(p, q);
+        } else {
+            p->refcount[q]++;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return q;
+}
+
+void kvg_pool_publish(kvg_pool *p, int32_t page, uint64_t hash, uint64_t parent, const int32_t *tokens) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->published[page] && find_locked(p, hash, parent, tokens) < 0) {
+        p->published[page] = true;
+        p->hash[page] = hash;
+        p->parent[page] = parent;
+        memcpy(p->tokens + (size_t)page * p->page_size, tokens, (size_t)p->page_size * sizeof *tokens);
+        uint32_t b = bucket_of(p, hash);
+        p->next_in_bucket[page] = p->buckets[b];
+        p->buckets[b] = page;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st) {
+    pthread_mutex_lock(&p->mu);
+    st->total = p->n_pages;
+    st->used = p->n_used;
+    st->cached = p->n_cached;
+    st->free = p->n_pages - p->n_used;
+    st->committed = p->n_touched;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,574 @@
+/* session.c: the public session calls of kvgen.h: argument checks and the session's
+ * bookkeeping (tokens, logits, context limit, sampler, page table) around a backend's forward
+ * pass.
+ *
+ * On a paged model (the default) a session's K/V live in the model's page pool (kvg_pool.h):
+ * the session holds a page table, full pages may be shared copy-on-write with forks and with
+ * other sessions through the prefix cache, and only the last page is ever partly filled. On
+ * a kv_contiguous model, or a backend without the paged ops, each session owns one contiguous
+ * cache and fork / shift / restore recompute from the token ids instead of copying K/V. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_session.h"
+
+static bool paged(const kvgen_session *s) { return s->model->pool != NULL; }
+static size_t page_size(const kvgen_session *s) { return (size_t)kvg_pool_page_size(s->model->pool); }
+static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page_size(s) - 1) / page_size(s); }
+
+/* ---- the pool ------------------------------------------------------------------------------ */
+
+static kvgen_status commit_page(void *ctx, int32_t page, kvgen_error *err) {
+    kvgen_model *m = ctx;
+    return m->ops->kv_page_commit(m, page, err);
+}
+
+/* Page size default, by measurement (docs/architecture.md, "KV cache and sessions"): 32 keeps
+ * the waste of the one partly filled page per session small (64 forked NPCs waste at most
+ * 2048 tokens) while the page-table walk costs nothing measurable on the reference backend
+ * (decode at depth 2048 within noise from 16 to 256), and 32 keys are one tile of the
+ * attention shader's inner loop. */
+#define KVG_DEFAULT_PAGE 32
+#define KVG_MIN_PAGE 16
+#define KVG_MAX_PAGE 256
+#define KVG_MAX_PAGES (1 << 24)
+
+kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    const kvg_backend_ops *ops = m->ops;
+    int P = desc->kv_page_size ? desc->kv_page_size : KVG_DEFAULT_PAGE;
+    if (P < KVG_MIN_PAGE || P > KVG_MAX_PAGE || (P & (P - 1)) != 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_model_load: kv_page_size %d must be a power of two in [%d, %d] (0: %d)",
+                        desc->kv_page_size, KVG_MIN_PAGE, KVG_MAX_PAGE, KVG_DEFAULT_PAGE);
+    if (desc->kv_contiguous || !ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit ||
+        !ops->forward_paged || !ops->kv_copy || !ops->kv_read || !ops->kv_write)
+        return KVGEN_OK;
+    size_t per_page = (size_t)P * ops->cache_bytes_per_token(m);
+    size_t n_pages;
+    if (desc->kv_pool_bytes) {
+        n_pages = desc->kv_pool_bytes / per_page;
+        if (n_pages == 0)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                            "kvgen_model_load: kv_pool_bytes %zu is less than one KV page (%d tokens = %zu bytes)",
+                            desc->kv_pool_bytes, P, per_page);
+    } else if (desc->kv_pool_tokens) {
+        n_pages = desc->kv_pool_tokens / (size_t)P + (desc->kv_pool_tokens % (size_t)P != 0);
+    } else {
+        n_pages = ops->kv_default_pool_bytes(m) / per_page;
+        if (n_pages == 0) n_pages = 1;
+    }
+    if (n_pages > KVG_MAX_PAGES)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: a KV pool of %zu pages is more than %d",
+                        n_pages, KVG_MAX_PAGES);
+    kvgen_status st = ops->kv_pages_init(m, P, (int32_t)n_pages, err);
+    if (st == KVGEN_OK) st = kvg_pool_create(P, (int32_t)n_pages, per_page, commit_page, m, &m->pool, err);
+    return st;
+}
+
+void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!m) return;
+    info->bytes_per_token = m->ops->cache_bytes_per_token(m);
+    info->sessions = (size_t)__atomic_load_n(&m->n_sessions, __ATOMIC_RELAXED);
+    if (!m->pool) return;
+    kvg_pool_stats st;
+    kvg_pool_get_stats(m->pool, &st);
+    info->page_size = (size_t)kvg_pool_page_size(m->pool);
+    info->bytes_per_page = kvg_pool_bytes_per_page(m->pool);
+    info->pages_total = (size_t)st.total;
+    info->pages_used = (size_t)st.used;
+    info->pages_free = (size_t)st.free;
+    info->pages_cached = (size_t)st.cached;
+    info->bytes_total = info->pages_total * info->bytes_per_page;
+    info->bytes_used = info->pages_used * info->bytes_per_page;
+    info->bytes_committed = (size_t)st.committed * info->bytes_per_page;
+}
+
+/* ---- page table ------------------------------------------------------------------------------ */
+
+/* Releases the pages at table entries [keep, n_pages). */
+static void drop_pages(kvgen_session *s, size_t keep) {
+    while (s->n_pages > keep) {
+        s->n_pages--;
+        kvg_pool_release(s->model->pool, s->pages[s->n_pages]);
+        s->pages[s->n_pages] = -1;
+    }
+}
+
+/* Copies the first n slots of page `from` into a fresh page. */
+static kvgen_status copy_page(kvgen_session *s, int32_t from, size_t n, int32_t *to, kvgen_error *err) {
+    kvgen_model *m = s->model;
+    kvgen_status st = kvg_pool_alloc(m->pool, to, err);
+    if (st == KVGEN_OK && n > 0) st = m->ops->kv_copy(m, &from, 0, to, 0, (int)n, 0, err);
+    if (st != KVGEN_OK && *to >= 0) {
+        kvg_pool_release(m->pool, *to);
+        *to = -1;
+    }
+    return st;
+}
+
+/* Makes table entry i writable: in place when the session holds the page alone, else
+ * (copy-on-write) replaced by a copy of its slots below `valid`. */
+static kvgen_status own_page(kvgen_session *s, size_t i, size_t valid, kvgen_error *err) {
+    int32_t page = s->pages[i];
+    if (kvg_pool_claim(s->model->pool, page)) return KVGEN_OK;
+    size_t P = page_size(s), first = i * P;
+    size_t n = valid > first ? (valid - first < P ? valid - first : P) : 0;
+    int32_t copy;
+    kvgen_status st = copy_page(s, page, n, &copy, err);
+    if (st != KVGEN_OK) return st;
+    kvg_pool_release(s->model->pool, page);
+    s->pages[i] = copy;
+    return KVGEN_OK;
+}
+
+/* Gives the session writable pages for positions [pos0, end); positions below n_tokens keep
+ * their K/V. On failure the table is back to what it held for n_tokens. */
+static kvgen_status reserve(kvgen_session *s, size_t pos0, size_t end, kvgen_error *err) {
+    size_t P = page_size(s), held = s->n_pages;
+    kvgen_status st = KVGEN_OK;
+    for (size_t i = pos0 / P; st == KVGEN_OK && i < (end + P - 1) / P; i++) {
+        if (i < s->n_pages) {
+            st = own_page(s, i, s->n_tokens, err);
+        } else {
+            st = kvg_pool_alloc(s->model->pool, &s->pages[i], err);
+            if (st == KVGEN_OK) s->n_pages = i + 1;
+        }
+    }
+    if (st != KVGEN_OK) drop_pages(s, held);
+    return st;
+}
+
+static uint64_t parent_hash(const kvgen_session *s, size_t page) {
+    return page == 0 ? KVG_PAGE_HASH_ROOT : s->page_hash[page - 1];
+}
+
+/* Keys the pages that became full in [from, n_tokens) and offers them to other sessions. */
+static void publish_full_pages(kvgen_session *s, size_t from) {
+    size_t P = page_size(s);
+    for (size_t i = from / P; (i + 1) * P <= s->n_tokens; i++) {
+        if ((i + 1) * P > s->clean_len) break;
+        s->page_hash[i] = kvg_page_hash(parent_hash(s, i), s->tokens + i * P, (int)P);
+        if (s->prefix_reuse) kvg_pool_publish(s->model->pool, s->pages[i], s->page_hash[i], parent_hash(s, i),
+                                              s->tokens + i * P);
+    }
+}
+
+/* ---- create / close ---------------------------------------------------------------------------- */
+
+static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_desc *d, kvgen_error *err) {
+    (void)model;
+    if (d->n_ctx < 0 || d->n_ctx > KVG_MAX_CTX)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: n_ctx %d is outside [0, %d]", d->n_ctx,
+                        KVG_MAX_CTX);
+    if (d->top_k < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: top_k %d is negative (0 turns it off)",
+                        d->top_k);
+    if (isnan(d->temperature) || isnan(d->top_p) || d->top_p < 0.0f)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_session_create: temperature %g / top_p %g must be numbers, top_p >= 0",
+                        (double)d->temperature, (double)d->top_p);
+    if (d->on_full != KVGEN_ON_FULL_ERROR && d->on_full != KVGEN_ON_FULL_SHIFT)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: on_full %d is not a kvgen_on_full",
+                        (int)d->on_full);
+    if (d->keep < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: keep %d is negative", d->keep);
+    return KVGEN_OK;
+}
+
+static void session_free(kvgen_session *s) {
+    if (s->model->pool) drop_pages(s, 0);
+    if (s->bs) s->model->ops->session_free(s->model, s->bs);
+    kvg_sampler_free(&s->sampler);
+    free(s->tokens);
+    free(s->logits);
+    free(s->pages);
+    free(s->page_hash);
+    free(s);
+}
+
+kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
+                             kvgen_session **out, kvgen_error *err) {
+    *out = NULL;
+    const kvg_hparams *hp = &model->w.hp;
+    int n_ctx = desc->n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
+
+    kvgen_session *s = calloc(1, sizeof *s);
+    if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    s->model = model;
+    s->n_ctx = n_ctx;
+    s->no_cache = desc->no_cache != 0;
+    s->on_full = desc->on_full;
+    s->keep = desc->keep;
+    s->prefix_reuse = !desc->no_prefix_reuse && !s->no_cache;
+    s->clean_len = KVG_CLEAN_ALL;
+    s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
+    s->logits = malloc((size_t)hp->n_vocab * sizeof *s->logits);
+    kvgen_status st = KVGEN_OK;
+    if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    if (st == KVGEN_OK && model->pool) {
+        size_t n = ((size_t)n_ctx + (size_t)kvg_pool_page_size(model->pool) - 1) / (size_t)kvg_pool_page_size(model->pool);
+        s->pages = malloc(n * sizeof *s->pages);
+        s->page_hash = calloc(n, sizeof *s->page_hash);
+        if (!s->pages || !s->page_hash) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+        for (size_t i = 0; s->pages && i < n; i++) s->pages[i] = -1;
+    }
+    if (st == KVGEN_OK) {
+        if (sampler_from) {
+            st = kvg_sampler_clone(&s->sampler, sampler_from, err);
+        } else {
+            kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
+                                     .top_p = desc->top_p};
+            st = kvg_sampler_init(&s->sampler, &sp, hp->n_vocab, err);
+            if (st == KVGEN_OK && desc->sampler) st = kvg_sampler_set(&s->sampler, desc->sampler, true, err);
+        }
+    }
+    if (st == KVGEN_OK) st = model->ops->session_init(model, n_ctx, &s->bs, err);
+    if (st != KVGEN_OK) {
+        session_free(s);
+        return st;
+    }
+    __atomic_add_fetch(&model->refcount, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&model->n_sessions, 1, __ATOMIC_RELAXED);
+    *out = s;
+    return KVGEN_OK;
+}
+
+kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
+                                  kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: model is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: out is NULL");
+    kvgen_session_desc d = {0};
+    if (desc) d = *desc;
+    kvgen_status st = check_desc(model, &d, err);
+    if (st != KVGEN_OK) return st;
+    return kvg_session_new(model, &d, NULL, out, err);
+}
+
+void kvgen_session_close(kvgen_session *s) {
+    if (!s) return;
+    kvgen_model *m = s->model;
+    session_free(s);
+    __atomic_sub_fetch(&m->n_sessions, 1, __ATOMIC_RELAXED);
+    kvgen_model_unload(m); /* drops the session's reference */
+}
+
+/* ---- running the model ------------------------------------------------------------------------ */
+
+/* Context shift: keeps tokens [0, keep), drops `drop` tokens after them and moves the rest
+ * down, re-rotating their keys by -drop positions. Paged: the K/V move, nothing runs.
+ * Contiguous: the kept tokens are recomputed (the layout has no move op). */
+static kvgen_status shift(kvgen_session *s, size_t keep, size_t drop, kvgen_error *err) {
+    kvgen_model *m = s->model;
+    size_t len = s->n_tokens, moved = len - keep - drop;
+    kvgen_status st = KVGEN_OK;
+    if (paged(s)) {
+        size_t P = page_size(s);
+        /* the slots [keep, keep + moved) are overwritten: own their pages first */
+        for (size_t i = keep / P; moved > 0 && st == KVGEN_OK && i <= (keep + moved - 1) / P; i++)
+            st = own_page(s, i, len, err);
+        if (st == KVGEN_OK && moved > 0)
+            st = m->ops->kv_copy(m, s->pages, (int)(keep + drop), s->pages, (int)keep, (int)moved, -(int)drop, err);
+        if (st != KVGEN_OK) return st;
+        memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
+        s->n_tokens = keep + moved;
+        drop_pages(s, pages_for(s, s->n_tokens));
+        if (s->clean_len > keep) s->clean_len = keep;
+    } else {
+        memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
+        s->n_tokens = keep + moved;
+        if (s->n_tokens > 0) {
+            st = m->ops->forward(m, s->bs, s->tokens, (int)s->n_tokens, 0, s->logits, false, err);
+            s->has_logits = st == KVGEN_OK;
+        } else {
+            s->has_logits = false;
+        }
+        if (st != KVGEN_OK) s->n_tokens = 0; /* the cache no longer matches: start over */
+    }
+    s->shifts++;
+    return st;
+}
+
+/* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
+ * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
+kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
+                                   kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
+    if (n == 0) return KVGEN_OK;
+    if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
+    kvgen_model *m = s->model;
+    int n_vocab = m->w.hp.n_vocab;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], n_vocab);
+    kvgen_status st;
+    if (n > (size_t)s->n_ctx - s->n_tokens) {
+        size_t keep = (size_t)s->keep < s->n_tokens ? (size_t)s->keep : s->n_tokens;
+        if (s->on_full != KVGEN_ON_FULL_SHIFT || s->no_cache || n > (size_t)s->n_ctx - keep)
+            return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot append %zu more tokens%s",
+                            s->n_tokens, s->n_ctx, n,
+                            s->on_full == KVGEN_ON_FULL_SHIFT ? " even after shifting out all but the kept ones" : "");
+        /* drop at least half of what may go, so shifts stay rare, and enough for the append */
+        size_t need = s->n_tokens + n - (size_t)s->n_ctx, drop = (s->n_tokens - keep) / 2;
+        if (drop < need) drop = need;
+        st = shift(s, keep, drop, err);
+        if (st != KVGEN_OK) return st;
+    }
+
+    size_t len = s->n_tokens, V = (size_t)n_vocab;
+    /* the new ids go after the cached ones, but count only once the forward pass succeeds */
+    memcpy(s->tokens + len, tokens, n * sizeof *tokens);
+
+    if (!paged(s)) {
+        if (!s->no_cache) {
+            st = m->ops->forward(m, s->bs, tokens, (int)n, (int)len, all_logits ? all_logits : s->logits,
+                                 all_logits != NULL, err);
+            if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
+        } else if (!all_logits) {
+            st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, s->logits, false, err);
+        } else {
+            float *every = malloc((len + n) * V * sizeof(float));
+            if (!every) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
+            st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, every, true, err);
+            if (st == KVGEN_OK) {
+                memcpy(all_logits, every + len * V, n * V * sizeof(float));
+                memcpy(s->logits, every + (len + n - 1) * V, V * sizeof(float));
+            }
+            free(every);
+        }
+        if (st != KVGEN_OK) {
+            s->has_logits = false; /* a failed pass may have written part of them */
+            return st;
+        }
+        s->n_tokens = len + n;
+        s->has_logits = true;
+        return KVGEN_OK;
+    }
+
+    /* Prefix reuse: while the session stands on a page boundary of clean K/V and a whole page
+     * of the new tokens is published by someone, take that page. The page holding the last
+     * token always runs, since its logits are needed (all of them with all_logits). */
+    size_t P = page_size(s), done = 0, held = s->n_pages, reused = 0;
+    if (s->prefix_reuse && !all_logits && s->clean_len == KVG_CLEAN_ALL) {
+        while ((len + done) % P == 0 && n - done > P) {
+            size_t i = (len + done) / P;
+            uint64_t parent = parent_hash(s, i), h = kvg_page_hash(parent, tokens + done, (int)P);
+            int32_t page = kvg_pool_lookup(m->pool, h, parent, tokens + done);
+            if (page < 0) break;
+            s->pages[i] = page;
+            s->page_hash[i] = h;
+            s->n_pages = i + 1;
+            done += P;
+            reused += P;
+        }
+    }
+    size_t pos0 = s->no_cache ? 0 : len + done;
+    size_t saved_len = s->n_tokens;
+    s->n_tokens = len + done; /* reserve keeps the K/V below this */
+    st = reserve(s, pos0, len + n, err);
+    s->n_tokens = saved_len;
+    if (st == KVGEN_OK) {
+        const int32_t *run = s->no_cache ? s->tokens : tokens + done;
+        size_t n_run = len + n - pos0;
+        if (all_logits && s->no_cache) {
+            float *every = malloc(n_run * V * sizeof(float));
+            if (!every) {
+                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
+            } else {
+                st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0, every, true, err);
+                if (st == KVGEN_OK) memcpy(all_logits, every + len * V, n * V * sizeof(float));
+                free(every);
+            }
+        } else {
+            st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0,
+                                       all_logits ? all_logits : s->logits, all_logits != NULL, err);
+        }
+        if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
+    }
+    if (st != KVGEN_OK) {
+        drop_pages(s, held); /* reused and new pages go back; the session is as it was */
+        if (st != KVGEN_E_POOL_FULL && st != KVGEN_E_NO_MEMORY) s->has_logits = false;
+        return st;
+    }
+    s->n_tokens = len + n;
+    s->has_logits = true;
+    s->tokens_reused += reused;
+    publish_full_pages(s, len + done);
+    return KVGEN_OK;
+}
+
+kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
+    return kvgen_session_prefill(s, &token, 1, NULL, err);
+}
+
+const float *kvgen_session_logits(const kvgen_session *s) { return s && s->has_logits ? s->logits : NULL; }
+
+int32_t kvgen_session_sample(kvgen_session *s) {
+    if (!s || !s->has_logits) return -1;
+    return kvg_sampler_sample_ctx(&s->sampler, s->logits, s->tokens, s->n_tokens, NULL);
+}
+
+size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0; }
+
+const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->tokens : NULL; }
+
+void kvgen_session_reset(kvgen_session *s) {
+    if (!s) return;
+    /* a contiguous cache needs no clearing: positions past the length are never read */
+    if (paged(s)) drop_pages(s, 0);
+    s->n_tokens = 0;
+    s->has_logits = false;
+    s->clean_len = KVG_CLEAN_ALL;
+    s->tokens_reused = 0;
+    s->shifts = 0;
+    kvg_sampler_reset(&s->sampler);
+}
+
+/* ---- rewind and fork -------------------------------------------------------------------------- */
+
+kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: session is NULL");
+    if (n > s->n_tokens)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: cannot drop %zu tokens of %zu", n,
+                        s->n_tokens);
+    if (n == 0) return KVGEN_OK;
+    size_t len = s->n_tokens - n;
+    if (len <= s->clean_len) s->clean_len = KVG_CLEAN_ALL; /* what is left was computed fresh */
+    s->has_logits = false;
+    if (len == 0) {
+        if (paged(s)) drop_pages(s, 0);
+        s->n_tokens = 0;
+        return KVGEN_OK;
+    }
+    /* the logits of the new last token were never kept: run that one token again at its
+     * position (it rewrites the same K/V) instead of asking the caller to */
+    s->n_tokens = len - 1;
+    if (paged(s)) drop_pages(s, pages_for(s, len));
+    int32_t last = s->tokens[len - 1];
+    bool reuse = s->prefix_reuse;
+    s->prefix_reuse = false; /* one token: nothing to look up, and its page is not full news */
+    kvgen_status st = kvgen_session_prefill(s, &last, 1, NULL, err);
+    s->prefix_reuse = reuse;
+    if (st != KVGEN_OK) s->n_tokens = len; /* its K/V were not touched: only the logits are missing */
+    return st;
+}
+
+kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_error *err) {
+    if (child) *child = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: session is NULL");
+    if (!child) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: child is NULL");
+    kvgen_model *m = s->model;
+    kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
+                            .no_prefix_reuse = !s->prefix_reuse};
+    kvgen_session *c;
+    kvgen_status st = kvg_session_new(m, &d, &s->sampler, &c, err);
+    if (st != KVGEN_OK) return st;
+    c->prefix_reuse = s->prefix_reuse;
+    size_t len = s->n_tokens;
+    memcpy(c->tokens, s->tokens, len * sizeof *s->tokens);
+    if (paged(s)) {
+        size_t P = page_size(s), full = len / P;
+        for (size_t i = 0; i < full; i++) {
+            kvg_pool_retain(m->pool, s->pages[i]);
+            c->pages[i] = s->pages[i];
+            c->page_hash[i] = s->page_hash[i];
+            c->n_pages = i + 1;
+        }
+        if (len % P) {
+            st = copy_page(s, s->pages[full], len % P, &c->pages[full], err);
+            if (st == KVGEN_OK) c->n_pages = full + 1;
+        }
+    } else if (len > 0 && !s->no_cache) {
+        st = m->ops->forward(m, c->bs, c->tokens, (int)len, 0, c->logits, false, err);
+    }
+    if (st != KVGEN_OK) {
+        kvgen_session_close(c);
+        return st;
+    }
+    c->n_tokens = len;
+    c->clean_len = s->clean_len;
+    c->shifts = s->shifts;
+    c->has_logits = s->has_logits;
+    if (s->has_logits) memcpy(c->logits, s->logits, (size_t)m->w.hp.n_vocab * sizeof(float));
+    *child = c;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
+                                 kvgen_error *err) {
+    kvgen_model *m = s->model;
+    const kvg_hparams *hp = &m->w.hp;
+    size_t len = s->n_tokens;
+    if (n > (size_t)s->n_ctx - len)
+        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot load %zu tokens", len, s->n_ctx, n);
+    memcpy(s->tokens + len, tokens, n * sizeof *tokens);
+    kvgen_status st = KVGEN_OK;
+    if (paged(s)) {
+        st = reserve(s, len, len + n, err);
+        size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim;
+        for (int l = 0; st == KVGEN_OK && l < hp->n_layer; l++)
+            for (int which = 0; st == KVGEN_OK && which < 2; which++)
+                st = m->ops->kv_write(m, s->pages, l, which, (int)len, (int)n, kv + ((size_t)l * 2 + which) * per, err);
+    } else if (!s->no_cache && len + n > 0) {
+        st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, s->logits, false, err);
+    }
+    if (st != KVGEN_OK) return st;
+    s->n_tokens = len + n;
+    if (paged(s)) publish_full_pages(s, len);
+    return KVGEN_OK;
+}
+
+/* ---- introspection ------------------------------------------------------------------------------ */
+
+void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!s) return;
+    const kvg_hparams *hp = &s->model->w.hp;
+    info->n_layer = hp->n_layer;
+    info->n_head_kv = hp->n_head_kv;
+    info->head_dim = hp->head_dim;
+    info->length = s->n_tokens;
+    info->capacity = (size_t)s->n_ctx;
+    info->bytes_per_token = s->model->ops->cache_bytes_per_token(s->model);
+    info->bytes = info->length * info->bytes_per_token;
+    info->tokens_reused = s->tokens_reused;
+    info->shifts = s->shifts;
+    if (!paged(s)) return;
+    info->page_size = page_size(s);
+    info->pages = s->n_pages;
+    for (size_t i = 0; i < s->n_pages; i++)
+        if (kvg_pool_refcount(s->model->pool, s->pages[i]) > 1) info->pages_shared++;
+    info->bytes_held = s->n_pages * kvg_pool_bytes_per_page(s->model->pool);
+}
+
+kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int which, float *out, size_t n_floats,
+                                      kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
+    const kvg_hparams *hp = &s->model->w.hp;
+    if (layer < 0 || layer >= hp->n_layer)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: layer %d is outside [0, %d)", layer,
+                        hp->n_layer);
+    if (which != 0 && which != 1)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: which %d must be 0 (K) or 1 (V)",
+                        which);
+    size_t need = (size_t)hp->n_head_kv * s->n_tokens * (size_t)hp->head_dim;
+    if (n_floats < need)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_session_read_cache: out holds %zu floats, the cache needs %zu (%d x %zu x %d)",
+                        n_floats, need, hp->n_head_kv, s->n_tokens, hp->head_dim);
+    if (need == 0) return KVGEN_OK;
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: out is NULL");
+    if (paged(s)) return s->model->ops->kv_read(s->model, s->pages, layer, which, 0, (int)s->n_tokens, out, err);
+    return s->model->ops->read_cache(s->model, s->bs, layer, which, (int)s->n_tokens, out, err);
+}
+
+/* private accessors for generate.c / chat.c (kvg_sampler.h) */
+kvg_sampler *kvg_session_sampler(kvgen_session *s) { return &s->sampler; }
+kvgen_model *kvg_session_model(const kvgen_session *s) { return s->model; }
