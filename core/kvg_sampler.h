@@ -1,10 +1,20 @@
-/* kvg_sampler.h: a session's token sampler and its RNG (private).
+/* kvg_sampler.h: a session's token sampler, its RNG, and the per-session generation state
+ * that travels with it (chat template state, token byte table) (private).
  *
- * The sampler is a chain of stages over a candidate list (id, logit, p). Today the chain is
- * temperature -> top-k -> softmax -> top-p -> draw; logit bias, repetition penalties and min-p
- * slot in as further stages on the same candidate list without changing the callers. */
+ * The chain works on a candidate list (id, logit, p):
+ *   mask (constraints) -> logit bias / bans -> repetition, frequency, presence penalties ->
+ *   greedy | temperature -> top-k -> top-p -> min-p -> draw.
+ * Nothing sorts the whole vocabulary: top-k is a partial selection; top-p grows a selected
+ * prefix until it holds the probability mass it needs; plain temperature sampling draws in id
+ * order without sorting.
+ *
+ * For sessions (fork, save/restore): a forked session calls kvg_sampler_clone; a saved one
+ * writes kvg_sampler_state_size() bytes with kvg_sampler_state_save and reads them back with
+ * kvg_sampler_state_load into a sampler made by kvg_sampler_init for the same vocabulary. The
+ * blob holds the settings, the RNG state and the chat state, little-endian, versioned. */
 #ifndef KVG_SAMPLER_H
 #define KVG_SAMPLER_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kvgen.h"
@@ -18,11 +28,18 @@ void kvg_rng_seed(kvg_rng *r, uint64_t seed); /* expands the seed with splitmix6
 uint64_t kvg_rng_next(kvg_rng *r);
 double kvg_rng_uniform(kvg_rng *r); /* [0, 1) with 53 random bits */
 
+/* The settings (kvgen_sampler_desc with its defaults resolved). `bias` is owned. */
 typedef struct kvg_sampler_params {
     uint64_t seed;     /* 0: 0x5eed */
     float temperature; /* <= 0: greedy */
     int top_k;         /* <= 0: off */
     float top_p;       /* <= 0 or >= 1: off */
+    float min_p;       /* <= 0: off */
+    float repeat_penalty, frequency_penalty, presence_penalty;
+    int penalty_window; /* 0: 64; < 0: whole history */
+    kvgen_logit_bias *bias;
+    int n_bias;
+    bool full_sort; /* tests and benchmarks: sort the whole vocabulary (the slow baseline) */
 } kvg_sampler_params;
 
 typedef struct kvg_candidate {
@@ -31,19 +48,56 @@ typedef struct kvg_candidate {
     float p;
 } kvg_candidate;
 
+typedef struct kvg_chat kvg_chat;     /* chat.c: template choice and open-reply state */
+typedef struct kvg_pieces kvg_pieces; /* constrain.c: every token's bytes, built on first use */
+
 typedef struct kvg_sampler {
     kvg_sampler_params params;
     kvg_rng rng;
     int n_vocab;
     kvg_candidate *cand; /* n_vocab scratch entries: no allocation per sample */
+    int32_t *counts;     /* n_vocab zeros between samples (penalty counting) */
+    kvg_chat *chat;      /* NULL until a chat call */
+    kvg_pieces *pieces;  /* NULL until a constraint needs it */
 } kvg_sampler;
 
+/* params may be NULL (defaults); params->bias is copied. */
 kvgen_status kvg_sampler_init(kvg_sampler *s, const kvg_sampler_params *params, int n_vocab, kvgen_error *err);
 void kvg_sampler_free(kvg_sampler *s);
-void kvg_sampler_reset(kvg_sampler *s); /* re-seeds the RNG */
-/* Picks a token from n_vocab logits. Deterministic for a given seed and call sequence. */
+void kvg_sampler_reset(kvg_sampler *s); /* re-seeds the RNG; the chat state is forgotten */
+/* Applies a public desc (NULL: all defaults). reseed: always re-seed (creation); otherwise only
+ * when desc->seed != 0. Validates every field; on error nothing changes. */
+kvgen_status kvg_sampler_set(kvg_sampler *s, const kvgen_sampler_desc *desc, bool reseed, kvgen_error *err);
+void kvg_sampler_get(const kvg_sampler *s, kvgen_sampler_desc *desc);
+
+/* Picks a token from n_vocab logits, with penalties over `history` (the session's tokens) and
+ * only tokens whose `allowed` byte is non-zero (NULL: all). Returns -1 when no token is left
+ * (everything banned or masked). Deterministic for a given seed and call sequence; greedy
+ * draws no random number, every other choice exactly one. */
+int32_t kvg_sampler_sample_ctx(kvg_sampler *s, const float *logits, const int32_t *history, size_t n_history,
+                               const uint8_t *allowed);
+/* kvg_sampler_sample_ctx without history or mask. */
 int32_t kvg_sampler_sample(kvg_sampler *s, const float *logits);
 /* index of the largest logit, lowest id on ties */
 int32_t kvg_argmax(const float *logits, int n);
+
+/* Deep copy into an uninitialised dst (fork). */
+kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_error *err);
+/* Serialised settings + RNG + chat state (save/restore). */
+size_t kvg_sampler_state_size(const kvg_sampler *s);
+void kvg_sampler_state_save(const kvg_sampler *s, void *buf); /* writes exactly state_size bytes */
+kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err);
+
+/* chat.c hooks used by the sampler's lifetime functions */
+void kvg_chat_free(kvg_chat *c);
+kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err);
+size_t kvg_chat_state_size(const kvg_chat *c);
+void kvg_chat_state_save(const kvg_chat *c, unsigned char *buf);
+kvgen_status kvg_chat_state_load(kvg_chat **c, const unsigned char *buf, size_t size, kvgen_error *err);
+void kvg_pieces_free(kvg_pieces *p);
+
+/* api.c: private accessors into a session (the session struct is api.c's) */
+kvg_sampler *kvg_session_sampler(kvgen_session *s);
+kvgen_model *kvg_session_model(const kvgen_session *s);
 
 #endif

@@ -1,0 +1,356 @@
+/* generate.c: step-wise generation with stop conditions (end-of-generation tokens, max_tokens,
+ * stop strings across token boundaries, cancel, context full), constrained output, and the
+ * public sampler settings calls.
+ *
+ * Every sampled token is decoded into the session before its step returns, so the session's
+ * logits are ready for the next step and, whatever ends the generation, the cache holds
+ * exactly the tokens that were sampled. */
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_constrain.h"
+#include "kvg_model.h"
+#include "kvg_sampler.h"
+
+#define DEFAULT_MAX_TOKENS 256
+#define MAX_STOPS 64
+#define MAX_STOP_LEN 1024
+
+/* a growable byte buffer, always NUL-terminated once used */
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+} buf;
+
+static bool buf_add(buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+struct kvgen_gen {
+    kvgen_session *s;
+    const kvgen_model *m;
+    int max_tokens; /* < 0: no limit */
+    char **stop;
+    size_t *stop_len;
+    int n_stop;
+    bool ignore_eog;
+    unsigned flags;
+    kvg_cons *cons;
+    kvg_cons_state cst;
+    uint8_t *allowed; /* n_vocab, with a constraint */
+    kvgen_detok detok;
+    buf pending; /* decoded text not yet emitted: it may begin a stop string */
+    buf text;    /* everything emitted */
+    buf step;    /* what the current step emits */
+    int n_tokens;
+    kvgen_finish finish;
+    int cancel;
+};
+
+const char *kvgen_finish_name(kvgen_finish f) {
+    switch (f) {
+    case KVGEN_FINISH_NONE: return "none";
+    case KVGEN_FINISH_STOP: return "stop";
+    case KVGEN_FINISH_STOP_STRING: return "stop_string";
+    case KVGEN_FINISH_LENGTH: return "length";
+    case KVGEN_FINISH_CANCELLED: return "cancelled";
+    case KVGEN_FINISH_CONTEXT_FULL: return "context_full";
+    case KVGEN_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+kvgen_status kvgen_session_set_sampler(kvgen_session *s, const kvgen_sampler_desc *desc, kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_set_sampler: session is NULL");
+    return kvg_sampler_set(kvg_session_sampler(s), desc, false, err);
+}
+
+void kvgen_session_get_sampler(const kvgen_session *s, kvgen_sampler_desc *desc) {
+    if (!desc) return;
+    memset(desc, 0, sizeof *desc);
+    if (s) kvg_sampler_get(kvg_session_sampler((kvgen_session *)s), desc);
+}
+
+void kvgen_gen_end(kvgen_gen *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->stop);
+    free(g->stop_len);
+    kvg_cons_free(g->cons);
+    free(g->allowed);
+    free(g->pending.p);
+    free(g->text.p);
+    free(g->step.p);
+    free(g);
+}
+
+kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: session is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
+    kvgen_generate_desc d = {0};
+    if (desc) d = *desc;
+    if (!kvgen_session_logits(s))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_gen_begin: the session has no logits yet: prefill a prompt (or kvgen_chat_begin) first");
+    if (d.n_stop < 0 || d.n_stop > MAX_STOPS || (d.n_stop > 0 && !d.stop))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: n_stop %d (0..%d, with a stop array)",
+                        d.n_stop, MAX_STOPS);
+    for (int i = 0; i < d.n_stop; i++)
+        if (!d.stop[i] || !d.stop[i][0] || strlen(d.stop[i]) > MAX_STOP_LEN)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: stop[%d] is NULL, empty or over %d bytes",
+                            i, MAX_STOP_LEN);
+    if (d.flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: flags 0x%x (only KVGEN_TOKENIZE_SPECIAL)",
+                        d.flags);
+
+    kvgen_gen *g = calloc(1, sizeof *g);
+    if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+    g->s = s;
+    g->m = kvg_session_model(s);
+    g->ignore_eog = d.ignore_eog != 0;
+    g->flags = d.flags;
+    kvgen_status st = kvg_cons_build(d.constraint, &g->cons, err);
+    /* a constraint bounds the length itself; free text gets the default limit */
+    g->max_tokens = d.max_tokens != 0 ? d.max_tokens : g->cons ? -1 : DEFAULT_MAX_TOKENS;
+    if (st == KVGEN_OK && d.n_stop > 0) {
+        g->stop = calloc((size_t)d.n_stop, sizeof *g->stop);
+        g->stop_len = calloc((size_t)d.n_stop, sizeof *g->stop_len);
+        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+        for (int i = 0; st == KVGEN_OK && i < d.n_stop; i++) {
+            size_t n = strlen(d.stop[i]);
+            if (!(g->stop[i] = malloc(n + 1))) {
+                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+                break;
+            }
+            memcpy(g->stop[i], d.stop[i], n + 1);
+            g->stop_len[i] = n;
+            g->n_stop++;
+        }
+    }
+    if (st == KVGEN_OK && g->cons) {
+        kvg_cons_start(g->cons, &g->cst);
+        g->allowed = malloc((size_t)kvg_session_sampler(s)->n_vocab);
+        if (!g->allowed) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+    }
+    if (st == KVGEN_OK && g->cons) {
+        const kvg_pieces *p;
+        st = kvg_pieces_get(s, &p, err);
+    }
+    if (st == KVGEN_OK && !(buf_add(&g->pending, "", 0) && buf_add(&g->text, "", 0) && buf_add(&g->step, "", 0)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        return st;
+    }
+    kvgen_detok_init(&g->detok);
+    g->detok.first = 0; /* a continuation keeps its leading space */
+    *out = g;
+    return KVGEN_OK;
+}
+
+/* moves the first n pending bytes into this step's text */
+static bool emit(kvgen_gen *g, size_t n) {
+    if (!buf_add(&g->step, g->pending.p, n) || !buf_add(&g->text, g->pending.p, n)) return false;
+    memmove(g->pending.p, g->pending.p + n, g->pending.n - n + 1);
+    g->pending.n -= n;
+    return true;
+}
+
+/* The earliest complete stop string in pending: its offset, or -1. */
+static long find_stop(const kvgen_gen *g) {
+    long best = -1;
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t k = g->stop_len[i];
+        for (size_t at = 0; at + k <= g->pending.n; at++)
+            if (memcmp(g->pending.p + at, g->stop[i], k) == 0) {
+                if (best < 0 || (long)at < best) best = (long)at;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Bytes at the end of pending that might begin a stop string: they wait for the next token. */
+static size_t held_back(const kvgen_gen *g) {
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stop; i++) {
+        size_t k = g->stop_len[i] - 1; /* a complete match was handled already */
+        if (k > g->pending.n) k = g->pending.n;
+        for (; k > hold; k--)
+            if (memcmp(g->pending.p + g->pending.n - k, g->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+static kvgen_status oom(kvgen_gen *g, kvgen_error *err) {
+    g->finish = KVGEN_FINISH_ERROR;
+    return kvg_fail(err, KVGEN_E_NO_MEMORY, "generate: out of memory");
+}
+
+/* Ends the generation: flushes an unfinished character and emits what was held back. */
+static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
+    char tail[8];
+    size_t n = kvgen_detok_flush(&g->detok, tail, sizeof tail);
+    if (!buf_add(&g->pending, tail, n)) return oom(g, err);
+    long at = find_stop(g);
+    if (at >= 0) {
+        g->pending.n = (size_t)at;
+        why = KVGEN_FINISH_STOP_STRING;
+    }
+    if (!emit(g, g->pending.n)) return oom(g, err);
+    g->finish = why;
+    return KVGEN_OK;
+}
+
+static void fill_step(const kvgen_gen *g, kvgen_gen_step *step, int32_t token) {
+    if (!step) return;
+    step->text = g->step.p;
+    step->len = g->step.n;
+    step->token = token;
+    step->finish = g->finish;
+}
+
+kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err) {
+    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
+    g->step.n = 0;
+    g->step.p[0] = 0;
+    kvgen_status st = KVGEN_OK;
+    if (g->finish != KVGEN_FINISH_NONE) {
+        fill_step(g, step, -1);
+        return KVGEN_OK;
+    }
+    if (__atomic_load_n(&g->cancel, __ATOMIC_ACQUIRE)) {
+        st = finish(g, KVGEN_FINISH_CANCELLED, err);
+        fill_step(g, step, -1);
+        return st;
+    }
+    kvgen_session *s = g->s;
+    kvg_sampler *sm = kvg_session_sampler(s);
+    const float *logits = kvgen_session_logits(s);
+    if (!logits) {
+        g->finish = KVGEN_FINISH_ERROR;
+        fill_step(g, step, -1);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: the session has no logits (was it used "
+                        "by another call during the generation?)");
+    }
+    if (g->cons) {
+        const kvg_pieces *p;
+        st = kvg_pieces_get(s, &p, err);
+        if (st == KVGEN_OK && kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed) == 0)
+            st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                          "generate: no token of the vocabulary continues the constrained text \"%s\"", g->text.p);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, -1);
+            return st;
+        }
+    }
+    int32_t tok = kvg_sampler_sample_ctx(sm, logits, kvgen_session_tokens(s), kvgen_session_length(s), g->allowed);
+    if (tok < 0) {
+        g->finish = KVGEN_FINISH_ERROR;
+        fill_step(g, step, -1);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "generate: every token is banned by the logit bias");
+    }
+    kvgen_error derr = {0};
+    st = kvgen_session_decode(s, tok, &derr);
+    if (st == KVGEN_E_CONTEXT_FULL) {
+        st = finish(g, KVGEN_FINISH_CONTEXT_FULL, err); /* the token is dropped, not appended */
+        fill_step(g, step, -1);
+        return st;
+    }
+    if (st != KVGEN_OK) {
+        if (err) *err = derr;
+        g->finish = KVGEN_FINISH_ERROR;
+        fill_step(g, step, -1);
+        return st;
+    }
+    g->n_tokens++;
+    bool eog = kvgen_token_is_eog(g->m, tok) && (!g->ignore_eog || g->cons);
+    if (eog) {
+        st = finish(g, KVGEN_FINISH_STOP, err);
+        fill_step(g, step, tok);
+        return st;
+    }
+    if (g->cons) {
+        const kvg_pieces *p = sm->pieces;
+        for (uint32_t i = p->off[tok]; i < p->off[tok + 1]; i++) kvg_cons_feed(g->cons, &g->cst, p->bytes[i]);
+    }
+    char piece[512];
+    size_t n = kvgen_detok_push(g->m, &g->detok, tok, g->flags, piece, sizeof piece);
+    if (n >= sizeof piece) { /* a very long token: ask again with room for it */
+        char *big = malloc(n + 1);
+        if (!big) return oom(g, err);
+        n = kvgen_detok_push(g->m, &g->detok, tok, g->flags, big, n + 1);
+        bool ok = buf_add(&g->pending, big, n);
+        free(big);
+        if (!ok) return oom(g, err);
+    } else if (!buf_add(&g->pending, piece, n)) {
+        return oom(g, err);
+    }
+    long at = find_stop(g);
+    if (at >= 0) {
+        g->pending.n = (size_t)at;
+        g->pending.p[at] = 0;
+        if (!emit(g, g->pending.n)) return oom(g, err);
+        g->finish = KVGEN_FINISH_STOP_STRING;
+    } else if (g->cons && kvg_cons_done(g->cons, &g->cst)) {
+        st = finish(g, KVGEN_FINISH_STOP, err);
+    } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {
+        st = finish(g, KVGEN_FINISH_LENGTH, err);
+    } else if (!emit(g, g->pending.n - held_back(g))) {
+        return oom(g, err);
+    }
+    fill_step(g, step, tok);
+    return st;
+}
+
+void kvgen_gen_cancel(kvgen_gen *g) {
+    if (g) __atomic_store_n(&g->cancel, 1, __ATOMIC_RELEASE);
+}
+
+const char *kvgen_gen_text(const kvgen_gen *g, size_t *len) {
+    if (len) *len = g ? g->text.n : 0;
+    return g ? g->text.p : NULL;
+}
+
+int kvgen_gen_n_tokens(const kvgen_gen *g) { return g ? g->n_tokens : 0; }
+
+kvgen_finish kvgen_gen_finish(const kvgen_gen *g) { return g ? g->finish : KVGEN_FINISH_ERROR; }
+
+kvgen_status kvgen_generate(kvgen_session *s, const kvgen_generate_desc *desc, char *out, size_t size, size_t *len,
+                            kvgen_finish *fin, kvgen_error *err) {
+    if (len) *len = 0;
+    if (fin) *fin = KVGEN_FINISH_ERROR;
+    if (out && size) out[0] = 0;
+    kvgen_gen *g = NULL;
+    kvgen_status st = kvgen_gen_begin(s, desc, &g, err);
+    while (st == KVGEN_OK && g->finish == KVGEN_FINISH_NONE) st = kvgen_gen_next(g, NULL, err);
+    if (g) {
+        size_t n;
+        const char *text = kvgen_gen_text(g, &n);
+        if (out && size) {
+            size_t k = n < size - 1 ? n : size - 1;
+            memcpy(out, text, k);
+            out[k] = 0;
+        }
+        if (len) *len = n;
+        if (fin) *fin = g->finish;
+    }
+    kvgen_gen_end(g);
+    return st;
+}
