@@ -56,7 +56,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
 kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
                                  kvgen_error *err);
 
-/* model.c's identity hash (session files): hyperparameters, tensor names/types/shapes and a
+/* session_file.c: the identity hash of a model (session files): hyperparameters, tensor names/types/shapes and a
  * sample of every tensor's bytes. */
 uint64_t kvg_model_identity(const kvgen_model *m);
 
