@@ -185,7 +185,7 @@ kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_e
 
 #define STATE_MAGIC 0x5347564bu /* "KVGS" */
 #define STATE_VERSION 1u
-#define STATE_FIXED (4 + 4 + 8 + 4 * 9 + 32 + 4)
+#define STATE_HEAD (4 + 4 + 8 + 4 * 9 + 32) /* up to the RNG; then biases, chat size, chat */
 
 static unsigned char *put_u32(unsigned char *b, uint32_t v) {
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -218,7 +218,7 @@ static float get_f32(const unsigned char *b) {
 }
 
 size_t kvg_sampler_state_size(const kvg_sampler *s) {
-    return STATE_FIXED + (size_t)s->params.n_bias * 8 + 4 + (s->chat ? kvg_chat_state_size(s->chat) : 0);
+    return STATE_HEAD + (size_t)s->params.n_bias * 8 + 4 + (s->chat ? kvg_chat_state_size(s->chat) : 0);
 }
 
 void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
@@ -248,7 +248,7 @@ void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
 
 kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err) {
     const unsigned char *b = buf;
-    if (size < STATE_FIXED + 4 || get_u32(b) != STATE_MAGIC)
+    if (size < STATE_HEAD + 4 || get_u32(b) != STATE_MAGIC)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: not a sampler state (%zu bytes)", size);
     if (get_u32(b + 4) > STATE_VERSION)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "sampler state: version %u is newer than this kvgen's %u",
@@ -266,7 +266,7 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
     uint32_t n_bias = get_u32(b + 48);
     kvg_rng rng;
     for (int i = 0; i < 4; i++) rng.s[i] = get_u64(b + 52 + 8 * i);
-    size_t off = STATE_FIXED;
+    size_t off = STATE_HEAD;
     if (n_bias > (uint32_t)s->n_vocab || (size - off - 4) / 8 < n_bias)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: %u biases do not fit in %zu bytes", (unsigned)n_bias, size);
     kvgen_logit_bias *bias = NULL;
