@@ -31,16 +31,35 @@
 #define MODEL_MT "kvgen.Model"
 #define SESSION_MT "kvgen.Session"
 #define DETOK_MT "kvgen.Detokenizer"
+#define STREAM_MT "kvgen.Stream"
 #define LAST_ERROR_KEY "kvgen.last_error"
+
+#define SAMPLER_OPTIONS                                                                                                \
+    "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",       \
+        "penalty_window", "bias"
 
 typedef struct lmodel {
     kvgen_model *model; /* NULL once closed */
 } lmodel;
 
+struct lstream;
+
 typedef struct lsession {
     kvgen_session *session; /* NULL once closed */
     kvgen_model *model;     /* borrowed: the session holds its own C reference on it */
+    struct lstream *active; /* the stream generating on this session, if any (it must be alone) */
 } lsession;
+
+/* A generation in progress (kvgen_gen). User values: 1 the session userdata (kept alive),
+ * 2 a table anchoring the strings and arrays the kvgen_generate_desc points into, 3 the
+ * final text once finished. */
+typedef struct lstream {
+    kvgen_gen *gen;      /* NULL once finished or closed */
+    lsession *owner;     /* valid while the stream lives: user value 1 holds it */
+    kvgen_finish finish; /* KVGEN_FINISH_NONE while running */
+    int n_tokens;
+    int finish_pending;  /* the last step carried text and a finish: report the end next time */
+} lstream;
 
 typedef struct ldetok {
     kvgen_detok state;
@@ -204,9 +223,17 @@ static lmodel *check_model(lua_State *L, int arg) {
     return m;
 }
 
-static lsession *check_session(lua_State *L, int arg) {
+/* An open session, for calls that only read it (allowed while a stream generates). */
+static lsession *check_session_open(lua_State *L, int arg) {
     lsession *s = luaL_checkudata(L, arg, SESSION_MT);
     if (!s->session) luaL_error(L, "attempt to use a closed " SESSION_MT);
+    return s;
+}
+
+/* An open session that no stream is generating on (kvgen_gen_begin wants it to itself). */
+static lsession *check_session(lua_State *L, int arg) {
+    lsession *s = check_session_open(L, arg);
+    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
     return s;
 }
 
@@ -298,7 +325,8 @@ static unsigned special_flag(lua_State *L, int arg) {
 /* ---- kvgen.load and the model ----------------------------------------------------------- */
 
 static const char *const backend_names[] = {"default", "reference", "vulkan", NULL};
-static const char *const load_options[] = {"backend", "device", "threads", "force_f32", NULL};
+static const char *const load_options[] = {"backend",   "device",     "threads",   "force_f32", "pool_bytes",
+                                           "pool_tokens", "page_size", "contiguous", NULL};
 
 /* kvgen.load(path [, {backend=, device=, threads=, force_f32=}]) -> model */
 static int l_load(lua_State *L) {
@@ -320,6 +348,10 @@ static int l_load(lua_State *L) {
     }
     desc.n_threads = (int)opt_integer(L, 2, "threads", 0, 0, 4096);
     desc.force_f32 = opt_boolean(L, 2, "force_f32", 0);
+    desc.kv_pool_bytes = (size_t)opt_integer(L, 2, "pool_bytes", 0, 0, LUA_MAXINTEGER);
+    desc.kv_pool_tokens = (size_t)opt_integer(L, 2, "pool_tokens", 0, 0, LUA_MAXINTEGER);
+    desc.kv_page_size = (int)opt_integer(L, 2, "page_size", 0, 0, INT_MAX);
+    desc.kv_contiguous = opt_boolean(L, 2, "contiguous", 0);
 
     lmodel *m = lua_newuserdatauv(L, sizeof *m, 0);
     m->model = NULL; /* created closed: a failure below leaves nothing to free */
@@ -562,7 +594,26 @@ static int detok_tostring(lua_State *L) {
 
 /* ---- sessions --------------------------------------------------------------------------- */
 
-static const char *const session_options[] = {"context", "no_cache", "seed", "temperature", "top_k", "top_p", NULL};
+static const char *const session_options[] = {"context", "no_cache", "on_full", "keep", "prefix_reuse",
+                                              "system",  "template", SAMPLER_OPTIONS, NULL};
+static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_sampler_desc *sd);
+static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *tpl);
+static void push_template_name(lua_State *L, lsession *s);
+static const char *const on_full_names[] = {"error", "shift", NULL};
+
+/* Pushes a closed session userdata whose user value is the model userdata at `model_idx`
+ * (the session keeps it alive). */
+static lsession *new_session(lua_State *L, kvgen_model *model, int model_idx) {
+    model_idx = lua_absindex(L, model_idx);
+    lsession *s = lua_newuserdatauv(L, sizeof *s, 1);
+    s->session = NULL;
+    s->model = model;
+    s->active = NULL;
+    luaL_setmetatable(L, SESSION_MT);
+    lua_pushvalue(L, model_idx);
+    lua_setiuservalue(L, -2, 1);
+    return s;
+}
 
 /* model:session([opts]) -> session */
 static int model_session(lua_State *L) {
@@ -571,27 +622,63 @@ static int model_session(lua_State *L) {
     kvgen_session_desc desc = {0};
     desc.n_ctx = (int)opt_integer(L, 2, "context", 0, 0, INT_MAX);
     desc.no_cache = opt_boolean(L, 2, "no_cache", 0);
-    desc.seed = (uint64_t)opt_integer(L, 2, "seed", 0, LUA_MININTEGER, LUA_MAXINTEGER);
-    desc.temperature = (float)opt_number(L, 2, "temperature", 0.0, 0.0, FLT_MAX);
-    desc.top_k = (int)opt_integer(L, 2, "top_k", 0, 0, INT_MAX);
-    desc.top_p = (float)opt_number(L, 2, "top_p", 0.0, 0.0, 1.0);
+    desc.on_full = (kvgen_on_full)opt_choice(L, 2, "on_full", KVGEN_ON_FULL_ERROR, on_full_names);
+    desc.keep = (int)opt_integer(L, 2, "keep", 0, 0, INT_MAX);
+    desc.no_prefix_reuse = !opt_boolean(L, 2, "prefix_reuse", 1);
+    const char *system = opt_string(L, 2, "system", NULL);
+    kvgen_chat_template tpl;
+    int has_template = get_option(L, 2, "template") != LUA_TNIL;
+    if (has_template) read_template(L, lua_gettop(L), 2, &tpl);
+    lua_pop(L, 1);
+    kvgen_sampler_desc sd = {0};
+    read_sampler(L, 2, m->model, &sd);
+    desc.sampler = &sd;
 
-    lsession *s = lua_newuserdatauv(L, sizeof *s, 1);
-    s->session = NULL;
-    s->model = m->model;
-    luaL_setmetatable(L, SESSION_MT);
-    lua_pushvalue(L, 1); /* the session keeps its model userdata alive */
-    lua_setiuservalue(L, -2, 1);
+    lsession *s = new_session(L, m->model, 1);
     kvgen_error err = {0};
     if (kvgen_session_create(m->model, &desc, &s->session, &err) != KVGEN_OK) {
         s->session = NULL;
         return raise_status(L, &err);
     }
+    /* on failure below the new session is garbage and its __gc closes it */
+    if (has_template && kvgen_chat_set_template(s->session, &tpl, &err) != KVGEN_OK) return raise_status(L, &err);
+    if (system && kvgen_chat_add(s->session, "system", system, &err) != KVGEN_OK) return raise_status(L, &err);
     return 1;
 }
 
+/* s:fork() -> a new session continuing from this one (shares its full pages copy-on-write) */
+static int session_fork(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_getiuservalue(L, 1, 1);
+    lsession *child = new_session(L, s->model, lua_gettop(L));
+    kvgen_error err = {0};
+    if (kvgen_session_fork(s->session, &child->session, &err) != KVGEN_OK) {
+        child->session = NULL;
+        return raise_status(L, &err);
+    }
+    return 1;
+}
+
+/* s:rewind(n) -> new length: drops the last n tokens */
+static int session_rewind(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    int isint = 0;
+    lua_Integer n = to_integer(L, 2, &isint);
+    if (!isint) type_error(L, 2, "n", "integer");
+    size_t len = kvgen_session_length(s->session);
+    if (n < 0 || (lua_Unsigned)n > len)
+        luaL_argerror(L, 2, lua_pushfstring(L, "n: %I is out of range [0, %d]", (LUAI_UACINT)n, (int)len));
+    kvgen_error err = {0};
+    if (kvgen_session_rewind(s->session, (size_t)n, &err) != KVGEN_OK) return raise_status(L, &err);
+    lua_pushinteger(L, (lua_Integer)kvgen_session_length(s->session));
+    return 1;
+}
+
+static void stream_stop(lstream *st, kvgen_finish finish);
+
 static int session_close(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
+    if (s->active) stream_stop(s->active, KVGEN_FINISH_CANCELLED); /* the generator must go first */
     kvgen_session_close(s->session);
     s->session = NULL;
     return 0;
@@ -615,6 +702,8 @@ static int session_index(lua_State *L) {
         lua_pushinteger(L, (lua_Integer)kvgen_session_length(s->session));
     } else if (strcmp(key, "model") == 0) {
         lua_getiuservalue(L, 1, 1);
+    } else if (strcmp(key, "template") == 0) {
+        push_template_name(L, s);
     } else if (strcmp(key, "context") == 0) {
         kvgen_cache_info ci;
         kvgen_session_cache_info(s->session, &ci);
@@ -720,7 +809,7 @@ static int session_logits(lua_State *L) {
 }
 
 static int session_tokens(lua_State *L) {
-    lsession *s = check_session(L, 1);
+    lsession *s = check_session_open(L, 1);
     push_ids(L, kvgen_session_tokens(s->session), kvgen_session_length(s->session));
     return 1;
 }
@@ -732,10 +821,10 @@ static int session_reset(lua_State *L) {
 
 /* s:cache_info() -> {layers, kv_heads, head_dim, length, capacity, bytes, bytes_per_token} */
 static int session_cache_info(lua_State *L) {
-    lsession *s = check_session(L, 1);
+    lsession *s = check_session_open(L, 1);
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 13);
     lua_pushinteger(L, ci.n_layer);
     lua_setfield(L, -2, "layers");
     lua_pushinteger(L, ci.n_head_kv);
@@ -750,6 +839,41 @@ static int session_cache_info(lua_State *L) {
     lua_setfield(L, -2, "bytes");
     lua_pushinteger(L, (lua_Integer)ci.bytes_per_token);
     lua_setfield(L, -2, "bytes_per_token");
+    lua_pushinteger(L, (lua_Integer)ci.page_size);
+    lua_setfield(L, -2, "page_size");
+    lua_pushinteger(L, (lua_Integer)ci.pages);
+    lua_setfield(L, -2, "pages");
+    lua_pushinteger(L, (lua_Integer)ci.pages_shared);
+    lua_setfield(L, -2, "pages_shared");
+    lua_pushinteger(L, (lua_Integer)ci.bytes_held);
+    lua_setfield(L, -2, "bytes_held");
+    lua_pushinteger(L, (lua_Integer)ci.tokens_reused);
+    lua_setfield(L, -2, "tokens_reused");
+    lua_pushinteger(L, (lua_Integer)ci.shifts);
+    lua_setfield(L, -2, "shifts");
+    return 1;
+}
+
+/* model:pool_info() -> the KV page pool's accounting (all sessions of the model) */
+static int model_pool_info(lua_State *L) {
+    kvgen_pool_info pi;
+    kvgen_model_pool_info(check_model(L, 1)->model, &pi);
+    const struct {
+        const char *name;
+        size_t value;
+    } fields[] = {
+        {"page_size", pi.page_size},           {"pages_total", pi.pages_total},
+        {"pages_used", pi.pages_used},         {"pages_free", pi.pages_free},
+        {"pages_cached", pi.pages_cached},     {"bytes_per_token", pi.bytes_per_token},
+        {"bytes_per_page", pi.bytes_per_page}, {"bytes_total", pi.bytes_total},
+        {"bytes_used", pi.bytes_used},         {"bytes_committed", pi.bytes_committed},
+        {"sessions", pi.sessions},
+    };
+    lua_createtable(L, 0, (int)(sizeof fields / sizeof fields[0]));
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        lua_pushinteger(L, (lua_Integer)fields[i].value);
+        lua_setfield(L, -2, fields[i].name);
+    }
     return 1;
 }
 
@@ -757,7 +881,7 @@ static int session_cache_info(lua_State *L) {
  * element (h, t, d) (all 0-based) is at index (h * length + t) * head_dim + d + 1. */
 static int session_read_cache(lua_State *L) {
     static const char *const which_names[] = {"k", "v", NULL};
-    lsession *s = check_session(L, 1);
+    lsession *s = check_session_open(L, 1);
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
     int isint = 0;
@@ -779,9 +903,636 @@ static int session_read_cache(lua_State *L) {
     return 1;
 }
 
+/* ---- sampler settings ------------------------------------------------------------------- */
+
+static const char *const sampler_options[] = {SAMPLER_OPTIONS, NULL};
+
+/* Reads the sampler keys of the options table at `arg` over `sd` (keys left out keep their
+ * value). bias = {[token] = number}, -math.huge bans a token; its array is a userdata left on
+ * the stack when the key is given. */
+static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_sampler_desc *sd) {
+    sd->seed = (uint64_t)opt_integer(L, arg, "seed", (lua_Integer)sd->seed, LUA_MININTEGER, LUA_MAXINTEGER);
+    sd->temperature = (float)opt_number(L, arg, "temperature", sd->temperature, 0.0, FLT_MAX);
+    sd->top_k = (int)opt_integer(L, arg, "top_k", sd->top_k, 0, INT_MAX);
+    sd->top_p = (float)opt_number(L, arg, "top_p", sd->top_p, 0.0, 1.0);
+    sd->min_p = (float)opt_number(L, arg, "min_p", sd->min_p, 0.0, 1.0);
+    sd->repeat_penalty = (float)opt_number(L, arg, "repeat_penalty", sd->repeat_penalty, 0.0, FLT_MAX);
+    sd->frequency_penalty = (float)opt_number(L, arg, "frequency_penalty", sd->frequency_penalty, -FLT_MAX, FLT_MAX);
+    sd->presence_penalty = (float)opt_number(L, arg, "presence_penalty", sd->presence_penalty, -FLT_MAX, FLT_MAX);
+    sd->penalty_window = (int)opt_integer(L, arg, "penalty_window", sd->penalty_window, -1, INT_MAX);
+    int t = get_option(L, arg, "bias");
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    if (t != LUA_TTABLE)
+        option_error(L, arg, "bias", lua_pushfstring(L, "table {[token] = bias} expected, got %s", luaL_typename(L, -1)));
+    int bias_idx = lua_gettop(L);
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, bias_idx)) {
+        n++;
+        lua_pop(L, 1);
+    }
+    kvgen_logit_bias *bias = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *bias, 0);
+    int n_vocab = model_info(model).n_vocab, i = 0;
+    lua_pushnil(L);
+    while (lua_next(L, bias_idx)) {
+        int isint = 0;
+        lua_Integer id = to_integer(L, -2, &isint);
+        if (!isint || id < 0 || id >= n_vocab)
+            option_error(L, arg, "bias", lua_pushfstring(L, "keys must be token ids in [0, %d)", n_vocab));
+        if (lua_type(L, -1) != LUA_TNUMBER || isnan(lua_tonumber(L, -1)))
+            option_error(L, arg, "bias",
+                         lua_pushfstring(L, "bias of token %I: number expected, got %s", (LUAI_UACINT)id,
+                                         luaL_typename(L, -1)));
+        bias[i].token = (int32_t)id;
+        bias[i].bias = (float)lua_tonumber(L, -1);
+        i++;
+        lua_pop(L, 1);
+    }
+    lua_remove(L, bias_idx); /* the userdata stays on the stack for the caller */
+    sd->bias = bias;
+    sd->n_bias = n;
+}
+
+/* s:set_sampler(opts): changes the given settings, keeps the others; a seed re-seeds the RNG,
+ * without one the RNG continues its stream */
+static int session_set_sampler(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 2);
+    check_options(L, 2, sampler_options);
+    kvgen_sampler_desc sd;
+    kvgen_session_get_sampler(s->session, &sd);
+    /* the current bias array points into the session: copy it before it is replaced */
+    kvgen_logit_bias *old = lua_newuserdatauv(L, (size_t)(sd.n_bias > 0 ? sd.n_bias : 1) * sizeof *old, 0);
+    if (sd.n_bias > 0) memcpy(old, sd.bias, (size_t)sd.n_bias * sizeof *old);
+    sd.bias = old;
+    sd.seed = 0;
+    read_sampler(L, 2, s->model, &sd);
+    kvgen_error err = {0};
+    if (kvgen_session_set_sampler(s->session, &sd, &err) != KVGEN_OK) return raise_status(L, &err);
+    return 0;
+}
+
+/* s:sampler() -> the settings in force */
+static int session_sampler(lua_State *L) {
+    lsession *s = check_session_open(L, 1);
+    kvgen_sampler_desc sd;
+    kvgen_session_get_sampler(s->session, &sd);
+    lua_createtable(L, 0, 10);
+    lua_pushinteger(L, (lua_Integer)sd.seed);
+    lua_setfield(L, -2, "seed");
+    lua_pushnumber(L, sd.temperature);
+    lua_setfield(L, -2, "temperature");
+    lua_pushinteger(L, sd.top_k);
+    lua_setfield(L, -2, "top_k");
+    lua_pushnumber(L, sd.top_p);
+    lua_setfield(L, -2, "top_p");
+    lua_pushnumber(L, sd.min_p);
+    lua_setfield(L, -2, "min_p");
+    lua_pushnumber(L, sd.repeat_penalty);
+    lua_setfield(L, -2, "repeat_penalty");
+    lua_pushnumber(L, sd.frequency_penalty);
+    lua_setfield(L, -2, "frequency_penalty");
+    lua_pushnumber(L, sd.presence_penalty);
+    lua_setfield(L, -2, "presence_penalty");
+    lua_pushinteger(L, sd.penalty_window);
+    lua_setfield(L, -2, "penalty_window");
+    lua_createtable(L, 0, sd.n_bias > 0 ? sd.n_bias : 0);
+    for (int i = 0; i < sd.n_bias; i++) {
+        lua_pushnumber(L, sd.bias[i].bias);
+        lua_rawseti(L, -2, sd.bias[i].token);
+    }
+    lua_setfield(L, -2, "bias");
+    return 1;
+}
+
+/* ---- chat templates --------------------------------------------------------------------- */
+
+/* Reads a template given as a family name or a table of prefixes/suffixes. */
+static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *tpl) {
+    static const char *const keys[] = {"name",        "system_prefix",    "system_suffix",    "user_prefix",
+                                       "user_suffix", "assistant_prefix", "assistant_suffix", "system_in_user",
+                                       NULL};
+    memset(tpl, 0, sizeof *tpl);
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        tpl->name = lua_tostring(L, idx);
+        return;
+    }
+    if (!lua_istable(L, idx)) {
+        luaL_argerror(L, arg, lua_pushfstring(L, "template: string or table expected, got %s", luaL_typename(L, idx)));
+        return;
+    }
+    const char **fields[] = {&tpl->name,        &tpl->system_prefix,    &tpl->system_suffix, &tpl->user_prefix,
+                             &tpl->user_suffix, &tpl->assistant_prefix, &tpl->assistant_suffix};
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        int k = -1;
+        if (lua_type(L, -1) == LUA_TSTRING)
+            for (int i = 0; keys[i] && k < 0; i++)
+                if (strcmp(keys[i], lua_tostring(L, -1)) == 0) k = i;
+        if (k < 0)
+            luaL_argerror(L, arg, lua_pushfstring(L, "template: unknown field '%s'", luaL_tolstring(L, -1, NULL)));
+    }
+    for (int i = 0; i < 7; i++) {
+        int t = lua_getfield(L, idx, keys[i]);
+        if (t != LUA_TNIL && t != LUA_TSTRING)
+            luaL_argerror(L, arg,
+                          lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], luaL_typename(L, -1)));
+        *fields[i] = lua_tostring(L, -1); /* stays valid: the table holds the string */
+        lua_pop(L, 1);
+    }
+    int t = lua_getfield(L, idx, "system_in_user");
+    if (t != LUA_TNIL && t != LUA_TBOOLEAN)
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "template.system_in_user: boolean expected, got %s", luaL_typename(L, -1)));
+    tpl->system_in_user = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+}
+
+/* s:set_template(name_or_table | nil): nil returns to the model's own template */
+static int session_set_template(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    kvgen_error err = {0};
+    kvgen_status st;
+    if (lua_isnoneornil(L, 2)) {
+        st = kvgen_chat_set_template(s->session, NULL, &err);
+    } else {
+        kvgen_chat_template tpl;
+        read_template(L, 2, 2, &tpl);
+        st = kvgen_chat_set_template(s->session, &tpl, &err);
+    }
+    if (st != KVGEN_OK) return raise_status(L, &err);
+    return 0;
+}
+
+static const char *const role_names[] = {"system", "user", "assistant", NULL};
+
+/* s:add(role, text): appends one complete chat turn */
+static int session_add(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    const char *role = role_names[luaL_checkoption(L, 2, NULL, role_names)];
+    if (lua_type(L, 3) != LUA_TSTRING) type_error(L, 3, "text", "string");
+    kvgen_error err = {0};
+    if (kvgen_chat_add(s->session, role, lua_tostring(L, 3), &err) != KVGEN_OK) return raise_status(L, &err);
+    return 0;
+}
+
+/* ---- generation ------------------------------------------------------------------------- */
+
+#define GENERATE_OPTIONS "max_tokens", "stop", "ignore_eog", "special", "choices", "json"
+
+/* Pushes a const char* array of the strings in the list at `idx` (anchored in the table at
+ * `anchor`, which also keeps the strings alive). */
+static const char *const *string_list(lua_State *L, int idx, int arg, const char *what, int anchor, int *n_out) {
+    idx = lua_absindex(L, idx);
+    lua_Unsigned n = lua_rawlen(L, idx);
+    if (n > INT_MAX / 2) luaL_argerror(L, arg, lua_pushfstring(L, "%s: too many entries", what));
+    const char **list = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *list, 0);
+    luaL_ref(L, anchor);
+    for (lua_Unsigned i = 0; i < n; i++) {
+        if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING || lua_rawlen(L, -1) == 0)
+            luaL_argerror(L, arg,
+                          lua_pushfstring(L, "%s[%I]: non-empty string expected, got %s", what, (LUAI_UACINT)(i + 1),
+                                          lua_type(L, -1) == LUA_TSTRING ? "an empty string" : luaL_typename(L, -1)));
+        list[i] = lua_tostring(L, -1);
+        luaL_ref(L, anchor); /* pops it; the anchor keeps it */
+    }
+    *n_out = (int)n;
+    return list;
+}
+
+static const char *const json_type_names[] = {"string", "number", "enum", NULL};
+
+/* json = {{key=, type="string"|"number"|"enum", values={...}, max_len=}, ...} */
+static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int anchor, int *n_out) {
+    idx = lua_absindex(L, idx);
+    lua_Unsigned n = lua_rawlen(L, idx);
+    if (n == 0 || n > INT_MAX / 2) luaL_argerror(L, arg, "option 'json': a non-empty list of fields expected");
+    kvgen_json_field *f = lua_newuserdatauv(L, (size_t)n * sizeof *f, 0);
+    luaL_ref(L, anchor);
+    memset(f, 0, (size_t)n * sizeof *f);
+    for (lua_Unsigned i = 0; i < n; i++) {
+        if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TTABLE)
+            luaL_argerror(L, arg,
+                          lua_pushfstring(L, "json[%I]: table expected, got %s", (LUAI_UACINT)(i + 1),
+                                          luaL_typename(L, -1)));
+        int fi = lua_gettop(L);
+        if (lua_getfield(L, fi, "key") != LUA_TSTRING)
+            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].key: string expected", (LUAI_UACINT)(i + 1)));
+        f[i].key = lua_tostring(L, -1);
+        lua_pop(L, 1);
+        const char *type = lua_getfield(L, fi, "type") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int ti = -1;
+        for (int k = 0; type && json_type_names[k]; k++)
+            if (strcmp(type, json_type_names[k]) == 0) ti = k;
+        if (ti < 0)
+            luaL_argerror(L, arg,
+                          lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected", (LUAI_UACINT)(i + 1)));
+        lua_pop(L, 1);
+        f[i].type = (kvgen_json_type)(KVGEN_JSON_STRING + ti);
+        if (f[i].type == KVGEN_JSON_ENUM) {
+            if (lua_getfield(L, fi, "values") != LUA_TTABLE)
+                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].values: list of strings expected", (LUAI_UACINT)(i + 1)));
+            f[i].values = string_list(L, -1, arg, "values", anchor, &f[i].n_values);
+            lua_pop(L, 1);
+        }
+        int t = lua_getfield(L, fi, "max_len");
+        if (t != LUA_TNIL) {
+            int isint = 0;
+            lua_Integer ml = to_integer(L, -1, &isint);
+            if (!isint || ml < 0 || ml > INT_MAX)
+                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected", (LUAI_UACINT)(i + 1)));
+            f[i].max_len = (int)ml;
+        }
+        lua_pop(L, 2);
+    }
+    *n_out = (int)n;
+    return f;
+}
+
+/* Fills a generate desc from the options at `arg`; strings and arrays it points into are
+ * anchored in the table at `anchor` (whose lifetime the caller chooses). */
+static void read_generate(lua_State *L, int arg, int anchor, kvgen_generate_desc *gd, kvgen_constraint *c) {
+    memset(gd, 0, sizeof *gd);
+    memset(c, 0, sizeof *c);
+    if (lua_isnoneornil(L, arg)) return;
+    lua_pushvalue(L, arg); /* the options table keeps the strings it holds alive */
+    luaL_ref(L, anchor);
+    gd->max_tokens = (int)opt_integer(L, arg, "max_tokens", 0, -1, INT_MAX);
+    gd->ignore_eog = opt_boolean(L, arg, "ignore_eog", 0);
+    gd->flags = opt_boolean(L, arg, "special", 0) ? KVGEN_TOKENIZE_SPECIAL : 0u;
+    int t = get_option(L, arg, "stop");
+    if (t == LUA_TSTRING) {
+        if (lua_rawlen(L, -1) == 0) option_error(L, arg, "stop", "stop strings must not be empty");
+        const char **one = lua_newuserdatauv(L, sizeof *one, 0);
+        one[0] = lua_tostring(L, -2);
+        luaL_ref(L, anchor);
+        gd->stop = one;
+        gd->n_stop = 1;
+    } else if (t == LUA_TTABLE) {
+        gd->stop = string_list(L, -1, arg, "stop", anchor, &gd->n_stop);
+    } else if (t != LUA_TNIL) {
+        option_error(L, arg, "stop", lua_pushfstring(L, "string or list of strings expected, got %s", luaL_typename(L, -1)));
+    }
+    lua_pop(L, 1);
+    t = get_option(L, arg, "choices");
+    if (t == LUA_TTABLE) {
+        c->kind = KVGEN_CONSTRAIN_CHOICE;
+        c->choices = string_list(L, -1, arg, "choices", anchor, &c->n_choices);
+        if (c->n_choices == 0) option_error(L, arg, "choices", "a non-empty list of strings expected");
+    } else if (t != LUA_TNIL) {
+        option_error(L, arg, "choices", lua_pushfstring(L, "list of strings expected, got %s", luaL_typename(L, -1)));
+    }
+    lua_pop(L, 1);
+    t = get_option(L, arg, "json");
+    if (t == LUA_TTABLE) {
+        if (c->kind != KVGEN_CONSTRAIN_NONE) option_error(L, arg, "json", "cannot be combined with 'choices'");
+        c->kind = KVGEN_CONSTRAIN_JSON;
+        c->fields = json_fields(L, -1, arg, anchor, &c->n_fields);
+    } else if (t != LUA_TNIL) {
+        option_error(L, arg, "json", lua_pushfstring(L, "list of fields expected, got %s", luaL_typename(L, -1)));
+    }
+    lua_pop(L, 1);
+    if (c->kind != KVGEN_CONSTRAIN_NONE) gd->constraint = c;
+}
+
+/* Ends the generator and frees the session for other calls. */
+static void stream_stop(lstream *st, kvgen_finish finish) {
+    if (!st->gen) return;
+    if (st->finish == KVGEN_FINISH_NONE) st->finish = finish;
+    st->n_tokens = kvgen_gen_n_tokens(st->gen);
+    kvgen_gen_end(st->gen);
+    st->gen = NULL;
+    if (st->owner && st->owner->active == st) st->owner->active = NULL;
+}
+
+/* Keeps the text (user value 3) and ends the generator. */
+static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) {
+    if (!st->gen) return;
+    idx = lua_absindex(L, idx);
+    size_t len = 0;
+    const char *text = kvgen_gen_text(st->gen, &len);
+    lua_pushlstring(L, text ? text : "", text ? len : 0);
+    lua_setiuservalue(L, idx, 3);
+    stream_stop(st, finish);
+}
+
+/* Starts a generation on the session at index 1 and pushes its stream; the session must have
+ * logits (prefill or chat first). Options at `opts`. */
+static lstream *stream_begin(lua_State *L, lsession *s, int opts) {
+    lstream *st = lua_newuserdatauv(L, sizeof *st, 3);
+    memset(st, 0, sizeof *st);
+    luaL_setmetatable(L, STREAM_MT);
+    int st_idx = lua_gettop(L);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, st_idx, 1);
+    lua_newtable(L); /* anchor */
+    int anchor = lua_gettop(L);
+    kvgen_generate_desc gd;
+    kvgen_constraint c;
+    read_generate(L, opts, anchor, &gd, &c);
+    lua_setiuservalue(L, st_idx, 2);
+    kvgen_error err = {0};
+    if (kvgen_gen_begin(s->session, &gd, &st->gen, &err) != KVGEN_OK) {
+        st->gen = NULL;
+        raise_status(L, &err);
+    }
+    st->owner = s;
+    s->active = st;
+    return st;
+}
+
+/* The next non-empty piece of text, or NULL (nothing pushed) at the end. */
+static int stream_step(lua_State *L, int idx, lstream *st) {
+    if (!st->gen) return 0;
+    if (st->finish_pending) {
+        stream_finish(L, idx, st, kvgen_gen_finish(st->gen));
+        return 0;
+    }
+    for (;;) {
+        kvgen_gen_step step;
+        kvgen_error err = {0};
+        if (kvgen_gen_next(st->gen, &step, &err) != KVGEN_OK) {
+            stream_finish(L, idx, st, KVGEN_FINISH_ERROR);
+            raise_status(L, &err);
+        }
+        if (step.len > 0) {
+            lua_pushlstring(L, step.text, step.len);
+            lua_pushinteger(L, step.token);
+            if (step.finish != KVGEN_FINISH_NONE) st->finish_pending = 1;
+            return 2;
+        }
+        if (step.finish != KVGEN_FINISH_NONE) {
+            stream_finish(L, idx, st, step.finish);
+            return 0;
+        }
+    }
+}
+
+/* st() / st:next() -> piece, token; nil at the end (so `for piece in st do` works) */
+static int stream_call(lua_State *L) {
+    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    int n = stream_step(L, 1, st);
+    if (n == 0) {
+        lua_pushnil(L);
+        return 1;
+    }
+    return n;
+}
+
+/* st:cancel(): the generation finishes with "cancelled" at the next step */
+static int stream_cancel(lua_State *L) {
+    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    if (st->gen) kvgen_gen_cancel(st->gen);
+    return 0;
+}
+
+static int stream_close(lua_State *L) {
+    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    stream_finish(L, 1, st, KVGEN_FINISH_CANCELLED);
+    return 0;
+}
+
+static int stream_tostring(lua_State *L) {
+    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    if (st->gen)
+        lua_pushfstring(L, STREAM_MT " (generating) (%p)", (void *)st);
+    else
+        lua_pushfstring(L, STREAM_MT " (%s) (%p)", kvgen_finish_name(st->finish), (void *)st);
+    return 1;
+}
+
+/* fields: finish ("none" while running), text (so far), n_tokens, session */
+static int stream_index(lua_State *L) {
+    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    const char *key = luaL_checkstring(L, 2);
+    if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
+    if (strcmp(key, "finish") == 0) {
+        lua_pushstring(L, kvgen_finish_name(st->gen ? KVGEN_FINISH_NONE : st->finish));
+    } else if (strcmp(key, "n_tokens") == 0) {
+        lua_pushinteger(L, st->gen ? kvgen_gen_n_tokens(st->gen) : st->n_tokens);
+    } else if (strcmp(key, "text") == 0) {
+        if (st->gen) {
+            size_t len = 0;
+            const char *text = kvgen_gen_text(st->gen, &len);
+            lua_pushlstring(L, text ? text : "", text ? len : 0);
+        } else if (lua_getiuservalue(L, 1, 3) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            lua_pushliteral(L, "");
+        }
+    } else if (strcmp(key, "session") == 0) {
+        lua_getiuservalue(L, 1, 1);
+    } else {
+        lua_pushnil(L);
+    }
+    return 1;
+}
+
+/* Prefills a prompt given as text (never parsing control tokens) or token ids; nil: nothing. */
+static void prefill_prompt(lua_State *L, lsession *s, int idx) {
+    size_t n = 0;
+    const int32_t *ids;
+    if (lua_isnoneornil(L, idx)) return;
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        size_t len;
+        const char *text = lua_tolstring(L, idx, &len);
+        ids = tokenize(L, s->model, text, len, 0, &n);
+    } else if (lua_istable(L, idx)) {
+        ids = check_ids(L, idx, "prompt", s->model, &n);
+    } else {
+        type_error(L, idx, "prompt", "string, table of token ids or nil");
+        return;
+    }
+    kvgen_error err = {0};
+    if (n > 0 && kvgen_session_prefill(s->session, ids, n, NULL, &err) != KVGEN_OK) raise_status(L, &err);
+    lua_pop(L, 1);
+}
+
+static const char *const stream_options[] = {GENERATE_OPTIONS, NULL};
+static const char *const generate_options[] = {GENERATE_OPTIONS, "on_piece", NULL};
+static const char *const chat_options[] = {GENERATE_OPTIONS, "on_piece", "role", NULL};
+static const char *const chat_stream_options[] = {GENERATE_OPTIONS, "role", NULL};
+
+/* Runs the stream at the top of the stack to its end, calling on_piece (at `cb`, 0: none)
+ * with each piece; pushes text, finish. A Lua error in the callback ends the generation
+ * (the session keeps what was generated) and is raised again unchanged. */
+static int run_to_end(lua_State *L, int cb) {
+    int idx = lua_gettop(L);
+    lstream *st = lua_touserdata(L, idx);
+    for (;;) {
+        int n = stream_step(L, idx, st);
+        if (n == 0) break;
+        if (cb) {
+            lua_pushvalue(L, cb);
+            lua_insert(L, -3);
+            if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+                stream_finish(L, idx, st, KVGEN_FINISH_CANCELLED);
+                return lua_error(L);
+            }
+            if (lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1)) kvgen_gen_cancel(st->gen);
+            lua_pop(L, 1);
+        } else {
+            lua_pop(L, n);
+        }
+    }
+    lua_getiuservalue(L, idx, 3);
+    lua_pushstring(L, kvgen_finish_name(st->finish));
+    return 2;
+}
+
+static int check_callback(lua_State *L, int opts) {
+    if (get_option(L, opts, "on_piece") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (!lua_isfunction(L, -1))
+        option_error(L, opts, "on_piece", lua_pushfstring(L, "function expected, got %s", luaL_typename(L, -1)));
+    return lua_gettop(L);
+}
+
+/* s:generate([prompt [, opts]]) -> text, finish */
+static int session_generate(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 3);
+    check_options(L, 3, generate_options);
+    int cb = check_callback(L, 3);
+    prefill_prompt(L, s, 2);
+    stream_begin(L, s, 3);
+    return run_to_end(L, cb);
+}
+
+/* s:stream([prompt [, opts]]) -> st, nil, nil, st: `for piece, token in s:stream(p) do ... end`
+ * closes the stream when the loop ends or breaks */
+static int session_stream(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 3);
+    check_options(L, 3, stream_options);
+    prefill_prompt(L, s, 2);
+    stream_begin(L, s, 3);
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, -3);
+    return 4;
+}
+
+static void chat_begin(lua_State *L, lsession *s, int msg, int opts) {
+    const char *role = role_names[opt_choice(L, opts, "role", 1, role_names)];
+    const char *text = NULL;
+    if (lua_type(L, msg) == LUA_TSTRING)
+        text = lua_tostring(L, msg);
+    else if (!lua_isnil(L, msg))
+        type_error(L, msg, "message", "string or nil");
+    kvgen_error err = {0};
+    if (kvgen_chat_begin(s->session, role, text, &err) != KVGEN_OK) raise_status(L, &err);
+}
+
+/* s:chat(message [, opts]) -> reply, finish: one chat turn in the session's template */
+static int session_chat(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 3);
+    check_options(L, 3, chat_options);
+    int cb = check_callback(L, 3);
+    chat_begin(L, s, 2, 3);
+    stream_begin(L, s, 3);
+    return run_to_end(L, cb);
+}
+
+/* s:chat_stream(message [, opts]) -> st, nil, nil, st */
+static int session_chat_stream(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 3);
+    check_options(L, 3, chat_stream_options);
+    chat_begin(L, s, 2, 3);
+    stream_begin(L, s, 3);
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, -3);
+    return 4;
+}
+
+/* s:choose(candidates [, {by = "sum"|"mean"}]) -> best index, log-probs, details
+ * Scores each candidate as a continuation of the session's text; the session is unchanged. */
+static int session_choose(lua_State *L) {
+    static const char *const by_names[] = {"sum", "mean", NULL};
+    static const char *const choose_options[] = {"by", NULL};
+    lsession *s = check_session(L, 1);
+    lua_settop(L, 3);
+    if (!lua_istable(L, 2)) type_error(L, 2, "candidates", "list of strings");
+    check_options(L, 3, choose_options);
+    int by_mean = opt_choice(L, 3, "by", 0, by_names);
+    lua_newtable(L);
+    int anchor = lua_gettop(L);
+    int n = 0;
+    const char *const *cands = string_list(L, 2, 2, "candidates", anchor, &n);
+    if (n == 0) luaL_argerror(L, 2, "candidates: a non-empty list of strings expected");
+    kvgen_choice *res = lua_newuserdatauv(L, (size_t)n * sizeof *res, 0);
+    kvgen_error err = {0};
+    if (kvgen_session_choose(s->session, cands, (size_t)n, res, &err) != KVGEN_OK) return raise_status(L, &err);
+    int best = 0;
+    for (int i = 1; i < n; i++) {
+        double a = by_mean ? res[i].logprob_mean : res[i].logprob;
+        double b = by_mean ? res[best].logprob_mean : res[best].logprob;
+        if (a > b) best = i;
+    }
+    lua_pushinteger(L, best + 1);
+    lua_createtable(L, n, 0);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_pushnumber(L, res[i].logprob);
+        lua_rawseti(L, -3, i + 1);
+        lua_createtable(L, 0, 3);
+        lua_pushnumber(L, res[i].logprob);
+        lua_setfield(L, -2, "logprob");
+        lua_pushnumber(L, res[i].logprob_mean);
+        lua_setfield(L, -2, "logprob_mean");
+        lua_pushinteger(L, res[i].n_tokens);
+        lua_setfield(L, -2, "n_tokens");
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 3;
+}
+
+/* s.template -> the chat template family in use, or nil when the model's is unknown */
+static void push_template_name(lua_State *L, lsession *s) {
+    kvgen_error err = {0};
+    const char *name = kvgen_chat_template_name(s->session, &err);
+    if (name)
+        lua_pushstring(L, name);
+    else
+        lua_pushnil(L);
+}
+
+/* ---- save / restore --------------------------------------------------------------------- */
+
+/* s:save(path) */
+static int session_save(lua_State *L) {
+    lsession *s = check_session(L, 1);
+    if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "path", "string");
+    kvgen_error err = {0};
+    if (kvgen_session_save(s->session, lua_tostring(L, 2), &err) != KVGEN_OK) return raise_status(L, &err);
+    return 0;
+}
+
+/* model:restore(path) -> session saved by s:save */
+static int model_restore(lua_State *L) {
+    lmodel *m = check_model(L, 1);
+    if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "path", "string");
+    lsession *s = new_session(L, m->model, 1);
+    kvgen_error err = {0};
+    if (kvgen_session_restore(m->model, lua_tostring(L, 2), &s->session, &err) != KVGEN_OK) {
+        s->session = NULL;
+        return raise_status(L, &err);
+    }
+    return 1;
+}
+
 /* ---- module ----------------------------------------------------------------------------- */
 
-/* kvgen.type(x) -> "model" | "session" | "detokenizer" | "closed model" | "closed session" | nil */
+/* kvgen.type(x) -> "model", "session", "stream", "detokenizer", "closed model", "closed session",
+ * "closed stream" (finished), or nil */
 static int l_type(lua_State *L) {
     luaL_checkany(L, 1);
     lmodel *m = luaL_testudata(L, 1, MODEL_MT);
@@ -790,6 +1541,8 @@ static int l_type(lua_State *L) {
         lua_pushstring(L, m->model ? "model" : "closed model");
     else if (s)
         lua_pushstring(L, s->session ? "session" : "closed session");
+    else if (luaL_testudata(L, 1, STREAM_MT))
+        lua_pushstring(L, ((lstream *)lua_touserdata(L, 1))->gen ? "stream" : "closed stream");
     else if (luaL_testudata(L, 1, DETOK_MT))
         lua_pushliteral(L, "detokenizer");
     else
@@ -860,6 +1613,8 @@ static const luaL_Reg model_methods[] = {
     {"token", model_token},
     {"detokenizer", model_detokenizer},
     {"session", model_session},
+    {"pool_info", model_pool_info},
+    {"restore", model_restore},
     {NULL, NULL},
 };
 
@@ -873,7 +1628,25 @@ static const luaL_Reg session_methods[] = {
     {"reset", session_reset},
     {"cache_info", session_cache_info},
     {"read_cache", session_read_cache},
+    {"fork", session_fork},
+    {"rewind", session_rewind},
+    {"save", session_save},
+    {"set_sampler", session_set_sampler},
+    {"sampler", session_sampler},
+    {"set_template", session_set_template},
+    {"add", session_add},
+    {"generate", session_generate},
+    {"stream", session_stream},
+    {"chat", session_chat},
+    {"chat_stream", session_chat_stream},
+    {"choose", session_choose},
     {NULL, NULL},
+};
+
+static const luaL_Reg stream_methods[] = {
+    {"next", stream_call},
+    {"cancel", stream_cancel},
+    {"close", stream_close},
 };
 
 static const luaL_Reg detok_methods[] = {
@@ -917,6 +1690,11 @@ __attribute__((visibility("default"))) int luaopen_kvgen(lua_State *L) {
     new_type(L, MODEL_MT, model_methods, model_index, model_close, model_tostring);
     new_type(L, SESSION_MT, session_methods, session_index, session_close, session_tostring);
     new_type(L, DETOK_MT, detok_methods, NULL, NULL, detok_tostring);
+    new_type(L, STREAM_MT, stream_methods, stream_index, stream_close, stream_tostring);
+    luaL_getmetatable(L, STREAM_MT);
+    lua_pushcfunction(L, stream_call);
+    lua_setfield(L, -2, "__call");
+    lua_pop(L, 1);
     luaL_newlib(L, module_functions);
     lua_pushstring(L, kvgen_version());
     lua_setfield(L, -2, "version");
