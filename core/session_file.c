@@ -35,26 +35,31 @@ enum { FLAG_LOGITS = 1, FLAG_NO_CACHE = 2, FLAG_PREFIX_REUSE = 4 };
 /* ---- hashing ------------------------------------------------------------------------------ */
 
 /* 64-bit FNV-1a folded 8 bytes at a time, with a splitmix finaliser: fast enough to checksum a
- * few hundred MiB of K/V, and any flipped bit changes the result. Not cryptographic. */
+ * few hundred MiB of K/V, and any flipped bit changes the result. Not cryptographic. Bytes
+ * are gathered into words across calls, so the result does not depend on how the data was
+ * split into calls (save writes in sections, restore hashes the file in one go). */
 typedef struct hash64 {
-    uint64_t h;
+    uint64_t h, word;
+    int n; /* bytes in word */
 } hash64;
+
+#define HASH64_INIT {0xcbf29ce484222325ull, 0, 0}
 
 static void hash_bytes(hash64 *st, const void *data, size_t n) {
     const unsigned char *p = data;
-    uint64_t h = st->h;
-    for (; n >= 8; n -= 8, p += 8) {
-        uint64_t w = 0;
-        for (int i = 0; i < 8; i++) w |= (uint64_t)p[i] << (8 * i);
-        h = (h ^ w) * 0x100000001b3ull;
-        h ^= h >> 29;
+    for (size_t i = 0; i < n; i++) {
+        st->word |= (uint64_t)p[i] << (8 * st->n);
+        if (++st->n == 8) {
+            st->h = (st->h ^ st->word) * 0x100000001b3ull;
+            st->h ^= st->h >> 29;
+            st->word = 0;
+            st->n = 0;
+        }
     }
-    for (; n > 0; n--, p++) h = (h ^ *p) * 0x100000001b3ull;
-    st->h = h;
 }
 
 static uint64_t hash_final(const hash64 *st) {
-    uint64_t h = st->h;
+    uint64_t h = (st->h ^ st->word ^ ((uint64_t)st->n << 59)) * 0x100000001b3ull;
     h ^= h >> 30;
     h *= 0xbf58476d1ce4e5b9ull;
     h ^= h >> 27;
@@ -72,7 +77,7 @@ static void hash_u64(hash64 *st, uint64_t v) {
  * tensor's name, type and shape, and 64 bytes from the start, middle and end of its data.
  * Two random-weight models of one shape differ in those samples. */
 uint64_t kvg_model_identity(const kvgen_model *m) {
-    hash64 st = {0xcbf29ce484222325ull};
+    hash64 st = HASH64_INIT;
     const kvg_hparams *hp = &m->w.hp;
     int ints[] = {hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->n_vocab};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) hash_u64(&st, (uint64_t)(uint32_t)ints[i]);
@@ -195,7 +200,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         free(scratch);
         return kvg_fail(err, KVGEN_E_IO, "%s: cannot create: %s", path, strerror(errno));
     }
-    file_writer w = {f, {0xcbf29ce484222325ull}, false};
+    file_writer w = {f, HASH64_INIT, false};
     kvgen_status st = KVGEN_OK;
     fw_write(&w, header, sizeof header);
     fw_write(&w, sampler, sampler_bytes);
@@ -280,8 +285,9 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
 
     kvgen_session *s = NULL;
     float *kv = NULL;
-    if (size < 12 || memcmp(h, FILE_MAGIC, 8) != 0)
+    if (size < 8 || memcmp(h, FILE_MAGIC, 8) != 0)
         REFUSE(KVGEN_E_FORMAT, "%s: not a kvgen session file (no KVGSESS magic)", path);
+    if (size < 12) REFUSE(KVGEN_E_FORMAT, "%s: truncated: %zu bytes, no format version", path, size);
     uint32_t version = get_u32(h + 8);
     if (version > FILE_VERSION)
         REFUSE(KVGEN_E_UNSUPPORTED, "%s: session format version %u is newer than this kvgen reads (%u); upgrade kvgen",
@@ -296,7 +302,7 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     if (size > file_bytes)
         REFUSE(KVGEN_E_FORMAT, "%s: corrupted: %zu bytes where the header says %llu", path, size,
                (unsigned long long)file_bytes);
-    hash64 sum = {0xcbf29ce484222325ull};
+    hash64 sum = HASH64_INIT;
     hash_bytes(&sum, buf, size - 8);
     if (hash_final(&sum) != get_u64(buf + size - 8))
         REFUSE(KVGEN_E_FORMAT, "%s: corrupted: checksum mismatch", path);
