@@ -8,6 +8,7 @@
  * Exit status: 0 on success, 1 when kvgen reports an error, 2 on a usage error. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,15 @@ static void usage(FILE *f) {
             "  --temp T             sampling temperature (default 0: greedy)\n"
             "  --top-k K            keep the K most likely tokens (0: off)\n"
             "  --top-p P            keep the smallest set reaching probability P (1: off)\n"
-            "  --seed S             sampler seed; --seed/--top-k/--top-p without --temp sample at T = 1\n"
+            "  --min-p P            drop tokens below P x the most likely one's probability (0: off)\n"
+            "  --repeat-penalty R   penalise tokens seen in the last --penalty-window tokens (1: off)\n"
+            "  --frequency-penalty F, --presence-penalty F   subtract F per occurrence / once (0: off)\n"
+            "  --penalty-window N   tokens looked back for penalties (default 64, -1: all)\n"
+            "  --seed S             sampler seed; sampling options without --temp sample at T = 1\n"
+            "  --stop STR           stop when STR appears (not printed); may be given up to 16 times\n"
+            "  --ignore-eos         keep going past end-of-generation tokens\n"
+            "  --chat               apply the model's chat template: PROMPT is the user's turn\n"
+            "  --system TEXT        with --chat: a system turn first\n"
             "  --backend B          reference | vulkan (default: $KVGEN_BACKEND, else vulkan when usable)\n"
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          reference backend threads (default: all cores)\n"
@@ -72,9 +81,12 @@ typedef struct options {
     kvgen_backend backend;
     long n_predict, ctx, threads;
     uint64_t seed;
-    float temp, top_p;
-    long top_k;
-    int temp_set, sampling_opt, special, ids, no_cache;
+    float temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
+    long top_k, penalty_window;
+    const char *stop[16];
+    int n_stop;
+    const char *system;
+    int temp_set, sampling_opt, special, ids, no_cache, ignore_eos, chat;
 } options;
 
 /* Parses argv[2..]: the first non-option is MODEL. Returns 0, or 2 after printing a usage error. */
@@ -91,6 +103,29 @@ static int parse_options(int argc, char **argv, options *o) {
         if (strcmp(a, "--special") == 0) o->special = 1;
         else if (strcmp(a, "--ids") == 0) o->ids = 1;
         else if (strcmp(a, "--no-cache") == 0) o->no_cache = 1;
+        else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
+        else if (strcmp(a, "--chat") == 0) o->chat = 1;
+        else if (strcmp(a, "--system") == 0) {
+            NEED_VALUE();
+            o->system = val;
+        } else if (strcmp(a, "--stop") == 0) {
+            NEED_VALUE();
+            if (o->n_stop == 16 || !*val) return usage_error("--stop: at most 16 non-empty strings ('%s')", val);
+            o->stop[o->n_stop++] = val;
+        } else if (strcmp(a, "--min-p") == 0 || strcmp(a, "--repeat-penalty") == 0 ||
+                   strcmp(a, "--frequency-penalty") == 0 || strcmp(a, "--presence-penalty") == 0) {
+            NEED_VALUE();
+            float v;
+            if (!parse_float(val, &v)) return usage_error("bad number '%s'", val);
+            if (a[2] == 'm') o->min_p = v;
+            else if (a[2] == 'r') o->repeat_penalty = v;
+            else if (a[2] == 'f') o->frequency_penalty = v;
+            else o->presence_penalty = v;
+            o->sampling_opt |= a[2] == 'm';
+        } else if (strcmp(a, "--penalty-window") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, -1, 1 << 20, &o->penalty_window)) return usage_error("--penalty-window: bad value '%s'", val);
+        }
         else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0) {
             NEED_VALUE();
             o->prompt = val;
@@ -244,77 +279,93 @@ static int cmd_generate(const options *o) {
     int rc = 1;
     kvgen_error err = {0};
     kvgen_session *s = NULL;
+    kvgen_gen *g = NULL;
     unsigned tok_flags = KVGEN_TOKENIZE_ADD_BOS | (o->special ? KVGEN_TOKENIZE_SPECIAL : 0);
-    unsigned piece_flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0;
     size_t n_prompt = 0;
-    int32_t *prompt = tokenize(m, o->prompt, strlen(o->prompt), tok_flags, &n_prompt);
-    if (!prompt) goto done;
-    if (n_prompt == 0) {
-        fprintf(stderr, "kvgen: the prompt has no tokens\n");
-        goto done;
+    int32_t *prompt = NULL;
+    if (!o->chat) {
+        prompt = tokenize(m, o->prompt, strlen(o->prompt), tok_flags, &n_prompt);
+        if (!prompt) goto done;
+        if (n_prompt == 0) {
+            fprintf(stderr, "kvgen: the prompt has no tokens\n");
+            goto done;
+        }
     }
-    kvgen_session_desc sd = {.n_ctx = (int)o->ctx,
-                             .no_cache = o->no_cache,
-                             .seed = o->seed,
-                             .temperature = o->temp,
-                             .top_k = (int)o->top_k,
-                             .top_p = o->top_p};
+    kvgen_sampler_desc smp = {.seed = o->seed,
+                              .temperature = o->temp,
+                              .top_k = (int)o->top_k,
+                              .top_p = o->top_p,
+                              .min_p = o->min_p,
+                              .repeat_penalty = o->repeat_penalty,
+                              .frequency_penalty = o->frequency_penalty,
+                              .presence_penalty = o->presence_penalty,
+                              .penalty_window = (int)o->penalty_window};
+    kvgen_session_desc sd = {.n_ctx = (int)o->ctx, .no_cache = o->no_cache, .sampler = &smp};
     if (kvgen_session_create(m, &sd, &s, &err) != KVGEN_OK) {
         fprintf(stderr, "kvgen: %s\n", err.message);
         goto done;
     }
 
     double t0 = now_s();
-    if (kvgen_session_prefill(s, prompt, n_prompt, NULL, &err) != KVGEN_OK) {
+    kvgen_status st = KVGEN_OK;
+    if (o->chat) {
+        if (o->system) st = kvgen_chat_add(s, "system", o->system, &err);
+        if (st == KVGEN_OK) st = kvgen_chat_begin(s, "user", o->prompt, &err);
+        n_prompt = kvgen_session_length(s);
+    } else {
+        st = kvgen_session_prefill(s, prompt, n_prompt, NULL, &err);
+    }
+    if (st != KVGEN_OK) {
         fprintf(stderr, "kvgen: prompt: %s\n", err.message);
         goto done;
     }
     double t_prompt = now_s() - t0;
 
-    kvgen_detok d;
-    kvgen_detok_init(&d);
-    char piece[512];
-    int n_gen = 0, n_decoded = 0;
-    const char *stop = "limit";
+    kvgen_generate_desc gd = {.max_tokens = o->n_predict > 0 ? (int)o->n_predict : -1,
+                              .stop = o->stop,
+                              .n_stop = o->n_stop,
+                              .ignore_eog = o->ignore_eos,
+                              .flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0};
+    kvgen_finish finish = KVGEN_FINISH_LENGTH;
+    int n_gen = 0;
     t0 = now_s();
-    for (long i = 0; i < o->n_predict; i++) {
-        int32_t t = kvgen_session_sample(s);
-        if (kvgen_token_is_eog(m, t)) {
-            stop = "end of generation";
-            break;
-        }
-        n_gen++;
-        if (o->ids) {
-            printf(n_gen > 1 ? " %d" : "%d", (int)t);
-        } else if (kvgen_detok_push(m, &d, t, piece_flags, piece, sizeof piece)) {
-            fputs(piece, stdout);
-        }
-        fflush(stdout);
-        if (i + 1 == o->n_predict) break; /* the last token's successor is never needed */
-        kvgen_status st = kvgen_session_decode(s, t, &err);
-        if (st == KVGEN_E_CONTEXT_FULL) {
-            stop = "context full";
-            break;
-        }
-        if (st != KVGEN_OK) {
-            fprintf(stderr, "\nkvgen: decode: %s\n", err.message);
+    if (o->n_predict > 0) {
+        if (kvgen_gen_begin(s, &gd, &g, &err) != KVGEN_OK) {
+            fprintf(stderr, "kvgen: %s\n", err.message);
             goto done;
         }
-        n_decoded++;
+        kvgen_gen_step step;
+        do {
+            if (kvgen_gen_next(g, &step, &err) != KVGEN_OK) {
+                fprintf(stderr, "\nkvgen: generate: %s\n", err.message);
+                goto done;
+            }
+            bool eog = step.finish == KVGEN_FINISH_STOP && step.token >= 0 && kvgen_token_is_eog(m, step.token);
+            if (o->ids) {
+                if (step.token >= 0 && !eog) printf(n_gen++ ? " %d" : "%d", (int)step.token);
+            } else {
+                fputs(step.text, stdout);
+            }
+            fflush(stdout);
+        } while (step.finish == KVGEN_FINISH_NONE);
+        finish = step.finish;
+        if (!o->ids) n_gen = kvgen_gen_n_tokens(g);
     }
     double t_gen = now_s() - t0;
-    if (!o->ids && kvgen_detok_flush(&d, piece, sizeof piece)) fputs(piece, stdout);
     printf("\n");
     fflush(stdout);
 
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);
+    int n_decoded = g ? kvgen_gen_n_tokens(g) : 0;
     fprintf(stderr, "[%s on %s] prompt: %zu tokens in %.1f ms (%.1f tok/s); generated: %d tokens (%s), "
             "%d decodes in %.1f ms (%.1f tok/s)%s\n",
             info.backend, info.device, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen,
-            stop, n_decoded, t_gen * 1e3, n_decoded / (t_gen > 0 ? t_gen : 1e-9), o->no_cache ? " [no cache]" : "");
+            kvgen_finish_name(finish), n_decoded, t_gen * 1e3, n_decoded / (t_gen > 0 ? t_gen : 1e-9),
+            o->no_cache ? " [no cache]" : "");
     rc = 0;
 done:
+    kvgen_gen_end(g);
     free(prompt);
     kvgen_session_close(s);
     kvgen_model_unload(m);
