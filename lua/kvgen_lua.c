@@ -1423,7 +1423,9 @@ static void chat_begin(lua_State *L, lsession *s, int msg, int opts) {
     const char *text = NULL;
     if (lua_type(L, msg) == LUA_TSTRING)
         text = lua_tostring(L, msg);
-    else if (!lua_isnil(L, msg))
+    else if (lua_isnil(L, msg))
+        role = NULL; /* no turn: only the assistant header */
+    else
         type_error(L, msg, "message", "string or nil");
     kvgen_error err = {0};
     if (kvgen_chat_begin(s->session, role, text, &err) != KVGEN_OK) raise_status(L, &err);
