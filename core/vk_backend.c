@@ -624,7 +624,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->mv_lane = ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     vm->mv_wg = vm->mv_lane ? 32 : 64;
     vm->mv_rows = 4;
-    vm->nsplit = 8;
+    /* splits buy parallelism on a GPU; on a CPU device the KV heads already fill the cores and
+     * each split's fixed cost (and the reduce) dominates: split there only for the loop limit */
+    vm->nsplit = vm->mv_lane ? 1 : 8;
     if (getenv("KVGEN_VK_LANE")) vm->mv_lane = atoi(getenv("KVGEN_VK_LANE")) != 0;
     if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
     if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));

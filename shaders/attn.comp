@@ -80,12 +80,14 @@ void main() {
         uint p = base + tid;
         if (tid < nvalid) {
             uint kb = (head_base + p) * hd;
-            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = 0.0;
+            float sg[MAXG]; // in registers: one shared-memory write per score
+            [[unroll]] for (uint g = 0u; g < G; g++) sg[g] = 0.0;
             [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
                 vec2 kv = kv_pair(true, kb + d);
                 [[unroll]] for (uint g = 0u; g < G; g++)
-                    sc[g * WG + tid] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
+                    sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
             }
+            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = sg[g];
         }
         barrier();
         [[unroll]] for (uint g = 0u; g < G; g++) {
