@@ -59,6 +59,8 @@ typedef struct lstream {
     kvgen_finish finish; /* KVGEN_FINISH_NONE while running */
     int n_tokens;
     int finish_pending;  /* the last step carried text and a finish: report the end next time */
+    kvgen_generate_desc desc; /* read before the prompt is added; points into user value 2 */
+    kvgen_constraint constraint;
 } lstream;
 
 typedef struct ldetok {
@@ -1220,9 +1222,9 @@ static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finis
     stream_stop(st, finish);
 }
 
-/* Starts a generation on the session at index 1 and pushes its stream; the session must have
- * logits (prefill or chat first). Options at `opts`. */
-static lstream *stream_begin(lua_State *L, lsession *s, int opts) {
+/* Pushes a stream for the session at index 1 with its options read from `opts`, not started
+ * yet: options are checked before the prompt touches the session. */
+static lstream *stream_new(lua_State *L, int opts) {
     lstream *st = lua_newuserdatauv(L, sizeof *st, 3);
     memset(st, 0, sizeof *st);
     luaL_setmetatable(L, STREAM_MT);
@@ -1230,19 +1232,21 @@ static lstream *stream_begin(lua_State *L, lsession *s, int opts) {
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, st_idx, 1);
     lua_newtable(L); /* anchor */
-    int anchor = lua_gettop(L);
-    kvgen_generate_desc gd;
-    kvgen_constraint c;
-    read_generate(L, opts, anchor, &gd, &c);
+    read_generate(L, opts, lua_gettop(L), &st->desc, &st->constraint);
+    if (st->desc.constraint) st->desc.constraint = &st->constraint;
     lua_setiuservalue(L, st_idx, 2);
+    return st;
+}
+
+/* Starts the generation from the session's current logits (prefill or chat first). */
+static void stream_start(lua_State *L, lsession *s, lstream *st) {
     kvgen_error err = {0};
-    if (kvgen_gen_begin(s->session, &gd, &st->gen, &err) != KVGEN_OK) {
+    if (kvgen_gen_begin(s->session, &st->desc, &st->gen, &err) != KVGEN_OK) {
         st->gen = NULL;
         raise_status(L, &err);
     }
     st->owner = s;
     s->active = st;
-    return st;
 }
 
 /* The next non-empty piece of text, or NULL (nothing pushed) at the end. */
@@ -1356,11 +1360,10 @@ static const char *const generate_options[] = {GENERATE_OPTIONS, "on_piece", NUL
 static const char *const chat_options[] = {GENERATE_OPTIONS, "on_piece", "role", NULL};
 static const char *const chat_stream_options[] = {GENERATE_OPTIONS, "role", NULL};
 
-/* Runs the stream at the top of the stack to its end, calling on_piece (at `cb`, 0: none)
+/* Runs the stream at `idx` to its end, calling on_piece (at `cb`, 0: none)
  * with each piece; pushes text, finish. A Lua error in the callback ends the generation
  * (the session keeps what was generated) and is raised again unchanged. */
-static int run_to_end(lua_State *L, int cb) {
-    int idx = lua_gettop(L);
+static int run_to_end(lua_State *L, int idx, int cb) {
     lstream *st = lua_touserdata(L, idx);
     for (;;) {
         int n = stream_step(L, idx, st);
@@ -1399,9 +1402,11 @@ static int session_generate(lua_State *L) {
     lua_settop(L, 3);
     check_options(L, 3, generate_options);
     int cb = check_callback(L, 3);
+    lstream *st = stream_new(L, 3);
+    int idx = lua_gettop(L);
     prefill_prompt(L, s, 2);
-    stream_begin(L, s, 3);
-    return run_to_end(L, cb);
+    stream_start(L, s, st);
+    return run_to_end(L, idx, cb);
 }
 
 /* s:stream([prompt [, opts]]) -> st, nil, nil, st: `for piece, token in s:stream(p) do ... end`
@@ -1410,11 +1415,14 @@ static int session_stream(lua_State *L) {
     lsession *s = check_session(L, 1);
     lua_settop(L, 3);
     check_options(L, 3, stream_options);
+    lstream *st = stream_new(L, 3);
+    int idx = lua_gettop(L);
     prefill_prompt(L, s, 2);
-    stream_begin(L, s, 3);
+    stream_start(L, s, st);
+    lua_settop(L, idx);
     lua_pushnil(L);
     lua_pushnil(L);
-    lua_pushvalue(L, -3);
+    lua_pushvalue(L, idx);
     return 4;
 }
 
@@ -1437,9 +1445,11 @@ static int session_chat(lua_State *L) {
     lua_settop(L, 3);
     check_options(L, 3, chat_options);
     int cb = check_callback(L, 3);
+    lstream *st = stream_new(L, 3);
+    int idx = lua_gettop(L);
     chat_begin(L, s, 2, 3);
-    stream_begin(L, s, 3);
-    return run_to_end(L, cb);
+    stream_start(L, s, st);
+    return run_to_end(L, idx, cb);
 }
 
 /* s:chat_stream(message [, opts]) -> st, nil, nil, st */
@@ -1447,11 +1457,14 @@ static int session_chat_stream(lua_State *L) {
     lsession *s = check_session(L, 1);
     lua_settop(L, 3);
     check_options(L, 3, chat_stream_options);
+    lstream *st = stream_new(L, 3);
+    int idx = lua_gettop(L);
     chat_begin(L, s, 2, 3);
-    stream_begin(L, s, 3);
+    stream_start(L, s, st);
+    lua_settop(L, idx);
     lua_pushnil(L);
     lua_pushnil(L);
-    lua_pushvalue(L, -3);
+    lua_pushvalue(L, idx);
     return 4;
 }
 
