@@ -15,10 +15,34 @@ describe("kvgen module", function()
   it("kvgen.devices() returns a list of device descriptions", function()
     local devices = kvgen.devices()
     assert.is_table(devices)
+    local defaults = 0
     for i, d in ipairs(devices) do
       assert.is_table(d, "device " .. i)
       assert.is_string(d.name)
+      assert.are.equal("integer", math.type(d.index))
+      assert.is_truthy(({ discrete = 1, integrated = 1, virtual = 1, cpu = 1, other = 1 })[d.type], d.type)
+      assert.matches("^%d+%.%d+%.%d+$", d.api_version)
+      assert.is_boolean(d.shader_float16)
+      assert.is_true(d.device_local_bytes > 0)
+      if d.default then defaults = defaults + 1 end
     end
+    assert.is_true(#devices == 0 or defaults == 1)
+  end)
+
+  it("the device option picks a listed device by index or name", function()
+    local devices = kvgen.devices()
+    if #devices == 0 then return end -- no Vulkan here: nothing to pick
+    local d = devices[1]
+    local m = kvgen.load(support.random_model_path(), { backend = "vulkan", device = d.index })
+    assert.are.equal("vulkan", m.backend)
+    assert.are.equal(d.name, m.device)
+    m:close()
+    m = kvgen.load(support.random_model_path(), { backend = "vulkan", device = d.name:sub(1, 4) })
+    assert.are.equal("vulkan", m.backend)
+    m:close()
+    assert.matches("^kvgen: ", support.error_of(kvgen.load, support.random_model_path(),
+      { backend = "vulkan", device = "no such device name" }))
+    assert.are.equal("device", (kvgen.last_error()))
   end)
 
   describe("kvgen.type", function()
