@@ -486,6 +486,150 @@ typedef struct kvgen_choice {
 kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *candidates, size_t n,
                                   kvgen_choice *results, kvgen_error *err);
 
+
+/* ---- jobs: non-blocking generation on the engine's worker thread ----------------------- *
+ * For game loops: the host submits a request and, once per frame, pumps the results; it never
+ * waits on the model. See docs/jobs.md for the scheduling and the CPU budget.
+ *
+ * - The model owns one worker thread, started by the first kvgen_job_submit and stopped
+ *   (joined) when the model is freed, i.e. when its last reference (the loaded handle,
+ *   sessions, unreleased jobs) is gone; any work left is cancelled and freed then.
+ * - Every step the worker advances all sessions that have work: the decodes of all
+ *   generating jobs run as ONE batched forward pass where the backend supports it
+ *   (reference: each weight row is dequantized once for the whole batch), and at most one
+ *   prompt is prefilled by one chunk (desc.prefill_chunk tokens), so a long prompt never
+ *   stalls the other streams. Higher priority first, round robin among equals.
+ * - Jobs of one session run one after another in submission order. From submit until the
+ *   job is final (done, cancelled, failed) the session belongs to the worker: do not call
+ *   other kvgen_session_* / kvgen_chat_* / kvgen_gen_* functions on it, except
+ *   kvgen_session_close, which cancels its jobs safely (it waits for at most the one worker
+ *   step that may be using the session).
+ * - kvgen_poll / kvgen_job_poll / kvgen_job_get_info never wait for the model: they take a
+ *   lock the worker holds only for bookkeeping, never during a forward pass. There are no
+ *   callbacks; the worker never calls into the host. Poll a given job from one thread at a
+ *   time; submit, cancel and release may be called from any thread.
+ * - A job cancelled (or failed) before its first generated token leaves the session as it
+ *   was before the job (prompt and chat turn taken back); after that, the session keeps
+ *   the prompt and the tokens generated so far, as with kvgen_gen_*. */
+
+typedef struct kvgen_job kvgen_job;
+
+typedef enum kvgen_job_state {
+    KVGEN_JOB_QUEUED = 0,   /* waiting for the worker */
+    KVGEN_JOB_PREFILLING,   /* its prompt is being prefilled, chunk by chunk */
+    KVGEN_JOB_GENERATING,   /* producing tokens */
+    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full) */
+    KVGEN_JOB_CANCELLED,    /* kvgen_job_cancel / kvgen_job_release / session closed */
+    KVGEN_JOB_FAILED        /* an error; kvgen_job_get_info gives the message */
+} kvgen_job_state;
+
+/* "queued", "prefilling", "generating", "done", "cancelled", "failed" */
+const char *kvgen_job_state_name(kvgen_job_state state);
+
+typedef enum kvgen_prompt_kind {
+    KVGEN_PROMPT_NONE = 0, /* no prompt: generate from the session's current logits */
+    KVGEN_PROMPT_TEXT,     /* `text` appended as is, tokenized with `tokenize_flags` */
+    KVGEN_PROMPT_CHAT,     /* a chat turn (`role`, `text`) then the assistant header, as
+                              kvgen_chat_begin (role NULL: only open the reply) */
+    KVGEN_PROMPT_TOKENS    /* `tokens` appended as is */
+} kvgen_prompt_kind;
+
+typedef struct kvgen_job_desc {
+    kvgen_prompt_kind prompt;
+    const char *text;        /* TEXT, CHAT; copied */
+    size_t text_len;         /* 0: strlen(text) */
+    unsigned tokenize_flags; /* TEXT: KVGEN_TOKENIZE_SPECIAL / KVGEN_TOKENIZE_ADD_BOS */
+    const char *role;        /* CHAT: "system", "user" or "assistant"; copied */
+    const int32_t *tokens;   /* TOKENS; copied */
+    size_t n_tokens;
+    kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); stop strings and the
+                                constraint are copied at submit */
+    int priority;            /* higher runs first; 0: normal. Change it with kvgen_job_set_priority */
+    const void *owner;       /* kvgen_poll(model, owner, ...) returns only this owner's jobs
+                                (e.g. one per lua_State); NULL is an owner like any other */
+    void *user_data;         /* returned in events */
+} kvgen_job_desc;
+
+/* Queues a request on `session` (desc NULL: no prompt, default generation) and returns at
+ * once. Arguments (stop strings, constraint, prompt kind) are checked here; errors found on
+ * the worker (e.g. context full) make the job FAILED. The job holds a model reference until
+ * released. */
+kvgen_status kvgen_job_submit(kvgen_session *session, const kvgen_job_desc *desc, kvgen_job **out,
+                              kvgen_error *err);
+/* Asks the job to stop: a queued job is cancelled at once, a running one at the worker's
+ * next step. Final jobs are left alone. NULL is ignored. */
+void kvgen_job_cancel(kvgen_job *job);
+/* Cancels the job if it is not final and frees the handle (the worker lets go of it at its
+ * next step). Every submitted job must be released once. NULL is ignored. */
+void kvgen_job_release(kvgen_job *job);
+void kvgen_job_set_priority(kvgen_job *job, int priority);
+
+/* Non-blocking: moves the text the worker produced since this job's last poll into the job's
+ * text and returns the job's state. *text / *len (either may be NULL) receive the new bytes
+ * (NUL-terminated, "" when none), valid until the job's next poll or release. */
+kvgen_job_state kvgen_job_poll(kvgen_job *job, const char **text, size_t *len);
+/* All text delivered by polls so far (NUL-terminated; valid until the next poll or release). */
+const char *kvgen_job_text(const kvgen_job *job, size_t *len);
+
+typedef struct kvgen_job_info {
+    kvgen_job_state state;
+    kvgen_finish finish;    /* final states: why generation ended (NONE before) */
+    kvgen_error error;      /* FAILED: what went wrong (status KVGEN_OK otherwise) */
+    int priority;
+    size_t prompt_tokens;   /* tokens of the prompt (0 until the worker built it) */
+    size_t prompt_done;     /* of those, prefilled so far */
+    int n_tokens;           /* tokens generated so far */
+    /* timing in milliseconds from submit; -1 where the event has not happened */
+    double queue_ms;        /* submit -> the worker started the job */
+    double first_token_ms;  /* submit -> first generated token (time to first token) */
+    double total_ms;        /* submit -> final state */
+    double tokens_per_s;    /* generated tokens after the first / time since the first */
+} kvgen_job_info;
+
+/* A snapshot of the job's progress (non-blocking; does not consume text). */
+void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
+
+/* One job's news since its last poll. */
+typedef struct kvgen_event {
+    kvgen_job *job;
+    void *user_data;       /* desc.user_data */
+    kvgen_job_state state; /* the job's state now */
+    const char *text;      /* new text ("" when none); valid until the job's next poll or release */
+    size_t len;
+    int finished;          /* 1 exactly once: the job became final (its last event) */
+    kvgen_finish finish;
+} kvgen_event;
+
+/* The per-frame pump: writes up to `cap` events, one per job of `owner` on this model with
+ * new text or that just became final, and returns how many. Jobs left over (more than cap)
+ * come first in the next call. Never blocks on the worker; returns 0 when nothing is new. */
+int kvgen_poll(kvgen_model *model, const void *owner, kvgen_event *events, int cap);
+
+/* Worker settings (zero fields: defaults). May be called at any time; applies from the
+ * worker's next step. */
+typedef struct kvgen_jobs_desc {
+    int prefill_chunk; /* prompt tokens prefilled per worker step; 0: 32 */
+    int max_batch;     /* decodes batched into one forward pass; 0: 64 */
+    int nice;          /* Linux: added to the worker thread's nice value when it starts, so the
+                          host thread wins the CPU; 0: 5; < 0: leave it unchanged */
+} kvgen_jobs_desc;
+
+kvgen_status kvgen_jobs_configure(kvgen_model *model, const kvgen_jobs_desc *desc, kvgen_error *err);
+
+/* Counters since load (for tests and benchmarks). */
+typedef struct kvgen_jobs_stats {
+    int worker_running;      /* the worker thread has been started */
+    size_t jobs_active;      /* submitted and not final */
+    uint64_t steps;          /* worker steps run */
+    uint64_t batches;        /* batched decode passes (backend forward_batch) */
+    uint64_t batched_tokens; /* decodes that went through them */
+    int max_batch_seen;      /* largest batch so far */
+    uint64_t prefill_chunks; /* prefill slices run */
+    uint64_t decode_tokens;  /* tokens generated by jobs */
+} kvgen_jobs_stats;
+
+void kvgen_jobs_get_stats(kvgen_model *model, kvgen_jobs_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif
