@@ -86,6 +86,14 @@ typedef struct kvg_backend_ops {
                             kvgen_error *err);
     kvgen_status (*kv_write)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                              const float *in, kvgen_error *err);
+
+    /* ---- batched decode (optional; worker.c) ----
+     * n one-token decodes of different sessions in one pass, so each weight is read once for
+     * all of them: token i runs at position pos[i] of session s[i], its K/V through page table
+     * pages[i] (NULL: that session's contiguous cache). logits: [n][n_vocab]. Each row equals
+     * what a separate forward call of that token gives. NULL: the worker decodes one by one. */
+    kvgen_status (*forward_batch)(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
+                                  const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err);
 } kvg_backend_ops;
 
 extern const kvg_backend_ops kvg_reference_backend;
@@ -103,6 +111,7 @@ struct kvgen_model {
     int n_threads;
     struct kvg_pool *pool; /* the KV page pool; NULL: contiguous per-session caches */
     int n_sessions;        /* open sessions (atomic) */
+    struct kvg_worker *worker; /* the jobs' worker (worker.c); NULL until the first submit (atomic) */
 };
 
 /* error helper: formats into err (when not NULL) and returns status */

@@ -462,27 +462,38 @@ static void matmul(ref_pool *pool, kvg_backend_session *s, const float *in, int 
     pool_run(pool, total, matmul_rows, &j);
 }
 
+/* Where token t of a block belongs: a prompt block is one session's consecutive positions, a
+ * batched decode (ref_forward_batch) mixes one token each of several sessions. `owner` is the
+ * session whose attention-score rows (sized to its context) the token uses. */
+typedef struct ref_slot {
+    const ref_kv *kv;
+    kvg_backend_session *owner;
+    int pos;
+} ref_slot;
+
 /* Causal grouped-query attention for one (token, head) per item. */
 typedef struct attention_job {
     kvg_backend_session *s;
     const kvg_hparams *hp;
-    const ref_kv *kv;
-    int layer, pos0, n;
+    const ref_slot *slots;
+    int layer, n;
 } attention_job;
 
 static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
-    int hd = hp->head_dim, C = j->s->n_ctx, group = hp->n_head / hp->n_head_kv, l = j->layer;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, l = j->layer;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = j->s->scores + (size_t)tid * C;
     for (int item = begin; item < end; item++) {
         int t = item / hp->n_head, h = item % hp->n_head;
-        int pos = j->pos0 + t; /* attends to positions [0, pos] */
+        const ref_slot *slot = &j->slots[t];
+        const ref_kv *kv = slot->kv;
+        float *scores = slot->owner->scores + (size_t)tid * slot->owner->n_ctx;
+        int pos = slot->pos; /* attends to positions [0, pos] */
         int kvh = h / group;
         const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
         for (int p = 0; p <= pos; p++) {
-            const float *k = kv_at(j->kv, hp, l, 0, kvh, p);
+            const float *k = kv_at(kv, hp, l, 0, kvh, p);
             float dot = 0.0f;
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
             scores[p] = dot * scale;
@@ -491,7 +502,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int p = 0; p <= pos; p++) {
-            const float *v = kv_at(j->kv, hp, l, 1, kvh, p);
+            const float *v = kv_at(kv, hp, l, 1, kvh, p);
             float a = scores[p];
             for (int i = 0; i < hd; i++) o[i] += a * v[i];
         }
@@ -500,10 +511,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
-/* Runs one block of n <= REF_BLOCK tokens at positions pos0.. through every layer, leaving the
- * final residual stream in s->x and their K/V in the cache. */
-static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_kv *kv, const int32_t *tokens, int n,
-                          int pos0) {
+/* Runs one block of n <= REF_BLOCK tokens through every layer, token t at slots[t] (its
+ * position and cache), leaving the final residual stream in s->x and their K/V in the caches. */
+static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot *slots, const int32_t *tokens,
+                          int n) {
     const kvg_hparams *hp = &m->w.hp;
     ref_model *rm = m->backend;
     int D = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
@@ -530,7 +541,8 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_kv *
 
         /* RoPE on every head of q and k at the token's position, then append k, v to the cache */
         for (int t = 0; t < n; t++) {
-            int pos = pos0 + t;
+            int pos = slots[t].pos;
+            const ref_kv *kv = slots[t].kv;
             for (int h = 0; h < hp->n_head; h++)
                 kvg_ref_rope(s->q + (size_t)t * qd + (size_t)h * hd, hp->n_rot, pos, hp->rope_freq_base);
             for (int h = 0; h < hp->n_head_kv; h++) {
@@ -541,8 +553,8 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_kv *
             }
         }
 
-        /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos0+t]    att: [n][H*hd] */
-        attention_job aj = {.s = s, .hp = hp, .kv = kv, .layer = l, .pos0 = pos0, .n = n};
+        /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos_t]      att: [n][H*hd] */
+        attention_job aj = {.s = s, .hp = hp, .slots = slots, .layer = l, .n = n};
         pool_run(&rm->pool, n * hp->n_head, attention_heads, &aj);
 
         /* x += att Wo                                                      xb: [n][D] */
@@ -588,9 +600,11 @@ static kvgen_status run_forward(kvgen_model *m, kvg_backend_session *s, const re
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
                             tokens[t], hp->n_vocab);
+    ref_slot slots[REF_BLOCK];
     for (int done = 0; done < n; done += REF_BLOCK) {
         int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
-        forward_block(m, s, kv, tokens + done, nb, pos0 + done);
+        for (int t = 0; t < nb; t++) slots[t] = (ref_slot){.kv = kv, .owner = s, .pos = pos0 + done + t};
+        forward_block(m, s, slots, tokens + done, nb);
         if (all_logits)
             compute_logits(m, s, 0, nb, logits + (size_t)done * hp->n_vocab);
         else if (done + nb == n)
@@ -610,6 +624,39 @@ static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const in
 static ref_kv paged_kv(const kvgen_model *m, const int32_t *pages) {
     const ref_model *rm = m->backend;
     return (ref_kv){.page_data = rm->pages, .pages = pages, .page_size = rm->page_size};
+}
+
+/* n one-token decodes of different sessions as blocks of up to REF_BLOCK tokens: the block's
+ * activations live in the first session's scratch, each token attends through its own cache.
+ * Every output element is computed exactly as in a single decode (see dot_tile_f32), so a
+ * batched token's logits are bit-identical to its sequential ones. */
+static kvgen_status ref_forward_batch(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
+                                      const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    for (int i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= s[i]->n_ctx)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: batch token %d at position %d does not "
+                            "fit %d", i, pos[i], s[i]->n_ctx);
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
+                            tokens[i], hp->n_vocab);
+        if (!pages[i] && !s[i]->k_cache)
+            return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch token %d has no cache", i);
+    }
+    ref_kv kv[REF_BLOCK];
+    ref_slot slots[REF_BLOCK];
+    for (int done = 0; done < n; done += REF_BLOCK) {
+        int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
+        for (int t = 0; t < nb; t++) {
+            int i = done + t;
+            kv[t] = pages[i] ? paged_kv(m, pages[i])
+                             : (ref_kv){.k_cache = s[i]->k_cache, .v_cache = s[i]->v_cache, .n_ctx = s[i]->n_ctx};
+            slots[t] = (ref_slot){.kv = &kv[t], .owner = s[i], .pos = pos[i]};
+        }
+        forward_block(m, s[done], slots, tokens + done, nb);
+        compute_logits(m, s[done], 0, nb, logits + (size_t)done * hp->n_vocab);
+    }
+    return KVGEN_OK;
 }
 
 static kvgen_status ref_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
@@ -735,4 +782,5 @@ const kvg_backend_ops kvg_reference_backend = {
     .kv_copy = ref_kv_copy,
     .kv_read = ref_kv_read,
     .kv_write = ref_kv_write,
+    .forward_batch = ref_forward_batch,
 };
