@@ -154,7 +154,8 @@ typedef struct kvgen_device_info {
 
 /* Lists the Vulkan devices: writes up to `cap` entries to `out` (may be NULL when cap is 0)
  * and the number of devices to *count. No Vulkan driver at all is not an error: *count is 0.
- * Only in builds with the Vulkan backend (KVGEN_VULKAN=ON). */
+ * Builds without the Vulkan backend (KVGEN_VULKAN=OFF) have it too and answer the same way:
+ * KVGEN_OK with *count 0 (they can run on no device). */
 kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err);
 
 /* ---- tokenizer ------------------------------------------------------------------------ */

@@ -15,12 +15,15 @@
 #include <string.h>
 #include <time.h>
 #include "kvgen.h"
+#include "bench.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvgen info MODEL [--backend B] [--device D]\n"
             "       kvgen tokenize MODEL [--special]        (reads text from stdin)\n"
             "       kvgen generate MODEL -p PROMPT [options]\n"
+            "       kvgen bench MODEL [options]            (kvgen bench --help)\n"
+            "       kvgen devices\n"
             "generate options:\n"
             "  -n N                 generate at most N tokens (default 64)\n"
             "  --temp T             sampling temperature (default 0: greedy)\n"
@@ -382,6 +385,8 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (strcmp(cmd, "bench") == 0) return kvgen_cli_bench(argc, argv);
+    if (strcmp(cmd, "devices") == 0) return kvgen_cli_devices(argc, argv);
     if (strcmp(cmd, "info") && strcmp(cmd, "tokenize") && strcmp(cmd, "generate"))
         return usage_error("unknown command '%s'", cmd);
     options o;

@@ -1,0 +1,828 @@
+/* bench.c: `kvgen bench` and `kvgen devices`.
+ *
+ * The benchmark measures what a host sees through the public API (kvgen.h): prompt
+ * processing (one prefill of P tokens), decode (one-token steps on a cache already holding
+ * `depth` tokens), and decode without a cache (every step recomputes the whole sequence) next
+ * to cached decode at the same depth, so the O(N^2) vs O(N) gap is a ratio measured side by
+ * side. Several backends run in one invocation so their ratio comes from one moment of a
+ * shared, noisy machine. For Vulkan it also runs the probe shaders (kvg_vk_bench.h) and
+ * reports decode as a percentage of "weight bytes / streaming-read bandwidth", a ceiling that
+ * means the same on lavapipe and on a GPU.
+ *
+ * Timing order per backend, chosen so the long prefills are paid once: warm-up, prompts in
+ * ascending size (the last repetition leaves the largest prompt in the cache), then decode
+ * depths in descending order: the first fills the cache up to the deepest depth, each next one
+ * only rewinds (kvgen_session_rewind recomputes one token). Sessions never take pages from the
+ * prefix cache, or a repeated prompt would be served from it and time nothing. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "kvgen.h"
+#include "bench.h"
+#ifdef KVGEN_HAVE_VULKAN
+#include "kvg_vk_bench.h"
+#endif
+
+#define BENCH_MAX_REPS 64
+#define BENCH_MAX_SIZES 8
+#define BENCH_MAX_BACKENDS 2
+
+/* llama.cpp's Vulkan backend on this machine's lavapipe (Mesa 22.3), on a model of the default
+ * model's shape, as quoted in issue 3. Not measured by this program. */
+#define QUOTED_DECODE_TOK_S 0.75
+#define QUOTED_PROMPT512_TOK_S 3.7
+
+/* a fixed paragraph: its tokens, repeated, are every prompt, fill and decode input */
+static const char bench_text[] =
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
+    "father had before him. From the lamp room he could see the fishing boats returning to the harbour, "
+    "their lanterns swaying over the grey water, and the lights of the village coming on one by one. "
+    "He wrote the weather in the log: wind from the north-west, a falling glass, fog likely before "
+    "midnight. Then he trimmed the wick, wound the clockwork that turned the lens, and sat down with "
+    "a cup of tea to wait for the long night, listening to the gulls and the slow breathing of the sea.";
+
+typedef struct bench_stats {
+    int n;
+    double median, min, max, mean, stddev;
+    double samples[BENCH_MAX_REPS]; /* tokens per second, one per repetition */
+} bench_stats;
+
+typedef struct bench_opts {
+    const char *model, *json, *device;
+    kvgen_backend backends[BENCH_MAX_BACKENDS];
+    int n_backends;
+    int reps, steps, quick, threads;
+    int prompts[BENCH_MAX_SIZES], n_prompts;
+    int depths[BENCH_MAX_SIZES], n_depths;
+    int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
+} bench_opts;
+
+typedef struct bench_result {
+    kvgen_backend backend;
+    const char *name;
+    int ok;
+    char error[KVGEN_ERROR_MESSAGE_SIZE];
+    char device[256];
+    bench_stats prompt[BENCH_MAX_SIZES];
+    bench_stats decode[BENCH_MAX_SIZES];  /* in opts.depths order */
+    bench_stats nc, nc_cached;            /* decode at nc_depth without / with the cache */
+    int have_probe;
+    char probe_note[KVGEN_ERROR_MESSAGE_SIZE]; /* why there is no probe */
+    char probe_device[256];
+    double probe_gbps, probe_us;
+    unsigned long long probe_bytes;
+    double seconds; /* wall time of this backend's whole run */
+} bench_result;
+
+typedef struct bench_model {
+    char name[256];
+    uint64_t weight_bytes, n_params;
+    int n_layer, n_embd, n_vocab;
+} bench_model;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* the 1-minute load average, or -1 where /proc/loadavg is absent: worth printing on a shared machine */
+static double load_average(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvgen bench MODEL [options]\n"
+            "  --backend LIST       reference,vulkan (default: both in Vulkan builds, else reference)\n"
+            "  --json FILE          also write the results as JSON\n"
+            "  --reps N             repetitions of every measurement (default 3; median and min/max/stddev)\n"
+            "  --steps N            decode steps timed per repetition (default 16)\n"
+            "  --prompts LIST       prompt sizes in tokens (default 64,512)\n"
+            "  --depths LIST        decode cache depths in tokens (default 0,512,2048)\n"
+            "  --no-cache           measure decode without a cache, next to cached decode at the same\n"
+            "                       depth (on by default; the O(N^2) vs O(N) gap)\n"
+            "  --no-cache-depth N   depth of that comparison (default 32; 0: skip it)\n"
+            "  --quick              a small run for tests: reps 2, steps 4, prompts 8,32, depths 0,32,64,\n"
+            "                       no-cache depth 16, a short probe\n"
+            "  --device D           Vulkan device index or name substring\n"
+            "  --threads N          reference backend threads (default: all cores)\n"
+            "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n");
+}
+
+static int bench_usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "kvgen bench: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    bench_usage(stderr);
+    return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+/* "64,512" -> {64, 512}; 0 on a bad or empty list */
+static int parse_int_list(const char *s, long lo, int *out, int *n) {
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return 0;
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == BENCH_MAX_SIZES || !parse_int(tok, lo, 1 << 20, &out[*n])) return 0;
+        (*n)++;
+    }
+    return *n > 0;
+}
+
+static int parse_backends(const char *s, bench_opts *o) {
+    char buf[64];
+    if (strlen(s) >= sizeof buf) return 0;
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_backends = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        kvgen_backend b;
+        if (strcmp(tok, "reference") == 0) b = KVGEN_BACKEND_REFERENCE;
+        else if (strcmp(tok, "vulkan") == 0) b = KVGEN_BACKEND_VULKAN;
+        else return 0;
+        for (int i = 0; i < o->n_backends; i++)
+            if (o->backends[i] == b) return 0;
+        if (o->n_backends == BENCH_MAX_BACKENDS) return 0;
+        o->backends[o->n_backends++] = b;
+    }
+    return o->n_backends > 0;
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Returns 0, 2 after a usage error, or -1 after printing the help (exit 0). */
+static int parse_bench_options(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.reps = 3, .steps = 16, .prompts = {64, 512}, .n_prompts = 2, .depths = {0, 512, 2048},
+                      .n_depths = 3, .nc_depth = 32, .nc_steps = 4};
+#ifdef KVGEN_HAVE_VULKAN
+    o->backends[0] = KVGEN_BACKEND_REFERENCE;
+    o->backends[1] = KVGEN_BACKEND_VULKAN;
+    o->n_backends = 2;
+#else
+    o->backends[0] = KVGEN_BACKEND_REFERENCE;
+    o->n_backends = 1;
+#endif
+    /* --quick sets defaults that explicit options then override, whatever their order */
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--quick") == 0) {
+            *o = (bench_opts){.reps = 2, .steps = 4, .prompts = {8, 32}, .n_prompts = 2, .depths = {0, 32, 64},
+                              .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1,
+                              .backends = {o->backends[0], o->backends[1]}, .n_backends = o->n_backends};
+        }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes_value = strcmp(a, "--backend") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--reps") == 0 ||
+                          strcmp(a, "--steps") == 0 || strcmp(a, "--prompts") == 0 || strcmp(a, "--depths") == 0 ||
+                          strcmp(a, "--no-cache-depth") == 0 || strcmp(a, "--device") == 0 ||
+                          strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0;
+        if (takes_value) {
+            if (!val) return bench_usage_error("option %s needs a value", a);
+            i++;
+        }
+        if (strcmp(a, "--quick") == 0 || strcmp(a, "--no-cache") == 0) {
+            /* --quick was applied above; --no-cache is the default */
+        } else if (strcmp(a, "--backend") == 0) {
+            if (!parse_backends(val, o))
+                return bench_usage_error("--backend: expected a list of reference and vulkan, got '%s'", val);
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = val;
+        } else if (strcmp(a, "--reps") == 0) {
+            if (!parse_int(val, 1, BENCH_MAX_REPS, &o->reps)) return bench_usage_error("--reps: expected 1..64, got '%s'", val);
+        } else if (strcmp(a, "--steps") == 0) {
+            if (!parse_int(val, 1, 1 << 16, &o->steps)) return bench_usage_error("--steps: bad step count '%s'", val);
+        } else if (strcmp(a, "--prompts") == 0) {
+            if (!parse_int_list(val, 1, o->prompts, &o->n_prompts))
+                return bench_usage_error("--prompts: expected up to 8 comma-separated sizes >= 1, got '%s'", val);
+        } else if (strcmp(a, "--depths") == 0) {
+            if (!parse_int_list(val, 0, o->depths, &o->n_depths))
+                return bench_usage_error("--depths: expected up to 8 comma-separated depths >= 0, got '%s'", val);
+        } else if (strcmp(a, "--no-cache-depth") == 0) {
+            if (!parse_int(val, 0, 1 << 16, &o->nc_depth)) return bench_usage_error("--no-cache-depth: bad depth '%s'", val);
+        } else if (strcmp(a, "--device") == 0) {
+            o->device = val;
+        } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
+            if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            bench_usage(stdout);
+            return -1;
+        } else if (a[0] == '-' && a[1] != 0) {
+            return bench_usage_error("unknown option %s", a);
+        } else if (!o->model) {
+            o->model = a;
+        } else {
+            return bench_usage_error("unexpected argument '%s'", a);
+        }
+    }
+    if (!o->model) return bench_usage_error("%s", "MODEL is required");
+    qsort(o->prompts, (size_t)o->n_prompts, sizeof(int), cmp_int);
+    qsort(o->depths, (size_t)o->n_depths, sizeof(int), cmp_int);
+    for (int i = 1; i < o->n_prompts; i++)
+        if (o->prompts[i] == o->prompts[i - 1]) return bench_usage_error("--prompts: %s", "sizes repeat");
+    for (int i = 1; i < o->n_depths; i++)
+        if (o->depths[i] == o->depths[i - 1]) return bench_usage_error("--depths: %s", "depths repeat");
+    return 0;
+}
+
+/* ---- statistics ---- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void stats_finish(bench_stats *s) {
+    if (s->n == 0) return;
+    double sorted[BENCH_MAX_REPS], sum = 0;
+    memcpy(sorted, s->samples, (size_t)s->n * sizeof(double));
+    qsort(sorted, (size_t)s->n, sizeof(double), cmp_double);
+    for (int i = 0; i < s->n; i++) sum += sorted[i];
+    s->min = sorted[0];
+    s->max = sorted[s->n - 1];
+    s->median = s->n % 2 ? sorted[s->n / 2] : 0.5 * (sorted[s->n / 2 - 1] + sorted[s->n / 2]);
+    s->mean = sum / s->n;
+    double var = 0;
+    for (int i = 0; i < s->n; i++) var += (sorted[i] - s->mean) * (sorted[i] - s->mean);
+    s->stddev = s->n > 1 ? sqrt(var / (s->n - 1)) : 0;
+}
+
+static void stats_add(bench_stats *s, double tokens, double seconds) {
+    if (s->n < BENCH_MAX_REPS) s->samples[s->n++] = tokens / (seconds > 1e-9 ? seconds : 1e-9);
+}
+
+/* ---- measurements ---- */
+
+/* The benchmark's input: (BOS when the model adds one) + the paragraph's tokens repeated to `n`. */
+static int32_t *make_tokens(kvgen_model *m, size_t n, kvgen_error *err) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    size_t len = strlen(bench_text), cap = len + 16, n_first = 0, n_para = 0;
+    int32_t *first = malloc(cap * sizeof *first), *para = malloc(cap * sizeof *para);
+    int32_t *seq = malloc((n > 0 ? n : 1) * sizeof *seq);
+    int32_t *result = NULL;
+    if (!first || !para || !seq) {
+        snprintf(err->message, sizeof err->message, "out of memory for %zu benchmark tokens", n);
+        goto done;
+    }
+    if (kvgen_tokenize(m, bench_text, len, KVGEN_TOKENIZE_ADD_BOS, first, cap, &n_first, err) != KVGEN_OK ||
+        kvgen_tokenize(m, bench_text, len, 0, para, cap, &n_para, err) != KVGEN_OK)
+        goto done;
+    size_t i = 0;
+    for (; i < n && i < n_first; i++) seq[i] = first[i];
+    for (size_t k = 0; i < n; i++, k++)
+        /* a vocabulary that cannot spell the paragraph still gets valid, varied ids */
+        seq[i] = n_para > 0 ? para[k % n_para] : (int32_t)((k * 7919u + 13u) % (size_t)info.n_vocab);
+    result = seq;
+    seq = NULL;
+done:
+    free(first);
+    free(para);
+    free(seq);
+    return result;
+}
+
+/* Brings the session to exactly the first `depth` tokens of seq: rewinds (one token's work) or
+ * prefills the missing ones. */
+static kvgen_status fill_to(kvgen_session *s, const int32_t *seq, int depth, kvgen_error *err) {
+    size_t len = kvgen_session_length(s), d = (size_t)depth;
+    if (len > d) {
+        if (d == 0) {
+            kvgen_session_reset(s);
+            return KVGEN_OK;
+        }
+        return kvgen_session_rewind(s, len - d, err);
+    }
+    if (len < d) return kvgen_session_prefill(s, seq + len, d - len, NULL, err);
+    return KVGEN_OK;
+}
+
+/* `reps` timings of `steps` decode steps starting at `depth`, rewinding between them */
+static kvgen_status time_decode(kvgen_session *s, const int32_t *seq, int depth, int steps, int reps,
+                                bench_stats *out, kvgen_error *err) {
+    kvgen_status st = fill_to(s, seq, depth, err);
+    for (int r = 0; r < reps && st == KVGEN_OK; r++) {
+        double t0 = now_s();
+        for (int k = 0; k < steps && st == KVGEN_OK; k++) st = kvgen_session_decode(s, seq[depth + k], err);
+        double t = now_s() - t0;
+        if (st != KVGEN_OK) break;
+        stats_add(out, steps, t);
+        if (r + 1 < reps) st = kvgen_session_rewind(s, (size_t)steps, err);
+    }
+    stats_finish(out);
+    return st;
+}
+
+static void run_probe(const bench_opts *o, bench_result *r) {
+#ifdef KVGEN_HAVE_VULKAN
+    kvg_vk_probe p;
+    kvgen_error err = {0};
+    kvgen_status st = o->quick ? kvg_vk_probe_run(o->device, 8, 2, 100, &p, &err)
+                               : kvg_vk_probe_run(o->device, 0, 0, 0, &p, &err);
+    if (st != KVGEN_OK) {
+        snprintf(r->probe_note, sizeof r->probe_note, "probe failed: %.480s", err.message);
+        return;
+    }
+    r->have_probe = 1;
+    snprintf(r->probe_device, sizeof r->probe_device, "%s", p.device);
+    r->probe_gbps = p.read_gbps;
+    r->probe_us = p.dispatch_us;
+    r->probe_bytes = p.bytes;
+#else
+    (void)o;
+    snprintf(r->probe_note, sizeof r->probe_note, "this kvgen was built without the Vulkan backend: no probe");
+#endif
+}
+
+/* Runs every measurement on one backend. Fills r->error and returns 1 on failure. */
+static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm) {
+    double t_start = now_s();
+    kvgen_error err = {0};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL, *nc = NULL;
+    int32_t *seq = NULL;
+    kvgen_status st;
+    r->name = r->backend == KVGEN_BACKEND_VULKAN ? "vulkan" : "reference";
+    fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
+    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads};
+    st = kvgen_model_load(&md, &m, &err);
+    if (st != KVGEN_OK) goto done;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    snprintf(r->device, sizeof r->device, "%s", info.device ? info.device : "?");
+    snprintf(bm->name, sizeof bm->name, "%s", info.name ? info.name : "?");
+    bm->weight_bytes = info.weight_bytes;
+    bm->n_params = info.n_params;
+    bm->n_layer = info.n_layer;
+    bm->n_embd = info.n_embd;
+    bm->n_vocab = info.n_vocab;
+
+    int need = o->prompts[o->n_prompts - 1];
+    if (o->depths[o->n_depths - 1] + o->steps > need) need = o->depths[o->n_depths - 1] + o->steps;
+    if (o->nc_depth + o->nc_steps > need) need = o->nc_depth + o->nc_steps;
+    need += 1;
+    seq = make_tokens(m, (size_t)need, &err);
+    if (!seq) {
+        st = KVGEN_E_NO_MEMORY;
+        goto done;
+    }
+    kvgen_session_desc sd = {.n_ctx = need, .no_prefix_reuse = 1};
+    st = kvgen_session_create(m, &sd, &s, &err);
+    if (st != KVGEN_OK) goto done;
+
+    if (r->backend == KVGEN_BACKEND_VULKAN) {
+        fprintf(stderr, "kvgen bench: %s: probe\n", r->name);
+        run_probe(o, r);
+    }
+
+    /* warm-up: first-use costs (a decode command buffer recorded on first use, page commits) */
+    int warm = need > 9 ? 8 : need - 1;
+    st = kvgen_session_prefill(s, seq, (size_t)warm, NULL, &err);
+    for (int k = 0; k < 2 && st == KVGEN_OK && warm + k < need; k++) st = kvgen_session_decode(s, seq[warm + k], &err);
+    if (st != KVGEN_OK) goto done;
+
+    for (int i = 0; i < o->n_prompts; i++) {
+        fprintf(stderr, "kvgen bench: %s: prompt %d x %d\n", r->name, o->prompts[i], o->reps);
+        for (int rep = 0; rep < o->reps; rep++) {
+            kvgen_session_reset(s);
+            double t0 = now_s();
+            st = kvgen_session_prefill(s, seq, (size_t)o->prompts[i], NULL, &err);
+            double t = now_s() - t0;
+            if (st != KVGEN_OK) goto done;
+            stats_add(&r->prompt[i], o->prompts[i], t);
+        }
+        stats_finish(&r->prompt[i]);
+    }
+    for (int i = o->n_depths - 1; i >= 0; i--) {
+        fprintf(stderr, "kvgen bench: %s: decode at depth %d, %d steps x %d\n", r->name, o->depths[i], o->steps,
+                o->reps);
+        st = time_decode(s, seq, o->depths[i], o->steps, o->reps, &r->decode[i], &err);
+        if (st != KVGEN_OK) goto done;
+    }
+    if (o->nc_depth > 0) {
+        fprintf(stderr, "kvgen bench: %s: decode at depth %d with and without the cache, %d steps x %d\n", r->name,
+                o->nc_depth, o->nc_steps, o->reps);
+        st = time_decode(s, seq, o->nc_depth, o->nc_steps, o->reps, &r->nc_cached, &err);
+        if (st != KVGEN_OK) goto done;
+        kvgen_session_desc nd = {.n_ctx = need, .no_cache = 1, .no_prefix_reuse = 1};
+        st = kvgen_session_create(m, &nd, &nc, &err);
+        if (st == KVGEN_OK) st = time_decode(nc, seq, o->nc_depth, o->nc_steps, o->reps, &r->nc, &err);
+        if (st != KVGEN_OK) goto done;
+    }
+    r->ok = 1;
+done:
+    if (st != KVGEN_OK) {
+        snprintf(r->error, sizeof r->error, "%s", err.message[0] ? err.message : kvgen_status_name(st));
+        fprintf(stderr, "kvgen bench: %s: %s\n", r->name, r->error);
+    }
+    free(seq);
+    kvgen_session_close(nc);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+    r->seconds = now_s() - t_start;
+    return r->ok ? 0 : 1;
+}
+
+/* ---- report ---- */
+
+static const bench_result *find(const bench_result *res, int n, kvgen_backend b) {
+    for (int i = 0; i < n; i++)
+        if (res[i].backend == b && res[i].ok) return &res[i];
+    return NULL;
+}
+
+static double ceiling_tok_s(const bench_result *r, const bench_model *bm) {
+    return r->have_probe && bm->weight_bytes > 0 ? r->probe_gbps * 1e9 / (double)bm->weight_bytes : 0;
+}
+
+static int prompt_index(const bench_opts *o, int size) {
+    for (int i = 0; i < o->n_prompts; i++)
+        if (o->prompts[i] == size) return i;
+    return -1;
+}
+
+static int depth_index(const bench_opts *o, int depth) {
+    for (int i = 0; i < o->n_depths; i++)
+        if (o->depths[i] == depth) return i;
+    return -1;
+}
+
+static void print_cell(const bench_stats *s) {
+    char buf[64];
+    if (s->n == 0) snprintf(buf, sizeof buf, "-");
+    else snprintf(buf, sizeof buf, "%.2f [%.2f-%.2f]", s->median, s->min, s->max);
+    printf("  %-24s", buf);
+}
+
+static void print_row(const char *label, const bench_result *res, int n, const bench_stats *(*pick)(const bench_result *,
+                      const void *), const void *arg) {
+    printf("%-28s", label);
+    for (int i = 0; i < n; i++) print_cell(pick(&res[i], arg));
+    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE), *vk = find(res, n, KVGEN_BACKEND_VULKAN);
+    if (ref && vk && pick(ref, arg)->n && pick(vk, arg)->n && pick(ref, arg)->median > 0)
+        printf("  %.2fx", pick(vk, arg)->median / pick(ref, arg)->median);
+    printf("\n");
+}
+
+static const bench_stats *pick_prompt(const bench_result *r, const void *arg) { return &r->prompt[*(const int *)arg]; }
+static const bench_stats *pick_decode(const bench_result *r, const void *arg) { return &r->decode[*(const int *)arg]; }
+static const bench_stats *pick_nc(const bench_result *r, const void *arg) {
+    (void)arg;
+    return &r->nc;
+}
+static const bench_stats *pick_nc_cached(const bench_result *r, const void *arg) {
+    (void)arg;
+    return &r->nc_cached;
+}
+
+static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm, double load0,
+                         double load1) {
+    printf("\nkvgen bench: %s (%s): %d layers, n_embd %d, %.1fM parameters, %.1f MB of weights\n", bm->name, o->model,
+           bm->n_layer, bm->n_embd, (double)bm->n_params / 1e6, (double)bm->weight_bytes / 1e6);
+    printf("tokens/s, median [min-max] of %d repetitions; decode: %d steps per repetition; load average %.2f -> %.2f\n\n",
+           o->reps, o->steps, load0, load1);
+    printf("%-28s", "test");
+    for (int i = 0; i < n; i++) {
+        char head[64];
+        snprintf(head, sizeof head, "%s%s", res[i].name, res[i].ok ? "" : " (failed)");
+        printf("  %-24s", head);
+    }
+    if (find(res, n, KVGEN_BACKEND_REFERENCE) && find(res, n, KVGEN_BACKEND_VULKAN)) printf("  vulkan/reference");
+    printf("\n");
+    char label[64];
+    for (int i = 0; i < o->n_prompts; i++) {
+        snprintf(label, sizeof label, "prompt %d tokens", o->prompts[i]);
+        print_row(label, res, n, pick_prompt, &i);
+    }
+    for (int i = 0; i < o->n_depths; i++) {
+        snprintf(label, sizeof label, "decode at depth %d", o->depths[i]);
+        print_row(label, res, n, pick_decode, &i);
+    }
+    if (o->nc_depth > 0) {
+        snprintf(label, sizeof label, "decode at %d, cached (%d st)", o->nc_depth, o->nc_steps);
+        print_row(label, res, n, pick_nc_cached, NULL);
+        snprintf(label, sizeof label, "decode at %d, no cache", o->nc_depth);
+        print_row(label, res, n, pick_nc, NULL);
+        printf("%-28s", "  cached / no-cache");
+        for (int i = 0; i < n; i++) {
+            char buf[32] = "-";
+            if (res[i].ok && res[i].nc.median > 0) snprintf(buf, sizeof buf, "%.1fx", res[i].nc_cached.median / res[i].nc.median);
+            printf("  %-24s", buf);
+        }
+        printf("\n");
+    }
+    printf("\n");
+    for (int i = 0; i < n; i++)
+        printf("%s: %s%s (%.0f s)\n", res[i].name, res[i].ok ? "device " : "error: ",
+               res[i].ok ? res[i].device : res[i].error, res[i].seconds);
+
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &res[i];
+        if (r->backend != KVGEN_BACKEND_VULKAN) continue;
+        if (!r->have_probe) {
+            printf("probe: %s\n", r->probe_note[0] ? r->probe_note : "not run");
+            continue;
+        }
+        double ceil = ceiling_tok_s(r, bm);
+        printf("probe on %s: streaming read %.2f GB/s (%.0f MiB), empty dispatch %.1f us\n", r->probe_device,
+               r->probe_gbps, (double)r->probe_bytes / (1 << 20), r->probe_us);
+        printf("decode ceiling = %.1f MB of weights / %.2f GB/s = %.1f tokens/s", (double)bm->weight_bytes / 1e6,
+               r->probe_gbps, ceil);
+        if (r->ok && ceil > 0) {
+            printf("; vulkan decode reaches");
+            for (int d = 0; d < o->n_depths; d++)
+                printf("%s %.0f%% at depth %d", d ? "," : "", 100.0 * r->decode[d].median / ceil, o->depths[d]);
+        }
+        printf("\n");
+    }
+#ifndef KVGEN_HAVE_VULKAN
+    printf("vulkan: this kvgen was built without the Vulkan backend (KVGEN_VULKAN=OFF or no Vulkan SDK)\n");
+#endif
+
+    int p512 = prompt_index(o, 512), d0 = depth_index(o, 0);
+    printf("\nQUOTED, not measured in this run: llama.cpp's Vulkan backend on this machine's lavapipe (Mesa 22.3),\n"
+           "on a model of the same shape (issue 3): decode %.2f tokens/s, 512-token prompt %.1f tokens/s\n",
+           QUOTED_DECODE_TOK_S, QUOTED_PROMPT512_TOK_S);
+    for (int i = 0; i < n; i++) {
+        if (!res[i].ok) continue;
+        printf("  %s vs quoted:", res[i].name);
+        if (d0 >= 0) printf(" decode (depth 0) %.1fx", res[i].decode[d0].median / QUOTED_DECODE_TOK_S);
+        else printf(" decode: no depth-0 run");
+        if (p512 >= 0) printf(", 512-token prompt %.1fx", res[i].prompt[p512].median / QUOTED_PROMPT512_TOK_S);
+        else printf(", 512-token prompt: not run");
+        printf("\n");
+    }
+}
+
+/* ---- JSON ---- */
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* JSON has no NaN or infinity */
+static void json_number(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.6g", v);
+    else fputs("null", f);
+}
+
+static void json_stats(FILE *f, const bench_stats *s) {
+    fprintf(f, "{\"median\": ");
+    json_number(f, s->median);
+    fprintf(f, ", \"min\": ");
+    json_number(f, s->min);
+    fprintf(f, ", \"max\": ");
+    json_number(f, s->max);
+    fprintf(f, ", \"mean\": ");
+    json_number(f, s->mean);
+    fprintf(f, ", \"stddev\": ");
+    json_number(f, s->stddev);
+    fprintf(f, ", \"samples\": [");
+    for (int i = 0; i < s->n; i++) {
+        if (i) fputs(", ", f);
+        json_number(f, s->samples[i]);
+    }
+    fprintf(f, "]}");
+}
+
+static int write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm, double load0,
+                      double load1) {
+    FILE *f = fopen(o->json, "w");
+    if (!f) {
+        fprintf(stderr, "kvgen bench: %s: cannot open for writing: %s\n", o->json, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "{\n  \"kvgen_version\": ");
+    json_string(f, kvgen_version());
+    fprintf(f, ",\n  \"model\": {\"path\": ");
+    json_string(f, o->model);
+    fprintf(f, ", \"name\": ");
+    json_string(f, bm->name);
+    fprintf(f, ", \"n_params\": %llu, \"weight_bytes\": %llu, \"n_layer\": %d, \"n_embd\": %d, \"n_vocab\": %d},\n",
+            (unsigned long long)bm->n_params, (unsigned long long)bm->weight_bytes, bm->n_layer, bm->n_embd, bm->n_vocab);
+    fprintf(f, "  \"settings\": {\"reps\": %d, \"decode_steps\": %d, \"no_cache_depth\": %d, \"no_cache_steps\": %d, "
+            "\"quick\": %s, \"vulkan_built\": %s},\n",
+            o->reps, o->steps, o->nc_depth, o->nc_steps, o->quick ? "true" : "false",
+#ifdef KVGEN_HAVE_VULKAN
+            "true"
+#else
+            "false"
+#endif
+    );
+    fprintf(f, "  \"load_average\": {\"start\": ");
+    json_number(f, load0);
+    fprintf(f, ", \"end\": ");
+    json_number(f, load1);
+    fprintf(f, "},\n  \"backends\": [");
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &res[i];
+        fprintf(f, "%s\n    {\"backend\": \"%s\", \"ok\": %s, \"seconds\": ", i ? "," : "", r->name, r->ok ? "true" : "false");
+        json_number(f, r->seconds);
+        if (!r->ok) {
+            fprintf(f, ", \"error\": ");
+            json_string(f, r->error);
+            fprintf(f, "}");
+            continue;
+        }
+        fprintf(f, ", \"device\": ");
+        json_string(f, r->device);
+        fprintf(f, ",\n     \"prompt\": [");
+        for (int k = 0; k < o->n_prompts; k++) {
+            fprintf(f, "%s\n       {\"tokens\": %d, \"tok_s\": ", k ? "," : "", o->prompts[k]);
+            json_stats(f, &r->prompt[k]);
+            fprintf(f, "}");
+        }
+        fprintf(f, "],\n     \"decode\": [");
+        for (int k = 0; k < o->n_depths; k++) {
+            fprintf(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->depths[k], o->steps);
+            json_stats(f, &r->decode[k]);
+            fprintf(f, "}");
+        }
+        fprintf(f, "]");
+        if (o->nc_depth > 0) {
+            fprintf(f, ",\n     \"no_cache\": {\"depth\": %d, \"steps\": %d, \"tok_s\": ", o->nc_depth, o->nc_steps);
+            json_stats(f, &r->nc);
+            fprintf(f, ", \"cached_tok_s\": ");
+            json_stats(f, &r->nc_cached);
+            fprintf(f, ", \"cached_over_no_cache\": ");
+            json_number(f, r->nc.median > 0 ? r->nc_cached.median / r->nc.median : 0);
+            fprintf(f, "}");
+        }
+        if (r->backend == KVGEN_BACKEND_VULKAN) {
+            fprintf(f, ",\n     \"probe\": ");
+            if (r->have_probe) {
+                double ceil = ceiling_tok_s(r, bm);
+                fprintf(f, "{\"device\": ");
+                json_string(f, r->probe_device);
+                fprintf(f, ", \"read_gbps\": ");
+                json_number(f, r->probe_gbps);
+                fprintf(f, ", \"dispatch_us\": ");
+                json_number(f, r->probe_us);
+                fprintf(f, ", \"bytes\": %llu, \"decode_ceiling_tok_s\": ", r->probe_bytes);
+                json_number(f, ceil);
+                fprintf(f, ", \"decode_pct_of_ceiling\": [");
+                for (int k = 0; k < o->n_depths; k++) {
+                    fprintf(f, "%s{\"depth\": %d, \"pct\": ", k ? ", " : "", o->depths[k]);
+                    json_number(f, ceil > 0 ? 100.0 * r->decode[k].median / ceil : 0);
+                    fprintf(f, "}");
+                }
+                fprintf(f, "]}");
+            } else {
+                fprintf(f, "{\"error\": ");
+                json_string(f, r->probe_note);
+                fprintf(f, "}");
+            }
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, "\n  ]");
+    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE), *vk = find(res, n, KVGEN_BACKEND_VULKAN);
+    if (ref && vk) {
+        fprintf(f, ",\n  \"ratio_vulkan_over_reference\": {");
+        for (int k = 0; k < o->n_prompts; k++) {
+            fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
+            json_number(f, ref->prompt[k].median > 0 ? vk->prompt[k].median / ref->prompt[k].median : 0);
+        }
+        for (int k = 0; k < o->n_depths; k++) {
+            fprintf(f, ", \"decode_%d\": ", o->depths[k]);
+            json_number(f, ref->decode[k].median > 0 ? vk->decode[k].median / ref->decode[k].median : 0);
+        }
+        if (o->nc_depth > 0) {
+            fprintf(f, ", \"decode_no_cache_%d\": ", o->nc_depth);
+            json_number(f, ref->nc.median > 0 ? vk->nc.median / ref->nc.median : 0);
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, ",\n  \"quoted_not_measured\": {\"source\": ");
+    json_string(f, "issue 3: llama.cpp Vulkan backend on this machine's lavapipe (Mesa 22.3), model of the same "
+                   "shape; not measured in this run");
+    fprintf(f, ", \"decode_tok_s\": ");
+    json_number(f, QUOTED_DECODE_TOK_S);
+    fprintf(f, ", \"prompt_512_tok_s\": ");
+    json_number(f, QUOTED_PROMPT512_TOK_S);
+    int p512 = prompt_index(o, 512), d0 = depth_index(o, 0);
+    for (int i = 0; i < n; i++) {
+        if (!res[i].ok) continue;
+        if (d0 >= 0) {
+            fprintf(f, ", \"%s_decode_over_quoted\": ", res[i].name);
+            json_number(f, res[i].decode[d0].median / QUOTED_DECODE_TOK_S);
+        }
+        if (p512 >= 0) {
+            fprintf(f, ", \"%s_prompt_512_over_quoted\": ", res[i].name);
+            json_number(f, res[i].prompt[p512].median / QUOTED_PROMPT512_TOK_S);
+        }
+    }
+    fprintf(f, "}\n}\n");
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "kvgen bench: %s: write failed\n", o->json);
+        return 1;
+    }
+    return 0;
+}
+
+int kvgen_cli_bench(int argc, char **argv) {
+    bench_opts o;
+    int rc = parse_bench_options(argc, argv, &o);
+    if (rc) return rc < 0 ? 0 : rc;
+    bench_result res[BENCH_MAX_BACKENDS];
+    memset(res, 0, sizeof res);
+    bench_model bm;
+    memset(&bm, 0, sizeof bm);
+    double load0 = load_average();
+    int failed = 0;
+    for (int i = 0; i < o.n_backends; i++) {
+        res[i].backend = o.backends[i];
+        failed |= run_backend(&o, &res[i], &bm);
+    }
+    double load1 = load_average();
+    print_report(&o, res, o.n_backends, &bm, load0, load1);
+    if (o.json) failed |= write_json(&o, res, o.n_backends, &bm, load0, load1);
+    return failed ? 1 : 0;
+}
+
+/* ---- devices ---- */
+
+int kvgen_cli_devices(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("usage: kvgen devices   lists the Vulkan devices kvgen can run on\n");
+            return 0;
+        }
+        fprintf(stderr, "kvgen devices: unexpected argument '%s'\nusage: kvgen devices\n", argv[i]);
+        return 2;
+    }
+    kvgen_error err = {0};
+    int count = 0;
+    if (kvgen_devices(NULL, 0, &count, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen devices: %s\n", err.message);
+        return 1;
+    }
+    kvgen_device_info *dev = count > 0 ? calloc((size_t)count, sizeof *dev) : NULL;
+    if (count > 0 && !dev) {
+        fprintf(stderr, "kvgen devices: out of memory\n");
+        return 1;
+    }
+    int cap = count;
+    if (count > 0 && kvgen_devices(dev, cap, &count, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen devices: %s\n", err.message);
+        free(dev);
+        return 1;
+    }
+    if (count > cap) count = cap; /* a device appeared between the two calls */
+    if (count == 0) {
+#ifdef KVGEN_HAVE_VULKAN
+        printf("no Vulkan devices (no driver, or none with Vulkan 1.1 and a compute queue)\n");
+#else
+        printf("no Vulkan devices: this kvgen was built without the Vulkan backend\n");
+#endif
+    }
+    for (int i = 0; i < count; i++) {
+        const kvgen_device_info *d = &dev[i];
+        printf("%d: %s%s\n", d->index, d->name, d->is_default ? "  [default]" : "");
+        printf("   type %s, Vulkan %u.%u.%u, vendor 0x%04x, device 0x%04x\n", d->type ? d->type : "other",
+               (unsigned)((d->api_version >> 22) & 0x7f), (unsigned)((d->api_version >> 12) & 0x3ff),
+               (unsigned)(d->api_version & 0xfff), (unsigned)d->vendor_id, (unsigned)d->device_id);
+        printf("   memory: %.1f GiB device-local%s, max allocation %.1f GiB, max storage buffer range %.0f MiB\n",
+               (double)d->device_local_bytes / (1 << 30), d->host_visible_device_local ? " (host-visible)" : "",
+               (double)d->max_allocation_size / (1 << 30), (double)d->max_storage_buffer_range / (1 << 20));
+        printf("   features: fp16 arithmetic %s, 16-bit storage %s, 8-bit storage %s, subgroup size %u%s, "
+               "shared memory %u KiB\n",
+               d->shader_float16 ? "yes" : "no", d->storage_16bit ? "yes" : "no", d->storage_8bit ? "yes" : "no",
+               (unsigned)d->subgroup_size, d->subgroup_arithmetic ? " (arithmetic)" : "",
+               (unsigned)(d->max_shared_memory / 1024));
+    }
+    free(dev);
+    return 0;
+}
