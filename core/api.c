@@ -16,6 +16,7 @@
 
 static void model_free(kvgen_model *m) {
     if (!m) return;
+    kvg_worker_destroy(m); /* first: the worker may still be between steps */
     kvg_pool_destroy(m->pool);
     if (m->ops && m->backend) m->ops->model_free(m);
     kvg_tokenizer_free(m->tok);

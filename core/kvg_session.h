@@ -16,6 +16,12 @@
 /* "every position is a fresh computation" (see clean_len) */
 #define KVG_CLEAN_ALL SIZE_MAX
 
+/* a growable token list */
+typedef struct kvg_tokens {
+    int32_t *v;
+    size_t n, cap;
+} kvg_tokens;
+
 struct kvgen_session {
     kvgen_model *model; /* holds one reference */
     kvg_backend_session *bs;
@@ -40,7 +46,24 @@ struct kvgen_session {
     size_t clean_len;
     size_t tokens_reused; /* prefix-cache hits, in tokens */
     size_t shifts;
+
+    /* worker.c, while a job owns the session: a chat turn's tokens are captured and then
+     * prefilled in chunks, and decodes are batched with other sessions' */
+    kvg_tokens *capture;  /* not NULL: prefill appends its tokens here and runs nothing */
+    bool defer_decode;    /* decode only reserves its position; kvg_session_decode_batch runs it */
+    bool decode_pending;  /* a deferred decode waits: its token is tokens[n_tokens] */
+    size_t pending_pages; /* n_pages before the pending decode reserved its page */
 };
+
+/* worker.c: runs the pending deferred decodes of ss[0..n) (distinct sessions of one model
+ * whose backend has forward_batch) as batched forward passes; `logits` is scratch of
+ * n * n_vocab floats. On failure none of them advances (the error is in err). */
+kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err);
+/* worker.c: kvgen_session_close calls it first, so the session's jobs are cancelled and the
+ * worker lets go of the session before it is freed. */
+void kvg_worker_session_closing(kvgen_session *s);
+/* worker.c: stops and joins the model's worker and frees what it still holds (model_free). */
+void kvg_worker_destroy(kvgen_model *m);
 
 /* Creates the model's page pool unless the backend lacks the paged ops or desc asks for
  * kv_contiguous; called by kvgen_model_load after the backend started. */

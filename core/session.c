@@ -252,6 +252,7 @@ kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *
 void kvgen_session_close(kvgen_session *s) {
     if (!s) return;
     kvgen_model *m = s->model;
+    if (__atomic_load_n(&m->worker, __ATOMIC_ACQUIRE)) kvg_worker_session_closing(s);
     session_free(s);
     __atomic_sub_fetch(&m->n_sessions, 1, __ATOMIC_RELAXED);
     kvgen_model_unload(m); /* drops the session's reference */
@@ -293,6 +294,37 @@ static kvgen_status shift(kvgen_session *s, size_t keep, size_t drop, kvgen_erro
     return st;
 }
 
+/* Makes room for n more tokens: KVGEN_E_CONTEXT_FULL, or a shift when the session allows it. */
+static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
+    if (n <= (size_t)s->n_ctx - s->n_tokens) return KVGEN_OK;
+    size_t keep = (size_t)s->keep < s->n_tokens ? (size_t)s->keep : s->n_tokens;
+    if (s->on_full != KVGEN_ON_FULL_SHIFT || s->no_cache || n > (size_t)s->n_ctx - keep)
+        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot append %zu more tokens%s",
+                        s->n_tokens, s->n_ctx, n,
+                        s->on_full == KVGEN_ON_FULL_SHIFT ? " even after shifting out all but the kept ones" : "");
+    /* drop at least half of what may go, so shifts stay rare, and enough for the append */
+    size_t need = s->n_tokens + n - (size_t)s->n_ctx, drop = (s->n_tokens - keep) / 2;
+    if (drop < need) drop = need;
+    return shift(s, keep, drop, err);
+}
+
+/* A job's chat turn (worker.c): the tokens are kept for the worker to prefill in chunks. */
+static kvgen_status capture(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits, kvgen_error *err) {
+    kvg_tokens *t = s->capture;
+    if (all_logits)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: all_logits while a job owns the session");
+    if (t->n + n > t->cap) {
+        size_t cap = t->n + n + 64;
+        int32_t *v = realloc(t->v, cap * sizeof *v);
+        if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for %zu tokens", cap);
+        t->v = v;
+        t->cap = cap;
+    }
+    memcpy(t->v + t->n, tokens, n * sizeof *tokens);
+    t->n += n;
+    return KVGEN_OK;
+}
+
 /* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
  * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
@@ -306,19 +338,9 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
         if (tokens[i] < 0 || tokens[i] >= n_vocab)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
                             (int)tokens[i], n_vocab);
-    kvgen_status st;
-    if (n > (size_t)s->n_ctx - s->n_tokens) {
-        size_t keep = (size_t)s->keep < s->n_tokens ? (size_t)s->keep : s->n_tokens;
-        if (s->on_full != KVGEN_ON_FULL_SHIFT || s->no_cache || n > (size_t)s->n_ctx - keep)
-            return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot append %zu more tokens%s",
-                            s->n_tokens, s->n_ctx, n,
-                            s->on_full == KVGEN_ON_FULL_SHIFT ? " even after shifting out all but the kept ones" : "");
-        /* drop at least half of what may go, so shifts stay rare, and enough for the append */
-        size_t need = s->n_tokens + n - (size_t)s->n_ctx, drop = (s->n_tokens - keep) / 2;
-        if (drop < need) drop = need;
-        st = shift(s, keep, drop, err);
-        if (st != KVGEN_OK) return st;
-    }
+    if (s->capture) return capture(s, tokens, n, all_logits, err);
+    kvgen_status st = make_room(s, n, err);
+    if (st != KVGEN_OK) return st;
 
     size_t len = s->n_tokens, V = (size_t)n_vocab;
     /* the new ids go after the cached ones, but count only once the forward pass succeeds */
@@ -402,9 +424,65 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     return KVGEN_OK;
 }
 
+/* A job's decode (worker.c): checked, room made and its page reserved now; the forward pass
+ * runs in kvg_session_decode_batch together with other sessions' decodes. */
+static kvgen_status defer_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
+    if (token < 0 || token >= s->model->w.hp.n_vocab)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token 0: id %d is outside the vocabulary [0, %d)", (int)token,
+                        s->model->w.hp.n_vocab);
+    if (s->decode_pending)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_session_decode: a deferred decode is already pending");
+    kvgen_status st = make_room(s, 1, err);
+    if (st != KVGEN_OK) return st;
+    s->pending_pages = s->n_pages;
+    if (paged(s)) st = reserve(s, s->n_tokens, s->n_tokens + 1, err);
+    if (st != KVGEN_OK) return st;
+    s->tokens[s->n_tokens] = token;
+    s->decode_pending = true;
+    s->has_logits = false;
+    return KVGEN_OK;
+}
+
 kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
+    if (s->defer_decode && !s->no_cache) return defer_decode(s, token, err);
     return kvgen_session_prefill(s, &token, 1, NULL, err);
+}
+
+kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err) {
+    enum { GROUP = 64 };
+    if (n <= 0) return KVGEN_OK;
+    kvgen_model *m = ss[0]->model;
+    size_t V = (size_t)m->w.hp.n_vocab;
+    kvg_backend_session *bs[GROUP];
+    const int32_t *pages[GROUP];
+    int32_t tokens[GROUP];
+    int pos[GROUP];
+    kvgen_status st = KVGEN_OK;
+    for (int done = 0; done < n && st == KVGEN_OK; done += GROUP) {
+        int k = n - done < GROUP ? n - done : GROUP;
+        for (int i = 0; i < k; i++) {
+            const kvgen_session *s = ss[done + i];
+            bs[i] = s->bs;
+            pages[i] = paged(s) ? s->pages : NULL;
+            tokens[i] = s->tokens[s->n_tokens];
+            pos[i] = (int)s->n_tokens;
+        }
+        st = m->ops->forward_batch(m, bs, pages, tokens, pos, k, logits + (size_t)done * V, err);
+    }
+    for (int i = 0; i < n; i++) {
+        kvgen_session *s = ss[i];
+        s->decode_pending = false;
+        if (st != KVGEN_OK) {
+            if (paged(s)) drop_pages(s, s->pending_pages);
+            continue;
+        }
+        memcpy(s->logits, logits + (size_t)i * V, V * sizeof(float));
+        s->n_tokens++;
+        s->has_logits = true;
+        if (paged(s)) publish_full_pages(s, s->n_tokens - 1);
+    }
+    return st;
 }
 
 const float *kvgen_session_logits(const kvgen_session *s) { return s && s->has_logits ? s->logits : NULL; }

@@ -1,0 +1,967 @@
+/* worker.c: the jobs API of kvgen.h: non-blocking generation on one worker thread per model,
+ * with continuous batching.
+ *
+ * The host thread only submits, cancels and polls; everything that runs the model happens on
+ * the worker. One mutex (kvg_worker.mu) guards the job list and every field the host can see;
+ * the worker holds it to plan a step and to publish its results, never while the model runs,
+ * so a poll waits at most for that bookkeeping. A step:
+ *   plan (locked)    pick the jobs to advance: every generating session (up to max_batch) and
+ *                    the one prompt that most deserves a prefill chunk; mark them in_step;
+ *   run (unlocked)   one prefill chunk; then one kvgen_gen_next per generating job, whose
+ *                    decodes are only reserved (session.c, defer_decode) and then run together
+ *                    in one backend forward_batch;
+ *   commit (locked)  text, states and timing become visible; released final jobs are freed.
+ * A job is touched by the worker only while in_step, and by the host (close, cancel, release)
+ * only while it is not, which is what makes session close and release safe: close waits for
+ * the step that holds the session, release of a job in a step is finished by the commit.
+ *
+ * Lifetime: a job holds a model reference until released, a session holds one until closed,
+ * and the worker holds none, so the model (and with it the worker, see kvg_worker_destroy) is
+ * freed on a host thread after every job and session is gone. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__linux__)
+#include <sys/resource.h>
+#endif
+#include "kvg_constrain.h"
+#include "kvg_sampler.h"
+#include "kvg_session.h"
+#include "kvg_worker.h"
+
+#define DEFAULT_PREFILL_CHUNK 32
+#define DEFAULT_MAX_BATCH 64
+#define DEFAULT_NICE 5
+/* as kvgen_gen_begin checks them: reported at submit rather than as a failed job */
+#define MAX_STOPS 64
+#define MAX_STOP_LEN 1024
+
+typedef struct wbuf {
+    char *p;
+    size_t n, cap;
+} wbuf;
+
+static bool wbuf_add(wbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+struct kvgen_job {
+    kvgen_model *model;
+    struct kvg_worker *w;
+    kvgen_session *s; /* NULL once its session closed */
+    uint64_t seq;     /* submission order */
+
+    /* the request, immutable after submit */
+    kvgen_prompt_kind prompt;
+    char *text, *role;
+    int32_t *tokens; /* TEXT (tokenized at submit) and TOKENS */
+    size_t n_tokens;
+    kvgen_generate_desc gen; /* stop and constraint point into stops / cons_arena */
+    char **stops;
+    void *cons_arena;
+    const void *owner;
+    void *user_data;
+
+    /* shared: read and written under w->mu */
+    int priority;
+    kvgen_job_state state;
+    kvgen_finish finish;
+    kvgen_error error;
+    bool cancel;    /* asked for; the worker sees it at the next plan */
+    bool detaching; /* its session is closing: never planned again */
+    bool released, in_step, final_reported;
+    wbuf out; /* produced, not yet polled */
+    size_t prompt_total, prompt_done;
+    int n_gen;
+    double t_submit, t_start, t_first, t_last, t_end;
+    uint64_t last_served; /* step number of its last prefill chunk or decode: round robin */
+
+    /* the worker's, touched only while in_step (or by the host once detached, see closing) */
+    kvgen_gen *g;
+    kvg_tokens prompt_toks; /* the prompt as built at start (a chat turn is captured) */
+    size_t len_before;      /* session length when the job started */
+    kvg_chat *chat_before;  /* chat state when it started: a rollback restores it */
+    bool chat_saved;
+    bool wcancel;      /* cancel as planned */
+    kvgen_job_state wstate;
+    kvgen_finish wfinish;
+    kvgen_error werr;
+    wbuf wout; /* text of this step */
+    size_t wprompt_total, wprompt_done;
+    int wn_gen;
+    double wt_start, wt_first, wt_last, wt_end;
+
+    /* the host's */
+    wbuf host_text;
+    struct kvgen_job *prev, *next;
+};
+
+typedef struct kvg_worker {
+    kvgen_model *m;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;    /* worker: work arrived, or quit */
+    pthread_cond_t stepped; /* host: a step was committed (session close waits for it) */
+    pthread_t thread;
+    bool started, quit;
+    kvgen_jobs_desc cfg;
+    kvgen_job *head, *tail;
+    uint64_t seq, step_no, poll_after;
+    kvgen_jobs_stats stats;
+    kvgen_jobs_stats wstats; /* the worker's counters, copied into stats at each commit */
+    /* the worker's scratch */
+    kvgen_job **plan;
+    size_t plan_cap;
+    kvgen_session **flush;
+    kvgen_job **flush_jobs;
+    float *logits;
+    size_t logits_cap;
+} kvg_worker;
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static bool is_final(kvgen_job_state st) {
+    return st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED;
+}
+
+const char *kvgen_job_state_name(kvgen_job_state st) {
+    switch (st) {
+    case KVGEN_JOB_QUEUED: return "queued";
+    case KVGEN_JOB_PREFILLING: return "prefilling";
+    case KVGEN_JOB_GENERATING: return "generating";
+    case KVGEN_JOB_DONE: return "done";
+    case KVGEN_JOB_CANCELLED: return "cancelled";
+    case KVGEN_JOB_FAILED: return "failed";
+    }
+    return "unknown";
+}
+
+/* ---- request copies -------------------------------------------------------------------- */
+
+static size_t align_up(size_t n) {
+    size_t a = alignof(max_align_t);
+    return (n + a - 1) / a * a;
+}
+
+/* Copies a constraint into one allocation (the job frees one pointer): structs and pointer
+ * arrays first, then the strings. */
+static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena) {
+    size_t size = align_up(sizeof *k), strings = 0;
+    size += align_up((size_t)k->n_choices * sizeof(char *));
+    for (int i = 0; i < k->n_choices; i++) strings += strlen(k->choices[i]) + 1;
+    size += align_up((size_t)k->n_fields * sizeof(kvgen_json_field));
+    for (int i = 0; i < k->n_fields; i++) {
+        const kvgen_json_field *f = &k->fields[i];
+        strings += strlen(f->key) + 1;
+        if (f->type == KVGEN_JSON_ENUM) {
+            size += align_up((size_t)f->n_values * sizeof(char *));
+            for (int v = 0; v < f->n_values; v++) strings += strlen(f->values[v]) + 1;
+        }
+    }
+    char *a = malloc(size + strings);
+    if (!a) return NULL;
+    char *at = a, *str = a + size;
+    kvgen_constraint *c = (kvgen_constraint *)(void *)at;
+    *c = *k;
+    at += align_up(sizeof *k);
+    const char **choices = (const char **)(void *)at;
+    at += align_up((size_t)k->n_choices * sizeof(char *));
+    for (int i = 0; i < k->n_choices; i++) {
+        size_t n = strlen(k->choices[i]) + 1;
+        choices[i] = memcpy(str, k->choices[i], n);
+        str += n;
+    }
+    c->choices = k->n_choices > 0 ? choices : NULL;
+    kvgen_json_field *fields = (kvgen_json_field *)(void *)at;
+    at += align_up((size_t)k->n_fields * sizeof(kvgen_json_field));
+    for (int i = 0; i < k->n_fields; i++) {
+        const kvgen_json_field *f = &k->fields[i];
+        fields[i] = *f;
+        size_t n = strlen(f->key) + 1;
+        fields[i].key = memcpy(str, f->key, n);
+        str += n;
+        fields[i].values = NULL;
+        if (f->type == KVGEN_JSON_ENUM) {
+            const char **values = (const char **)(void *)at;
+            at += align_up((size_t)f->n_values * sizeof(char *));
+            for (int v = 0; v < f->n_values; v++) {
+                n = strlen(f->values[v]) + 1;
+                values[v] = memcpy(str, f->values[v], n);
+                str += n;
+            }
+            fields[i].values = values;
+        }
+    }
+    c->fields = k->n_fields > 0 ? fields : NULL;
+    *arena = a;
+    return c;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static void job_free(kvgen_job *j) {
+    if (!j) return;
+    kvgen_gen_end(j->g);
+    free(j->text);
+    free(j->role);
+    free(j->tokens);
+    for (int i = 0; j->stops && i < j->gen.n_stop; i++) free(j->stops[i]);
+    free(j->stops);
+    free(j->cons_arena);
+    free(j->prompt_toks.v);
+    kvg_chat_free(j->chat_before);
+    free(j->out.p);
+    free(j->wout.p);
+    free(j->host_text.p);
+    free(j);
+}
+
+/* Checks what kvgen_gen_begin would refuse, and copies the strings and the constraint. */
+static kvgen_status copy_gen(kvgen_job *j, const kvgen_generate_desc *d, kvgen_error *err) {
+    j->gen = *d;
+    j->gen.stop = NULL;
+    j->gen.n_stop = 0;
+    j->gen.constraint = NULL;
+    if (d->n_stop < 0 || d->n_stop > MAX_STOPS || (d->n_stop > 0 && !d->stop))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.n_stop %d (0..%d, with a stop array)",
+                        d->n_stop, MAX_STOPS);
+    for (int i = 0; i < d->n_stop; i++)
+        if (!d->stop[i] || !d->stop[i][0] || strlen(d->stop[i]) > MAX_STOP_LEN)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                            "kvgen_job_submit: gen.stop[%d] is NULL, empty or over %d bytes", i, MAX_STOP_LEN);
+    if (d->flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.flags 0x%x (only KVGEN_TOKENIZE_SPECIAL)",
+                        d->flags);
+    if (d->constraint) {
+        kvg_cons *c = NULL;
+        kvgen_status st = kvg_cons_build(d->constraint, &c, err); /* validates it */
+        kvg_cons_free(c);
+        if (st != KVGEN_OK) return st;
+        j->gen.constraint = copy_constraint(d->constraint, &j->cons_arena);
+        if (!j->gen.constraint) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+    }
+    if (d->n_stop > 0) {
+        j->stops = calloc((size_t)d->n_stop, sizeof *j->stops);
+        if (!j->stops) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+        for (int i = 0; i < d->n_stop; i++) {
+            j->stops[i] = dup_n(d->stop[i], strlen(d->stop[i]));
+            if (!j->stops[i]) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+            j->gen.n_stop = i + 1;
+        }
+        j->gen.stop = (const char *const *)j->stops;
+    }
+    return KVGEN_OK;
+}
+
+static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_job_desc *d, kvgen_error *err) {
+    int n_vocab = m->w.hp.n_vocab;
+    j->prompt = d->prompt;
+    switch (d->prompt) {
+    case KVGEN_PROMPT_NONE: return KVGEN_OK;
+    case KVGEN_PROMPT_TOKENS:
+        if (d->n_tokens > 0 && !d->tokens)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokens is NULL");
+        for (size_t i = 0; i < d->n_tokens; i++)
+            if (d->tokens[i] < 0 || d->tokens[i] >= n_vocab)
+                return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                                "kvgen_job_submit: token %zu: id %d is outside the vocabulary [0, %d)", i,
+                                (int)d->tokens[i], n_vocab);
+        if (d->n_tokens > 0) {
+            j->tokens = malloc(d->n_tokens * sizeof *j->tokens);
+            if (!j->tokens) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+            memcpy(j->tokens, d->tokens, d->n_tokens * sizeof *j->tokens);
+        }
+        j->n_tokens = d->n_tokens;
+        return KVGEN_OK;
+    case KVGEN_PROMPT_TEXT: {
+        if (!d->text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: text is NULL");
+        if (d->tokenize_flags & ~(unsigned)(KVGEN_TOKENIZE_SPECIAL | KVGEN_TOKENIZE_ADD_BOS))
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokenize_flags 0x%x", d->tokenize_flags);
+        size_t len = d->text_len ? d->text_len : strlen(d->text), n = 0;
+        kvgen_error e2;
+        kvgen_status st = kvgen_tokenize(m, d->text, len, d->tokenize_flags, NULL, 0, &n, &e2);
+        if (st != KVGEN_OK && st != KVGEN_E_INVALID_ARGUMENT) {
+            if (err) *err = e2;
+            return st;
+        }
+        if (n > 0) {
+            j->tokens = malloc(n * sizeof *j->tokens);
+            if (!j->tokens) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+            st = kvgen_tokenize(m, d->text, len, d->tokenize_flags, j->tokens, n, &j->n_tokens, err);
+            if (st != KVGEN_OK) return st;
+        }
+        return KVGEN_OK;
+    }
+    case KVGEN_PROMPT_CHAT:
+        if (d->role && strcmp(d->role, "system") != 0 && strcmp(d->role, "user") != 0 &&
+            strcmp(d->role, "assistant") != 0)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                            "kvgen_job_submit: role \"%s\" (system, user or assistant; NULL: only open the reply)",
+                            d->role);
+        if (d->role && !d->text)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: a chat turn needs text");
+        if (d->role && !(j->role = dup_n(d->role, strlen(d->role))))
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+        if (d->text) {
+            size_t len = d->text_len ? d->text_len : strlen(d->text);
+            if (memchr(d->text, 0, len))
+                return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: chat text contains a NUL byte");
+            if (!(j->text = dup_n(d->text, len)))
+                return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+        }
+        return KVGEN_OK;
+    }
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: prompt %d is not a kvgen_prompt_kind",
+                    (int)d->prompt);
+}
+
+/* ---- the worker object ------------------------------------------------------------------- */
+
+static void *worker_main(void *arg);
+
+static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
+    kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
+    if (w) return w;
+    w = calloc(1, sizeof *w);
+    if (!w) {
+        kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen jobs: out of memory");
+        return NULL;
+    }
+    w->m = m;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->stepped, NULL);
+    kvg_worker *expected = NULL;
+    if (!__atomic_compare_exchange_n(&m->worker, &expected, w, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        /* another thread created it first */
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->wake);
+        pthread_cond_destroy(&w->stepped);
+        free(w);
+        return expected;
+    }
+    return w;
+}
+
+static void unlink_job(kvg_worker *w, kvgen_job *j) {
+    if (j->prev) j->prev->next = j->next;
+    else w->head = j->next;
+    if (j->next) j->next->prev = j->prev;
+    else w->tail = j->prev;
+    j->prev = j->next = NULL;
+}
+
+void kvg_worker_destroy(kvgen_model *m) {
+    kvg_worker *w = m->worker;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->quit = true;
+    pthread_cond_broadcast(&w->wake);
+    pthread_mutex_unlock(&w->mu);
+    if (w->started) pthread_join(w->thread, NULL);
+    /* every job holds a model reference until released, so only released ones can be left */
+    while (w->head) {
+        kvgen_job *j = w->head;
+        unlink_job(w, j);
+        job_free(j);
+    }
+    free(w->plan);
+    free(w->flush);
+    free(w->flush_jobs);
+    free(w->logits);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->stepped);
+    free(w);
+    m->worker = NULL;
+}
+
+kvgen_status kvgen_jobs_configure(kvgen_model *m, const kvgen_jobs_desc *desc, kvgen_error *err) {
+    if (!m) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_jobs_configure: model is NULL");
+    kvgen_jobs_desc d = {0};
+    if (desc) d = *desc;
+    if (d.prefill_chunk < 0 || d.max_batch < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_jobs_configure: prefill_chunk %d and max_batch %d must not be negative", d.prefill_chunk,
+                        d.max_batch);
+    kvg_worker *w = get_worker(m, err);
+    if (!w) return KVGEN_E_NO_MEMORY;
+    pthread_mutex_lock(&w->mu);
+    w->cfg = d;
+    pthread_mutex_unlock(&w->mu);
+    return KVGEN_OK;
+}
+
+void kvgen_jobs_get_stats(kvgen_model *m, kvgen_jobs_stats *stats) {
+    if (!stats) return;
+    memset(stats, 0, sizeof *stats);
+    kvg_worker *w = m ? __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE) : NULL;
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    *stats = w->stats;
+    stats->worker_running = w->started && !w->quit;
+    stats->jobs_active = 0;
+    for (kvgen_job *j = w->head; j; j = j->next)
+        if (!is_final(j->state)) stats->jobs_active++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- host calls ----------------------------------------------------------------------------- */
+
+kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvgen_job **out, kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: session is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: out is NULL");
+    kvgen_job_desc d = {0};
+    if (desc) d = *desc;
+    kvgen_model *m = s->model;
+    kvgen_job *j = calloc(1, sizeof *j);
+    if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+    kvgen_status st = copy_prompt(j, m, &d, err);
+    if (st == KVGEN_OK) st = copy_gen(j, &d.gen, err);
+    if (st == KVGEN_OK && !(wbuf_add(&j->host_text, "", 0) && wbuf_add(&j->out, "", 0) && wbuf_add(&j->wout, "", 0)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+    kvg_worker *w = NULL;
+    if (st == KVGEN_OK && !(w = get_worker(m, err))) st = KVGEN_E_NO_MEMORY;
+    if (st != KVGEN_OK) {
+        job_free(j);
+        return st;
+    }
+    j->model = m;
+    j->w = w;
+    j->s = s;
+    j->owner = d.owner;
+    j->user_data = d.user_data;
+    j->priority = d.priority;
+    j->state = KVGEN_JOB_QUEUED;
+    j->t_start = j->t_first = j->t_last = j->t_end = -1;
+
+    pthread_mutex_lock(&w->mu);
+    if (!w->started) {
+        if (w->quit || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pthread_mutex_unlock(&w->mu);
+            job_free(j);
+            return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_job_submit: cannot start the worker thread");
+        }
+        w->started = true;
+    }
+    __atomic_add_fetch(&m->refcount, 1, __ATOMIC_RELAXED); /* dropped by kvgen_job_release */
+    j->seq = ++w->seq;
+    j->t_submit = now_ms();
+    j->prev = w->tail;
+    if (w->tail) w->tail->next = j;
+    else w->head = j;
+    w->tail = j;
+    pthread_cond_signal(&w->wake);
+    pthread_mutex_unlock(&w->mu);
+    *out = j;
+    return KVGEN_OK;
+}
+
+/* under w->mu, for a job the worker does not hold */
+static void finish_now(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
+    j->state = state;
+    j->finish = why;
+    j->t_end = now_ms();
+}
+
+static void cancel_locked(kvg_worker *w, kvgen_job *j) {
+    if (is_final(j->state)) return;
+    if (j->state == KVGEN_JOB_QUEUED && !j->in_step) {
+        finish_now(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED); /* nothing ran: nothing to undo */
+        return;
+    }
+    j->cancel = true;
+    pthread_cond_signal(&w->wake);
+}
+
+void kvgen_job_cancel(kvgen_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->w->mu);
+    cancel_locked(j->w, j);
+    pthread_mutex_unlock(&j->w->mu);
+}
+
+void kvgen_job_release(kvgen_job *j) {
+    if (!j) return;
+    kvg_worker *w = j->w;
+    kvgen_model *m = j->model;
+    pthread_mutex_lock(&w->mu);
+    j->released = true;
+    cancel_locked(w, j);
+    if (is_final(j->state) && !j->in_step) { /* else the worker's commit frees it */
+        unlink_job(w, j);
+        job_free(j);
+    }
+    pthread_mutex_unlock(&w->mu);
+    kvgen_model_unload(m); /* may be the last reference: frees the model and joins the worker */
+}
+
+void kvgen_job_set_priority(kvgen_job *j, int priority) {
+    if (!j) return;
+    pthread_mutex_lock(&j->w->mu);
+    j->priority = priority;
+    pthread_mutex_unlock(&j->w->mu);
+}
+
+/* under w->mu: moves the job's new text to the host's side */
+static bool take_news(kvgen_job *j, kvgen_event *ev) {
+    bool final = is_final(j->state) && !j->final_reported;
+    if (j->out.n == 0 && !final) return false;
+    size_t at = j->host_text.n;
+    if (j->out.n > 0 && wbuf_add(&j->host_text, j->out.p, j->out.n)) {
+        j->out.n = 0;
+        j->out.p[0] = 0;
+    }
+    if (final) j->final_reported = true;
+    if (ev) {
+        ev->job = j;
+        ev->user_data = j->user_data;
+        ev->state = j->state;
+        ev->text = j->host_text.p + at;
+        ev->len = j->host_text.n - at;
+        ev->finished = final;
+        ev->finish = j->finish;
+    }
+    return true;
+}
+
+kvgen_job_state kvgen_job_poll(kvgen_job *j, const char **text, size_t *len) {
+    if (text) *text = "";
+    if (len) *len = 0;
+    if (!j) return KVGEN_JOB_FAILED;
+    kvgen_event ev = {0};
+    pthread_mutex_lock(&j->w->mu);
+    bool news = take_news(j, &ev);
+    kvgen_job_state st = j->state;
+    pthread_mutex_unlock(&j->w->mu);
+    if (news && text) *text = ev.text;
+    if (news && len) *len = ev.len;
+    return st;
+}
+
+const char *kvgen_job_text(const kvgen_job *j, size_t *len) {
+    if (len) *len = j ? j->host_text.n : 0;
+    return j ? j->host_text.p : NULL;
+}
+
+void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    info->state = KVGEN_JOB_FAILED;
+    info->queue_ms = info->first_token_ms = info->total_ms = -1;
+    if (!j) return;
+    pthread_mutex_lock(&j->w->mu);
+    info->state = j->state;
+    info->finish = j->finish;
+    info->error = j->error;
+    info->priority = j->priority;
+    info->prompt_tokens = j->prompt_total;
+    info->prompt_done = j->prompt_done;
+    info->n_tokens = j->n_gen;
+    if (j->t_start >= 0) info->queue_ms = j->t_start - j->t_submit;
+    if (j->t_first >= 0) info->first_token_ms = j->t_first - j->t_submit;
+    if (j->t_end >= 0) info->total_ms = j->t_end - j->t_submit;
+    if (j->n_gen >= 2 && j->t_last > j->t_first) info->tokens_per_s = (j->n_gen - 1) / ((j->t_last - j->t_first) / 1e3);
+    pthread_mutex_unlock(&j->w->mu);
+}
+
+int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) {
+    if (!m || !events || cap <= 0) return 0;
+    kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
+    if (!w) return 0;
+    int n = 0;
+    pthread_mutex_lock(&w->mu);
+    /* two passes from where the last full call stopped, so no job waits behind others forever */
+    for (int pass = 0; pass < 2 && n < cap; pass++)
+        for (kvgen_job *j = w->head; j && n < cap; j = j->next) {
+            if ((pass == 0) != (j->seq > w->poll_after) || j->owner != owner || j->released) continue;
+            if (take_news(j, &events[n])) {
+                n++;
+                if (n == cap) w->poll_after = j->seq;
+            }
+        }
+    if (n < cap) w->poll_after = 0;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+void kvg_worker_session_closing(kvgen_session *s) {
+    kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        bool busy = false;
+        for (kvgen_job *j = w->head; j; j = j->next)
+            if (j->s == s) {
+                j->detaching = true; /* the worker plans it no more */
+                busy |= j->in_step;
+            }
+        if (!busy) break;
+        pthread_cond_wait(&w->stepped, &w->mu); /* at most the one step that holds the session */
+    }
+    for (kvgen_job *j = w->head, *next; j; j = next) {
+        next = j->next;
+        if (j->s != s) continue;
+        if (!is_final(j->state)) finish_now(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED);
+        kvgen_gen_end(j->g); /* it points at the session */
+        j->g = NULL;
+        j->s = NULL;
+        if (j->released) {
+            unlink_job(w, j);
+            job_free(j);
+        }
+    }
+    s->capture = NULL;
+    s->defer_decode = false;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- the worker ------------------------------------------------------------------------------- */
+
+/* Orders candidates: cancellations first (they are cheap and free their session), then
+ * priority, then whoever was served longest ago, then submission order. */
+static bool before(const kvgen_job *a, const kvgen_job *b) {
+    if (a->cancel != b->cancel) return a->cancel;
+    if (a->priority != b->priority) return a->priority > b->priority;
+    if (a->last_served != b->last_served) return a->last_served < b->last_served;
+    return a->seq < b->seq;
+}
+
+/* A job may run when it is the oldest unfinished job of its session. */
+static bool is_head(const kvgen_job *j) {
+    for (const kvgen_job *o = j->prev; o; o = o->prev)
+        if (o->s == j->s && !is_final(o->state)) return false;
+    return true;
+}
+
+typedef struct step_plan {
+    kvgen_job *prefill;  /* one job to start or prefill a chunk of, or NULL */
+    kvgen_job **decode;  /* generating jobs */
+    int n_decode;
+    int chunk;
+} step_plan;
+
+/* Under w->mu: chooses this step's work. False when there is none. */
+static bool plan_step(kvg_worker *w, step_plan *p) {
+    size_t n_jobs = 0;
+    for (kvgen_job *j = w->head; j; j = j->next) n_jobs++;
+    if (n_jobs > w->plan_cap) {
+        kvgen_job **plan = realloc(w->plan, n_jobs * sizeof *plan);
+        kvgen_session **flush = realloc(w->flush, n_jobs * sizeof *flush);
+        kvgen_job **flush_jobs = realloc(w->flush_jobs, n_jobs * sizeof *flush_jobs);
+        if (plan) w->plan = plan;
+        if (flush) w->flush = flush;
+        if (flush_jobs) w->flush_jobs = flush_jobs;
+        if (!plan || !flush || !flush_jobs) return false; /* retried when the next job arrives */
+        w->plan_cap = n_jobs;
+    }
+    int max_batch = w->cfg.max_batch > 0 ? w->cfg.max_batch : DEFAULT_MAX_BATCH;
+    p->chunk = w->cfg.prefill_chunk > 0 ? w->cfg.prefill_chunk : DEFAULT_PREFILL_CHUNK;
+    p->prefill = NULL;
+    p->decode = w->plan;
+    p->n_decode = 0;
+    for (kvgen_job *j = w->head; j; j = j->next) {
+        if (is_final(j->state) || !j->s || j->detaching || !is_head(j)) continue;
+        if (j->state == KVGEN_JOB_GENERATING) {
+            /* insertion into the sorted batch, keeping the best max_batch */
+            int at = p->n_decode;
+            while (at > 0 && before(j, p->decode[at - 1])) at--;
+            if (at >= max_batch) continue;
+            int n = p->n_decode < max_batch ? p->n_decode : max_batch - 1;
+            memmove(p->decode + at + 1, p->decode + at, (size_t)(n - at) * sizeof *p->decode);
+            p->decode[at] = j;
+            if (p->n_decode < max_batch) p->n_decode++;
+        } else if (!p->prefill || before(j, p->prefill)) {
+            p->prefill = j;
+        }
+    }
+    if (!p->prefill && p->n_decode == 0) return false;
+    w->step_no++;
+    if (p->prefill) p->prefill->in_step = true;
+    for (int i = 0; i < p->n_decode; i++) p->decode[i]->in_step = true;
+    for (kvgen_job *j = w->head; j; j = j->next)
+        if (j->in_step) {
+            j->wcancel = j->cancel;
+            j->wstate = j->state;
+            j->wfinish = j->finish;
+            j->werr = j->error;
+            j->wprompt_total = j->prompt_total;
+            j->wprompt_done = j->prompt_done;
+            j->wn_gen = j->n_gen;
+            j->wt_start = j->t_start;
+            j->wt_first = j->t_first;
+            j->wt_last = j->t_last;
+            j->wt_end = j->t_end;
+            j->last_served = w->step_no;
+        }
+    return true;
+}
+
+static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
+    kvgen_session *s = j->s;
+    kvgen_gen_end(j->g);
+    j->g = NULL;
+    s->defer_decode = false;
+    s->capture = NULL;
+    /* (a decode still pending is completed by this step's batch: its token was sampled) */
+    if (j->wn_gen == 0 && !s->decode_pending && (state == KVGEN_JOB_CANCELLED || state == KVGEN_JOB_FAILED)) {
+        /* nothing was generated: take the prompt back, so the session is as it was */
+        size_t len = kvgen_session_length(s);
+        if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
+        if (j->chat_saved) {
+            kvg_sampler *sm = kvg_session_sampler(s);
+            kvg_chat_free(sm->chat);
+            sm->chat = j->chat_before;
+            j->chat_before = NULL;
+            j->chat_saved = false;
+        }
+    }
+    j->wstate = state;
+    j->wfinish = why;
+    j->wt_end = now_ms();
+}
+
+static void fail_job(kvgen_job *j, const kvgen_error *e) {
+    j->werr = *e;
+    if (j->werr.status == KVGEN_OK) j->werr.status = KVGEN_E_INTERNAL;
+    end_job(j, KVGEN_JOB_FAILED, KVGEN_FINISH_ERROR);
+}
+
+/* QUEUED -> PREFILLING: builds the prompt (a chat turn is applied now, after the session's
+ * earlier jobs, and its tokens captured for chunked prefill). */
+static bool start_job(kvgen_job *j, kvgen_error *e) {
+    kvgen_session *s = j->s;
+    j->wt_start = now_ms();
+    j->len_before = kvgen_session_length(s);
+    j->prompt_toks.n = 0;
+    kvgen_status st = KVGEN_OK;
+    if (j->prompt == KVGEN_PROMPT_CHAT) {
+        kvg_sampler *sm = kvg_session_sampler(s);
+        st = sm->chat ? kvg_chat_clone(&j->chat_before, sm->chat, e) : KVGEN_OK;
+        if (st == KVGEN_OK) {
+            j->chat_saved = true;
+            s->capture = &j->prompt_toks;
+            st = kvgen_chat_begin(s, j->role, j->text, e);
+            s->capture = NULL;
+        }
+    } else if (j->n_tokens > 0) {
+        j->prompt_toks.v = malloc(j->n_tokens * sizeof *j->prompt_toks.v);
+        if (!j->prompt_toks.v) st = kvg_fail(e, KVGEN_E_NO_MEMORY, "kvgen job: out of memory");
+        else memcpy(j->prompt_toks.v, j->tokens, j->n_tokens * sizeof *j->tokens);
+        j->prompt_toks.n = j->prompt_toks.cap = j->n_tokens;
+    }
+    j->wprompt_total = j->prompt_toks.n;
+    j->wprompt_done = 0;
+    j->wstate = KVGEN_JOB_PREFILLING;
+    return st == KVGEN_OK;
+}
+
+static void prefill_step(kvg_worker *w, kvgen_job *j, int chunk) {
+    kvgen_error e = {0};
+    if (j->wcancel) {
+        end_job(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED);
+        return;
+    }
+    if (j->wstate == KVGEN_JOB_QUEUED && !start_job(j, &e)) {
+        fail_job(j, &e);
+        return;
+    }
+    size_t left = j->wprompt_total - j->wprompt_done;
+    if (left > 0) {
+        size_t n = left < (size_t)chunk ? left : (size_t)chunk;
+        if (kvgen_session_prefill(j->s, j->prompt_toks.v + j->wprompt_done, n, NULL, &e) != KVGEN_OK) {
+            fail_job(j, &e);
+            return;
+        }
+        j->wprompt_done += n;
+        w->wstats.prefill_chunks++;
+    }
+    if (j->wprompt_done < j->wprompt_total) return;
+    if (kvgen_gen_begin(j->s, &j->gen, &j->g, &e) != KVGEN_OK) {
+        fail_job(j, &e);
+        return;
+    }
+    j->s->defer_decode = w->m->ops->forward_batch != NULL;
+    j->wstate = KVGEN_JOB_GENERATING;
+}
+
+static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
+    kvgen_gen_step step[1];
+    int n_flush = 0;
+    for (int i = 0; i < n; i++) {
+        kvgen_job *j = jobs[i];
+        kvgen_error e = {0};
+        if (j->wcancel) kvgen_gen_cancel(j->g);
+        kvgen_status st = kvgen_gen_next(j->g, step, &e);
+        if (step->token >= 0) {
+            double t = now_ms();
+            if (j->wn_gen == 0) j->wt_first = t;
+            j->wt_last = t;
+            j->wn_gen++;
+        }
+        if (j->s->decode_pending) { /* sampled and reserved: its forward pass is in the batch */
+            w->flush[n_flush] = j->s;
+            w->flush_jobs[n_flush++] = j;
+        }
+        if (st != KVGEN_OK) {
+            fail_job(j, &e);
+        } else if (step->len > 0 && !wbuf_add(&j->wout, step->text, step->len)) {
+            kvgen_error oom = {KVGEN_E_NO_MEMORY, "kvgen job: out of memory for its text"};
+            fail_job(j, &oom);
+        }
+    }
+    if (n_flush > 0) {
+        size_t need = (size_t)n_flush * (size_t)w->m->w.hp.n_vocab;
+        kvgen_error e = {0};
+        kvgen_status st = KVGEN_OK;
+        if (need > w->logits_cap) {
+            float *l = realloc(w->logits, need * sizeof *l);
+            if (l) {
+                w->logits = l;
+                w->logits_cap = need;
+            } else {
+                st = kvg_fail(&e, KVGEN_E_NO_MEMORY, "kvgen job: out of memory for %d sessions' logits", n_flush);
+            }
+        }
+        if (st == KVGEN_OK) st = kvg_session_decode_batch(w->flush, n_flush, w->logits, &e);
+        if (st == KVGEN_OK) {
+            w->wstats.batches++;
+            w->wstats.batched_tokens += (uint64_t)n_flush;
+            if (n_flush > w->wstats.max_batch_seen) w->wstats.max_batch_seen = n_flush;
+        }
+        for (int i = 0; st != KVGEN_OK && i < n_flush; i++)
+            if (!is_final(w->flush_jobs[i]->wstate)) fail_job(w->flush_jobs[i], &e);
+    }
+    for (int i = 0; i < n; i++) {
+        kvgen_job *j = jobs[i];
+        if (!j->g || is_final(j->wstate)) continue;
+        kvgen_finish f = kvgen_gen_finish(j->g);
+        if (f == KVGEN_FINISH_NONE) continue;
+        end_job(j, f == KVGEN_FINISH_CANCELLED ? KVGEN_JOB_CANCELLED : KVGEN_JOB_DONE, f);
+    }
+}
+
+/* Under w->mu: publishes the step. */
+static void commit_step(kvg_worker *w) {
+    for (kvgen_job *j = w->head, *next; j; j = next) {
+        next = j->next;
+        if (!j->in_step) continue;
+        j->in_step = false;
+        if (j->wout.n > 0) {
+            if (wbuf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
+        }
+        if (j->wn_gen > j->n_gen) w->stats.decode_tokens += (uint64_t)(j->wn_gen - j->n_gen);
+        j->state = j->wstate;
+        j->finish = j->wfinish;
+        j->error = j->werr;
+        j->prompt_total = j->wprompt_total;
+        j->prompt_done = j->wprompt_done;
+        j->n_gen = j->wn_gen;
+        j->t_start = j->wt_start;
+        j->t_first = j->wt_first;
+        j->t_last = j->wt_last;
+        j->t_end = j->wt_end;
+        if (is_final(j->state) && j->released) {
+            unlink_job(w, j);
+            job_free(j);
+        }
+    }
+    w->wstats.steps++;
+    w->wstats.decode_tokens = w->stats.decode_tokens;
+    w->stats = w->wstats;
+}
+
+static void *worker_main(void *arg) {
+    kvg_worker *w = arg;
+    pthread_mutex_lock(&w->mu);
+    int nice_inc = w->cfg.nice == 0 ? DEFAULT_NICE : w->cfg.nice;
+#if defined(__linux__)
+    /* Linux keeps a nice value per thread: only the worker yields to the host's thread */
+    if (nice_inc > 0) setpriority(PRIO_PROCESS, 0, getpriority(PRIO_PROCESS, 0) + nice_inc);
+#else
+    (void)nice_inc;
+#endif
+    for (;;) {
+        step_plan p;
+        while (!w->quit && !plan_step(w, &p)) pthread_cond_wait(&w->wake, &w->mu);
+        if (w->quit) break;
+        pthread_mutex_unlock(&w->mu);
+        if (p.prefill) prefill_step(w, p.prefill, p.chunk);
+        if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);
+        pthread_mutex_lock(&w->mu);
+        commit_step(w);
+        pthread_cond_broadcast(&w->stepped);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---- benchmark helper (kvg_worker.h) ----------------------------------------------------------- */
+
+kvgen_status kvg_jobs_bench(kvgen_model *m, int n_sessions, int n_tokens, double *tokens_per_s, kvgen_error *err) {
+    *tokens_per_s = 0;
+    if (!m || n_sessions <= 0 || n_tokens <= 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_jobs_bench: %d sessions, %d tokens", n_sessions, n_tokens);
+    kvgen_session **ss = calloc((size_t)n_sessions, sizeof *ss);
+    kvgen_job **jobs = calloc((size_t)n_sessions, sizeof *jobs);
+    kvgen_status st = ss && jobs ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvg_jobs_bench: out of memory");
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    int32_t prompt = info.bos >= 0 ? info.bos : 1;
+    kvgen_session_desc sd = {.n_ctx = n_tokens + 16, .no_prefix_reuse = 1};
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) st = kvgen_session_create(m, &sd, &ss[i], err);
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &prompt, .n_tokens = 1,
+                            .gen = {.max_tokens = n_tokens, .ignore_eog = 1}, .owner = jobs};
+        st = kvgen_job_submit(ss[i], &d, &jobs[i], err);
+    }
+    double first = -1, last = -1, total = 0;
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
+        kvgen_job_info ji;
+        for (;;) {
+            kvgen_job_get_info(jobs[i], &ji);
+            if (is_final(ji.state)) break;
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (ji.state != KVGEN_JOB_DONE) {
+            if (err) *err = ji.error;
+            st = ji.error.status != KVGEN_OK ? ji.error.status : KVGEN_E_INTERNAL;
+            break;
+        }
+        if (first < 0 || ji.first_token_ms < first) first = ji.first_token_ms;
+        if (ji.total_ms > last) last = ji.total_ms;
+        total += ji.n_tokens;
+    }
+    if (st == KVGEN_OK && last > first) *tokens_per_s = total / ((last - first) / 1e3);
+    for (int i = 0; jobs && i < n_sessions; i++) kvgen_job_release(jobs[i]);
+    for (int i = 0; ss && i < n_sessions; i++) kvgen_session_close(ss[i]);
+    free(jobs);
+    free(ss);
+    return st;
+}
