@@ -1,0 +1,532 @@
+/* test_worker.c: the jobs API (kvgen_job_*, kvgen_poll) on a random model and the reference
+ * backend: batched decodes and chunked prefill give exactly the sequential results, poll
+ * structure (a job queued behind a long prefill reports nothing), cancel/rollback, priority
+ * order, a seeded random submit/cancel/release/close storm while the worker runs, and
+ * shutdown with work in flight. No wall-clock asserts: only orders and equalities. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "testutil.h"
+
+static kvgen_model *g_model;
+static int g_vocab;
+
+static void pause_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* polls until the job is final; false after a generous bound (a hang, not a timing assert) */
+static bool wait_final(kvgen_job *j) {
+    for (long i = 0; i < 600000; i++) {
+        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
+        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
+        pause_us(100);
+    }
+    return false;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static int32_t *random_tokens(uint64_t *rng, size_t n) {
+    int32_t *t = malloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++) t[i] = (int32_t)(rng_next(rng) % (uint64_t)g_vocab);
+    return t;
+}
+
+static kvgen_model *load(const char *path, int contiguous) {
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1,
+                           .kv_contiguous = contiguous, .kv_pool_tokens = 64 * 1024};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    return m;
+}
+
+/* Several sessions through the worker (batched decodes, chunked prompts) against the same
+ * prompts prefilled in one call and generated sequentially: identical tokens and logits. */
+static void test_batched_equals_sequential(kvgen_model *m, const char *what) {
+    enum { N = 6 };
+    uint64_t rng = 0x1234;
+    size_t lens[N] = {1, 5, 40, 77, 3, 130};
+    int32_t *prompts[N];
+    kvgen_session *a[N], *b[N];
+    kvgen_job *jobs[N];
+    kvgen_error err = {0};
+    kvgen_jobs_desc jd = {.prefill_chunk = 16};
+    CHECK_OK(kvgen_jobs_configure(m, &jd, &err));
+    kvgen_jobs_stats before;
+    kvgen_jobs_get_stats(m, &before);
+    for (int i = 0; i < N; i++) {
+        prompts[i] = random_tokens(&rng, lens[i]);
+        kvgen_session_desc sd = {.n_ctx = 256, .no_prefix_reuse = 1};
+        CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
+        CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompts[i], .n_tokens = lens[i],
+                            .gen = {.max_tokens = 12 + i, .ignore_eog = 1}};
+        CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
+    }
+    for (int i = 0; i < N; i++) CHECK(wait_final(jobs[i]));
+    for (int i = 0; i < N; i++) {
+        kvgen_job_info ji;
+        kvgen_job_get_info(jobs[i], &ji);
+        CHECKF(ji.state == KVGEN_JOB_DONE && ji.finish == KVGEN_FINISH_LENGTH, "%s job %d: %s %s (%s)", what, i,
+               kvgen_job_state_name(ji.state), kvgen_finish_name(ji.finish), ji.error.message);
+        CHECK(ji.n_tokens == 12 + i && ji.prompt_tokens == lens[i] && ji.prompt_done == lens[i]);
+        CHECK(ji.queue_ms >= 0 && ji.first_token_ms >= ji.queue_ms && ji.total_ms >= ji.first_token_ms);
+
+        CHECK_OK(kvgen_session_prefill(b[i], prompts[i], lens[i], NULL, &err));
+        char text[4096];
+        size_t len = 0;
+        kvgen_finish fin;
+        kvgen_generate_desc gd = {.max_tokens = 12 + i, .ignore_eog = 1};
+        CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
+        size_t n = kvgen_session_length(a[i]);
+        CHECKF(n == kvgen_session_length(b[i]) &&
+                   memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
+               "%s session %d: batched tokens differ from sequential", what, i);
+        const float *la = kvgen_session_logits(a[i]), *lb = kvgen_session_logits(b[i]);
+        CHECKF(la && lb && memcmp(la, lb, (size_t)g_vocab * sizeof(float)) == 0,
+               "%s session %d: batched logits are not bit-identical", what, i);
+        size_t tl;
+        const char *jt = kvgen_job_text(jobs[i], &tl);
+        CHECKF(tl == len && memcmp(jt, text, len) == 0, "%s session %d: job text differs", what, i);
+        kvgen_job_release(jobs[i]);
+        kvgen_session_close(a[i]);
+        kvgen_session_close(b[i]);
+        free(prompts[i]);
+    }
+    kvgen_jobs_stats st;
+    kvgen_jobs_get_stats(m, &st);
+    CHECKF(st.max_batch_seen > 1, "%s: decodes were never batched (max batch %d)", what, st.max_batch_seen);
+    CHECK(st.prefill_chunks - before.prefill_chunks >= 130 / 16);
+    CHECK(st.worker_running && st.jobs_active == 0);
+}
+
+/* A long prompt prefilled in chunks of 8 equals one prefill call: K/V and logits bit for bit. */
+static void test_chunked_prefill(void) {
+    kvgen_error err = {0};
+    uint64_t rng = 99;
+    size_t n = 300;
+    int32_t *p = random_tokens(&rng, n);
+    kvgen_jobs_desc jd = {.prefill_chunk = 8};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+    kvgen_session *a, *b;
+    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &b, &err));
+    kvgen_job *j;
+    kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = n, .gen = {.max_tokens = 1}};
+    CHECK_OK(kvgen_job_submit(a, &d, &j, &err));
+    CHECK(wait_final(j));
+    CHECK_OK(kvgen_session_prefill(b, p, n, NULL, &err));
+    int32_t tok = kvgen_session_sample(b);
+    CHECK_OK(kvgen_session_decode(b, tok, &err));
+    CHECK(kvgen_session_length(a) == n + 1 && kvgen_session_length(b) == n + 1);
+    CHECK(kvgen_session_tokens(a)[n] == tok);
+    kvgen_model_info info;
+    kvgen_model_get_info(g_model, &info);
+    size_t floats = (size_t)info.n_head_kv * (n + 1) * (size_t)info.head_dim;
+    float *ka = malloc(floats * sizeof *ka), *kb = malloc(floats * sizeof *kb);
+    for (int layer = 0; layer < info.n_layer; layer++)
+        for (int which = 0; which < 2; which++) {
+            CHECK_OK(kvgen_session_read_cache(a, layer, which, ka, floats, &err));
+            CHECK_OK(kvgen_session_read_cache(b, layer, which, kb, floats, &err));
+            CHECKF(memcmp(ka, kb, floats * sizeof *ka) == 0, "layer %d %s: chunked prefill differs", layer,
+                   which ? "V" : "K");
+        }
+    CHECK(memcmp(kvgen_session_logits(a), kvgen_session_logits(b), (size_t)g_vocab * sizeof(float)) == 0);
+    free(ka);
+    free(kb);
+    kvgen_job_release(j);
+    kvgen_session_close(a);
+    kvgen_session_close(b);
+    free(p);
+}
+
+/* A job queued behind a long prefill on its session reports nothing and stays queued, while a
+ * job on another session streams before that prefill ends. */
+static void test_poll_structure(void) {
+    kvgen_error err = {0};
+    uint64_t rng = 7;
+    size_t n = 2000;
+    int32_t *p = random_tokens(&rng, n);
+    kvgen_jobs_desc jd = {.prefill_chunk = 8};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+    kvgen_session *a, *c;
+    kvgen_session_desc sd = {.n_ctx = 2100, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &c, &err));
+    int owner_b, owner_c;
+    kvgen_job *ja, *jb, *jc;
+    kvgen_job_desc da = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = n, .gen = {.max_tokens = 2}};
+    kvgen_job_desc db = {.prompt = KVGEN_PROMPT_TEXT, .text = "more", .gen = {.max_tokens = 3, .ignore_eog = 1},
+                         .owner = &owner_b};
+    kvgen_job_desc dc = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = 3,
+                         .gen = {.max_tokens = 4, .ignore_eog = 1}, .owner = &owner_c};
+    CHECK_OK(kvgen_job_submit(a, &da, &ja, &err));
+    CHECK_OK(kvgen_job_submit(a, &db, &jb, &err));
+    CHECK_OK(kvgen_job_submit(c, &dc, &jc, &err));
+    kvgen_event ev[4];
+    const char *t = NULL;
+    size_t tl = 1;
+    CHECK(kvgen_job_poll(jb, &t, &tl) == KVGEN_JOB_QUEUED && tl == 0 && t && t[0] == 0);
+    CHECK(kvgen_poll(g_model, &owner_b, ev, 4) == 0);
+    /* c streams while a's prompt is still being prefilled */
+    bool c_done_first = false;
+    for (long i = 0; i < 600000; i++) {
+        kvgen_job_info ia;
+        kvgen_job_get_info(ja, &ia);
+        kvgen_job_state sc = kvgen_job_poll(jc, NULL, NULL);
+        if (sc == KVGEN_JOB_DONE) {
+            c_done_first = ia.state == KVGEN_JOB_PREFILLING || ia.state == KVGEN_JOB_QUEUED;
+            break;
+        }
+        pause_us(100);
+    }
+    CHECK(c_done_first);
+    CHECK(kvgen_job_poll(jb, NULL, NULL) == KVGEN_JOB_QUEUED);
+    CHECK(kvgen_poll(g_model, &owner_b, ev, 4) == 0);
+    /* b's events: text then exactly one finished event */
+    int finished = 0;
+    size_t got = 0;
+    for (long i = 0; i < 600000 && !finished; i++) {
+        int k = kvgen_poll(g_model, &owner_b, ev, 4);
+        for (int e = 0; e < k; e++) {
+            CHECK(ev[e].job == jb);
+            got += ev[e].len;
+            finished += ev[e].finished;
+        }
+        if (!finished) pause_us(100);
+    }
+    CHECK(finished == 1 && kvgen_poll(g_model, &owner_b, ev, 4) == 0);
+    size_t all;
+    kvgen_job_text(jb, &all);
+    CHECK(got == all);
+    kvgen_job_info ib;
+    kvgen_job_get_info(jb, &ib);
+    CHECK(ib.state == KVGEN_JOB_DONE && ib.n_tokens == 3);
+    CHECK(kvgen_job_poll(ja, NULL, NULL) == KVGEN_JOB_DONE);
+    kvgen_job_release(ja);
+    kvgen_job_release(jb);
+    kvgen_job_release(jc);
+    kvgen_session_close(a);
+    kvgen_session_close(c);
+    free(p);
+}
+
+/* Cancel before the first token gives the session back as it was (tokens and chat state). */
+static void test_cancel_rollback(void) {
+    kvgen_error err = {0};
+    kvgen_session *a, *ref;
+    kvgen_session_desc sd = {.n_ctx = 1024, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &ref, &err));
+    kvgen_chat_template chatml = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(a, &chatml, &err));
+    CHECK_OK(kvgen_chat_set_template(ref, &chatml, &err));
+    CHECK_OK(kvgen_chat_add(a, "system", "You are a smith.", &err));
+    CHECK_OK(kvgen_chat_add(ref, "system", "You are a smith.", &err));
+    size_t len0 = kvgen_session_length(a);
+    kvgen_jobs_desc jd = {.prefill_chunk = 4};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+    /* a long chat turn, cancelled while it is being prefilled (or still queued) */
+    char long_text[3000];
+    for (size_t i = 0; i < sizeof long_text - 1; i++) long_text[i] = "abc defg hij "[i % 13];
+    long_text[sizeof long_text - 1] = 0;
+    kvgen_job *j1, *j2;
+    kvgen_job_desc d1 = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = long_text};
+    CHECK_OK(kvgen_job_submit(a, &d1, &j1, &err));
+    kvgen_job_desc d2 = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Hello there",
+                         .gen = {.max_tokens = 6, .ignore_eog = 1}};
+    CHECK_OK(kvgen_job_submit(a, &d2, &j2, &err));
+    kvgen_job_cancel(j1);
+    CHECK(wait_final(j1) && wait_final(j2));
+    kvgen_job_info i1;
+    kvgen_job_get_info(j1, &i1);
+    CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED && i1.n_tokens == 0);
+    /* j2 ran as if j1 never happened */
+    CHECK_OK(kvgen_chat_begin(ref, "user", "Hello there", &err));
+    kvgen_generate_desc gd = {.max_tokens = 6, .ignore_eog = 1};
+    char text[512];
+    CHECK_OK(kvgen_generate(ref, &gd, text, sizeof text, NULL, NULL, &err));
+    size_t n = kvgen_session_length(a);
+    CHECK(n > len0 && n == kvgen_session_length(ref) &&
+          memcmp(kvgen_session_tokens(a), kvgen_session_tokens(ref), n * sizeof(int32_t)) == 0);
+    CHECK(strcmp(kvgen_job_text(j2, NULL), text) == 0);
+    /* cancelling a final job changes nothing; releasing twice is not allowed, once is enough */
+    kvgen_job_cancel(j2);
+    CHECK(kvgen_job_poll(j2, NULL, NULL) == KVGEN_JOB_DONE);
+    kvgen_job_release(j1);
+    kvgen_job_release(j2);
+    kvgen_session_close(a);
+    kvgen_session_close(ref);
+}
+
+/* The higher-priority prompt is served first when both wait behind a long prefill. */
+static void test_priority(void) {
+    kvgen_error err = {0};
+    uint64_t rng = 5;
+    int32_t *big = random_tokens(&rng, 1500), *p = random_tokens(&rng, 300);
+    kvgen_jobs_desc jd = {.prefill_chunk = 8};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+    kvgen_session *x, *lo, *hi;
+    kvgen_session_desc sd = {.n_ctx = 1600, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &x, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &lo, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &hi, &err));
+    kvgen_job *jx, *jl, *jh;
+    kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = big, .n_tokens = 1500, .gen = {.max_tokens = 1}};
+    CHECK_OK(kvgen_job_submit(x, &d, &jx, &err));
+    d.tokens = p;
+    d.n_tokens = 300;
+    CHECK_OK(kvgen_job_submit(lo, &d, &jl, &err));
+    d.priority = 5;
+    CHECK_OK(kvgen_job_submit(hi, &d, &jh, &err));
+    CHECK(wait_final(jx) && wait_final(jl) && wait_final(jh));
+    kvgen_job_info il, ih;
+    kvgen_job_get_info(jl, &il);
+    kvgen_job_get_info(jh, &ih);
+    CHECK(ih.priority == 5 && il.priority == 0);
+    CHECKF(ih.first_token_ms < il.first_token_ms, "priority 5 first token at %.1f ms, priority 0 at %.1f ms",
+           ih.first_token_ms, il.first_token_ms);
+    kvgen_job_release(jx);
+    kvgen_job_release(jl);
+    kvgen_job_release(jh);
+    kvgen_session_close(x);
+    kvgen_session_close(lo);
+    kvgen_session_close(hi);
+    free(big);
+    free(p);
+}
+
+/* Arguments are checked at submit; the stop strings and constraint are copies. */
+static void test_arguments_and_copies(void) {
+    kvgen_error err = {0};
+    kvgen_session *s, *ref;
+    CHECK_OK(kvgen_session_create(g_model, NULL, &s, &err));
+    CHECK_OK(kvgen_session_create(g_model, NULL, &ref, &err));
+    kvgen_job *j = (kvgen_job *)&err;
+    CHECK(kvgen_job_submit(NULL, NULL, &j, &err) == KVGEN_E_INVALID_ARGUMENT && j == NULL);
+    kvgen_job_desc bad = {.prompt = KVGEN_PROMPT_CHAT, .role = "narrator", .text = "x"};
+    CHECK(kvgen_job_submit(s, &bad, &j, &err) == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "narrator"));
+    const char *empty_stop[] = {""};
+    kvgen_job_desc bad2 = {.prompt = KVGEN_PROMPT_TEXT, .text = "x", .gen = {.stop = empty_stop, .n_stop = 1}};
+    CHECK(kvgen_job_submit(s, &bad2, &j, &err) == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "stop[0]"));
+    int32_t oob = g_vocab;
+    kvgen_job_desc bad3 = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &oob, .n_tokens = 1};
+    CHECK(kvgen_job_submit(s, &bad3, &j, &err) == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "vocabulary"));
+    kvgen_job_desc bad4 = {.prompt = (kvgen_prompt_kind)42};
+    CHECK(kvgen_job_submit(s, &bad4, &j, &err) == KVGEN_E_INVALID_ARGUMENT);
+    /* no prompt and no logits: the job fails on the worker with gen_begin's message */
+    CHECK_OK(kvgen_job_submit(s, NULL, &j, &err));
+    CHECK(wait_final(j));
+    kvgen_job_info ji;
+    kvgen_job_get_info(j, &ji);
+    CHECK(ji.state == KVGEN_JOB_FAILED && ji.error.status == KVGEN_E_INVALID_ARGUMENT &&
+          strstr(ji.error.message, "no logits"));
+    kvgen_job_release(j);
+
+    /* a JSON constraint built in a buffer that is overwritten right after submit */
+    char keys[2][8] = {"mood", "n"}, vals[2][8] = {"calm", "angry"};
+    const char *values[2] = {vals[0], vals[1]};
+    kvgen_json_field fields[2] = {{.key = keys[0], .type = KVGEN_JSON_ENUM, .values = values, .n_values = 2},
+                                  {.key = keys[1], .type = KVGEN_JSON_NUMBER}};
+    kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_JSON, .fields = fields, .n_fields = 2};
+    char stop_buf[8] = "zzz";
+    const char *stops[1] = {stop_buf};
+    kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TEXT, .text = "State:", .gen = {.constraint = &c, .stop = stops,
+                                                                              .n_stop = 1, .max_tokens = 64}};
+    CHECK_OK(kvgen_job_submit(s, &d, &j, &err));
+    memset(keys, 'X', sizeof keys);
+    memset(vals, 'Y', sizeof vals);
+    memset(stop_buf, 'Q', sizeof stop_buf - 1);
+    values[0] = values[1] = NULL;
+    CHECK(wait_final(j));
+    char keys2[2][8] = {"mood", "n"}, vals2[2][8] = {"calm", "angry"};
+    const char *values2[2] = {vals2[0], vals2[1]};
+    kvgen_json_field fields2[2] = {{.key = keys2[0], .type = KVGEN_JSON_ENUM, .values = values2, .n_values = 2},
+                                   {.key = keys2[1], .type = KVGEN_JSON_NUMBER}};
+    kvgen_constraint c2 = {.kind = KVGEN_CONSTRAIN_JSON, .fields = fields2, .n_fields = 2};
+    const char *stops2[1] = {"zzz"};
+    size_t n = 0;
+    kvgen_tokenize(g_model, "State:", 6, 0, NULL, 0, &n, &err);
+    int32_t *t = malloc(n * sizeof *t);
+    CHECK_OK(kvgen_tokenize(g_model, "State:", 6, 0, t, n, &n, &err));
+    CHECK_OK(kvgen_session_prefill(ref, t, n, NULL, &err));
+    kvgen_generate_desc gd = {.constraint = &c2, .stop = stops2, .n_stop = 1, .max_tokens = 64};
+    char text[512];
+    CHECK_OK(kvgen_generate(ref, &gd, text, sizeof text, NULL, NULL, &err));
+    CHECKF(strcmp(kvgen_job_text(j, NULL), text) == 0, "job '%s' vs direct '%s'", kvgen_job_text(j, NULL), text);
+    CHECK(strncmp(text, "{\"mood\":\"", 9) == 0);
+    kvgen_job_release(j);
+    free(t);
+    kvgen_session_close(s);
+    kvgen_session_close(ref);
+}
+
+/* Seeded storm from the host thread while the worker runs; every event stream is consistent. */
+static void test_random_storm(void) {
+    enum { NS = 10, NJ = 64, ROUNDS = 1500 };
+    kvgen_error err = {0};
+    kvgen_jobs_desc jd = {.prefill_chunk = 16, .max_batch = 6};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+    uint64_t rng = 0xdecafbad;
+    kvgen_session *ss[NS] = {0};
+    kvgen_job *jobs[NJ] = {0};
+    size_t seen[NJ] = {0};
+    int finished[NJ] = {0};
+    int owner;
+    kvgen_session_desc sd = {.n_ctx = 512, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4};
+    kvgen_chat_template chatml = {.name = "chatml"};
+    for (int i = 0; i < NS; i++) {
+        CHECK_OK(kvgen_session_create(g_model, &sd, &ss[i], &err));
+        CHECK_OK(kvgen_chat_set_template(ss[i], &chatml, &err));
+    }
+    int submitted = 0, bad = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        uint64_t r = rng_next(&rng);
+        int op = (int)(r % 10), si = (int)((r >> 8) % NS), ji = (int)((r >> 16) % NJ);
+        if (op <= 3 && !jobs[ji]) {
+            size_t n = 1 + (size_t)((r >> 24) % 70);
+            int32_t *p = random_tokens(&rng, n);
+            kvgen_job_desc d = {.prompt = (kvgen_prompt_kind)((r >> 40) % 4), .text = "hi there", .role = "user",
+                                .tokens = p, .n_tokens = n, .priority = (int)((r >> 44) % 3), .owner = &owner,
+                                .user_data = &jobs[ji], .gen = {.max_tokens = 1 + (int)((r >> 48) % 20)}};
+            if (d.prompt == KVGEN_PROMPT_NONE && !kvgen_session_logits(ss[si])) d.prompt = KVGEN_PROMPT_TOKENS;
+            kvgen_status st = kvgen_job_submit(ss[si], &d, &jobs[ji], &err);
+            CHECK(st == KVGEN_OK);
+            submitted++;
+            seen[ji] = 0;
+            finished[ji] = 0;
+            free(p);
+        } else if (op == 4 && jobs[ji]) {
+            kvgen_job_cancel(jobs[ji]);
+        } else if (op == 5 && jobs[ji]) {
+            kvgen_job_release(jobs[ji]);
+            jobs[ji] = NULL;
+        } else if (op == 6 && (r >> 56) % 4 == 0) {
+            /* close a session with jobs in flight, open a fresh one in its place */
+            kvgen_session_close(ss[si]);
+            CHECK_OK(kvgen_session_create(g_model, &sd, &ss[si], &err));
+            CHECK_OK(kvgen_chat_set_template(ss[si], &chatml, &err));
+        } else if (op == 7 && jobs[ji]) {
+            kvgen_job_set_priority(jobs[ji], (int)((r >> 20) % 5));
+        } else {
+            kvgen_event ev[8];
+            int k = kvgen_poll(g_model, &owner, ev, 8);
+            for (int e = 0; e < k; e++) {
+                int idx = (int)((kvgen_job **)ev[e].user_data - jobs);
+                if (idx < 0 || idx >= NJ || jobs[idx] != ev[e].job) {
+                    bad++;
+                    continue;
+                }
+                seen[idx] += ev[e].len;
+                finished[idx] += ev[e].finished;
+            }
+        }
+        if (round % 50 == 0) pause_us(500);
+    }
+    CHECK(bad == 0 && submitted > 50);
+    /* drain: every live job ends, its finished event comes once and the texts add up */
+    for (int i = 0; i < NJ; i++)
+        if (jobs[i]) CHECK(wait_final(jobs[i]));
+    kvgen_event ev[8];
+    int k;
+    while ((k = kvgen_poll(g_model, &owner, ev, 8)) > 0)
+        for (int e = 0; e < k; e++) {
+            int idx = (int)((kvgen_job **)ev[e].user_data - jobs);
+            seen[idx] += ev[e].len;
+            finished[idx] += ev[e].finished;
+        }
+    for (int i = 0; i < NJ; i++) {
+        if (!jobs[i]) continue;
+        size_t n;
+        kvgen_job_text(jobs[i], &n);
+        kvgen_job_info ji;
+        kvgen_job_get_info(jobs[i], &ji);
+        /* wait_final's job_poll may have taken the last text; what the events gave is a prefix */
+        CHECK(seen[i] <= n && finished[i] <= 1);
+        CHECKF(ji.state != KVGEN_JOB_FAILED, "job %d failed: %s", i, ji.error.message);
+    }
+    kvgen_jobs_stats st;
+    kvgen_jobs_get_stats(g_model, &st);
+    CHECK(st.jobs_active == 0);
+    for (int i = 0; i < NJ; i++) kvgen_job_release(jobs[i]);
+    for (int i = 0; i < NS; i++) kvgen_session_close(ss[i]);
+}
+
+/* Shutdown with work in flight, in two orders; ASan/LSan see any leak or use after free. */
+static void test_shutdown(const char *path) {
+    for (int order = 0; order < 3; order++) {
+        kvgen_model *m = load(path, 0);
+        if (!m) return;
+        kvgen_error err = {0};
+        kvgen_session *ss[4];
+        kvgen_job *jobs[8];
+        uint64_t rng = 77 + (uint64_t)order;
+        int32_t *p = random_tokens(&rng, 200);
+        for (int i = 0; i < 4; i++) CHECK_OK(kvgen_session_create(m, NULL, &ss[i], &err));
+        for (int i = 0; i < 8; i++) {
+            kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = 20 + (size_t)i * 20,
+                                .gen = {.max_tokens = -1, .ignore_eog = 1}};
+            CHECK_OK(kvgen_job_submit(ss[i % 4], &d, &jobs[i], &err));
+        }
+        pause_us(2000);
+        kvgen_model_unload(m); /* the handle goes first: sessions and jobs keep the model */
+        if (order == 0) {
+            for (int i = 0; i < 4; i++) kvgen_session_close(ss[i]); /* cancels the jobs */
+            for (int i = 0; i < 8; i++) {
+                CHECK(kvgen_job_poll(jobs[i], NULL, NULL) == KVGEN_JOB_CANCELLED ||
+                      kvgen_job_poll(jobs[i], NULL, NULL) == KVGEN_JOB_DONE);
+                kvgen_job_release(jobs[i]);
+            }
+        } else if (order == 1) {
+            for (int i = 0; i < 8; i++) kvgen_job_release(jobs[i]); /* released while running */
+            for (int i = 0; i < 4; i++) kvgen_session_close(ss[i]); /* the last one frees the model */
+        } else {
+            for (int i = 0; i < 4; i++) kvgen_session_close(ss[i]);
+            for (int i = 7; i >= 0; i--) kvgen_job_release(jobs[i]); /* the last release frees the model */
+        }
+        free(p);
+    }
+}
+
+int main(void) {
+    char *path = tu_make_model("worker.gguf", "--seed 41 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                                              "--type Q8_0 --ctx 4096");
+    if (!path) return tu_finish("test_worker");
+    g_model = load(path, 0);
+    if (!g_model) return tu_finish("test_worker");
+    kvgen_model_info info;
+    kvgen_model_get_info(g_model, &info);
+    g_vocab = info.n_vocab;
+    kvgen_jobs_stats st;
+    kvgen_jobs_get_stats(g_model, &st);
+    CHECK(!st.worker_running && st.steps == 0); /* nothing starts before the first submit */
+    CHECK(strcmp(kvgen_job_state_name(KVGEN_JOB_PREFILLING), "prefilling") == 0);
+
+    test_batched_equals_sequential(g_model, "paged");
+    test_chunked_prefill();
+    test_poll_structure();
+    test_cancel_rollback();
+    test_priority();
+    test_arguments_and_copies();
+    test_random_storm();
+    kvgen_model_unload(g_model);
+
+    kvgen_model *contiguous = load(path, 1);
+    if (contiguous) test_batched_equals_sequential(contiguous, "contiguous");
+    kvgen_model_unload(contiguous);
+    test_shutdown(path);
+    free(path);
+    return tu_finish("test_worker");
+}
