@@ -62,6 +62,7 @@ typedef struct vk_model {
     uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
     uint32_t nsplit;             /* decode attention splits over the cache length */
     uint32_t mv_wg, mv_rows;     /* matvec workgroup size and rows per workgroup */
+    uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
     kvg_vk_buffer params, x, q, att, h, logits;
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
@@ -307,11 +308,11 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool n
     spec[KVG_SPEC_MODE] = (uint32_t)epi;
     spec[KVG_SPEC_NORM] = norm;
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
-    if (ncols <= 8) {
+    if (ncols <= 8 || vm->mv_lane) {
         snprintf(name, sizeof name, "matvec_%s", type_suffix(m->type));
         spec[KVG_SPEC_WG] = vm->mv_wg;
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
-        spec[KVG_SPEC_ROWS] = vm->mv_lane ? 2 : vm->mv_rows;
+        spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
         spec[KVG_SPEC_LANE] = vm->mv_lane;
     } else {
         snprintf(name, sizeof name, "gemm_%s", type_suffix(m->type));
@@ -379,9 +380,12 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
                              .n_ctx = (uint32_t)w->s->n_ctx,
                              .o_off = 0};
             uint32_t gx, gy = 1;
-            if (a->ncols <= 8) {
-                uint32_t per_wg = vm->mv_lane ? 2 * vm->mv_wg : vm->mv_rows;
+            if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
+                uint32_t per_wg = vm->lane_rows * vm->mv_wg;
                 gx = (part->rows + per_wg - 1) / per_wg;
+                gy = a->ncols == 1 ? 1 : (a->ncols + 7) / 8;
+            } else if (a->ncols <= 8) {
+                gx = (part->rows + vm->mv_rows - 1) / vm->mv_rows;
             } else {
                 gx = (part->rows + 63) / 64;
                 gy = (a->ncols + 31) / 32;
@@ -624,12 +628,15 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->mv_lane = ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     vm->mv_wg = vm->mv_lane ? 32 : 64;
     vm->mv_rows = 4;
+    vm->lane_rows = 8;
     /* splits buy parallelism on a GPU; on a CPU device the KV heads already fill the cores and
      * each split's fixed cost (and the reduce) dominates: split there only for the loop limit */
     vm->nsplit = vm->mv_lane ? 1 : 8;
     if (getenv("KVGEN_VK_LANE")) vm->mv_lane = atoi(getenv("KVGEN_VK_LANE")) != 0;
     if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
     if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));
+    if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
+    if (vm->lane_rows < 2) vm->lane_rows = 2;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
@@ -954,6 +961,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0;
     vm.mv_wg = vm.mv_lane ? 32 : 64;
     vm.mv_rows = 4;
+    vm.lane_rows = 8;
     kvg_tensor t = {.name = "test", .type = type, .n_dims = 2, .ne = {K, rows, 1, 1},
                     .n_elements = (uint64_t)K * rows, .data = wdata};
     const kvg_tensor *tp = &t;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // embed.comp: x[t] = dequantized row tokens[t] of the embedding matrix.
 // Dispatch: (ncols, 1, 1), one workgroup per token; a part covering rows [row0, row0+nrows)
 // writes only the tokens that fall in it (big embeddings are split over several parts).

@@ -51,9 +51,9 @@ void main() {
     if (NORM != 0u) {
         [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
             float ss = 0.0;
-            if (c < pc.ncols)
+            if (gl_WorkGroupID.y * NCOLS + c < pc.ncols)
                 for (uint k4 = tid; k4 < pc.nb * 8u; k4 += WG) {
-                    vec4 v = xin[(pc.x_off + c * pc.ldx) / 4u + k4];
+                    vec4 v = xin[(pc.x_off + (gl_WorkGroupID.y * NCOLS + c) * pc.ldx) / 4u + k4];
                     ss += dot(v, v);
                 }
             red[c * WG + tid] = ss;
@@ -64,38 +64,52 @@ void main() {
     }
 
     if (LANE != 0u) {
-        uint r = (gl_WorkGroupID.x * WG + tid) * 2u;
-        if (r >= pc.nrows) return;
-        bool has1 = r + 1u < pc.nrows;
-        uint r1 = has1 ? r + 1u : r;
-        float a0[NCOLS], a1[NCOLS];
-        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-            a0[c] = 0.0;
-            a1[c] = 0.0;
-        }
-        for (uint q = 0u; q < nq4; q++) {
-            uint b = q >> 2, j = q & 3u;
-            uint klo = (b * 32u + lo_off(j)) >> 2, khi = (b * 32u + hi_off(j)) >> 2;
-            vec4 lo0, hi0, lo1, hi1;
-            dequant8(r * pc.nb + b, j, lo0, hi0);
-            dequant8(r1 * pc.nb + b, j, lo1, hi1);
-            vec4 gl = vec4(1.0), gh = vec4(1.0);
-            if (NORM != 0u) {
-                gl = gnorm[klo];
-                gh = gnorm[khi];
-            }
+        // ROWS rows per invocation, tokens [c0, c0 + NCOLS) of this workgroup column; a whole
+        // block per iteration: each token's 32 inputs are loaded once and serve every row.
+        uint r0 = (gl_WorkGroupID.x * WG + tid) * ROWS;
+        uint c0 = gl_WorkGroupID.y * NCOLS;
+        if (r0 >= pc.nrows) return;
+        float acc[ROWS * NCOLS];
+        [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
+        for (uint b = 0u; b < pc.nb; b++) {
+            vec4 xb[NCOLS * 8u];
+            float xs[NCOLS];
+            vec4 g[8];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? gnorm[b * 8u + i] : vec4(1.0);
             [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-                if (c < pc.ncols) {
-                    uint base = (pc.x_off + c * pc.ldx) >> 2;
-                    vec4 xl = xin[base + klo] * gl * scale[c];
-                    vec4 xh = xin[base + khi] * gh * scale[c];
-                    a0[c] += dot(lo0, xl) + dot(hi0, xh);
-                    a1[c] += dot(lo1, xl) + dot(hi1, xh);
+                xs[c] = 0.0;
+                [[unroll]] for (uint i = 0u; i < 8u; i++) xb[c * 8u + i] = vec4(0.0);
+                if (c0 + c < pc.ncols) {
+                    uint base = ((pc.x_off + (c0 + c) * pc.ldx) >> 2) + b * 8u;
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        vec4 v = xin[base + i];
+                        if (NORM != 0u) v *= g[i];
+                        xb[c * 8u + i] = v;
+                        xs[c] += dot(v, vec4(1.0));
+                    }
+                }
+            }
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                if (r0 + r < pc.nrows) {
+                    vec4 q[8];
+                    vec2 dm;
+                    block_raw((r0 + r) * pc.nb + b, q, dm);
+                    [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                        float d = 0.0;
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) d += dot(q[i], xb[c * 8u + i]);
+                        acc[r * NCOLS + c] += d * dm.x + xs[c] * dm.y;
+                    }
                 }
             }
         }
-        [[unroll]] for (uint c = 0u; c < NCOLS; c++)
-            if (c < pc.ncols) store_pair(pc.row0 + r, c, a0[c], a1[c], has1);
+        [[unroll]] for (uint r = 0u; r < ROWS; r += 2u) {
+            uint r1 = r0 + r;
+            if (r1 >= pc.nrows) continue;
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++)
+                if (c0 + c < pc.ncols)
+                    store_pair(pc.row0 + r1, c0 + c, acc[r * NCOLS + c] * scale[c], acc[(r + 1u) * NCOLS + c] * scale[c],
+                               r1 + 1u < pc.nrows);
+        }
         return;
     }
 

@@ -85,4 +85,49 @@ void dequant8(uint blk, uint j, out vec4 lo, out vec4 hi) {
 #endif
 }
 
+// A whole block as raw values q (elements 4i..4i+3 in q[i]) and (d, m) with w = q * d + m, so a
+// dot product with x is d * dot(q, x) + m * sum(x): the scale is applied once per block and
+// sum(x) is shared by every row. The quant words are read as 16-byte loads (lavapipe runs each
+// load component as a scalar per lane, so fewer, wider loads cost less).
+layout(std430, set = 0, binding = 1) readonly buffer Weights4 { uvec4 wdata4[]; };
+
+void block_raw(uint blk, out vec4 q[8], out vec2 dm) {
+#if defined(WTYPE_F32)
+    [[unroll]] for (uint i = 0u; i < 8u; i++) q[i] = uintBitsToFloat(wdata4[blk * 8u + i]);
+    dm = vec2(1.0, 0.0);
+#elif defined(WTYPE_F16)
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uvec4 w = wdata4[blk * 4u + i];
+        q[2u * i] = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+        q[2u * i + 1u] = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+    }
+    dm = vec2(1.0, 0.0);
+#elif defined(WTYPE_BF16)
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uvec4 w = wdata4[blk * 4u + i];
+        q[2u * i] = vec4(unpack_bf16(w.x), unpack_bf16(w.y));
+        q[2u * i + 1u] = vec4(unpack_bf16(w.z), unpack_bf16(w.w));
+    }
+    dm = vec2(1.0, 0.0);
+#elif defined(WTYPE_Q8_0)
+    [[unroll]] for (uint i = 0u; i < 2u; i++) {
+        uvec4 w = wdata4[blk * 2u + i];
+        [[unroll]] for (uint e = 0u; e < 4u; e++) q[4u * i + e] = unpack_s8(w[e]);
+    }
+    dm = vec2(half_scale(blk), 0.0);
+#else
+    uvec4 w = wdata4[blk];
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        q[i] = vec4(uvec4(w[i], w[i] >> 8, w[i] >> 16, w[i] >> 24) & 0xfu);
+        q[4u + i] = vec4(uvec4(w[i] >> 4, w[i] >> 12, w[i] >> 20, w[i] >> 28) & 0xfu);
+    }
+#if defined(WTYPE_Q4_0)
+    float d = half_scale(blk);
+    dm = vec2(d, -8.0 * d);
+#else
+    dm = unpackHalf2x16(wdata[pc.scale_off + blk]);
+#endif
+#endif
+}
+
 #endif
