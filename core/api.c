@@ -127,6 +127,10 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
 
 void kvgen_model_unload(kvgen_model *model) { model_release(model); }
 
+void kvgen_model_retain(kvgen_model *model) {
+    if (model) __atomic_add_fetch(&model->refcount, 1, __ATOMIC_RELAXED);
+}
+
 void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     if (!info) return;
     memset(info, 0, sizeof *info);

@@ -125,6 +125,9 @@ typedef struct kvgen_model_info {
 kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err);
 /* Drops the caller's reference; the model is freed when no session holds it. NULL is ignored. */
 void kvgen_model_unload(kvgen_model *model);
+/* Adds a reference for another owner (e.g. a second lua_State given the same model): the model
+ * is freed after one more kvgen_model_unload. Thread-safe. NULL is ignored. */
+void kvgen_model_retain(kvgen_model *model);
 void kvgen_model_get_info(const kvgen_model *model, kvgen_model_info *info);
 
 /* Writes a multi-line human-readable description (hyperparameters, tensor type counts,
