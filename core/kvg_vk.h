@@ -12,9 +12,16 @@
 
 /* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
 enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM, KVG_SPEC_KV_F16, KVG_SPEC_DIRECT,
-       KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_COUNT };
+       KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_UBO, KVG_SPEC_COUNT };
 
-#define KVG_VK_BINDINGS 8     /* storage buffers in the one descriptor-set layout */
+/* The one descriptor-set layout: bindings 0-7 storage buffers, then two uniform buffers that
+ * the lane mat-vec reads its inputs through (lavapipe turns a uniform-buffer load at a
+ * workgroup-uniform address into one scalar load, a storage-buffer load into a loop over lanes):
+ * 8 a dynamic-offset window of the input activations, 9 the RMSNorm weight. */
+#define KVG_VK_BINDINGS 10
+#define KVG_VK_SSBO_BINDINGS 8
+#define KVG_VK_UBO_X 8
+#define KVG_VK_UBO_NORM 9
 #define KVG_VK_PUSH_BYTES 128 /* push-constant range every kernel shares */
 
 typedef struct kvg_vk_buffer {
@@ -50,7 +57,8 @@ typedef struct kvg_vk_ctx {
     VkPipelineLayout pipe_layout;
     VkCommandPool cmd_pool; /* used under `lock` only */
     VkFence fence;          /* for one-off submissions (uploads) */
-    kvg_vk_buffer dummy;    /* bound to unused bindings */
+    kvg_vk_buffer dummy;    /* bound to unused bindings (ubo_window bytes) */
+    uint32_t ubo_window;    /* bytes bound at the uniform-buffer bindings: min(64 KiB, maxUniformBufferRange) */
     kvg_vk_pipeline *pipes;
     int n_pipes, cap_pipes;
     pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
@@ -105,6 +113,10 @@ kvgen_status kvg_vk_cmd_begin(VkCommandBuffer cb, bool one_time, kvgen_error *er
 kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err);
 void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
                          uint32_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz);
+/* the same with the dynamic offset (bytes, a multiple of minUniformBufferOffsetAlignment) of
+ * the input window at binding KVG_VK_UBO_X */
+void kvg_vk_cmd_dispatch_at(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
+                            uint32_t pc_size, uint32_t ubo_offset, uint32_t gx, uint32_t gy, uint32_t gz);
 /* compute writes -> compute reads/writes */
 void kvg_vk_cmd_barrier(VkCommandBuffer cb);
 /* compute writes -> host reads (end of a step whose results are read back) */

@@ -25,7 +25,7 @@ enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3 };
 typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     uint32_t nrows, nb, scale_off, ncols, ldx, ldo, row0, x_off, kreal;
     float eps;
-    uint32_t nq, nk, hd, n_rot, n_ctx, o_off;
+    uint32_t nq, nk, hd, n_rot, n_ctx, o_off, c0;
 } pc_weights;
 
 typedef struct pc_attn { /* matches PC in shaders/attn.comp */
@@ -63,6 +63,7 @@ typedef struct vk_model {
     uint32_t nsplit;             /* decode attention splits over the cache length */
     uint32_t mv_wg, mv_rows;     /* matvec workgroup size and rows per workgroup */
     uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
+    bool lane_ubo;               /* lane layout: inputs through uniform windows where they fit */
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
     kvg_vk_buffer params, x, q, att, h, logits;
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
@@ -71,6 +72,7 @@ typedef struct vk_model {
     int prof_kind[512];
     double prof_ms[8];
     int prof_steps;
+    bool prof_prefill; /* KVGEN_VK_PROFILE=2: prefill steps instead of decode steps */
 } vk_model;
 
 static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
@@ -270,7 +272,9 @@ static kvgen_status upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer
     float *v = calloc(padded, sizeof *v);
     if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", t->name);
     kvg_dequantize_row(t->type, t->data, v, n);
-    kvgen_status st = kvg_vk_buffer_create(vm->ctx, (size_t)padded * 4, KVG_VK_MEM_UPLOAD, out, err);
+    /* a whole uniform window is bound (matvec.comp reads the norm weight through one) */
+    size_t bytes = (size_t)padded * 4 > vm->ctx->ubo_window ? (size_t)padded * 4 : vm->ctx->ubo_window;
+    kvgen_status st = kvg_vk_buffer_create(vm->ctx, bytes, KVG_VK_MEM_UPLOAD, out, err);
     if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, out, 0, v, (size_t)padded * 4, err);
     free(v);
     return st;
@@ -299,8 +303,19 @@ static void spec_init(uint32_t spec[KVG_SPEC_COUNT]) {
     memset(spec, 0, KVG_SPEC_COUNT * sizeof *spec);
 }
 
-static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool norm, uint32_t ncols, bool create,
-                                    VkPipeline *out) {
+/* Whether the lane mat-vec reads this input (ldx floats per token) and the norm weight through
+ * the uniform windows: a workgroup's tokens and the norm weight must fit one window, and every
+ * token's offset must be a valid dynamic offset. */
+static bool lane_ubo(const vk_model *vm, const vk_matrix *m, uint32_t ldx, uint32_t ncols) {
+    const kvg_vk_ctx *ctx = vm->ctx;
+    uint32_t per_group = ncols == 1 ? 1 : 8;
+    VkDeviceSize align = ctx->props.limits.minUniformBufferOffsetAlignment;
+    return vm->mv_lane && vm->lane_ubo && (size_t)per_group * ldx * 4 <= ctx->ubo_window &&
+           (size_t)m->nb * 128 <= ctx->ubo_window && align && ((size_t)ldx * 4) % align == 0;
+}
+
+static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool norm, uint32_t ncols, uint32_t ldx,
+                                    bool create, VkPipeline *out) {
     vk_model *vm = w->vm;
     char name[32];
     uint32_t spec[KVG_SPEC_COUNT];
@@ -314,6 +329,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool n
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
         spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
         spec[KVG_SPEC_LANE] = vm->mv_lane;
+        spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
         snprintf(name, sizeof name, "gemm_%s", type_suffix(m->type));
     }
@@ -339,7 +355,8 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
     if (w->mode == WALK_PIPELINES) {
         static const uint32_t variants[] = {1, 8, 9};
         VkPipeline p;
-        for (int i = 0; i < 3 && st == KVGEN_OK; i++) st = matmul_pipeline(w, a->m, a->epi, a->norm, variants[i], true, &p);
+        for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+            st = matmul_pipeline(w, a->m, a->epi, a->norm, variants[i], a->ldx, true, &p);
         return st;
     }
     for (int pi = 0; pi < a->m->n_parts; pi++) {
@@ -352,6 +369,8 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
             b[2].buf = a->in;
             b[3].buf = a->out;
             b[4].buf = a->norm;
+            b[KVG_VK_UBO_X].buf = a->in;
+            b[KVG_VK_UBO_NORM].buf = a->norm;
             if (a->epi == EPI_QKV) {
                 b[5].buf = &w->s->k[a->layer];
                 b[6].buf = &w->s->v[a->layer];
@@ -361,7 +380,7 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
             if (st != KVGEN_OK) return st;
         } else if (w->mode == WALK_RECORD) {
             VkPipeline pipe;
-            st = matmul_pipeline(w, a->m, a->epi, a->norm, a->ncols, false, &pipe);
+            st = matmul_pipeline(w, a->m, a->epi, a->norm, a->ncols, a->ldx, false, &pipe);
             if (st != KVGEN_OK) return st;
             pc_weights pc = {.nrows = part->rows,
                              .nb = a->m->nb,
@@ -390,7 +409,16 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
                 gx = (part->rows + 63) / 64;
                 gy = (a->ncols + 31) / 32;
             }
-            kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, gy, 1);
+            if (lane_ubo(vm, a->m, a->ldx, a->ncols)) {
+                /* one dispatch per workgroup column, its input window bound at its first token */
+                for (uint32_t g = 0; g < gy; g++) {
+                    pc.c0 = g * 8;
+                    uint32_t off = (a->x_off + pc.c0 * a->ldx) * 4;
+                    kvg_vk_cmd_dispatch_at(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, off, gx, 1, 1);
+                }
+            } else {
+                kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, gy, 1);
+            }
         }
     }
     if (w->mode == WALK_RECORD) kvg_vk_cmd_barrier(w->cb);
@@ -629,6 +657,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->mv_wg = vm->mv_lane ? 32 : 64;
     vm->mv_rows = 4;
     vm->lane_rows = 8;
+    vm->lane_ubo = true;
     /* splits buy parallelism on a GPU; on a CPU device the KV heads already fill the cores and
      * each split's fixed cost (and the reduce) dominates: split there only for the loop limit */
     vm->nsplit = vm->mv_lane ? 1 : 8;
@@ -637,6 +666,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));
     if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
     if (vm->lane_rows < 2) vm->lane_rows = 2;
+    if (getenv("KVGEN_VK_UBO")) vm->lane_ubo = atoi(getenv("KVGEN_VK_UBO")) != 0;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
@@ -679,10 +709,12 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* scratch */
     uint32_t C = vm->chunk;
     st = kvg_vk_buffer_create(ctx, 16 + (size_t)C * 4, KVG_VK_MEM_HOST, &vm->params, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4, KVG_VK_MEM_DEVICE, &vm->x, err);
+    /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
+    size_t win = ctx->ubo_window;
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4, KVG_VK_MEM_DEVICE, &vm->att, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4, KVG_VK_MEM_DEVICE, &vm->h, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4 + win, KVG_VK_MEM_DEVICE, &vm->att, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4 + win, KVG_VK_MEM_DEVICE, &vm->h, err);
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
     if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
@@ -690,6 +722,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (st != KVGEN_OK) goto fail;
 
     if (getenv("KVGEN_VK_PROFILE") && atoi(getenv("KVGEN_VK_PROFILE")) > 0) {
+        vm->prof_prefill = atoi(getenv("KVGEN_VK_PROFILE")) == 2;
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
                                     .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 512};
         st = kvg_vk_check(vkCreateQueryPool(ctx->dev, &qi, NULL, &vm->prof_pool), err, "vkCreateQueryPool");
@@ -867,7 +900,7 @@ static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int
             cb = s->cb_step;
         }
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
-        if (st == KVGEN_OK && c == 1) prof_collect(vm);
+        if (st == KVGEN_OK && (vm->prof_prefill ? c > 1 : c == 1)) prof_collect(vm);
         if (st == KVGEN_OK && want == 2)
             memcpy(logits + (size_t)done * (size_t)V, vm->logits.map, (size_t)c * (size_t)V * sizeof(float));
         else if (st == KVGEN_OK && want == 1)
@@ -962,6 +995,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     vm.mv_wg = vm.mv_lane ? 32 : 64;
     vm.mv_rows = 4;
     vm.lane_rows = 8;
+    vm.lane_ubo = true;
     kvg_tensor t = {.name = "test", .type = type, .n_dims = 2, .ne = {K, rows, 1, 1},
                     .n_elements = (uint64_t)K * rows, .data = wdata};
     const kvg_tensor *tp = &t;
@@ -973,9 +1007,10 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     kvgen_status st = xp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = upload_matrix(&vm, "test", &tp, 1, false, &m, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldx * 4, KVG_VK_MEM_DEVICE, &xb, err);
+    size_t win = ctx->ubo_window;
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldx * 4 + win, KVG_VK_MEM_DEVICE, &xb, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldo * 4, KVG_VK_MEM_DEVICE, &yb, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ldx * 4, KVG_VK_MEM_DEVICE, &nb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ldx * 4 + win, KVG_VK_MEM_DEVICE, &nb, err);
     if (st == KVGEN_OK) {
         for (uint32_t c = 0; c < ncols; c++) memcpy(xp + (size_t)c * ldx, x + (size_t)c * K, (size_t)K * 4);
         st = kvg_vk_upload(ctx, &xb, 0, xp, (size_t)ncols * ldx * 4, err);

@@ -360,11 +360,19 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     return KVGEN_OK;
 }
 
+static VkDescriptorType binding_type(uint32_t i) {
+    return i < KVG_VK_SSBO_BINDINGS ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+           : i == KVG_VK_UBO_X      ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC
+                                    : VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
+}
+
 static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
+    ctx->ubo_window = ctx->props.limits.maxUniformBufferRange < 65536 ? ctx->props.limits.maxUniformBufferRange : 65536;
+    ctx->ubo_window &= ~15u;
     VkDescriptorSetLayoutBinding b[KVG_VK_BINDINGS];
     for (uint32_t i = 0; i < KVG_VK_BINDINGS; i++)
         b[i] = (VkDescriptorSetLayoutBinding){.binding = i,
-                                              .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .descriptorType = binding_type(i),
                                               .descriptorCount = 1,
                                               .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
     VkDescriptorSetLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
@@ -384,7 +392,7 @@ static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
     VKCHECK(vkCreateCommandPool(ctx->dev, &cpi, NULL, &ctx->cmd_pool), "vkCreateCommandPool");
     VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VKCHECK(vkCreateFence(ctx->dev, &fci, NULL, &ctx->fence), "vkCreateFence");
-    return kvg_vk_buffer_create(ctx, 256, KVG_VK_MEM_DEVICE, &ctx->dummy, err);
+    return kvg_vk_buffer_create(ctx, ctx->ubo_window, KVG_VK_MEM_DEVICE, &ctx->dummy, err);
 }
 
 kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err) {
@@ -525,7 +533,8 @@ kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, 
     if (size == 0) size = 256;
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
                              .size = size,
-                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_UNIFORM_BUFFER_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     VKCHECK(vkCreateBuffer(ctx->dev, &bi, NULL, &out->buf), "vkCreateBuffer");
@@ -702,11 +711,14 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
 }
 
 kvgen_status kvg_vk_pool_create(kvg_vk_ctx *ctx, uint32_t max_sets, VkDescriptorPool *out, kvgen_error *err) {
-    VkDescriptorPoolSize size = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = max_sets * KVG_VK_BINDINGS};
+    VkDescriptorPoolSize size[3] = {
+        {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = max_sets * KVG_VK_SSBO_BINDINGS},
+        {.type = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC, .descriptorCount = max_sets},
+        {.type = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, .descriptorCount = max_sets}};
     VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
                                      .maxSets = max_sets,
-                                     .poolSizeCount = 1,
-                                     .pPoolSizes = &size};
+                                     .poolSizeCount = 3,
+                                     .pPoolSizes = size};
     VKCHECK(vkCreateDescriptorPool(ctx->dev, &ci, NULL, out), "vkCreateDescriptorPool");
     return KVGEN_OK;
 }
@@ -726,12 +738,14 @@ kvgen_status kvg_vk_set_create(kvg_vk_ctx *ctx, VkDescriptorPool pool, const kvg
         VkDeviceSize off = b[i].buf ? b[i].offset : 0;
         VkDeviceSize range = b[i].buf && b[i].range ? b[i].range : buf->size - off;
         if (range > max_range) range = max_range;
+        /* uniform windows: callers size these buffers so a full window fits after any offset */
+        if (i >= KVG_VK_SSBO_BINDINGS) range = range < ctx->ubo_window ? range : ctx->ubo_window;
         bi[i] = (VkDescriptorBufferInfo){.buffer = buf->buf, .offset = off, .range = range};
         w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
                                       .dstSet = *out,
                                       .dstBinding = i,
                                       .descriptorCount = 1,
-                                      .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      .descriptorType = binding_type(i),
                                       .pBufferInfo = &bi[i]};
     }
     vkUpdateDescriptorSets(ctx->dev, KVG_VK_BINDINGS, w, 0, NULL);
@@ -772,8 +786,13 @@ static kvgen_status one_off(kvg_vk_ctx *ctx, VkCommandBuffer *cb, kvgen_error *e
 
 void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
                          uint32_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz) {
+    kvg_vk_cmd_dispatch_at(ctx, cb, pipe, set, pc, pc_size, 0, gx, gy, gz);
+}
+
+void kvg_vk_cmd_dispatch_at(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
+                            uint32_t pc_size, uint32_t ubo_offset, uint32_t gx, uint32_t gy, uint32_t gz) {
     vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipe_layout, 0, 1, &set, 0, NULL);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipe_layout, 0, 1, &set, 1, &ubo_offset);
     if (pc_size) vkCmdPushConstants(cb, ctx->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pc_size, pc);
     vkCmdDispatch(cb, gx, gy, gz);
 }

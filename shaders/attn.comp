@@ -34,7 +34,6 @@ layout(std430, set = 0, binding = 6) readonly buffer VC { uint vcache[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
 
 const uint MAXG = GQ, MAXHD = HD, MAXD = (HD + WG - 1u) / WG;
-shared float qs[MAXG * MAXHD];
 shared float sc[MAXG * WG];
 shared float pr[MAXG * WG];
 
@@ -62,11 +61,11 @@ void main() {
     uint chunk = max((len + pc.nsplit - 1u) / pc.nsplit, 256u);
     uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
 
-    for (uint i = tid; i < G * hd; i += WG) {
-        uint g = i / hd, d = i % hd;
-        qs[g * MAXHD + d] = qin[t * pc.ldq + (kvh * G + g) * hd + d] * pc.scale;
-    }
-    barrier();
+    // the queries in registers, not shared memory: every lane reads all of them for each of its
+    // positions, and lavapipe runs a shared-memory load as a scalar load per lane
+    float qr[MAXG * MAXHD];
+    [[unroll]] for (uint g = 0u; g < G; g++)
+        [[unroll]] for (uint d = 0u; d < HD; d++) qr[g * MAXHD + d] = qin[t * pc.ldq + (kvh * G + g) * hd + d] * pc.scale;
 
     float m[MAXG], l[MAXG], acc[MAXG * MAXD];
     [[unroll]] for (uint g = 0u; g < MAXG; g++) {
@@ -85,7 +84,7 @@ void main() {
             [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
                 vec2 kv = kv_pair(true, kb + d);
                 [[unroll]] for (uint g = 0u; g < G; g++)
-                    sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
+                    sg[g] += kv.x * qr[g * MAXHD + d] + kv.y * qr[g * MAXHD + d + 1u];
             }
             [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = sg[g];
         }

@@ -11,6 +11,8 @@
 //   5 K cache  one layer: (kv_heads, n_ctx, head_dim), f16 pairs packed in uint or f32 bits
 //   6 V cache  same layout
 //   7 aux      RoPE cos/sin table, or attention partial results
+//   8 (uniform, dynamic offset) a window of the input activations; 9 (uniform) the RMSNorm
+//              weight: the lane mat-vec reads these through uniform buffers (see matvec.comp)
 #ifndef KVG_COMMON_GLSL
 #define KVG_COMMON_GLSL
 
@@ -39,6 +41,7 @@ layout(push_constant) uniform PC {
     uint n_rot;     // rotated dims per head
     uint n_ctx;     // cache capacity in positions
     uint o_off;     // output offset in floats
+    uint c0;        // first token of this dispatch (lane mat-vec with uniform windows)
 } pc;
 #endif
 

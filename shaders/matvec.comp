@@ -22,6 +22,12 @@ layout(constant_id = 3) const uint MODE = 0;
 layout(constant_id = 4) const uint NORM = 0;
 layout(constant_id = 5) const uint KV_F16 = 1;
 layout(constant_id = 7) const uint LANE = 0;
+// UBO (lane layout only): vec4s in the uniform windows, 0: inputs come from the storage buffers.
+// lavapipe compiles a storage-buffer load into a scalar load per lane in a loop, but a
+// uniform-buffer load at a workgroup-uniform address into one scalar load and a broadcast; the
+// inputs are the same for every lane here, so reading them through a uniform window makes the
+// weights the only per-lane loads. The host binds the window at the dispatch's first token.
+layout(constant_id = 10) const uint UBO = 0;
 layout(local_size_x_id = 0) in;
 
 #include "common.glsl"
@@ -30,6 +36,16 @@ layout(local_size_x_id = 0) in;
 
 layout(std430, set = 0, binding = 2) readonly buffer X { vec4 xin[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G { vec4 gnorm[]; };
+const uint UBO_N = UBO + uint(UBO == 0u);
+layout(std140, set = 0, binding = 8) uniform XU { vec4 xu[UBO_N]; };
+layout(std140, set = 0, binding = 9) uniform GU { vec4 gu[UBO_N]; };
+
+// lane layout: input vec4 k4 of token c of this workgroup (c0 + c overall)
+vec4 lane_x(uint c0, uint c, uint k4) {
+    if (UBO != 0u) return xu[((c * pc.ldx) >> 2) + k4];
+    return xin[((pc.x_off + (c0 + c) * pc.ldx) >> 2) + k4];
+}
+vec4 lane_g(uint k4) { return UBO != 0u ? gu[k4] : gnorm[k4]; }
 
 shared float red[WG * ROWS * NCOLS];
 
@@ -48,12 +64,25 @@ void main() {
     uint nq4 = pc.nb * 4u;
     float scale[NCOLS];
     [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = 1.0;
-    if (NORM != 0u) {
+    if (NORM != 0u && LANE != 0u && UBO != 0u) {
+        // every invocation sums the squares itself from uniform loads: no barrier
+        uint c0 = pc.c0 + gl_WorkGroupID.y * NCOLS;
         [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
             float ss = 0.0;
-            if (gl_WorkGroupID.y * NCOLS + c < pc.ncols)
+            if (c0 + c < pc.ncols)
+                for (uint b = 0u; b < pc.nb; b++)
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                        vec4 v = lane_x(c0, c, b * 8u + i);
+                        ss += dot(v, v);
+                    }
+            scale[c] = inversesqrt(ss / float(pc.kreal) + pc.eps);
+        }
+    } else if (NORM != 0u) {
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+            float ss = 0.0;
+            if (pc.c0 + gl_WorkGroupID.y * NCOLS + c < pc.ncols)
                 for (uint k4 = tid; k4 < pc.nb * 8u; k4 += WG) {
-                    vec4 v = xin[(pc.x_off + (gl_WorkGroupID.y * NCOLS + c) * pc.ldx) / 4u + k4];
+                    vec4 v = xin[(pc.x_off + (pc.c0 + gl_WorkGroupID.y * NCOLS + c) * pc.ldx) / 4u + k4];
                     ss += dot(v, v);
                 }
             red[c * WG + tid] = ss;
@@ -67,7 +96,7 @@ void main() {
         // ROWS rows per invocation, tokens [c0, c0 + NCOLS) of this workgroup column; a whole
         // block per iteration: each token's 32 inputs are loaded once and serve every row.
         uint r0 = (gl_WorkGroupID.x * WG + tid) * ROWS;
-        uint c0 = gl_WorkGroupID.y * NCOLS;
+        uint c0 = pc.c0 + gl_WorkGroupID.y * NCOLS;
         if (r0 >= pc.nrows) return;
         float acc[ROWS * NCOLS];
         [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
@@ -75,14 +104,13 @@ void main() {
             vec4 xb[NCOLS * 8u];
             float xs[NCOLS];
             vec4 g[8];
-            [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? gnorm[b * 8u + i] : vec4(1.0);
+            [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? lane_g(b * 8u + i) : vec4(1.0);
             [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
                 xs[c] = 0.0;
                 [[unroll]] for (uint i = 0u; i < 8u; i++) xb[c * 8u + i] = vec4(0.0);
                 if (c0 + c < pc.ncols) {
-                    uint base = ((pc.x_off + (c0 + c) * pc.ldx) >> 2) + b * 8u;
                     [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        vec4 v = xin[base + i];
+                        vec4 v = lane_x(c0, c, b * 8u + i);
                         if (NORM != 0u) v *= g[i];
                         xb[c * 8u + i] = v;
                         xs[c] += dot(v, vec4(1.0));

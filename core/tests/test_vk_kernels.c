@@ -1,7 +1,8 @@
 /* test_vk_kernels.c: each Vulkan kernel against a CPU computation in double on random inputs of
  * awkward sizes (odd row counts, rows not a multiple of 32, reduction lengths and contexts past
  * 65,535 so a shader loop that lavapipe would silently cut short shows), on the fp16-KV path and
- * the forced-f32 path, and with both mat-vec layouts (cooperative and one row pair per lane). */
+ * the forced-f32 path, and with both mat-vec layouts (cooperative, and rows per lane with the
+ * inputs read through uniform windows where they fit). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -142,9 +143,14 @@ static void run_all(kvg_vk_ctx *ctx) {
             check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, lane);
             check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
         }
-        check_matmul(ctx, t, 75, 1536 + 32, 45, true, 0, -1); /* gemm: partial row and token tiles */
-        check_matmul(ctx, t, 130, 96, 33, false, 3, -1);
-        check_matmul(ctx, t, 65, 64, 40, false, 1, -1);
+        /* prefill: the tiled GEMM (lane 0) and the lane mat-vec over 8-token groups (lane 1):
+         * partial row tiles, partial token groups, inputs through uniform windows and not */
+        for (int lane = 0; lane <= 1; lane++) {
+            check_matmul(ctx, t, 75, 1536 + 32, 45, true, 0, lane);
+            check_matmul(ctx, t, 130, 96, 33, false, 3, lane);
+            check_matmul(ctx, t, 65, 64, 40, false, 1, lane);
+        }
+        check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, 1); /* 8 tokens exceed one 64 KiB window */
     }
     /* rows that are not whole 32-blocks (F32/F16 only) */
     check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, 0);
