@@ -472,10 +472,21 @@ static int depth_index(const bench_opts *o, int depth) {
     return -1;
 }
 
+/* three significant figures or so: 0.752, 12.3, 4210 */
+static void fmt_rate(char *buf, size_t size, double v) {
+    snprintf(buf, size, v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : "%.2f", v);
+}
+
 static void print_cell(const bench_stats *s) {
-    char buf[64];
-    if (s->n == 0) snprintf(buf, sizeof buf, "-");
-    else snprintf(buf, sizeof buf, "%.2f [%.2f-%.2f]", s->median, s->min, s->max);
+    char buf[96], a[24], b[24], c[24];
+    if (s->n == 0) {
+        snprintf(buf, sizeof buf, "-");
+    } else {
+        fmt_rate(a, sizeof a, s->median);
+        fmt_rate(b, sizeof b, s->min);
+        fmt_rate(c, sizeof c, s->max);
+        snprintf(buf, sizeof buf, "%s [%s-%s]", a, b, c);
+    }
     printf("  %-24s", buf);
 }
 
@@ -538,7 +549,7 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
     }
     printf("\n");
     for (int i = 0; i < n; i++)
-        printf("%s: %s%s (%.0f s)\n", res[i].name, res[i].ok ? "device " : "error: ",
+        printf("%s: %s%s (%.1f s)\n", res[i].name, res[i].ok ? "device " : "error: ",
                res[i].ok ? res[i].device : res[i].error, res[i].seconds);
 
     for (int i = 0; i < n; i++) {

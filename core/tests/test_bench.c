@@ -1,0 +1,404 @@
+/* test_bench.c: `kvgen bench --quick` on a random model writes a table and a JSON file whose
+ * every figure is present and positive (no timing is asserted: the machine is shared), for the
+ * reference backend and, where a Vulkan device exists, for both backends with the probe;
+ * `kvgen devices` lists what kvgen_devices reports; usage and load errors give exit 2 and 1. */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "testutil.h"
+
+static char bin[1024];
+
+/* Mesa's lavapipe (22.3) leaves a few bytes from a pthread_once initialiser in its driver
+ * library, which the Vulkan loader unloads at vkDestroyInstance; LeakSanitizer
+ * (KVGEN_SANITIZE=ON) then reports them in every process that touched Vulkan, with a stack it
+ * cannot unwind into the unloaded driver (so no suppression matches, and the slow unwinder
+ * deadlocks in the driver's threads). So the runs that touch Vulkan run without leak
+ * detection (the same code paths run leak-checked with the reference backend), and this
+ * process asks for the device count in a child that leaves with _exit. */
+#define NO_LEAK_CHECK "LSAN_OPTIONS=detect_leaks=0 "
+
+/* kvgen_devices' count, from a child process; -1 on failure */
+static int device_count(void) {
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        int count = -1;
+        kvgen_error err = {0};
+        if (kvgen_devices(NULL, 0, &count, &err) != KVGEN_OK) count = -1;
+        ssize_t w = write(fd[1], &count, sizeof count);
+        _exit(w == (ssize_t)sizeof count ? 0 : 1);
+    }
+    close(fd[1]);
+    int count = -1;
+    if (read(fd[0], &count, sizeof count) != (ssize_t)sizeof count) count = -1;
+    close(fd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? count : -1;
+}
+
+/* Runs `kvgen ARGS`; returns its exit status, and its stdout (malloc'd) when out is not NULL. */
+static int run(const char *args, char **out) {
+    size_t n = strlen(bin) + strlen(args) + 32;
+    char *cmd = malloc(n);
+    /* an environment assignment at the start of args goes before the program */
+    const char *env = "";
+    size_t env_len = 0;
+    if (strncmp(args, NO_LEAK_CHECK, strlen(NO_LEAK_CHECK)) == 0) {
+        env = NO_LEAK_CHECK;
+        env_len = strlen(NO_LEAK_CHECK);
+    }
+    snprintf(cmd, n, "%s%s %s 2>/dev/null", env, bin, args + env_len);
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = calloc(1, cap);
+    if (p) {
+        size_t got;
+        while (len + 1 < cap && (got = fread(buf + len, 1, cap - 1 - len, p)) > 0) len += got;
+    }
+    int status = p ? pclose(p) : -1;
+    free(cmd);
+    if (out) *out = buf;
+    else free(buf);
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* ---- a small JSON reader: flattens a document into (path, value) leaves such as
+ * "backends[0].prompt[1].tok_s.median" = 41162.7 ---- */
+
+enum { J_NUM, J_STR, J_BOOL, J_NULL };
+
+typedef struct leaf {
+    char path[160];
+    int type;
+    double num;
+    char str[160];
+} leaf;
+
+typedef struct jreader {
+    const char *s;
+    size_t i, n;
+    int ok;
+    leaf *leaves;
+    int count, cap;
+} jreader;
+
+static void skip_ws(jreader *r) {
+    while (r->i < r->n && isspace((unsigned char)r->s[r->i])) r->i++;
+}
+
+static leaf *add_leaf(jreader *r, const char *path, int type) {
+    if (r->count == r->cap) {
+        int cap = r->cap ? r->cap * 2 : 64;
+        leaf *bigger = realloc(r->leaves, (size_t)cap * sizeof *bigger);
+        if (!bigger) {
+            r->ok = 0;
+            return NULL;
+        }
+        r->leaves = bigger;
+        r->cap = cap;
+    }
+    leaf *l = &r->leaves[r->count++];
+    memset(l, 0, sizeof *l);
+    snprintf(l->path, sizeof l->path, "%s", path);
+    l->type = type;
+    return l;
+}
+
+/* a string without escapes beyond \" and \\ (all the bench writes for these files) */
+static int read_string(jreader *r, char *out, size_t size) {
+    if (r->i >= r->n || r->s[r->i] != '"') return 0;
+    r->i++;
+    size_t k = 0;
+    while (r->i < r->n && r->s[r->i] != '"') {
+        char c = r->s[r->i++];
+        if (c == '\\') {
+            if (r->i >= r->n) return 0;
+            c = r->s[r->i++];
+            if (c == 'u') {
+                if (r->i + 4 > r->n) return 0;
+                r->i += 4;
+                c = '?';
+            } else if (c != '"' && c != '\\' && c != '/') {
+                return 0;
+            }
+        }
+        if (k + 1 < size) out[k++] = c;
+    }
+    if (r->i >= r->n) return 0;
+    r->i++;
+    out[k] = 0;
+    return 1;
+}
+
+static void read_value(jreader *r, const char *path, int depth) {
+    skip_ws(r);
+    if (!r->ok || r->i >= r->n || depth > 32) {
+        r->ok = 0;
+        return;
+    }
+    char c = r->s[r->i];
+    char sub[160];
+    if (c == '{' || c == '[') {
+        r->i++;
+        skip_ws(r);
+        char close = c == '{' ? '}' : ']';
+        if (r->i < r->n && r->s[r->i] == close) {
+            r->i++;
+            return;
+        }
+        for (int idx = 0; r->ok; idx++) {
+            skip_ws(r);
+            if (c == '{') {
+                char key[96];
+                if (!read_string(r, key, sizeof key)) {
+                    r->ok = 0;
+                    return;
+                }
+                skip_ws(r);
+                if (r->i >= r->n || r->s[r->i] != ':') {
+                    r->ok = 0;
+                    return;
+                }
+                r->i++;
+                int len = snprintf(sub, sizeof sub, "%s%s%s", path, *path ? "." : "", key);
+                if (len < 0 || (size_t)len >= sizeof sub) r->ok = 0;
+            } else {
+                int len = snprintf(sub, sizeof sub, "%s[%d]", path, idx);
+                if (len < 0 || (size_t)len >= sizeof sub) r->ok = 0;
+            }
+            read_value(r, sub, depth + 1);
+            skip_ws(r);
+            if (r->i < r->n && r->s[r->i] == ',') {
+                r->i++;
+                continue;
+            }
+            if (r->i < r->n && r->s[r->i] == close) {
+                r->i++;
+                return;
+            }
+            r->ok = 0;
+        }
+    } else if (c == '"') {
+        leaf *l = add_leaf(r, path, J_STR);
+        if (!l || !read_string(r, l->str, sizeof l->str)) r->ok = 0;
+    } else if (strncmp(r->s + r->i, "true", 4) == 0 || strncmp(r->s + r->i, "false", 5) == 0) {
+        leaf *l = add_leaf(r, path, J_BOOL);
+        if (l) l->num = c == 't';
+        r->i += c == 't' ? 4 : 5;
+    } else if (strncmp(r->s + r->i, "null", 4) == 0) {
+        add_leaf(r, path, J_NULL);
+        r->i += 4;
+    } else {
+        char *end;
+        double v = strtod(r->s + r->i, &end);
+        if (end == r->s + r->i) {
+            r->ok = 0;
+            return;
+        }
+        r->i = (size_t)(end - r->s);
+        leaf *l = add_leaf(r, path, J_NUM);
+        if (l) l->num = v;
+    }
+}
+
+/* parses the whole text; 0 when it is not one well-formed JSON value */
+static int json_read(const char *text, jreader *r) {
+    memset(r, 0, sizeof *r);
+    r->s = text;
+    r->n = strlen(text);
+    r->ok = 1;
+    read_value(r, "", 0);
+    skip_ws(r);
+    return r->ok && r->i == r->n;
+}
+
+static const leaf *get(const jreader *r, const char *path) {
+    for (int i = 0; i < r->count; i++)
+        if (strcmp(r->leaves[i].path, path) == 0) return &r->leaves[i];
+    return NULL;
+}
+
+/* the leaf at the printf-formatted path must be a number > 0 */
+static double positive(const jreader *r, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static double positive(const jreader *r, const char *fmt, ...) {
+    char path[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(path, sizeof path, fmt, ap);
+    va_end(ap);
+    const leaf *l = get(r, path);
+    CHECKF(l && l->type == J_NUM && l->num > 0, "%s: %s", path, !l ? "missing" : l->type != J_NUM ? "not a number" : "not > 0");
+    return l && l->type == J_NUM ? l->num : 0;
+}
+
+static void expect_str(const jreader *r, const char *path, const char *want) {
+    const leaf *l = get(r, path);
+    CHECKF(l && l->type == J_STR && strcmp(l->str, want) == 0, "%s: want \"%s\", got %s", path, want,
+           l && l->type == J_STR ? l->str : "(missing or not a string)");
+}
+
+static void expect_true(const jreader *r, const char *path) {
+    const leaf *l = get(r, path);
+    CHECKF(l && l->type == J_BOOL && l->num == 1, "%s: want true", path);
+}
+
+/* checks one backend's entry of a --quick run (prompts 8,32; depths 0,32,64; no-cache at 16) */
+static void check_backend(const jreader *r, int b, const char *name) {
+    char path[160];
+    snprintf(path, sizeof path, "backends[%d].backend", b);
+    expect_str(r, path, name);
+    snprintf(path, sizeof path, "backends[%d].ok", b);
+    expect_true(r, path);
+    snprintf(path, sizeof path, "backends[%d].device", b);
+    CHECKF(get(r, path) && get(r, path)->type == J_STR, "%s missing", path);
+    const int prompts[] = {8, 32}, depths[] = {0, 32, 64};
+    for (int k = 0; k < 2; k++) {
+        CHECK(positive(r, "backends[%d].prompt[%d].tokens", b, k) == prompts[k]);
+        double lo = positive(r, "backends[%d].prompt[%d].tok_s.min", b, k);
+        double med = positive(r, "backends[%d].prompt[%d].tok_s.median", b, k);
+        double hi = positive(r, "backends[%d].prompt[%d].tok_s.max", b, k);
+        CHECKF(lo <= med && med <= hi, "%s prompt %d: min %g median %g max %g", name, prompts[k], lo, med, hi);
+        positive(r, "backends[%d].prompt[%d].tok_s.samples[1]", b, k); /* --quick: 2 repetitions */
+        snprintf(path, sizeof path, "backends[%d].prompt[%d].tok_s.samples[2]", b, k);
+        CHECKF(get(r, path) == NULL, "%s: more samples than repetitions", path);
+        snprintf(path, sizeof path, "backends[%d].prompt[%d].tok_s.stddev", b, k);
+        CHECKF(get(r, path) && get(r, path)->type == J_NUM && get(r, path)->num >= 0, "%s", path);
+    }
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "backends[%d].decode[%d].depth", b, k);
+        CHECKF(get(r, path) && get(r, path)->num == depths[k], "%s: want %d", path, depths[k]);
+        CHECK(positive(r, "backends[%d].decode[%d].steps", b, k) == 4);
+        positive(r, "backends[%d].decode[%d].tok_s.median", b, k);
+        positive(r, "backends[%d].decode[%d].tok_s.min", b, k);
+    }
+    CHECK(positive(r, "backends[%d].no_cache.depth", b) == 16);
+    positive(r, "backends[%d].no_cache.tok_s.median", b);
+    positive(r, "backends[%d].no_cache.cached_tok_s.median", b);
+    positive(r, "backends[%d].no_cache.cached_over_no_cache", b);
+    positive(r, "backends[%d].seconds", b);
+}
+
+static void check_common(const jreader *r) {
+    positive(r, "model.weight_bytes");
+    positive(r, "model.n_params");
+    CHECK(positive(r, "model.n_layer") == 2);
+    CHECK(positive(r, "settings.reps") == 2);
+    CHECK(positive(r, "settings.decode_steps") == 4);
+    expect_true(r, "settings.quick");
+    CHECK(positive(r, "quoted_not_measured.decode_tok_s") == 0.75);
+    CHECK(positive(r, "quoted_not_measured.prompt_512_tok_s") == 3.7);
+    CHECK(get(r, "quoted_not_measured.source") != NULL);
+}
+
+int main(void) {
+    const char *dir = getenv("KVGEN_BIN");
+    snprintf(bin, sizeof bin, "%s/kvgen", dir && *dir ? dir : ".");
+    char *model = tu_make_model("bench.gguf", "--seed 5 --layers 2 --embd 64 --heads 4 --kv-heads 2 --type Q8_0");
+    CHECK(model != NULL);
+    if (!model) return tu_finish("test_bench");
+    char *json = tu_tmpfile("bench.json");
+    char args[4096];
+
+    /* usage errors exit 2, kvgen errors 1 */
+    CHECK(run("bench", NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --reps 0", model);
+    CHECK(run(args, NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --backend tpu", model);
+    CHECK(run(args, NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --depths 0,x", model);
+    CHECK(run(args, NULL) == 2);
+    CHECK(run("bench /nonexistent/model.gguf --quick --backend reference", NULL) == 1);
+    CHECK(run("devices --bogus", NULL) == 2);
+
+    /* reference backend: table on stdout, every JSON figure present and positive */
+    remove(json);
+    char *out = NULL;
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --json %s", model, json);
+    int rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(strstr(out, "prompt 32 tokens") && strstr(out, "decode at depth 64") && strstr(out, "no cache"),
+           "table:\n%s", out);
+    CHECKF(strstr(out, "QUOTED, not measured in this run"), "the quoted llama.cpp figures are not labelled:\n%s", out);
+    free(out);
+    char *text = tu_read_file(json, NULL);
+    CHECKF(text != NULL, "%s was not written", json);
+    jreader r;
+    if (text) {
+        CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+        check_common(&r);
+        check_backend(&r, 0, "reference");
+        CHECK(get(&r, "backends[1].backend") == NULL);
+        CHECK(get(&r, "backends[0].probe.read_gbps") == NULL); /* the probe is Vulkan's */
+        free(r.leaves);
+        free(text);
+    }
+
+    /* an unwritable JSON path is an error, after the table */
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --json /nonexistent/dir/bench.json", model);
+    CHECK(run(args, NULL) == 1);
+
+    /* kvgen devices prints one entry per device kvgen_devices reports */
+    int n_dev = device_count();
+    CHECK(n_dev >= 0);
+    rc = run(NO_LEAK_CHECK "devices", &out);
+    CHECKF(rc == 0, "kvgen devices: exit %d", rc);
+    int listed = 0;
+    for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char *end;
+        long idx = strtol(line, &end, 10);
+        if (end != line && *end == ':' && idx == listed) listed++;
+    }
+    CHECKF(listed == n_dev, "kvgen devices listed %d devices, kvgen_devices reports %d:\n%s", listed, n_dev, out);
+    if (n_dev == 0) CHECKF(strstr(out, "no Vulkan devices") != NULL, "%s", out);
+    else CHECKF(strstr(out, "features:") && strstr(out, "memory:"), "%s", out);
+    free(out);
+
+    /* both backends in one run, with the probe and the ratio, where Vulkan can run */
+    if (n_dev > 0) {
+        remove(json);
+        snprintf(args, sizeof args, NO_LEAK_CHECK "bench %s --quick --backend reference,vulkan --json %s", model, json);
+        rc = run(args, &out);
+        CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+        CHECKF(strstr(out, "vulkan/reference") && strstr(out, "streaming read"), "table:\n%s", out);
+        free(out);
+        text = tu_read_file(json, NULL);
+        CHECKF(text != NULL, "%s was not written", json);
+        if (text) {
+            CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+            check_common(&r);
+            expect_true(&r, "settings.vulkan_built");
+            check_backend(&r, 0, "reference");
+            check_backend(&r, 1, "vulkan");
+            positive(&r, "backends[1].probe.read_gbps");
+            positive(&r, "backends[1].probe.dispatch_us");
+            positive(&r, "backends[1].probe.bytes");
+            positive(&r, "backends[1].probe.decode_ceiling_tok_s");
+            positive(&r, "backends[1].probe.decode_pct_of_ceiling[2].pct");
+            positive(&r, "ratio_vulkan_over_reference.prompt_8");
+            positive(&r, "ratio_vulkan_over_reference.decode_64");
+            positive(&r, "ratio_vulkan_over_reference.decode_no_cache_16");
+            positive(&r, "quoted_not_measured.vulkan_decode_over_quoted");
+            free(r.leaves);
+            free(text);
+        }
+    }
+    free(json);
+    free(model);
+    return tu_finish("test_bench");
+}
