@@ -385,7 +385,10 @@ int main(void) {
             expect_true(&r, "settings.vulkan_built");
             check_backend(&r, 0, "reference");
             check_backend(&r, 1, "vulkan");
+            /* the deepest depth (64) is past the largest prompt: vulkan restores the reference's cache */
+            expect_true(&r, "backends[1].deepest_cache_restored");
             positive(&r, "backends[1].probe.read_gbps");
+            positive(&r, "backends[1].probe.read_gbps_runs[1]");
             positive(&r, "backends[1].probe.dispatch_us");
             positive(&r, "backends[1].probe.bytes");
             positive(&r, "backends[1].probe.decode_ceiling_tok_s");
