@@ -26,12 +26,22 @@ typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     uint32_t nrows, nb, scale_off, ncols, ldx, ldo, row0, x_off, kreal;
     float eps;
     uint32_t nq, nk, hd, n_rot, n_ctx, o_off, c0;
+    uint32_t kv_layer, kv_page, kv_v, pt_base; /* paged KV (shaders/kv.glsl) */
 } pc_weights;
 
 typedef struct pc_attn { /* matches PC in shaders/attn.comp */
     uint32_t n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
+    uint32_t kv_layer, kv_page, kv_v, pt_base;
 } pc_attn;
+
+typedef struct pc_kv_copy { /* matches PC in shaders/kv_copy.comp */
+    uint32_t n, hd, n_layer, n_kv, src_tab, dst_tab, src_pos, dst_pos, kv_page, kv_v, n_rot, cs_off, rope;
+} pc_kv_copy;
+
+/* kv_copy moves at most this many pages' worth of positions per submission (its tables live in
+ * a fixed host-visible buffer) */
+#define KV_OPS_PAGES 1024
 
 typedef struct vk_part {
     kvg_vk_buffer buf;
@@ -73,13 +83,34 @@ typedef struct vk_model {
     double prof_ms[8];
     int prof_steps;
     bool prof_prefill; /* KVGEN_VK_PROFILE=2: prefill steps instead of decode steps */
+
+    /* Paged KV pool (unless loaded with kv_contiguous): n_pages pages of page_size tokens,
+     * page_elems elements each ([L][K,V][Hkv][P][hd]), split over nslab buffers ("slabs") of pps
+     * pages so that each stays within maxStorageBufferRange. A slab is created when the pool
+     * first hands out one of its pages; kv_gen counts slab creations so that descriptor sets
+     * written before one are rewritten (once, off the per-token path). */
+    bool paged;
+    int page_size;
+    int32_t n_pages;
+    uint32_t pps, nslab, page_elems;
+    size_t page_bytes;
+    kvg_vk_buffer slabs[KVG_VK_KV_SLABS]; /* written under ctx->lock */
+    unsigned kv_gen;                       /* atomic */
+    /* kv_copy: host-visible tables + rope cos/sin, its descriptor set and command buffer */
+    kvg_vk_buffer ops;
+    VkDescriptorPool ops_pool;
+    VkDescriptorSet ops_set;
+    unsigned ops_gen;
+    VkCommandBuffer ops_cb;
 } vk_model;
 
 static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
 
 struct kvg_backend_session {
     int n_ctx;
-    kvg_vk_buffer *k, *v; /* per layer: (n_kv, n_ctx, head_dim) */
+    kvg_vk_buffer *k, *v; /* contiguous: per layer (n_kv, n_ctx, head_dim); paged: NULL */
+    kvg_vk_buffer ptab;   /* paged: the page table (host-visible, written before each step) */
+    unsigned kv_gen;      /* paged: the model's kv_gen when the descriptor sets were written */
     kvg_vk_buffer rope;   /* (n_ctx, n_rot/2) cos, sin */
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
@@ -303,6 +334,37 @@ static void spec_init(uint32_t spec[KVG_SPEC_COUNT]) {
     memset(spec, 0, KVG_SPEC_COUNT * sizeof *spec);
 }
 
+/* the KV layout constants of shaders/kv.glsl */
+static void kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
+    spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    spec[KVG_SPEC_PAGED] = vm->paged;
+    spec[KVG_SPEC_PAGE] = vm->paged ? (uint32_t)vm->page_size : 32;
+    spec[KVG_SPEC_PPS] = vm->paged ? vm->pps : 1;
+    spec[KVG_SPEC_NSLAB] = vm->paged ? vm->nslab : 1;
+}
+
+/* push-constant fields of the paged layout for one layer */
+static void kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v) {
+    const kvg_hparams *hp = &vm->hp;
+    uint32_t v = vm->paged ? (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim) : 0;
+    *kv_v = v;
+    *kv_layer = (uint32_t)layer * 2u * v;
+    *kv_page = vm->page_elems;
+}
+
+/* binds the KV storage of a layer: the pool's slabs and the session's page table, or the
+ * session's contiguous K/V */
+static void kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]) {
+    if (vm->paged) {
+        for (uint32_t j = 0; j < vm->nslab; j++)
+            if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
+        b[KVG_VK_PTAB].buf = &s->ptab;
+    } else {
+        b[5].buf = &s->k[layer];
+        b[6].buf = &s->v[layer];
+    }
+}
+
 /* Whether the lane mat-vec reads this input (ldx floats per token) and the norm weight through
  * the uniform windows: a workgroup's tokens and the norm weight must fit one window, and every
  * token's offset must be a valid dynamic offset. */
@@ -323,6 +385,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool n
     spec[KVG_SPEC_MODE] = (uint32_t)epi;
     spec[KVG_SPEC_NORM] = norm;
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    if (epi == EPI_QKV) kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
         snprintf(name, sizeof name, "matvec_%s", type_suffix(m->type));
         spec[KVG_SPEC_WG] = vm->mv_wg;
@@ -372,8 +435,7 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
             b[KVG_VK_UBO_X].buf = a->in;
             b[KVG_VK_UBO_NORM].buf = a->norm;
             if (a->epi == EPI_QKV) {
-                b[5].buf = &w->s->k[a->layer];
-                b[6].buf = &w->s->v[a->layer];
+                kv_bind(vm, w->s, a->layer, b);
                 b[7].buf = &w->s->rope;
             }
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
@@ -398,6 +460,7 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
                              .n_rot = (uint32_t)hp->n_rot,
                              .n_ctx = (uint32_t)w->s->n_ctx,
                              .o_off = 0};
+            if (a->epi == EPI_QKV) kv_pc(vm, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
             uint32_t gx, gy = 1;
             if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
                 uint32_t per_wg = vm->lane_rows * vm->mv_wg;
@@ -465,7 +528,7 @@ static kvgen_status op_attention(walk *w, int layer) {
     uint32_t spec_direct[KVG_SPEC_COUNT], spec_split[KVG_SPEC_COUNT], spec_reduce[KVG_SPEC_COUNT];
     spec_init(spec_direct);
     spec_direct[KVG_SPEC_WG] = 64;
-    spec_direct[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    kv_spec(vm, spec_direct);
     spec_direct[KVG_SPEC_GQ] = (uint32_t)(hp->n_head / hp->n_head_kv);
     spec_direct[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
     memcpy(spec_split, spec_direct, sizeof spec_split);
@@ -485,8 +548,7 @@ static kvgen_status op_attention(walk *w, int layer) {
         b[0].buf = &vm->params;
         b[2].buf = &vm->q;
         b[3].buf = &vm->att;
-        b[5].buf = &w->s->k[layer];
-        b[6].buf = &w->s->v[layer];
+        kv_bind(vm, w->s, layer, b);
         b[7].buf = &w->s->part;
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
@@ -503,6 +565,7 @@ static kvgen_status op_attention(walk *w, int layer) {
                   .nsplit = nsplit,
                   .ncols = w->n,
                   .scale = 1.0f / sqrtf((float)hp->head_dim)};
+    kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
     VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, "attn", split ? spec_split : spec_direct);
     VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
     if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
@@ -615,7 +678,10 @@ static void vk_model_free(kvgen_model *m) {
                 kvg_vk_buffer_destroy(ctx, &L->attn_norm);
                 kvg_vk_buffer_destroy(ctx, &L->ffn_norm);
             }
-        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits};
+        for (int j = 0; j < KVG_VK_KV_SLABS; j++) kvg_vk_buffer_destroy(ctx, &vm->slabs[j]);
+        if (vm->ops_pool) vkDestroyDescriptorPool(ctx->dev, vm->ops_pool, NULL);
+        if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
+        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
     }
@@ -728,10 +794,14 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_check(vkCreateQueryPool(ctx->dev, &qi, NULL, &vm->prof_pool), err, "vkCreateQueryPool");
         if (st != KVGEN_OK) goto fail;
     }
-    /* every pipeline a step can use, now rather than on the per-token path */
-    walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
-    st = walk_step(&pw);
-    if (st != KVGEN_OK) goto fail;
+    /* every pipeline a step can use, now rather than on the per-token path; a paged model's
+     * depend on the pool's layout and are created by kv_pages_init */
+    vm->paged = !desc->kv_contiguous;
+    if (!vm->paged) {
+        walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
+        st = walk_step(&pw);
+        if (st != KVGEN_OK) goto fail;
+    }
     return KVGEN_OK;
 fail:
     if (err && err->status != KVGEN_OK && !strstr(err->message, path)) {
@@ -766,6 +836,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
         for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->v[l]);
     kvg_vk_buffer_destroy(ctx, &s->rope);
     kvg_vk_buffer_destroy(ctx, &s->part);
+    kvg_vk_buffer_destroy(ctx, &s->ptab);
     free(s->k);
     free(s->v);
     free(s->sets);
@@ -780,7 +851,9 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d", n_ctx);
     size_t elem = ctx->kv_f16 ? 2 : 4;
     size_t layer_bytes = (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim * elem;
-    if (layer_bytes > ctx->props.limits.maxStorageBufferRange)
+    if (vm->paged && !vm->page_size)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a paged model's session before its page pool");
+    if (!vm->paged && layer_bytes > ctx->props.limits.maxStorageBufferRange)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED,
                         "vulkan: a context of %d tokens needs %zu bytes of K per layer, more than the device's "
                         "storage buffer range (%u bytes); use a smaller n_ctx",
@@ -792,7 +865,12 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     s->v = calloc((size_t)hp->n_layer, sizeof *s->v);
     kvgen_status st = KVGEN_OK;
     if (!s->k || !s->v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
+    if (vm->paged && st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4,
+                                  KVG_VK_MEM_HOST, &s->ptab, err);
+    if (vm->paged && st == KVGEN_OK && !s->ptab.map)
+        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
+    for (int l = 0; l < hp->n_layer && st == KVGEN_OK && !vm->paged; l++) {
         st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->k[l], err);
         if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->v[l], err);
     }
@@ -830,8 +908,12 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     }
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
     if (st == KVGEN_OK) {
+        /* the lock: the pool's slabs may be created meanwhile by another thread's session */
+        pthread_mutex_lock(&ctx->lock);
+        s->kv_gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
         walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
         st = walk_step(&sw);
+        pthread_mutex_unlock(&ctx->lock);
     }
     if (st == KVGEN_OK) {
         VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
@@ -866,20 +948,12 @@ static kvgen_status record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
     return kvg_vk_cmd_end(cb, err);
 }
 
-static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                               float *logits, bool all_logits, kvgen_error *err) {
-    vk_model *vm = m->backend;
+/* Runs the step(s) of n tokens at pos0 (caller holds ctx->lock, arguments checked). */
+static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                              float *logits, bool all_logits, kvgen_error *err) {
     kvg_vk_ctx *ctx = vm->ctx;
     const int V = vm->hp.n_vocab;
-    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
-        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", n,
-                        pos0, s->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
-                            i, (int)tokens[i], V);
     kvgen_status st = KVGEN_OK;
-    pthread_mutex_lock(&ctx->lock);
     for (int done = 0; done < n && st == KVGEN_OK;) {
         uint32_t c = (uint32_t)(n - done) < vm->chunk ? (uint32_t)(n - done) : vm->chunk;
         bool last = done + (int)c == n;
@@ -907,7 +981,31 @@ static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int
             memcpy(logits, vm->logits.map, (size_t)V * sizeof(float));
         done += (int)c;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+static kvgen_status check_step(const vk_model *vm, const kvg_backend_session *s, const int32_t *tokens, int n,
+                               int pos0, kvgen_error *err) {
+    const int V = vm->hp.n_vocab;
+    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
+        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", n,
+                        pos0, s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
+                            i, (int)tokens[i], V);
+    return KVGEN_OK;
+}
+
+static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
+                               float *logits, bool all_logits, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    if (vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: contiguous forward on a paged model");
+    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
+    if (st != KVGEN_OK) return st;
+    pthread_mutex_lock(&vm->ctx->lock);
+    st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, err);
+    pthread_mutex_unlock(&vm->ctx->lock);
     return st;
 }
 
@@ -945,6 +1043,278 @@ static size_t vk_cache_bytes_per_token(const kvgen_model *m) {
     return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
 }
 
+/* ---- the paged KV pool ---- */
+
+/* Rewrites a session's descriptor sets when the pool gained a slab since they were written
+ * (caller holds ctx->lock; at most KVG_VK_KV_SLABS times per session). */
+static kvgen_status refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_error *err) {
+    unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
+    if (s->kv_gen == gen) return KVGEN_OK;
+    kvgen_status st = kvg_vk_check(vkResetDescriptorPool(vm->ctx->dev, s->pool, 0), err, "vkResetDescriptorPool");
+    if (st != KVGEN_OK) return st;
+    walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
+    st = walk_step(&sw);
+    s->decode_recorded = false; /* it names the old sets */
+    if (st == KVGEN_OK) s->kv_gen = gen;
+    return st;
+}
+
+static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                     const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
+                                     kvgen_error *err) {
+    vk_model *vm = m->backend;
+    if (!vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: paged forward on a contiguous model");
+    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
+    if (st != KVGEN_OK) return st;
+    size_t n_entries = ((size_t)pos0 + (size_t)n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
+    for (size_t i = 0; i < n_entries; i++)
+        if (pages[i] < 0 || pages[i] >= vm->n_pages || !vm->slabs[(uint32_t)pages[i] / vm->pps].buf)
+            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table entry %zu names page %d, which has no storage",
+                            i, (int)pages[i]);
+    pthread_mutex_lock(&vm->ctx->lock);
+    /* the table in a buffer the sets name once: a step only rewrites its entries */
+    memcpy(s->ptab.map, pages, n_entries * sizeof *pages);
+    st = refresh_sets(vm, s, err);
+    if (st == KVGEN_OK) st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, err);
+    pthread_mutex_unlock(&vm->ctx->lock);
+    return st;
+}
+
+/* A share of the device-local heap for K/V (a quarter, leaving room for the weights, the
+ * scratch, other models and the game's own resources), no more than 16 sessions of
+ * min(context_length, 8192) tokens, and no more than the 8 slabs can bind (with room for
+ * rounding to whole pages). Memory is taken one slab (1/8 of the pool) at a time. */
+static size_t vk_default_pool_bytes(const kvgen_model *m) {
+    const vk_model *vm = m->backend;
+    const kvg_hparams *hp = &m->w.hp;
+    size_t ctx_tokens = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
+    size_t want = 16 * ctx_tokens * vk_cache_bytes_per_token(m);
+    size_t heap = (size_t)vm->ctx->info.device_local_bytes / 4;
+    if (heap && want > heap) want = heap;
+    size_t bindable = max_part_bytes(vm->ctx) / 4 * 3 * KVG_VK_KV_SLABS;
+    return want < bindable ? want : bindable;
+}
+
+static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const kvg_hparams *hp = &vm->hp;
+    uint64_t elems = (uint64_t)hp->n_layer * 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * (uint64_t)hp->head_dim;
+    size_t elem = ctx->kv_f16 ? 2 : 4, limit = max_part_bytes(ctx);
+    uint64_t per_slab = limit / (elems * elem);
+    if (per_slab == 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: one KV page of %d tokens (%llu bytes) exceeds the device's "
+                        "storage buffer range (%zu bytes); use a smaller kv_page_size", page_size,
+                        (unsigned long long)(elems * elem), limit);
+    if ((uint64_t)n_pages > per_slab * KVG_VK_KV_SLABS)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: a KV pool of %d pages (%llu bytes) exceeds what the device "
+                        "can bind: %d buffers of %zu bytes (maxStorageBufferRange); use a smaller kv_pool_bytes",
+                        (int)n_pages, (unsigned long long)((uint64_t)n_pages * elems * elem), KVG_VK_KV_SLABS, limit);
+    /* eight slabs even when one would do, so memory is taken an eighth of the pool at a time */
+    uint64_t pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
+    if (pps > per_slab) pps = per_slab;
+    vm->paged = true;
+    vm->page_size = page_size;
+    vm->n_pages = n_pages;
+    vm->page_elems = (uint32_t)elems;
+    vm->page_bytes = (size_t)(elems * elem);
+    vm->pps = (uint32_t)pps;
+    vm->nslab = (uint32_t)(((uint64_t)n_pages + pps - 1) / pps);
+    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)(2 * KV_OPS_PAGES + hp->n_rot + 4) * 4, KVG_VK_MEM_HOST,
+                                           &vm->ops, err);
+    if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &vm->ops_pool, err);
+    if (st == KVGEN_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        st = kvg_vk_cmd_alloc(ctx, &vm->ops_cb, err);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    vm->ops_gen = ~0u;
+    if (st == KVGEN_OK) {
+        walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
+        st = walk_step(&pw);
+    }
+    if (st == KVGEN_OK) {
+        uint32_t spec[KVG_SPEC_COUNT];
+        spec_init(spec);
+        kv_spec(vm, spec);
+        VkPipeline p;
+        st = kvg_vk_pipeline_get(ctx, "kv_copy", spec, &p, err);
+    }
+    return st;
+}
+
+static kvgen_status vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    if (page < 0 || page >= vm->n_pages)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d outside the pool of %d", (int)page, (int)vm->n_pages);
+    uint32_t j = (uint32_t)page / vm->pps;
+    if (vm->slabs[j].buf) return KVGEN_OK;
+    uint32_t pages = (uint32_t)vm->n_pages - j * vm->pps < vm->pps ? (uint32_t)vm->n_pages - j * vm->pps : vm->pps;
+    kvg_vk_buffer b;
+    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)pages * vm->page_bytes, KVG_VK_MEM_UPLOAD, &b, err);
+    if (st != KVGEN_OK)
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u (%zu bytes): %s",
+                        j * vm->pps, j * vm->pps + pages - 1, (size_t)pages * vm->page_bytes,
+                        err ? err->message : "");
+    pthread_mutex_lock(&ctx->lock);
+    vm->slabs[j] = b;
+    __atomic_add_fetch(&vm->kv_gen, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ctx->lock);
+    return KVGEN_OK;
+}
+
+/* byte offset of (layer, which) of `page` inside its slab, after checking the page */
+static kvgen_status page_region(const vk_model *vm, int32_t page, int layer, int which, const kvg_vk_buffer **slab,
+                                size_t *off, kvgen_error *err) {
+    if (page < 0 || page >= vm->n_pages || !vm->slabs[(uint32_t)page / vm->pps].buf)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d has no storage", (int)page);
+    const kvg_hparams *hp = &vm->hp;
+    size_t v = (size_t)hp->n_head_kv * (size_t)vm->page_size * (size_t)hp->head_dim;
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
+    *slab = &vm->slabs[(uint32_t)page / vm->pps];
+    *off = ((size_t)((uint32_t)page % vm->pps) * vm->page_elems + ((size_t)layer * 2 + (size_t)which) * v) * elem;
+    return KVGEN_OK;
+}
+
+/* Reads (write = false) or writes one layer's K or V of positions [pos0, pos0+n) as f32
+ * (kv_heads, n, head_dim), a page's (layer, which) region at a time: a mapped copy where the
+ * pool is host-visible (lavapipe, UMA, ReBAR), else a staging transfer. */
+static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *io, bool write, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    const kvg_hparams *hp = &vm->hp;
+    if (!vm->paged || layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || pos0 < 0 || n < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: KV %s of layer %d, which %d, [%d, +%d) out of range",
+                        write ? "write" : "read", layer, which, pos0, n);
+    size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4, region = H * P * hd * elem;
+    uint8_t *tmp = malloc(region);
+    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
+    kvgen_status st = KVGEN_OK;
+    for (size_t p = (size_t)pos0; p < (size_t)pos0 + (size_t)n && st == KVGEN_OK;) {
+        size_t slot0 = p % P, cnt = P - slot0;
+        if (cnt > (size_t)pos0 + (size_t)n - p) cnt = (size_t)pos0 + (size_t)n - p;
+        const kvg_vk_buffer *slab = NULL;
+        size_t off = 0;
+        st = page_region(vm, pages[p / P], layer, which, &slab, &off, err);
+        if (st == KVGEN_OK) st = kvg_vk_download(vm->ctx, slab, off, tmp, region, err);
+        for (size_t h = 0; h < H && st == KVGEN_OK; h++)
+            for (size_t i = 0; i < cnt; i++) {
+                size_t e = (h * P + slot0 + i) * hd;
+                float *f = io + (h * (size_t)n + (p - (size_t)pos0) + i) * hd;
+                if (elem == 4) {
+                    if (write) memcpy(tmp + e * 4, f, hd * 4);
+                    else memcpy(f, tmp + e * 4, hd * 4);
+                } else {
+                    uint16_t *hv = (uint16_t *)(void *)tmp + e;
+                    for (size_t d = 0; d < hd; d++) {
+                        if (write) hv[d] = kvg_f32_to_f16(f[d]);
+                        else f[d] = kvg_f16_to_f32(hv[d]);
+                    }
+                }
+            }
+        /* the slab is written only through its own region, the one page the caller holds alone */
+        if (st == KVGEN_OK && write) st = kvg_vk_upload(vm->ctx, (kvg_vk_buffer *)slab, off, tmp, region, err);
+        p += cnt;
+    }
+    free(tmp);
+    return st;
+}
+
+static kvgen_status vk_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                               float *out, kvgen_error *err) {
+    return kv_transfer(m, pages, layer, which, pos0, n, out, false, err);
+}
+
+static kvgen_status vk_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                const float *in, kvgen_error *err) {
+    return kv_transfer(m, pages, layer, which, pos0, n, (float *)in, true, err);
+}
+
+/* kv_copy.comp over [src_pos, +n) -> [dst_pos, +n). A move towards the start of one table that
+ * overlaps itself runs in rounds of (src_pos - dst_pos) positions, one submission each, so no
+ * dispatch reads a slot that it also writes. */
+static kvgen_status vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                               int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const kvg_hparams *hp = &vm->hp;
+    if (!vm->paged || src_pos < 0 || dst_pos < 0 || n < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: kv_copy [%d, +%d) -> %d out of range", src_pos, n,
+                        dst_pos);
+    if (n == 0) return KVGEN_OK;
+    int P = vm->page_size;
+    int piece_max = (KV_OPS_PAGES - 1) * P;
+    if (src_pages == dst_pages && dst_pos < src_pos && src_pos - dst_pos < piece_max) piece_max = src_pos - dst_pos;
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    kv_spec(vm, spec);
+    VkPipeline pipe = kvg_vk_pipeline_find(ctx, "kv_copy", spec);
+    if (!pipe) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the kv_copy pipeline was not created");
+    int32_t *ops = vm->ops.map;
+    /* cos/sin of the position change, in double as the reference computes RoPE */
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        double theta = (double)rope_delta * pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        float cs[2] = {(float)cos(theta), (float)sin(theta)};
+        memcpy(ops + 2 * KV_OPS_PAGES + 2 * i, cs, sizeof cs);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    kvgen_status st = KVGEN_OK;
+    unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
+    if (vm->ops_gen != gen) {
+        st = kvg_vk_check(vkResetDescriptorPool(ctx->dev, vm->ops_pool, 0), err, "vkResetDescriptorPool");
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        for (uint32_t j = 0; j < vm->nslab; j++)
+            if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
+        b[KVG_VK_PTAB].buf = &vm->ops;
+        if (st == KVGEN_OK) st = kvg_vk_set_create(ctx, vm->ops_pool, b, &vm->ops_set, err);
+        if (st == KVGEN_OK) vm->ops_gen = gen;
+    }
+    for (int done = 0; done < n && st == KVGEN_OK;) {
+        int c = n - done < piece_max ? n - done : piece_max;
+        int s0 = src_pos + done, d0 = dst_pos + done;
+        int ns = (s0 + c - 1) / P - s0 / P + 1, nd = (d0 + c - 1) / P - d0 / P + 1;
+        memcpy(ops, src_pages + s0 / P, (size_t)ns * sizeof *ops);
+        memcpy(ops + KV_OPS_PAGES, dst_pages + d0 / P, (size_t)nd * sizeof *ops);
+        for (int i = 0; i < ns; i++)
+            if (ops[i] < 0 || ops[i] >= vm->n_pages || !vm->slabs[(uint32_t)ops[i] / vm->pps].buf)
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy from page %d, which has no storage", (int)ops[i]);
+        for (int i = 0; i < nd; i++)
+            if (ops[KV_OPS_PAGES + i] < 0 || ops[KV_OPS_PAGES + i] >= vm->n_pages ||
+                !vm->slabs[(uint32_t)ops[KV_OPS_PAGES + i] / vm->pps].buf)
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy to page %d, which has no storage",
+                              (int)ops[KV_OPS_PAGES + i]);
+        pc_kv_copy pc = {.n = (uint32_t)c,
+                         .hd = (uint32_t)hp->head_dim,
+                         .n_layer = (uint32_t)hp->n_layer,
+                         .n_kv = (uint32_t)hp->n_head_kv,
+                         .src_tab = 0,
+                         .dst_tab = KV_OPS_PAGES,
+                         .src_pos = (uint32_t)(s0 % P),
+                         .dst_pos = (uint32_t)(d0 % P),
+                         .kv_page = vm->page_elems,
+                         .kv_v = (uint32_t)(hp->n_head_kv * P * hp->head_dim),
+                         .n_rot = (uint32_t)hp->n_rot,
+                         .cs_off = 2 * KV_OPS_PAGES,
+                         .rope = rope_delta != 0};
+        if (st == KVGEN_OK) st = kvg_vk_check(vkResetCommandBuffer(vm->ops_cb, 0), err, "vkResetCommandBuffer");
+        if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
+        if (st == KVGEN_OK) {
+            uint32_t groups = (uint32_t)(((size_t)c * (size_t)(hp->head_dim / 2) + 63) / 64);
+            kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);
+            kvg_vk_cmd_barrier(vm->ops_cb);
+            kvg_vk_cmd_host_barrier(vm->ops_cb);
+            st = kvg_vk_cmd_end(vm->ops_cb, err);
+            if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, vm->ops_cb, ctx->fence, err);
+        }
+        done += c;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
     .model_init = vk_model_init,
@@ -954,6 +1324,13 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .forward = vk_forward,
     .read_cache = vk_read_cache,
     .cache_bytes_per_token = vk_cache_bytes_per_token,
+    .kv_default_pool_bytes = vk_default_pool_bytes,
+    .kv_pages_init = vk_kv_pages_init,
+    .kv_page_commit = vk_kv_page_commit,
+    .forward_paged = vk_forward_paged,
+    .kv_copy = vk_kv_copy,
+    .kv_read = vk_kv_read,
+    .kv_write = vk_kv_write,
 };
 
 /* ---- test hooks ---- */

@@ -361,22 +361,34 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
 }
 
 static VkDescriptorType binding_type(uint32_t i) {
-    return i < KVG_VK_SSBO_BINDINGS ? VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
-           : i == KVG_VK_UBO_X      ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC
-                                    : VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER;
+    return i == KVG_VK_UBO_X      ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC
+           : i == KVG_VK_UBO_NORM ? VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER
+                                  : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+}
+
+/* slot of a kvg_vk_binding array -> (binding, array element); see kvg_vk.h */
+static void slot_binding(uint32_t slot, uint32_t *binding, uint32_t *element) {
+    *binding = slot < KVG_VK_LAYOUT_BINDINGS ? slot : 5;
+    *element = slot < KVG_VK_LAYOUT_BINDINGS ? 0 : slot - KVG_VK_LAYOUT_BINDINGS + 1;
 }
 
 static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
     ctx->ubo_window = ctx->props.limits.maxUniformBufferRange < 65536 ? ctx->props.limits.maxUniformBufferRange : 65536;
     ctx->ubo_window &= ~15u;
-    VkDescriptorSetLayoutBinding b[KVG_VK_BINDINGS];
-    for (uint32_t i = 0; i < KVG_VK_BINDINGS; i++)
+    if (ctx->props.limits.maxPerStageDescriptorStorageBuffers < KVG_VK_SSBO_DESCRIPTORS ||
+        ctx->props.limits.maxDescriptorSetStorageBuffers < KVG_VK_SSBO_DESCRIPTORS)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: device %s binds at most %u storage buffers per stage; kvgen needs %d",
+                        ctx->info.name, ctx->props.limits.maxPerStageDescriptorStorageBuffers,
+                        KVG_VK_SSBO_DESCRIPTORS);
+    VkDescriptorSetLayoutBinding b[KVG_VK_LAYOUT_BINDINGS];
+    for (uint32_t i = 0; i < KVG_VK_LAYOUT_BINDINGS; i++)
         b[i] = (VkDescriptorSetLayoutBinding){.binding = i,
                                               .descriptorType = binding_type(i),
-                                              .descriptorCount = 1,
+                                              .descriptorCount = i == 5 ? KVG_VK_KV_SLABS : 1,
                                               .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
     VkDescriptorSetLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-                                           .bindingCount = KVG_VK_BINDINGS,
+                                           .bindingCount = KVG_VK_LAYOUT_BINDINGS,
                                            .pBindings = b};
     VKCHECK(vkCreateDescriptorSetLayout(ctx->dev, &lci, NULL, &ctx->set_layout), "vkCreateDescriptorSetLayout");
     VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = KVG_VK_PUSH_BYTES};
@@ -712,7 +724,7 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
 
 kvgen_status kvg_vk_pool_create(kvg_vk_ctx *ctx, uint32_t max_sets, VkDescriptorPool *out, kvgen_error *err) {
     VkDescriptorPoolSize size[3] = {
-        {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = max_sets * KVG_VK_SSBO_BINDINGS},
+        {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = max_sets * KVG_VK_SSBO_DESCRIPTORS},
         {.type = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER_DYNAMIC, .descriptorCount = max_sets},
         {.type = VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, .descriptorCount = max_sets}};
     VkDescriptorPoolCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
@@ -739,13 +751,16 @@ kvgen_status kvg_vk_set_create(kvg_vk_ctx *ctx, VkDescriptorPool pool, const kvg
         VkDeviceSize range = b[i].buf && b[i].range ? b[i].range : buf->size - off;
         if (range > max_range) range = max_range;
         /* uniform windows: callers size these buffers so a full window fits after any offset */
-        if (i >= KVG_VK_SSBO_BINDINGS) range = range < ctx->ubo_window ? range : ctx->ubo_window;
+        if (i == KVG_VK_UBO_X || i == KVG_VK_UBO_NORM) range = range < ctx->ubo_window ? range : ctx->ubo_window;
+        uint32_t binding, element;
+        slot_binding(i, &binding, &element);
         bi[i] = (VkDescriptorBufferInfo){.buffer = buf->buf, .offset = off, .range = range};
         w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
                                       .dstSet = *out,
-                                      .dstBinding = i,
+                                      .dstBinding = binding,
+                                      .dstArrayElement = element,
                                       .descriptorCount = 1,
-                                      .descriptorType = binding_type(i),
+                                      .descriptorType = binding_type(binding),
                                       .pBufferInfo = &bi[i]};
     }
     vkUpdateDescriptorSets(ctx->dev, KVG_VK_BINDINGS, w, 0, NULL);

@@ -8,7 +8,8 @@
 // Split s covers a contiguous 1/nsplit of those positions (decode splits long contexts so that
 // several workgroups share the work; attn_reduce.comp merges the partial results).
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
-// t*ldo + h*hd), 5 K cache, 6 V cache, 7 partials (not DIRECT: per (t, h, s): m, l, acc[hd]).
+// t*ldo + h*hd), 5/6/10 the KV cache (kv.glsl: contiguous or paged), 7 partials (not DIRECT:
+// per (t, h, s): m, l, acc[hd]).
 // Positions are walked WG at a time. lavapipe's 65,535-iteration limit counts every loop iteration
 // of an invocation together (about (2 + GQ) * WG per tile here, the head_dim loops unrolled), so
 // the host chooses nsplit so that one split covers at most 4,096 positions.
@@ -25,29 +26,23 @@ layout(local_size_x_id = 0) in;
 layout(push_constant) uniform PC {
     uint n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
+    uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
 } pc;
 
 layout(std430, set = 0, binding = 2) readonly buffer Q { float qin[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float yout[]; };
-layout(std430, set = 0, binding = 5) readonly buffer KC { uint kcache[]; };
-layout(std430, set = 0, binding = 6) readonly buffer VC { uint vcache[]; };
+#include "kv.glsl"
 layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
 
 const uint MAXG = GQ, MAXHD = HD, MAXD = (HD + WG - 1u) / WG;
 shared float sc[MAXG * WG];
 shared float pr[MAXG * WG];
 
-vec2 kv_pair(bool k, uint idx) { // idx even
-    if (KV_F16 != 0u) return unpackHalf2x16(k ? kcache[idx >> 1] : vcache[idx >> 1]);
-    return k ? vec2(uintBitsToFloat(kcache[idx]), uintBitsToFloat(kcache[idx + 1u]))
-             : vec2(uintBitsToFloat(vcache[idx]), uintBitsToFloat(vcache[idx + 1u]));
-}
-float v_at(uint idx) {
-    if (KV_F16 != 0u) {
-        vec2 p = unpackHalf2x16(vcache[idx >> 1]);
-        return (idx & 1u) != 0u ? p.y : p.x;
-    }
-    return uintBitsToFloat(vcache[idx]);
+// where the V row of each position of the current tile starts, found once per tile by its lane
+shared uint v_slab[WG], v_elem[WG];
+
+kv_ref kv_row(bool is_k, uint kvh, uint p) {
+    return kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, kvh, p);
 }
 
 void main() {
@@ -73,16 +68,18 @@ void main() {
         l[g] = 0.0;
         [[unroll]] for (uint e = 0u; e < MAXD; e++) acc[g * MAXD + e] = 0.0;
     }
-    uint head_base = kvh * pc.n_ctx;
     for (uint base = p_begin; base < p_end; base += WG) {
         uint nvalid = min(WG, p_end - base);
         uint p = base + tid;
         if (tid < nvalid) {
-            uint kb = (head_base + p) * hd;
+            kv_ref kr = kv_row(true, kvh, p);
+            kv_ref vr = kv_row(false, kvh, p);
+            v_slab[tid] = vr.slab;
+            v_elem[tid] = vr.e;
             float sg[MAXG]; // in registers: one shared-memory write per score
             [[unroll]] for (uint g = 0u; g < G; g++) sg[g] = 0.0;
             [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
-                vec2 kv = kv_pair(true, kb + d);
+                vec2 kv = kv_load2(kr, d);
                 [[unroll]] for (uint g = 0u; g < G; g++)
                     sg[g] += kv.x * qr[g * MAXHD + d] + kv.y * qr[g * MAXHD + d + 1u];
             }
@@ -106,7 +103,10 @@ void main() {
             uint d = tid + e * WG;
             if (d >= hd) break;
             for (uint i = 0u; i < nvalid; i++) {
-                float v = v_at((head_base + base + i) * hd + d);
+                kv_ref vr;
+                vr.slab = v_slab[i];
+                vr.e = v_elem[i];
+                float v = kv_load1(vr, d);
                 [[unroll]] for (uint g = 0u; g < G; g++) acc[g * MAXD + e] += pr[g * WG + i] * v;
             }
         }

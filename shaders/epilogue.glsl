@@ -4,30 +4,15 @@
 //   0 store   out[t*ldo + o_off + r] = v
 //   1 add     out[...] += v                      (residual add fused into the projection)
 //   2 qkv     rows [0,nq): Q with RoPE -> out; [nq,nq+nk): K with RoPE -> K cache (binding 5);
-//             [nq+nk, nq+2nk): V -> V cache (binding 6), at position params.pos0 + t
+//             [nq+nk, nq+2nk): V -> V cache, at position params.pos0 + t (addressing: kv.glsl)
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
 #ifndef KVG_EPILOGUE_GLSL
 #define KVG_EPILOGUE_GLSL
 
 layout(std430, set = 0, binding = 3) buffer Out { float yout[]; };
-layout(std430, set = 0, binding = 5) buffer KCache { uint kcache[]; };
-layout(std430, set = 0, binding = 6) buffer VCache { uint vcache[]; };
 layout(std430, set = 0, binding = 7) readonly buffer Rope { vec2 rope_cs[]; };
 
-void kv_store_pair(bool is_k, uint idx, float v0, float v1) {
-    if (KV_F16 != 0u) {
-        uint w = packHalf2x16(vec2(v0, v1));
-        if (is_k) kcache[idx >> 1] = w; else vcache[idx >> 1] = w;
-    } else {
-        if (is_k) {
-            kcache[idx] = floatBitsToUint(v0);
-            kcache[idx + 1u] = floatBitsToUint(v1);
-        } else {
-            vcache[idx] = floatBitsToUint(v0);
-            vcache[idx + 1u] = floatBitsToUint(v1);
-        }
-    }
-}
+#include "kv.glsl"
 
 // r: global even row; has1: row r + 1 exists
 void store_pair(uint r, uint t, float v0, float v1, bool has1) {
@@ -60,7 +45,8 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
             bool is_k = r < nqk;
             uint i = is_k ? r - pc.nq : r - nqk;
             uint h = i / pc.hd, d = i % pc.hd;
-            kv_store_pair(is_k, (h * pc.n_ctx + pos) * pc.hd + d, v0, v1);
+            kv_ref kr = kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, h, pos);
+            kv_store2(kr, d, vec2(v0, v1));
         }
     }
 }

@@ -1,0 +1,42 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// kv_copy.comp: copies the K/V of n positions of one page table to another (or the same one,
+// towards the start: the host splits an overlapping move into rounds that never read a slot an
+// earlier round of the same dispatch wrote), re-rotating K by a position change (context shift:
+// RoPE rotations add, so rotating a cached key by delta gives the key at pos + delta).
+// Dispatch: (ceil(n * hd/2 / 64), 1, 1) x 64. Invocation: one (position i, element pair d) of
+// every layer and KV head (n_layer * n_kv loop iterations).
+// Bindings: 5 the paged pool's slabs, 10 the tables (source at src_tab, destination at dst_tab)
+// and, from cs_off, cos/sin of delta * theta_i as float bits (n_rot / 2 pairs).
+layout(local_size_x = 64) in;
+layout(constant_id = 5) const uint KV_F16 = 1;
+
+layout(push_constant) uniform PC {
+    uint n, hd, n_layer, n_kv;
+    uint src_tab, dst_tab, src_pos, dst_pos; // positions relative to the tables' first entries
+    uint kv_page, kv_v, n_rot, cs_off, rope; // rope: 0 plain copy
+} pc;
+
+#include "kv.glsl"
+
+void main() {
+    uint pairs = pc.hd / 2u;
+    uint gid = gl_GlobalInvocationID.x;
+    uint i = gid / pairs, d = (gid % pairs) * 2u;
+    if (i >= pc.n) return;
+    vec2 cs = vec2(1.0, 0.0);
+    if (pc.rope != 0u && d < pc.n_rot)
+        cs = vec2(intBitsToFloat(ptab[pc.cs_off + d]), intBitsToFloat(ptab[pc.cs_off + d + 1u]));
+    for (uint l = 0u; l < pc.n_layer; l++) {
+        uint layer_off = l * 2u * pc.kv_v;
+        for (uint h = 0u; h < pc.n_kv; h++) {
+            kv_ref s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, true, h, pc.src_pos + i);
+            kv_ref t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, true, h, pc.dst_pos + i);
+            vec2 k = kv_load2(s, d);
+            kv_store2(t, d, vec2(k.x * cs.x - k.y * cs.y, k.x * cs.y + k.y * cs.x));
+            s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, false, h, pc.src_pos + i);
+            t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, false, h, pc.dst_pos + i);
+            kv_store2(t, d, kv_load2(s, d));
+        }
+    }
+}
