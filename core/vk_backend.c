@@ -102,6 +102,11 @@ typedef struct vk_model {
     VkDescriptorSet ops_set;
     unsigned ops_gen;
     VkCommandBuffer ops_cb;
+    /* RoPE cos/sin tables shared by the sessions: table k covers 2^(k+8) positions and is
+     * built the first time a session needs that many (forks and NPC sessions share one) */
+    pthread_mutex_t rope_mu;
+    bool rope_mu_init;
+    kvg_vk_buffer ropes[13];
 } vk_model;
 
 static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
@@ -111,7 +116,7 @@ struct kvg_backend_session {
     kvg_vk_buffer *k, *v; /* contiguous: per layer (n_kv, n_ctx, head_dim); paged: NULL */
     kvg_vk_buffer ptab;   /* paged: the page table (host-visible, written before each step) */
     unsigned kv_gen;      /* paged: the model's kv_gen when the descriptor sets were written */
-    kvg_vk_buffer rope;   /* (n_ctx, n_rot/2) cos, sin */
+    const kvg_vk_buffer *rope; /* the model's table for >= n_ctx positions: (pos, n_rot/2) cos, sin */
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
     VkDescriptorPool pool;
@@ -436,7 +441,7 @@ static kvgen_status op_matmul(walk *w, const matmul_args *a) {
             b[KVG_VK_UBO_NORM].buf = a->norm;
             if (a->epi == EPI_QKV) {
                 kv_bind(vm, w->s, a->layer, b);
-                b[7].buf = &w->s->rope;
+                b[7].buf = w->s->rope;
             }
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
             if (st != KVGEN_OK) return st;
@@ -679,12 +684,14 @@ static void vk_model_free(kvgen_model *m) {
                 kvg_vk_buffer_destroy(ctx, &L->ffn_norm);
             }
         for (int j = 0; j < KVG_VK_KV_SLABS; j++) kvg_vk_buffer_destroy(ctx, &vm->slabs[j]);
+        for (int k = 0; k < 13; k++) kvg_vk_buffer_destroy(ctx, &vm->ropes[k]);
         if (vm->ops_pool) vkDestroyDescriptorPool(ctx->dev, vm->ops_pool, NULL);
         if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
         kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
     }
+    if (vm->rope_mu_init) pthread_mutex_destroy(&vm->rope_mu);
     free(vm->layers);
     free(vm);
     m->backend = NULL;
@@ -706,6 +713,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (!vm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     m->backend = vm;
     vm->hp = *hp;
+    pthread_mutex_init(&vm->rope_mu, NULL);
+    vm->rope_mu_init = true;
     kvg_vk_ctx_desc cd = {.device = desc->device,
                           .force_f32 = desc->force_f32,
                           .vk_instance = desc->vk_instance,
@@ -819,6 +828,40 @@ fail:
     return st;
 }
 
+/* The shared RoPE table for at least n_ctx positions, angles in double on the host as the
+ * reference computes them. */
+static kvgen_status rope_table(vk_model *vm, int n_ctx, const kvg_vk_buffer **out, kvgen_error *err) {
+    const kvg_hparams *hp = &vm->hp;
+    int k = 0;
+    while (k < 12 && ((size_t)256 << k) < (size_t)n_ctx) k++;
+    size_t n_pos = (size_t)256 << k, half = (size_t)(hp->n_rot / 2);
+    kvgen_status st = KVGEN_OK;
+    pthread_mutex_lock(&vm->rope_mu);
+    if (!vm->ropes[k].buf) {
+        size_t n = n_pos * (half ? half : 1) * 2;
+        float *cs = malloc(n * sizeof *cs);
+        if (!cs) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+        } else {
+            for (size_t p = 0; p < n_pos; p++)
+                for (size_t i = 0; i < half; i++) {
+                    double theta = (double)p * pow(hp->rope_freq_base, -2.0 * (double)i / hp->n_rot);
+                    cs[(p * half + i) * 2] = (float)cos(theta);
+                    cs[(p * half + i) * 2 + 1] = (float)sin(theta);
+                }
+            kvg_vk_buffer b;
+            st = kvg_vk_buffer_create(vm->ctx, n * sizeof *cs, KVG_VK_MEM_UPLOAD, &b, err);
+            if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, &b, 0, cs, n * sizeof *cs, err);
+            if (st == KVGEN_OK) vm->ropes[k] = b;
+            else kvg_vk_buffer_destroy(vm->ctx, &b);
+            free(cs);
+        }
+    }
+    pthread_mutex_unlock(&vm->rope_mu);
+    *out = &vm->ropes[k];
+    return st;
+}
+
 static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (!s) return;
     vk_model *vm = m->backend;
@@ -834,7 +877,6 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
         for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->k[l]);
     if (s->v)
         for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->v[l]);
-    kvg_vk_buffer_destroy(ctx, &s->rope);
     kvg_vk_buffer_destroy(ctx, &s->part);
     kvg_vk_buffer_destroy(ctx, &s->ptab);
     free(s->k);
@@ -848,7 +890,8 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     const kvg_hparams *hp = &vm->hp;
-    if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d", n_ctx);
+    if (n_ctx <= 0 || n_ctx > (256 << 12))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d is outside [1, %d]", n_ctx, 256 << 12);
     size_t elem = ctx->kv_f16 ? 2 : 4;
     size_t layer_bytes = (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim * elem;
     if (vm->paged && !vm->page_size)
@@ -879,24 +922,7 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, (size_t)vm->chunk * (size_t)hp->n_head * s->nsplit_dec * (size_t)(hp->head_dim + 2) * 4,
                                   KVG_VK_MEM_DEVICE, &s->part, err);
-    /* RoPE angles in double on the host, as the reference computes them */
-    size_t half = (size_t)(hp->n_rot / 2);
-    if (st == KVGEN_OK) {
-        size_t n = (size_t)n_ctx * (half ? half : 1) * 2;
-        float *cs = malloc(n * sizeof *cs);
-        if (!cs) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-        else {
-            for (size_t p = 0; p < (size_t)n_ctx; p++)
-                for (size_t i = 0; i < half; i++) {
-                    double theta = (double)p * pow(hp->rope_freq_base, -2.0 * (double)i / hp->n_rot);
-                    cs[(p * half + i) * 2] = (float)cos(theta);
-                    cs[(p * half + i) * 2 + 1] = (float)sin(theta);
-                }
-            st = kvg_vk_buffer_create(ctx, n * sizeof *cs, KVG_VK_MEM_UPLOAD, &s->rope, err);
-            if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &s->rope, 0, cs, n * sizeof *cs, err);
-            free(cs);
-        }
-    }
+    if (st == KVGEN_OK) st = rope_table(vm, n_ctx, &s->rope, err);
     if (st == KVGEN_OK) {
         walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
         st = walk_step(&cw);
