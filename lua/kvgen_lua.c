@@ -27,12 +27,19 @@
 #include <lua.h>
 
 #include "kvgen.h"
+#include "kvgen_lua.h"
 
 #define MODEL_MT "kvgen.Model"
 #define SESSION_MT "kvgen.Session"
 #define DETOK_MT "kvgen.Detokenizer"
 #define STREAM_MT "kvgen.Stream"
+#define JOB_MT "kvgen.Job"
 #define LAST_ERROR_KEY "kvgen.last_error"
+/* per lua_State (registry): a userdata whose address is this state's owner key for kvgen_poll,
+ * the open jobs by address (weak values), and the jobs kept alive for their callbacks */
+#define STATE_KEY "kvgen.state"
+#define JOBS_KEY "kvgen.jobs"
+#define ANCHORED_KEY "kvgen.anchored"
 
 #define SAMPLER_OPTIONS                                                                                                \
     "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",       \
@@ -43,12 +50,28 @@ typedef struct lmodel {
 } lmodel;
 
 struct lstream;
+struct ljob;
 
+/* User values: 1 the model userdata (kept alive), 2 a table of jobs closed before they were
+ * final ({[lightuserdata kvgen_job] = true}, created on first use): they were cancelled but the
+ * worker may still hold the session, so they are released only once seen final. */
 typedef struct lsession {
     kvgen_session *session; /* NULL once closed */
     kvgen_model *model;     /* borrowed: the session holds its own C reference on it */
     struct lstream *active; /* the stream generating on this session, if any (it must be alone) */
+    struct ljob *jobs;      /* its open kvgen.Job handles (each keeps the session alive) */
+    int n_draining;         /* entries in user value 2 */
 } lsession;
+
+/* A kvgen_job (jobs API). User values: 1 the session userdata (kept alive, and with it the
+ * model), 2 the callbacks table {on_piece=, on_done=} or nil. */
+typedef struct ljob {
+    kvgen_job *job;            /* NULL once closed (released) */
+    lsession *owner;           /* valid while the job lives: user value 1 holds it */
+    struct ljob *prev, *next;  /* in owner->jobs */
+    kvgen_model *model;        /* valid while open: the job holds a C reference */
+    int final;                 /* its final state has been seen */
+} ljob;
 
 /* A generation in progress (kvgen_gen). User values: 1 the session userdata (kept alive),
  * 2 a table anchoring the strings and arrays the kvgen_generate_desc points into, 3 the
@@ -225,16 +248,27 @@ static lmodel *check_model(lua_State *L, int arg) {
     return m;
 }
 
-/* An open session, for calls that only read it (allowed while a stream generates). */
 static lsession *check_session_open(lua_State *L, int arg) {
     lsession *s = luaL_checkudata(L, arg, SESSION_MT);
     if (!s->session) luaL_error(L, "attempt to use a closed " SESSION_MT);
     return s;
 }
 
-/* An open session that no stream is generating on (kvgen_gen_begin wants it to itself). */
-static lsession *check_session(lua_State *L, int arg) {
+static int session_jobs_busy(lua_State *L, int idx, lsession *s);
+
+/* An open session, for calls that only read it: allowed while a stream generates (same
+ * thread), not while a job is not final (the worker thread owns the session then). */
+static lsession *check_session_read(lua_State *L, int arg) {
     lsession *s = check_session_open(L, arg);
+    if (session_jobs_busy(L, arg, s))
+        luaL_error(L, SESSION_MT " is busy: a kvgen.Job is running on it (poll it to the end, or cancel it and "
+                      "poll until it is final)");
+    return s;
+}
+
+/* An open session that no stream or job is generating on (kvgen_gen_begin wants it to itself). */
+static lsession *check_session(lua_State *L, int arg) {
+    lsession *s = check_session_read(L, arg);
     if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
     return s;
 }
@@ -607,10 +641,9 @@ static const char *const on_full_names[] = {"error", "shift", NULL};
  * (the session keeps it alive). */
 static lsession *new_session(lua_State *L, kvgen_model *model, int model_idx) {
     model_idx = lua_absindex(L, model_idx);
-    lsession *s = lua_newuserdatauv(L, sizeof *s, 1);
-    s->session = NULL;
+    lsession *s = lua_newuserdatauv(L, sizeof *s, 2);
+    memset(s, 0, sizeof *s);
     s->model = model;
-    s->active = NULL;
     luaL_setmetatable(L, SESSION_MT);
     lua_pushvalue(L, model_idx);
     lua_setiuservalue(L, -2, 1);
@@ -678,11 +711,16 @@ static int session_rewind(lua_State *L) {
 
 static void stream_stop(lstream *st, kvgen_finish finish);
 
+static void release_draining(lua_State *L, int idx, lsession *s, int all);
+
 static int session_close(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
     if (s->active) stream_stop(s->active, KVGEN_FINISH_CANCELLED); /* the generator must go first */
+    /* cancels the session's jobs and waits for at most the worker step that holds the session;
+     * its jobs are final afterwards, so the ones closed early can be released */
     kvgen_session_close(s->session);
     s->session = NULL;
+    release_draining(L, 1, s, 1);
     return 0;
 }
 
@@ -690,6 +728,8 @@ static int session_tostring(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
     if (!s->session)
         lua_pushliteral(L, SESSION_MT " (closed)");
+    else if (session_jobs_busy(L, 1, s))
+        lua_pushfstring(L, SESSION_MT " (busy: jobs running) (%p)", (void *)s);
     else
         lua_pushfstring(L, SESSION_MT " (%d tokens) (%p)", (int)kvgen_session_length(s->session), (void *)s);
     return 1;
@@ -700,10 +740,13 @@ static int session_index(lua_State *L) {
     const char *key = luaL_checkstring(L, 2);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!s->session) return luaL_error(L, "attempt to use a closed " SESSION_MT);
+    if (strcmp(key, "model") == 0) {
+        lua_getiuservalue(L, 1, 1);
+        return 1;
+    }
+    check_session_read(L, 1);
     if (strcmp(key, "length") == 0) {
         lua_pushinteger(L, (lua_Integer)kvgen_session_length(s->session));
-    } else if (strcmp(key, "model") == 0) {
-        lua_getiuservalue(L, 1, 1);
     } else if (strcmp(key, "template") == 0) {
         push_template_name(L, s);
     } else if (strcmp(key, "context") == 0) {
@@ -811,7 +854,7 @@ static int session_logits(lua_State *L) {
 }
 
 static int session_tokens(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
+    lsession *s = check_session_read(L, 1);
     push_ids(L, kvgen_session_tokens(s->session), kvgen_session_length(s->session));
     return 1;
 }
@@ -823,7 +866,7 @@ static int session_reset(lua_State *L) {
 
 /* s:cache_info() -> {layers, kv_heads, head_dim, length, capacity, bytes, bytes_per_token} */
 static int session_cache_info(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
+    lsession *s = check_session_read(L, 1);
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
     lua_createtable(L, 0, 13);
@@ -883,7 +926,7 @@ static int model_pool_info(lua_State *L) {
  * element (h, t, d) (all 0-based) is at index (h * length + t) * head_dim + d + 1. */
 static int session_read_cache(lua_State *L) {
     static const char *const which_names[] = {"k", "v", NULL};
-    lsession *s = check_session_open(L, 1);
+    lsession *s = check_session_read(L, 1);
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
     int isint = 0;
@@ -979,7 +1022,7 @@ static int session_set_sampler(lua_State *L) {
 
 /* s:sampler() -> the settings in force */
 static int session_sampler(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
+    lsession *s = check_session_read(L, 1);
     kvgen_sampler_desc sd;
     kvgen_session_get_sampler(s->session, &sd);
     lua_createtable(L, 0, 10);
@@ -1544,10 +1587,597 @@ static int model_restore(lua_State *L) {
     return 1;
 }
 
+/* ---- jobs: non-blocking generation on the model's worker thread ------------------------- *
+ * The worker never touches a lua_State: it only fills the C job's buffers. Text reaches Lua
+ * through kvgen.poll() (every job of this state, with callbacks) or job:poll() / the job as an
+ * iterator (one job, no callbacks), always on the thread that calls them. */
+
+static int is_final_state(kvgen_job_state st) { return st >= KVGEN_JOB_DONE; }
+
+/* This state's owner key for kvgen_poll, and its job tables (created on first use). */
+static void ensure_state(lua_State *L) {
+    if (lua_getfield(L, LUA_REGISTRYINDEX, STATE_KEY) == LUA_TUSERDATA) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pop(L, 1);
+    lua_newuserdatauv(L, 1, 0);
+    lua_setfield(L, LUA_REGISTRYINDEX, STATE_KEY);
+    lua_newtable(L); /* jobs by address: weak values, so a dropped job can be collected */
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, JOBS_KEY);
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, ANCHORED_KEY);
+}
+
+static const void *state_owner(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, STATE_KEY);
+    const void *key = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return key;
+}
+
+/* registry[ANCHORED_KEY][job at idx] = nil: a job with callbacks no longer needs keeping */
+static void unanchor(lua_State *L, int idx) {
+    idx = lua_absindex(L, idx);
+    if (lua_getfield(L, LUA_REGISTRYINDEX, ANCHORED_KEY) == LUA_TTABLE) {
+        lua_pushvalue(L, idx);
+        lua_pushnil(L);
+        lua_rawset(L, -3);
+    }
+    lua_pop(L, 1);
+}
+
+static void job_mark_final(lua_State *L, int idx, ljob *j) {
+    j->final = 1;
+    unanchor(L, idx);
+}
+
+/* Releases the jobs in the session's draining table (user value 2) that are final; `all`:
+ * every one (the session is closed, so none runs any more). */
+static void release_draining(lua_State *L, int idx, lsession *s, int all) {
+    if (s->n_draining == 0) return;
+    idx = lua_absindex(L, idx);
+    if (lua_getiuservalue(L, idx, 2) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        s->n_draining = 0;
+        return;
+    }
+    int t = lua_gettop(L), left = 0;
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        kvgen_job *job = lua_touserdata(L, -1);
+        kvgen_job_info info;
+        kvgen_job_get_info(job, &info);
+        if (all || is_final_state(info.state)) {
+            kvgen_job_release(job);
+            lua_pushvalue(L, -1);
+            lua_pushnil(L);
+            lua_rawset(L, t); /* clearing the current key is allowed during lua_next */
+        } else {
+            left++;
+        }
+    }
+    lua_pop(L, 1);
+    s->n_draining = left;
+}
+
+/* True while a job on the session is not final: the worker owns the session then. */
+static int session_jobs_busy(lua_State *L, int idx, lsession *s) {
+    for (ljob *j = s->jobs; j; j = j->next) {
+        if (j->final) continue;
+        kvgen_job_info info;
+        kvgen_job_get_info(j->job, &info);
+        if (!is_final_state(info.state)) return 1;
+        j->final = 1; /* (stays anchored until its final event is delivered) */
+    }
+    release_draining(L, idx, s, 0);
+    return s->n_draining > 0;
+}
+
+static ljob *check_job(lua_State *L, int arg) {
+    ljob *j = luaL_checkudata(L, arg, JOB_MT);
+    if (!j->job) luaL_error(L, "attempt to use a closed " JOB_MT);
+    return j;
+}
+
+/* job:close() (also __gc and __close): releases the job. A job not final yet is cancelled;
+ * while the worker may still hold its session it stays in the session's draining table, so
+ * the session is not used again before the worker lets go of it. */
+static int job_close(lua_State *L) {
+    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    if (!j->job) return 0;
+    lsession *s = j->owner;
+    if (j->prev) j->prev->next = j->next;
+    else s->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+    j->prev = j->next = NULL;
+    unanchor(L, 1);
+    kvgen_job *job = j->job;
+    kvgen_job_info info;
+    kvgen_job_get_info(job, &info);
+    if (!s->session || is_final_state(info.state)) {
+        j->job = NULL;
+        kvgen_job_release(job); /* a closed session has no job left running */
+        return 0;
+    }
+    kvgen_job_cancel(job);
+    lua_getiuservalue(L, 1, 1);
+    if (lua_getiuservalue(L, -1, 2) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setiuservalue(L, -3, 2);
+    }
+    lua_pushlightuserdata(L, job);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    s->n_draining++;
+    j->job = NULL;
+    return 0;
+}
+
+static int job_tostring(lua_State *L) {
+    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    if (!j->job) {
+        lua_pushliteral(L, JOB_MT " (closed)");
+    } else {
+        kvgen_job_info info;
+        kvgen_job_get_info(j->job, &info);
+        lua_pushfstring(L, JOB_MT " (%s) (%p)", kvgen_job_state_name(info.state), (void *)j);
+    }
+    return 1;
+}
+
+/* Fills the generation part of a job desc and its priority; pushes the anchor table that keeps
+ * the strings alive until submit has copied them. */
+static void read_job_options(lua_State *L, int opts, kvgen_job_desc *d, kvgen_constraint *c) {
+    lua_newtable(L);
+    read_generate(L, opts, lua_gettop(L), &d->gen, c);
+    if (d->gen.constraint) d->gen.constraint = c;
+    d->priority = (int)opt_integer(L, opts, "priority", 0, INT_MIN, INT_MAX);
+}
+
+/* Pushes a callbacks table (on_piece, on_done) or nil when the options have neither. */
+static int read_callbacks(lua_State *L, int opts) {
+    static const char *const names[] = {"on_piece", "on_done"};
+    int any = 0;
+    lua_newtable(L);
+    for (int i = 0; i < 2; i++) {
+        int t = get_option(L, opts, names[i]);
+        if (t != LUA_TNIL && t != LUA_TFUNCTION)
+            option_error(L, opts, names[i], lua_pushfstring(L, "function expected, got %s", luaL_typename(L, -1)));
+        if (t == LUA_TNIL) {
+            lua_pop(L, 1);
+        } else {
+            lua_setfield(L, -2, names[i]);
+            any = 1;
+        }
+    }
+    if (!any) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+    }
+    return any;
+}
+
+/* Submits the request and pushes the kvgen.Job. The session is at index 1, the callbacks
+ * table (or nil) at `cbs`. */
+static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs) {
+    ensure_state(L);
+    ljob *j = lua_newuserdatauv(L, sizeof *j, 2);
+    memset(j, 0, sizeof *j);
+    luaL_setmetatable(L, JOB_MT);
+    int idx = lua_gettop(L);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, idx, 1);
+    d->owner = state_owner(L);
+    d->user_data = j;
+    kvgen_error err = {0};
+    if (kvgen_job_submit(s->session, d, &j->job, &err) != KVGEN_OK) {
+        j->job = NULL;
+        raise_status(L, &err);
+    }
+    /* linked before anything below may raise, so that the garbage job's __gc finds it */
+    j->owner = s;
+    j->model = s->model;
+    j->next = s->jobs;
+    if (s->jobs) s->jobs->prev = j;
+    s->jobs = j;
+    lua_getfield(L, LUA_REGISTRYINDEX, JOBS_KEY);
+    lua_pushlightuserdata(L, j);
+    lua_pushvalue(L, idx);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    if (!lua_isnil(L, cbs)) {
+        lua_pushvalue(L, cbs);
+        lua_setiuservalue(L, idx, 2);
+        /* kept alive until final, so fire-and-forget requests still get their callbacks */
+        lua_getfield(L, LUA_REGISTRYINDEX, ANCHORED_KEY);
+        lua_pushvalue(L, idx);
+        lua_pushboolean(L, 1);
+        lua_rawset(L, -3);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, idx);
+    return j;
+}
+
+/* Reads a prompt given as text (never parsing control tokens), token ids or nil; an ids
+ * array is a userdata left on the stack. */
+static void job_prompt(lua_State *L, lsession *s, int idx, kvgen_job_desc *d) {
+    if (lua_isnoneornil(L, idx)) {
+        d->prompt = KVGEN_PROMPT_NONE;
+    } else if (lua_type(L, idx) == LUA_TSTRING) {
+        d->prompt = KVGEN_PROMPT_TEXT;
+        d->text = lua_tolstring(L, idx, &d->text_len);
+        if (d->text_len == 0) d->prompt = KVGEN_PROMPT_NONE; /* text_len 0 would mean strlen */
+    } else if (lua_istable(L, idx)) {
+        d->prompt = KVGEN_PROMPT_TOKENS;
+        d->tokens = check_ids(L, idx, "prompt", s->model, &d->n_tokens);
+    } else {
+        type_error(L, idx, "prompt", "string, table of token ids or nil");
+    }
+}
+
+static void job_chat_prompt(lua_State *L, int msg, int opts, kvgen_job_desc *d) {
+    d->prompt = KVGEN_PROMPT_CHAT;
+    d->role = role_names[opt_choice(L, opts, "role", 1, role_names)];
+    if (lua_type(L, msg) == LUA_TSTRING) {
+        d->text = lua_tolstring(L, msg, &d->text_len);
+        if (d->text_len == 0) d->text = "";
+    } else if (lua_isnil(L, msg)) {
+        d->role = NULL; /* no turn: only the assistant header */
+    } else {
+        type_error(L, msg, "message", "string or nil");
+    }
+}
+
+#define JOB_OPTIONS GENERATE_OPTIONS, "priority"
+static const char *const submit_options[] = {JOB_OPTIONS, "on_piece", "on_done", NULL};
+static const char *const submit_chat_options[] = {JOB_OPTIONS, "on_piece", "on_done", "role", NULL};
+static const char *const async_options[] = {JOB_OPTIONS, NULL};
+static const char *const chat_async_options[] = {JOB_OPTIONS, "role", NULL};
+
+/* s:submit([prompt [, opts]]) -> job: queued on the worker, returns at once */
+static int session_submit(lua_State *L) {
+    lsession *s = check_session_open(L, 1);
+    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
+    lua_settop(L, 3);
+    check_options(L, 3, submit_options);
+    kvgen_job_desc d = {0};
+    kvgen_constraint c;
+    read_job_options(L, 3, &d, &c);
+    read_callbacks(L, 3);
+    int cbs = lua_gettop(L);
+    job_prompt(L, s, 2, &d);
+    job_submit(L, s, &d, cbs);
+    return 1;
+}
+
+/* s:submit_chat(message [, opts]) -> job: a chat turn then the reply, on the worker */
+static int session_submit_chat(lua_State *L) {
+    lsession *s = check_session_open(L, 1);
+    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
+    lua_settop(L, 3);
+    check_options(L, 3, submit_chat_options);
+    kvgen_job_desc d = {0};
+    kvgen_constraint c;
+    read_job_options(L, 3, &d, &c);
+    read_callbacks(L, 3);
+    int cbs = lua_gettop(L);
+    job_chat_prompt(L, 2, 3, &d);
+    job_submit(L, s, &d, cbs);
+    return 1;
+}
+
+/* s:stream_async([prompt [, opts]]) -> job, nil, nil, job: a generic-for iterator that never
+ * waits (it gives "" while nothing new is ready); the job is closed when the loop ends */
+static int session_stream_async(lua_State *L) {
+    lsession *s = check_session_open(L, 1);
+    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
+    lua_settop(L, 3);
+    check_options(L, 3, async_options);
+    kvgen_job_desc d = {0};
+    kvgen_constraint c;
+    read_job_options(L, 3, &d, &c);
+    lua_pushnil(L);
+    int cbs = lua_gettop(L);
+    job_prompt(L, s, 2, &d);
+    job_submit(L, s, &d, cbs);
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, -3);
+    return 4;
+}
+
+/* s:chat_stream_async(message [, opts]) -> job, nil, nil, job */
+static int session_chat_stream_async(lua_State *L) {
+    lsession *s = check_session_open(L, 1);
+    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
+    lua_settop(L, 3);
+    check_options(L, 3, chat_async_options);
+    kvgen_job_desc d = {0};
+    kvgen_constraint c;
+    read_job_options(L, 3, &d, &c);
+    lua_pushnil(L);
+    int cbs = lua_gettop(L);
+    job_chat_prompt(L, 2, 3, &d);
+    job_submit(L, s, &d, cbs);
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, -3);
+    return 4;
+}
+
+/* job:poll() -> new text ("" when none), done, finish (nil while running). Never waits. */
+static int job_poll(lua_State *L) {
+    ljob *j = check_job(L, 1);
+    const char *text = "";
+    size_t len = 0;
+    kvgen_job_state st = kvgen_job_poll(j->job, &text, &len);
+    lua_pushlstring(L, text, len);
+    if (!is_final_state(st)) {
+        lua_pushboolean(L, 0);
+        return 2;
+    }
+    job_mark_final(L, 1, j);
+    kvgen_job_info info;
+    kvgen_job_get_info(j->job, &info);
+    lua_pushboolean(L, 1);
+    lua_pushstring(L, kvgen_finish_name(info.finish));
+    return 3;
+}
+
+/* job() / `for piece in job do`: the next text, "" while nothing new is ready, nil at the end;
+ * a failed job raises its error (as a synchronous stream does) */
+static int job_call(lua_State *L) {
+    ljob *j = check_job(L, 1);
+    const char *text = "";
+    size_t len = 0;
+    kvgen_job_state st = kvgen_job_poll(j->job, &text, &len);
+    if (is_final_state(st)) job_mark_final(L, 1, j);
+    if (len > 0) {
+        lua_pushlstring(L, text, len);
+        return 1;
+    }
+    if (!is_final_state(st)) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    if (st == KVGEN_JOB_FAILED) {
+        kvgen_job_info info;
+        kvgen_job_get_info(j->job, &info);
+        return raise_status(L, &info.error);
+    }
+    lua_pushnil(L);
+    return 1;
+}
+
+static int job_cancel(lua_State *L) {
+    kvgen_job_cancel(check_job(L, 1)->job);
+    return 0;
+}
+
+static int job_set_priority(lua_State *L) {
+    ljob *j = check_job(L, 1);
+    int isint = 0;
+    lua_Integer p = to_integer(L, 2, &isint);
+    if (!isint) type_error(L, 2, "priority", "integer");
+    if (p < INT_MIN || p > INT_MAX)
+        luaL_argerror(L, 2, lua_pushfstring(L, "priority: %I is out of range", (LUAI_UACINT)p));
+    kvgen_job_set_priority(j->job, (int)p);
+    return 0;
+}
+
+static void push_ms(lua_State *L, double ms, const char *key) {
+    if (ms < 0)
+        lua_pushnil(L);
+    else
+        lua_pushnumber(L, ms);
+    lua_setfield(L, -2, key);
+}
+
+/* job:info() -> progress and timing (milliseconds from submit; nil where not reached yet) */
+static int job_info(lua_State *L) {
+    ljob *j = check_job(L, 1);
+    kvgen_job_info info;
+    kvgen_job_get_info(j->job, &info);
+    lua_createtable(L, 0, 11);
+    lua_pushstring(L, kvgen_job_state_name(info.state));
+    lua_setfield(L, -2, "state");
+    lua_pushstring(L, kvgen_finish_name(info.finish));
+    lua_setfield(L, -2, "finish");
+    if (info.state == KVGEN_JOB_FAILED) {
+        lua_pushfstring(L, "kvgen: %s", info.error.message[0] ? info.error.message
+                                                              : kvgen_status_name(info.error.status));
+        lua_setfield(L, -2, "error");
+    }
+    lua_pushinteger(L, info.priority);
+    lua_setfield(L, -2, "priority");
+    lua_pushinteger(L, (lua_Integer)info.prompt_tokens);
+    lua_setfield(L, -2, "prompt_tokens");
+    lua_pushinteger(L, (lua_Integer)info.prompt_done);
+    lua_setfield(L, -2, "prompt_done");
+    lua_pushinteger(L, info.n_tokens);
+    lua_setfield(L, -2, "n_tokens");
+    push_ms(L, info.queue_ms, "queue_ms");
+    push_ms(L, info.first_token_ms, "first_token_ms");
+    push_ms(L, info.total_ms, "total_ms");
+    lua_pushnumber(L, info.tokens_per_s);
+    lua_setfield(L, -2, "tokens_per_s");
+    return 1;
+}
+
+/* fields: state, finish ("none" while running), text (delivered by polls so far), error (the
+ * message of a failed job, else nil), priority, session */
+static int job_index(lua_State *L) {
+    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    const char *key = luaL_checkstring(L, 2);
+    if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
+    if (!j->job) return luaL_error(L, "attempt to use a closed " JOB_MT);
+    kvgen_job_info info;
+    kvgen_job_get_info(j->job, &info);
+    if (strcmp(key, "state") == 0) {
+        lua_pushstring(L, kvgen_job_state_name(info.state));
+    } else if (strcmp(key, "finish") == 0) {
+        lua_pushstring(L, kvgen_finish_name(info.finish));
+    } else if (strcmp(key, "text") == 0) {
+        size_t len = 0;
+        const char *text = kvgen_job_text(j->job, &len);
+        lua_pushlstring(L, text ? text : "", text ? len : 0);
+    } else if (strcmp(key, "error") == 0) {
+        if (info.state == KVGEN_JOB_FAILED)
+            lua_pushfstring(L, "kvgen: %s", info.error.message[0] ? info.error.message
+                                                                  : kvgen_status_name(info.error.status));
+        else
+            lua_pushnil(L);
+    } else if (strcmp(key, "priority") == 0) {
+        lua_pushinteger(L, info.priority);
+    } else if (strcmp(key, "session") == 0) {
+        lua_getiuservalue(L, 1, 1);
+    } else {
+        lua_pushnil(L);
+    }
+    return 1;
+}
+
+/* Polls one model for this state's jobs and appends one event table per job with news to the
+ * list at `list` ({job=, text=, state=, finished=, finish=}). Text is copied at once: a
+ * callback run later may release jobs and with them the C buffers. */
+static void poll_model(lua_State *L, kvgen_model *model, const void *owner, int list, int jobs) {
+    enum { BATCH = 64 };
+    kvgen_event ev[BATCH];
+    int k;
+    do {
+        k = kvgen_poll(model, owner, ev, BATCH);
+        for (int i = 0; i < k; i++) {
+            lua_pushlightuserdata(L, ev[i].user_data);
+            if (lua_rawget(L, jobs) != LUA_TUSERDATA) { /* collected: being finalized, nobody to tell */
+                lua_pop(L, 1);
+                continue;
+            }
+            lua_createtable(L, 0, 5);
+            lua_pushvalue(L, -2);
+            lua_setfield(L, -2, "job");
+            lua_pushlstring(L, ev[i].text, ev[i].len);
+            lua_setfield(L, -2, "text");
+            lua_pushstring(L, kvgen_job_state_name(ev[i].state));
+            lua_setfield(L, -2, "state");
+            lua_pushboolean(L, ev[i].finished);
+            lua_setfield(L, -2, "finished");
+            lua_pushstring(L, kvgen_finish_name(ev[i].finish));
+            lua_setfield(L, -2, "finish");
+            if (ev[i].finished) ((ljob *)lua_touserdata(L, -2))->final = 1;
+            lua_rawseti(L, list, (lua_Integer)lua_rawlen(L, list) + 1);
+            lua_pop(L, 1);
+        }
+    } while (k == BATCH);
+}
+
+/* Runs one callback (the function and its `nargs` arguments on top) protected. On success its
+ * first result is left on the stack; on an error the first one of this poll is kept at err_idx. */
+static int run_callback(lua_State *L, int nargs, int err_idx, int *failed) {
+    if (lua_pcall(L, nargs, 1, 0) == LUA_OK) return 0;
+    if (!*failed) lua_replace(L, err_idx);
+    *failed = 1;
+    return 1;
+}
+
+/* kvgen.poll([model]) -> list of events of this lua_State's jobs (on `model`, or on every
+ * model it has jobs on). Never waits. Callbacks run here, after every event was collected. */
+static int l_poll(lua_State *L) {
+    lua_settop(L, 1);
+    ensure_state(L);
+    const void *owner = state_owner(L);
+    lua_getfield(L, LUA_REGISTRYINDEX, JOBS_KEY);
+    int jobs = lua_gettop(L);
+    lua_newtable(L);
+    int list = lua_gettop(L);
+    if (!lua_isnil(L, 1)) {
+        poll_model(L, check_model(L, 1)->model, owner, list, jobs);
+    } else {
+        /* the distinct models of the open jobs not yet reported final (usually one) */
+        int n = 0;
+        lua_pushnil(L);
+        while (lua_next(L, jobs)) {
+            n++;
+            lua_pop(L, 1);
+        }
+        kvgen_model **models = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *models, 0);
+        int n_models = 0;
+        lua_pushnil(L);
+        while (lua_next(L, jobs)) {
+            ljob *j = luaL_testudata(L, -1, JOB_MT);
+            lua_pop(L, 1);
+            if (!j || !j->job || n_models == n) continue;
+            int seen = 0;
+            for (int i = 0; i < n_models && !seen; i++) seen = models[i] == j->model;
+            if (!seen) models[n_models++] = j->model;
+        }
+        for (int i = 0; i < n_models; i++) poll_model(L, models[i], owner, list, jobs);
+    }
+    /* callbacks: on_piece(piece, job) (false cancels), on_done(text, finish, job) */
+    int n_events = (int)lua_rawlen(L, list);
+    lua_pushnil(L);
+    int err_idx = lua_gettop(L), failed = 0;
+    for (int i = 1; i <= n_events; i++) {
+        lua_rawgeti(L, list, i);
+        int ev = lua_gettop(L);
+        lua_getfield(L, ev, "job");
+        int jidx = lua_gettop(L);
+        ljob *j = lua_touserdata(L, jidx);
+        lua_getfield(L, ev, "finished");
+        int finished = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        if (j->job && lua_getiuservalue(L, jidx, 2) == LUA_TTABLE) {
+            int cbs = lua_gettop(L);
+            int bad = 0;
+            lua_getfield(L, ev, "text");
+            if (lua_rawlen(L, -1) > 0 && lua_getfield(L, cbs, "on_piece") == LUA_TFUNCTION) {
+                lua_insert(L, -2);
+                lua_pushvalue(L, jidx);
+                bad = run_callback(L, 2, err_idx, &failed);
+                if (!bad && lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1) && j->job)
+                    kvgen_job_cancel(j->job);
+            }
+            lua_settop(L, cbs);
+            if (!bad && finished && j->job && lua_getfield(L, cbs, "on_done") == LUA_TFUNCTION) {
+                size_t len = 0;
+                const char *text = kvgen_job_text(j->job, &len);
+                lua_pushlstring(L, text ? text : "", text ? len : 0);
+                lua_getfield(L, ev, "finish");
+                lua_pushvalue(L, jidx);
+                bad = run_callback(L, 3, err_idx, &failed);
+            }
+            if (bad) {
+                /* the job ends (as a synchronous generation whose callback raised) and gets no
+                 * more callbacks; the first error is raised again once every event is handled */
+                if (j->job) kvgen_job_cancel(j->job);
+                lua_pushnil(L);
+                lua_setiuservalue(L, jidx, 2);
+                unanchor(L, jidx);
+            }
+        }
+        if (finished) unanchor(L, jidx);
+        lua_settop(L, err_idx);
+    }
+    if (failed) {
+        lua_pushvalue(L, err_idx);
+        return lua_error(L);
+    }
+    lua_pushvalue(L, list);
+    return 1;
+}
+
 /* ---- module ----------------------------------------------------------------------------- */
 
-/* kvgen.type(x) -> "model", "session", "stream", "detokenizer", "closed model", "closed session",
- * "closed stream" (finished), or nil */
+/* kvgen.type(x) -> "model", "session", "stream", "job", "detokenizer", "closed model",
+ * "closed session", "closed stream" (finished), "closed job", or nil */
 static int l_type(lua_State *L) {
     luaL_checkany(L, 1);
     lmodel *m = luaL_testudata(L, 1, MODEL_MT);
@@ -1558,6 +2188,8 @@ static int l_type(lua_State *L) {
         lua_pushstring(L, s->session ? "session" : "closed session");
     else if (luaL_testudata(L, 1, STREAM_MT))
         lua_pushstring(L, ((lstream *)lua_touserdata(L, 1))->gen ? "stream" : "closed stream");
+    else if (luaL_testudata(L, 1, JOB_MT))
+        lua_pushstring(L, ((ljob *)lua_touserdata(L, 1))->job ? "job" : "closed job");
     else if (luaL_testudata(L, 1, DETOK_MT))
         lua_pushliteral(L, "detokenizer");
     else
@@ -1655,6 +2287,10 @@ static const luaL_Reg session_methods[] = {
     {"chat", session_chat},
     {"chat_stream", session_chat_stream},
     {"choose", session_choose},
+    {"submit", session_submit},
+    {"submit_chat", session_submit_chat},
+    {"stream_async", session_stream_async},
+    {"chat_stream_async", session_chat_stream_async},
     {NULL, NULL},
 };
 
@@ -1662,6 +2298,16 @@ static const luaL_Reg stream_methods[] = {
     {"next", stream_call},
     {"cancel", stream_cancel},
     {"close", stream_close},
+    {NULL, NULL},
+};
+
+static const luaL_Reg job_methods[] = {
+    {"poll", job_poll},
+    {"info", job_info},
+    {"cancel", job_cancel},
+    {"set_priority", job_set_priority},
+    {"close", job_close},
+    {NULL, NULL},
 };
 
 static const luaL_Reg detok_methods[] = {
@@ -1697,11 +2343,18 @@ static const luaL_Reg module_functions[] = {
     {"type", l_type},
     {"devices", l_devices},
     {"last_error", l_last_error},
+    {"poll", l_poll},
     {NULL, NULL},
 };
 
-__attribute__((visibility("default"))) int luaopen_kvgen(lua_State *L) {
-    luaL_checkversion(L);
+/* The metatables and per-state tables; idempotent (luaopen_kvgen and kvgen_lua_push_model). */
+static void register_types(lua_State *L) {
+    ensure_state(L);
+    if (luaL_getmetatable(L, JOB_MT) != LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pop(L, 1);
     new_type(L, MODEL_MT, model_methods, model_index, model_close, model_tostring);
     new_type(L, SESSION_MT, session_methods, session_index, session_close, session_tostring);
     new_type(L, DETOK_MT, detok_methods, NULL, NULL, detok_tostring);
@@ -1710,6 +2363,26 @@ __attribute__((visibility("default"))) int luaopen_kvgen(lua_State *L) {
     lua_pushcfunction(L, stream_call);
     lua_setfield(L, -2, "__call");
     lua_pop(L, 1);
+    new_type(L, JOB_MT, job_methods, job_index, job_close, job_tostring);
+    luaL_getmetatable(L, JOB_MT);
+    lua_pushcfunction(L, job_call);
+    lua_setfield(L, -2, "__call");
+    lua_pop(L, 1);
+}
+
+KVGEN_LUA_API void kvgen_lua_push_model(lua_State *L, kvgen_model *model) {
+    luaL_checkversion(L);
+    register_types(L);
+    lmodel *m = lua_newuserdatauv(L, sizeof *m, 0);
+    m->model = NULL;
+    luaL_setmetatable(L, MODEL_MT);
+    kvgen_model_retain(model); /* the handle's own reference, dropped by its close */
+    m->model = model;
+}
+
+KVGEN_LUA_API int luaopen_kvgen(lua_State *L) {
+    luaL_checkversion(L);
+    register_types(L);
     luaL_newlib(L, module_functions);
     lua_pushstring(L, kvgen_version());
     lua_setfield(L, -2, "version");
