@@ -1136,9 +1136,14 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: a KV pool of %d pages (%llu bytes) exceeds what the device "
                         "can bind: %d buffers of %zu bytes (maxStorageBufferRange); use a smaller kv_pool_bytes",
                         (int)n_pages, (unsigned long long)((uint64_t)n_pages * elems * elem), KVG_VK_KV_SLABS, limit);
-    /* eight slabs even when one would do, so memory is taken an eighth of the pool at a time */
-    uint64_t pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
-    if (pps > per_slab) pps = per_slab;
+    /* As few slabs as the range allows: with one, the shaders' slab switch compiles away (on
+     * lavapipe, 8 slabs cost 20-30% of decode at depth 2048). KVGEN_VK_LAZY_SLABS=1 spreads the
+     * pool over 8 slabs instead, so memory is taken an eighth of the pool at a time. */
+    uint64_t pps = per_slab;
+    if (getenv("KVGEN_VK_LAZY_SLABS") && atoi(getenv("KVGEN_VK_LAZY_SLABS")) > 0) {
+        pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
+        if (pps > per_slab) pps = per_slab;
+    }
     vm->paged = true;
     vm->page_size = page_size;
     vm->n_pages = n_pages;

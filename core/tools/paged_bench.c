@@ -37,7 +37,7 @@ static int fail(const char *what, const kvgen_error *err) {
 }
 
 static kvgen_status load(const char *path, kvgen_backend b, int contiguous, kvgen_model **m, kvgen_error *err) {
-    kvgen_model_desc d = {.path = path, .backend = b, .kv_contiguous = contiguous, .kv_pool_tokens = 16 * 1024};
+    kvgen_model_desc d = {.path = path, .backend = b, .kv_contiguous = contiguous, .kv_pool_tokens = 4096};
     return kvgen_model_load(&d, m, err);
 }
 
@@ -80,7 +80,10 @@ int main(int argc, char **argv) {
     kvgen_model *mp = NULL, *mc = NULL;
     if (load(path, backend, 0, &mp, &err) != KVGEN_OK) return fail("load (paged)", &err);
     if (load(path, backend, 1, &mc, &err) != KVGEN_OK) return fail("load (contiguous)", &err);
-    printf("%s on %s (%s)\n", path, mp->ops->name, mp->device_name);
+    kvgen_pool_info pool;
+    kvgen_model_pool_info(mp, &pool);
+    printf("%s on %s (%s), pool of %zu pages of %zu tokens\n", path, mp->ops->name, mp->device_name,
+           pool.pages_total, pool.page_size);
     int V = mp->w.hp.n_vocab;
     float *logits = malloc((size_t)V * sizeof *logits);
     kvgen_session_desc sd = {.n_ctx = 8192, .no_prefix_reuse = 1};
