@@ -155,9 +155,10 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, u
 
 /* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
  * of k and v ((n_kv, n_ctx, hd) floats; stored in the cache's f16/f32 format first); q and out
- * are (ncols, n_head*hd). nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. */
+ * are (ncols, n_head*hd). nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
+ * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0/1 forced. */
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, const float *q, const float *k, const float *v, float *out,
-                                   kvgen_error *err);
+                                   int nsplit, int lane, const float *q, const float *k, const float *v,
+                                   float *out, kvgen_error *err);
 
 #endif

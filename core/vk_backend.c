@@ -75,6 +75,7 @@ typedef struct vk_model {
     uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
     bool lane_ubo;               /* lane layout: inputs through uniform windows where they fit */
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
+    bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
     VkQueryPool prof_pool;
@@ -531,8 +532,11 @@ static kvgen_status op_attention(walk *w, int layer) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
     uint32_t spec_direct[KVG_SPEC_COUNT], spec_split[KVG_SPEC_COUNT], spec_reduce[KVG_SPEC_COUNT];
+    /* CPU devices: one SIMD group of 8 lanes per workgroup, each lane its own split or token */
+    const char *attn = vm->attn_lane ? "attn_lane" : "attn";
+    uint32_t lane_wg = 8;
     spec_init(spec_direct);
-    spec_direct[KVG_SPEC_WG] = 64;
+    spec_direct[KVG_SPEC_WG] = vm->attn_lane ? lane_wg : 64;
     kv_spec(vm, spec_direct);
     spec_direct[KVG_SPEC_GQ] = (uint32_t)(hp->n_head / hp->n_head_kv);
     spec_direct[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
@@ -542,8 +546,8 @@ static kvgen_status op_attention(walk *w, int layer) {
     spec_init(spec_reduce);
     if (w->mode == WALK_PIPELINES) {
         VkPipeline p;
-        kvgen_status st = kvg_vk_pipeline_get(vm->ctx, "attn", spec_direct, &p, w->err);
-        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn", spec_split, &p, w->err);
+        kvgen_status st = kvg_vk_pipeline_get(vm->ctx, attn, spec_direct, &p, w->err);
+        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, attn, spec_split, &p, w->err);
         if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn_reduce", spec_reduce, &p, w->err);
         return st;
     }
@@ -571,11 +575,15 @@ static kvgen_status op_attention(walk *w, int layer) {
                   .ncols = w->n,
                   .scale = 1.0f / sqrtf((float)hp->head_dim)};
     kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
-    VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, "attn", split ? spec_split : spec_direct);
+    VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, attn, split ? spec_split : spec_direct);
     VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
     if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
-    kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv, w->n,
-                        pc.nsplit);
+    if (vm->attn_lane)
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc,
+                            (w->n * pc.nsplit + lane_wg - 1) / lane_wg, (uint32_t)hp->n_head_kv, 1);
+    else
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv, w->n,
+                            pc.nsplit);
     kvg_vk_cmd_barrier(w->cb);
     if (split) {
         kvg_vk_cmd_dispatch(vm->ctx, w->cb, pr, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head, w->n, 1);
@@ -742,6 +750,10 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
     if (vm->lane_rows < 2) vm->lane_rows = 2;
     if (getenv("KVGEN_VK_UBO")) vm->lane_ubo = atoi(getenv("KVGEN_VK_UBO")) != 0;
+    /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
+     * empty (short contexts fill the first ones, >= 32 positions each) */
+    vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;
+    if (vm->attn_lane) vm->nsplit = 16;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
@@ -919,8 +931,10 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     }
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
+    /* partials: a decode's nsplit_dec splits or a prefill chunk's split_min per token */
+    size_t part_rows = (size_t)vm->chunk * split_min > s->nsplit_dec ? (size_t)vm->chunk * split_min : s->nsplit_dec;
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, (size_t)vm->chunk * (size_t)hp->n_head * s->nsplit_dec * (size_t)(hp->head_dim + 2) * 4,
+        st = kvg_vk_buffer_create(ctx, part_rows * (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4,
                                   KVG_VK_MEM_DEVICE, &s->part, err);
     if (st == KVGEN_OK) st = rope_table(vm, n_ctx, &s->rope, err);
     if (st == KVGEN_OK) {
@@ -1456,8 +1470,8 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
 }
 
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, const float *q, const float *k, const float *v, float *out,
-                                   kvgen_error *err) {
+                                   int nsplit, int lane, const float *q, const float *k, const float *v,
+                                   float *out, kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
         ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
@@ -1467,6 +1481,7 @@ kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd
     vm.hp.n_head_kv = n_kv;
     vm.hp.head_dim = hd;
     vm.ld_q = (uint32_t)(n_head * hd);
+    vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0) && hd % 8 == 0;
     kvg_vk_buffer kb = {0}, vb = {0};
     kvg_backend_session s = {.n_ctx = n_ctx, .k = &kb, .v = &vb, .nsplit_dec = (uint32_t)nsplit};
     /* the backend's policy: no split covers more than 4096 positions */

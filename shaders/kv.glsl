@@ -16,8 +16,10 @@ layout(constant_id = 12) const uint PAGE = 32;
 layout(constant_id = 13) const uint PPS = 1;   // pages per slab
 layout(constant_id = 14) const uint NSLAB = 1; // slabs the pool spans (<= 8)
 
+#ifndef KVG_KV_WIDE
 layout(std430, set = 0, binding = 5) buffer KVSlab { uint w[]; } kvs[8];
 layout(std430, set = 0, binding = 6) buffer KVVCache { uint w[]; } kvv;
+#endif
 layout(std430, set = 0, binding = 10) readonly buffer PageTable { int ptab[]; };
 
 struct kv_ref {
@@ -41,6 +43,7 @@ kv_ref kv_locate(uint tab, uint layer_off, uint stride_v, uint page_elems, uint 
     return r;
 }
 
+#ifndef KVG_KV_WIDE
 uint kv_word(uint slab, uint i) {
     if (PAGED == 0u) return slab == 0u ? kvs[0].w[i] : kvv.w[i];
     if (NSLAB == 1u) return kvs[0].w[i];
@@ -103,5 +106,48 @@ void kv_store2(kv_ref r, uint d, vec2 v) {
         kv_set_word(r.slab, i + 1u, floatBitsToUint(v.y));
     }
 }
+#endif
+
+#ifdef KVG_KV_WIDE
+// Whole-row reads for CPU devices (attn_lane.comp), where every storage-buffer load is a loop
+// over the SIMD lanes and its cost is per load, not per byte: the includer defines KVG_KV_WIDE
+// (the array's capacity, a constant) and KVG_KV_WIDE_N (the row's uvec4 count: head_dim / 8
+// f16 or head_dim / 4 f32; r.e a multiple of 8 f16 / 4 f32 elements). The slab is chosen once
+// per row, not per load: lavapipe runs every case of a divergent switch, masked. With
+// KVG_KV_WIDE the slabs are declared as uvec4 arrays instead of uint (no second declaration
+// of the same binding), so kv_word / kv_load* / kv_store2 above are left out.
+layout(std430, set = 0, binding = 5) readonly buffer KVSlab4 { uvec4 w4[]; } kvs4[8];
+layout(std430, set = 0, binding = 6) readonly buffer KVVCache4 { uvec4 w4[]; } kvv4;
+
+// KVG_LOAD_ROW4(r, o): o[0 .. KVG_KV_WIDE_N) = the row at kv_ref r, uvec4 words (a macro, not
+// a function: glslang mishandles arrays sized by specialization constants as parameters).
+#define KVG_ROW4_(B, o, i) [[unroll]] for (uint kvg_j = 0u; kvg_j < KVG_KV_WIDE_N; kvg_j++) o[kvg_j] = B.w4[i + kvg_j];
+#define KVG_LOAD_ROW4(r, o) { \
+    uint kvg_i = KV_F16 != 0u ? (r).e >> 3 : (r).e >> 2; \
+    if (PAGED == 0u) { \
+        if ((r).slab == 0u) { KVG_ROW4_(kvs4[0], o, kvg_i) } else { KVG_ROW4_(kvv4, o, kvg_i) } \
+    } else if (NSLAB == 1u) { \
+        KVG_ROW4_(kvs4[0], o, kvg_i) \
+    } else { \
+        switch ((r).slab) { \
+        case 0u: KVG_ROW4_(kvs4[0], o, kvg_i) break; \
+        case 1u: KVG_ROW4_(kvs4[1], o, kvg_i) break; \
+        case 2u: KVG_ROW4_(kvs4[2], o, kvg_i) break; \
+        case 3u: KVG_ROW4_(kvs4[3], o, kvg_i) break; \
+        case 4u: KVG_ROW4_(kvs4[4], o, kvg_i) break; \
+        case 5u: KVG_ROW4_(kvs4[5], o, kvg_i) break; \
+        case 6u: KVG_ROW4_(kvs4[6], o, kvg_i) break; \
+        default: KVG_ROW4_(kvs4[7], o, kvg_i) break; \
+        } \
+    } }
+
+// the V row of the position whose K row is k (same slot, same slab)
+kv_ref kv_v_of(kv_ref k, uint stride_v) {
+    kv_ref r = k;
+    if (PAGED == 0u) r.slab = 8u;
+    else r.e += stride_v;
+    return r;
+}
+#endif
 
 #endif

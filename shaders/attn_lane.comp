@@ -1,0 +1,121 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// attn_lane.comp: causal attention for CPU devices (lavapipe), online softmax, no shared memory
+// and no barriers. A CPU device runs a workgroup on one core as 8-wide SIMD and turns every
+// storage-buffer or shared-memory load into a loop over the lanes, so the cost is the number of
+// loads each lane issues: here one invocation owns one (query token, KV head, position range),
+// keeps the GQ queries, each head's running max and sum and its output row in registers, and
+// reads each cached K and V row once for all GQ query heads, a uvec4 (8 f16 / 4 f32) at a time.
+// Dispatch: (ceil(ncols * nsplit / WG), n_kv, 1), WG invocations. Invocation j takes token
+// t = j % ncols (at position pos0 + t, seeing [0, pos0 + t]) and split s = j / ncols: decode's
+// lanes are the splits of one KV head, prefill's are consecutive tokens walking the same rows.
+// Split s covers positions [s * chunk, (s + 1) * chunk), chunk = max(ceil((pos0 + ncols) /
+// nsplit), MINCHUNK), the same for every token, so attn_reduce.comp merges the partials.
+// Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
+// t*ldo + h*hd), 5/6/10 the KV cache (kv.glsl), 7 partials (not DIRECT: per (t, h, s): m, l,
+// acc[hd]). head_dim must be a multiple of 8; ldq, ldo multiples of 4.
+// lavapipe's 65,535-iteration limit: one loop trip per position (all else unrolled), and the
+// host keeps chunk <= 4,096.
+layout(constant_id = 0) const uint WG = 8;
+layout(constant_id = 5) const uint KV_F16 = 1;
+layout(constant_id = 6) const uint DIRECT = 1;
+layout(constant_id = 8) const uint GQ = 1;  // query heads per KV head (<= 8)
+layout(constant_id = 9) const uint HD = 64; // head_dim (multiple of 8, <= 256)
+layout(local_size_x_id = 0) in;
+
+#define KVG_OWN_PC
+#include "common.glsl"
+
+layout(push_constant) uniform PC {
+    uint n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
+    float scale;
+    uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
+} pc;
+
+layout(std430, set = 0, binding = 2) readonly buffer Q { vec4 qin4[]; };
+layout(std430, set = 0, binding = 3) writeonly buffer Out { vec4 yout4[]; };
+#define KVG_KV_WIDE (HD / 4u)
+#define KVG_KV_WIDE_N (KV_F16 != 0u ? HD / 8u : HD / 4u)
+#include "kv.glsl"
+layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
+
+const uint NV = HD / 4u;       // vec4 per row
+// fewer positions per split cost more in partials written and merged than they save
+const uint MINCHUNK = 32u;
+
+// a cached row (kv_ref r) as vec4s x[NV]; w: uvec4[KVG_KV_WIDE] scratch (macros: see kv.glsl)
+#define ROW_OF(r, w, x) { \
+    KVG_LOAD_ROW4(r, w) \
+    if (KV_F16 != 0u) { \
+        [[unroll]] for (uint rj = 0u; rj < HD / 8u; rj++) { \
+            x[2u * rj] = vec4(unpackHalf2x16(w[rj].x), unpackHalf2x16(w[rj].y)); \
+            x[2u * rj + 1u] = vec4(unpackHalf2x16(w[rj].z), unpackHalf2x16(w[rj].w)); \
+        } \
+    } else { \
+        [[unroll]] for (uint rj = 0u; rj < NV; rj++) x[rj] = uintBitsToFloat(w[rj]); \
+    } }
+
+void main() {
+    uint j = gl_GlobalInvocationID.x, kvh = gl_GlobalInvocationID.y;
+    uint t = j % pc.ncols, s = j / pc.ncols;
+    if (s >= pc.nsplit) return;
+    uint maxlen = params.pos0 + pc.ncols;
+    uint chunk = max((maxlen + pc.nsplit - 1u) / pc.nsplit, MINCHUNK);
+    uint len = params.pos0 + t + 1u;
+    uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
+
+    vec4 q[GQ * NV];
+    [[unroll]] for (uint g = 0u; g < GQ; g++) {
+        uint qb = (t * pc.ldq + (kvh * GQ + g) * HD) / 4u;
+        [[unroll]] for (uint e = 0u; e < NV; e++) q[g * NV + e] = qin4[qb + e] * pc.scale;
+    }
+    float m[GQ], l[GQ];
+    vec4 acc[GQ * NV];
+    [[unroll]] for (uint g = 0u; g < GQ; g++) {
+        m[g] = -1e30;
+        l[g] = 0.0;
+        [[unroll]] for (uint e = 0u; e < NV; e++) acc[g * NV + e] = vec4(0.0);
+    }
+
+    for (uint p = p_begin; p < p_end; p++) {
+        kv_ref kr = kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, HD, pc.n_ctx, true, kvh, p);
+        vec4 x[NV];
+        uvec4 w[KVG_KV_WIDE];
+        ROW_OF(kr, w, x)
+        float sc[GQ];
+        [[unroll]] for (uint g = 0u; g < GQ; g++) {
+            vec4 d4 = vec4(0.0);
+            [[unroll]] for (uint e = 0u; e < NV; e++) d4 += q[g * NV + e] * x[e];
+            sc[g] = d4.x + d4.y + d4.z + d4.w;
+        }
+        kv_ref vr = kv_v_of(kr, pc.kv_v);
+        ROW_OF(vr, w, x)
+        [[unroll]] for (uint g = 0u; g < GQ; g++) {
+            float mnew = max(m[g], sc[g]);
+            float corr = exp(m[g] - mnew), pw = exp(sc[g] - mnew);
+            m[g] = mnew;
+            l[g] = l[g] * corr + pw;
+            [[unroll]] for (uint e = 0u; e < NV; e++) acc[g * NV + e] = acc[g * NV + e] * corr + pw * x[e];
+        }
+    }
+
+    [[unroll]] for (uint g = 0u; g < GQ; g++) {
+        uint h = kvh * GQ + g;
+        if (DIRECT != 0u) {
+            float inv = l[g] > 0.0 ? 1.0 / l[g] : 0.0;
+            uint ob = (t * pc.ldo + h * HD) / 4u;
+            [[unroll]] for (uint e = 0u; e < NV; e++) yout4[ob + e] = acc[g * NV + e] * inv;
+        } else {
+            uint pb = ((t * pc.n_head + h) * pc.nsplit + s) * (HD + 2u);
+            part[pb] = m[g];
+            part[pb + 1u] = l[g];
+            [[unroll]] for (uint e = 0u; e < NV; e++) {
+                part[pb + 2u + 4u * e] = acc[g * NV + e].x;
+                part[pb + 3u + 4u * e] = acc[g * NV + e].y;
+                part[pb + 4u + 4u * e] = acc[g * NV + e].z;
+                part[pb + 5u + 4u * e] = acc[g * NV + e].w;
+            }
+        }
+    }
+}
