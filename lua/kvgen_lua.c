@@ -1601,7 +1601,7 @@ static void ensure_state(lua_State *L) {
         return;
     }
     lua_pop(L, 1);
-    lua_newuserdatauv(L, 1, 0);
+    lua_newuserdatauv(L, 2, 0); /* two addresses: two owner keys (see state_owner) */
     lua_setfield(L, LUA_REGISTRYINDEX, STATE_KEY);
     lua_newtable(L); /* jobs by address: weak values, so a dropped job can be collected */
     lua_createtable(L, 0, 1);
@@ -1613,11 +1613,14 @@ static void ensure_state(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, ANCHORED_KEY);
 }
 
-static const void *state_owner(lua_State *L) {
+/* The kvgen_poll owner of this state's jobs: kvgen.poll() takes the events of the public one;
+ * the private one is for jobs read only by their own iterator (stream_async), so kvgen.poll()
+ * never takes their text away from the coroutine that reads them. */
+static const void *state_owner(lua_State *L, int private_key) {
     lua_getfield(L, LUA_REGISTRYINDEX, STATE_KEY);
-    const void *key = lua_touserdata(L, -1);
+    const char *key = lua_touserdata(L, -1);
     lua_pop(L, 1);
-    return key;
+    return key + (private_key ? 1 : 0);
 }
 
 /* registry[ANCHORED_KEY][job at idx] = nil: a job with callbacks no longer needs keeping */
@@ -1766,8 +1769,8 @@ static int read_callbacks(lua_State *L, int opts) {
 }
 
 /* Submits the request and pushes the kvgen.Job. The session is at index 1, the callbacks
- * table (or nil) at `cbs`. */
-static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs) {
+ * table (or nil) at `cbs`; `private_key`: kvgen.poll() does not see the job. */
+static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs, int private_key) {
     ensure_state(L);
     ljob *j = lua_newuserdatauv(L, sizeof *j, 2);
     memset(j, 0, sizeof *j);
@@ -1775,7 +1778,7 @@ static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs) {
     int idx = lua_gettop(L);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, idx, 1);
-    d->owner = state_owner(L);
+    d->owner = state_owner(L, private_key);
     d->user_data = j;
     kvgen_error err = {0};
     if (kvgen_job_submit(s->session, d, &j->job, &err) != KVGEN_OK) {
@@ -1855,7 +1858,7 @@ static int session_submit(lua_State *L) {
     read_callbacks(L, 3);
     int cbs = lua_gettop(L);
     job_prompt(L, s, 2, &d);
-    job_submit(L, s, &d, cbs);
+    job_submit(L, s, &d, cbs, 0);
     return 1;
 }
 
@@ -1871,12 +1874,13 @@ static int session_submit_chat(lua_State *L) {
     read_callbacks(L, 3);
     int cbs = lua_gettop(L);
     job_chat_prompt(L, 2, 3, &d);
-    job_submit(L, s, &d, cbs);
+    job_submit(L, s, &d, cbs, 0);
     return 1;
 }
 
 /* s:stream_async([prompt [, opts]]) -> job, nil, nil, job: a generic-for iterator that never
- * waits (it gives "" while nothing new is ready); the job is closed when the loop ends */
+ * waits (it gives "" while nothing new is ready); the job is closed when the loop ends, and
+ * kvgen.poll() never reports it (its text is the iterator's alone) */
 static int session_stream_async(lua_State *L) {
     lsession *s = check_session_open(L, 1);
     if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
@@ -1888,7 +1892,7 @@ static int session_stream_async(lua_State *L) {
     lua_pushnil(L);
     int cbs = lua_gettop(L);
     job_prompt(L, s, 2, &d);
-    job_submit(L, s, &d, cbs);
+    job_submit(L, s, &d, cbs, 1);
     lua_pushnil(L);
     lua_pushnil(L);
     lua_pushvalue(L, -3);
@@ -1907,7 +1911,7 @@ static int session_chat_stream_async(lua_State *L) {
     lua_pushnil(L);
     int cbs = lua_gettop(L);
     job_chat_prompt(L, 2, 3, &d);
-    job_submit(L, s, &d, cbs);
+    job_submit(L, s, &d, cbs, 1);
     lua_pushnil(L);
     lua_pushnil(L);
     lua_pushvalue(L, -3);
@@ -2093,7 +2097,7 @@ static int run_callback(lua_State *L, int nargs, int err_idx, int *failed) {
 static int l_poll(lua_State *L) {
     lua_settop(L, 1);
     ensure_state(L);
-    const void *owner = state_owner(L);
+    const void *owner = state_owner(L, 0);
     lua_getfield(L, LUA_REGISTRYINDEX, JOBS_KEY);
     int jobs = lua_gettop(L);
     lua_newtable(L);

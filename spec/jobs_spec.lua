@@ -691,6 +691,18 @@ describe("jobs (random model)", function()
       assert.is_nil(job())
     end)
 
+    it("kvgen.poll never takes the text of a stream_async job", function()
+      local s <close> = m:session()
+      local r <close> = m:session()
+      local want = r:generate("mine", { max_tokens = 8, ignore_eog = true })
+      local job <close> = s:stream_async("mine", { max_tokens = 8, ignore_eog = true })
+      wait_until(function() return job.state == "done" end)
+      assert.are.same({}, kvgen.poll())
+      local got = {}
+      for piece in job do got[#got + 1] = piece end
+      assert.are.equal(want, table.concat(got))
+    end)
+
     it("chat_stream_async works as stream_async for chat turns", function()
       local s <close> = m:session { template = "chatml" }
       local r <close> = m:session { template = "chatml" }
