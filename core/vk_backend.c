@@ -753,7 +753,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;
-    if (vm->attn_lane) vm->nsplit = 16;
+    if (getenv("KVGEN_VK_ATTN_LANE")) vm->attn_lane = atoi(getenv("KVGEN_VK_ATTN_LANE")) != 0 && hp->head_dim % 8 == 0;
+    vm->nsplit = vm->attn_lane ? 16 : vm->mv_lane ? 1 : 8;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
