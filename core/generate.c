@@ -100,7 +100,7 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
     kvgen_generate_desc d = {0};
     if (desc) d = *desc;
-    if (!kvgen_session_logits(s))
+    if (!kvg_session_has_logits(s))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "kvgen_gen_begin: the session has no logits yet: prefill a prompt (or kvgen_chat_begin) first");
     if (d.n_stop < 0 || d.n_stop > MAX_STOPS || (d.n_stop > 0 && !d.stop))
@@ -241,8 +241,7 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
     }
     kvgen_session *s = g->s;
     kvg_sampler *sm = kvg_session_sampler(s);
-    const float *logits = kvgen_session_logits(s);
-    if (!logits) {
+    if (!kvg_session_has_logits(s)) {
         g->finish = KVGEN_FINISH_ERROR;
         fill_step(g, step, -1);
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: the session has no logits (was it used "
@@ -260,7 +259,8 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
             return st;
         }
     }
-    int32_t tok = kvg_sampler_sample_ctx(sm, logits, kvgen_session_tokens(s), kvgen_session_length(s), g->allowed);
+    /* reads back from the device only what the sampler needs (one id for greedy) */
+    int32_t tok = kvg_session_sample_masked(s, g->allowed);
     if (tok < 0) {
         g->finish = KVGEN_FINISH_ERROR;
         fill_step(g, step, -1);

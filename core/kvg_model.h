@@ -94,6 +94,21 @@ typedef struct kvg_backend_ops {
      * what a separate forward call of that token gives. NULL: the worker decodes one by one. */
     kvgen_status (*forward_batch)(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
                                   const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err);
+
+    /* ---- logits kept on the device (optional; session.c) ----
+     * A backend whose logits live in device memory keeps them there when only a sample is
+     * needed, so that greedy decoding reads back one id and top-k sampling a bounded set.
+     * forward_keep runs as forward (pages NULL) or forward_paged (pages given), for the last
+     * token's logits only, and keeps them on the device as the session's own (the backend sets
+     * them aside should another session's step need the space) until its next forward.
+     * select_k > 0 (<= KVG_SAMPLER_MAX_TOP): the same submission also selects the select_k best
+     * (higher logit first, lower id on ties, NaN as -inf; 1 is argmax) for topk.
+     * fetch_logits copies the kept logits (n_vocab floats); topk gives the k <= select_k best
+     * selected with them, or fails when fewer were selected. NULL: logits always come back. */
+    kvgen_status (*forward_keep)(kvgen_model *m, kvg_backend_session *s, const int32_t *pages, const int32_t *tokens,
+                                 int n, int pos0, int select_k, kvgen_error *err);
+    kvgen_status (*fetch_logits)(kvgen_model *m, kvg_backend_session *s, float *out, kvgen_error *err);
+    kvgen_status (*topk)(kvgen_model *m, kvg_backend_session *s, int k, int32_t *ids, float *vals, kvgen_error *err);
 } kvg_backend_ops;
 
 extern const kvg_backend_ops kvg_reference_backend;

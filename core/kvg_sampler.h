@@ -3,7 +3,9 @@
  *
  * The chain works on a candidate list (id, logit, p):
  *   mask (constraints) -> logit bias / bans -> repetition, frequency, presence penalties ->
- *   greedy | temperature -> top-k -> top-p -> min-p -> draw.
+ *   greedy | temperature -> min-p -> top-k -> top-p -> draw.
+ * top-k selects by the logits before temperature (the same order; no rounding ties), so a
+ * device's top-k set gives the same draws (kvg_sampler_sample_top).
  * Nothing sorts the whole vocabulary: top-k is a partial selection; top-p grows a selected
  * prefix until it holds the probability mass it needs; plain temperature sampling draws in id
  * order without sorting.
@@ -76,9 +78,23 @@ void kvg_sampler_get(const kvg_sampler *s, kvgen_sampler_desc *desc);
  * draws no random number, every other choice exactly one. */
 int32_t kvg_sampler_sample_ctx(kvg_sampler *s, const float *logits, const int32_t *history, size_t n_history,
                                const uint8_t *allowed);
+/* ---- sampling from a bounded candidate set (a device's top-k; docs/generation.md) ----
+ * How many of the best logits kvg_sampler_sample_top needs to draw exactly what
+ * kvg_sampler_sample_ctx would draw from the whole vector: 1 for greedy, top_k + 1 for
+ * temperature with top_k < KVG_SAMPLER_MAX_TOP (min-p and top-p on top are fine); 0 (the whole
+ * vector) with a mask, logit bias or bans, penalties that apply (history of n_history tokens),
+ * full_sort, or temperature without top-k. */
+#define KVG_SAMPLER_MAX_TOP 64
+#define KVG_SAMPLE_NEED_ALL (-2)
+int kvg_sampler_top_needed(const kvg_sampler *s, size_t n_history, bool masked);
+/* Draws from the n_top best logits, sorted best first (higher logit, then lower id; NaN as
+ * -inf), n_top >= kvg_sampler_top_needed(): the same token and RNG use as
+ * kvg_sampler_sample_ctx on the whole vector. Returns KVG_SAMPLE_NEED_ALL, drawing nothing,
+ * when the set cannot decide (more tokens tie at +inf than it holds): sample the whole vector. */
+int32_t kvg_sampler_sample_top(kvg_sampler *s, const int32_t *ids, const float *logits, int n_top);
 /* kvg_sampler_sample_ctx without history or mask. */
 int32_t kvg_sampler_sample(kvg_sampler *s, const float *logits);
-/* index of the largest logit, lowest id on ties */
+/* index of the largest logit, lowest id on ties, NaN never wins (as -inf) */
 int32_t kvg_argmax(const float *logits, int n);
 
 /* Deep copy into an uninitialised dst (fork). */
@@ -99,5 +115,10 @@ void kvg_pieces_free(kvg_pieces *p);
 /* api.c: private accessors into a session (the session struct is api.c's) */
 kvg_sampler *kvg_session_sampler(kvgen_session *s);
 kvgen_model *kvg_session_model(const kvgen_session *s);
+/* session.c: whether the session has logits to sample from (without fetching them) */
+bool kvg_session_has_logits(const kvgen_session *s);
+/* session.c: kvgen_session_sample with a token mask (NULL: none); reads back from the device
+ * only what the sampler needs (kvg_sampler_top_needed); -1 when no token is left. */
+int32_t kvg_session_sample_masked(kvgen_session *s, const uint8_t *allowed);
 
 #endif

@@ -34,6 +34,9 @@ struct kvgen_session {
     size_t n_tokens;
     float *logits; /* n_vocab */
     bool has_logits;
+    /* the backend kept them (forward_keep): s->logits is filled on first use (kvg_session_host_logits) */
+    bool logits_on_device;
+    bool full_logits; /* KVGEN_FULL_LOGITS=1 at creation: always read the whole vector back (tests, bench) */
     kvg_sampler sampler;
 
     /* paged KV (model->pool != NULL) */
@@ -54,6 +57,10 @@ struct kvgen_session {
     bool decode_pending;  /* a deferred decode waits: its token is tokens[n_tokens] */
     size_t pending_pages; /* n_pages before the pending decode reserved its page */
 };
+
+/* s->logits filled from the device when the backend kept them there; KVGEN_E_* when they
+ * cannot be (the session then has no logits). */
+kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err);
 
 /* worker.c: runs the pending deferred decodes of ss[0..n) (distinct sessions of one model
  * whose backend has forward_batch) as batched forward passes; `logits` is scratch of

@@ -306,9 +306,14 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
 /* ---- the chain -------------------------------------------------------------------------- */
 
 int32_t kvg_argmax(const float *logits, int n) {
+    /* NaN counts as -inf (it never wins), as in the device's argmax (shaders/argmax.comp) */
     int32_t best = 0;
+    float bv = isnan(logits[0]) ? -INFINITY : logits[0];
     for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+        if (logits[i] > bv) {
+            bv = logits[i];
+            best = i;
+        }
     return best;
 }
 
@@ -357,13 +362,6 @@ static void sorted_top(kvg_candidate *c, int n, int k, bool full_sort) {
     }
     if (k < n) select_top(c, n, k);
     qsort(c, (size_t)k, sizeof *c, cand_cmp);
-}
-
-static float max_logit(const kvg_candidate *c, int n) {
-    float m = c[0].logit;
-    for (int i = 1; i < n; i++)
-        if (c[i].logit > m) m = c[i].logit;
-    return m;
 }
 
 /* p = exp(logit - max); returns the sum (unnormalised: draws scale by it) */
@@ -421,6 +419,67 @@ static void apply_penalties(kvg_sampler *s, const int32_t *history, size_t n_his
     }
 }
 
+/* The chain after top-k: c[0..n) hold temperature-scaled logits (max is their largest), either
+ * the top_k best sorted (selected) or every survivor in id order. Shared by the full-vector
+ * path and the bounded one, so both draw the same token from the same state. */
+static int32_t finish_chain(kvg_sampler *s, kvg_candidate *c, int n, float max, bool selected) {
+    const kvg_sampler_params *p = &s->params;
+    bool top_p = p->top_p > 0.0f && p->top_p < 1.0f;
+    if (!selected && !top_p && !p->full_sort) {
+        /* plain temperature (and min-p): draw over the survivors in id order, no sort */
+        double total = exp_weights(c, n, max);
+        return draw(c, n, total, &s->rng);
+    }
+    if (!selected) {
+        /* top-p needs the most likely first: select a prefix big enough to hold the mass,
+         * growing it 4x when it is not, instead of sorting everything */
+        double total = exp_weights(c, n, max);
+        int k = p->full_sort || n < 64 ? n : 64;
+        for (;;) {
+            sorted_top(c, n, k, p->full_sort);
+            int keep = top_p ? keep_top_p(c, k, max, p->top_p * total) : 0;
+            if (keep > 0) {
+                n = keep;
+                break;
+            }
+            if (k == n) break;
+            k = k > n / 4 ? n : k * 4;
+        }
+    } else if (top_p) {
+        int keep = keep_top_p(c, n, max, p->top_p * exp_weights(c, n, max));
+        if (keep > 0) n = keep;
+    }
+    double total = exp_weights(c, n, max);
+    return draw(c, n, total, &s->rng);
+}
+
+/* the lowest id among c[0..n) whose scaled logit (in .p) is `v` */
+static int32_t lowest_id_at(const kvg_candidate *c, int n, float v) {
+    int32_t id = -1;
+    for (int i = 0; i < n; i++)
+        if (c[i].p == v && (id < 0 || c[i].id < id)) id = c[i].id;
+    return id;
+}
+
+/* keeps the candidates whose scaled logit (in .p) reaches the min-p cut; the order is kept */
+static int filter_min_p(kvg_candidate *c, int n, float max, float min_p) {
+    float cut = max + logf(min_p); /* p_i >= min_p * p_max  <=>  logit_i >= max + log(min_p) */
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i].p >= cut) c[m++] = c[i];
+    return m;
+}
+
+/* the scaled logits (.p) become the logits the rest of the chain works on */
+static void use_scaled(kvg_candidate *c, int n) {
+    for (int i = 0; i < n; i++) c[i].logit = c[i].p;
+}
+
+static int id_cmp(const void *a, const void *b) {
+    const kvg_candidate *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
 int32_t kvg_sampler_sample_ctx(kvg_sampler *s, const float *logits, const int32_t *history, size_t n_history,
                                const uint8_t *allowed) {
     const kvg_sampler_params *p = &s->params;
@@ -450,53 +509,71 @@ int32_t kvg_sampler_sample_ctx(kvg_sampler *s, const float *logits, const int32_
             if (better(&c[i], &c[best])) best = i;
         return c[best].id;
     }
-    for (int i = 0; i < n; i++) c[i].logit /= p->temperature;
-    float max = max_logit(c, n);
-    if (isinf(max)) { /* +inf: those tokens win outright; the lowest id among them, deterministically */
-        for (int i = 0; i < n; i++)
-            if (c[i].logit == max) return c[i].id;
+    /* the scaled logit goes to .p while .logit keeps the unscaled one: top-k selects by the
+     * unscaled order (the same set and order as the scaled one, but rounding can never tie two
+     * logits there), which is what a device's top-k hands kvg_sampler_sample_top */
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        c[i].p = c[i].logit / p->temperature;
+        if (i == 0 || c[i].p > max) max = c[i].p;
     }
-
-    bool top_p = p->top_p > 0.0f && p->top_p < 1.0f;
-    bool min_p = p->min_p > 0.0f;
-    if (min_p) { /* p_i >= min_p * p_max  <=>  logit_i >= max + log(min_p): no sort needed */
-        float cut = max + logf(p->min_p);
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].logit >= cut) c[m++] = c[i];
-        n = m;
-    }
-    bool top_k = p->top_k > 0 && p->top_k < n;
-    if (!top_k && !top_p && !p->full_sort) {
-        /* plain temperature (and min-p): draw over the survivors in id order, no sort */
-        double total = exp_weights(c, n, max);
-        return draw(c, n, total, &s->rng);
-    }
-    if (top_k) {
+    if (isinf(max)) return lowest_id_at(c, n, max); /* those tokens win outright, deterministically */
+    if (p->min_p > 0.0f) n = filter_min_p(c, n, max, p->min_p);
+    bool selected = p->top_k > 0 && p->top_k < n;
+    if (selected) {
         sorted_top(c, n, p->top_k, p->full_sort);
         n = p->top_k;
-    } else {
-        /* top-p needs the most likely first: select a prefix big enough to hold the mass,
-         * growing it 4x when it is not, instead of sorting everything */
-        double total = exp_weights(c, n, max);
-        int k = p->full_sort || n < 64 ? n : 64;
-        for (;;) {
-            sorted_top(c, n, k, p->full_sort);
-            int keep = top_p ? keep_top_p(c, k, max, p->top_p * total) : 0;
-            if (keep > 0) {
-                n = keep;
-                break;
-            }
-            if (k == n) break;
-            k = k > n / 4 ? n : k * 4;
+    }
+    use_scaled(c, n);
+    return finish_chain(s, c, n, max, selected);
+}
+
+int kvg_sampler_top_needed(const kvg_sampler *s, size_t n_history, bool masked) {
+    const kvg_sampler_params *p = &s->params;
+    bool rep = p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f;
+    bool penalties = n_history > 0 && (rep || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+    if (masked || penalties || p->n_bias > 0 || p->full_sort) return 0;
+    if (p->temperature <= 0.0f) return 1;
+    if (p->top_k > 0 && p->top_k < KVG_SAMPLER_MAX_TOP) return p->top_k + 1;
+    return 0;
+}
+
+int32_t kvg_sampler_sample_top(kvg_sampler *s, const int32_t *ids, const float *logits, int n_top) {
+    const kvg_sampler_params *p = &s->params;
+    if (n_top < 1 || n_top > KVG_SAMPLER_MAX_TOP) return KVG_SAMPLE_NEED_ALL;
+    if (p->temperature <= 0.0f) return ids[0];
+    int k = p->top_k;
+    if (k <= 0 || k >= n_top) return KVG_SAMPLE_NEED_ALL;
+    /* the finite ones: a prefix, since -inf (and NaN, counted as -inf) sort last */
+    kvg_candidate c[KVG_SAMPLER_MAX_TOP];
+    int n = 0;
+    for (int i = 0; i < n_top && i <= k; i++)
+        if (logits[i] > -INFINITY) {
+            c[n] = (kvg_candidate){.id = ids[i], .logit = logits[i], .p = logits[i] / p->temperature};
+            n++;
         }
+    if (n == 0) return -1;
+    /* n == k + 1: more than top_k survive the bans, and every token not here is worse than
+     * all of these; n <= k: these are all the survivors */
+    bool full = n == k + 1;
+    float max = c[0].p;
+    if (isinf(max)) {
+        if (full && c[n - 1].p == max) return KVG_SAMPLE_NEED_ALL; /* the tie may go on past the set */
+        return lowest_id_at(c, n, max);
     }
-    if (top_k && top_p) {
-        int keep = keep_top_p(c, n, max, p->top_p * exp_weights(c, n, max));
-        if (keep > 0) n = keep;
+    if (p->min_p > 0.0f) {
+        int m = filter_min_p(c, n, max, p->min_p);
+        full = full && m == n; /* min-p is a threshold: what it keeps is again a best prefix */
+        n = m;
     }
-    double total = exp_weights(c, n, max);
-    return draw(c, n, total, &s->rng);
+    bool selected = full;
+    if (selected) {
+        n = k;
+    } else {
+        qsort(c, (size_t)n, sizeof *c, id_cmp); /* the full path holds the survivors in id order */
+    }
+    use_scaled(c, n);
+    return finish_chain(s, c, n, max, selected);
 }
 
 int32_t kvg_sampler_sample(kvg_sampler *s, const float *logits) {

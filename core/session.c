@@ -205,6 +205,8 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->keep = desc->keep;
     s->prefix_reuse = !desc->no_prefix_reuse && !s->no_cache;
     s->clean_len = KVG_CLEAN_ALL;
+    const char *full = getenv("KVGEN_FULL_LOGITS");
+    s->full_logits = full && atoi(full) != 0;
     s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
     s->logits = malloc((size_t)hp->n_vocab * sizeof *s->logits);
     kvgen_status st = KVGEN_OK;
@@ -260,6 +262,37 @@ void kvgen_session_close(kvgen_session *s) {
 
 /* ---- running the model ------------------------------------------------------------------------ */
 
+/* A forward pass whose last token's logits are wanted (pages: the page table, or NULL for the
+ * contiguous cache). Where the backend can, they stay on the device and the sampler's bounded
+ * set is selected in the same submission (kvgen_session_sample reads back only that). */
+static kvgen_status forward_last(kvgen_session *s, const int32_t *pages, const int32_t *tokens, size_t n, size_t pos0,
+                                 kvgen_error *err) {
+    kvgen_model *m = s->model;
+    const kvg_backend_ops *ops = m->ops;
+    s->logits_on_device = false;
+    int k = ops->forward_keep && !s->full_logits ? kvg_sampler_top_needed(&s->sampler, 1, false) : 0;
+    kvgen_status st;
+    if (k > 0) {
+        st = ops->forward_keep(m, s->bs, pages, tokens, (int)n, (int)pos0, k, err);
+        s->logits_on_device = st == KVGEN_OK;
+    } else if (pages) {
+        st = ops->forward_paged(m, s->bs, pages, tokens, (int)n, (int)pos0, s->logits, false, err);
+    } else {
+        st = ops->forward(m, s->bs, tokens, (int)n, (int)pos0, s->logits, false, err);
+    }
+    if (st != KVGEN_OK) s->has_logits = false; /* a failed pass may have overwritten them */
+    return st;
+}
+
+kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err) {
+    if (!s->has_logits) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "the session has no logits");
+    if (!s->logits_on_device) return KVGEN_OK;
+    kvgen_status st = s->model->ops->fetch_logits(s->model, s->bs, s->logits, err);
+    s->logits_on_device = false;
+    if (st != KVGEN_OK) s->has_logits = false;
+    return st;
+}
+
 /* Context shift: keeps tokens [0, keep), drops `drop` tokens after them and moves the rest
  * down, re-rotating their keys by -drop positions. Paged: the K/V move, nothing runs.
  * Contiguous: the kept tokens are recomputed (the layout has no move op). */
@@ -283,7 +316,7 @@ static kvgen_status shift(kvgen_session *s, size_t keep, size_t drop, kvgen_erro
         memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
         s->n_tokens = keep + moved;
         if (s->n_tokens > 0) {
-            st = m->ops->forward(m, s->bs, s->tokens, (int)s->n_tokens, 0, s->logits, false, err);
+            st = forward_last(s, NULL, s->tokens, s->n_tokens, 0, err);
             s->has_logits = st == KVGEN_OK;
         } else {
             s->has_logits = false;
@@ -347,12 +380,14 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     memcpy(s->tokens + len, tokens, n * sizeof *tokens);
 
     if (!paged(s)) {
-        if (!s->no_cache) {
-            st = m->ops->forward(m, s->bs, tokens, (int)n, (int)len, all_logits ? all_logits : s->logits,
-                                 all_logits != NULL, err);
-            if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
+        if (!s->no_cache && !all_logits) {
+            st = forward_last(s, NULL, tokens, n, len, err);
+        } else if (!s->no_cache) {
+            st = m->ops->forward(m, s->bs, tokens, (int)n, (int)len, all_logits, true, err);
+            if (st == KVGEN_OK) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
+            s->logits_on_device = false;
         } else if (!all_logits) {
-            st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, s->logits, false, err);
+            st = forward_last(s, NULL, s->tokens, len + n, 0, err);
         } else {
             float *every = malloc((len + n) * V * sizeof(float));
             if (!every) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
@@ -361,6 +396,7 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
                 memcpy(all_logits, every + len * V, n * V * sizeof(float));
                 memcpy(s->logits, every + (len + n - 1) * V, V * sizeof(float));
             }
+            s->logits_on_device = false;
             free(every);
         }
         if (st != KVGEN_OK) {
@@ -406,11 +442,13 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
                 if (st == KVGEN_OK) memcpy(all_logits, every + len * V, n * V * sizeof(float));
                 free(every);
             }
+        } else if (all_logits) {
+            st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0, all_logits, true, err);
         } else {
-            st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0,
-                                       all_logits ? all_logits : s->logits, all_logits != NULL, err);
+            st = forward_last(s, s->pages, run, n_run, pos0, err);
         }
         if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
+        if (all_logits) s->logits_on_device = false;
     }
     if (st != KVGEN_OK) {
         drop_pages(s, held); /* reused and new pages go back; the session is as it was */
@@ -440,6 +478,7 @@ static kvgen_status defer_decode(kvgen_session *s, int32_t token, kvgen_error *e
     s->tokens[s->n_tokens] = token;
     s->decode_pending = true;
     s->has_logits = false;
+    s->logits_on_device = false;
     return KVGEN_OK;
 }
 
@@ -480,17 +519,38 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *lo
         memcpy(s->logits, logits + (size_t)i * V, V * sizeof(float));
         s->n_tokens++;
         s->has_logits = true;
+        s->logits_on_device = false;
         if (paged(s)) publish_full_pages(s, s->n_tokens - 1);
     }
     return st;
 }
 
-const float *kvgen_session_logits(const kvgen_session *s) { return s && s->has_logits ? s->logits : NULL; }
-
-int32_t kvgen_session_sample(kvgen_session *s) {
-    if (!s || !s->has_logits) return -1;
-    return kvg_sampler_sample_ctx(&s->sampler, s->logits, s->tokens, s->n_tokens, NULL);
+const float *kvgen_session_logits(const kvgen_session *s) {
+    if (!s || !s->has_logits) return NULL;
+    /* a lazy copy: the session object is the caller's, not const memory */
+    if (s->logits_on_device && kvg_session_host_logits((kvgen_session *)s, NULL) != KVGEN_OK) return NULL;
+    return s->logits;
 }
+
+bool kvg_session_has_logits(const kvgen_session *s) { return s && s->has_logits; }
+
+int32_t kvg_session_sample_masked(kvgen_session *s, const uint8_t *allowed) {
+    if (!s || !s->has_logits) return -1;
+    kvg_sampler *sm = &s->sampler;
+    int need = s->logits_on_device ? kvg_sampler_top_needed(sm, s->n_tokens, allowed != NULL) : 0;
+    if (need > 0) {
+        int32_t ids[KVG_SAMPLER_MAX_TOP];
+        float vals[KVG_SAMPLER_MAX_TOP];
+        if (s->model->ops->topk(s->model, s->bs, need, ids, vals, NULL) == KVGEN_OK) {
+            int32_t tok = kvg_sampler_sample_top(sm, ids, vals, need);
+            if (tok != KVG_SAMPLE_NEED_ALL) return tok;
+        }
+    }
+    if (kvg_session_host_logits(s, NULL) != KVGEN_OK) return -1;
+    return kvg_sampler_sample_ctx(sm, s->logits, s->tokens, s->n_tokens, allowed);
+}
+
+int32_t kvgen_session_sample(kvgen_session *s) { return kvg_session_sample_masked(s, NULL); }
 
 size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0; }
 
@@ -502,6 +562,7 @@ void kvgen_session_reset(kvgen_session *s) {
     if (paged(s)) drop_pages(s, 0);
     s->n_tokens = 0;
     s->has_logits = false;
+    s->logits_on_device = false;
     s->clean_len = KVG_CLEAN_ALL;
     s->tokens_reused = 0;
     s->shifts = 0;
@@ -519,6 +580,7 @@ kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) 
     size_t len = s->n_tokens - n;
     if (len <= s->clean_len) s->clean_len = KVG_CLEAN_ALL; /* what is left was computed fresh */
     s->has_logits = false;
+    s->logits_on_device = false;
     if (len == 0) {
         if (paged(s)) drop_pages(s, 0);
         s->n_tokens = 0;
@@ -545,7 +607,10 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
                             .no_prefix_reuse = !s->prefix_reuse};
     kvgen_session *c;
-    kvgen_status st = kvg_session_new(m, &d, &s->sampler, &c, err);
+    /* the child gets a host copy: device-kept logits are the parent's backend session's */
+    kvgen_status st = s->has_logits ? kvg_session_host_logits(s, err) : KVGEN_OK;
+    if (st != KVGEN_OK) return st;
+    st = kvg_session_new(m, &d, &s->sampler, &c, err);
     if (st != KVGEN_OK) return st;
     c->prefix_reuse = s->prefix_reuse;
     size_t len = s->n_tokens;
@@ -565,6 +630,7 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     } else if (len > 0 && !s->no_cache) {
         st = m->ops->forward(m, c->bs, c->tokens, (int)len, 0, c->logits, false, err);
     }
+    c->full_logits = s->full_logits;
     if (st != KVGEN_OK) {
         kvgen_session_close(c);
         return st;
@@ -598,6 +664,7 @@ kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t
     }
     if (st != KVGEN_OK) return st;
     s->n_tokens = len + n;
+    s->logits_on_device = false; /* the caller writes s->logits (restore) */
     if (paged(s)) publish_full_pages(s, len);
     return KVGEN_OK;
 }

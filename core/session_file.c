@@ -160,13 +160,14 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     size_t n = s->n_tokens, V = (size_t)hp->n_vocab;
     size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim; /* floats per layer per K or V */
     size_t sampler_bytes = kvg_sampler_state_size(&s->sampler);
-    uint64_t file_bytes = HEADER_BYTES + sampler_bytes + n * 4 + (s->has_logits ? V * 4 : 0) +
+    const float *logits = kvgen_session_logits(s); /* fetched when the device kept them */
+    uint64_t file_bytes = HEADER_BYTES + sampler_bytes + n * 4 + (logits ? V * 4 : 0) +
                           (uint64_t)hp->n_layer * 2 * per * 4 + 8;
 
     unsigned char header[HEADER_BYTES] = {0};
     memcpy(header, FILE_MAGIC, 8);
     put_u32(header + 8, FILE_VERSION);
-    put_u32(header + 12, (s->has_logits ? FLAG_LOGITS : 0) | (s->no_cache ? FLAG_NO_CACHE : 0) |
+    put_u32(header + 12, (logits ? FLAG_LOGITS : 0) | (s->no_cache ? FLAG_NO_CACHE : 0) |
                              (s->prefix_reuse ? FLAG_PREFIX_REUSE : 0));
     put_u64(header + 16, kvg_model_identity(m));
     put_u32(header + 24, (uint32_t)hp->n_layer);
@@ -207,8 +208,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     memcpy(scratch, s->tokens, n * 4);
     le32_array(scratch, n);
     fw_write(&w, scratch, n * 4);
-    if (s->has_logits) {
-        memcpy(scratch, s->logits, V * 4);
+    if (logits) {
+        memcpy(scratch, logits, V * 4);
         le32_array(scratch, V);
         fw_write(&w, scratch, V * 4);
     }

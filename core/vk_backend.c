@@ -19,6 +19,7 @@
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_vk.h"
+#include "kvg_vk_select.h"
 
 enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3 };
 
@@ -77,6 +78,10 @@ typedef struct vk_model {
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
+    /* device argmax / top-k over the last token's logits; logits_owner: the session whose kept
+     * logits (forward_keep) are in row 0 of `logits`, set aside before another step writes it */
+    kvg_vk_select sel;
+    kvg_backend_session *logits_owner;
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
     VkQueryPool prof_pool;
     int prof_n;
@@ -125,7 +130,15 @@ struct kvg_backend_session {
     int n_sets;
     VkCommandBuffer cb_decode, cb_step;
     bool decode_recorded;
+    int decode_select; /* the selection cb_decode was recorded with (0 none, 1 argmax, 2 top-k) */
     VkFence fence;
+    /* forward_keep: the selection made with the kept logits, and where they go when another
+     * session's step needs the model's logits buffer (n_vocab floats) */
+    int32_t sel_ids[KVG_VK_TOPK];
+    float sel_vals[KVG_VK_TOPK];
+    int sel_n;
+    float *saved;
+    bool saved_valid;
 };
 
 static uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
@@ -695,6 +708,7 @@ static void vk_model_free(kvgen_model *m) {
         for (int k = 0; k < 13; k++) kvg_vk_buffer_destroy(ctx, &vm->ropes[k]);
         if (vm->ops_pool) vkDestroyDescriptorPool(ctx->dev, vm->ops_pool, NULL);
         if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
+        kvg_vk_select_free(ctx, &vm->sel);
         kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
@@ -807,6 +821,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
     if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
+    if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, &vm->sel, err);
     if (st != KVGEN_OK) goto fail;
 
     if (getenv("KVGEN_VK_PROFILE") && atoi(getenv("KVGEN_VK_PROFILE")) > 0) {
@@ -881,6 +896,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     kvg_vk_ctx *ctx = vm->ctx;
     pthread_mutex_lock(&ctx->lock);
     vkQueueWaitIdle(ctx->queue);
+    if (vm->logits_owner == s) vm->logits_owner = NULL;
     if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
     if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
     pthread_mutex_unlock(&ctx->lock);
@@ -895,6 +911,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     free(s->k);
     free(s->v);
     free(s->sets);
+    free(s->saved);
     free(s);
 }
 
@@ -920,7 +937,8 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     s->k = calloc((size_t)hp->n_layer, sizeof *s->k);
     s->v = calloc((size_t)hp->n_layer, sizeof *s->v);
     kvgen_status st = KVGEN_OK;
-    if (!s->k || !s->v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    s->saved = malloc((size_t)hp->n_vocab * sizeof *s->saved);
+    if (!s->k || !s->v || !s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     if (vm->paged && st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4,
                                   KVG_VK_MEM_HOST, &s->ptab, err);
@@ -975,7 +993,7 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
 }
 
 static kvgen_status record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
-                           uint32_t max_len, int logits, kvgen_error *err) {
+                           uint32_t max_len, int logits, int select, kvgen_error *err) {
     kvgen_status st = kvg_vk_cmd_begin(cb, one_time, err);
     if (st != KVGEN_OK) return st;
     walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = cb, .n = n, .max_len = max_len, .logits = logits,
@@ -985,41 +1003,65 @@ static kvgen_status record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
         vkEndCommandBuffer(cb);
         return st;
     }
+    /* the last token's logits are row 0 of vm->logits (walk_step, logits 1) */
+    if (select && logits == 1) kvg_vk_select_record(vm->ctx, cb, &vm->sel, select == 1 ? 1 : KVG_VK_TOPK, 0);
     kvg_vk_cmd_host_barrier(cb);
     return kvg_vk_cmd_end(cb, err);
 }
 
-/* Runs the step(s) of n tokens at pos0 (caller holds ctx->lock, arguments checked). */
+/* Moves the kept logits of the session that owns row 0 of vm->logits into its own memory
+ * before a step overwrites them (caller holds ctx->lock). */
+static void set_aside_logits(vk_model *vm, kvg_backend_session *s) {
+    kvg_backend_session *o = vm->logits_owner;
+    vm->logits_owner = NULL;
+    if (!o || o == s) return; /* s's own are stale once it runs again */
+    memcpy(o->saved, vm->logits.map, (size_t)vm->hp.n_vocab * sizeof(float));
+    o->saved_valid = true;
+}
+
+/* Runs the step(s) of n tokens at pos0 (caller holds ctx->lock, arguments checked). keep: the
+ * last token's logits stay on the device (logits NULL), with the best one (select 1) or
+ * KVG_VK_TOPK (select > 1) selected in the same submission. */
 static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                              float *logits, bool all_logits, kvgen_error *err) {
+                              float *logits, bool all_logits, bool keep, int select, kvgen_error *err) {
     kvg_vk_ctx *ctx = vm->ctx;
     const int V = vm->hp.n_vocab;
     kvgen_status st = KVGEN_OK;
+    if (logits || keep) set_aside_logits(vm, s);
+    s->sel_n = 0;
+    s->saved_valid = false;
+    if (select > 1) select = 2;
     for (int done = 0; done < n && st == KVGEN_OK;) {
         uint32_t c = (uint32_t)(n - done) < vm->chunk ? (uint32_t)(n - done) : vm->chunk;
         bool last = done + (int)c == n;
-        int want = all_logits ? 2 : (last && logits ? 1 : 0);
+        int want = all_logits ? 2 : (last && (logits || keep) ? 1 : 0);
+        int sel = last && keep ? select : 0;
         uint32_t *params = vm->params.map;
         params[0] = (uint32_t)(pos0 + done);
         memcpy(params + 4, tokens + done, c * sizeof *tokens);
         VkCommandBuffer cb;
         if (c == 1 && want == 1) {
-            if (!s->decode_recorded) {
-                st = record(vm, s, s->cb_decode, false, 1, 0, 1, err);
+            if (!s->decode_recorded || s->decode_select != sel) {
+                st = record(vm, s, s->cb_decode, false, 1, 0, 1, sel, err);
                 s->decode_recorded = st == KVGEN_OK;
+                s->decode_select = sel;
             }
             cb = s->cb_decode;
         } else {
             st = kvg_vk_check(vkResetCommandBuffer(s->cb_step, 0), err, "vkResetCommandBuffer");
-            if (st == KVGEN_OK) st = record(vm, s, s->cb_step, true, c, (uint32_t)(pos0 + done) + c, want, err);
+            if (st == KVGEN_OK) st = record(vm, s, s->cb_step, true, c, (uint32_t)(pos0 + done) + c, want, sel, err);
             cb = s->cb_step;
         }
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
         if (st == KVGEN_OK && (vm->prof_prefill ? c > 1 : c == 1)) prof_collect(vm);
         if (st == KVGEN_OK && want == 2)
             memcpy(logits + (size_t)done * (size_t)V, vm->logits.map, (size_t)c * (size_t)V * sizeof(float));
-        else if (st == KVGEN_OK && want == 1)
+        else if (st == KVGEN_OK && want == 1 && !keep)
             memcpy(logits, vm->logits.map, (size_t)V * sizeof(float));
+        if (st == KVGEN_OK && last && keep) {
+            vm->logits_owner = s;
+            if (sel) s->sel_n = kvg_vk_select_read(&vm->sel, sel == 1 ? 1 : KVG_VK_TOPK, s->sel_ids, s->sel_vals);
+        }
         done += (int)c;
     }
     return st;
@@ -1045,7 +1087,7 @@ static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int
     kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
     if (st != KVGEN_OK) return st;
     pthread_mutex_lock(&vm->ctx->lock);
-    st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, err);
+    st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, false, 0, err);
     pthread_mutex_unlock(&vm->ctx->lock);
     return st;
 }
@@ -1100,9 +1142,9 @@ static kvgen_status refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_err
     return st;
 }
 
-static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                     const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
-                                     kvgen_error *err) {
+static kvgen_status forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                  const int32_t *tokens, int n, int pos0, float *logits, bool all_logits, bool keep,
+                                  int select, kvgen_error *err) {
     vk_model *vm = m->backend;
     if (!vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: paged forward on a contiguous model");
     kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
@@ -1116,9 +1158,56 @@ static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, con
     /* the table in a buffer the sets name once: a step only rewrites its entries */
     memcpy(s->ptab.map, pages, n_entries * sizeof *pages);
     st = refresh_sets(vm, s, err);
-    if (st == KVGEN_OK) st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, err);
+    if (st == KVGEN_OK) st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, keep, select, err);
     pthread_mutex_unlock(&vm->ctx->lock);
     return st;
+}
+
+static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                     const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
+                                     kvgen_error *err) {
+    return forward_paged(m, s, pages, tokens, n, pos0, logits, all_logits, false, 0, err);
+}
+
+/* ---- logits kept on the device (kvg_model.h, forward_keep) ---- */
+
+static kvgen_status vk_forward_keep(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
+                                    const int32_t *tokens, int n, int pos0, int select_k, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    if (select_k < 0 || select_k > KVG_VK_TOPK)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: a selection of %d logits (at most %d)", select_k,
+                        KVG_VK_TOPK);
+    if (pages) return forward_paged(m, s, pages, tokens, n, pos0, NULL, false, true, select_k, err);
+    if (vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: contiguous forward on a paged model");
+    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
+    if (st != KVGEN_OK) return st;
+    pthread_mutex_lock(&vm->ctx->lock);
+    st = run_steps(vm, s, tokens, n, pos0, NULL, false, true, select_k, err);
+    pthread_mutex_unlock(&vm->ctx->lock);
+    return st;
+}
+
+static kvgen_status vk_fetch_logits(kvgen_model *m, kvg_backend_session *s, float *out, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    size_t bytes = (size_t)vm->hp.n_vocab * sizeof(float);
+    kvgen_status st = KVGEN_OK;
+    pthread_mutex_lock(&vm->ctx->lock);
+    if (vm->logits_owner == s) memcpy(out, vm->logits.map, bytes);
+    else if (s->saved_valid) memcpy(out, s->saved, bytes);
+    else st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the session has no logits kept on the device");
+    pthread_mutex_unlock(&vm->ctx->lock);
+    return st;
+}
+
+static kvgen_status vk_topk(kvgen_model *m, kvg_backend_session *s, int k, int32_t *ids, float *vals,
+                            kvgen_error *err) {
+    (void)m;
+    if (k <= 0 || k > s->sel_n)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: %d best logits asked for, %d were selected", k,
+                        s->sel_n);
+    memcpy(ids, s->sel_ids, (size_t)k * sizeof *ids);
+    if (vals) memcpy(vals, s->sel_vals, (size_t)k * sizeof *vals);
+    return KVGEN_OK;
 }
 
 /* A share of the device-local heap for K/V (a quarter, leaving room for the weights, the
@@ -1377,6 +1466,9 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .kv_copy = vk_kv_copy,
     .kv_read = vk_kv_read,
     .kv_write = vk_kv_write,
+    .forward_keep = vk_forward_keep,
+    .fetch_logits = vk_fetch_logits,
+    .topk = vk_topk,
 };
 
 /* ---- test hooks ---- */

@@ -1,0 +1,106 @@
+/* vk_select.c: device argmax and top-k over a step's logits (see kvg_vk_select.h). */
+#include "kvg_vk_select.h"
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+
+#define TOPK_CHUNK 8192u /* topk.comp's CHUNK */
+
+static uint32_t n_chunks(uint32_t n) { return (n + TOPK_CHUNK - 1) / TOPK_CHUNK; }
+
+kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, uint32_t n, kvg_vk_select *sel,
+                                kvgen_error *err) {
+    memset(sel, 0, sizeof *sel);
+    if (n == 0 || n > (1u << 24)) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: selection over %u values", n);
+    sel->n = n;
+    uint32_t spec[KVG_SPEC_COUNT] = {0};
+    kvgen_status st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax, err);
+    if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_part, err);
+    spec[KVG_SPEC_MODE] = 1;
+    if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_merge, err);
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, (size_t)n_chunks(n) * KVG_VK_TOPK * 8, KVG_VK_MEM_DEVICE, &sel->part, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, KVG_VK_TOPK * 8, KVG_VK_MEM_HOST, &sel->out, err);
+    if (st == KVGEN_OK && !sel->out.map)
+        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the selection's result buffer is not host-visible");
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &sel->pool, err);
+    if (st == KVGEN_OK) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[2].buf = values;
+        b[3].buf = &sel->out;
+        b[7].buf = &sel->part;
+        st = kvg_vk_set_create(ctx, sel->pool, b, &sel->set, err);
+    }
+    if (st != KVGEN_OK) kvg_vk_select_free(ctx, sel);
+    return st;
+}
+
+void kvg_vk_select_free(kvg_vk_ctx *ctx, kvg_vk_select *sel) {
+    if (sel->pool) vkDestroyDescriptorPool(ctx->dev, sel->pool, NULL);
+    kvg_vk_buffer_destroy(ctx, &sel->part);
+    kvg_vk_buffer_destroy(ctx, &sel->out);
+    memset(sel, 0, sizeof *sel);
+}
+
+void kvg_vk_select_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, const kvg_vk_select *sel, int k, uint32_t x_off) {
+    uint32_t pc[2] = {sel->n, x_off};
+    kvg_vk_cmd_barrier(cb);
+    if (k == 1) {
+        kvg_vk_cmd_dispatch(ctx, cb, sel->argmax, sel->set, pc, sizeof pc, 1, 1, 1);
+    } else {
+        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_part, sel->set, pc, sizeof pc, n_chunks(sel->n), 1, 1);
+        kvg_vk_cmd_barrier(cb);
+        uint32_t pm[2] = {n_chunks(sel->n) * KVG_VK_TOPK, 0};
+        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_merge, sel->set, pm, sizeof pm, 1, 1, 1);
+    }
+    kvg_vk_cmd_host_barrier(cb);
+}
+
+/* the float a topk.comp key stands for (select.glsl's kvg_key, inverted) */
+static float key_value(uint32_t key) {
+    uint32_t bits = (key & 0x80000000u) ? key & 0x7fffffffu : ~key;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+int kvg_vk_select_read(const kvg_vk_select *sel, int k, int32_t *ids, float *vals) {
+    const uint32_t *out = sel->out.map;
+    if (k == 1) {
+        ids[0] = (int32_t)out[0];
+        return 1;
+    }
+    int m = sel->n < KVG_VK_TOPK ? (int)sel->n : KVG_VK_TOPK;
+    for (int i = 0; i < m; i++) {
+        ids[i] = (int32_t)out[2 * i + 1];
+        if (vals) vals[i] = key_value(out[2 * i]);
+    }
+    return m;
+}
+
+kvgen_status kvg_vk_test_select(kvg_vk_ctx *ctx, const float *x, uint32_t n, int k, int32_t *ids, float *vals,
+                                int *n_out, kvgen_error *err) {
+    kvg_vk_buffer xb = {0};
+    kvg_vk_select sel;
+    memset(&sel, 0, sizeof sel);
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    /* a few floats of offset, as the backend's last-token row may sit past others */
+    uint32_t off = 3;
+    kvgen_status st = kvg_vk_buffer_create(ctx, ((size_t)n + off) * 4, KVG_VK_MEM_HOST, &xb, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &xb, (size_t)off * 4, x, (size_t)n * 4, err);
+    if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &xb, n, &sel, err);
+    pthread_mutex_lock(&ctx->lock);
+    if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &cb, err);
+    if (st == KVGEN_OK) st = kvg_vk_cmd_begin(cb, true, err);
+    if (st == KVGEN_OK) {
+        kvg_vk_select_record(ctx, cb, &sel, k, off);
+        st = kvg_vk_cmd_end(cb, err);
+    }
+    if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+    if (st == KVGEN_OK) *n_out = kvg_vk_select_read(&sel, k, ids, vals);
+    if (cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    pthread_mutex_unlock(&ctx->lock);
+    kvg_vk_select_free(ctx, &sel);
+    kvg_vk_buffer_destroy(ctx, &xb);
+    return st;
+}

@@ -1,0 +1,87 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// topk.comp: the K = 64 best of n floats, ranked as in select.glsl, best first, so that top-k
+// sampling reads back 64 candidates instead of the vocabulary.
+// Two passes (spec constant MODE):
+//   0 (partial): workgroup g takes values [g*CHUNK, (g+1)*CHUNK) from binding 2 (float bits,
+//     from x_off); writes its K best as (key, index) pairs to binding 7 at g*K.
+//     Dispatch: (ceil(n / CHUNK), 1, 1).
+//   1 (merge): one workgroup takes n (key, index) pairs from binding 7 and writes the K best to
+//     binding 3. Dispatch: (1, 1, 1).
+// Each invocation keeps a sorted list of the best of its strided share (most values are
+// rejected by one compare against its K-th); invocation 0 then merges the lists through
+// shared memory. Missing entries are (0, 0xffffffff): key 0 ranks below every real value.
+// Trip counts: CHUNK/WG = 256 values per invocation in pass 0; n/WG pairs in pass 1.
+layout(local_size_x = 32) in;
+layout(constant_id = 3) const uint MODE = 0;
+
+#define KVG_OWN_PC
+#include "common.glsl"
+#include "select.glsl"
+
+#define K 64u
+#define WG 32u
+#define CHUNK 8192u
+
+layout(push_constant) uniform PC { uint n, x_off; } pc;
+layout(std430, set = 0, binding = 2) readonly buffer X { uint xbits[]; };
+layout(std430, set = 0, binding = 3) writeonly buffer Out { uvec2 result[]; };
+layout(std430, set = 0, binding = 7) buffer Part { uvec2 part[]; };
+
+shared uint lk[WG * K];
+shared uint li[WG * K];
+shared uint lcount[WG];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint keys[K], ids[K];
+    uint cnt = 0u;
+    uint begin = MODE == 0u ? gl_WorkGroupID.x * CHUNK : 0u;
+    uint end = MODE == 0u ? min(pc.n, begin + CHUNK) : pc.n;
+    for (uint i = begin + tid; i < end; i += WG) {
+        uint k, id;
+        if (MODE == 0u) {
+            k = kvg_key(xbits[pc.x_off + i]);
+            id = i;
+        } else {
+            k = part[i].x;
+            id = part[i].y;
+            if (id == 0xffffffffu) continue;
+        }
+        if (cnt == K && !kvg_before(k, id, keys[K - 1u], ids[K - 1u])) continue;
+        uint j = cnt < K ? cnt : K - 1u; // insertion: shift the worse ones down
+        while (j > 0u && kvg_before(k, id, keys[j - 1u], ids[j - 1u])) {
+            keys[j] = keys[j - 1u];
+            ids[j] = ids[j - 1u];
+            j--;
+        }
+        keys[j] = k;
+        ids[j] = id;
+        if (cnt < K) cnt++;
+    }
+    for (uint j = 0u; j < cnt; j++) {
+        lk[tid * K + j] = keys[j];
+        li[tid * K + j] = ids[j];
+    }
+    lcount[tid] = cnt;
+    barrier();
+    if (tid != 0u) return;
+    uint head[WG];
+    for (uint t = 0u; t < WG; t++) head[t] = 0u;
+    uint base = MODE == 0u ? gl_WorkGroupID.x * K : 0u;
+    for (uint r = 0u; r < K; r++) {
+        uint bt = WG, bk = 0u, bid = 0xffffffffu;
+        for (uint t = 0u; t < WG; t++) {
+            if (head[t] >= lcount[t]) continue;
+            uint k = lk[t * K + head[t]], id = li[t * K + head[t]];
+            if (bt == WG || kvg_before(k, id, bk, bid)) {
+                bt = t;
+                bk = k;
+                bid = id;
+            }
+        }
+        if (bt < WG) head[bt]++;
+        if (MODE == 0u) part[base + r] = uvec2(bk, bid);
+        else result[r] = uvec2(bk, bid);
+    }
+}
