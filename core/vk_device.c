@@ -407,6 +407,24 @@ static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
     return kvg_vk_buffer_create(ctx, ctx->ubo_window, KVG_VK_MEM_DEVICE, &ctx->dummy, err);
 }
 
+static kvgen_status check_host_queue(kvg_vk_ctx *ctx, kvgen_error *err) {
+    uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(ctx->phys, &n, NULL);
+    VkQueueFamilyProperties *q = n ? calloc(n, sizeof *q) : NULL;
+    if (n && !q) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    if (q) vkGetPhysicalDeviceQueueFamilyProperties(ctx->phys, &n, q);
+    bool compute = ctx->queue_family < n && (q[ctx->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT);
+    free(q);
+    if (ctx->queue_family >= n)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "vulkan: vk_queue_family %u is out of range (device %s has %u queue families)",
+                        ctx->queue_family, ctx->info.name, n);
+    if (!compute)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: vk_queue_family %u of device %s does not support compute",
+                        ctx->queue_family, ctx->info.name);
+    return KVGEN_OK;
+}
+
 kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err) {
     *out = NULL;
     kvg_vk_ctx *ctx = calloc(1, sizeof *ctx);
@@ -437,6 +455,9 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
             st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the host's device supports only Vulkan 1.0; kvgen needs 1.1");
             goto fail;
         }
+        /* a wrong family would only show later, as undefined behaviour in vkCreateCommandPool */
+        st = check_host_queue(ctx, err);
+        if (st != KVGEN_OK) goto fail;
     } else {
         st = create_instance(ctx, env_flag("KVGEN_VALIDATE"), &ctx->instance, err);
         if (st != KVGEN_OK) goto fail;
@@ -518,7 +539,7 @@ static int find_memory(const kvg_vk_ctx *ctx, uint32_t bits, VkMemoryPropertyFla
     return -1;
 }
 
-static kvgen_status alloc_bind(kvg_vk_ctx *ctx, kvg_vk_buffer *b, int type, kvgen_error *err) {
+static kvgen_status alloc_bind(kvg_vk_ctx *ctx, kvg_vk_buffer *b, int type, bool may_map, kvgen_error *err) {
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(ctx->dev, b->buf, &req);
     VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
@@ -533,7 +554,7 @@ static kvgen_status alloc_bind(kvg_vk_ctx *ctx, kvg_vk_buffer *b, int type, kvge
     VKCHECK(vkBindBufferMemory(ctx->dev, b->buf, b->mem, 0), "vkBindBufferMemory");
     VkMemoryPropertyFlags f = ctx->mem_props.memoryTypes[type].propertyFlags;
     /* only coherent memory is mapped, so no flush/invalidate is ever needed; other memory is staged */
-    if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
+    if (may_map && (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT))
         VKCHECK(vkMapMemory(ctx->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map), "vkMapMemory");
     return KVGEN_OK;
 }
@@ -573,7 +594,9 @@ kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, 
                                (unsigned long long)size);
     for (int i = 0; i < 3; i++) {
         if (candidates[i] < 0) continue;
-        st = alloc_bind(ctx, out, candidates[i], err);
+        /* forced staging leaves device buffers unmapped even where all memory is host-visible
+         * (lavapipe), so the staged upload, download and zero-fill paths run there too */
+        st = alloc_bind(ctx, out, candidates[i], kind == KVG_VK_MEM_HOST || !ctx->force_staging, err);
         if (st == KVGEN_OK) break;
         if (out->mem) vkFreeMemory(ctx->dev, out->mem, NULL);
         out->mem = VK_NULL_HANDLE;
