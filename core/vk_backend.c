@@ -11,6 +11,12 @@
  * Per-step values (position, token ids) live in a small host-visible buffer, so the decode
  * command buffer of a session is recorded once and replayed; descriptor sets are written when
  * the session is created. Nothing is allocated on the per-token path.
+ *
+ * A batched decode (forward_batch, paged pool) runs one token each of up to BATCH_MAX sessions
+ * as the columns of one step, so the mat-vecs read each weight once for all of them: params
+ * give every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab),
+ * the tables concatenated in the model's batch session (vm->bat), whose sets and recorded
+ * command buffer are reused from step to step.
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +45,10 @@ typedef struct pc_attn { /* matches PC in shaders/attn.comp */
 typedef struct pc_kv_copy { /* matches PC in shaders/kv_copy.comp */
     uint32_t n, hd, n_layer, n_kv, src_tab, dst_tab, src_pos, dst_pos, kv_page, kv_v, n_rot, cs_off, rope;
 } pc_kv_copy;
+
+/* a batched decode's columns per step (the lane mat-vec's tokens per weight read); its
+ * (position, table entry) pairs follow the token ids in params, from index BATCH_AT */
+enum { BATCH_MAX = 8, BATCH_AT = BATCH_MAX };
 
 /* kv_copy moves at most this many pages' worth of positions per submission (its tables live in
  * a fixed host-visible buffer) */
@@ -113,6 +123,13 @@ typedef struct vk_model {
     pthread_mutex_t rope_mu;
     bool rope_mu_init;
     kvg_vk_buffer ropes[13];
+    /* forward_batch: a session whose page table holds the batched sessions' tables one after
+     * another and whose partials have room for BATCH_MAX tokens' decode splits; created for
+     * the longest context seen, held under bat_mu (taken before ctx->lock) */
+    pthread_mutex_t bat_mu;
+    bool bat_mu_init;
+    kvg_backend_session *bat;
+    uint32_t bat_entries; /* page-table entries per batched session */
 } vk_model;
 
 static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
@@ -130,6 +147,7 @@ struct kvg_backend_session {
     int n_sets;
     VkCommandBuffer cb_decode, cb_step;
     bool decode_recorded;
+    uint32_t decode_ncols; /* the batch session: the columns cb_decode was recorded for */
     int decode_select; /* the selection cb_decode was recorded with (0 none, 1 argmax, 2 top-k) */
     VkFence fence;
     /* forward_keep: the selection made with the kept logits, and where they go when another
@@ -346,6 +364,7 @@ typedef struct walk {
     uint32_t n;     /* tokens in the step */
     uint32_t max_len; /* prefill: pos0 + n, the longest attention span of the step */
     int logits;     /* 0: none, 1: last token's, 2: every token's */
+    bool batch;     /* a batched decode: every token of another session (vm->bat) */
     kvgen_error *err;
 } walk;
 
@@ -576,7 +595,7 @@ static kvgen_status op_attention(walk *w, int layer) {
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
     /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
-    uint32_t nsplit = w->n == 1 ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
+    uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
     bool split = nsplit > 1;
     pc_attn pc = {.n_head = (uint32_t)hp->n_head,
                   .n_kv = (uint32_t)hp->n_head_kv,
@@ -679,11 +698,15 @@ kvg_vk_ctx *kvg_vk_model_ctx(const kvgen_model *m) {
     return ((const vk_model *)m->backend)->ctx;
 }
 
+static void vk_session_free(kvgen_model *m, kvg_backend_session *s);
+
 static void vk_model_free(kvgen_model *m) {
     vk_model *vm = m->backend;
     if (!vm) return;
     kvg_vk_ctx *ctx = vm->ctx;
     if (ctx) {
+        vk_session_free(m, vm->bat);
+        vm->bat = NULL;
         vkDeviceWaitIdle(ctx->dev);
         if (vm->prof_pool) {
             fprintf(stderr, "kvgen vulkan profile over %d steps (ms per step):", vm->prof_steps);
@@ -714,6 +737,7 @@ static void vk_model_free(kvgen_model *m) {
         kvg_vk_ctx_destroy(ctx);
     }
     if (vm->rope_mu_init) pthread_mutex_destroy(&vm->rope_mu);
+    if (vm->bat_mu_init) pthread_mutex_destroy(&vm->bat_mu);
     free(vm->layers);
     free(vm);
     m->backend = NULL;
@@ -737,6 +761,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->hp = *hp;
     pthread_mutex_init(&vm->rope_mu, NULL);
     vm->rope_mu_init = true;
+    pthread_mutex_init(&vm->bat_mu, NULL);
+    vm->bat_mu_init = true;
     kvg_vk_ctx_desc cd = {.device = desc->device,
                           .force_f32 = desc->force_f32,
                           .vk_instance = desc->vk_instance,
@@ -810,7 +836,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
 
     /* scratch */
     uint32_t C = vm->chunk;
-    st = kvg_vk_buffer_create(ctx, 16 + (size_t)C * 4, KVG_VK_MEM_HOST, &vm->params, err);
+    /* token ids, or a batched decode's ids and (position, table) pairs from BATCH_AT */
+    st = kvg_vk_buffer_create(ctx, 16 + (size_t)(C > 3 * BATCH_MAX ? C : 3 * BATCH_MAX) * 4, KVG_VK_MEM_HOST,
+                              &vm->params, err);
     /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
@@ -915,7 +943,10 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     free(s);
 }
 
-static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
+/* batch: the model's batch session (vm->bat): a page table of BATCH_MAX tables and partials
+ * for BATCH_MAX decode tokens */
+static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_backend_session **out,
+                                   kvgen_error *err) {
     *out = NULL;
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
@@ -940,7 +971,8 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     s->saved = malloc((size_t)hp->n_vocab * sizeof *s->saved);
     if (!s->k || !s->v || !s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     if (vm->paged && st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4,
+        st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4 *
+                                           (batch ? BATCH_MAX : 1),
                                   KVG_VK_MEM_HOST, &s->ptab, err);
     if (vm->paged && st == KVGEN_OK && !s->ptab.map)
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
@@ -951,7 +983,8 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
     /* partials: a decode's nsplit_dec splits or a prefill chunk's split_min per token */
-    size_t part_rows = (size_t)vm->chunk * split_min > s->nsplit_dec ? (size_t)vm->chunk * split_min : s->nsplit_dec;
+    size_t dec_rows = (size_t)s->nsplit_dec * (batch ? BATCH_MAX : 1);
+    size_t part_rows = (size_t)vm->chunk * split_min > dec_rows ? (size_t)vm->chunk * split_min : dec_rows;
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, part_rows * (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4,
                                   KVG_VK_MEM_DEVICE, &s->part, err);
@@ -992,12 +1025,16 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     return KVGEN_OK;
 }
 
+static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
+    return session_create(m, n_ctx, false, out, err);
+}
+
 static kvgen_status record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
                            uint32_t max_len, int logits, int select, kvgen_error *err) {
     kvgen_status st = kvg_vk_cmd_begin(cb, one_time, err);
     if (st != KVGEN_OK) return st;
     walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = cb, .n = n, .max_len = max_len, .logits = logits,
-               .err = err};
+               .batch = s == vm->bat, .err = err};
     st = walk_step(&rw);
     if (st != KVGEN_OK) {
         vkEndCommandBuffer(cb);
@@ -1038,6 +1075,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         int sel = last && keep ? select : 0;
         uint32_t *params = vm->params.map;
         params[0] = (uint32_t)(pos0 + done);
+        params[1] = 0; /* not a batched decode */
         memcpy(params + 4, tokens + done, c * sizeof *tokens);
         VkCommandBuffer cb;
         if (c == 1 && want == 1) {
@@ -1142,6 +1180,14 @@ static kvgen_status refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_err
     return st;
 }
 
+static kvgen_status check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err) {
+    for (size_t i = 0; i < n_entries; i++)
+        if (pages[i] < 0 || pages[i] >= vm->n_pages || !vm->slabs[(uint32_t)pages[i] / vm->pps].buf)
+            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table entry %zu names page %d, which has no storage",
+                            i, (int)pages[i]);
+    return KVGEN_OK;
+}
+
 static kvgen_status forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
                                   const int32_t *tokens, int n, int pos0, float *logits, bool all_logits, bool keep,
                                   int select, kvgen_error *err) {
@@ -1150,10 +1196,8 @@ static kvgen_status forward_paged(kvgen_model *m, kvg_backend_session *s, const 
     kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
     if (st != KVGEN_OK) return st;
     size_t n_entries = ((size_t)pos0 + (size_t)n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
-    for (size_t i = 0; i < n_entries; i++)
-        if (pages[i] < 0 || pages[i] >= vm->n_pages || !vm->slabs[(uint32_t)pages[i] / vm->pps].buf)
-            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table entry %zu names page %d, which has no storage",
-                            i, (int)pages[i]);
+    st = check_pages(vm, pages, n_entries, err);
+    if (st != KVGEN_OK) return st;
     pthread_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
     memcpy(s->ptab.map, pages, n_entries * sizeof *pages);
@@ -1167,6 +1211,89 @@ static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, con
                                      const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
                                      kvgen_error *err) {
     return forward_paged(m, s, pages, tokens, n, pos0, logits, all_logits, false, 0, err);
+}
+
+/* ---- batched decode (kvg_model.h, forward_batch) ---- */
+
+/* Makes vm->bat cover contexts of n_ctx positions (caller holds bat_mu, not ctx->lock): a new
+ * one only when a session with a longer context than any batched before joins a batch. */
+static kvgen_status batch_session(kvgen_model *m, int n_ctx, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    if (vm->bat && vm->bat->n_ctx >= n_ctx) return KVGEN_OK;
+    vk_session_free(m, vm->bat);
+    vm->bat = NULL;
+    kvgen_status st = session_create(m, n_ctx, true, &vm->bat, err);
+    if (st == KVGEN_OK) vm->bat_entries = (uint32_t)((n_ctx + vm->page_size - 1) / vm->page_size);
+    return st;
+}
+
+/* One step of n <= BATCH_MAX tokens of different sessions (caller holds ctx->lock, arguments
+ * checked): column i is tokens[i] at pos[i] of the session with table pages[i]. */
+static kvgen_status batch_step(vk_model *vm, kvg_backend_session *const *s, const int32_t *const *pages,
+                               const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+    kvg_backend_session *b = vm->bat;
+    uint32_t *params = vm->params.map;
+    int32_t *tab = b->ptab.map;
+    params[0] = 0;
+    params[1] = BATCH_AT;
+    for (int i = 0; i < n; i++) {
+        uint32_t base = (uint32_t)i * vm->bat_entries;
+        memcpy(tab + base, pages[i], ((size_t)pos[i] / (size_t)vm->page_size + 1) * sizeof *tab);
+        params[4 + i] = (uint32_t)tokens[i];
+        params[4 + BATCH_AT + 2 * i] = (uint32_t)pos[i];
+        params[4 + BATCH_AT + 2 * i + 1] = base;
+        s[i]->sel_n = 0; /* what they kept is stale once they run again */
+        s[i]->saved_valid = false;
+        if (vm->logits_owner == s[i]) vm->logits_owner = NULL;
+    }
+    kvgen_status st = KVGEN_OK;
+    /* params carry everything that changes from step to step: same width, same commands */
+    if (!b->decode_recorded || b->decode_ncols != (uint32_t)n) {
+        st = record(vm, b, b->cb_decode, false, (uint32_t)n, 0, 2, 0, err);
+        b->decode_recorded = st == KVGEN_OK;
+        b->decode_ncols = (uint32_t)n;
+    }
+    if (st == KVGEN_OK) st = kvg_vk_submit_wait(vm->ctx, b->cb_decode, b->fence, err);
+    if (st == KVGEN_OK) memcpy(logits, vm->logits.map, (size_t)n * (size_t)vm->hp.n_vocab * sizeof(float));
+    return st;
+}
+
+/* Up to BATCH_MAX sessions' tokens per step (fewer when the scratch holds fewer columns). A
+ * contiguous model's caches are one buffer per session, which one dispatch cannot index:
+ * there the tokens run one by one. */
+static kvgen_status vk_forward_batch(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
+                                     const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    size_t V = (size_t)vm->hp.n_vocab;
+    kvgen_status st = KVGEN_OK;
+    if (!vm->paged) {
+        for (int i = 0; i < n && st == KVGEN_OK; i++)
+            st = vk_forward(m, s[i], &tokens[i], 1, pos[i], logits + (size_t)i * V, false, err);
+        return st;
+    }
+    int n_ctx = 1;
+    for (int i = 0; i < n && st == KVGEN_OK; i++) {
+        if (!pages[i]) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch token %d has no page table", i);
+        st = check_step(vm, s[i], &tokens[i], 1, pos[i], err);
+        if (st == KVGEN_OK) st = check_pages(vm, pages[i], (size_t)pos[i] / (size_t)vm->page_size + 1, err);
+        if (s[i]->n_ctx > n_ctx) n_ctx = s[i]->n_ctx;
+    }
+    if (st != KVGEN_OK) return st;
+    int group = vm->chunk < BATCH_MAX ? (int)vm->chunk : BATCH_MAX;
+    pthread_mutex_lock(&vm->bat_mu);
+    st = batch_session(m, n_ctx, err);
+    if (st == KVGEN_OK) {
+        pthread_mutex_lock(&vm->ctx->lock);
+        set_aside_logits(vm, vm->bat);
+        st = refresh_sets(vm, vm->bat, err);
+        for (int done = 0; done < n && st == KVGEN_OK; done += group) {
+            int k = n - done < group ? n - done : group;
+            st = batch_step(vm, s + done, pages + done, tokens + done, pos + done, k, logits + (size_t)done * V, err);
+        }
+        pthread_mutex_unlock(&vm->ctx->lock);
+    }
+    pthread_mutex_unlock(&vm->bat_mu);
+    return st;
 }
 
 /* ---- logits kept on the device (kvg_model.h, forward_keep) ---- */
@@ -1466,6 +1593,7 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .kv_copy = vk_kv_copy,
     .kv_read = vk_kv_read,
     .kv_write = vk_kv_write,
+    .forward_batch = vk_forward_batch,
     .forward_keep = vk_forward_keep,
     .fetch_logits = vk_fetch_logits,
     .topk = vk_topk,
@@ -1600,7 +1728,10 @@ kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd
         st = kvg_vk_upload(ctx, which ? &vb : &kb, 0, tmp, nkv * elem, err);
     }
     if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &vm.q, 0, q, nq * 4, err);
-    if (st == KVGEN_OK) ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
+    if (st == KVGEN_OK) {
+        ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
+        ((uint32_t *)vm.params.map)[1] = 0;
+    }
     walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = (uint32_t)ncols, .max_len = (uint32_t)(pos0 + ncols),
               .err = err};
     VkDescriptorSet set = VK_NULL_HANDLE;

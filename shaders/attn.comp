@@ -4,7 +4,7 @@
 // attn.comp: causal attention of ncols query tokens over the layer's KV cache, online softmax.
 // Dispatch: (n_kv, ncols, nsplit), WG invocations. One workgroup handles every query head that
 // shares KV head gl_WorkGroupID.x (G = n_head / n_kv <= 8), so each cached K/V element is read
-// once for all of them; query t sits at position pos0 + t and sees positions [0, pos0 + t].
+// once for all of them; query t sits at position kvg_pos(t) (common.glsl) and sees positions [0, kvg_pos(t)].
 // Split s covers a contiguous 1/nsplit of those positions (decode splits long contexts so that
 // several workgroups share the work; attn_reduce.comp merges the partial results).
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
@@ -41,8 +41,8 @@ shared float pr[MAXG * WG];
 // where the V row of each position of the current tile starts, found once per tile by its lane
 shared uint v_slab[WG], v_elem[WG];
 
-kv_ref kv_row(bool is_k, uint kvh, uint p) {
-    return kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, kvh, p);
+kv_ref kv_row(uint tab, bool is_k, uint kvh, uint p) {
+    return kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, kvh, p);
 }
 
 void main() {
@@ -50,7 +50,8 @@ void main() {
     uint kvh = gl_WorkGroupID.x, t = gl_WorkGroupID.y, s = gl_WorkGroupID.z;
     const uint G = GQ;
     const uint hd = HD;
-    uint len = params.pos0 + t + 1u;
+    uint len = kvg_pos(t) + 1u;
+    uint tab = kvg_tab(t, pc.pt_base);
     // at least 256 positions per split: short contexts leave the later splits empty (cheap)
     // rather than paying every split's fixed cost for a few positions each
     uint chunk = max((len + pc.nsplit - 1u) / pc.nsplit, 256u);
@@ -72,8 +73,8 @@ void main() {
         uint nvalid = min(WG, p_end - base);
         uint p = base + tid;
         if (tid < nvalid) {
-            kv_ref kr = kv_row(true, kvh, p);
-            kv_ref vr = kv_row(false, kvh, p);
+            kv_ref kr = kv_row(tab, true, kvh, p);
+            kv_ref vr = kv_row(tab, false, kvh, p);
             v_slab[tid] = vr.slab;
             v_elem[tid] = vr.e;
             float sg[MAXG]; // in registers: one shared-memory write per score

@@ -8,10 +8,11 @@
 // keeps the GQ queries, each head's running max and sum and its output row in registers, and
 // reads each cached K and V row once for all GQ query heads, a uvec4 (8 f16 / 4 f32) at a time.
 // Dispatch: (ceil(ncols * nsplit / WG), n_kv, 1), WG invocations. Invocation j takes token
-// t = j % ncols (at position pos0 + t, seeing [0, pos0 + t]) and split s = j / ncols: decode's
+// t = j % ncols (at position pos = kvg_pos(t), seeing [0, pos]) and split s = j / ncols: decode's
 // lanes are the splits of one KV head, prefill's are consecutive tokens walking the same rows.
 // Split s covers positions [s * chunk, (s + 1) * chunk), chunk = max(ceil((pos0 + ncols) /
-// nsplit), MINCHUNK), the same for every token, so attn_reduce.comp merges the partials.
+// nsplit), MINCHUNK), the same for every token (a batched decode: each token's own length),
+// so attn_reduce.comp merges the partials.
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
 // t*ldo + h*hd), 5/6/10 the KV cache (kv.glsl), 7 partials (not DIRECT: per (t, h, s): m, l,
 // acc[hd]). head_dim must be a multiple of 8; ldq, ldo multiples of 4.
@@ -60,9 +61,11 @@ void main() {
     uint j = gl_GlobalInvocationID.x, kvh = gl_GlobalInvocationID.y;
     uint t = j % pc.ncols, s = j / pc.ncols;
     if (s >= pc.nsplit) return;
-    uint maxlen = params.pos0 + pc.ncols;
+    uint len = kvg_pos(t) + 1u;
+    // a batched decode's tokens are of different sessions: each splits its own length
+    uint maxlen = params.batch != 0u ? len : params.pos0 + pc.ncols;
     uint chunk = max((maxlen + pc.nsplit - 1u) / pc.nsplit, MINCHUNK);
-    uint len = params.pos0 + t + 1u;
+    uint tab = kvg_tab(t, pc.pt_base);
     uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
 
     vec4 q[GQ * NV];
@@ -79,7 +82,7 @@ void main() {
     }
 
     for (uint p = p_begin; p < p_end; p++) {
-        kv_ref kr = kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, HD, pc.n_ctx, true, kvh, p);
+        kv_ref kr = kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, HD, pc.n_ctx, true, kvh, p);
         vec4 x[NV];
         uvec4 w[KVG_KV_WIDE];
         ROW_OF(kr, w, x)

@@ -2,8 +2,9 @@
 //
 // All kernels use one pipeline layout: set 0 holds eight storage buffers (unused ones are bound
 // to a small dummy buffer) and a 128-byte push-constant range. Binding roles:
-//   0 params   per-step values written by the host (position, token ids), so that a recorded
-//              decode command buffer can be replayed unchanged
+//   0 params   per-step values written by the host (position, token ids; a batched decode's
+//              per-token positions and page tables), so that a recorded decode command buffer
+//              can be replayed unchanged
 //   1 weights  a repacked weight matrix part (see weights.glsl)
 //   2 input    activations, f32, one row per token (stride a multiple of 4)
 //   3 output   activations, f32
@@ -20,9 +21,17 @@
 
 layout(std430, set = 0, binding = 0) readonly buffer Params {
     uint pos0;   // position of the first token of this step
-    uint p_pad0, p_pad1, p_pad2;
+    uint batch;  // 0, or a batched decode (one token each of several sessions): token t's
+                 // position is tokens[batch + 2t] and its page table starts at entry
+                 // tokens[batch + 2t + 1] of binding 10
+    uint p_pad1, p_pad2;
     int tokens[];
 } params;
+
+// the position of token t of this step
+uint kvg_pos(uint t) { return params.batch == 0u ? params.pos0 + t : uint(params.tokens[params.batch + 2u * t]); }
+// the first page-table entry of token t's session (tab: the step's own session's)
+uint kvg_tab(uint t, uint tab) { return params.batch == 0u ? tab : uint(params.tokens[params.batch + 2u * t + 1u]); }
 
 // The push constants of the weight kernels (embed, matvec, gemm); others define their own.
 #ifndef KVG_OWN_PC

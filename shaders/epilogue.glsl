@@ -4,7 +4,7 @@
 //   0 store   out[t*ldo + o_off + r] = v
 //   1 add     out[...] += v                      (residual add fused into the projection)
 //   2 qkv     rows [0,nq): Q with RoPE -> out; [nq,nq+nk): K with RoPE -> K cache (binding 5);
-//             [nq+nk, nq+2nk): V -> V cache, at position params.pos0 + t (addressing: kv.glsl)
+//             [nq+nk, nq+2nk): V -> V cache, at position kvg_pos(t) (addressing: kv.glsl)
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
 #ifndef KVG_EPILOGUE_GLSL
 #define KVG_EPILOGUE_GLSL
@@ -26,7 +26,7 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
     } else if (MODE == 3u) {
         yout[o + (r >> 1)] = v0 / (1.0 + exp(-v0)) * v1;
     } else {
-        uint pos = params.pos0 + t;
+        uint pos = kvg_pos(t);
         uint nqk = pc.nq + pc.nk;
         if (r < nqk) {
             uint d = (r < pc.nq ? r : r - pc.nq) % pc.hd;
@@ -45,7 +45,7 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
             bool is_k = r < nqk;
             uint i = is_k ? r - pc.nq : r - nqk;
             uint h = i / pc.hd, d = i % pc.hd;
-            kv_ref kr = kv_locate(pc.pt_base, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, h, pos);
+            kv_ref kr = kv_locate(kvg_tab(t, pc.pt_base), pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, h, pos);
             kv_store2(kr, d, vec2(v0, v1));
         }
     }
