@@ -1,9 +1,11 @@
 /* test_bench.c: `kvgen bench --quick` on a random model writes a table and a JSON file whose
  * every figure is present and positive (no timing is asserted: the machine is shared), for the
  * reference backend and, where a Vulkan device exists, for both backends with the probe;
- * `kvgen devices` lists what kvgen_devices reports; usage and load errors give exit 2 and 1. */
+ * `kvgen devices` lists what kvgen_devices reports; usage and load errors give exit 2 and 1; the
+ * optional sections (--sessions, --paged, --forks) write their keys. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -294,6 +296,29 @@ static void check_backend(const jreader *r, int b, const char *name) {
     positive(r, "backends[%d].seconds", b);
 }
 
+/* the optional sections of a --quick run with --sessions 2 --paged --forks (sessions 1 added) */
+static void check_sections(const jreader *r, int b, const char *name) {
+    CHECK(positive(r, "backends[%d].sessions[0].sessions", b) == 1);
+    CHECK(positive(r, "backends[%d].sessions[1].sessions", b) == 2);
+    CHECK(positive(r, "backends[%d].sessions[1].tokens_each", b) == 4);
+    positive(r, "backends[%d].sessions[0].tok_s.median", b);
+    positive(r, "backends[%d].sessions[1].tok_s.samples[1]", b);
+    CHECKF(positive(r, "backends[%d].sessions[0].ratio_to_1", b) == 1, "%s: one session's ratio to itself", name);
+    positive(r, "backends[%d].sessions[1].ratio_to_1", b);
+    CHECK(positive(r, "backends[%d].paged.depth", b) == 32);
+    positive(r, "backends[%d].paged.paged_tok_s.median", b);
+    positive(r, "backends[%d].paged.contiguous_tok_s.median", b);
+    positive(r, "backends[%d].paged.paged_over_contiguous", b);
+    CHECK(positive(r, "backends[%d].forks.sessions", b) == 4);
+    CHECK(positive(r, "backends[%d].forks.prompt_tokens", b) == 32);
+    positive(r, "backends[%d].forks.fork_s", b);
+    positive(r, "backends[%d].forks.pages_used", b);
+    double one = positive(r, "backends[%d].forks.scratch_one_s", b);
+    double est = positive(r, "backends[%d].forks.scratch_s_estimated", b);
+    CHECKF(fabs(est - 4 * one) <= 1e-3 * est, "%s: the scratch estimate is one prefill x 4: %g vs %g", name, est, one);
+    positive(r, "backends[%d].forks.scratch_over_fork", b);
+}
+
 static void check_common(const jreader *r) {
     positive(r, "model.weight_bytes");
     positive(r, "model.n_params");
@@ -349,6 +374,28 @@ int main(void) {
         free(text);
     }
 
+    /* the optional sections: concurrent sessions, paged vs contiguous, forks vs scratch */
+    remove(json);
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --sessions 2 --paged --forks --json %s", model,
+             json);
+    rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(strstr(out, "2 sessions at once") && strstr(out, "ratio to 1 session") && strstr(out, "paged / contiguous") &&
+               strstr(out, "ESTIMATED"),
+           "table:\n%s", out);
+    free(out);
+    text = tu_read_file(json, NULL);
+    CHECKF(text != NULL, "%s was not written", json);
+    if (text) {
+        CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+        check_backend(&r, 0, "reference");
+        check_sections(&r, 0, "reference");
+        free(r.leaves);
+        free(text);
+    }
+    snprintf(args, sizeof args, "bench %s --sessions 0", model);
+    CHECK(run(args, NULL) == 2);
+
     /* an unwritable JSON path is an error, after the table */
     snprintf(args, sizeof args, "bench %s --quick --backend reference --json /nonexistent/dir/bench.json", model);
     CHECK(run(args, NULL) == 1);
@@ -372,7 +419,8 @@ int main(void) {
     /* both backends in one run, with the probe and the ratio, where Vulkan can run */
     if (n_dev > 0) {
         remove(json);
-        snprintf(args, sizeof args, NO_LEAK_CHECK "bench %s --quick --backend reference,vulkan --json %s", model, json);
+        snprintf(args, sizeof args, NO_LEAK_CHECK "bench %s --quick --backend reference,vulkan --sessions 2 --paged --forks "
+                 "--json %s", model, json);
         rc = run(args, &out);
         CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
         CHECKF(strstr(out, "vulkan/reference") && strstr(out, "streaming read"), "table:\n%s", out);
@@ -385,6 +433,7 @@ int main(void) {
             expect_true(&r, "settings.vulkan_built");
             check_backend(&r, 0, "reference");
             check_backend(&r, 1, "vulkan");
+            check_sections(&r, 1, "vulkan");
             /* the deepest depth (64) is past the largest prompt: vulkan restores the reference's cache */
             expect_true(&r, "backends[1].deepest_cache_restored");
             positive(&r, "backends[1].probe.read_gbps");

@@ -18,7 +18,18 @@
  * The deepest cache is filled once, by the first backend (the reference: backends always run
  * reference first), and saved with kvgen_session_save; the next backend restores it
  * (kvgen_session_restore writes the K/V into its own cache) instead of prefilling 2,048 tokens
- * again at its own prompt speed. How the cache was filled does not change a decode step. */
+ * again at its own prompt speed. How the cache was filled does not change a decode step.
+ *
+ * Optional sections, each measured per backend after the above:
+ *   --sessions 1,2,4,8,16  aggregate decode tokens/s of that many sessions generating at once
+ *       through the jobs worker (kvg_jobs_bench: batched decode, each weight read once per step
+ *       for up to 8 sessions), and the ratio to one session;
+ *   --paged  decode at depth D (2048) through the page table vs a kv_contiguous model's cache,
+ *       the two interleaved rep by rep. The depth is reached by running the backend at position
+ *       D directly over an untouched cache: attention's cost does not depend on the cached
+ *       values, and prefilling 2048 tokens twice on lavapipe takes minutes;
+ *   --forks  N (64) sessions holding one P-token (512) prompt: N forks of a prefilled parent vs
+ *       N prefilled from scratch, the latter estimated as the parent's own timed prefill x N. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -30,6 +41,9 @@
 #include <unistd.h>
 #include "kvgen.h"
 #include "bench.h"
+#include "kvg_pool.h"
+#include "kvg_session.h"
+#include "kvg_worker.h"
 #ifdef KVGEN_HAVE_VULKAN
 #include "kvg_vk_bench.h"
 #endif
@@ -66,6 +80,10 @@ typedef struct bench_opts {
     int prompts[BENCH_MAX_SIZES], n_prompts;
     int depths[BENCH_MAX_SIZES], n_depths;
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
+    int sessions[BENCH_MAX_SIZES], n_sessions; /* concurrent sessions; n_sessions 0: skipped */
+    int session_tokens;                         /* tokens each of them generates */
+    int paged, paged_depth;                     /* paged vs contiguous decode */
+    int forks, n_forks, fork_prompt;            /* forks vs scratch */
 } bench_opts;
 
 typedef struct bench_result {
@@ -77,6 +95,10 @@ typedef struct bench_result {
     bench_stats prompt[BENCH_MAX_SIZES];
     bench_stats decode[BENCH_MAX_SIZES];  /* in opts.depths order */
     bench_stats nc, nc_cached;            /* decode at nc_depth without / with the cache */
+    bench_stats sessions[BENCH_MAX_SIZES]; /* aggregate tokens/s, in opts.sessions order */
+    bench_stats paged_tok, contiguous_tok; /* decode at paged_depth */
+    double fork_s, scratch_one_s;          /* N forks; one prefill of the prompt */
+    size_t fork_pages;                     /* pages in use with the parent and its forks */
     int filled_by_restore; /* the deepest cache came from the reference backend's saved session */
     int have_probe, n_probe_runs;
     double probe_gbps_runs[2];
@@ -132,6 +154,14 @@ static void bench_usage(FILE *f) {
             "                       no-cache depth 16, a short probe\n"
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          reference backend threads (default: all cores)\n"
+            "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
+            "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
+            "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
+            "  --paged              also: decode at depth --paged-depth, paged vs contiguous KV cache\n"
+            "  --paged-depth N      (default 2048; --quick 32)\n"
+            "  --forks              also: time to create --fork-sessions forks of a --fork-prompt token\n"
+            "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
+            "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
             "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n");
 }
 
@@ -193,7 +223,8 @@ static int cmp_int(const void *a, const void *b) {
 /* Returns 0, 2 after a usage error, or -1 after printing the help (exit 0). */
 static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.reps = 3, .steps = 16, .prompts = {64, 512}, .n_prompts = 2, .depths = {0, 512, 2048},
-                      .n_depths = 3, .nc_depth = 32, .nc_steps = 4};
+                      .n_depths = 3, .nc_depth = 32, .nc_steps = 4, .paged_depth = 2048, .n_forks = 64,
+                      .fork_prompt = 512};
 #ifdef KVGEN_HAVE_VULKAN
     o->backends[0] = KVGEN_BACKEND_REFERENCE;
     o->backends[1] = KVGEN_BACKEND_VULKAN;
@@ -206,7 +237,8 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--quick") == 0) {
             *o = (bench_opts){.reps = 2, .steps = 4, .prompts = {8, 32}, .n_prompts = 2, .depths = {0, 32, 64},
-                              .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1,
+                              .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1, .paged_depth = 32,
+                              .n_forks = 4, .fork_prompt = 32,
                               .backends = {o->backends[0], o->backends[1]}, .n_backends = o->n_backends};
         }
     for (int i = 2; i < argc; i++) {
@@ -215,7 +247,9 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         int takes_value = strcmp(a, "--backend") == 0 || strcmp(a, "--json") == 0 || strcmp(a, "--reps") == 0 ||
                           strcmp(a, "--steps") == 0 || strcmp(a, "--prompts") == 0 || strcmp(a, "--depths") == 0 ||
                           strcmp(a, "--no-cache-depth") == 0 || strcmp(a, "--device") == 0 ||
-                          strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0;
+                          strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "--sessions") == 0 ||
+                          strcmp(a, "--session-tokens") == 0 || strcmp(a, "--paged-depth") == 0 ||
+                          strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -241,6 +275,22 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             if (!parse_int(val, 0, 1 << 16, &o->nc_depth)) return bench_usage_error("--no-cache-depth: bad depth '%s'", val);
         } else if (strcmp(a, "--device") == 0) {
             o->device = val;
+        } else if (strcmp(a, "--sessions") == 0) {
+            if (!parse_int_list(val, 1, o->sessions, &o->n_sessions))
+                return bench_usage_error("--sessions: expected up to 8 comma-separated counts >= 1, got '%s'", val);
+        } else if (strcmp(a, "--session-tokens") == 0) {
+            if (!parse_int(val, 1, 1 << 16, &o->session_tokens))
+                return bench_usage_error("--session-tokens: bad token count '%s'", val);
+        } else if (strcmp(a, "--paged") == 0) {
+            o->paged = 1;
+        } else if (strcmp(a, "--paged-depth") == 0) {
+            if (!parse_int(val, 0, 1 << 16, &o->paged_depth)) return bench_usage_error("--paged-depth: bad depth '%s'", val);
+        } else if (strcmp(a, "--forks") == 0) {
+            o->forks = 1;
+        } else if (strcmp(a, "--fork-sessions") == 0) {
+            if (!parse_int(val, 1, 4096, &o->n_forks)) return bench_usage_error("--fork-sessions: bad count '%s'", val);
+        } else if (strcmp(a, "--fork-prompt") == 0) {
+            if (!parse_int(val, 1, 1 << 16, &o->fork_prompt)) return bench_usage_error("--fork-prompt: bad size '%s'", val);
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -261,6 +311,16 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         if (o->prompts[i] == o->prompts[i - 1]) return bench_usage_error("--prompts: %s", "sizes repeat");
     for (int i = 1; i < o->n_depths; i++)
         if (o->depths[i] == o->depths[i - 1]) return bench_usage_error("--depths: %s", "depths repeat");
+    if (o->n_sessions) { /* the ratio's base, one session, is always measured */
+        int has_one = 0;
+        for (int i = 0; i < o->n_sessions; i++) has_one |= o->sessions[i] == 1;
+        if (!has_one && o->n_sessions == BENCH_MAX_SIZES) return bench_usage_error("--sessions: %s", "too many counts");
+        if (!has_one) o->sessions[o->n_sessions++] = 1;
+        qsort(o->sessions, (size_t)o->n_sessions, sizeof(int), cmp_int);
+        for (int i = 1; i < o->n_sessions; i++)
+            if (o->sessions[i] == o->sessions[i - 1]) return bench_usage_error("--sessions: %s", "counts repeat");
+    }
+    if (!o->session_tokens) o->session_tokens = o->steps;
     return 0;
 }
 
@@ -376,6 +436,92 @@ static void run_probe(const bench_opts *o, bench_result *r) {
 #endif
 }
 
+/* --sessions: kvg_jobs_bench for each count, reps times */
+static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_model *m, kvgen_error *err) {
+    kvgen_status st = KVGEN_OK;
+    for (int i = 0; i < o->n_sessions && st == KVGEN_OK; i++) {
+        fprintf(stderr, "kvgen bench: %s: %d sessions at once, %d tokens each x %d\n", r->name, o->sessions[i],
+                o->session_tokens, o->reps);
+        for (int rep = 0; rep < o->reps && st == KVGEN_OK; rep++) {
+            double tok_s = 0;
+            st = kvg_jobs_bench(m, o->sessions[i], o->session_tokens, &tok_s, err);
+            if (st == KVGEN_OK && r->sessions[i].n < BENCH_MAX_REPS) r->sessions[i].samples[r->sessions[i].n++] = tok_s;
+        }
+        stats_finish(&r->sessions[i]);
+    }
+    return st;
+}
+
+/* --paged: decode at paged_depth through m's page table vs a kv_contiguous model's cache
+ * (see the top: the backend runs at that position directly) */
+static kvgen_status bench_paged(const bench_opts *o, bench_result *r, kvgen_model *mp, kvgen_error *err) {
+    if (!mp->pool)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend has no paged KV cache", o->model, r->name);
+    fprintf(stderr, "kvgen bench: %s: decode at depth %d, paged vs contiguous, %d steps x %d\n", r->name,
+            o->paged_depth, o->steps, o->reps);
+    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
+                           .kv_contiguous = 1};
+    kvgen_model *mc = NULL;
+    kvgen_session *sp = NULL, *sc = NULL;
+    int D = o->paged_depth, S = o->steps, V = mp->w.hp.n_vocab;
+    size_t P = (size_t)kvg_pool_page_size(mp->pool), n_tab = ((size_t)D + (size_t)S + P - 1) / P, n_alloc = 0;
+    int32_t *table = calloc(n_tab, sizeof *table);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    kvgen_status st = table && logits ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvgen_model_load(&md, &mc, err);
+    kvgen_session_desc sd = {.n_ctx = D + S + 1, .no_prefix_reuse = 1};
+    if (st == KVGEN_OK) st = kvgen_session_create(mp, &sd, &sp, err);
+    if (st == KVGEN_OK) st = kvgen_session_create(mc, &sd, &sc, err);
+    for (; st == KVGEN_OK && n_alloc < n_tab; n_alloc++) st = kvg_pool_alloc(mp->pool, &table[n_alloc], err);
+    /* rep -1 is the warm-up (first-use command-buffer recording) */
+    for (int rep = -1; rep < o->reps && st == KVGEN_OK; rep++)
+        for (int kind = 0; kind < 2 && st == KVGEN_OK; kind++) {
+            int steps = rep < 0 ? 1 : S;
+            double t0 = now_s();
+            for (int i = 0; i < steps && st == KVGEN_OK; i++) {
+                int32_t tok = (int32_t)((i * 7919 + rep + 1) % V);
+                st = kind == 0 ? mp->ops->forward_paged(mp, sp->bs, table, &tok, 1, D + i, logits, false, err)
+                               : mc->ops->forward(mc, sc->bs, &tok, 1, D + i, logits, false, err);
+            }
+            if (st == KVGEN_OK && rep >= 0) stats_add(kind == 0 ? &r->paged_tok : &r->contiguous_tok, steps, now_s() - t0);
+        }
+    stats_finish(&r->paged_tok);
+    stats_finish(&r->contiguous_tok);
+    for (size_t i = 0; i < n_alloc; i++) kvg_pool_release(mp->pool, table[i]);
+    kvgen_session_close(sc);
+    kvgen_session_close(sp);
+    kvgen_model_unload(mc);
+    free(table);
+    free(logits);
+    return st;
+}
+
+/* --forks: n_forks forks of a session prefilled with fork_prompt tokens vs that prefill x n_forks */
+static kvgen_status bench_forks(const bench_opts *o, bench_result *r, kvgen_model *m, const int32_t *seq,
+                                kvgen_error *err) {
+    fprintf(stderr, "kvgen bench: %s: %d forks of a %d-token prompt vs prefilling it\n", r->name, o->n_forks,
+            o->fork_prompt);
+    int N = o->n_forks;
+    kvgen_session **ss = calloc((size_t)N, sizeof *ss);
+    kvgen_session *parent = NULL;
+    kvgen_session_desc sd = {.n_ctx = o->fork_prompt + 64, .no_prefix_reuse = 1};
+    kvgen_status st = ss ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvgen_session_create(m, &sd, &parent, err);
+    double t0 = now_s();
+    if (st == KVGEN_OK) st = kvgen_session_prefill(parent, seq, (size_t)o->fork_prompt, NULL, err);
+    r->scratch_one_s = now_s() - t0;
+    t0 = now_s();
+    for (int i = 0; i < N && st == KVGEN_OK; i++) st = kvgen_session_fork(parent, &ss[i], err);
+    r->fork_s = now_s() - t0;
+    kvgen_pool_info pi;
+    kvgen_model_pool_info(m, &pi);
+    r->fork_pages = pi.pages_used;
+    for (int i = 0; ss && i < N; i++) kvgen_session_close(ss[i]);
+    kvgen_session_close(parent);
+    free(ss);
+    return st;
+}
+
 /* Runs every measurement on one backend. Fills r->error and returns 1 on failure. */
 static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, bench_fill *fill, int last) {
     double t_start = now_s();
@@ -402,6 +548,7 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     int need = o->prompts[o->n_prompts - 1];
     if (o->depths[o->n_depths - 1] + o->steps > need) need = o->depths[o->n_depths - 1] + o->steps;
     if (o->nc_depth + o->nc_steps > need) need = o->nc_depth + o->nc_steps;
+    if (o->forks && o->fork_prompt > need) need = o->fork_prompt;
     need += 1;
     seq = make_tokens(m, (size_t)need, &err);
     if (!seq) {
@@ -475,6 +622,20 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
         kvgen_session_desc nd = {.n_ctx = need, .no_cache = 1, .no_prefix_reuse = 1};
         st = kvgen_session_create(m, &nd, &nc, &err);
         if (st == KVGEN_OK) st = time_decode(nc, seq, o->nc_depth, o->nc_steps, o->reps, &r->nc, &err);
+        if (st != KVGEN_OK) goto done;
+    }
+    if (o->n_sessions) {
+        st = bench_sessions(o, r, m, &err);
+        if (st != KVGEN_OK) goto done;
+    }
+    if (o->paged) {
+        kvgen_session_close(nc); /* their pages and caches: the contiguous model needs the room */
+        nc = NULL;
+        st = bench_paged(o, r, m, &err);
+        if (st != KVGEN_OK) goto done;
+    }
+    if (o->forks) {
+        st = bench_forks(o, r, m, seq, &err);
         if (st != KVGEN_OK) goto done;
     }
     if (r->backend == KVGEN_BACKEND_VULKAN) run_probe(o, r);
@@ -555,6 +716,25 @@ static const bench_stats *pick_nc_cached(const bench_result *r, const void *arg)
     return &r->nc_cached;
 }
 
+static const bench_stats *pick_sessions(const bench_result *r, const void *arg) {
+    return &r->sessions[*(const int *)arg];
+}
+static const bench_stats *pick_paged(const bench_result *r, const void *arg) {
+    (void)arg;
+    return &r->paged_tok;
+}
+static const bench_stats *pick_contiguous(const bench_result *r, const void *arg) {
+    (void)arg;
+    return &r->contiguous_tok;
+}
+
+/* one session's aggregate tokens/s (the --sessions ratio's base; the list always holds 1) */
+static double session_base(const bench_opts *o, const bench_result *r) {
+    for (int k = 0; k < o->n_sessions; k++)
+        if (o->sessions[k] == 1) return r->sessions[k].median;
+    return 0;
+}
+
 static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm, double load0,
                          double load1) {
     printf("\nkvgen bench: %s (%s): %d layers, n_embd %d, %.1fM parameters, %.1f MB of weights\n", bm->name, o->model,
@@ -591,7 +771,44 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
         }
         printf("\n");
     }
+    for (int k = 0; k < o->n_sessions; k++) {
+        snprintf(label, sizeof label, "%d sessions at once", o->sessions[k]);
+        print_row(label, res, n, pick_sessions, &k);
+        if (o->sessions[k] == 1) continue;
+        printf("%-28s", "  ratio to 1 session");
+        for (int i = 0; i < n; i++) {
+            char buf[32] = "-";
+            double one = session_base(o, &res[i]);
+            if (res[i].ok && one > 0) snprintf(buf, sizeof buf, "%.2fx", res[i].sessions[k].median / one);
+            printf("  %-24s", buf);
+        }
+        printf("\n");
+    }
+    if (o->paged) {
+        snprintf(label, sizeof label, "decode at %d, paged", o->paged_depth);
+        print_row(label, res, n, pick_paged, NULL);
+        snprintf(label, sizeof label, "decode at %d, contiguous", o->paged_depth);
+        print_row(label, res, n, pick_contiguous, NULL);
+        printf("%-28s", "  paged / contiguous");
+        for (int i = 0; i < n; i++) {
+            char buf[32] = "-";
+            if (res[i].ok && res[i].contiguous_tok.median > 0)
+                snprintf(buf, sizeof buf, "%.3f", res[i].paged_tok.median / res[i].contiguous_tok.median);
+            printf("  %-24s", buf);
+        }
+        printf("\n");
+    }
     printf("\n");
+    if (o->forks)
+        for (int i = 0; i < n; i++) {
+            const bench_result *r = &res[i];
+            if (!r->ok) continue;
+            printf("%s: %d sessions holding a %d-token prompt: forks %.4f s (%.3f ms each, %zu pages in use), from "
+                   "scratch %.2f s (ESTIMATED: one prefill %.3f s x %d); scratch / forks %.0fx\n",
+                   r->name, o->n_forks, o->fork_prompt, r->fork_s, r->fork_s * 1e3 / o->n_forks, r->fork_pages,
+                   r->scratch_one_s * o->n_forks, r->scratch_one_s, o->n_forks,
+                   r->fork_s > 0 ? r->scratch_one_s * o->n_forks / r->fork_s : 0.0);
+        }
     for (int i = 0; i < n; i++)
         printf("%s: %s%s (%.1f s)%s\n", res[i].name, res[i].ok ? "device " : "error: ",
                res[i].ok ? res[i].device : res[i].error, res[i].seconds,
@@ -736,6 +953,40 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
             json_stats(f, &r->nc_cached);
             fprintf(f, ", \"cached_over_no_cache\": ");
             json_number(f, r->nc.median > 0 ? r->nc_cached.median / r->nc.median : 0);
+            fprintf(f, "}");
+        }
+        if (o->n_sessions) {
+            double one = session_base(o, r);
+            fprintf(f, ",\n     \"sessions\": [");
+            for (int k = 0; k < o->n_sessions; k++) {
+                fprintf(f, "%s\n       {\"sessions\": %d, \"tokens_each\": %d, \"tok_s\": ", k ? "," : "",
+                        o->sessions[k], o->session_tokens);
+                json_stats(f, &r->sessions[k]);
+                fprintf(f, ", \"ratio_to_1\": ");
+                json_number(f, one > 0 ? r->sessions[k].median / one : 0);
+                fprintf(f, "}");
+            }
+            fprintf(f, "]");
+        }
+        if (o->paged) {
+            fprintf(f, ",\n     \"paged\": {\"depth\": %d, \"steps\": %d, \"paged_tok_s\": ", o->paged_depth, o->steps);
+            json_stats(f, &r->paged_tok);
+            fprintf(f, ", \"contiguous_tok_s\": ");
+            json_stats(f, &r->contiguous_tok);
+            fprintf(f, ", \"paged_over_contiguous\": ");
+            json_number(f, r->contiguous_tok.median > 0 ? r->paged_tok.median / r->contiguous_tok.median : 0);
+            fprintf(f, "}");
+        }
+        if (o->forks) {
+            fprintf(f, ",\n     \"forks\": {\"sessions\": %d, \"prompt_tokens\": %d, \"fork_s\": ", o->n_forks,
+                    o->fork_prompt);
+            json_number(f, r->fork_s);
+            fprintf(f, ", \"pages_used\": %zu, \"scratch_one_s\": ", r->fork_pages);
+            json_number(f, r->scratch_one_s);
+            fprintf(f, ", \"scratch_s_estimated\": ");
+            json_number(f, r->scratch_one_s * o->n_forks);
+            fprintf(f, ", \"scratch_over_fork\": ");
+            json_number(f, r->fork_s > 0 ? r->scratch_one_s * o->n_forks / r->fork_s : 0);
             fprintf(f, "}");
         }
         if (r->backend == KVGEN_BACKEND_VULKAN) {
