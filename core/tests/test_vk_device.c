@@ -428,19 +428,10 @@ int main(void) {
     if (ref && owned) {
         CHECKF(excess(owned, ref, n, 0.01) <= 1.0, "kvgen's device: logits off the reference");
         check_validation(mv, "kvgen's device");
-        if (env_on("KVGEN_VALIDATE")) {
-            /* kvgen's messenger is live: an invalid call on its device is counted (then forgotten) */
-            kvg_vk_ctx *ctx = kvg_vk_model_ctx(mv);
-            VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-                                     .size = 0,
-                                     .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
-                                     .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-            VkBuffer buf = VK_NULL_HANDLE;
-            vkCreateBuffer(ctx->dev, &bi, NULL, &buf);
-            CHECKF(kvg_vk_validation_count(ctx) >= 1, "KVGEN_VALIDATE=1 but kvgen's messenger counted nothing");
-            if (buf) vkDestroyBuffer(ctx->dev, buf, NULL);
-            atomic_store(&ctx->validation_messages, 0);
-        }
+        /* KVGEN_VALIDATE=1: the layer was found (else the load fails) and kvgen's messenger is set up;
+         * ctest also fails every test whose output holds "kvgen: vulkan validation:" (core/CMakeLists.txt),
+         * which catches messages at unload, after the last count could be read */
+        if (env_on("KVGEN_VALIDATE")) CHECK(kvg_vk_model_ctx(mv)->messenger != VK_NULL_HANDLE);
         kvgen_model_unload(mv);
         mv = NULL;
         host_device(path, owned, ref, forced, n);
