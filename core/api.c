@@ -71,7 +71,10 @@ static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, k
         if (st == KVGEN_OK) return KVGEN_OK;
         m->ops = NULL;
         m->backend = NULL;
-        if (want == KVGEN_BACKEND_VULKAN) {
+        /* KVGEN_VALIDATE=1 asks for Vulkan to be checked: falling back to the CPU would make a
+         * validated run pass without validating anything */
+        const char *validate = getenv("KVGEN_VALIDATE");
+        if (want == KVGEN_BACKEND_VULKAN || (validate && strcmp(validate, "1") == 0)) {
             if (err) *err = vk_err;
             return st;
         }

@@ -353,9 +353,18 @@ static void selection(const char *path) {
     err = (kvgen_error){0};
     CHECK(load(&d, KVGEN_BACKEND_VULKAN, &err) == NULL);
     CHECKF(err.status == KVGEN_E_DEVICE && strstr(err.message, "99"), "%s", err.message);
-    /* the default backend falls back to the reference when the named device is absent (api.c) */
+    /* the default backend falls back to the reference when the named device is absent (api.c),
+     * except under KVGEN_VALIDATE=1, where a fallback would skip the validation asked for */
     setenv("KVGEN_DEVICE", "nosuchgpu", 1);
     d.device = NULL;
+    const char *validate = getenv("KVGEN_VALIDATE");
+    if (validate && strcmp(validate, "1") == 0) {
+        err = (kvgen_error){0};
+        CHECK(load(&d, KVGEN_BACKEND_DEFAULT, &err) == NULL);
+        CHECKF(err.status == KVGEN_E_DEVICE && strstr(err.message, "nosuchgpu"), "%s", err.message);
+        unsetenv("KVGEN_DEVICE");
+        return;
+    }
     kvgen_model *m = load_ok(&d, KVGEN_BACKEND_DEFAULT, "default backend, no such device");
     unsetenv("KVGEN_DEVICE");
     if (m) {
