@@ -1,11 +1,18 @@
-/* choose.c: choice scoring. The context's K/V are computed once (the session as it is); each
- * candidate runs as one batched prefill on a fork, which shares the context's pages
- * copy-on-write, so a candidate costs only its own tokens. */
+/* choose.c: choice scoring. The context's K/V are computed once (the session as it is) and
+ * every candidate continues from a fork of it, which shares the context's pages
+ * copy-on-write, so a candidate costs only its own tokens. Where the backend batches decodes
+ * (forward_batch), the candidates advance together: step j decodes token j-1 of every
+ * candidate that has a token j in one batched pass, so each weight is read once per step for
+ * all of them; candidates drop out as they finish. Otherwise each runs as one prefill. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
 #include "kvg_sampler.h"
+#include "kvg_session.h"
+
+/* forks alive at once: bounds the memory (a contiguous model's fork holds a whole cache) */
+enum { CHOOSE_GROUP = 16 };
 
 /* log softmax(logits)[token], in double so long sums stay exact enough to compare */
 static double log_prob(const float *logits, int n, int32_t token) {
@@ -41,6 +48,57 @@ static kvgen_status tokenize_all(const kvgen_model *m, const char *text, int32_t
     return KVGEN_OK;
 }
 
+typedef struct choice_run {
+    int32_t *toks;
+    size_t nt;
+    double lp;
+} choice_run;
+
+/* One candidate as one prefill of all but its last token on a fork; `all` is scratch of
+ * (nt - 1) * V floats. */
+static kvgen_status score_prefill(kvgen_session *s, choice_run *c, int V, float *all, kvgen_error *err) {
+    kvgen_session *child = NULL;
+    kvgen_status st = kvgen_session_fork(s, &child, err);
+    if (st == KVGEN_OK) st = kvgen_session_prefill(child, c->toks, c->nt - 1, all, err);
+    kvgen_session_close(child);
+    for (size_t j = 1; j < c->nt && st == KVGEN_OK; j++) c->lp += log_prob(all + (j - 1) * (size_t)V, V, c->toks[j]);
+    return st;
+}
+
+/* Candidates g[0..k) (each with nt > 1, fitting the context without a shift) advanced
+ * together, one batched decode per step; `logits` is scratch of k * V floats. Each step's
+ * rows equal a separate decode's (forward_batch's contract), so the scores are those of
+ * decoding every candidate on its own. */
+static kvgen_status score_batched(kvgen_session *s, choice_run *const *g, int k, int V, float *logits,
+                                  kvgen_error *err) {
+    kvgen_session *child[CHOOSE_GROUP] = {0}, *active[CHOOSE_GROUP];
+    int which[CHOOSE_GROUP];
+    kvgen_status st = KVGEN_OK;
+    size_t longest = 0;
+    for (int i = 0; i < k && st == KVGEN_OK; i++) {
+        st = kvgen_session_fork(s, &child[i], err);
+        if (st == KVGEN_OK) child[i]->defer_decode = true; /* decode reserves; decode_batch runs */
+        if (g[i]->nt > longest) longest = g[i]->nt;
+    }
+    for (size_t j = 1; j < longest && st == KVGEN_OK; j++) {
+        int na = 0;
+        for (int i = 0; i < k && st == KVGEN_OK; i++) {
+            if (g[i]->nt <= j) continue;
+            st = kvgen_session_decode(child[i], g[i]->toks[j - 1], err);
+            active[na] = child[i];
+            which[na++] = i;
+        }
+        if (st == KVGEN_OK) st = kvg_session_decode_batch(active, na, logits, err);
+        for (int a = 0; a < na && st == KVGEN_OK; a++) {
+            choice_run *c = g[which[a]];
+            c->lp += log_prob(logits + (size_t)a * (size_t)V, V, c->toks[j]);
+        }
+    }
+    /* a fork left with a reserved, never-run decode frees that page with the rest */
+    for (int i = 0; i < k; i++) kvgen_session_close(child[i]);
+    return st;
+}
+
 kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidates, size_t n, kvgen_choice *results,
                                   kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: session is NULL");
@@ -58,44 +116,56 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
     int V = m->w.hp.n_vocab;
     memset(results, 0, n * sizeof *results);
 
+    choice_run *runs = calloc(n, sizeof *runs);
+    if (!runs) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for %zu candidates", n);
     kvgen_status st = KVGEN_OK;
-    float *all = NULL;
-    size_t all_cap = 0;
+    size_t max_nt = 0;
     for (size_t i = 0; i < n && st == KVGEN_OK; i++) {
-        int32_t *toks;
-        size_t nt;
-        st = tokenize_all(m, candidates[i], &toks, &nt, err);
-        if (st != KVGEN_OK) break;
-        if (nt == 0) {
-            free(toks);
+        st = tokenize_all(m, candidates[i], &runs[i].toks, &runs[i].nt, err);
+        if (st == KVGEN_OK && runs[i].nt == 0)
             st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu has no tokens", i);
-            break;
-        }
-        double lp = log_prob(ctx_logits, V, toks[0]);
-        if (nt > 1) {
-            /* the last token's own successor is not needed: prefill all but it */
-            size_t need = (nt - 1) * (size_t)V;
-            if (need > all_cap) {
-                float *a = realloc(all, need * sizeof *a);
-                if (!a) {
-                    free(toks);
-                    st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for logits");
-                    break;
-                }
-                all = a;
-                all_cap = need;
-            }
-            kvgen_session *child = NULL;
-            st = kvgen_session_fork(s, &child, err);
-            if (st == KVGEN_OK) st = kvgen_session_prefill(child, toks, nt - 1, all, err);
-            kvgen_session_close(child);
-            for (size_t j = 1; j < nt && st == KVGEN_OK; j++) lp += log_prob(all + (j - 1) * (size_t)V, V, toks[j]);
-        }
-        free(toks);
-        results[i].logprob = lp;
-        results[i].n_tokens = (int)nt;
-        results[i].logprob_mean = lp / (double)nt;
+        if (st != KVGEN_OK) break;
+        runs[i].lp = log_prob(ctx_logits, V, runs[i].toks[0]);
+        if (runs[i].nt > max_nt) max_nt = runs[i].nt;
     }
-    free(all);
+
+    /* batched decodes need deferrable decodes (a cache) and must not shift the context, which
+     * a prefill of the whole candidate would do differently; such candidates run as prefills */
+    bool batch = st == KVGEN_OK && m->ops->forward_batch && !s->no_cache;
+    size_t room = (size_t)s->n_ctx - s->n_tokens;
+    size_t scratch = batch ? (size_t)CHOOSE_GROUP : 0;
+    if (st == KVGEN_OK && max_nt > scratch) scratch = max_nt;
+    float *logits = NULL;
+    if (st == KVGEN_OK && max_nt > 1) {
+        logits = malloc(scratch * (size_t)V * sizeof *logits);
+        if (!logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for logits");
+    }
+    choice_run *group[CHOOSE_GROUP];
+    int k = 0;
+    for (size_t i = 0; i < n && st == KVGEN_OK; i++) {
+        choice_run *c = &runs[i];
+        if (c->nt < 2) continue;
+        if (!batch || c->nt - 1 > room) {
+            st = score_prefill(s, c, V, logits, err);
+            continue;
+        }
+        group[k++] = c;
+        if (k == CHOOSE_GROUP) {
+            st = score_batched(s, group, k, V, logits, err);
+            k = 0;
+        }
+    }
+    if (st == KVGEN_OK && k > 0) st = score_batched(s, group, k, V, logits, err);
+
+    for (size_t i = 0; i < n; i++) {
+        if (st == KVGEN_OK) {
+            results[i].logprob = runs[i].lp;
+            results[i].n_tokens = (int)runs[i].nt;
+            results[i].logprob_mean = runs[i].lp / (double)runs[i].nt;
+        }
+        free(runs[i].toks);
+    }
+    free(logits);
+    free(runs);
     return st;
 }

@@ -392,42 +392,125 @@ static double lp_of(const float *l, int n, int32_t t) {
     return l[t] - max - log(sum);
 }
 
-static void test_choose(void) {
+/* Scores of kvgen_session_choose on model m against summing per-token log-probs from separate
+ * decodes of each candidate. tol < 0: bit-identical (the reference backend's batched rows equal
+ * its single decodes exactly); else each token may differ by tol * (2 + max|logit|) (Vulkan). */
+static void check_choose(kvgen_model *m, const char *what, double tol, const char *const *cands, int nc) {
     kvgen_model_info info;
-    kvgen_model_get_info(g_model, &info);
-    kvgen_session *s = session(NULL, 256);
-    size_t np = prompt(s, "the hero should");
-    float *ctx_logits = malloc(info.n_vocab * sizeof(float));
-    memcpy(ctx_logits, kvgen_session_logits(s), info.n_vocab * sizeof(float));
-    const char *cands[3] = {" attack", " flee", " trade the sword"};
-    kvgen_choice r[3];
+    kvgen_model_get_info(m, &info);
+    kvgen_session_desc d = {.n_ctx = 256};
     kvgen_error err = {0};
-    CHECK_OK(kvgen_session_choose(s, cands, 3, r, &err));
-    CHECK(kvgen_session_length(s) == np && memcmp(ctx_logits, kvgen_session_logits(s), info.n_vocab * sizeof(float)) == 0);
-    for (int i = 0; i < 3; i++) {
-        /* the same by separate decodes */
-        kvgen_session *ref = session(NULL, 256);
-        prompt(ref, "the hero should");
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(m, &d, &s, &err));
+    if (!s) return;
+    int32_t ctx[64];
+    size_t np = 0;
+    CHECK_OK(kvgen_tokenize(m, "the hero should", 15, 0, ctx, 64, &np, &err));
+    CHECK_OK(kvgen_session_prefill(s, ctx, np, NULL, &err));
+    float *ctx_logits = malloc(info.n_vocab * sizeof(float));
+    kvgen_choice *r = calloc((size_t)nc, sizeof *r);
+    CHECK(ctx_logits && r);
+    if (!ctx_logits || !r) return;
+    memcpy(ctx_logits, kvgen_session_logits(s), info.n_vocab * sizeof(float));
+    CHECK_OK(kvgen_session_choose(s, cands, (size_t)nc, r, &err));
+    CHECKF(kvgen_session_length(s) == np &&
+               memcmp(ctx_logits, kvgen_session_logits(s), info.n_vocab * sizeof(float)) == 0,
+           "%s: choose changed the session", what);
+    double worst = 0;
+    for (int i = 0; i < nc; i++) {
+        kvgen_session *ref = NULL;
+        CHECK_OK(kvgen_session_create(m, &d, &ref, &err));
+        if (!ref) continue;
+        CHECK_OK(kvgen_session_prefill(ref, ctx, np, NULL, &err));
         int32_t ids[64];
         size_t n = 0;
-        CHECK_OK(kvgen_tokenize(g_model, cands[i], strlen(cands[i]), 0, ids, 64, &n, &err));
-        double sum = 0;
+        CHECK_OK(kvgen_tokenize(m, cands[i], strlen(cands[i]), 0, ids, 64, &n, &err));
+        double sum = 0, allow = 0;
         for (size_t k = 0; k < n; k++) {
-            sum += lp_of(kvgen_session_logits(ref), info.n_vocab, ids[k]);
-            CHECK_OK(kvgen_session_decode(ref, ids[k], &err));
+            const float *l = kvgen_session_logits(ref);
+            double mx = 0;
+            for (int v = 0; v < info.n_vocab; v++) mx = fmax(mx, fabs((double)l[v]));
+            allow += tol * (2 + mx);
+            sum += lp_of(l, info.n_vocab, ids[k]);
+            if (k + 1 < n) CHECK_OK(kvgen_session_decode(ref, ids[k], &err));
         }
-        CHECKF(r[i].n_tokens == (int)n && fabs(r[i].logprob - sum) < 1e-3 * (1 + fabs(sum)),
-               "candidate %d: choose %.6f (%d tokens), decodes %.6f (%zu)", i, r[i].logprob, r[i].n_tokens, sum, n);
+        double diff = fabs(r[i].logprob - sum);
+        if (tol < 0) {
+            CHECKF(diff == 0, "%s: candidate %d: choose %.17g, decodes %.17g", what, i, r[i].logprob, sum);
+        } else {
+            CHECKF(diff <= allow, "%s: candidate %d: choose %.6f, decodes %.6f (allowed %.3g)", what, i, r[i].logprob,
+                   sum, allow);
+            if (allow > 0 && diff / allow > worst) worst = diff / allow;
+        }
+        CHECKF(r[i].n_tokens == (int)n, "%s: candidate %d: %d tokens, tokenizer %zu", what, i, r[i].n_tokens, n);
         CHECK(fabs(r[i].logprob_mean - r[i].logprob / r[i].n_tokens) < 1e-12 && r[i].logprob < 0);
         kvgen_session_close(ref);
     }
+    if (tol >= 0) printf("%s: choose vs separate decodes: worst %.3g x the tolerance\n", what, worst);
+    free(r);
+    free(ctx_logits);
+    kvgen_session_close(s);
+}
+
+/* more candidates than one batch group (16), lengths 1..~12 tokens, so they drop out at
+ * different steps */
+static const char *const g_many[] = {" attack", " flee", " trade the sword", " a", " wait for the dawn",
+                                     " run", " speak softly to the guard at the gate", " hide", " bargain",
+                                     " cast a spell of fire and ice", " x", " sleep", " climb the tower",
+                                     " call for help", " pray", " fight", " steal the golden key quietly",
+                                     " go home", " sing", " look around the room carefully"};
+enum { N_MANY = (int)(sizeof g_many / sizeof g_many[0]) };
+
+static void test_choose(const char *path) {
+    const char *cands[3] = {" attack", " flee", " trade the sword"};
+    check_choose(g_model, "reference", -1, cands, 3);
+    check_choose(g_model, "reference, many", -1, g_many, N_MANY);
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1, .kv_contiguous = 1};
+    kvgen_model *contig = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &contig, &err));
+    if (contig) check_choose(contig, "reference, contiguous", -1, g_many, N_MANY);
+    kvgen_model_unload(contig);
+
+    /* a candidate longer than the room left runs as a prefill on its fork: the context-full
+     * error of the session's policy, and the session unchanged */
+    kvgen_session *tight = session(NULL, 16);
+    size_t nt = prompt(tight, "the hero");
+    const char *longc[2] = {" a", " speak softly to the guard at the gate"};
+    kvgen_choice r[N_MANY];
+    CHECK(kvgen_session_choose(tight, longc, 2, r, &err) == KVGEN_E_CONTEXT_FULL);
+    CHECK(kvgen_session_length(tight) == nt && kvgen_session_logits(tight) != NULL);
+    kvgen_session_close(tight);
+
+    kvgen_session *s = session(NULL, 256);
+    prompt(s, "the hero should");
     const char *bad[1] = {""};
     CHECK(kvgen_session_choose(s, bad, 1, r, &err) == KVGEN_E_INVALID_ARGUMENT);
     kvgen_session *empty = session(NULL, 16);
     CHECK(kvgen_session_choose(empty, cands, 1, r, &err) == KVGEN_E_INVALID_ARGUMENT);
     kvgen_session_close(empty);
-    free(ctx_logits);
     kvgen_session_close(s);
+}
+
+/* the same on a random model on the Vulkan backend (paged: batched steps of up to 8 columns),
+ * within test_vk_batch's tolerance per token, when a device is present */
+static void test_choose_vulkan(void) {
+    int n_dev = 0;
+    kvgen_error err = {0};
+    if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
+        printf("vulkan: no device, choose not checked there\n");
+        return;
+    }
+    char *path = tu_make_model("gen-vk.gguf", "--seed 31 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                                              "--type Q8_0");
+    CHECK(path != NULL);
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 1, .kv_page_size = 16};
+    kvgen_model *m = NULL;
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    if (m) check_choose(m, "vulkan", 0.004, g_many, N_MANY);
+    kvgen_model_unload(m);
+    free(path);
 }
 
 /* same seed => same text, in two separate processes of the CLI */
@@ -475,7 +558,8 @@ int main(void) {
     test_constraints();
     test_chat_families();
     test_chat_turns();
-    test_choose();
+    test_choose(path);
+    test_choose_vulkan();
     test_cli_determinism(path);
     kvgen_model_unload(g_model);
     free(path);
