@@ -8,20 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_constrain.h"
+#include "kvg_generate.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
 
 #define DEFAULT_MAX_TOKENS 256
-#define MAX_STOPS 64
-#define MAX_STOP_LEN 1024
 
-/* a growable byte buffer, always NUL-terminated once used */
-typedef struct buf {
-    char *p;
-    size_t n, cap;
-} buf;
-
-static bool buf_add(buf *b, const char *s, size_t n) {
+bool kvg_buf_add(kvg_buf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
@@ -34,6 +27,20 @@ static bool buf_add(buf *b, const char *s, size_t n) {
     b->n += n;
     b->p[b->n] = 0;
     return true;
+}
+
+kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, const char *field, kvgen_error *err) {
+    if (d->n_stop < 0 || d->n_stop > KVGEN_MAX_STOPS || (d->n_stop > 0 && !d->stop))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sn_stop %d (0..%d, with a stop array)", who, field,
+                        d->n_stop, KVGEN_MAX_STOPS);
+    for (int i = 0; i < d->n_stop; i++)
+        if (!d->stop[i] || !d->stop[i][0] || strlen(d->stop[i]) > KVGEN_MAX_STOP_LEN)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sstop[%d] is NULL, empty or over %d bytes", who,
+                            field, i, KVGEN_MAX_STOP_LEN);
+    if (d->flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sflags 0x%x (only KVGEN_TOKENIZE_SPECIAL)", who, field,
+                        d->flags);
+    return KVGEN_OK;
 }
 
 struct kvgen_gen {
@@ -49,9 +56,9 @@ struct kvgen_gen {
     kvg_cons_state cst;
     uint8_t *allowed; /* n_vocab, with a constraint */
     kvgen_detok detok;
-    buf pending; /* decoded text not yet emitted: it may begin a stop string */
-    buf text;    /* everything emitted */
-    buf step;    /* what the current step emits */
+    kvg_buf pending; /* decoded text not yet emitted: it may begin a stop string */
+    kvg_buf text;    /* everything emitted */
+    kvg_buf step;    /* what the current step emits */
     int n_tokens;
     kvgen_finish finish;
     int cancel;
@@ -103,16 +110,8 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     if (!kvg_session_has_logits(s))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "kvgen_gen_begin: the session has no logits yet: prefill a prompt (or kvgen_chat_begin) first");
-    if (d.n_stop < 0 || d.n_stop > MAX_STOPS || (d.n_stop > 0 && !d.stop))
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: n_stop %d (0..%d, with a stop array)",
-                        d.n_stop, MAX_STOPS);
-    for (int i = 0; i < d.n_stop; i++)
-        if (!d.stop[i] || !d.stop[i][0] || strlen(d.stop[i]) > MAX_STOP_LEN)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: stop[%d] is NULL, empty or over %d bytes",
-                            i, MAX_STOP_LEN);
-    if (d.flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: flags 0x%x (only KVGEN_TOKENIZE_SPECIAL)",
-                        d.flags);
+    kvgen_status chk = kvg_gen_check_desc(&d, "kvgen_gen_begin", "", err);
+    if (chk != KVGEN_OK) return chk;
 
     kvgen_gen *g = calloc(1, sizeof *g);
     if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
@@ -147,7 +146,7 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
         const kvg_pieces *p;
         st = kvg_pieces_get(s, &p, err);
     }
-    if (st == KVGEN_OK && !(buf_add(&g->pending, "", 0) && buf_add(&g->text, "", 0) && buf_add(&g->step, "", 0)))
+    if (st == KVGEN_OK && !(kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)))
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
@@ -161,7 +160,7 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
 
 /* moves the first n pending bytes into this step's text */
 static bool emit(kvgen_gen *g, size_t n) {
-    if (!buf_add(&g->step, g->pending.p, n) || !buf_add(&g->text, g->pending.p, n)) return false;
+    if (!kvg_buf_add(&g->step, g->pending.p, n) || !kvg_buf_add(&g->text, g->pending.p, n)) return false;
     memmove(g->pending.p, g->pending.p + n, g->pending.n - n + 1);
     g->pending.n -= n;
     return true;
@@ -205,7 +204,7 @@ static kvgen_status oom(kvgen_gen *g, kvgen_error *err) {
 static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     char tail[8];
     size_t n = kvgen_detok_flush(&g->detok, tail, sizeof tail);
-    if (!buf_add(&g->pending, tail, n)) return oom(g, err);
+    if (!kvg_buf_add(&g->pending, tail, n)) return oom(g, err);
     long at = find_stop(g);
     if (at >= 0) {
         g->pending.n = (size_t)at;
@@ -296,10 +295,10 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
         char *big = malloc(n + 1);
         if (!big) return oom(g, err);
         n = kvgen_detok_push(g->m, &g->detok, tok, g->flags, big, n + 1);
-        bool ok = buf_add(&g->pending, big, n);
+        bool ok = kvg_buf_add(&g->pending, big, n);
         free(big);
         if (!ok) return oom(g, err);
-    } else if (!buf_add(&g->pending, piece, n)) {
+    } else if (!kvg_buf_add(&g->pending, piece, n)) {
         return oom(g, err);
     }
     long at = find_stop(g);

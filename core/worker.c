@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 #endif
 #include "kvg_constrain.h"
+#include "kvg_generate.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
 #include "kvg_worker.h"
@@ -35,30 +36,6 @@
 #define DEFAULT_PREFILL_CHUNK 32
 #define DEFAULT_MAX_BATCH 64
 #define DEFAULT_NICE 5
-/* as kvgen_gen_begin checks them: reported at submit rather than as a failed job */
-#define MAX_STOPS 64
-#define MAX_STOP_LEN 1024
-
-typedef struct wbuf {
-    char *p;
-    size_t n, cap;
-} wbuf;
-
-static bool wbuf_add(wbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return true;
-}
-
 struct kvgen_job {
     kvgen_model *model;
     struct kvg_worker *w;
@@ -84,7 +61,7 @@ struct kvgen_job {
     bool cancel;    /* asked for; the worker sees it at the next plan */
     bool detaching; /* its session is closing: never planned again */
     bool released, in_step, final_reported;
-    wbuf out; /* produced, not yet polled */
+    kvg_buf out; /* produced, not yet polled */
     size_t prompt_total, prompt_done;
     int n_gen;
     double t_submit, t_start, t_first, t_last, t_end;
@@ -100,13 +77,13 @@ struct kvgen_job {
     kvgen_job_state wstate;
     kvgen_finish wfinish;
     kvgen_error werr;
-    wbuf wout; /* text of this step */
+    kvg_buf wout; /* text of this step */
     size_t wprompt_total, wprompt_done;
     int wn_gen;
     double wt_start, wt_first, wt_last, wt_end;
 
     /* the host's */
-    wbuf host_text;
+    kvg_buf host_text;
     struct kvgen_job *prev, *next;
 };
 
@@ -246,16 +223,9 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_generate_desc *d, kvgen_e
     j->gen.stop = NULL;
     j->gen.n_stop = 0;
     j->gen.constraint = NULL;
-    if (d->n_stop < 0 || d->n_stop > MAX_STOPS || (d->n_stop > 0 && !d->stop))
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.n_stop %d (0..%d, with a stop array)",
-                        d->n_stop, MAX_STOPS);
-    for (int i = 0; i < d->n_stop; i++)
-        if (!d->stop[i] || !d->stop[i][0] || strlen(d->stop[i]) > MAX_STOP_LEN)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                            "kvgen_job_submit: gen.stop[%d] is NULL, empty or over %d bytes", i, MAX_STOP_LEN);
-    if (d->flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.flags 0x%x (only KVGEN_TOKENIZE_SPECIAL)",
-                        d->flags);
+    /* as kvgen_gen_begin checks them: reported at submit rather than as a failed job */
+    kvgen_status chk = kvg_gen_check_desc(d, "kvgen_job_submit", "gen.", err);
+    if (chk != KVGEN_OK) return chk;
     if (d->constraint) {
         kvg_cons *c = NULL;
         kvgen_status st = kvg_cons_build(d->constraint, &c, err); /* validates it */
@@ -443,7 +413,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvgen_status st = copy_prompt(j, m, &d, err);
     if (st == KVGEN_OK) st = copy_gen(j, &d.gen, err);
-    if (st == KVGEN_OK && !(wbuf_add(&j->host_text, "", 0) && wbuf_add(&j->out, "", 0) && wbuf_add(&j->wout, "", 0)))
+    if (st == KVGEN_OK && !(kvg_buf_add(&j->host_text, "", 0) && kvg_buf_add(&j->out, "", 0) && kvg_buf_add(&j->wout, "", 0)))
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvg_worker *w = NULL;
     if (st == KVGEN_OK && !(w = get_worker(m, err))) st = KVGEN_E_NO_MEMORY;
@@ -533,7 +503,7 @@ static bool take_news(kvgen_job *j, kvgen_event *ev) {
     bool final = is_final(j->state) && !j->final_reported;
     if (j->out.n == 0 && !final) return false;
     size_t at = j->host_text.n;
-    if (j->out.n > 0 && wbuf_add(&j->host_text, j->out.p, j->out.n)) {
+    if (j->out.n > 0 && kvg_buf_add(&j->host_text, j->out.p, j->out.n)) {
         j->out.n = 0;
         j->out.p[0] = 0;
     }
@@ -830,7 +800,7 @@ static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
         }
         if (st != KVGEN_OK) {
             fail_job(j, &e);
-        } else if (step->len > 0 && !wbuf_add(&j->wout, step->text, step->len)) {
+        } else if (step->len > 0 && !kvg_buf_add(&j->wout, step->text, step->len)) {
             kvgen_error oom = {KVGEN_E_NO_MEMORY, "kvgen job: out of memory for its text"};
             fail_job(j, &oom);
         }
@@ -873,7 +843,7 @@ static void commit_step(kvg_worker *w) {
         if (!j->in_step) continue;
         j->in_step = false;
         if (j->wout.n > 0) {
-            if (wbuf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
+            if (kvg_buf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
         }
         if (j->wn_gen > j->n_gen) w->stats.decode_tokens += (uint64_t)(j->wn_gen - j->n_gen);
         j->state = j->wstate;

@@ -404,10 +404,13 @@ typedef struct kvgen_constraint {
     int n_fields;
 } kvgen_constraint;
 
+#define KVGEN_MAX_STOPS 64      /* stop strings per generation */
+#define KVGEN_MAX_STOP_LEN 1024 /* bytes per stop string */
+
 typedef struct kvgen_generate_desc {
     int max_tokens;             /* 0: 256; < 0: until the context is full */
     const char *const *stop;    /* stop strings (non-empty); matched across token boundaries */
-    int n_stop;
+    int n_stop;                 /* 0..KVGEN_MAX_STOPS, each at most KVGEN_MAX_STOP_LEN bytes */
     int ignore_eog;             /* 1: do not stop at end-of-generation tokens */
     unsigned flags;             /* KVGEN_TOKENIZE_SPECIAL: include control tokens' text in the output */
     const kvgen_constraint *constraint; /* NULL: free text; copied at begin */

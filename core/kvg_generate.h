@@ -1,0 +1,20 @@
+/* kvg_generate.h: pieces of the generation layer that the job worker shares (private). */
+#ifndef KVG_GENERATE_H
+#define KVG_GENERATE_H
+#include <stdbool.h>
+#include <stddef.h>
+#include "kvgen.h"
+
+/* A growable byte buffer, always NUL-terminated once anything (even "") was added. */
+typedef struct kvg_buf {
+    char *p;
+    size_t n, cap;
+} kvg_buf;
+
+bool kvg_buf_add(kvg_buf *b, const char *s, size_t n);
+
+/* Checks a generation desc's stop strings and flags exactly as kvgen_gen_begin does, so a job
+ * is refused at submit for the same reasons. Messages read "<who>: <field>n_stop ...". */
+kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, const char *field, kvgen_error *err);
+
+#endif
