@@ -15,26 +15,11 @@ static kvgen_model *load(const char *path, const kvgen_model_desc *extra) {
     md.path = path;
     md.backend = KVGEN_BACKEND_REFERENCE;
     md.n_threads = 2;
-    kvgen_error err = {0};
-    kvgen_model *m = NULL;
-    kvgen_status st = kvgen_model_load(&md, &m, &err);
-    CHECKF(st == KVGEN_OK, "load %s: %s", path, err.message);
-    return m;
-}
-
-static void fill_tokens(int32_t *t, size_t n, unsigned seed) {
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        t[i] = (int32_t)((x >> 8) % (uint32_t)n_vocab);
-    }
+    return tu_load(&md);
 }
 
 static double max_diff(const float *a, const float *b) {
-    if (!a || !b) return INFINITY;
-    double d = 0;
-    for (int i = 0; i < n_vocab; i++) d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
+    return (!a || !b) ? INFINITY : tu_max_diff(a, b, n_vocab);
 }
 
 /* logits of a fresh oracle session that runs `tokens` from position 0 */
@@ -57,7 +42,7 @@ static void test_fork(kvgen_model *m) {
     kvgen_session_desc sd = {.n_ctx = 1024, .temperature = 0.9f, .seed = 77};
     CHECK_OK(kvgen_session_create(m, &sd, &p, &err));
     int32_t t[200];
-    fill_tokens(t, 200, 1);
+    tu_fill_tokens(t, 200, 1, n_vocab);
     CHECK_OK(kvgen_session_prefill(p, t, 100, NULL, &err)); /* 3 full pages of 32 + 4 tokens */
     CHECK_OK(kvgen_session_fork(p, &c, &err));
     if (!c) return;
@@ -97,7 +82,7 @@ static void test_rewind(kvgen_model *m) {
     kvgen_session_desc sd = {.n_ctx = 256};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[120];
-    fill_tokens(t, 120, 2);
+    tu_fill_tokens(t, 120, 2, n_vocab);
     CHECK_OK(kvgen_session_prefill(s, t, 80, NULL, &err));
     CHECK(kvgen_session_rewind(s, 81, &err) == KVGEN_E_INVALID_ARGUMENT && kvgen_session_length(s) == 80);
     CHECK_OK(kvgen_session_rewind(s, 30, &err));
@@ -129,9 +114,9 @@ static void test_prefix_reuse(kvgen_model *m) {
     kvgen_session *a = NULL, *b = NULL, *c = NULL;
     kvgen_session_desc sd = {.n_ctx = 512};
     int32_t t[200], u[200];
-    fill_tokens(t, 200, 3);
+    tu_fill_tokens(t, 200, 3, n_vocab);
     memcpy(u, t, sizeof u);
-    fill_tokens(u + 150, 20, 4);
+    tu_fill_tokens(u + 150, 20, 4, n_vocab);
     CHECK_OK(kvgen_session_create(m, &sd, &a, &err));
     CHECK_OK(kvgen_session_prefill(a, t, 200, NULL, &err));
     CHECK_OK(kvgen_session_create(m, &sd, &b, &err));
@@ -173,7 +158,7 @@ static void test_shift(kvgen_model *m, int one_layer) {
     kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 8};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[100];
-    fill_tokens(t, 100, 5);
+    tu_fill_tokens(t, 100, 5, n_vocab);
     CHECK_OK(kvgen_session_prefill(s, t, 64, NULL, &err));
     CHECK_OK(kvgen_session_decode(s, t[64], &err));
     /* dropped (64 - 8) / 2 = 28: tokens [0,8) + [36,65) */
@@ -236,7 +221,7 @@ static void test_contiguous(void) {
     kvgen_session_desc sd = {.n_ctx = 128};
     CHECK_OK(kvgen_session_create(oracle, &sd, &s, &err));
     int32_t t[100];
-    fill_tokens(t, 100, 6);
+    tu_fill_tokens(t, 100, 6, n_vocab);
     CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
     CHECK_OK(kvgen_session_fork(s, &c, &err));
     if (c) {

@@ -11,19 +11,7 @@ static int n_vocab;
 static kvgen_model *load(const char *path, int contiguous) {
     kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2,
                            .kv_contiguous = contiguous};
-    kvgen_error err = {0};
-    kvgen_model *m = NULL;
-    kvgen_status st = kvgen_model_load(&md, &m, &err);
-    CHECKF(st == KVGEN_OK, "load %s: %s", path, err.message);
-    return m;
-}
-
-static void fill_tokens(int32_t *t, size_t n, unsigned seed) {
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        t[i] = (int32_t)((x >> 8) % (uint32_t)n_vocab);
-    }
+    return tu_load(&md);
 }
 
 static bool write_file(const char *path, const void *data, size_t n) {
@@ -54,7 +42,7 @@ static void round_trip(kvgen_model *saver, kvgen_model *loader, bool shift, cons
     }
     CHECK_OK(kvgen_session_create(saver, &sd, &s, &err));
     int32_t t[150];
-    fill_tokens(t, 150, 9);
+    tu_fill_tokens(t, 150, 9, n_vocab);
     CHECK_OK(kvgen_session_prefill(s, t, shift ? 96 : 70, NULL, &err));
     if (shift) CHECK_OK(kvgen_session_decode(s, t[100], &err));
     kvgen_session_sample(s); /* advance the RNG: the restored one must continue from here */
@@ -104,7 +92,7 @@ static void test_refusals(kvgen_model *m, kvgen_model *other) {
     kvgen_session_desc sd = {.n_ctx = 64};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[40];
-    fill_tokens(t, 40, 3);
+    tu_fill_tokens(t, 40, 3, n_vocab);
     CHECK_OK(kvgen_session_prefill(s, t, 40, NULL, &err));
     char *file = tu_tmpfile("good.kvs"), *bad = tu_tmpfile("bad.kvs");
     CHECK_OK(kvgen_session_save(s, file, &err));

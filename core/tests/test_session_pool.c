@@ -14,11 +14,7 @@ static kvgen_model *load(const char *path, const kvgen_model_desc *extra) {
     md.path = path;
     md.backend = KVGEN_BACKEND_REFERENCE;
     md.n_threads = 2;
-    kvgen_error err = {0};
-    kvgen_model *m = NULL;
-    kvgen_status st = kvgen_model_load(&md, &m, &err);
-    CHECKF(st == KVGEN_OK, "load %s: %s", path, err.message);
-    return m;
+    return tu_load(&md);
 }
 
 static uint64_t rng_next(uint64_t *x) {
@@ -33,10 +29,7 @@ static void fill_tokens(int32_t *t, size_t n, uint64_t *rng) {
 }
 
 static double max_diff(const float *a, const float *b) {
-    if (!a || !b) return (a || b) ? INFINITY : 0.0;
-    double d = 0;
-    for (int i = 0; i < n_vocab; i++) d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
+    return tu_max_diff(a, b, n_vocab);
 }
 
 static double diff_to_scratch(const kvgen_session *s) {

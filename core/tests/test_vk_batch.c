@@ -25,19 +25,7 @@ static int n_vocab;
 static kvgen_model *load(const char *path, int contiguous) {
     kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 2, .kv_page_size = 16,
                           .kv_contiguous = contiguous};
-    kvgen_model *m = NULL;
-    kvgen_error err = {0};
-    kvgen_status st = kvgen_model_load(&d, &m, &err);
-    CHECKF(st == KVGEN_OK, "load %s: %s", path, err.message);
-    return m;
-}
-
-static void fill_tokens(int32_t *t, size_t n, unsigned seed) {
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        t[i] = (int32_t)((x >> 8) % (uint32_t)n_vocab);
-    }
+    return tu_load(&d);
 }
 
 /* worst |a - b| in units of 0.002 * (2 + max|b|) (<= 1 passes; NaN fails) */
@@ -73,7 +61,7 @@ static void test_logits(kvgen_model *m, const char *what) {
             CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
             CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
         }
-        fill_tokens(prompt, lens[i], 100u + (unsigned)i);
+        tu_fill_tokens(prompt, lens[i], 100u + (unsigned)i, n_vocab);
         CHECK_OK(kvgen_session_prefill(a[i], prompt, lens[i], NULL, &err));
         CHECK_OK(kvgen_session_prefill(b[i], prompt, lens[i], NULL, &err));
         a[i]->defer_decode = true;
@@ -81,7 +69,7 @@ static void test_logits(kvgen_model *m, const char *what) {
     double worst = 0;
     for (int step = 0; step < STEPS; step++) {
         int32_t toks[N];
-        fill_tokens(toks, N, 7u + (unsigned)step);
+        tu_fill_tokens(toks, N, 7u + (unsigned)step, n_vocab);
         for (int i = 0; i < N; i++) {
             CHECK_OK(kvgen_session_decode(a[i], toks[i], &err));
             CHECK_OK(kvgen_session_decode(b[i], toks[i], &err));
@@ -135,7 +123,7 @@ static void test_greedy(kvgen_model *m, const char *what) {
         kvgen_session_desc sd = {.n_ctx = 128, .no_prefix_reuse = 1};
         CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
         CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
-        fill_tokens(prompt, lens[i], 300u + (unsigned)i);
+        tu_fill_tokens(prompt, lens[i], 300u + (unsigned)i, n_vocab);
         kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompt, .n_tokens = lens[i],
                             .gen = {.max_tokens = GEN, .ignore_eog = 1}};
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));

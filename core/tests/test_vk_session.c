@@ -27,19 +27,7 @@ static kvgen_model *load(const char *path, kvgen_backend backend, const kvgen_mo
     d.path = path;
     d.backend = backend;
     d.n_threads = 2;
-    kvgen_model *m = NULL;
-    kvgen_error err = {0};
-    kvgen_status st = kvgen_model_load(&d, &m, &err);
-    CHECKF(st == KVGEN_OK, "load %s: %s", path, err.message);
-    return m;
-}
-
-static void fill_tokens(int32_t *t, size_t n, unsigned seed) {
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        t[i] = (int32_t)((x >> 8) % (uint32_t)n_vocab);
-    }
+    return tu_load(&d);
 }
 
 /* worst |a - b| in units of the tolerance (<= 1 passes; NaN fails) */
@@ -95,7 +83,7 @@ static void test_fork(kvgen_model *mv) {
     kvgen_session_desc sd = {.n_ctx = 512};
     pair p = pair_create(mv, &sd), c = {0};
     int32_t t[300];
-    fill_tokens(t, 300, 1);
+    tu_fill_tokens(t, 300, 1, n_vocab);
     pair_prefill(&p, t, 100, "fork: parent prompt"); /* 3 full pages of 32 + 4 tokens */
     CHECK_OK(kvgen_session_fork(p.v, &c.v, &err));
     CHECK_OK(kvgen_session_fork(p.r, &c.r, &err));
@@ -127,7 +115,7 @@ static void test_rewind(kvgen_model *mv) {
     kvgen_session_desc sd = {.n_ctx = 512};
     pair p = pair_create(mv, &sd);
     int32_t t[200];
-    fill_tokens(t, 200, 2);
+    tu_fill_tokens(t, 200, 2, n_vocab);
     pair_prefill(&p, t, 90, "rewind: prompt");
     CHECK_OK(kvgen_session_rewind(p.v, 30, &err));
     CHECK_OK(kvgen_session_rewind(p.r, 30, &err));
@@ -143,7 +131,7 @@ static void test_prefix_reuse(kvgen_model *mv) {
     kvgen_session_desc sd = {.n_ctx = 512};
     pair a = pair_create(mv, &sd), b = pair_create(mv, &sd);
     int32_t t[120];
-    fill_tokens(t, 120, 3);
+    tu_fill_tokens(t, 120, 3, n_vocab);
     pair_prefill(&a, t, 100, "prefix: first session");
     pair_prefill(&b, t, 110, "prefix: second session, same first 100 tokens");
     kvgen_cache_info ci;
@@ -158,7 +146,7 @@ static void test_shift(kvgen_model *mv) {
     kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 8};
     pair p = pair_create(mv, &sd);
     int32_t t[200];
-    fill_tokens(t, 200, 4);
+    tu_fill_tokens(t, 200, 4, n_vocab);
     pair_prefill(&p, t, 64, "shift: full context");
     for (int i = 0; i < 80; i++) {
         CHECK_OK(kvgen_session_decode(p.v, t[64 + i], &err));
@@ -192,7 +180,7 @@ static void test_save_restore(kvgen_model *mv) {
     kvgen_session_desc sd = {.n_ctx = 256, .temperature = 0.8f, .seed = 9};
     pair p = pair_create(mv, &sd);
     int32_t t[100];
-    fill_tokens(t, 100, 5);
+    tu_fill_tokens(t, 100, 5, n_vocab);
     pair_prefill(&p, t, 70, "save: prompt");
     char *path = tu_tmpfile("vk_session.kvs");
     CHECK_OK(kvgen_session_save(p.v, path, &err));
@@ -227,7 +215,7 @@ static void test_exhaustion(const char *path) {
     kvgen_session_desc sd = {.n_ctx = 256, .no_prefix_reuse = 1};
     pair a = pair_create(mv, &sd);
     int32_t t[100];
-    fill_tokens(t, 100, 6);
+    tu_fill_tokens(t, 100, 6, n_vocab);
     pair_prefill(&a, t, 70, "exhaustion: first session");
     kvgen_session *b = NULL;
     CHECK_OK(kvgen_session_create(mv, &sd, &b, &err));

@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -78,4 +79,27 @@ char *tu_read_file(const char *path, size_t *size) {
         if (size) *size = (size_t)n;
     }
     return buf;
+}
+
+kvgen_model *tu_load(const kvgen_model_desc *desc) {
+    kvgen_error err = {0};
+    kvgen_model *m = NULL;
+    kvgen_status st = kvgen_model_load(desc, &m, &err);
+    CHECKF(st == KVGEN_OK, "load %s: %s", desc->path ? desc->path : "(null)", err.message);
+    return m;
+}
+
+void tu_fill_tokens(int32_t *t, size_t n, unsigned seed, int n_vocab) {
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        t[i] = (int32_t)((x >> 8) % (uint32_t)n_vocab);
+    }
+}
+
+double tu_max_diff(const float *a, const float *b, int n) {
+    if (!a || !b) return (a || b) ? INFINITY : 0.0;
+    double d = 0;
+    for (int i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
 }

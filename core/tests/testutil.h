@@ -55,6 +55,12 @@ char *tu_testdata(const char *rel);
 char *tu_tmpfile(const char *name);
 /* builds a random-weight model by running kvgen-mkmodel with `args`; returns malloc'd path or NULL */
 char *tu_make_model(const char *name, const char *args);
+/* loads a model (CHECK fails with kvgen's message when it cannot); NULL on failure */
+kvgen_model *tu_load(const kvgen_model_desc *desc);
+/* n deterministic pseudo-random token ids in [0, n_vocab) for a seed */
+void tu_fill_tokens(int32_t *t, size_t n, unsigned seed, int n_vocab);
+/* largest |a[i] - b[i]| over n floats; INFINITY when exactly one is NULL, 0 when both are */
+double tu_max_diff(const float *a, const float *b, int n);
 /* reads a whole file; NULL on failure */
 char *tu_read_file(const char *path, size_t *size);
 #endif
