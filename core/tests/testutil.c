@@ -35,7 +35,8 @@ static char *join(const char *a, const char *b) {
 
 char *tu_testdata(const char *rel) {
     const char *d = getenv("KVGEN_TESTDATA");
-    return join(d && *d ? d : "../shared/testdata", rel);
+    if (!d || !*d) d = getenv("KVGEN_FIXTURES");
+    return join(d && *d ? d : "core/tests/fixtures", rel);
 }
 
 char *tu_tmpfile(const char *name) {
