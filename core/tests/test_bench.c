@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "testutil.h"
@@ -326,9 +327,7 @@ static void check_common(const jreader *r) {
     CHECK(positive(r, "settings.reps") == 2);
     CHECK(positive(r, "settings.decode_steps") == 4);
     expect_true(r, "settings.quick");
-    CHECK(positive(r, "quoted_not_measured.decode_tok_s") == 0.75);
-    CHECK(positive(r, "quoted_not_measured.prompt_512_tok_s") == 3.7);
-    CHECK(get(r, "quoted_not_measured.source") != NULL);
+    CHECK(get(r, "peer") == NULL); /* a peer appears only when one was run */
 }
 
 int main(void) {
@@ -359,7 +358,7 @@ int main(void) {
     CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
     CHECKF(strstr(out, "prompt 32 tokens") && strstr(out, "decode at depth 64") && strstr(out, "no cache"),
            "table:\n%s", out);
-    CHECKF(strstr(out, "QUOTED, not measured in this run"), "the quoted llama.cpp figures are not labelled:\n%s", out);
+    CHECKF(!strstr(out, "peer llama-bench"), "a peer figure without --peer:\n%s", out);
     free(out);
     char *text = tu_read_file(json, NULL);
     CHECKF(text != NULL, "%s was not written", json);
@@ -373,6 +372,57 @@ int main(void) {
         free(r.leaves);
         free(text);
     }
+
+    /* --peer runs the named llama-bench on the same file and reads its JSON. A stand-in that
+     * prints llama-bench's output format checks the reading and the ratios; the arguments it was
+     * given are checked too (same file, prompt sizes, steps, repetitions) */
+    char *peer = tu_tmpfile("peer-llama-bench.sh"), *peer_args = tu_tmpfile("peer-args.txt");
+    FILE *pf = fopen(peer, "w");
+    CHECK(pf != NULL);
+    if (pf) {
+        fprintf(pf, "#!/bin/sh\necho \"$@\" > '%s'\ncat <<'EOF'\n[\n"
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 8, \"n_gen\": 0, \"n_depth\": 0, \"avg_ts\": 100.5,"
+                    " \"samples_ts\": [100.0, 101.0]},\n"
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 32, \"n_gen\": 0, \"avg_ts\": 200.0},\n"
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 50.0}\n]\nEOF\n",
+                peer_args);
+        fclose(pf);
+        chmod(peer, 0755);
+    }
+    remove(json);
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --threads 1 --peer %s --json %s", model, peer,
+             json);
+    rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(strstr(out, "peer llama-bench") && strstr(out, "reference/peer"), "peer table:\n%s", out);
+    free(out);
+    char *given = tu_read_file(peer_args, NULL);
+    char want[2048];
+    snprintf(want, sizeof want, "-m %s -p 8,32 -n 4 -r 2 -t 1 -o json", model);
+    CHECKF(given && strstr(given, want), "peer arguments: %s (want %s)", given ? given : "(none)", want);
+    free(given);
+    text = tu_read_file(json, NULL);
+    CHECKF(text != NULL, "%s was not written", json);
+    if (text) {
+        CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+        expect_true(&r, "peer.ran");
+        CHECK(positive(&r, "peer.prompt_8_tok_s") == 100.5);
+        CHECK(positive(&r, "peer.prompt_32_tok_s") == 200.0);
+        CHECK(positive(&r, "peer.decode_0_tok_s") == 50.0);
+        double ratio = positive(&r, "peer.ratio_reference_over_peer.decode_0");
+        double mine = positive(&r, "backends[0].decode[0].tok_s.median");
+        CHECKF(fabs(ratio - mine / 50.0) < 1e-3 * ratio, "decode ratio %g, kvgen %g tok/s", ratio, mine);
+        free(r.leaves);
+        free(text);
+    }
+    /* a peer that cannot run fails the bench and says why */
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --peer /nonexistent/llama-bench", model);
+    rc = run(args, &out);
+    CHECKF(rc == 1 && out && strstr(out, "/nonexistent/llama-bench exited with status 127"), "exit %d:\n%s", rc,
+           out ? out : "");
+    free(out);
+    free(peer);
+    free(peer_args);
 
     /* the optional sections: concurrent sessions, paged vs contiguous, forks vs scratch */
     remove(json);
@@ -445,7 +495,6 @@ int main(void) {
             positive(&r, "ratio_vulkan_over_reference.prompt_8");
             positive(&r, "ratio_vulkan_over_reference.decode_64");
             positive(&r, "ratio_vulkan_over_reference.decode_no_cache_16");
-            positive(&r, "quoted_not_measured.vulkan_decode_over_quoted");
             free(r.leaves);
             free(text);
         }

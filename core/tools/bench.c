@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "kvgen.h"
 #include "bench.h"
@@ -51,11 +52,6 @@
 #define BENCH_MAX_REPS 64
 #define BENCH_MAX_SIZES 8
 #define BENCH_MAX_BACKENDS 2
-
-/* llama.cpp's Vulkan backend on this machine's lavapipe (Mesa 22.3), on a model of the default
- * model's shape, as quoted in issue 3. Not measured by this program. */
-#define QUOTED_DECODE_TOK_S 0.75
-#define QUOTED_PROMPT512_TOK_S 3.7
 
 /* a fixed paragraph: its tokens, repeated, are every prompt, fill and decode input */
 static const char bench_text[] =
@@ -84,6 +80,7 @@ typedef struct bench_opts {
     int session_tokens;                         /* tokens each of them generates */
     int paged, paged_depth;                     /* paged vs contiguous decode */
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
+    const char *peer;                           /* llama-bench to run on the same file; NULL: none */
 } bench_opts;
 
 typedef struct bench_result {
@@ -120,6 +117,15 @@ typedef struct bench_model {
     uint64_t weight_bytes, n_params;
     int n_layer, n_embd, n_vocab;
 } bench_model;
+
+/* A peer engine's figures, measured by running it on the same file in the same invocation. */
+typedef struct bench_peer {
+    int ran;                            /* its output was read */
+    char error[512];                    /* why not */
+    double prompt[BENCH_MAX_SIZES];     /* tokens/s in opts.prompts order; 0: not reported */
+    double decode;                      /* tokens/s generating --steps tokens from an empty cache */
+    double seconds;                     /* wall time of its run */
+} bench_peer;
 
 static double now_s(void) {
     struct timespec ts;
@@ -162,6 +168,8 @@ static void bench_usage(FILE *f) {
             "  --forks              also: time to create --fork-sessions forks of a --fork-prompt token\n"
             "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
+            "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
+            "                       prompt sizes, steps, repetitions and threads, and print kvgen/peer ratios\n"
             "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n");
 }
 
@@ -249,7 +257,8 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--no-cache-depth") == 0 || strcmp(a, "--device") == 0 ||
                           strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "--sessions") == 0 ||
                           strcmp(a, "--session-tokens") == 0 || strcmp(a, "--paged-depth") == 0 ||
-                          strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0;
+                          strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
+                          strcmp(a, "--peer") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -291,6 +300,9 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             if (!parse_int(val, 1, 4096, &o->n_forks)) return bench_usage_error("--fork-sessions: bad count '%s'", val);
         } else if (strcmp(a, "--fork-prompt") == 0) {
             if (!parse_int(val, 1, 1 << 16, &o->fork_prompt)) return bench_usage_error("--fork-prompt: bad size '%s'", val);
+        } else if (strcmp(a, "--peer") == 0) {
+            if (!*val) return bench_usage_error("--peer: expected the path of llama-bench, got '%s'", val);
+            o->peer = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -322,6 +334,133 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     }
     if (!o->session_tokens) o->session_tokens = o->steps;
     return 0;
+}
+
+/* ---- peer: llama.cpp's llama-bench on the same file ---- */
+
+/* The number after "key": inside [obj, end), or -1. llama-bench's JSON objects are flat apart
+ * from arrays of numbers, so a key search bounded by the object is enough. */
+static double peer_field(const char *obj, const char *end, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    size_t pl = strlen(pat);
+    for (const char *p = obj; p + pl < end; p++) {
+        if (memcmp(p, pat, pl) != 0) continue;
+        p += pl;
+        while (p < end && (*p == ' ' || *p == ':' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        char *stop;
+        double v = strtod(p, &stop);
+        return stop > p && stop <= end ? v : -1;
+    }
+    return -1;
+}
+
+/* Reads llama-bench's `-o json` output: one object per test, with n_prompt, n_gen, (n_depth)
+ * and avg_ts. Returns the number of tests understood. */
+static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
+    int found = 0;
+    const char *p = text;
+    while ((p = strchr(p, '{')) != NULL) {
+        const char *end = strchr(p, '}');
+        if (!end) break;
+        double n_prompt = peer_field(p, end, "n_prompt"), n_gen = peer_field(p, end, "n_gen");
+        double n_depth = peer_field(p, end, "n_depth"), ts = peer_field(p, end, "avg_ts");
+        if (ts > 0 && n_depth <= 0) {
+            if (n_gen == 0 && n_prompt > 0) {
+                for (int i = 0; i < o->n_prompts; i++)
+                    if ((double)o->prompts[i] == n_prompt) pr->prompt[i] = ts, found++;
+            } else if (n_prompt == 0 && n_gen > 0) {
+                pr->decode = ts;
+                found++;
+            }
+        }
+        p = end + 1;
+    }
+    return found;
+}
+
+/* Runs `PATH -m MODEL -p PROMPTS -n STEPS -r REPS -t THREADS -o json` (no shell), reads its
+ * standard output; its standard error goes to a temporary file, quoted when it fails. */
+static void run_peer(const bench_opts *o, bench_peer *pr) {
+    memset(pr, 0, sizeof *pr);
+    char prompts[160] = "", steps[16], reps[16], threads[24];
+    for (int i = 0; i < o->n_prompts; i++) {
+        size_t l = strlen(prompts);
+        snprintf(prompts + l, sizeof prompts - l, "%s%d", i ? "," : "", o->prompts[i]);
+    }
+    long nt = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(steps, sizeof steps, "%d", o->steps);
+    snprintf(reps, sizeof reps, "%d", o->reps);
+    snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
+    char *argv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
+                    "-t", threads, "-o", "json", NULL};
+    int out[2];
+    FILE *errf = tmpfile();
+    if (pipe(out) != 0) {
+        snprintf(pr->error, sizeof pr->error, "pipe: %s", strerror(errno));
+        if (errf) fclose(errf);
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    double t0 = now_s();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        if (errf) dup2(fileno(errf), 2);
+        close(out[0]);
+        close(out[1]);
+        execv(o->peer, argv);
+        fprintf(stderr, "cannot run %s: %s\n", o->peer, strerror(errno));
+        _exit(127);
+    }
+    close(out[1]);
+    if (pid < 0) {
+        snprintf(pr->error, sizeof pr->error, "fork: %s", strerror(errno));
+        close(out[0]);
+        if (errf) fclose(errf);
+        return;
+    }
+    size_t len = 0, cap = 1 << 16;
+    char *text = malloc(cap + 1);
+    ssize_t got;
+    while (text && (got = read(out[0], text + len, cap - len)) > 0) {
+        len += (size_t)got;
+        if (len == cap) {
+            char *t = cap < (64u << 20) ? realloc(text, 2 * cap + 1) : NULL;
+            if (!t) break;
+            text = t;
+            cap *= 2;
+        }
+    }
+    close(out[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    pr->seconds = now_s() - t0;
+    if (text) text[len] = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char last[256] = "";
+        if (errf) { /* the last line it wrote to stderr says why */
+            rewind(errf);
+            char line[256];
+            while (fgets(line, sizeof line, errf))
+                if (line[0] != '\n') snprintf(last, sizeof last, "%s", line);
+            size_t l = strlen(last);
+            if (l && last[l - 1] == '\n') last[l - 1] = 0;
+        }
+        if (WIFEXITED(status))
+            snprintf(pr->error, sizeof pr->error, "%s exited with status %d%s%s", o->peer, WEXITSTATUS(status),
+                     last[0] ? ": " : "", last);
+        else
+            snprintf(pr->error, sizeof pr->error, "%s was killed by signal %d", o->peer, WTERMSIG(status));
+    } else if (!text || peer_parse(text, o, pr) == 0) {
+        snprintf(pr->error, sizeof pr->error, "%s: no test results in its JSON output", o->peer);
+    } else {
+        pr->ran = 1;
+    }
+    free(text);
+    if (errf) fclose(errf);
 }
 
 /* ---- statistics ---- */
@@ -665,11 +804,6 @@ static double ceiling_tok_s(const bench_result *r, const bench_model *bm) {
     return r->have_probe && bm->weight_bytes > 0 ? r->probe_gbps * 1e9 / (double)bm->weight_bytes : 0;
 }
 
-static int prompt_index(const bench_opts *o, int size) {
-    for (int i = 0; i < o->n_prompts; i++)
-        if (o->prompts[i] == size) return i;
-    return -1;
-}
 
 static int depth_index(const bench_opts *o, int depth) {
     for (int i = 0; i < o->n_depths; i++)
@@ -735,8 +869,8 @@ static double session_base(const bench_opts *o, const bench_result *r) {
     return 0;
 }
 
-static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm, double load0,
-                         double load1) {
+static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
+                         const bench_peer *peer, double load0, double load1) {
     printf("\nkvgen bench: %s (%s): %d layers, n_embd %d, %.1fM parameters, %.1f MB of weights\n", bm->name, o->model,
            bm->n_layer, bm->n_embd, (double)bm->n_params / 1e6, (double)bm->weight_bytes / 1e6);
     printf("tokens/s, median [min-max] of %d repetitions; decode: %d steps per repetition; load average %.2f -> %.2f\n\n",
@@ -839,19 +973,34 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
     printf("vulkan: this kvgen was built without the Vulkan backend (KVGEN_VULKAN=OFF or no Vulkan SDK)\n");
 #endif
 
-    int p512 = prompt_index(o, 512), d0 = depth_index(o, 0);
-    printf("\nQUOTED, not measured in this run: llama.cpp's Vulkan backend on this machine's lavapipe (Mesa 22.3),\n"
-           "on a model of the same shape (issue 3): decode %.2f tokens/s, 512-token prompt %.1f tokens/s\n",
-           QUOTED_DECODE_TOK_S, QUOTED_PROMPT512_TOK_S);
-    for (int i = 0; i < n; i++) {
-        if (!res[i].ok) continue;
-        printf("  %s vs quoted:", res[i].name);
-        if (d0 >= 0) printf(" decode (depth 0) %.1fx", res[i].decode[d0].median / QUOTED_DECODE_TOK_S);
-        else printf(" decode: no depth-0 run");
-        if (p512 >= 0) printf(", 512-token prompt %.1fx", res[i].prompt[p512].median / QUOTED_PROMPT512_TOK_S);
-        else printf(", 512-token prompt: not run");
+    if (!o->peer) return;
+    if (!peer->ran) {
+        printf("\npeer llama-bench: not measured: %s\n", peer->error);
+        return;
+    }
+    int d0 = depth_index(o, 0);
+    printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's reference backend\n",
+           o->peer, peer->seconds);
+    printf("%-28s  %-12s", "test", "llama-bench");
+    for (int i = 0; i < n; i++)
+        if (res[i].ok) printf("  %s/peer", res[i].name);
+    printf("\n");
+    for (int k = 0; k < o->n_prompts; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "prompt %d tokens", o->prompts[k]);
+        printf("%-28s  %-12.1f", label, peer->prompt[k]);
+        for (int i = 0; i < n; i++)
+            if (res[i].ok)
+                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
+                       peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0.0);
         printf("\n");
     }
+    printf("%-28s  %-12.1f", "decode at depth 0", peer->decode);
+    for (int i = 0; i < n; i++)
+        if (res[i].ok)
+            printf("  %*.2fx", (int)strlen(res[i].name) + 4,
+                   d0 >= 0 && peer->decode > 0 ? res[i].decode[d0].median / peer->decode : 0.0);
+    printf("\n");
 }
 
 /* ---- JSON ---- */
@@ -891,8 +1040,8 @@ static void json_stats(FILE *f, const bench_stats *s) {
     fprintf(f, "]}");
 }
 
-static int write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm, double load0,
-                      double load1) {
+static int write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
+                      const bench_peer *peer, double load0, double load1) {
     FILE *f = fopen(o->json, "w");
     if (!f) {
         fprintf(stderr, "kvgen bench: %s: cannot open for writing: %s\n", o->json, strerror(errno));
@@ -1039,26 +1188,38 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
         }
         fprintf(f, "}");
     }
-    fprintf(f, ",\n  \"quoted_not_measured\": {\"source\": ");
-    json_string(f, "issue 3: llama.cpp Vulkan backend on this machine's lavapipe (Mesa 22.3), model of the same "
-                   "shape; not measured in this run");
-    fprintf(f, ", \"decode_tok_s\": ");
-    json_number(f, QUOTED_DECODE_TOK_S);
-    fprintf(f, ", \"prompt_512_tok_s\": ");
-    json_number(f, QUOTED_PROMPT512_TOK_S);
-    int p512 = prompt_index(o, 512), d0 = depth_index(o, 0);
-    for (int i = 0; i < n; i++) {
-        if (!res[i].ok) continue;
-        if (d0 >= 0) {
-            fprintf(f, ", \"%s_decode_over_quoted\": ", res[i].name);
-            json_number(f, res[i].decode[d0].median / QUOTED_DECODE_TOK_S);
+    if (o->peer) {
+        fprintf(f, ",\n  \"peer\": {\"name\": \"llama-bench\", \"path\": ");
+        json_string(f, o->peer);
+        fprintf(f, ", \"ran\": %s", peer->ran ? "true" : "false");
+        if (!peer->ran) {
+            fprintf(f, ", \"error\": ");
+            json_string(f, peer->error);
+        } else {
+            int d0 = depth_index(o, 0);
+            fprintf(f, ", \"seconds\": ");
+            json_number(f, peer->seconds);
+            for (int k = 0; k < o->n_prompts; k++) {
+                fprintf(f, ", \"prompt_%d_tok_s\": ", o->prompts[k]);
+                json_number(f, peer->prompt[k]);
+            }
+            fprintf(f, ", \"decode_0_tok_s\": ");
+            json_number(f, peer->decode);
+            for (int i = 0; i < n; i++) {
+                if (!res[i].ok) continue;
+                fprintf(f, ", \"ratio_%s_over_peer\": {", res[i].name);
+                for (int k = 0; k < o->n_prompts; k++) {
+                    fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
+                    json_number(f, peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0);
+                }
+                fprintf(f, ", \"decode_0\": ");
+                json_number(f, d0 >= 0 && peer->decode > 0 ? res[i].decode[d0].median / peer->decode : 0);
+                fprintf(f, "}");
+            }
         }
-        if (p512 >= 0) {
-            fprintf(f, ", \"%s_prompt_512_over_quoted\": ", res[i].name);
-            json_number(f, res[i].prompt[p512].median / QUOTED_PROMPT512_TOK_S);
-        }
+        fprintf(f, "}");
     }
-    fprintf(f, "}\n}\n");
+    fprintf(f, "\n}\n");
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         fprintf(stderr, "kvgen bench: %s: write failed\n", o->json);
@@ -1088,9 +1249,15 @@ int kvgen_cli_bench(int argc, char **argv) {
         failed |= run_backend(&o, &res[i], &bm, &fill, i == o.n_backends - 1);
     }
     if (fill.depth) remove(fill.path);
+    bench_peer peer;
+    memset(&peer, 0, sizeof peer);
+    if (o.peer) { /* after kvgen, so both run on the same warmed page cache */
+        run_peer(&o, &peer);
+        if (!peer.ran) failed = 1;
+    }
     double load1 = load_average();
-    print_report(&o, res, o.n_backends, &bm, load0, load1);
-    if (o.json) failed |= write_json(&o, res, o.n_backends, &bm, load0, load1);
+    print_report(&o, res, o.n_backends, &bm, &peer, load0, load1);
+    if (o.json) failed |= write_json(&o, res, o.n_backends, &bm, &peer, load0, load1);
     return failed ? 1 : 0;
 }
 
