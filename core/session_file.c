@@ -16,15 +16,30 @@
  *   K/V, for each layer: K then V, (n_head_kv, n_tokens, head_dim) f32: the used positions only
  *   checksum u64 over every byte before it
  *
- * Restore checks, in this order, so each refusal names its real cause: magic, version (newer
- * files are refused, not misread), size against file_bytes (truncation), checksum
- * (corruption), model identity, shapes. The whole file is read and checked before a session
+ * Save writes a temporary file in the folder of the target (a symbolic link is followed: the
+ * file it points to is replaced, the link stays), syncs it and renames it over the target, then
+ * syncs the folder: the target is always either the previous file or the whole new one, and a
+ * failed save removes only its temporary file. A target that exists and is not a regular file
+ * (device, FIFO, folder) is refused and left alone.
+ *
+ * Restore opens regular files only (a device or FIFO would never end or block), reads the
+ * fixed-size header and checks, in this order, so each refusal names its real cause: magic,
+ * version (newer files are refused, not misread), the file's real size against file_bytes
+ * (truncation), checksum (corruption), model identity, shapes. Nothing is read past the header
+ * before its size matches the file's, and nothing sized by the header is allocated before its
+ * shapes match the model; a header that does not is told apart from corruption by streaming
+ * the checksum through a small buffer. The whole file is read and checked before a session
  * exists. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include "kvg_session.h"
 
 #define FILE_MAGIC "KVGSESS"
@@ -138,23 +153,209 @@ static void from_le32_array(void *data, size_t n) {
     }
 }
 
+/* ---- files ------------------------------------------------------------------------------------ */
+
+/* what a path that is not a regular file is, for messages */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "an unknown kind of file";
+}
+
+/* the length of the folder part of `path`, its last '/' included; 0 when it has none */
+static size_t dir_len(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? (size_t)(slash - path) + 1 : 0;
+}
+
+/* the target of a symbolic link, malloc'd; NULL with errno set */
+static char *read_link(const char *path) {
+    for (size_t cap = 256; cap <= ((size_t)1 << 20); cap *= 2) {
+        char *buf = malloc(cap);
+        if (!buf) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        ssize_t n = readlink(path, buf, cap);
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            errno = e;
+            return NULL;
+        }
+        if ((size_t)n < cap) {
+            buf[n] = 0;
+            return buf;
+        }
+        free(buf);
+    }
+    errno = ENAMETOOLONG;
+    return NULL;
+}
+
+/* pread of n bytes at off, retried until all came; returns the bytes read (fewer at the end
+ * of the file) and sets *error to the errno of a failure */
+static size_t read_at(int fd, uint64_t off, void *buf, size_t n, int *error) {
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        size_t want = n - got < ((size_t)1 << 30) ? n - got : ((size_t)1 << 30);
+        ssize_t k = pread(fd, p + got, want, (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            *error = errno;
+            break;
+        }
+        if (k == 0) break;
+        got += (size_t)k;
+    }
+    return got;
+}
+
 /* ---- save --------------------------------------------------------------------------------------- */
 
 typedef struct file_writer {
-    FILE *f;
+    int fd;
     hash64 sum;
-    bool failed;
+    int error; /* errno of the first failed write, 0 while none failed */
 } file_writer;
 
 static void fw_write(file_writer *w, const void *data, size_t n) {
-    if (w->failed || n == 0) return;
+    if (w->error || n == 0) return;
     hash_bytes(&w->sum, data, n);
-    if (fwrite(data, 1, n, w->f) != n) w->failed = true;
+    const unsigned char *p = data;
+    while (n > 0) {
+        ssize_t k = write(w->fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            w->error = k < 0 ? errno : EIO;
+            return;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
 }
 
+/* The file a save to `path` replaces: `path` with its symbolic links followed, so that a save
+ * through a link updates the file the link points to and the link stays (a dangling link gets
+ * its file created). *sb is that file's lstat, all zero when it does not exist yet. */
+static kvgen_status resolve_target(const char *path, char **out, struct stat *sb, kvgen_error *err) {
+    *out = NULL;
+    char *cur = strdup(path);
+    for (int hops = 0; cur; hops++) {
+        if (lstat(cur, sb) != 0) {
+            int e = errno;
+            if (e == ENOENT) {
+                memset(sb, 0, sizeof *sb);
+                *out = cur;
+                return KVGEN_OK;
+            }
+            kvgen_status st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s: cannot look up %s: %s", path, cur,
+                                       strerror(e));
+            free(cur);
+            return st;
+        }
+        if (!S_ISLNK(sb->st_mode)) {
+            *out = cur;
+            return KVGEN_OK;
+        }
+        char *link = hops < 40 ? read_link(cur) : NULL;
+        if (!link) {
+            int e = hops < 40 ? errno : ELOOP;
+            kvgen_status st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s: cannot follow the link %s: %s", path,
+                                       cur, strerror(e));
+            free(cur);
+            return st;
+        }
+        char *next = link;
+        size_t dl = dir_len(cur);
+        if (link[0] != '/' && dl > 0) { /* relative to the folder holding the link */
+            next = malloc(dl + strlen(link) + 1);
+            if (next) {
+                memcpy(next, cur, dl);
+                strcpy(next + dl, link);
+            }
+            free(link);
+        }
+        free(cur);
+        cur = next;
+    }
+    return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory", path);
+}
+
+/* Creates an empty file in the folder of `target` under a hidden name, for the save to be
+ * renamed over `target`. Returns its descriptor and its malloc'd name, or -1 with errno set. */
+static int create_temp(const char *target, char **name_out) {
+    static atomic_uint counter;
+    size_t dl = dir_len(target);
+    const char *base = target + dl;
+    int base_len = strlen(base) > 200 ? 200 : (int)strlen(base); /* room for the suffix in NAME_MAX */
+    size_t cap = dl + (size_t)base_len + 64;
+    char *name = malloc(cap);
+    if (!name) {
+        errno = ENOMEM;
+        return -1;
+    }
+    for (int attempt = 0; attempt < 100; attempt++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(name, cap, "%.*s.%.*s.%ld-%u-%lx.tmp", (int)dl, target, base_len, base, (long)getpid(),
+                 atomic_fetch_add(&counter, 1u), (unsigned long)ts.tv_nsec);
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            *name_out = name;
+            return fd;
+        }
+        if (errno != EEXIST) break;
+    }
+    int e = errno;
+    free(name);
+    errno = e;
+    return -1;
+}
+
+/* fsync of the folder holding `target`, so that the rename into it is durable; 0 or the errno
+ * (file systems that cannot sync a folder say EINVAL: nothing to do there) */
+static int sync_folder(const char *target) {
+    size_t dl = dir_len(target);
+    char *dir = dl ? strndup(target, dl) : strdup(".");
+    if (!dir) return ENOMEM;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return errno;
+    int e = fsync(fd) == 0 || errno == EINVAL ? 0 : errno;
+    close(fd);
+    return e;
+}
+
+/* Writes the session to a temporary file next to the target, syncs it and renames it over the
+ * target, so that the target is at every moment either the previous file or the complete new
+ * one; a failure removes only the temporary file. */
 kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_save: session is NULL");
     if (!path || !*path) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_save: path is empty");
+    char *target = NULL;
+    struct stat sb;
+    kvgen_status st = resolve_target(path, &target, &sb, err);
+    if (st != KVGEN_OK) return st;
+    bool linked = strcmp(target, path) != 0;
+    const char *arrow = linked ? " -> " : "", *shown = linked ? target : "";
+    if (sb.st_mode != 0 && !S_ISREG(sb.st_mode)) {
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s is not a regular file (%s); left as it is", path,
+                      arrow, shown, file_kind(sb.st_mode));
+        free(target);
+        return st;
+    }
+    if (sb.st_mode != 0 && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) != 0) {
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot write: %s", path, arrow, shown,
+                      strerror(errno));
+        free(target);
+        return st;
+    }
+
     const kvgen_model *m = s->model;
     const kvg_hparams *hp = &m->w.hp;
     size_t n = s->n_tokens, V = (size_t)hp->n_vocab;
@@ -191,18 +392,27 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     if (!sampler || !scratch) {
         free(sampler);
         free(scratch);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory saving the session", path);
+        free(target);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory saving the session", path);
     }
     kvg_sampler_state_save(&s->sampler, sampler);
 
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    char *tmp = NULL;
+    int fd = create_temp(target, &tmp);
+    if (fd < 0) {
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s",
+                      path, arrow, shown, strerror(errno));
         free(sampler);
         free(scratch);
-        return kvg_fail(err, KVGEN_E_IO, "%s: cannot create: %s", path, strerror(errno));
+        free(target);
+        return st;
     }
-    file_writer w = {f, HASH64_INIT, false};
-    kvgen_status st = KVGEN_OK;
+    if (sb.st_mode != 0) { /* replacing a file: keep its permissions, and its owner where allowed */
+        fchmod(fd, sb.st_mode & 07777);
+        if ((sb.st_uid != geteuid() || sb.st_gid != getegid()) && fchown(fd, sb.st_uid, sb.st_gid) != 0)
+            fchmod(fd, sb.st_mode & 0777); /* without the owner, no set-id bits */
+    }
+    file_writer w = {fd, HASH64_INIT, 0};
     fw_write(&w, header, sizeof header);
     fw_write(&w, sampler, sampler_bytes);
     memcpy(scratch, s->tokens, n * 4);
@@ -213,7 +423,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         le32_array(scratch, V);
         fw_write(&w, scratch, V * 4);
     }
-    for (int l = 0; st == KVGEN_OK && l < hp->n_layer && per > 0; l++)
+    for (int l = 0; st == KVGEN_OK && !w.error && l < hp->n_layer && per > 0; l++)
         for (int which = 0; st == KVGEN_OK && which < 2; which++) {
             st = kvgen_session_read_cache(s, l, which, scratch, per, err);
             if (st != KVGEN_OK) break;
@@ -223,46 +433,116 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     unsigned char sum[8];
     put_u64(sum, hash_final(&w.sum));
     fw_write(&w, sum, 8);
-    if (fclose(f) != 0) w.failed = true;
+    if (!w.error && fsync(fd) != 0) w.error = errno;
+    if (close(fd) != 0 && !w.error) w.error = errno;
     free(sampler);
     free(scratch);
-    if (st == KVGEN_OK && w.failed) st = kvg_fail(err, KVGEN_E_IO, "%s: write failed (disk full?)", path);
-    if (st != KVGEN_OK) remove(path); /* never leave a half-written file that looks like a session */
+    if (st == KVGEN_OK && w.error)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
+                      strerror(w.error));
+    if (st == KVGEN_OK && rename(tmp, target) != 0)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
+                      strerror(errno));
+    if (st != KVGEN_OK) {
+        unlink(tmp); /* the target is as it was */
+    } else {
+        int e = sync_folder(target);
+        if (e)
+            st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
+                          path, arrow, shown, strerror(e));
+    }
+    free(tmp);
+    free(target);
     return st;
 }
 
 /* ---- restore ------------------------------------------------------------------------------------- */
 
-static kvgen_status read_whole(const char *path, unsigned char **out, size_t *size, kvgen_error *err) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvg_fail(err, KVGEN_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
+typedef struct file_reader {
+    int fd;
+    uint64_t off;
+    hash64 sum;
+    int error;  /* errno of a failed read */
+    bool short_read; /* the file ended early: it changed since it was measured */
+} file_reader;
+
+static void fr_read(file_reader *r, void *buf, size_t n) {
+    if (r->error || r->short_read || n == 0) return;
+    size_t got = read_at(r->fd, r->off, buf, n, &r->error);
+    if (!r->error && got < n) r->short_read = true;
+    hash_bytes(&r->sum, buf, got);
+    r->off += got;
+}
+
+/* streams the checksum of the file's first `n` bytes (bounded memory); false on a read failure */
+static bool hash_file(file_reader *r, uint64_t n) {
+    size_t cap = 1 << 16;
     unsigned char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            unsigned char *bigger = cap < ((size_t)1 << 40) ? realloc(buf, cap * 2) : NULL;
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
+    if (!buf) {
+        r->error = ENOMEM;
+        return false;
     }
-    bool bad = ferror(f);
-    fclose(f);
-    if (!buf) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory reading the session file", path);
-    if (bad) {
-        free(buf);
-        return kvg_fail(err, KVGEN_E_IO, "%s: read error", path);
+    while (r->off < n && !r->error && !r->short_read) fr_read(r, buf, n - r->off < cap ? (size_t)(n - r->off) : cap);
+    free(buf);
+    return !r->error && !r->short_read;
+}
+
+/* Opens `path` for reading when it is a regular file, and measures it. Anything else (a
+ * device, FIFO, directory, socket) is refused before it is opened: /dev/zero never ends, a
+ * FIFO would block. */
+static kvgen_status open_regular(const char *path, int *fd_out, uint64_t *size, kvgen_error *err) {
+    *fd_out = -1;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s is not a regular file (%s)", path,
+                        file_kind(sb.st_mode));
+    /* O_NONBLOCK: should the path have become a FIFO since, the open does not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        kvgen_status st = S_ISREG(sb.st_mode)
+                              ? kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot stat: %s", path,
+                                         strerror(errno))
+                              : kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s is not a regular file (%s)",
+                                         path, file_kind(sb.st_mode));
+        close(fd);
+        return st;
     }
-    *out = buf;
-    *size = n;
+    *fd_out = fd;
+    *size = (uint64_t)sb.st_size;
+    return KVGEN_OK;
+}
+
+/* The header's model, shapes, options and section sizes against `model`: what restore checks
+ * once the checksum matched. Passing it bounds every allocation restore makes by the model's
+ * shapes and the file's real size. */
+static kvgen_status check_header(const kvgen_model *model, const unsigned char *h, const char *path,
+                                 kvgen_error *err) {
+    const kvg_hparams *hp = &model->w.hp;
+    if (get_u64(h + 16) != kvg_model_identity(model))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_session_restore: %s: saved from another model than '%s' (model hash %016llx, this one "
+                        "%016llx)",
+                        path, model->name, (unsigned long long)get_u64(h + 16),
+                        (unsigned long long)kvg_model_identity(model));
+    /* the checksum matched, so what follows was written by a kvgen; the checks guard against a
+     * file crafted to match its checksum */
+    uint32_t flags = get_u32(h + 12);
+    if (get_u32(h + 24) != (uint32_t)hp->n_layer || get_u32(h + 28) != (uint32_t)hp->n_head_kv ||
+        get_u32(h + 32) != (uint32_t)hp->head_dim || get_u32(h + 36) != (uint32_t)hp->n_vocab)
+        return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: cache shape does not match the model", path);
+    uint32_t n_ctx = get_u32(h + 40), on_full = get_u32(h + 44), keep = get_u32(h + 48);
+    uint64_t n = get_u64(h + 56), sampler_bytes = get_u64(h + 88), file_bytes = get_u64(h + 96);
+    if (n_ctx == 0 || n_ctx > KVG_MAX_CTX || n > n_ctx || on_full > KVGEN_ON_FULL_SHIFT || keep > KVG_MAX_CTX)
+        return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: bad session options (n_ctx %u, %llu tokens)",
+                        path, (unsigned)n_ctx, (unsigned long long)n);
+    uint64_t V = (uint64_t)hp->n_vocab, per = (uint64_t)hp->n_head_kv * n * (uint64_t)hp->head_dim;
+    uint64_t body = n * 4 + ((flags & FLAG_LOGITS) ? V * 4 : 0) + (uint64_t)hp->n_layer * 2 * per * 4;
+    if (sampler_bytes > file_bytes || HEADER_BYTES + sampler_bytes + body + 8 != file_bytes)
+        return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: section sizes do not add up to the file size",
+                        path);
     return KVGEN_OK;
 }
 
@@ -271,95 +551,112 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_restore: model is NULL");
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_restore: out is NULL");
     if (!path || !*path) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_restore: path is empty");
-    unsigned char *buf = NULL;
-    size_t size = 0;
-    kvgen_status st = read_whole(path, &buf, &size, err);
+    int fd = -1;
+    uint64_t size = 0;
+    kvgen_status st = open_regular(path, &fd, &size, err);
     if (st != KVGEN_OK) return st;
     const kvg_hparams *hp = &model->w.hp;
-    const unsigned char *h = buf;
 
 #define REFUSE(status, ...)                                                                                            \
     do {                                                                                                               \
         st = kvg_fail(err, status, __VA_ARGS__);                                                                       \
         goto done;                                                                                                     \
     } while (0)
+#define READ_FAILED(r)                                                                                                 \
+    do {                                                                                                               \
+        if ((r).error) REFUSE(KVGEN_E_IO, "kvgen_session_restore: %s: read error: %s", path, strerror((r).error));    \
+        REFUSE(KVGEN_E_IO, "kvgen_session_restore: %s: the file changed while it was read", path);                    \
+    } while (0)
 
     kvgen_session *s = NULL;
-    float *kv = NULL;
+    unsigned char *sampler = NULL;
+    int32_t *tokens = NULL;
+    float *kv = NULL, *logits = NULL;
+    /* the header first, and nothing past it until its sizes agree with the file's */
+    unsigned char h[HEADER_BYTES] = {0};
+    file_reader r = {fd, 0, HASH64_INIT, 0, false};
+    size_t head = size < HEADER_BYTES ? (size_t)size : HEADER_BYTES;
+    fr_read(&r, h, head);
+    if (r.error || r.short_read) READ_FAILED(r);
     if (size < 8 || memcmp(h, FILE_MAGIC, 8) != 0)
-        REFUSE(KVGEN_E_FORMAT, "%s: not a kvgen session file (no KVGSESS magic)", path);
-    if (size < 12) REFUSE(KVGEN_E_FORMAT, "%s: truncated: %zu bytes, no format version", path, size);
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: not a kvgen session file (no KVGSESS magic)", path);
+    if (size < 12)
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: truncated: %llu bytes, no format version", path,
+               (unsigned long long)size);
     uint32_t version = get_u32(h + 8);
     if (version > FILE_VERSION)
-        REFUSE(KVGEN_E_UNSUPPORTED, "%s: session format version %u is newer than this kvgen reads (%u); upgrade kvgen",
+        REFUSE(KVGEN_E_UNSUPPORTED,
+               "kvgen_session_restore: %s: session format version %u is newer than this kvgen reads (%u); upgrade "
+               "kvgen",
                path, (unsigned)version, FILE_VERSION);
-    if (version == 0) REFUSE(KVGEN_E_FORMAT, "%s: session format version 0 does not exist", path);
+    if (version == 0)
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: session format version 0 does not exist", path);
     if (size < HEADER_BYTES + 8)
-        REFUSE(KVGEN_E_FORMAT, "%s: truncated: %zu bytes, shorter than the %d-byte header", path, size,
-               HEADER_BYTES + 8);
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: truncated: %llu bytes, shorter than the %d-byte header",
+               path, (unsigned long long)size, HEADER_BYTES + 8);
     uint64_t file_bytes = get_u64(h + 96);
     if (size < file_bytes)
-        REFUSE(KVGEN_E_FORMAT, "%s: truncated: %zu of %llu bytes", path, size, (unsigned long long)file_bytes);
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: truncated: %llu of %llu bytes", path,
+               (unsigned long long)size, (unsigned long long)file_bytes);
     if (size > file_bytes)
-        REFUSE(KVGEN_E_FORMAT, "%s: corrupted: %zu bytes where the header says %llu", path, size,
-               (unsigned long long)file_bytes);
-    hash64 sum = HASH64_INIT;
-    hash_bytes(&sum, buf, size - 8);
-    if (hash_final(&sum) != get_u64(buf + size - 8))
-        REFUSE(KVGEN_E_FORMAT, "%s: corrupted: checksum mismatch", path);
-    if (get_u64(h + 16) != kvg_model_identity(model))
-        REFUSE(KVGEN_E_INVALID_ARGUMENT, "%s: saved from another model than '%s' (model hash %016llx, this one %016llx)",
-               path, model->name, (unsigned long long)get_u64(h + 16),
-               (unsigned long long)kvg_model_identity(model));
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted: %llu bytes where the header says %llu", path,
+               (unsigned long long)size, (unsigned long long)file_bytes);
 
-    /* the checksum matched, so what follows was written by a kvgen; the checks guard against a
-     * file crafted to match its checksum */
+    /* A header that does not fit the model is, in a file whose checksum fails, corruption (a
+     * flipped bit in a size must not read as a shape mismatch): the checksum is then streamed
+     * through a small buffer to tell which, and nothing sized by the header is allocated. */
+    kvgen_error why = {0};
+    if (check_header(model, h, path, &why) != KVGEN_OK) {
+        unsigned char stored[8];
+        if (!hash_file(&r, file_bytes - 8)) READ_FAILED(r);
+        hash64 body_sum = r.sum;
+        fr_read(&r, stored, 8);
+        if (r.error || r.short_read) READ_FAILED(r);
+        if (hash_final(&body_sum) != get_u64(stored))
+            REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted: checksum mismatch", path);
+        REFUSE(why.status, "%s", why.message);
+    }
+
+    /* every size below is now bounded by the model's shapes and the file's size */
     uint32_t flags = get_u32(h + 12);
-    if (get_u32(h + 24) != (uint32_t)hp->n_layer || get_u32(h + 28) != (uint32_t)hp->n_head_kv ||
-        get_u32(h + 32) != (uint32_t)hp->head_dim || get_u32(h + 36) != (uint32_t)hp->n_vocab)
-        REFUSE(KVGEN_E_FORMAT, "%s: cache shape does not match the model", path);
-    uint32_t n_ctx = get_u32(h + 40), on_full = get_u32(h + 44), keep = get_u32(h + 48);
     uint64_t n = get_u64(h + 56), clean_len = get_u64(h + 64), sampler_bytes = get_u64(h + 88);
-    if (n_ctx == 0 || n_ctx > KVG_MAX_CTX || n > n_ctx || on_full > KVGEN_ON_FULL_SHIFT || keep > KVG_MAX_CTX)
-        REFUSE(KVGEN_E_FORMAT, "%s: bad session options (n_ctx %u, %llu tokens)", path, (unsigned)n_ctx,
-               (unsigned long long)n);
     size_t V = (size_t)hp->n_vocab, per = (size_t)hp->n_head_kv * (size_t)n * (size_t)hp->head_dim;
-    uint64_t body = sampler_bytes + n * 4 + ((flags & FLAG_LOGITS) ? V * 4 : 0) + (uint64_t)hp->n_layer * 2 * per * 4;
-    if (sampler_bytes > file_bytes || HEADER_BYTES + body + 8 != file_bytes)
-        REFUSE(KVGEN_E_FORMAT, "%s: section sizes do not add up to the file size", path);
+    size_t n_kv = (size_t)hp->n_layer * 2 * per;
+    sampler = malloc(sampler_bytes ? (size_t)sampler_bytes : 1);
+    tokens = malloc((size_t)(n ? n : 1) * 4);
+    logits = malloc((flags & FLAG_LOGITS) ? V * 4 : 1);
+    kv = malloc((n_kv + 1) * sizeof(float));
+    if (!sampler || !tokens || !logits || !kv)
+        REFUSE(KVGEN_E_NO_MEMORY, "kvgen_session_restore: %s: out of memory restoring %llu tokens", path,
+               (unsigned long long)n);
+    fr_read(&r, sampler, (size_t)sampler_bytes);
+    fr_read(&r, tokens, (size_t)n * 4);
+    if (flags & FLAG_LOGITS) fr_read(&r, logits, V * 4);
+    fr_read(&r, kv, n_kv * 4);
+    unsigned char stored[8];
+    hash64 body_sum = r.sum;
+    fr_read(&r, stored, 8);
+    if (r.error || r.short_read) READ_FAILED(r);
+    if (hash_final(&body_sum) != get_u64(stored))
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted: checksum mismatch", path);
+    close(fd);
+    fd = -1;
 
-    const unsigned char *p = buf + HEADER_BYTES;
-    kvgen_session_desc d = {.n_ctx = (int)n_ctx, .no_cache = (flags & FLAG_NO_CACHE) != 0,
-                            .on_full = (kvgen_on_full)on_full, .keep = (int)keep,
+    from_le32_array(tokens, (size_t)n);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: token %zu: id %d is outside the vocabulary", path, i,
+                   (int)tokens[i]);
+    from_le32_array(kv, n_kv);
+    kvgen_session_desc d = {.n_ctx = (int)get_u32(h + 40), .no_cache = (flags & FLAG_NO_CACHE) != 0,
+                            .on_full = (kvgen_on_full)get_u32(h + 44), .keep = (int)get_u32(h + 48),
                             .no_prefix_reuse = (flags & FLAG_PREFIX_REUSE) == 0};
     st = kvg_session_new(model, &d, NULL, &s, err);
     if (st != KVGEN_OK) goto done;
-    kvgen_error why = {0};
-    st = kvg_sampler_state_load(&s->sampler, p, (size_t)sampler_bytes, &why);
-    if (st != KVGEN_OK) REFUSE(st, "%s: sampler state: %s", path, why.message);
-    p += sampler_bytes;
-    int32_t *tokens = malloc((size_t)(n ? n : 1) * 4);
-    kv = malloc(((size_t)hp->n_layer * 2 * per + 1) * sizeof(float));
-    if (!tokens || !kv) {
-        free(tokens);
-        REFUSE(KVGEN_E_NO_MEMORY, "%s: out of memory restoring %llu tokens", path, (unsigned long long)n);
-    }
-    memcpy(tokens, p, (size_t)n * 4);
-    from_le32_array(tokens, (size_t)n);
-    p += n * 4;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {
-            int bad = (int)tokens[i];
-            free(tokens);
-            REFUSE(KVGEN_E_FORMAT, "%s: token %zu: id %d is outside the vocabulary", path, i, bad);
-        }
-    const unsigned char *logits = p;
-    if (flags & FLAG_LOGITS) p += V * 4;
-    memcpy(kv, p, (size_t)hp->n_layer * 2 * per * 4);
-    from_le32_array(kv, (size_t)hp->n_layer * 2 * per);
+    st = kvg_sampler_state_load(&s->sampler, sampler, (size_t)sampler_bytes, &why);
+    if (st != KVGEN_OK) REFUSE(st, "kvgen_session_restore: %s: %s", path, why.message);
     s->clean_len = clean_len == UINT64_MAX || clean_len > n ? KVG_CLEAN_ALL : (size_t)clean_len;
     st = kvg_session_load_kv(s, tokens, (size_t)n, kv, err);
-    free(tokens);
     if (st != KVGEN_OK) goto done;
     /* the saved logits, not a recomputation: a contiguous model recomputed them on the way */
     if (flags & FLAG_LOGITS) {
@@ -369,10 +666,14 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     s->has_logits = (flags & FLAG_LOGITS) != 0;
     s->shifts = (size_t)get_u64(h + 72);
     s->tokens_reused = (size_t)get_u64(h + 80);
+#undef READ_FAILED
 #undef REFUSE
 done:
+    if (fd >= 0) close(fd);
+    free(sampler);
+    free(tokens);
+    free(logits);
     free(kv);
-    free(buf);
     if (st != KVGEN_OK) {
         kvgen_session_close(s);
         return st;
