@@ -10,7 +10,23 @@ typedef enum kvg_type {
     KVG_TYPE_Q8_0 = 8, KVG_TYPE_BF16 = 30
 } kvg_type;
 
-bool kvg_type_supported(uint32_t type);   /* kvgen can compute with it */
+/* What kvgen knows about computing with one tensor type (a row of quant.c's table). Rows are
+ * whole rows of a tensor: n elements, a multiple of the type's block size. */
+typedef struct kvg_type_traits {
+    uint32_t type;
+    void (*to_float)(const uint8_t *src, float *dst, uint64_t n);   /* dequantize */
+    void (*from_float)(const float *src, uint8_t *dst, uint64_t n); /* quantize (test models) */
+    float (*dot)(const uint8_t *row, const float *x, uint64_t n);   /* row . x, x in vec_dot_type */
+    uint32_t vec_dot_type;                                            /* the activations' type */
+} kvg_type_traits;
+
+/* NULL: kvgen cannot compute with this type (it may still be able to size it) */
+const kvg_type_traits *kvg_type_traits_of(uint32_t type);
+bool kvg_type_supported(uint32_t type);   /* kvg_type_traits_of(type) != NULL */
+/* the types of the traits table (all kvgen computes with): fills up to max, returns the count */
+size_t kvg_traits_types(uint32_t *types, size_t max);
+/* "F32, F16, Q8_0" into buf (like snprintf: returns the length it needed) */
+size_t kvg_types_list(const uint32_t *types, size_t n, char *buf, size_t size);
 bool kvg_type_known(uint32_t type);       /* a ggml type number kvgen can size (may be unsupported) */
 const char *kvg_type_name(uint32_t type); /* "Q4_1", or "type 14" style for unknown ones (static buffer-free) */
 uint32_t kvg_type_block_elems(uint32_t type);  /* elements per block (1 for F32/F16/BF16, 32 for Q*_0/1) */

@@ -112,10 +112,14 @@ static kvgen_status get_tensor(ctx *c, const char *name, uint64_t ne0, uint64_t 
         if (optional) return KVGEN_OK;
         return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: missing tensor %s", c->path, name);
     }
-    if (!kvg_type_supported(t->type))
-        return kvg_fail(c->err, KVGEN_E_UNSUPPORTED,
-                        "%s: tensor %s has type %s, which kvgen does not support (supported: F32, F16, BF16, Q8_0, "
-                        "Q4_0, Q4_1)", c->path, name, kvg_type_name(t->type));
+    if (!kvg_type_supported(t->type)) {
+        uint32_t types[64];
+        char list[256];
+        size_t nt = kvg_traits_types(types, 64);
+        kvg_types_list(types, nt < 64 ? nt : 64, list, sizeof list);
+        return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: tensor %s has type %s, which kvgen does not support "
+                        "(supported: %s)", c->path, name, kvg_type_name(t->type), list);
+    }
     if (f32_only && t->type != KVG_TYPE_F32)
         return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: tensor %s has type %s; kvgen needs F32 for norm weights",
                         c->path, name, kvg_type_name(t->type));

@@ -7,6 +7,7 @@
  * where nib[i] is the low nibble of qs[i] for i < 16 and the high nibble of qs[i-16] for i >= 16. */
 #include "kvg_quant.h"
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef struct type_info {
@@ -41,16 +42,6 @@ static const char *const UNKNOWN_NAMES[] = {
     "type 51", "type 52", "type 53", "type 54", "type 55", "type 56", "type 57", "type 58",
     "type 59", "type 60", "type 61", "type 62", "type 63",
 };
-
-bool kvg_type_supported(uint32_t type) {
-    switch (type) {
-    case KVG_TYPE_F32: case KVG_TYPE_F16: case KVG_TYPE_BF16:
-    case KVG_TYPE_Q8_0: case KVG_TYPE_Q4_0: case KVG_TYPE_Q4_1:
-        return true;
-    default:
-        return false;
-    }
-}
 
 bool kvg_type_known(uint32_t type) { return type < N_TYPES && TYPES[type].block_elems != 0; }
 
@@ -199,70 +190,58 @@ static void quantize_q4_1(const float *x, uint8_t *blk) {
     }
 }
 
-void kvg_quantize_row(uint32_t type, const float *src, void *dst, uint64_t n) {
-    uint8_t *out = dst;
-    switch (type) {
-    case KVG_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
-    case KVG_TYPE_F16:
-        for (uint64_t i = 0; i < n; i++) wr16(out + 2 * i, kvg_f32_to_f16(src[i]));
-        break;
-    case KVG_TYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) wr16(out + 2 * i, kvg_f32_to_bf16(src[i]));
-        break;
-    case KVG_TYPE_Q8_0:
-        for (uint64_t b = 0; b < n / 32; b++) quantize_q8_0(src + 32 * b, out + 34 * b);
-        break;
-    case KVG_TYPE_Q4_0:
-        for (uint64_t b = 0; b < n / 32; b++) quantize_q4_0(src + 32 * b, out + 18 * b);
-        break;
-    case KVG_TYPE_Q4_1:
-        for (uint64_t b = 0; b < n / 32; b++) quantize_q4_1(src + 32 * b, out + 20 * b);
-        break;
-    default: break;
-    }
+static void from_float_f32(const float *src, uint8_t *dst, uint64_t n) { memcpy(dst, src, (size_t)n * 4); }
+static void from_float_f16(const float *src, uint8_t *dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) wr16(dst + 2 * i, kvg_f32_to_f16(src[i]));
+}
+static void from_float_bf16(const float *src, uint8_t *dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) wr16(dst + 2 * i, kvg_f32_to_bf16(src[i]));
+}
+static void from_float_q8_0(const float *src, uint8_t *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q8_0(src + 32 * b, dst + 34 * b);
+}
+static void from_float_q4_0(const float *src, uint8_t *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_0(src + 32 * b, dst + 18 * b);
+}
+static void from_float_q4_1(const float *src, uint8_t *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_1(src + 32 * b, dst + 20 * b);
 }
 
 /* ---- dequantize ---- */
 
-void kvg_dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n) {
-    const uint8_t *in = src;
-    switch (type) {
-    case KVG_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
-    case KVG_TYPE_F16:
-        for (uint64_t i = 0; i < n; i++) dst[i] = kvg_f16_to_f32(rd16(in + 2 * i));
-        break;
-    case KVG_TYPE_BF16:
-        for (uint64_t i = 0; i < n; i++) dst[i] = kvg_bf16_to_f32(rd16(in + 2 * i));
-        break;
-    case KVG_TYPE_Q8_0:
-        for (uint64_t b = 0; b < n / 32; b++) {
-            const uint8_t *blk = in + 34 * b;
-            float d = kvg_f16_to_f32(rd16(blk));
-            const int8_t *q = (const int8_t *)(blk + 2);
-            for (int i = 0; i < 32; i++) dst[32 * b + i] = (float)q[i] * d;
+static void to_float_f32(const uint8_t *src, float *dst, uint64_t n) { memcpy(dst, src, (size_t)n * 4); }
+static void to_float_f16(const uint8_t *src, float *dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) dst[i] = kvg_f16_to_f32(rd16(src + 2 * i));
+}
+static void to_float_bf16(const uint8_t *src, float *dst, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) dst[i] = kvg_bf16_to_f32(rd16(src + 2 * i));
+}
+static void to_float_q8_0(const uint8_t *src, float *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = src + 34 * b;
+        float d = kvg_f16_to_f32(rd16(blk));
+        const int8_t *q = (const int8_t *)(blk + 2);
+        for (int i = 0; i < 32; i++) dst[32 * b + i] = (float)q[i] * d;
+    }
+}
+static void to_float_q4_0(const uint8_t *src, float *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = src + 18 * b;
+        float d = kvg_f16_to_f32(rd16(blk));
+        for (int i = 0; i < 16; i++) {
+            dst[32 * b + i] = (float)((blk[2 + i] & 0x0f) - 8) * d;
+            dst[32 * b + i + 16] = (float)((blk[2 + i] >> 4) - 8) * d;
         }
-        break;
-    case KVG_TYPE_Q4_0:
-        for (uint64_t b = 0; b < n / 32; b++) {
-            const uint8_t *blk = in + 18 * b;
-            float d = kvg_f16_to_f32(rd16(blk));
-            for (int i = 0; i < 16; i++) {
-                dst[32 * b + i] = (float)((blk[2 + i] & 0x0f) - 8) * d;
-                dst[32 * b + i + 16] = (float)((blk[2 + i] >> 4) - 8) * d;
-            }
+    }
+}
+static void to_float_q4_1(const uint8_t *src, float *dst, uint64_t n) {
+    for (uint64_t b = 0; b < n / 32; b++) {
+        const uint8_t *blk = src + 20 * b;
+        float d = kvg_f16_to_f32(rd16(blk)), m = kvg_f16_to_f32(rd16(blk + 2));
+        for (int i = 0; i < 16; i++) {
+            dst[32 * b + i] = (float)(blk[4 + i] & 0x0f) * d + m;
+            dst[32 * b + i + 16] = (float)(blk[4 + i] >> 4) * d + m;
         }
-        break;
-    case KVG_TYPE_Q4_1:
-        for (uint64_t b = 0; b < n / 32; b++) {
-            const uint8_t *blk = in + 20 * b;
-            float d = kvg_f16_to_f32(rd16(blk)), m = kvg_f16_to_f32(rd16(blk + 2));
-            for (int i = 0; i < 16; i++) {
-                dst[32 * b + i] = (float)(blk[4 + i] & 0x0f) * d + m;
-                dst[32 * b + i + 16] = (float)(blk[4 + i] >> 4) * d + m;
-            }
-        }
-        break;
-    default: break;
     }
 }
 
@@ -295,12 +274,12 @@ static float dot_f32(const uint8_t *a, const float *x, uint64_t n) {
     return s;
 }
 
-static float dot_half(uint32_t type, const uint8_t *row, const float *x, uint64_t n) {
+static float dot_half(bool bf16, const uint8_t *row, const float *x, uint64_t n) {
     float acc[LANES] = {0};
     float tmp[LANES];
     uint64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
-        if (type == KVG_TYPE_BF16)
+        if (bf16)
             for (int j = 0; j < LANES; j++) tmp[j] = kvg_bf16_to_f32(rd16(row + 2 * (i + j)));
         else
             for (int j = 0; j < LANES; j++) tmp[j] = f16_to_f32(rd16(row + 2 * (i + j)));
@@ -309,7 +288,7 @@ static float dot_half(uint32_t type, const uint8_t *row, const float *x, uint64_
     float s = hsum(acc);
     for (; i < n; i++) {
         uint16_t h = rd16(row + 2 * i);
-        s += (type == KVG_TYPE_BF16 ? kvg_bf16_to_f32(h) : f16_to_f32(h)) * x[i];
+        s += (bf16 ? kvg_bf16_to_f32(h) : f16_to_f32(h)) * x[i];
     }
     return s;
 }
@@ -367,14 +346,58 @@ static float dot_q4_1(const uint8_t *row, const float *x, uint64_t n) {
     return total;
 }
 
-float kvg_dot_row(uint32_t type, const void *row, const float *x, uint64_t n) {
-    switch (type) {
-    case KVG_TYPE_F32: return dot_f32(row, x, n);
-    case KVG_TYPE_F16:
-    case KVG_TYPE_BF16: return dot_half(type, row, x, n);
-    case KVG_TYPE_Q8_0: return dot_q8_0(row, x, n);
-    case KVG_TYPE_Q4_0: return dot_q4_0(row, x, n);
-    case KVG_TYPE_Q4_1: return dot_q4_1(row, x, n);
-    default: return 0.0f;
+static float dot_f16(const uint8_t *row, const float *x, uint64_t n) { return dot_half(false, row, x, n); }
+static float dot_bf16(const uint8_t *row, const float *x, uint64_t n) { return dot_half(true, row, x, n); }
+
+/* ---- the type-traits table ----
+ * One row per type that kvgen computes with: to add a type, write its three row functions and
+ * add its row here; the sizes come from TYPES above. Backends list the types they run in their
+ * own tables (kvg_backend_ops.weight_types). */
+static const kvg_type_traits TRAITS[] = {
+    {KVG_TYPE_F32, to_float_f32, from_float_f32, dot_f32, KVG_TYPE_F32},
+    {KVG_TYPE_F16, to_float_f16, from_float_f16, dot_f16, KVG_TYPE_F32},
+    {KVG_TYPE_BF16, to_float_bf16, from_float_bf16, dot_bf16, KVG_TYPE_F32},
+    {KVG_TYPE_Q8_0, to_float_q8_0, from_float_q8_0, dot_q8_0, KVG_TYPE_F32},
+    {KVG_TYPE_Q4_0, to_float_q4_0, from_float_q4_0, dot_q4_0, KVG_TYPE_F32},
+    {KVG_TYPE_Q4_1, to_float_q4_1, from_float_q4_1, dot_q4_1, KVG_TYPE_F32},
+};
+#define N_TRAITS (sizeof TRAITS / sizeof TRAITS[0])
+
+const kvg_type_traits *kvg_type_traits_of(uint32_t type) {
+    for (size_t i = 0; i < N_TRAITS; i++)
+        if (TRAITS[i].type == type) return &TRAITS[i];
+    return NULL;
+}
+
+bool kvg_type_supported(uint32_t type) { return kvg_type_traits_of(type) != NULL; }
+
+size_t kvg_traits_types(uint32_t *types, size_t max) {
+    for (size_t i = 0; i < N_TRAITS && i < max; i++) types[i] = TRAITS[i].type;
+    return N_TRAITS;
+}
+
+size_t kvg_types_list(const uint32_t *types, size_t n, char *buf, size_t size) {
+    size_t len = 0;
+    if (size) buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        int w = snprintf(len < size ? buf + len : NULL, len < size ? size - len : 0, "%s%s", i ? ", " : "",
+                         kvg_type_name(types[i]));
+        if (w > 0) len += (size_t)w;
     }
+    return len;
+}
+
+void kvg_quantize_row(uint32_t type, const float *src, void *dst, uint64_t n) {
+    const kvg_type_traits *t = kvg_type_traits_of(type);
+    if (t) t->from_float(src, dst, n);
+}
+
+void kvg_dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n) {
+    const kvg_type_traits *t = kvg_type_traits_of(type);
+    if (t) t->to_float(src, dst, n);
+}
+
+float kvg_dot_row(uint32_t type, const void *row, const float *x, uint64_t n) {
+    const kvg_type_traits *t = kvg_type_traits_of(type);
+    return t ? t->dot(row, x, n) : 0.0f;
 }
