@@ -6,6 +6,7 @@
  * piece on its own: "<|im_end|>" typed by a player stays plain text, never a control token. */
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_generate.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
 
@@ -294,12 +295,14 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     if (r != ROLE_NONE && !text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: text is NULL", fn);
     if (r == ROLE_NONE && !begin_reply) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role is NULL", fn);
     kvg_chat *c = NULL;
+    kvg_sampler *sm = kvg_session_sampler(s);
+    bool had_chat = sm->chat != NULL;
     kvgen_status st = get_chat(s, &c, err);
     if (st != KVGEN_OK) return st;
     const char *str[N_STR], *name;
     int system_in_user;
     st = resolve(s, c, str, &system_in_user, &name, err);
-    if (st != KVGEN_OK) return st;
+    if (st != KVGEN_OK) goto fail;
 
     const kvgen_model *m = kvg_session_model(s);
     size_t len = kvgen_session_length(s);
@@ -343,10 +346,16 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     }
     if (st == KVGEN_OK && t.n > 0) st = kvgen_session_prefill(s, t.v, t.n, NULL, err);
     free(t.v);
-    if (st != KVGEN_OK) return st; /* nothing was appended: the chat state stays as it was */
+    if (st != KVGEN_OK) goto fail; /* nothing was appended: the chat state stays as it was */
     c->last_role = last_role;
     c->open_reply = begin_reply;
     return KVGEN_OK;
+fail:
+    if (!had_chat) { /* not even an empty chat state is left behind */
+        kvg_chat_free(sm->chat);
+        sm->chat = NULL;
+    }
+    return st;
 }
 
 kvgen_status kvgen_chat_add(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
@@ -355,4 +364,22 @@ kvgen_status kvgen_chat_add(kvgen_session *s, const char *role, const char *text
 
 kvgen_status kvgen_chat_begin(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
     return chat_turn(s, role, text, true, "kvgen_chat_begin", err);
+}
+
+kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
+                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: session is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: out is NULL");
+    /* the generator first: once the turn is in, nothing is left that can fail */
+    kvgen_gen *g = NULL;
+    kvgen_status st = kvg_gen_create(s, desc, &g, "kvgen_chat_gen_begin", err);
+    if (st != KVGEN_OK) return st;
+    st = chat_turn(s, role, text, true, "kvgen_chat_gen_begin", err); /* all or nothing */
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        return st;
+    }
+    *out = g;
+    return KVGEN_OK;
 }

@@ -3,10 +3,13 @@
  * copy-on-write, so a candidate costs only its own tokens. Where the backend batches decodes
  * (forward_batch), the candidates advance together: step j decodes token j-1 of every
  * candidate that has a token j in one batched pass, so each weight is read once per step for
- * all of them; candidates drop out as they finish. Otherwise each runs as one prefill. */
+ * all of them; candidates drop out as they finish. Otherwise each runs as one prefill.
+ * Candidates are spelled as their exact bytes (kvg_spell), as choice-constrained generation
+ * spells them, which picks by these same scores (kvg_score_sequences). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_constrain.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
@@ -24,32 +27,8 @@ static double log_prob(const float *logits, int n, int32_t token) {
     return (double)logits[token] - (double)max - log(sum);
 }
 
-static kvgen_status tokenize_all(const kvgen_model *m, const char *text, int32_t **out, size_t *n, kvgen_error *err) {
-    size_t len = strlen(text), cap = len + 8;
-    *out = NULL;
-    int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory");
-    kvgen_status st = kvgen_tokenize(m, text, len, 0, v, cap, n, err);
-    if (st == KVGEN_E_INVALID_ARGUMENT && *n > cap) {
-        int32_t *w = realloc(v, *n * sizeof *v);
-        if (!w) {
-            free(v);
-            return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory");
-        }
-        v = w;
-        cap = *n;
-        st = kvgen_tokenize(m, text, len, 0, v, cap, n, err);
-    }
-    if (st != KVGEN_OK) {
-        free(v);
-        return st;
-    }
-    *out = v;
-    return KVGEN_OK;
-}
-
 typedef struct choice_run {
-    int32_t *toks;
+    const int32_t *toks;
     size_t nt;
     double lp;
 } choice_run;
@@ -99,44 +78,29 @@ static kvgen_status score_batched(kvgen_session *s, choice_run *const *g, int k,
     return st;
 }
 
-kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidates, size_t n, kvgen_choice *results,
-                                  kvgen_error *err) {
-    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: session is NULL");
-    if (n == 0) return KVGEN_OK;
-    if (!candidates || !results)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidates or results is NULL");
-    for (size_t i = 0; i < n; i++)
-        if (!candidates[i] || !candidates[i][0])
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu is NULL or empty", i);
+/* Scores runs[0..n) (tokens set, lp 0) from the session's current logits. */
+static kvgen_status score_runs(kvgen_session *s, choice_run *runs, size_t n, kvgen_error *err) {
     const float *ctx_logits = kvgen_session_logits(s);
     if (!ctx_logits)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "kvgen_session_choose: the session has no logits: prefill the context first");
     const kvgen_model *m = kvg_session_model(s);
     int V = m->w.hp.n_vocab;
-    memset(results, 0, n * sizeof *results);
-
-    choice_run *runs = calloc(n, sizeof *runs);
-    if (!runs) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for %zu candidates", n);
     kvgen_status st = KVGEN_OK;
     size_t max_nt = 0;
-    for (size_t i = 0; i < n && st == KVGEN_OK; i++) {
-        st = tokenize_all(m, candidates[i], &runs[i].toks, &runs[i].nt, err);
-        if (st == KVGEN_OK && runs[i].nt == 0)
-            st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu has no tokens", i);
-        if (st != KVGEN_OK) break;
+    for (size_t i = 0; i < n; i++) {
         runs[i].lp = log_prob(ctx_logits, V, runs[i].toks[0]);
         if (runs[i].nt > max_nt) max_nt = runs[i].nt;
     }
 
     /* batched decodes need deferrable decodes (a cache) and must not shift the context, which
      * a prefill of the whole candidate would do differently; such candidates run as prefills */
-    bool batch = st == KVGEN_OK && m->ops->forward_batch && !s->no_cache;
+    bool batch = m->ops->forward_batch && !s->no_cache;
     size_t room = (size_t)s->n_ctx - s->n_tokens;
     size_t scratch = batch ? (size_t)CHOOSE_GROUP : 0;
-    if (st == KVGEN_OK && max_nt > scratch) scratch = max_nt;
+    if (max_nt > scratch) scratch = max_nt;
     float *logits = NULL;
-    if (st == KVGEN_OK && max_nt > 1) {
+    if (max_nt > 1) {
         logits = malloc(scratch * (size_t)V * sizeof *logits);
         if (!logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for logits");
     }
@@ -156,16 +120,67 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
         }
     }
     if (st == KVGEN_OK && k > 0) st = score_batched(s, group, k, V, logits, err);
+    free(logits);
+    return st;
+}
 
+kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, const size_t *n_toks, size_t n,
+                                 double *logprob, kvgen_error *err) {
+    if (n == 0) return KVGEN_OK;
+    choice_run *runs = calloc(n, sizeof *runs);
+    if (!runs) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for %zu candidates", n);
+    for (size_t i = 0; i < n; i++) {
+        runs[i].toks = toks[i];
+        runs[i].nt = n_toks[i];
+    }
+    kvgen_status st = score_runs(s, runs, n, err);
+    for (size_t i = 0; st == KVGEN_OK && i < n; i++) logprob[i] = runs[i].lp;
+    free(runs);
+    return st;
+}
+
+kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidates, size_t n, kvgen_choice *results,
+                                  kvgen_error *err) {
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: session is NULL");
+    if (n == 0) return KVGEN_OK;
+    if (!candidates || !results)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidates or results is NULL");
+    for (size_t i = 0; i < n; i++)
+        if (!candidates[i] || !candidates[i][0])
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu is NULL or empty", i);
+    if (!kvgen_session_logits(s))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_session_choose: the session has no logits: prefill the context first");
+    memset(results, 0, n * sizeof *results);
+
+    choice_run *runs = calloc(n, sizeof *runs);
+    int32_t **spelled = calloc(n, sizeof *spelled);
+    kvgen_status st = runs && spelled ? KVGEN_OK
+                                      : kvg_fail(err, KVGEN_E_NO_MEMORY,
+                                                 "kvgen_session_choose: out of memory for %zu candidates", n);
+    /* each candidate as the exact bytes given (the spelling choice generation emits) */
+    kvg_speller sp;
+    kvg_speller_init(&sp, kvg_session_model(s), s, NULL);
+    for (size_t i = 0; i < n && st == KVGEN_OK; i++) {
+        kvgen_error e = {0};
+        st = kvg_spell(&sp, candidates[i], &spelled[i], &runs[i].nt, &e);
+        if (st == KVGEN_E_INVALID_ARGUMENT)
+            kvg_fail(err, st, "kvgen_session_choose: candidate %zu: %s", i, e.message);
+        else if (st != KVGEN_OK && err)
+            *err = e;
+        runs[i].toks = spelled[i];
+    }
+    kvg_speller_free(&sp);
+    if (st == KVGEN_OK) st = score_runs(s, runs, n, err);
     for (size_t i = 0; i < n; i++) {
         if (st == KVGEN_OK) {
             results[i].logprob = runs[i].lp;
             results[i].n_tokens = (int)runs[i].nt;
             results[i].logprob_mean = runs[i].lp / (double)runs[i].nt;
         }
-        free(runs[i].toks);
+        if (spelled) free(spelled[i]);
     }
-    free(logits);
+    free(spelled);
     free(runs);
     return st;
 }

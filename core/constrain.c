@@ -1,8 +1,12 @@
 /* constrain.c: constrained output (see kvg_constrain.h and docs/generation.md). A constraint
  * compiles to segments; the JSON object {"a":"..","b":1} becomes
  *   LIT {"a":"  STR  LIT ","b":  NUM  LIT }
- * and a token is allowed when the matcher accepts every one of its bytes. */
+ * and a token is allowed when the matcher accepts every one of its bytes. A choice constraint
+ * is one CHOICE segment that is not matched token by token: kvg_cons_select picks the choice
+ * by the score kvgen_session_choose gives it, and the mask then allows exactly the tokens of
+ * that choice's spelling, one after the other. */
 #include "kvg_constrain.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
@@ -23,12 +27,18 @@ typedef struct seg {
     int max_len;    /* SEG_STR */
     char **choices; /* SEG_CHOICE: sorted, unique, so a common prefix is a contiguous range */
     int *choice_len;
+    int *first;     /* SEG_CHOICE: each choice's first position in the caller's list */
     int n_choices;
 } seg;
 
 struct kvg_cons {
     seg *segs;
     int n, cap;
+    /* KVGEN_CONSTRAIN_CHOICE (segs[0] is the only segment) */
+    bool choice;
+    int32_t **toks; /* each sorted choice's spelling (kvg_cons_spell) */
+    size_t *n_toks;
+    bool picked;    /* kvg_cons_select ran: the state's range holds exactly one choice */
 };
 
 void kvg_cons_free(kvg_cons *k) {
@@ -38,7 +48,11 @@ void kvg_cons_free(kvg_cons *k) {
         for (int j = 0; j < k->segs[i].n_choices; j++) free(k->segs[i].choices[j]);
         free(k->segs[i].choices);
         free(k->segs[i].choice_len);
+        free(k->segs[i].first);
     }
+    for (int i = 0; k->toks && i < k->segs[0].n_choices; i++) free(k->toks[i]);
+    free(k->toks);
+    free(k->n_toks);
     free(k->segs);
     free(k);
 }
@@ -70,39 +84,60 @@ static bool push_lit(kvg_cons *k, const char *text) {
     return true;
 }
 
-static int str_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+/* sorting by text, then by position in the caller's list: the first of equal texts is the
+ * earliest one */
+typedef struct choice_ref {
+    const char *text;
+    int index;
+} choice_ref;
+
+static int ref_cmp(const void *a, const void *b) {
+    const choice_ref *x = a, *y = b;
+    int c = strcmp(x->text, y->text);
+    return c ? c : (x->index > y->index) - (x->index < y->index);
+}
 
 static bool push_choice(kvg_cons *k, const char *const *values, int n) {
     seg *s = push_seg(k, SEG_CHOICE);
     if (!s) return false;
     s->choices = calloc((size_t)n, sizeof *s->choices);
     s->choice_len = calloc((size_t)n, sizeof *s->choice_len);
-    if (!s->choices || !s->choice_len) return false;
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(values[i]);
-        if (!(s->choices[i] = malloc(len + 1))) return false;
-        memcpy(s->choices[i], values[i], len + 1);
+    s->first = calloc((size_t)n, sizeof *s->first);
+    choice_ref *refs = calloc((size_t)n, sizeof *refs);
+    bool ok = s->choices && s->choice_len && s->first && refs;
+    for (int i = 0; ok && i < n; i++) refs[i] = (choice_ref){values[i], i};
+    if (ok) qsort(refs, (size_t)n, sizeof *refs, ref_cmp);
+    for (int i = 0; ok && i < n; i++) {
+        if (s->n_choices > 0 && strcmp(s->choices[s->n_choices - 1], refs[i].text) == 0) continue;
+        size_t len = strlen(refs[i].text);
+        char *c = malloc(len + 1);
+        if (!(ok = c != NULL)) break;
+        memcpy(c, refs[i].text, len + 1);
+        s->choices[s->n_choices] = c;
+        s->choice_len[s->n_choices] = (int)len;
+        s->first[s->n_choices] = refs[i].index;
         s->n_choices++;
     }
-    qsort(s->choices, (size_t)n, sizeof *s->choices, str_cmp);
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (m > 0 && strcmp(s->choices[m - 1], s->choices[i]) == 0) {
-            free(s->choices[i]);
-            continue;
-        }
-        s->choices[m] = s->choices[i];
-        s->choice_len[m] = (int)strlen(s->choices[i]);
-        m++;
-    }
-    s->n_choices = m;
-    return true;
+    free(refs);
+    return ok;
 }
 
 /* a string that a JSON string may hold verbatim (no escapes needed) */
 static bool json_plain(const char *v) {
     for (const unsigned char *p = (const unsigned char *)v; *p; p++)
         if (*p < 0x20 || *p == '"' || *p == '\\') return false;
+    return true;
+}
+
+static bool valid_utf8(const char *v) {
+    const unsigned char *p = (const unsigned char *)v;
+    size_t n = strlen(v);
+    for (size_t i = 0; i < n;) {
+        size_t cl, ok;
+        kvg_utf8_scan(p + i, n - i, &cl, &ok);
+        if (ok != cl) return false;
+        i += cl;
+    }
     return true;
 }
 
@@ -118,6 +153,8 @@ static kvgen_status check_strings(const char *const *v, int n, const char *what,
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                             "constraint: %s[%d] \"%s\" holds a quote, backslash or control character (unsupported)",
                             what, i, v[i]);
+        if (json && !valid_utf8(v[i])) /* JSON text is UTF-8 */
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "constraint: %s[%d] is not valid UTF-8", what, i);
     }
     return KVGEN_OK;
 }
@@ -185,6 +222,7 @@ kvgen_status kvg_cons_build(const kvgen_constraint *c, kvg_cons **out, kvgen_err
         st = check_strings(c->choices, c->n_choices, "choices", false, err);
         if (st == KVGEN_OK && !push_choice(k, c->choices, c->n_choices))
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
+        k->choice = true;
     } else {
         st = build_json(k, c, err);
     }
@@ -301,14 +339,9 @@ void kvg_pieces_free(kvg_pieces *p) {
     free(p);
 }
 
-kvgen_status kvg_pieces_get(kvgen_session *s, const kvg_pieces **out, kvgen_error *err) {
-    kvg_sampler *sm = kvg_session_sampler(s);
-    if (sm->pieces) {
-        *out = sm->pieces;
-        return KVGEN_OK;
-    }
-    const kvgen_model *m = kvg_session_model(s);
-    int n = sm->n_vocab;
+/* Every token's bytes (flags 0) into one table. */
+static kvgen_status pieces_build(const kvgen_model *m, int n, kvg_pieces **out, kvgen_error *err) {
+    *out = NULL;
     kvg_pieces *p = calloc(1, sizeof *p);
     if (p) p->off = malloc(((size_t)n + 1) * sizeof *p->off);
     if (!p || !p->off) {
@@ -340,13 +373,311 @@ kvgen_status kvg_pieces_get(kvgen_session *s, const kvg_pieces **out, kvgen_erro
         }
     }
     p->n = n;
-    sm->pieces = p;
     *out = p;
     return KVGEN_OK;
 }
 
+kvgen_status kvg_pieces_get(kvgen_session *s, const kvg_pieces **out, kvgen_error *err) {
+    kvg_sampler *sm = kvg_session_sampler(s);
+    if (!sm->pieces) {
+        kvgen_status st = pieces_build(kvg_session_model(s), sm->n_vocab, &sm->pieces, err);
+        if (st != KVGEN_OK) return st;
+    }
+    *out = sm->pieces;
+    return KVGEN_OK;
+}
+
+/* ---- spelling ----------------------------------------------------------------------------- */
+
+void kvg_speller_init(kvg_speller *sp, const kvgen_model *m, kvgen_session *s, const kvg_pieces *p) {
+    memset(sp, 0, sizeof *sp);
+    sp->m = m;
+    sp->s = s;
+    sp->p = p;
+}
+
+void kvg_speller_free(kvg_speller *sp) {
+    kvg_pieces_free(sp->own);
+    free(sp->by_first);
+    memset(sp, 0, sizeof *sp);
+}
+
+/* The token table and the tokens grouped by first byte (only a spelling that the tokenizer's
+ * own tokens cannot give needs them). */
+static kvgen_status speller_table(kvg_speller *sp, kvgen_error *err) {
+    if (sp->by_first) return KVGEN_OK;
+    kvgen_status st = KVGEN_OK;
+    if (!sp->p && sp->s) st = kvg_pieces_get(sp->s, &sp->p, err);
+    if (st == KVGEN_OK && !sp->p) {
+        st = pieces_build(sp->m, sp->m->w.hp.n_vocab, &sp->own, err);
+        sp->p = sp->own;
+    }
+    if (st != KVGEN_OK) return st;
+    const kvg_pieces *p = sp->p;
+    sp->by_first = malloc(((size_t)p->n + 1) * sizeof *sp->by_first);
+    if (!sp->by_first) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
+    uint32_t count[257] = {0};
+    for (int t = 0; t < p->n; t++)
+        if (p->off[t + 1] > p->off[t]) count[p->bytes[p->off[t]] + 1]++;
+    for (int b = 0; b < 256; b++) count[b + 1] += count[b];
+    memcpy(sp->first_off, count, sizeof count);
+    for (int t = 0; t < p->n; t++) /* ascending ids within each byte */
+        if (p->off[t + 1] > p->off[t]) sp->by_first[count[p->bytes[p->off[t]]]++] = (uint32_t)t;
+    return KVGEN_OK;
+}
+
+/* Whether `toks` spell exactly text[0..len). */
+static bool spells(const kvgen_model *m, const int32_t *toks, size_t n, const char *text, size_t len) {
+    size_t at = 0;
+    char small[64];
+    for (size_t i = 0; i < n; i++) {
+        size_t k = kvgen_token_piece(m, toks[i], 0, NULL, 0);
+        if (k == 0 || k > len - at) return false;
+        char *buf = k < sizeof small ? small : malloc(k + 1);
+        if (!buf) return false;
+        kvgen_token_piece(m, toks[i], 0, buf, k + 1);
+        bool same = memcmp(buf, text + at, k) == 0;
+        if (buf != small) free(buf);
+        if (!same) return false;
+        at += k;
+    }
+    return at == len;
+}
+
+/* The fewest tokens whose bytes are exactly text[0..len) (lowest ids among equals), or
+ * KVGEN_E_INVALID_ARGUMENT when the vocabulary cannot spell it. */
+static kvgen_status spell_exact(kvg_speller *sp, const char *text, size_t len, int32_t **out, size_t *n_out,
+                                kvgen_error *err) {
+    kvgen_status st = speller_table(sp, err);
+    if (st != KVGEN_OK) return st;
+    const kvg_pieces *p = sp->p;
+    size_t *best = malloc((len + 1) * sizeof *best);
+    int32_t *via = malloc((len + 1) * sizeof *via);
+    if (!best || !via) {
+        free(best);
+        free(via);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
+    }
+    best[0] = 0;
+    for (size_t i = 1; i <= len; i++) best[i] = SIZE_MAX;
+    for (size_t i = 0; i < len; i++) {
+        if (best[i] == SIZE_MAX) continue;
+        unsigned char b = (unsigned char)text[i];
+        for (uint32_t e = sp->first_off[b]; e < sp->first_off[b + 1]; e++) {
+            int32_t t = (int32_t)sp->by_first[e];
+            size_t k = p->off[t + 1] - p->off[t];
+            if (k > len - i || kvgen_token_is_eog(sp->m, t) || memcmp(p->bytes + p->off[t], text + i, k) != 0) continue;
+            if (best[i] + 1 < best[i + k]) {
+                best[i + k] = best[i] + 1;
+                via[i + k] = t;
+            }
+        }
+    }
+    if (best[len] == SIZE_MAX) {
+        free(best);
+        free(via);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "the vocabulary has no tokens that spell these bytes exactly");
+    }
+    size_t n = best[len];
+    int32_t *v = malloc((n ? n : 1) * sizeof *v);
+    if (!v) {
+        free(best);
+        free(via);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
+    }
+    for (size_t at = len, j = n; j > 0; j--) {
+        v[j - 1] = via[at];
+        at -= p->off[via[at] + 1] - p->off[via[at]];
+    }
+    free(best);
+    free(via);
+    *out = v;
+    *n_out = n;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_spell(kvg_speller *sp, const char *text, int32_t **out, size_t *n_out, kvgen_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    size_t len = strlen(text), cap = len + 8, n = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    kvgen_error terr = {0};
+    kvgen_status st = kvgen_tokenize(sp->m, text, len, 0, v, cap, &n, &terr);
+    if (st == KVGEN_E_INVALID_ARGUMENT && n > cap) {
+        int32_t *w = realloc(v, n * sizeof *v);
+        if (!w) {
+            free(v);
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+        }
+        v = w;
+        cap = n;
+        st = kvgen_tokenize(sp->m, text, len, 0, v, cap, &n, &terr);
+    }
+    if (st == KVGEN_E_NO_MEMORY) {
+        free(v);
+        if (err) *err = terr;
+        return st;
+    }
+    /* the tokenizer's own tokens when they give back exactly these bytes (byte-level BPE always
+     * does; SentencePiece's prefix space does not) */
+    if (st == KVGEN_OK && n > 0 && spells(sp->m, v, n, text, len)) {
+        *out = v;
+        *n_out = n;
+        return KVGEN_OK;
+    }
+    free(v);
+    return spell_exact(sp, text, len, out, n_out, err);
+}
+
+/* ---- choices ------------------------------------------------------------------------------ */
+
+kvgen_status kvg_cons_spell(kvg_cons *k, kvg_speller *sp, bool keep_spelling, kvgen_error *err) {
+    for (int i = 0; i < k->n; i++) {
+        seg *s = &k->segs[i];
+        if (s->kind != SEG_CHOICE) continue;
+        bool keep = keep_spelling && k->choice && !k->toks;
+        if (keep) {
+            k->toks = calloc((size_t)s->n_choices, sizeof *k->toks);
+            k->n_toks = calloc((size_t)s->n_choices, sizeof *k->n_toks);
+            if (!k->toks || !k->n_toks) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
+        }
+        for (int c = 0; c < s->n_choices; c++) {
+            int32_t *toks;
+            size_t n;
+            kvgen_error e = {0};
+            kvgen_status st = kvg_spell(sp, s->choices[c], &toks, &n, &e);
+            if (st == KVGEN_E_INVALID_ARGUMENT)
+                return kvg_fail(err, st, "constraint: %s[%d]: %s", k->choice ? "choices" : "values", s->first[c],
+                                e.message);
+            if (st != KVGEN_OK) {
+                if (err) *err = e;
+                return st;
+            }
+            if (keep) {
+                k->toks[c] = toks;
+                k->n_toks[c] = n;
+            } else {
+                free(toks);
+            }
+        }
+    }
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_cons_check(const kvgen_constraint *c, const kvgen_model *m, kvgen_error *err) {
+    kvg_cons *k = NULL;
+    kvgen_status st = kvg_cons_build(c, &k, err);
+    if (st != KVGEN_OK || !k) return st;
+    kvg_speller sp;
+    kvg_speller_init(&sp, m, NULL, NULL);
+    st = kvg_cons_spell(k, &sp, false, err);
+    kvg_speller_free(&sp);
+    kvg_cons_free(k);
+    return st;
+}
+
+static bool banned(const kvg_sampler *sm, const int32_t *toks, size_t n) {
+    for (int b = 0; b < sm->params.n_bias; b++)
+        if (isinf(sm->params.bias[b].bias) && sm->params.bias[b].bias < 0)
+            for (size_t i = 0; i < n; i++)
+                if (toks[i] == sm->params.bias[b].token) return true;
+    return false;
+}
+
+kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, kvgen_error *err) {
+    if (!k->choice || k->picked) return KVGEN_OK;
+    kvgen_status rc = KVGEN_OK;
+    if (!k->toks) {
+        kvg_speller sp;
+        kvg_speller_init(&sp, kvg_session_model(s), s, NULL);
+        rc = kvg_cons_spell(k, &sp, true, err);
+        kvg_speller_free(&sp);
+        if (rc != KVGEN_OK) return rc;
+    }
+    const seg *sg = &k->segs[0];
+    int n = sg->n_choices;
+    kvg_sampler *sm = kvg_session_sampler(s);
+    /* the choices in the caller's order (first occurrences), scored as kvgen_session_choose
+     * scores that list */
+    int *order = malloc((size_t)n * sizeof *order);
+    const int32_t **toks = malloc((size_t)n * sizeof *toks);
+    size_t *nt = malloc((size_t)n * sizeof *nt);
+    double *lp = calloc((size_t)n, sizeof *lp);
+    if (!order || !toks || !nt || !lp) rc = kvg_fail(err, KVGEN_E_NO_MEMORY, "generate: out of memory for the choices");
+    for (int i = 0; rc == KVGEN_OK && i < n; i++) {
+        int at = i; /* insertion by first position (n is small next to the scoring) */
+        while (at > 0 && sg->first[order[at - 1]] > sg->first[i]) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = i;
+    }
+    for (int i = 0; rc == KVGEN_OK && i < n; i++) {
+        toks[i] = k->toks[order[i]];
+        nt[i] = k->n_toks[order[i]];
+    }
+    if (rc == KVGEN_OK && n > 1) rc = kvg_score_sequences(s, toks, nt, (size_t)n, lp, err);
+    int pick = -1;
+    if (rc == KVGEN_OK) {
+        double max = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            if (banned(sm, toks[i], nt[i])) lp[i] = NAN;
+            else if (pick < 0 || lp[i] > max) {
+                max = lp[i];
+                pick = i; /* the first of equal scores, as s:choose's best */
+            }
+        }
+        if (pick < 0)
+            rc = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "generate: the logit bias bans a token of every choice");
+        float temp = sm->params.temperature;
+        if (rc == KVGEN_OK && temp > 0 && n > 1) {
+            /* p(choice) ~ exp(logprob / T): at T = 1 the sequence probabilities, renormalised */
+            double total = 0.0;
+            for (int i = 0; i < n; i++)
+                if (!isnan(lp[i]) && isfinite(max)) total += exp((lp[i] - max) / temp);
+            if (total > 0) {
+                double r = kvg_rng_uniform(&sm->rng) * total, cum = 0.0;
+                for (int i = 0; i < n; i++) {
+                    if (isnan(lp[i])) continue;
+                    cum += exp((lp[i] - max) / temp);
+                    pick = i;
+                    if (r < cum) break;
+                }
+            }
+        }
+    }
+    if (rc == KVGEN_OK) {
+        int c = order[pick];
+        st->seg = 0;
+        st->a = c;
+        st->b = c + 1;
+        st->c = 0;
+        k->picked = true;
+    }
+    free(order);
+    free(toks);
+    free(nt);
+    free(lp);
+    return rc;
+}
+
 int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
                   uint8_t *allowed) {
+    if (k->picked) { /* the picked choice's next token, and nothing else */
+        memset(allowed, 0, (size_t)p->n);
+        if (st->seg != 0) return 0;
+        size_t at = 0;
+        for (size_t j = 0; j < k->n_toks[st->a]; j++) {
+            int32_t t = k->toks[st->a][j];
+            if (at == (size_t)st->c) {
+                allowed[t] = 1;
+                return 1;
+            }
+            at += p->off[t + 1] - p->off[t];
+        }
+        return 0;
+    }
     bool can_end = kvg_cons_can_end(k, st);
     int count = 0;
     for (int t = 0; t < p->n; t++) {

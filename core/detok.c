@@ -2,6 +2,7 @@
  * streaming detokenizer that only ever hands out complete UTF-8. */
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_constrain.h"
 #include "kvg_model.h"
 #include "kvg_tokenizer.h"
 
@@ -162,4 +163,39 @@ size_t kvgen_detok_flush(kvgen_detok *d, char *buf, size_t size) {
     if (d) d->n_pending = 0;
     terminate(buf, size, len);
     return len;
+}
+
+/* ---- constrained output: exact bytes (kvg_constrain.h) ---- */
+
+bool kvg_detok_exact(kvgen_detok *d, const unsigned char *src, size_t n, kvg_buf *out) {
+    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0;
+    unsigned char small[264], *joined = small;
+    size_t have = (size_t)d->n_pending, total = have + n;
+    if (total > sizeof small && !(joined = malloc(total))) return false;
+    memcpy(joined, d->pending, have);
+    if (n) memcpy(joined + have, src, n);
+    d->n_pending = 0;
+    size_t i = 0;
+    bool ok = true;
+    while (i < total) {
+        size_t cl, good;
+        kvg_utf8_scan(joined + i, total - i, &cl, &good);
+        if (good != cl && good == total - i) { /* a character cut off by the end: wait */
+            memcpy(d->pending, joined + i, good);
+            d->n_pending = (int)good;
+            break;
+        }
+        i += good == cl ? cl : good ? good : 1; /* a complete character, or bytes as they are */
+    }
+    if (i > 0) ok = kvg_buf_add(out, (const char *)joined, i);
+    if (joined != small) free(joined);
+    return ok;
+}
+
+size_t kvg_detok_flush_exact(kvgen_detok *d, char *buf, size_t size) {
+    size_t n = d && d->n_pending > 0 && d->n_pending <= 3 ? (size_t)d->n_pending : 0;
+    if (n > 0) append(buf, size, 0, (const char *)d->pending, n);
+    if (d) d->n_pending = 0;
+    terminate(buf, size, n);
+    return n;
 }

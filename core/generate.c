@@ -11,6 +11,7 @@
 #include "kvg_generate.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
+#include "kvg_session.h"
 
 #define DEFAULT_MAX_TOKENS 256
 
@@ -101,20 +102,29 @@ void kvgen_gen_end(kvgen_gen *g) {
     free(g);
 }
 
-kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
-    if (out) *out = NULL;
-    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: session is NULL");
-    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
+kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err) {
+    if (!desc) return KVGEN_OK;
+    kvgen_status st = kvg_gen_check_desc(desc, "kvgen_generate_check", "", err);
+    if (st != KVGEN_OK || !desc->constraint) return st;
+    kvg_cons *c = NULL;
+    st = kvg_cons_build(desc->constraint, &c, err); /* validates it */
+    kvg_cons_free(c);
+    return st;
+}
+
+/* Checks the desc and builds the generator; touches nothing in the session that a prefill or
+ * a generation would see (the token byte table it may build is a cache of the model's). The
+ * logits are not needed yet: kvgen_gen_begin_prompt and kvgen_chat_gen_begin create the
+ * generator before they append the prompt, so that nothing can fail after it. */
+static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
+                               kvgen_error *err) {
     kvgen_generate_desc d = {0};
     if (desc) d = *desc;
-    if (!kvg_session_has_logits(s))
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                        "kvgen_gen_begin: the session has no logits yet: prefill a prompt (or kvgen_chat_begin) first");
-    kvgen_status chk = kvg_gen_check_desc(&d, "kvgen_gen_begin", "", err);
+    kvgen_status chk = kvg_gen_check_desc(&d, who, "", err);
     if (chk != KVGEN_OK) return chk;
 
     kvgen_gen *g = calloc(1, sizeof *g);
-    if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+    if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     g->s = s;
     g->m = kvg_session_model(s);
     g->ignore_eog = d.ignore_eog != 0;
@@ -122,14 +132,17 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     kvgen_status st = kvg_cons_build(d.constraint, &g->cons, err);
     /* a constraint bounds the length itself; free text gets the default limit */
     g->max_tokens = d.max_tokens != 0 ? d.max_tokens : g->cons ? -1 : DEFAULT_MAX_TOKENS;
+    /* "no limit" means until the context is full, which a shifting session never is: there it
+     * means at most one context's worth of tokens (finish "length") */
+    if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     if (st == KVGEN_OK && d.n_stop > 0) {
         g->stop = calloc((size_t)d.n_stop, sizeof *g->stop);
         g->stop_len = calloc((size_t)d.n_stop, sizeof *g->stop_len);
-        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
         for (int i = 0; st == KVGEN_OK && i < d.n_stop; i++) {
             size_t n = strlen(d.stop[i]);
             if (!(g->stop[i] = malloc(n + 1))) {
-                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
                 break;
             }
             memcpy(g->stop[i], d.stop[i], n + 1);
@@ -140,14 +153,18 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     if (st == KVGEN_OK && g->cons) {
         kvg_cons_start(g->cons, &g->cst);
         g->allowed = malloc((size_t)kvg_session_sampler(s)->n_vocab);
-        if (!g->allowed) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+        if (!g->allowed) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     }
     if (st == KVGEN_OK && g->cons) {
         const kvg_pieces *p;
         st = kvg_pieces_get(s, &p, err);
+        kvg_speller sp; /* a choice the vocabulary cannot spell exactly is refused here */
+        kvg_speller_init(&sp, g->m, s, st == KVGEN_OK ? p : NULL);
+        if (st == KVGEN_OK) st = kvg_cons_spell(g->cons, &sp, true, err);
+        kvg_speller_free(&sp);
     }
     if (st == KVGEN_OK && !(kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_begin: out of memory");
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;
@@ -156,6 +173,45 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     g->detok.first = 0; /* a continuation keeps its leading space */
     *out = g;
     return KVGEN_OK;
+}
+
+static kvgen_status no_logits(const char *who, kvgen_error *err) {
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                    "%s: the session has no logits yet: prefill a prompt (or kvgen_chat_begin) first", who);
+}
+
+kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: session is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
+    if (!kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
+    return gen_create(s, desc, out, "kvgen_gen_begin", err);
+}
+
+kvgen_status kvgen_gen_begin_prompt(kvgen_session *s, const int32_t *prompt, size_t n, const kvgen_generate_desc *desc,
+                                    kvgen_gen **out, kvgen_error *err) {
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: session is NULL");
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: out is NULL");
+    if (n > 0 && !prompt) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: prompt is NULL");
+    if (n == 0 && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin_prompt", err);
+    kvgen_gen *g = NULL;
+    kvgen_status st = gen_create(s, desc, &g, "kvgen_gen_begin_prompt", err);
+    if (st != KVGEN_OK) return st;
+    /* the last step that can fail; a failed prefill leaves the session as it was */
+    if (n > 0) st = kvgen_session_prefill(s, prompt, n, NULL, err);
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        return st;
+    }
+    *out = g;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
+                            kvgen_error *err) {
+    if (out) *out = NULL;
+    return gen_create(s, desc, out, who, err);
 }
 
 /* moves the first n pending bytes into this step's text */
@@ -203,7 +259,8 @@ static kvgen_status oom(kvgen_gen *g, kvgen_error *err) {
 /* Ends the generation: flushes an unfinished character and emits what was held back. */
 static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     char tail[8];
-    size_t n = kvgen_detok_flush(&g->detok, tail, sizeof tail);
+    size_t n = g->cons ? kvg_detok_flush_exact(&g->detok, tail, sizeof tail) /* exact bytes */
+                       : kvgen_detok_flush(&g->detok, tail, sizeof tail);
     if (!kvg_buf_add(&g->pending, tail, n)) return oom(g, err);
     long at = find_stop(g);
     if (at >= 0) {
@@ -249,6 +306,7 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
     if (g->cons) {
         const kvg_pieces *p;
         st = kvg_pieces_get(s, &p, err);
+        if (st == KVGEN_OK) st = kvg_cons_select(g->cons, &g->cst, s, err); /* a choice: picked by its score */
         if (st == KVGEN_OK && kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed) == 0)
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
                           "generate: no token of the vocabulary continues the constrained text \"%s\"", g->text.p);
@@ -288,9 +346,12 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
     if (g->cons) {
         const kvg_pieces *p = sm->pieces;
         for (uint32_t i = p->off[tok]; i < p->off[tok + 1]; i++) kvg_cons_feed(g->cons, &g->cst, p->bytes[i]);
+        /* the accepted bytes are the text, exactly (never U+FFFD) */
+        if (!kvg_detok_exact(&g->detok, p->bytes + p->off[tok], p->off[tok + 1] - p->off[tok], &g->pending))
+            return oom(g, err);
     }
     char piece[512];
-    size_t n = kvgen_detok_push(g->m, &g->detok, tok, g->flags, piece, sizeof piece);
+    size_t n = g->cons ? 0 : kvgen_detok_push(g->m, &g->detok, tok, g->flags, piece, sizeof piece);
     if (n >= sizeof piece) { /* a very long token: ask again with room for it */
         char *big = malloc(n + 1);
         if (!big) return oom(g, err);

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kvg_generate.h"
 #include "kvg_sampler.h"
 
 typedef struct kvg_cons kvg_cons;
@@ -37,8 +38,61 @@ struct kvg_pieces {
 kvgen_status kvg_pieces_get(kvgen_session *s, const kvg_pieces **out, kvgen_error *err);
 
 /* allowed[t] = 1 for each token whose bytes the matcher accepts from st (end-of-generation
- * tokens when it can end). Returns how many are allowed. */
+ * tokens when it can end); once a choice is picked (kvg_cons_select), only the next token of
+ * its spelling. Returns how many are allowed. */
 int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
                   uint8_t *allowed);
+
+/* ---- spelling: the tokens whose bytes are exactly a given string --------------------------
+ * The tokenizer's own tokens when they give back exactly its bytes (byte-level BPE always
+ * does, for any bytes); otherwise (SentencePiece's prefix space, text it normalises) the
+ * fewest tokens of the vocabulary whose bytes are exactly the string, from the token table:
+ * the session's when `s` is given (built once per session), `p` when given, else a private
+ * one built on first need. Both kvgen_session_choose and choice generation spell this way, so
+ * the tokens scored are the tokens generated. */
+typedef struct kvg_speller {
+    const kvgen_model *m;
+    kvgen_session *s;
+    const kvg_pieces *p;
+    kvg_pieces *own;
+    uint32_t *by_first; /* token ids with a non-empty piece, grouped by first byte */
+    uint32_t first_off[257];
+} kvg_speller;
+void kvg_speller_init(kvg_speller *sp, const kvgen_model *m, kvgen_session *s, const kvg_pieces *p);
+void kvg_speller_free(kvg_speller *sp);
+/* *out (malloc'd, caller frees) gets n >= 1 ids; KVGEN_E_INVALID_ARGUMENT (with a message
+ * saying so) when no tokens of the vocabulary spell the string. */
+kvgen_status kvg_spell(kvg_speller *sp, const char *text, int32_t **out, size_t *n, kvgen_error *err);
+
+/* ---- choices (KVGEN_CONSTRAIN_CHOICE; JSON enum values are only checked) ------------------- */
+
+/* Spells every string of every choice segment; KVGEN_E_INVALID_ARGUMENT naming the first one
+ * the vocabulary cannot spell. keep_spelling: a choice constraint keeps them for
+ * kvg_cons_select. */
+kvgen_status kvg_cons_spell(kvg_cons *k, kvg_speller *sp, bool keep_spelling, kvgen_error *err);
+/* kvg_cons_build and kvg_cons_spell for a check only (job submit: touches no session). */
+kvgen_status kvg_cons_check(const kvgen_constraint *c, const kvgen_model *m, kvgen_error *err);
+/* A choice constraint, before its first token: scores every choice from the session's
+ * current logits exactly as kvgen_session_choose scores the caller's list (first occurrences,
+ * in order) and picks one: greedy samplers the best total log-probability (the first on
+ * ties), others draw one number from the session's RNG with p ~ exp(logprob / temperature).
+ * Choices that need a token the logit bias bans (-inf) are never picked. Then st holds that
+ * choice alone and kvg_cons_mask allows exactly its spelling. No-op for other constraints and
+ * after the pick. */
+kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, kvgen_error *err);
+
+/* choose.c: the scores kvgen_session_choose gives n spelled candidates (total log-probability
+ * of each token sequence as a continuation of the session's current logits; the session is
+ * unchanged). */
+kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, const size_t *n_toks, size_t n,
+                                 double *logprob, kvgen_error *err);
+
+/* ---- text of constrained output (detok.c) ------------------------------------------------
+ * The bytes the constraint accepted, exactly: never U+FFFD. Complete UTF-8 characters go out
+ * at once, a valid character cut by the end of the token waits in d for the next one, and
+ * bytes that are not UTF-8 go out as they are. */
+bool kvg_detok_exact(kvgen_detok *d, const unsigned char *bytes, size_t n, kvg_buf *out);
+/* What d still holds, as it is (size >= 8). */
+size_t kvg_detok_flush_exact(kvgen_detok *d, char *buf, size_t size);
 
 #endif

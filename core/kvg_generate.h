@@ -17,4 +17,9 @@ bool kvg_buf_add(kvg_buf *b, const char *s, size_t n);
  * is refused at submit for the same reasons. Messages read "<who>: <field>n_stop ...". */
 kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, const char *field, kvgen_error *err);
 
+/* kvgen_gen_begin without the logits check (chat.c): checks the desc and builds the generator
+ * before the prompt goes in, so that nothing can fail once it is in. Messages name `who`. */
+kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
+                            kvgen_error *err);
+
 #endif

@@ -49,6 +49,27 @@ typedef struct kvg_vk_pipeline {
     VkPipeline pipe;
 } kvg_vk_pipeline;
 
+/* kvgen's VkPipelineCache, persisted to a file (vk_pcache.c; file layout and checks there).
+ * Tests read these fields to see what a load found and whether it wrote the file. */
+enum {
+    KVG_VK_PCACHE_OFF,     /* no path: pipelines are created without a cache */
+    KVG_VK_PCACHE_ABSENT,  /* no file yet: started empty */
+    KVG_VK_PCACHE_LOADED,  /* the file's data was handed to vkCreatePipelineCache */
+    KVG_VK_PCACHE_IGNORED  /* a file that failed the checks (`why`): started empty */
+};
+#define KVG_VK_PCACHE_MAX ((size_t)64 << 20) /* larger files are not read (nor written) */
+typedef struct kvg_vk_pcache {
+    VkPipelineCache cache; /* VK_NULL_HANDLE: off */
+    char *path;            /* the file, "{device}" expanded; NULL: off */
+    int state;             /* KVG_VK_PCACHE_* at load */
+    char why[96];          /* IGNORED: the check that failed */
+    size_t loaded_bytes;   /* driver data handed to vkCreatePipelineCache (0: started empty) */
+    size_t file_bytes;     /* the driver data the file holds (read or last written), and its hash */
+    uint64_t file_hash;
+    int created;           /* pipelines created since the file was last read or written */
+    int writes;            /* times this context wrote the file */
+} kvg_vk_pcache;
+
 typedef struct kvg_vk_ctx {
     VkInstance instance;
     VkPhysicalDevice phys;
@@ -73,6 +94,7 @@ typedef struct kvg_vk_ctx {
     uint32_t ubo_window;    /* bytes bound at the uniform-buffer bindings: min(64 KiB, maxUniformBufferRange) */
     kvg_vk_pipeline *pipes;
     int n_pipes, cap_pipes;
+    kvg_vk_pcache pcache; /* every pipeline is created through pcache.cache */
     pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
 } kvg_vk_ctx;
 
@@ -81,10 +103,19 @@ typedef struct kvg_vk_ctx_desc {
     int force_f32;
     void *vk_instance, *vk_physical_device, *vk_device, *vk_queue; /* host-owned, all or none */
     uint32_t vk_queue_family;
+    const char *pipeline_cache_path; /* NULL: no pipeline cache (kvgen_model_desc) */
 } kvg_vk_ctx_desc;
 
 kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err);
 void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx);
+
+/* The pipeline cache (vk_pcache.c). open: reads and checks the file (an unusable one is
+ * ignored, never an error) and creates ctx->pcache.cache; save: writes the driver's data back
+ * when pipelines were created since the last read or write and it differs from the file's (temp
+ * file + fsync + rename; failures only noted on stderr); close: save, then destroy. */
+void kvg_vk_pcache_open(kvg_vk_ctx *ctx, const char *path);
+void kvg_vk_pcache_save(kvg_vk_ctx *ctx);
+void kvg_vk_pcache_close(kvg_vk_ctx *ctx);
 
 /* Checks a VkResult: on failure writes "<what>: <VkResult name>" and returns KVGEN_E_DEVICE. */
 kvgen_status kvg_vk_check(VkResult r, kvgen_error *err, const char *what);

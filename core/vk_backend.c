@@ -769,7 +769,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
                           .vk_physical_device = desc->vk_physical_device,
                           .vk_device = desc->vk_device,
                           .vk_queue = desc->vk_queue,
-                          .vk_queue_family = desc->vk_queue_family};
+                          .vk_queue_family = desc->vk_queue_family,
+                          .pipeline_cache_path = desc->pipeline_cache_path};
     kvgen_status st = kvg_vk_ctx_create(&cd, &vm->ctx, err);
     if (st != KVGEN_OK) goto fail;
     kvg_vk_ctx *ctx = vm->ctx;
@@ -866,6 +867,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
         st = walk_step(&pw);
         if (st != KVGEN_OK) goto fail;
+        kvg_vk_pcache_save(ctx); /* every pipeline exists now */
     }
     return KVGEN_OK;
 fail:
@@ -1403,6 +1405,7 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
         VkPipeline p;
         st = kvg_vk_pipeline_get(ctx, "kv_copy", spec, &p, err);
     }
+    if (st == KVGEN_OK) kvg_vk_pcache_save(ctx); /* the end of a paged load: every pipeline exists now */
     return st;
 }
 

@@ -491,6 +491,7 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
     vkGetPhysicalDeviceMemoryProperties(ctx->phys, &ctx->mem_props);
     st = create_common(ctx, err);
     if (st != KVGEN_OK) goto fail;
+    kvg_vk_pcache_open(ctx, desc->pipeline_cache_path); /* never fails: no usable file = empty cache */
     *out = ctx;
     return KVGEN_OK;
 fail:
@@ -502,6 +503,7 @@ void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->dev) {
         vkDeviceWaitIdle(ctx->dev);
+        kvg_vk_pcache_close(ctx); /* writes back pipelines created since the last save */
         for (int i = 0; i < ctx->n_pipes; i++) vkDestroyPipeline(ctx->dev, ctx->pipes[i].pipe, NULL);
         kvg_vk_buffer_destroy(ctx, &ctx->dummy);
         if (ctx->fence) vkDestroyFence(ctx->dev, ctx->fence, NULL);
@@ -732,11 +734,12 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                   .pSpecializationInfo = &si},
         .layout = ctx->pipe_layout};
     VkPipeline pipe;
-    VkResult r = vkCreateComputePipelines(ctx->dev, VK_NULL_HANDLE, 1, &ci, NULL, &pipe);
+    VkResult r = vkCreateComputePipelines(ctx->dev, ctx->pcache.cache, 1, &ci, NULL, &pipe);
     vkDestroyShaderModule(ctx->dev, mod, NULL);
     if (r != VK_SUCCESS)
         return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: creating the %s pipeline failed: %s", shader,
                         kvg_vk_result_name(r));
+    ctx->pcache.created++;
     kvg_vk_pipeline *p = &ctx->pipes[ctx->n_pipes++];
     snprintf(p->name, sizeof p->name, "%s", shader);
     memcpy(p->spec, spec, sizeof p->spec);

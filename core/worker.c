@@ -82,8 +82,10 @@ struct kvgen_job {
     int wn_gen;
     double wt_start, wt_first, wt_last, wt_end;
 
-    /* the host's */
+    /* the host's (under w->mu): every byte committed so far once moved out of `out`; polls
+     * hand out host_text[delivered..] */
     kvg_buf host_text;
+    size_t delivered;
     struct kvgen_job *prev, *next;
 };
 
@@ -218,7 +220,7 @@ static void job_free(kvgen_job *j) {
 }
 
 /* Checks what kvgen_gen_begin would refuse, and copies the strings and the constraint. */
-static kvgen_status copy_gen(kvgen_job *j, const kvgen_generate_desc *d, kvgen_error *err) {
+static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_generate_desc *d, kvgen_error *err) {
     j->gen = *d;
     j->gen.stop = NULL;
     j->gen.n_stop = 0;
@@ -227,9 +229,9 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_generate_desc *d, kvgen_e
     kvgen_status chk = kvg_gen_check_desc(d, "kvgen_job_submit", "gen.", err);
     if (chk != KVGEN_OK) return chk;
     if (d->constraint) {
-        kvg_cons *c = NULL;
-        kvgen_status st = kvg_cons_build(d->constraint, &c, err); /* validates it */
-        kvg_cons_free(c);
+        /* validates it, and that the vocabulary spells its choices (without the session, which
+         * may be the worker's now) */
+        kvgen_status st = kvg_cons_check(d->constraint, m, err);
         if (st != KVGEN_OK) return st;
         j->gen.constraint = copy_constraint(d->constraint, &j->cons_arena);
         if (!j->gen.constraint) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
@@ -412,7 +414,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     kvgen_job *j = calloc(1, sizeof *j);
     if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvgen_status st = copy_prompt(j, m, &d, err);
-    if (st == KVGEN_OK) st = copy_gen(j, &d.gen, err);
+    if (st == KVGEN_OK) st = copy_gen(j, m, &d.gen, err);
     if (st == KVGEN_OK && !(kvg_buf_add(&j->host_text, "", 0) && kvg_buf_add(&j->out, "", 0) && kvg_buf_add(&j->wout, "", 0)))
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvg_worker *w = NULL;
@@ -498,24 +500,41 @@ void kvgen_job_set_priority(kvgen_job *j, int priority) {
     pthread_mutex_unlock(&j->w->mu);
 }
 
-/* under w->mu: moves the job's new text to the host's side */
-static bool take_news(kvgen_job *j, kvgen_event *ev) {
-    bool final = is_final(j->state) && !j->final_reported;
-    if (j->out.n == 0 && !final) return false;
-    size_t at = j->host_text.n;
+/* under w->mu: appends the worker's committed text to host_text (left in `out` if memory runs
+ * out, for the next call) */
+static void move_out(kvgen_job *j) {
     if (j->out.n > 0 && kvg_buf_add(&j->host_text, j->out.p, j->out.n)) {
         j->out.n = 0;
         j->out.p[0] = 0;
     }
+}
+
+/* under w->mu: the state a poll reports with the text it hands out. The worker commits a
+ * step's text and its state together; polls and kvgen_job_text move the committed text to
+ * host_text before they look, so a final state (a poll's, or kvgen_job_get_info's) is never
+ * seen without its text. Only a move that ran out of memory leaves text in `out`, and then a
+ * poll does not report the job final yet. */
+static kvgen_job_state host_state(const kvgen_job *j) {
+    return j->out.n > 0 && is_final(j->state) ? KVGEN_JOB_GENERATING : j->state;
+}
+
+/* under w->mu: hands the text not yet delivered by a poll to the host */
+static bool take_news(kvgen_job *j, kvgen_event *ev) {
+    move_out(j);
+    kvgen_job_state st = host_state(j);
+    bool final = is_final(st) && !j->final_reported; /* its event carries the last text */
+    size_t at = j->delivered;
+    if (j->host_text.n == at && !final) return false;
+    j->delivered = j->host_text.n;
     if (final) j->final_reported = true;
     if (ev) {
         ev->job = j;
         ev->user_data = j->user_data;
-        ev->state = j->state;
+        ev->state = st;
         ev->text = j->host_text.p + at;
         ev->len = j->host_text.n - at;
         ev->finished = final;
-        ev->finish = j->finish;
+        ev->finish = final ? j->finish : KVGEN_FINISH_NONE;
     }
     return true;
 }
@@ -527,16 +546,23 @@ kvgen_job_state kvgen_job_poll(kvgen_job *j, const char **text, size_t *len) {
     kvgen_event ev = {0};
     pthread_mutex_lock(&j->w->mu);
     bool news = take_news(j, &ev);
-    kvgen_job_state st = j->state;
+    kvgen_job_state st = host_state(j);
     pthread_mutex_unlock(&j->w->mu);
     if (news && text) *text = ev.text;
     if (news && len) *len = ev.len;
     return st;
 }
 
-const char *kvgen_job_text(const kvgen_job *j, size_t *len) {
-    if (len) *len = j ? j->host_text.n : 0;
-    return j ? j->host_text.p : NULL;
+const char *kvgen_job_text(const kvgen_job *cj, size_t *len) {
+    if (len) *len = 0;
+    if (!cj) return NULL;
+    kvgen_job *j = (kvgen_job *)cj; /* const for the caller: it only takes in committed text */
+    pthread_mutex_lock(&j->w->mu);
+    move_out(j);
+    if (len) *len = j->host_text.n;
+    const char *text = j->host_text.p;
+    pthread_mutex_unlock(&j->w->mu);
+    return text;
 }
 
 void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {

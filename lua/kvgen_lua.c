@@ -19,7 +19,9 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,7 +56,9 @@ struct ljob;
 
 /* User values: 1 the model userdata (kept alive), 2 a table of jobs closed before they were
  * final ({[lightuserdata kvgen_job] = true}, created on first use): they were cancelled but the
- * worker may still hold the session, so they are released only once seen final. */
+ * worker may still hold the session, so they are released only once seen final; 3 a table
+ * with weak values whose [1] is the stream generating on it (s->active), so that closing the
+ * session can keep the stream's text while an unreachable stream can still be collected. */
 typedef struct lsession {
     kvgen_session *session; /* NULL once closed */
     kvgen_model *model;     /* borrowed: the session holds its own C reference on it */
@@ -121,8 +125,79 @@ static int l_last_error(lua_State *L) {
     return 2;
 }
 
+/* Pushes what a number is, for messages: "1.5", "nan", "inf", "-inf", "3". */
+static const char *push_number_text(lua_State *L, lua_Number v) {
+    if (isnan(v)) return lua_pushliteral(L, "nan");
+    if (isinf(v)) return v > 0 ? lua_pushliteral(L, "inf") : lua_pushliteral(L, "-inf");
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.14g", (double)v);
+    return lua_pushstring(L, buf);
+}
+
+/* Pushes what the value at idx is, for "expected X, got Y" messages: the type, and the value
+ * itself when it is a number ("number 1.5", "number nan"), so a bad number is named. */
+static const char *push_got(lua_State *L, int idx) {
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) != LUA_TNUMBER) return lua_pushstring(L, luaL_typename(L, idx));
+    if (lua_isinteger(L, idx)) return lua_pushfstring(L, "number %I", (LUAI_UACINT)lua_tointeger(L, idx));
+    push_number_text(L, lua_tonumber(L, idx));
+    lua_pushfstring(L, "number %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+    return lua_tostring(L, -1);
+}
+
 static int type_error(lua_State *L, int arg, const char *name, const char *expected) {
-    return luaL_argerror(L, arg, lua_pushfstring(L, "%s: %s expected, got %s", name, expected, luaL_typename(L, arg)));
+    return luaL_argerror(L, arg, lua_pushfstring(L, "%s: %s expected, got %s", name, expected, push_got(L, arg)));
+}
+
+/* Strings that reach the C API without their length (NUL-terminated: chat text, stop strings,
+ * choices, paths, ...) must not contain a NUL byte, which would silently cut them: refused
+ * here, the one place that checks it. `what` names the argument in the message. Text that
+ * goes in with its length (prompts, tokenize) may hold any byte and is not checked. */
+static const char *check_cstring(lua_State *L, int idx, int arg, const char *what) {
+    size_t len = 0;
+    const char *s = lua_tolstring(L, idx, &len);
+    const char *nul = s ? memchr(s, 0, len) : NULL;
+    if (nul)
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "%s: contains a NUL byte at position %I (not allowed in this string)", what,
+                                      (LUAI_UACINT)(nul - s + 1)));
+    return s;
+}
+
+/* A string argument for the C API (see check_cstring): type and NUL checked. */
+static const char *check_cstring_arg(lua_State *L, int arg, const char *what) {
+    if (lua_type(L, arg) != LUA_TSTRING) type_error(L, arg, what, "string");
+    return check_cstring(L, arg, arg, what);
+}
+
+/* Pushes a table key for messages: 'name' for strings, the value for numbers, else the type. */
+static const char *push_key_text(lua_State *L, int idx) {
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) == LUA_TSTRING) return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
+    if (lua_type(L, idx) == LUA_TNUMBER) {
+        if (lua_isinteger(L, idx)) return lua_pushfstring(L, "%I", (LUAI_UACINT)lua_tointeger(L, idx));
+        return push_number_text(L, lua_tonumber(L, idx));
+    }
+    return lua_pushstring(L, luaL_typename(L, idx));
+}
+
+/* The length of the list at idx, which must be a sequence: keys exactly 1..n. A map such as
+ * {first = "a"} is refused rather than read as an empty list. */
+static lua_Unsigned check_sequence(lua_State *L, int idx, int arg, const char *what) {
+    idx = lua_absindex(L, idx);
+    lua_Unsigned n = lua_rawlen(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        int isint = 0;
+        lua_Integer k = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
+        if (!isint || k < 1 || (lua_Unsigned)k > n)
+            luaL_argerror(L, arg,
+                          lua_pushfstring(L, "%s: a list (keys 1..n) expected, got a table with the key %s", what,
+                                          push_key_text(L, -1)));
+    }
+    return n;
 }
 
 /* Integers only: unlike lua_tointegerx, strings such as "2" are refused (an id passed as text is
@@ -135,6 +210,20 @@ static lua_Integer to_integer(lua_State *L, int idx, int *isint) {
 
 /* ---- options tables --------------------------------------------------------------------- */
 
+/* True when the value at idx is the string `name` exactly (a key "top_k\0x" is not "top_k"). */
+static int is_name(lua_State *L, int idx, const char *name) {
+    size_t len = 0;
+    const char *k = lua_type(L, idx) == LUA_TSTRING ? lua_tolstring(L, idx, &len) : NULL;
+    return k && len == strlen(name) && memcmp(k, name, len) == 0;
+}
+
+/* Field names read by the __index functions: one holding a NUL byte names no field. */
+static const char *index_key(lua_State *L) {
+    size_t len = 0;
+    const char *key = luaL_checklstring(L, 2, &len);
+    return strlen(key) == len ? key : "";
+}
+
 /* Rejects keys that are not options, so a typo ("temprature") is an error and not a silent
  * default. A nil or absent table means "all defaults". */
 static void check_options(lua_State *L, int arg, const char *const known[]) {
@@ -144,13 +233,14 @@ static void check_options(lua_State *L, int arg, const char *const known[]) {
     while (lua_next(L, arg)) {
         lua_pop(L, 1);
         int ok = 0;
-        if (lua_type(L, -1) == LUA_TSTRING) {
-            const char *k = lua_tostring(L, -1);
-            for (int i = 0; known[i] && !ok; i++) ok = strcmp(k, known[i]) == 0;
-        }
+        for (int i = 0; known[i] && !ok; i++) ok = is_name(L, -1, known[i]);
         if (!ok) {
-            const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1);
-            luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s'", k));
+            if (lua_type(L, -1) == LUA_TSTRING) {
+                check_cstring(L, lua_gettop(L), arg, "option name");
+                luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1)));
+            }
+            luaL_argerror(L, arg, lua_pushfstring(L, "unknown option [%s] (options are named fields)",
+                                                  push_key_text(L, -1)));
         }
     }
 }
@@ -174,8 +264,7 @@ static lua_Integer opt_integer(lua_State *L, int arg, const char *key, lua_Integ
     if (get_option(L, arg, key) != LUA_TNIL) {
         int isint = 0;
         v = to_integer(L, -1, &isint);
-        if (!isint)
-            option_error(L, arg, key, lua_pushfstring(L, "integer expected, got %s", luaL_typename(L, -1)));
+        if (!isint) option_error(L, arg, key, lua_pushfstring(L, "integer expected, got %s", push_got(L, -1)));
         if (v < lo || v > hi)
             option_error(L, arg, key,
                          lua_pushfstring(L, "%I is out of range [%I, %I]", (LUAI_UACINT)v, (LUAI_UACINT)lo,
@@ -185,14 +274,23 @@ static lua_Integer opt_integer(lua_State *L, int arg, const char *key, lua_Integ
     return v;
 }
 
+/* "<v> is out of range [lo, hi]" (also for NaN and infinities: "nan is out of range ...") */
+static int range_error(lua_State *L, int arg, const char *key, double v, double lo, double hi) {
+    push_number_text(L, v);
+    push_number_text(L, lo);
+    push_number_text(L, hi);
+    return option_error(L, arg, key,
+                        lua_pushfstring(L, "%s is out of range [%s, %s]", lua_tostring(L, -3), lua_tostring(L, -2),
+                                        lua_tostring(L, -1)));
+}
+
 static double opt_number(lua_State *L, int arg, const char *key, double def, double lo, double hi) {
     double v = def;
     if (get_option(L, arg, key) != LUA_TNIL) {
         if (lua_type(L, -1) != LUA_TNUMBER)
-            option_error(L, arg, key, lua_pushfstring(L, "number expected, got %s", luaL_typename(L, -1)));
+            option_error(L, arg, key, lua_pushfstring(L, "number expected, got %s", push_got(L, -1)));
         v = (double)lua_tonumber(L, -1);
-        if (!(v >= lo && v <= hi)) /* also catches NaN */
-            option_error(L, arg, key, lua_pushfstring(L, "%f is out of range [%f, %f]", v, lo, hi));
+        if (!(v >= lo && v <= hi)) range_error(L, arg, key, v, lo, hi); /* also NaN */
     }
     lua_pop(L, 1);
     return v;
@@ -203,7 +301,7 @@ static int opt_boolean(lua_State *L, int arg, const char *key, int def) {
     int t = get_option(L, arg, key);
     if (t != LUA_TNIL) {
         if (t != LUA_TBOOLEAN)
-            option_error(L, arg, key, lua_pushfstring(L, "boolean expected, got %s", luaL_typename(L, -1)));
+            option_error(L, arg, key, lua_pushfstring(L, "boolean expected, got %s", push_got(L, -1)));
         v = lua_toboolean(L, -1);
     }
     lua_pop(L, 1);
@@ -216,8 +314,10 @@ static const char *opt_string(lua_State *L, int arg, const char *key, const char
     int t = get_option(L, arg, key);
     if (t != LUA_TNIL) {
         if (t != LUA_TSTRING)
-            option_error(L, arg, key, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, -1)));
-        v = lua_tostring(L, -1);
+            option_error(L, arg, key, lua_pushfstring(L, "string expected, got %s", push_got(L, -1)));
+        int vi = lua_gettop(L);
+        v = check_cstring(L, vi, arg, lua_pushfstring(L, "option '%s'", key));
+        lua_pop(L, 1);
     }
     lua_pop(L, 1);
     return v;
@@ -295,7 +395,7 @@ static int32_t check_token(lua_State *L, int arg, const char *name, const kvgen_
 /* Reads a Lua array of token ids into a userdata it leaves on the stack. */
 static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_model *model, size_t *n) {
     if (!lua_istable(L, arg)) type_error(L, arg, name, "table of token ids");
-    lua_Unsigned len = lua_rawlen(L, arg);
+    lua_Unsigned len = check_sequence(L, arg, arg, name);
     if (len > (lua_Unsigned)(SIZE_MAX / sizeof(int32_t) - 1))
         luaL_argerror(L, arg, lua_pushfstring(L, "%s: too many tokens", name));
     int32_t *ids = lua_newuserdatauv(L, (size_t)(len ? len : 1) * sizeof *ids, 0);
@@ -307,7 +407,7 @@ static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_m
         if (!isint)
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
-                                          luaL_typename(L, -1)));
+                                          push_got(L, -1)));
         if (id < 0 || id >= n_vocab)
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: %I is outside the vocabulary [0, %d)", name,
@@ -362,13 +462,16 @@ static unsigned special_flag(lua_State *L, int arg) {
 
 static const char *const backend_names[] = {"default", "reference", "vulkan", NULL};
 static const char *const load_options[] = {"backend",   "device",     "threads",   "force_f32", "pool_bytes",
-                                           "pool_tokens", "page_size", "contiguous", NULL};
+                                           "pool_tokens", "page_size", "contiguous", "pipeline_cache", NULL};
 
-/* kvgen.load(path [, {backend=, device=, threads=, force_f32=}]) -> model */
+/* kvgen.load(path [, {backend=, device=, threads=, force_f32=, pool_bytes=, pool_tokens=, page_size=,
+ * contiguous=, pipeline_cache=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
+ * (the default: $KVGEN_PIPELINE_CACHE, "" or "off" for none, else
+ * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else $HOME/.cache/kvgen/pipelines-{device}.bin). */
 static int l_load(lua_State *L) {
     kvgen_model_desc desc = {0};
     if (lua_type(L, 1) != LUA_TSTRING) type_error(L, 1, "path", "string");
-    desc.path = lua_tostring(L, 1);
+    desc.path = check_cstring_arg(L, 1, "path");
     check_options(L, 2, load_options);
     desc.backend = (kvgen_backend)opt_choice(L, 2, "backend", KVGEN_BACKEND_DEFAULT, backend_names);
     if (get_option(L, 2, "device") == LUA_TNUMBER) {
@@ -388,6 +491,27 @@ static int l_load(lua_State *L) {
     desc.kv_pool_tokens = (size_t)opt_integer(L, 2, "pool_tokens", 0, 0, LUA_MAXINTEGER);
     desc.kv_page_size = (int)opt_integer(L, 2, "page_size", 0, 0, INT_MAX);
     desc.kv_contiguous = opt_boolean(L, 2, "contiguous", 0);
+    /* the path stays on the stack until the load is done */
+    int pc = get_option(L, 2, "pipeline_cache");
+    if (pc == LUA_TSTRING) {
+        desc.pipeline_cache_path = opt_string(L, 2, "pipeline_cache", NULL); /* the checks of every string option */
+        if (!*desc.pipeline_cache_path)
+            option_error(L, 2, "pipeline_cache", "empty path (false turns the pipeline cache off)");
+    } else if (pc == LUA_TNIL || (pc == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
+        lua_pop(L, 1);
+        const char *env = getenv("KVGEN_PIPELINE_CACHE");
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (env) lua_pushstring(L, *env && strcmp(env, "off") != 0 ? env : NULL);
+        else if (xdg && xdg[0] == '/') lua_pushfstring(L, "%s/kvgen/pipelines-{device}.bin", xdg);
+        else if (home && *home) lua_pushfstring(L, "%s/.cache/kvgen/pipelines-{device}.bin", home);
+        else lua_pushnil(L);
+        desc.pipeline_cache_path = lua_tostring(L, -1);
+    } else if (pc != LUA_TBOOLEAN) {
+        const char *type = luaL_typename(L, -1);
+        const char *value = luaL_tolstring(L, -1, NULL);
+        option_error(L, 2, "pipeline_cache",
+                     lua_pushfstring(L, "path (string) or false expected, got %s (%s)", type, value));
+    }
 
     lmodel *m = lua_newuserdatauv(L, sizeof *m, 0);
     m->model = NULL; /* created closed: a failure below leaves nothing to free */
@@ -494,10 +618,11 @@ static int model_info_table(lua_State *L) {
 /* methods first (so close() works on a closed model), then info fields */
 static int model_index(lua_State *L) {
     lmodel *m = luaL_checkudata(L, 1, MODEL_MT);
-    if (lua_getfield(L, lua_upvalueindex(1), luaL_checkstring(L, 2)) != LUA_TNIL) return 1;
+    const char *key = index_key(L);
+    if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!m->model) return luaL_error(L, "attempt to use a closed " MODEL_MT);
     kvgen_model_info info = model_info(m->model);
-    if (push_info_field(L, &info, lua_tostring(L, 2))) return 1;
+    if (push_info_field(L, &info, key)) return 1;
     lua_pushnil(L);
     return 1;
 }
@@ -572,8 +697,7 @@ static int model_is_control(lua_State *L) {
 /* model:token(text) -> id of the token whose text is exactly `text`, or nil */
 static int model_token(lua_State *L) {
     lmodel *m = check_model(L, 1);
-    if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "text", "string");
-    int32_t id = kvgen_token_find(m->model, lua_tostring(L, 2));
+    int32_t id = kvgen_token_find(m->model, check_cstring_arg(L, 2, "text"));
     if (id < 0)
         lua_pushnil(L);
     else
@@ -641,7 +765,7 @@ static const char *const on_full_names[] = {"error", "shift", NULL};
  * (the session keeps it alive). */
 static lsession *new_session(lua_State *L, kvgen_model *model, int model_idx) {
     model_idx = lua_absindex(L, model_idx);
-    lsession *s = lua_newuserdatauv(L, sizeof *s, 2);
+    lsession *s = lua_newuserdatauv(L, sizeof *s, 3);
     memset(s, 0, sizeof *s);
     s->model = model;
     luaL_setmetatable(L, SESSION_MT);
@@ -713,9 +837,19 @@ static void stream_stop(lstream *st, kvgen_finish finish);
 
 static void release_draining(lua_State *L, int idx, lsession *s, int all);
 
+static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish);
+
 static int session_close(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
-    if (s->active) stream_stop(s->active, KVGEN_FINISH_CANCELLED); /* the generator must go first */
+    if (s->active) { /* the generator must go first; the stream keeps the text it delivered */
+        int top = lua_gettop(L);
+        if (lua_getiuservalue(L, 1, 3) == LUA_TTABLE && lua_rawgeti(L, -1, 1) == LUA_TUSERDATA &&
+            lua_touserdata(L, -1) == (void *)s->active)
+            stream_finish(L, -1, s->active, KVGEN_FINISH_CANCELLED);
+        else /* (being collected with the session: nobody can read its text) */
+            stream_stop(s->active, KVGEN_FINISH_CANCELLED);
+        lua_settop(L, top);
+    }
     /* cancels the session's jobs and waits for at most the worker step that holds the session;
      * its jobs are final afterwards, so the ones closed early can be released */
     kvgen_session_close(s->session);
@@ -737,7 +871,7 @@ static int session_tostring(lua_State *L) {
 
 static int session_index(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
-    const char *key = luaL_checkstring(L, 2);
+    const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!s->session) return luaL_error(L, "attempt to use a closed " SESSION_MT);
     if (strcmp(key, "model") == 0) {
@@ -822,7 +956,12 @@ static int by_logit_desc(const void *a, const void *b) {
 static int session_logits(lua_State *L) {
     lsession *s = check_session(L, 1);
     int n_vocab = model_info(s->model).n_vocab;
-    lua_Integer k = luaL_optinteger(L, 2, 10);
+    lua_Integer k = 10;
+    if (!lua_isnoneornil(L, 2)) {
+        int isint = 0;
+        k = to_integer(L, 2, &isint); /* "3" is refused like every integer given as text */
+        if (!isint) type_error(L, 2, "k", "integer");
+    }
     luaL_argcheck(L, k >= 1 && k <= n_vocab, 2, lua_pushfstring(L, "k: %I is out of range [1, %d]", (LUAI_UACINT)k, n_vocab));
     const float *logits = kvgen_session_logits(s->session);
     if (!logits) {
@@ -934,6 +1073,7 @@ static int session_read_cache(lua_State *L) {
     if (!isint) type_error(L, 2, "layer", "integer");
     luaL_argcheck(L, layer >= 0 && layer < ci.n_layer, 2,
                   lua_pushfstring(L, "layer: %I is out of range [0, %d)", (LUAI_UACINT)layer, ci.n_layer));
+    if (lua_type(L, 3) == LUA_TSTRING) check_cstring(L, 3, 3, "which");
     int which = luaL_checkoption(L, 3, NULL, which_names);
     size_t n = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
     float *out = lua_newuserdatauv(L, (n ? n : 1) * sizeof *out, 0);
@@ -952,26 +1092,53 @@ static int session_read_cache(lua_State *L) {
 
 static const char *const sampler_options[] = {SAMPLER_OPTIONS, NULL};
 
+/* The numeric sampler options, one row each, with the range the C sampler accepts
+ * (kvgen_sampler_desc; floats must stay finite as floats), so that a bad value is refused
+ * here as an argument error naming it, never later by the C call. */
+typedef struct num_option {
+    const char *key;
+    char kind; /* 'i': int, 'u': the uint64 seed (any Lua integer), 'f': float */
+    double lo, hi;
+    size_t off;
+} num_option;
+
+static const num_option sampler_numbers[] = {
+    {"seed", 'u', 0, 0, offsetof(kvgen_sampler_desc, seed)},
+    {"temperature", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, temperature)}, /* <= 0: greedy */
+    {"top_k", 'i', 0, INT_MAX, offsetof(kvgen_sampler_desc, top_k)},
+    {"top_p", 'f', 0, 1, offsetof(kvgen_sampler_desc, top_p)},
+    {"min_p", 'f', 0, 1, offsetof(kvgen_sampler_desc, min_p)},
+    {"repeat_penalty", 'f', 0, FLT_MAX, offsetof(kvgen_sampler_desc, repeat_penalty)},
+    {"frequency_penalty", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, frequency_penalty)},
+    {"presence_penalty", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, presence_penalty)},
+    {"penalty_window", 'i', -1, INT_MAX, offsetof(kvgen_sampler_desc, penalty_window)},
+};
+
 /* Reads the sampler keys of the options table at `arg` over `sd` (keys left out keep their
  * value). bias = {[token] = number}, -math.huge bans a token; its array is a userdata left on
  * the stack when the key is given. */
 static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_sampler_desc *sd) {
-    sd->seed = (uint64_t)opt_integer(L, arg, "seed", (lua_Integer)sd->seed, LUA_MININTEGER, LUA_MAXINTEGER);
-    sd->temperature = (float)opt_number(L, arg, "temperature", sd->temperature, 0.0, FLT_MAX);
-    sd->top_k = (int)opt_integer(L, arg, "top_k", sd->top_k, 0, INT_MAX);
-    sd->top_p = (float)opt_number(L, arg, "top_p", sd->top_p, 0.0, 1.0);
-    sd->min_p = (float)opt_number(L, arg, "min_p", sd->min_p, 0.0, 1.0);
-    sd->repeat_penalty = (float)opt_number(L, arg, "repeat_penalty", sd->repeat_penalty, 0.0, FLT_MAX);
-    sd->frequency_penalty = (float)opt_number(L, arg, "frequency_penalty", sd->frequency_penalty, -FLT_MAX, FLT_MAX);
-    sd->presence_penalty = (float)opt_number(L, arg, "presence_penalty", sd->presence_penalty, -FLT_MAX, FLT_MAX);
-    sd->penalty_window = (int)opt_integer(L, arg, "penalty_window", sd->penalty_window, -1, INT_MAX);
+    for (size_t k = 0; k < sizeof sampler_numbers / sizeof sampler_numbers[0]; k++) {
+        const num_option *o = &sampler_numbers[k];
+        char *field = (char *)sd + o->off;
+        if (o->kind == 'u') {
+            uint64_t *u = (uint64_t *)(void *)field;
+            *u = (uint64_t)opt_integer(L, arg, o->key, (lua_Integer)*u, LUA_MININTEGER, LUA_MAXINTEGER);
+        } else if (o->kind == 'i') {
+            int *i = (int *)(void *)field;
+            *i = (int)opt_integer(L, arg, o->key, *i, (lua_Integer)o->lo, (lua_Integer)o->hi);
+        } else {
+            float *f = (float *)(void *)field;
+            *f = (float)opt_number(L, arg, o->key, *f, o->lo, o->hi);
+        }
+    }
     int t = get_option(L, arg, "bias");
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
         return;
     }
     if (t != LUA_TTABLE)
-        option_error(L, arg, "bias", lua_pushfstring(L, "table {[token] = bias} expected, got %s", luaL_typename(L, -1)));
+        option_error(L, arg, "bias", lua_pushfstring(L, "table {[token] = bias} expected, got %s", push_got(L, -1)));
     int bias_idx = lua_gettop(L);
     int n = 0;
     lua_pushnil(L);
@@ -986,13 +1153,21 @@ static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_
         int isint = 0;
         lua_Integer id = to_integer(L, -2, &isint);
         if (!isint || id < 0 || id >= n_vocab)
-            option_error(L, arg, "bias", lua_pushfstring(L, "keys must be token ids in [0, %d)", n_vocab));
-        if (lua_type(L, -1) != LUA_TNUMBER || isnan(lua_tonumber(L, -1)))
+            option_error(L, arg, "bias",
+                         lua_pushfstring(L, "keys must be token ids in [0, %d), got %s", n_vocab, push_key_text(L, -2)));
+        if (lua_type(L, -1) != LUA_TNUMBER)
             option_error(L, arg, "bias",
                          lua_pushfstring(L, "bias of token %I: number expected, got %s", (LUAI_UACINT)id,
-                                         luaL_typename(L, -1)));
+                                         push_got(L, -1)));
+        lua_Number b = lua_tonumber(L, -1);
+        /* a float bias: finite, or -inf to ban (NaN and +inf are meaningless) */
+        if (!(b >= -FLT_MAX && b <= FLT_MAX) && !(isinf(b) && b < 0))
+            option_error(L, arg, "bias",
+                         lua_pushfstring(L, "bias of token %I: %s is not allowed (a finite number, or -math.huge to "
+                                            "ban the token)",
+                                         (LUAI_UACINT)id, push_number_text(L, b)));
         bias[i].token = (int32_t)id;
-        bias[i].bias = (float)lua_tonumber(L, -1);
+        bias[i].bias = (float)b;
         i++;
         lua_pop(L, 1);
     }
@@ -1062,7 +1237,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
                                        NULL};
     memset(tpl, 0, sizeof *tpl);
     if (lua_type(L, idx) == LUA_TSTRING) {
-        tpl->name = lua_tostring(L, idx);
+        tpl->name = check_cstring(L, idx, arg, "template");
         return;
     }
     if (!lua_istable(L, idx)) {
@@ -1075,19 +1250,20 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
     while (lua_next(L, idx)) {
         lua_pop(L, 1);
         int k = -1;
-        if (lua_type(L, -1) == LUA_TSTRING)
-            for (int i = 0; keys[i] && k < 0; i++)
-                if (strcmp(keys[i], lua_tostring(L, -1)) == 0) k = i;
-        if (k < 0)
-            luaL_argerror(L, arg, lua_pushfstring(L, "template: unknown field '%s'", luaL_tolstring(L, -1, NULL)));
+        for (int i = 0; keys[i] && k < 0; i++)
+            if (is_name(L, -1, keys[i])) k = i;
+        if (k < 0 && lua_type(L, -1) == LUA_TSTRING) check_cstring(L, lua_gettop(L), arg, "template field name");
+        if (k < 0) luaL_argerror(L, arg, lua_pushfstring(L, "template: unknown field %s", push_key_text(L, -1)));
     }
     for (int i = 0; i < 7; i++) {
         int t = lua_getfield(L, idx, keys[i]);
         if (t != LUA_TNIL && t != LUA_TSTRING)
             luaL_argerror(L, arg,
-                          lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], luaL_typename(L, -1)));
-        *fields[i] = lua_tostring(L, -1); /* stays valid: the table holds the string */
-        lua_pop(L, 1);
+                          lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], push_got(L, -1)));
+        int vi = lua_gettop(L);
+        /* stays valid: the table holds the string */
+        *fields[i] = t == LUA_TNIL ? NULL : check_cstring(L, vi, arg, lua_pushfstring(L, "template.%s", keys[i]));
+        lua_settop(L, vi - 1);
     }
     int t = lua_getfield(L, idx, "system_in_user");
     if (t != LUA_TNIL && t != LUA_TBOOLEAN)
@@ -1118,10 +1294,11 @@ static const char *const role_names[] = {"system", "user", "assistant", NULL};
 /* s:add(role, text): appends one complete chat turn */
 static int session_add(lua_State *L) {
     lsession *s = check_session(L, 1);
+    if (lua_type(L, 2) == LUA_TSTRING) check_cstring(L, 2, 2, "role");
     const char *role = role_names[luaL_checkoption(L, 2, NULL, role_names)];
-    if (lua_type(L, 3) != LUA_TSTRING) type_error(L, 3, "text", "string");
+    const char *text = check_cstring_arg(L, 3, "text");
     kvgen_error err = {0};
-    if (kvgen_chat_add(s->session, role, lua_tostring(L, 3), &err) != KVGEN_OK) return raise_status(L, &err);
+    if (kvgen_chat_add(s->session, role, text, &err) != KVGEN_OK) return raise_status(L, &err);
     return 0;
 }
 
@@ -1130,10 +1307,11 @@ static int session_add(lua_State *L) {
 #define GENERATE_OPTIONS "max_tokens", "stop", "ignore_eog", "special", "choices", "json"
 
 /* Pushes a const char* array of the strings in the list at `idx` (anchored in the table at
- * `anchor`, which also keeps the strings alive). */
+ * `anchor`, which also keeps the strings alive). The list must be a sequence of non-empty
+ * strings without NUL bytes (the C API takes them NUL-terminated). */
 static const char *const *string_list(lua_State *L, int idx, int arg, const char *what, int anchor, int *n_out) {
     idx = lua_absindex(L, idx);
-    lua_Unsigned n = lua_rawlen(L, idx);
+    lua_Unsigned n = check_sequence(L, idx, arg, what);
     if (n > INT_MAX / 2) luaL_argerror(L, arg, lua_pushfstring(L, "%s: too many entries", what));
     const char **list = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *list, 0);
     luaL_ref(L, anchor);
@@ -1141,8 +1319,10 @@ static const char *const *string_list(lua_State *L, int idx, int arg, const char
         if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING || lua_rawlen(L, -1) == 0)
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: non-empty string expected, got %s", what, (LUAI_UACINT)(i + 1),
-                                          lua_type(L, -1) == LUA_TSTRING ? "an empty string" : luaL_typename(L, -1)));
-        list[i] = lua_tostring(L, -1);
+                                          lua_type(L, -1) == LUA_TSTRING ? "an empty string" : push_got(L, -1)));
+        int vi = lua_gettop(L);
+        list[i] = check_cstring(L, vi, arg, lua_pushfstring(L, "%s[%I]", what, (LUAI_UACINT)(i + 1)));
+        lua_settop(L, vi);
         luaL_ref(L, anchor); /* pops it; the anchor keeps it */
     }
     *n_out = (int)n;
@@ -1151,55 +1331,82 @@ static const char *const *string_list(lua_State *L, int idx, int arg, const char
 
 static const char *const json_type_names[] = {"string", "number", "enum", NULL};
 
-/* json = {{key=, type="string"|"number"|"enum", values={...}, max_len=}, ...} */
+/* json = {{key=, type="string"|"number"|"enum", values={...}, max_len=}, ...}: a list of field
+ * tables with only those keys (values for enums, max_len for strings). */
 static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int anchor, int *n_out) {
+    static const char *const field_keys[] = {"key", "type", "values", "max_len", NULL};
     idx = lua_absindex(L, idx);
-    lua_Unsigned n = lua_rawlen(L, idx);
+    lua_Unsigned n = check_sequence(L, idx, arg, "option 'json'");
     if (n == 0 || n > INT_MAX / 2) luaL_argerror(L, arg, "option 'json': a non-empty list of fields expected");
     kvgen_json_field *f = lua_newuserdatauv(L, (size_t)n * sizeof *f, 0);
     luaL_ref(L, anchor);
     memset(f, 0, (size_t)n * sizeof *f);
     for (lua_Unsigned i = 0; i < n; i++) {
+        LUAI_UACINT at = (LUAI_UACINT)(i + 1);
         if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TTABLE)
-            luaL_argerror(L, arg,
-                          lua_pushfstring(L, "json[%I]: table expected, got %s", (LUAI_UACINT)(i + 1),
-                                          luaL_typename(L, -1)));
+            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I]: table expected, got %s", at, push_got(L, -1)));
         int fi = lua_gettop(L);
+        lua_pushnil(L);
+        while (lua_next(L, fi)) { /* a misspelt key ("maxlen") is an error, as for options */
+            lua_pop(L, 1);
+            int ok = 0;
+            for (int k = 0; field_keys[k] && !ok; k++) ok = is_name(L, -1, field_keys[k]);
+            if (!ok && lua_type(L, -1) == LUA_TSTRING) {
+                int ki = lua_gettop(L);
+                check_cstring(L, ki, arg, lua_pushfstring(L, "json[%I] field name", at));
+                lua_settop(L, ki);
+            }
+            if (!ok)
+                luaL_argerror(L, arg,
+                              lua_pushfstring(L, "json[%I]: unknown field %s (key, type, values, max_len)", at,
+                                              push_key_text(L, -1)));
+        }
         if (lua_getfield(L, fi, "key") != LUA_TSTRING)
-            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].key: string expected", (LUAI_UACINT)(i + 1)));
-        f[i].key = lua_tostring(L, -1);
-        lua_pop(L, 1);
+            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].key: string expected, got %s", at, push_got(L, -1)));
+        f[i].key = check_cstring(L, fi + 1, arg, lua_pushfstring(L, "json[%I].key", at));
+        lua_settop(L, fi);
         const char *type = lua_getfield(L, fi, "type") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
         int ti = -1;
         for (int k = 0; type && json_type_names[k]; k++)
-            if (strcmp(type, json_type_names[k]) == 0) ti = k;
+            if (strcmp(type, json_type_names[k]) == 0 && strlen(type) == lua_rawlen(L, -1)) ti = k;
         if (ti < 0)
             luaL_argerror(L, arg,
-                          lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected", (LUAI_UACINT)(i + 1)));
+                          lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected, got %s", at,
+                                          type ? lua_pushfstring(L, "'%s'", type) : push_got(L, -1)));
         lua_pop(L, 1);
         f[i].type = (kvgen_json_type)(KVGEN_JSON_STRING + ti);
+        int t = lua_getfield(L, fi, "values");
         if (f[i].type == KVGEN_JSON_ENUM) {
-            if (lua_getfield(L, fi, "values") != LUA_TTABLE)
-                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].values: list of strings expected", (LUAI_UACINT)(i + 1)));
-            f[i].values = string_list(L, -1, arg, "values", anchor, &f[i].n_values);
-            lua_pop(L, 1);
+            if (t != LUA_TTABLE)
+                luaL_argerror(L, arg,
+                              lua_pushfstring(L, "json[%I].values: list of strings expected, got %s", at, push_got(L, -1)));
+            lua_pushfstring(L, "json[%I].values", at);
+            f[i].values = string_list(L, fi + 1, arg, lua_tostring(L, -1), anchor, &f[i].n_values);
+        } else if (t != LUA_TNIL) {
+            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].values: only for type 'enum'", at));
         }
-        int t = lua_getfield(L, fi, "max_len");
+        lua_settop(L, fi);
+        t = lua_getfield(L, fi, "max_len");
         if (t != LUA_TNIL) {
+            if (f[i].type != KVGEN_JSON_STRING)
+                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].max_len: only for type 'string'", at));
             int isint = 0;
             lua_Integer ml = to_integer(L, -1, &isint);
             if (!isint || ml < 0 || ml > INT_MAX)
-                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected", (LUAI_UACINT)(i + 1)));
+                luaL_argerror(L, arg,
+                              lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected, got %s", at, push_got(L, -1)));
             f[i].max_len = (int)ml;
         }
-        lua_pop(L, 2);
+        lua_settop(L, fi - 1);
     }
     *n_out = (int)n;
     return f;
 }
 
 /* Fills a generate desc from the options at `arg`; strings and arrays it points into are
- * anchored in the table at `anchor` (whose lifetime the caller chooses). */
+ * anchored in the table at `anchor` (whose lifetime the caller chooses). Everything the C
+ * library would refuse is refused here, as an argument error, before the caller touches the
+ * session (kvgen_generate_check has the last word on the constraint's rules). */
 static void read_generate(lua_State *L, int arg, int anchor, kvgen_generate_desc *gd, kvgen_constraint *c) {
     memset(gd, 0, sizeof *gd);
     memset(c, 0, sizeof *c);
@@ -1212,36 +1419,60 @@ static void read_generate(lua_State *L, int arg, int anchor, kvgen_generate_desc
     int t = get_option(L, arg, "stop");
     if (t == LUA_TSTRING) {
         if (lua_rawlen(L, -1) == 0) option_error(L, arg, "stop", "stop strings must not be empty");
+        if (lua_rawlen(L, -1) > KVGEN_MAX_STOP_LEN)
+            option_error(L, arg, "stop",
+                         lua_pushfstring(L, "the stop string is %I bytes, at most %d", (LUAI_UACINT)lua_rawlen(L, -1),
+                                         KVGEN_MAX_STOP_LEN));
+        int vi = lua_gettop(L);
+        const char *one_s = check_cstring(L, vi, arg, "option 'stop'");
         const char **one = lua_newuserdatauv(L, sizeof *one, 0);
-        one[0] = lua_tostring(L, -2);
+        one[0] = one_s;
         luaL_ref(L, anchor);
         gd->stop = one;
         gd->n_stop = 1;
     } else if (t == LUA_TTABLE) {
-        gd->stop = string_list(L, -1, arg, "stop", anchor, &gd->n_stop);
+        int vi = lua_gettop(L);
+        check_sequence(L, vi, arg, "option 'stop'");
+        gd->stop = string_list(L, vi, arg, "stop", anchor, &gd->n_stop);
+        if (gd->n_stop > KVGEN_MAX_STOPS)
+            option_error(L, arg, "stop", lua_pushfstring(L, "%d stop strings, at most %d", gd->n_stop, KVGEN_MAX_STOPS));
+        for (int i = 0; i < gd->n_stop; i++) {
+            size_t len = strlen(gd->stop[i]);
+            if (len > KVGEN_MAX_STOP_LEN)
+                option_error(L, arg, "stop",
+                             lua_pushfstring(L, "stop[%d] is %I bytes, at most %d", i + 1, (LUAI_UACINT)len,
+                                             KVGEN_MAX_STOP_LEN));
+        }
     } else if (t != LUA_TNIL) {
-        option_error(L, arg, "stop", lua_pushfstring(L, "string or list of strings expected, got %s", luaL_typename(L, -1)));
+        option_error(L, arg, "stop", lua_pushfstring(L, "string or list of strings expected, got %s", push_got(L, -1)));
     }
     lua_pop(L, 1);
     t = get_option(L, arg, "choices");
     if (t == LUA_TTABLE) {
         c->kind = KVGEN_CONSTRAIN_CHOICE;
-        c->choices = string_list(L, -1, arg, "choices", anchor, &c->n_choices);
+        check_sequence(L, lua_gettop(L), arg, "option 'choices'");
+        c->choices = string_list(L, lua_gettop(L), arg, "choices", anchor, &c->n_choices);
         if (c->n_choices == 0) option_error(L, arg, "choices", "a non-empty list of strings expected");
     } else if (t != LUA_TNIL) {
-        option_error(L, arg, "choices", lua_pushfstring(L, "list of strings expected, got %s", luaL_typename(L, -1)));
+        option_error(L, arg, "choices", lua_pushfstring(L, "list of strings expected, got %s", push_got(L, -1)));
     }
     lua_pop(L, 1);
     t = get_option(L, arg, "json");
     if (t == LUA_TTABLE) {
         if (c->kind != KVGEN_CONSTRAIN_NONE) option_error(L, arg, "json", "cannot be combined with 'choices'");
         c->kind = KVGEN_CONSTRAIN_JSON;
-        c->fields = json_fields(L, -1, arg, anchor, &c->n_fields);
+        c->fields = json_fields(L, lua_gettop(L), arg, anchor, &c->n_fields);
     } else if (t != LUA_TNIL) {
-        option_error(L, arg, "json", lua_pushfstring(L, "list of fields expected, got %s", luaL_typename(L, -1)));
+        option_error(L, arg, "json", lua_pushfstring(L, "list of fields expected, got %s", push_got(L, -1)));
     }
     lua_pop(L, 1);
     if (c->kind != KVGEN_CONSTRAIN_NONE) gd->constraint = c;
+    kvgen_error err = {0};
+    if (kvgen_generate_check(gd, &err) != KVGEN_OK) {
+        const char *opt = c->kind == KVGEN_CONSTRAIN_JSON ? "json" : c->kind == KVGEN_CONSTRAIN_CHOICE ? "choices" : NULL;
+        if (opt) option_error(L, arg, opt, err.message);
+        luaL_argerror(L, arg, err.message);
+    }
 }
 
 /* Ends the generator and frees the session for other calls. */
@@ -1254,15 +1485,22 @@ static void stream_stop(lstream *st, kvgen_finish finish) {
     if (st->owner && st->owner->active == st) st->owner->active = NULL;
 }
 
-/* Keeps the text (user value 3) and ends the generator. */
+/* Keeps the text (user value 3: everything delivered) and ends the generator; the session
+ * no longer refers to the stream. */
 static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) {
     if (!st->gen) return;
     idx = lua_absindex(L, idx);
+    int top = lua_gettop(L);
     size_t len = 0;
     const char *text = kvgen_gen_text(st->gen, &len);
     lua_pushlstring(L, text ? text : "", text ? len : 0);
     lua_setiuservalue(L, idx, 3);
     stream_stop(st, finish);
+    if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA && lua_getiuservalue(L, -1, 3) == LUA_TTABLE) {
+        lua_pushnil(L);
+        lua_rawseti(L, -2, 1);
+    }
+    lua_settop(L, top);
 }
 
 /* Pushes a stream for the session at index 1 with its options read from `opts`, not started
@@ -1281,15 +1519,33 @@ static lstream *stream_new(lua_State *L, int opts) {
     return st;
 }
 
-/* Starts the generation from the session's current logits (prefill or chat first). */
-static void stream_start(lua_State *L, lsession *s, lstream *st) {
+/* Starts the stream at `idx` on the session at index 1: with `n` prompt ids (n = 0: from the
+ * current logits) or, when `chat`, a chat turn (role NULL: only the assistant header). The C
+ * call is all or nothing: when it fails, nothing was appended and the chat state is as it was. */
+static void stream_start(lua_State *L, lsession *s, lstream *st, int idx, const int32_t *ids, size_t n, int chat,
+                         const char *role, const char *text) {
     kvgen_error err = {0};
-    if (kvgen_gen_begin(s->session, &st->desc, &st->gen, &err) != KVGEN_OK) {
+    kvgen_status rc = chat ? kvgen_chat_gen_begin(s->session, role, text, &st->desc, &st->gen, &err)
+                           : kvgen_gen_begin_prompt(s->session, ids, n, &st->desc, &st->gen, &err);
+    if (rc != KVGEN_OK) {
         st->gen = NULL;
         raise_status(L, &err);
     }
     st->owner = s;
     s->active = st;
+    if (lua_getiuservalue(L, 1, 3) != LUA_TTABLE) {
+        lua_pop(L, 1);
+        lua_createtable(L, 1, 0);
+        lua_createtable(L, 0, 1);
+        lua_pushliteral(L, "v");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
+        lua_pushvalue(L, -1);
+        lua_setiuservalue(L, 1, 3);
+    }
+    lua_pushvalue(L, idx);
+    lua_rawseti(L, -2, 1);
+    lua_pop(L, 1);
 }
 
 /* The next non-empty piece of text, or NULL (nothing pushed) at the end. */
@@ -1355,7 +1611,7 @@ static int stream_tostring(lua_State *L) {
 /* fields: finish ("none" while running), text (so far), n_tokens, session */
 static int stream_index(lua_State *L) {
     lstream *st = luaL_checkudata(L, 1, STREAM_MT);
-    const char *key = luaL_checkstring(L, 2);
+    const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (strcmp(key, "finish") == 0) {
         lua_pushstring(L, kvgen_finish_name(st->gen ? KVGEN_FINISH_NONE : st->finish));
@@ -1378,24 +1634,23 @@ static int stream_index(lua_State *L) {
     return 1;
 }
 
-/* Prefills a prompt given as text (never parsing control tokens) or token ids; nil: nothing. */
-static void prefill_prompt(lua_State *L, lsession *s, int idx) {
-    size_t n = 0;
-    const int32_t *ids;
-    if (lua_isnoneornil(L, idx)) return;
+/* Reads a prompt given as text (tokenized with its length, never parsing control tokens) or
+ * token ids into a userdata left on the stack; nil: no prompt (n = 0, nil pushed). Nothing is
+ * appended yet. */
+static const int32_t *read_prompt(lua_State *L, lsession *s, int idx, size_t *n) {
+    *n = 0;
+    if (lua_isnoneornil(L, idx)) {
+        lua_pushnil(L);
+        return NULL;
+    }
     if (lua_type(L, idx) == LUA_TSTRING) {
         size_t len;
         const char *text = lua_tolstring(L, idx, &len);
-        ids = tokenize(L, s->model, text, len, 0, &n);
-    } else if (lua_istable(L, idx)) {
-        ids = check_ids(L, idx, "prompt", s->model, &n);
-    } else {
-        type_error(L, idx, "prompt", "string, table of token ids or nil");
-        return;
+        return tokenize(L, s->model, text, len, 0, n);
     }
-    kvgen_error err = {0};
-    if (n > 0 && kvgen_session_prefill(s->session, ids, n, NULL, &err) != KVGEN_OK) raise_status(L, &err);
-    lua_pop(L, 1);
+    if (lua_istable(L, idx)) return check_ids(L, idx, "prompt", s->model, n);
+    type_error(L, idx, "prompt", "string, table of token ids or nil");
+    return NULL;
 }
 
 static const char *const stream_options[] = {GENERATE_OPTIONS, NULL};
@@ -1447,8 +1702,10 @@ static int session_generate(lua_State *L) {
     int cb = check_callback(L, 3);
     lstream *st = stream_new(L, 3);
     int idx = lua_gettop(L);
-    prefill_prompt(L, s, 2);
-    stream_start(L, s, st);
+    size_t n = 0;
+    const int32_t *ids = read_prompt(L, s, 2, &n);
+    stream_start(L, s, st, idx, ids, n, 0, NULL, NULL);
+    lua_settop(L, idx);
     return run_to_end(L, idx, cb);
 }
 
@@ -1460,8 +1717,9 @@ static int session_stream(lua_State *L) {
     check_options(L, 3, stream_options);
     lstream *st = stream_new(L, 3);
     int idx = lua_gettop(L);
-    prefill_prompt(L, s, 2);
-    stream_start(L, s, st);
+    size_t n = 0;
+    const int32_t *ids = read_prompt(L, s, 2, &n);
+    stream_start(L, s, st, idx, ids, n, 0, NULL, NULL);
     lua_settop(L, idx);
     lua_pushnil(L);
     lua_pushnil(L);
@@ -1469,17 +1727,14 @@ static int session_stream(lua_State *L) {
     return 4;
 }
 
-static void chat_begin(lua_State *L, lsession *s, int msg, int opts) {
-    const char *role = role_names[opt_choice(L, opts, "role", 1, role_names)];
-    const char *text = NULL;
-    if (lua_type(L, msg) == LUA_TSTRING)
-        text = lua_tostring(L, msg);
-    else if (lua_isnil(L, msg))
-        role = NULL; /* no turn: only the assistant header */
-    else
-        type_error(L, msg, "message", "string or nil");
-    kvgen_error err = {0};
-    if (kvgen_chat_begin(s->session, role, text, &err) != KVGEN_OK) raise_status(L, &err);
+/* Reads a chat call's message (string or nil) and its `role` option: the turn to add, with
+ * role NULL when there is none (only the assistant header). */
+static const char *read_chat_message(lua_State *L, int msg, int opts, const char **role) {
+    *role = role_names[opt_choice(L, opts, "role", 1, role_names)];
+    if (lua_type(L, msg) == LUA_TSTRING) return check_cstring(L, msg, msg, "message");
+    if (!lua_isnil(L, msg)) type_error(L, msg, "message", "string or nil");
+    *role = NULL; /* no turn: only the assistant header */
+    return NULL;
 }
 
 /* s:chat(message [, opts]) -> reply, finish: one chat turn in the session's template */
@@ -1490,8 +1745,10 @@ static int session_chat(lua_State *L) {
     int cb = check_callback(L, 3);
     lstream *st = stream_new(L, 3);
     int idx = lua_gettop(L);
-    chat_begin(L, s, 2, 3);
-    stream_start(L, s, st);
+    const char *role;
+    const char *text = read_chat_message(L, 2, 3, &role);
+    stream_start(L, s, st, idx, NULL, 0, 1, role, text);
+    lua_settop(L, idx);
     return run_to_end(L, idx, cb);
 }
 
@@ -1502,8 +1759,9 @@ static int session_chat_stream(lua_State *L) {
     check_options(L, 3, chat_stream_options);
     lstream *st = stream_new(L, 3);
     int idx = lua_gettop(L);
-    chat_begin(L, s, 2, 3);
-    stream_start(L, s, st);
+    const char *role;
+    const char *text = read_chat_message(L, 2, 3, &role);
+    stream_start(L, s, st, idx, NULL, 0, 1, role, text);
     lua_settop(L, idx);
     lua_pushnil(L);
     lua_pushnil(L);
@@ -1568,19 +1826,19 @@ static void push_template_name(lua_State *L, lsession *s) {
 /* s:save(path) */
 static int session_save(lua_State *L) {
     lsession *s = check_session(L, 1);
-    if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "path", "string");
+    const char *path = check_cstring_arg(L, 2, "path");
     kvgen_error err = {0};
-    if (kvgen_session_save(s->session, lua_tostring(L, 2), &err) != KVGEN_OK) return raise_status(L, &err);
+    if (kvgen_session_save(s->session, path, &err) != KVGEN_OK) return raise_status(L, &err);
     return 0;
 }
 
 /* model:restore(path) -> session saved by s:save */
 static int model_restore(lua_State *L) {
     lmodel *m = check_model(L, 1);
-    if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "path", "string");
+    const char *path = check_cstring_arg(L, 2, "path");
     lsession *s = new_session(L, m->model, 1);
     kvgen_error err = {0};
-    if (kvgen_session_restore(m->model, lua_tostring(L, 2), &s->session, &err) != KVGEN_OK) {
+    if (kvgen_session_restore(m->model, path, &s->session, &err) != KVGEN_OK) {
         s->session = NULL;
         return raise_status(L, &err);
     }
@@ -1831,7 +2089,8 @@ static void job_chat_prompt(lua_State *L, int msg, int opts, kvgen_job_desc *d) 
     d->prompt = KVGEN_PROMPT_CHAT;
     d->role = role_names[opt_choice(L, opts, "role", 1, role_names)];
     if (lua_type(L, msg) == LUA_TSTRING) {
-        d->text = lua_tolstring(L, msg, &d->text_len);
+        d->text = check_cstring(L, msg, msg, "message");
+        d->text_len = lua_rawlen(L, msg);
         if (d->text_len == 0) d->text = "";
     } else if (lua_isnil(L, msg)) {
         d->role = NULL; /* no turn: only the assistant header */
@@ -1973,7 +2232,7 @@ static int job_set_priority(lua_State *L) {
     lua_Integer p = to_integer(L, 2, &isint);
     if (!isint) type_error(L, 2, "priority", "integer");
     if (p < INT_MIN || p > INT_MAX)
-        luaL_argerror(L, 2, lua_pushfstring(L, "priority: %I is out of range", (LUAI_UACINT)p));
+        luaL_argerror(L, 2, lua_pushfstring(L, "priority: %I is out of range [%d, %d]", (LUAI_UACINT)p, INT_MIN, INT_MAX));
     kvgen_job_set_priority(j->job, (int)p);
     return 0;
 }
@@ -2017,11 +2276,12 @@ static int job_info(lua_State *L) {
     return 1;
 }
 
-/* fields: state, finish ("none" while running), text (delivered by polls so far), error (the
- * message of a failed job, else nil), priority, session */
+/* fields: state, finish ("none" while running), text (all generated so far: complete once the
+ * state is final, kvgen_job_text), error (the message of a failed job, else nil), priority,
+ * session */
 static int job_index(lua_State *L) {
     ljob *j = luaL_checkudata(L, 1, JOB_MT);
-    const char *key = luaL_checkstring(L, 2);
+    const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!j->job) return luaL_error(L, "attempt to use a closed " JOB_MT);
     kvgen_job_info info;

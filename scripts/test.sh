@@ -28,6 +28,9 @@ build() { # dir, extra cmake args...
 }
 
 mkdir -p "$log_dir"
+# the Lua module and the CLI keep a Vulkan pipeline cache in the user's cache folder by default;
+# tests keep theirs inside the build tree
+export KVGEN_PIPELINE_CACHE="$here/build/test-pipelines-{device}.bin"
 if build "$here/build"; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"

@@ -98,6 +98,15 @@ typedef struct kvgen_model_desc {
      * must not use it at the same time). NULL: kvgen creates its own. */
     void *vk_instance, *vk_physical_device, *vk_device, *vk_queue;
     uint32_t vk_queue_family;
+    /* Vulkan: a file for kvgen's VkPipelineCache, so a later load skips shader compilation on
+     * drivers whose cache holds compiled code. "{device}" in it becomes the device's vendor and
+     * device id in hex ("10de-2684"). Read at load when present and valid for this device
+     * (anything else, e.g. a stale or damaged file, is ignored: never a load error); written
+     * back atomically, its folder created, when pipelines were compiled that it lacked (write
+     * failures are only reported on stderr). NULL: no cache (the Lua module and the CLI default
+     * to $KVGEN_PIPELINE_CACHE, else a file under $XDG_CACHE_HOME/kvgen). The reference backend
+     * ignores it. */
+    const char *pipeline_cache_path;
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
@@ -160,6 +169,47 @@ typedef struct kvgen_device_info {
  * Builds without the Vulkan backend (KVGEN_VULKAN=OFF) have it too and answer the same way:
  * KVGEN_OK with *count 0 (they can run on no device). */
 kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err);
+
+/* ---- backends and device probe -------------------------------------------------------- */
+
+/* A backend kvgen knows. */
+typedef struct kvgen_backend_info {
+    kvgen_backend backend; /* the value for kvgen_model_desc.backend */
+    const char *name;      /* "vulkan", "reference": as KVGEN_BACKEND, `--backend` and
+                              kvgen_model_info.backend spell it */
+    int available;         /* 1: built into this kvgen; 0: known, but this build lacks it (loading
+                              it fails with KVGEN_E_UNSUPPORTED saying why) */
+    int uses_device;       /* runs on a Vulkan device (desc.device / KVGEN_DEVICE apply) */
+    int uses_threads;      /* runs on the host's cores (desc.n_threads applies) */
+} kvgen_backend_info;
+
+/* Lists the backends kvgen knows, in the order a load with KVGEN_BACKEND_DEFAULT (and no
+ * KVGEN_BACKEND) tries the available ones: writes up to `cap` entries to `out` (may be NULL
+ * when cap is 0) and returns how many there are. The names are static strings. */
+int kvgen_backends(kvgen_backend_info *out, int cap);
+
+/* What a device can do at best, measured with probe shaders, so a benchmark can report decode
+ * speed as a share of "weight bytes / read bandwidth": a ceiling that means the same on a GPU
+ * and on lavapipe. Zero fields: the defaults. */
+typedef struct kvgen_probe_desc {
+    const char *device; /* index or name substring, as kvgen_model_desc.device; NULL: KVGEN_DEVICE or the default */
+    int read_mib;       /* buffer read per repetition, MiB; 0: 64 (at most the device's largest storage buffer) */
+    int reps;           /* repetitions; the best one counts; 0: 5 */
+    int dispatches;     /* empty dispatches timed in one command buffer; 0: 1000 */
+} kvgen_probe_desc;
+
+typedef struct kvgen_probe_result {
+    char device[256];   /* the device's name */
+    double read_gbps;   /* streaming-read bandwidth, GB/s (1e9 bytes), best repetition */
+    double dispatch_us; /* one empty dispatch plus a barrier, microseconds, best repetition */
+    uint64_t bytes;     /* bytes read per repetition */
+} kvgen_probe_result;
+
+/* Runs the probes on a device of the first available backend that uses one (Vulkan); creates
+ * and destroys its own device, blocks for about a second on a GPU (longer on lavapipe).
+ * KVGEN_E_UNSUPPORTED in builds with no device backend; KVGEN_E_DEVICE when no device runs.
+ * desc NULL: the defaults. *out is zeroed first. */
+kvgen_status kvgen_device_probe(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err);
 
 /* ---- tokenizer ------------------------------------------------------------------------ */
 
@@ -292,12 +342,22 @@ kvgen_status kvgen_session_fork(kvgen_session *session, kvgen_session **child, k
 
 /* Writes the session to `path`: a versioned header, a hash identifying the model, options,
  * token ids, sampler state, last logits, and K/V of the used positions only (f32), with a
- * checksum. Restoring it gives the same next-token logits and samples. */
+ * checksum. Restoring it gives the same next-token logits and samples. The file is written
+ * under a temporary name in the same folder, synced and renamed over `path`, so `path` holds
+ * either its previous contents or the whole new file: a save that fails (disk full, file-size
+ * limit) leaves the previous file as it was and removes its temporary file. A symbolic link
+ * is followed: the file it points to is replaced, the link stays. A `path` that exists and is
+ * not a regular file (device, FIFO, folder), or that the caller may not write, is refused
+ * (KVGEN_E_IO) and left alone. Errors name the function, the path and the cause. */
 kvgen_status kvgen_session_save(const kvgen_session *session, const char *path, kvgen_error *err);
 /* Creates a session from a file written by kvgen_session_save (in this or another process).
- * Refuses, with a message naming the file: another model (KVGEN_E_INVALID_ARGUMENT), a
- * truncated or corrupted file (KVGEN_E_FORMAT, checksum), a newer format version
- * (KVGEN_E_UNSUPPORTED), not a session file (KVGEN_E_FORMAT), missing file (KVGEN_E_IO). */
+ * Refuses, with a message naming the function and the file: another model
+ * (KVGEN_E_INVALID_ARGUMENT), a truncated or corrupted file (KVGEN_E_FORMAT, checksum), a
+ * newer format version (KVGEN_E_UNSUPPORTED), not a session file (KVGEN_E_FORMAT), a missing
+ * file or one that is not a regular file, such as /dev/zero or a FIFO (KVGEN_E_IO, before any
+ * read). It reads the fixed-size header first and never more than the header's declared
+ * size, which must equal the file's; nothing is allocated from the header before its sizes
+ * match the file and the model. */
 kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err);
 
 /* The model's KV page pool: memory accounting. */
@@ -370,7 +430,10 @@ const char *kvgen_finish_name(kvgen_finish finish);
 /* Constrained output: generation may only produce text the constraint accepts; tokens that
  * would leave it are masked before sampling. Supported shapes (anything else is refused with
  * KVGEN_E_INVALID_ARGUMENT):
- *  - KVGEN_CONSTRAIN_CHOICE: exactly one of `choices` (non-empty strings).
+ *  - KVGEN_CONSTRAIN_CHOICE: exactly one of `choices` (non-empty strings, any bytes), byte for
+ *    byte, picked by the scores kvgen_session_choose gives them (greedy: the best; with
+ *    temperature T: drawn with p ~ exp(logprob / T)), then generated as the tokens scored.
+ *    A choice the vocabulary cannot spell is refused (docs/generation.md, "Choices").
  *  - KVGEN_CONSTRAIN_JSON: one flat JSON object with exactly `fields`, in that order, written
  *    compactly: {"key":value,"key2":value2}. Values: a string without escapes or control
  *    characters (at most max_len bytes), a number -?(0|[1-9][0-9]*)(\.[0-9]+)? (at most 16
@@ -408,7 +471,9 @@ typedef struct kvgen_constraint {
 #define KVGEN_MAX_STOP_LEN 1024 /* bytes per stop string */
 
 typedef struct kvgen_generate_desc {
-    int max_tokens;             /* 0: 256; < 0: until the context is full */
+    int max_tokens;             /* 0: 256 (no limit with a constraint); < 0: no limit, i.e. until the
+                                   context is full, or with KVGEN_ON_FULL_SHIFT (never full) at most
+                                   the session's n_ctx tokens (finish LENGTH) */
     const char *const *stop;    /* stop strings (non-empty); matched across token boundaries */
     int n_stop;                 /* 0..KVGEN_MAX_STOPS, each at most KVGEN_MAX_STOP_LEN bytes */
     int ignore_eog;             /* 1: do not stop at end-of-generation tokens */
@@ -433,8 +498,19 @@ typedef struct kvgen_gen_step {
     kvgen_finish finish; /* KVGEN_FINISH_NONE while generation goes on */
 } kvgen_gen_step;
 
+/* Checks a desc the way kvgen_gen_begin and kvgen_job_submit do (stop strings, flags, the
+ * constraint) without a session: KVGEN_E_INVALID_ARGUMENT naming the field, or KVGEN_OK (also
+ * for NULL). Call it before appending a prompt that the generation is meant to follow. */
+kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err);
+
+/* Fails (changing nothing) when desc is invalid or the session has no logits. */
 kvgen_status kvgen_gen_begin(kvgen_session *session, const kvgen_generate_desc *desc, kvgen_gen **out,
                              kvgen_error *err);
+/* All or nothing: checks desc and builds the generator, then prefills `prompt` (n tokens; 0:
+ * none, the session must have logits) and returns the generator. On any failure the session
+ * is exactly as it was: the prompt is not appended. */
+kvgen_status kvgen_gen_begin_prompt(kvgen_session *session, const int32_t *prompt, size_t n,
+                                    const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 /* One token. Returns KVGEN_OK (also for the step that finishes) or the error that ended the
  * generation (finish = KVGEN_FINISH_ERROR). After the finish it keeps returning empty steps
  * with the same finish reason. */
@@ -479,6 +555,12 @@ kvgen_status kvgen_chat_add(kvgen_session *session, const char *role, const char
 /* Appends a turn like kvgen_chat_add (text NULL: no turn) and then the assistant header, so
  * that kvgen_gen_begin produces the reply. Only the new tokens are prefilled. */
 kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
+/* All or nothing: kvgen_chat_begin(role, text) followed by kvgen_gen_begin(desc), with desc
+ * checked and the generator built before the turn is appended. On any failure the session's
+ * tokens and chat state are exactly as they were (no user turn is left behind). Chat calls
+ * that fail on their own (kvgen_chat_add, kvgen_chat_begin) change nothing either. */
+kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
+                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 
 /* ---- choice scoring ---- */
 typedef struct kvgen_choice {
@@ -571,11 +653,14 @@ void kvgen_job_cancel(kvgen_job *job);
 void kvgen_job_release(kvgen_job *job);
 void kvgen_job_set_priority(kvgen_job *job, int priority);
 
-/* Non-blocking: moves the text the worker produced since this job's last poll into the job's
- * text and returns the job's state. *text / *len (either may be NULL) receive the new bytes
- * (NUL-terminated, "" when none), valid until the job's next poll or release. */
+/* Non-blocking: hands out the text the worker produced since this job's last poll and
+ * returns the job's state (a final state comes with the last text). *text / *len (either may
+ * be NULL) receive the new bytes (NUL-terminated, "" when none), valid until the job's next
+ * poll, kvgen_job_text or release. */
 kvgen_job_state kvgen_job_poll(kvgen_job *job, const char **text, size_t *len);
-/* All text delivered by polls so far (NUL-terminated; valid until the next poll or release). */
+/* All text the worker has produced so far, delivered by a poll or not yet (NUL-terminated;
+ * valid until the job's next poll, kvgen_job_text or release). Once the job reads final
+ * (kvgen_job_get_info, kvgen_job_poll, an event) this is the whole text. */
 const char *kvgen_job_text(const kvgen_job *job, size_t *len);
 
 typedef struct kvgen_job_info {
@@ -601,7 +686,8 @@ typedef struct kvgen_event {
     kvgen_job *job;
     void *user_data;       /* desc.user_data */
     kvgen_job_state state; /* the job's state now */
-    const char *text;      /* new text ("" when none); valid until the job's next poll or release */
+    const char *text;      /* new text ("" when none); valid until the job's next poll,
+                              kvgen_job_text or release */
     size_t len;
     int finished;          /* 1 exactly once: the job became final (its last event) */
     kvgen_finish finish;

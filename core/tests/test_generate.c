@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "testutil.h"
 
@@ -556,6 +557,188 @@ static void test_cli_determinism(const char *model_path) {
     for (int i = 0; i < 3; i++) free(outs[i]);
 }
 
+static bool same_tokens(kvgen_session *a, kvgen_session *b) {
+    size_t n = kvgen_session_length(a);
+    return n == kvgen_session_length(b) &&
+           (n == 0 || memcmp(kvgen_session_tokens(a), kvgen_session_tokens(b), n * sizeof(int32_t)) == 0);
+}
+
+/* a chatml session whose replies are short and deterministic (greedy) */
+static kvgen_session *chat_session(int n_ctx) {
+    kvgen_session *s = session(NULL, n_ctx);
+    kvgen_error err = {0};
+    kvgen_chat_template chatml = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(s, &chatml, &err));
+    return s;
+}
+
+/* one user turn and a 3-token reply through kvgen_chat_gen_begin */
+static void chat_turn_reply(kvgen_session *s, const char *text) {
+    kvgen_generate_desc d = {.max_tokens = 3, .ignore_eog = 1};
+    kvgen_gen *g = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", text, &d, &g, &err));
+    kvgen_gen_step st;
+    while (g && kvgen_gen_next(g, &st, &err) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) {}
+    kvgen_gen_end(g);
+}
+
+/* A refused generation changes nothing: the desc is checked (kvgen_generate_check) and the
+ * generator built before kvgen_gen_begin_prompt / kvgen_chat_gen_begin append the prompt or
+ * the chat turn, and a failed append leaves no turn or chat state behind. */
+static void test_atomic_begin(void) {
+    kvgen_error err = {0};
+    static char long_stop[2001];
+    memset(long_stop, 'z', 2000);
+    const char *one_long[] = {long_stop};
+    const char *many[65];
+    for (int i = 0; i < 65; i++) many[i] = "s";
+    kvgen_json_field bad_key = {.key = "a\"b", .type = KVGEN_JSON_NUMBER};
+    kvgen_constraint bad_json = {.kind = KVGEN_CONSTRAIN_JSON, .fields = &bad_key, .n_fields = 1};
+    const kvgen_generate_desc bad[] = {
+        {.stop = one_long, .n_stop = 1},
+        {.stop = many, .n_stop = 65},
+        {.constraint = &bad_json},
+        {.flags = 0x80},
+    };
+    const int n_bad = (int)(sizeof bad / sizeof bad[0]);
+    CHECK_OK(kvgen_generate_check(NULL, &err));
+    kvgen_generate_desc good = {.max_tokens = 2, .ignore_eog = 1, .stop = many, .n_stop = 64};
+    CHECK_OK(kvgen_generate_check(&good, &err));
+    for (int i = 0; i < n_bad; i++)
+        CHECKF(kvgen_generate_check(&bad[i], &err) == KVGEN_E_INVALID_ARGUMENT, "bad desc %d accepted", i);
+
+    int32_t ids[64];
+    size_t n = 0;
+    CHECK_OK(kvgen_tokenize(g_model, "a prompt", 8, 0, ids, 64, &n, &err));
+    kvgen_session *s = session(NULL, 64);
+    for (int i = 0; i < n_bad; i++) {
+        kvgen_gen *g = (kvgen_gen *)&err; /* overwritten with NULL on failure */
+        CHECK(kvgen_gen_begin_prompt(s, ids, n, &bad[i], &g, &err) == KVGEN_E_INVALID_ARGUMENT && g == NULL);
+        CHECKF(kvgen_session_length(s) == 0 && kvgen_session_logits(s) == NULL, "bad desc %d: length %zu", i,
+               kvgen_session_length(s));
+    }
+    /* no prompt and no logits: refused before anything */
+    kvgen_gen *g = NULL;
+    CHECK(kvgen_gen_begin_prompt(s, NULL, 0, &good, &g, &err) == KVGEN_E_INVALID_ARGUMENT && !g);
+    /* a prompt that does not fit (on_full error): the failed prefill appends nothing */
+    int32_t big[80];
+    for (int i = 0; i < 80; i++) big[i] = ids[i % (int)n];
+    CHECK(kvgen_gen_begin_prompt(s, big, 80, &good, &g, &err) == KVGEN_E_CONTEXT_FULL && !g);
+    CHECK(kvgen_session_length(s) == 0);
+    /* and a good one works like prefill + kvgen_gen_begin */
+    CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &good, &g, &err));
+    CHECK(g && kvgen_session_length(s) == n);
+    kvgen_gen_step st;
+    while (g && kvgen_gen_next(g, &st, &err) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) {}
+    CHECK(kvgen_gen_finish(g) == KVGEN_FINISH_LENGTH && kvgen_session_length(s) == n + 2);
+    kvgen_gen_end(g);
+    /* on a session with text, a refused kvgen_gen_begin_prompt keeps exactly its tokens */
+    size_t len = kvgen_session_length(s);
+    CHECK(kvgen_gen_begin_prompt(s, ids, n, &bad[0], &g, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECK(kvgen_session_length(s) == len);
+    CHECK(kvgen_gen_begin(s, &bad[1], &g, &err) == KVGEN_E_INVALID_ARGUMENT && kvgen_session_length(s) == len);
+    kvgen_session_close(s);
+
+    /* chat: a refused reply leaves no user turn and no chat state behind, on an empty session
+     * and after a complete exchange (whose reply is still open) */
+    kvgen_session *a = chat_session(256), *twin = chat_session(256);
+    for (int round = 0; round < 2; round++) {
+        size_t before = kvgen_session_length(a);
+        for (int i = 0; i < n_bad; i++) {
+            g = (kvgen_gen *)&err;
+            CHECK(kvgen_chat_gen_begin(a, "user", "hello", &bad[i], &g, &err) == KVGEN_E_INVALID_ARGUMENT && !g);
+            CHECKF(kvgen_session_length(a) == before, "round %d, bad desc %d: length %zu, was %zu", round, i,
+                   kvgen_session_length(a), before);
+        }
+        CHECK(same_tokens(a, twin));
+        chat_turn_reply(a, "hello");
+        chat_turn_reply(twin, "hello");
+        CHECK(same_tokens(a, twin)); /* the chat state was as the twin's: the same turn layout */
+    }
+    /* a turn that does not fit the context fails on its own and leaves nothing either */
+    kvgen_session *small = chat_session(48), *small_twin = chat_session(48);
+    static const char too_long[] = "a user turn much too long for the forty-eight tokens of context that this "
+                                   "session has, so that its prefill is refused";
+    CHECK(kvgen_chat_gen_begin(small, "user", too_long, &good, &g, &err) == KVGEN_E_CONTEXT_FULL && !g);
+    CHECK(kvgen_session_length(small) == 0);
+    CHECK(kvgen_chat_begin(small, "user", too_long, &err) == KVGEN_E_CONTEXT_FULL);
+    CHECK(kvgen_session_length(small) == 0);
+    CHECK_OK(kvgen_chat_begin(small, "user", "hi", &err));
+    CHECK_OK(kvgen_chat_begin(small_twin, "user", "hi", &err));
+    CHECK(same_tokens(small, small_twin));
+    kvgen_session_close(small);
+    kvgen_session_close(small_twin);
+    /* without a template the chat call fails and no chat state is created */
+    kvgen_session *plain = session(NULL, 64);
+    CHECK(kvgen_chat_gen_begin(plain, "user", "hi", NULL, &g, &err) == KVGEN_E_UNSUPPORTED && !g);
+    CHECK(kvgen_session_length(plain) == 0);
+    kvgen_session_close(plain);
+    kvgen_session_close(a);
+    kvgen_session_close(twin);
+}
+
+/* "no limit" (max_tokens < 0) under KVGEN_ON_FULL_SHIFT, whose context never fills, is at most
+ * n_ctx tokens: for kvgen_gen_*, kvgen_generate and jobs alike. */
+static void test_shift_bound(void) {
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 32, .on_full = KVGEN_ON_FULL_SHIFT};
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(g_model, &sd, &s, &err));
+    if (!s) return;
+    prompt(s, "a prompt");
+    kvgen_generate_desc d = {.max_tokens = -1, .ignore_eog = 1};
+    kvgen_gen *g = NULL;
+    CHECK_OK(kvgen_gen_begin(s, &d, &g, &err));
+    kvgen_gen_step st;
+    int steps = 0;
+    while (g && steps < 10000 && kvgen_gen_next(g, &st, &err) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) steps++;
+    bool bounded = kvgen_gen_finish(g) == KVGEN_FINISH_LENGTH && kvgen_gen_n_tokens(g) == 32;
+    CHECKF(bounded, "%s after %d tokens", kvgen_finish_name(kvgen_gen_finish(g)), kvgen_gen_n_tokens(g));
+    kvgen_cache_info ci;
+    kvgen_session_cache_info(s, &ci);
+    CHECK(ci.shifts >= 1 && ci.length <= 32);
+    kvgen_gen_end(g);
+    /* an explicit max_tokens above n_ctx is a bound of its own and is kept */
+    kvgen_generate_desc more = {.max_tokens = 40, .ignore_eog = 1};
+    kvgen_finish fin;
+    char *t = run(s, &more, &fin, &steps);
+    CHECK(fin == KVGEN_FINISH_LENGTH && steps == 40);
+    free(t);
+    /* the one-shot call (only when bounded: it has no step limit of its own) */
+    char out[64];
+    size_t len = 0;
+    if (bounded) CHECK_OK(kvgen_generate(s, &d, out, sizeof out, &len, &fin, &err));
+    CHECK(!bounded || fin == KVGEN_FINISH_LENGTH);
+    /* and a job on the worker */
+    kvgen_job_desc jd = {.gen = d};
+    kvgen_job *job = NULL;
+    CHECK_OK(kvgen_job_submit(s, &jd, &job, &err));
+    kvgen_job_info info = {0};
+    for (int spin = 0; job && spin < 200000; spin++) {
+        kvgen_job_state js = kvgen_job_poll(job, NULL, NULL);
+        kvgen_job_get_info(job, &info);
+        if (js >= KVGEN_JOB_DONE) break;
+        if (info.n_tokens > 1000) {
+            kvgen_job_cancel(job); /* unbounded: give up (and fail below) */
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 100000}, NULL);
+    }
+    CHECKF(info.state == KVGEN_JOB_DONE && info.finish == KVGEN_FINISH_LENGTH && info.n_tokens == 32,
+           "job: %s, %s after %d tokens", kvgen_job_state_name(info.state), kvgen_finish_name(info.finish),
+           info.n_tokens);
+    kvgen_job_release(job);
+    kvgen_session_close(s);
+
+    /* without shift "no limit" still means until the context is full */
+    s = session(NULL, 24);
+    prompt(s, "abc");
+    t = run(s, &d, &fin, NULL);
+    CHECK(fin == KVGEN_FINISH_CONTEXT_FULL && kvgen_session_length(s) == 24);
+    free(t);
+    kvgen_session_close(s);
+}
+
 int main(void) {
     char *path = tu_make_model("gen.gguf", "--seed 31 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 --type Q8_0");
     if (!path) return tu_finish("test_generate");
@@ -576,6 +759,8 @@ int main(void) {
     test_choose(path);
     test_choose_vulkan();
     test_cli_determinism(path);
+    test_atomic_begin();
+    test_shift_bound();
     kvgen_model_unload(g_model);
     free(path);
     return tu_finish("test_generate");

@@ -19,7 +19,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvgen info MODEL [--backend B] [--device D]\n"
+            "usage: kvgen info MODEL [--backend B] [--device D] [--pipeline-cache F]\n"
             "       kvgen tokenize MODEL [--special]        (reads text from stdin)\n"
             "       kvgen generate MODEL -p PROMPT [options]\n"
             "       kvgen bench MODEL [options]            (kvgen bench --help)\n"
@@ -40,6 +40,8 @@ static void usage(FILE *f) {
             "  --system TEXT        with --chat: a system turn first\n"
             "  --backend B          reference | vulkan (default: $KVGEN_BACKEND, else vulkan when usable)\n"
             "  --device D           Vulkan device index or name substring\n"
+            "  --pipeline-cache F   Vulkan pipeline cache file, or off (default: $KVGEN_PIPELINE_CACHE, else\n"
+            "                       $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else ~/.cache/kvgen/...)\n"
             "  --threads N          reference backend threads (default: all cores)\n"
             "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"
             "  --special            parse control tokens such as <|im_start|> in the prompt and print them\n"
@@ -81,6 +83,7 @@ static int parse_float(const char *s, float *out) {
 
 typedef struct options {
     const char *model, *prompt, *device;
+    const char *pipeline_cache; /* --pipeline-cache; NULL: the default */
     kvgen_backend backend;
     long n_predict, ctx, threads;
     uint64_t seed;
@@ -169,6 +172,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--device") == 0) {
             NEED_VALUE();
             o->device = val;
+        } else if (strcmp(a, "--pipeline-cache") == 0) {
+            NEED_VALUE();
+            o->pipeline_cache = val;
         } else if (a[0] == '-' && a[1] != 0) {
             return usage_error("unknown option %s", a);
         } else if (!o->model) {
@@ -183,11 +189,35 @@ static int parse_options(int argc, char **argv, options *o) {
     return 0;
 }
 
+/* The Vulkan pipeline cache file: --pipeline-cache, else $KVGEN_PIPELINE_CACHE, else
+ * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin (an absolute XDG_CACHE_HOME only, as the XDG base
+ * directory spec says), else $HOME/.cache/kvgen/...; "" or "off": none (NULL). A built path is
+ * malloc'd into *buf for the caller to free. kvgen expands {device} for the device it picks. */
+static const char *pipeline_cache_path(const options *o, char **buf) {
+    *buf = NULL;
+    const char *p = o->pipeline_cache ? o->pipeline_cache : getenv("KVGEN_PIPELINE_CACHE");
+    if (p) return *p && strcmp(p, "off") != 0 ? p : NULL;
+    const char *base = getenv("XDG_CACHE_HOME"), *sub = "kvgen";
+    if (!base || base[0] != '/') {
+        base = getenv("HOME");
+        sub = ".cache/kvgen";
+    }
+    if (!base || !*base) return NULL;
+    size_t n = strlen(base) + strlen(sub) + 32;
+    if (!(*buf = malloc(n))) return NULL;
+    snprintf(*buf, n, "%s/%s/pipelines-{device}.bin", base, sub);
+    return *buf;
+}
+
 static kvgen_model *load(const options *o) {
-    kvgen_model_desc md = {.path = o->model, .backend = o->backend, .device = o->device, .n_threads = (int)o->threads};
+    char *cache_buf = NULL;
+    kvgen_model_desc md = {.path = o->model, .backend = o->backend, .device = o->device, .n_threads = (int)o->threads,
+                           .pipeline_cache_path = pipeline_cache_path(o, &cache_buf)};
     kvgen_model *m = NULL;
     kvgen_error err = {0};
-    if (kvgen_model_load(&md, &m, &err) != KVGEN_OK) {
+    kvgen_status st = kvgen_model_load(&md, &m, &err);
+    free(cache_buf);
+    if (st != KVGEN_OK) {
         fprintf(stderr, "kvgen: %s\n", err.message);
         return NULL;
     }
