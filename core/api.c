@@ -1,5 +1,6 @@
-/* api.c: the public model calls of kvgen.h: argument checks, backend choice, the KV page
- * pool's creation and reference counting. Sessions live in session.c, the tokenizer calls in
+/* api.c: the public model calls of kvgen.h: argument checks, the backend registry (backend
+ * choice, kvgen_backends, kvgen_device_probe), the KV page pool's creation and reference
+ * counting. Sessions live in session.c, the tokenizer calls in
  * tokenizer.c / detok.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -11,6 +12,7 @@
 #include "kvg_quant.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
+#include "kvg_vk_bench.h"
 
 /* ---- models ----------------------------------------------------------------------------- */
 
@@ -46,50 +48,136 @@ static char *model_name(const kvg_gguf *g, const char *path) {
     return dup_range(base ? base + 1 : path, strlen(base ? base + 1 : path));
 }
 
+/* ---- the backend registry ----------------------------------------------------------------
+ * Every backend kvgen knows is one row, in the order a default load tries them (KVGEN_BACKEND
+ * unset): the first one that starts wins. A row whose backend this build lacks keeps its name
+ * (so KVGEN_BACKEND=vulkan in a CPU-only build says what is missing instead of "unknown") but
+ * has no ops. Backend choice, kvgen_backends and kvgen_device_probe know backends only
+ * through this table: a new backend is a new row. */
+typedef struct backend_row {
+    kvgen_backend id;
+    const char *name;           /* KVGEN_BACKEND, kvgen_model_info.backend (== ops->name), --backend */
+    const char *label;          /* in messages: "the Vulkan backend" */
+    const kvg_backend_ops *ops; /* NULL: not in this build */
+    const char *absent;         /* why a build lacks it */
+    bool uses_device, uses_threads;
+    /* kvgen_device_probe on this backend's device; NULL: none */
+    kvgen_status (*probe)(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err);
+} backend_row;
+
+#ifdef KVGEN_HAVE_VULKAN
+#define VULKAN_OPS (&kvg_vulkan_backend)
+#define VULKAN_PROBE kvg_vk_probe_run
+#else
+#define VULKAN_OPS NULL
+#define VULKAN_PROBE NULL
+#endif
+
+static const backend_row backend_table[] = {
+    {KVGEN_BACKEND_VULKAN, "vulkan", "Vulkan", VULKAN_OPS, "KVGEN_VULKAN=OFF or no Vulkan SDK", true, false,
+     VULKAN_PROBE},
+    {KVGEN_BACKEND_REFERENCE, "reference", "reference", &kvg_reference_backend, NULL, false, true, NULL},
+};
+enum { N_BACKENDS = (int)(sizeof backend_table / sizeof backend_table[0]) };
+
+static const backend_row *backend_by_id(kvgen_backend id) {
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (backend_table[i].id == id) return &backend_table[i];
+    return NULL;
+}
+
+int kvgen_backends(kvgen_backend_info *out, int cap) {
+    for (int i = 0; out && i < N_BACKENDS && i < cap; i++) {
+        const backend_row *r = &backend_table[i];
+        out[i] = (kvgen_backend_info){.backend = r->id, .name = r->name, .available = r->ops != NULL,
+                                      .missing = r->ops ? NULL : r->absent, .uses_device = r->uses_device,
+                                      .uses_threads = r->uses_threads};
+    }
+    return N_BACKENDS;
+}
+
+kvgen_status kvgen_device_probe(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err) {
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_device_probe: out is NULL");
+    memset(out, 0, sizeof *out);
+    kvgen_probe_desc d = desc ? *desc : (kvgen_probe_desc){0};
+    if (d.read_mib < 0 || d.reps < 0 || d.dispatches < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_device_probe: desc.%s %d is negative",
+                        d.read_mib < 0 ? "read_mib" : d.reps < 0 ? "reps" : "dispatches",
+                        d.read_mib < 0 ? d.read_mib : d.reps < 0 ? d.reps : d.dispatches);
+    const backend_row *missing = NULL;
+    for (int i = 0; i < N_BACKENDS; i++) {
+        const backend_row *r = &backend_table[i];
+        if (r->ops && r->probe) return r->probe(&d, out, err);
+        if (!r->ops && r->uses_device && !missing) missing = r;
+    }
+    if (missing)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_device_probe: this kvgen was built without the %s backend (%s)",
+                        missing->label, missing->absent);
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_device_probe: this kvgen has no backend that runs on a device");
+}
+
 /* Which backend a load asks for: the desc, else $KVGEN_BACKEND, else "whatever works". */
 static kvgen_status choose_backend(const kvgen_model_desc *desc, kvgen_backend *out, kvgen_error *err) {
     *out = desc->backend;
     if (*out != KVGEN_BACKEND_DEFAULT) return KVGEN_OK;
     const char *env = getenv("KVGEN_BACKEND");
     if (!env || !*env) return KVGEN_OK;
-    if (strcmp(env, "reference") == 0) *out = KVGEN_BACKEND_REFERENCE;
-    else if (strcmp(env, "vulkan") == 0) *out = KVGEN_BACKEND_VULKAN;
-    else
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "KVGEN_BACKEND=%s: expected \"reference\" or \"vulkan\"", env);
-    return KVGEN_OK;
+    char names[256] = "";
+    size_t len = 0;
+    for (int i = 0; i < N_BACKENDS; i++) {
+        if (strcmp(env, backend_table[i].name) == 0) {
+            *out = backend_table[i].id;
+            return KVGEN_OK;
+        }
+        const char *sep = i == 0 ? "" : i + 1 == N_BACKENDS ? " or " : ", ";
+        int n = snprintf(names + len, sizeof names - len, "%s\"%s\"", sep, backend_table[i].name);
+        if (n > 0) len = len + (size_t)n < sizeof names ? len + (size_t)n : sizeof names - 1;
+    }
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "KVGEN_BACKEND=%s: expected %s", env, names);
+}
+
+static kvgen_status start_backend(kvgen_model *m, const backend_row *r, const kvgen_model_desc *desc,
+                                  kvgen_error *err) {
+    m->ops = r->ops;
+    kvgen_status st = m->ops->model_init(m, desc, err);
+    if (st != KVGEN_OK) {
+        m->ops = NULL;
+        m->backend = NULL;
+    }
+    return st;
 }
 
 static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     kvgen_backend want;
     kvgen_status st = choose_backend(desc, &want, err);
     if (st != KVGEN_OK) return st;
-#ifdef KVGEN_HAVE_VULKAN
-    if (want == KVGEN_BACKEND_VULKAN || want == KVGEN_BACKEND_DEFAULT) {
-        kvgen_error vk_err = {0};
-        m->ops = &kvg_vulkan_backend;
-        st = m->ops->model_init(m, desc, &vk_err);
-        if (st == KVGEN_OK) return KVGEN_OK;
-        m->ops = NULL;
-        m->backend = NULL;
-        /* KVGEN_VALIDATE=1 asks for Vulkan to be checked: falling back to the CPU would make a
-         * validated run pass without validating anything */
-        const char *validate = getenv("KVGEN_VALIDATE");
-        if (want == KVGEN_BACKEND_VULKAN || (validate && strcmp(validate, "1") == 0)) {
-            if (err) *err = vk_err;
+    if (want != KVGEN_BACKEND_DEFAULT) {
+        const backend_row *r = backend_by_id(want);
+        if (!r) /* kvgen_model_load checked desc.backend: only a bug gets here */
+            return kvg_fail(err, KVGEN_E_INTERNAL, "%s: backend %d is not in the registry", desc->path, (int)want);
+        if (!r->ops)
+            return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend was asked for, but this kvgen was built "
+                            "without %s (%s)", desc->path, r->label, r->label, r->absent);
+        return start_backend(m, r, desc, err);
+    }
+    /* KVGEN_VALIDATE=1 asks for the device backends to be checked: falling back to the CPU
+     * would make a validated run pass without validating anything */
+    const char *validate = getenv("KVGEN_VALIDATE");
+    bool fall_back = !(validate && strcmp(validate, "1") == 0);
+    int last = -1;
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (backend_table[i].ops) last = i;
+    if (last < 0) return kvg_fail(err, KVGEN_E_INTERNAL, "%s: this kvgen was built without any backend", desc->path);
+    for (int i = 0; i <= last; i++) {
+        if (!backend_table[i].ops) continue;
+        /* a row that fails quietly gives way to the next (e.g. no usable Vulkan device: the
+         * reference backend still runs everything); the last row's error is the load's */
+        kvgen_error row_err = {0};
+        st = start_backend(m, &backend_table[i], desc, &row_err);
+        if (st == KVGEN_OK || !fall_back || i == last) {
+            if (st != KVGEN_OK && err) *err = row_err;
             return st;
         }
-        /* no usable Vulkan device: the reference backend still runs everything */
-    }
-#else
-    if (want == KVGEN_BACKEND_VULKAN)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the Vulkan backend was asked for, but this kvgen was built "
-                        "without Vulkan (KVGEN_VULKAN=OFF or no Vulkan SDK)", desc->path);
-#endif
-    m->ops = &kvg_reference_backend;
-    st = m->ops->model_init(m, desc, err);
-    if (st != KVGEN_OK) {
-        m->ops = NULL;
-        m->backend = NULL;
     }
     return st;
 }
@@ -100,7 +188,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: out is NULL");
     if (!desc->path || !*desc->path)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.path is empty");
-    if (desc->backend < KVGEN_BACKEND_DEFAULT || desc->backend > KVGEN_BACKEND_VULKAN)
+    if (desc->backend != KVGEN_BACKEND_DEFAULT && !backend_by_id(desc->backend))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.backend %d is not a kvgen_backend",
                         (int)desc->backend);
     if (desc->n_threads < 0)
@@ -213,7 +301,9 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
               (double)kvg_gguf_file_size(m->gguf) / (1024.0 * 1024.0), (unsigned)kvg_gguf_version(m->gguf));
     tb_printf(&tb, "architecture:    %s\n", info.architecture);
     tb_printf(&tb, "backend:         %s (device %s", info.backend, info.device);
-    if (m->ops == &kvg_reference_backend) tb_printf(&tb, ", %d threads", m->n_threads);
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (backend_table[i].ops == m->ops && backend_table[i].uses_threads)
+            tb_printf(&tb, ", %d threads", m->n_threads);
     tb_printf(&tb, ")\n");
     tb_printf(&tb, "layers:          %d\n", hp->n_layer);
     tb_printf(&tb, "n_embd:          %d\n", hp->n_embd);
@@ -226,7 +316,7 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     tb_printf(&tb, "rms_norm_eps:    %g\n", (double)hp->rms_norm_eps);
     tb_printf(&tb, "embeddings:      %s\n", m->w.tied ? "tied (logits use token_embd)" : "separate output.weight");
 
-    /* tensor types, in ggml numbering order */
+    /* tensor types, in ggml numbering order, and which backend runs each (their own tables) */
     enum { N_TYPES = 64 };
     int counts[N_TYPES] = {0}, other = 0;
     int n_tensors = kvg_gguf_n_tensors(m->gguf);
@@ -235,15 +325,22 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
         if (t < N_TYPES) counts[t]++;
         else other++;
     }
-    tb_printf(&tb, "tensors:         %d (", n_tensors);
-    const char *sep = "";
+    tb_printf(&tb, "tensors:         %d\n", n_tensors);
     for (int t = 0; t < N_TYPES; t++) {
         if (!counts[t]) continue;
-        tb_printf(&tb, "%s%s %d", sep, kvg_type_name((uint32_t)t), counts[t]);
-        sep = ", ";
+        char label[24];
+        snprintf(label, sizeof label, "%s:", kvg_type_name((uint32_t)t));
+        tb_printf(&tb, "  %-15s%d tensor%s (", label, counts[t], counts[t] == 1 ? "" : "s");
+        const char *sep = "";
+        for (int b = 0; b < N_BACKENDS; b++) { /* the backends this build carries, in the registry's order */
+            if (!backend_table[b].ops) continue;
+            tb_printf(&tb, "%s%s: %s", sep, backend_table[b].name,
+                      kvg_backend_runs_type(backend_table[b].ops, (uint32_t)t) ? "yes" : "no");
+            sep = ", ";
+        }
+        tb_printf(&tb, ")\n");
     }
-    if (other) tb_printf(&tb, "%sother %d", sep, other);
-    tb_printf(&tb, ")\n");
+    if (other) tb_printf(&tb, "  %-15s%d tensor%s\n", "other:", other, other == 1 ? "" : "s");
 
     tb_printf(&tb, "tokenizer:       %s (pre %s, %d tokens%s)\n",
               info.tokenizer == KVGEN_TOKENIZER_SPM ? "spm" : "bpe", info.tokenizer_pre ? info.tokenizer_pre : "?",

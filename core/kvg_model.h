@@ -46,6 +46,10 @@ typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-sessi
 
 typedef struct kvg_backend_ops {
     const char *name;
+    /* The weight tensor types this backend runs, from its own table (the reference backend's is
+     * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
+     * model holding any other (kvg_weights_check_types). */
+    size_t (*weight_types)(uint32_t *types, size_t max);
     /* per-model state (device buffers, ...) */
     kvgen_status (*model_init)(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
     void (*model_free)(kvgen_model *m);
@@ -113,6 +117,14 @@ typedef struct kvg_backend_ops {
 
 extern const kvg_backend_ops kvg_reference_backend;
 extern const kvg_backend_ops kvg_vulkan_backend;
+
+/* whether ops->weight_types lists `type` */
+bool kvg_backend_runs_type(const kvg_backend_ops *ops, uint32_t type);
+/* The check each backend's model_init makes first: every weight tensor of m->w (embeddings,
+ * output, norms, each layer's matrices) has a type in ops->weight_types; else
+ * KVGEN_E_UNSUPPORTED with a message naming the file, the tensor, its type and the backend,
+ * and listing the types that backend runs. */
+kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
 
 struct kvgen_model {
     int refcount;

@@ -174,6 +174,32 @@ int kvg_vk_validation_count(const kvg_vk_ctx *ctx);
 struct kvgen_model;
 kvg_vk_ctx *kvg_vk_model_ctx(const struct kvgen_model *m);
 
+/* ---- the weight types the shaders run (vk_backend.c: one table row per type) ----
+ * At upload a matrix part is laid out as a quant region (every row's blocks, qwords words each)
+ * then a scale region at word scale_off (every row's blocks, scale_halves 16-bit values each,
+ * packed two per word over the whole part), both row-major. A type with 256-element
+ * super-blocks and several scales per block declares block_elems 256 and its scale_halves: the
+ * same upload serves it. Adding a type: its row in vk_backend.c, its entry in KVGEN_WEIGHT_TYPES
+ * (shaders/CMakeLists.txt) and its WTYPE_ branch in shaders/weights.glsl (test_vk_types checks
+ * that the three and quant.c's traits table agree). */
+typedef struct kvg_vk_wtype {
+    uint32_t type;         /* ggml type number (kvg_quant.h) */
+    const char *suffix;    /* shader names: embed_<suffix>, matvec_<suffix>, gemm_<suffix> */
+    const char *define;    /* the -D those shaders are compiled with */
+    uint32_t block_elems;  /* elements per repacked block (a row is a whole number of them) */
+    uint32_t qwords;       /* 32-bit words per block in the quant region */
+    uint32_t scale_halves; /* 16-bit values per block in the scale region (0: none) */
+    bool pad;              /* rows may end in a partial block, zero-padded (float types) */
+    /* one GGUF row of K elements: its blocks' quant words to q, their scales to `scales`
+     * (scale_halves * 2 bytes per block, unaligned) */
+    void (*repack)(const struct kvg_vk_wtype *t, const uint8_t *src, uint32_t K, uint32_t *q, uint8_t *scales);
+} kvg_vk_wtype;
+
+/* NULL: the Vulkan backend does not run this type */
+const kvg_vk_wtype *kvg_vk_wtype_of(uint32_t type);
+size_t kvg_vk_wtype_count(void);
+const kvg_vk_wtype *kvg_vk_wtype_at(size_t i); /* table order; NULL past the end */
+
 /* ---- test hooks (vk_backend.c): run one kernel through the backend's own code paths ---- */
 
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of

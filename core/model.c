@@ -191,3 +191,48 @@ void kvg_weights_free(kvg_weights *w) {
     free(w->layers);
     w->layers = NULL;
 }
+
+/* ---- which backend runs which weight types ---- */
+
+#define MAX_BACKEND_TYPES 64 /* more than ggml numbers */
+
+bool kvg_backend_runs_type(const kvg_backend_ops *ops, uint32_t type) {
+    if (!ops || !ops->weight_types) return false;
+    uint32_t types[MAX_BACKEND_TYPES];
+    size_t n = ops->weight_types(types, MAX_BACKEND_TYPES);
+    for (size_t i = 0; i < n && i < MAX_BACKEND_TYPES; i++)
+        if (types[i] == type) return true;
+    return false;
+}
+
+static kvgen_status check_tensor_type(const char *path, const kvg_tensor *t, const kvg_backend_ops *ops,
+                                      const uint32_t *types, size_t n, kvgen_error *err) {
+    if (!t) return KVGEN_OK;
+    for (size_t i = 0; i < n; i++)
+        if (types[i] == t->type) return KVGEN_OK;
+    char list[512];
+    kvg_types_list(types, n, list, sizeof list);
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: tensor %s has type %s, which the %s backend does not run "
+                    "(%s runs: %s)", path, t->name, kvg_type_name(t->type), ops->name, ops->name, n ? list : "none");
+}
+
+kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err) {
+    const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
+    if (!ops->weight_types)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "%s: the %s backend lists no weight types", path, ops->name);
+    uint32_t types[MAX_BACKEND_TYPES];
+    size_t n = ops->weight_types(types, MAX_BACKEND_TYPES);
+    if (n > MAX_BACKEND_TYPES) n = MAX_BACKEND_TYPES;
+    const kvg_weights *w = &m->w;
+    kvgen_status st = KVGEN_OK;
+    const kvg_tensor *top[] = {w->tok_embd, w->output, w->output_norm};
+    for (size_t i = 0; i < sizeof top / sizeof top[0] && st == KVGEN_OK; i++)
+        st = check_tensor_type(path, top[i], ops, types, n, err);
+    for (int l = 0; w->layers && l < w->hp.n_layer && st == KVGEN_OK; l++) {
+        const kvg_layer *L = &w->layers[l];
+        const kvg_tensor *ts[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0] && st == KVGEN_OK; i++)
+            st = check_tensor_type(path, ts[i], ops, types, n, err);
+    }
+    return st;
+}

@@ -4,15 +4,16 @@
  * over being fast: weights stay in their GGUF encoding, and each output element is one f32
  * dot product of a weight row (dequantized with kvg_dequantize_row) with an f32 input. Two
  * cheap things make it usable anyway:
- * - matrix-vector products are spread over a small persistent thread pool, one output row
- *   per thread, so the result does not depend on the thread count;
+ * - matrix-vector products are spread over a small persistent thread pool (cpu_pool.c), one
+ *   output row per thread, so the result does not depend on the thread count;
  * - a prompt is processed in blocks of tokens, layer by layer, so every weight row is read
  *   and dequantized once per block instead of once per token.
  * Decode runs the very same code with a block of one, so a token's logits are bit-identical
  * whether it came through prefill, decode or a no-cache recomputation.
  *
  * The KV cache lives either in the model's page pool (the default: a session holds a page
- * table, and page p of the pool stores per layer K then V as [Hkv][page_size][hd]) or, for
+ * table, and page p of the pool stores per layer K then V as [Hkv][page_size][hd], in host
+ * memory kept by cpu_pages.c) or, for
  * models loaded with kv_contiguous, in one per-session array per layer [Hkv][C][hd]. Both are
  * reached through kv_at(), so the forward pass reads the same either way.
  *
@@ -22,12 +23,10 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include "kvg_cpu.h"
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_reference.h"
@@ -35,8 +34,6 @@
 /* Tokens per block in prefill: large enough that a weight row is reused many times while
  * it sits in cache, small enough that the block's activations (n x F floats) stay cheap. */
 #define REF_BLOCK 64
-/* Ceiling on threads, so a strange sysconf answer cannot make us spawn thousands. */
-#define REF_MAX_THREADS 64
 
 /* ---- math helpers (kvg_reference.h) --------------------------------------------------- */
 
@@ -71,158 +68,23 @@ void kvg_ref_softmax(float *x, int n) {
 
 float kvg_ref_silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* ---- thread pool ---------------------------------------------------------------------- */
-
-/* A job is a range of independent items [0, n_items); fn handles [begin, end) on thread tid. */
-typedef void (*ref_job_fn)(void *ctx, int begin, int end, int tid);
-
-typedef struct ref_pool {
-    int n_threads; /* workers + the calling thread */
-    pthread_t *workers;
-    int n_started;
-    pthread_mutex_t mu;
-    pthread_cond_t start_cv, done_cv;
-    uint64_t generation; /* bumped per job: wakes the workers */
-    int n_busy;          /* workers still inside the current job */
-    bool quit;
-    /* the current job */
-    ref_job_fn fn;
-    void *ctx;
-    int n_items, chunk;
-    atomic_int next;
-    /* Serialises jobs: several sessions of one model may run forwards on different threads. */
-    pthread_mutex_t dispatch;
-} ref_pool;
-
-typedef struct ref_worker_arg {
-    ref_pool *pool;
-    int tid;
-} ref_worker_arg;
-
-static void pool_work(ref_pool *p, int tid) {
-    for (;;) {
-        int begin = atomic_fetch_add(&p->next, p->chunk);
-        if (begin >= p->n_items) break;
-        int end = begin + p->chunk < p->n_items ? begin + p->chunk : p->n_items;
-        p->fn(p->ctx, begin, end, tid);
-    }
-}
-
-static void *pool_main(void *arg) {
-    ref_worker_arg a = *(ref_worker_arg *)arg;
-    free(arg);
-    ref_pool *p = a.pool;
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->generation == seen && !p->quit) pthread_cond_wait(&p->start_cv, &p->mu);
-        if (p->quit) {
-            pthread_mutex_unlock(&p->mu);
-            return NULL;
-        }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
-
-        pool_work(p, a.tid);
-
-        pthread_mutex_lock(&p->mu);
-        if (--p->n_busy == 0) pthread_cond_signal(&p->done_cv);
-        pthread_mutex_unlock(&p->mu);
-    }
-}
-
-static void pool_stop(ref_pool *p) {
-    pthread_mutex_lock(&p->mu);
-    p->quit = true;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->n_started; i++) pthread_join(p->workers[i], NULL);
-    free(p->workers);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->start_cv);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_mutex_destroy(&p->dispatch);
-}
-
-static kvgen_status pool_start(ref_pool *p, int n_threads, kvgen_error *err) {
-    memset(p, 0, sizeof *p);
-    p->n_threads = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->start_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
-    pthread_mutex_init(&p->dispatch, NULL);
-    atomic_init(&p->next, 0);
-    if (n_threads <= 1) return KVGEN_OK;
-    p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
-    if (!p->workers) {
-        pool_stop(p);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for %d threads", n_threads);
-    }
-    for (int i = 1; i < n_threads; i++) {
-        ref_worker_arg *a = malloc(sizeof *a);
-        if (a) *a = (ref_worker_arg){p, i};
-        if (!a || pthread_create(&p->workers[i - 1], NULL, pool_main, a) != 0) {
-            free(a);
-            pool_stop(p);
-            return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: cannot start thread %d of %d", i,
-                            n_threads);
-        }
-        p->n_started++;
-    }
-    return KVGEN_OK;
-}
-
-/* Runs fn over [0, n_items) on all threads and returns when every item is done. Which
- * thread handles an item varies; what an item computes does not, so results are exact
- * across thread counts. */
-static void pool_run(ref_pool *p, int n_items, ref_job_fn fn, void *ctx) {
-    if (n_items <= 0) return;
-    if (p->n_threads <= 1 || n_items == 1) {
-        fn(ctx, 0, n_items, 0);
-        return;
-    }
-    pthread_mutex_lock(&p->dispatch);
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_items = n_items;
-    /* several chunks per thread so a thread slowed by other work does not hold up the rest */
-    p->chunk = n_items / (p->n_threads * 8);
-    if (p->chunk < 1) p->chunk = 1;
-    atomic_store(&p->next, 0);
-    p->n_busy = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-
-    pool_work(p, 0);
-
-    pthread_mutex_lock(&p->mu);
-    while (p->n_busy > 0) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-    pthread_mutex_unlock(&p->dispatch);
-}
-
 /* ---- per-model and per-session state ---------------------------------------------------- */
 
 typedef struct ref_model {
-    ref_pool pool;
+    kvg_cpu_pool *pool;
     /* norm weights converted to f32 once, whatever type the file stores them in */
     float *attn_norm; /* [n_layer][D] */
     float *ffn_norm;  /* [n_layer][D] */
     float *out_norm;  /* [D] */
-    /* the page pool's storage: page i is pages[i], [L][2][Hkv][P][hd] f32, NULL until committed */
+    /* the page pool's storage (kv_pages_init): page i is pages.data[i], [L][2][Hkv][P][hd] f32 */
     bool paged;
-    int page_size;
-    int32_t n_pages;
-    float **pages;
+    kvg_cpu_pages pages;
 } ref_model;
 
 /* Where a session's K/V live: a page table into the model's pages, or one contiguous cache. */
 typedef struct ref_kv {
-    float *const *page_data; /* the model's pages */
-    const int32_t *pages;    /* the session's page table; NULL: contiguous */
-    int page_size;
+    const kvg_cpu_pages *store; /* the model's pages */
+    const int32_t *pages;       /* the session's page table; NULL: contiguous */
     float *k_cache, *v_cache; /* contiguous: per layer [Hkv][C][hd] */
     int n_ctx;
 } ref_kv;
@@ -252,19 +114,16 @@ static size_t layer_cache_floats(const kvg_hparams *hp, int n_ctx) {
 
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
 static float *kv_at(const ref_kv *kv, const kvg_hparams *hp, int layer, int which, int h, int pos) {
-    size_t hd = (size_t)hp->head_dim, Hkv = (size_t)hp->n_head_kv;
-    if (!kv->pages) {
-        float *cache = which == 0 ? kv->k_cache : kv->v_cache;
-        return cache + (size_t)layer * layer_cache_floats(hp, kv->n_ctx) + ((size_t)h * kv->n_ctx + (size_t)pos) * hd;
-    }
-    size_t P = (size_t)kv->page_size;
-    float *page = kv->page_data[kv->pages[pos / kv->page_size]];
-    /* page: [L][2][Hkv][P][hd] */
-    return page + ((((size_t)layer * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % kv->page_size)) * hd;
+    if (kv->pages) return kvg_cpu_pages_at(kv->store, kv->pages, layer, which, h, pos);
+    size_t hd = (size_t)hp->head_dim;
+    float *cache = which == 0 ? kv->k_cache : kv->v_cache;
+    return cache + (size_t)layer * layer_cache_floats(hp, kv->n_ctx) + ((size_t)h * kv->n_ctx + (size_t)pos) * hd;
 }
 
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     (void)desc;
+    kvgen_status type_st = kvg_weights_check_types(m, &kvg_reference_backend, err);
+    if (type_st != KVGEN_OK) return type_st;
     const kvg_hparams *hp = &m->w.hp;
     const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
     if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
@@ -282,12 +141,7 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: token_embd/output shapes do not match n_embd %d, n_vocab %d", path,
                         hp->n_embd, hp->n_vocab);
 
-    int n_threads = m->n_threads;
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
-    if (n_threads > REF_MAX_THREADS) n_threads = REF_MAX_THREADS;
+    int n_threads = kvg_cpu_threads(m->n_threads);
     m->n_threads = n_threads;
 
     ref_model *rm = calloc(1, sizeof *rm);
@@ -313,7 +167,7 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     }
     kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, rm->out_norm, D);
 
-    kvgen_status st = pool_start(&rm->pool, n_threads, err);
+    kvgen_status st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
     if (st != KVGEN_OK) {
         free(rm->attn_norm);
         free(rm->ffn_norm);
@@ -329,9 +183,8 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
 static void ref_model_free(kvgen_model *m) {
     ref_model *rm = m->backend;
     if (!rm) return;
-    pool_stop(&rm->pool);
-    for (int32_t i = 0; rm->pages && i < rm->n_pages; i++) free(rm->pages[i]);
-    free(rm->pages);
+    kvg_cpu_pool_destroy(rm->pool);
+    kvg_cpu_pages_free(&rm->pages);
     free(rm->attn_norm);
     free(rm->ffn_norm);
     free(rm->out_norm);
@@ -364,7 +217,7 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     kvg_backend_session *s = calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
     s->n_ctx = n_ctx;
-    s->n_threads = rm->pool.n_threads;
+    s->n_threads = kvg_cpu_pool_threads(rm->pool);
     /* paged models keep K/V in the model's pages; only a contiguous model reserves a cache here */
     size_t cache = rm->paged ? 0 : (size_t)hp->n_layer * layer_cache_floats(hp, n_ctx);
     size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
@@ -450,7 +303,7 @@ static void matmul_rows(void *ctx, int begin, int end, int tid) {
     }
 }
 
-static void matmul(ref_pool *pool, kvg_backend_session *s, const float *in, int in_dim, int n, int n_parts,
+static void matmul(kvg_cpu_pool *pool, kvg_backend_session *s, const float *in, int in_dim, int n, int n_parts,
                    const matmul_part *parts) {
     matmul_job j = {.in = in, .in_dim = in_dim, .n = n, .n_parts = n_parts, .row_f32 = s->row_f32,
                     .row_stride = s->row_stride};
@@ -459,7 +312,7 @@ static void matmul(ref_pool *pool, kvg_backend_session *s, const float *in, int 
         j.parts[p] = parts[p];
         total += (int)parts[p].w->ne[1];
     }
-    pool_run(pool, total, matmul_rows, &j);
+    kvg_cpu_pool_run(pool, total, matmul_rows, &j);
 }
 
 /* Where token t of a block belongs: a prompt block is one session's consecutive positions, a
@@ -537,7 +390,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
 
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
         matmul_part qkv[3] = {{L->wq, s->q}, {L->wk, s->k}, {L->wv, s->v}};
-        matmul(&rm->pool, s, s->xb, D, n, 3, qkv);
+        matmul(rm->pool, s, s->xb, D, n, 3, qkv);
 
         /* RoPE on every head of q and k at the token's position, then append k, v to the cache */
         for (int t = 0; t < n; t++) {
@@ -555,11 +408,11 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
 
         /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos_t]      att: [n][H*hd] */
         attention_job aj = {.s = s, .hp = hp, .slots = slots, .layer = l, .n = n};
-        pool_run(&rm->pool, n * hp->n_head, attention_heads, &aj);
+        kvg_cpu_pool_run(rm->pool, n * hp->n_head, attention_heads, &aj);
 
         /* x += att Wo                                                      xb: [n][D] */
         matmul_part o[1] = {{L->wo, s->xb}};
-        matmul(&rm->pool, s, s->att, qd, n, 1, o);
+        matmul(rm->pool, s, s->att, qd, n, 1, o);
         for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
@@ -569,12 +422,12 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
 
         /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = silu(hb) * hb2 (SwiGLU) */
         matmul_part gu[2] = {{L->w_gate, s->hb}, {L->w_up, s->hb2}};
-        matmul(&rm->pool, s, s->xb, D, n, 2, gu);
+        matmul(rm->pool, s, s->xb, D, n, 2, gu);
         for (size_t i = 0; i < (size_t)n * F; i++) s->hb[i] = kvg_ref_silu(s->hb[i]) * s->hb2[i];
 
         /* x += hb Wdown                                                    xb: [n][D] */
         matmul_part dn[1] = {{L->w_down, s->xb}};
-        matmul(&rm->pool, s, s->hb, F, n, 1, dn);
+        matmul(rm->pool, s, s->hb, F, n, 1, dn);
         for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
     }
 }
@@ -587,7 +440,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     for (int t = 0; t < count; t++)
         kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
     matmul_part out[1] = {{m->w.output, logits}};
-    matmul(&rm->pool, s, s->xb, D, count, 1, out);
+    matmul(rm->pool, s, s->xb, D, count, 1, out);
 }
 
 static kvgen_status run_forward(kvgen_model *m, kvg_backend_session *s, const ref_kv *kv, const int32_t *tokens,
@@ -623,7 +476,7 @@ static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const in
 
 static ref_kv paged_kv(const kvgen_model *m, const int32_t *pages) {
     const ref_model *rm = m->backend;
-    return (ref_kv){.page_data = rm->pages, .pages = pages, .page_size = rm->page_size};
+    return (ref_kv){.store = &rm->pages, .pages = pages};
 }
 
 /* n one-token decodes of different sessions as blocks of up to REF_BLOCK tokens: the block's
@@ -680,94 +533,45 @@ static kvgen_status ref_read_cache(kvgen_model *m, kvg_backend_session *s, int l
     return KVGEN_OK;
 }
 
-static size_t ref_cache_bytes_per_token(const kvgen_model *m) {
-    const kvg_hparams *hp = &m->w.hp;
-    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
-}
+static size_t ref_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
 
-/* ---- the page pool's storage -------------------------------------------------------------- */
+/* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------ */
 
-/* A share of RAM that leaves room for the weights, the host program and other processes. */
-static size_t ref_default_pool_bytes(const kvgen_model *m) {
-    const kvg_hparams *hp = &m->w.hp;
-    size_t ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
-    size_t want = 16 * ctx * ref_cache_bytes_per_token(m);
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) {
-        size_t quarter = (size_t)pages / 4 * (size_t)page;
-        if (want > quarter) want = quarter;
-    }
-    return want;
-}
+static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
 
 static kvgen_status ref_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
     ref_model *rm = m->backend;
-    rm->pages = calloc((size_t)n_pages, sizeof *rm->pages);
-    if (!rm->pages) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for %d pages", (int)n_pages);
-    rm->paged = true;
-    rm->page_size = page_size;
-    rm->n_pages = n_pages;
-    return KVGEN_OK;
+    kvgen_status st = kvg_cpu_pages_init(&rm->pages, &m->w.hp, page_size, n_pages, "reference backend", err);
+    if (st == KVGEN_OK) rm->paged = true;
+    return st;
 }
 
 static kvgen_status ref_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
     ref_model *rm = m->backend;
-    size_t bytes = (size_t)rm->page_size * ref_cache_bytes_per_token(m);
-    if (page < 0 || page >= rm->n_pages)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: page %d outside the pool", (int)page);
-    if (!rm->pages[page]) rm->pages[page] = malloc(bytes);
-    if (!rm->pages[page])
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of host memory for a KV page (%zu bytes)",
-                        bytes);
-    return KVGEN_OK;
+    return kvg_cpu_pages_commit(&rm->pages, page, err);
 }
 
-/* Moves token slots ascending, so a move towards the start of one table never reads a slot it
- * has already overwritten. Re-rotating K by delta is RoPE's addition law: rotating by pos then
- * by delta is rotating by pos + delta, up to rounding. */
 static kvgen_status ref_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
                                 int dst_pos, int n, int rope_delta, kvgen_error *err) {
-    (void)err;
-    const kvg_hparams *hp = &m->w.hp;
-    ref_kv src = paged_kv(m, src_pages), dst = paged_kv(m, dst_pages);
-    size_t bytes = (size_t)hp->head_dim * sizeof(float);
-    for (int l = 0; l < hp->n_layer; l++)
-        for (int h = 0; h < hp->n_head_kv; h++)
-            for (int i = 0; i < n; i++) {
-                float *k = kv_at(&dst, hp, l, 0, h, dst_pos + i);
-                memmove(k, kv_at(&src, hp, l, 0, h, src_pos + i), bytes);
-                memmove(kv_at(&dst, hp, l, 1, h, dst_pos + i), kv_at(&src, hp, l, 1, h, src_pos + i), bytes);
-                if (rope_delta != 0) kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
-            }
-    return KVGEN_OK;
+    const ref_model *rm = m->backend;
+    return kvg_cpu_pages_copy(&rm->pages, src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
 }
 
 static kvgen_status ref_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                 float *out, kvgen_error *err) {
-    (void)err;
-    const kvg_hparams *hp = &m->w.hp;
-    ref_kv kv = paged_kv(m, pages);
-    size_t hd = (size_t)hp->head_dim;
-    for (int h = 0; h < hp->n_head_kv; h++)
-        for (int i = 0; i < n; i++)
-            memcpy(out + ((size_t)h * n + i) * hd, kv_at(&kv, hp, layer, which, h, pos0 + i), hd * sizeof(float));
-    return KVGEN_OK;
+    const ref_model *rm = m->backend;
+    return kvg_cpu_pages_read(&rm->pages, pages, layer, which, pos0, n, out, err);
 }
 
 static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                  const float *in, kvgen_error *err) {
-    (void)err;
-    const kvg_hparams *hp = &m->w.hp;
-    ref_kv kv = paged_kv(m, pages);
-    size_t hd = (size_t)hp->head_dim;
-    for (int h = 0; h < hp->n_head_kv; h++)
-        for (int i = 0; i < n; i++)
-            memcpy(kv_at(&kv, hp, layer, which, h, pos0 + i), in + ((size_t)h * n + i) * hd, hd * sizeof(float));
-    return KVGEN_OK;
+    const ref_model *rm = m->backend;
+    return kvg_cpu_pages_write(&rm->pages, pages, layer, which, pos0, n, in, err);
 }
 
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
+    .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
     .model_init = ref_model_init,
     .model_free = ref_model_free,
     .session_init = ref_session_init,

@@ -1,7 +1,8 @@
 /* vk_backend.c: the llama forward pass as Vulkan compute shaders (kvg_vulkan_backend).
  *
- * Load: every weight matrix is repacked into 32-element blocks (see shaders/weights.glsl) and
- * uploaded once; Q/K/V are concatenated into one matrix and gate/up interleaved row by row so
+ * Load: every weight matrix is repacked as its type's row of the weight-type table says (a
+ * quant region and a scale region per part; kvg_vk.h, shaders/weights.glsl) and uploaded once;
+ * Q/K/V are concatenated into one matrix and gate/up interleaved row by row so
  * one dispatch computes each group; a matrix bigger than maxStorageBufferRange is split into
  * row parts, one binding and one dispatch each. Pipelines are all created at load.
  *
@@ -61,6 +62,7 @@ typedef struct vk_part {
 
 typedef struct vk_matrix {
     uint32_t type; /* as uploaded (mixed-type groups become F32) */
+    const kvg_vk_wtype *wt; /* its row of the weight-type table */
     uint32_t rows, k, nb;
     int n_parts;
     vk_part *parts;
@@ -161,72 +163,66 @@ struct kvg_backend_session {
 
 static uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
-static uint32_t qwords_of(uint32_t type) {
-    switch (type) {
-    case KVG_TYPE_F32: return 32;
-    case KVG_TYPE_F16: case KVG_TYPE_BF16: return 16;
-    case KVG_TYPE_Q8_0: return 8;
-    default: return 4; /* Q4_0, Q4_1 */
+/* ---- the weight types ----
+ * One row per type the shaders run; everything below reads the row (kvg_vk.h: layout and how to
+ * add a type). Every current type repacks 32-element blocks: the float types copy the row as it
+ * is (F32 32 words per block, F16/BF16 16: two halves per word), and the quantized ones store
+ * their scales first in a GGUF block, so the split is the same: Q8_0 8 words of int8 + one f16
+ * d, Q4_0 4 words of nibbles + d, Q4_1 4 words + (d, m). Each block's repacked words hold exactly
+ * the GGUF block's bytes. */
+
+/* float types: the GGUF row as it is; a partial last block keeps the buffer's zeros */
+static void repack_copy(const kvg_vk_wtype *t, const uint8_t *src, uint32_t K, uint32_t *q, uint8_t *scales) {
+    (void)scales;
+    memcpy(q, src, kvg_row_bytes(t->type, K));
+}
+
+/* blocks whose GGUF layout is [scales][quants]: scale_halves * 2 bytes of scales, then qwords words */
+static void repack_scales_first(const kvg_vk_wtype *t, const uint8_t *src, uint32_t K, uint32_t *q,
+                                uint8_t *scales) {
+    size_t sb = (size_t)t->scale_halves * 2, qb = (size_t)t->qwords * 4, bb = kvg_row_bytes(t->type, t->block_elems);
+    for (uint32_t b = 0; b < K / t->block_elems; b++) {
+        memcpy(scales + b * sb, src + b * bb, sb);
+        memcpy((uint8_t *)q + b * qb, src + b * bb + sb, qb);
     }
 }
 
-/* scale words for `blocks` blocks */
-static size_t scale_words(uint32_t type, size_t blocks) {
-    switch (type) {
-    case KVG_TYPE_Q8_0: case KVG_TYPE_Q4_0: return (blocks + 1) / 2;
-    case KVG_TYPE_Q4_1: return blocks;
-    default: return 0;
-    }
+static const kvg_vk_wtype WTYPES[] = {
+    /* type, shader suffix, define, elements per block, quant words, scale halves, pad, repack */
+    {KVG_TYPE_F32, "f32", "WTYPE_F32=1", 32, 32, 0, true, repack_copy},
+    {KVG_TYPE_F16, "f16", "WTYPE_F16=1", 32, 16, 0, true, repack_copy},
+    {KVG_TYPE_BF16, "bf16", "WTYPE_BF16=1", 32, 16, 0, true, repack_copy},
+    {KVG_TYPE_Q8_0, "q8_0", "WTYPE_Q8_0=1", 32, 8, 1, false, repack_scales_first},
+    {KVG_TYPE_Q4_0, "q4_0", "WTYPE_Q4_0=1", 32, 4, 1, false, repack_scales_first},
+    {KVG_TYPE_Q4_1, "q4_1", "WTYPE_Q4_1=1", 32, 4, 2, false, repack_scales_first},
+};
+#define N_WTYPES (sizeof WTYPES / sizeof WTYPES[0])
+
+const kvg_vk_wtype *kvg_vk_wtype_of(uint32_t type) {
+    for (size_t i = 0; i < N_WTYPES; i++)
+        if (WTYPES[i].type == type) return &WTYPES[i];
+    return NULL;
 }
 
-static const char *type_suffix(uint32_t type) {
-    switch (type) {
-    case KVG_TYPE_F32: return "f32";
-    case KVG_TYPE_F16: return "f16";
-    case KVG_TYPE_BF16: return "bf16";
-    case KVG_TYPE_Q8_0: return "q8_0";
-    case KVG_TYPE_Q4_0: return "q4_0";
-    default: return "q4_1";
-    }
+size_t kvg_vk_wtype_count(void) { return N_WTYPES; }
+const kvg_vk_wtype *kvg_vk_wtype_at(size_t i) { return i < N_WTYPES ? &WTYPES[i] : NULL; }
+
+static size_t vk_weight_types(uint32_t *types, size_t max) {
+    for (size_t i = 0; i < N_WTYPES && i < max; i++) types[i] = WTYPES[i].type;
+    return N_WTYPES;
+}
+
+/* "vulkan: tensor T has type X, which the vulkan backend does not run (vulkan runs: ...)" */
+static kvgen_status refuse_type(const kvg_tensor *t, const char *what, kvgen_error *err) {
+    uint32_t types[N_WTYPES];
+    size_t n = vk_weight_types(types, N_WTYPES);
+    char list[256];
+    kvg_types_list(types, n, list, sizeof list);
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: tensor %s has type %s, which the vulkan backend does not "
+                    "run (vulkan runs: %s)", what, t->name, kvg_type_name(t->type), list);
 }
 
 /* ---- weight upload ---- */
-
-/* One row into the repacked layout: qdst gets nb*qwords words; scales go to the part's scale
- * region (halves for Q8_0/Q4_0 at index blk0 + b, words for Q4_1). `tmp` holds K floats. */
-static void repack_row(uint32_t src_type, uint32_t dst_type, const uint8_t *src, uint32_t K, uint32_t nb,
-                       uint32_t *qdst, uint32_t *scales, size_t blk0, float *tmp) {
-    if (src_type != dst_type) { /* mixed-type group: exact f32 */
-        kvg_dequantize_row(src_type, src, tmp, K);
-        memcpy(qdst, tmp, (size_t)K * 4);
-        return;
-    }
-    switch (dst_type) {
-    case KVG_TYPE_F32: memcpy(qdst, src, (size_t)K * 4); break;
-    case KVG_TYPE_F16: case KVG_TYPE_BF16: memcpy(qdst, src, (size_t)K * 2); break;
-    case KVG_TYPE_Q8_0:
-        for (uint32_t b = 0; b < nb; b++) {
-            const uint8_t *blk = src + (size_t)b * 34;
-            memcpy(qdst + b * 8, blk + 2, 32);
-            memcpy((uint16_t *)scales + blk0 + b, blk, 2);
-        }
-        break;
-    case KVG_TYPE_Q4_0:
-        for (uint32_t b = 0; b < nb; b++) {
-            const uint8_t *blk = src + (size_t)b * 18;
-            memcpy(qdst + b * 4, blk + 2, 16);
-            memcpy((uint16_t *)scales + blk0 + b, blk, 2);
-        }
-        break;
-    case KVG_TYPE_Q4_1:
-        for (uint32_t b = 0; b < nb; b++) {
-            const uint8_t *blk = src + (size_t)b * 20;
-            memcpy(qdst + b * 4, blk + 4, 16);
-            memcpy(scales + blk0 + b, blk, 4); /* d (low half), m (high half) */
-        }
-        break;
-    }
-}
 
 static size_t max_part_bytes(const kvg_vk_ctx *ctx) {
     size_t lim = ctx->props.limits.maxStorageBufferRange;
@@ -245,9 +241,7 @@ static kvgen_status upload_matrix(vk_model *vm, const char *what, const kvg_tens
     uint32_t type = srcs[0]->type;
     uint64_t rows = 0;
     for (int i = 0; i < n_src; i++) {
-        if (!kvg_type_supported(srcs[i]->type))
-            return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: tensor %s has type %s, which kvgen cannot run",
-                            srcs[i]->name, kvg_type_name(srcs[i]->type));
+        if (!kvg_vk_wtype_of(srcs[i]->type)) return refuse_type(srcs[i], what, err);
         if (srcs[i]->ne[0] != K)
             return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: tensor %s has rows of %llu, expected %u", what,
                             srcs[i]->name, (unsigned long long)srcs[i]->ne[0], K);
@@ -259,16 +253,23 @@ static kvgen_status upload_matrix(vk_model *vm, const char *what, const kvg_tens
     if (rows > UINT32_MAX / 2 || K == 0)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: %llu rows of %u are too many", what,
                         (unsigned long long)rows, K);
-    uint32_t nb = (K + 31) / 32;
-    if (type != KVG_TYPE_F32 && type != KVG_TYPE_F16 && type != KVG_TYPE_BF16 && K % 32 != 0)
-        return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: rows of %u are not whole blocks", what, K);
+    /* a mixed-type group is uploaded as F32, which every table has */
+    const kvg_vk_wtype *wt = kvg_vk_wtype_of(type);
+    if (!wt) return refuse_type(srcs[0], what, err);
+    uint32_t nb = (K + 31) / 32; /* the shaders' 32-element blocks */
+    if (!wt->pad && K % wt->block_elems != 0)
+        return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: rows of %u are not whole %u-element blocks", what, K,
+                        wt->block_elems);
     out->type = type;
+    out->wt = wt;
     out->rows = (uint32_t)rows;
     out->k = K;
     out->nb = nb;
 
-    size_t row_words = (size_t)nb * qwords_of(type);
-    size_t row_bytes_est = row_words * 4 + scale_words(type, nb) * 4 + 4;
+    /* per row: row_words quant words, row_halves scale halves (layout: kvg_vk.h) */
+    size_t row_blocks = (K + wt->block_elems - 1) / wt->block_elems;
+    size_t row_words = row_blocks * wt->qwords, row_halves = row_blocks * wt->scale_halves;
+    size_t row_bytes_est = row_words * 4 + (row_halves + 1) / 2 * 4 + 4;
     size_t lim = max_part_bytes(vm->ctx);
     size_t per_part = lim / row_bytes_est;
     if (per_part >= 64) per_part = per_part / 64 * 64; /* whole gemm tiles, row pairs kept */
@@ -290,7 +291,7 @@ static kvgen_status upload_matrix(vk_model *vm, const char *what, const kvg_tens
         part->row0 = (uint32_t)(p * per_part);
         part->rows = (uint32_t)((rows - part->row0) < per_part ? rows - part->row0 : per_part);
         size_t qw = (size_t)part->rows * row_words;
-        size_t total_words = qw + scale_words(type, (size_t)part->rows * nb);
+        size_t total_words = qw + ((size_t)part->rows * row_halves + 1) / 2;
         part->scale_off = (uint32_t)qw;
         st = kvg_vk_buffer_create(vm->ctx, total_words * 4, KVG_VK_MEM_UPLOAD, &part->buf, err);
         if (st != KVGEN_OK) break;
@@ -319,7 +320,11 @@ static kvgen_status upload_matrix(vk_model *vm, const char *what, const kvg_tens
                 t = srcs[i];
             }
             const uint8_t *src = (const uint8_t *)t->data + tr * kvg_row_bytes(t->type, K);
-            repack_row(t->type, type, src, K, nb, dst + r * row_words, dst + part->scale_off, (size_t)r * nb, tmp);
+            if (t->type != type) { /* mixed-type group: the exact f32 values */
+                kvg_dequantize_row(t->type, src, tmp, K);
+                src = (const uint8_t *)tmp;
+            }
+            wt->repack(wt, src, K, dst + r * row_words, (uint8_t *)(dst + part->scale_off) + r * row_halves * 2);
         }
         if (!part->buf.map) st = kvg_vk_upload(vm->ctx, &part->buf, 0, stage, total_words * 4, err);
     }
@@ -425,14 +430,14 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool n
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        snprintf(name, sizeof name, "matvec_%s", type_suffix(m->type));
+        snprintf(name, sizeof name, "matvec_%s", m->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
         spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
         spec[KVG_SPEC_LANE] = vm->mv_lane;
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
-        snprintf(name, sizeof name, "gemm_%s", type_suffix(m->type));
+        snprintf(name, sizeof name, "gemm_%s", m->wt->suffix);
     }
     if (create) return kvg_vk_pipeline_get(vm->ctx, name, spec, out, w->err);
     *out = kvg_vk_pipeline_find(vm->ctx, name, spec);
@@ -530,7 +535,7 @@ static kvgen_status op_embed(walk *w) {
     vk_model *vm = w->vm;
     kvgen_status st = KVGEN_OK;
     char name[32];
-    snprintf(name, sizeof name, "embed_%s", type_suffix(vm->embd.type));
+    snprintf(name, sizeof name, "embed_%s", vm->embd.wt->suffix);
     uint32_t spec[KVG_SPEC_COUNT];
     spec_init(spec);
     spec[KVG_SPEC_WG] = 64;
@@ -744,6 +749,8 @@ static void vk_model_free(kvgen_model *m) {
 }
 
 static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    kvgen_status type_st = kvg_weights_check_types(m, &kvg_vulkan_backend, err); /* before any device work */
+    if (type_st != KVGEN_OK) return type_st;
     const kvg_hparams *hp = &m->w.hp;
     const char *path = desc->path ? desc->path : "model";
     if (hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0)
@@ -1582,6 +1589,7 @@ static kvgen_status vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src
 
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
+    .weight_types = vk_weight_types,
     .model_init = vk_model_init,
     .model_free = vk_model_free,
     .session_init = vk_session_init,

@@ -37,13 +37,12 @@ static kvgen_status timed_run(kvg_vk_ctx *ctx, VkPipeline pipe, VkDescriptorSet 
     return st;
 }
 
-kvgen_status kvg_vk_probe_run(const char *device, int mib, int reps, int dispatches, kvg_vk_probe *out,
-                              kvgen_error *err) {
+kvgen_status kvg_vk_probe_run(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err) {
     memset(out, 0, sizeof *out);
-    if (mib <= 0) mib = 64;
-    if (reps <= 0) reps = 5;
-    if (dispatches <= 0) dispatches = 1000;
-    kvg_vk_ctx_desc cd = {.device = device};
+    int mib = desc->read_mib > 0 ? desc->read_mib : 64;
+    int reps = desc->reps > 0 ? desc->reps : 5;
+    int dispatches = desc->dispatches > 0 ? desc->dispatches : 1000;
+    kvg_vk_ctx_desc cd = {.device = desc->device};
     kvg_vk_ctx *ctx = NULL;
     kvgen_status st = kvg_vk_ctx_create(&cd, &ctx, err);
     if (st != KVGEN_OK) return st;
@@ -54,7 +53,7 @@ kvgen_status kvg_vk_probe_run(const char *device, int mib, int reps, int dispatc
     const uint32_t groups = 256;
     uint32_t per_group = (uint32_t)(bytes / 16 / groups);
     bytes = (size_t)per_group * groups * 16;
-    out->bytes = bytes;
+    out->bytes = (uint64_t)bytes;
     kvg_vk_buffer data = {0}, result = {0};
     VkDescriptorPool pool = VK_NULL_HANDLE;
     VkDescriptorSet set;

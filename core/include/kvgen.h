@@ -178,7 +178,8 @@ typedef struct kvgen_backend_info {
     const char *name;      /* "vulkan", "reference": as KVGEN_BACKEND, `--backend` and
                               kvgen_model_info.backend spell it */
     int available;         /* 1: built into this kvgen; 0: known, but this build lacks it (loading
-                              it fails with KVGEN_E_UNSUPPORTED saying why) */
+                              it fails with KVGEN_E_UNSUPPORTED) */
+    const char *missing;   /* available 0: why ("KVGEN_VULKAN=OFF or no Vulkan SDK"); else NULL */
     int uses_device;       /* runs on a Vulkan device (desc.device / KVGEN_DEVICE apply) */
     int uses_threads;      /* runs on the host's cores (desc.n_threads applies) */
 } kvgen_backend_info;
@@ -296,12 +297,14 @@ kvgen_status kvgen_session_decode(kvgen_session *session, int32_t token, kvgen_e
 /* Logits after the last prefill/decode (n_vocab floats, valid until the next call); NULL before any. */
 const float *kvgen_session_logits(const kvgen_session *session);
 /* Chooses the next token from the current logits with the session's sampler (greedy
- * when temperature <= 0). Returns -1 when there are no logits yet. */
+ * when temperature <= 0). Returns -1 when there are no logits yet, or when a job owns the
+ * session (kvgen_session_busy). */
 int32_t kvgen_session_sample(kvgen_session *session);
 /* Tokens held in the cache. */
 size_t kvgen_session_length(const kvgen_session *session);
 const int32_t *kvgen_session_tokens(const kvgen_session *session);
-/* Forgets everything: length 0, sampler re-seeded. */
+/* Forgets everything: length 0, sampler re-seeded. A session a job owns (kvgen_session_busy)
+ * is left as it is. */
 void kvgen_session_reset(kvgen_session *session);
 
 /* The KV cache as the seed sees past_key_values: per layer K and V of shape
@@ -589,10 +592,16 @@ kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *can
  *   prompt is prefilled by one chunk (desc.prefill_chunk tokens), so a long prompt never
  *   stalls the other streams. Higher priority first, round robin among equals.
  * - Jobs of one session run one after another in submission order. From submit until the
- *   job is final (done, cancelled, failed) the session belongs to the worker: do not call
- *   other kvgen_session_* / kvgen_chat_* / kvgen_gen_* functions on it, except
- *   kvgen_session_close, which cancels its jobs safely (it waits for at most the one worker
- *   step that may be using the session).
+ *   job is final (done, cancelled, failed) the session belongs to the worker, and
+ *   kvgen_session_busy says so. Allowed meanwhile: further kvgen_job_submit calls (queued in
+ *   order) and kvgen_session_close, which cancels its jobs safely (it waits for at most the
+ *   one worker step that may be using the session). Refused from any thread but the worker:
+ *   kvgen_session_prefill, kvgen_session_decode, kvgen_session_rewind, kvgen_session_fork and
+ *   kvgen_session_read_cache fail with KVGEN_E_INVALID_ARGUMENT ("kvgen_session_prefill:
+ *   session 0x... is busy: a job on it is queued or running ...") and change nothing;
+ *   kvgen_session_sample returns -1 and kvgen_session_reset does nothing. Do not call the other
+ *   kvgen_session_* / kvgen_chat_* / kvgen_gen_* functions on it either (the getters' answers
+ *   are stale at once): check kvgen_session_busy first.
  * - kvgen_poll / kvgen_job_poll / kvgen_job_get_info never wait for the model: they take a
  *   lock the worker holds only for bookkeeping, never during a forward pass. There are no
  *   callbacks; the worker never calls into the host. Poll a given job from one thread at a
@@ -680,6 +689,13 @@ typedef struct kvgen_job_info {
 
 /* A snapshot of the job's progress (non-blocking; does not consume text). */
 void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
+
+/* 1 while the session has a job that is not final, queued or running on the model's worker
+ * (a released job counts until the worker has let go of it, at its next step), else 0; 0 for
+ * NULL. Thread-safe and non-blocking: it takes the lock a poll takes, never waits for the
+ * model, and starts no worker. A session that is not busy is the host's again: nothing of the
+ * worker's touches it before the next submit. */
+int kvgen_session_busy(const kvgen_session *session);
 
 /* One job's news since its last poll. */
 typedef struct kvgen_event {

@@ -74,6 +74,25 @@ int main(void) {
     char desc[4096];
     kvgen_model_describe(m, desc, sizeof desc);
     CHECKF(strcmp(out, desc) == 0, "info output:\n%s", out);
+    /* every tensor type with its count and, per backend, whether that backend's table has it:
+     * the model holds 5 F32 norms and 15 Q8_0 matrices, both run by every backend */
+    CHECKF(strstr(out, "tensors:         20\n") != NULL, "info output:\n%s", out);
+    int n_dev = 0;
+    kvgen_error dev_err = {0};
+    int have_vk = kvgen_devices(NULL, 0, &n_dev, &dev_err) == KVGEN_OK && n_dev > 0; /* so a Vulkan build */
+    const char *lines[] = {"\n  F32:           5 tensors (", "\n  Q8_0:          15 tensors ("};
+    for (int i = 0; i < 2; i++) {
+        const char *l = strstr(out, lines[i]);
+        CHECKF(l != NULL, "info lacks '%s':\n%s", lines[i] + 1, out);
+        const char *end = l ? strchr(l + 1, '\n') : NULL;
+        const char *ref = l ? strstr(l + 1, "reference: yes") : NULL;
+        const char *vk = l ? strstr(l + 1, "vulkan: ") : NULL;
+        CHECKF(ref && end && ref < end, "info:\n%s", out);
+        /* a Vulkan build lists the Vulkan backend too */
+        CHECKF(have_vk ? vk && end && vk < end && strncmp(vk, "vulkan: yes", 11) == 0 : !vk || (end && vk > end),
+               "info:\n%s", out);
+        CHECK(end && end[-1] == ')');
+    }
     free(out);
 
     /* tokenize: the same ids the library gives, one line */

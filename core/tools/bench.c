@@ -5,9 +5,10 @@
  * `depth` tokens), and decode without a cache (every step recomputes the whole sequence) next
  * to cached decode at the same depth, so the O(N^2) vs O(N) gap is a ratio measured side by
  * side. Several backends run in one invocation so their ratio comes from one moment of a
- * shared, noisy machine. For Vulkan it also runs the probe shaders (kvg_vk_bench.h) and
- * reports decode as a percentage of "weight bytes / streaming-read bandwidth", a ceiling that
- * means the same on lavapipe and on a GPU.
+ * shared, noisy machine. For a backend that runs on a device (Vulkan) it also runs the probe
+ * shaders (kvgen_device_probe) and reports decode as a percentage of "weight bytes /
+ * streaming-read bandwidth", a ceiling that means the same on lavapipe and on a GPU. Like any
+ * host, it uses kvgen.h only: backends are named through kvgen_backends.
  *
  * Timing order per backend, chosen so the long prefills are paid once: warm-up, prompts in
  * ascending size (the last repetition leaves the largest prompt in the cache), then decode
@@ -22,17 +23,19 @@
  *
  * Optional sections, each measured per backend after the above:
  *   --sessions 1,2,4,8,16  aggregate decode tokens/s of that many sessions generating at once
- *       through the jobs worker (kvg_jobs_bench: batched decode, each weight read once per step
- *       for up to 8 sessions), and the ratio to one session;
+ *       through the jobs worker (kvgen_job_submit: batched decode, each weight read once per
+ *       step for up to 8 sessions), and the ratio to one session;
  *   --paged  decode at depth D (2048) through the page table vs a kv_contiguous model's cache,
- *       the two interleaved rep by rep. The depth is reached by running the backend at position
- *       D directly over an untouched cache: attention's cost does not depend on the cached
- *       values, and prefilling 2048 tokens twice on lavapipe takes minutes;
+ *       the two interleaved rep by rep. The paged session reaches depth D by restoring the
+ *       saved deepest cache when it is at least that deep (rewound to D), else by prefilling;
+ *       the contiguous one always prefills (restoring into a contiguous cache recomputes), so
+ *       on lavapipe this costs one prefill of D tokens at the backend's prompt speed;
  *   --forks  N (64) sessions holding one P-token (512) prompt: N forks of a prefilled parent vs
  *       N prefilled from scratch, the latter estimated as the parent's own timed prefill x N. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,16 +45,10 @@
 #include <unistd.h>
 #include "kvgen.h"
 #include "bench.h"
-#include "kvg_pool.h"
-#include "kvg_session.h"
-#include "kvg_worker.h"
-#ifdef KVGEN_HAVE_VULKAN
-#include "kvg_vk_bench.h"
-#endif
 
 #define BENCH_MAX_REPS 64
 #define BENCH_MAX_SIZES 8
-#define BENCH_MAX_BACKENDS 2
+#define BENCH_MAX_BACKENDS 8 /* backends kvgen knows (kvgen_backends), at most */
 
 /* a fixed paragraph: its tokens, repeated, are every prompt, fill and decode input */
 static const char bench_text[] =
@@ -86,6 +83,7 @@ typedef struct bench_opts {
 typedef struct bench_result {
     kvgen_backend backend;
     const char *name;
+    int uses_device; /* probed with kvgen_device_probe */
     int ok;
     char error[KVGEN_ERROR_MESSAGE_SIZE];
     char device[256];
@@ -144,10 +142,54 @@ static double load_average(void) {
     return v;
 }
 
+/* kvgen's own counterpart of an error: formats into err and returns status */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static kvgen_status bench_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...) {
+    err->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* The backends kvgen knows (kvgen_backends), in its order. */
+static kvgen_backend_info known_backends[BENCH_MAX_BACKENDS];
+static int n_known_backends;
+
+static void list_backends(void) {
+    if (n_known_backends) return;
+    int n = kvgen_backends(known_backends, BENCH_MAX_BACKENDS);
+    n_known_backends = n < BENCH_MAX_BACKENDS ? n : BENCH_MAX_BACKENDS;
+}
+
+static const kvgen_backend_info *backend_info(kvgen_backend b) {
+    list_backends();
+    for (int i = 0; i < n_known_backends; i++)
+        if (known_backends[i].backend == b) return &known_backends[i];
+    return NULL;
+}
+
+/* "vulkan, reference" (sep ", ") into buf */
+static void backend_names(char *buf, size_t size, const char *sep) {
+    list_backends();
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n_known_backends && len < size; i++) {
+        int n = snprintf(buf + len, size - len, "%s%s", i ? sep : "", known_backends[i].name);
+        if (n < 0) break;
+        len += (size_t)n;
+    }
+}
+
 static void bench_usage(FILE *f) {
+    char names[128];
+    backend_names(names, sizeof names, ",");
     fprintf(f,
             "usage: kvgen bench MODEL [options]\n"
-            "  --backend LIST       reference,vulkan (default: both in Vulkan builds, else reference)\n"
+            "  --backend LIST       some of %s (default: every one this kvgen has, reference first)\n"
             "  --json FILE          also write the results as JSON\n"
             "  --reps N             repetitions of every measurement (default 3; median and min/max/stddev)\n"
             "  --steps N            decode steps timed per repetition (default 16)\n"
@@ -170,7 +212,8 @@ static void bench_usage(FILE *f) {
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
             "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
             "                       prompt sizes, steps, repetitions and threads, and print kvgen/peer ratios\n"
-            "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n");
+            "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n",
+            names);
 }
 
 static int bench_usage_error(const char *fmt, const char *arg) {
@@ -211,10 +254,12 @@ static int parse_backends(const char *s, bench_opts *o) {
     o->n_backends = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        kvgen_backend b;
-        if (strcmp(tok, "reference") == 0) b = KVGEN_BACKEND_REFERENCE;
-        else if (strcmp(tok, "vulkan") == 0) b = KVGEN_BACKEND_VULKAN;
-        else return 0;
+        const kvgen_backend_info *info = NULL;
+        list_backends();
+        for (int i = 0; i < n_known_backends && !info; i++)
+            if (strcmp(tok, known_backends[i].name) == 0) info = &known_backends[i];
+        if (!info) return 0;
+        kvgen_backend b = info->backend;
         for (int i = 0; i < o->n_backends; i++)
             if (o->backends[i] == b) return 0;
         if (o->n_backends == BENCH_MAX_BACKENDS) return 0;
@@ -233,21 +278,18 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.reps = 3, .steps = 16, .prompts = {64, 512}, .n_prompts = 2, .depths = {0, 512, 2048},
                       .n_depths = 3, .nc_depth = 32, .nc_steps = 4, .paged_depth = 2048, .n_forks = 64,
                       .fork_prompt = 512};
-#ifdef KVGEN_HAVE_VULKAN
-    o->backends[0] = KVGEN_BACKEND_REFERENCE;
-    o->backends[1] = KVGEN_BACKEND_VULKAN;
-    o->n_backends = 2;
-#else
-    o->backends[0] = KVGEN_BACKEND_REFERENCE;
-    o->n_backends = 1;
-#endif
+    /* every backend this kvgen has; run order is settled in kvgen_cli_bench */
+    list_backends();
+    for (int i = 0; i < n_known_backends; i++)
+        if (known_backends[i].available) o->backends[o->n_backends++] = known_backends[i].backend;
     /* --quick sets defaults that explicit options then override, whatever their order */
+    const bench_opts given = *o;
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--quick") == 0) {
             *o = (bench_opts){.reps = 2, .steps = 4, .prompts = {8, 32}, .n_prompts = 2, .depths = {0, 32, 64},
                               .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1, .paged_depth = 32,
-                              .n_forks = 4, .fork_prompt = 32,
-                              .backends = {o->backends[0], o->backends[1]}, .n_backends = o->n_backends};
+                              .n_forks = 4, .fork_prompt = 32, .n_backends = o->n_backends};
+            memcpy(o->backends, given.backends, sizeof o->backends);
         }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -266,8 +308,12 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         if (strcmp(a, "--quick") == 0 || strcmp(a, "--no-cache") == 0) {
             /* --quick was applied above; --no-cache is the default */
         } else if (strcmp(a, "--backend") == 0) {
-            if (!parse_backends(val, o))
-                return bench_usage_error("--backend: expected a list of reference and vulkan, got '%s'", val);
+            if (!parse_backends(val, o)) {
+                char names[128], msg[384];
+                backend_names(names, sizeof names, ", ");
+                snprintf(msg, sizeof msg, "--backend: expected a comma-separated list of %s, got '%.200s'", names, val);
+                return bench_usage_error("%s", msg);
+            }
         } else if (strcmp(a, "--json") == 0) {
             o->json = val;
         } else if (strcmp(a, "--reps") == 0) {
@@ -552,11 +598,11 @@ static kvgen_status time_decode(kvgen_session *s, const int32_t *seq, int depth,
 }
 
 static void run_probe(const bench_opts *o, bench_result *r) {
-#ifdef KVGEN_HAVE_VULKAN
-    kvg_vk_probe p;
+    kvgen_probe_result p;
     kvgen_error err = {0};
-    kvgen_status st = o->quick ? kvg_vk_probe_run(o->device, 8, 2, 100, &p, &err)
-                               : kvg_vk_probe_run(o->device, 0, 0, 0, &p, &err);
+    kvgen_probe_desc pd = {.device = o->device};
+    if (o->quick) pd = (kvgen_probe_desc){.device = o->device, .read_mib = 8, .reps = 2, .dispatches = 100};
+    kvgen_status st = kvgen_device_probe(&pd, &p, &err);
     if (st != KVGEN_OK) {
         snprintf(r->probe_note, sizeof r->probe_note, "probe failed: %.480s", err.message);
         return;
@@ -567,15 +613,61 @@ static void run_probe(const bench_opts *o, bench_result *r) {
     snprintf(r->probe_device, sizeof r->probe_device, "%s", p.device);
     if (!r->have_probe || p.read_gbps > r->probe_gbps) r->probe_gbps = p.read_gbps;
     if (!r->have_probe || p.dispatch_us < r->probe_us) r->probe_us = p.dispatch_us;
-    r->probe_bytes = p.bytes;
+    r->probe_bytes = (unsigned long long)p.bytes;
     r->have_probe = 1;
-#else
-    (void)o;
-    snprintf(r->probe_note, sizeof r->probe_note, "this kvgen was built without the Vulkan backend: no probe");
-#endif
 }
 
-/* --sessions: kvg_jobs_bench for each count, reps times */
+static int job_is_final(kvgen_job_state st) {
+    return st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED;
+}
+
+/* Aggregate decode throughput with n_sessions generating at once through the jobs worker: each
+ * gets a fresh session, the same one-token prompt (BOS, or token 1) and n_tokens greedy tokens
+ * with end-of-generation ignored. *tokens_per_s = all generated tokens / (last job's end -
+ * first job's first token), so prefill is mostly outside the window. */
+static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, double *tokens_per_s, kvgen_error *err) {
+    *tokens_per_s = 0;
+    kvgen_session **ss = calloc((size_t)n_sessions, sizeof *ss);
+    kvgen_job **jobs = calloc((size_t)n_sessions, sizeof *jobs);
+    kvgen_status st = ss && jobs ? KVGEN_OK : bench_fail(err, KVGEN_E_NO_MEMORY, "out of memory for %d sessions", n_sessions);
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    int32_t prompt = info.bos >= 0 ? info.bos : 1;
+    kvgen_session_desc sd = {.n_ctx = n_tokens + 16, .no_prefix_reuse = 1};
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) st = kvgen_session_create(m, &sd, &ss[i], err);
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &prompt, .n_tokens = 1,
+                            .gen = {.max_tokens = n_tokens, .ignore_eog = 1}, .owner = jobs};
+        st = kvgen_job_submit(ss[i], &d, &jobs[i], err);
+    }
+    double first = -1, last = -1, total = 0;
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
+        kvgen_job_info ji;
+        for (;;) {
+            kvgen_job_get_info(jobs[i], &ji);
+            if (job_is_final(ji.state)) break;
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (ji.state != KVGEN_JOB_DONE) {
+            *err = ji.error;
+            st = ji.error.status != KVGEN_OK ? ji.error.status : KVGEN_E_INTERNAL;
+            if (!err->message[0]) bench_fail(err, st, "a benchmark job ended %s", kvgen_job_state_name(ji.state));
+            break;
+        }
+        if (first < 0 || ji.first_token_ms < first) first = ji.first_token_ms;
+        if (ji.total_ms > last) last = ji.total_ms;
+        total += ji.n_tokens;
+    }
+    if (st == KVGEN_OK && last > first) *tokens_per_s = total / ((last - first) / 1e3);
+    for (int i = 0; jobs && i < n_sessions; i++) kvgen_job_release(jobs[i]);
+    for (int i = 0; ss && i < n_sessions; i++) kvgen_session_close(ss[i]);
+    free(jobs);
+    free(ss);
+    return st;
+}
+
+/* --sessions: jobs_tok_s for each count, reps times */
 static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_model *m, kvgen_error *err) {
     kvgen_status st = KVGEN_OK;
     for (int i = 0; i < o->n_sessions && st == KVGEN_OK; i++) {
@@ -583,7 +675,7 @@ static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_m
                 o->session_tokens, o->reps);
         for (int rep = 0; rep < o->reps && st == KVGEN_OK; rep++) {
             double tok_s = 0;
-            st = kvg_jobs_bench(m, o->sessions[i], o->session_tokens, &tok_s, err);
+            st = jobs_tok_s(m, o->sessions[i], o->session_tokens, &tok_s, err);
             if (st == KVGEN_OK && r->sessions[i].n < BENCH_MAX_REPS) r->sessions[i].samples[r->sessions[i].n++] = tok_s;
         }
         stats_finish(&r->sessions[i]);
@@ -591,47 +683,51 @@ static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_m
     return st;
 }
 
-/* --paged: decode at paged_depth through m's page table vs a kv_contiguous model's cache
- * (see the top: the backend runs at that position directly) */
-static kvgen_status bench_paged(const bench_opts *o, bench_result *r, kvgen_model *mp, kvgen_error *err) {
-    if (!mp->pool)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend has no paged KV cache", o->model, r->name);
+/* --paged: decode at paged_depth through mp's page table vs a kv_contiguous model's cache, the
+ * two interleaved rep by rep (see the top for how each reaches the depth) */
+static kvgen_status bench_paged(const bench_opts *o, bench_result *r, kvgen_model *mp, const bench_fill *fill,
+                                kvgen_error *err) {
+    kvgen_pool_info pi;
+    kvgen_model_pool_info(mp, &pi);
+    if (pi.page_size == 0)
+        return bench_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend has no paged KV cache", o->model, r->name);
     fprintf(stderr, "kvgen bench: %s: decode at depth %d, paged vs contiguous, %d steps x %d\n", r->name,
             o->paged_depth, o->steps, o->reps);
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
                            .kv_contiguous = 1};
     kvgen_model *mc = NULL;
-    kvgen_session *sp = NULL, *sc = NULL;
-    int D = o->paged_depth, S = o->steps, V = mp->w.hp.n_vocab;
-    size_t P = (size_t)kvg_pool_page_size(mp->pool), n_tab = ((size_t)D + (size_t)S + P - 1) / P, n_alloc = 0;
-    int32_t *table = calloc(n_tab, sizeof *table);
-    float *logits = malloc((size_t)V * sizeof *logits);
-    kvgen_status st = table && logits ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    kvgen_session *ss[2] = {NULL, NULL}; /* paged, contiguous */
+    int D = o->paged_depth, S = o->steps;
+    kvgen_status st = KVGEN_OK;
+    int32_t *seq = make_tokens(mp, (size_t)D + (size_t)S + 1, err);
+    if (!seq) st = err->status != KVGEN_OK ? err->status : KVGEN_E_NO_MEMORY;
     if (st == KVGEN_OK) st = kvgen_model_load(&md, &mc, err);
     kvgen_session_desc sd = {.n_ctx = D + S + 1, .no_prefix_reuse = 1};
-    if (st == KVGEN_OK) st = kvgen_session_create(mp, &sd, &sp, err);
-    if (st == KVGEN_OK) st = kvgen_session_create(mc, &sd, &sc, err);
-    for (; st == KVGEN_OK && n_alloc < n_tab; n_alloc++) st = kvg_pool_alloc(mp->pool, &table[n_alloc], err);
+    /* the saved deepest cache holds seq's first fill->depth tokens (make_tokens is the same for
+     * every backend of one file) and was made with room for `steps` more */
+    if (st == KVGEN_OK && D > 0 && fill->depth >= D) {
+        kvgen_error rerr = {0};
+        if (kvgen_session_restore(mp, fill->path, &ss[0], &rerr) != KVGEN_OK) ss[0] = NULL;
+    }
+    if (st == KVGEN_OK && !ss[0]) st = kvgen_session_create(mp, &sd, &ss[0], err);
+    if (st == KVGEN_OK) st = kvgen_session_create(mc, &sd, &ss[1], err);
+    for (int k = 0; k < 2 && st == KVGEN_OK; k++) st = fill_to(ss[k], seq, D, err);
     /* rep -1 is the warm-up (first-use command-buffer recording) */
     for (int rep = -1; rep < o->reps && st == KVGEN_OK; rep++)
         for (int kind = 0; kind < 2 && st == KVGEN_OK; kind++) {
             int steps = rep < 0 ? 1 : S;
             double t0 = now_s();
-            for (int i = 0; i < steps && st == KVGEN_OK; i++) {
-                int32_t tok = (int32_t)((i * 7919 + rep + 1) % V);
-                st = kind == 0 ? mp->ops->forward_paged(mp, sp->bs, table, &tok, 1, D + i, logits, false, err)
-                               : mc->ops->forward(mc, sc->bs, &tok, 1, D + i, logits, false, err);
-            }
-            if (st == KVGEN_OK && rep >= 0) stats_add(kind == 0 ? &r->paged_tok : &r->contiguous_tok, steps, now_s() - t0);
+            for (int i = 0; i < steps && st == KVGEN_OK; i++) st = kvgen_session_decode(ss[kind], seq[D + i], err);
+            double t = now_s() - t0;
+            if (st == KVGEN_OK && rep >= 0) stats_add(kind == 0 ? &r->paged_tok : &r->contiguous_tok, steps, t);
+            if (st == KVGEN_OK) st = kvgen_session_rewind(ss[kind], (size_t)steps, err);
         }
     stats_finish(&r->paged_tok);
     stats_finish(&r->contiguous_tok);
-    for (size_t i = 0; i < n_alloc; i++) kvg_pool_release(mp->pool, table[i]);
-    kvgen_session_close(sc);
-    kvgen_session_close(sp);
+    kvgen_session_close(ss[1]);
+    kvgen_session_close(ss[0]);
     kvgen_model_unload(mc);
-    free(table);
-    free(logits);
+    free(seq);
     return st;
 }
 
@@ -644,7 +740,7 @@ static kvgen_status bench_forks(const bench_opts *o, bench_result *r, kvgen_mode
     kvgen_session **ss = calloc((size_t)N, sizeof *ss);
     kvgen_session *parent = NULL;
     kvgen_session_desc sd = {.n_ctx = o->fork_prompt + 64, .no_prefix_reuse = 1};
-    kvgen_status st = ss ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    kvgen_status st = ss ? KVGEN_OK : bench_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvgen_session_create(m, &sd, &parent, err);
     double t0 = now_s();
     if (st == KVGEN_OK) st = kvgen_session_prefill(parent, seq, (size_t)o->fork_prompt, NULL, err);
@@ -669,7 +765,9 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     kvgen_session *s = NULL, *nc = NULL;
     int32_t *seq = NULL;
     kvgen_status st;
-    r->name = r->backend == KVGEN_BACKEND_VULKAN ? "vulkan" : "reference";
+    const kvgen_backend_info *bi = backend_info(r->backend);
+    r->name = bi ? bi->name : "?";
+    r->uses_device = bi && bi->uses_device;
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads};
     st = kvgen_model_load(&md, &m, &err);
@@ -698,7 +796,7 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     st = kvgen_session_create(m, &sd, &s, &err);
     if (st != KVGEN_OK) goto done;
 
-    if (r->backend == KVGEN_BACKEND_VULKAN) {
+    if (r->uses_device) {
         fprintf(stderr, "kvgen bench: %s: probe\n", r->name);
         run_probe(o, r);
     }
@@ -770,14 +868,14 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     if (o->paged) {
         kvgen_session_close(nc); /* their pages and caches: the contiguous model needs the room */
         nc = NULL;
-        st = bench_paged(o, r, m, &err);
+        st = bench_paged(o, r, m, fill, &err);
         if (st != KVGEN_OK) goto done;
     }
     if (o->forks) {
         st = bench_forks(o, r, m, seq, &err);
         if (st != KVGEN_OK) goto done;
     }
-    if (r->backend == KVGEN_BACKEND_VULKAN) run_probe(o, r);
+    if (r->uses_device) run_probe(o, r);
     r->ok = 1;
 done:
     if (st != KVGEN_OK) {
@@ -798,6 +896,11 @@ static const bench_result *find(const bench_result *res, int n, kvgen_backend b)
     for (int i = 0; i < n; i++)
         if (res[i].backend == b && res[i].ok) return &res[i];
     return NULL;
+}
+
+/* b gets a "<name>/reference" ratio column: it and the reference both ran */
+static int ratio_column(const bench_result *res, int n, const bench_result *b) {
+    return b->ok && b->backend != KVGEN_BACKEND_REFERENCE && find(res, n, KVGEN_BACKEND_REFERENCE) != NULL;
 }
 
 static double ceiling_tok_s(const bench_result *r, const bench_model *bm) {
@@ -833,9 +936,16 @@ static void print_row(const char *label, const bench_result *res, int n, const b
                       const void *), const void *arg) {
     printf("%-28s", label);
     for (int i = 0; i < n; i++) print_cell(pick(&res[i], arg));
-    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE), *vk = find(res, n, KVGEN_BACKEND_VULKAN);
-    if (ref && vk && pick(ref, arg)->n && pick(vk, arg)->n && pick(ref, arg)->median > 0)
-        printf("  %.2fx", pick(vk, arg)->median / pick(ref, arg)->median);
+    /* each other backend over the reference (see ratio_column) */
+    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE);
+    for (int i = 0; i < n; i++) {
+        const bench_result *b = &res[i];
+        if (!ratio_column(res, n, b)) continue;
+        if (pick(ref, arg)->n && pick(b, arg)->n && pick(ref, arg)->median > 0)
+            printf("  %.2fx", pick(b, arg)->median / pick(ref, arg)->median);
+        else
+            printf("  -");
+    }
     printf("\n");
 }
 
@@ -881,7 +991,8 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
         snprintf(head, sizeof head, "%s%s", res[i].name, res[i].ok ? "" : " (failed)");
         printf("  %-24s", head);
     }
-    if (find(res, n, KVGEN_BACKEND_REFERENCE) && find(res, n, KVGEN_BACKEND_VULKAN)) printf("  vulkan/reference");
+    for (int i = 0; i < n; i++)
+        if (ratio_column(res, n, &res[i])) printf("  %s/reference", res[i].name);
     printf("\n");
     char label[64];
     for (int i = 0; i < o->n_prompts; i++) {
@@ -950,7 +1061,7 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
 
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
-        if (r->backend != KVGEN_BACKEND_VULKAN) continue;
+        if (!r->uses_device) continue;
         if (!r->have_probe) {
             printf("probe: %s\n", r->probe_note[0] ? r->probe_note : "not run");
             continue;
@@ -963,15 +1074,17 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
         printf("decode ceiling = %.1f MB of weights / %.2f GB/s = %.1f tokens/s", (double)bm->weight_bytes / 1e6,
                r->probe_gbps, ceil);
         if (r->ok && ceil > 0) {
-            printf("; vulkan decode reaches");
+            printf("; %s decode reaches", r->name);
             for (int d = 0; d < o->n_depths; d++)
                 printf("%s %.0f%% at depth %d", d ? "," : "", 100.0 * r->decode[d].median / ceil, o->depths[d]);
         }
         printf("\n");
     }
-#ifndef KVGEN_HAVE_VULKAN
-    printf("vulkan: this kvgen was built without the Vulkan backend (KVGEN_VULKAN=OFF or no Vulkan SDK)\n");
-#endif
+    list_backends();
+    for (int i = 0; i < n_known_backends; i++)
+        if (!known_backends[i].available)
+            printf("%s: this kvgen was built without the %s backend (%s)\n", known_backends[i].name,
+                   known_backends[i].name, known_backends[i].missing ? known_backends[i].missing : "?");
 
     if (!o->peer) return;
     if (!peer->ran) {
@@ -1058,12 +1171,7 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
     fprintf(f, "  \"settings\": {\"reps\": %d, \"decode_steps\": %d, \"no_cache_depth\": %d, \"no_cache_steps\": %d, "
             "\"quick\": %s, \"vulkan_built\": %s},\n",
             o->reps, o->steps, o->nc_depth, o->nc_steps, o->quick ? "true" : "false",
-#ifdef KVGEN_HAVE_VULKAN
-            "true"
-#else
-            "false"
-#endif
-    );
+            backend_info(KVGEN_BACKEND_VULKAN) && backend_info(KVGEN_BACKEND_VULKAN)->available ? "true" : "false");
     fprintf(f, "  \"load_average\": {\"start\": ");
     json_number(f, load0);
     fprintf(f, ", \"end\": ");
@@ -1138,7 +1246,7 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
             json_number(f, r->fork_s > 0 ? r->scratch_one_s * o->n_forks / r->fork_s : 0);
             fprintf(f, "}");
         }
-        if (r->backend == KVGEN_BACKEND_VULKAN) {
+        if (r->uses_device) {
             fprintf(f, ",\n     \"probe\": ");
             if (r->have_probe) {
                 double ceil = ceiling_tok_s(r, bm);
@@ -1171,9 +1279,11 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
         fprintf(f, "}");
     }
     fprintf(f, "\n  ]");
-    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE), *vk = find(res, n, KVGEN_BACKEND_VULKAN);
-    if (ref && vk) {
-        fprintf(f, ",\n  \"ratio_vulkan_over_reference\": {");
+    const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE);
+    for (int i = 0; i < n; i++) {
+        const bench_result *vk = &res[i]; /* each other backend over the reference */
+        if (!ratio_column(res, n, vk)) continue;
+        fprintf(f, ",\n  \"ratio_%s_over_reference\": {", vk->name);
         for (int k = 0; k < o->n_prompts; k++) {
             fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
             json_number(f, ref->prompt[k].median > 0 ? vk->prompt[k].median / ref->prompt[k].median : 0);
@@ -1239,11 +1349,13 @@ int kvgen_cli_bench(int argc, char **argv) {
     double load0 = load_average();
     int failed = 0;
     bench_fill fill = {{0}, 0};
-    /* the reference backend first: it fills the deepest cache fastest (see the top) */
-    if (o.n_backends == 2 && o.backends[1] == KVGEN_BACKEND_REFERENCE) {
-        o.backends[1] = o.backends[0];
-        o.backends[0] = KVGEN_BACKEND_REFERENCE;
-    }
+    /* the reference backend first: it fills the deepest cache fastest (see the top); the
+     * others keep their order */
+    for (int i = 1; i < o.n_backends; i++)
+        if (o.backends[i] == KVGEN_BACKEND_REFERENCE) {
+            memmove(&o.backends[1], &o.backends[0], (size_t)i * sizeof o.backends[0]);
+            o.backends[0] = KVGEN_BACKEND_REFERENCE;
+        }
     for (int i = 0; i < o.n_backends; i++) {
         res[i].backend = o.backends[i];
         failed |= run_backend(&o, &res[i], &bm, &fill, i == o.n_backends - 1);
@@ -1291,11 +1403,11 @@ int kvgen_cli_devices(int argc, char **argv) {
     }
     if (count > cap) count = cap; /* a device appeared between the two calls */
     if (count == 0) {
-#ifdef KVGEN_HAVE_VULKAN
-        printf("no Vulkan devices (no driver, or none with Vulkan 1.1 and a compute queue)\n");
-#else
-        printf("no Vulkan devices: this kvgen was built without the Vulkan backend\n");
-#endif
+        int device_backend = 0; /* this kvgen has a backend that runs on a Vulkan device */
+        list_backends();
+        for (int i = 0; i < n_known_backends; i++) device_backend |= known_backends[i].available && known_backends[i].uses_device;
+        if (device_backend) printf("no Vulkan devices (no driver, or none with Vulkan 1.1 and a compute queue)\n");
+        else printf("no Vulkan devices: this kvgen was built without the Vulkan backend\n");
     }
     for (int i = 0; i < count; i++) {
         const kvgen_device_info *d = &dev[i];

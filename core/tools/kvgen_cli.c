@@ -49,6 +49,35 @@ static void usage(FILE *f) {
             "  --no-cache           recompute the whole sequence for every token (the O(N^2) baseline)\n");
 }
 
+/* The backend named `name` among kvgen_backends (also one this build lacks: loading it then
+ * says why); 0 when kvgen knows no such name. */
+static int parse_backend(const char *name, kvgen_backend *out) {
+    kvgen_backend_info b[16];
+    int n = kvgen_backends(b, 16);
+    for (int i = 0; i < n && i < 16; i++)
+        if (strcmp(name, b[i].name) == 0) {
+            *out = b[i].backend;
+            return 1;
+        }
+    return 0;
+}
+
+/* "vulkan, reference, got 'tpu'" for --backend's usage error (a static buffer) */
+static const char *backend_list(const char *got) {
+    static char buf[384];
+    kvgen_backend_info b[16];
+    int n = kvgen_backends(b, 16);
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && i < 16 && len < sizeof buf; i++) {
+        int w = snprintf(buf + len, sizeof buf - len, "%s%s", i ? ", " : "", b[i].name);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+    if (len < sizeof buf) snprintf(buf + len, sizeof buf - len, ", got '%.200s'", got);
+    return buf;
+}
+
 static int usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "kvgen: ");
     fprintf(stderr, fmt, arg);
@@ -166,9 +195,7 @@ static int parse_options(int argc, char **argv, options *o) {
             o->sampling_opt = 1;
         } else if (strcmp(a, "--backend") == 0) {
             NEED_VALUE();
-            if (strcmp(val, "reference") == 0) o->backend = KVGEN_BACKEND_REFERENCE;
-            else if (strcmp(val, "vulkan") == 0) o->backend = KVGEN_BACKEND_VULKAN;
-            else return usage_error("--backend: expected reference or vulkan, got '%s'", val);
+            if (!parse_backend(val, &o->backend)) return usage_error("--backend: expected one of %s", backend_list(val));
         } else if (strcmp(a, "--device") == 0) {
             NEED_VALUE();
             o->device = val;

@@ -4,6 +4,7 @@
  *                 [--ctx N] [--rope-base F] [--type T] [--embd-type T] [--untied]
  *                 [--vocab VOCAB.gguf] [--vocab-size N]
  *
+ * T is any type of quant.c's traits table that can be quantized to (--help lists them).
  * The weights are meaningless but well-scaled (normal-ish, std 0.02 to 0.08; norm weights near 1),
  * so a forward pass gives finite, non-degenerate logits: tests and benchmarks of every shape use these. */
 #include <errno.h>
@@ -43,22 +44,49 @@ static float rng_normal(rng *r) {
     return (s - 2.0f) * 1.7320508f;
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
-            "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type F32|F16|BF16|Q8_0|Q4_0|Q4_1]\n"
-            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n");
+/* the types kvgen-mkmodel can write: those of quant.c's traits table that have from_float */
+static size_t writable_types(uint32_t *out, size_t max) {
+    uint32_t all[64];
+    size_t n = kvg_traits_types(all, 64), k = 0;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        const kvg_type_traits *t = kvg_type_traits_of(all[i]);
+        if (t && t->from_float && k < max) out[k++] = all[i];
+    }
+    return k;
 }
 
-static int parse_type(const char *s, uint32_t *out) {
-    static const uint32_t types[] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_BF16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0,
-                                     KVG_TYPE_Q4_1};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+static void writable_list(char *buf, size_t size, const char *sep) {
+    uint32_t types[64];
+    size_t n = writable_types(types, 64), len = 0;
+    if (size) buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        int w = snprintf(len < size ? buf + len : NULL, len < size ? size - len : 0, "%s%s", i ? sep : "",
+                         kvg_type_name(types[i]));
+        if (w > 0) len += (size_t)w;
+    }
+}
+
+static void usage(void) {
+    char types[512];
+    writable_list(types, sizeof types, "|");
+    fprintf(stderr,
+            "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
+            "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
+            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n",
+            types);
+}
+
+static int parse_type(const char *opt, const char *s, uint32_t *out) {
+    uint32_t types[64];
+    size_t n = writable_types(types, 64);
+    for (size_t i = 0; i < n; i++)
         if (strcmp(s, kvg_type_name(types[i])) == 0) {
             *out = types[i];
             return 0;
         }
-    fprintf(stderr, "kvgen-mkmodel: unknown type '%s' (F32, F16, BF16, Q8_0, Q4_0 or Q4_1)\n", s);
+    char list[512];
+    writable_list(list, sizeof list, ", ");
+    fprintf(stderr, "kvgen-mkmodel: %s %s is not a type kvgen-mkmodel can write (valid: %s)\n", opt, s, list);
     return -1;
 }
 
@@ -114,9 +142,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--ctx") == 0) rc = parse_int(a, v, &o->ctx);
         else if (strcmp(a, "--vocab-size") == 0) rc = parse_int(a, v, &o->vocab_size);
         else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
-        else if (strcmp(a, "--type") == 0) rc = parse_type(v, &o->type);
+        else if (strcmp(a, "--type") == 0) rc = parse_type(a, v, &o->type);
         else if (strcmp(a, "--embd-type") == 0) {
-            rc = parse_type(v, &o->embd_type);
+            rc = parse_type(a, v, &o->embd_type);
             embd_type_set = 1;
         } else if (strcmp(a, "--rope-base") == 0) {
             char *end;

@@ -1,0 +1,95 @@
+/* cpu_pages.c: KV pages in host memory for the CPU backends (kvg_cpu.h). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kvg_cpu.h"
+#include "kvg_reference.h"
+
+size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp) {
+    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
+}
+
+size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
+    size_t ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
+    size_t want = 16 * ctx * kvg_cpu_kv_bytes_per_token(hp);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+        size_t quarter = (size_t)pages / 4 * (size_t)page;
+        if (want > quarter) want = quarter;
+    }
+    return want;
+}
+
+kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, int page_size, int32_t n_pages,
+                                const char *who, kvgen_error *err) {
+    memset(p, 0, sizeof *p);
+    p->who = who ? who : "host KV pages";
+    if (page_size <= 0 || n_pages <= 0)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "%s: %d pages of %d tokens", p->who, (int)n_pages, page_size);
+    p->data = calloc((size_t)n_pages, sizeof *p->data);
+    if (!p->data) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %d pages", p->who, (int)n_pages);
+    p->hp = *hp;
+    p->page_size = page_size;
+    p->n_pages = n_pages;
+    return KVGEN_OK;
+}
+
+void kvg_cpu_pages_free(kvg_cpu_pages *p) {
+    for (int32_t i = 0; p->data && i < p->n_pages; i++) free(p->data[i]);
+    free(p->data);
+    p->data = NULL;
+    p->n_pages = 0;
+}
+
+kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *err) {
+    size_t bytes = (size_t)p->page_size * kvg_cpu_kv_bytes_per_token(&p->hp);
+    if (page < 0 || page >= p->n_pages)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "%s: page %d outside the pool", p->who, (int)page);
+    if (!p->data[page]) p->data[page] = malloc(bytes);
+    if (!p->data[page])
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of host memory for a KV page (%zu bytes)", p->who, bytes);
+    return KVGEN_OK;
+}
+
+/* Moves token slots ascending, so a move towards the start of one table never reads a slot it
+ * has already overwritten. Re-rotating K by delta is RoPE's addition law: rotating by pos then
+ * by delta is rotating by pos + delta, up to rounding. */
+kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
+                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    (void)err;
+    const kvg_hparams *hp = &p->hp;
+    size_t bytes = (size_t)hp->head_dim * sizeof(float);
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int h = 0; h < hp->n_head_kv; h++)
+            for (int i = 0; i < n; i++) {
+                float *k = kvg_cpu_pages_at(p, dst_pages, l, 0, h, dst_pos + i);
+                memmove(k, kvg_cpu_pages_at(p, src_pages, l, 0, h, src_pos + i), bytes);
+                memmove(kvg_cpu_pages_at(p, dst_pages, l, 1, h, dst_pos + i),
+                        kvg_cpu_pages_at(p, src_pages, l, 1, h, src_pos + i), bytes);
+                if (rope_delta != 0) kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
+            }
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *out, kvgen_error *err) {
+    (void)err;
+    size_t hd = (size_t)p->hp.head_dim;
+    for (int h = 0; h < p->hp.n_head_kv; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(out + ((size_t)h * n + i) * hd, kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i),
+                   hd * sizeof(float));
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
+                                 const float *in, kvgen_error *err) {
+    (void)err;
+    size_t hd = (size_t)p->hp.head_dim;
+    for (int h = 0; h < p->hp.n_head_kv; h++)
+        for (int i = 0; i < n; i++)
+            memcpy(kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i), in + ((size_t)h * n + i) * hd,
+                   hd * sizeof(float));
+    return KVGEN_OK;
+}

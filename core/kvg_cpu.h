@@ -1,0 +1,86 @@
+/* kvg_cpu.h: helpers any backend that computes on the host's cores can share (private):
+ * a persistent thread pool (cpu_pool.c) and KV pages kept in host memory (cpu_pages.c).
+ * The reference backend (reference.c) is built on them. */
+#ifndef KVG_CPU_H
+#define KVG_CPU_H
+#include <stddef.h>
+#include <stdint.h>
+#include "kvg_model.h"
+
+/* ---- thread pool ----------------------------------------------------------------------- */
+
+/* Ceiling on threads, so a strange sysconf answer cannot make a pool spawn thousands. */
+#define KVG_CPU_MAX_THREADS 64
+
+/* A job covers the independent items [0, n_items): fn handles [begin, end) on thread tid, with
+ * 0 <= tid < kvg_cpu_pool_threads (the calling thread is tid 0). tid only says which thread is
+ * running, for per-thread scratch: what an item computes must not depend on it, so results
+ * are the same whatever the thread count. */
+typedef void (*kvg_cpu_job_fn)(void *ctx, int begin, int end, int tid);
+
+typedef struct kvg_cpu_pool kvg_cpu_pool;
+
+/* The thread count a pool asked for `requested` threads gets: requested itself when > 0,
+ * else the online cores; at most KVG_CPU_MAX_THREADS. */
+int kvg_cpu_threads(int requested);
+/* Starts kvg_cpu_threads(n_threads) - 1 workers (the caller of kvg_cpu_pool_run is the last
+ * one). `who` names the owner in error messages ("reference backend"). */
+kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **out, kvgen_error *err);
+/* Stops and joins the workers. NULL is ignored. */
+void kvg_cpu_pool_destroy(kvg_cpu_pool *p);
+int kvg_cpu_pool_threads(const kvg_cpu_pool *p);
+/* Runs fn over [0, n_items) on every thread and returns when all items are done. Items are
+ * handed out in chunks (several per thread, so one thread slowed by other work does not hold
+ * up the rest); each item is handled exactly once, by one thread. Jobs from several threads
+ * (sessions of one model on different threads) are run one after another. */
+void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx);
+
+/* ---- KV pages in host memory ------------------------------------------------------------ */
+
+/* The storage of a model's KV page pool (kvg_pool.h does the bookkeeping): page i holds, for
+ * every layer, K then V as f32 [Hkv][page_size][head_dim], i.e. [L][2][Hkv][P][hd]. Storage is
+ * allocated when the pool first hands a page out (kvg_cpu_pages_commit) and kept until free.
+ * A page table `pages` (a session's) maps position p to page pages[p / page_size]. */
+typedef struct kvg_cpu_pages {
+    kvg_hparams hp; /* the model's geometry: n_layer, n_head_kv, head_dim, and RoPE for kv_copy */
+    int page_size;
+    int32_t n_pages;
+    float **data;    /* n_pages entries, NULL until committed */
+    const char *who; /* the owner, in error messages */
+} kvg_cpu_pages;
+
+/* K+V bytes of one position in f32, all layers */
+size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp);
+/* A pool size when the load asked for none: 16 sessions of min(context_length, 8192) tokens,
+ * at most a quarter of physical RAM (room for the weights, the host and other processes). */
+size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp);
+
+/* Reserves the table of n_pages pages (no storage yet). */
+kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, int page_size, int32_t n_pages,
+                                const char *who, kvgen_error *err);
+/* Frees every committed page and the table; p may be zero-initialised (never inited). */
+void kvg_cpu_pages_free(kvg_cpu_pages *p);
+/* Gives page `page` its storage (no-op when it has some). */
+kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *err);
+
+/* The head_dim floats of layer `layer`'s K (which = 0) or V (which = 1), kv head h, at
+ * position pos of the table `pages`; the page must be committed. */
+static inline float *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
+                                      int pos) {
+    size_t P = (size_t)p->page_size, hd = (size_t)p->hp.head_dim, Hkv = (size_t)p->hp.n_head_kv;
+    float *page = p->data[pages[pos / p->page_size]];
+    return page + ((((size_t)layer * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
+}
+
+/* The paged ops of kvg_backend_ops over host pages (see there): copies K/V of positions
+ * [src_pos, src_pos+n) of one table to [dst_pos, ..) of another (or the same, dst_pos <=
+ * src_pos), re-rotating K by rope_delta positions with the reference's RoPE (0: plain copy). */
+kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
+                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
+/* One layer's K (which = 0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim). */
+kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *out, kvgen_error *err);
+kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
+                                 const float *in, kvgen_error *err);
+
+#endif

@@ -1,0 +1,257 @@
+/* test_cpu.c: the CPU backends' shared helpers (kvg_cpu.h).
+ * - Thread pool: a parallel-for over [0, n) hands every index to exactly one call, on a thread
+ *   id in [0, threads), for 1..8 threads and sizes around the chunking's edges; per-item
+ *   results are bit-identical whatever the thread count; jobs submitted from several threads
+ *   at once are all run completely; the thread count follows kvg_cpu_threads.
+ * - Host pages: commit bounds, write/read round trips through a page table spanning pages,
+ *   copy (plain: exact; with a RoPE delta: K re-rotated exactly as kvg_ref_rope does, V
+ *   untouched), overlapping moves towards the start of one table. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include "kvg_cpu.h"
+#include "kvg_reference.h"
+#include "testutil.h"
+
+/* ---- thread pool ---- */
+
+typedef struct cover_job {
+    atomic_int *hits;   /* per item */
+    float *out;         /* per item: a result that depends on the item only */
+    int n_threads;
+    atomic_int bad_tid, bad_range;
+} cover_job;
+
+/* a float computation whose rounding depends on the order of its terms: any split of one
+ * item's work across threads would show */
+static float item_value(int item) {
+    float s = 0.0f;
+    for (int k = 1; k <= 64; k++) s += sinf((float)item * 0.37f + (float)k) / (float)k;
+    return s;
+}
+
+static void cover_fn(void *ctx, int begin, int end, int tid) {
+    cover_job *j = ctx;
+    if (tid < 0 || tid >= j->n_threads) atomic_fetch_add(&j->bad_tid, 1);
+    if (begin >= end) atomic_fetch_add(&j->bad_range, 1);
+    for (int i = begin; i < end; i++) {
+        atomic_fetch_add(&j->hits[i], 1);
+        j->out[i] = item_value(i);
+    }
+}
+
+static void test_pool_coverage(void) {
+    const int sizes[] = {0, 1, 2, 7, 8, 63, 64, 65, 511, 1000, 4099, 100003};
+    const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+    int max_n = sizes[n_sizes - 1];
+    float *first = malloc((size_t)max_n * sizeof *first);
+    float *out = malloc((size_t)max_n * sizeof *out);
+    atomic_int *hits = malloc((size_t)max_n * sizeof *hits);
+    CHECK(first && out && hits);
+    if (!first || !out || !hits) goto done;
+    for (int i = 0; i < max_n; i++) first[i] = item_value(i);
+    for (int threads = 1; threads <= 8; threads++) {
+        kvgen_error err = {0};
+        kvg_cpu_pool *p = NULL;
+        CHECKF(kvg_cpu_pool_create(threads, "test", &p, &err) == KVGEN_OK, "%d threads: %s", threads, err.message);
+        if (!p) continue;
+        CHECK(kvg_cpu_pool_threads(p) == threads);
+        for (int si = 0; si < n_sizes; si++) {
+            int n = sizes[si];
+            for (int rep = 0; rep < 3; rep++) { /* the pool is reused: generations must not mix */
+                for (int i = 0; i < n; i++) atomic_init(&hits[i], 0);
+                memset(out, 0, (size_t)max_n * sizeof *out);
+                cover_job j = {.hits = hits, .out = out, .n_threads = threads};
+                atomic_init(&j.bad_tid, 0);
+                atomic_init(&j.bad_range, 0);
+                kvg_cpu_pool_run(p, n, cover_fn, &j);
+                int missed = 0, twice = 0, differ = 0;
+                for (int i = 0; i < n; i++) {
+                    int h = atomic_load(&hits[i]);
+                    missed += h == 0;
+                    twice += h > 1;
+                    differ += memcmp(&out[i], &first[i], sizeof(float)) != 0;
+                }
+                CHECKF(!missed && !twice && !differ, "%d threads, %d items: %d missed, %d twice, %d differ", threads, n,
+                       missed, twice, differ);
+                CHECKF(atomic_load(&j.bad_tid) == 0 && atomic_load(&j.bad_range) == 0,
+                       "%d threads, %d items: bad thread ids or empty ranges", threads, n);
+            }
+        }
+        kvg_cpu_pool_destroy(p);
+    }
+    kvg_cpu_pool_destroy(NULL);
+done:
+    free(first);
+    free(out);
+    free(hits);
+}
+
+/* several host threads (sessions on different threads) submitting to one pool at once */
+typedef struct submitter {
+    kvg_cpu_pool *pool;
+    int n, rounds, failures;
+} submitter;
+
+static void *submit_main(void *arg) {
+    submitter *s = arg;
+    atomic_int *hits = malloc((size_t)s->n * sizeof *hits);
+    float *out = malloc((size_t)s->n * sizeof *out);
+    if (!hits || !out) {
+        s->failures++;
+        free(hits);
+        free(out);
+        return NULL;
+    }
+    for (int r = 0; r < s->rounds; r++) {
+        for (int i = 0; i < s->n; i++) atomic_init(&hits[i], 0);
+        cover_job j = {.hits = hits, .out = out, .n_threads = kvg_cpu_pool_threads(s->pool)};
+        atomic_init(&j.bad_tid, 0);
+        atomic_init(&j.bad_range, 0);
+        kvg_cpu_pool_run(s->pool, s->n, cover_fn, &j);
+        for (int i = 0; i < s->n; i++) s->failures += atomic_load(&hits[i]) != 1;
+        s->failures += atomic_load(&j.bad_tid) + atomic_load(&j.bad_range);
+    }
+    free(hits);
+    free(out);
+    return NULL;
+}
+
+static void test_pool_concurrent(void) {
+    kvgen_error err = {0};
+    kvg_cpu_pool *p = NULL;
+    CHECK(kvg_cpu_pool_create(3, "test", &p, &err) == KVGEN_OK);
+    if (!p) return;
+    enum { N_SUB = 4 };
+    pthread_t th[N_SUB];
+    submitter sub[N_SUB];
+    int started = 0;
+    for (int i = 0; i < N_SUB; i++) {
+        sub[i] = (submitter){.pool = p, .n = 300 + 97 * i, .rounds = 40};
+        if (pthread_create(&th[i], NULL, submit_main, &sub[i]) == 0) started++;
+        else break;
+    }
+    CHECK(started == N_SUB);
+    int failures = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        failures += sub[i].failures;
+    }
+    CHECKF(failures == 0, "%d items missed or repeated with %d submitting threads", failures, started);
+    kvg_cpu_pool_destroy(p);
+}
+
+static void test_thread_count(void) {
+    CHECK(kvg_cpu_threads(1) == 1 && kvg_cpu_threads(5) == 5);
+    CHECK(kvg_cpu_threads(100000) == KVG_CPU_MAX_THREADS);
+    int all = kvg_cpu_threads(0);
+    CHECK(all >= 1 && all <= KVG_CPU_MAX_THREADS && kvg_cpu_threads(-3) == all);
+    kvgen_error err = {0};
+    kvg_cpu_pool *p = NULL;
+    CHECK(kvg_cpu_pool_create(0, NULL, &p, &err) == KVGEN_OK && kvg_cpu_pool_threads(p) == all);
+    kvg_cpu_pool_destroy(p);
+}
+
+/* ---- host pages ---- */
+
+static int same_floats(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+static void test_pages(void) {
+    kvg_hparams hp = {.n_layer = 2, .n_embd = 32, .n_ff = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 8, .n_rot = 8,
+                      .n_ctx_train = 256, .n_vocab = 100, .rope_freq_base = 10000.0f, .rms_norm_eps = 1e-5f};
+    CHECK(kvg_cpu_kv_bytes_per_token(&hp) == 2 * 2 * 2 * 8 * sizeof(float));
+    size_t dflt = kvg_cpu_default_pool_bytes(&hp);
+    CHECK(dflt > 0 && dflt <= 16 * 256 * kvg_cpu_kv_bytes_per_token(&hp));
+
+    const int P = 4, n_pages = 8;
+    kvgen_error err = {0};
+    kvg_cpu_pages pg;
+    CHECK(kvg_cpu_pages_init(&pg, &hp, P, 0, "test pages", &err) != KVGEN_OK);
+    kvg_cpu_pages_free(&pg);
+    CHECK(kvg_cpu_pages_init(&pg, &hp, P, n_pages, "test pages", &err) == KVGEN_OK);
+    CHECK(kvg_cpu_pages_commit(&pg, -1, &err) == KVGEN_E_INTERNAL && strstr(err.message, "test pages"));
+    CHECK(kvg_cpu_pages_commit(&pg, n_pages, &err) == KVGEN_E_INTERNAL);
+    for (int32_t i = 0; i < n_pages; i++) CHECK(kvg_cpu_pages_commit(&pg, i, &err) == KVGEN_OK);
+    float *before = pg.data[3];
+    CHECK(kvg_cpu_pages_commit(&pg, 3, &err) == KVGEN_OK && pg.data[3] == before); /* kept */
+
+    /* two tables of 3 pages each, deliberately out of order: 12 positions apiece */
+    const int32_t a[3] = {5, 0, 6}, b[3] = {2, 7, 1};
+    const int n = 12, Hkv = hp.n_head_kv, hd = hp.head_dim;
+    size_t per = (size_t)Hkv * n * hd;
+    float *in = malloc(per * sizeof *in), *got = malloc(per * sizeof *got);
+    CHECK(in && got);
+    if (!in || !got) goto done;
+    for (int l = 0; l < hp.n_layer; l++)
+        for (int which = 0; which < 2; which++) {
+            for (size_t i = 0; i < per; i++) in[i] = (float)(l * 1000 + which * 100) + (float)i * 0.25f;
+            CHECK(kvg_cpu_pages_write(&pg, a, l, which, 0, n, in, &err) == KVGEN_OK);
+            CHECK(kvg_cpu_pages_read(&pg, a, l, which, 0, n, got, &err) == KVGEN_OK);
+            CHECKF(same_floats(in, got, per), "layer %d which %d: write/read round trip", l, which);
+            /* element (h, p) lives where kvg_cpu_pages_at says */
+            for (int h = 0; h < Hkv; h++)
+                for (int p = 0; p < n; p++)
+                    CHECK(same_floats(kvg_cpu_pages_at(&pg, a, l, which, h, p), in + ((size_t)h * n + p) * hd, (size_t)hd));
+        }
+    /* a partial read at an offset */
+    CHECK(kvg_cpu_pages_read(&pg, a, 1, 1, 5, 3, got, &err) == KVGEN_OK);
+    for (int h = 0; h < Hkv; h++)
+        for (int i = 0; i < 3; i++)
+            CHECK(same_floats(got + ((size_t)h * 3 + i) * hd, kvg_cpu_pages_at(&pg, a, 1, 1, h, 5 + i), (size_t)hd));
+
+    /* plain copy a[2..10) -> b[1..9): exact */
+    CHECK(kvg_cpu_pages_copy(&pg, a, 2, b, 1, 8, 0, &err) == KVGEN_OK);
+    for (int l = 0; l < hp.n_layer; l++)
+        for (int which = 0; which < 2; which++)
+            for (int h = 0; h < Hkv; h++)
+                for (int i = 0; i < 8; i++)
+                    CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, which, h, 1 + i), kvg_cpu_pages_at(&pg, a, l, which, h, 2 + i),
+                                      (size_t)hd));
+
+    /* copy with a RoPE delta: K is re-rotated exactly as kvg_ref_rope does it, V is not */
+    CHECK(kvg_cpu_pages_copy(&pg, a, 0, b, 0, n, -5, &err) == KVGEN_OK);
+    for (int l = 0; l < hp.n_layer; l++)
+        for (int h = 0; h < Hkv; h++)
+            for (int i = 0; i < n; i++) {
+                float k[64];
+                memcpy(k, kvg_cpu_pages_at(&pg, a, l, 0, h, i), (size_t)hd * sizeof(float));
+                kvg_ref_rope(k, hp.n_rot, -5, hp.rope_freq_base);
+                CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, 0, h, i), k, (size_t)hd));
+                CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, 1, h, i), kvg_cpu_pages_at(&pg, a, l, 1, h, i), (size_t)hd));
+            }
+
+    /* a move towards the start of the same table (a context shift): b[6..12) -> b[2..8) */
+    float *snap = malloc((size_t)hp.n_layer * 2 * per * sizeof *snap);
+    CHECK(snap != NULL);
+    if (snap) {
+        for (int l = 0; l < hp.n_layer; l++)
+            for (int which = 0; which < 2; which++)
+                kvg_cpu_pages_read(&pg, b, l, which, 0, n, snap + ((size_t)l * 2 + which) * per, &err);
+        CHECK(kvg_cpu_pages_copy(&pg, b, 6, b, 2, 6, 0, &err) == KVGEN_OK);
+        for (int l = 0; l < hp.n_layer; l++)
+            for (int which = 0; which < 2; which++) {
+                const float *old = snap + ((size_t)l * 2 + which) * per;
+                for (int h = 0; h < Hkv; h++)
+                    for (int i = 0; i < 6; i++)
+                        CHECKF(same_floats(kvg_cpu_pages_at(&pg, b, l, which, h, 2 + i), old + ((size_t)h * n + 6 + i) * hd,
+                                           (size_t)hd),
+                               "shift: layer %d which %d head %d slot %d", l, which, h, 2 + i);
+            }
+        free(snap);
+    }
+done:
+    free(in);
+    free(got);
+    kvg_cpu_pages_free(&pg);
+    kvg_cpu_pages_free(&pg); /* idempotent */
+}
+
+int main(void) {
+    test_thread_count();
+    test_pool_coverage();
+    test_pool_concurrent();
+    test_pages();
+    return tu_finish("test_cpu");
+}

@@ -1,0 +1,210 @@
+/* test_vk_types.c: the Vulkan backend's weight-type table. Every row is a type of quant.c's traits
+ * table (the backend dequantizes through it for mixed-type groups), its repacked block holds
+ * exactly the GGUF block's bytes, its three shaders were built (shaders/CMakeLists.txt) with the
+ * row's define, and every weight-type shader variant belongs to a row; the backend's
+ * weight_types list is the table. A model with a tensor of a type the table lacks (Q6_K, Q5_0:
+ * also absent from the traits table) is refused at the start of the backend's model_init, before
+ * any device work, with a message listing the table's types; the upload path refuses such a
+ * type on its own too. */
+#define _POSIX_C_SOURCE 200809L
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_quant.h"
+#include "../../shaders/kvg_shaders.h" /* the embedded SPIR-V table (not on the tests' include path) */
+#include "kvg_vk.h"
+#include "testutil.h"
+
+static const char *const kernels[] = {"embed", "matvec", "gemm"};
+
+static void vk_list(char *buf, size_t size) {
+    uint32_t types[64];
+    size_t n = kvg_vulkan_backend.weight_types(types, 64);
+    kvg_types_list(types, n < 64 ? n : 64, buf, size);
+}
+
+static void test_table(void) {
+    size_t n = kvg_vk_wtype_count();
+    CHECK(n > 0 && kvg_vk_wtype_at(n) == NULL);
+    CHECK(kvg_vulkan_backend.weight_types != NULL);
+    uint32_t listed[64];
+    size_t nl = kvg_vulkan_backend.weight_types(listed, 64);
+    CHECKF(nl == n, "weight_types gives %zu types, the table has %zu rows", nl, n);
+    CHECK(kvg_vk_wtype_of(KVG_TYPE_F32) != NULL); /* mixed-type groups are uploaded as F32 */
+    for (size_t i = 0; i < n; i++) {
+        const kvg_vk_wtype *r = kvg_vk_wtype_at(i);
+        const char *name = kvg_type_name(r->type);
+        CHECKF(i < nl && listed[i] == r->type, "row %zu (%s) is not weight_types[%zu]", i, name, i);
+        CHECK(kvg_vk_wtype_of(r->type) == r);
+        CHECK(kvg_backend_runs_type(&kvg_vulkan_backend, r->type));
+        /* the traits table has the type: the two tables agree */
+        CHECKF(kvg_type_traits_of(r->type) != NULL, "%s is in the Vulkan table but not in the traits table", name);
+        CHECKF(kvg_backend_runs_type(&kvg_reference_backend, r->type), "%s: the reference backend lacks it", name);
+        /* layout: whole shader blocks, and a repacked block is the GGUF block's bytes rearranged */
+        uint32_t be = kvg_type_block_elems(r->type);
+        CHECKF(be && r->block_elems % 32 == 0 && r->block_elems % be == 0, "%s: %u-element blocks", name,
+               r->block_elems);
+        CHECKF((size_t)r->qwords * 4 + (size_t)r->scale_halves * 2 == kvg_row_bytes(r->type, r->block_elems),
+               "%s: %u quant words + %u scale halves per block, GGUF %zu bytes", name, r->qwords, r->scale_halves,
+               kvg_row_bytes(r->type, r->block_elems));
+        CHECKF(!r->pad || be == 1, "%s: only element-wise types may end a row in a partial block", name);
+        CHECK(r->repack != NULL && r->suffix && r->define);
+        char define[64];
+        snprintf(define, sizeof define, "WTYPE_%s=1", name);
+        CHECKF(strcmp(r->define, define) == 0, "%s: define %s", name, r->define);
+        for (size_t k = 0; k < 3; k++) {
+            char shader[64];
+            snprintf(shader, sizeof shader, "%s_%s", kernels[k], r->suffix);
+            const kvg_shader_blob *b = kvg_shader_find(shader);
+            CHECKF(b != NULL, "%s: no shader %s (KVGEN_WEIGHT_TYPES in shaders/CMakeLists.txt)", name, shader);
+            CHECKF(b && strcmp(b->defines, r->define) == 0, "%s was compiled with '%s', the table says '%s'", shader,
+                   b ? b->defines : "?", r->define);
+        }
+    }
+    /* the other way: every weight-type variant the build embedded has its row */
+    int variants = 0;
+    for (size_t i = 0; kvg_shader_at(i); i++) {
+        const kvg_shader_blob *b = kvg_shader_at(i);
+        if (!strstr(b->defines, "WTYPE_")) continue;
+        variants++;
+        bool found = false;
+        for (size_t j = 0; j < n && !found; j++) {
+            const kvg_vk_wtype *r = kvg_vk_wtype_at(j);
+            for (size_t k = 0; k < 3 && !found; k++) {
+                char shader[64];
+                snprintf(shader, sizeof shader, "%s_%s", kernels[k], r->suffix);
+                found = strcmp(shader, b->name) == 0 && strcmp(b->defines, r->define) == 0;
+            }
+        }
+        CHECKF(found, "shader %s (%s) has no row in the Vulkan weight-type table", b->name, b->defines);
+    }
+    CHECKF(variants == (int)(3 * n), "%d weight-type shader variants for %zu rows", variants, n);
+    CHECK(kvg_shader_count() > (size_t)variants);
+    CHECK(kvg_vk_wtype_of(14) == NULL && kvg_vk_wtype_of(6) == NULL && kvg_vk_wtype_of(1000) == NULL);
+}
+
+/* a copy of src_path with tensor `name` replaced by zeros of `type` (same shape) */
+static char *retype(const char *src_path, const char *out_name, const char *name, uint32_t type) {
+    kvg_gguf *src = NULL;
+    kvgen_error err = {0};
+    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
+    kvg_gguf_writer *w = kvg_gguf_writer_new();
+    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
+    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
+        const kvg_tensor *t = kvg_gguf_tensor(src, i);
+        if (strcmp(t->name, name) == 0) {
+            size_t nb = kvg_row_bytes(type, t->n_elements);
+            void *z = calloc(1, nb);
+            kvg_gguf_add_tensor(w, t->name, type, t->n_dims, t->ne, z, nb);
+            free(z);
+        } else {
+            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+        }
+    }
+    char *path = tu_tmpfile(out_name);
+    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
+    kvg_gguf_writer_free(w);
+    kvg_gguf_close(src);
+    if (st) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+/* kvg_vulkan_backend.model_init on `good`'s description with tensor `which` taken from `bad`
+ * (kvg_weights_describe itself refuses a type outside the traits table, so the model is put
+ * together by hand): refused with the table's list, and no device was touched */
+static void expect_refusal(const char *good, const char *bad, const char *which, uint32_t type) {
+    kvgen_model m;
+    memset(&m, 0, sizeof m);
+    kvg_gguf *g = NULL;
+    kvgen_error err = {0};
+    bool ok = kvg_gguf_open(good, &g, &err) == KVGEN_OK && kvg_weights_describe(g, &m.w, &err) == KVGEN_OK &&
+              kvg_gguf_open(bad, &m.gguf, &err) == KVGEN_OK;
+    CHECKF(ok, "%s", err.message);
+    const kvg_tensor *t = ok ? kvg_gguf_find_tensor(m.gguf, which) : NULL;
+    CHECK(t && t->type == type);
+    if (t) {
+        for (int l = 0; l < m.w.hp.n_layer; l++) {
+            kvg_layer *L = &m.w.layers[l];
+            const kvg_tensor **ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++)
+                if (strcmp((*ls[i])->name, which) == 0) *ls[i] = t;
+        }
+        if (strcmp(m.w.tok_embd->name, which) == 0) m.w.tok_embd = m.w.output = t;
+        kvgen_model_desc desc = {.path = bad};
+        kvgen_status st = kvg_vulkan_backend.model_init(&m, &desc, &err);
+        char list[512], want[1024];
+        vk_list(list, sizeof list);
+        snprintf(want, sizeof want, "%s: tensor %s has type %s, which the vulkan backend does not run (vulkan runs: %s)",
+                 bad, which, kvg_type_name(type), list);
+        CHECKF(st == KVGEN_E_UNSUPPORTED, "%s: status %s (%s)", which, kvgen_status_name(st), err.message);
+        CHECKF(strcmp(err.message, want) == 0, "message\n  %s\nwant\n  %s", err.message, want);
+        CHECK(m.backend == NULL && m.device_name[0] == 0);
+        if (st == KVGEN_OK) kvg_vulkan_backend.model_free(&m);
+    }
+    kvg_weights_free(&m.w);
+    kvg_gguf_close(m.gguf);
+    kvg_gguf_close(g);
+}
+
+static void test_refusals(void) {
+    char *good = tu_make_model("vt-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q4_1");
+    CHECK(good != NULL);
+    if (!good) return;
+    char *q6k = retype(good, "vt-q6k.gguf", "blk.1.attn_v.weight", 14);
+    char *q50 = retype(good, "vt-q50.gguf", "token_embd.weight", 6);
+    CHECK(q6k && q50);
+    if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", 14);
+    if (q50) expect_refusal(good, q50, "token_embd.weight", 6);
+    /* a load asking for Vulkan refuses the file as well (the description already does) */
+    const char *files[] = {q6k, q50};
+    for (int i = 0; i < 2; i++) {
+        if (!files[i]) continue;
+        kvgen_model_desc d = {.path = files[i], .backend = KVGEN_BACKEND_VULKAN};
+        kvgen_model *m = NULL;
+        kvgen_error err = {0};
+        CHECKF(kvgen_model_load(&d, &m, &err) == KVGEN_E_UNSUPPORTED && !m && strstr(err.message, files[i]) &&
+                   strstr(err.message, i ? "Q5_0" : "Q6_K"),
+               "%s", err.message);
+        kvgen_model_unload(m);
+    }
+    free(q6k);
+    free(q50);
+    free(good);
+}
+
+/* the upload path's own refusal: kvg_vk_test_matmul with a type the table lacks */
+static void test_upload_refusal(void) {
+    int n_dev = 0;
+    kvgen_error err = {0};
+    if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
+        printf("no Vulkan device: skipping the upload refusal\n");
+        return;
+    }
+    kvg_vk_ctx_desc d = {0};
+    kvg_vk_ctx *ctx = NULL;
+    kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (st != KVGEN_OK) return;
+    uint32_t K = 256, rows = 2;
+    uint8_t *w = calloc(rows, kvg_row_bytes(14, K));
+    float x[256] = {0}, y[2] = {0};
+    st = kvg_vk_test_matmul(ctx, 14, w, rows, K, x, 1, NULL, 1e-5f, 0, -1, y, &err);
+    char list[512];
+    vk_list(list, sizeof list);
+    CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "tensor test has type Q6_K, which the vulkan backend "
+                                                            "does not run") &&
+               strstr(err.message, list),
+           "%s: %s", kvgen_status_name(st), err.message);
+    free(w);
+    CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
+    kvg_vk_ctx_destroy(ctx);
+}
+
+int main(void) {
+    test_table();
+    test_refusals();
+    test_upload_refusal();
+    return tu_finish("test_vk_types");
+}
