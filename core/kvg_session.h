@@ -66,6 +66,10 @@ kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err);
  * whose backend has forward_batch) as batched forward passes; `logits` is scratch of
  * n * n_vocab floats. On failure none of them advances (the error is in err). */
 kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err);
+/* worker.c: KVGEN_OK unless a job on the session is not final (kvgen_session_busy) and the caller
+ * is not the model's worker thread; then KVGEN_E_INVALID_ARGUMENT naming `fn` and the session.
+ * The public calls that use a session (session.c) start with it. */
+kvgen_status kvg_worker_check_host(const kvgen_session *s, const char *fn, kvgen_error *err);
 /* worker.c: kvgen_session_close calls it first, so the session's jobs are cancelled and the
  * worker lets go of the session before it is freed. */
 void kvg_worker_session_closing(kvgen_session *s);

@@ -363,6 +363,8 @@ static kvgen_status capture(kvgen_session *s, const int32_t *tokens, size_t n, f
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
                                    kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
+    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_prefill", err);
+    if (busy != KVGEN_OK) return busy;
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
     kvgen_model *m = s->model;
@@ -484,6 +486,8 @@ static kvgen_status defer_decode(kvgen_session *s, int32_t token, kvgen_error *e
 
 kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
+    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_decode", err);
+    if (busy != KVGEN_OK) return busy;
     if (s->defer_decode && !s->no_cache) return defer_decode(s, token, err);
     return kvgen_session_prefill(s, &token, 1, NULL, err);
 }
@@ -550,14 +554,17 @@ int32_t kvg_session_sample_masked(kvgen_session *s, const uint8_t *allowed) {
     return kvg_sampler_sample_ctx(sm, s->logits, s->tokens, s->n_tokens, allowed);
 }
 
-int32_t kvgen_session_sample(kvgen_session *s) { return kvg_session_sample_masked(s, NULL); }
+int32_t kvgen_session_sample(kvgen_session *s) {
+    if (s && kvg_worker_check_host(s, "kvgen_session_sample", NULL) != KVGEN_OK) return -1; /* busy */
+    return kvg_session_sample_masked(s, NULL);
+}
 
 size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0; }
 
 const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->tokens : NULL; }
 
 void kvgen_session_reset(kvgen_session *s) {
-    if (!s) return;
+    if (!s || kvg_worker_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
     /* a contiguous cache needs no clearing: positions past the length are never read */
     if (paged(s)) drop_pages(s, 0);
     s->n_tokens = 0;
@@ -573,6 +580,8 @@ void kvgen_session_reset(kvgen_session *s) {
 
 kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: session is NULL");
+    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_rewind", err);
+    if (busy != KVGEN_OK) return busy;
     if (n > s->n_tokens)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: cannot drop %zu tokens of %zu", n,
                         s->n_tokens);
@@ -603,6 +612,8 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     if (child) *child = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: session is NULL");
     if (!child) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: child is NULL");
+    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_fork", err);
+    if (busy != KVGEN_OK) return busy;
     kvgen_model *m = s->model;
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
                             .no_prefix_reuse = !s->prefix_reuse};
@@ -696,6 +707,8 @@ void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
 kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int which, float *out, size_t n_floats,
                                       kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
+    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_read_cache", err);
+    if (busy != KVGEN_OK) return busy;
     const kvg_hparams *hp = &s->model->w.hp;
     if (layer < 0 || layer >= hp->n_layer)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: layer %d is outside [0, %d)", layer,

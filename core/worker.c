@@ -17,7 +17,12 @@
  *
  * Lifetime: a job holds a model reference until released, a session holds one until closed,
  * and the worker holds none, so the model (and with it the worker, see kvg_worker_destroy) is
- * freed on a host thread after every job and session is gone. */
+ * freed on a host thread after every job and session is gone.
+ *
+ * Busy sessions: a session with a job that is not final (released or not) belongs to the
+ * worker. kvgen_session_busy answers that under w->mu, and kvg_worker_check_host lets session.c
+ * refuse such a session to every thread but the model's worker (which marks itself in a
+ * thread-local), so the host cannot touch a session the worker is using. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdalign.h>
@@ -109,6 +114,9 @@ typedef struct kvg_worker {
     float *logits;
     size_t logits_cap;
 } kvg_worker;
+
+/* the worker this thread runs, if it is a worker thread (set once in worker_main) */
+static _Thread_local const kvg_worker *tl_worker;
 
 static double now_ms(void) {
     struct timespec ts;
@@ -400,6 +408,34 @@ void kvgen_jobs_get_stats(kvgen_model *m, kvgen_jobs_stats *stats) {
     for (kvgen_job *j = w->head; j; j = j->next)
         if (!is_final(j->state)) stats->jobs_active++;
     pthread_mutex_unlock(&w->mu);
+}
+
+/* ---- busy sessions --------------------------------------------------------------------------- */
+
+/* under w->mu: a job of the session is not final (queued, prefilling, generating; released jobs
+ * count until the worker has let go of them) */
+static bool session_busy_locked(const kvg_worker *w, const kvgen_session *s) {
+    for (const kvgen_job *j = w->head; j; j = j->next)
+        if (j->s == s && !is_final(j->state)) return true;
+    return false;
+}
+
+int kvgen_session_busy(const kvgen_session *s) {
+    kvg_worker *w = s ? __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE) : NULL;
+    if (!w) return 0; /* no job was ever submitted on the model */
+    pthread_mutex_lock(&w->mu);
+    bool busy = session_busy_locked(w, s);
+    pthread_mutex_unlock(&w->mu);
+    return busy;
+}
+
+kvgen_status kvg_worker_check_host(const kvgen_session *s, const char *fn, kvgen_error *err) {
+    kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
+    if (!w || tl_worker == w || !kvgen_session_busy(s)) return KVGEN_OK;
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                    "%s: session %p is busy: a job on it is queued or running on the model's worker (poll the job "
+                    "until it is final, or cancel it first; kvgen_session_busy tells when it is free)",
+                    fn, (const void *)s);
 }
 
 /* ---- host calls ----------------------------------------------------------------------------- */
@@ -894,6 +930,7 @@ static void commit_step(kvg_worker *w) {
 
 static void *worker_main(void *arg) {
     kvg_worker *w = arg;
+    tl_worker = w; /* its session calls are never refused as busy (kvg_worker_check_host) */
     pthread_mutex_lock(&w->mu);
     int nice_inc = w->cfg.nice == 0 ? DEFAULT_NICE : w->cfg.nice;
 #if defined(__linux__)

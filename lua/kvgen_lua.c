@@ -43,42 +43,30 @@
 #define JOBS_KEY "kvgen.jobs"
 #define ANCHORED_KEY "kvgen.anchored"
 
-#define SAMPLER_OPTIONS                                                                                                \
-    "seed", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",       \
-        "penalty_window", "bias"
-
 typedef struct lmodel {
     kvgen_model *model; /* NULL once closed */
 } lmodel;
 
 struct lstream;
-struct ljob;
 
-/* User values: 1 the model userdata (kept alive), 2 a table of jobs closed before they were
- * final ({[lightuserdata kvgen_job] = true}, created on first use): they were cancelled but the
- * worker may still hold the session, so they are released only once seen final; 3 a table
- * with weak values whose [1] is the stream generating on it (s->active), so that closing the
- * session can keep the stream's text while an unreachable stream can still be collected. */
+/* User values: 1 the model userdata (kept alive), 2 a table with weak values whose [1] is the
+ * stream generating on it (s->active), so that closing the session can keep the stream's text
+ * while an unreachable stream can still be collected. Whether a job owns the session is the C
+ * library's to say (kvgen_session_busy). */
 typedef struct lsession {
     kvgen_session *session; /* NULL once closed */
     kvgen_model *model;     /* borrowed: the session holds its own C reference on it */
     struct lstream *active; /* the stream generating on this session, if any (it must be alone) */
-    struct ljob *jobs;      /* its open kvgen.Job handles (each keeps the session alive) */
-    int n_draining;         /* entries in user value 2 */
 } lsession;
 
 /* A kvgen_job (jobs API). User values: 1 the session userdata (kept alive, and with it the
  * model), 2 the callbacks table {on_piece=, on_done=} or nil. */
 typedef struct ljob {
-    kvgen_job *job;            /* NULL once closed (released) */
-    lsession *owner;           /* valid while the job lives: user value 1 holds it */
-    struct ljob *prev, *next;  /* in owner->jobs */
-    kvgen_model *model;        /* valid while open: the job holds a C reference */
-    int final;                 /* its final state has been seen */
+    kvgen_job *job;     /* NULL once closed (released) */
+    kvgen_model *model; /* valid while open: the job holds a C reference */
 } ljob;
 
-/* A generation in progress (kvgen_gen). User values: 1 the session userdata (kept alive),
- * 2 a table anchoring the strings and arrays the kvgen_generate_desc points into, 3 the
+/* A generation in progress (kvgen_gen). User values: 1 the session userdata (kept alive), 2 the
  * final text once finished. */
 typedef struct lstream {
     kvgen_gen *gen;      /* NULL once finished or closed */
@@ -86,8 +74,6 @@ typedef struct lstream {
     kvgen_finish finish; /* KVGEN_FINISH_NONE while running */
     int n_tokens;
     int finish_pending;  /* the last step carried text and a finish: report the end next time */
-    kvgen_generate_desc desc; /* read before the prompt is added; points into user value 2 */
-    kvgen_constraint constraint;
 } lstream;
 
 typedef struct ldetok {
@@ -208,7 +194,78 @@ static lua_Integer to_integer(lua_State *L, int idx, int *isint) {
     return lua_tointegerx(L, idx, isint);
 }
 
-/* ---- options tables --------------------------------------------------------------------- */
+/* ---- result tables --------------------------------------------------------------------- *
+ * Structs the C API fills are handed to Lua as tables, one out_field row per field. */
+
+typedef enum field_type {
+    F_INT,    /* int */
+    F_U32,    /* uint32_t */
+    F_U64,    /* uint64_t */
+    F_SIZE,   /* size_t */
+    F_FLOAT,  /* float */
+    F_DOUBLE, /* double */
+    F_MS,     /* double milliseconds: nil when < 0 (not reached yet) */
+    F_BOOL,   /* int: true when not 0 */
+    F_STR,    /* const char * (NULL: nil) */
+    F_CHARS,  /* char[]: a NUL-terminated array */
+    F_TOKEN   /* int32_t token id: nil when < 0 (the model has none) */
+} field_type;
+
+typedef struct out_field {
+    const char *name;
+    field_type type;
+    size_t off;
+} out_field;
+
+static void push_field(lua_State *L, const void *base, const out_field *f) {
+    const char *p = (const char *)base + f->off;
+    switch (f->type) {
+    case F_INT: lua_pushinteger(L, *(const int *)(const void *)p); break;
+    case F_U32: lua_pushinteger(L, (lua_Integer)*(const uint32_t *)(const void *)p); break;
+    case F_U64: lua_pushinteger(L, (lua_Integer)*(const uint64_t *)(const void *)p); break;
+    case F_SIZE: lua_pushinteger(L, (lua_Integer)*(const size_t *)(const void *)p); break;
+    case F_FLOAT: lua_pushnumber(L, *(const float *)(const void *)p); break;
+    case F_DOUBLE: lua_pushnumber(L, *(const double *)(const void *)p); break;
+    case F_MS: {
+        double ms = *(const double *)(const void *)p;
+        if (ms < 0) lua_pushnil(L);
+        else lua_pushnumber(L, ms);
+        break;
+    }
+    case F_BOOL: lua_pushboolean(L, *(const int *)(const void *)p != 0); break;
+    case F_STR: lua_pushstring(L, *(const char *const *)(const void *)p); break;
+    case F_CHARS: lua_pushstring(L, p); break;
+    case F_TOKEN: {
+        int32_t t = *(const int32_t *)(const void *)p;
+        if (t < 0) lua_pushnil(L);
+        else lua_pushinteger(L, t);
+        break;
+    }
+    }
+}
+
+/* Sets the n fields of the struct at `base` in the table on top of the stack. */
+static void set_fields(lua_State *L, const void *base, const out_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        push_field(L, base, &f[i]);
+        lua_setfield(L, -2, f[i].name);
+    }
+}
+
+/* Pushes a new table with the n fields of the struct at `base`. */
+static void push_fields(lua_State *L, const void *base, const out_field *f, size_t n) {
+    lua_createtable(L, 0, (int)n);
+    set_fields(L, base, f, n);
+}
+
+#define N_FIELDS(t) (sizeof(t) / sizeof((t)[0]))
+
+/* ---- options tables --------------------------------------------------------------------- *
+ * Every call that takes an options table describes it with one table of opt_spec rows (name,
+ * type, range or choices, destination), and read_options does all the checking: unknown keys,
+ * types, ranges, NUL bytes, with messages that name the option and the value ("option
+ * 'top_p': 1.5 is out of range [0, 1]"); luaL_argerror adds the function. Absent options keep
+ * the value the caller put in the destination (the default). */
 
 /* True when the value at idx is the string `name` exactly (a key "top_k\0x" is not "top_k"). */
 static int is_name(lua_State *L, int idx, const char *name) {
@@ -224,54 +281,8 @@ static const char *index_key(lua_State *L) {
     return strlen(key) == len ? key : "";
 }
 
-/* Rejects keys that are not options, so a typo ("temprature") is an error and not a silent
- * default. A nil or absent table means "all defaults". */
-static void check_options(lua_State *L, int arg, const char *const known[]) {
-    if (lua_isnoneornil(L, arg)) return;
-    if (!lua_istable(L, arg)) type_error(L, arg, "options", "table");
-    lua_pushnil(L);
-    while (lua_next(L, arg)) {
-        lua_pop(L, 1);
-        int ok = 0;
-        for (int i = 0; known[i] && !ok; i++) ok = is_name(L, -1, known[i]);
-        if (!ok) {
-            if (lua_type(L, -1) == LUA_TSTRING) {
-                check_cstring(L, lua_gettop(L), arg, "option name");
-                luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1)));
-            }
-            luaL_argerror(L, arg, lua_pushfstring(L, "unknown option [%s] (options are named fields)",
-                                                  push_key_text(L, -1)));
-        }
-    }
-}
-
-/* Pushes opts[key] (nil when there is no table) and returns its type. */
-static int get_option(lua_State *L, int arg, const char *key) {
-    if (lua_isnoneornil(L, arg)) {
-        lua_pushnil(L);
-        return LUA_TNIL;
-    }
-    return lua_getfield(L, arg, key);
-}
-
 static int option_error(lua_State *L, int arg, const char *key, const char *what) {
     return luaL_argerror(L, arg, lua_pushfstring(L, "option '%s': %s", key, what));
-}
-
-static lua_Integer opt_integer(lua_State *L, int arg, const char *key, lua_Integer def, lua_Integer lo,
-                               lua_Integer hi) {
-    lua_Integer v = def;
-    if (get_option(L, arg, key) != LUA_TNIL) {
-        int isint = 0;
-        v = to_integer(L, -1, &isint);
-        if (!isint) option_error(L, arg, key, lua_pushfstring(L, "integer expected, got %s", push_got(L, -1)));
-        if (v < lo || v > hi)
-            option_error(L, arg, key,
-                         lua_pushfstring(L, "%I is out of range [%I, %I]", (LUAI_UACINT)v, (LUAI_UACINT)lo,
-                                         (LUAI_UACINT)hi));
-    }
-    lua_pop(L, 1);
-    return v;
 }
 
 /* "<v> is out of range [lo, hi]" (also for NaN and infinities: "nan is out of range ...") */
@@ -284,61 +295,156 @@ static int range_error(lua_State *L, int arg, const char *key, double v, double 
                                         lua_tostring(L, -1)));
 }
 
-static double opt_number(lua_State *L, int arg, const char *key, double def, double lo, double hi) {
-    double v = def;
-    if (get_option(L, arg, key) != LUA_TNIL) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            option_error(L, arg, key, lua_pushfstring(L, "number expected, got %s", push_got(L, -1)));
-        v = (double)lua_tonumber(L, -1);
-        if (!(v >= lo && v <= hi)) range_error(L, arg, key, v, lo, hi); /* also NaN */
-    }
+typedef enum opt_type {
+    OPT_BOOL,     /* int: 0 or 1 */
+    OPT_FLAG,     /* unsigned: `flag` or-ed in when true */
+    OPT_INT,      /* int in [lo, hi] */
+    OPT_SIZE,     /* size_t in [lo, hi] */
+    OPT_U64,      /* uint64_t: any Lua integer (a seed) */
+    OPT_FLOAT,    /* float in [flo, fhi] (NaN never is) */
+    OPT_STRING,   /* const char *, without NUL bytes; valid while the options table is */
+    OPT_CHOICE,   /* int: the index of the string in `names` */
+    OPT_FUNCTION, /* int: 1 when given (the caller reads the function from the table) */
+    OPT_CUSTOM    /* `read` checks the value and fills the destination */
+} opt_type;
+
+/* What a reader needs besides the value: the options argument (for messages), a table that
+ * keeps arrays and strings alive while the destination is used (luaL_ref), the model (token
+ * ids). */
+typedef struct opt_ctx {
+    lua_State *L;
+    int arg, anchor;
+    const kvgen_model *model;
+} opt_ctx;
+
+typedef struct opt_spec opt_spec;
+/* reads the value at `vi` (not nil) into `field` */
+typedef void (*opt_reader)(const opt_ctx *c, const opt_spec *o, int vi, void *field);
+
+struct opt_spec {
+    const char *key;
+    opt_type type;
+    size_t off;                /* destination field, from the start of the caller's struct */
+    lua_Integer lo, hi;        /* OPT_INT, OPT_SIZE */
+    double flo, fhi;           /* OPT_FLOAT */
+    const char *const *names;  /* OPT_CHOICE */
+    unsigned flag;             /* OPT_FLAG */
+    unsigned need;             /* mode bits the option needs: a call whose mode lacks one does
+                                  not know it ("unknown option") */
+    opt_reader read;           /* OPT_CUSTOM */
+};
+
+#define N_SPECS(t) (sizeof(t) / sizeof((t)[0]))
+
+static int spec_active(const opt_spec *o, unsigned mode) { return (o->need & ~mode) == 0; }
+
+static const char *read_string(const opt_ctx *c, const opt_spec *o, int vi) {
+    lua_State *L = c->L;
+    if (lua_type(L, vi) != LUA_TSTRING)
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "string expected, got %s", push_got(L, vi)));
+    const char *v = check_cstring(L, vi, c->arg, lua_pushfstring(L, "option '%s'", o->key));
     lua_pop(L, 1);
     return v;
 }
 
-static int opt_boolean(lua_State *L, int arg, const char *key, int def) {
-    int v = def;
-    int t = get_option(L, arg, key);
-    if (t != LUA_TNIL) {
-        if (t != LUA_TBOOLEAN)
-            option_error(L, arg, key, lua_pushfstring(L, "boolean expected, got %s", push_got(L, -1)));
-        v = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
+static lua_Integer read_integer(const opt_ctx *c, const opt_spec *o, int vi) {
+    lua_State *L = c->L;
+    int isint = 0;
+    lua_Integer v = to_integer(L, vi, &isint);
+    if (!isint) option_error(L, c->arg, o->key, lua_pushfstring(L, "integer expected, got %s", push_got(L, vi)));
+    if (v < o->lo || v > o->hi)
+        option_error(L, c->arg, o->key,
+                     lua_pushfstring(L, "%I is out of range [%I, %I]", (LUAI_UACINT)v, (LUAI_UACINT)o->lo,
+                                     (LUAI_UACINT)o->hi));
     return v;
 }
 
-/* The string stays valid while opts[key] does (it is in the caller's table). */
-static const char *opt_string(lua_State *L, int arg, const char *key, const char *def) {
-    const char *v = def;
-    int t = get_option(L, arg, key);
-    if (t != LUA_TNIL) {
-        if (t != LUA_TSTRING)
-            option_error(L, arg, key, lua_pushfstring(L, "string expected, got %s", push_got(L, -1)));
-        int vi = lua_gettop(L);
-        v = check_cstring(L, vi, arg, lua_pushfstring(L, "option '%s'", key));
+static void read_value(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    switch (o->type) {
+    case OPT_BOOL:
+    case OPT_FLAG:
+        if (lua_type(L, vi) != LUA_TBOOLEAN)
+            option_error(L, c->arg, o->key, lua_pushfstring(L, "boolean expected, got %s", push_got(L, vi)));
+        if (o->type == OPT_BOOL) *(int *)field = lua_toboolean(L, vi);
+        else if (lua_toboolean(L, vi)) *(unsigned *)field |= o->flag;
+        break;
+    case OPT_INT: *(int *)field = (int)read_integer(c, o, vi); break;
+    case OPT_SIZE: *(size_t *)field = (size_t)read_integer(c, o, vi); break;
+    case OPT_U64: {
+        opt_spec any = *o;
+        any.lo = LUA_MININTEGER;
+        any.hi = LUA_MAXINTEGER;
+        *(uint64_t *)field = (uint64_t)read_integer(c, &any, vi);
+        break;
+    }
+    case OPT_FLOAT: {
+        if (lua_type(L, vi) != LUA_TNUMBER)
+            option_error(L, c->arg, o->key, lua_pushfstring(L, "number expected, got %s", push_got(L, vi)));
+        double v = (double)lua_tonumber(L, vi);
+        if (!(v >= o->flo && v <= o->fhi)) range_error(L, c->arg, o->key, v, o->flo, o->fhi); /* also NaN */
+        *(float *)field = (float)v;
+        break;
+    }
+    case OPT_STRING: *(const char **)field = read_string(c, o, vi); break;
+    case OPT_CHOICE: {
+        const char *s = read_string(c, o, vi);
+        for (int i = 0; o->names[i]; i++)
+            if (strcmp(o->names[i], s) == 0) {
+                *(int *)field = i;
+                return;
+            }
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; o->names[i]; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addchar(&b, '\'');
+            luaL_addstring(&b, o->names[i]);
+            luaL_addchar(&b, '\'');
+        }
+        luaL_pushresult(&b);
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "'%s' is not one of %s", s, lua_tostring(L, -1)));
+        break;
+    }
+    case OPT_FUNCTION:
+        if (!lua_isfunction(L, vi))
+            option_error(L, c->arg, o->key, lua_pushfstring(L, "function expected, got %s", luaL_typename(L, vi)));
+        *(int *)field = 1;
+        break;
+    case OPT_CUSTOM: o->read(c, o, vi, field); break;
+    }
+}
+
+/* Reads the options table at `arg` (none or nil: every default) into `dest` with the rows of
+ * `specs` that `mode` has; any other key is refused, so a typo ("temprature") is an error and
+ * not a silent default. `anchor` (0: none) is the table custom readers keep their arrays in. */
+static void read_options(lua_State *L, int arg, const opt_spec *specs, size_t n, unsigned mode, void *dest,
+                         int anchor, const kvgen_model *model) {
+    if (lua_isnoneornil(L, arg)) return;
+    if (!lua_istable(L, arg)) type_error(L, arg, "options", "table");
+    lua_pushnil(L);
+    while (lua_next(L, arg)) {
         lua_pop(L, 1);
+        int ok = 0;
+        for (size_t i = 0; i < n && !ok; i++) ok = spec_active(&specs[i], mode) && is_name(L, -1, specs[i].key);
+        if (ok) continue;
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            check_cstring(L, lua_gettop(L), arg, "option name");
+            luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1)));
+        }
+        luaL_argerror(L, arg, lua_pushfstring(L, "unknown option [%s] (options are named fields)", push_key_text(L, -1)));
     }
-    lua_pop(L, 1);
-    return v;
+    opt_ctx c = {L, arg, anchor ? lua_absindex(L, anchor) : 0, model};
+    for (size_t i = 0; i < n; i++) {
+        if (!spec_active(&specs[i], mode)) continue;
+        int top = lua_gettop(L);
+        if (lua_getfield(L, arg, specs[i].key) != LUA_TNIL) read_value(&c, &specs[i], top + 1, (char *)dest + specs[i].off);
+        lua_settop(L, top);
+    }
 }
 
-static int opt_choice(lua_State *L, int arg, const char *key, int def, const char *const names[]) {
-    const char *s = opt_string(L, arg, key, NULL);
-    if (!s) return def;
-    for (int i = 0; names[i]; i++)
-        if (strcmp(names[i], s) == 0) return i;
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    for (int i = 0; names[i]; i++) {
-        if (i) luaL_addstring(&b, ", ");
-        luaL_addchar(&b, '\'');
-        luaL_addstring(&b, names[i]);
-        luaL_addchar(&b, '\'');
-    }
-    luaL_pushresult(&b);
-    return option_error(L, arg, key, lua_pushfstring(L, "'%s' is not one of %s", s, lua_tostring(L, -1)));
-}
+/* Keeps the value on top of the stack alive in the anchor table (pops it). */
+static void anchor_top(const opt_ctx *c) { luaL_ref(c->L, c->anchor); }
 
 /* ---- handles ---------------------------------------------------------------------------- */
 
@@ -354,24 +460,23 @@ static lsession *check_session_open(lua_State *L, int arg) {
     return s;
 }
 
-static int session_jobs_busy(lua_State *L, int idx, lsession *s);
-
 /* An open session, for calls that only read it: allowed while a stream generates (same
  * thread), not while a job is not final (the worker thread owns the session then). */
 static lsession *check_session_read(lua_State *L, int arg) {
     lsession *s = check_session_open(L, arg);
-    if (session_jobs_busy(L, arg, s))
+    if (kvgen_session_busy(s->session))
         luaL_error(L, SESSION_MT " is busy: a kvgen.Job is running on it (poll it to the end, or cancel it and "
                       "poll until it is final)");
     return s;
 }
 
-/* An open session that no stream or job is generating on (kvgen_gen_begin wants it to itself). */
-static lsession *check_session(lua_State *L, int arg) {
-    lsession *s = check_session_read(L, arg);
+static lsession *check_no_stream(lua_State *L, lsession *s) {
     if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
     return s;
 }
+
+/* An open session that no stream or job is generating on (kvgen_gen_begin wants it to itself). */
+static lsession *check_session(lua_State *L, int arg) { return check_no_stream(L, check_session_read(L, arg)); }
 
 static kvgen_model_info model_info(const kvgen_model *model) {
     kvgen_model_info info;
@@ -441,83 +546,102 @@ static void push_ids(lua_State *L, const int32_t *ids, size_t n) {
     }
 }
 
-static const char *const tokenize_options[] = {"special", "bos", NULL};
+enum { TOKENIZE_BOS = 1 }; /* mode: the call takes `bos` */
 
-static unsigned tokenize_flags(lua_State *L, int arg) {
-    check_options(L, arg, tokenize_options);
+static const opt_spec tokenize_specs[] = {
+    {.key = "special", .type = OPT_FLAG, .flag = KVGEN_TOKENIZE_SPECIAL},
+    {.key = "bos", .type = OPT_FLAG, .flag = KVGEN_TOKENIZE_ADD_BOS, .need = TOKENIZE_BOS},
+};
+
+/* {special=, bos=} (mode TOKENIZE_BOS) or {special=} (0) as KVGEN_TOKENIZE_* flags */
+static unsigned tokenize_flags(lua_State *L, int arg, unsigned mode) {
     unsigned flags = 0;
-    if (opt_boolean(L, arg, "special", 0)) flags |= KVGEN_TOKENIZE_SPECIAL;
-    if (opt_boolean(L, arg, "bos", 0)) flags |= KVGEN_TOKENIZE_ADD_BOS;
+    read_options(L, arg, tokenize_specs, N_SPECS(tokenize_specs), mode, &flags, 0, NULL);
     return flags;
-}
-
-static const char *const special_options[] = {"special", NULL};
-
-static unsigned special_flag(lua_State *L, int arg) {
-    check_options(L, arg, special_options);
-    return opt_boolean(L, arg, "special", 0) ? KVGEN_TOKENIZE_SPECIAL : 0u;
 }
 
 /* ---- kvgen.load and the model ----------------------------------------------------------- */
 
 static const char *const backend_names[] = {"default", "reference", "vulkan", NULL};
-static const char *const load_options[] = {"backend",   "device",     "threads",   "force_f32", "pool_bytes",
-                                           "pool_tokens", "page_size", "contiguous", "pipeline_cache", NULL};
+
+typedef struct load_opts {
+    kvgen_model_desc d;
+    int backend;  /* index in backend_names */
+    int pc_given; /* pipeline_cache = path or false; else the default path */
+} load_opts;
+
+/* device = index (an integer >= 0, passed as its text) or name substring */
+static void read_device(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    if (lua_type(L, vi) != LUA_TNUMBER) {
+        *(const char **)field = read_string(c, o, vi);
+        return;
+    }
+    int isint = 0;
+    lua_Integer d = to_integer(L, vi, &isint);
+    if (!isint || d < 0) option_error(L, c->arg, o->key, "a device index must be an integer >= 0");
+    lua_pushfstring(L, "%I", (LUAI_UACINT)d); /* the index as text, as kvgen_model_desc wants it */
+    *(const char **)field = lua_tostring(L, -1);
+    anchor_top(c);
+}
+
+/* pipeline_cache = a path, false (none) or true (the default) */
+static void read_pipeline_cache(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    load_opts *lo = field; /* the row's destination is the whole struct */
+    if (lua_type(L, vi) == LUA_TSTRING) {
+        lo->d.pipeline_cache_path = read_string(c, o, vi);
+        if (!*lo->d.pipeline_cache_path)
+            option_error(L, c->arg, o->key, "empty path (false turns the pipeline cache off)");
+        lo->pc_given = 1;
+    } else if (lua_type(L, vi) == LUA_TBOOLEAN) {
+        lo->pc_given = !lua_toboolean(L, vi); /* false: no cache (path NULL); true: the default */
+    } else {
+        const char *type = luaL_typename(L, vi);
+        const char *value = luaL_tolstring(L, vi, NULL);
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "path (string) or false expected, got %s (%s)", type, value));
+    }
+}
+
+static const opt_spec load_specs[] = {
+    {.key = "backend", .type = OPT_CHOICE, .off = offsetof(load_opts, backend), .names = backend_names},
+    {.key = "device", .type = OPT_CUSTOM, .off = offsetof(load_opts, d.device), .read = read_device},
+    {.key = "threads", .type = OPT_INT, .off = offsetof(load_opts, d.n_threads), .lo = 0, .hi = 4096},
+    {.key = "force_f32", .type = OPT_BOOL, .off = offsetof(load_opts, d.force_f32)},
+    {.key = "pool_bytes", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_bytes), .lo = 0, .hi = LUA_MAXINTEGER},
+    {.key = "pool_tokens", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_tokens), .lo = 0, .hi = LUA_MAXINTEGER},
+    {.key = "page_size", .type = OPT_INT, .off = offsetof(load_opts, d.kv_page_size), .lo = 0, .hi = INT_MAX},
+    {.key = "contiguous", .type = OPT_BOOL, .off = offsetof(load_opts, d.kv_contiguous)},
+    {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
+};
 
 /* kvgen.load(path [, {backend=, device=, threads=, force_f32=, pool_bytes=, pool_tokens=, page_size=,
  * contiguous=, pipeline_cache=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
  * (the default: $KVGEN_PIPELINE_CACHE, "" or "off" for none, else
  * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else $HOME/.cache/kvgen/pipelines-{device}.bin). */
 static int l_load(lua_State *L) {
-    kvgen_model_desc desc = {0};
     if (lua_type(L, 1) != LUA_TSTRING) type_error(L, 1, "path", "string");
-    desc.path = check_cstring_arg(L, 1, "path");
-    check_options(L, 2, load_options);
-    desc.backend = (kvgen_backend)opt_choice(L, 2, "backend", KVGEN_BACKEND_DEFAULT, backend_names);
-    if (get_option(L, 2, "device") == LUA_TNUMBER) {
-        int isint = 0;
-        lua_Integer d = to_integer(L, -1, &isint);
-        if (!isint || d < 0) option_error(L, 2, "device", "a device index must be an integer >= 0");
-        lua_tostring(L, -1); /* the index as text, as kvgen_model_desc wants it; kept on the stack */
-        desc.device = lua_tostring(L, -1);
-    } else {
-        lua_pop(L, 1);
-        desc.device = opt_string(L, 2, "device", NULL);
-        lua_pushnil(L); /* keep the stack shape of the branch above */
-    }
-    desc.n_threads = (int)opt_integer(L, 2, "threads", 0, 0, 4096);
-    desc.force_f32 = opt_boolean(L, 2, "force_f32", 0);
-    desc.kv_pool_bytes = (size_t)opt_integer(L, 2, "pool_bytes", 0, 0, LUA_MAXINTEGER);
-    desc.kv_pool_tokens = (size_t)opt_integer(L, 2, "pool_tokens", 0, 0, LUA_MAXINTEGER);
-    desc.kv_page_size = (int)opt_integer(L, 2, "page_size", 0, 0, INT_MAX);
-    desc.kv_contiguous = opt_boolean(L, 2, "contiguous", 0);
-    /* the path stays on the stack until the load is done */
-    int pc = get_option(L, 2, "pipeline_cache");
-    if (pc == LUA_TSTRING) {
-        desc.pipeline_cache_path = opt_string(L, 2, "pipeline_cache", NULL); /* the checks of every string option */
-        if (!*desc.pipeline_cache_path)
-            option_error(L, 2, "pipeline_cache", "empty path (false turns the pipeline cache off)");
-    } else if (pc == LUA_TNIL || (pc == LUA_TBOOLEAN && lua_toboolean(L, -1))) {
-        lua_pop(L, 1);
+    lua_settop(L, 2);
+    lua_newtable(L); /* 3: anchor */
+    load_opts o = {0};
+    o.d.path = check_cstring_arg(L, 1, "path");
+    read_options(L, 2, load_specs, N_SPECS(load_specs), 0, &o, 3, NULL);
+    o.d.backend = (kvgen_backend)o.backend;
+    if (!o.pc_given) {
         const char *env = getenv("KVGEN_PIPELINE_CACHE");
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (env) lua_pushstring(L, *env && strcmp(env, "off") != 0 ? env : NULL);
         else if (xdg && xdg[0] == '/') lua_pushfstring(L, "%s/kvgen/pipelines-{device}.bin", xdg);
         else if (home && *home) lua_pushfstring(L, "%s/.cache/kvgen/pipelines-{device}.bin", home);
         else lua_pushnil(L);
-        desc.pipeline_cache_path = lua_tostring(L, -1);
-    } else if (pc != LUA_TBOOLEAN) {
-        const char *type = luaL_typename(L, -1);
-        const char *value = luaL_tolstring(L, -1, NULL);
-        option_error(L, 2, "pipeline_cache",
-                     lua_pushfstring(L, "path (string) or false expected, got %s (%s)", type, value));
+        o.d.pipeline_cache_path = lua_tostring(L, -1); /* stays on the stack until the load is done */
     }
 
     lmodel *m = lua_newuserdatauv(L, sizeof *m, 0);
     m->model = NULL; /* created closed: a failure below leaves nothing to free */
     luaL_setmetatable(L, MODEL_MT);
     kvgen_error err = {0};
-    if (kvgen_model_load(&desc, &m->model, &err) != KVGEN_OK) {
+    if (kvgen_model_load(&o.d, &m->model, &err) != KVGEN_OK) {
         m->model = NULL;
         return raise_status(L, &err);
     }
@@ -546,72 +670,50 @@ static const char *tokenizer_name(kvgen_tokenizer_kind k) {
     return k == KVGEN_TOKENIZER_BPE ? "bpe" : k == KVGEN_TOKENIZER_SPM ? "spm" : "unknown";
 }
 
-/* Pushes one info field; returns 0 when `key` is not one. */
-static int push_info_field(lua_State *L, const kvgen_model_info *info, const char *key) {
-#define INT_FIELD(k, v)                                                                                                \
-    if (strcmp(key, k) == 0) {                                                                                         \
-        lua_pushinteger(L, (lua_Integer)(v));                                                                          \
-        return 1;                                                                                                      \
-    }
-#define STR_FIELD(k, v)                                                                                                \
-    if (strcmp(key, k) == 0) {                                                                                         \
-        lua_pushstring(L, v);                                                                                          \
-        return 1;                                                                                                      \
-    }
-    STR_FIELD("name", info->name)
-    STR_FIELD("architecture", info->architecture)
-    STR_FIELD("backend", info->backend)
-    STR_FIELD("device", info->device)
-    INT_FIELD("n_layer", info->n_layer)
-    INT_FIELD("n_embd", info->n_embd)
-    INT_FIELD("n_ff", info->n_ff)
-    INT_FIELD("n_head", info->n_head)
-    INT_FIELD("n_head_kv", info->n_head_kv)
-    INT_FIELD("head_dim", info->head_dim)
-    INT_FIELD("n_rot", info->n_rot)
-    INT_FIELD("n_ctx", info->n_ctx_train)
-    INT_FIELD("vocab_size", info->n_vocab)
-    INT_FIELD("n_params", info->n_params)
-    INT_FIELD("weight_bytes", info->weight_bytes)
-    STR_FIELD("tokenizer", tokenizer_name(info->tokenizer))
-    STR_FIELD("tokenizer_pre", info->tokenizer_pre)
-#undef INT_FIELD
-#undef STR_FIELD
-    if (strcmp(key, "rope_freq_base") == 0) {
-        lua_pushnumber(L, info->rope_freq_base);
-        return 1;
-    }
-    if (strcmp(key, "rms_norm_eps") == 0) {
-        lua_pushnumber(L, info->rms_norm_eps);
-        return 1;
-    }
-    if (strcmp(key, "tied_embeddings") == 0) {
-        lua_pushboolean(L, info->tied_embeddings);
-        return 1;
-    }
-    int32_t special = strcmp(key, "bos") == 0 ? info->bos : strcmp(key, "eos") == 0 ? info->eos
-                                                          : strcmp(key, "eot") == 0 ? info->eot
-                                                                                     : INT32_MIN;
-    if (special == INT32_MIN) return 0;
-    if (special < 0)
-        lua_pushnil(L);
-    else
-        lua_pushinteger(L, special);
-    return 1;
+/* model.<field> and model:info(): kvgen_model_info with the tokenizer kind as its name */
+typedef struct lmodel_info {
+    kvgen_model_info i;
+    const char *tokenizer;
+} lmodel_info;
+
+static lmodel_info model_fields(const kvgen_model *model) {
+    lmodel_info mi = {.i = model_info(model)};
+    mi.tokenizer = tokenizer_name(mi.i.tokenizer);
+    return mi;
 }
 
-static const char *const info_keys[] = {
-    "name",       "architecture", "backend", "device",   "n_layer",       "n_embd",         "n_ff",
-    "n_head",     "n_head_kv",    "head_dim", "n_rot",   "n_ctx",         "vocab_size",     "n_params",
-    "weight_bytes", "tokenizer",  "tokenizer_pre", "rope_freq_base", "rms_norm_eps", "tied_embeddings", "bos",
-    "eos",        "eot",          NULL};
+#define MI(name, type, field) {name, type, offsetof(lmodel_info, field)}
+static const out_field model_info_fields[] = {
+    MI("name", F_STR, i.name),
+    MI("architecture", F_STR, i.architecture),
+    MI("backend", F_STR, i.backend),
+    MI("device", F_STR, i.device),
+    MI("n_layer", F_INT, i.n_layer),
+    MI("n_embd", F_INT, i.n_embd),
+    MI("n_ff", F_INT, i.n_ff),
+    MI("n_head", F_INT, i.n_head),
+    MI("n_head_kv", F_INT, i.n_head_kv),
+    MI("head_dim", F_INT, i.head_dim),
+    MI("n_rot", F_INT, i.n_rot),
+    MI("n_ctx", F_INT, i.n_ctx_train),
+    MI("vocab_size", F_INT, i.n_vocab),
+    MI("n_params", F_U64, i.n_params),
+    MI("weight_bytes", F_U64, i.weight_bytes),
+    MI("tokenizer", F_STR, tokenizer),
+    MI("tokenizer_pre", F_STR, i.tokenizer_pre),
+    MI("rope_freq_base", F_FLOAT, i.rope_freq_base),
+    MI("rms_norm_eps", F_FLOAT, i.rms_norm_eps),
+    MI("tied_embeddings", F_BOOL, i.tied_embeddings),
+    MI("bos", F_TOKEN, i.bos),
+    MI("eos", F_TOKEN, i.eos),
+    MI("eot", F_TOKEN, i.eot),
+};
+#undef MI
 
 /* model:info() -> table of every field model.<field> answers */
 static int model_info_table(lua_State *L) {
-    kvgen_model_info info = model_info(check_model(L, 1)->model);
-    lua_createtable(L, 0, (int)(sizeof info_keys / sizeof info_keys[0]));
-    for (int i = 0; info_keys[i]; i++)
-        if (push_info_field(L, &info, info_keys[i])) lua_setfield(L, -2, info_keys[i]);
+    lmodel_info mi = model_fields(check_model(L, 1)->model);
+    push_fields(L, &mi, model_info_fields, N_FIELDS(model_info_fields));
     return 1;
 }
 
@@ -621,8 +723,12 @@ static int model_index(lua_State *L) {
     const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!m->model) return luaL_error(L, "attempt to use a closed " MODEL_MT);
-    kvgen_model_info info = model_info(m->model);
-    if (push_info_field(L, &info, key)) return 1;
+    lmodel_info mi = model_fields(m->model);
+    for (size_t i = 0; i < N_FIELDS(model_info_fields); i++)
+        if (strcmp(key, model_info_fields[i].name) == 0) {
+            push_field(L, &mi, &model_info_fields[i]);
+            return 1;
+        }
     lua_pushnil(L);
     return 1;
 }
@@ -643,7 +749,7 @@ static int model_tokenize(lua_State *L) {
     size_t len;
     if (lua_type(L, 2) != LUA_TSTRING) type_error(L, 2, "text", "string");
     const char *text = lua_tolstring(L, 2, &len);
-    unsigned flags = tokenize_flags(L, 3);
+    unsigned flags = tokenize_flags(L, 3, TOKENIZE_BOS);
     size_t n = 0;
     const int32_t *ids = tokenize(L, m->model, text, len, flags, &n);
     push_ids(L, ids, n);
@@ -653,7 +759,7 @@ static int model_tokenize(lua_State *L) {
 /* model:detokenize(ids [, {special=}]) -> text */
 static int model_detokenize(lua_State *L) {
     lmodel *m = check_model(L, 1);
-    unsigned flags = special_flag(L, 3); /* before check_ids pushes its buffer */
+    unsigned flags = tokenize_flags(L, 3, 0); /* before check_ids pushes its buffer */
     size_t n = 0;
     const int32_t *ids = check_ids(L, 2, "ids", m->model, &n);
     size_t need = kvgen_detokenize(m->model, ids, n, flags, NULL, 0);
@@ -668,7 +774,7 @@ static int model_detokenize(lua_State *L) {
 static int model_piece(lua_State *L) {
     lmodel *m = check_model(L, 1);
     int32_t id = check_token(L, 2, "id", m->model);
-    unsigned flags = special_flag(L, 3);
+    unsigned flags = tokenize_flags(L, 3, 0);
     char small[64];
     size_t need = kvgen_token_piece(m->model, id, flags, small, sizeof small);
     if (need < sizeof small) {
@@ -711,7 +817,7 @@ static int model_token(lua_State *L) {
  * Its user value is the model userdata; the model must stay open while it is used. */
 static int model_detokenizer(lua_State *L) {
     check_model(L, 1);
-    unsigned flags = special_flag(L, 2);
+    unsigned flags = tokenize_flags(L, 2, 0);
     ldetok *d = lua_newuserdatauv(L, sizeof *d, 1);
     kvgen_detok_init(&d->state);
     d->flags = flags;
@@ -754,18 +860,102 @@ static int detok_tostring(lua_State *L) {
 
 /* ---- sessions --------------------------------------------------------------------------- */
 
-static const char *const session_options[] = {"context", "no_cache", "on_full", "keep", "prefix_reuse",
-                                              "system",  "template", SAMPLER_OPTIONS, NULL};
-static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_sampler_desc *sd);
 static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *tpl);
 static void push_template_name(lua_State *L, lsession *s);
 static const char *const on_full_names[] = {"error", "shift", NULL};
+
+/* model:session options; s:set_sampler takes the sampler rows (mode 0) */
+enum { SESSION_ONLY = 1 };
+
+typedef struct session_opts {
+    kvgen_session_desc d;
+    kvgen_sampler_desc sd;
+    int on_full;      /* index in on_full_names */
+    int prefix_reuse;
+    const char *system;
+    kvgen_chat_template tpl;
+    int has_template;
+} session_opts;
+
+/* template = a family name or a table (read_template's messages) */
+static void read_session_template(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    (void)o;
+    session_opts *so = field; /* the row's destination is the whole struct */
+    read_template(c->L, vi, c->arg, &so->tpl);
+    so->has_template = 1;
+}
+
+/* bias = {[token] = number}: finite floats, or -math.huge to ban a token */
+static void read_bias(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    kvgen_sampler_desc *sd = field;
+    if (lua_type(L, vi) != LUA_TTABLE)
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "table {[token] = bias} expected, got %s", push_got(L, vi)));
+    int n = 0;
+    lua_pushnil(L);
+    while (lua_next(L, vi)) {
+        n++;
+        lua_pop(L, 1);
+    }
+    kvgen_logit_bias *bias = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *bias, 0);
+    anchor_top(c);
+    int n_vocab = model_info(c->model).n_vocab, i = 0;
+    lua_pushnil(L);
+    while (lua_next(L, vi)) {
+        int isint = 0;
+        lua_Integer id = to_integer(L, -2, &isint);
+        if (!isint || id < 0 || id >= n_vocab)
+            option_error(L, c->arg, o->key,
+                         lua_pushfstring(L, "keys must be token ids in [0, %d), got %s", n_vocab, push_key_text(L, -2)));
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            option_error(L, c->arg, o->key,
+                         lua_pushfstring(L, "bias of token %I: number expected, got %s", (LUAI_UACINT)id,
+                                         push_got(L, -1)));
+        lua_Number b = lua_tonumber(L, -1);
+        /* a float bias: finite, or -inf to ban (NaN and +inf are meaningless) */
+        if (!(b >= -FLT_MAX && b <= FLT_MAX) && !(isinf(b) && b < 0))
+            option_error(L, c->arg, o->key,
+                         lua_pushfstring(L, "bias of token %I: %s is not allowed (a finite number, or -math.huge to "
+                                            "ban the token)",
+                                         (LUAI_UACINT)id, push_number_text(L, b)));
+        bias[i].token = (int32_t)id;
+        bias[i].bias = (float)b;
+        i++;
+        lua_pop(L, 1);
+    }
+    sd->bias = bias;
+    sd->n_bias = n;
+}
+
+#define SO(field) .off = offsetof(session_opts, field)
+/* The sampler's ranges are what kvgen_sampler_desc accepts (floats finite as floats), so a bad
+ * value is an argument error naming it, never a failure of the C call. */
+static const opt_spec session_specs[] = {
+    {.key = "context", .type = OPT_INT, SO(d.n_ctx), .lo = 0, .hi = INT_MAX, .need = SESSION_ONLY},
+    {.key = "no_cache", .type = OPT_BOOL, SO(d.no_cache), .need = SESSION_ONLY},
+    {.key = "on_full", .type = OPT_CHOICE, SO(on_full), .names = on_full_names, .need = SESSION_ONLY},
+    {.key = "keep", .type = OPT_INT, SO(d.keep), .lo = 0, .hi = INT_MAX, .need = SESSION_ONLY},
+    {.key = "prefix_reuse", .type = OPT_BOOL, SO(prefix_reuse), .need = SESSION_ONLY},
+    {.key = "system", .type = OPT_STRING, SO(system), .need = SESSION_ONLY},
+    {.key = "template", .type = OPT_CUSTOM, .read = read_session_template, .need = SESSION_ONLY},
+    {.key = "seed", .type = OPT_U64, SO(sd.seed)},
+    {.key = "temperature", .type = OPT_FLOAT, SO(sd.temperature), .flo = -FLT_MAX, .fhi = FLT_MAX}, /* <= 0: greedy */
+    {.key = "top_k", .type = OPT_INT, SO(sd.top_k), .lo = 0, .hi = INT_MAX},
+    {.key = "top_p", .type = OPT_FLOAT, SO(sd.top_p), .flo = 0, .fhi = 1},
+    {.key = "min_p", .type = OPT_FLOAT, SO(sd.min_p), .flo = 0, .fhi = 1},
+    {.key = "repeat_penalty", .type = OPT_FLOAT, SO(sd.repeat_penalty), .flo = 0, .fhi = FLT_MAX},
+    {.key = "frequency_penalty", .type = OPT_FLOAT, SO(sd.frequency_penalty), .flo = -FLT_MAX, .fhi = FLT_MAX},
+    {.key = "presence_penalty", .type = OPT_FLOAT, SO(sd.presence_penalty), .flo = -FLT_MAX, .fhi = FLT_MAX},
+    {.key = "penalty_window", .type = OPT_INT, SO(sd.penalty_window), .lo = -1, .hi = INT_MAX},
+    {.key = "bias", .type = OPT_CUSTOM, SO(sd), .read = read_bias},
+};
+#undef SO
 
 /* Pushes a closed session userdata whose user value is the model userdata at `model_idx`
  * (the session keeps it alive). */
 static lsession *new_session(lua_State *L, kvgen_model *model, int model_idx) {
     model_idx = lua_absindex(L, model_idx);
-    lsession *s = lua_newuserdatauv(L, sizeof *s, 3);
+    lsession *s = lua_newuserdatauv(L, sizeof *s, 2);
     memset(s, 0, sizeof *s);
     s->model = model;
     luaL_setmetatable(L, SESSION_MT);
@@ -777,31 +967,23 @@ static lsession *new_session(lua_State *L, kvgen_model *model, int model_idx) {
 /* model:session([opts]) -> session */
 static int model_session(lua_State *L) {
     lmodel *m = check_model(L, 1);
-    check_options(L, 2, session_options);
-    kvgen_session_desc desc = {0};
-    desc.n_ctx = (int)opt_integer(L, 2, "context", 0, 0, INT_MAX);
-    desc.no_cache = opt_boolean(L, 2, "no_cache", 0);
-    desc.on_full = (kvgen_on_full)opt_choice(L, 2, "on_full", KVGEN_ON_FULL_ERROR, on_full_names);
-    desc.keep = (int)opt_integer(L, 2, "keep", 0, 0, INT_MAX);
-    desc.no_prefix_reuse = !opt_boolean(L, 2, "prefix_reuse", 1);
-    const char *system = opt_string(L, 2, "system", NULL);
-    kvgen_chat_template tpl;
-    int has_template = get_option(L, 2, "template") != LUA_TNIL;
-    if (has_template) read_template(L, lua_gettop(L), 2, &tpl);
-    lua_pop(L, 1);
-    kvgen_sampler_desc sd = {0};
-    read_sampler(L, 2, m->model, &sd);
-    desc.sampler = &sd;
+    lua_settop(L, 2);
+    lua_newtable(L); /* 3: anchor */
+    session_opts o = {.prefix_reuse = 1};
+    read_options(L, 2, session_specs, N_SPECS(session_specs), SESSION_ONLY, &o, 3, m->model);
+    o.d.on_full = (kvgen_on_full)o.on_full;
+    o.d.no_prefix_reuse = !o.prefix_reuse;
+    o.d.sampler = &o.sd;
 
     lsession *s = new_session(L, m->model, 1);
     kvgen_error err = {0};
-    if (kvgen_session_create(m->model, &desc, &s->session, &err) != KVGEN_OK) {
+    if (kvgen_session_create(m->model, &o.d, &s->session, &err) != KVGEN_OK) {
         s->session = NULL;
         return raise_status(L, &err);
     }
     /* on failure below the new session is garbage and its __gc closes it */
-    if (has_template && kvgen_chat_set_template(s->session, &tpl, &err) != KVGEN_OK) return raise_status(L, &err);
-    if (system && kvgen_chat_add(s->session, "system", system, &err) != KVGEN_OK) return raise_status(L, &err);
+    if (o.has_template && kvgen_chat_set_template(s->session, &o.tpl, &err) != KVGEN_OK) return raise_status(L, &err);
+    if (o.system && kvgen_chat_add(s->session, "system", o.system, &err) != KVGEN_OK) return raise_status(L, &err);
     return 1;
 }
 
@@ -835,26 +1017,22 @@ static int session_rewind(lua_State *L) {
 
 static void stream_stop(lstream *st, kvgen_finish finish);
 
-static void release_draining(lua_State *L, int idx, lsession *s, int all);
-
 static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish);
 
 static int session_close(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
     if (s->active) { /* the generator must go first; the stream keeps the text it delivered */
         int top = lua_gettop(L);
-        if (lua_getiuservalue(L, 1, 3) == LUA_TTABLE && lua_rawgeti(L, -1, 1) == LUA_TUSERDATA &&
+        if (lua_getiuservalue(L, 1, 2) == LUA_TTABLE && lua_rawgeti(L, -1, 1) == LUA_TUSERDATA &&
             lua_touserdata(L, -1) == (void *)s->active)
             stream_finish(L, -1, s->active, KVGEN_FINISH_CANCELLED);
         else /* (being collected with the session: nobody can read its text) */
             stream_stop(s->active, KVGEN_FINISH_CANCELLED);
         lua_settop(L, top);
     }
-    /* cancels the session's jobs and waits for at most the worker step that holds the session;
-     * its jobs are final afterwards, so the ones closed early can be released */
+    /* cancels the session's jobs and waits for at most the worker step that holds the session */
     kvgen_session_close(s->session);
     s->session = NULL;
-    release_draining(L, 1, s, 1);
     return 0;
 }
 
@@ -862,7 +1040,7 @@ static int session_tostring(lua_State *L) {
     lsession *s = luaL_checkudata(L, 1, SESSION_MT);
     if (!s->session)
         lua_pushliteral(L, SESSION_MT " (closed)");
-    else if (session_jobs_busy(L, 1, s))
+    else if (kvgen_session_busy(s->session))
         lua_pushfstring(L, SESSION_MT " (busy: jobs running) (%p)", (void *)s);
     else
         lua_pushfstring(L, SESSION_MT " (%d tokens) (%p)", (int)kvgen_session_length(s->session), (void *)s);
@@ -893,8 +1071,6 @@ static int session_index(lua_State *L) {
     return 1;
 }
 
-static const char *const prefill_options[] = {"special", "bos", NULL};
-
 /* s:prefill(text_or_ids [, {special=, bos=}]) -> number of tokens appended */
 static int session_prefill(lua_State *L) {
     lsession *s = check_session(L, 1);
@@ -903,11 +1079,10 @@ static int session_prefill(lua_State *L) {
     if (lua_type(L, 2) == LUA_TSTRING) {
         size_t len;
         const char *text = lua_tolstring(L, 2, &len);
-        unsigned flags = tokenize_flags(L, 3);
+        unsigned flags = tokenize_flags(L, 3, TOKENIZE_BOS);
         ids = tokenize(L, s->model, text, len, flags, &n);
     } else if (lua_istable(L, 2)) {
-        check_options(L, 3, prefill_options);
-        if (!lua_isnoneornil(L, 3) && (opt_boolean(L, 3, "special", 0) || opt_boolean(L, 3, "bos", 0)))
+        if (tokenize_flags(L, 3, TOKENIZE_BOS))
             luaL_argerror(L, 3, "options 'special' and 'bos' apply to text, not to token ids");
         ids = check_ids(L, 2, "ids", s->model, &n);
     } else {
@@ -1003,61 +1178,37 @@ static int session_reset(lua_State *L) {
     return 0;
 }
 
-/* s:cache_info() -> {layers, kv_heads, head_dim, length, capacity, bytes, bytes_per_token} */
+/* s:cache_info() -> {layers, kv_heads, head_dim, length, capacity, bytes, bytes_per_token, ...} */
 static int session_cache_info(lua_State *L) {
+#define CI(name, type, field) {name, type, offsetof(kvgen_cache_info, field)}
+    static const out_field fields[] = {
+        CI("layers", F_INT, n_layer),          CI("kv_heads", F_INT, n_head_kv),
+        CI("head_dim", F_INT, head_dim),       CI("length", F_SIZE, length),
+        CI("capacity", F_SIZE, capacity),      CI("bytes", F_SIZE, bytes),
+        CI("bytes_per_token", F_SIZE, bytes_per_token), CI("page_size", F_SIZE, page_size),
+        CI("pages", F_SIZE, pages),            CI("pages_shared", F_SIZE, pages_shared),
+        CI("bytes_held", F_SIZE, bytes_held),  CI("tokens_reused", F_SIZE, tokens_reused),
+        CI("shifts", F_SIZE, shifts),
+    };
+#undef CI
     lsession *s = check_session_read(L, 1);
     kvgen_cache_info ci;
     kvgen_session_cache_info(s->session, &ci);
-    lua_createtable(L, 0, 13);
-    lua_pushinteger(L, ci.n_layer);
-    lua_setfield(L, -2, "layers");
-    lua_pushinteger(L, ci.n_head_kv);
-    lua_setfield(L, -2, "kv_heads");
-    lua_pushinteger(L, ci.head_dim);
-    lua_setfield(L, -2, "head_dim");
-    lua_pushinteger(L, (lua_Integer)ci.length);
-    lua_setfield(L, -2, "length");
-    lua_pushinteger(L, (lua_Integer)ci.capacity);
-    lua_setfield(L, -2, "capacity");
-    lua_pushinteger(L, (lua_Integer)ci.bytes);
-    lua_setfield(L, -2, "bytes");
-    lua_pushinteger(L, (lua_Integer)ci.bytes_per_token);
-    lua_setfield(L, -2, "bytes_per_token");
-    lua_pushinteger(L, (lua_Integer)ci.page_size);
-    lua_setfield(L, -2, "page_size");
-    lua_pushinteger(L, (lua_Integer)ci.pages);
-    lua_setfield(L, -2, "pages");
-    lua_pushinteger(L, (lua_Integer)ci.pages_shared);
-    lua_setfield(L, -2, "pages_shared");
-    lua_pushinteger(L, (lua_Integer)ci.bytes_held);
-    lua_setfield(L, -2, "bytes_held");
-    lua_pushinteger(L, (lua_Integer)ci.tokens_reused);
-    lua_setfield(L, -2, "tokens_reused");
-    lua_pushinteger(L, (lua_Integer)ci.shifts);
-    lua_setfield(L, -2, "shifts");
+    push_fields(L, &ci, fields, N_FIELDS(fields));
     return 1;
 }
 
 /* model:pool_info() -> the KV page pool's accounting (all sessions of the model) */
 static int model_pool_info(lua_State *L) {
+#define PI(name) {#name, F_SIZE, offsetof(kvgen_pool_info, name)}
+    static const out_field fields[] = {
+        PI(page_size),      PI(pages_total),    PI(pages_used), PI(pages_free), PI(pages_cached), PI(bytes_per_token),
+        PI(bytes_per_page), PI(bytes_total),    PI(bytes_used), PI(bytes_committed), PI(sessions),
+    };
+#undef PI
     kvgen_pool_info pi;
     kvgen_model_pool_info(check_model(L, 1)->model, &pi);
-    const struct {
-        const char *name;
-        size_t value;
-    } fields[] = {
-        {"page_size", pi.page_size},           {"pages_total", pi.pages_total},
-        {"pages_used", pi.pages_used},         {"pages_free", pi.pages_free},
-        {"pages_cached", pi.pages_cached},     {"bytes_per_token", pi.bytes_per_token},
-        {"bytes_per_page", pi.bytes_per_page}, {"bytes_total", pi.bytes_total},
-        {"bytes_used", pi.bytes_used},         {"bytes_committed", pi.bytes_committed},
-        {"sessions", pi.sessions},
-    };
-    lua_createtable(L, 0, (int)(sizeof fields / sizeof fields[0]));
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        lua_pushinteger(L, (lua_Integer)fields[i].value);
-        lua_setfield(L, -2, fields[i].name);
-    }
+    push_fields(L, &pi, fields, N_FIELDS(fields));
     return 1;
 }
 
@@ -1090,141 +1241,50 @@ static int session_read_cache(lua_State *L) {
 
 /* ---- sampler settings ------------------------------------------------------------------- */
 
-static const char *const sampler_options[] = {SAMPLER_OPTIONS, NULL};
-
-/* The numeric sampler options, one row each, with the range the C sampler accepts
- * (kvgen_sampler_desc; floats must stay finite as floats), so that a bad value is refused
- * here as an argument error naming it, never later by the C call. */
-typedef struct num_option {
-    const char *key;
-    char kind; /* 'i': int, 'u': the uint64 seed (any Lua integer), 'f': float */
-    double lo, hi;
-    size_t off;
-} num_option;
-
-static const num_option sampler_numbers[] = {
-    {"seed", 'u', 0, 0, offsetof(kvgen_sampler_desc, seed)},
-    {"temperature", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, temperature)}, /* <= 0: greedy */
-    {"top_k", 'i', 0, INT_MAX, offsetof(kvgen_sampler_desc, top_k)},
-    {"top_p", 'f', 0, 1, offsetof(kvgen_sampler_desc, top_p)},
-    {"min_p", 'f', 0, 1, offsetof(kvgen_sampler_desc, min_p)},
-    {"repeat_penalty", 'f', 0, FLT_MAX, offsetof(kvgen_sampler_desc, repeat_penalty)},
-    {"frequency_penalty", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, frequency_penalty)},
-    {"presence_penalty", 'f', -FLT_MAX, FLT_MAX, offsetof(kvgen_sampler_desc, presence_penalty)},
-    {"penalty_window", 'i', -1, INT_MAX, offsetof(kvgen_sampler_desc, penalty_window)},
-};
-
-/* Reads the sampler keys of the options table at `arg` over `sd` (keys left out keep their
- * value). bias = {[token] = number}, -math.huge bans a token; its array is a userdata left on
- * the stack when the key is given. */
-static void read_sampler(lua_State *L, int arg, const kvgen_model *model, kvgen_sampler_desc *sd) {
-    for (size_t k = 0; k < sizeof sampler_numbers / sizeof sampler_numbers[0]; k++) {
-        const num_option *o = &sampler_numbers[k];
-        char *field = (char *)sd + o->off;
-        if (o->kind == 'u') {
-            uint64_t *u = (uint64_t *)(void *)field;
-            *u = (uint64_t)opt_integer(L, arg, o->key, (lua_Integer)*u, LUA_MININTEGER, LUA_MAXINTEGER);
-        } else if (o->kind == 'i') {
-            int *i = (int *)(void *)field;
-            *i = (int)opt_integer(L, arg, o->key, *i, (lua_Integer)o->lo, (lua_Integer)o->hi);
-        } else {
-            float *f = (float *)(void *)field;
-            *f = (float)opt_number(L, arg, o->key, *f, o->lo, o->hi);
-        }
-    }
-    int t = get_option(L, arg, "bias");
-    if (t == LUA_TNIL) {
-        lua_pop(L, 1);
-        return;
-    }
-    if (t != LUA_TTABLE)
-        option_error(L, arg, "bias", lua_pushfstring(L, "table {[token] = bias} expected, got %s", push_got(L, -1)));
-    int bias_idx = lua_gettop(L);
-    int n = 0;
-    lua_pushnil(L);
-    while (lua_next(L, bias_idx)) {
-        n++;
-        lua_pop(L, 1);
-    }
-    kvgen_logit_bias *bias = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *bias, 0);
-    int n_vocab = model_info(model).n_vocab, i = 0;
-    lua_pushnil(L);
-    while (lua_next(L, bias_idx)) {
-        int isint = 0;
-        lua_Integer id = to_integer(L, -2, &isint);
-        if (!isint || id < 0 || id >= n_vocab)
-            option_error(L, arg, "bias",
-                         lua_pushfstring(L, "keys must be token ids in [0, %d), got %s", n_vocab, push_key_text(L, -2)));
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            option_error(L, arg, "bias",
-                         lua_pushfstring(L, "bias of token %I: number expected, got %s", (LUAI_UACINT)id,
-                                         push_got(L, -1)));
-        lua_Number b = lua_tonumber(L, -1);
-        /* a float bias: finite, or -inf to ban (NaN and +inf are meaningless) */
-        if (!(b >= -FLT_MAX && b <= FLT_MAX) && !(isinf(b) && b < 0))
-            option_error(L, arg, "bias",
-                         lua_pushfstring(L, "bias of token %I: %s is not allowed (a finite number, or -math.huge to "
-                                            "ban the token)",
-                                         (LUAI_UACINT)id, push_number_text(L, b)));
-        bias[i].token = (int32_t)id;
-        bias[i].bias = (float)b;
-        i++;
-        lua_pop(L, 1);
-    }
-    lua_remove(L, bias_idx); /* the userdata stays on the stack for the caller */
-    sd->bias = bias;
-    sd->n_bias = n;
-}
-
 /* s:set_sampler(opts): changes the given settings, keeps the others; a seed re-seeds the RNG,
  * without one the RNG continues its stream */
 static int session_set_sampler(lua_State *L) {
     lsession *s = check_session(L, 1);
     lua_settop(L, 2);
-    check_options(L, 2, sampler_options);
-    kvgen_sampler_desc sd;
-    kvgen_session_get_sampler(s->session, &sd);
-    /* the current bias array points into the session: copy it before it is replaced */
-    kvgen_logit_bias *old = lua_newuserdatauv(L, (size_t)(sd.n_bias > 0 ? sd.n_bias : 1) * sizeof *old, 0);
-    if (sd.n_bias > 0) memcpy(old, sd.bias, (size_t)sd.n_bias * sizeof *old);
-    sd.bias = old;
-    sd.seed = 0;
-    read_sampler(L, 2, s->model, &sd);
+    session_opts o = {0};
+    kvgen_session_get_sampler(s->session, &o.sd);
+    /* the current bias array points into the session: copy it before it is replaced (3) */
+    kvgen_logit_bias *old = lua_newuserdatauv(L, (size_t)(o.sd.n_bias > 0 ? o.sd.n_bias : 1) * sizeof *old, 0);
+    if (o.sd.n_bias > 0) memcpy(old, o.sd.bias, (size_t)o.sd.n_bias * sizeof *old);
+    o.sd.bias = old;
+    o.sd.seed = 0;
+    lua_newtable(L); /* 4: anchor */
+    read_options(L, 2, session_specs, N_SPECS(session_specs), 0, &o, 4, s->model);
     kvgen_error err = {0};
-    if (kvgen_session_set_sampler(s->session, &sd, &err) != KVGEN_OK) return raise_status(L, &err);
+    if (kvgen_session_set_sampler(s->session, &o.sd, &err) != KVGEN_OK) return raise_status(L, &err);
     return 0;
 }
 
-/* s:sampler() -> the settings in force */
+/* s:sampler() -> the settings in force: the sampler rows of session_specs, read back */
 static int session_sampler(lua_State *L) {
     lsession *s = check_session_read(L, 1);
-    kvgen_sampler_desc sd;
-    kvgen_session_get_sampler(s->session, &sd);
+    session_opts o;
+    kvgen_session_get_sampler(s->session, &o.sd);
     lua_createtable(L, 0, 10);
-    lua_pushinteger(L, (lua_Integer)sd.seed);
-    lua_setfield(L, -2, "seed");
-    lua_pushnumber(L, sd.temperature);
-    lua_setfield(L, -2, "temperature");
-    lua_pushinteger(L, sd.top_k);
-    lua_setfield(L, -2, "top_k");
-    lua_pushnumber(L, sd.top_p);
-    lua_setfield(L, -2, "top_p");
-    lua_pushnumber(L, sd.min_p);
-    lua_setfield(L, -2, "min_p");
-    lua_pushnumber(L, sd.repeat_penalty);
-    lua_setfield(L, -2, "repeat_penalty");
-    lua_pushnumber(L, sd.frequency_penalty);
-    lua_setfield(L, -2, "frequency_penalty");
-    lua_pushnumber(L, sd.presence_penalty);
-    lua_setfield(L, -2, "presence_penalty");
-    lua_pushinteger(L, sd.penalty_window);
-    lua_setfield(L, -2, "penalty_window");
-    lua_createtable(L, 0, sd.n_bias > 0 ? sd.n_bias : 0);
-    for (int i = 0; i < sd.n_bias; i++) {
-        lua_pushnumber(L, sd.bias[i].bias);
-        lua_rawseti(L, -2, sd.bias[i].token);
+    for (size_t i = 0; i < N_SPECS(session_specs); i++) {
+        const opt_spec *r = &session_specs[i];
+        const void *p = (const char *)&o + r->off;
+        if (r->need) continue; /* a session option, not the sampler's */
+        if (r->type == OPT_U64) {
+            lua_pushinteger(L, (lua_Integer)*(const uint64_t *)p);
+        } else if (r->type == OPT_INT) {
+            lua_pushinteger(L, *(const int *)p);
+        } else if (r->type == OPT_FLOAT) {
+            lua_pushnumber(L, *(const float *)p);
+        } else { /* bias: {[token] = bias} */
+            lua_createtable(L, 0, o.sd.n_bias > 0 ? o.sd.n_bias : 0);
+            for (int b = 0; b < o.sd.n_bias; b++) {
+                lua_pushnumber(L, o.sd.bias[b].bias);
+                lua_rawseti(L, -2, o.sd.bias[b].token);
+            }
+        }
+        lua_setfield(L, -2, r->key);
     }
-    lua_setfield(L, -2, "bias");
     return 1;
 }
 
@@ -1303,8 +1363,6 @@ static int session_add(lua_State *L) {
 }
 
 /* ---- generation ------------------------------------------------------------------------- */
-
-#define GENERATE_OPTIONS "max_tokens", "stop", "ignore_eog", "special", "choices", "json"
 
 /* Pushes a const char* array of the strings in the list at `idx` (anchored in the table at
  * `anchor`, which also keeps the strings alive). The list must be a sequence of non-empty
@@ -1403,73 +1461,115 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
     return f;
 }
 
-/* Fills a generate desc from the options at `arg`; strings and arrays it points into are
- * anchored in the table at `anchor` (whose lifetime the caller chooses). Everything the C
- * library would refuse is refused here, as an argument error, before the caller touches the
- * session (kvgen_generate_check has the last word on the constraint's rules). */
-static void read_generate(lua_State *L, int arg, int anchor, kvgen_generate_desc *gd, kvgen_constraint *c) {
-    memset(gd, 0, sizeof *gd);
-    memset(c, 0, sizeof *c);
-    if (lua_isnoneornil(L, arg)) return;
-    lua_pushvalue(L, arg); /* the options table keeps the strings it holds alive */
-    luaL_ref(L, anchor);
-    gd->max_tokens = (int)opt_integer(L, arg, "max_tokens", 0, -1, INT_MAX);
-    gd->ignore_eog = opt_boolean(L, arg, "ignore_eog", 0);
-    gd->flags = opt_boolean(L, arg, "special", 0) ? KVGEN_TOKENIZE_SPECIAL : 0u;
-    int t = get_option(L, arg, "stop");
-    if (t == LUA_TSTRING) {
-        if (lua_rawlen(L, -1) == 0) option_error(L, arg, "stop", "stop strings must not be empty");
-        if (lua_rawlen(L, -1) > KVGEN_MAX_STOP_LEN)
-            option_error(L, arg, "stop",
-                         lua_pushfstring(L, "the stop string is %I bytes, at most %d", (LUAI_UACINT)lua_rawlen(L, -1),
+/* Generation options, one table for the eight generation calls: a row that needs a mode bit
+ * exists only for the calls whose mode has it (s:stream knows no on_piece, s:submit no role). */
+enum {
+    GEN_CHAT = 1,      /* a chat turn: `role` */
+    GEN_JOB = 2,       /* on the worker: `priority` */
+    GEN_ON_PIECE = 4,  /* `on_piece` */
+    GEN_ON_DONE = 8,   /* `on_done` */
+    GEN_RUN = 16,      /* not an option: run to the end here and return text, finish */
+    GEN_ITER = 32      /* not an option: return x, nil, nil, x for a generic for */
+};
+
+typedef struct gen_opts {
+    kvgen_generate_desc gd;
+    kvgen_constraint c;
+    int role;       /* index in role_names */
+    int priority;
+    int on_piece, on_done; /* given (the functions stay in the options table) */
+} gen_opts;
+
+/* stop = a string or a list of strings (KVGEN_MAX_STOPS of at most KVGEN_MAX_STOP_LEN bytes) */
+static void read_stop(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    kvgen_generate_desc *gd = field;
+    if (lua_type(L, vi) == LUA_TSTRING) {
+        if (lua_rawlen(L, vi) == 0) option_error(L, c->arg, o->key, "stop strings must not be empty");
+        if (lua_rawlen(L, vi) > KVGEN_MAX_STOP_LEN)
+            option_error(L, c->arg, o->key,
+                         lua_pushfstring(L, "the stop string is %I bytes, at most %d", (LUAI_UACINT)lua_rawlen(L, vi),
                                          KVGEN_MAX_STOP_LEN));
-        int vi = lua_gettop(L);
-        const char *one_s = check_cstring(L, vi, arg, "option 'stop'");
+        const char *one_s = check_cstring(L, vi, c->arg, "option 'stop'");
         const char **one = lua_newuserdatauv(L, sizeof *one, 0);
         one[0] = one_s;
-        luaL_ref(L, anchor);
+        anchor_top(c);
         gd->stop = one;
         gd->n_stop = 1;
-    } else if (t == LUA_TTABLE) {
-        int vi = lua_gettop(L);
-        check_sequence(L, vi, arg, "option 'stop'");
-        gd->stop = string_list(L, vi, arg, "stop", anchor, &gd->n_stop);
+    } else if (lua_type(L, vi) == LUA_TTABLE) {
+        check_sequence(L, vi, c->arg, "option 'stop'");
+        gd->stop = string_list(L, vi, c->arg, "stop", c->anchor, &gd->n_stop);
         if (gd->n_stop > KVGEN_MAX_STOPS)
-            option_error(L, arg, "stop", lua_pushfstring(L, "%d stop strings, at most %d", gd->n_stop, KVGEN_MAX_STOPS));
+            option_error(L, c->arg, o->key,
+                         lua_pushfstring(L, "%d stop strings, at most %d", gd->n_stop, KVGEN_MAX_STOPS));
         for (int i = 0; i < gd->n_stop; i++) {
             size_t len = strlen(gd->stop[i]);
             if (len > KVGEN_MAX_STOP_LEN)
-                option_error(L, arg, "stop",
+                option_error(L, c->arg, o->key,
                              lua_pushfstring(L, "stop[%d] is %I bytes, at most %d", i + 1, (LUAI_UACINT)len,
                                              KVGEN_MAX_STOP_LEN));
         }
-    } else if (t != LUA_TNIL) {
-        option_error(L, arg, "stop", lua_pushfstring(L, "string or list of strings expected, got %s", push_got(L, -1)));
+    } else {
+        option_error(L, c->arg, o->key,
+                     lua_pushfstring(L, "string or list of strings expected, got %s", push_got(L, vi)));
     }
-    lua_pop(L, 1);
-    t = get_option(L, arg, "choices");
-    if (t == LUA_TTABLE) {
-        c->kind = KVGEN_CONSTRAIN_CHOICE;
-        check_sequence(L, lua_gettop(L), arg, "option 'choices'");
-        c->choices = string_list(L, lua_gettop(L), arg, "choices", anchor, &c->n_choices);
-        if (c->n_choices == 0) option_error(L, arg, "choices", "a non-empty list of strings expected");
-    } else if (t != LUA_TNIL) {
-        option_error(L, arg, "choices", lua_pushfstring(L, "list of strings expected, got %s", push_got(L, -1)));
+}
+
+/* choices = {"a", "b", ...}: the output is exactly one of them */
+static void read_choices(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    kvgen_constraint *k = field;
+    if (lua_type(L, vi) != LUA_TTABLE)
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "list of strings expected, got %s", push_got(L, vi)));
+    k->kind = KVGEN_CONSTRAIN_CHOICE;
+    check_sequence(L, vi, c->arg, "option 'choices'");
+    k->choices = string_list(L, vi, c->arg, "choices", c->anchor, &k->n_choices);
+    if (k->n_choices == 0) option_error(L, c->arg, o->key, "a non-empty list of strings expected");
+}
+
+/* json = {{key=, type=, values=, max_len=}, ...}: one flat JSON object */
+static void read_json(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    lua_State *L = c->L;
+    kvgen_constraint *k = field;
+    if (lua_type(L, vi) != LUA_TTABLE)
+        option_error(L, c->arg, o->key, lua_pushfstring(L, "list of fields expected, got %s", push_got(L, vi)));
+    if (k->kind != KVGEN_CONSTRAIN_NONE) option_error(L, c->arg, o->key, "cannot be combined with 'choices'");
+    k->kind = KVGEN_CONSTRAIN_JSON;
+    k->fields = json_fields(L, vi, c->arg, c->anchor, &k->n_fields);
+}
+
+#define GO(field) .off = offsetof(gen_opts, field)
+static const opt_spec gen_specs[] = {
+    {.key = "max_tokens", .type = OPT_INT, GO(gd.max_tokens), .lo = -1, .hi = INT_MAX},
+    {.key = "ignore_eog", .type = OPT_BOOL, GO(gd.ignore_eog)},
+    {.key = "special", .type = OPT_FLAG, GO(gd.flags), .flag = KVGEN_TOKENIZE_SPECIAL},
+    {.key = "stop", .type = OPT_CUSTOM, GO(gd), .read = read_stop},
+    {.key = "choices", .type = OPT_CUSTOM, GO(c), .read = read_choices},
+    {.key = "json", .type = OPT_CUSTOM, GO(c), .read = read_json},
+    {.key = "priority", .type = OPT_INT, GO(priority), .lo = INT_MIN, .hi = INT_MAX, .need = GEN_JOB},
+    {.key = "on_piece", .type = OPT_FUNCTION, GO(on_piece), .need = GEN_ON_PIECE},
+    {.key = "on_done", .type = OPT_FUNCTION, GO(on_done), .need = GEN_ON_DONE},
+    {.key = "role", .type = OPT_CHOICE, GO(role), .names = role_names, .need = GEN_CHAT},
+};
+#undef GO
+
+/* Reads the generation options at `arg` for a call of `mode`; strings and arrays the desc
+ * points into are anchored in the table at `anchor`, which also holds the options table (so
+ * the strings it holds stay alive). Everything the C library would refuse is refused here, as
+ * an argument error, before the caller touches the session (kvgen_generate_check has the last
+ * word on the constraint's rules). */
+static void read_generate(lua_State *L, int arg, unsigned mode, int anchor, gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->role = 1; /* "user" */
+    if (lua_istable(L, arg)) {
+        lua_pushvalue(L, arg);
+        luaL_ref(L, anchor);
     }
-    lua_pop(L, 1);
-    t = get_option(L, arg, "json");
-    if (t == LUA_TTABLE) {
-        if (c->kind != KVGEN_CONSTRAIN_NONE) option_error(L, arg, "json", "cannot be combined with 'choices'");
-        c->kind = KVGEN_CONSTRAIN_JSON;
-        c->fields = json_fields(L, lua_gettop(L), arg, anchor, &c->n_fields);
-    } else if (t != LUA_TNIL) {
-        option_error(L, arg, "json", lua_pushfstring(L, "list of fields expected, got %s", push_got(L, -1)));
-    }
-    lua_pop(L, 1);
-    if (c->kind != KVGEN_CONSTRAIN_NONE) gd->constraint = c;
+    read_options(L, arg, gen_specs, N_SPECS(gen_specs), mode, o, anchor, NULL);
+    if (o->c.kind != KVGEN_CONSTRAIN_NONE) o->gd.constraint = &o->c;
     kvgen_error err = {0};
-    if (kvgen_generate_check(gd, &err) != KVGEN_OK) {
-        const char *opt = c->kind == KVGEN_CONSTRAIN_JSON ? "json" : c->kind == KVGEN_CONSTRAIN_CHOICE ? "choices" : NULL;
+    if (kvgen_generate_check(&o->gd, &err) != KVGEN_OK) {
+        const char *opt = o->c.kind == KVGEN_CONSTRAIN_JSON ? "json" : o->c.kind == KVGEN_CONSTRAIN_CHOICE ? "choices" : NULL;
         if (opt) option_error(L, arg, opt, err.message);
         luaL_argerror(L, arg, err.message);
     }
@@ -1485,7 +1585,7 @@ static void stream_stop(lstream *st, kvgen_finish finish) {
     if (st->owner && st->owner->active == st) st->owner->active = NULL;
 }
 
-/* Keeps the text (user value 3: everything delivered) and ends the generator; the session
+/* Keeps the text (user value 2: everything delivered) and ends the generator; the session
  * no longer refers to the stream. */
 static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) {
     if (!st->gen) return;
@@ -1494,46 +1594,21 @@ static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finis
     size_t len = 0;
     const char *text = kvgen_gen_text(st->gen, &len);
     lua_pushlstring(L, text ? text : "", text ? len : 0);
-    lua_setiuservalue(L, idx, 3);
+    lua_setiuservalue(L, idx, 2);
     stream_stop(st, finish);
-    if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA && lua_getiuservalue(L, -1, 3) == LUA_TTABLE) {
+    if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA && lua_getiuservalue(L, -1, 2) == LUA_TTABLE) {
         lua_pushnil(L);
         lua_rawseti(L, -2, 1);
     }
     lua_settop(L, top);
 }
 
-/* Pushes a stream for the session at index 1 with its options read from `opts`, not started
- * yet: options are checked before the prompt touches the session. */
-static lstream *stream_new(lua_State *L, int opts) {
-    lstream *st = lua_newuserdatauv(L, sizeof *st, 3);
-    memset(st, 0, sizeof *st);
-    luaL_setmetatable(L, STREAM_MT);
-    int st_idx = lua_gettop(L);
-    lua_pushvalue(L, 1);
-    lua_setiuservalue(L, st_idx, 1);
-    lua_newtable(L); /* anchor */
-    read_generate(L, opts, lua_gettop(L), &st->desc, &st->constraint);
-    if (st->desc.constraint) st->desc.constraint = &st->constraint;
-    lua_setiuservalue(L, st_idx, 2);
-    return st;
-}
-
-/* Starts the stream at `idx` on the session at index 1: with `n` prompt ids (n = 0: from the
- * current logits) or, when `chat`, a chat turn (role NULL: only the assistant header). The C
- * call is all or nothing: when it fails, nothing was appended and the chat state is as it was. */
-static void stream_start(lua_State *L, lsession *s, lstream *st, int idx, const int32_t *ids, size_t n, int chat,
-                         const char *role, const char *text) {
-    kvgen_error err = {0};
-    kvgen_status rc = chat ? kvgen_chat_gen_begin(s->session, role, text, &st->desc, &st->gen, &err)
-                           : kvgen_gen_begin_prompt(s->session, ids, n, &st->desc, &st->gen, &err);
-    if (rc != KVGEN_OK) {
-        st->gen = NULL;
-        raise_status(L, &err);
-    }
+/* Makes the stream at `idx` the session's (at index 1) active one: s->active, and [1] of the
+ * session's weak table (user value 2), so that closing the session can keep its text. */
+static void stream_attach(lua_State *L, lsession *s, lstream *st, int idx) {
     st->owner = s;
     s->active = st;
-    if (lua_getiuservalue(L, 1, 3) != LUA_TTABLE) {
+    if (lua_getiuservalue(L, 1, 2) != LUA_TTABLE) {
         lua_pop(L, 1);
         lua_createtable(L, 1, 0);
         lua_createtable(L, 0, 1);
@@ -1541,7 +1616,7 @@ static void stream_start(lua_State *L, lsession *s, lstream *st, int idx, const 
         lua_setfield(L, -2, "__mode");
         lua_setmetatable(L, -2);
         lua_pushvalue(L, -1);
-        lua_setiuservalue(L, 1, 3);
+        lua_setiuservalue(L, 1, 2);
     }
     lua_pushvalue(L, idx);
     lua_rawseti(L, -2, 1);
@@ -1622,7 +1697,7 @@ static int stream_index(lua_State *L) {
             size_t len = 0;
             const char *text = kvgen_gen_text(st->gen, &len);
             lua_pushlstring(L, text ? text : "", text ? len : 0);
-        } else if (lua_getiuservalue(L, 1, 3) != LUA_TSTRING) {
+        } else if (lua_getiuservalue(L, 1, 2) != LUA_TSTRING) {
             lua_pop(L, 1);
             lua_pushliteral(L, "");
         }
@@ -1633,30 +1708,6 @@ static int stream_index(lua_State *L) {
     }
     return 1;
 }
-
-/* Reads a prompt given as text (tokenized with its length, never parsing control tokens) or
- * token ids into a userdata left on the stack; nil: no prompt (n = 0, nil pushed). Nothing is
- * appended yet. */
-static const int32_t *read_prompt(lua_State *L, lsession *s, int idx, size_t *n) {
-    *n = 0;
-    if (lua_isnoneornil(L, idx)) {
-        lua_pushnil(L);
-        return NULL;
-    }
-    if (lua_type(L, idx) == LUA_TSTRING) {
-        size_t len;
-        const char *text = lua_tolstring(L, idx, &len);
-        return tokenize(L, s->model, text, len, 0, n);
-    }
-    if (lua_istable(L, idx)) return check_ids(L, idx, "prompt", s->model, n);
-    type_error(L, idx, "prompt", "string, table of token ids or nil");
-    return NULL;
-}
-
-static const char *const stream_options[] = {GENERATE_OPTIONS, NULL};
-static const char *const generate_options[] = {GENERATE_OPTIONS, "on_piece", NULL};
-static const char *const chat_options[] = {GENERATE_OPTIONS, "on_piece", "role", NULL};
-static const char *const chat_stream_options[] = {GENERATE_OPTIONS, "role", NULL};
 
 /* Runs the stream at `idx` to its end, calling on_piece (at `cb`, 0: none)
  * with each piece; pushes text, finish. A Lua error in the callback ends the generation
@@ -1679,106 +1730,21 @@ static int run_to_end(lua_State *L, int idx, int cb) {
             lua_pop(L, n);
         }
     }
-    lua_getiuservalue(L, idx, 3);
+    lua_getiuservalue(L, idx, 2);
     lua_pushstring(L, kvgen_finish_name(st->finish));
     return 2;
-}
-
-static int check_callback(lua_State *L, int opts) {
-    if (get_option(L, opts, "on_piece") == LUA_TNIL) {
-        lua_pop(L, 1);
-        return 0;
-    }
-    if (!lua_isfunction(L, -1))
-        option_error(L, opts, "on_piece", lua_pushfstring(L, "function expected, got %s", luaL_typename(L, -1)));
-    return lua_gettop(L);
-}
-
-/* s:generate([prompt [, opts]]) -> text, finish */
-static int session_generate(lua_State *L) {
-    lsession *s = check_session(L, 1);
-    lua_settop(L, 3);
-    check_options(L, 3, generate_options);
-    int cb = check_callback(L, 3);
-    lstream *st = stream_new(L, 3);
-    int idx = lua_gettop(L);
-    size_t n = 0;
-    const int32_t *ids = read_prompt(L, s, 2, &n);
-    stream_start(L, s, st, idx, ids, n, 0, NULL, NULL);
-    lua_settop(L, idx);
-    return run_to_end(L, idx, cb);
-}
-
-/* s:stream([prompt [, opts]]) -> st, nil, nil, st: `for piece, token in s:stream(p) do ... end`
- * closes the stream when the loop ends or breaks */
-static int session_stream(lua_State *L) {
-    lsession *s = check_session(L, 1);
-    lua_settop(L, 3);
-    check_options(L, 3, stream_options);
-    lstream *st = stream_new(L, 3);
-    int idx = lua_gettop(L);
-    size_t n = 0;
-    const int32_t *ids = read_prompt(L, s, 2, &n);
-    stream_start(L, s, st, idx, ids, n, 0, NULL, NULL);
-    lua_settop(L, idx);
-    lua_pushnil(L);
-    lua_pushnil(L);
-    lua_pushvalue(L, idx);
-    return 4;
-}
-
-/* Reads a chat call's message (string or nil) and its `role` option: the turn to add, with
- * role NULL when there is none (only the assistant header). */
-static const char *read_chat_message(lua_State *L, int msg, int opts, const char **role) {
-    *role = role_names[opt_choice(L, opts, "role", 1, role_names)];
-    if (lua_type(L, msg) == LUA_TSTRING) return check_cstring(L, msg, msg, "message");
-    if (!lua_isnil(L, msg)) type_error(L, msg, "message", "string or nil");
-    *role = NULL; /* no turn: only the assistant header */
-    return NULL;
-}
-
-/* s:chat(message [, opts]) -> reply, finish: one chat turn in the session's template */
-static int session_chat(lua_State *L) {
-    lsession *s = check_session(L, 1);
-    lua_settop(L, 3);
-    check_options(L, 3, chat_options);
-    int cb = check_callback(L, 3);
-    lstream *st = stream_new(L, 3);
-    int idx = lua_gettop(L);
-    const char *role;
-    const char *text = read_chat_message(L, 2, 3, &role);
-    stream_start(L, s, st, idx, NULL, 0, 1, role, text);
-    lua_settop(L, idx);
-    return run_to_end(L, idx, cb);
-}
-
-/* s:chat_stream(message [, opts]) -> st, nil, nil, st */
-static int session_chat_stream(lua_State *L) {
-    lsession *s = check_session(L, 1);
-    lua_settop(L, 3);
-    check_options(L, 3, chat_stream_options);
-    lstream *st = stream_new(L, 3);
-    int idx = lua_gettop(L);
-    const char *role;
-    const char *text = read_chat_message(L, 2, 3, &role);
-    stream_start(L, s, st, idx, NULL, 0, 1, role, text);
-    lua_settop(L, idx);
-    lua_pushnil(L);
-    lua_pushnil(L);
-    lua_pushvalue(L, idx);
-    return 4;
 }
 
 /* s:choose(candidates [, {by = "sum"|"mean"}]) -> best index, log-probs, details
  * Scores each candidate as a continuation of the session's text; the session is unchanged. */
 static int session_choose(lua_State *L) {
     static const char *const by_names[] = {"sum", "mean", NULL};
-    static const char *const choose_options[] = {"by", NULL};
+    static const opt_spec choose_specs[] = {{.key = "by", .type = OPT_CHOICE, .names = by_names}};
     lsession *s = check_session(L, 1);
     lua_settop(L, 3);
     if (!lua_istable(L, 2)) type_error(L, 2, "candidates", "list of strings");
-    check_options(L, 3, choose_options);
-    int by_mean = opt_choice(L, 3, "by", 0, by_names);
+    int by_mean = 0;
+    read_options(L, 3, choose_specs, N_SPECS(choose_specs), 0, &by_mean, 0, NULL);
     lua_newtable(L);
     int anchor = lua_gettop(L);
     int n = 0;
@@ -1848,7 +1814,9 @@ static int model_restore(lua_State *L) {
 /* ---- jobs: non-blocking generation on the model's worker thread ------------------------- *
  * The worker never touches a lua_State: it only fills the C job's buffers. Text reaches Lua
  * through kvgen.poll() (every job of this state, with callbacks) or job:poll() / the job as an
- * iterator (one job, no callbacks), always on the thread that calls them. */
+ * iterator (one job, no callbacks), always on the thread that calls them. Whether a session is
+ * the worker's is the C library's to say (kvgen_session_busy): a job closed before it is final
+ * is released at once, and its session stays busy until the worker has let go of it. */
 
 static int is_final_state(kvgen_job_state st) { return st >= KVGEN_JOB_DONE; }
 
@@ -1881,7 +1849,8 @@ static const void *state_owner(lua_State *L, int private_key) {
     return key + (private_key ? 1 : 0);
 }
 
-/* registry[ANCHORED_KEY][job at idx] = nil: a job with callbacks no longer needs keeping */
+/* registry[ANCHORED_KEY][job at idx] = nil: a job with callbacks no longer needs keeping
+ * (it is final, or closed) */
 static void unanchor(lua_State *L, int idx) {
     idx = lua_absindex(L, idx);
     if (lua_getfield(L, LUA_REGISTRYINDEX, ANCHORED_KEY) == LUA_TTABLE) {
@@ -1892,92 +1861,19 @@ static void unanchor(lua_State *L, int idx) {
     lua_pop(L, 1);
 }
 
-static void job_mark_final(lua_State *L, int idx, ljob *j) {
-    j->final = 1;
-    unanchor(L, idx);
-}
-
-/* Releases the jobs in the session's draining table (user value 2) that are final; `all`:
- * every one (the session is closed, so none runs any more). */
-static void release_draining(lua_State *L, int idx, lsession *s, int all) {
-    if (s->n_draining == 0) return;
-    idx = lua_absindex(L, idx);
-    if (lua_getiuservalue(L, idx, 2) != LUA_TTABLE) {
-        lua_pop(L, 1);
-        s->n_draining = 0;
-        return;
-    }
-    int t = lua_gettop(L), left = 0;
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        lua_pop(L, 1);
-        kvgen_job *job = lua_touserdata(L, -1);
-        kvgen_job_info info;
-        kvgen_job_get_info(job, &info);
-        if (all || is_final_state(info.state)) {
-            kvgen_job_release(job);
-            lua_pushvalue(L, -1);
-            lua_pushnil(L);
-            lua_rawset(L, t); /* clearing the current key is allowed during lua_next */
-        } else {
-            left++;
-        }
-    }
-    lua_pop(L, 1);
-    s->n_draining = left;
-}
-
-/* True while a job on the session is not final: the worker owns the session then. */
-static int session_jobs_busy(lua_State *L, int idx, lsession *s) {
-    for (ljob *j = s->jobs; j; j = j->next) {
-        if (j->final) continue;
-        kvgen_job_info info;
-        kvgen_job_get_info(j->job, &info);
-        if (!is_final_state(info.state)) return 1;
-        j->final = 1; /* (stays anchored until its final event is delivered) */
-    }
-    release_draining(L, idx, s, 0);
-    return s->n_draining > 0;
-}
-
 static ljob *check_job(lua_State *L, int arg) {
     ljob *j = luaL_checkudata(L, arg, JOB_MT);
     if (!j->job) luaL_error(L, "attempt to use a closed " JOB_MT);
     return j;
 }
 
-/* job:close() (also __gc and __close): releases the job. A job not final yet is cancelled;
- * while the worker may still hold its session it stays in the session's draining table, so
- * the session is not used again before the worker lets go of it. */
+/* job:close() (also __gc and __close): releases the job, cancelling it if it still runs (the
+ * worker lets go of it, and of its session, at its next step). */
 static int job_close(lua_State *L) {
     ljob *j = luaL_checkudata(L, 1, JOB_MT);
     if (!j->job) return 0;
-    lsession *s = j->owner;
-    if (j->prev) j->prev->next = j->next;
-    else s->jobs = j->next;
-    if (j->next) j->next->prev = j->prev;
-    j->prev = j->next = NULL;
     unanchor(L, 1);
-    kvgen_job *job = j->job;
-    kvgen_job_info info;
-    kvgen_job_get_info(job, &info);
-    if (!s->session || is_final_state(info.state)) {
-        j->job = NULL;
-        kvgen_job_release(job); /* a closed session has no job left running */
-        return 0;
-    }
-    kvgen_job_cancel(job);
-    lua_getiuservalue(L, 1, 1);
-    if (lua_getiuservalue(L, -1, 2) != LUA_TTABLE) {
-        lua_pop(L, 1);
-        lua_newtable(L);
-        lua_pushvalue(L, -1);
-        lua_setiuservalue(L, -3, 2);
-    }
-    lua_pushlightuserdata(L, job);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, -3);
-    s->n_draining++;
+    kvgen_job_release(j->job);
     j->job = NULL;
     return 0;
 }
@@ -1992,38 +1888,6 @@ static int job_tostring(lua_State *L) {
         lua_pushfstring(L, JOB_MT " (%s) (%p)", kvgen_job_state_name(info.state), (void *)j);
     }
     return 1;
-}
-
-/* Fills the generation part of a job desc and its priority; pushes the anchor table that keeps
- * the strings alive until submit has copied them. */
-static void read_job_options(lua_State *L, int opts, kvgen_job_desc *d, kvgen_constraint *c) {
-    lua_newtable(L);
-    read_generate(L, opts, lua_gettop(L), &d->gen, c);
-    if (d->gen.constraint) d->gen.constraint = c;
-    d->priority = (int)opt_integer(L, opts, "priority", 0, INT_MIN, INT_MAX);
-}
-
-/* Pushes a callbacks table (on_piece, on_done) or nil when the options have neither. */
-static int read_callbacks(lua_State *L, int opts) {
-    static const char *const names[] = {"on_piece", "on_done"};
-    int any = 0;
-    lua_newtable(L);
-    for (int i = 0; i < 2; i++) {
-        int t = get_option(L, opts, names[i]);
-        if (t != LUA_TNIL && t != LUA_TFUNCTION)
-            option_error(L, opts, names[i], lua_pushfstring(L, "function expected, got %s", luaL_typename(L, -1)));
-        if (t == LUA_TNIL) {
-            lua_pop(L, 1);
-        } else {
-            lua_setfield(L, -2, names[i]);
-            any = 1;
-        }
-    }
-    if (!any) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-    }
-    return any;
 }
 
 /* Submits the request and pushes the kvgen.Job. The session is at index 1, the callbacks
@@ -2043,12 +1907,7 @@ static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs, i
         j->job = NULL;
         raise_status(L, &err);
     }
-    /* linked before anything below may raise, so that the garbage job's __gc finds it */
-    j->owner = s;
     j->model = s->model;
-    j->next = s->jobs;
-    if (s->jobs) s->jobs->prev = j;
-    s->jobs = j;
     lua_getfield(L, LUA_REGISTRYINDEX, JOBS_KEY);
     lua_pushlightuserdata(L, j);
     lua_pushvalue(L, idx);
@@ -2068,114 +1927,137 @@ static ljob *job_submit(lua_State *L, lsession *s, kvgen_job_desc *d, int cbs, i
     return j;
 }
 
-/* Reads a prompt given as text (never parsing control tokens), token ids or nil; an ids
- * array is a userdata left on the stack. */
-static void job_prompt(lua_State *L, lsession *s, int idx, kvgen_job_desc *d) {
-    if (lua_isnoneornil(L, idx)) {
-        d->prompt = KVGEN_PROMPT_NONE;
-    } else if (lua_type(L, idx) == LUA_TSTRING) {
-        d->prompt = KVGEN_PROMPT_TEXT;
-        d->text = lua_tolstring(L, idx, &d->text_len);
-        if (d->text_len == 0) d->prompt = KVGEN_PROMPT_NONE; /* text_len 0 would mean strlen */
-    } else if (lua_istable(L, idx)) {
-        d->prompt = KVGEN_PROMPT_TOKENS;
-        d->tokens = check_ids(L, idx, "prompt", s->model, &d->n_tokens);
-    } else {
-        type_error(L, idx, "prompt", "string, table of token ids or nil");
+/* ---- the generation calls: one starter for prompt or chat x blocking, stream or job -------- */
+
+/* What to append before generating: a chat turn (role NULL: only the assistant header), text
+ * (tokenized plainly, never parsing control tokens), token ids, or nothing. */
+typedef struct gen_prompt {
+    kvgen_prompt_kind kind;
+    const char *text; /* TEXT: the prompt (any bytes); CHAT: the message */
+    size_t len;
+    const char *role;
+    const int32_t *ids; /* TOKENS: a userdata left on the stack */
+    size_t n;
+} gen_prompt;
+
+/* The prompt (or, with GEN_CHAT, the message) at index 2; nothing is appended yet. */
+static void read_gen_prompt(lua_State *L, lsession *s, unsigned mode, const gen_opts *o, gen_prompt *p) {
+    memset(p, 0, sizeof *p);
+    if (mode & GEN_CHAT) {
+        p->kind = KVGEN_PROMPT_CHAT;
+        p->role = role_names[o->role];
+        if (lua_type(L, 2) == LUA_TSTRING) {
+            p->text = check_cstring(L, 2, 2, "message");
+            p->len = lua_rawlen(L, 2);
+        } else if (lua_isnil(L, 2)) {
+            p->role = NULL; /* no turn: only the assistant header */
+        } else {
+            type_error(L, 2, "message", "string or nil");
+        }
+    } else if (lua_type(L, 2) == LUA_TSTRING) {
+        p->text = lua_tolstring(L, 2, &p->len);
+        p->kind = p->len > 0 ? KVGEN_PROMPT_TEXT : KVGEN_PROMPT_NONE;
+    } else if (lua_istable(L, 2)) {
+        p->kind = KVGEN_PROMPT_TOKENS;
+        p->ids = check_ids(L, 2, "prompt", s->model, &p->n);
+    } else if (!lua_isnil(L, 2)) {
+        type_error(L, 2, "prompt", "string, table of token ids or nil");
     }
 }
 
-static void job_chat_prompt(lua_State *L, int msg, int opts, kvgen_job_desc *d) {
-    d->prompt = KVGEN_PROMPT_CHAT;
-    d->role = role_names[opt_choice(L, opts, "role", 1, role_names)];
-    if (lua_type(L, msg) == LUA_TSTRING) {
-        d->text = check_cstring(L, msg, msg, "message");
-        d->text_len = lua_rawlen(L, msg);
-        if (d->text_len == 0) d->text = "";
-    } else if (lua_isnil(L, msg)) {
-        d->role = NULL; /* no turn: only the assistant header */
-    } else {
-        type_error(L, msg, "message", "string or nil");
+/* s:generate / s:stream / s:chat / s:chat_stream: a kvgen_gen run on this thread. The C call
+ * that appends the prompt or chat turn and starts the generation is all or nothing: when it
+ * fails, nothing was appended and the chat state is as it was. */
+static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, gen_prompt *p) {
+    if (p->kind == KVGEN_PROMPT_TEXT) {
+        p->ids = tokenize(L, s->model, p->text, p->len, 0, &p->n);
+        p->kind = KVGEN_PROMPT_TOKENS;
     }
+    lstream *st = lua_newuserdatauv(L, sizeof *st, 2);
+    memset(st, 0, sizeof *st);
+    luaL_setmetatable(L, STREAM_MT);
+    int idx = lua_gettop(L);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, idx, 1);
+    kvgen_error err = {0};
+    kvgen_status rc = p->kind == KVGEN_PROMPT_CHAT
+                          ? kvgen_chat_gen_begin(s->session, p->role, p->text, &o->gd, &st->gen, &err)
+                          : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
+    if (rc != KVGEN_OK) {
+        st->gen = NULL;
+        return raise_status(L, &err);
+    }
+    stream_attach(L, s, st, idx);
+    if (mode & GEN_RUN) {
+        int cb = 0;
+        if (o->on_piece) {
+            lua_getfield(L, 3, "on_piece");
+            lua_insert(L, idx); /* below the stream, which run_to_end keeps on top */
+            cb = idx++;
+        }
+        return run_to_end(L, idx, cb);
+    }
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, idx);
+    return 4;
 }
 
-#define JOB_OPTIONS GENERATE_OPTIONS, "priority"
-static const char *const submit_options[] = {JOB_OPTIONS, "on_piece", "on_done", NULL};
-static const char *const submit_chat_options[] = {JOB_OPTIONS, "on_piece", "on_done", "role", NULL};
-static const char *const async_options[] = {JOB_OPTIONS, NULL};
-static const char *const chat_async_options[] = {JOB_OPTIONS, "role", NULL};
+/* s:submit / s:submit_chat / s:stream_async / s:chat_stream_async: a kvgen_job, queued on the
+ * worker; returns at once. Callbacks ({on_piece=, on_done=}) are kept by the job. */
+static int start_job(lua_State *L, lsession *s, unsigned mode, gen_opts *o, const gen_prompt *p) {
+    kvgen_job_desc d = {.prompt = p->kind, .text = p->text, .text_len = p->len, .role = p->role,
+                        .tokens = p->ids, .n_tokens = p->n, .gen = o->gd, .priority = o->priority};
+    if (o->on_piece || o->on_done) {
+        static const char *const names[] = {"on_piece", "on_done"};
+        lua_newtable(L);
+        for (int i = 0; i < 2; i++)
+            if (lua_getfield(L, 3, names[i]) == LUA_TNIL) lua_pop(L, 1);
+            else lua_setfield(L, -2, names[i]);
+    } else {
+        lua_pushnil(L);
+    }
+    job_submit(L, s, &d, lua_gettop(L), (mode & GEN_ITER) != 0);
+    if (!(mode & GEN_ITER)) return 1;
+    lua_pushnil(L);
+    lua_pushnil(L);
+    lua_pushvalue(L, -3);
+    return 4;
+}
 
+/* Checks the session, the options and the prompt (in that order, before anything touches the
+ * session), then starts the generation `mode` asks for. A job may be queued behind others of
+ * the session; a generation on this thread needs the session to itself. */
+static int gen_start(lua_State *L, unsigned mode) {
+    lsession *s = (mode & GEN_JOB) ? check_no_stream(L, check_session_open(L, 1)) : check_session(L, 1);
+    lua_settop(L, 3);
+    lua_newtable(L); /* 4: anchor of the options' strings and arrays, until the C call copied them */
+    gen_opts o;
+    read_generate(L, 3, mode, 4, &o);
+    gen_prompt p;
+    read_gen_prompt(L, s, mode, &o, &p);
+    return (mode & GEN_JOB) ? start_job(L, s, mode, &o, &p) : start_stream(L, s, mode, &o, &p);
+}
+
+/* s:generate([prompt [, opts]]) -> text, finish */
+static int session_generate(lua_State *L) { return gen_start(L, GEN_RUN | GEN_ON_PIECE); }
+/* s:stream([prompt [, opts]]) -> st, nil, nil, st: `for piece, token in s:stream(p) do ... end`
+ * closes the stream when the loop ends or breaks */
+static int session_stream(lua_State *L) { return gen_start(L, GEN_ITER); }
+/* s:chat(message [, opts]) -> reply, finish: one chat turn in the session's template */
+static int session_chat(lua_State *L) { return gen_start(L, GEN_CHAT | GEN_RUN | GEN_ON_PIECE); }
+/* s:chat_stream(message [, opts]) -> st, nil, nil, st */
+static int session_chat_stream(lua_State *L) { return gen_start(L, GEN_CHAT | GEN_ITER); }
 /* s:submit([prompt [, opts]]) -> job: queued on the worker, returns at once */
-static int session_submit(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
-    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
-    lua_settop(L, 3);
-    check_options(L, 3, submit_options);
-    kvgen_job_desc d = {0};
-    kvgen_constraint c;
-    read_job_options(L, 3, &d, &c);
-    read_callbacks(L, 3);
-    int cbs = lua_gettop(L);
-    job_prompt(L, s, 2, &d);
-    job_submit(L, s, &d, cbs, 0);
-    return 1;
-}
-
+static int session_submit(lua_State *L) { return gen_start(L, GEN_JOB | GEN_ON_PIECE | GEN_ON_DONE); }
 /* s:submit_chat(message [, opts]) -> job: a chat turn then the reply, on the worker */
-static int session_submit_chat(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
-    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
-    lua_settop(L, 3);
-    check_options(L, 3, submit_chat_options);
-    kvgen_job_desc d = {0};
-    kvgen_constraint c;
-    read_job_options(L, 3, &d, &c);
-    read_callbacks(L, 3);
-    int cbs = lua_gettop(L);
-    job_chat_prompt(L, 2, 3, &d);
-    job_submit(L, s, &d, cbs, 0);
-    return 1;
-}
-
+static int session_submit_chat(lua_State *L) { return gen_start(L, GEN_JOB | GEN_CHAT | GEN_ON_PIECE | GEN_ON_DONE); }
 /* s:stream_async([prompt [, opts]]) -> job, nil, nil, job: a generic-for iterator that never
  * waits (it gives "" while nothing new is ready); the job is closed when the loop ends, and
  * kvgen.poll() never reports it (its text is the iterator's alone) */
-static int session_stream_async(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
-    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
-    lua_settop(L, 3);
-    check_options(L, 3, async_options);
-    kvgen_job_desc d = {0};
-    kvgen_constraint c;
-    read_job_options(L, 3, &d, &c);
-    lua_pushnil(L);
-    int cbs = lua_gettop(L);
-    job_prompt(L, s, 2, &d);
-    job_submit(L, s, &d, cbs, 1);
-    lua_pushnil(L);
-    lua_pushnil(L);
-    lua_pushvalue(L, -3);
-    return 4;
-}
-
+static int session_stream_async(lua_State *L) { return gen_start(L, GEN_JOB | GEN_ITER); }
 /* s:chat_stream_async(message [, opts]) -> job, nil, nil, job */
-static int session_chat_stream_async(lua_State *L) {
-    lsession *s = check_session_open(L, 1);
-    if (s->active) luaL_error(L, SESSION_MT " is busy: a kvgen.Stream is generating on it (finish or close it first)");
-    lua_settop(L, 3);
-    check_options(L, 3, chat_async_options);
-    kvgen_job_desc d = {0};
-    kvgen_constraint c;
-    read_job_options(L, 3, &d, &c);
-    lua_pushnil(L);
-    int cbs = lua_gettop(L);
-    job_chat_prompt(L, 2, 3, &d);
-    job_submit(L, s, &d, cbs, 1);
-    lua_pushnil(L);
-    lua_pushnil(L);
-    lua_pushvalue(L, -3);
-    return 4;
-}
+static int session_chat_stream_async(lua_State *L) { return gen_start(L, GEN_JOB | GEN_CHAT | GEN_ITER); }
 
 /* job:poll() -> new text ("" when none), done, finish (nil while running). Never waits. */
 static int job_poll(lua_State *L) {
@@ -2188,7 +2070,7 @@ static int job_poll(lua_State *L) {
         lua_pushboolean(L, 0);
         return 2;
     }
-    job_mark_final(L, 1, j);
+    unanchor(L, 1);
     kvgen_job_info info;
     kvgen_job_get_info(j->job, &info);
     lua_pushboolean(L, 1);
@@ -2203,7 +2085,7 @@ static int job_call(lua_State *L) {
     const char *text = "";
     size_t len = 0;
     kvgen_job_state st = kvgen_job_poll(j->job, &text, &len);
-    if (is_final_state(st)) job_mark_final(L, 1, j);
+    if (is_final_state(st)) unanchor(L, 1);
     if (len > 0) {
         lua_pushlstring(L, text, len);
         return 1;
@@ -2237,42 +2119,33 @@ static int job_set_priority(lua_State *L) {
     return 0;
 }
 
-static void push_ms(lua_State *L, double ms, const char *key) {
-    if (ms < 0)
-        lua_pushnil(L);
+/* a failed job's message as kvgen raises it ("kvgen: context full ..."), else nil */
+static void push_job_error(lua_State *L, const kvgen_job_info *info) {
+    if (info->state == KVGEN_JOB_FAILED)
+        lua_pushfstring(L, "kvgen: %s", info->error.message[0] ? info->error.message
+                                                               : kvgen_status_name(info->error.status));
     else
-        lua_pushnumber(L, ms);
-    lua_setfield(L, -2, key);
+        lua_pushnil(L);
 }
 
 /* job:info() -> progress and timing (milliseconds from submit; nil where not reached yet) */
 static int job_info(lua_State *L) {
+#define JI(name, type) {#name, type, offsetof(kvgen_job_info, name)}
+    static const out_field fields[] = {
+        JI(priority, F_INT), JI(prompt_tokens, F_SIZE), JI(prompt_done, F_SIZE), JI(n_tokens, F_INT),
+        JI(queue_ms, F_MS),  JI(first_token_ms, F_MS),  JI(total_ms, F_MS),     JI(tokens_per_s, F_DOUBLE),
+    };
+#undef JI
     ljob *j = check_job(L, 1);
     kvgen_job_info info;
     kvgen_job_get_info(j->job, &info);
-    lua_createtable(L, 0, 11);
+    push_fields(L, &info, fields, N_FIELDS(fields));
     lua_pushstring(L, kvgen_job_state_name(info.state));
     lua_setfield(L, -2, "state");
     lua_pushstring(L, kvgen_finish_name(info.finish));
     lua_setfield(L, -2, "finish");
-    if (info.state == KVGEN_JOB_FAILED) {
-        lua_pushfstring(L, "kvgen: %s", info.error.message[0] ? info.error.message
-                                                              : kvgen_status_name(info.error.status));
-        lua_setfield(L, -2, "error");
-    }
-    lua_pushinteger(L, info.priority);
-    lua_setfield(L, -2, "priority");
-    lua_pushinteger(L, (lua_Integer)info.prompt_tokens);
-    lua_setfield(L, -2, "prompt_tokens");
-    lua_pushinteger(L, (lua_Integer)info.prompt_done);
-    lua_setfield(L, -2, "prompt_done");
-    lua_pushinteger(L, info.n_tokens);
-    lua_setfield(L, -2, "n_tokens");
-    push_ms(L, info.queue_ms, "queue_ms");
-    push_ms(L, info.first_token_ms, "first_token_ms");
-    push_ms(L, info.total_ms, "total_ms");
-    lua_pushnumber(L, info.tokens_per_s);
-    lua_setfield(L, -2, "tokens_per_s");
+    push_job_error(L, &info);
+    lua_setfield(L, -2, "error");
     return 1;
 }
 
@@ -2295,11 +2168,7 @@ static int job_index(lua_State *L) {
         const char *text = kvgen_job_text(j->job, &len);
         lua_pushlstring(L, text ? text : "", text ? len : 0);
     } else if (strcmp(key, "error") == 0) {
-        if (info.state == KVGEN_JOB_FAILED)
-            lua_pushfstring(L, "kvgen: %s", info.error.message[0] ? info.error.message
-                                                                  : kvgen_status_name(info.error.status));
-        else
-            lua_pushnil(L);
+        push_job_error(L, &info);
     } else if (strcmp(key, "priority") == 0) {
         lua_pushinteger(L, info.priority);
     } else if (strcmp(key, "session") == 0) {
@@ -2336,7 +2205,6 @@ static void poll_model(lua_State *L, kvgen_model *model, const void *owner, int 
             lua_setfield(L, -2, "finished");
             lua_pushstring(L, kvgen_finish_name(ev[i].finish));
             lua_setfield(L, -2, "finish");
-            if (ev[i].finished) ((ljob *)lua_touserdata(L, -2))->final = 1;
             lua_rawseti(L, list, (lua_Integer)lua_rawlen(L, list) + 1);
             lua_pop(L, 1);
         }
@@ -2465,6 +2333,25 @@ static int l_type(lua_State *L) {
  * in builds without the Vulkan backend, which have no kvgen_devices) */
 static int l_devices(lua_State *L) {
 #if KVGEN_LUA_HAVE_DEVICES
+#define DI(name, type, field) {name, type, offsetof(kvgen_device_info, field)}
+    static const out_field fields[] = {
+        DI("index", F_INT, index),
+        DI("name", F_CHARS, name),
+        DI("vendor_id", F_U32, vendor_id),
+        DI("device_id", F_U32, device_id),
+        DI("device_local_bytes", F_U64, device_local_bytes),
+        DI("host_visible_device_local", F_BOOL, host_visible_device_local),
+        DI("shader_float16", F_BOOL, shader_float16),
+        DI("storage_16bit", F_BOOL, storage_16bit),
+        DI("storage_8bit", F_BOOL, storage_8bit),
+        DI("subgroup_size", F_U32, subgroup_size),
+        DI("subgroup_arithmetic", F_BOOL, subgroup_arithmetic),
+        DI("max_shared_memory", F_U32, max_shared_memory),
+        DI("max_storage_buffer_range", F_U64, max_storage_buffer_range),
+        DI("max_allocation_size", F_U64, max_allocation_size),
+        DI("default", F_BOOL, is_default),
+    };
+#undef DI
     kvgen_error err = {0};
     int count = 0;
     if (kvgen_devices(NULL, 0, &count, &err) != KVGEN_OK) return raise_status(L, &err);
@@ -2473,37 +2360,13 @@ static int l_devices(lua_State *L) {
     lua_createtable(L, count, 0);
     for (int i = 0; i < count; i++) {
         const kvgen_device_info *d = &dev[i];
-        lua_createtable(L, 0, 17);
-#define SET_INT(field, v)                                                                                              \
-    lua_pushinteger(L, (lua_Integer)(v));                                                                              \
-    lua_setfield(L, -2, field)
-#define SET_BOOL(field, v)                                                                                             \
-    lua_pushboolean(L, (v) != 0);                                                                                      \
-    lua_setfield(L, -2, field)
-        SET_INT("index", d->index);
-        lua_pushstring(L, d->name);
-        lua_setfield(L, -2, "name");
+        push_fields(L, d, fields, N_FIELDS(fields));
         lua_pushstring(L, d->type ? d->type : "other");
         lua_setfield(L, -2, "type");
-        SET_INT("vendor_id", d->vendor_id);
-        SET_INT("device_id", d->device_id);
         /* VK_MAKE_API_VERSION packing: variant 3 bits, major 7, minor 10, patch 12 */
         lua_pushfstring(L, "%d.%d.%d", (int)((d->api_version >> 22) & 0x7f), (int)((d->api_version >> 12) & 0x3ff),
                         (int)(d->api_version & 0xfff));
         lua_setfield(L, -2, "api_version");
-        SET_INT("device_local_bytes", d->device_local_bytes);
-        SET_BOOL("host_visible_device_local", d->host_visible_device_local);
-        SET_BOOL("shader_float16", d->shader_float16);
-        SET_BOOL("storage_16bit", d->storage_16bit);
-        SET_BOOL("storage_8bit", d->storage_8bit);
-        SET_INT("subgroup_size", d->subgroup_size);
-        SET_BOOL("subgroup_arithmetic", d->subgroup_arithmetic);
-        SET_INT("max_shared_memory", d->max_shared_memory);
-        SET_INT("max_storage_buffer_range", d->max_storage_buffer_range);
-        SET_INT("max_allocation_size", d->max_allocation_size);
-        SET_BOOL("default", d->is_default);
-#undef SET_INT
-#undef SET_BOOL
         lua_rawseti(L, -2, i + 1);
     }
 #else

@@ -469,6 +469,45 @@ describe("jobs (random model)", function()
       job:close()
     end)
 
+    it("every call that uses a busy session raises the same message; submits queue", function()
+      local s <close>, job = endless { template = "chatml" }
+      local busy = "kvgen.Session is busy: a kvgen.Job is running on it"
+      local p = support.tmpname(".kvs")
+      for name, call in pairs {
+        decode = function() return s:decode(1) end,
+        sample = function() return s:sample() end,
+        logits = function() return s:logits() end,
+        rewind = function() return s:rewind(1) end,
+        reset = function() return s:reset() end,
+        fork = function() return s:fork() end,
+        choose = function() return s:choose { "a", "b" } end,
+        save = function() return s:save(p) end,
+        cache_info = function() return s:cache_info() end,
+        read_cache = function() return s:read_cache(0, "k") end,
+        sampler = function() return s:sampler() end,
+        set_sampler = function() return s:set_sampler { temperature = 0.5 } end,
+        set_template = function() return s:set_template("chatml") end,
+        add = function() return s:add("user", "hi") end,
+        chat = function() return s:chat("hi") end,
+        chat_stream = function() return s:chat_stream("hi") end,
+        template = function() return s.template end,
+        context = function() return s.context end,
+      } do
+        assert.matches(busy, error_of(call), 1, true, name)
+      end
+      assert.is_false(support.exists(p))
+      local queued <close> = s:submit_chat("later", { max_tokens = 1 })
+      local async = s:stream_async("later", { max_tokens = 1 })
+      assert.are.equal("queued", queued.state)
+      -- closed while running: released at once, the session busy until the worker lets go of it
+      job:close()
+      async:close()
+      drain(queued)
+      wait_until(function() return not tostring(s):find("busy") end)
+      assert.is_table(s:cache_info())
+      s:prefill("free again")
+    end)
+
     it("a job keeps its session and model alive", function()
       local job
       do

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -613,6 +615,135 @@ static void hammer_final_text_vulkan(const char *path) {
     CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan final-text child: status %d", status);
 }
 
+/* waits (bounded) until `cond(arg)` holds; false after a generous bound (a hang) */
+static bool wait_for(bool (*cond)(void *), void *arg) {
+    for (long i = 0; i < 600000; i++) {
+        if (cond(arg)) return true;
+        pause_us(100);
+    }
+    return false;
+}
+
+static bool job_generating(void *j) {
+    kvgen_job_info ji;
+    kvgen_job_get_info(j, &ji);
+    return ji.state == KVGEN_JOB_GENERATING;
+}
+
+static bool session_free(void *s) { return !kvgen_session_busy(s); }
+
+/* the host's calls on a busy session, from another thread than the test's */
+static void *busy_from_thread(void *arg) {
+    kvgen_session *s = arg;
+    kvgen_error err = {0};
+    int32_t t = 1;
+    bool refused = kvgen_session_busy(s) && kvgen_session_prefill(s, &t, 1, NULL, &err) == KVGEN_E_INVALID_ARGUMENT &&
+                   strstr(err.message, "kvgen_session_prefill") && strstr(err.message, "busy");
+    return refused ? s : NULL;
+}
+
+/* kvgen_session_busy and the refusal of a busy session: from submit until its jobs are final
+ * the session is the worker's, and the calls that would use it fail (naming the function and
+ * the session) and change nothing, from any thread but the worker's, while the worker's own
+ * calls go on; other sessions are not affected; a job released while running keeps its
+ * session busy until the worker has let go of it; close is always allowed. */
+static void test_busy_session(const char *path) {
+    kvgen_error err = {0};
+    CHECK(kvgen_session_busy(NULL) == 0);
+    /* a model that never had a job: not busy, and the query starts no worker */
+    kvgen_model *fresh = load(path, 0);
+    if (!fresh) return;
+    kvgen_session *f;
+    CHECK_OK(kvgen_session_create(fresh, NULL, &f, &err));
+    CHECK(kvgen_session_busy(f) == 0);
+    kvgen_jobs_stats st;
+    kvgen_jobs_get_stats(fresh, &st);
+    CHECK(!st.worker_running);
+    int32_t one = 1;
+    CHECK_OK(kvgen_session_prefill(f, &one, 1, NULL, &err));
+    kvgen_session_close(f);
+    kvgen_model_unload(fresh);
+
+    kvgen_session *a, *b;
+    kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd, &b, &err));
+    uint64_t rng = 4242;
+    int32_t *p = random_tokens(&rng, 5);
+    CHECK_OK(kvgen_session_prefill(a, p, 5, NULL, &err));
+    CHECK(kvgen_session_busy(a) == 0);
+    /* never ends by itself (the context shifts): cancelled below */
+    kvgen_job_desc endless = {.gen = {.max_tokens = -1, .ignore_eog = 1}};
+    kvgen_job *j, *queued;
+    CHECK_OK(kvgen_job_submit(a, &endless, &j, &err));
+    CHECK(kvgen_session_busy(a) == 1 && kvgen_session_busy(b) == 0);
+    CHECK(wait_for(job_generating, j));
+    kvgen_job_desc more = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = 2, .gen = {.max_tokens = 2}};
+    CHECK_OK(kvgen_job_submit(a, &more, &queued, &err)); /* queuing behind it is allowed */
+
+    char who[64];
+    snprintf(who, sizeof who, "session %p is busy", (void *)a);
+#define REFUSED(call, fn)                                                                                              \
+    do {                                                                                                               \
+        err = (kvgen_error){0};                                                                                        \
+        kvgen_status rs_ = (call);                                                                                     \
+        CHECKF(rs_ == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, fn ": ") && strstr(err.message, who),         \
+               "%s: %s (%s)", #call, kvgen_status_name(rs_), err.message);                                          \
+    } while (0)
+    REFUSED(kvgen_session_prefill(a, p, 5, NULL, &err), "kvgen_session_prefill");
+    REFUSED(kvgen_session_decode(a, p[0], &err), "kvgen_session_decode");
+    REFUSED(kvgen_session_rewind(a, 1, &err), "kvgen_session_rewind");
+    kvgen_session *child = (kvgen_session *)&err;
+    REFUSED(kvgen_session_fork(a, &child, &err), "kvgen_session_fork");
+    CHECK(child == NULL);
+    float cache[64];
+    REFUSED(kvgen_session_read_cache(a, 0, 0, cache, 64, &err), "kvgen_session_read_cache");
+    /* calls built on them: a prompt is not appended (the prefill is refused) */
+    kvgen_gen *g = (kvgen_gen *)&err;
+    kvgen_generate_desc gd = {.max_tokens = 2};
+    REFUSED(kvgen_gen_begin_prompt(a, p, 5, &gd, &g, &err), "kvgen_session_prefill");
+    CHECK(g == NULL);
+#undef REFUSED
+    CHECK(kvgen_session_sample(a) == -1);
+    kvgen_session_reset(a); /* left alone: checked below, the prompt is still there */
+    pthread_t th;
+    void *res = NULL;
+    CHECK(pthread_create(&th, NULL, busy_from_thread, a) == 0 && pthread_join(th, &res) == 0 && res == a);
+    /* another session of the model is the host's */
+    CHECK_OK(kvgen_session_prefill(b, p, 5, NULL, &err));
+    CHECK(kvgen_session_sample(b) >= 0);
+
+    kvgen_job_cancel(j);
+    CHECK(wait_final(j) && wait_final(queued));
+    CHECK(kvgen_session_busy(a) == 0);
+    kvgen_job_info ji;
+    kvgen_job_get_info(queued, &ji);
+    CHECKF(ji.state == KVGEN_JOB_DONE, "the queued job: %s (%s)", kvgen_job_state_name(ji.state), ji.error.message);
+    /* nothing of the refused calls happened: the worker's tokens follow the prompt */
+    size_t n = kvgen_session_length(a);
+    CHECK(n > 5 + 2 && memcmp(kvgen_session_tokens(a), p, 4 * sizeof *p) == 0); /* (keep = 4 survive shifts) */
+    CHECK_OK(kvgen_session_prefill(a, p + 4, 1, NULL, &err)); /* the host's again (it may shift) */
+    CHECK(kvgen_session_tokens(a)[kvgen_session_length(a) - 1] == p[4]);
+    kvgen_job_release(j);
+    kvgen_job_release(queued);
+
+    /* released while running: busy until the worker lets go of it (its next step) */
+    CHECK_OK(kvgen_job_submit(a, &endless, &j, &err));
+    CHECK(wait_for(job_generating, j));
+    kvgen_job_release(j);
+    CHECK(wait_for(session_free, a));
+    CHECK_OK(kvgen_session_decode(a, p[3], &err));
+    CHECK(kvgen_session_tokens(a)[kvgen_session_length(a) - 1] == p[3]);
+
+    /* close is always allowed, busy or not */
+    CHECK_OK(kvgen_job_submit(a, &endless, &j, &err));
+    kvgen_session_close(a);
+    CHECK(kvgen_job_poll(j, NULL, NULL) == KVGEN_JOB_CANCELLED);
+    kvgen_job_release(j);
+    kvgen_session_close(b);
+    free(p);
+}
+
 int main(void) {
     char *path = tu_make_model("worker.gguf", "--seed 41 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
                                               "--type Q8_0 --ctx 4096");
@@ -634,6 +765,7 @@ int main(void) {
     test_priority();
     test_arguments_and_copies();
     test_random_storm();
+    test_busy_session(path);
     hammer_final_text(g_model, "reference", 200);
     kvgen_model_unload(g_model);
     hammer_final_text_vulkan(path);
