@@ -18,7 +18,7 @@
 
 static void model_free(kvgen_model *m) {
     if (!m) return;
-    kvg_worker_destroy(m); /* first: the worker may still be between steps */
+    if (m->on_unload) m->on_unload(m); /* first: the worker may still be between steps */
     kvg_pool_destroy(m->pool);
     if (m->ops && m->backend) m->ops->model_free(m);
     kvg_tokenizer_free(m->tok);
@@ -228,7 +228,7 @@ void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     if (!m) return;
     const kvg_hparams *hp = &m->w.hp;
     info->name = m->name;
-    info->architecture = "llama";
+    info->architecture = m->w.arch ? m->w.arch->name : "unknown";
     info->backend = m->ops->name;
     info->device = m->device_name;
     info->n_layer = hp->n_layer;

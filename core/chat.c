@@ -8,6 +8,7 @@
 #include <string.h>
 #include "kvg_generate.h"
 #include "kvg_model.h"
+#include "kvg_session.h"
 #include "kvg_sampler.h"
 
 enum { S_SYS_PRE, S_SYS_SUF, S_USER_PRE, S_USER_SUF, S_ASST_PRE, S_ASST_SUF, N_STR };
@@ -75,7 +76,7 @@ static int detect_family(const char *t, size_t n) {
     return -1;
 }
 
-void kvg_chat_free(kvg_chat *c) {
+static void kvg_chat_free(kvg_chat *c) {
     if (!c) return;
     for (int i = 0; i < N_STR; i++) free(c->str[i]);
     free(c);
@@ -90,7 +91,7 @@ static char *dup_str(const char *s, size_t n) {
     return d;
 }
 
-kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err) {
+static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err) {
     *dst = NULL;
     kvg_chat *c = calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
@@ -107,13 +108,13 @@ kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *er
 }
 
 /* state: u8 mode, family, open_reply, last_role, system_in_user; then N_STR x (u32 len, bytes) */
-size_t kvg_chat_state_size(const kvg_chat *c) {
+static size_t kvg_chat_state_size(const kvg_chat *c) {
     size_t n = 5;
     for (int i = 0; i < N_STR; i++) n += 4 + (c->str[i] ? strlen(c->str[i]) : 0);
     return n;
 }
 
-void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
+static void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
     *b++ = (unsigned char)c->mode;
     *b++ = (unsigned char)c->family;
     *b++ = (unsigned char)c->open_reply;
@@ -127,7 +128,7 @@ void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
     }
 }
 
-kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, size_t size, kvgen_error *err) {
+static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, size_t size, kvgen_error *err) {
     *out = NULL;
     if (size < 5 || b[0] > MODE_CUSTOM || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_ASSISTANT || b[4] > 1)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
@@ -159,10 +160,14 @@ bad:
     return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
 }
 
+const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free, kvg_chat_clone, kvg_chat_state_size, kvg_chat_state_save,
+                                         kvg_chat_state_load};
+
 static kvgen_status get_chat(kvgen_session *s, kvg_chat **out, kvgen_error *err) {
     kvg_sampler *sm = kvg_session_sampler(s);
     if (!sm->chat && !(sm->chat = calloc(1, sizeof *sm->chat)))
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
+    sm->chat_ops = &kvg_chat_state_ops;
     *out = sm->chat;
     return KVGEN_OK;
 }
@@ -200,6 +205,8 @@ static kvgen_status resolve(kvgen_session *s, const kvg_chat *c, const char *str
 
 kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template *tpl, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_set_template: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_set_template", err);
+    if (busy_ != KVGEN_OK) return busy_;
     kvg_chat next = {0};
     if (!tpl) {
         next.mode = MODE_MODEL;
@@ -289,6 +296,8 @@ static int parse_role(const char *role) {
 static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *text, bool begin_reply,
                               const char *fn, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    kvgen_status busy_ = kvg_session_check_host(s, fn, err);
+    if (busy_ != KVGEN_OK) return busy_;
     int r = parse_role(role);
     if (r < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role \"%s\" (system, user or assistant)", fn, role);
@@ -370,6 +379,8 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_gen_begin", err);
+    if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: out is NULL");
     /* the generator first: once the turn is in, nothing is left that can fail */
     kvgen_gen *g = NULL;

@@ -142,6 +142,8 @@ kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, c
 kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidates, size_t n, kvgen_choice *results,
                                   kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_session_choose", err);
+    if (busy_ != KVGEN_OK) return busy_;
     if (n == 0) return KVGEN_OK;
     if (!candidates || !results)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidates or results is NULL");

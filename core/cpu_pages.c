@@ -1,10 +1,23 @@
 /* cpu_pages.c: KV pages in host memory for the CPU backends (kvg_cpu.h). */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "kvg_cpu.h"
 #include "kvg_reference.h"
+
+/* RoPE (kvg_reference.h) lives here, below the reference backend, because moving K between
+ * pages re-rotates it too (kvg_cpu_pages_copy). */
+void kvg_ref_rope(float *v, int n_rot, int pos, float base) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = pos * pow(base, -2.0 * i / n_rot);
+        float c = (float)cos(theta), s = (float)sin(theta);
+        float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c - b * s;
+        v[2 * i + 1] = a * s + b * c;
+    }
+}
 
 size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp) {
     return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);

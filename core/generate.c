@@ -15,21 +15,6 @@
 
 #define DEFAULT_MAX_TOKENS 256
 
-bool kvg_buf_add(kvg_buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return true;
-}
-
 kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, const char *field, kvgen_error *err) {
     if (d->n_stop < 0 || d->n_stop > KVGEN_MAX_STOPS || (d->n_stop > 0 && !d->stop))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sn_stop %d (0..%d, with a stop array)", who, field,
@@ -80,6 +65,8 @@ const char *kvgen_finish_name(kvgen_finish f) {
 
 kvgen_status kvgen_session_set_sampler(kvgen_session *s, const kvgen_sampler_desc *desc, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_set_sampler: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_session_set_sampler", err);
+    if (busy_ != KVGEN_OK) return busy_;
     return kvg_sampler_set(kvg_session_sampler(s), desc, false, err);
 }
 
@@ -183,6 +170,8 @@ static kvgen_status no_logits(const char *who, kvgen_error *err) {
 kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin", err);
+    if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
     if (!kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
     return gen_create(s, desc, out, "kvgen_gen_begin", err);
@@ -192,6 +181,8 @@ kvgen_status kvgen_gen_begin_prompt(kvgen_session *s, const int32_t *prompt, siz
                                     kvgen_gen **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin_prompt", err);
+    if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: out is NULL");
     if (n > 0 && !prompt) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: prompt is NULL");
     if (n == 0 && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin_prompt", err);

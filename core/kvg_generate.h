@@ -3,15 +3,8 @@
 #define KVG_GENERATE_H
 #include <stdbool.h>
 #include <stddef.h>
+#include "kvg_buf.h"
 #include "kvgen.h"
-
-/* A growable byte buffer, always NUL-terminated once anything (even "") was added. */
-typedef struct kvg_buf {
-    char *p;
-    size_t n, cap;
-} kvg_buf;
-
-bool kvg_buf_add(kvg_buf *b, const char *s, size_t n);
 
 /* Checks a generation desc's stop strings and flags exactly as kvgen_gen_begin does, so a job
  * is refused at submit for the same reasons. Messages read "<who>: <field>n_stop ...". */

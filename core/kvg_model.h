@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kvg_arch.h"
 #include "kvg_gguf.h"
 #include "kvg_tokenizer.h"
 #include "kvgen.h"
@@ -12,6 +13,9 @@ typedef struct kvg_hparams {
     int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot;
     int n_ctx_train, n_vocab;
     float rope_freq_base, rms_norm_eps;
+    /* attention variants, 0 when the architecture or the file has none */
+    float attn_softcap, final_softcap; /* <prefix>.attn_logit_softcapping, final_logit_softcapping */
+    int n_swa;                         /* <prefix>.attention.sliding_window */
 } kvg_hparams;
 
 /* Weights of one transformer block; shapes as GGUF stores them (ne[0] = input width). */
@@ -25,12 +29,25 @@ typedef struct kvg_layer {
     const kvg_tensor *w_gate;    /* [n_embd] -> [n_ff] */
     const kvg_tensor *w_up;      /* [n_embd] -> [n_ff] */
     const kvg_tensor *w_down;    /* [n_ff] -> [n_embd] */
+    /* optional, as the architecture row and the file have them; NULL when absent */
+    const kvg_tensor *bq, *bk, *bv;     /* [n_head*head_dim], [n_head_kv*head_dim] f32 */
+    const kvg_tensor *q_norm, *k_norm;  /* [head_dim] f32 */
+    const kvg_tensor *attn_post_norm;   /* [n_embd] f32 */
+    const kvg_tensor *ffn_post_norm;    /* [n_embd] f32 */
 } kvg_layer;
 
-/* Describes the weights of a llama-architecture GGUF: hyperparameters and tensor lookup,
- * shapes and types checked. Refuses other architectures and missing tensors clearly. */
+/* Describes the weights of a GGUF of an architecture in the table (kvg_arch.h): hyperparameters
+ * read under the row's metadata prefix, tensor lookup with shapes and types checked, and the
+ * facts of the forward pass the backends read. Refuses unknown architectures, missing tensors
+ * and tensors the row does not use that would change the math, clearly. */
 typedef struct kvg_weights {
     kvg_hparams hp;
+    const kvg_arch *arch;          /* the table row */
+    kvg_rope_style rope;
+    kvg_activation act;
+    float embd_scale;              /* embeddings are multiplied by it (1: not scaled) */
+    uint32_t features;             /* KVG_F_* this model needs beyond the plain llama forward pass */
+    const kvg_tensor *rope_freqs;  /* [n_rot/2] f32, NULL when absent */
     const kvg_tensor *tok_embd;    /* [n_embd] x n_vocab */
     const kvg_tensor *output_norm; /* [n_embd] f32 */
     const kvg_tensor *output;      /* [n_embd] x n_vocab; == tok_embd when tied */
@@ -46,6 +63,9 @@ typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-sessi
 
 typedef struct kvg_backend_ops {
     const char *name;
+    /* The KVG_F_* features (kvg_arch.h) this backend's forward pass runs; model_init refuses a
+     * model needing any other (kvg_arch_check_backend). */
+    uint32_t features;
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */
@@ -125,6 +145,9 @@ bool kvg_backend_runs_type(const kvg_backend_ops *ops, uint32_t type);
  * KVGEN_E_UNSUPPORTED with a message naming the file, the tensor, its type and the backend,
  * and listing the types that backend runs. */
 kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
+/* The other check of model_init: every feature in m->w.features is in ops->features; else
+ * KVGEN_E_UNSUPPORTED naming the file, the architecture, the feature and the backend. */
+kvgen_status kvg_arch_check_backend(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
 
 struct kvgen_model {
     int refcount;
@@ -139,6 +162,11 @@ struct kvgen_model {
     struct kvg_pool *pool; /* the KV page pool; NULL: contiguous per-session caches */
     int n_sessions;        /* open sessions (atomic) */
     struct kvg_worker *worker; /* the jobs' worker (worker.c); NULL until the first submit (atomic) */
+    /* set by a layer above the model that must let go of it first (the jobs' worker, when it
+     * starts); model_free calls it before freeing anything */
+    void (*on_unload)(kvgen_model *m);
+    /* likewise for a session of the model: kvgen_session_close calls it before freeing it */
+    void (*on_session_close)(kvgen_session *s);
 };
 
 /* error helper: formats into err (when not NULL) and returns status */

@@ -51,7 +51,19 @@ typedef struct kvg_candidate {
 } kvg_candidate;
 
 typedef struct kvg_chat kvg_chat;     /* chat.c: template choice and open-reply state */
-typedef struct kvg_pieces kvg_pieces; /* constrain.c: every token's bytes, built on first use */
+typedef struct kvg_pieces kvg_pieces; /* spell.c: every token's bytes, built on first use */
+
+/* The chat state belongs to chat.c, above the sampler: the sampler frees, clones (fork),
+ * sizes, saves and loads it only through these, set by chat.c with the state (and by
+ * session_file.c before a load). */
+typedef struct kvg_chat_ops {
+    void (*free)(kvg_chat *c);
+    kvgen_status (*clone)(kvg_chat **dst, const kvg_chat *src, kvgen_error *err);
+    size_t (*state_size)(const kvg_chat *c);
+    void (*state_save)(const kvg_chat *c, unsigned char *buf);
+    kvgen_status (*state_load)(kvg_chat **c, const unsigned char *buf, size_t size, kvgen_error *err);
+} kvg_chat_ops;
+extern const kvg_chat_ops kvg_chat_state_ops; /* chat.c's */
 
 typedef struct kvg_sampler {
     kvg_sampler_params params;
@@ -60,7 +72,9 @@ typedef struct kvg_sampler {
     kvg_candidate *cand; /* n_vocab scratch entries: no allocation per sample */
     int32_t *counts;     /* n_vocab zeros between samples (penalty counting) */
     kvg_chat *chat;      /* NULL until a chat call */
+    const kvg_chat_ops *chat_ops; /* set with chat; needed to load a state that holds one */
     kvg_pieces *pieces;  /* NULL until a constraint needs it */
+    void (*pieces_free)(kvg_pieces *p); /* spell.c's, set with pieces */
 } kvg_sampler;
 
 /* params may be NULL (defaults); params->bias is copied. */
@@ -103,14 +117,6 @@ kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_e
 size_t kvg_sampler_state_size(const kvg_sampler *s);
 void kvg_sampler_state_save(const kvg_sampler *s, void *buf); /* writes exactly state_size bytes */
 kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err);
-
-/* chat.c hooks used by the sampler's lifetime functions */
-void kvg_chat_free(kvg_chat *c);
-kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err);
-size_t kvg_chat_state_size(const kvg_chat *c);
-void kvg_chat_state_save(const kvg_chat *c, unsigned char *buf);
-kvgen_status kvg_chat_state_load(kvg_chat **c, const unsigned char *buf, size_t size, kvgen_error *err);
-void kvg_pieces_free(kvg_pieces *p);
 
 /* api.c: private accessors into a session (the session struct is api.c's) */
 kvg_sampler *kvg_session_sampler(kvgen_session *s);

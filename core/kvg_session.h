@@ -56,7 +56,14 @@ struct kvgen_session {
     bool defer_decode;    /* decode only reserves its position; kvg_session_decode_batch runs it */
     bool decode_pending;  /* a deferred decode waits: its token is tokens[n_tokens] */
     size_t pending_pages; /* n_pages before the pending decode reserved its page */
+    /* worker.c, under its lock: the session's jobs that are not final (read atomically); while
+     * it is not 0 the session belongs to the model's worker (kvgen_session_busy) */
+    int jobs_active;
 };
+
+/* The worker this thread runs, if it is a model's jobs worker (worker.c sets it once): its
+ * calls on the sessions it owns are never refused as busy. */
+extern _Thread_local const struct kvg_worker *kvg_session_worker_thread;
 
 /* s->logits filled from the device when the backend kept them there; KVGEN_E_* when they
  * cannot be (the session then has no logits). */
@@ -66,19 +73,10 @@ kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err);
  * whose backend has forward_batch) as batched forward passes; `logits` is scratch of
  * n * n_vocab floats. On failure none of them advances (the error is in err). */
 kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err);
-/* worker.c: KVGEN_OK unless a job on the session is not final (kvgen_session_busy) and the caller
- * is not the model's worker thread; then KVGEN_E_INVALID_ARGUMENT naming `fn` and the session.
- * The public calls that use a session (session.c) start with it. */
-kvgen_status kvg_worker_check_host(const kvgen_session *s, const char *fn, kvgen_error *err);
-/* worker.c: kvgen_session_close calls it first, so the session's jobs are cancelled and the
- * worker lets go of the session before it is freed. */
-void kvg_worker_session_closing(kvgen_session *s);
-/* worker.c: stops and joins the model's worker and frees what it still holds (model_free). */
-void kvg_worker_destroy(kvgen_model *m);
-
-/* Creates the model's page pool unless the backend lacks the paged ops or desc asks for
- * kv_contiguous; called by kvgen_model_load after the backend started. */
-kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
+/* KVGEN_OK unless a job on the session is not final (kvgen_session_busy) and the caller is not
+ * the model's worker thread; then KVGEN_E_INVALID_ARGUMENT naming `fn` and the session. The
+ * public calls that use a session start with it. */
+kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvgen_error *err);
 
 /* A new empty session with the given (validated) options; the sampler is initialised from
  * desc unless `sampler_from` is given, which is cloned. Used by create, fork and restore. */

@@ -265,3 +265,52 @@ void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st) {
     st->committed = p->n_touched;
     pthread_mutex_unlock(&p->mu);
 }
+
+/* ---- a model's pool ----------------------------------------------------------------------- */
+
+static kvgen_status commit_page(void *ctx, int32_t page, kvgen_error *err) {
+    kvgen_model *m = ctx;
+    return m->ops->kv_page_commit(m, page, err);
+}
+
+/* Page size default, by measurement (docs/architecture.md, "KV cache and sessions"): 32 keeps
+ * the waste of the one partly filled page per session small (64 forked NPCs waste at most
+ * 2048 tokens) while the page-table walk costs nothing measurable on the reference backend
+ * (decode at depth 2048 within noise from 16 to 256), and 32 keys are one tile of the
+ * attention shader's inner loop. */
+#define KVG_DEFAULT_PAGE 32
+#define KVG_MIN_PAGE 16
+#define KVG_MAX_PAGE 256
+#define KVG_MAX_PAGES (1 << 24)
+
+kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    const kvg_backend_ops *ops = m->ops;
+    int P = desc->kv_page_size ? desc->kv_page_size : KVG_DEFAULT_PAGE;
+    if (P < KVG_MIN_PAGE || P > KVG_MAX_PAGE || (P & (P - 1)) != 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "kvgen_model_load: kv_page_size %d must be a power of two in [%d, %d] (0: %d)",
+                        desc->kv_page_size, KVG_MIN_PAGE, KVG_MAX_PAGE, KVG_DEFAULT_PAGE);
+    if (desc->kv_contiguous || !ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit ||
+        !ops->forward_paged || !ops->kv_copy || !ops->kv_read || !ops->kv_write)
+        return KVGEN_OK;
+    size_t per_page = (size_t)P * ops->cache_bytes_per_token(m);
+    size_t n_pages;
+    if (desc->kv_pool_bytes) {
+        n_pages = desc->kv_pool_bytes / per_page;
+        if (n_pages == 0)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                            "kvgen_model_load: kv_pool_bytes %zu is less than one KV page (%d tokens = %zu bytes)",
+                            desc->kv_pool_bytes, P, per_page);
+    } else if (desc->kv_pool_tokens) {
+        n_pages = desc->kv_pool_tokens / (size_t)P + (desc->kv_pool_tokens % (size_t)P != 0);
+    } else {
+        n_pages = ops->kv_default_pool_bytes(m) / per_page;
+        if (n_pages == 0) n_pages = 1;
+    }
+    if (n_pages > KVG_MAX_PAGES)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: a KV pool of %zu pages is more than %d",
+                        n_pages, KVG_MAX_PAGES);
+    kvgen_status st = ops->kv_pages_init(m, P, (int32_t)n_pages, err);
+    if (st == KVGEN_OK) st = kvg_pool_create(P, (int32_t)n_pages, per_page, commit_page, m, &m->pool, err);
+    return st;
+}

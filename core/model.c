@@ -1,5 +1,6 @@
-/* model.c: describes the weights of a llama-architecture GGUF (hyperparameters, tensors,
- * shapes and types), refusing what kvgen cannot run with a message that says why. */
+/* model.c: describes the weights of a GGUF whose architecture has a row in the table
+ * (arch.c): hyperparameters, tensors, shapes and types, refusing what kvgen cannot run with a
+ * message that says why. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,8 +14,16 @@
 typedef struct ctx {
     const kvg_gguf *g;
     const char *path;
+    const kvg_arch *arch;
     kvgen_error *err;
+    char key[128]; /* the last key built by K() */
 } ctx;
+
+/* "<prefix>.<suffix>": the row's metadata key */
+static const char *K(ctx *c, const char *suffix) {
+    snprintf(c->key, sizeof c->key, "%s.%s", c->arch->prefix, suffix);
+    return c->key;
+}
 
 /* a positive integer key (absent: *out unchanged unless required); an error when present but unusable */
 static kvgen_status get_int(ctx *c, const char *key, bool required, int64_t max, int *out) {
@@ -45,34 +54,39 @@ static kvgen_status get_float(ctx *c, const char *key, float *out) {
     return KVGEN_OK;
 }
 
-static kvgen_status read_hparams(ctx *c, kvg_hparams *hp) {
+static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
     memset(hp, 0, sizeof *hp);
     hp->rope_freq_base = 10000.0f;
     hp->rms_norm_eps = 1e-5f;
     kvgen_status st;
-    if ((st = get_dim(c, "llama.block_count", true, &hp->n_layer)) ||
-        (st = get_dim(c, "llama.embedding_length", true, &hp->n_embd)) ||
-        (st = get_dim(c, "llama.feed_forward_length", true, &hp->n_ff)) ||
-        (st = get_dim(c, "llama.attention.head_count", true, &hp->n_head)))
+    if ((st = get_dim(c, K(c, "block_count"), true, &hp->n_layer)) ||
+        (st = get_dim(c, K(c, "embedding_length"), true, &hp->n_embd)) ||
+        (st = get_dim(c, K(c, "feed_forward_length"), true, &hp->n_ff)) ||
+        (st = get_dim(c, K(c, "attention.head_count"), true, &hp->n_head)))
         return st;
     hp->n_head_kv = hp->n_head;
-    if ((st = get_dim(c, "llama.attention.head_count_kv", false, &hp->n_head_kv))) return st;
-    if (hp->n_embd % hp->n_head != 0 && kvg_gguf_find_key(c->g, "llama.attention.key_length") < 0)
+    if ((st = get_dim(c, K(c, "attention.head_count_kv"), false, &hp->n_head_kv))) return st;
+    if (hp->n_embd % hp->n_head != 0 && kvg_gguf_find_key(c->g, K(c, "attention.key_length")) < 0)
         return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: embedding_length %d is not a multiple of head_count %d", c->path,
                         hp->n_embd, hp->n_head);
     hp->head_dim = hp->n_embd / hp->n_head;
-    if ((st = get_dim(c, "llama.attention.key_length", false, &hp->head_dim))) return st;
+    if ((st = get_dim(c, K(c, "attention.key_length"), false, &hp->head_dim))) return st;
     int value_length = hp->head_dim;
-    if ((st = get_dim(c, "llama.attention.value_length", false, &value_length))) return st;
+    if ((st = get_dim(c, K(c, "attention.value_length"), false, &value_length))) return st;
     hp->n_rot = hp->head_dim;
-    if ((st = get_dim(c, "llama.rope.dimension_count", false, &hp->n_rot))) return st;
+    if ((st = get_dim(c, K(c, "rope.dimension_count"), false, &hp->n_rot))) return st;
     hp->n_ctx_train = 2048;
     /* training contexts run to millions of tokens; the value only bounds what sessions may ask for */
-    if ((st = get_int(c, "llama.context_length", false, INT32_MAX, &hp->n_ctx_train))) return st;
-    if ((st = get_float(c, "llama.rope.freq_base", &hp->rope_freq_base)) ||
-        (st = get_float(c, "llama.attention.layer_norm_rms_epsilon", &hp->rms_norm_eps)))
+    if ((st = get_int(c, K(c, "context_length"), false, INT32_MAX, &hp->n_ctx_train))) return st;
+    if ((st = get_float(c, K(c, "rope.freq_base"), &hp->rope_freq_base)) ||
+        (st = get_float(c, K(c, "attention.layer_norm_rms_epsilon"), &hp->rms_norm_eps)))
         return st;
-    if ((st = get_dim(c, "llama.vocab_size", false, &hp->n_vocab))) return st;
+    if (c->arch->softcap && ((st = get_float(c, K(c, "attn_logit_softcapping"), &hp->attn_softcap)) ||
+                             (st = get_float(c, K(c, "final_logit_softcapping"), &hp->final_softcap))))
+        return st;
+    if (c->arch->sliding_window && (st = get_int(c, K(c, "attention.sliding_window"), false, INT32_MAX, &hp->n_swa)))
+        return st;
+    if ((st = get_dim(c, K(c, "vocab_size"), false, &hp->n_vocab))) return st;
     if (hp->n_vocab == 0) {
         kvg_gguf_vtype et;
         uint64_t n;
@@ -83,23 +97,23 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp) {
         if (t && t->n_dims == 2 && t->ne[1] <= MAX_DIM) hp->n_vocab = (int)t->ne[1];
     }
     if (hp->n_vocab == 0)
-        return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: cannot tell the vocabulary size (no llama.vocab_size, "
-                        "tokenizer.ggml.tokens or token_embd.weight)", c->path);
+        return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: cannot tell the vocabulary size (no %s, "
+                        "tokenizer.ggml.tokens or token_embd.weight)", c->path, K(c, "vocab_size"));
 
     /* the forward pass relies on these relations */
     if (hp->n_head % hp->n_head_kv != 0)
         return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d", c->path,
                         hp->n_head, hp->n_head_kv);
-    if (hp->n_head * hp->head_dim != hp->n_embd)
-        return kvg_fail(c->err, KVGEN_E_UNSUPPORTED,
-                        "%s: head_count %d x head size %d != embedding_length %d (kvgen needs them equal)", c->path,
-                        hp->n_head, hp->head_dim, hp->n_embd);
+    /* allowed here; a backend that cannot run it refuses (kvg_arch_check_backend) */
+    if ((int64_t)hp->n_head * hp->head_dim != hp->n_embd) *features |= KVG_F_WIDE_HEADS;
     if (value_length != hp->head_dim)
         return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: attention.value_length %d differs from key_length %d",
                         c->path, value_length, hp->head_dim);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: rope.dimension_count %d must be even and at most the head size %d",
                         c->path, hp->n_rot, hp->head_dim);
+    if (hp->attn_softcap > 0.0f || hp->final_softcap > 0.0f) *features |= KVG_F_SOFTCAP;
+    if (hp->n_swa > 0) *features |= KVG_F_SLIDING_WINDOW;
     return KVGEN_OK;
 }
 
@@ -140,48 +154,168 @@ static kvgen_status get_tensor(ctx *c, const char *name, uint64_t ne0, uint64_t 
     return KVGEN_OK;
 }
 
+/* ---- tensors the row does not use ---- */
+
+static int cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)*(const void *const *)a, y = (uintptr_t)*(const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* whether an unused tensor would change the math were it meant to be applied: biases, norms,
+ * RoPE factors, or any tensor name of the table */
+static bool changes_math(const char *name) {
+    size_t n = strlen(name);
+    if (n >= 5 && strcmp(name + n - 5, ".bias") == 0) return true;
+    if (strstr(name, "norm") || strncmp(name, "rope_", 5) == 0) return true;
+    const char *base = name;
+    if (strncmp(name, "blk.", 4) == 0) {
+        base = name + 4;
+        while (*base >= '0' && *base <= '9') base++;
+        if (*base == '.') base++;
+    }
+    for (int r = 0; r < KVG_T_COUNT; r++) {
+        const char *p = kvg_tensor_pattern((kvg_tensor_role)r);
+        if (strncmp(p, "blk.%d.", 7) == 0) p += 7;
+        if (strcmp(p, base) == 0) return true;
+    }
+    return false;
+}
+
+/* appends name to a ", "-separated list of at most 6 names, counting the rest */
+static void list_add(char *buf, size_t size, int *count, const char *name) {
+    if (*count < 6) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, size - len, "%s%s", len ? ", " : "", name);
+    }
+    (*count)++;
+}
+
+/* Every tensor of the file is one the description uses; else an error listing those that
+ * would change the math, or one warning line on stderr listing the others. */
+static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
+    int n_t = kvg_gguf_n_tensors(c->g);
+    size_t n_used = 0, cap = 4 + (size_t)w->hp.n_layer * KVG_T_COUNT;
+    const void **used = malloc(cap * sizeof *used);
+    if (!used) return kvg_fail(c->err, KVGEN_E_NO_MEMORY, "%s: out of memory", c->path);
+    const kvg_tensor *top[] = {w->tok_embd, w->output_norm, w->output, w->rope_freqs};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]) used[n_used++] = top[i];
+    for (int l = 0; l < w->hp.n_layer; l++) {
+        const kvg_layer *L = &w->layers[l];
+        const kvg_tensor *ts[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up,
+                                  L->w_down, L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post_norm,
+                                  L->ffn_post_norm};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i] && n_used < cap) used[n_used++] = ts[i];
+    }
+    qsort(used, n_used, sizeof *used, cmp_ptr);
+    char math[512] = "", other[512] = "";
+    int n_math = 0, n_other = 0;
+    for (int i = 0; i < n_t; i++) {
+        const kvg_tensor *t = kvg_gguf_tensor(c->g, i);
+        const void *key = t;
+        if (bsearch(&key, used, n_used, sizeof *used, cmp_ptr)) continue;
+        if (changes_math(t->name)) list_add(math, sizeof math, &n_math, t->name);
+        else list_add(other, sizeof other, &n_other, t->name);
+    }
+    free(used);
+    if (n_math)
+        return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: %d tensor%s that the %s architecture does not use would "
+                        "change its math: %s%s (the file is mislabelled or of an architecture kvgen does not run)",
+                        c->path, n_math, n_math == 1 ? "" : "s", c->arch->name, math, n_math > 6 ? ", ..." : "");
+    if (n_other)
+        fprintf(stderr, "kvgen: %s: ignoring %d tensor%s the %s architecture does not use: %s%s\n", c->path, n_other,
+                n_other == 1 ? "" : "s", c->arch->name, other, n_other > 6 ? ", ..." : "");
+    return KVGEN_OK;
+}
+
+/* ---- the description ---- */
+
 kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error *err) {
     memset(w, 0, sizeof *w);
-    ctx c = {g, kvg_gguf_path(g), err};
-    kvg_str arch;
-    if (!kvg_gguf_get_str(g, "general.architecture", &arch))
+    ctx c = {.g = g, .path = kvg_gguf_path(g), .err = err};
+    kvg_str name;
+    if (!kvg_gguf_get_str(g, "general.architecture", &name))
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: missing metadata key general.architecture", c.path);
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: llama)",
-                        c.path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
-    kvgen_status st = read_hparams(&c, &w->hp);
+    const kvg_arch *arch = kvg_arch_find(name.ptr, name.len);
+    if (!arch) {
+        char runs[256], known[256];
+        kvg_arch_list(true, runs, sizeof runs);
+        kvg_arch_list(false, known, sizeof known);
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: %s); "
+                        "known, not run yet: %s", c.path, (int)(name.len > 64 ? 64 : name.len), name.ptr, runs,
+                        known[0] ? known : "none");
+    }
+    c.arch = arch;
+    w->arch = arch;
+    w->rope = arch->rope;
+    w->act = arch->act;
+    w->embd_scale = 1.0f;
+    uint32_t features = 0;
+    if (arch->rope == KVG_ROPE_NEOX) features |= KVG_F_ROPE_NEOX;
+    if (arch->act == KVG_ACT_GELU_TANH_GATED) features |= KVG_F_GELU;
+    if (arch->required & KVG_T_BIT(KVG_T_ATTN_QKV))
+        /* the description keeps separate Q, K, V (and gate, up) matrices */
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s needs %s, which kvgen does not run yet", c.path, arch->name,
+                        kvg_feature_name(KVG_F_FUSED_QKV));
+    kvgen_status st = read_hparams(&c, &w->hp, &features);
     if (st) return st;
     const kvg_hparams *hp = &w->hp;
+    if (arch->embd_scale) {
+        w->embd_scale = sqrtf((float)hp->n_embd);
+        features |= KVG_F_EMBD_SCALE;
+    }
     uint64_t embd = (uint64_t)hp->n_embd, vocab = (uint64_t)hp->n_vocab, ff = (uint64_t)hp->n_ff;
     uint64_t q_dim = (uint64_t)hp->n_head * (uint64_t)hp->head_dim;
     uint64_t kv_dim = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+    uint64_t hd = (uint64_t)hp->head_dim;
+    uint32_t want = arch->required | arch->optional;
+#define HAS(role) (want & KVG_T_BIT(KVG_T_##role))
+#define OPT(role) ((arch->required & KVG_T_BIT(KVG_T_##role)) == 0)
     if ((st = get_tensor(&c, "token_embd.weight", embd, vocab, false, false, &w->tok_embd)) ||
         (st = get_tensor(&c, "output_norm.weight", embd, 0, true, false, &w->output_norm)) ||
-        (st = get_tensor(&c, "output.weight", embd, vocab, false, true, &w->output)))
+        (HAS(OUTPUT) && (st = get_tensor(&c, "output.weight", embd, vocab, false, OPT(OUTPUT), &w->output))) ||
+        (HAS(ROPE_FREQS) && (st = get_tensor(&c, "rope_freqs.weight", (uint64_t)hp->n_rot / 2, 0, true,
+                                             OPT(ROPE_FREQS), &w->rope_freqs))))
         return st;
+    if (w->rope_freqs) features |= KVG_F_ROPE_FREQS;
     w->tied = w->output == NULL;
     if (w->tied) w->output = w->tok_embd;
     w->layers = calloc((size_t)hp->n_layer, sizeof *w->layers);
     if (!w->layers) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", c.path);
     for (int i = 0; i < hp->n_layer && !st; i++) {
         kvg_layer *l = &w->layers[i];
-        char name[64];
-#define LAYER_TENSOR(field, suffix, ne0, ne1, f32)                                                   \
-    if (!st) {                                                                                       \
-        snprintf(name, sizeof name, "blk.%d.%s.weight", i, suffix);                                  \
-        st = get_tensor(&c, name, ne0, ne1, f32, false, &l->field);                                  \
+        char tname[64];
+#define LAYER_TENSOR(field, role, ne0, ne1, f32)                                                     \
+    if (!st && HAS(role)) {                                                                          \
+        snprintf(tname, sizeof tname, kvg_tensor_pattern(KVG_T_##role), i);                          \
+        st = get_tensor(&c, tname, ne0, ne1, f32, OPT(role), &l->field);                             \
     }
-        LAYER_TENSOR(attn_norm, "attn_norm", embd, 0, true)
-        LAYER_TENSOR(wq, "attn_q", embd, q_dim, false)
-        LAYER_TENSOR(wk, "attn_k", embd, kv_dim, false)
-        LAYER_TENSOR(wv, "attn_v", embd, kv_dim, false)
-        LAYER_TENSOR(wo, "attn_output", q_dim, embd, false)
-        LAYER_TENSOR(ffn_norm, "ffn_norm", embd, 0, true)
-        LAYER_TENSOR(w_gate, "ffn_gate", embd, ff, false)
-        LAYER_TENSOR(w_up, "ffn_up", embd, ff, false)
-        LAYER_TENSOR(w_down, "ffn_down", ff, embd, false)
+        LAYER_TENSOR(attn_norm, ATTN_NORM, embd, 0, true)
+        LAYER_TENSOR(wq, ATTN_Q, embd, q_dim, false)
+        LAYER_TENSOR(wk, ATTN_K, embd, kv_dim, false)
+        LAYER_TENSOR(wv, ATTN_V, embd, kv_dim, false)
+        LAYER_TENSOR(bq, ATTN_Q_BIAS, q_dim, 0, true)
+        LAYER_TENSOR(bk, ATTN_K_BIAS, kv_dim, 0, true)
+        LAYER_TENSOR(bv, ATTN_V_BIAS, kv_dim, 0, true)
+        LAYER_TENSOR(q_norm, ATTN_Q_NORM, hd, 0, true)
+        LAYER_TENSOR(k_norm, ATTN_K_NORM, hd, 0, true)
+        LAYER_TENSOR(wo, ATTN_OUT, q_dim, embd, false)
+        LAYER_TENSOR(attn_post_norm, ATTN_POST_NORM, embd, 0, true)
+        LAYER_TENSOR(ffn_norm, FFN_NORM, embd, 0, true)
+        LAYER_TENSOR(w_gate, FFN_GATE, embd, ff, false)
+        LAYER_TENSOR(w_up, FFN_UP, embd, ff, false)
+        LAYER_TENSOR(w_down, FFN_DOWN, ff, embd, false)
+        LAYER_TENSOR(ffn_post_norm, FFN_POST_NORM, embd, 0, true)
 #undef LAYER_TENSOR
+        if (l->bq || l->bk || l->bv) features |= KVG_F_ATTN_BIAS;
+        if (l->q_norm || l->k_norm) features |= KVG_F_QK_NORM;
+        if (l->attn_post_norm || l->ffn_post_norm) features |= KVG_F_POST_NORMS;
     }
+#undef HAS
+#undef OPT
+    if (!st) st = check_unused(&c, w);
+    w->features = features;
     if (st) kvg_weights_free(w);
     return st;
 }
@@ -230,9 +364,21 @@ kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops
         st = check_tensor_type(path, top[i], ops, types, n, err);
     for (int l = 0; w->layers && l < w->hp.n_layer && st == KVGEN_OK; l++) {
         const kvg_layer *L = &w->layers[l];
-        const kvg_tensor *ts[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+        const kvg_tensor *ts[] = {L->attn_norm, L->wq,     L->wk, L->wv, L->wo,     L->ffn_norm,       L->w_gate,
+                                  L->w_up,      L->w_down, L->bq, L->bk, L->bv,     L->q_norm,         L->k_norm,
+                                  L->attn_post_norm, L->ffn_post_norm};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0] && st == KVGEN_OK; i++)
             st = check_tensor_type(path, ts[i], ops, types, n, err);
     }
+    if (st == KVGEN_OK) st = check_tensor_type(path, w->rope_freqs, ops, types, n, err);
     return st;
+}
+
+kvgen_status kvg_arch_check_backend(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err) {
+    const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
+    uint32_t missing = m->w.features & ~ops->features;
+    if (!missing) return KVGEN_OK;
+    uint32_t first = missing & (~missing + 1u);
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s needs %s, which the %s backend does not run yet", path,
+                    m->w.arch ? m->w.arch->name : "the model", kvg_feature_name(first), ops->name);
 }

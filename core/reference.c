@@ -1,4 +1,7 @@
 /* reference.c: the CPU reference backend, a plain-C f32 forward pass of a llama-family model.
+ * The facts that differ between architectures (RoPE style, activation, ...) come from the
+ * model description (kvg_weights, from the table in arch.c); model_init refuses a model that
+ * needs a feature this file does not implement (kvg_arch_check_backend).
  *
  * This is the oracle every shader is tested against, so it favours being obviously right
  * over being fast: weights stay in their GGUF encoding, and each output element is one f32
@@ -44,15 +47,7 @@ void kvg_ref_rmsnorm(float *out, const float *x, const float *w, int n, float ep
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-void kvg_ref_rope(float *v, int n_rot, int pos, float base) {
-    for (int i = 0; i < n_rot / 2; i++) {
-        double theta = pos * pow(base, -2.0 * i / n_rot);
-        float c = (float)cos(theta), s = (float)sin(theta);
-        float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * c - b * s;
-        v[2 * i + 1] = a * s + b * c;
-    }
-}
+/* kvg_ref_rope: cpu_pages.c (a page move re-rotates keys with it too) */
 
 void kvg_ref_softmax(float *x, int n) {
     float max = x[0];
@@ -123,6 +118,7 @@ static float *kv_at(const ref_kv *kv, const kvg_hparams *hp, int layer, int whic
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     (void)desc;
     kvgen_status type_st = kvg_weights_check_types(m, &kvg_reference_backend, err);
+    if (type_st == KVGEN_OK) type_st = kvg_arch_check_backend(m, &kvg_reference_backend, err);
     if (type_st != KVGEN_OK) return type_st;
     const kvg_hparams *hp = &m->w.hp;
     const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
@@ -364,6 +360,26 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
+/* RoPE of one head in the model's style (only adjacent pairs pass model_init) */
+static void rope_head(const kvg_weights *w, float *v, int pos) {
+    switch (w->rope) {
+    case KVG_ROPE_ADJACENT:
+    default:
+        kvg_ref_rope(v, w->hp.n_rot, pos, w->hp.rope_freq_base);
+        break;
+    }
+}
+
+/* hb = act(gate) * up, the gated feed-forward's activation (only SiLU passes model_init) */
+static void ffn_activation(const kvg_weights *w, float *hb, const float *hb2, size_t n) {
+    switch (w->act) {
+    case KVG_ACT_SILU_GATED:
+    default:
+        for (size_t i = 0; i < n; i++) hb[i] = kvg_ref_silu(hb[i]) * hb2[i];
+        break;
+    }
+}
+
 /* Runs one block of n <= REF_BLOCK tokens through every layer, token t at slots[t] (its
  * position and cache), leaving the final residual stream in s->x and their K/V in the caches. */
 static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot *slots, const int32_t *tokens,
@@ -396,11 +412,10 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         for (int t = 0; t < n; t++) {
             int pos = slots[t].pos;
             const ref_kv *kv = slots[t].kv;
-            for (int h = 0; h < hp->n_head; h++)
-                kvg_ref_rope(s->q + (size_t)t * qd + (size_t)h * hd, hp->n_rot, pos, hp->rope_freq_base);
+            for (int h = 0; h < hp->n_head; h++) rope_head(&m->w, s->q + (size_t)t * qd + (size_t)h * hd, pos);
             for (int h = 0; h < hp->n_head_kv; h++) {
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
-                kvg_ref_rope(k, hp->n_rot, pos, hp->rope_freq_base);
+                rope_head(&m->w, k, pos);
                 memcpy(kv_at(kv, hp, l, 0, h, pos), k, (size_t)hd * sizeof(float));
                 memcpy(kv_at(kv, hp, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
@@ -420,10 +435,10 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
             kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, rm->ffn_norm + (size_t)l * D, D,
                             hp->rms_norm_eps);
 
-        /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = silu(hb) * hb2 (SwiGLU) */
+        /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = act(hb) * hb2 (SwiGLU for SiLU) */
         matmul_part gu[2] = {{L->w_gate, s->hb}, {L->w_up, s->hb2}};
         matmul(rm->pool, s, s->xb, D, n, 2, gu);
-        for (size_t i = 0; i < (size_t)n * F; i++) s->hb[i] = kvg_ref_silu(s->hb[i]) * s->hb2[i];
+        ffn_activation(&m->w, s->hb, s->hb2, (size_t)n * F);
 
         /* x += hb Wdown                                                    xb: [n][D] */
         matmul_part dn[1] = {{L->w_down, s->xb}};
@@ -571,6 +586,8 @@ static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer
 
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
+    /* Q and the attention output are n_head*head_dim wide throughout, whatever n_embd is */
+    .features = KVG_F_WIDE_HEADS,
     .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
     .model_init = ref_model_init,
     .model_free = ref_model_free,

@@ -113,8 +113,8 @@ void kvg_sampler_free(kvg_sampler *s) {
     free(s->params.bias);
     free(s->cand);
     free(s->counts);
-    kvg_chat_free(s->chat);
-    kvg_pieces_free(s->pieces);
+    if (s->chat) s->chat_ops->free(s->chat);
+    if (s->pieces) s->pieces_free(s->pieces);
     s->params.bias = NULL;
     s->params.n_bias = 0;
     s->cand = NULL;
@@ -125,7 +125,7 @@ void kvg_sampler_free(kvg_sampler *s) {
 
 void kvg_sampler_reset(kvg_sampler *s) {
     kvg_rng_seed(&s->rng, s->params.seed);
-    kvg_chat_free(s->chat); /* an empty session has no conversation to continue */
+    if (s->chat) s->chat_ops->free(s->chat); /* an empty session has no conversation to continue */
     s->chat = NULL;
 }
 
@@ -172,7 +172,8 @@ void kvg_sampler_get(const kvg_sampler *s, kvgen_sampler_desc *d) {
 
 kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_error *err) {
     kvgen_status st = kvg_sampler_init(dst, &src->params, src->n_vocab, err);
-    if (st == KVGEN_OK && src->chat) st = kvg_chat_clone(&dst->chat, src->chat, err);
+    dst->chat_ops = src->chat_ops;
+    if (st == KVGEN_OK && src->chat) st = src->chat_ops->clone(&dst->chat, src->chat, err);
     if (st != KVGEN_OK) {
         kvg_sampler_free(dst);
         return st;
@@ -218,7 +219,7 @@ static float get_f32(const unsigned char *b) {
 }
 
 size_t kvg_sampler_state_size(const kvg_sampler *s) {
-    return STATE_HEAD + (size_t)s->params.n_bias * 8 + 4 + (s->chat ? kvg_chat_state_size(s->chat) : 0);
+    return STATE_HEAD + (size_t)s->params.n_bias * 8 + 4 + (s->chat ? s->chat_ops->state_size(s->chat) : 0);
 }
 
 void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
@@ -241,9 +242,9 @@ void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
         b = put_u32(b, (uint32_t)p->bias[i].token);
         b = put_f32(b, p->bias[i].bias);
     }
-    size_t chat = s->chat ? kvg_chat_state_size(s->chat) : 0;
+    size_t chat = s->chat ? s->chat_ops->state_size(s->chat) : 0;
     b = put_u32(b, (uint32_t)chat);
-    if (chat) kvg_chat_state_save(s->chat, b);
+    if (chat) s->chat_ops->state_save(s->chat, b);
 }
 
 kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err) {
@@ -286,11 +287,14 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
     if (chat_size != size - off)
         st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: chat state of %u bytes, %zu left", (unsigned)chat_size,
                       size - off);
+    else if (chat_size && !s->chat_ops)
+        st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: a chat state of %u bytes, and no chat layer to load it",
+                      (unsigned)chat_size);
     if (st == KVGEN_OK) st = copy_params(&q, &p, s->n_vocab, err);
     free(bias);
     if (st != KVGEN_OK) return st;
     kvg_chat *chat = NULL;
-    if (chat_size) st = kvg_chat_state_load(&chat, b + off, chat_size, err);
+    if (chat_size) st = s->chat_ops->state_load(&chat, b + off, chat_size, err);
     if (st != KVGEN_OK) {
         free(q.bias);
         return st;
@@ -298,7 +302,7 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
     free(s->params.bias);
     s->params = q;
     s->rng = rng;
-    kvg_chat_free(s->chat);
+    if (s->chat) s->chat_ops->free(s->chat);
     s->chat = chat;
     return KVGEN_OK;
 }

@@ -17,53 +17,22 @@ static bool paged(const kvgen_session *s) { return s->model->pool != NULL; }
 static size_t page_size(const kvgen_session *s) { return (size_t)kvg_pool_page_size(s->model->pool); }
 static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page_size(s) - 1) / page_size(s); }
 
-/* ---- the pool ------------------------------------------------------------------------------ */
+/* ---- busy sessions (jobs: worker.c keeps jobs_active) ------------------------------------- */
 
-static kvgen_status commit_page(void *ctx, int32_t page, kvgen_error *err) {
-    kvgen_model *m = ctx;
-    return m->ops->kv_page_commit(m, page, err);
+_Thread_local const struct kvg_worker *kvg_session_worker_thread;
+
+int kvgen_session_busy(const kvgen_session *s) {
+    return s && __atomic_load_n(&s->jobs_active, __ATOMIC_ACQUIRE) > 0;
 }
 
-/* Page size default, by measurement (docs/architecture.md, "KV cache and sessions"): 32 keeps
- * the waste of the one partly filled page per session small (64 forked NPCs waste at most
- * 2048 tokens) while the page-table walk costs nothing measurable on the reference backend
- * (decode at depth 2048 within noise from 16 to 256), and 32 keys are one tile of the
- * attention shader's inner loop. */
-#define KVG_DEFAULT_PAGE 32
-#define KVG_MIN_PAGE 16
-#define KVG_MAX_PAGE 256
-#define KVG_MAX_PAGES (1 << 24)
-
-kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
-    const kvg_backend_ops *ops = m->ops;
-    int P = desc->kv_page_size ? desc->kv_page_size : KVG_DEFAULT_PAGE;
-    if (P < KVG_MIN_PAGE || P > KVG_MAX_PAGE || (P & (P - 1)) != 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                        "kvgen_model_load: kv_page_size %d must be a power of two in [%d, %d] (0: %d)",
-                        desc->kv_page_size, KVG_MIN_PAGE, KVG_MAX_PAGE, KVG_DEFAULT_PAGE);
-    if (desc->kv_contiguous || !ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit ||
-        !ops->forward_paged || !ops->kv_copy || !ops->kv_read || !ops->kv_write)
+kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvgen_error *err) {
+    if (kvg_session_worker_thread && kvg_session_worker_thread == __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE))
         return KVGEN_OK;
-    size_t per_page = (size_t)P * ops->cache_bytes_per_token(m);
-    size_t n_pages;
-    if (desc->kv_pool_bytes) {
-        n_pages = desc->kv_pool_bytes / per_page;
-        if (n_pages == 0)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                            "kvgen_model_load: kv_pool_bytes %zu is less than one KV page (%d tokens = %zu bytes)",
-                            desc->kv_pool_bytes, P, per_page);
-    } else if (desc->kv_pool_tokens) {
-        n_pages = desc->kv_pool_tokens / (size_t)P + (desc->kv_pool_tokens % (size_t)P != 0);
-    } else {
-        n_pages = ops->kv_default_pool_bytes(m) / per_page;
-        if (n_pages == 0) n_pages = 1;
-    }
-    if (n_pages > KVG_MAX_PAGES)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: a KV pool of %zu pages is more than %d",
-                        n_pages, KVG_MAX_PAGES);
-    kvgen_status st = ops->kv_pages_init(m, P, (int32_t)n_pages, err);
-    if (st == KVGEN_OK) st = kvg_pool_create(P, (int32_t)n_pages, per_page, commit_page, m, &m->pool, err);
-    return st;
+    if (!kvgen_session_busy(s)) return KVGEN_OK;
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                    "%s: session %p is busy: a job on it is queued or running on the model's worker (poll the job "
+                    "until it is final, or cancel it first; kvgen_session_busy tells when it is free)",
+                    fn, (const void *)s);
 }
 
 void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
@@ -254,7 +223,8 @@ kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *
 void kvgen_session_close(kvgen_session *s) {
     if (!s) return;
     kvgen_model *m = s->model;
-    if (__atomic_load_n(&m->worker, __ATOMIC_ACQUIRE)) kvg_worker_session_closing(s);
+    void (*closing)(kvgen_session *) = __atomic_load_n(&m->on_session_close, __ATOMIC_ACQUIRE);
+    if (closing) closing(s); /* the worker cancels the session's jobs and lets go of it */
     session_free(s);
     __atomic_sub_fetch(&m->n_sessions, 1, __ATOMIC_RELAXED);
     kvgen_model_unload(m); /* drops the session's reference */
@@ -363,7 +333,7 @@ static kvgen_status capture(kvgen_session *s, const int32_t *tokens, size_t n, f
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
                                    kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
-    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_prefill", err);
+    kvgen_status busy = kvg_session_check_host(s, "kvgen_session_prefill", err);
     if (busy != KVGEN_OK) return busy;
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
@@ -486,7 +456,7 @@ static kvgen_status defer_decode(kvgen_session *s, int32_t token, kvgen_error *e
 
 kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
-    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_decode", err);
+    kvgen_status busy = kvg_session_check_host(s, "kvgen_session_decode", err);
     if (busy != KVGEN_OK) return busy;
     if (s->defer_decode && !s->no_cache) return defer_decode(s, token, err);
     return kvgen_session_prefill(s, &token, 1, NULL, err);
@@ -555,7 +525,7 @@ int32_t kvg_session_sample_masked(kvgen_session *s, const uint8_t *allowed) {
 }
 
 int32_t kvgen_session_sample(kvgen_session *s) {
-    if (s && kvg_worker_check_host(s, "kvgen_session_sample", NULL) != KVGEN_OK) return -1; /* busy */
+    if (s && kvg_session_check_host(s, "kvgen_session_sample", NULL) != KVGEN_OK) return -1; /* busy */
     return kvg_session_sample_masked(s, NULL);
 }
 
@@ -564,7 +534,7 @@ size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0
 const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->tokens : NULL; }
 
 void kvgen_session_reset(kvgen_session *s) {
-    if (!s || kvg_worker_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
+    if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
     /* a contiguous cache needs no clearing: positions past the length are never read */
     if (paged(s)) drop_pages(s, 0);
     s->n_tokens = 0;
@@ -580,7 +550,7 @@ void kvgen_session_reset(kvgen_session *s) {
 
 kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: session is NULL");
-    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_rewind", err);
+    kvgen_status busy = kvg_session_check_host(s, "kvgen_session_rewind", err);
     if (busy != KVGEN_OK) return busy;
     if (n > s->n_tokens)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: cannot drop %zu tokens of %zu", n,
@@ -612,7 +582,7 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     if (child) *child = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: session is NULL");
     if (!child) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: child is NULL");
-    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_fork", err);
+    kvgen_status busy = kvg_session_check_host(s, "kvgen_session_fork", err);
     if (busy != KVGEN_OK) return busy;
     kvgen_model *m = s->model;
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
@@ -707,7 +677,7 @@ void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
 kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int which, float *out, size_t n_floats,
                                       kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
-    kvgen_status busy = kvg_worker_check_host(s, "kvgen_session_read_cache", err);
+    kvgen_status busy = kvg_session_check_host(s, "kvgen_session_read_cache", err);
     if (busy != KVGEN_OK) return busy;
     const kvg_hparams *hp = &s->model->w.hp;
     if (layer < 0 || layer >= hp->n_layer)

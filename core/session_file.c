@@ -336,6 +336,8 @@ static int sync_folder(const char *target) {
  * one; a failure removes only the temporary file. */
 kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_save: session is NULL");
+    kvgen_status busy_ = kvg_session_check_host(s, "kvgen_session_save", err);
+    if (busy_ != KVGEN_OK) return busy_;
     if (!path || !*path) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_save: path is empty");
     char *target = NULL;
     struct stat sb;
@@ -653,6 +655,7 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
                             .no_prefix_reuse = (flags & FLAG_PREFIX_REUSE) == 0};
     st = kvg_session_new(model, &d, NULL, &s, err);
     if (st != KVGEN_OK) goto done;
+    s->sampler.chat_ops = &kvg_chat_state_ops; /* the blob may hold a chat state */
     st = kvg_sampler_state_load(&s->sampler, sampler, (size_t)sampler_bytes, &why);
     if (st != KVGEN_OK) REFUSE(st, "kvgen_session_restore: %s: %s", path, why.message);
     s->clean_len = clean_len == UINT64_MAX || clean_len > n ? KVG_CLEAN_ALL : (size_t)clean_len;

@@ -13,6 +13,11 @@
  * command buffer of a session is recorded once and replayed; descriptor sets are written when
  * the session is created. Nothing is allocated on the per-token path.
  *
+ * The architecture's facts come from the model description (kvg_weights): the FFN epilogue
+ * follows its activation; model_init refuses a model needing a feature the shaders do not
+ * implement yet (kvg_arch_check_backend, `.features` below), e.g. NEOX RoPE, as the QKV
+ * epilogue rotates adjacent pairs only.
+ *
  * A batched decode (forward_batch, paged pool) runs one token each of up to BATCH_MAX sessions
  * as the columns of one step, so the mat-vecs read each weight once for all of them: params
  * give every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab),
@@ -80,6 +85,7 @@ typedef struct vk_model {
     bool tied;
     kvg_vk_buffer out_norm;
     vk_layer *layers;
+    int ffn_epi;                 /* the gate/up epilogue: the model's activation (EPI_SWIGLU) */
     /* scratch shared by the sessions: steps are serialised by ctx->lock */
     uint32_t chunk;              /* tokens per step */
     uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
@@ -657,7 +663,7 @@ static kvgen_status walk_step(walk *w) {
                           .ldo = vm->ld_x, .ncols = w->n};
         if (st == KVGEN_OK) st = op_matmul(w, &wo);
         prof_mark(w, 3);
-        matmul_args gu = {.m = &L->gateup, .epi = EPI_SWIGLU, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
+        matmul_args gu = {.m = &L->gateup, .epi = vm->ffn_epi, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
                           .ldx = vm->ld_x, .ldo = vm->ld_h, .ncols = w->n};
         if (st == KVGEN_OK) st = op_matmul(w, &gu);
         prof_mark(w, 4);
@@ -750,6 +756,7 @@ static void vk_model_free(kvgen_model *m) {
 
 static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     kvgen_status type_st = kvg_weights_check_types(m, &kvg_vulkan_backend, err); /* before any device work */
+    if (type_st == KVGEN_OK) type_st = kvg_arch_check_backend(m, &kvg_vulkan_backend, err);
     if (type_st != KVGEN_OK) return type_st;
     const kvg_hparams *hp = &m->w.hp;
     const char *path = desc->path ? desc->path : "model";
@@ -766,6 +773,13 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (!vm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     m->backend = vm;
     vm->hp = *hp;
+    /* the step's ops from the description: only what kvg_arch_check_backend let through */
+    switch (m->w.act) {
+    case KVG_ACT_SILU_GATED:
+    default:
+        vm->ffn_epi = EPI_SWIGLU;
+        break;
+    }
     pthread_mutex_init(&vm->rope_mu, NULL);
     vm->rope_mu_init = true;
     pthread_mutex_init(&vm->bat_mu, NULL);
@@ -1589,6 +1603,10 @@ static kvgen_status vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src
 
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
+    /* the plain llama pass (adjacent-pair RoPE in the QKV epilogue, SwiGLU, no biases or extra
+     * norms); Q and the attention output have their own stride (ld_q), so heads x head_dim may
+     * differ from n_embd */
+    .features = KVG_F_WIDE_HEADS,
     .weight_types = vk_weight_types,
     .model_init = vk_model_init,
     .model_free = vk_model_free,

@@ -20,9 +20,10 @@
  * freed on a host thread after every job and session is gone.
  *
  * Busy sessions: a session with a job that is not final (released or not) belongs to the
- * worker. kvgen_session_busy answers that under w->mu, and kvg_worker_check_host lets session.c
- * refuse such a session to every thread but the model's worker (which marks itself in a
- * thread-local), so the host cannot touch a session the worker is using. */
+ * worker: the worker counts such jobs in the session (s->jobs_active, changed under w->mu), which
+ * kvgen_session_busy reads, and kvg_session_check_host (session.c) refuses the session to every
+ * thread but the model's worker (which marks itself in kvg_session_worker_thread), so the host
+ * cannot touch a session the worker is using. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdalign.h>
@@ -36,7 +37,6 @@
 #include "kvg_generate.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
-#include "kvg_worker.h"
 
 #define DEFAULT_PREFILL_CHUNK 32
 #define DEFAULT_MAX_BATCH 64
@@ -115,9 +115,6 @@ typedef struct kvg_worker {
     size_t logits_cap;
 } kvg_worker;
 
-/* the worker this thread runs, if it is a worker thread (set once in worker_main) */
-static _Thread_local const kvg_worker *tl_worker;
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -126,6 +123,13 @@ static double now_ms(void) {
 
 static bool is_final(kvgen_job_state st) {
     return st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED;
+}
+
+/* Under w->mu: every change of a job's published state goes through here, so that its
+ * session's count of jobs that are not final (s->jobs_active, kvgen_session_busy) stays exact. */
+static void set_state(kvgen_job *j, kvgen_job_state st) {
+    if (j->s && !is_final(j->state) && is_final(st)) __atomic_sub_fetch(&j->s->jobs_active, 1, __ATOMIC_RELEASE);
+    j->state = st;
 }
 
 const char *kvgen_job_state_name(kvgen_job_state st) {
@@ -220,7 +224,7 @@ static void job_free(kvgen_job *j) {
     free(j->stops);
     free(j->cons_arena);
     free(j->prompt_toks.v);
-    kvg_chat_free(j->chat_before);
+    kvg_chat_state_ops.free(j->chat_before);
     free(j->out.p);
     free(j->wout.p);
     free(j->host_text.p);
@@ -322,6 +326,8 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
 /* ---- the worker object ------------------------------------------------------------------- */
 
 static void *worker_main(void *arg);
+static void kvg_worker_destroy(kvgen_model *m);
+static void kvg_worker_session_closing(kvgen_session *s);
 
 static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
     kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
@@ -344,6 +350,9 @@ static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
         free(w);
         return expected;
     }
+    /* from now on model_free stops it first, and a session close makes it let go of the session */
+    __atomic_store_n(&m->on_session_close, kvg_worker_session_closing, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->on_unload, kvg_worker_destroy, __ATOMIC_RELEASE);
     return w;
 }
 
@@ -355,7 +364,7 @@ static void unlink_job(kvg_worker *w, kvgen_job *j) {
     j->prev = j->next = NULL;
 }
 
-void kvg_worker_destroy(kvgen_model *m) {
+static void kvg_worker_destroy(kvgen_model *m) {
     kvg_worker *w = m->worker;
     if (!w) return;
     pthread_mutex_lock(&w->mu);
@@ -410,34 +419,6 @@ void kvgen_jobs_get_stats(kvgen_model *m, kvgen_jobs_stats *stats) {
     pthread_mutex_unlock(&w->mu);
 }
 
-/* ---- busy sessions --------------------------------------------------------------------------- */
-
-/* under w->mu: a job of the session is not final (queued, prefilling, generating; released jobs
- * count until the worker has let go of them) */
-static bool session_busy_locked(const kvg_worker *w, const kvgen_session *s) {
-    for (const kvgen_job *j = w->head; j; j = j->next)
-        if (j->s == s && !is_final(j->state)) return true;
-    return false;
-}
-
-int kvgen_session_busy(const kvgen_session *s) {
-    kvg_worker *w = s ? __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE) : NULL;
-    if (!w) return 0; /* no job was ever submitted on the model */
-    pthread_mutex_lock(&w->mu);
-    bool busy = session_busy_locked(w, s);
-    pthread_mutex_unlock(&w->mu);
-    return busy;
-}
-
-kvgen_status kvg_worker_check_host(const kvgen_session *s, const char *fn, kvgen_error *err) {
-    kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
-    if (!w || tl_worker == w || !kvgen_session_busy(s)) return KVGEN_OK;
-    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                    "%s: session %p is busy: a job on it is queued or running on the model's worker (poll the job "
-                    "until it is final, or cancel it first; kvgen_session_busy tells when it is free)",
-                    fn, (const void *)s);
-}
-
 /* ---- host calls ----------------------------------------------------------------------------- */
 
 kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvgen_job **out, kvgen_error *err) {
@@ -478,6 +459,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
         w->started = true;
     }
     __atomic_add_fetch(&m->refcount, 1, __ATOMIC_RELAXED); /* dropped by kvgen_job_release */
+    __atomic_add_fetch(&s->jobs_active, 1, __ATOMIC_RELEASE); /* QUEUED: the session is the worker's */
     j->seq = ++w->seq;
     j->t_submit = now_ms();
     j->prev = w->tail;
@@ -492,7 +474,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
 
 /* under w->mu, for a job the worker does not hold */
 static void finish_now(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
-    j->state = state;
+    set_state(j, state);
     j->finish = why;
     j->t_end = now_ms();
 }
@@ -642,7 +624,7 @@ int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) 
     return n;
 }
 
-void kvg_worker_session_closing(kvgen_session *s) {
+static void kvg_worker_session_closing(kvgen_session *s) {
     kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
     if (!w) return;
     pthread_mutex_lock(&w->mu);
@@ -767,7 +749,7 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
         if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
         if (j->chat_saved) {
             kvg_sampler *sm = kvg_session_sampler(s);
-            kvg_chat_free(sm->chat);
+            kvg_chat_state_ops.free(sm->chat);
             sm->chat = j->chat_before;
             j->chat_before = NULL;
             j->chat_saved = false;
@@ -794,7 +776,7 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
     kvgen_status st = KVGEN_OK;
     if (j->prompt == KVGEN_PROMPT_CHAT) {
         kvg_sampler *sm = kvg_session_sampler(s);
-        st = sm->chat ? kvg_chat_clone(&j->chat_before, sm->chat, e) : KVGEN_OK;
+        st = sm->chat ? kvg_chat_state_ops.clone(&j->chat_before, sm->chat, e) : KVGEN_OK;
         if (st == KVGEN_OK) {
             j->chat_saved = true;
             s->capture = &j->prompt_toks;
@@ -908,7 +890,7 @@ static void commit_step(kvg_worker *w) {
             if (kvg_buf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
         }
         if (j->wn_gen > j->n_gen) w->stats.decode_tokens += (uint64_t)(j->wn_gen - j->n_gen);
-        j->state = j->wstate;
+        set_state(j, j->wstate);
         j->finish = j->wfinish;
         j->error = j->werr;
         j->prompt_total = j->wprompt_total;
@@ -930,7 +912,7 @@ static void commit_step(kvg_worker *w) {
 
 static void *worker_main(void *arg) {
     kvg_worker *w = arg;
-    tl_worker = w; /* its session calls are never refused as busy (kvg_worker_check_host) */
+    kvg_session_worker_thread = w; /* its session calls are never refused as busy */
     pthread_mutex_lock(&w->mu);
     int nice_inc = w->cfg.nice == 0 ? DEFAULT_NICE : w->cfg.nice;
 #if defined(__linux__)
@@ -952,49 +934,4 @@ static void *worker_main(void *arg) {
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;
-}
-
-/* ---- benchmark helper (kvg_worker.h) ----------------------------------------------------------- */
-
-kvgen_status kvg_jobs_bench(kvgen_model *m, int n_sessions, int n_tokens, double *tokens_per_s, kvgen_error *err) {
-    *tokens_per_s = 0;
-    if (!m || n_sessions <= 0 || n_tokens <= 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_jobs_bench: %d sessions, %d tokens", n_sessions, n_tokens);
-    kvgen_session **ss = calloc((size_t)n_sessions, sizeof *ss);
-    kvgen_job **jobs = calloc((size_t)n_sessions, sizeof *jobs);
-    kvgen_status st = ss && jobs ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvg_jobs_bench: out of memory");
-    kvgen_model_info info;
-    kvgen_model_get_info(m, &info);
-    int32_t prompt = info.bos >= 0 ? info.bos : 1;
-    kvgen_session_desc sd = {.n_ctx = n_tokens + 16, .no_prefix_reuse = 1};
-    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) st = kvgen_session_create(m, &sd, &ss[i], err);
-    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
-        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &prompt, .n_tokens = 1,
-                            .gen = {.max_tokens = n_tokens, .ignore_eog = 1}, .owner = jobs};
-        st = kvgen_job_submit(ss[i], &d, &jobs[i], err);
-    }
-    double first = -1, last = -1, total = 0;
-    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
-        kvgen_job_info ji;
-        for (;;) {
-            kvgen_job_get_info(jobs[i], &ji);
-            if (is_final(ji.state)) break;
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
-        if (ji.state != KVGEN_JOB_DONE) {
-            if (err) *err = ji.error;
-            st = ji.error.status != KVGEN_OK ? ji.error.status : KVGEN_E_INTERNAL;
-            break;
-        }
-        if (first < 0 || ji.first_token_ms < first) first = ji.first_token_ms;
-        if (ji.total_ms > last) last = ji.total_ms;
-        total += ji.n_tokens;
-    }
-    if (st == KVGEN_OK && last > first) *tokens_per_s = total / ((last - first) / 1e3);
-    for (int i = 0; jobs && i < n_sessions; i++) kvgen_job_release(jobs[i]);
-    for (int i = 0; ss && i < n_sessions; i++) kvgen_session_close(ss[i]);
-    free(jobs);
-    free(ss);
-    return st;
 }

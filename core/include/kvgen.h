@@ -116,7 +116,7 @@ typedef enum kvgen_tokenizer_kind {
 
 typedef struct kvgen_model_info {
     const char *name;         /* general.name or the file name */
-    const char *architecture; /* "llama" */
+    const char *architecture; /* the architecture table row ("llama", ...) */
     const char *backend;      /* "reference" or "vulkan" */
     const char *device;       /* device name ("cpu" for the reference backend) */
     int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot;
@@ -596,12 +596,12 @@ kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *can
  *   kvgen_session_busy says so. Allowed meanwhile: further kvgen_job_submit calls (queued in
  *   order) and kvgen_session_close, which cancels its jobs safely (it waits for at most the
  *   one worker step that may be using the session). Refused from any thread but the worker:
- *   kvgen_session_prefill, kvgen_session_decode, kvgen_session_rewind, kvgen_session_fork and
- *   kvgen_session_read_cache fail with KVGEN_E_INVALID_ARGUMENT ("kvgen_session_prefill:
- *   session 0x... is busy: a job on it is queued or running ...") and change nothing;
- *   kvgen_session_sample returns -1 and kvgen_session_reset does nothing. Do not call the other
- *   kvgen_session_* / kvgen_chat_* / kvgen_gen_* functions on it either (the getters' answers
- *   are stale at once): check kvgen_session_busy first.
+ *   kvgen_session_prefill, _decode, _rewind, _fork, _read_cache, _set_sampler, _choose and
+ *   _save, kvgen_chat_add, _begin, _gen_begin and _set_template, kvgen_gen_begin and
+ *   _begin_prompt fail with KVGEN_E_INVALID_ARGUMENT ("kvgen_session_prefill: session 0x...
+ *   is busy: a job on it is queued or running ...") and change nothing;
+ *   kvgen_session_sample returns -1 and kvgen_session_reset does nothing. The getters answer,
+ *   but their answers are stale at once: check kvgen_session_busy first.
  * - kvgen_poll / kvgen_job_poll / kvgen_job_get_info never wait for the model: they take a
  *   lock the worker holds only for bookkeeping, never during a forward pass. There are no
  *   callbacks; the worker never calls into the host. Poll a given job from one thread at a
@@ -692,8 +692,8 @@ void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
 
 /* 1 while the session has a job that is not final, queued or running on the model's worker
  * (a released job counts until the worker has let go of it, at its next step), else 0; 0 for
- * NULL. Thread-safe and non-blocking: it takes the lock a poll takes, never waits for the
- * model, and starts no worker. A session that is not busy is the host's again: nothing of the
+ * NULL. Thread-safe and non-blocking (an atomic read of the session's count of jobs that are
+ * not final): it never waits for the model and starts no worker. A session that is not busy is the host's again: nothing of the
  * worker's touches it before the next submit. */
 int kvgen_session_busy(const kvgen_session *session);
 

@@ -698,11 +698,37 @@ static void test_busy_session(const char *path) {
     CHECK(child == NULL);
     float cache[64];
     REFUSED(kvgen_session_read_cache(a, 0, 0, cache, 64, &err), "kvgen_session_read_cache");
-    /* calls built on them: a prompt is not appended (the prefill is refused) */
+    /* the generation, chat, choice and save calls: refused before they touch the session */
     kvgen_gen *g = (kvgen_gen *)&err;
     kvgen_generate_desc gd = {.max_tokens = 2};
-    REFUSED(kvgen_gen_begin_prompt(a, p, 5, &gd, &g, &err), "kvgen_session_prefill");
+    REFUSED(kvgen_gen_begin_prompt(a, p, 5, &gd, &g, &err), "kvgen_gen_begin_prompt");
     CHECK(g == NULL);
+    g = (kvgen_gen *)&err;
+    REFUSED(kvgen_gen_begin(a, &gd, &g, &err), "kvgen_gen_begin");
+    CHECK(g == NULL);
+    g = (kvgen_gen *)&err;
+    REFUSED(kvgen_chat_gen_begin(a, "user", "hi", &gd, &g, &err), "kvgen_chat_gen_begin");
+    CHECK(g == NULL);
+    REFUSED(kvgen_chat_add(a, "user", "hi", &err), "kvgen_chat_add");
+    REFUSED(kvgen_chat_begin(a, "user", "hi", &err), "kvgen_chat_begin");
+    kvgen_chat_template tpl = {.name = "chatml"};
+    REFUSED(kvgen_chat_set_template(a, &tpl, &err), "kvgen_chat_set_template");
+    kvgen_sampler_desc sampler_before, sampler_after, greedy = {.temperature = 0};
+    kvgen_session_get_sampler(a, &sampler_before);
+    greedy.seed = sampler_before.seed + 1;
+    REFUSED(kvgen_session_set_sampler(a, &greedy, &err), "kvgen_session_set_sampler");
+    kvgen_session_get_sampler(a, &sampler_after);
+    CHECK(sampler_after.seed == sampler_before.seed);
+    const char *cands[] = {"a", "b"};
+    kvgen_choice results[2];
+    REFUSED(kvgen_session_choose(a, cands, 2, results, &err), "kvgen_session_choose");
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s/busy_session.kvs", getenv("KVGEN_TEST_TMP") ? getenv("KVGEN_TEST_TMP") : ".");
+    remove(saved);
+    REFUSED(kvgen_session_save(a, saved, &err), "kvgen_session_save");
+    FILE *written = fopen(saved, "rb");
+    CHECK(written == NULL); /* nothing was written */
+    if (written) fclose(written);
 #undef REFUSED
     CHECK(kvgen_session_sample(a) == -1);
     kvgen_session_reset(a); /* left alone: checked below, the prompt is still there */

@@ -2,7 +2,12 @@
  *
  *   kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N]
  *                 [--ctx N] [--rope-base F] [--type T] [--embd-type T] [--untied]
- *                 [--vocab VOCAB.gguf] [--vocab-size N]
+ *                 [--vocab VOCAB.gguf] [--vocab-size N] [--head-dim N] [--arch NAME] [--qkv-bias]
+ *
+ * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
+ * differ from --embd); --arch labels the file NAME and writes its metadata under "NAME."
+ * (the tensors stay llama's); --qkv-bias adds F32 attn_q/k/v.bias tensors. Tests use these to
+ * build files of other architectures, or llama files carrying tensors llama does not use.
  *
  * T is any type of quant.c's traits table that can be quantized to (--help lists them).
  * The weights are meaningless but well-scaled (normal-ish, std 0.02 to 0.08; norm weights near 1),
@@ -16,12 +21,12 @@
 #include "kvg_quant.h"
 
 typedef struct options {
-    const char *out, *vocab_path;
+    const char *out, *vocab_path, *arch;
     uint64_t seed;
     int layers, embd, ff, heads, kv_heads, ctx, vocab_size;
     float rope_base;
     uint32_t type, embd_type;
-    int untied;
+    int untied, head_dim, qkv_bias;
 } options;
 
 typedef struct rng {
@@ -72,7 +77,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
             "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
-            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n",
+            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
+            "                     [--head-dim N] [--arch NAME] [--qkv-bias]\n",
             types);
 }
 
@@ -119,6 +125,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->untied = 1;
             continue;
         }
+        if (strcmp(a, "--qkv-bias") == 0) {
+            o->qkv_bias = 1;
+            continue;
+        }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvgen-mkmodel: %s needs a value\n", a);
@@ -142,6 +152,14 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--ctx") == 0) rc = parse_int(a, v, &o->ctx);
         else if (strcmp(a, "--vocab-size") == 0) rc = parse_int(a, v, &o->vocab_size);
         else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
+        else if (strcmp(a, "--head-dim") == 0) rc = parse_int(a, v, &o->head_dim);
+        else if (strcmp(a, "--arch") == 0) {
+            o->arch = v;
+            if (!*v || strlen(v) > 32) {
+                fprintf(stderr, "kvgen-mkmodel: --arch needs a name of 1 to 32 characters\n");
+                rc = -1;
+            }
+        }
         else if (strcmp(a, "--type") == 0) rc = parse_type(a, v, &o->type);
         else if (strcmp(a, "--embd-type") == 0) {
             rc = parse_type(a, v, &o->embd_type);
@@ -165,7 +183,8 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (!embd_type_set) o->embd_type = o->type;
     if (!o->kv_heads) o->kv_heads = o->heads;
-    if (o->embd % o->heads) {
+    if (!o->arch) o->arch = "llama";
+    if (o->embd % o->heads && !o->head_dim) {
         fprintf(stderr, "kvgen-mkmodel: --embd %d is not a multiple of --heads %d\n", o->embd, o->heads);
         return -1;
     }
@@ -173,17 +192,18 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "kvgen-mkmodel: --heads %d is not a multiple of --kv-heads %d\n", o->heads, o->kv_heads);
         return -1;
     }
-    if ((o->embd / o->heads) % 2) {
-        fprintf(stderr, "kvgen-mkmodel: the head size %d must be even (rope rotates pairs)\n", o->embd / o->heads);
+    int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
+    if (head_dim % 2) {
+        fprintf(stderr, "kvgen-mkmodel: the head size %d must be even (rope rotates pairs)\n", head_dim);
         return -1;
     }
     const uint32_t checks[][2] = {{o->type, (uint32_t)o->embd}, {o->type, (uint32_t)o->ff},
-                                  {o->embd_type, (uint32_t)o->embd}};
-    for (size_t i = 0; i < 3; i++) {
+                                  {o->embd_type, (uint32_t)o->embd}, {o->type, (uint32_t)(o->heads * head_dim)}};
+    for (size_t i = 0; i < 4; i++) {
         uint32_t be = kvg_type_block_elems(checks[i][0]);
         if (checks[i][1] % be) {
-            fprintf(stderr, "kvgen-mkmodel: type %s needs row lengths that are multiples of %u (--embd %d, --ff %d)\n",
-                    kvg_type_name(checks[i][0]), be, o->embd, o->ff);
+            fprintf(stderr, "kvgen-mkmodel: type %s needs row lengths that are multiples of %u (--embd %d, --ff %d, "
+                    "heads x head size %d)\n", kvg_type_name(checks[i][0]), be, o->embd, o->ff, o->heads * head_dim);
             return -1;
         }
     }
@@ -371,7 +391,7 @@ int main(int argc, char **argv) {
     vocab v = {0};
     int rc = 1;
     if (!w) goto done;
-    kvg_gguf_set_str(w, "general.architecture", "llama");
+    kvg_gguf_set_str(w, "general.architecture", o.arch);
     kvg_gguf_set_str(w, "general.name", "kvgen-mkmodel random llama");
     int n_vocab;
     if (o.vocab_path) {
@@ -388,21 +408,28 @@ int main(int argc, char **argv) {
         if (vr != 0 || write_synthetic_tokenizer(w, &v) != 0) goto done;
         n_vocab = v.n;
     }
-    int head_dim = o.embd / o.heads;
-    kvg_gguf_set_u32(w, "llama.block_count", (uint32_t)o.layers);
-    kvg_gguf_set_u32(w, "llama.context_length", (uint32_t)o.ctx);
-    kvg_gguf_set_u32(w, "llama.embedding_length", (uint32_t)o.embd);
-    kvg_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)o.ff);
-    kvg_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)o.heads);
-    kvg_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)o.kv_heads);
-    kvg_gguf_set_f32(w, "llama.rope.freq_base", o.rope_base);
-    kvg_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    kvg_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim);
-    kvg_gguf_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
+    int head_dim = o.head_dim ? o.head_dim : o.embd / o.heads;
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", o.arch, suffix), key)
+    kvg_gguf_set_u32(w, KEY("block_count"), (uint32_t)o.layers);
+    kvg_gguf_set_u32(w, KEY("context_length"), (uint32_t)o.ctx);
+    kvg_gguf_set_u32(w, KEY("embedding_length"), (uint32_t)o.embd);
+    kvg_gguf_set_u32(w, KEY("feed_forward_length"), (uint32_t)o.ff);
+    kvg_gguf_set_u32(w, KEY("attention.head_count"), (uint32_t)o.heads);
+    kvg_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o.kv_heads);
+    kvg_gguf_set_f32(w, KEY("rope.freq_base"), o.rope_base);
+    kvg_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    kvg_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim);
+    kvg_gguf_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab);
+    if (o.head_dim) {
+        kvg_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)head_dim);
+        kvg_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)head_dim);
+    }
+#undef KEY
     kvg_gguf_set_u32(w, "general.file_type", o.type);
 
     rng r = {o.seed * 0x2545f4914f6cdd1dull + 1};
-    int kv_dim = o.kv_heads * head_dim;
+    int kv_dim = o.kv_heads * head_dim, q_dim = o.heads * head_dim;
     int err = add_matrix(w, &r, "token_embd.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
     for (int l = 0; l < o.layers && !err; l++) {
         char name[64];
@@ -413,10 +440,10 @@ int main(int argc, char **argv) {
         err = add_matrix(w, &r, name, type, cols, rows, mean, std);                                  \
     }
         M("attn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
-        M("attn_q", o.type, o.embd, o.embd, 0.0f, se)
+        M("attn_q", o.type, o.embd, q_dim, 0.0f, se)
         M("attn_k", o.type, o.embd, kv_dim, 0.0f, se)
         M("attn_v", o.type, o.embd, kv_dim, 0.0f, se)
-        M("attn_output", o.type, o.embd, o.embd, 0.0f, se)
+        M("attn_output", o.type, q_dim, o.embd, 0.0f, matrix_std(q_dim))
         M("ffn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
         M("ffn_gate", o.type, o.embd, o.ff, 0.0f, se)
         M("ffn_up", o.type, o.embd, o.ff, 0.0f, se)
@@ -425,6 +452,15 @@ int main(int argc, char **argv) {
     }
     if (!err) err = add_matrix(w, &r, "output_norm.weight", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f);
     if (!err && o.untied) err = add_matrix(w, &r, "output.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
+    /* after every other tensor, so that the others are the same with and without them */
+    for (int l = 0; l < o.layers && !err && o.qkv_bias; l++) {
+        char name[64];
+        const char *parts[3] = {"attn_q", "attn_k", "attn_v"};
+        for (int p = 0; p < 3 && !err; p++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, parts[p]);
+            err = add_matrix(w, &r, name, KVG_TYPE_F32, p ? kv_dim : q_dim, 1, 0.0f, 0.05f);
+        }
+    }
     if (err) goto done;
     kvgen_error e = {0};
     if (kvg_gguf_writer_save(w, o.out, &e) != KVGEN_OK) {

@@ -1,0 +1,447 @@
+/* test_arch.c: the architecture table (arch.c) and the model description built from it: the
+ * llama row as before, metadata read through a row's prefix, architectures whose features a
+ * backend does not run refused with a message naming file, architecture, feature and backend,
+ * unknown architectures listing the known ones, tensors the row does not use refused (when
+ * they would change the math) or warned about, and heads wider than n_embd / n_head run by
+ * both backends alike. */
+#define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+#include "kvg_arch.h"
+#include "kvg_model.h"
+#include "kvg_quant.h"
+#include "testutil.h"
+
+static bool has_vulkan;
+
+/* describes a file into w (kept: the caller frees w and g); the status, message in err */
+static kvgen_status open_describe(const char *path, kvg_gguf **g, kvg_weights *w, kvgen_error *err) {
+    *g = NULL;
+    memset(w, 0, sizeof *w);
+    kvgen_status st = kvg_gguf_open(path, g, err);
+    if (st) return st;
+    return kvg_weights_describe(*g, w, err);
+}
+
+/* loads through the public API; the status, message in err, model in *out (NULL on failure) */
+static kvgen_status load(const char *path, kvgen_backend backend, kvgen_model **out, kvgen_error *err) {
+    kvgen_model_desc d = {.path = path, .backend = backend, .n_threads = 1};
+    *out = NULL;
+    return kvgen_model_load(&d, out, err);
+}
+
+/* A copy of src: general.architecture set to arch (NULL: kept); each of the n_extra tensors
+ * extra[i] ("blk.%d.NAME" patterns get one per layer) added as F32 [ne0] near 1. */
+typedef struct extra_tensor {
+    const char *pattern;
+    uint64_t ne0;
+} extra_tensor;
+
+static char *rewrite(const char *src_path, const char *name, const char *arch, const extra_tensor *extra,
+                     int n_extra) {
+    kvg_gguf *src = NULL;
+    kvgen_error err = {0};
+    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
+    kvg_gguf_writer *w = kvg_gguf_writer_new();
+    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
+    if (arch) kvg_gguf_set_str(w, "general.architecture", arch);
+    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
+        const kvg_tensor *t = kvg_gguf_tensor(src, i);
+        kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+    }
+    uint32_t n_layer = 0;
+    kvg_str a;
+    char key[96];
+    if (kvg_gguf_get_str(src, "general.architecture", &a)) {
+        snprintf(key, sizeof key, "%.*s.block_count", (int)a.len, a.ptr);
+        kvg_gguf_get_u32(src, key, &n_layer);
+    }
+    for (int e = 0; e < n_extra; e++) {
+        bool per_layer = strstr(extra[e].pattern, "%d") != NULL;
+        float *data = malloc(extra[e].ne0 * sizeof *data);
+        for (uint64_t j = 0; j < extra[e].ne0; j++) data[j] = 1.0f + 0.01f * (float)(j % 7);
+        for (uint32_t l = 0; l < (per_layer ? n_layer : 1); l++) {
+            char tname[96];
+            snprintf(tname, sizeof tname, extra[e].pattern, (int)l);
+            uint64_t ne[1] = {extra[e].ne0};
+            kvg_gguf_add_tensor(w, tname, KVG_TYPE_F32, 1, ne, data, extra[e].ne0 * sizeof *data);
+        }
+        free(data);
+    }
+    char *path = tu_tmpfile(name);
+    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
+    kvg_gguf_writer_free(w);
+    kvg_gguf_close(src);
+    if (st) {
+        fprintf(stderr, "rewrite %s: %s\n", name, err.message);
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+static void test_table(void) {
+    size_t n = 0;
+    const kvg_arch *rows = kvg_arch_rows(&n);
+    CHECK(n >= 2);
+    int complete = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECKF(rows[i].name && *rows[i].name && rows[i].prefix && *rows[i].prefix, "row %zu", i);
+        CHECKF(kvg_arch_find(rows[i].name, strlen(rows[i].name)) == &rows[i], "%s: not found or twice", rows[i].name);
+        CHECKF(rows[i].required & KVG_T_BIT(KVG_T_TOKEN_EMBD), "%s has no token_embd", rows[i].name);
+        CHECKF((rows[i].required & rows[i].optional) == 0, "%s: a tensor both required and optional", rows[i].name);
+        complete += rows[i].complete;
+    }
+    CHECK(complete == 1);
+    const kvg_arch *l = kvg_arch_find("llama", 5);
+    CHECK(l && l->complete && strcmp(l->prefix, "llama") == 0);
+    if (l) {
+        CHECK(l->rope == KVG_ROPE_ADJACENT && l->act == KVG_ACT_SILU_GATED && !l->embd_scale && !l->softcap &&
+              !l->sliding_window);
+        uint32_t want = KVG_T_BIT(KVG_T_ATTN_Q) | KVG_T_BIT(KVG_T_ATTN_K) | KVG_T_BIT(KVG_T_ATTN_V) |
+                        KVG_T_BIT(KVG_T_FFN_GATE) | KVG_T_BIT(KVG_T_FFN_UP) | KVG_T_BIT(KVG_T_FFN_DOWN);
+        CHECK((l->required & want) == want);
+        CHECK(((l->required | l->optional) & (KVG_T_BIT(KVG_T_ATTN_Q_BIAS) | KVG_T_BIT(KVG_T_ATTN_Q_NORM))) == 0);
+        CHECK(l->optional & KVG_T_BIT(KVG_T_OUTPUT));
+    }
+    const kvg_arch *q = kvg_arch_find("qwen2", 5);
+    CHECK(q && !q->complete && q->rope == KVG_ROPE_NEOX && (q->required & KVG_T_BIT(KVG_T_ATTN_Q_BIAS)));
+    CHECK(kvg_arch_find("llam", 4) == NULL && kvg_arch_find("llama2", 6) == NULL);
+    CHECK(strcmp(kvg_tensor_pattern(KVG_T_ATTN_Q_BIAS), "blk.%d.attn_q.bias") == 0);
+    CHECK(strcmp(kvg_tensor_short(KVG_T_FFN_POST_NORM), "post_ffw_norm") == 0);
+    CHECK(strstr(kvg_feature_name(KVG_F_ATTN_BIAS), "attn_q.bias") != NULL);
+    char list[256];
+    kvg_arch_list(true, list, sizeof list);
+    CHECKF(strcmp(list, "llama") == 0, "%s", list);
+}
+
+/* the llama row describes and runs a llama file as it always did */
+static void test_llama_row(const char *path) {
+    kvg_gguf *g;
+    kvg_weights w;
+    kvgen_error err = {0};
+    kvgen_status st = open_describe(path, &g, &w, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (st == KVGEN_OK) {
+        CHECK(w.arch == kvg_arch_find("llama", 5));
+        CHECK(w.features == 0 && w.rope == KVG_ROPE_ADJACENT && w.act == KVG_ACT_SILU_GATED && w.embd_scale == 1.0f);
+        CHECK(w.rope_freqs == NULL && w.hp.attn_softcap == 0.0f && w.hp.final_softcap == 0.0f && w.hp.n_swa == 0);
+        CHECK(w.hp.n_layer == 2 && w.hp.n_embd == 64 && w.hp.n_head == 4 && w.hp.n_head_kv == 2 && w.hp.head_dim == 16);
+        for (int l = 0; l < w.hp.n_layer; l++) {
+            const kvg_layer *L = &w.layers[l];
+            CHECK(L->wq && L->wk && L->wv && L->wo && L->w_gate && L->w_up && L->w_down && L->attn_norm && L->ffn_norm);
+            CHECK(!L->bq && !L->bk && !L->bv && !L->q_norm && !L->k_norm && !L->attn_post_norm && !L->ffn_post_norm);
+        }
+    }
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+
+    kvgen_backend backends[2] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_VULKAN};
+    for (int b = 0; b < (has_vulkan ? 2 : 1); b++) {
+        kvgen_model *m;
+        st = load(path, backends[b], &m, &err);
+        CHECKF(st == KVGEN_OK, "%s", err.message);
+        if (!m) continue;
+        kvgen_model_info info;
+        kvgen_model_get_info(m, &info);
+        CHECKF(strcmp(info.architecture, "llama") == 0, "%s", info.architecture);
+        kvgen_model_unload(m);
+    }
+}
+
+/* a row's metadata lives under its prefix: qwen2.block_count, not llama.block_count */
+static void test_prefix(const char *llama_path) {
+    char *q = tu_make_model("a-qwen2.gguf", "--arch qwen2 --qkv-bias --layers 3 --embd 64 --heads 4 --kv-heads 2 "
+                                            "--ff 96 --ctx 300 --rope-base 1000000");
+    CHECK(q != NULL);
+    if (q) {
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        kvgen_status st = open_describe(q, &g, &w, &err);
+        CHECKF(st == KVGEN_OK, "%s", err.message);
+        if (st == KVGEN_OK) {
+            CHECK(w.arch == kvg_arch_find("qwen2", 5) && w.rope == KVG_ROPE_NEOX);
+            CHECK(w.hp.n_layer == 3 && w.hp.n_embd == 64 && w.hp.n_ff == 96 && w.hp.n_head == 4 && w.hp.n_head_kv == 2);
+            CHECK(w.hp.n_ctx_train == 300 && w.hp.rope_freq_base == 1000000.0f);
+            CHECK(w.layers[2].bq && w.layers[2].bq->ne[0] == 64 && w.layers[2].bk && w.layers[2].bk->ne[0] == 32);
+            CHECK(strcmp(w.layers[1].bv->name, "blk.1.attn_v.bias") == 0);
+            CHECK(w.features == (KVG_F_ATTN_BIAS | KVG_F_ROPE_NEOX));
+        }
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(q);
+    /* llama's keys under a qwen2 label are not read */
+    char *p = rewrite(llama_path, "a-qwen2-llama-keys.gguf", "qwen2", NULL, 0);
+    CHECK(p != NULL);
+    if (p) {
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        kvgen_status st = open_describe(p, &g, &w, &err);
+        CHECKF(st == KVGEN_E_FORMAT && strstr(err.message, "missing metadata key qwen2.block_count") &&
+                   strstr(err.message, p),
+               "%s", err.message);
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(p);
+}
+
+/* a load of a file needing a feature the backend does not run: KVGEN_E_UNSUPPORTED, and the
+ * message names the file, the architecture, the feature and the backend */
+static void expect_backend_refusal(const char *path, const char *arch, const char *feature) {
+    kvgen_backend backends[2] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_VULKAN};
+    const char *names[2] = {"reference backend", "vulkan backend"};
+    for (int b = 0; b < (has_vulkan ? 2 : 1); b++) {
+        kvgen_model *m;
+        kvgen_error err = {0};
+        kvgen_status st = load(path, backends[b], &m, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED, "%s on %s: %s (%s)", path, names[b], kvgen_status_name(st), err.message);
+        char want[256];
+        snprintf(want, sizeof want, "%s needs %s, which the %s does not run yet", arch, feature, names[b]);
+        CHECKF(strstr(err.message, path) && strstr(err.message, want), "want '%s' and the path, got: %s", want,
+               err.message);
+        kvgen_model_unload(m);
+    }
+}
+
+static void test_unimplemented(const char *llama_path) {
+    char *q = tu_make_model("a-qwen2-run.gguf", "--arch qwen2 --qkv-bias --layers 1");
+    CHECK(q != NULL);
+    if (q) expect_backend_refusal(q, "qwen2", "attention biases (attn_q.bias, attn_k.bias, attn_v.bias)");
+    free(q);
+    /* qwen2 without its biases: a missing tensor */
+    char *nb = tu_make_model("a-qwen2-nobias.gguf", "--arch qwen2 --layers 1");
+    if (nb) {
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        kvgen_status st = open_describe(nb, &g, &w, &err);
+        CHECKF(st == KVGEN_E_FORMAT && strstr(err.message, "missing tensor blk.0.attn_q.bias"), "%s", err.message);
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(nb);
+    /* qwen3: Q/K head norms (head_dim 16 wide) */
+    char *q3src = tu_make_model("a-qwen3-src.gguf", "--arch qwen3 --layers 2");
+    extra_tensor qk[2] = {{"blk.%d.attn_q_norm.weight", 16}, {"blk.%d.attn_k_norm.weight", 16}};
+    char *q3 = q3src ? rewrite(q3src, "a-qwen3.gguf", NULL, qk, 2) : NULL;
+    CHECK(q3 != NULL);
+    if (q3) expect_backend_refusal(q3, "qwen3", "Q/K head norms (attn_q_norm, attn_k_norm)");
+    free(q3src);
+    free(q3);
+    /* gemma2: post norms, GELU, ... the first named is the lowest feature bit */
+    char *g2src = tu_make_model("a-gemma2-src.gguf", "--arch gemma2 --layers 1");
+    extra_tensor post[2] = {{"blk.%d.post_attention_norm.weight", 64}, {"blk.%d.post_ffw_norm.weight", 64}};
+    char *g2 = g2src ? rewrite(g2src, "a-gemma2.gguf", NULL, post, 2) : NULL;
+    CHECK(g2 != NULL);
+    if (g2) {
+        expect_backend_refusal(g2, "gemma2",
+                               "post-attention and post-FFN norms (post_attention_norm, post_ffw_norm)");
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        CHECK_OK(open_describe(g2, &g, &w, &err));
+        CHECK(w.features == (KVG_F_POST_NORMS | KVG_F_ROPE_NEOX | KVG_F_GELU | KVG_F_EMBD_SCALE));
+        CHECK(fabsf(w.embd_scale - 8.0f) < 1e-6f && w.act == KVG_ACT_GELU_TANH_GATED);
+        CHECK(w.layers[0].attn_post_norm && w.layers[0].ffn_post_norm);
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(g2src);
+    free(g2);
+    /* phi3's fused matrices cannot even be described */
+    char *p3 = rewrite(llama_path, "a-phi3.gguf", "phi3", NULL, 0);
+    if (p3) {
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        kvgen_status st = open_describe(p3, &g, &w, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p3) &&
+                   strstr(err.message, "phi3 needs a fused QKV projection (attn_qkv)"),
+               "%s", err.message);
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(p3);
+    /* a llama file with rope_freqs (llama 3.1 style): described, refused by both backends */
+    extra_tensor rf[1] = {{"rope_freqs.weight", 8}};
+    char *r = rewrite(llama_path, "a-rope-freqs.gguf", NULL, rf, 1);
+    CHECK(r != NULL);
+    if (r) expect_backend_refusal(r, "llama", "RoPE frequency factors (rope_freqs)");
+    free(r);
+}
+
+static void test_unknown(const char *llama_path) {
+    char *p = rewrite(llama_path, "a-gpt2.gguf", "gpt2", NULL, 0);
+    CHECK(p != NULL);
+    if (!p) return;
+    kvg_gguf *g;
+    kvg_weights w;
+    kvgen_error err = {0};
+    kvgen_status st = open_describe(p, &g, &w, &err);
+    CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p) &&
+               strstr(err.message, "architecture 'gpt2' is not supported (kvgen runs: llama)"),
+           "%s", err.message);
+    size_t n = 0;
+    const kvg_arch *rows = kvg_arch_rows(&n);
+    for (size_t i = 0; i < n; i++)
+        CHECKF(strstr(err.message, rows[i].name), "%s not listed: %s", rows[i].name, err.message);
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+    kvgen_model *m;
+    st = load(p, KVGEN_BACKEND_REFERENCE, &m, &err);
+    CHECK(st == KVGEN_E_UNSUPPORTED && m == NULL && strstr(err.message, "qwen2"));
+    free(p);
+}
+
+/* runs describe with stderr captured into buf */
+static kvgen_status describe_capturing(const char *path, char *buf, size_t size, kvgen_error *err) {
+    char *cap = tu_tmpfile("a-stderr.txt");
+    fflush(stderr);
+    int saved = dup(2), fd = open(cap, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    close(fd);
+    kvg_gguf *g;
+    kvg_weights w;
+    kvgen_status st = open_describe(path, &g, &w, err);
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *text = tu_read_file(cap, &n);
+    snprintf(buf, size, "%s", text ? text : "");
+    free(text);
+    free(cap);
+    return st;
+}
+
+static void test_unused(const char *llama_path) {
+    /* a llama-labelled file carrying Q/K/V biases: they would change the math, so refused */
+    char *b = tu_make_model("a-llama-bias.gguf", "--qkv-bias --layers 2");
+    CHECK(b != NULL);
+    if (b) {
+        char out[1024];
+        kvgen_error err = {0};
+        kvgen_status st = describe_capturing(b, out, sizeof out, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, b) && strstr(err.message, "llama architecture") &&
+                   strstr(err.message, "blk.0.attn_q.bias") && strstr(err.message, "blk.1.attn_v.bias") &&
+                   strstr(err.message, "6 tensors"),
+               "%s", err.message);
+        kvgen_model *m;
+        st = load(b, KVGEN_BACKEND_REFERENCE, &m, &err);
+        CHECK(st == KVGEN_E_UNSUPPORTED && m == NULL);
+    }
+    free(b);
+    /* an unused norm and a tensor of the table llama lacks are refused too */
+    extra_tensor qn[1] = {{"blk.%d.attn_q_norm.weight", 16}};
+    char *n = rewrite(llama_path, "a-llama-qnorm.gguf", NULL, qn, 1);
+    if (n) {
+        char out[1024];
+        kvgen_error err = {0};
+        CHECK(describe_capturing(n, out, sizeof out, &err) == KVGEN_E_UNSUPPORTED &&
+              strstr(err.message, "blk.1.attn_q_norm.weight"));
+    }
+    free(n);
+    /* a tensor that changes nothing kvgen computes: loads, with one warning line naming it */
+    extra_tensor odd[1] = {{"token_types.weight", 4}};
+    char *o = rewrite(llama_path, "a-llama-extra.gguf", NULL, odd, 1);
+    CHECK(o != NULL);
+    if (o) {
+        char out[1024];
+        kvgen_error err = {0};
+        kvgen_status st = describe_capturing(o, out, sizeof out, &err);
+        CHECKF(st == KVGEN_OK, "%s", err.message);
+        CHECKF(strstr(out, "token_types.weight") && strstr(out, o) && strchr(out, '\n') == out + strlen(out) - 1,
+               "stderr: %s", out);
+    }
+    free(o);
+    /* the plain file warns about nothing */
+    char out[1024];
+    kvgen_error err = {0};
+    CHECK(describe_capturing(llama_path, out, sizeof out, &err) == KVGEN_OK);
+    CHECKF(out[0] == 0, "stderr: %s", out);
+}
+
+/* attention.key_length: heads x head_dim != n_embd, run by both backends alike */
+static void test_wide_heads(void) {
+    char *p = tu_make_model("a-wide.gguf", "--embd 64 --heads 4 --kv-heads 2 --head-dim 32 --ff 96 --layers 2");
+    CHECK(p != NULL);
+    if (!p) return;
+    kvg_gguf *g;
+    kvg_weights w;
+    kvgen_error err = {0};
+    kvgen_status st = open_describe(p, &g, &w, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (st == KVGEN_OK) {
+        CHECK(w.hp.head_dim == 32 && w.hp.n_rot == 32 && w.features == KVG_F_WIDE_HEADS);
+        CHECK(w.layers[0].wq->ne[1] == 128 && w.layers[0].wo->ne[0] == 128 && w.layers[0].wk->ne[1] == 64);
+    }
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+
+    enum { N = 12 };
+    int32_t tokens[N];
+    float *logits[2] = {NULL, NULL};
+    int n_vocab = 0;
+    kvgen_backend backends[2] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_VULKAN};
+    for (int b = 0; b < (has_vulkan ? 2 : 1); b++) {
+        kvgen_model *m;
+        st = load(p, backends[b], &m, &err);
+        CHECKF(st == KVGEN_OK, "%s", err.message);
+        if (!m) continue;
+        kvgen_model_info info;
+        kvgen_model_get_info(m, &info);
+        CHECK(info.head_dim == 32 && info.n_embd == 64 && strcmp(info.architecture, "llama") == 0);
+        n_vocab = info.n_vocab;
+        tu_fill_tokens(tokens, N, 5, n_vocab);
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 64};
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        logits[b] = malloc((size_t)N * (size_t)n_vocab * sizeof(float));
+        if (s) CHECK_OK(kvgen_session_prefill(s, tokens, N, logits[b], &err));
+        for (int i = 0; s && i < N * n_vocab; i++)
+            if (!isfinite(logits[b][i])) {
+                CHECKF(0, "logit %d is not finite", i);
+                break;
+            }
+        kvgen_session_close(s);
+        kvgen_model_unload(m);
+    }
+    if (logits[0] && logits[1]) {
+        double max = 0;
+        for (int i = 0; i < N * n_vocab; i++) max = fmax(max, fabs(logits[0][i]));
+        double d = tu_max_diff(logits[0], logits[1], N * n_vocab);
+        /* test_vk_model's tolerance (f16 KV cache) */
+        CHECKF(d <= 0.01 * (2.0 + max), "vulkan vs reference: %g (max |logit| %g)", d, max);
+    }
+    free(logits[0]);
+    free(logits[1]);
+    free(p);
+}
+
+int main(void) {
+    int n_dev = 0;
+    kvgen_error err = {0};
+    has_vulkan = kvgen_devices(NULL, 0, &n_dev, &err) == KVGEN_OK && n_dev > 0;
+    if (!has_vulkan) printf("no Vulkan device: the Vulkan checks are skipped\n");
+    test_table();
+    char *llama = tu_make_model("a-llama.gguf", "--layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96");
+    CHECK(llama != NULL);
+    if (llama) {
+        test_llama_row(llama);
+        test_prefix(llama);
+        test_unimplemented(llama);
+        test_unknown(llama);
+        test_unused(llama);
+    }
+    test_wide_heads();
+    free(llama);
+    return tu_finish("test_arch");
+}
