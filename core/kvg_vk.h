@@ -1,6 +1,7 @@
 /* kvg_vk.h: the Vulkan backend's device layer (private): instance and device set-up, feature
- * detection, buffers, pipelines and command submission. vk_backend.c builds the forward pass on
- * top of it; vk_bench.c measures the device's own ceiling with it. */
+ * detection, buffers, pipelines and command submission. The backend builds the forward pass on
+ * top of it (vk_backend.c and the files it calls, kvg_vk_backend.h); vk_bench.c measures the
+ * device's own ceiling with it. */
 #ifndef KVG_VK_H
 #define KVG_VK_H
 #include <pthread.h>
@@ -174,12 +175,12 @@ int kvg_vk_validation_count(const kvg_vk_ctx *ctx);
 struct kvgen_model;
 kvg_vk_ctx *kvg_vk_model_ctx(const struct kvgen_model *m);
 
-/* ---- the weight types the shaders run (vk_backend.c: one table row per type) ----
+/* ---- the weight types the shaders run (vk_weights.c: one table row per type) ----
  * At upload a matrix part is laid out as a quant region (every row's blocks, qwords words each)
  * then a scale region at word scale_off (every row's blocks, scale_halves 16-bit values each,
  * packed two per word over the whole part), both row-major. A type with 256-element
  * super-blocks and several scales per block declares block_elems 256 and its scale_halves: the
- * same upload serves it. Adding a type: its row in vk_backend.c, its entry in KVGEN_WEIGHT_TYPES
+ * same upload serves it. Adding a type: its row in vk_weights.c, its entry in KVGEN_WEIGHT_TYPES
  * (shaders/CMakeLists.txt) and its WTYPE_ branch in shaders/weights.glsl (test_vk_types checks
  * that the three and quant.c's traits table agree). */
 typedef struct kvg_vk_wtype {
@@ -200,7 +201,7 @@ const kvg_vk_wtype *kvg_vk_wtype_of(uint32_t type);
 size_t kvg_vk_wtype_count(void);
 const kvg_vk_wtype *kvg_vk_wtype_at(size_t i); /* table order; NULL past the end */
 
-/* ---- test hooks (vk_backend.c): run one kernel through the backend's own code paths ---- */
+/* ---- test hooks (vk_hooks.c): run one kernel through the backend's own code paths ---- */
 
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of
  * `type`; norm (K floats) or NULL for RMSNorm(x_t) * norm first; epi 0 store, 1 add (y holds the

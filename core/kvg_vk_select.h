@@ -1,6 +1,6 @@
 /* kvg_vk_select.h: the k best logits selected on the device (shaders/argmax.comp,
  * shaders/topk.comp), recorded after a step's logits so that sampling reads back one id (greedy)
- * or KVG_VK_TOPK candidates instead of the vocabulary (private; vk_backend.c). */
+ * or KVG_VK_TOPK candidates instead of the vocabulary (private; recorded by vk_walk.c). */
 #ifndef KVG_VK_SELECT_H
 #define KVG_VK_SELECT_H
 #include "kvg_vk.h"

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -672,8 +673,9 @@ static void test_busy_session(const char *path) {
     int32_t *p = random_tokens(&rng, 5);
     CHECK_OK(kvgen_session_prefill(a, p, 5, NULL, &err));
     CHECK(kvgen_session_busy(a) == 0);
-    /* never ends by itself (the context shifts): cancelled below */
-    kvgen_job_desc endless = {.gen = {.max_tokens = -1, .ignore_eog = 1}};
+    /* never ends by itself in this test's time (the context shifts, and max_tokens is explicit:
+     * -1 would stop after one context of tokens): cancelled below */
+    kvgen_job_desc endless = {.gen = {.max_tokens = INT_MAX, .ignore_eog = 1}};
     kvgen_job *j, *queued;
     CHECK_OK(kvgen_job_submit(a, &endless, &j, &err));
     CHECK(kvgen_session_busy(a) == 1 && kvgen_session_busy(b) == 0);

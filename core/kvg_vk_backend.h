@@ -1,0 +1,208 @@
+/* kvg_vk_backend.h: what the files of the Vulkan backend share (private to them): the model
+ * and session structs, the step walker's state, and each file's entry points. Calls go down:
+ * vk_backend.c -> vk_walk.c -> vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c, the test
+ * hooks, beside vk_backend.c). */
+#ifndef KVG_VK_BACKEND_H
+#define KVG_VK_BACKEND_H
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_vk.h"
+#include "kvg_vk_select.h"
+
+/* the mat-mul epilogues (MODE in shaders/epilogue.glsl, matvec.comp, gemm.comp) */
+enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3 };
+
+typedef struct vk_part {
+    kvg_vk_buffer buf;
+    uint32_t rows, row0, scale_off;
+} vk_part;
+
+typedef struct vk_matrix {
+    uint32_t type; /* as uploaded (mixed-type groups become F32) */
+    const kvg_vk_wtype *wt; /* its row of the weight-type table */
+    uint32_t rows, k, nb;
+    int n_parts;
+    vk_part *parts;
+} vk_matrix;
+
+typedef struct vk_layer {
+    vk_matrix qkv, wo, gateup, down;
+    kvg_vk_buffer attn_norm, ffn_norm;
+} vk_layer;
+
+typedef struct vk_model {
+    kvg_vk_ctx *ctx;
+    kvg_hparams hp;
+    vk_matrix embd, output;
+    bool tied;
+    kvg_vk_buffer out_norm;
+    vk_layer *layers;
+    int ffn_epi;                 /* the gate/up epilogue: the model's activation (EPI_SWIGLU) */
+    /* scratch shared by the sessions: steps are serialised by ctx->lock */
+    uint32_t chunk;              /* tokens per step */
+    uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
+    uint32_t nsplit;             /* decode attention splits over the cache length */
+    uint32_t mv_wg, mv_rows;     /* matvec workgroup size and rows per workgroup */
+    uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
+    bool lane_ubo;               /* lane layout: inputs through uniform windows where they fit */
+    bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
+    bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
+    kvg_vk_buffer params, x, q, att, h, logits;
+    /* device argmax / top-k over the last token's logits; logits_owner: the session whose kept
+     * logits (forward_keep) are in row 0 of `logits`, set aside before another step writes it */
+    kvg_vk_select sel;
+    kvg_backend_session *logits_owner;
+    /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
+    VkQueryPool prof_pool;
+    int prof_n;
+    int prof_kind[512];
+    double prof_ms[8];
+    int prof_steps;
+    bool prof_prefill; /* KVGEN_VK_PROFILE=2: prefill steps instead of decode steps */
+
+    /* Paged KV pool (unless loaded with kv_contiguous): n_pages pages of page_size tokens,
+     * page_elems elements each ([L][K,V][Hkv][P][hd]), split over nslab buffers ("slabs") of pps
+     * pages so that each stays within maxStorageBufferRange. A slab is created when the pool
+     * first hands out one of its pages; kv_gen counts slab creations so that descriptor sets
+     * written before one are rewritten (once, off the per-token path). */
+    bool paged;
+    int page_size;
+    int32_t n_pages;
+    uint32_t pps, nslab, page_elems;
+    size_t page_bytes;
+    kvg_vk_buffer slabs[KVG_VK_KV_SLABS]; /* written under ctx->lock */
+    unsigned kv_gen;                       /* atomic */
+    /* kv_copy: host-visible tables + rope cos/sin, its descriptor set and command buffer */
+    kvg_vk_buffer ops;
+    VkDescriptorPool ops_pool;
+    VkDescriptorSet ops_set;
+    unsigned ops_gen;
+    VkCommandBuffer ops_cb;
+    /* RoPE cos/sin tables shared by the sessions: table k covers 2^(k+8) positions and is
+     * built the first time a session needs that many (forks and NPC sessions share one) */
+    pthread_mutex_t rope_mu;
+    bool rope_mu_init;
+    kvg_vk_buffer ropes[13];
+    /* forward_batch: a session whose page table holds the batched sessions' tables one after
+     * another and whose partials have room for BATCH_MAX tokens' decode splits; created for
+     * the longest context seen, held under bat_mu (taken before ctx->lock) */
+    pthread_mutex_t bat_mu;
+    bool bat_mu_init;
+    kvg_backend_session *bat;
+    uint32_t bat_entries; /* page-table entries per batched session */
+} vk_model;
+
+struct kvg_backend_session {
+    int n_ctx;
+    kvg_vk_buffer *k, *v; /* contiguous: per layer (n_kv, n_ctx, head_dim); paged: NULL */
+    kvg_vk_buffer ptab;   /* paged: the page table (host-visible, written before each step) */
+    unsigned kv_gen;      /* paged: the model's kv_gen when the descriptor sets were written */
+    const kvg_vk_buffer *rope; /* the model's table for >= n_ctx positions: (pos, n_rot/2) cos, sin */
+    kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
+    uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
+    VkDescriptorPool pool;
+    VkDescriptorSet *sets;
+    int n_sets;
+    VkCommandBuffer cb_decode, cb_step;
+    bool decode_recorded;
+    uint32_t decode_ncols; /* the batch session: the columns cb_decode was recorded for */
+    int decode_select; /* the selection cb_decode was recorded with (0 none, 1 argmax, 2 top-k) */
+    VkFence fence;
+    /* forward_keep: the selection made with the kept logits, and where they go when another
+     * session's step needs the model's logits buffer (n_vocab floats) */
+    int32_t sel_ids[KVG_VK_TOPK];
+    float sel_vals[KVG_VK_TOPK];
+    int sel_n;
+    float *saved;
+    bool saved_valid;
+};
+
+static inline uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+
+/* the step walker's state (vk_walk.c): what one walk of a step does, and where it is */
+typedef enum { WALK_PIPELINES, WALK_COUNT, WALK_SETS, WALK_RECORD } walk_mode;
+
+typedef struct walk {
+    walk_mode mode;
+    vk_model *vm;
+    kvg_backend_session *s; /* NULL in WALK_PIPELINES */
+    VkCommandBuffer cb;
+    int cursor;     /* descriptor-set index */
+    uint32_t n;     /* tokens in the step */
+    uint32_t max_len; /* prefill: pos0 + n, the longest attention span of the step */
+    int logits;     /* 0: none, 1: last token's, 2: every token's */
+    bool batch;     /* a batched decode: every token of another session (vm->bat) */
+    kvgen_error *err;
+} walk;
+
+static inline void spec_init(uint32_t spec[KVG_SPEC_COUNT]) {
+    memset(spec, 0, KVG_SPEC_COUNT * sizeof *spec);
+}
+
+typedef struct matmul_args {
+    const vk_matrix *m;
+    int epi;
+    const kvg_vk_buffer *norm; /* NULL: no RMSNorm */
+    const kvg_vk_buffer *in, *out;
+    uint32_t ldx, ldo, x_off, ncols;
+    int layer; /* for EPI_QKV: the K/V cache layer */
+} matmul_args;
+
+/* ---- vk_weights.c: the weight-type table, repacking and upload ---- */
+
+/* the backend's weight_types: the table's types in table order */
+size_t kvg_vk_weight_types(uint32_t *types, size_t max);
+/* the largest buffer one binding may cover (KVGEN_VK_MAX_PART: tests force splitting) */
+size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx);
+/* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated, or, with
+ * interleave (two tensors of equal rows), alternating a row of each. */
+kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tensor *const *srcs, int n_src,
+                                  bool interleave, vk_matrix *out, kvgen_error *err);
+void kvg_vk_free_matrix(kvg_vk_ctx *ctx, vk_matrix *m);
+/* a norm weight as f32, padded to 32 and to a whole uniform window */
+kvgen_status kvg_vk_upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer *out, kvgen_error *err);
+
+/* ---- vk_kv.c: KV layout, contiguous readback, the paged pool, kv_copy ---- */
+
+/* the KV layout constants of shaders/kv.glsl */
+void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]);
+/* push-constant fields of the paged layout for one layer */
+void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v);
+/* binds the KV storage of a layer: the pool's slabs and the session's page table, or the
+ * session's contiguous K/V */
+void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]);
+/* every entry names a page of the pool that has storage */
+kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err);
+/* the pool's layout and kv_copy's resources; the pipelines are created after it (vk_backend.c) */
+kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
+/* kvg_backend_ops entries */
+kvgen_status kvg_vk_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
+                               kvgen_error *err);
+size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m);
+size_t kvg_vk_default_pool_bytes(const kvgen_model *m);
+kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err);
+kvgen_status kvg_vk_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                            float *out, kvgen_error *err);
+kvgen_status kvg_vk_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                             const float *in, kvgen_error *err);
+kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                            int dst_pos, int n, int rope_delta, kvgen_error *err);
+
+/* ---- vk_walk.c: the step walker ---- */
+
+/* walks one step's dispatches in w->mode (pipelines, set count, sets, commands) */
+kvgen_status kvg_vk_walk_step(walk *w);
+/* the ops the walk is made of (the test hooks run them alone) */
+kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
+kvgen_status kvg_vk_op_attention(walk *w, int layer);
+/* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k of the
+ * last token's, after it). */
+kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
+                           uint32_t max_len, int logits, int select, kvgen_error *err);
+/* Rewrites a session's descriptor sets when the pool gained a slab since they were written
+ * (caller holds ctx->lock). */
+kvgen_status kvg_vk_refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_error *err);
+/* KVGEN_VK_PROFILE: adds the last recorded step's timestamps to the per-kind totals */
+void kvg_vk_prof_collect(vk_model *vm);
+
+#endif

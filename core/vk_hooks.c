@@ -1,0 +1,157 @@
+/* vk_hooks.c: the Vulkan backend's test hooks (kvg_vk.h): one mat-mul or one attention run
+ * through the backend's own upload and step-walker ops on a throwaway model, for the kernel
+ * tests. Calls vk_walk.c, vk_weights.c, vk_device.c. */
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_quant.h"
+#include "kvg_vk_backend.h"
+
+static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(walk *, const void *), const void *arg,
+                                kvgen_error *err) {
+    pthread_mutex_lock(&ctx->lock);
+    VkCommandBuffer cb;
+    kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
+    if (st == KVGEN_OK) {
+        st = kvg_vk_cmd_begin(cb, true, err);
+        w->cb = cb;
+        w->mode = WALK_RECORD;
+        w->cursor = 0;
+        if (st == KVGEN_OK) st = op(w, arg);
+        kvg_vk_cmd_host_barrier(cb);
+        kvgen_status st2 = kvg_vk_cmd_end(cb, err);
+        if (st == KVGEN_OK) st = st2;
+        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+static kvgen_status op_matmul_v(walk *w, const void *a) { return kvg_vk_op_matmul(w, a); }
+static kvgen_status op_attention_v(walk *w, const void *a) { return kvg_vk_op_attention(w, 0 * (a != NULL)); }
+
+kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdata, uint32_t rows, uint32_t K,
+                                const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
+                                float *y, kvgen_error *err) {
+    if (epi != EPI_STORE && epi != EPI_ADD && epi != EPI_SWIGLU)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_matmul: epilogue %d", epi);
+    vk_model vm = {0};
+    vm.ctx = ctx;
+    vm.hp.rms_norm_eps = eps;
+    vm.hp.head_dim = 2;
+    vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0;
+    vm.mv_wg = vm.mv_lane ? 32 : 64;
+    vm.mv_rows = 4;
+    vm.lane_rows = 8;
+    vm.lane_ubo = true;
+    kvg_tensor t = {.name = "test", .type = type, .n_dims = 2, .ne = {K, rows, 1, 1},
+                    .n_elements = (uint64_t)K * rows, .data = wdata};
+    const kvg_tensor *tp = &t;
+    vk_matrix m = {0};
+    kvg_backend_session s = {.n_ctx = 1};
+    kvg_vk_buffer xb = {0}, yb = {0}, nb = {0};
+    uint32_t ldx = round_up(K, 32), ldo = epi == EPI_SWIGLU ? rows / 2 : rows;
+    float *xp = calloc((size_t)ncols * ldx + 32, sizeof *xp);
+    kvgen_status st = xp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvg_vk_upload_matrix(&vm, "test", &tp, 1, false, &m, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    size_t win = ctx->ubo_window;
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldx * 4 + win, KVG_VK_MEM_DEVICE, &xb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldo * 4, KVG_VK_MEM_DEVICE, &yb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ldx * 4 + win, KVG_VK_MEM_DEVICE, &nb, err);
+    if (st == KVGEN_OK) {
+        for (uint32_t c = 0; c < ncols; c++) memcpy(xp + (size_t)c * ldx, x + (size_t)c * K, (size_t)K * 4);
+        st = kvg_vk_upload(ctx, &xb, 0, xp, (size_t)ncols * ldx * 4, err);
+    }
+    if (st == KVGEN_OK && epi == EPI_ADD) st = kvg_vk_upload(ctx, &yb, 0, y, (size_t)ncols * ldo * 4, err);
+    if (st == KVGEN_OK && norm) {
+        memset(xp, 0, (size_t)ldx * 4);
+        memcpy(xp, norm, (size_t)K * 4);
+        st = kvg_vk_upload(ctx, &nb, 0, xp, (size_t)ldx * 4, err);
+    }
+    matmul_args a = {.m = &m, .epi = epi, .norm = norm ? &nb : NULL, .in = &xb, .out = &yb, .ldx = ldx, .ldo = ldo,
+                     .ncols = ncols};
+    walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = ncols, .err = err};
+    if (st == KVGEN_OK) st = kvg_vk_op_matmul(&w, &a);
+    if (st == KVGEN_OK) {
+        s.sets = calloc((size_t)m.n_parts, sizeof *s.sets);
+        if (!s.sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    }
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)m.n_parts, &s.pool, err);
+    if (st == KVGEN_OK) {
+        w.mode = WALK_SETS;
+        st = kvg_vk_op_matmul(&w, &a);
+    }
+    if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_matmul_v, &a, err);
+    if (st == KVGEN_OK) st = kvg_vk_download(ctx, &yb, 0, y, (size_t)ncols * ldo * 4, err);
+    if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
+    free(s.sets);
+    free(xp);
+    kvg_vk_free_matrix(ctx, &m);
+    kvg_vk_buffer_destroy(ctx, &vm.params);
+    kvg_vk_buffer_destroy(ctx, &xb);
+    kvg_vk_buffer_destroy(ctx, &yb);
+    kvg_vk_buffer_destroy(ctx, &nb);
+    return st;
+}
+
+kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
+                                   int nsplit, int lane, const float *q, const float *k, const float *v,
+                                   float *out, kvgen_error *err) {
+    if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
+        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
+    vk_model vm = {0};
+    vm.ctx = ctx;
+    vm.hp.n_head = n_head;
+    vm.hp.n_head_kv = n_kv;
+    vm.hp.head_dim = hd;
+    vm.ld_q = (uint32_t)(n_head * hd);
+    vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0) && hd % 8 == 0;
+    kvg_vk_buffer kb = {0}, vb = {0};
+    kvg_backend_session s = {.n_ctx = n_ctx, .k = &kb, .v = &vb, .nsplit_dec = (uint32_t)nsplit};
+    /* the backend's policy: no split covers more than 4096 positions */
+    uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
+    if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;
+    size_t nkv = (size_t)n_kv * (size_t)n_ctx * (size_t)hd, nq = (size_t)ncols * vm.ld_q;
+    size_t elem = ctx->kv_f16 ? 2 : 4;
+    void *tmp = malloc(nkv * elem);
+    kvgen_status st = tmp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.q, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.att, err);
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, (size_t)ncols * s.nsplit_dec * (size_t)n_head * (size_t)(hd + 2) * 4, KVG_VK_MEM_DEVICE,
+                                  &s.part, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &kb, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &vb, err);
+    for (int which = 0; which < 2 && st == KVGEN_OK; which++) {
+        const float *src = which ? v : k;
+        if (elem == 4) memcpy(tmp, src, nkv * 4);
+        else
+            for (size_t i = 0; i < nkv; i++) ((uint16_t *)tmp)[i] = kvg_f32_to_f16(src[i]);
+        st = kvg_vk_upload(ctx, which ? &vb : &kb, 0, tmp, nkv * elem, err);
+    }
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &vm.q, 0, q, nq * 4, err);
+    if (st == KVGEN_OK) {
+        ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
+        ((uint32_t *)vm.params.map)[1] = 0;
+    }
+    walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = (uint32_t)ncols, .max_len = (uint32_t)(pos0 + ncols),
+              .err = err};
+    VkDescriptorSet set = VK_NULL_HANDLE;
+    s.sets = &set;
+    if (st == KVGEN_OK) st = kvg_vk_op_attention(&w, 0);
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &s.pool, err);
+    if (st == KVGEN_OK) {
+        w.mode = WALK_SETS;
+        st = kvg_vk_op_attention(&w, 0);
+    }
+    if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_attention_v, NULL, err);
+    if (st == KVGEN_OK) st = kvg_vk_download(ctx, &vm.att, 0, out, nq * 4, err);
+    if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
+    free(tmp);
+    kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &kb, &vb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
+    return st;
+}

@@ -1,0 +1,327 @@
+/* vk_kv.c: the Vulkan backend's KV storage (private to the backend). It owns the KV layout the
+ * shaders see (shaders/kv.glsl: specialization constants, push-constant fields and bindings of
+ * a layer, for the step walker), the readback of a contiguous session's cache, and the paged
+ * pool: its layout over slabs, slab creation on first use (kv_page_commit), page-table checks,
+ * reads and writes of pages from the host, and kv_copy (shaders/kv_copy.comp). Creating the
+ * pipelines a paged layout needs is the backend's (vk_backend.c, kv_pages_init), which walks
+ * the step after kvg_vk_kv_pool_init. Calls vk_weights.c (the buffer range), vk_device.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_quant.h"
+#include "kvg_vk_backend.h"
+
+typedef struct pc_kv_copy { /* matches PC in shaders/kv_copy.comp */
+    uint32_t n, hd, n_layer, n_kv, src_tab, dst_tab, src_pos, dst_pos, kv_page, kv_v, n_rot, cs_off, rope;
+} pc_kv_copy;
+
+/* kv_copy moves at most this many pages' worth of positions per submission (its tables live in
+ * a fixed host-visible buffer) */
+#define KV_OPS_PAGES 1024
+
+/* the KV layout constants of shaders/kv.glsl */
+void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
+    spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    spec[KVG_SPEC_PAGED] = vm->paged;
+    spec[KVG_SPEC_PAGE] = vm->paged ? (uint32_t)vm->page_size : 32;
+    spec[KVG_SPEC_PPS] = vm->paged ? vm->pps : 1;
+    spec[KVG_SPEC_NSLAB] = vm->paged ? vm->nslab : 1;
+}
+
+/* push-constant fields of the paged layout for one layer */
+void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v) {
+    const kvg_hparams *hp = &vm->hp;
+    uint32_t v = vm->paged ? (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim) : 0;
+    *kv_v = v;
+    *kv_layer = (uint32_t)layer * 2u * v;
+    *kv_page = vm->page_elems;
+}
+
+/* binds the KV storage of a layer: the pool's slabs and the session's page table, or the
+ * session's contiguous K/V */
+void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]) {
+    if (vm->paged) {
+        for (uint32_t j = 0; j < vm->nslab; j++)
+            if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
+        b[KVG_VK_PTAB].buf = &s->ptab;
+    } else {
+        b[5].buf = &s->k[layer];
+        b[6].buf = &s->v[layer];
+    }
+}
+
+kvgen_status kvg_vk_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
+                               kvgen_error *err) {
+    vk_model *vm = m->backend;
+    const kvg_hparams *hp = &vm->hp;
+    if (layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || len < 0 || len > s->n_ctx)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: read_cache(layer %d, which %d, len %d) out of range",
+                        layer, which, len);
+    const kvg_vk_buffer *b = which ? &s->v[layer] : &s->k[layer];
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
+    size_t row = (size_t)len * (size_t)hp->head_dim; /* one head's positions [0, len) */
+    void *tmp = malloc(row * elem + 1);
+    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory reading the cache");
+    kvgen_status st = KVGEN_OK;
+    for (int h = 0; h < hp->n_head_kv && st == KVGEN_OK; h++) {
+        size_t off = (size_t)h * (size_t)s->n_ctx * (size_t)hp->head_dim * elem;
+        st = kvg_vk_download(vm->ctx, b, off, tmp, row * elem, err);
+        float *dst = out + (size_t)h * row;
+        if (st == KVGEN_OK) {
+            if (elem == 4) memcpy(dst, tmp, row * 4);
+            else
+                for (size_t i = 0; i < row; i++) dst[i] = kvg_f16_to_f32(((const uint16_t *)tmp)[i]);
+        }
+    }
+    free(tmp);
+    return st;
+}
+
+size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {
+    const vk_model *vm = m->backend;
+    const kvg_hparams *hp = &m->w.hp;
+    size_t elem = vm && vm->ctx && !vm->ctx->kv_f16 ? 4 : 2;
+    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+}
+
+/* ---- the paged KV pool ---- */
+
+kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err) {
+    for (size_t i = 0; i < n_entries; i++)
+        if (pages[i] < 0 || pages[i] >= vm->n_pages || !vm->slabs[(uint32_t)pages[i] / vm->pps].buf)
+            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table entry %zu names page %d, which has no storage",
+                            i, (int)pages[i]);
+    return KVGEN_OK;
+}
+
+/* A share of the device-local heap for K/V (a quarter, leaving room for the weights, the
+ * scratch, other models and the game's own resources), no more than 16 sessions of
+ * min(context_length, 8192) tokens, and no more than the 8 slabs can bind (with room for
+ * rounding to whole pages). Memory is taken one slab (1/8 of the pool) at a time. */
+size_t kvg_vk_default_pool_bytes(const kvgen_model *m) {
+    const vk_model *vm = m->backend;
+    const kvg_hparams *hp = &m->w.hp;
+    size_t ctx_tokens = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
+    size_t want = 16 * ctx_tokens * kvg_vk_cache_bytes_per_token(m);
+    size_t heap = (size_t)vm->ctx->info.device_local_bytes / 4;
+    if (heap && want > heap) want = heap;
+    size_t bindable = kvg_vk_max_part_bytes(vm->ctx) / 4 * 3 * KVG_VK_KV_SLABS;
+    return want < bindable ? want : bindable;
+}
+
+/* The paged pool's layout (page_size tokens a page, n_pages pages over slabs) and kv_copy's
+ * buffer, descriptor pool and command buffer; the pipelines come after (vk_backend.c). */
+kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const kvg_hparams *hp = &vm->hp;
+    uint64_t elems = (uint64_t)hp->n_layer * 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * (uint64_t)hp->head_dim;
+    size_t elem = ctx->kv_f16 ? 2 : 4, limit = kvg_vk_max_part_bytes(ctx);
+    uint64_t per_slab = limit / (elems * elem);
+    if (per_slab == 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: one KV page of %d tokens (%llu bytes) exceeds the device's "
+                        "storage buffer range (%zu bytes); use a smaller kv_page_size", page_size,
+                        (unsigned long long)(elems * elem), limit);
+    if ((uint64_t)n_pages > per_slab * KVG_VK_KV_SLABS)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: a KV pool of %d pages (%llu bytes) exceeds what the device "
+                        "can bind: %d buffers of %zu bytes (maxStorageBufferRange); use a smaller kv_pool_bytes",
+                        (int)n_pages, (unsigned long long)((uint64_t)n_pages * elems * elem), KVG_VK_KV_SLABS, limit);
+    /* As few slabs as the range allows: with one, the shaders' slab switch compiles away (on
+     * lavapipe, 8 slabs cost 20-30% of decode at depth 2048). KVGEN_VK_LAZY_SLABS=1 spreads the
+     * pool over 8 slabs instead, so memory is taken an eighth of the pool at a time. */
+    uint64_t pps = per_slab;
+    if (getenv("KVGEN_VK_LAZY_SLABS") && atoi(getenv("KVGEN_VK_LAZY_SLABS")) > 0) {
+        pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
+        if (pps > per_slab) pps = per_slab;
+    }
+    vm->paged = true;
+    vm->page_size = page_size;
+    vm->n_pages = n_pages;
+    vm->page_elems = (uint32_t)elems;
+    vm->page_bytes = (size_t)(elems * elem);
+    vm->pps = (uint32_t)pps;
+    vm->nslab = (uint32_t)(((uint64_t)n_pages + pps - 1) / pps);
+    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)(2 * KV_OPS_PAGES + hp->n_rot + 4) * 4, KVG_VK_MEM_HOST,
+                                           &vm->ops, err);
+    if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &vm->ops_pool, err);
+    if (st == KVGEN_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        st = kvg_vk_cmd_alloc(ctx, &vm->ops_cb, err);
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    vm->ops_gen = ~0u;
+    return st;
+}
+
+kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    if (page < 0 || page >= vm->n_pages)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d outside the pool of %d", (int)page, (int)vm->n_pages);
+    uint32_t j = (uint32_t)page / vm->pps;
+    if (vm->slabs[j].buf) return KVGEN_OK;
+    uint32_t pages = (uint32_t)vm->n_pages - j * vm->pps < vm->pps ? (uint32_t)vm->n_pages - j * vm->pps : vm->pps;
+    kvg_vk_buffer b;
+    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)pages * vm->page_bytes, KVG_VK_MEM_UPLOAD, &b, err);
+    if (st != KVGEN_OK)
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u (%zu bytes): %s",
+                        j * vm->pps, j * vm->pps + pages - 1, (size_t)pages * vm->page_bytes,
+                        err ? err->message : "");
+    pthread_mutex_lock(&ctx->lock);
+    vm->slabs[j] = b;
+    __atomic_add_fetch(&vm->kv_gen, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ctx->lock);
+    return KVGEN_OK;
+}
+
+/* byte offset of (layer, which) of `page` inside its slab, after checking the page */
+static kvgen_status page_region(const vk_model *vm, int32_t page, int layer, int which, const kvg_vk_buffer **slab,
+                                size_t *off, kvgen_error *err) {
+    if (page < 0 || page >= vm->n_pages || !vm->slabs[(uint32_t)page / vm->pps].buf)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d has no storage", (int)page);
+    const kvg_hparams *hp = &vm->hp;
+    size_t v = (size_t)hp->n_head_kv * (size_t)vm->page_size * (size_t)hp->head_dim;
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
+    *slab = &vm->slabs[(uint32_t)page / vm->pps];
+    *off = ((size_t)((uint32_t)page % vm->pps) * vm->page_elems + ((size_t)layer * 2 + (size_t)which) * v) * elem;
+    return KVGEN_OK;
+}
+
+/* Reads (write = false) or writes one layer's K or V of positions [pos0, pos0+n) as f32
+ * (kv_heads, n, head_dim), a page's (layer, which) region at a time: a mapped copy where the
+ * pool is host-visible (lavapipe, UMA, ReBAR), else a staging transfer. */
+static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *io, bool write, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    const kvg_hparams *hp = &vm->hp;
+    if (!vm->paged || layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || pos0 < 0 || n < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: KV %s of layer %d, which %d, [%d, +%d) out of range",
+                        write ? "write" : "read", layer, which, pos0, n);
+    size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
+    size_t elem = vm->ctx->kv_f16 ? 2 : 4, region = H * P * hd * elem;
+    uint8_t *tmp = malloc(region);
+    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
+    kvgen_status st = KVGEN_OK;
+    for (size_t p = (size_t)pos0; p < (size_t)pos0 + (size_t)n && st == KVGEN_OK;) {
+        size_t slot0 = p % P, cnt = P - slot0;
+        if (cnt > (size_t)pos0 + (size_t)n - p) cnt = (size_t)pos0 + (size_t)n - p;
+        const kvg_vk_buffer *slab = NULL;
+        size_t off = 0;
+        st = page_region(vm, pages[p / P], layer, which, &slab, &off, err);
+        if (st == KVGEN_OK) st = kvg_vk_download(vm->ctx, slab, off, tmp, region, err);
+        for (size_t h = 0; h < H && st == KVGEN_OK; h++)
+            for (size_t i = 0; i < cnt; i++) {
+                size_t e = (h * P + slot0 + i) * hd;
+                float *f = io + (h * (size_t)n + (p - (size_t)pos0) + i) * hd;
+                if (elem == 4) {
+                    if (write) memcpy(tmp + e * 4, f, hd * 4);
+                    else memcpy(f, tmp + e * 4, hd * 4);
+                } else {
+                    uint16_t *hv = (uint16_t *)(void *)tmp + e;
+                    for (size_t d = 0; d < hd; d++) {
+                        if (write) hv[d] = kvg_f32_to_f16(f[d]);
+                        else f[d] = kvg_f16_to_f32(hv[d]);
+                    }
+                }
+            }
+        /* the slab is written only through its own region, the one page the caller holds alone */
+        if (st == KVGEN_OK && write) st = kvg_vk_upload(vm->ctx, (kvg_vk_buffer *)slab, off, tmp, region, err);
+        p += cnt;
+    }
+    free(tmp);
+    return st;
+}
+
+kvgen_status kvg_vk_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                            float *out, kvgen_error *err) {
+    return kv_transfer(m, pages, layer, which, pos0, n, out, false, err);
+}
+
+kvgen_status kvg_vk_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                             const float *in, kvgen_error *err) {
+    return kv_transfer(m, pages, layer, which, pos0, n, (float *)in, true, err);
+}
+
+/* kv_copy.comp over [src_pos, +n) -> [dst_pos, +n). A move towards the start of one table that
+ * overlaps itself runs in rounds of (src_pos - dst_pos) positions, one submission each, so no
+ * dispatch reads a slot that it also writes. */
+kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                            int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    kvg_vk_ctx *ctx = vm->ctx;
+    const kvg_hparams *hp = &vm->hp;
+    if (!vm->paged || src_pos < 0 || dst_pos < 0 || n < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: kv_copy [%d, +%d) -> %d out of range", src_pos, n,
+                        dst_pos);
+    if (n == 0) return KVGEN_OK;
+    int P = vm->page_size;
+    int piece_max = (KV_OPS_PAGES - 1) * P;
+    if (src_pages == dst_pages && dst_pos < src_pos && src_pos - dst_pos < piece_max) piece_max = src_pos - dst_pos;
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    kvg_vk_kv_spec(vm, spec);
+    VkPipeline pipe = kvg_vk_pipeline_find(ctx, "kv_copy", spec);
+    if (!pipe) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the kv_copy pipeline was not created");
+    int32_t *ops = vm->ops.map;
+    /* cos/sin of the position change, in double as the reference computes RoPE */
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        double theta = (double)rope_delta * pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
+        float cs[2] = {(float)cos(theta), (float)sin(theta)};
+        memcpy(ops + 2 * KV_OPS_PAGES + 2 * i, cs, sizeof cs);
+    }
+    pthread_mutex_lock(&ctx->lock);
+    kvgen_status st = KVGEN_OK;
+    unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
+    if (vm->ops_gen != gen) {
+        st = kvg_vk_check(vkResetDescriptorPool(ctx->dev, vm->ops_pool, 0), err, "vkResetDescriptorPool");
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        for (uint32_t j = 0; j < vm->nslab; j++)
+            if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
+        b[KVG_VK_PTAB].buf = &vm->ops;
+        if (st == KVGEN_OK) st = kvg_vk_set_create(ctx, vm->ops_pool, b, &vm->ops_set, err);
+        if (st == KVGEN_OK) vm->ops_gen = gen;
+    }
+    for (int done = 0; done < n && st == KVGEN_OK;) {
+        int c = n - done < piece_max ? n - done : piece_max;
+        int s0 = src_pos + done, d0 = dst_pos + done;
+        int ns = (s0 + c - 1) / P - s0 / P + 1, nd = (d0 + c - 1) / P - d0 / P + 1;
+        memcpy(ops, src_pages + s0 / P, (size_t)ns * sizeof *ops);
+        memcpy(ops + KV_OPS_PAGES, dst_pages + d0 / P, (size_t)nd * sizeof *ops);
+        for (int i = 0; i < ns; i++)
+            if (ops[i] < 0 || ops[i] >= vm->n_pages || !vm->slabs[(uint32_t)ops[i] / vm->pps].buf)
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy from page %d, which has no storage", (int)ops[i]);
+        for (int i = 0; i < nd; i++)
+            if (ops[KV_OPS_PAGES + i] < 0 || ops[KV_OPS_PAGES + i] >= vm->n_pages ||
+                !vm->slabs[(uint32_t)ops[KV_OPS_PAGES + i] / vm->pps].buf)
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy to page %d, which has no storage",
+                              (int)ops[KV_OPS_PAGES + i]);
+        pc_kv_copy pc = {.n = (uint32_t)c,
+                         .hd = (uint32_t)hp->head_dim,
+                         .n_layer = (uint32_t)hp->n_layer,
+                         .n_kv = (uint32_t)hp->n_head_kv,
+                         .src_tab = 0,
+                         .dst_tab = KV_OPS_PAGES,
+                         .src_pos = (uint32_t)(s0 % P),
+                         .dst_pos = (uint32_t)(d0 % P),
+                         .kv_page = vm->page_elems,
+                         .kv_v = (uint32_t)(hp->n_head_kv * P * hp->head_dim),
+                         .n_rot = (uint32_t)hp->n_rot,
+                         .cs_off = 2 * KV_OPS_PAGES,
+                         .rope = rope_delta != 0};
+        if (st == KVGEN_OK) st = kvg_vk_check(vkResetCommandBuffer(vm->ops_cb, 0), err, "vkResetCommandBuffer");
+        if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
+        if (st == KVGEN_OK) {
+            uint32_t groups = (uint32_t)(((size_t)c * (size_t)(hp->head_dim / 2) + 63) / 64);
+            kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);
+            kvg_vk_cmd_barrier(vm->ops_cb);
+            kvg_vk_cmd_host_barrier(vm->ops_cb);
+            st = kvg_vk_cmd_end(vm->ops_cb, err);
+            if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, vm->ops_cb, ctx->fence, err);
+        }
+        done += c;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}

@@ -1,0 +1,338 @@
+/* vk_walk.c: the Vulkan backend's step walker (private to the backend). A step (a prefill chunk
+ * of up to `chunk` tokens, or one decode token, or a batched decode of one token per session)
+ * is one command buffer:
+ *   embed -> per layer [QKV (+RMSNorm, RoPE, K/V cache write) -> attention (-> split reduce)
+ *   -> Wo (+residual) -> gate/up (+RMSNorm, SwiGLU) -> down (+residual)] -> logits (+final norm)
+ * One function, kvg_vk_walk_step, walks those dispatches in order for every purpose (creating
+ * the pipelines at load, counting and writing a session's descriptor sets, recording the
+ * commands), so the three can never disagree. It owns the ops (mat-mul, embed, attention),
+ * recording a step (with the on-device selection after it), rewriting a session's sets when the
+ * KV pool gained a slab, and the KVGEN_VK_PROFILE timestamps. Calls vk_kv.c (KV layout),
+ * vk_select.c, vk_device.c. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "kvg_vk_backend.h"
+
+typedef struct pc_weights { /* matches PC in shaders/common.glsl */
+    uint32_t nrows, nb, scale_off, ncols, ldx, ldo, row0, x_off, kreal;
+    float eps;
+    uint32_t nq, nk, hd, n_rot, n_ctx, o_off, c0;
+    uint32_t kv_layer, kv_page, kv_v, pt_base; /* paged KV (shaders/kv.glsl) */
+} pc_weights;
+
+typedef struct pc_attn { /* matches PC in shaders/attn.comp */
+    uint32_t n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
+    float scale;
+    uint32_t kv_layer, kv_page, kv_v, pt_base;
+} pc_attn;
+
+/* Whether the lane mat-vec reads this input (ldx floats per token) and the norm weight through
+ * the uniform windows: a workgroup's tokens and the norm weight must fit one window, and every
+ * token's offset must be a valid dynamic offset. */
+static bool lane_ubo(const vk_model *vm, const vk_matrix *m, uint32_t ldx, uint32_t ncols) {
+    const kvg_vk_ctx *ctx = vm->ctx;
+    uint32_t per_group = ncols == 1 ? 1 : 8;
+    VkDeviceSize align = ctx->props.limits.minUniformBufferOffsetAlignment;
+    return vm->mv_lane && vm->lane_ubo && (size_t)per_group * ldx * 4 <= ctx->ubo_window &&
+           (size_t)m->nb * 128 <= ctx->ubo_window && align && ((size_t)ldx * 4) % align == 0;
+}
+
+static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool norm, uint32_t ncols, uint32_t ldx,
+                                    bool create, VkPipeline *out) {
+    vk_model *vm = w->vm;
+    char name[32];
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    spec[KVG_SPEC_MODE] = (uint32_t)epi;
+    spec[KVG_SPEC_NORM] = norm;
+    spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
+    if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
+    if (ncols <= 8 || vm->mv_lane) {
+        snprintf(name, sizeof name, "matvec_%s", m->wt->suffix);
+        spec[KVG_SPEC_WG] = vm->mv_wg;
+        spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
+        spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
+        spec[KVG_SPEC_LANE] = vm->mv_lane;
+        spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
+    } else {
+        snprintf(name, sizeof name, "gemm_%s", m->wt->suffix);
+    }
+    if (create) return kvg_vk_pipeline_get(vm->ctx, name, spec, out, w->err);
+    *out = kvg_vk_pipeline_find(vm->ctx, name, spec);
+    if (!*out) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created at load", name);
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    kvgen_status st = KVGEN_OK;
+    if (w->mode == WALK_PIPELINES) {
+        static const uint32_t variants[] = {1, 8, 9};
+        VkPipeline p;
+        for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+            st = matmul_pipeline(w, a->m, a->epi, a->norm, variants[i], a->ldx, true, &p);
+        return st;
+    }
+    for (int pi = 0; pi < a->m->n_parts; pi++) {
+        const vk_part *part = &a->m->parts[pi];
+        int idx = w->cursor++;
+        if (w->mode == WALK_SETS) {
+            kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+            b[0].buf = &vm->params;
+            b[1].buf = &part->buf;
+            b[2].buf = a->in;
+            b[3].buf = a->out;
+            b[4].buf = a->norm;
+            b[KVG_VK_UBO_X].buf = a->in;
+            b[KVG_VK_UBO_NORM].buf = a->norm;
+            if (a->epi == EPI_QKV) {
+                kvg_vk_kv_bind(vm, w->s, a->layer, b);
+                b[7].buf = w->s->rope;
+            }
+            st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+            if (st != KVGEN_OK) return st;
+        } else if (w->mode == WALK_RECORD) {
+            VkPipeline pipe;
+            st = matmul_pipeline(w, a->m, a->epi, a->norm, a->ncols, a->ldx, false, &pipe);
+            if (st != KVGEN_OK) return st;
+            pc_weights pc = {.nrows = part->rows,
+                             .nb = a->m->nb,
+                             .scale_off = part->scale_off,
+                             .ncols = a->ncols,
+                             .ldx = a->ldx,
+                             .ldo = a->ldo,
+                             .row0 = part->row0,
+                             .x_off = a->x_off,
+                             .kreal = a->m->k,
+                             .eps = hp->rms_norm_eps,
+                             .nq = (uint32_t)(hp->n_head * hp->head_dim),
+                             .nk = (uint32_t)(hp->n_head_kv * hp->head_dim),
+                             .hd = (uint32_t)hp->head_dim,
+                             .n_rot = (uint32_t)hp->n_rot,
+                             .n_ctx = (uint32_t)w->s->n_ctx,
+                             .o_off = 0};
+            if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+            uint32_t gx, gy = 1;
+            if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
+                uint32_t per_wg = vm->lane_rows * vm->mv_wg;
+                gx = (part->rows + per_wg - 1) / per_wg;
+                gy = a->ncols == 1 ? 1 : (a->ncols + 7) / 8;
+            } else if (a->ncols <= 8) {
+                gx = (part->rows + vm->mv_rows - 1) / vm->mv_rows;
+            } else {
+                gx = (part->rows + 63) / 64;
+                gy = (a->ncols + 31) / 32;
+            }
+            if (lane_ubo(vm, a->m, a->ldx, a->ncols)) {
+                /* one dispatch per workgroup column, its input window bound at its first token */
+                for (uint32_t g = 0; g < gy; g++) {
+                    pc.c0 = g * 8;
+                    uint32_t off = (a->x_off + pc.c0 * a->ldx) * 4;
+                    kvg_vk_cmd_dispatch_at(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, off, gx, 1, 1);
+                }
+            } else {
+                kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, gy, 1);
+            }
+        }
+    }
+    if (w->mode == WALK_RECORD) kvg_vk_cmd_barrier(w->cb);
+    return KVGEN_OK;
+}
+
+static kvgen_status op_embed(walk *w) {
+    vk_model *vm = w->vm;
+    kvgen_status st = KVGEN_OK;
+    char name[32];
+    snprintf(name, sizeof name, "embed_%s", vm->embd.wt->suffix);
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    spec[KVG_SPEC_WG] = 64;
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        return kvg_vk_pipeline_get(vm->ctx, name, spec, &p, w->err);
+    }
+    for (int pi = 0; pi < vm->embd.n_parts; pi++) {
+        const vk_part *part = &vm->embd.parts[pi];
+        int idx = w->cursor++;
+        if (w->mode == WALK_SETS) {
+            kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+            b[0].buf = &vm->params;
+            b[1].buf = &part->buf;
+            b[3].buf = &vm->x;
+            st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+            if (st != KVGEN_OK) return st;
+        } else if (w->mode == WALK_RECORD) {
+            VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, name, spec);
+            if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created", name);
+            pc_weights pc = {.nrows = part->rows, .nb = vm->embd.nb, .scale_off = part->scale_off, .ncols = w->n,
+                             .ldo = vm->ld_x, .row0 = part->row0};
+            kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, w->n, 1, 1);
+        }
+    }
+    if (w->mode == WALK_RECORD) kvg_vk_cmd_barrier(w->cb);
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_op_attention(walk *w, int layer) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    uint32_t spec_direct[KVG_SPEC_COUNT], spec_split[KVG_SPEC_COUNT], spec_reduce[KVG_SPEC_COUNT];
+    /* CPU devices: one SIMD group of 8 lanes per workgroup, each lane its own split or token */
+    const char *attn = vm->attn_lane ? "attn_lane" : "attn";
+    uint32_t lane_wg = 8;
+    spec_init(spec_direct);
+    spec_direct[KVG_SPEC_WG] = vm->attn_lane ? lane_wg : 64;
+    kvg_vk_kv_spec(vm, spec_direct);
+    spec_direct[KVG_SPEC_GQ] = (uint32_t)(hp->n_head / hp->n_head_kv);
+    spec_direct[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
+    memcpy(spec_split, spec_direct, sizeof spec_split);
+    spec_direct[KVG_SPEC_DIRECT] = 1;
+    spec_split[KVG_SPEC_DIRECT] = 0;
+    spec_init(spec_reduce);
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        kvgen_status st = kvg_vk_pipeline_get(vm->ctx, attn, spec_direct, &p, w->err);
+        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, attn, spec_split, &p, w->err);
+        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn_reduce", spec_reduce, &p, w->err);
+        return st;
+    }
+    int idx = w->cursor++;
+    if (w->mode == WALK_SETS) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[0].buf = &vm->params;
+        b[2].buf = &vm->q;
+        b[3].buf = &vm->att;
+        kvg_vk_kv_bind(vm, w->s, layer, b);
+        b[7].buf = &w->s->part;
+        return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+    }
+    if (w->mode != WALK_RECORD) return KVGEN_OK;
+    /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
+    uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
+    bool split = nsplit > 1;
+    pc_attn pc = {.n_head = (uint32_t)hp->n_head,
+                  .n_kv = (uint32_t)hp->n_head_kv,
+                  .hd = (uint32_t)hp->head_dim,
+                  .ldq = vm->ld_q,
+                  .ldo = vm->ld_q,
+                  .n_ctx = (uint32_t)w->s->n_ctx,
+                  .nsplit = nsplit,
+                  .ncols = w->n,
+                  .scale = 1.0f / sqrtf((float)hp->head_dim)};
+    kvg_vk_kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+    VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, attn, split ? spec_split : spec_direct);
+    VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
+    if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
+    if (vm->attn_lane)
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc,
+                            (w->n * pc.nsplit + lane_wg - 1) / lane_wg, (uint32_t)hp->n_head_kv, 1);
+    else
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv, w->n,
+                            pc.nsplit);
+    kvg_vk_cmd_barrier(w->cb);
+    if (split) {
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pr, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head, w->n, 1);
+        kvg_vk_cmd_barrier(w->cb);
+    }
+    return KVGEN_OK;
+}
+
+static void prof_mark(walk *w, int kind) {
+    vk_model *vm = w->vm;
+    if (w->mode != WALK_RECORD || !vm->prof_pool || vm->prof_n >= 511) return;
+    vm->prof_kind[vm->prof_n] = kind;
+    vkCmdWriteTimestamp(w->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vm->prof_pool, (uint32_t)vm->prof_n++);
+}
+
+kvgen_status kvg_vk_walk_step(walk *w) {
+    vk_model *vm = w->vm;
+    if (w->mode == WALK_RECORD && vm->prof_pool) {
+        vm->prof_n = 0;
+        vkCmdResetQueryPool(w->cb, vm->prof_pool, 0, 512);
+        prof_mark(w, 7);
+    }
+    kvgen_status st = op_embed(w);
+    prof_mark(w, 0);
+    for (int l = 0; l < vm->hp.n_layer && st == KVGEN_OK; l++) {
+        vk_layer *L = &vm->layers[l];
+        matmul_args qkv = {.m = &L->qkv, .epi = EPI_QKV, .norm = &L->attn_norm, .in = &vm->x, .out = &vm->q,
+                           .ldx = vm->ld_x, .ldo = vm->ld_q, .ncols = w->n, .layer = l};
+        st = kvg_vk_op_matmul(w, &qkv);
+        prof_mark(w, 1);
+        if (st == KVGEN_OK) st = kvg_vk_op_attention(w, l);
+        prof_mark(w, 2);
+        matmul_args wo = {.m = &L->wo, .epi = EPI_ADD, .in = &vm->att, .out = &vm->x, .ldx = vm->ld_q,
+                          .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &wo);
+        prof_mark(w, 3);
+        matmul_args gu = {.m = &L->gateup, .epi = vm->ffn_epi, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
+                          .ldx = vm->ld_x, .ldo = vm->ld_h, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &gu);
+        prof_mark(w, 4);
+        matmul_args down = {.m = &L->down, .epi = EPI_ADD, .in = &vm->h, .out = &vm->x, .ldx = vm->ld_h,
+                            .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &down);
+        prof_mark(w, 5);
+    }
+    if (st != KVGEN_OK) return st;
+    /* logits: sets exist for the "every token" shape and are reused for the last token only */
+    matmul_args out = {.m = &vm->output, .epi = EPI_STORE, .norm = &vm->out_norm, .in = &vm->x, .out = &vm->logits,
+                       .ldx = vm->ld_x, .ldo = (uint32_t)vm->hp.n_vocab};
+    if (w->mode == WALK_RECORD && w->logits == 0) {
+        w->cursor += vm->output.n_parts;
+        return KVGEN_OK;
+    }
+    if (w->logits == 1) {
+        out.ncols = 1;
+        out.x_off = (w->n - 1) * vm->ld_x;
+    } else {
+        out.ncols = w->n;
+    }
+    st = kvg_vk_op_matmul(w, &out);
+    prof_mark(w, 6);
+    return st;
+}
+
+void kvg_vk_prof_collect(vk_model *vm) {
+    if (!vm->prof_pool || vm->prof_n < 2) return;
+    uint64_t ts[512];
+    if (vkGetQueryPoolResults(vm->ctx->dev, vm->prof_pool, 0, (uint32_t)vm->prof_n, sizeof ts, ts, 8,
+                              VK_QUERY_RESULT_64_BIT) != VK_SUCCESS)
+        return;
+    double ns = vm->ctx->props.limits.timestampPeriod;
+    for (int i = 1; i < vm->prof_n; i++) vm->prof_ms[vm->prof_kind[i]] += (double)(ts[i] - ts[i - 1]) * ns * 1e-6;
+    vm->prof_steps++;
+}
+
+kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
+                           uint32_t max_len, int logits, int select, kvgen_error *err) {
+    kvgen_status st = kvg_vk_cmd_begin(cb, one_time, err);
+    if (st != KVGEN_OK) return st;
+    walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = cb, .n = n, .max_len = max_len, .logits = logits,
+               .batch = s == vm->bat, .err = err};
+    st = kvg_vk_walk_step(&rw);
+    if (st != KVGEN_OK) {
+        vkEndCommandBuffer(cb);
+        return st;
+    }
+    /* the last token's logits are row 0 of vm->logits (kvg_vk_walk_step, logits 1) */
+    if (select && logits == 1) kvg_vk_select_record(vm->ctx, cb, &vm->sel, select == 1 ? 1 : KVG_VK_TOPK, 0);
+    kvg_vk_cmd_host_barrier(cb);
+    return kvg_vk_cmd_end(cb, err);
+}
+
+/* Rewrites a session's descriptor sets when the pool gained a slab since they were written
+ * (caller holds ctx->lock; at most KVG_VK_KV_SLABS times per session). */
+kvgen_status kvg_vk_refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_error *err) {
+    unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
+    if (s->kv_gen == gen) return KVGEN_OK;
+    kvgen_status st = kvg_vk_check(vkResetDescriptorPool(vm->ctx->dev, s->pool, 0), err, "vkResetDescriptorPool");
+    if (st != KVGEN_OK) return st;
+    walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
+    st = kvg_vk_walk_step(&sw);
+    s->decode_recorded = false; /* it names the old sets */
+    if (st == KVGEN_OK) s->kv_gen = gen;
+    return st;
+}
