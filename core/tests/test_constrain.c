@@ -305,35 +305,18 @@ static kvgen_model *load(const char *path, kvgen_backend backend) {
     return m;
 }
 
-/* the Vulkan runs in a child that leaves with _exit (lavapipe leaves a few bytes at unload
- * that LeakSanitizer cannot attribute; see test_bench.c) */
-static void check_vulkan(const char *path) {
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid < 0) return;
-    if (pid == 0) {
-        int n_dev = 0;
-        kvgen_error err = {0};
-        if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
-            printf("vulkan: no device, not checked there\n");
-            fflush(stdout);
-            _exit(0);
-        }
-        kvgen_model *m = load(path, KVGEN_BACKEND_VULKAN);
-        if (m) {
-            check_exact(m, "vulkan", 4);
-            check_chat(m, "vulkan");
-            check_sampled(m, "vulkan", 100);
-        }
-        kvgen_model_unload(m);
-        fflush(stdout);
-        _exit(tu_failures ? 1 : 0);
+static void vulkan_body(void *arg) {
+    kvgen_model *m = load(arg, KVGEN_BACKEND_VULKAN);
+    if (m) {
+        check_exact(m, "vulkan", 4);
+        check_chat(m, "vulkan");
+        check_sampled(m, "vulkan", 100);
     }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan child: status %d", status);
+    kvgen_model_unload(m);
 }
+
+/* the Vulkan runs, in a child (tu_vulkan_child) */
+static void check_vulkan(const char *path) { tu_vulkan_child("constraints", vulkan_body, (void *)path); }
 
 int main(void) {
     char *path = tu_make_model("constrain.gguf", "--seed 53 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "

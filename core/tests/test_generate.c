@@ -495,39 +495,23 @@ static void test_choose(const char *path) {
     kvgen_session_close(s);
 }
 
-/* the same on a random model on the Vulkan backend (paged: batched steps of up to 8 columns),
- * within test_vk_batch's tolerance per token, when a device is present. In a child that
- * leaves with _exit: lavapipe leaves a few unreachable bytes at unload that LeakSanitizer
- * cannot attribute (see test_bench.c), and this process stays leak-checked. */
-static void test_choose_vulkan(void) {
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid < 0) return;
-    if (pid == 0) {
-        int n_dev = 0;
-        kvgen_error err = {0};
-        if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
-            printf("vulkan: no device, choose not checked there\n");
-            fflush(stdout);
-            _exit(0);
-        }
-        char *path = tu_make_model("gen-vk.gguf", "--seed 31 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
-                                                  "--type Q8_0");
-        CHECK(path != NULL);
-        kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 1, .kv_page_size = 16};
-        kvgen_model *m = NULL;
-        if (path) CHECK_OK(kvgen_model_load(&md, &m, &err));
-        if (m) check_choose(m, "vulkan", 0.004, g_many, N_MANY);
-        kvgen_model_unload(m);
-        free(path);
-        fflush(stdout);
-        _exit(tu_failures ? 1 : 0);
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan choose child: status %d", status);
+static void choose_vulkan_body(void *arg) {
+    (void)arg;
+    kvgen_error err = {0};
+    char *path = tu_make_model("gen-vk.gguf", "--seed 31 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
+                                              "--type Q8_0");
+    CHECK(path != NULL);
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 1, .kv_page_size = 16};
+    kvgen_model *m = NULL;
+    if (path) CHECK_OK(kvgen_model_load(&md, &m, &err));
+    if (m) check_choose(m, "vulkan", 0.004, g_many, N_MANY);
+    kvgen_model_unload(m);
+    free(path);
 }
+
+/* the same on a random model on the Vulkan backend (paged: batched steps of up to 8 columns),
+ * within test_vk_batch's tolerance per token, when a device is present (tu_vulkan_child) */
+static void test_choose_vulkan(void) { tu_vulkan_child("choose", choose_vulkan_body, NULL); }
 
 /* same seed => same text, in two separate processes of the CLI */
 static void test_cli_determinism(const char *model_path) {

@@ -588,32 +588,18 @@ static void hammer_final_text(kvgen_model *m, const char *what, int n_jobs) {
            what, pieces_bad, text_bad, hung, n_jobs);
 }
 
-/* the same on the Vulkan backend when a device is present, in a child that leaves with _exit
- * (lavapipe leaves a few bytes at unload that LeakSanitizer cannot attribute; see test_bench.c) */
+static void final_text_vulkan_body(void *arg) {
+    kvgen_error err = {0};
+    kvgen_model_desc md = {.path = arg, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 1};
+    kvgen_model *m = NULL;
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    if (m) hammer_final_text(m, "vulkan", 60);
+    kvgen_model_unload(m);
+}
+
+/* the same on the Vulkan backend when a device is present (tu_vulkan_child) */
 static void hammer_final_text_vulkan(const char *path) {
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid < 0) return;
-    if (pid == 0) {
-        int n_dev = 0;
-        kvgen_error err = {0};
-        if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
-            printf("vulkan: no device, final text not checked there\n");
-            fflush(stdout);
-            _exit(0);
-        }
-        kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 1};
-        kvgen_model *m = NULL;
-        CHECK_OK(kvgen_model_load(&md, &m, &err));
-        if (m) hammer_final_text(m, "vulkan", 60);
-        kvgen_model_unload(m);
-        fflush(stdout);
-        _exit(tu_failures ? 1 : 0);
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan final-text child: status %d", status);
+    tu_vulkan_child("final text", final_text_vulkan_body, (void *)path);
 }
 
 /* waits (bounded) until `cond(arg)` holds; false after a generous bound (a hang) */

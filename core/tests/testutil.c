@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int tu_failures = 0;
@@ -103,4 +104,26 @@ double tu_max_diff(const float *a, const float *b, int n) {
     double d = 0;
     for (int i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
     return d;
+}
+
+void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg) {
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid < 0) return;
+    if (pid == 0) {
+        int n_dev = 0;
+        kvgen_error err = {0};
+        if (kvgen_devices(NULL, 0, &n_dev, &err) != KVGEN_OK || n_dev == 0) {
+            printf("vulkan: no device, %s not checked there\n", what);
+            fflush(stdout);
+            _exit(0);
+        }
+        body(arg);
+        fflush(stdout);
+        _exit(tu_failures ? 1 : 0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan %s child: status %d", what, status);
 }

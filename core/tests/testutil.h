@@ -63,4 +63,9 @@ void tu_fill_tokens(int32_t *t, size_t n, unsigned seed, int n_vocab);
 double tu_max_diff(const float *a, const float *b, int n);
 /* reads a whole file; NULL on failure */
 char *tu_read_file(const char *path, size_t *size);
+/* Runs body(arg) in a child process when a Vulkan device is present (else prints that `what`
+ * was not checked there) and checks the child's checks all passed. The child leaves with
+ * _exit: lavapipe leaves a few bytes at unload that LeakSanitizer cannot attribute, and the
+ * test's own process stays leak-checked. */
+void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg);
 #endif
