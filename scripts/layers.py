@@ -62,7 +62,7 @@ def strongly_connected(nodes, edges):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     build = args[0] if args else "build"
-    objs = sorted(glob.glob(os.path.join(build, "core", "CMakeFiles", "kvgen.dir", "*.o")))
+    objs = sorted(glob.glob(os.path.join(build, "core", "CMakeFiles", "kvgen.dir", "**", "*.o"), recursive=True))
     if not objs:
         print(f"layers: no object files under {build}/core/CMakeFiles/kvgen.dir (build first)", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 // select.glsl: the order in which argmax.comp and topk.comp rank logits, the same as the
-// sampler's (core/sampler.c): higher value first, lower index on ties, NaN as -inf, -0 as +0.
+// sampler's (core/generate/sampler.c): higher value first, lower index on ties, NaN as -inf, -0 as +0.
 // Values are compared as keys, uints whose unsigned order is that float order, so no float
 // comparison (and no denormal flushing) can make the device disagree with the host.
 #ifndef KVG_SELECT_GLSL

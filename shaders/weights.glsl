@@ -1,6 +1,6 @@
 // weights.glsl: reading a repacked weight matrix part (binding 1) for one WTYPE_* define: all the
-// per-type shader code. Each type is a row of the host's table (core/vk_weights.c; layout in
-// core/kvg_vk.h) and an entry of KVGEN_WEIGHT_TYPES (shaders/CMakeLists.txt); QWORDS and
+// per-type shader code. Each type is a row of the host's table (core/vulkan/vk_weights.c; layout in
+// core/vulkan/kvg_vk.h) and an entry of KVGEN_WEIGHT_TYPES (shaders/CMakeLists.txt); QWORDS and
 // SCALE_HALVES below must equal the row's qwords and scale_halves.
 //
 // A part is a quant region (QWORDS words per block, rows one after another) then, at word

@@ -1,5 +1,5 @@
 /* test_vk_pipeline_cache.c: kvgen's VkPipelineCache file (kvgen_model_desc.pipeline_cache_path,
- * core/vk_pcache.c). A first load creates the folder and a file that begins with this device's
+ * core/vulkan/vk_pcache.c). A first load creates the folder and a file that begins with this device's
  * VkPipelineCacheHeaderVersionOne and ends with kvgen's trailer (size, FNV-1a hash); a second
  * load hands its data to vkCreatePipelineCache and does not rewrite it (nothing was compiled that
  * it lacked: same inode, mtime and bytes); "{device}" expands to vendor-device in hex. Truncated,

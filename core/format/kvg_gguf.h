@@ -1,4 +1,8 @@
-/* kvg_gguf.h: GGUF v2/v3 reader (mmap, every size checked) and writer (private). */
+/* kvg_gguf.h: GGUF v2/v3 reader (mmap, every size checked) and writer (private).
+ *
+ * Folder core/format/ owns the bytes of model files and of text: the GGUF reader and writer
+ * (gguf.c), the tokenizer (tokenizer.c, kvg_tokenizer.h) and detokenization (detok.c). It knows
+ * nothing of models, backends or sessions. */
 #ifndef KVG_GGUF_H
 #define KVG_GGUF_H
 #include <stdbool.h>

@@ -1,5 +1,10 @@
 /* kvg_session.h: a session's state, shared by session.c (the public session calls),
- * session_file.c (save/restore) and the generation code (private). */
+ * session_file.c (save/restore) and the generation code (private).
+ *
+ * Folder core/session/ owns sessions over a loaded model: the page pool their K/V live in
+ * (kvpool.c, kvg_pool.h), the public session calls that turn appends, rewinds, forks and
+ * shifts into page-table edits and batches for the backend (session.c), and session files
+ * (session_file.c). */
 #ifndef KVG_SESSION_H
 #define KVG_SESSION_H
 #include <stdbool.h>

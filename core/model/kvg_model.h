@@ -1,4 +1,9 @@
-/* kvg_model.h: the model description shared by every backend (private). */
+/* kvg_model.h: the model description shared by every backend (private).
+ *
+ * Folder core/model/ owns what a loaded model is, independent of where it runs: the
+ * architecture table (arch.c, kvg_arch.h), the tensor type-traits table (quant.c, kvg_quant.h),
+ * the model description read from a GGUF (model.c) and the backend interface below (the
+ * batch a forward pass runs, the ops every backend implements). Backends sit under it. */
 #ifndef KVG_MODEL_H
 #define KVG_MODEL_H
 #include <stdbool.h>

@@ -1,4 +1,7 @@
-/* kvg_buf.h: a growable byte buffer (private). */
+/* kvg_buf.h: a growable byte buffer (private).
+ *
+ * Folder core/base/ owns what every layer may use and that uses nothing of kvgen: error
+ * formatting (error.c, kvg_fail) and byte buffers (buf.c). */
 #ifndef KVG_BUF_H
 #define KVG_BUF_H
 #include <stdbool.h>

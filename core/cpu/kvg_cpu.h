@@ -1,6 +1,9 @@
 /* kvg_cpu.h: helpers any backend that computes on the host's cores can share (private):
  * a persistent thread pool (cpu_pool.c) and KV pages kept in host memory (cpu_pages.c).
- * The reference backend (reference.c) is built on them. */
+ * The reference backend (reference.c) is built on them.
+ *
+ * Folder core/cpu/ owns the backends that run on the host's cores: the reference backend
+ * (reference.c, the readable f32 oracle) and these shared helpers. */
 #ifndef KVG_CPU_H
 #define KVG_CPU_H
 #include <stddef.h>
