@@ -611,12 +611,11 @@ static const opt_spec load_specs[] = {
     {.key = "pool_bytes", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_bytes), .lo = 0, .hi = LUA_MAXINTEGER},
     {.key = "pool_tokens", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_tokens), .lo = 0, .hi = LUA_MAXINTEGER},
     {.key = "page_size", .type = OPT_INT, .off = offsetof(load_opts, d.kv_page_size), .lo = 0, .hi = INT_MAX},
-    {.key = "contiguous", .type = OPT_BOOL, .off = offsetof(load_opts, d.kv_contiguous)},
     {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
 };
 
 /* kvgen.load(path [, {backend=, device=, threads=, force_f32=, pool_bytes=, pool_tokens=, page_size=,
- * contiguous=, pipeline_cache=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
+ * pipeline_cache=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
  * (the default: $KVGEN_PIPELINE_CACHE, "" or "off" for none, else
  * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else $HOME/.cache/kvgen/pipelines-{device}.bin). */
 static int l_load(lua_State *L) {

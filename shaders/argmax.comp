@@ -2,9 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 // argmax.comp: index of the largest of n floats (ranked as in select.glsl: lowest index on
 // ties, NaN never wins), for greedy decoding so that only one integer is read back.
-// Dispatch: (1, 1, 1), 256 invocations, each scanning n/256 values (n < 2^24 keeps the trip
-// count far below lavapipe's 65,535).
-// Bindings: 2 values (float bits, from x_off), 3 out (word 0 receives the index).
+// Dispatch: (1, rows, 1): workgroup y takes row y, the n values at x_off + y * n; 256
+// invocations each scan n/256 values (n < 2^24 keeps the trip count far below lavapipe's 65,535).
+// Bindings: 2 values (float bits), 3 out (word y receives row y's index).
 layout(local_size_x = 256) in;
 
 #define KVG_OWN_PC
@@ -20,10 +20,11 @@ shared uint best_i[256];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
+    uint row = gl_WorkGroupID.y, x0 = pc.x_off + row * pc.n;
     // key 0 is below every real key: an invocation without values never wins
     uint bk = 0u, bi = 0xffffffffu;
     for (uint i = tid; i < pc.n; i += 256u) {
-        uint k = kvg_key(xbits[pc.x_off + i]);
+        uint k = kvg_key(xbits[x0 + i]);
         if (bi == 0xffffffffu || k > bk) { // ascending i: a tie keeps the lower index
             bk = k;
             bi = i;
@@ -39,5 +40,5 @@ void main() {
         }
     }
     barrier();
-    if (tid == 0u) result[0] = best_i[0];
+    if (tid == 0u) result[row] = best_i[0];
 }

@@ -2,12 +2,13 @@
 #extension GL_GOOGLE_include_directive : require
 // topk.comp: the K = 64 best of n floats, ranked as in select.glsl, best first, so that top-k
 // sampling reads back 64 candidates instead of the vocabulary.
-// Two passes (spec constant MODE):
-//   0 (partial): workgroup g takes values [g*CHUNK, (g+1)*CHUNK) from binding 2 (float bits,
-//     from x_off); writes its K best as (key, index) pairs to binding 7 at g*K.
-//     Dispatch: (ceil(n / CHUNK), 1, 1).
-//   1 (merge): one workgroup takes n (key, index) pairs from binding 7 and writes the K best to
-//     binding 3. Dispatch: (1, 1, 1).
+// Rows: workgroup y works on row y (a batch's logits, one row per sequence). Two passes
+// (spec constant MODE):
+//   0 (partial): workgroup (g, y) takes values [g*CHUNK, (g+1)*CHUNK) of row y, which starts
+//     at x_off + y * n in binding 2 (float bits); writes its K best as (key, index) pairs to
+//     binding 7 at (y * G + g) * K, G = the dispatch's x size. Dispatch: (ceil(n / CHUNK), rows, 1).
+//   1 (merge): workgroup y takes the n (key, index) pairs of row y from binding 7 at y * n and
+//     writes the K best to binding 3 at y * K. Dispatch: (1, rows, 1).
 // Each invocation keeps a sorted list of the best of its strided share (most values are
 // rejected by one compare against its K-th); invocation 0 then merges the lists through
 // shared memory. Missing entries are (0, 0xffffffff): key 0 ranks below every real value.
@@ -34,6 +35,8 @@ shared uint lcount[WG];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
+    uint row = gl_WorkGroupID.y;
+    uint x0 = pc.x_off + row * pc.n, p0 = row * pc.n; // pass 0: row's values; pass 1: row's pairs
     uint keys[K], ids[K];
     uint cnt = 0u;
     uint begin = MODE == 0u ? gl_WorkGroupID.x * CHUNK : 0u;
@@ -41,11 +44,11 @@ void main() {
     for (uint i = begin + tid; i < end; i += WG) {
         uint k, id;
         if (MODE == 0u) {
-            k = kvg_key(xbits[pc.x_off + i]);
+            k = kvg_key(xbits[x0 + i]);
             id = i;
         } else {
-            k = part[i].x;
-            id = part[i].y;
+            k = part[p0 + i].x;
+            id = part[p0 + i].y;
             if (id == 0xffffffffu) continue;
         }
         if (cnt == K && !kvg_before(k, id, keys[K - 1u], ids[K - 1u])) continue;
@@ -68,7 +71,7 @@ void main() {
     if (tid != 0u) return;
     uint head[WG];
     for (uint t = 0u; t < WG; t++) head[t] = 0u;
-    uint base = MODE == 0u ? gl_WorkGroupID.x * K : 0u;
+    uint base = MODE == 0u ? (row * gl_NumWorkGroups.x + gl_WorkGroupID.x) * K : row * K;
     for (uint r = 0u; r < K; r++) {
         uint bt = WG, bk = 0u, bid = 0xffffffffu;
         for (uint t = 0u; t < WG; t++) {
@@ -82,6 +85,6 @@ void main() {
         }
         if (bt < WG) head[bt]++;
         if (MODE == 0u) part[base + r] = uvec2(bk, bid);
-        else result[r] = uvec2(bk, bid);
+        else result[base + r] = uvec2(bk, bid);
     }
 }

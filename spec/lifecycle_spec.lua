@@ -200,20 +200,11 @@ describe("session state (random model)", function()
       assert.are.equal("pool_full", (kvgen.last_error()))
     end)
 
-    it("contiguous = true has no pool", function()
-      local p <close> = support.random_model { contiguous = true }
-      assert.are.equal(0, p:pool_info().page_size)
-      local s <close> = p:session { context = 16 }
-      s:prefill { 1, 2, 3 }
-      assert.are.equal(0, s:cache_info().pages)
-    end)
-
     it("rejects bad pool options", function()
       local path = support.random_model_path()
       assert.matches("option 'page_size': integer expected", error_of(kvgen.load, path, { page_size = "16" }))
       assert.matches("option 'pool_tokens': %-1 is out of range", error_of(kvgen.load, path, { pool_tokens = -1 }))
       assert.matches("option 'pool_bytes': integer expected", error_of(kvgen.load, path, { pool_bytes = 1.5 }))
-      assert.matches("option 'contiguous': boolean expected", error_of(kvgen.load, path, { contiguous = 1 }))
       assert.matches("^kvgen: ", error_of(kvgen.load, path, { backend = "reference", page_size = 17 }))
       assert.are.equal("invalid_argument", (kvgen.last_error()))
     end)

@@ -14,11 +14,14 @@
  * Decode runs the very same code with a block of one, so a token's logits are bit-identical
  * whether it came through prefill, decode or a no-cache recomputation.
  *
- * The KV cache lives either in the model's page pool (the default: a session holds a page
- * table, and page p of the pool stores per layer K then V as [Hkv][page_size][hd], in host
- * memory kept by cpu_pages.c) or, for
- * models loaded with kv_contiguous, in one per-session array per layer [Hkv][C][hd]. Both are
- * reached through kv_at(), so the forward pass reads the same either way.
+ * The KV cache lives in the model's page pool: a session holds a page table, and page p of
+ * the pool stores per layer K then V as [Hkv][page_size][hd], in host memory kept by
+ * cpu_pages.c, reached through kv_at().
+ *
+ * A batch (kvg_model.h) is flattened into tokens, each with its own position and page table,
+ * and run in blocks of up to REF_BLOCK tokens whatever sequence they belong to: a block of
+ * many sessions' decode tokens reads every weight row once for all of them, exactly as a
+ * prompt's block does.
  *
  * Shapes in comments: n = tokens in the current block, D = n_embd, F = n_ff, H = n_head,
  * Hkv = n_head_kv, hd = head_dim, V = n_vocab, C = the session's context capacity,
@@ -72,22 +75,17 @@ typedef struct ref_model {
     float *ffn_norm;  /* [n_layer][D] */
     float *out_norm;  /* [D] */
     /* the page pool's storage (kv_pages_init): page i is pages.data[i], [L][2][Hkv][P][hd] f32 */
-    bool paged;
     kvg_cpu_pages pages;
 } ref_model;
 
-/* Where a session's K/V live: a page table into the model's pages, or one contiguous cache. */
+/* Where a session's K/V live: a page table into the model's pages. */
 typedef struct ref_kv {
     const kvg_cpu_pages *store; /* the model's pages */
-    const int32_t *pages;       /* the session's page table; NULL: contiguous */
-    float *k_cache, *v_cache; /* contiguous: per layer [Hkv][C][hd] */
-    int n_ctx;
+    const int32_t *pages;       /* the session's page table */
 } ref_kv;
 
 struct kvg_backend_session {
-    int n_ctx; /* C: positions the cache holds */
-    /* KV cache, per layer [Hkv][C][hd] f32: the seed's past_key_values made explicit */
-    float *k_cache, *v_cache;
+    int n_ctx; /* C: positions the session may reach */
     /* activations of one block of tokens */
     float *x;   /* [n][D] residual stream */
     float *xb;  /* [n][D] normed input of a sublayer */
@@ -103,16 +101,9 @@ struct kvg_backend_session {
     int n_threads;
 };
 
-static size_t layer_cache_floats(const kvg_hparams *hp, int n_ctx) {
-    return (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim;
-}
-
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
-static float *kv_at(const ref_kv *kv, const kvg_hparams *hp, int layer, int which, int h, int pos) {
-    if (kv->pages) return kvg_cpu_pages_at(kv->store, kv->pages, layer, which, h, pos);
-    size_t hd = (size_t)hp->head_dim;
-    float *cache = which == 0 ? kv->k_cache : kv->v_cache;
-    return cache + (size_t)layer * layer_cache_floats(hp, kv->n_ctx) + ((size_t)h * kv->n_ctx + (size_t)pos) * hd;
+static float *kv_at(const ref_kv *kv, int layer, int which, int h, int pos) {
+    return kvg_cpu_pages_at(kv->store, kv->pages, layer, which, h, pos);
 }
 
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
@@ -191,8 +182,6 @@ static void ref_model_free(kvgen_model *m) {
 static void ref_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
-    free(s->k_cache);
-    free(s->v_cache);
     free(s->x);
     free(s->xb);
     free(s->q);
@@ -214,13 +203,8 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
     s->n_ctx = n_ctx;
     s->n_threads = kvg_cpu_pool_threads(rm->pool);
-    /* paged models keep K/V in the model's pages; only a contiguous model reserves a cache here */
-    size_t cache = rm->paged ? 0 : (size_t)hp->n_layer * layer_cache_floats(hp, n_ctx);
     size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    /* calloc: untouched cache pages of a large context are never made resident */
-    s->k_cache = cache ? calloc(cache, sizeof(float)) : NULL;
-    s->v_cache = cache ? calloc(cache, sizeof(float)) : NULL;
     s->x = malloc(B * D * sizeof(float));
     s->xb = malloc(B * D * sizeof(float));
     s->q = malloc(B * qd * sizeof(float));
@@ -233,11 +217,11 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->row_stride = D > F ? D : F;
     if (qd > s->row_stride) s->row_stride = qd;
     s->row_f32 = malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
-    if ((cache && (!s->k_cache || !s->v_cache)) || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
         !s->scores || !s->row_f32) {
         ref_session_free(m, s);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token KV cache (%zu MiB)",
-                        n_ctx, 2 * cache * sizeof(float) >> 20);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token session's scratch",
+                        n_ctx);
     }
     *out = s;
     return KVGEN_OK;
@@ -342,7 +326,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int kvh = h / group;
         const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
         for (int p = 0; p <= pos; p++) {
-            const float *k = kv_at(kv, hp, l, 0, kvh, p);
+            const float *k = kv_at(kv, l, 0, kvh, p);
             float dot = 0.0f;
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
             scores[p] = dot * scale;
@@ -351,7 +335,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int p = 0; p <= pos; p++) {
-            const float *v = kv_at(kv, hp, l, 1, kvh, p);
+            const float *v = kv_at(kv, l, 1, kvh, p);
             float a = scores[p];
             for (int i = 0; i < hd; i++) o[i] += a * v[i];
         }
@@ -416,8 +400,8 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
             for (int h = 0; h < hp->n_head_kv; h++) {
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
                 rope_head(&m->w, k, pos);
-                memcpy(kv_at(kv, hp, l, 0, h, pos), k, (size_t)hd * sizeof(float));
-                memcpy(kv_at(kv, hp, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+                memcpy(kv_at(kv, l, 0, h, pos), k, (size_t)hd * sizeof(float));
+                memcpy(kv_at(kv, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
         }
 
@@ -458,93 +442,72 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     matmul(rm->pool, s, s->xb, D, count, 1, out);
 }
 
-static kvgen_status run_forward(kvgen_model *m, kvg_backend_session *s, const ref_kv *kv, const int32_t *tokens,
-                                int n, int pos0, float *logits, bool all_logits, kvgen_error *err) {
+static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
-    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: %d tokens at position %d do not fit %d", n,
-                        pos0, s->n_ctx);
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab)
+    if (!q->bs || !q->pages || !q->tokens)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch sequence %d lacks its session, page table "
+                        "or tokens", i);
+    if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: %d tokens at position %d do not fit %d",
+                        q->n, q->pos0, q->bs->n_ctx);
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch sequence %d wants logits but has no buffer",
+                        i);
+    if (q->out == KVG_OUT_KEEP)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: logits are host memory, none are kept");
+    for (int t = 0; t < q->n; t++)
+        if (q->tokens[t] < 0 || q->tokens[t] >= hp->n_vocab)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
-                            tokens[t], hp->n_vocab);
-    ref_slot slots[REF_BLOCK];
-    for (int done = 0; done < n; done += REF_BLOCK) {
-        int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
-        for (int t = 0; t < nb; t++) slots[t] = (ref_slot){.kv = kv, .owner = s, .pos = pos0 + done + t};
-        forward_block(m, s, slots, tokens + done, nb);
-        if (all_logits)
-            compute_logits(m, s, 0, nb, logits + (size_t)done * hp->n_vocab);
-        else if (done + nb == n)
-            compute_logits(m, s, nb - 1, 1, logits);
-    }
+                            q->tokens[t], hp->n_vocab);
     return KVGEN_OK;
 }
 
-static kvgen_status ref_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                                float *logits, bool all_logits, kvgen_error *err) {
-    if (!s->k_cache)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: contiguous forward on a paged model");
-    ref_kv kv = {.k_cache = s->k_cache, .v_cache = s->v_cache, .n_ctx = s->n_ctx};
-    return run_forward(m, s, &kv, tokens, n, pos0, logits, all_logits, err);
-}
-
-static ref_kv paged_kv(const kvgen_model *m, const int32_t *pages) {
-    const ref_model *rm = m->backend;
-    return (ref_kv){.store = &rm->pages, .pages = pages};
-}
-
-/* n one-token decodes of different sessions as blocks of up to REF_BLOCK tokens: the block's
- * activations live in the first session's scratch, each token attends through its own cache.
- * Every output element is computed exactly as in a single decode (see dot_tile_f32), so a
- * batched token's logits are bit-identical to its sequential ones. */
-static kvgen_status ref_forward_batch(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
-                                      const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+/* The batch's tokens in order, REF_BLOCK at a time: a block's activations live in the scratch
+ * of its first token's session, each token attends through its own page table, and the
+ * logits a sequence wants are computed from the block that holds those tokens. Every output
+ * element is computed exactly as in a batch of one token (see dot_tile_f32), so a token's
+ * logits are bit-identical however the batch around it was made up. */
+static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
-    for (int i = 0; i < n; i++) {
-        if (pos[i] < 0 || pos[i] >= s[i]->n_ctx)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: batch token %d at position %d does not "
-                            "fit %d", i, pos[i], s[i]->n_ctx);
-        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
-                            tokens[i], hp->n_vocab);
-        if (!pages[i] && !s[i]->k_cache)
-            return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch token %d has no cache", i);
+    const ref_model *rm = m->backend;
+    size_t V = (size_t)hp->n_vocab;
+    for (int i = 0; i < b->n_seq; i++) {
+        kvgen_status st = check_seq(m, &b->seq[i], i, err);
+        if (st != KVGEN_OK) return st;
     }
     ref_kv kv[REF_BLOCK];
     ref_slot slots[REF_BLOCK];
-    for (int done = 0; done < n; done += REF_BLOCK) {
-        int nb = n - done < REF_BLOCK ? n - done : REF_BLOCK;
-        for (int t = 0; t < nb; t++) {
-            int i = done + t;
-            kv[t] = pages[i] ? paged_kv(m, pages[i])
-                             : (ref_kv){.k_cache = s[i]->k_cache, .v_cache = s[i]->v_cache, .n_ctx = s[i]->n_ctx};
-            slots[t] = (ref_slot){.kv = &kv[t], .owner = s[i], .pos = pos[i]};
+    int32_t tokens[REF_BLOCK];
+    int seq_of[REF_BLOCK], tok_of[REF_BLOCK];
+    int si = 0, ti = 0; /* the next token to place: b->seq[si].tokens[ti] */
+    while (si < b->n_seq) {
+        int nb = 0;
+        for (; si < b->n_seq && nb < REF_BLOCK; nb++) {
+            const kvg_batch_seq *q = &b->seq[si];
+            kv[nb] = (ref_kv){.store = &rm->pages, .pages = q->pages};
+            slots[nb] = (ref_slot){.kv = &kv[nb], .owner = q->bs, .pos = q->pos0 + ti};
+            tokens[nb] = q->tokens[ti];
+            seq_of[nb] = si;
+            tok_of[nb] = ti;
+            if (++ti == q->n) {
+                si++;
+                ti = 0;
+            }
         }
-        forward_block(m, s[done], slots, tokens + done, nb);
-        compute_logits(m, s[done], 0, nb, logits + (size_t)done * hp->n_vocab);
+        kvg_backend_session *scratch = slots[0].owner;
+        forward_block(m, scratch, slots, tokens, nb);
+        for (int t = 0; t < nb;) { /* runs of one sequence's tokens in this block */
+            const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            int run = 1;
+            while (t + run < nb && seq_of[t + run] == seq_of[t]) run++;
+            int last = tok_of[t + run - 1];
+            if (q->out == KVG_OUT_ALL)
+                compute_logits(m, scratch, t, run, q->logits + (size_t)tok_of[t] * V);
+            else if (q->out == KVG_OUT_LAST && last == q->n - 1)
+                compute_logits(m, scratch, t + run - 1, 1, q->logits);
+            t += run;
+        }
     }
-    return KVGEN_OK;
-}
-
-static kvgen_status ref_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                      const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
-                                      kvgen_error *err) {
-    ref_kv kv = paged_kv(m, pages);
-    return run_forward(m, s, &kv, tokens, n, pos0, logits, all_logits, err);
-}
-
-static kvgen_status ref_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len,
-                                   float *out, kvgen_error *err) {
-    const kvg_hparams *hp = &m->w.hp;
-    if (layer < 0 || layer >= hp->n_layer || (which != 0 && which != 1) || len < 0 || len > s->n_ctx)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: bad cache read (layer %d, which %d, len %d)",
-                        layer, which, len);
-    if (!s->k_cache) return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: contiguous read on a paged model");
-    const float *src = (which == 0 ? s->k_cache : s->v_cache) + (size_t)layer * layer_cache_floats(hp, s->n_ctx);
-    size_t row = (size_t)len * hp->head_dim;
-    for (int h = 0; h < hp->n_head_kv; h++)
-        memcpy(out + h * row, src + (size_t)h * s->n_ctx * hp->head_dim, row * sizeof(float));
     return KVGEN_OK;
 }
 
@@ -556,9 +519,7 @@ static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_defa
 
 static kvgen_status ref_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
     ref_model *rm = m->backend;
-    kvgen_status st = kvg_cpu_pages_init(&rm->pages, &m->w.hp, page_size, n_pages, "reference backend", err);
-    if (st == KVGEN_OK) rm->paged = true;
-    return st;
+    return kvg_cpu_pages_init(&rm->pages, &m->w.hp, page_size, n_pages, "reference backend", err);
 }
 
 static kvgen_status ref_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
@@ -594,14 +555,11 @@ const kvg_backend_ops kvg_reference_backend = {
     .session_init = ref_session_init,
     .session_free = ref_session_free,
     .forward = ref_forward,
-    .read_cache = ref_read_cache,
     .cache_bytes_per_token = ref_cache_bytes_per_token,
     .kv_default_pool_bytes = ref_default_pool_bytes,
     .kv_pages_init = ref_kv_pages_init,
     .kv_page_commit = ref_kv_page_commit,
-    .forward_paged = ref_forward_paged,
     .kv_copy = ref_kv_copy,
     .kv_read = ref_kv_read,
     .kv_write = ref_kv_write,
-    .forward_batch = ref_forward_batch,
 };

@@ -293,8 +293,10 @@ static int parse_role(const char *role) {
     return -1;
 }
 
+/* One turn: its tokens are prefilled, or with `out` appended there for the caller to prefill
+ * (the jobs' worker, in chunks); the chat state changes only when that succeeded. */
 static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *text, bool begin_reply,
-                              const char *fn, kvgen_error *err) {
+                              const char *fn, kvg_tokens *out, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
     kvgen_status busy_ = kvg_session_check_host(s, fn, err);
     if (busy_ != KVGEN_OK) return busy_;
@@ -353,7 +355,21 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
             }
         }
     }
-    if (st == KVGEN_OK && t.n > 0) st = kvgen_session_prefill(s, t.v, t.n, NULL, err);
+    if (st == KVGEN_OK && t.n > 0 && !out) st = kvgen_session_prefill(s, t.v, t.n, NULL, err);
+    if (st == KVGEN_OK && t.n > 0 && out) {
+        if (out->n + t.n > out->cap) {
+            int32_t *v = realloc(out->v, (out->n + t.n) * sizeof *v);
+            if (!v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %zu tokens", fn, out->n + t.n);
+            else {
+                out->v = v;
+                out->cap = out->n + t.n;
+            }
+        }
+        if (st == KVGEN_OK) {
+            memcpy(out->v + out->n, t.v, t.n * sizeof *t.v);
+            out->n += t.n;
+        }
+    }
     free(t.v);
     if (st != KVGEN_OK) goto fail; /* nothing was appended: the chat state stays as it was */
     c->last_role = last_role;
@@ -368,11 +384,16 @@ fail:
 }
 
 kvgen_status kvgen_chat_add(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
-    return chat_turn(s, role, text, false, "kvgen_chat_add", err);
+    return chat_turn(s, role, text, false, "kvgen_chat_add", NULL, err);
 }
 
 kvgen_status kvgen_chat_begin(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
-    return chat_turn(s, role, text, true, "kvgen_chat_begin", err);
+    return chat_turn(s, role, text, true, "kvgen_chat_begin", NULL, err);
+}
+
+kvgen_status kvg_chat_begin_tokens(kvgen_session *s, const char *role, const char *text, kvg_tokens *out,
+                                   kvgen_error *err) {
+    return chat_turn(s, role, text, true, "kvgen_chat_begin", out, err);
 }
 
 kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
@@ -386,7 +407,7 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
     kvgen_gen *g = NULL;
     kvgen_status st = kvg_gen_create(s, desc, &g, "kvgen_chat_gen_begin", err);
     if (st != KVGEN_OK) return st;
-    st = chat_turn(s, role, text, true, "kvgen_chat_gen_begin", err); /* all or nothing */
+    st = chat_turn(s, role, text, true, "kvgen_chat_gen_begin", NULL, err); /* all or nothing */
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;

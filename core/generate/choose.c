@@ -1,9 +1,10 @@
 /* choose.c: choice scoring. The context's K/V are computed once (the session as it is) and
  * every candidate continues from a fork of it, which shares the context's pages
- * copy-on-write, so a candidate costs only its own tokens. Where the backend batches decodes
- * (forward_batch), the candidates advance together: step j decodes token j-1 of every
- * candidate that has a token j in one batched pass, so each weight is read once per step for
- * all of them; candidates drop out as they finish. Otherwise each runs as one prefill.
+ * copy-on-write, so a candidate costs only its own tokens. The candidates advance together:
+ * step j decodes token j-1 of every candidate that has a token j as one batch
+ * (kvg_session_decode_batch), so each weight is read once per step for all of them;
+ * candidates drop out as they finish. One that would not fit without a context shift runs
+ * as one prefill instead.
  * Candidates are spelled as their exact bytes (kvg_spell), as choice-constrained generation
  * spells them, which picks by these same scores (kvg_score_sequences). */
 #include <math.h>
@@ -14,7 +15,7 @@
 #include "kvg_sampler.h"
 #include "kvg_session.h"
 
-/* forks alive at once: bounds the memory (a contiguous model's fork holds a whole cache) */
+/* forks alive at once: bounds the scratch and the pages held */
 enum { CHOOSE_GROUP = 16 };
 
 /* log softmax(logits)[token], in double so long sums stay exact enough to compare */
@@ -45,35 +46,40 @@ static kvgen_status score_prefill(kvgen_session *s, choice_run *c, int V, float 
 }
 
 /* Candidates g[0..k) (each with nt > 1, fitting the context without a shift) advanced
- * together, one batched decode per step; `logits` is scratch of k * V floats. Each step's
- * rows equal a separate decode's (forward_batch's contract), so the scores are those of
- * decoding every candidate on its own. */
-static kvgen_status score_batched(kvgen_session *s, choice_run *const *g, int k, int V, float *logits,
-                                  kvgen_error *err) {
+ * together, one batched decode per step. Each session's logits in a batch equal a decode of
+ * it alone (the backend's forward contract), so the scores are those of decoding every
+ * candidate on its own. */
+static kvgen_status score_batched(kvgen_session *s, choice_run *const *g, int k, int V, kvgen_error *err) {
     kvgen_session *child[CHOOSE_GROUP] = {0}, *active[CHOOSE_GROUP];
+    int32_t tokens[CHOOSE_GROUP];
+    kvgen_status status[CHOOSE_GROUP];
+    kvgen_error errs[CHOOSE_GROUP];
     int which[CHOOSE_GROUP];
     kvgen_status st = KVGEN_OK;
     size_t longest = 0;
     for (int i = 0; i < k && st == KVGEN_OK; i++) {
         st = kvgen_session_fork(s, &child[i], err);
-        if (st == KVGEN_OK) child[i]->defer_decode = true; /* decode reserves; decode_batch runs */
         if (g[i]->nt > longest) longest = g[i]->nt;
     }
     for (size_t j = 1; j < longest && st == KVGEN_OK; j++) {
         int na = 0;
-        for (int i = 0; i < k && st == KVGEN_OK; i++) {
+        for (int i = 0; i < k; i++) {
             if (g[i]->nt <= j) continue;
-            st = kvgen_session_decode(child[i], g[i]->toks[j - 1], err);
             active[na] = child[i];
+            tokens[na] = g[i]->toks[j - 1];
             which[na++] = i;
         }
-        if (st == KVGEN_OK) st = kvg_session_decode_batch(active, na, logits, err);
+        st = kvg_session_decode_batch(active, tokens, na, true, status, errs);
+        for (int a = 0; a < na && st != KVGEN_OK; a++)
+            if (status[a] != KVGEN_OK) {
+                if (err) *err = errs[a];
+                break;
+            }
         for (int a = 0; a < na && st == KVGEN_OK; a++) {
             choice_run *c = g[which[a]];
-            c->lp += log_prob(logits + (size_t)a * (size_t)V, V, c->toks[j]);
+            c->lp += log_prob(active[a]->logits, V, c->toks[j]);
         }
     }
-    /* a fork left with a reserved, never-run decode frees that page with the rest */
     for (int i = 0; i < k; i++) kvgen_session_close(child[i]);
     return st;
 }
@@ -93,15 +99,13 @@ static kvgen_status score_runs(kvgen_session *s, choice_run *runs, size_t n, kvg
         if (runs[i].nt > max_nt) max_nt = runs[i].nt;
     }
 
-    /* batched decodes need deferrable decodes (a cache) and must not shift the context, which
-     * a prefill of the whole candidate would do differently; such candidates run as prefills */
-    bool batch = m->ops->forward_batch && !s->no_cache;
+    /* batched decodes need a cache and must not shift the context, which a prefill of the
+     * whole candidate would do differently; such candidates run as prefills */
+    bool batch = !s->no_cache;
     size_t room = (size_t)s->n_ctx - s->n_tokens;
-    size_t scratch = batch ? (size_t)CHOOSE_GROUP : 0;
-    if (max_nt > scratch) scratch = max_nt;
     float *logits = NULL;
     if (max_nt > 1) {
-        logits = malloc(scratch * (size_t)V * sizeof *logits);
+        logits = malloc(max_nt * (size_t)V * sizeof *logits);
         if (!logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for logits");
     }
     choice_run *group[CHOOSE_GROUP];
@@ -115,11 +119,11 @@ static kvgen_status score_runs(kvgen_session *s, choice_run *runs, size_t n, kvg
         }
         group[k++] = c;
         if (k == CHOOSE_GROUP) {
-            st = score_batched(s, group, k, V, logits, err);
+            st = score_batched(s, group, k, V, err);
             k = 0;
         }
     }
-    if (st == KVGEN_OK && k > 0) st = score_batched(s, group, k, V, logits, err);
+    if (st == KVGEN_OK && k > 0) st = score_batched(s, group, k, V, err);
     free(logits);
     return st;
 }

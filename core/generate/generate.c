@@ -271,7 +271,8 @@ static void fill_step(const kvgen_gen *g, kvgen_gen_step *step, int32_t token) {
     step->finish = g->finish;
 }
 
-kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err) {
+kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, kvgen_error *err) {
+    *token = -1;
     if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
     g->step.n = 0;
@@ -287,7 +288,6 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
         return st;
     }
     kvgen_session *s = g->s;
-    kvg_sampler *sm = kvg_session_sampler(s);
     if (!kvg_session_has_logits(s)) {
         g->finish = KVGEN_FINISH_ERROR;
         fill_step(g, step, -1);
@@ -314,15 +314,30 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
         fill_step(g, step, -1);
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "generate: every token is banned by the logit bias");
     }
+    *token = tok;
+    return KVGEN_OK;
+}
+
+kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err) {
+    int32_t tok;
+    kvgen_status st = kvg_gen_sample(g, step, &tok, err);
+    if (st != KVGEN_OK || tok < 0) return st;
     kvgen_error derr = {0};
-    st = kvgen_session_decode(s, tok, &derr);
+    st = kvgen_session_decode(g->s, tok, &derr);
+    return kvg_gen_commit(g, step, tok, st, &derr, err);
+}
+
+kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvgen_status decoded,
+                            const kvgen_error *derr, kvgen_error *err) {
+    kvgen_status st = decoded;
+    kvg_sampler *sm = kvg_session_sampler(g->s);
     if (st == KVGEN_E_CONTEXT_FULL) {
         st = finish(g, KVGEN_FINISH_CONTEXT_FULL, err); /* the token is dropped, not appended */
         fill_step(g, step, -1);
         return st;
     }
     if (st != KVGEN_OK) {
-        if (err) *err = derr;
+        if (err) *err = *derr;
         g->finish = KVGEN_FINISH_ERROR;
         fill_step(g, step, -1);
         return st;

@@ -21,4 +21,22 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
 kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
                             kvgen_error *err);
 
+/* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
+ * prefills them in chunks); the chat state is advanced as if they were. */
+struct kvg_tokens;
+kvgen_status kvg_chat_begin_tokens(kvgen_session *s, const char *role, const char *text, struct kvg_tokens *out,
+                                   kvgen_error *err);
+
+/* kvgen_gen_next in two steps, so that the jobs' worker can decode many generations' tokens in
+ * one batch (kvg_session_decode_batch) between them, and nothing needs to steer the session:
+ *   kvg_gen_sample  everything before the decode: cancellation, constraint masks, sampling.
+ *                   *token >= 0: decode it, then commit; -1: the step is over (step filled,
+ *                   the return value is kvgen_gen_next's).
+ *   kvg_gen_commit  everything after: `decoded` / derr are the decode's outcome (context full
+ *                   ends the generation), then the token's text, stop strings, limits.
+ * kvgen_gen_next is sample, kvgen_session_decode, commit. */
+kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, kvgen_error *err);
+kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t token, kvgen_status decoded,
+                            const kvgen_error *derr, kvgen_error *err);
+
 #endif

@@ -89,8 +89,6 @@ typedef struct kvgen_model_desc {
     size_t kv_pool_bytes;  /* pool size in bytes (rounded down to whole pages) */
     size_t kv_pool_tokens; /* pool size in tokens (rounded up to whole pages) */
     int kv_page_size;      /* tokens per page: a power of two in [16, 256]; 0: 32 */
-    int kv_contiguous;     /* 1: no pool; each session reserves one contiguous n_ctx cache (the
-                              pre-paging layout, kept for comparison; fork/shift/restore recompute) */
     /* Vulkan: run on a device the host already owns (a game's). Give all four handles
      * (VkInstance, VkPhysicalDevice, VkDevice, VkQueue cast to void*) and the queue's family,
      * which must support compute; kvgen then creates and destroys no instance or device, needs
@@ -314,7 +312,7 @@ typedef struct kvgen_cache_info {
     size_t length, capacity;
     size_t bytes;           /* bytes of K/V data this session's tokens take (length * bytes_per_token) */
     size_t bytes_per_token; /* K+V, all layers */
-    /* paged KV (all 0 on a kv_contiguous model) */
+    /* paged KV */
     size_t page_size;       /* tokens per page */
     size_t pages;           /* pages in this session's page table */
     size_t pages_shared;    /* of those, pages other sessions (or the prefix cache) also hold */
@@ -365,7 +363,7 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
 
 /* The model's KV page pool: memory accounting. */
 typedef struct kvgen_pool_info {
-    size_t page_size;       /* tokens per page (0: kv_contiguous model, no pool) */
+    size_t page_size;       /* tokens per page */
     size_t pages_total;     /* pages the pool may hold */
     size_t pages_used;      /* held by at least one session */
     size_t pages_free;      /* available: never used, released, or cached */

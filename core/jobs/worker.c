@@ -7,9 +7,10 @@
  * so a poll waits at most for that bookkeeping. A step:
  *   plan (locked)    pick the jobs to advance: every generating session (up to max_batch) and
  *                    the one prompt that most deserves a prefill chunk; mark them in_step;
- *   run (unlocked)   one prefill chunk; then one kvgen_gen_next per generating job, whose
- *                    decodes are only reserved (session.c, defer_decode) and then run together
- *                    in one backend forward_batch;
+ *   run (unlocked)   one prefill chunk; then every generating job samples its token
+ *                    (kvg_gen_sample), the tokens are decoded together as one batch
+ *                    (kvg_session_decode_batch: one backend forward pass), and each job commits
+ *                    its token (kvg_gen_commit: text, stop strings, finish);
  *   commit (locked)  text, states and timing become visible; released final jobs are freed.
  * A job is touched by the worker only while in_step, and by the host (close, cancel, release)
  * only while it is not, which is what makes session close and release safe: close waits for
@@ -109,10 +110,11 @@ typedef struct kvg_worker {
     /* the worker's scratch */
     kvgen_job **plan;
     size_t plan_cap;
-    kvgen_session **flush;
+    kvgen_session **flush; /* a decode step's sessions, jobs, tokens and outcomes */
     kvgen_job **flush_jobs;
-    float *logits;
-    size_t logits_cap;
+    int32_t *flush_tokens;
+    kvgen_status *flush_status;
+    kvgen_error *flush_errs;
 } kvg_worker;
 
 static double now_ms(void) {
@@ -381,7 +383,9 @@ static void kvg_worker_destroy(kvgen_model *m) {
     free(w->plan);
     free(w->flush);
     free(w->flush_jobs);
-    free(w->logits);
+    free(w->flush_tokens);
+    free(w->flush_status);
+    free(w->flush_errs);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->stepped);
@@ -650,8 +654,6 @@ static void kvg_worker_session_closing(kvgen_session *s) {
             job_free(j);
         }
     }
-    s->capture = NULL;
-    s->defer_decode = false;
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -688,10 +690,17 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
         kvgen_job **plan = realloc(w->plan, n_jobs * sizeof *plan);
         kvgen_session **flush = realloc(w->flush, n_jobs * sizeof *flush);
         kvgen_job **flush_jobs = realloc(w->flush_jobs, n_jobs * sizeof *flush_jobs);
+        int32_t *tokens = realloc(w->flush_tokens, n_jobs * sizeof *tokens);
+        kvgen_status *status = realloc(w->flush_status, n_jobs * sizeof *status);
+        kvgen_error *errs = realloc(w->flush_errs, n_jobs * sizeof *errs);
         if (plan) w->plan = plan;
         if (flush) w->flush = flush;
         if (flush_jobs) w->flush_jobs = flush_jobs;
-        if (!plan || !flush || !flush_jobs) return false; /* retried when the next job arrives */
+        if (tokens) w->flush_tokens = tokens;
+        if (status) w->flush_status = status;
+        if (errs) w->flush_errs = errs;
+        if (!plan || !flush || !flush_jobs || !tokens || !status || !errs)
+            return false; /* retried when the next job arrives */
         w->plan_cap = n_jobs;
     }
     int max_batch = w->cfg.max_batch > 0 ? w->cfg.max_batch : DEFAULT_MAX_BATCH;
@@ -740,10 +749,7 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
     kvgen_session *s = j->s;
     kvgen_gen_end(j->g);
     j->g = NULL;
-    s->defer_decode = false;
-    s->capture = NULL;
-    /* (a decode still pending is completed by this step's batch: its token was sampled) */
-    if (j->wn_gen == 0 && !s->decode_pending && (state == KVGEN_JOB_CANCELLED || state == KVGEN_JOB_FAILED)) {
+    if (j->wn_gen == 0 && (state == KVGEN_JOB_CANCELLED || state == KVGEN_JOB_FAILED)) {
         /* nothing was generated: take the prompt back, so the session is as it was */
         size_t len = kvgen_session_length(s);
         if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
@@ -767,7 +773,7 @@ static void fail_job(kvgen_job *j, const kvgen_error *e) {
 }
 
 /* QUEUED -> PREFILLING: builds the prompt (a chat turn is applied now, after the session's
- * earlier jobs, and its tokens captured for chunked prefill). */
+ * earlier jobs, its tokens kept for chunked prefill). */
 static bool start_job(kvgen_job *j, kvgen_error *e) {
     kvgen_session *s = j->s;
     j->wt_start = now_ms();
@@ -779,9 +785,7 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
         st = sm->chat ? kvg_chat_state_ops.clone(&j->chat_before, sm->chat, e) : KVGEN_OK;
         if (st == KVGEN_OK) {
             j->chat_saved = true;
-            s->capture = &j->prompt_toks;
-            st = kvgen_chat_begin(s, j->role, j->text, e);
-            s->capture = NULL;
+            st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
         }
     } else if (j->n_tokens > 0) {
         j->prompt_toks.v = malloc(j->n_tokens * sizeof *j->prompt_toks.v);
@@ -820,56 +824,56 @@ static void prefill_step(kvg_worker *w, kvgen_job *j, int chunk) {
         fail_job(j, &e);
         return;
     }
-    j->s->defer_decode = w->m->ops->forward_batch != NULL;
     j->wstate = KVGEN_JOB_GENERATING;
 }
 
+/* A job's step text: appended to what the host will see at commit. */
+static void add_step_text(kvgen_job *j, kvgen_status st, const kvgen_gen_step *step, const kvgen_error *e) {
+    if (step->token >= 0) {
+        double t = now_ms();
+        if (j->wn_gen == 0) j->wt_first = t;
+        j->wt_last = t;
+        j->wn_gen++;
+    }
+    if (st != KVGEN_OK) {
+        fail_job(j, e);
+    } else if (step->len > 0 && !kvg_buf_add(&j->wout, step->text, step->len)) {
+        kvgen_error oom = {KVGEN_E_NO_MEMORY, "kvgen job: out of memory for its text"};
+        fail_job(j, &oom);
+    }
+}
+
+/* Every generating job samples; their tokens run as one batch; each commits its own. */
 static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
     kvgen_gen_step step[1];
-    int n_flush = 0;
+    int nb = 0;
     for (int i = 0; i < n; i++) {
         kvgen_job *j = jobs[i];
         kvgen_error e = {0};
+        int32_t tok;
         if (j->wcancel) kvgen_gen_cancel(j->g);
-        kvgen_status st = kvgen_gen_next(j->g, step, &e);
-        if (step->token >= 0) {
-            double t = now_ms();
-            if (j->wn_gen == 0) j->wt_first = t;
-            j->wt_last = t;
-            j->wn_gen++;
+        kvgen_status st = kvg_gen_sample(j->g, step, &tok, &e);
+        if (tok < 0) { /* over: finished, cancelled or failed before a token */
+            add_step_text(j, st, step, &e);
+            continue;
         }
-        if (j->s->decode_pending) { /* sampled and reserved: its forward pass is in the batch */
-            w->flush[n_flush] = j->s;
-            w->flush_jobs[n_flush++] = j;
-        }
-        if (st != KVGEN_OK) {
-            fail_job(j, &e);
-        } else if (step->len > 0 && !kvg_buf_add(&j->wout, step->text, step->len)) {
-            kvgen_error oom = {KVGEN_E_NO_MEMORY, "kvgen job: out of memory for its text"};
-            fail_job(j, &oom);
-        }
+        w->flush[nb] = j->s;
+        w->flush_jobs[nb] = j;
+        w->flush_tokens[nb++] = tok;
     }
-    if (n_flush > 0) {
-        size_t need = (size_t)n_flush * (size_t)w->m->w.hp.n_vocab;
+    if (nb > 0) kvg_session_decode_batch(w->flush, w->flush_tokens, nb, false, w->flush_status, w->flush_errs);
+    int ran = 0;
+    for (int a = 0; a < nb; a++) ran += w->flush_status[a] == KVGEN_OK;
+    if (ran > 0) {
+        w->wstats.batches++;
+        w->wstats.batched_tokens += (uint64_t)ran;
+        if (ran > w->wstats.max_batch_seen) w->wstats.max_batch_seen = ran;
+    }
+    for (int a = 0; a < nb; a++) {
+        kvgen_job *j = w->flush_jobs[a];
         kvgen_error e = {0};
-        kvgen_status st = KVGEN_OK;
-        if (need > w->logits_cap) {
-            float *l = realloc(w->logits, need * sizeof *l);
-            if (l) {
-                w->logits = l;
-                w->logits_cap = need;
-            } else {
-                st = kvg_fail(&e, KVGEN_E_NO_MEMORY, "kvgen job: out of memory for %d sessions' logits", n_flush);
-            }
-        }
-        if (st == KVGEN_OK) st = kvg_session_decode_batch(w->flush, n_flush, w->logits, &e);
-        if (st == KVGEN_OK) {
-            w->wstats.batches++;
-            w->wstats.batched_tokens += (uint64_t)n_flush;
-            if (n_flush > w->wstats.max_batch_seen) w->wstats.max_batch_seen = n_flush;
-        }
-        for (int i = 0; st != KVGEN_OK && i < n_flush; i++)
-            if (!is_final(w->flush_jobs[i]->wstate)) fail_job(w->flush_jobs[i], &e);
+        kvgen_status st = kvg_gen_commit(j->g, step, w->flush_tokens[a], w->flush_status[a], &w->flush_errs[a], &e);
+        add_step_text(j, st, step, &e);
     }
     for (int i = 0; i < n; i++) {
         kvgen_job *j = jobs[i];

@@ -64,7 +64,36 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
 void kvg_weights_free(kvg_weights *w);
 
 /* ---- backends ---- */
-typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-session state (its KV cache) */
+typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-session state (scratch, recorded steps) */
+
+/* What a sequence of a batch wants back from the forward pass. */
+typedef enum kvg_batch_out {
+    KVG_OUT_NONE, /* nothing: its K/V only (a prefill chunk that is not the last) */
+    KVG_OUT_LAST, /* the last token's n_vocab logits into `logits` */
+    KVG_OUT_ALL,  /* every token's logits into `logits`, n * n_vocab floats */
+    KVG_OUT_KEEP  /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
+} kvg_batch_out;
+
+/* One sequence of a batch: n tokens of one session at positions pos0.., K/V read and written
+ * through its page table (position p is slot p % page_size of page pages[p / page_size]);
+ * every page of [pos0, pos0 + n) is held by that session alone. */
+typedef struct kvg_batch_seq {
+    kvg_backend_session *bs;
+    const int32_t *pages;
+    const int32_t *tokens;
+    int n, pos0;
+    kvg_batch_out out;
+    float *logits;  /* KVG_OUT_LAST / KVG_OUT_ALL */
+    int select_k;   /* KVG_OUT_KEEP: also select the select_k best (0 none, 1 argmax, <= KVG_SAMPLER_MAX_TOP) */
+} kvg_batch_seq;
+
+/* The unit of work of every backend: prefill, decode, many sessions' decodes, choice scoring
+ * and chunked prefill are all batches, built by session.c. Sequences belong to distinct
+ * sessions of one model. */
+typedef struct kvg_batch {
+    const kvg_batch_seq *seq;
+    int n_seq;
+} kvg_batch;
 
 typedef struct kvg_backend_ops {
     const char *name;
@@ -78,34 +107,24 @@ typedef struct kvg_backend_ops {
     /* per-model state (device buffers, ...) */
     kvgen_status (*model_init)(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
     void (*model_free)(kvgen_model *m);
+    /* per-session state for sessions of up to n_ctx positions (never the K/V: those are pages) */
     kvgen_status (*session_init)(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err);
     void (*session_free)(kvgen_model *m, kvg_backend_session *s);
-    /* Runs tokens[0..n) at positions pos0.., appending their K/V at those positions.
-     * logits: n_vocab floats for the last token, or n*n_vocab when all_logits. */
-    kvgen_status (*forward)(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                            float *logits, bool all_logits, kvgen_error *err);
-    /* copies K (which=0) or V of a layer, positions [0,len), as (kv_heads, len, head_dim) floats */
-    kvgen_status (*read_cache)(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
-                               kvgen_error *err);
-    size_t (*cache_bytes_per_token)(const kvgen_model *m);
 
-    /* ---- paged KV cache (optional) ----
-     * A backend that leaves any of these NULL keeps one contiguous cache per session (the ops
-     * above) and api.c emulates fork, shift and restore by recomputation. With them, and unless
-     * the model was loaded with kv_contiguous, session_init allocates no cache: K/V live in the
-     * model's page pool (kvg_pool.h). A page table `pages` maps position p to page
-     * pages[p / page_size], slot p % page_size; every page it names for the positions a call
-     * writes is held by that session alone. */
+    /* Runs every sequence of the batch, writing their K/V at their positions and returning
+     * what each asked for. Each sequence's results equal what a batch of it alone gives (the
+     * backend may group, reorder or split the work: several one-token sequences share each
+     * weight read). On failure nothing is returned; K/V at the batch's positions are undefined. */
+    kvgen_status (*forward)(kvgen_model *m, const kvg_batch *b, kvgen_error *err);
+
+    /* ---- KV pages: K/V live in the model's page pool (kvg_pool.h) ---- */
+    size_t (*cache_bytes_per_token)(const kvgen_model *m);
     /* pool size when the load asked for none (e.g. a share of free device memory) */
     size_t (*kv_default_pool_bytes)(const kvgen_model *m);
     /* reserves the page table of storage for n_pages pages of page_size tokens (no storage yet) */
     kvgen_status (*kv_pages_init)(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
     /* gives one page its storage; called once per page, the first time the pool hands it out */
     kvgen_status (*kv_page_commit)(kvgen_model *m, int32_t page, kvgen_error *err);
-    /* as forward, with K/V read and written through the page table */
-    kvgen_status (*forward_paged)(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                  const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
-                                  kvgen_error *err);
     /* copies K/V of positions [src_pos, src_pos+n) of one table to [dst_pos, ..) of another (or
      * the same, dst_pos <= src_pos), re-rotating K by rope_delta positions (0: plain copy) */
     kvgen_status (*kv_copy)(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
@@ -116,26 +135,12 @@ typedef struct kvg_backend_ops {
     kvgen_status (*kv_write)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                              const float *in, kvgen_error *err);
 
-    /* ---- batched decode (optional; worker.c) ----
-     * n one-token decodes of different sessions in one pass, so each weight is read once for
-     * all of them: token i runs at position pos[i] of session s[i], its K/V through page table
-     * pages[i] (NULL: that session's contiguous cache). logits: [n][n_vocab]. Each row equals
-     * what a separate forward call of that token gives. NULL: the worker decodes one by one. */
-    kvgen_status (*forward_batch)(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
-                                  const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err);
-
-    /* ---- logits kept on the device (optional; session.c) ----
-     * A backend whose logits live in device memory keeps them there when only a sample is
-     * needed, so that greedy decoding reads back one id and top-k sampling a bounded set.
-     * forward_keep runs as forward (pages NULL) or forward_paged (pages given), for the last
-     * token's logits only, and keeps them on the device as the session's own (the backend sets
-     * them aside should another session's step need the space) until its next forward.
-     * select_k > 0 (<= KVG_SAMPLER_MAX_TOP): the same submission also selects the select_k best
-     * (higher logit first, lower id on ties, NaN as -inf; 1 is argmax) for topk.
-     * fetch_logits copies the kept logits (n_vocab floats); topk gives the k <= select_k best
-     * selected with them, or fails when fewer were selected. NULL: logits always come back. */
-    kvgen_status (*forward_keep)(kvgen_model *m, kvg_backend_session *s, const int32_t *pages, const int32_t *tokens,
-                                 int n, int pos0, int select_k, kvgen_error *err);
+    /* ---- logits kept on the device (optional: NULL for a backend whose logits are host memory,
+     * which session.c then never asks for KVG_OUT_KEEP) ----
+     * A KVG_OUT_KEEP sequence's logits stay on the device as its session's own (the backend sets
+     * them aside should another step need the space) until that session runs again.
+     * fetch_logits copies them (n_vocab floats); topk gives the k <= select_k best selected
+     * with them (higher logit first, lower id on ties, NaN as -inf), or fails when fewer were. */
     kvgen_status (*fetch_logits)(kvgen_model *m, kvg_backend_session *s, float *out, kvgen_error *err);
     kvgen_status (*topk)(kvgen_model *m, kvg_backend_session *s, int k, int32_t *ids, float *vals, kvgen_error *err);
 } kvg_backend_ops;
@@ -164,7 +169,7 @@ struct kvgen_model {
     char *name;
     char device_name[256];
     int n_threads;
-    struct kvg_pool *pool; /* the KV page pool; NULL: contiguous per-session caches */
+    struct kvg_pool *pool; /* the KV page pool every session's K/V live in */
     int n_sessions;        /* open sessions (atomic) */
     struct kvg_worker *worker; /* the jobs' worker (worker.c); NULL until the first submit (atomic) */
     /* set by a layer above the model that must let go of it first (the jobs' worker, when it

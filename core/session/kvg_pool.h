@@ -61,8 +61,7 @@ typedef struct kvg_pool_stats {
 } kvg_pool_stats;
 void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st);
 
-/* Creates the model's page pool (m->pool) unless the backend lacks the paged ops or desc asks
- * for kv_contiguous; called by kvgen_model_load after the backend started. */
+/* Creates the model's page pool (m->pool); called by kvgen_model_load after the backend started. */
 kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
 
 #endif

@@ -44,7 +44,7 @@ struct kvgen_session {
     bool full_logits; /* KVGEN_FULL_LOGITS=1 at creation: always read the whole vector back (tests, bench) */
     kvg_sampler sampler;
 
-    /* paged KV (model->pool != NULL) */
+    /* paged KV (the model's pool) */
     int32_t *pages;      /* page table: ceil(n_ctx / page_size) entries; the first n_pages held */
     size_t n_pages;      /* == ceil(n_tokens / page_size) between calls */
     uint64_t *page_hash; /* prefix-cache key of each full page below clean_len */
@@ -55,12 +55,6 @@ struct kvgen_session {
     size_t tokens_reused; /* prefix-cache hits, in tokens */
     size_t shifts;
 
-    /* worker.c, while a job owns the session: a chat turn's tokens are captured and then
-     * prefilled in chunks, and decodes are batched with other sessions' */
-    kvg_tokens *capture;  /* not NULL: prefill appends its tokens here and runs nothing */
-    bool defer_decode;    /* decode only reserves its position; kvg_session_decode_batch runs it */
-    bool decode_pending;  /* a deferred decode waits: its token is tokens[n_tokens] */
-    size_t pending_pages; /* n_pages before the pending decode reserved its page */
     /* worker.c, under its lock: the session's jobs that are not final (read atomically); while
      * it is not 0 the session belongs to the model's worker (kvgen_session_busy) */
     int jobs_active;
@@ -74,10 +68,14 @@ extern _Thread_local const struct kvg_worker *kvg_session_worker_thread;
  * cannot be (the session then has no logits). */
 kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err);
 
-/* worker.c: runs the pending deferred decodes of ss[0..n) (distinct sessions of one model
- * whose backend has forward_batch) as batched forward passes; `logits` is scratch of
- * n * n_vocab floats. On failure none of them advances (the error is in err). */
-kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err);
+/* One decode each of ss[0..n) (distinct sessions of one model; tokens[i] on ss[i]) as one batch
+ * for the backend, so each weight is read once for all of them (the jobs' worker, choice
+ * scoring). Each session's outcome is status[i] / errs[i], as kvgen_session_decode would give
+ * it alone; a session whose decode failed is as it was (its logits aside). host_logits: every
+ * session's logits come back to s->logits; else they may stay on the device with the sampler's
+ * selection, as after a single decode. Returns the first failure, or KVGEN_OK. */
+kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *tokens, int n, bool host_logits,
+                                      kvgen_status *status, kvgen_error *errs);
 /* KVGEN_OK unless a job on the session is not final (kvgen_session_busy) and the caller is not
  * the model's worker thread; then KVGEN_E_INVALID_ARGUMENT naming `fn` and the session. The
  * public calls that use a session start with it. */
@@ -88,8 +86,8 @@ kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvge
 kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
                              kvgen_session **out, kvgen_error *err);
 /* Makes `n` positions [n_tokens, n_tokens+n) hold `tokens` with the K/V given per layer by
- * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore). Paged models
- * write the pages; contiguous ones recompute from the token ids. */
+ * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore): the pages are
+ * written. */
 kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
                                  kvgen_error *err);
 

@@ -290,9 +290,9 @@ kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, k
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "kvgen_model_load: kv_page_size %d must be a power of two in [%d, %d] (0: %d)",
                         desc->kv_page_size, KVG_MIN_PAGE, KVG_MAX_PAGE, KVG_DEFAULT_PAGE);
-    if (desc->kv_contiguous || !ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit ||
-        !ops->forward_paged || !ops->kv_copy || !ops->kv_read || !ops->kv_write)
-        return KVGEN_OK;
+    if (!ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit || !ops->kv_copy ||
+        !ops->kv_read || !ops->kv_write)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_model_load: backend %s lacks the KV page operations", ops->name);
     size_t per_page = (size_t)P * ops->cache_bytes_per_token(m);
     size_t n_pages;
     if (desc->kv_pool_bytes) {

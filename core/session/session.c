@@ -2,18 +2,17 @@
  * bookkeeping (tokens, logits, context limit, sampler, page table) around a backend's forward
  * pass.
  *
- * On a paged model (the default) a session's K/V live in the model's page pool (kvg_pool.h):
- * the session holds a page table, full pages may be shared copy-on-write with forks and with
- * other sessions through the prefix cache, and only the last page is ever partly filled. On
- * a kv_contiguous model, or a backend without the paged ops, each session owns one contiguous
- * cache and fork / shift / restore recompute from the token ids instead of copying K/V. */
+ * A session's K/V live in the model's page pool (kvg_pool.h): the session holds a page table,
+ * full pages may be shared copy-on-write with forks and with other sessions through the
+ * prefix cache, and only the last page is ever partly filled. Every forward pass is a batch
+ * (kvg_model.h) built here: one sequence for a prefill, decode or rewind, one per session for
+ * kvg_session_decode_batch (the jobs' worker, choice scoring). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_session.h"
 
-static bool paged(const kvgen_session *s) { return s->model->pool != NULL; }
 static size_t page_size(const kvgen_session *s) { return (size_t)kvg_pool_page_size(s->model->pool); }
 static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page_size(s) - 1) / page_size(s); }
 
@@ -148,7 +147,7 @@ static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_des
 }
 
 static void session_free(kvgen_session *s) {
-    if (s->model->pool) drop_pages(s, 0);
+    if (s->pages) drop_pages(s, 0);
     if (s->bs) s->model->ops->session_free(s->model, s->bs);
     kvg_sampler_free(&s->sampler);
     free(s->tokens);
@@ -180,7 +179,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->logits = malloc((size_t)hp->n_vocab * sizeof *s->logits);
     kvgen_status st = KVGEN_OK;
     if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    if (st == KVGEN_OK && model->pool) {
+    if (st == KVGEN_OK) {
         size_t n = ((size_t)n_ctx + (size_t)kvg_pool_page_size(model->pool) - 1) / (size_t)kvg_pool_page_size(model->pool);
         s->pages = malloc(n * sizeof *s->pages);
         s->page_hash = calloc(n, sizeof *s->page_hash);
@@ -232,25 +231,27 @@ void kvgen_session_close(kvgen_session *s) {
 
 /* ---- running the model ------------------------------------------------------------------------ */
 
-/* A forward pass whose last token's logits are wanted (pages: the page table, or NULL for the
- * contiguous cache). Where the backend can, they stay on the device and the sampler's bounded
- * set is selected in the same submission (kvgen_session_sample reads back only that). */
-static kvgen_status forward_last(kvgen_session *s, const int32_t *pages, const int32_t *tokens, size_t n, size_t pos0,
-                                 kvgen_error *err) {
-    kvgen_model *m = s->model;
-    const kvg_backend_ops *ops = m->ops;
+/* How the session wants its last token's logits: kept on the device with the sampler's bounded
+ * set selected in the same submission where the backend can (kvgen_session_sample then reads
+ * back only that), else in s->logits. */
+static kvg_batch_out last_out(const kvgen_session *s, int *select_k) {
+    int k = s->model->ops->topk && !s->full_logits ? kvg_sampler_top_needed(&s->sampler, 1, false) : 0;
+    *select_k = k;
+    return k > 0 ? KVG_OUT_KEEP : KVG_OUT_LAST;
+}
+
+/* One sequence of n tokens at pos0 through the session's page table. */
+static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, size_t pos0, kvg_batch_out out,
+                            float *logits, kvgen_error *err) {
+    kvg_batch_seq q = {.bs = s->bs, .pages = s->pages, .tokens = tokens, .n = (int)n, .pos0 = (int)pos0,
+                       .out = out, .logits = logits};
+    if (out == KVG_OUT_KEEP || out == KVG_OUT_LAST) q.out = last_out(s, &q.select_k);
+    if (q.out == KVG_OUT_LAST) q.logits = s->logits;
+    kvg_batch b = {.seq = &q, .n_seq = 1};
     s->logits_on_device = false;
-    int k = ops->forward_keep && !s->full_logits ? kvg_sampler_top_needed(&s->sampler, 1, false) : 0;
-    kvgen_status st;
-    if (k > 0) {
-        st = ops->forward_keep(m, s->bs, pages, tokens, (int)n, (int)pos0, k, err);
-        s->logits_on_device = st == KVGEN_OK;
-    } else if (pages) {
-        st = ops->forward_paged(m, s->bs, pages, tokens, (int)n, (int)pos0, s->logits, false, err);
-    } else {
-        st = ops->forward(m, s->bs, tokens, (int)n, (int)pos0, s->logits, false, err);
-    }
-    if (st != KVGEN_OK) s->has_logits = false; /* a failed pass may have overwritten them */
+    kvgen_status st = s->model->ops->forward(s->model, &b, err);
+    if (st == KVGEN_OK) s->logits_on_device = q.out == KVG_OUT_KEEP;
+    else s->has_logits = false; /* a failed pass may have overwritten them */
     return st;
 }
 
@@ -264,35 +265,22 @@ kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err) {
 }
 
 /* Context shift: keeps tokens [0, keep), drops `drop` tokens after them and moves the rest
- * down, re-rotating their keys by -drop positions. Paged: the K/V move, nothing runs.
- * Contiguous: the kept tokens are recomputed (the layout has no move op). */
+ * down, re-rotating their keys by -drop positions: the K/V move, nothing runs. */
 static kvgen_status shift(kvgen_session *s, size_t keep, size_t drop, kvgen_error *err) {
     kvgen_model *m = s->model;
     size_t len = s->n_tokens, moved = len - keep - drop;
     kvgen_status st = KVGEN_OK;
-    if (paged(s)) {
-        size_t P = page_size(s);
-        /* the slots [keep, keep + moved) are overwritten: own their pages first */
-        for (size_t i = keep / P; moved > 0 && st == KVGEN_OK && i <= (keep + moved - 1) / P; i++)
-            st = own_page(s, i, len, err);
-        if (st == KVGEN_OK && moved > 0)
-            st = m->ops->kv_copy(m, s->pages, (int)(keep + drop), s->pages, (int)keep, (int)moved, -(int)drop, err);
-        if (st != KVGEN_OK) return st;
-        memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
-        s->n_tokens = keep + moved;
-        drop_pages(s, pages_for(s, s->n_tokens));
-        if (s->clean_len > keep) s->clean_len = keep;
-    } else {
-        memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
-        s->n_tokens = keep + moved;
-        if (s->n_tokens > 0) {
-            st = forward_last(s, NULL, s->tokens, s->n_tokens, 0, err);
-            s->has_logits = st == KVGEN_OK;
-        } else {
-            s->has_logits = false;
-        }
-        if (st != KVGEN_OK) s->n_tokens = 0; /* the cache no longer matches: start over */
-    }
+    size_t P = page_size(s);
+    /* the slots [keep, keep + moved) are overwritten: own their pages first */
+    for (size_t i = keep / P; moved > 0 && st == KVGEN_OK && i <= (keep + moved - 1) / P; i++)
+        st = own_page(s, i, len, err);
+    if (st == KVGEN_OK && moved > 0)
+        st = m->ops->kv_copy(m, s->pages, (int)(keep + drop), s->pages, (int)keep, (int)moved, -(int)drop, err);
+    if (st != KVGEN_OK) return st;
+    memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
+    s->n_tokens = keep + moved;
+    drop_pages(s, pages_for(s, s->n_tokens));
+    if (s->clean_len > keep) s->clean_len = keep;
     s->shifts++;
     return st;
 }
@@ -311,23 +299,6 @@ static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
     return shift(s, keep, drop, err);
 }
 
-/* A job's chat turn (worker.c): the tokens are kept for the worker to prefill in chunks. */
-static kvgen_status capture(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits, kvgen_error *err) {
-    kvg_tokens *t = s->capture;
-    if (all_logits)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: all_logits while a job owns the session");
-    if (t->n + n > t->cap) {
-        size_t cap = t->n + n + 64;
-        int32_t *v = realloc(t->v, cap * sizeof *v);
-        if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for %zu tokens", cap);
-        t->v = v;
-        t->cap = cap;
-    }
-    memcpy(t->v + t->n, tokens, n * sizeof *tokens);
-    t->n += n;
-    return KVGEN_OK;
-}
-
 /* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
  * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
@@ -343,42 +314,12 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
         if (tokens[i] < 0 || tokens[i] >= n_vocab)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
                             (int)tokens[i], n_vocab);
-    if (s->capture) return capture(s, tokens, n, all_logits, err);
     kvgen_status st = make_room(s, n, err);
     if (st != KVGEN_OK) return st;
 
     size_t len = s->n_tokens, V = (size_t)n_vocab;
     /* the new ids go after the cached ones, but count only once the forward pass succeeds */
     memcpy(s->tokens + len, tokens, n * sizeof *tokens);
-
-    if (!paged(s)) {
-        if (!s->no_cache && !all_logits) {
-            st = forward_last(s, NULL, tokens, n, len, err);
-        } else if (!s->no_cache) {
-            st = m->ops->forward(m, s->bs, tokens, (int)n, (int)len, all_logits, true, err);
-            if (st == KVGEN_OK) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
-            s->logits_on_device = false;
-        } else if (!all_logits) {
-            st = forward_last(s, NULL, s->tokens, len + n, 0, err);
-        } else {
-            float *every = malloc((len + n) * V * sizeof(float));
-            if (!every) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
-            st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, every, true, err);
-            if (st == KVGEN_OK) {
-                memcpy(all_logits, every + len * V, n * V * sizeof(float));
-                memcpy(s->logits, every + (len + n - 1) * V, V * sizeof(float));
-            }
-            s->logits_on_device = false;
-            free(every);
-        }
-        if (st != KVGEN_OK) {
-            s->has_logits = false; /* a failed pass may have written part of them */
-            return st;
-        }
-        s->n_tokens = len + n;
-        s->has_logits = true;
-        return KVGEN_OK;
-    }
 
     /* Prefix reuse: while the session stands on a page boundary of clean K/V and a whole page
      * of the new tokens is published by someone, take that page. The page holding the last
@@ -410,14 +351,14 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
             if (!every) {
                 st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
             } else {
-                st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0, every, true, err);
+                st = run_one(s, run, n_run, pos0, KVG_OUT_ALL, every, err);
                 if (st == KVGEN_OK) memcpy(all_logits, every + len * V, n * V * sizeof(float));
                 free(every);
             }
         } else if (all_logits) {
-            st = m->ops->forward_paged(m, s->bs, s->pages, run, (int)n_run, (int)pos0, all_logits, true, err);
+            st = run_one(s, run, n_run, pos0, KVG_OUT_ALL, all_logits, err);
         } else {
-            st = forward_last(s, s->pages, run, n_run, pos0, err);
+            st = run_one(s, run, n_run, pos0, KVG_OUT_KEEP, NULL, err);
         }
         if (st == KVGEN_OK && all_logits) memcpy(s->logits, all_logits + (n - 1) * V, V * sizeof(float));
         if (all_logits) s->logits_on_device = false;
@@ -434,69 +375,77 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     return KVGEN_OK;
 }
 
-/* A job's decode (worker.c): checked, room made and its page reserved now; the forward pass
- * runs in kvg_session_decode_batch together with other sessions' decodes. */
-static kvgen_status defer_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
-    if (token < 0 || token >= s->model->w.hp.n_vocab)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token 0: id %d is outside the vocabulary [0, %d)", (int)token,
-                        s->model->w.hp.n_vocab);
-    if (s->decode_pending)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_session_decode: a deferred decode is already pending");
-    kvgen_status st = make_room(s, 1, err);
-    if (st != KVGEN_OK) return st;
-    s->pending_pages = s->n_pages;
-    if (paged(s)) st = reserve(s, s->n_tokens, s->n_tokens + 1, err);
-    if (st != KVGEN_OK) return st;
-    s->tokens[s->n_tokens] = token;
-    s->decode_pending = true;
-    s->has_logits = false;
-    s->logits_on_device = false;
-    return KVGEN_OK;
-}
-
 kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_decode: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_decode", err);
     if (busy != KVGEN_OK) return busy;
-    if (s->defer_decode && !s->no_cache) return defer_decode(s, token, err);
     return kvgen_session_prefill(s, &token, 1, NULL, err);
 }
 
-kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, int n, float *logits, kvgen_error *err) {
+/* One decode's checks, room and page (kvg_session_decode_batch): afterwards the token's
+ * position n_tokens has a writable page; *held is the page count to go back to. */
+static kvgen_status decode_prepare(kvgen_session *s, int32_t token, size_t *held, kvgen_error *err) {
+    if (token < 0 || token >= s->model->w.hp.n_vocab)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token 0: id %d is outside the vocabulary [0, %d)", (int)token,
+                        s->model->w.hp.n_vocab);
+    kvgen_status st = make_room(s, 1, err);
+    if (st != KVGEN_OK) return st;
+    *held = s->n_pages;
+    st = reserve(s, s->n_tokens, s->n_tokens + 1, err);
+    if (st != KVGEN_OK) return st;
+    s->tokens[s->n_tokens] = token;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *tokens, int n, bool host_logits,
+                                      kvgen_status *status, kvgen_error *errs) {
     enum { GROUP = 64 };
-    if (n <= 0) return KVGEN_OK;
-    kvgen_model *m = ss[0]->model;
-    size_t V = (size_t)m->w.hp.n_vocab;
-    kvg_backend_session *bs[GROUP];
-    const int32_t *pages[GROUP];
-    int32_t tokens[GROUP];
-    int pos[GROUP];
-    kvgen_status st = KVGEN_OK;
-    for (int done = 0; done < n && st == KVGEN_OK; done += GROUP) {
+    kvgen_status all = KVGEN_OK;
+    for (int done = 0; done < n; done += GROUP) {
         int k = n - done < GROUP ? n - done : GROUP;
-        for (int i = 0; i < k; i++) {
-            const kvgen_session *s = ss[done + i];
-            bs[i] = s->bs;
-            pages[i] = paged(s) ? s->pages : NULL;
-            tokens[i] = s->tokens[s->n_tokens];
-            pos[i] = (int)s->n_tokens;
+        kvg_batch_seq seq[GROUP];
+        int which[GROUP];
+        size_t held[GROUP];
+        int nq = 0;
+        for (int i = done; i < done + k; i++) {
+            kvgen_session *s = ss[i];
+            kvgen_error *e = &errs[i];
+            *e = (kvgen_error){0};
+            if (s->no_cache) { /* the whole sequence runs again: not a one-token sequence */
+                status[i] = kvgen_session_prefill(s, &tokens[i], 1, NULL, e);
+                continue;
+            }
+            status[i] = decode_prepare(s, tokens[i], &held[nq], e);
+            if (status[i] != KVGEN_OK) continue;
+            kvg_batch_seq *q = &seq[nq];
+            *q = (kvg_batch_seq){.bs = s->bs, .pages = s->pages, .tokens = &s->tokens[s->n_tokens], .n = 1,
+                                 .pos0 = (int)s->n_tokens};
+            q->out = host_logits ? KVG_OUT_LAST : last_out(s, &q->select_k);
+            if (q->out == KVG_OUT_LAST) q->logits = s->logits;
+            s->logits_on_device = false;
+            which[nq++] = i;
         }
-        st = m->ops->forward_batch(m, bs, pages, tokens, pos, k, logits + (size_t)done * V, err);
-    }
-    for (int i = 0; i < n; i++) {
-        kvgen_session *s = ss[i];
-        s->decode_pending = false;
-        if (st != KVGEN_OK) {
-            if (paged(s)) drop_pages(s, s->pending_pages);
-            continue;
+        kvgen_error ferr = {0};
+        kvg_batch b = {.seq = seq, .n_seq = nq};
+        kvgen_status st = nq > 0 ? ss[done]->model->ops->forward(ss[done]->model, &b, &ferr) : KVGEN_OK;
+        for (int a = 0; a < nq; a++) {
+            kvgen_session *s = ss[which[a]];
+            if (st != KVGEN_OK) {
+                drop_pages(s, held[a]); /* the reserved page goes back */
+                s->has_logits = false;
+                status[which[a]] = st;
+                errs[which[a]] = ferr;
+                continue;
+            }
+            s->n_tokens++;
+            s->has_logits = true;
+            s->logits_on_device = seq[a].out == KVG_OUT_KEEP;
+            publish_full_pages(s, s->n_tokens - 1);
         }
-        memcpy(s->logits, logits + (size_t)i * V, V * sizeof(float));
-        s->n_tokens++;
-        s->has_logits = true;
-        s->logits_on_device = false;
-        if (paged(s)) publish_full_pages(s, s->n_tokens - 1);
+        for (int i = done; i < done + k; i++)
+            if (status[i] != KVGEN_OK && all == KVGEN_OK) all = status[i];
     }
-    return st;
+    return all;
 }
 
 const float *kvgen_session_logits(const kvgen_session *s) {
@@ -535,8 +484,7 @@ const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->toke
 
 void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
-    /* a contiguous cache needs no clearing: positions past the length are never read */
-    if (paged(s)) drop_pages(s, 0);
+    drop_pages(s, 0);
     s->n_tokens = 0;
     s->has_logits = false;
     s->logits_on_device = false;
@@ -561,14 +509,14 @@ kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) 
     s->has_logits = false;
     s->logits_on_device = false;
     if (len == 0) {
-        if (paged(s)) drop_pages(s, 0);
+        drop_pages(s, 0);
         s->n_tokens = 0;
         return KVGEN_OK;
     }
     /* the logits of the new last token were never kept: run that one token again at its
      * position (it rewrites the same K/V) instead of asking the caller to */
     s->n_tokens = len - 1;
-    if (paged(s)) drop_pages(s, pages_for(s, len));
+    drop_pages(s, pages_for(s, len));
     int32_t last = s->tokens[len - 1];
     bool reuse = s->prefix_reuse;
     s->prefix_reuse = false; /* one token: nothing to look up, and its page is not full news */
@@ -596,7 +544,7 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     c->prefix_reuse = s->prefix_reuse;
     size_t len = s->n_tokens;
     memcpy(c->tokens, s->tokens, len * sizeof *s->tokens);
-    if (paged(s)) {
+    {
         size_t P = page_size(s), full = len / P;
         for (size_t i = 0; i < full; i++) {
             kvg_pool_retain(m->pool, s->pages[i]);
@@ -608,8 +556,6 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
             st = copy_page(s, s->pages[full], len % P, &c->pages[full], err);
             if (st == KVGEN_OK) c->n_pages = full + 1;
         }
-    } else if (len > 0 && !s->no_cache) {
-        st = m->ops->forward(m, c->bs, c->tokens, (int)len, 0, c->logits, false, err);
     }
     c->full_logits = s->full_logits;
     if (st != KVGEN_OK) {
@@ -634,19 +580,17 @@ kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t
         return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot load %zu tokens", len, s->n_ctx, n);
     memcpy(s->tokens + len, tokens, n * sizeof *tokens);
     kvgen_status st = KVGEN_OK;
-    if (paged(s)) {
+    {
         st = reserve(s, len, len + n, err);
         size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim;
         for (int l = 0; st == KVGEN_OK && l < hp->n_layer; l++)
             for (int which = 0; st == KVGEN_OK && which < 2; which++)
                 st = m->ops->kv_write(m, s->pages, l, which, (int)len, (int)n, kv + ((size_t)l * 2 + which) * per, err);
-    } else if (!s->no_cache && len + n > 0) {
-        st = m->ops->forward(m, s->bs, s->tokens, (int)(len + n), 0, s->logits, false, err);
     }
     if (st != KVGEN_OK) return st;
     s->n_tokens = len + n;
     s->logits_on_device = false; /* the caller writes s->logits (restore) */
-    if (paged(s)) publish_full_pages(s, len);
+    publish_full_pages(s, len);
     return KVGEN_OK;
 }
 
@@ -666,7 +610,6 @@ void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
     info->bytes = info->length * info->bytes_per_token;
     info->tokens_reused = s->tokens_reused;
     info->shifts = s->shifts;
-    if (!paged(s)) return;
     info->page_size = page_size(s);
     info->pages = s->n_pages;
     for (size_t i = 0; i < s->n_pages; i++)
@@ -693,8 +636,7 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
                         n_floats, need, hp->n_head_kv, s->n_tokens, hp->head_dim);
     if (need == 0) return KVGEN_OK;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: out is NULL");
-    if (paged(s)) return s->model->ops->kv_read(s->model, s->pages, layer, which, 0, (int)s->n_tokens, out, err);
-    return s->model->ops->read_cache(s->model, s->bs, layer, which, (int)s->n_tokens, out, err);
+    return s->model->ops->kv_read(s->model, s->pages, layer, which, 0, (int)s->n_tokens, out, err);
 }
 
 /* private accessors for generate.c / chat.c (kvg_sampler.h) */

@@ -2,7 +2,7 @@
  * every figure is present and positive (no timing is asserted: the machine is shared), for the
  * reference backend and, where a Vulkan device exists, for both backends with the probe;
  * `kvgen devices` lists what kvgen_devices reports; usage and load errors give exit 2 and 1; the
- * optional sections (--sessions, --paged, --forks) write their keys. */
+ * optional sections (--sessions, --forks) write their keys. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <math.h>
@@ -297,7 +297,7 @@ static void check_backend(const jreader *r, int b, const char *name) {
     positive(r, "backends[%d].seconds", b);
 }
 
-/* the optional sections of a --quick run with --sessions 2 --paged --forks (sessions 1 added) */
+/* the optional sections of a --quick run with --sessions 2 --forks (sessions 1 added) */
 static void check_sections(const jreader *r, int b, const char *name) {
     CHECK(positive(r, "backends[%d].sessions[0].sessions", b) == 1);
     CHECK(positive(r, "backends[%d].sessions[1].sessions", b) == 2);
@@ -306,10 +306,6 @@ static void check_sections(const jreader *r, int b, const char *name) {
     positive(r, "backends[%d].sessions[1].tok_s.samples[1]", b);
     CHECKF(positive(r, "backends[%d].sessions[0].ratio_to_1", b) == 1, "%s: one session's ratio to itself", name);
     positive(r, "backends[%d].sessions[1].ratio_to_1", b);
-    CHECK(positive(r, "backends[%d].paged.depth", b) == 32);
-    positive(r, "backends[%d].paged.paged_tok_s.median", b);
-    positive(r, "backends[%d].paged.contiguous_tok_s.median", b);
-    positive(r, "backends[%d].paged.paged_over_contiguous", b);
     CHECK(positive(r, "backends[%d].forks.sessions", b) == 4);
     CHECK(positive(r, "backends[%d].forks.prompt_tokens", b) == 32);
     positive(r, "backends[%d].forks.fork_s", b);
@@ -424,13 +420,13 @@ int main(void) {
     free(peer);
     free(peer_args);
 
-    /* the optional sections: concurrent sessions, paged vs contiguous, forks vs scratch */
+    /* the optional sections: concurrent sessions, forks vs scratch */
     remove(json);
-    snprintf(args, sizeof args, "bench %s --quick --backend reference --sessions 2 --paged --forks --json %s", model,
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --sessions 2 --forks --json %s", model,
              json);
     rc = run(args, &out);
     CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
-    CHECKF(strstr(out, "2 sessions at once") && strstr(out, "ratio to 1 session") && strstr(out, "paged / contiguous") &&
+    CHECKF(strstr(out, "2 sessions at once") && strstr(out, "ratio to 1 session") &&
                strstr(out, "ESTIMATED"),
            "table:\n%s", out);
     free(out);
@@ -469,7 +465,7 @@ int main(void) {
     /* both backends in one run, with the probe and the ratio, where Vulkan can run */
     if (n_dev > 0) {
         remove(json);
-        snprintf(args, sizeof args, NO_LEAK_CHECK "bench %s --quick --backend reference,vulkan --sessions 2 --paged --forks "
+        snprintf(args, sizeof args, NO_LEAK_CHECK "bench %s --quick --backend reference,vulkan --sessions 2 --forks "
                  "--json %s", model, json);
         rc = run(args, &out);
         CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);

@@ -464,16 +464,11 @@ static const char *const g_many[] = {" attack", " flee", " trade the sword", " a
                                      " go home", " sing", " look around the room carefully"};
 enum { N_MANY = (int)(sizeof g_many / sizeof g_many[0]) };
 
-static void test_choose(const char *path) {
+static void test_choose(void) {
     const char *cands[3] = {" attack", " flee", " trade the sword"};
     check_choose(g_model, "reference", -1, cands, 3);
     check_choose(g_model, "reference, many", -1, g_many, N_MANY);
-    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1, .kv_contiguous = 1};
-    kvgen_model *contig = NULL;
     kvgen_error err = {0};
-    CHECK_OK(kvgen_model_load(&md, &contig, &err));
-    if (contig) check_choose(contig, "reference, contiguous", -1, g_many, N_MANY);
-    kvgen_model_unload(contig);
 
     /* a candidate longer than the room left runs as a prefill on its fork: the context-full
      * error of the session's policy, and the session unchanged */
@@ -740,7 +735,7 @@ int main(void) {
     test_constraints();
     test_chat_families();
     test_chat_turns();
-    test_choose(path);
+    test_choose();
     test_choose_vulkan();
     test_cli_determinism(path);
     test_atomic_begin();

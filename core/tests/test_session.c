@@ -1,13 +1,13 @@
 /* test_session.c: paged KV sessions on the reference backend. Every operation (fork, rewind,
  * prefix reuse, shift) must leave logits equal to recomputing the same token sequence from
- * scratch; the oracle is a second load of the same file with kv_contiguous (one plain cache
- * per session, no pages). */
+ * scratch; the oracle is a second load of the same file (its own pool, nothing shared) whose
+ * sessions run the whole sequence from position 0 without prefix reuse. */
 #include <math.h>
 #include <string.h>
 #include "testutil.h"
 
 static int n_vocab;
-static kvgen_model *oracle; /* the same weights, contiguous cache */
+static kvgen_model *oracle; /* the same weights, its own pool */
 
 static kvgen_model *load(const char *path, const kvgen_model_desc *extra) {
     kvgen_model_desc md = {0};
@@ -26,7 +26,7 @@ static double max_diff(const float *a, const float *b) {
 static double diff_to_scratch(const kvgen_session *s, const char *what) {
     kvgen_error err = {0};
     kvgen_session *o = NULL;
-    kvgen_session_desc sd = {.n_ctx = 1024};
+    kvgen_session_desc sd = {.n_ctx = 1024, .no_prefix_reuse = 1};
     CHECK_OK(kvgen_session_create(oracle, &sd, &o, &err));
     size_t n = kvgen_session_length(s);
     CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), n, NULL, &err));
@@ -214,32 +214,6 @@ static void test_shift(kvgen_model *m, int one_layer) {
     kvgen_session_close(s);
 }
 
-/* The same operations on a kv_contiguous model (the path a backend without paged ops takes). */
-static void test_contiguous(void) {
-    kvgen_error err = {0};
-    kvgen_session *s = NULL, *c = NULL;
-    kvgen_session_desc sd = {.n_ctx = 128};
-    CHECK_OK(kvgen_session_create(oracle, &sd, &s, &err));
-    int32_t t[100];
-    tu_fill_tokens(t, 100, 6, n_vocab);
-    CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
-    CHECK_OK(kvgen_session_fork(s, &c, &err));
-    if (c) {
-        CHECK_OK(kvgen_session_prefill(c, t + 80, 10, NULL, &err));
-        diff_to_scratch(c, "contiguous fork");
-        CHECK_OK(kvgen_session_rewind(c, 15, &err));
-        diff_to_scratch(c, "contiguous rewind");
-    }
-    kvgen_cache_info ci;
-    kvgen_session_cache_info(s, &ci);
-    CHECK(ci.page_size == 0 && ci.pages == 0);
-    kvgen_pool_info pi;
-    kvgen_model_pool_info(oracle, &pi);
-    CHECK(pi.page_size == 0 && pi.pages_total == 0 && pi.sessions == 2);
-    kvgen_session_close(c);
-    kvgen_session_close(s);
-}
-
 static void test_load_options(const char *path) {
     kvgen_error err = {0};
     kvgen_model *m = NULL;
@@ -279,9 +253,8 @@ int main(void) {
     char *path1 = tu_make_model("session1.gguf", "--seed 32 --layers 1 --embd 64 --ff 96 --heads 4 --kv-heads 2");
     CHECK(path && path1);
     if (!path || !path1) return tu_finish("test_session");
-    kvgen_model_desc contiguous = {.kv_contiguous = 1};
     kvgen_model *m = load(path, NULL);
-    oracle = load(path, &contiguous);
+    oracle = load(path, NULL);
     if (m && oracle) {
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
@@ -290,12 +263,11 @@ int main(void) {
         test_rewind(m);
         test_prefix_reuse(m);
         test_shift(m, 0);
-        test_contiguous();
     }
     kvgen_model_unload(m);
     kvgen_model_unload(oracle);
     m = load(path1, NULL);
-    oracle = load(path1, &contiguous);
+    oracle = load(path1, NULL);
     if (m && oracle) test_shift(m, 1);
     kvgen_model_unload(m);
     kvgen_model_unload(oracle);

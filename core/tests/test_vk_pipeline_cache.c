@@ -7,7 +7,7 @@
  * FIFO, a folder) files are ignored: the load succeeds, the logits are identical to a load
  * without a cache, and a regular file is replaced by a valid one while /dev/zero, the FIFO and
  * the folder are left alone. An unwritable folder (its parent is a file; a read-only folder when
- * not root) does not fail the load. A contiguous load writes it too, a host-owned device gets no
+ * not root) does not fail the load. A host-owned device gets no
  * object left behind, and the reference backend ignores the field. No timings are asserted. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -43,9 +43,8 @@ static void put_u64(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static kvgen_model *load(const char *cache, kvgen_backend backend, int contiguous) {
-    kvgen_model_desc d = {.path = g_model, .backend = backend, .pipeline_cache_path = cache,
-                          .kv_contiguous = contiguous};
+static kvgen_model *load(const char *cache, kvgen_backend backend) {
+    kvgen_model_desc d = {.path = g_model, .backend = backend, .pipeline_cache_path = cache};
     kvgen_model *m = NULL;
     kvgen_error err = {0};
     kvgen_status st = kvgen_model_load(&d, &m, &err);
@@ -206,7 +205,7 @@ static void ignored_files(const char *dir, const unsigned char *good, size_t goo
                 close(fd);
             }
         }
-        kvgen_model *m = load(path, KVGEN_BACKEND_VULKAN, 0);
+        kvgen_model *m = load(path, KVGEN_BACKEND_VULKAN);
         if (m) {
             const kvg_vk_ctx *ctx = kvg_vk_model_ctx(m);
             CHECKF(ctx->pcache.state == KVG_VK_PCACHE_IGNORED, "%s: state %d, expected ignored", v->name,
@@ -343,7 +342,7 @@ int main(void) {
     mkdir(dir, 0700);
 
     /* the oracle: no cache at all */
-    kvgen_model *m = load(NULL, KVGEN_BACKEND_VULKAN, 0);
+    kvgen_model *m = load(NULL, KVGEN_BACKEND_VULKAN);
     if (!m) return tu_finish("test_vk_pipeline_cache");
     const kvg_vk_ctx *ctx = kvg_vk_model_ctx(m);
     if (!ctx) {
@@ -361,7 +360,7 @@ int main(void) {
     char fname[64];
     snprintf(fname, sizeof fname, "new/sub/pipelines-%s.bin", devname);
     char *path = join(dir, fname);
-    m = load(tmpl, KVGEN_BACKEND_VULKAN, 0);
+    m = load(tmpl, KVGEN_BACKEND_VULKAN);
     struct stat st1 = {0}, st2 = {0}, st3 = {0};
     if (m) {
         ctx = kvg_vk_model_ctx(m);
@@ -381,7 +380,7 @@ int main(void) {
     CHECK(good != NULL);
 
     /* second load: the file's data goes to the driver, and the file is not rewritten */
-    m = load(tmpl, KVGEN_BACKEND_VULKAN, 0);
+    m = load(tmpl, KVGEN_BACKEND_VULKAN);
     if (m) {
         ctx = kvg_vk_model_ctx(m);
         CHECKF(ctx->pcache.state == KVG_VK_PCACHE_LOADED, "second load: state %d (%s)", ctx->pcache.state,
@@ -405,7 +404,7 @@ int main(void) {
     char *file = join(dir, "plainfile");
     write_bytes(file, (const unsigned char *)"x", 1);
     char *under = join(file, "sub/pipelines.bin");
-    m = load(under, KVGEN_BACKEND_VULKAN, 0);
+    m = load(under, KVGEN_BACKEND_VULKAN);
     if (m) {
         ctx = kvg_vk_model_ctx(m);
         CHECKF(ctx->pcache.writes == 0, "unwritable: %d writes", ctx->pcache.writes);
@@ -418,7 +417,7 @@ int main(void) {
         char *ro = join(dir, "readonly");
         mkdir(ro, 0500);
         char *p = join(ro, "pipelines.bin");
-        m = load(p, KVGEN_BACKEND_VULKAN, 0);
+        m = load(p, KVGEN_BACKEND_VULKAN);
         if (m) {
             CHECK(kvg_vk_model_ctx(m)->pcache.writes == 0);
             check_logits(m, "read-only folder");
@@ -430,22 +429,12 @@ int main(void) {
         free(ro);
     }
 
-    /* a contiguous load creates its pipelines in model_init: written there */
-    char *cpath = join(dir, "contiguous.bin");
-    m = load(cpath, KVGEN_BACKEND_VULKAN, 1);
-    if (m) {
-        ctx = kvg_vk_model_ctx(m);
-        CHECKF(ctx->pcache.writes == 1, "contiguous: %d writes", ctx->pcache.writes);
-        file_valid(ctx, cpath, "contiguous");
-        kvgen_model_unload(m);
-    }
-
     /* a host-owned device reuses the file and is left with nothing of kvgen's */
     host_device(path);
 
     /* the reference backend ignores the field */
     char *rpath = join(dir, "ref/pipelines.bin");
-    m = load(rpath, KVGEN_BACKEND_REFERENCE, 0);
+    m = load(rpath, KVGEN_BACKEND_REFERENCE);
     if (m) {
         CHECK(kvg_vk_model_ctx(m) == NULL);
         kvgen_model_unload(m);
@@ -453,7 +442,6 @@ int main(void) {
     CHECKF(access(rpath, F_OK) != 0, "the reference backend wrote %s", rpath);
 
     unlink(path);
-    unlink(cpath);
     unlink(file);
     char *d1 = join(dir, "new/sub"), *d2 = join(dir, "new");
     rmdir(d1);
@@ -462,7 +450,6 @@ int main(void) {
     free(d1);
     free(d2);
     free(rpath);
-    free(cpath);
     free(file);
     free(good);
     free(path);

@@ -60,11 +60,11 @@ static void check_select(kvg_vk_ctx *ctx, uint32_t n, int ties) {
     float vals[KVG_VK_TOPK];
     int got = 0;
     kvgen_error err = {0};
-    kvgen_status st = kvg_vk_test_select(ctx, x, n, 1, ids, NULL, &got, &err);
+    kvgen_status st = kvg_vk_test_select(ctx, x, n, 1, 1, ids, NULL, &got, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     CHECKF(st != KVGEN_OK || (got == 1 && ids[0] == kvg_argmax(x, (int)n) && ids[0] == c[0].id),
            "argmax n %u: device %d, cpu %d", n, ids[0], kvg_argmax(x, (int)n));
-    st = kvg_vk_test_select(ctx, x, n, KVG_VK_TOPK, ids, vals, &got, &err);
+    st = kvg_vk_test_select(ctx, x, n, 1, KVG_VK_TOPK, ids, vals, &got, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int want = n < KVG_VK_TOPK ? (int)n : KVG_VK_TOPK, bad = 0;
     for (int i = 0; st == KVGEN_OK && i < got; i++)
@@ -72,6 +72,36 @@ static void check_select(kvg_vk_ctx *ctx, uint32_t n, int ties) {
     CHECKF(st != KVGEN_OK || (got == want && bad == 0), "topk n %u ties %d: %d of %d differ", n, ties, bad, got);
     free(x);
     free(c);
+}
+
+/* A batch's rows in one submission (one row per sequence): each row's argmax and top-k equal
+ * the CPU's for that row alone, exactly. */
+static void check_select_rows(kvg_vk_ctx *ctx, uint32_t n, uint32_t rows) {
+    float *x = malloc((size_t)n * rows * sizeof *x);
+    kvg_candidate *c = malloc(n * sizeof *c);
+    int32_t *ids = malloc((size_t)rows * KVG_VK_TOPK * sizeof *ids);
+    float *vals = malloc((size_t)rows * KVG_VK_TOPK * sizeof *vals);
+    for (uint32_t r = 0; r < rows; r++) fill(x + (size_t)r * n, n, (int)(r % 2));
+    int got = 0, bad = 0;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_test_select(ctx, x, n, rows, 1, ids, NULL, &got, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    for (uint32_t r = 0; st == KVGEN_OK && r < rows; r++)
+        bad += ids[(size_t)r * KVG_VK_TOPK] != kvg_argmax(x + (size_t)r * n, (int)n);
+    CHECKF(bad == 0, "argmax over %u rows of %u: %d rows differ", rows, n, bad);
+    st = kvg_vk_test_select(ctx, x, n, rows, KVG_VK_TOPK, ids, vals, &got, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    bad = 0;
+    for (uint32_t r = 0; st == KVGEN_OK && r < rows; r++) {
+        cpu_top(x + (size_t)r * n, n, c);
+        for (int i = 0; i < got; i++)
+            if (ids[(size_t)r * KVG_VK_TOPK + i] != c[i].id || !(vals[(size_t)r * KVG_VK_TOPK + i] == c[i].logit)) bad++;
+    }
+    CHECKF(bad == 0, "topk over %u rows of %u: %d entries differ", rows, n, bad);
+    free(x);
+    free(c);
+    free(ids);
+    free(vals);
 }
 
 /* ---- the sampler on a bounded set ---- */
@@ -252,6 +282,9 @@ int main(void) {
         uint32_t sizes[] = {49152, 1000, 257, 63, 1, 8192, 8193, 70000};
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
             for (int ties = 0; ties <= 1; ties++) check_select(ctx, sizes[i], ties);
+        check_select_rows(ctx, 49152, 8);
+        check_select_rows(ctx, 8193, 3);
+        check_select_rows(ctx, 63, 5);
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);
     }

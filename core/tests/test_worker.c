@@ -47,9 +47,9 @@ static int32_t *random_tokens(uint64_t *rng, size_t n) {
     return t;
 }
 
-static kvgen_model *load(const char *path, int contiguous) {
+static kvgen_model *load(const char *path) {
     kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1,
-                           .kv_contiguous = contiguous, .kv_pool_tokens = 64 * 1024};
+                           .kv_pool_tokens = 64 * 1024};
     kvgen_model *m = NULL;
     kvgen_error err = {0};
     CHECK_OK(kvgen_model_load(&md, &m, &err));
@@ -472,7 +472,7 @@ static void test_random_storm(void) {
 /* Shutdown with work in flight, in two orders; ASan/LSan see any leak or use after free. */
 static void test_shutdown(const char *path) {
     for (int order = 0; order < 3; order++) {
-        kvgen_model *m = load(path, 0);
+        kvgen_model *m = load(path);
         if (!m) return;
         kvgen_error err = {0};
         kvgen_session *ss[4];
@@ -638,7 +638,7 @@ static void test_busy_session(const char *path) {
     kvgen_error err = {0};
     CHECK(kvgen_session_busy(NULL) == 0);
     /* a model that never had a job: not busy, and the query starts no worker */
-    kvgen_model *fresh = load(path, 0);
+    kvgen_model *fresh = load(path);
     if (!fresh) return;
     kvgen_session *f;
     CHECK_OK(kvgen_session_create(fresh, NULL, &f, &err));
@@ -762,7 +762,7 @@ int main(void) {
     char *path = tu_make_model("worker.gguf", "--seed 41 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2 "
                                               "--type Q8_0 --ctx 4096");
     if (!path) return tu_finish("test_worker");
-    g_model = load(path, 0);
+    g_model = load(path);
     if (!g_model) return tu_finish("test_worker");
     kvgen_model_info info;
     kvgen_model_get_info(g_model, &info);
@@ -784,9 +784,6 @@ int main(void) {
     kvgen_model_unload(g_model);
     hammer_final_text_vulkan(path);
 
-    kvgen_model *contiguous = load(path, 1);
-    if (contiguous) test_batched_equals_sequential(contiguous, "contiguous");
-    kvgen_model_unload(contiguous);
     test_shutdown(path);
     free(path);
     return tu_finish("test_worker");

@@ -25,11 +25,6 @@
  *   --sessions 1,2,4,8,16  aggregate decode tokens/s of that many sessions generating at once
  *       through the jobs worker (kvgen_job_submit: batched decode, each weight read once per
  *       step for up to 8 sessions), and the ratio to one session;
- *   --paged  decode at depth D (2048) through the page table vs a kv_contiguous model's cache,
- *       the two interleaved rep by rep. The paged session reaches depth D by restoring the
- *       saved deepest cache when it is at least that deep (rewound to D), else by prefilling;
- *       the contiguous one always prefills (restoring into a contiguous cache recomputes), so
- *       on lavapipe this costs one prefill of D tokens at the backend's prompt speed;
  *   --forks  N (64) sessions holding one P-token (512) prompt: N forks of a prefilled parent vs
  *       N prefilled from scratch, the latter estimated as the parent's own timed prefill x N. */
 #define _POSIX_C_SOURCE 200809L
@@ -75,7 +70,6 @@ typedef struct bench_opts {
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
     int sessions[BENCH_MAX_SIZES], n_sessions; /* concurrent sessions; n_sessions 0: skipped */
     int session_tokens;                         /* tokens each of them generates */
-    int paged, paged_depth;                     /* paged vs contiguous decode */
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
 } bench_opts;
@@ -91,7 +85,6 @@ typedef struct bench_result {
     bench_stats decode[BENCH_MAX_SIZES];  /* in opts.depths order */
     bench_stats nc, nc_cached;            /* decode at nc_depth without / with the cache */
     bench_stats sessions[BENCH_MAX_SIZES]; /* aggregate tokens/s, in opts.sessions order */
-    bench_stats paged_tok, contiguous_tok; /* decode at paged_depth */
     double fork_s, scratch_one_s;          /* N forks; one prefill of the prompt */
     size_t fork_pages;                     /* pages in use with the parent and its forks */
     int filled_by_restore; /* the deepest cache came from the reference backend's saved session */
@@ -205,8 +198,6 @@ static void bench_usage(FILE *f) {
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
-            "  --paged              also: decode at depth --paged-depth, paged vs contiguous KV cache\n"
-            "  --paged-depth N      (default 2048; --quick 32)\n"
             "  --forks              also: time to create --fork-sessions forks of a --fork-prompt token\n"
             "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
@@ -276,7 +267,7 @@ static int cmp_int(const void *a, const void *b) {
 /* Returns 0, 2 after a usage error, or -1 after printing the help (exit 0). */
 static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.reps = 3, .steps = 16, .prompts = {64, 512}, .n_prompts = 2, .depths = {0, 512, 2048},
-                      .n_depths = 3, .nc_depth = 32, .nc_steps = 4, .paged_depth = 2048, .n_forks = 64,
+                      .n_depths = 3, .nc_depth = 32, .nc_steps = 4, .n_forks = 64,
                       .fork_prompt = 512};
     /* every backend this kvgen has; run order is settled in kvgen_cli_bench */
     list_backends();
@@ -287,7 +278,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--quick") == 0) {
             *o = (bench_opts){.reps = 2, .steps = 4, .prompts = {8, 32}, .n_prompts = 2, .depths = {0, 32, 64},
-                              .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1, .paged_depth = 32,
+                              .n_depths = 3, .nc_depth = 16, .nc_steps = 3, .quick = 1,
                               .n_forks = 4, .fork_prompt = 32, .n_backends = o->n_backends};
             memcpy(o->backends, given.backends, sizeof o->backends);
         }
@@ -298,7 +289,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--steps") == 0 || strcmp(a, "--prompts") == 0 || strcmp(a, "--depths") == 0 ||
                           strcmp(a, "--no-cache-depth") == 0 || strcmp(a, "--device") == 0 ||
                           strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "--sessions") == 0 ||
-                          strcmp(a, "--session-tokens") == 0 || strcmp(a, "--paged-depth") == 0 ||
+                          strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0;
         if (takes_value) {
@@ -336,10 +327,6 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         } else if (strcmp(a, "--session-tokens") == 0) {
             if (!parse_int(val, 1, 1 << 16, &o->session_tokens))
                 return bench_usage_error("--session-tokens: bad token count '%s'", val);
-        } else if (strcmp(a, "--paged") == 0) {
-            o->paged = 1;
-        } else if (strcmp(a, "--paged-depth") == 0) {
-            if (!parse_int(val, 0, 1 << 16, &o->paged_depth)) return bench_usage_error("--paged-depth: bad depth '%s'", val);
         } else if (strcmp(a, "--forks") == 0) {
             o->forks = 1;
         } else if (strcmp(a, "--fork-sessions") == 0) {
@@ -683,54 +670,6 @@ static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_m
     return st;
 }
 
-/* --paged: decode at paged_depth through mp's page table vs a kv_contiguous model's cache, the
- * two interleaved rep by rep (see the top for how each reaches the depth) */
-static kvgen_status bench_paged(const bench_opts *o, bench_result *r, kvgen_model *mp, const bench_fill *fill,
-                                kvgen_error *err) {
-    kvgen_pool_info pi;
-    kvgen_model_pool_info(mp, &pi);
-    if (pi.page_size == 0)
-        return bench_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend has no paged KV cache", o->model, r->name);
-    fprintf(stderr, "kvgen bench: %s: decode at depth %d, paged vs contiguous, %d steps x %d\n", r->name,
-            o->paged_depth, o->steps, o->reps);
-    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
-                           .kv_contiguous = 1};
-    kvgen_model *mc = NULL;
-    kvgen_session *ss[2] = {NULL, NULL}; /* paged, contiguous */
-    int D = o->paged_depth, S = o->steps;
-    kvgen_status st = KVGEN_OK;
-    int32_t *seq = make_tokens(mp, (size_t)D + (size_t)S + 1, err);
-    if (!seq) st = err->status != KVGEN_OK ? err->status : KVGEN_E_NO_MEMORY;
-    if (st == KVGEN_OK) st = kvgen_model_load(&md, &mc, err);
-    kvgen_session_desc sd = {.n_ctx = D + S + 1, .no_prefix_reuse = 1};
-    /* the saved deepest cache holds seq's first fill->depth tokens (make_tokens is the same for
-     * every backend of one file) and was made with room for `steps` more */
-    if (st == KVGEN_OK && D > 0 && fill->depth >= D) {
-        kvgen_error rerr = {0};
-        if (kvgen_session_restore(mp, fill->path, &ss[0], &rerr) != KVGEN_OK) ss[0] = NULL;
-    }
-    if (st == KVGEN_OK && !ss[0]) st = kvgen_session_create(mp, &sd, &ss[0], err);
-    if (st == KVGEN_OK) st = kvgen_session_create(mc, &sd, &ss[1], err);
-    for (int k = 0; k < 2 && st == KVGEN_OK; k++) st = fill_to(ss[k], seq, D, err);
-    /* rep -1 is the warm-up (first-use command-buffer recording) */
-    for (int rep = -1; rep < o->reps && st == KVGEN_OK; rep++)
-        for (int kind = 0; kind < 2 && st == KVGEN_OK; kind++) {
-            int steps = rep < 0 ? 1 : S;
-            double t0 = now_s();
-            for (int i = 0; i < steps && st == KVGEN_OK; i++) st = kvgen_session_decode(ss[kind], seq[D + i], err);
-            double t = now_s() - t0;
-            if (st == KVGEN_OK && rep >= 0) stats_add(kind == 0 ? &r->paged_tok : &r->contiguous_tok, steps, t);
-            if (st == KVGEN_OK) st = kvgen_session_rewind(ss[kind], (size_t)steps, err);
-        }
-    stats_finish(&r->paged_tok);
-    stats_finish(&r->contiguous_tok);
-    kvgen_session_close(ss[1]);
-    kvgen_session_close(ss[0]);
-    kvgen_model_unload(mc);
-    free(seq);
-    return st;
-}
-
 /* --forks: n_forks forks of a session prefilled with fork_prompt tokens vs that prefill x n_forks */
 static kvgen_status bench_forks(const bench_opts *o, bench_result *r, kvgen_model *m, const int32_t *seq,
                                 kvgen_error *err) {
@@ -865,12 +804,6 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
         st = bench_sessions(o, r, m, &err);
         if (st != KVGEN_OK) goto done;
     }
-    if (o->paged) {
-        kvgen_session_close(nc); /* their pages and caches: the contiguous model needs the room */
-        nc = NULL;
-        st = bench_paged(o, r, m, fill, &err);
-        if (st != KVGEN_OK) goto done;
-    }
     if (o->forks) {
         st = bench_forks(o, r, m, seq, &err);
         if (st != KVGEN_OK) goto done;
@@ -963,15 +896,6 @@ static const bench_stats *pick_nc_cached(const bench_result *r, const void *arg)
 static const bench_stats *pick_sessions(const bench_result *r, const void *arg) {
     return &r->sessions[*(const int *)arg];
 }
-static const bench_stats *pick_paged(const bench_result *r, const void *arg) {
-    (void)arg;
-    return &r->paged_tok;
-}
-static const bench_stats *pick_contiguous(const bench_result *r, const void *arg) {
-    (void)arg;
-    return &r->contiguous_tok;
-}
-
 /* one session's aggregate tokens/s (the --sessions ratio's base; the list always holds 1) */
 static double session_base(const bench_opts *o, const bench_result *r) {
     for (int k = 0; k < o->n_sessions; k++)
@@ -1025,20 +949,6 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
             char buf[32] = "-";
             double one = session_base(o, &res[i]);
             if (res[i].ok && one > 0) snprintf(buf, sizeof buf, "%.2fx", res[i].sessions[k].median / one);
-            printf("  %-24s", buf);
-        }
-        printf("\n");
-    }
-    if (o->paged) {
-        snprintf(label, sizeof label, "decode at %d, paged", o->paged_depth);
-        print_row(label, res, n, pick_paged, NULL);
-        snprintf(label, sizeof label, "decode at %d, contiguous", o->paged_depth);
-        print_row(label, res, n, pick_contiguous, NULL);
-        printf("%-28s", "  paged / contiguous");
-        for (int i = 0; i < n; i++) {
-            char buf[32] = "-";
-            if (res[i].ok && res[i].contiguous_tok.median > 0)
-                snprintf(buf, sizeof buf, "%.3f", res[i].paged_tok.median / res[i].contiguous_tok.median);
             printf("  %-24s", buf);
         }
         printf("\n");
@@ -1224,15 +1134,6 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
                 fprintf(f, "}");
             }
             fprintf(f, "]");
-        }
-        if (o->paged) {
-            fprintf(f, ",\n     \"paged\": {\"depth\": %d, \"steps\": %d, \"paged_tok_s\": ", o->paged_depth, o->steps);
-            json_stats(f, &r->paged_tok);
-            fprintf(f, ", \"contiguous_tok_s\": ");
-            json_stats(f, &r->contiguous_tok);
-            fprintf(f, ", \"paged_over_contiguous\": ");
-            json_number(f, r->contiguous_tok.median > 0 ? r->paged_tok.median / r->contiguous_tok.median : 0);
-            fprintf(f, "}");
         }
         if (o->forks) {
             fprintf(f, ",\n     \"forks\": {\"sessions\": %d, \"prompt_tokens\": %d, \"fork_s\": ", o->n_forks,

@@ -52,10 +52,11 @@ typedef struct vk_model {
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
-    /* device argmax / top-k over the last token's logits; logits_owner: the session whose kept
-     * logits (forward_keep) are in row 0 of `logits`, set aside before another step writes it */
+    /* device argmax / top-k over the kept logits (one selection row per batched column);
+     * row_owner[r]: the session whose kept logits (KVG_OUT_KEEP) are row r of `logits`, set
+     * aside before another step writes that row */
     kvg_vk_select sel;
-    kvg_backend_session *logits_owner;
+    kvg_backend_session *row_owner[8]; /* BATCH_MAX (vk_backend.c) */
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
     VkQueryPool prof_pool;
     int prof_n;
@@ -64,7 +65,7 @@ typedef struct vk_model {
     int prof_steps;
     bool prof_prefill; /* KVGEN_VK_PROFILE=2: prefill steps instead of decode steps */
 
-    /* Paged KV pool (unless loaded with kv_contiguous): n_pages pages of page_size tokens,
+    /* Paged KV pool: n_pages pages of page_size tokens,
      * page_elems elements each ([L][K,V][Hkv][P][hd]), split over nslab buffers ("slabs") of pps
      * pages so that each stays within maxStorageBufferRange. A slab is created when the pool
      * first hands out one of its pages; kv_gen counts slab creations so that descriptor sets
@@ -98,9 +99,9 @@ typedef struct vk_model {
 
 struct kvg_backend_session {
     int n_ctx;
-    kvg_vk_buffer *k, *v; /* contiguous: per layer (n_kv, n_ctx, head_dim); paged: NULL */
-    kvg_vk_buffer ptab;   /* paged: the page table (host-visible, written before each step) */
-    unsigned kv_gen;      /* paged: the model's kv_gen when the descriptor sets were written */
+    kvg_vk_buffer *k, *v; /* the attention kernel's test hook only: one layer's contiguous K/V */
+    kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step) */
+    unsigned kv_gen;      /* the model's kv_gen when the descriptor sets were written */
     const kvg_vk_buffer *rope; /* the model's table for >= n_ctx positions: (pos, n_rot/2) cos, sin */
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
@@ -112,8 +113,8 @@ struct kvg_backend_session {
     uint32_t decode_ncols; /* the batch session: the columns cb_decode was recorded for */
     int decode_select; /* the selection cb_decode was recorded with (0 none, 1 argmax, 2 top-k) */
     VkFence fence;
-    /* forward_keep: the selection made with the kept logits, and where they go when another
-     * session's step needs the model's logits buffer (n_vocab floats) */
+    /* KVG_OUT_KEEP: the selection made with the kept logits, and where they go when another
+     * session's step needs their row of the model's logits buffer (n_vocab floats) */
     int32_t sel_ids[KVG_VK_TOPK];
     float sel_vals[KVG_VK_TOPK];
     int sel_n;
@@ -180,8 +181,6 @@ kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t
 /* the pool's layout and kv_copy's resources; the pipelines are created after it (vk_backend.c) */
 kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
 /* kvg_backend_ops entries */
-kvgen_status kvg_vk_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
-                               kvgen_error *err);
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m);
 size_t kvg_vk_default_pool_bytes(const kvgen_model *m);
 kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err);
@@ -199,8 +198,8 @@ kvgen_status kvg_vk_walk_step(walk *w);
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
 kvgen_status kvg_vk_op_attention(walk *w, int layer);
-/* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k of the
- * last token's, after it). */
+/* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k, after
+ * it: of the last token's logits (logits 1) or of every column's (a batched step, logits 2)). */
 kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
                            uint32_t max_len, int logits, int select, kvgen_error *err);
 /* Rewrites a session's descriptor sets when the pool gained a slab since they were written

@@ -24,11 +24,17 @@
  * implement yet (kvg_arch_check_backend, `.features` below), e.g. NEOX RoPE, as the QKV
  * epilogue rotates adjacent pairs only.
  *
- * A batched decode (forward_batch, paged pool) runs one token each of up to BATCH_MAX sessions
- * as the columns of one step, so the mat-vecs read each weight once for all of them: params
- * give every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab),
- * the tables concatenated in the model's batch session (vm->bat), whose sets and recorded
- * command buffer are reused from step to step.
+ * forward (one op over a batch, kvg_model.h) runs a sequence of several tokens as steps of its
+ * own session, and one-token sequences of different sessions up to BATCH_MAX at a time as the
+ * columns of one step, so the mat-vecs read each weight once for all of them: params give
+ * every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab), the
+ * tables concatenated in the model's batch session (vm->bat), whose sets and recorded command
+ * buffer are reused from step to step. A column that keeps its logits gets its argmax or top-k
+ * selected on the device in the same submission (one selection row per column), so a batch
+ * reads back a few ids per session instead of n x n_vocab floats.
+ *
+ * Kept logits: row r of vm->logits holds the logits session row_owner[r] kept; before a step
+ * overwrites rows, the owners that are not in it get theirs copied to their own memory.
  */
 #include <math.h>
 #include <stdio.h>
@@ -211,7 +217,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
     if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
-    if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, &vm->sel, err);
+    if (st == KVGEN_OK)
+        st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, C < BATCH_MAX ? C : BATCH_MAX, &vm->sel, err);
     if (st != KVGEN_OK) goto fail;
 
     if (getenv("KVGEN_VK_PROFILE") && atoi(getenv("KVGEN_VK_PROFILE")) > 0) {
@@ -221,15 +228,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_check(vkCreateQueryPool(ctx->dev, &qi, NULL, &vm->prof_pool), err, "vkCreateQueryPool");
         if (st != KVGEN_OK) goto fail;
     }
-    /* every pipeline a step can use, now rather than on the per-token path; a paged model's
-     * depend on the pool's layout and are created by kv_pages_init */
-    vm->paged = !desc->kv_contiguous;
-    if (!vm->paged) {
-        walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
-        st = kvg_vk_walk_step(&pw);
-        if (st != KVGEN_OK) goto fail;
-        kvg_vk_pcache_save(ctx); /* every pipeline exists now */
-    }
+    /* every pipeline a step can use depends on the pool's layout: kv_pages_init creates them */
     return KVGEN_OK;
 fail:
     if (err && err->status != KVGEN_OK && !strstr(err->message, path)) {
@@ -287,20 +286,15 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     kvg_vk_ctx *ctx = vm->ctx;
     pthread_mutex_lock(&ctx->lock);
     vkQueueWaitIdle(ctx->queue);
-    if (vm->logits_owner == s) vm->logits_owner = NULL;
+    for (int r = 0; r < BATCH_MAX; r++)
+        if (vm->row_owner[r] == s) vm->row_owner[r] = NULL;
     if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
     if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
     pthread_mutex_unlock(&ctx->lock);
     if (s->fence) vkDestroyFence(ctx->dev, s->fence, NULL);
     if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
-    if (s->k)
-        for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->k[l]);
-    if (s->v)
-        for (int l = 0; l < vm->hp.n_layer; l++) kvg_vk_buffer_destroy(ctx, &s->v[l]);
     kvg_vk_buffer_destroy(ctx, &s->part);
     kvg_vk_buffer_destroy(ctx, &s->ptab);
-    free(s->k);
-    free(s->v);
     free(s->sets);
     free(s->saved);
     free(s);
@@ -316,33 +310,20 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     const kvg_hparams *hp = &vm->hp;
     if (n_ctx <= 0 || n_ctx > (256 << 12))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d is outside [1, %d]", n_ctx, 256 << 12);
-    size_t elem = ctx->kv_f16 ? 2 : 4;
-    size_t layer_bytes = (size_t)hp->n_head_kv * (size_t)n_ctx * (size_t)hp->head_dim * elem;
-    if (vm->paged && !vm->page_size)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a paged model's session before its page pool");
-    if (!vm->paged && layer_bytes > ctx->props.limits.maxStorageBufferRange)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "vulkan: a context of %d tokens needs %zu bytes of K per layer, more than the device's "
-                        "storage buffer range (%u bytes); use a smaller n_ctx",
-                        n_ctx, layer_bytes, ctx->props.limits.maxStorageBufferRange);
+    if (!vm->paged || !vm->page_size)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a session before the model's page pool");
     kvg_backend_session *s = calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     s->n_ctx = n_ctx;
-    s->k = calloc((size_t)hp->n_layer, sizeof *s->k);
-    s->v = calloc((size_t)hp->n_layer, sizeof *s->v);
     kvgen_status st = KVGEN_OK;
     s->saved = malloc((size_t)hp->n_vocab * sizeof *s->saved);
-    if (!s->k || !s->v || !s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    if (vm->paged && st == KVGEN_OK)
+    if (!s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4 *
                                            (batch ? BATCH_MAX : 1),
                                   KVG_VK_MEM_HOST, &s->ptab, err);
-    if (vm->paged && st == KVGEN_OK && !s->ptab.map)
+    if (st == KVGEN_OK && !s->ptab.map)
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
-    for (int l = 0; l < hp->n_layer && st == KVGEN_OK && !vm->paged; l++) {
-        st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->k[l], err);
-        if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, layer_bytes, KVG_VK_MEM_DEVICE, &s->v[l], err);
-    }
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
     /* partials: a decode's nsplit_dec splits or a prefill chunk's split_min per token */
@@ -392,33 +373,43 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     return session_create(m, n_ctx, false, out, err);
 }
 
-/* Moves the kept logits of the session that owns row 0 of vm->logits into its own memory
- * before a step overwrites them (caller holds ctx->lock). */
-static void set_aside_logits(vk_model *vm, kvg_backend_session *s) {
-    kvg_backend_session *o = vm->logits_owner;
-    vm->logits_owner = NULL;
-    if (!o || o == s) return; /* s's own are stale once it runs again */
-    memcpy(o->saved, vm->logits.map, (size_t)vm->hp.n_vocab * sizeof(float));
-    o->saved_valid = true;
+/* Before a step overwrites rows [0, rows) of vm->logits: the kept logits of an owner that is
+ * not among the step's sessions run[0..n_run) go to its own memory (caller holds ctx->lock);
+ * the running sessions' own kept logits and selections are stale from now on. */
+static void set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_session *const *run, int n_run) {
+    for (int i = 0; i < n_run; i++) {
+        run[i]->sel_n = 0;
+        run[i]->saved_valid = false;
+    }
+    for (uint32_t r = 0; r < rows && r < BATCH_MAX; r++) {
+        kvg_backend_session *o = vm->row_owner[r];
+        vm->row_owner[r] = NULL;
+        bool running = false;
+        for (int i = 0; i < n_run; i++) running |= run[i] == o;
+        if (!o || running) continue;
+        memcpy(o->saved, (const float *)vm->logits.map + (size_t)r * vm->hp.n_vocab,
+               (size_t)vm->hp.n_vocab * sizeof(float));
+        o->saved_valid = true;
+    }
 }
 
-/* Runs the step(s) of n tokens at pos0 (caller holds ctx->lock, arguments checked). keep: the
- * last token's logits stay on the device (logits NULL), with the best one (select 1) or
- * KVG_VK_TOPK (select > 1) selected in the same submission. */
+/* Runs the step(s) of one sequence, n tokens at pos0 (caller holds ctx->lock, arguments and
+ * table checked). out as the sequence's: KEEP leaves the last token's logits in row 0 with
+ * the best one (select 1) or KVG_VK_TOPK (select > 1) selected in the same submission. */
 static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                              float *logits, bool all_logits, bool keep, int select, kvgen_error *err) {
+                              kvg_batch_out out, float *logits, int select, kvgen_error *err) {
     kvg_vk_ctx *ctx = vm->ctx;
     const int V = vm->hp.n_vocab;
+    bool keep = out == KVG_OUT_KEEP;
     kvgen_status st = KVGEN_OK;
-    if (logits || keep) set_aside_logits(vm, s);
-    s->sel_n = 0;
-    s->saved_valid = false;
+    set_aside_logits(vm, out == KVG_OUT_NONE ? 0 : vm->chunk, &s, 1);
     if (select > 1) select = 2;
+    if (!keep) select = 0;
     for (int done = 0; done < n && st == KVGEN_OK;) {
         uint32_t c = (uint32_t)(n - done) < vm->chunk ? (uint32_t)(n - done) : vm->chunk;
         bool last = done + (int)c == n;
-        int want = all_logits ? 2 : (last && (logits || keep) ? 1 : 0);
-        int sel = last && keep ? select : 0;
+        int want = out == KVG_OUT_ALL ? 2 : (last && out != KVG_OUT_NONE ? 1 : 0);
+        int sel = last ? select : 0;
         uint32_t *params = vm->params.map;
         params[0] = (uint32_t)(pos0 + done);
         params[1] = 0; /* not a batched decode */
@@ -443,65 +434,49 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         else if (st == KVGEN_OK && want == 1 && !keep)
             memcpy(logits, vm->logits.map, (size_t)V * sizeof(float));
         if (st == KVGEN_OK && last && keep) {
-            vm->logits_owner = s;
-            if (sel) s->sel_n = kvg_vk_select_read(&vm->sel, sel == 1 ? 1 : KVG_VK_TOPK, s->sel_ids, s->sel_vals);
+            vm->row_owner[0] = s;
+            if (sel) s->sel_n = kvg_vk_select_read(&vm->sel, sel == 1 ? 1 : KVG_VK_TOPK, 0, s->sel_ids, s->sel_vals);
         }
         done += (int)c;
     }
     return st;
 }
 
-static kvgen_status check_step(const vk_model *vm, const kvg_backend_session *s, const int32_t *tokens, int n,
-                               int pos0, kvgen_error *err) {
+static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const int V = vm->hp.n_vocab;
-    if (n <= 0 || pos0 < 0 || n > s->n_ctx - pos0)
-        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", n,
-                        pos0, s->n_ctx);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
+    const kvg_backend_session *s = q->bs;
+    if (!s || !q->pages || !q->tokens)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch sequence %d lacks its session, page table or tokens", i);
+    if (q->n <= 0 || q->pos0 < 0 || q->n > s->n_ctx - q->pos0)
+        return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", q->n,
+                        q->pos0, s->n_ctx);
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch sequence %d wants logits but has no buffer", i);
+    if (q->out == KVG_OUT_KEEP && (q->select_k < 0 || q->select_k > KVG_VK_TOPK))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: a selection of %d logits (at most %d)", q->select_k,
+                        KVG_VK_TOPK);
+    for (int t = 0; t < q->n; t++)
+        if (q->tokens[t] < 0 || q->tokens[t] >= V)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
-                            i, (int)tokens[i], V);
-    return KVGEN_OK;
+                            t, (int)q->tokens[t], V);
+    size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
+    return kvg_vk_check_pages(vm, q->pages, n_entries, err);
 }
 
-static kvgen_status vk_forward(kvgen_model *m, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                               float *logits, bool all_logits, kvgen_error *err) {
-    vk_model *vm = m->backend;
-    if (vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: contiguous forward on a paged model");
-    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
-    if (st != KVGEN_OK) return st;
-    pthread_mutex_lock(&vm->ctx->lock);
-    st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, false, 0, err);
-    pthread_mutex_unlock(&vm->ctx->lock);
-    return st;
-}
-
-static kvgen_status forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                  const int32_t *tokens, int n, int pos0, float *logits, bool all_logits, bool keep,
-                                  int select, kvgen_error *err) {
-    vk_model *vm = m->backend;
-    if (!vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: paged forward on a contiguous model");
-    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
-    if (st != KVGEN_OK) return st;
-    size_t n_entries = ((size_t)pos0 + (size_t)n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
-    st = kvg_vk_check_pages(vm, pages, n_entries, err);
-    if (st != KVGEN_OK) return st;
+/* One sequence through its own session's steps. */
+static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *err) {
+    kvg_backend_session *s = q->bs;
+    size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
     pthread_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
-    memcpy(s->ptab.map, pages, n_entries * sizeof *pages);
-    st = kvg_vk_refresh_sets(vm, s, err);
-    if (st == KVGEN_OK) st = run_steps(vm, s, tokens, n, pos0, logits, all_logits, keep, select, err);
+    memcpy(s->ptab.map, q->pages, n_entries * sizeof *q->pages);
+    kvgen_status st = kvg_vk_refresh_sets(vm, s, err);
+    if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, err);
     pthread_mutex_unlock(&vm->ctx->lock);
     return st;
 }
 
-static kvgen_status vk_forward_paged(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                     const int32_t *tokens, int n, int pos0, float *logits, bool all_logits,
-                                     kvgen_error *err) {
-    return forward_paged(m, s, pages, tokens, n, pos0, logits, all_logits, false, 0, err);
-}
-
-/* ---- batched decode (kvg_model.h, forward_batch) ---- */
+/* ---- batched decode: one-token sequences of different sessions as one step's columns ---- */
 
 /* Makes vm->bat cover contexts of n_ctx positions (caller holds bat_mu, not ctx->lock): a new
  * one only when a session with a longer context than any batched before joins a batch. */
@@ -515,99 +490,114 @@ static kvgen_status batch_session(kvgen_model *m, int n_ctx, kvgen_error *err) {
     return st;
 }
 
-/* One step of n <= BATCH_MAX tokens of different sessions (caller holds ctx->lock, arguments
- * checked): column i is tokens[i] at pos[i] of the session with table pages[i]. */
-static kvgen_status batch_step(vk_model *vm, kvg_backend_session *const *s, const int32_t *const *pages,
-                               const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+/* One step of n <= BATCH_MAX one-token sequences (caller holds ctx->lock, arguments checked):
+ * column i is q[i]'s token. The columns that keep their logits get them selected on the device
+ * (argmax when every one of them wants only that, else top-k for all: its first entry is the
+ * argmax), the others' rows are copied back. */
+static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int n, kvgen_error *err) {
     kvg_backend_session *b = vm->bat;
     uint32_t *params = vm->params.map;
     int32_t *tab = b->ptab.map;
+    size_t V = (size_t)vm->hp.n_vocab;
+    kvg_backend_session *run[BATCH_MAX];
+    int sel = 0;
     params[0] = 0;
     params[1] = BATCH_AT;
     for (int i = 0; i < n; i++) {
         uint32_t base = (uint32_t)i * vm->bat_entries;
-        memcpy(tab + base, pages[i], ((size_t)pos[i] / (size_t)vm->page_size + 1) * sizeof *tab);
-        params[4 + i] = (uint32_t)tokens[i];
-        params[4 + BATCH_AT + 2 * i] = (uint32_t)pos[i];
+        memcpy(tab + base, q[i]->pages, ((size_t)q[i]->pos0 / (size_t)vm->page_size + 1) * sizeof *tab);
+        params[4 + i] = (uint32_t)q[i]->tokens[0];
+        params[4 + BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
         params[4 + BATCH_AT + 2 * i + 1] = base;
-        s[i]->sel_n = 0; /* what they kept is stale once they run again */
-        s[i]->saved_valid = false;
-        if (vm->logits_owner == s[i]) vm->logits_owner = NULL;
+        run[i] = q[i]->bs;
+        if (q[i]->out == KVG_OUT_KEEP && q[i]->select_k > 0) {
+            int want = q[i]->select_k == 1 ? 1 : 2;
+            if (want > sel) sel = want;
+        }
     }
+    set_aside_logits(vm, (uint32_t)n, run, n);
     kvgen_status st = KVGEN_OK;
     /* params carry everything that changes from step to step: same width, same commands */
-    if (!b->decode_recorded || b->decode_ncols != (uint32_t)n) {
-        st = kvg_vk_record(vm, b, b->cb_decode, false, (uint32_t)n, 0, 2, 0, err);
+    if (!b->decode_recorded || b->decode_ncols != (uint32_t)n || b->decode_select != sel) {
+        st = kvg_vk_record(vm, b, b->cb_decode, false, (uint32_t)n, 0, 2, sel, err);
         b->decode_recorded = st == KVGEN_OK;
         b->decode_ncols = (uint32_t)n;
+        b->decode_select = sel;
     }
     if (st == KVGEN_OK) st = kvg_vk_submit_wait(vm->ctx, b->cb_decode, b->fence, err);
-    if (st == KVGEN_OK) memcpy(logits, vm->logits.map, (size_t)n * (size_t)vm->hp.n_vocab * sizeof(float));
+    for (int i = 0; i < n && st == KVGEN_OK; i++) {
+        kvg_backend_session *s = q[i]->bs;
+        if (q[i]->out == KVG_OUT_LAST || q[i]->out == KVG_OUT_ALL) {
+            memcpy(q[i]->logits, (const float *)vm->logits.map + (size_t)i * V, V * sizeof(float));
+        } else if (q[i]->out == KVG_OUT_KEEP) {
+            vm->row_owner[i] = s;
+            if (sel && q[i]->select_k > 0)
+                s->sel_n = kvg_vk_select_read(&vm->sel, sel == 1 ? 1 : KVG_VK_TOPK, (uint32_t)i, s->sel_ids,
+                                              s->sel_vals);
+        }
+    }
     return st;
 }
 
-/* Up to BATCH_MAX sessions' tokens per step (fewer when the scratch holds fewer columns). A
- * contiguous model's caches are one buffer per session, which one dispatch cannot index:
- * there the tokens run one by one. */
-static kvgen_status vk_forward_batch(kvgen_model *m, kvg_backend_session *const *s, const int32_t *const *pages,
-                                     const int32_t *tokens, const int *pos, int n, float *logits, kvgen_error *err) {
+/* The one-token sequences q[0..n) in steps of up to BATCH_MAX columns (fewer when the scratch
+ * holds fewer). */
+static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, int n, kvgen_error *err) {
     vk_model *vm = m->backend;
-    size_t V = (size_t)vm->hp.n_vocab;
-    kvgen_status st = KVGEN_OK;
-    if (!vm->paged) {
-        for (int i = 0; i < n && st == KVGEN_OK; i++)
-            st = vk_forward(m, s[i], &tokens[i], 1, pos[i], logits + (size_t)i * V, false, err);
-        return st;
-    }
     int n_ctx = 1;
-    for (int i = 0; i < n && st == KVGEN_OK; i++) {
-        if (!pages[i]) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch token %d has no page table", i);
-        st = check_step(vm, s[i], &tokens[i], 1, pos[i], err);
-        if (st == KVGEN_OK) st = kvg_vk_check_pages(vm, pages[i], (size_t)pos[i] / (size_t)vm->page_size + 1, err);
-        if (s[i]->n_ctx > n_ctx) n_ctx = s[i]->n_ctx;
-    }
-    if (st != KVGEN_OK) return st;
+    for (int i = 0; i < n; i++)
+        if (q[i]->bs->n_ctx > n_ctx) n_ctx = q[i]->bs->n_ctx;
     int group = vm->chunk < BATCH_MAX ? (int)vm->chunk : BATCH_MAX;
     pthread_mutex_lock(&vm->bat_mu);
-    st = batch_session(m, n_ctx, err);
+    kvgen_status st = batch_session(m, n_ctx, err);
     if (st == KVGEN_OK) {
         pthread_mutex_lock(&vm->ctx->lock);
-        set_aside_logits(vm, vm->bat);
         st = kvg_vk_refresh_sets(vm, vm->bat, err);
-        for (int done = 0; done < n && st == KVGEN_OK; done += group) {
-            int k = n - done < group ? n - done : group;
-            st = batch_step(vm, s + done, pages + done, tokens + done, pos + done, k, logits + (size_t)done * V, err);
-        }
+        for (int done = 0; done < n && st == KVGEN_OK; done += group)
+            st = batch_step(vm, q + done, n - done < group ? n - done : group, err);
         pthread_mutex_unlock(&vm->ctx->lock);
     }
     pthread_mutex_unlock(&vm->bat_mu);
     return st;
 }
 
-/* ---- logits kept on the device (kvg_model.h, forward_keep) ---- */
-
-static kvgen_status vk_forward_keep(kvgen_model *m, kvg_backend_session *s, const int32_t *pages,
-                                    const int32_t *tokens, int n, int pos0, int select_k, kvgen_error *err) {
+/* The backend's forward: sequences of several tokens each through their own session's steps,
+ * the one-token sequences together as batched columns. A lone one-token sequence runs on its
+ * own session, whose decode command buffer is recorded once and replayed. */
+static kvgen_status vk_forward(kvgen_model *m, const kvg_batch *b, kvgen_error *err) {
+    enum { GROUP = 64 };
     vk_model *vm = m->backend;
-    if (select_k < 0 || select_k > KVG_VK_TOPK)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: a selection of %d logits (at most %d)", select_k,
-                        KVG_VK_TOPK);
-    if (pages) return forward_paged(m, s, pages, tokens, n, pos0, NULL, false, true, select_k, err);
-    if (vm->paged) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: contiguous forward on a paged model");
-    kvgen_status st = check_step(vm, s, tokens, n, pos0, err);
-    if (st != KVGEN_OK) return st;
-    pthread_mutex_lock(&vm->ctx->lock);
-    st = run_steps(vm, s, tokens, n, pos0, NULL, false, true, select_k, err);
-    pthread_mutex_unlock(&vm->ctx->lock);
+    kvgen_status st = KVGEN_OK;
+    for (int i = 0; i < b->n_seq && st == KVGEN_OK; i++) st = check_seq(vm, &b->seq[i], i, err);
+    const kvg_batch_seq *cols[GROUP];
+    int n_cols = 0, n_single = 0;
+    for (int i = 0; i < b->n_seq; i++) n_single += b->seq[i].n == 1;
+    for (int i = 0; i < b->n_seq && st == KVGEN_OK; i++) {
+        const kvg_batch_seq *q = &b->seq[i];
+        if (q->n > 1 || n_single == 1) {
+            st = run_seq(vm, q, err);
+            continue;
+        }
+        cols[n_cols++] = q;
+        if (n_cols == GROUP) {
+            st = run_columns(m, cols, n_cols, err);
+            n_cols = 0;
+        }
+    }
+    if (st == KVGEN_OK && n_cols > 0) st = run_columns(m, cols, n_cols, err);
     return st;
 }
+
+/* ---- logits kept on the device (kvg_model.h) ---- */
 
 static kvgen_status vk_fetch_logits(kvgen_model *m, kvg_backend_session *s, float *out, kvgen_error *err) {
     vk_model *vm = m->backend;
     size_t bytes = (size_t)vm->hp.n_vocab * sizeof(float);
     kvgen_status st = KVGEN_OK;
+    int row = -1;
     pthread_mutex_lock(&vm->ctx->lock);
-    if (vm->logits_owner == s) memcpy(out, vm->logits.map, bytes);
+    for (int r = 0; r < BATCH_MAX && row < 0; r++)
+        if (vm->row_owner[r] == s) row = r;
+    if (row >= 0) memcpy(out, (const float *)vm->logits.map + (size_t)row * vm->hp.n_vocab, bytes);
     else if (s->saved_valid) memcpy(out, s->saved, bytes);
     else st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the session has no logits kept on the device");
     pthread_mutex_unlock(&vm->ctx->lock);
@@ -657,17 +647,13 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .session_init = vk_session_init,
     .session_free = vk_session_free,
     .forward = vk_forward,
-    .read_cache = kvg_vk_read_cache,
     .cache_bytes_per_token = kvg_vk_cache_bytes_per_token,
     .kv_default_pool_bytes = kvg_vk_default_pool_bytes,
     .kv_pages_init = vk_kv_pages_init,
     .kv_page_commit = kvg_vk_kv_page_commit,
-    .forward_paged = vk_forward_paged,
     .kv_copy = kvg_vk_kv_copy,
     .kv_read = kvg_vk_kv_read,
     .kv_write = kvg_vk_kv_write,
-    .forward_batch = vk_forward_batch,
-    .forward_keep = vk_forward_keep,
     .fetch_logits = vk_fetch_logits,
     .topk = vk_topk,
 };

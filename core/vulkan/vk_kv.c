@@ -1,7 +1,6 @@
 /* vk_kv.c: the Vulkan backend's KV storage (private to the backend). It owns the KV layout the
  * shaders see (shaders/kv.glsl: specialization constants, push-constant fields and bindings of
- * a layer, for the step walker), the readback of a contiguous session's cache, and the paged
- * pool: its layout over slabs, slab creation on first use (kv_page_commit), page-table checks,
+ * a layer, for the step walker) and the paged pool: its layout over slabs, slab creation on first use (kv_page_commit), page-table checks,
  * reads and writes of pages from the host, and kv_copy (shaders/kv_copy.comp). Creating the
  * pipelines a paged layout needs is the backend's (vk_backend.c, kv_pages_init), which walks
  * the step after kvg_vk_kv_pool_init. Calls vk_weights.c (the buffer range), vk_device.c. */
@@ -38,8 +37,8 @@ void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *k
     *kv_page = vm->page_elems;
 }
 
-/* binds the KV storage of a layer: the pool's slabs and the session's page table, or the
- * session's contiguous K/V */
+/* binds the KV storage of a layer: the pool's slabs and the session's page table (or, for the
+ * attention kernel's test hook, its contiguous K/V) */
 void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]) {
     if (vm->paged) {
         for (uint32_t j = 0; j < vm->nslab; j++)
@@ -49,33 +48,6 @@ void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer,
         b[5].buf = &s->k[layer];
         b[6].buf = &s->v[layer];
     }
-}
-
-kvgen_status kvg_vk_read_cache(kvgen_model *m, kvg_backend_session *s, int layer, int which, int len, float *out,
-                               kvgen_error *err) {
-    vk_model *vm = m->backend;
-    const kvg_hparams *hp = &vm->hp;
-    if (layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || len < 0 || len > s->n_ctx)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: read_cache(layer %d, which %d, len %d) out of range",
-                        layer, which, len);
-    const kvg_vk_buffer *b = which ? &s->v[layer] : &s->k[layer];
-    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
-    size_t row = (size_t)len * (size_t)hp->head_dim; /* one head's positions [0, len) */
-    void *tmp = malloc(row * elem + 1);
-    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory reading the cache");
-    kvgen_status st = KVGEN_OK;
-    for (int h = 0; h < hp->n_head_kv && st == KVGEN_OK; h++) {
-        size_t off = (size_t)h * (size_t)s->n_ctx * (size_t)hp->head_dim * elem;
-        st = kvg_vk_download(vm->ctx, b, off, tmp, row * elem, err);
-        float *dst = out + (size_t)h * row;
-        if (st == KVGEN_OK) {
-            if (elem == 4) memcpy(dst, tmp, row * 4);
-            else
-                for (size_t i = 0; i < row; i++) dst[i] = kvg_f16_to_f32(((const uint16_t *)tmp)[i]);
-        }
-    }
-    free(tmp);
-    return st;
 }
 
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {

@@ -8,19 +8,22 @@
 
 static uint32_t n_chunks(uint32_t n) { return (n + TOPK_CHUNK - 1) / TOPK_CHUNK; }
 
-kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, uint32_t n, kvg_vk_select *sel,
-                                kvgen_error *err) {
+kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, uint32_t n, uint32_t rows,
+                                kvg_vk_select *sel, kvgen_error *err) {
     memset(sel, 0, sizeof *sel);
-    if (n == 0 || n > (1u << 24)) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: selection over %u values", n);
+    if (n == 0 || n > (1u << 24) || rows == 0 || rows > 256)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: selection over %u rows of %u values", rows, n);
     sel->n = n;
+    sel->rows = rows;
     uint32_t spec[KVG_SPEC_COUNT] = {0};
     kvgen_status st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax, err);
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_part, err);
     spec[KVG_SPEC_MODE] = 1;
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_merge, err);
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, (size_t)n_chunks(n) * KVG_VK_TOPK * 8, KVG_VK_MEM_DEVICE, &sel->part, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, KVG_VK_TOPK * 8, KVG_VK_MEM_HOST, &sel->out, err);
+        st = kvg_vk_buffer_create(ctx, (size_t)rows * n_chunks(n) * KVG_VK_TOPK * 8, KVG_VK_MEM_DEVICE, &sel->part,
+                                  err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)rows * KVG_VK_TOPK * 8, KVG_VK_MEM_HOST, &sel->out, err);
     if (st == KVGEN_OK && !sel->out.map)
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the selection's result buffer is not host-visible");
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &sel->pool, err);
@@ -42,16 +45,18 @@ void kvg_vk_select_free(kvg_vk_ctx *ctx, kvg_vk_select *sel) {
     memset(sel, 0, sizeof *sel);
 }
 
-void kvg_vk_select_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, const kvg_vk_select *sel, int k, uint32_t x_off) {
+void kvg_vk_select_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, const kvg_vk_select *sel, int k, uint32_t x_off,
+                          uint32_t rows) {
     uint32_t pc[2] = {sel->n, x_off};
+    if (rows > sel->rows) rows = sel->rows;
     kvg_vk_cmd_barrier(cb);
     if (k == 1) {
-        kvg_vk_cmd_dispatch(ctx, cb, sel->argmax, sel->set, pc, sizeof pc, 1, 1, 1);
+        kvg_vk_cmd_dispatch(ctx, cb, sel->argmax, sel->set, pc, sizeof pc, 1, rows, 1);
     } else {
-        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_part, sel->set, pc, sizeof pc, n_chunks(sel->n), 1, 1);
+        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_part, sel->set, pc, sizeof pc, n_chunks(sel->n), rows, 1);
         kvg_vk_cmd_barrier(cb);
         uint32_t pm[2] = {n_chunks(sel->n) * KVG_VK_TOPK, 0};
-        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_merge, sel->set, pm, sizeof pm, 1, 1, 1);
+        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_merge, sel->set, pm, sizeof pm, 1, rows, 1);
     }
     kvg_vk_cmd_host_barrier(cb);
 }
@@ -64,12 +69,13 @@ static float key_value(uint32_t key) {
     return v;
 }
 
-int kvg_vk_select_read(const kvg_vk_select *sel, int k, int32_t *ids, float *vals) {
+int kvg_vk_select_read(const kvg_vk_select *sel, int k, uint32_t row, int32_t *ids, float *vals) {
     const uint32_t *out = sel->out.map;
     if (k == 1) {
-        ids[0] = (int32_t)out[0];
+        ids[0] = (int32_t)out[row];
         return 1;
     }
+    out += (size_t)row * KVG_VK_TOPK * 2;
     int m = sel->n < KVG_VK_TOPK ? (int)sel->n : KVG_VK_TOPK;
     for (int i = 0; i < m; i++) {
         ids[i] = (int32_t)out[2 * i + 1];
@@ -78,26 +84,28 @@ int kvg_vk_select_read(const kvg_vk_select *sel, int k, int32_t *ids, float *val
     return m;
 }
 
-kvgen_status kvg_vk_test_select(kvg_vk_ctx *ctx, const float *x, uint32_t n, int k, int32_t *ids, float *vals,
-                                int *n_out, kvgen_error *err) {
+kvgen_status kvg_vk_test_select(kvg_vk_ctx *ctx, const float *x, uint32_t n, uint32_t rows, int k, int32_t *ids,
+                                float *vals, int *n_out, kvgen_error *err) {
     kvg_vk_buffer xb = {0};
     kvg_vk_select sel;
     memset(&sel, 0, sizeof sel);
     VkCommandBuffer cb = VK_NULL_HANDLE;
     /* a few floats of offset, as the backend's last-token row may sit past others */
     uint32_t off = 3;
-    kvgen_status st = kvg_vk_buffer_create(ctx, ((size_t)n + off) * 4, KVG_VK_MEM_HOST, &xb, err);
-    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &xb, (size_t)off * 4, x, (size_t)n * 4, err);
-    if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &xb, n, &sel, err);
+    size_t total = (size_t)n * rows;
+    kvgen_status st = kvg_vk_buffer_create(ctx, (total + off) * 4, KVG_VK_MEM_HOST, &xb, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &xb, (size_t)off * 4, x, total * 4, err);
+    if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &xb, n, rows, &sel, err);
     pthread_mutex_lock(&ctx->lock);
     if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) st = kvg_vk_cmd_begin(cb, true, err);
     if (st == KVGEN_OK) {
-        kvg_vk_select_record(ctx, cb, &sel, k, off);
+        kvg_vk_select_record(ctx, cb, &sel, k, off, rows);
         st = kvg_vk_cmd_end(cb, err);
     }
     if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-    if (st == KVGEN_OK) *n_out = kvg_vk_select_read(&sel, k, ids, vals);
+    for (uint32_t r = 0; st == KVGEN_OK && r < rows; r++)
+        *n_out = kvg_vk_select_read(&sel, k, r, ids + (size_t)r * KVG_VK_TOPK, vals ? vals + (size_t)r * KVG_VK_TOPK : NULL);
     if (cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     pthread_mutex_unlock(&ctx->lock);
     kvg_vk_select_free(ctx, &sel);

@@ -317,8 +317,10 @@ kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
         vkEndCommandBuffer(cb);
         return st;
     }
-    /* the last token's logits are row 0 of vm->logits (kvg_vk_walk_step, logits 1) */
-    if (select && logits == 1) kvg_vk_select_record(vm->ctx, cb, &vm->sel, select == 1 ? 1 : KVG_VK_TOPK, 0);
+    /* the last token's logits are row 0 of vm->logits (kvg_vk_walk_step, logits 1); a batched
+     * step's columns are rows 0..n-1 (logits 2) */
+    if (select && (logits == 1 || rw.batch))
+        kvg_vk_select_record(vm->ctx, cb, &vm->sel, select == 1 ? 1 : KVG_VK_TOPK, 0, logits == 1 ? 1 : n);
     kvg_vk_cmd_host_barrier(cb);
     return kvg_vk_cmd_end(cb, err);
 }
