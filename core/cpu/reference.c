@@ -295,8 +295,8 @@ static void matmul(kvg_cpu_pool *pool, kvg_backend_session *s, const float *in, 
     kvg_cpu_pool_run(pool, total, matmul_rows, &j);
 }
 
-/* Where token t of a block belongs: a prompt block is one session's consecutive positions, a
- * batched decode (ref_forward_batch) mixes one token each of several sessions. `owner` is the
+/* Where token t of a block belongs: a block holds consecutive tokens of the batch, which may
+ * be one session's positions or tokens of several sessions (ref_forward). `owner` is the
  * session whose attention-score rows (sized to its context) the token uses. */
 typedef struct ref_slot {
     const ref_kv *kv;

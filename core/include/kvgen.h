@@ -728,7 +728,7 @@ typedef struct kvgen_jobs_stats {
     int worker_running;      /* the worker thread has been started */
     size_t jobs_active;      /* submitted and not final */
     uint64_t steps;          /* worker steps run */
-    uint64_t batches;        /* batched decode passes (backend forward_batch) */
+    uint64_t batches;        /* batched decode passes (one backend forward each) */
     uint64_t batched_tokens; /* decodes that went through them */
     int max_batch_seen;      /* largest batch so far */
     uint64_t prefill_chunks; /* prefill slices run */

@@ -39,7 +39,7 @@ struct kvgen_session {
     size_t n_tokens;
     float *logits; /* n_vocab */
     bool has_logits;
-    /* the backend kept them (forward_keep): s->logits is filled on first use (kvg_session_host_logits) */
+    /* the backend kept them (KVG_OUT_KEEP): s->logits is filled on first use (kvg_session_host_logits) */
     bool logits_on_device;
     bool full_logits; /* KVGEN_FULL_LOGITS=1 at creation: always read the whole vector back (tests, bench) */
     kvg_sampler sampler;
