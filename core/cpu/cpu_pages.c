@@ -10,12 +10,20 @@
 /* RoPE (kvg_reference.h) lives here, below the reference backend, because moving K between
  * pages re-rotates it too (kvg_cpu_pages_copy). */
 void kvg_ref_rope(float *v, int n_rot, int pos, float base) {
-    for (int i = 0; i < n_rot / 2; i++) {
-        double theta = pos * pow(base, -2.0 * i / n_rot);
+    kvg_ref_rope_params r = {.n_rot = n_rot, .base = base, .scale = 1.0f};
+    kvg_ref_rope_apply(&r, v, pos);
+}
+
+void kvg_ref_rope_apply(const kvg_ref_rope_params *r, float *v, int pos) {
+    int half = r->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * (double)r->scale * pow(r->base, -2.0 * i / r->n_rot);
+        if (r->factors) theta /= (double)r->factors[i];
         float c = (float)cos(theta), s = (float)sin(theta);
-        float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * c - b * s;
-        v[2 * i + 1] = a * s + b * c;
+        int i0 = r->neox ? i : 2 * i, i1 = r->neox ? i + half : 2 * i + 1;
+        float a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = a * s + b * c;
     }
 }
 
@@ -34,8 +42,8 @@ size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
     return want;
 }
 
-kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, int page_size, int32_t n_pages,
-                                const char *who, kvgen_error *err) {
+kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const kvg_ref_rope_params *rope,
+                                int page_size, int32_t n_pages, const char *who, kvgen_error *err) {
     memset(p, 0, sizeof *p);
     p->who = who ? who : "host KV pages";
     if (page_size <= 0 || n_pages <= 0)
@@ -43,6 +51,7 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, int pag
     p->data = calloc((size_t)n_pages, sizeof *p->data);
     if (!p->data) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %d pages", p->who, (int)n_pages);
     p->hp = *hp;
+    p->rope = rope;
     p->page_size = page_size;
     p->n_pages = n_pages;
     return KVGEN_OK;
@@ -80,7 +89,10 @@ kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages
                 memmove(k, kvg_cpu_pages_at(p, src_pages, l, 0, h, src_pos + i), bytes);
                 memmove(kvg_cpu_pages_at(p, dst_pages, l, 1, h, dst_pos + i),
                         kvg_cpu_pages_at(p, src_pages, l, 1, h, src_pos + i), bytes);
-                if (rope_delta != 0) kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
+                if (rope_delta != 0) {
+                    if (p->rope) kvg_ref_rope_apply(&p->rope[l], k, rope_delta);
+                    else kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
+                }
             }
     return KVGEN_OK;
 }

@@ -46,6 +46,8 @@ void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx
  * A page table `pages` (a session's) maps position p to page pages[p / page_size]. */
 typedef struct kvg_cpu_pages {
     kvg_hparams hp; /* the model's geometry: n_layer, n_head_kv, head_dim, and RoPE for kv_copy */
+    const struct kvg_ref_rope_params *rope; /* per layer, the RoPE kv_copy re-rotates K with (NULL: the
+                                               adjacent-pair RoPE of hp) */
     int page_size;
     int32_t n_pages;
     float **data;    /* n_pages entries, NULL until committed */
@@ -58,9 +60,10 @@ size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp);
  * at most a quarter of physical RAM (room for the weights, the host and other processes). */
 size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp);
 
-/* Reserves the table of n_pages pages (no storage yet). */
-kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, int page_size, int32_t n_pages,
-                                const char *who, kvgen_error *err);
+/* Reserves the table of n_pages pages (no storage yet); rope: the layers' RoPE (the caller's,
+ * outliving p), or NULL. */
+kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const struct kvg_ref_rope_params *rope,
+                                int page_size, int32_t n_pages, const char *who, kvgen_error *err);
 /* Frees every committed page and the table; p may be zero-initialised (never inited). */
 void kvg_cpu_pages_free(kvg_cpu_pages *p);
 /* Gives page `page` its storage (no-op when it has some). */

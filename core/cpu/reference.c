@@ -3,6 +3,10 @@
  * model description (kvg_weights, from the table in arch.c); model_init refuses a model that
  * needs a feature this file does not implement (kvg_arch_check_backend).
  *
+ * Every architecture of the table runs here: biases, Q/K head norms, post norms, NEOX or
+ * adjacent RoPE with per-layer base and frequency factors, GELU or SiLU gating, embedding
+ * scale, soft-capping and sliding-window layers are data of the model description.
+ *
  * This is the oracle every shader is tested against, so it favours being obviously right
  * over being fast: weights stay in their GGUF encoding, and each output element is one f32
  * dot product of a weight row (dequantized with kvg_dequantize_row) with an f32 input. Two
@@ -66,7 +70,20 @@ void kvg_ref_softmax(float *x, int n) {
 
 float kvg_ref_silu(float x) { return x / (1.0f + expf(-x)); }
 
+float kvg_ref_gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
 /* ---- per-model and per-session state ---------------------------------------------------- */
+
+/* A layer's small tensors in f32 (NULL where the model has none) and its RoPE. */
+typedef struct ref_layer {
+    float *bq, *bk, *bv;             /* [H*hd], [Hkv*hd], [Hkv*hd] */
+    float *q_norm, *k_norm;          /* [hd] */
+    float *attn_post, *ffn_post;     /* [D] */
+    kvg_ref_rope_params rope;
+} ref_layer;
 
 typedef struct ref_model {
     kvg_cpu_pool *pool;
@@ -74,6 +91,9 @@ typedef struct ref_model {
     float *attn_norm; /* [n_layer][D] */
     float *ffn_norm;  /* [n_layer][D] */
     float *out_norm;  /* [D] */
+    ref_layer *layers;
+    kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy */
+    float *rope_factors;        /* [n_rot/2] rope_freqs in f32, or NULL */
     /* the page pool's storage (kv_pages_init): page i is pages.data[i], [L][2][Hkv][P][hd] f32 */
     kvg_cpu_pages pages;
 } ref_model;
@@ -104,6 +124,42 @@ struct kvg_backend_session {
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
 static float *kv_at(const ref_kv *kv, int layer, int which, int h, int pos) {
     return kvg_cpu_pages_at(kv->store, kv->pages, layer, which, h, pos);
+}
+
+static void ref_model_free(kvgen_model *m);
+
+/* a small tensor (bias, norm, factors) as n floats, or NULL for none; false: out of memory */
+static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
+    *out = NULL;
+    if (!t) return true;
+    *out = malloc(n * sizeof(float));
+    if (!*out) return false;
+    kvg_dequantize_row(t->type, t->data, *out, n);
+    return true;
+}
+
+/* The layers' biases, extra norms and RoPE parameters (kvg_layer, kvg_weights). */
+static kvgen_status small_tensors(kvgen_model *m, ref_model *rm, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
+    size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    rm->layers = calloc(L, sizeof *rm->layers);
+    rm->ropes = calloc(L, sizeof *rm->ropes);
+    bool ok = rm->layers && rm->ropes && to_f32(m->w.rope_freqs, (size_t)hp->n_rot / 2, &rm->rope_factors);
+    for (size_t l = 0; ok && l < L; l++) {
+        const kvg_layer *w = &m->w.layers[l];
+        ref_layer *r = &rm->layers[l];
+        ok = to_f32(w->bq, qd, &r->bq) && to_f32(w->bk, kvd, &r->bk) && to_f32(w->bv, kvd, &r->bv) &&
+             to_f32(w->q_norm, hd, &r->q_norm) && to_f32(w->k_norm, hd, &r->k_norm) &&
+             to_f32(w->attn_post_norm, D, &r->attn_post) && to_f32(w->ffn_post_norm, D, &r->ffn_post);
+        r->rope = (kvg_ref_rope_params){.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
+                                        .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
+                                        .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
+                                        .factors = rm->rope_factors};
+        rm->ropes[l] = r->rope;
+    }
+    if (!ok) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for the model's small tensors");
+    return KVGEN_OK;
 }
 
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
@@ -153,13 +209,11 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
         kvg_dequantize_row(L->ffn_norm->type, L->ffn_norm->data, rm->ffn_norm + l * D, D);
     }
     kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, rm->out_norm, D);
-
-    kvgen_status st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
+    m->backend = rm; /* from here on, ref_model_free cleans up */
+    kvgen_status st = small_tensors(m, rm, err);
+    if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
     if (st != KVGEN_OK) {
-        free(rm->attn_norm);
-        free(rm->ffn_norm);
-        free(rm->out_norm);
-        free(rm);
+        ref_model_free(m);
         return st;
     }
     m->backend = rm;
@@ -172,6 +226,14 @@ static void ref_model_free(kvgen_model *m) {
     if (!rm) return;
     kvg_cpu_pool_destroy(rm->pool);
     kvg_cpu_pages_free(&rm->pages);
+    for (int l = 0; rm->layers && l < m->w.hp.n_layer; l++) {
+        ref_layer *L = &rm->layers[l];
+        float *ps[] = {L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post, L->ffn_post};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+    }
+    free(rm->layers);
+    free(rm->ropes);
+    free(rm->rope_factors);
     free(rm->attn_norm);
     free(rm->ffn_norm);
     free(rm->out_norm);
@@ -310,6 +372,8 @@ typedef struct attention_job {
     const kvg_hparams *hp;
     const ref_slot *slots;
     int layer, n;
+    int window;   /* > 0: a local layer's window, the positions [pos - window + 1, pos] */
+    float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
 } attention_job;
 
 static void attention_heads(void *ctx, int begin, int end, int tid) {
@@ -322,21 +386,24 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         const ref_slot *slot = &j->slots[t];
         const ref_kv *kv = slot->kv;
         float *scores = slot->owner->scores + (size_t)tid * slot->owner->n_ctx;
-        int pos = slot->pos; /* attends to positions [0, pos] */
+        int pos = slot->pos; /* attends to positions [first, pos] */
+        int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
         int kvh = h / group;
         const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
-        for (int p = 0; p <= pos; p++) {
+        for (int p = first; p <= pos; p++) {
             const float *k = kv_at(kv, l, 0, kvh, p);
             float dot = 0.0f;
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
-            scores[p] = dot * scale;
+            float sc = dot * scale;
+            if (j->softcap > 0.0f) sc = j->softcap * tanhf(sc / j->softcap);
+            scores[p - first] = sc;
         }
-        kvg_ref_softmax(scores, pos + 1);
+        kvg_ref_softmax(scores, pos - first + 1);
         float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int p = 0; p <= pos; p++) {
+        for (int p = first; p <= pos; p++) {
             const float *v = kv_at(kv, l, 1, kvh, p);
-            float a = scores[p];
+            float a = scores[p - first];
             for (int i = 0; i < hd; i++) o[i] += a * v[i];
         }
     }
@@ -344,24 +411,33 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
-/* RoPE of one head in the model's style (only adjacent pairs pass model_init) */
-static void rope_head(const kvg_weights *w, float *v, int pos) {
-    switch (w->rope) {
-    case KVG_ROPE_ADJACENT:
-    default:
-        kvg_ref_rope(v, w->hp.n_rot, pos, w->hp.rope_freq_base);
-        break;
-    }
-}
-
-/* hb = act(gate) * up, the gated feed-forward's activation (only SiLU passes model_init) */
+/* hb = act(gate) * up, the gated feed-forward's activation */
 static void ffn_activation(const kvg_weights *w, float *hb, const float *hb2, size_t n) {
     switch (w->act) {
+    case KVG_ACT_GELU_TANH_GATED:
+        for (size_t i = 0; i < n; i++) hb[i] = kvg_ref_gelu_tanh(hb[i]) * hb2[i];
+        break;
     case KVG_ACT_SILU_GATED:
     default:
         for (size_t i = 0; i < n; i++) hb[i] = kvg_ref_silu(hb[i]) * hb2[i];
         break;
     }
+}
+
+/* x[t] += f[t] for the block's n rows, first normed by `post` when the layer has that norm */
+static void residual_add(float *x, float *f, const float *post, int n, int D, float eps) {
+    for (int t = 0; t < n; t++) {
+        float *ft = f + (size_t)t * D;
+        if (post) kvg_ref_rmsnorm(ft, ft, post, D, eps);
+        float *xt = x + (size_t)t * D;
+        for (int i = 0; i < D; i++) xt[i] += ft[i];
+    }
+}
+
+static void add_bias(float *y, const float *b, int n, int width) {
+    if (!b) return;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < width; i++) y[(size_t)t * width + i] += b[i];
 }
 
 /* Runs one block of n <= REF_BLOCK tokens through every layer, token t at slots[t] (its
@@ -379,9 +455,12 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
     for (int t = 0; t < n; t++)
         kvg_dequantize_row(emb->type, (const unsigned char *)emb->data + (size_t)tokens[t] * emb_row,
                            s->x + (size_t)t * D, (uint64_t)D);
+    if (m->w.embd_scale != 1.0f) /* gemma: x * sqrt(n_embd) */
+        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] *= m->w.embd_scale;
 
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
+        const ref_layer *R = &rm->layers[l];
 
         /* attention sublayer: xb = rmsnorm(x) * attn_norm                xb: [n][D] */
         for (int t = 0; t < n; t++)
@@ -391,28 +470,39 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
         matmul_part qkv[3] = {{L->wq, s->q}, {L->wk, s->k}, {L->wv, s->v}};
         matmul(rm->pool, s, s->xb, D, n, 3, qkv);
+        add_bias(s->q, R->bq, n, qd); /* qwen2 */
+        add_bias(s->k, R->bk, n, kvd);
+        add_bias(s->v, R->bv, n, kvd);
 
-        /* RoPE on every head of q and k at the token's position, then append k, v to the cache */
+        /* per-head RMSNorm of q and k (qwen3, gemma3), RoPE on every head of q and k at the
+         * token's position, then append k, v to the cache */
         for (int t = 0; t < n; t++) {
             int pos = slots[t].pos;
             const ref_kv *kv = slots[t].kv;
-            for (int h = 0; h < hp->n_head; h++) rope_head(&m->w, s->q + (size_t)t * qd + (size_t)h * hd, pos);
+            for (int h = 0; h < hp->n_head; h++) {
+                float *q = s->q + (size_t)t * qd + (size_t)h * hd;
+                if (R->q_norm) kvg_ref_rmsnorm(q, q, R->q_norm, hd, hp->rms_norm_eps);
+                kvg_ref_rope_apply(&R->rope, q, pos);
+            }
             for (int h = 0; h < hp->n_head_kv; h++) {
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
-                rope_head(&m->w, k, pos);
+                if (R->k_norm) kvg_ref_rmsnorm(k, k, R->k_norm, hd, hp->rms_norm_eps);
+                kvg_ref_rope_apply(&R->rope, k, pos);
                 memcpy(kv_at(kv, l, 0, h, pos), k, (size_t)hd * sizeof(float));
                 memcpy(kv_at(kv, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
         }
 
-        /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos_t]      att: [n][H*hd] */
-        attention_job aj = {.s = s, .hp = hp, .slots = slots, .layer = l, .n = n};
+        /* att[t][h] = softmax(q k^T / sqrt(hd)) v over positions [0, pos_t] (a local layer's
+         * last n_swa of them; scores soft-capped where the model says)       att: [n][H*hd] */
+        attention_job aj = {.s = s, .hp = hp, .slots = slots, .layer = l, .n = n, .window = L->swa ? hp->n_swa : 0,
+                            .softcap = hp->attn_softcap};
         kvg_cpu_pool_run(rm->pool, n * hp->n_head, attention_heads, &aj);
 
         /* x += att Wo                                                      xb: [n][D] */
         matmul_part o[1] = {{L->wo, s->xb}};
         matmul(rm->pool, s, s->att, qd, n, 1, o);
-        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
+        residual_add(s->x, s->xb, R->attn_post, n, D, hp->rms_norm_eps); /* gemma: normed first */
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
         for (int t = 0; t < n; t++)
@@ -427,7 +517,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         /* x += hb Wdown                                                    xb: [n][D] */
         matmul_part dn[1] = {{L->w_down, s->xb}};
         matmul(rm->pool, s, s->hb, F, n, 1, dn);
-        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] += s->xb[i];
+        residual_add(s->x, s->xb, R->ffn_post, n, D, hp->rms_norm_eps);
     }
 }
 
@@ -440,6 +530,9 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
         kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
     matmul_part out[1] = {{m->w.output, logits}};
     matmul(rm->pool, s, s->xb, D, count, 1, out);
+    float cap = hp->final_softcap; /* gemma2: cap * tanh(logit / cap) */
+    if (cap > 0.0f)
+        for (size_t i = 0; i < (size_t)count * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
 }
 
 static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
@@ -519,7 +612,7 @@ static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_defa
 
 static kvgen_status ref_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
     ref_model *rm = m->backend;
-    return kvg_cpu_pages_init(&rm->pages, &m->w.hp, page_size, n_pages, "reference backend", err);
+    return kvg_cpu_pages_init(&rm->pages, &m->w.hp, rm->ropes, page_size, n_pages, "reference backend", err);
 }
 
 static kvgen_status ref_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
@@ -547,8 +640,10 @@ static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer
 
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
-    /* Q and the attention output are n_head*head_dim wide throughout, whatever n_embd is */
-    .features = KVG_F_WIDE_HEADS,
+    /* every feature of the architecture table; Q and the attention output are n_head*head_dim
+     * wide throughout, whatever n_embd is */
+    .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
+                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
     .model_init = ref_model_init,
     .model_free = ref_model_free,

@@ -83,6 +83,9 @@ typedef struct kvg_arch {
     bool embd_scale;     /* x = embedding * sqrt(n_embd) */
     bool softcap;        /* reads <prefix>.attn_logit_softcapping / final_logit_softcapping */
     bool sliding_window; /* reads <prefix>.attention.sliding_window */
+    int swa_pattern;     /* with a window: layer i is local when i % p < p - 1 (0: every layer) */
+    float rope_base_swa; /* RoPE base of the local layers (0: the global one), unless the file has
+                            <prefix>.rope.freq_base_swa */
     bool complete;       /* kvgen runs it: its facts are all implemented by some backend */
 } kvg_arch;
 

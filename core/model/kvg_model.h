@@ -18,9 +18,10 @@ typedef struct kvg_hparams {
     int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_rot;
     int n_ctx_train, n_vocab;
     float rope_freq_base, rms_norm_eps;
+    float rope_freq_scale;             /* position scale of linear RoPE scaling (1: none) */
     /* attention variants, 0 when the architecture or the file has none */
     float attn_softcap, final_softcap; /* <prefix>.attn_logit_softcapping, final_logit_softcapping */
-    int n_swa;                         /* <prefix>.attention.sliding_window */
+    int n_swa;                         /* <prefix>.attention.sliding_window (0: none) */
 } kvg_hparams;
 
 /* Weights of one transformer block; shapes as GGUF stores them (ne[0] = input width). */
@@ -39,6 +40,9 @@ typedef struct kvg_layer {
     const kvg_tensor *q_norm, *k_norm;  /* [head_dim] f32 */
     const kvg_tensor *attn_post_norm;   /* [n_embd] f32 */
     const kvg_tensor *ffn_post_norm;    /* [n_embd] f32 */
+    /* the layer's attention facts (from the row and the file) */
+    bool swa;                           /* sliding-window layer: attends to the last n_swa positions */
+    float rope_base, rope_scale;        /* its RoPE base and position scale */
 } kvg_layer;
 
 /* Describes the weights of a GGUF of an architecture in the table (kvg_arch.h): hyperparameters

@@ -6,8 +6,10 @@
 #include <stdint.h>
 
 typedef enum kvg_type {
-    KVG_TYPE_F32 = 0, KVG_TYPE_F16 = 1, KVG_TYPE_Q4_0 = 2, KVG_TYPE_Q4_1 = 3,
-    KVG_TYPE_Q8_0 = 8, KVG_TYPE_BF16 = 30
+    KVG_TYPE_F32 = 0, KVG_TYPE_F16 = 1, KVG_TYPE_Q4_0 = 2, KVG_TYPE_Q4_1 = 3, KVG_TYPE_Q5_0 = 6,
+    KVG_TYPE_Q5_1 = 7, KVG_TYPE_Q8_0 = 8, KVG_TYPE_Q2_K = 10, KVG_TYPE_Q3_K = 11, KVG_TYPE_Q4_K = 12,
+    KVG_TYPE_Q5_K = 13, KVG_TYPE_Q6_K = 14, KVG_TYPE_Q8_K = 15, KVG_TYPE_IQ4_NL = 20, KVG_TYPE_IQ4_XS = 23,
+    KVG_TYPE_BF16 = 30
 } kvg_type;
 
 /* What kvgen knows about computing with one tensor type (a row of quant.c's table). Rows are
@@ -29,7 +31,8 @@ size_t kvg_traits_types(uint32_t *types, size_t max);
 size_t kvg_types_list(const uint32_t *types, size_t n, char *buf, size_t size);
 bool kvg_type_known(uint32_t type);       /* a ggml type number kvgen can size (may be unsupported) */
 const char *kvg_type_name(uint32_t type); /* "Q4_1", or "type 14" style for unknown ones (static buffer-free) */
-uint32_t kvg_type_block_elems(uint32_t type);  /* elements per block (1 for F32/F16/BF16, 32 for Q*_0/1) */
+uint32_t kvg_type_block_elems(uint32_t type);  /* elements per block (1 for F32/F16/BF16, 32 for Q*_0/1 and
+                                                  * IQ4_NL, 256 for the K types and IQ4_XS) */
 uint32_t kvg_type_block_bytes(uint32_t type);  /* bytes per block */
 size_t kvg_row_bytes(uint32_t type, uint64_t n);  /* n must be a multiple of the block size */
 

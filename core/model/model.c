@@ -86,6 +86,22 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
         return st;
     if (c->arch->sliding_window && (st = get_int(c, K(c, "attention.sliding_window"), false, INT32_MAX, &hp->n_swa)))
         return st;
+    /* RoPE scaling: linear (positions scaled) runs; a kind kvgen does not run is refused */
+    hp->rope_freq_scale = 1.0f;
+    kvg_str scaling;
+    if (kvg_gguf_find_key(c->g, K(c, "rope.scaling.type")) >= 0) {
+        if (!kvg_gguf_get_str(c->g, K(c, "rope.scaling.type"), &scaling))
+            return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: %s is not a string", c->path, K(c, "rope.scaling.type"));
+        bool none = scaling.len == 4 && memcmp(scaling.ptr, "none", 4) == 0;
+        bool linear = scaling.len == 6 && memcmp(scaling.ptr, "linear", 6) == 0;
+        if (!none && !linear)
+            return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: RoPE scaling '%.*s' (%s) is not supported (kvgen runs "
+                            "none and linear)", c->path, (int)(scaling.len > 32 ? 32 : scaling.len), scaling.ptr,
+                            K(c, "rope.scaling.type"));
+        float factor = 1.0f;
+        if (linear && (st = get_float(c, K(c, "rope.scaling.factor"), &factor))) return st;
+        if (linear) hp->rope_freq_scale = 1.0f / factor;
+    }
     if ((st = get_dim(c, K(c, "vocab_size"), false, &hp->n_vocab))) return st;
     if (hp->n_vocab == 0) {
         kvg_gguf_vtype et;
@@ -308,6 +324,18 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         LAYER_TENSOR(w_down, FFN_DOWN, ff, embd, false)
         LAYER_TENSOR(ffn_post_norm, FFN_POST_NORM, embd, 0, true)
 #undef LAYER_TENSOR
+        /* attention facts: local (sliding-window) layers by the row's pattern, with their own RoPE
+         * base (the file's <prefix>.rope.freq_base_swa, else the row's) and no position scaling */
+        int p = arch->swa_pattern;
+        l->swa = hp->n_swa > 0 && (p == 0 || i % p < p - 1);
+        l->rope_base = hp->rope_freq_base;
+        l->rope_scale = hp->rope_freq_scale;
+        if (l->swa) {
+            l->rope_scale = 1.0f;
+            if (arch->rope_base_swa > 0.0f) l->rope_base = arch->rope_base_swa;
+            if (!st && kvg_gguf_find_key(g, K(&c, "rope.freq_base_swa")) >= 0)
+                st = get_float(&c, K(&c, "rope.freq_base_swa"), &l->rope_base);
+        }
         if (l->bq || l->bk || l->bv) features |= KVG_F_ATTN_BIAS;
         if (l->q_norm || l->k_norm) features |= KVG_F_QK_NORM;
         if (l->attn_post_norm || l->ffn_post_norm) features |= KVG_F_POST_NORMS;

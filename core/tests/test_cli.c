@@ -1,5 +1,6 @@
 /* test_cli.c: the `kvgen` command line on a random model: exit codes, `info`, `tokenize` and
- * `generate --ids` against the library called directly. */
+ * `generate --ids` against the library called directly; `info` on a model of K types, which only
+ * the reference backend runs. */
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 #include <sys/wait.h>
@@ -147,6 +148,37 @@ int main(void) {
     /* a context that the prompt already fills is reported, not crashed on */
     snprintf(args, sizeof args, "generate %s -p %s -n 4 --ctx 1", model, "\"Hello world\"");
     expect_status(args, 1);
+
+    /* a Q4_K_M-mix model (2 tied layers: token_embd, blk.1's attn_v and ffn_down Q6_K, the other 12
+     * matrices Q4_K): info lists both types, which only the reference backend runs; the default
+     * backend gives way to it, an explicit --backend vulkan fails */
+    char *kmodel = tu_make_model("cli-k.gguf", "--seed 22 --layers 2 --embd 256 --ff 256 --heads 4 --kv-heads 2 "
+                                               "--mix q4_k_m");
+    CHECK(kmodel != NULL);
+    const char *validate = getenv("KVGEN_VALIDATE"), *env_backend = getenv("KVGEN_BACKEND");
+    int fallback = !(validate && strcmp(validate, "1") == 0) && !(env_backend && *env_backend);
+    if (kmodel) {
+        snprintf(args, sizeof args, fallback ? "info %s" : "info %s --backend reference", kmodel);
+        CHECK(run(args, NULL, &out) == 0);
+        CHECKF(strstr(out, "backend:         reference") != NULL, "info:\n%s", out);
+        const char *klines[] = {"\n  Q4_K:          12 tensors (", "\n  Q6_K:          3 tensors ("};
+        for (int i = 0; i < 2; i++) {
+            const char *l = strstr(out, klines[i]);
+            const char *end = l ? strchr(l + 1, '\n') : NULL;
+            const char *ref = l ? strstr(l + 1, "reference: yes") : NULL;
+            const char *vk = l ? strstr(l + 1, "vulkan: ") : NULL;
+            CHECKF(l && end && ref && ref < end, "info lacks '%s':\n%s", klines[i] + 1, out);
+            /* a build with the Vulkan backend lists it: "vulkan: no" */
+            CHECKF(!vk || (end && vk > end) || strncmp(vk, "vulkan: no", 10) == 0, "info:\n%s", out);
+            CHECKF(!have_vk || (vk && end && vk < end), "info:\n%s", out);
+        }
+        free(out);
+        if (have_vk) {
+            snprintf(args, sizeof args, "info %s --backend vulkan", kmodel);
+            expect_status(args, 1);
+        }
+    }
+    free(kmodel);
 
     kvgen_session_close(s);
     kvgen_model_unload(m);

@@ -299,21 +299,24 @@ static void expect_refusal(const char *src, const char *name, const edit *e, kvg
 }
 
 static void test_refusals(void) {
-    /* 256-wide rows so a Q6_K tensor (256-element blocks) can stand in for a matrix */
+    /* 256-wide rows so an IQ2_XXS tensor (256-element blocks) can stand in for a matrix */
     char *src = tu_make_model("m-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q8_0");
     CHECK(src != NULL);
     if (!src) return;
     expect_refusal(src, "r-same.gguf", &(edit){0}, KVGEN_OK, NULL);
     expect_refusal(src, "r-arch.gguf", &(edit){.arch = "gpt2"}, KVGEN_E_UNSUPPORTED,
-                   "architecture 'gpt2' is not supported (kvgen runs: llama)");
+                   "architecture 'gpt2' is not supported (kvgen runs: llama, qwen2, qwen3, gemma2, gemma3)");
     expect_refusal(src, "r-no-arch.gguf", &(edit){.drop_key = "general.architecture"}, KVGEN_E_FORMAT,
                    "general.architecture");
     expect_refusal(src, "r-missing.gguf", &(edit){.drop_tensor = "blk.1.ffn_up.weight"}, KVGEN_E_FORMAT,
                    "missing tensor blk.1.ffn_up.weight");
     expect_refusal(src, "r-missing-embd.gguf", &(edit){.drop_tensor = "token_embd.weight"}, KVGEN_E_FORMAT,
                    "token_embd.weight");
-    expect_refusal(src, "r-q6k.gguf", &(edit){.retype_tensor = "blk.0.attn_q.weight", .retype = 14},
-                   KVGEN_E_UNSUPPORTED, "blk.0.attn_q.weight has type Q6_K");
+    expect_refusal(src, "r-iq2xxs.gguf", &(edit){.retype_tensor = "blk.0.attn_q.weight", .retype = 16},
+                   KVGEN_E_UNSUPPORTED, "blk.0.attn_q.weight has type IQ2_XXS");
+    /* a K type is a row of the traits table: described like any other */
+    expect_refusal(src, "r-q6k.gguf", &(edit){.retype_tensor = "blk.0.attn_q.weight", .retype = KVG_TYPE_Q6_K},
+                   KVGEN_OK, NULL);
     expect_refusal(src, "r-norm-f16.gguf", &(edit){.retype_tensor = "blk.0.ffn_norm.weight", .retype = KVG_TYPE_F16},
                    KVGEN_E_UNSUPPORTED, "blk.0.ffn_norm.weight");
     expect_refusal(src, "r-shape.gguf", &(edit){.reshape_tensor = "blk.1.attn_k.weight"}, KVGEN_E_FORMAT,

@@ -1,5 +1,6 @@
 /* test_quant.c: tensor types: sizes, f16/bf16 conversion, hand-computed dequantization,
- * quantization round trips and the dot product against dequantize-then-dot. */
+ * quantization round trips and the dot product against dequantize-then-dot. The 5-bit, K and
+ * IQ4 rows against gguf-py's fixtures: test_quant_kquant. */
 #include <math.h>
 #include <string.h>
 #include "kvg_quant.h"
@@ -18,7 +19,9 @@ static float bits_f32(uint32_t u) {
 
 static void test_type_table(void) {
     CHECK(kvg_type_supported(KVG_TYPE_F32) && kvg_type_supported(KVG_TYPE_Q4_1) && kvg_type_supported(KVG_TYPE_BF16));
-    CHECK(!kvg_type_supported(14) && kvg_type_known(14));
+    CHECK(kvg_type_supported(KVG_TYPE_Q6_K) && kvg_type_supported(KVG_TYPE_Q4_K) && kvg_type_supported(KVG_TYPE_Q5_0));
+    CHECK(!kvg_type_supported(16) && kvg_type_known(16)); /* IQ2_XXS: sized, not computed with */
+    CHECK(strcmp(kvg_type_name(16), "IQ2_XXS") == 0 && kvg_type_block_bytes(16) == 66);
     CHECK(strcmp(kvg_type_name(14), "Q6_K") == 0);
     CHECK(kvg_type_block_elems(14) == 256 && kvg_type_block_bytes(14) == 210);
     CHECK(kvg_type_block_elems(12) == 256 && kvg_type_block_bytes(12) == 144); /* Q4_K */

@@ -1,6 +1,6 @@
 /* test_types.c: which weight types a backend runs, from its own table. The reference backend's
  * list is quant.c's traits table; kvg_weights_check_types refuses a weight tensor of a type the
- * backend lacks (a type the traits table lacks, Q6_K and Q5_0, at the start of the reference
+ * backend lacks (a type the traits table lacks, IQ2_XXS and MXFP4, at the start of the reference
  * backend's model_init; a backend with a shorter table) with a message naming the file, the
  * tensor, its type and the backend and listing that backend's types; kvgen-mkmodel's --type
  * list comes from the traits table. The Vulkan backend's table: test_vk_types. */
@@ -64,7 +64,11 @@ static void test_reference_list(void) {
     for (uint32_t t = 0; t < 64; t++)
         CHECKF(kvg_backend_runs_type(&kvg_reference_backend, t) == (kvg_type_traits_of(t) != NULL), "type %s",
                kvg_type_name(t));
-    CHECK(!kvg_backend_runs_type(&kvg_reference_backend, 14) && !kvg_backend_runs_type(&kvg_reference_backend, 6));
+    /* the K types and Q5_0 are rows of the table; IQ2_XXS (16) and MXFP4 (39) are not */
+    CHECK(kvg_backend_runs_type(&kvg_reference_backend, KVG_TYPE_Q6_K) &&
+          kvg_backend_runs_type(&kvg_reference_backend, KVG_TYPE_Q4_K) &&
+          kvg_backend_runs_type(&kvg_reference_backend, KVG_TYPE_Q5_0));
+    CHECK(!kvg_backend_runs_type(&kvg_reference_backend, 16) && !kvg_backend_runs_type(&kvg_reference_backend, 39));
 }
 
 /* A model described from `good`, one of whose tensors (`which`) is then pointed at `bad`'s
@@ -144,19 +148,19 @@ static size_t f32_only_types(uint32_t *types, size_t max) {
 }
 
 static void test_refusals(void) {
-    /* 256-wide rows so a Q6_K tensor (256-element blocks) can stand in for a matrix */
+    /* 256-wide rows so an IQ2_XXS tensor (256-element blocks) can stand in for a matrix */
     char *good = tu_make_model("t-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q8_0");
     CHECK(good != NULL);
     if (!good) return;
-    char *q6k = retype(good, "t-q6k.gguf", "blk.0.attn_q.weight", 14);
-    char *q50 = retype(good, "t-q50.gguf", "blk.1.ffn_down.weight", 6);
-    CHECK(q6k && q50);
-    CHECK(!kvg_type_supported(14) && !kvg_type_supported(6));
-    if (q6k && q50) {
-        expect_backend_refusal(&kvg_reference_backend, good, q6k, "blk.0.attn_q.weight", 14);
-        expect_backend_refusal(&kvg_reference_backend, good, q50, "blk.1.ffn_down.weight", 6);
+    char *iq2 = retype(good, "t-iq2xxs.gguf", "blk.0.attn_q.weight", 16);
+    char *mxfp4 = retype(good, "t-mxfp4.gguf", "blk.1.ffn_down.weight", 39);
+    CHECK(iq2 && mxfp4);
+    CHECK(!kvg_type_supported(16) && !kvg_type_supported(39));
+    if (iq2 && mxfp4) {
+        expect_backend_refusal(&kvg_reference_backend, good, iq2, "blk.0.attn_q.weight", 16);
+        expect_backend_refusal(&kvg_reference_backend, good, mxfp4, "blk.1.ffn_down.weight", 39);
         /* loading either file refuses it too, on the reference backend as on the default one */
-        const char *files[] = {q6k, q50};
+        const char *files[] = {iq2, mxfp4};
         for (int i = 0; i < 2; i++)
             for (int b = 0; b < 2; b++) {
                 kvgen_model_desc d = {.path = files[i], .backend = b ? KVGEN_BACKEND_REFERENCE : KVGEN_BACKEND_DEFAULT};
@@ -164,7 +168,7 @@ static void test_refusals(void) {
                 kvgen_error err = {0};
                 kvgen_status st = kvgen_model_load(&d, &m, &err);
                 CHECKF(st == KVGEN_E_UNSUPPORTED && !m, "%s: %s", files[i], err.message);
-                CHECKF(strstr(err.message, files[i]) && strstr(err.message, i ? "Q5_0" : "Q6_K") &&
+                CHECKF(strstr(err.message, files[i]) && strstr(err.message, i ? "MXFP4" : "IQ2_XXS") &&
                            strstr(err.message, i ? "blk.1.ffn_down.weight" : "blk.0.attn_q.weight"),
                        "%s", err.message);
                 kvgen_model_unload(m);
@@ -217,8 +221,8 @@ static void test_refusals(void) {
         fake_close(&f);
     }
     free(mixed);
-    free(q6k);
-    free(q50);
+    free(iq2);
+    free(mxfp4);
     free(good);
 }
 
@@ -252,11 +256,12 @@ static void test_mkmodel_types(void) {
         *c = '|';
         memmove(c + 1, c + 2, strlen(c + 2) + 1);
     }
-    for (size_t i = 0; i < nw; i++) {
-        snprintf(args, sizeof args, "--type %s --embd 64 --ff 64 --layers 1", kvg_type_name(writable[i]));
+    for (size_t i = 0; i < nw; i++) { /* rows a whole number of blocks: 256 wide for the K types */
+        int width = kvg_type_block_elems(writable[i]) > 64 ? 256 : 64;
+        snprintf(args, sizeof args, "--type %s --embd %d --ff %d --layers 1", kvg_type_name(writable[i]), width, width);
         CHECKF(run_mkmodel(args, out, sizeof out) == 0, "mkmodel %s: %s", args, out);
     }
-    const char *bad[] = {"Q6_K", "Q5_0", "q4_1", "bogus"};
+    const char *bad[] = {"IQ2_XXS", "MXFP4", "q4_k", "bogus"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "--type %s", bad[i]);
         CHECKF(run_mkmodel(args, out, sizeof out) != 0, "mkmodel %s succeeded", args);
@@ -264,7 +269,7 @@ static void test_mkmodel_types(void) {
         snprintf(want, sizeof want, "--type %s is not a type kvgen-mkmodel can write (valid: %s)", bad[i], list);
         CHECKF(strstr(out, want) != NULL, "mkmodel %s said:\n%s\nwant: %s", args, out, want);
     }
-    CHECK(run_mkmodel("--embd-type Q6_K", out, sizeof out) != 0 && strstr(out, "--embd-type Q6_K") &&
+    CHECK(run_mkmodel("--embd-type IQ2_XXS", out, sizeof out) != 0 && strstr(out, "--embd-type IQ2_XXS") &&
           strstr(out, list));
     CHECK(run_mkmodel("--help", out, sizeof out) != 0);
     char want[700];

@@ -3,9 +3,10 @@
  * exactly the GGUF block's bytes, its three shaders were built (shaders/CMakeLists.txt) with the
  * row's define, and every weight-type shader variant belongs to a row; the backend's
  * weight_types list is the table. A model with a tensor of a type the table lacks (Q6_K, Q5_0:
- * also absent from the traits table) is refused at the start of the backend's model_init, before
- * any device work, with a message listing the table's types; the upload path refuses such a
- * type on its own too. */
+ * rows of the traits table, which the reference backend runs) is refused at the start of the
+ * backend's model_init, before any device work, with a message listing the table's types, and
+ * so is loading it with KVGEN_BACKEND_VULKAN (a type absent from the traits table too, IQ2_XXS,
+ * already when the model is described); the upload path refuses such a type on its own too. */
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 #include "kvg_model.h"
@@ -79,7 +80,8 @@ static void test_table(void) {
     }
     CHECKF(variants == (int)(3 * n), "%d weight-type shader variants for %zu rows", variants, n);
     CHECK(kvg_shader_count() > (size_t)variants);
-    CHECK(kvg_vk_wtype_of(14) == NULL && kvg_vk_wtype_of(6) == NULL && kvg_vk_wtype_of(1000) == NULL);
+    CHECK(kvg_vk_wtype_of(KVG_TYPE_Q6_K) == NULL && kvg_vk_wtype_of(KVG_TYPE_Q5_0) == NULL &&
+          kvg_vk_wtype_of(16) == NULL && kvg_vk_wtype_of(1000) == NULL);
 }
 
 /* a copy of src_path with tensor `name` replaced by zeros of `type` (same shape) */
@@ -152,25 +154,31 @@ static void test_refusals(void) {
     char *good = tu_make_model("vt-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q4_1");
     CHECK(good != NULL);
     if (!good) return;
-    char *q6k = retype(good, "vt-q6k.gguf", "blk.1.attn_v.weight", 14);
-    char *q50 = retype(good, "vt-q50.gguf", "token_embd.weight", 6);
-    CHECK(q6k && q50);
-    if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", 14);
-    if (q50) expect_refusal(good, q50, "token_embd.weight", 6);
-    /* a load asking for Vulkan refuses the file as well (the description already does) */
-    const char *files[] = {q6k, q50};
-    for (int i = 0; i < 2; i++) {
+    char *q6k = retype(good, "vt-q6k.gguf", "blk.1.attn_v.weight", KVG_TYPE_Q6_K);
+    char *q50 = retype(good, "vt-q50.gguf", "token_embd.weight", KVG_TYPE_Q5_0);
+    char *iq2 = retype(good, "vt-iq2xxs.gguf", "blk.0.ffn_up.weight", 16);
+    CHECK(q6k && q50 && iq2);
+    CHECK(kvg_type_supported(KVG_TYPE_Q6_K) && kvg_type_supported(KVG_TYPE_Q5_0) && !kvg_type_supported(16));
+    if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", KVG_TYPE_Q6_K);
+    if (q50) expect_refusal(good, q50, "token_embd.weight", KVG_TYPE_Q5_0);
+    if (iq2) expect_refusal(good, iq2, "blk.0.ffn_up.weight", 16);
+    /* a load asking for Vulkan refuses the file as well, naming the tensor and its type */
+    const char *files[] = {q6k, q50, iq2};
+    const char *what[][2] = {{"Q6_K", "blk.1.attn_v.weight"}, {"Q5_0", "token_embd.weight"},
+                             {"IQ2_XXS", "blk.0.ffn_up.weight"}};
+    for (int i = 0; i < 3; i++) {
         if (!files[i]) continue;
         kvgen_model_desc d = {.path = files[i], .backend = KVGEN_BACKEND_VULKAN};
         kvgen_model *m = NULL;
         kvgen_error err = {0};
         CHECKF(kvgen_model_load(&d, &m, &err) == KVGEN_E_UNSUPPORTED && !m && strstr(err.message, files[i]) &&
-                   strstr(err.message, i ? "Q5_0" : "Q6_K"),
+                   strstr(err.message, what[i][0]) && strstr(err.message, what[i][1]),
                "%s", err.message);
         kvgen_model_unload(m);
     }
     free(q6k);
     free(q50);
+    free(iq2);
     free(good);
 }
 

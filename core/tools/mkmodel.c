@@ -1,7 +1,7 @@
 /* kvgen-mkmodel: writes a seeded random-weight llama GGUF of any shape and supported type.
  *
  *   kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N]
- *                 [--ctx N] [--rope-base F] [--type T] [--embd-type T] [--untied]
+ *                 [--ctx N] [--rope-base F] [--type T | --mix q4_k_m] [--embd-type T] [--untied]
  *                 [--vocab VOCAB.gguf] [--vocab-size N] [--head-dim N] [--arch NAME] [--qkv-bias]
  *
  * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
@@ -9,7 +9,16 @@
  * (the tensors stay llama's); --qkv-bias adds F32 attn_q/k/v.bias tensors. Tests use these to
  * build files of other architectures, or llama files carrying tensors llama does not use.
  *
- * T is any type of quant.c's traits table that can be quantized to (--help lists them).
+ * T is any type of quant.c's traits table that can be quantized to (--help lists them); --type T
+ * writes every 2-D matrix as T (the embeddings, and output.weight with --untied, as --embd-type,
+ * which defaults to T). Norms and biases are always F32. --mix q4_k_m writes llama.cpp's Q4_K_M
+ * mix instead: Q6_K for the output matrix (output.weight, or token_embd.weight when the
+ * embeddings are tied and serve as the output too) and for attn_v and ffn_down of the layers
+ * that get more bits, Q4_K for every other matrix (token_embd.weight with --untied included);
+ * --embd-type still sets the embeddings' and output's type. Layer l of n gets more bits when
+ * l < n/8, l >= 7n/8 or (l - n/8) % 3 == 2 (integer division): the first and last eighth of the
+ * layers and every third one in between. A tensor whose rows are not a whole number of its
+ * type's blocks (256 elements for the K types) is refused, naming the tensor and its width.
  * The weights are meaningless but well-scaled (normal-ish, std 0.02 to 0.08; norm weights near 1),
  * so a forward pass gives finite, non-degenerate logits: tests and benchmarks of every shape use these. */
 #include <errno.h>
@@ -27,7 +36,10 @@ typedef struct options {
     float rope_base;
     uint32_t type, embd_type;
     int untied, head_dim, qkv_bias;
+    int mix, embd_type_set; /* mix: MIX_NONE or MIX_Q4_K_M */
 } options;
+
+enum { MIX_NONE, MIX_Q4_K_M };
 
 typedef struct rng {
     uint64_t state;
@@ -77,8 +89,14 @@ static void usage(void) {
     fprintf(stderr,
             "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
             "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
-            "                     [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
-            "                     [--head-dim N] [--arch NAME] [--qkv-bias]\n",
+            "                     [--mix q4_k_m] [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
+            "                     [--head-dim N] [--arch NAME] [--qkv-bias]\n"
+            "  --type T       every 2-D matrix as T (default F32; norms and biases stay F32)\n"
+            "  --mix q4_k_m   llama.cpp's Q4_K_M mix instead of --type: Q6_K for the output matrix (output.weight,\n"
+            "                 or the tied token_embd.weight) and for attn_v and ffn_down of layer l of n when\n"
+            "                 l < n/8, l >= 7n/8 or (l - n/8) %% 3 == 2; Q4_K for every other matrix\n"
+            "  --embd-type T  token_embd.weight (and output.weight) as T (default: as --type or the mix)\n"
+            "K types need rows (--embd, --ff, heads x head size) that are multiples of 256.\n",
             types);
 }
 
@@ -118,7 +136,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->ctx = 512;
     o->rope_base = 10000.0f;
     o->type = KVG_TYPE_F32;
-    int embd_type_set = 0;
+    int type_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--untied") == 0) {
@@ -160,10 +178,18 @@ static int parse_args(int argc, char **argv, options *o) {
                 rc = -1;
             }
         }
-        else if (strcmp(a, "--type") == 0) rc = parse_type(a, v, &o->type);
-        else if (strcmp(a, "--embd-type") == 0) {
+        else if (strcmp(a, "--type") == 0) {
+            rc = parse_type(a, v, &o->type);
+            type_set = 1;
+        } else if (strcmp(a, "--mix") == 0) {
+            if (strcmp(v, "q4_k_m") == 0 || strcmp(v, "Q4_K_M") == 0) o->mix = MIX_Q4_K_M;
+            else {
+                fprintf(stderr, "kvgen-mkmodel: --mix %s is not a mix kvgen-mkmodel knows (valid: q4_k_m)\n", v);
+                rc = -1;
+            }
+        } else if (strcmp(a, "--embd-type") == 0) {
             rc = parse_type(a, v, &o->embd_type);
-            embd_type_set = 1;
+            o->embd_type_set = 1;
         } else if (strcmp(a, "--rope-base") == 0) {
             char *end;
             o->rope_base = strtof(v, &end);
@@ -181,7 +207,11 @@ static int parse_args(int argc, char **argv, options *o) {
         fprintf(stderr, "kvgen-mkmodel: -o OUT.gguf is required\n");
         return -1;
     }
-    if (!embd_type_set) o->embd_type = o->type;
+    if (o->mix && type_set) {
+        fprintf(stderr, "kvgen-mkmodel: --mix and --type exclude each other\n");
+        return -1;
+    }
+    if (!o->embd_type_set) o->embd_type = o->type;
     if (!o->kv_heads) o->kv_heads = o->heads;
     if (!o->arch) o->arch = "llama";
     if (o->embd % o->heads && !o->head_dim) {
@@ -196,16 +226,6 @@ static int parse_args(int argc, char **argv, options *o) {
     if (head_dim % 2) {
         fprintf(stderr, "kvgen-mkmodel: the head size %d must be even (rope rotates pairs)\n", head_dim);
         return -1;
-    }
-    const uint32_t checks[][2] = {{o->type, (uint32_t)o->embd}, {o->type, (uint32_t)o->ff},
-                                  {o->embd_type, (uint32_t)o->embd}, {o->type, (uint32_t)(o->heads * head_dim)}};
-    for (size_t i = 0; i < 4; i++) {
-        uint32_t be = kvg_type_block_elems(checks[i][0]);
-        if (checks[i][1] % be) {
-            fprintf(stderr, "kvgen-mkmodel: type %s needs row lengths that are multiples of %u (--embd %d, --ff %d, "
-                    "heads x head size %d)\n", kvg_type_name(checks[i][0]), be, o->embd, o->ff, o->heads * head_dim);
-            return -1;
-        }
     }
     return 0;
 }
@@ -352,9 +372,47 @@ static int copy_tokenizer(kvg_gguf_writer *w, const char *path) {
 
 /* ---- weights ---- */
 
-/* rows x cols (cols = ne[0], contiguous) of type t: normal(0, std) + mean */
+/* Layer l of n gets more bits in the Q4_K_M mix: the first and last eighth of the layers and
+ * every third one in between (llama.cpp's rule). */
+static int more_bits(int l, int n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
+/* the type of a matrix: `what` is a layer tensor's name part ("attn_v"), "token_embd" or "output" */
+static uint32_t matrix_type(const options *o, const char *what, int layer) {
+    int embd = strcmp(what, "token_embd") == 0, out = strcmp(what, "output") == 0;
+    if (o->mix == MIX_NONE) return embd || out ? o->embd_type : o->type;
+    if ((embd || out) && o->embd_type_set) return o->embd_type;
+    if (out || (embd && !o->untied)) return KVG_TYPE_Q6_K; /* tied embeddings are the output matrix too */
+    if (embd) return KVG_TYPE_Q4_K;
+    if ((strcmp(what, "attn_v") == 0 || strcmp(what, "ffn_down") == 0) && more_bits(layer, o->layers))
+        return KVG_TYPE_Q6_K;
+    return KVG_TYPE_Q4_K;
+}
+
+/* general.file_type: llama.cpp's number (llama_ftype) for the file's types; -1: it has none */
+static int file_type(const options *o) {
+    if (o->mix == MIX_Q4_K_M) return 15; /* MOSTLY_Q4_K_M */
+    static const int ftypes[][2] = {
+        {KVG_TYPE_F32, 0},   {KVG_TYPE_F16, 1},   {KVG_TYPE_Q4_0, 2},  {KVG_TYPE_Q4_1, 3},    {KVG_TYPE_Q8_0, 7},
+        {KVG_TYPE_Q5_0, 8},  {KVG_TYPE_Q5_1, 9},  {KVG_TYPE_Q2_K, 10}, {KVG_TYPE_Q3_K, 11},   {KVG_TYPE_Q4_K, 14},
+        {KVG_TYPE_Q5_K, 16}, {KVG_TYPE_Q6_K, 18}, {KVG_TYPE_IQ4_NL, 25}, {KVG_TYPE_IQ4_XS, 30}, {KVG_TYPE_BF16, 32},
+    };
+    for (size_t i = 0; i < sizeof ftypes / sizeof ftypes[0]; i++)
+        if ((uint32_t)ftypes[i][0] == o->type) return ftypes[i][1];
+    return -1;
+}
+
+/* rows x cols (cols = ne[0], contiguous) of type t: normal(0, std) + mean. `width` says which
+ * option sets cols, for the message refusing rows that are not whole blocks. With w NULL it
+ * only checks that. */
 static int add_matrix(kvg_gguf_writer *w, rng *r, const char *name, uint32_t type, int cols, int rows, float mean,
-                      float std) {
+                      float std, const char *width) {
+    uint32_t be = kvg_type_block_elems(type);
+    if (be == 0 || cols % (int)be) {
+        fprintf(stderr, "kvgen-mkmodel: tensor %s has type %s, whose rows must be a multiple of %u elements, but "
+                "they are %d wide (%s %d)\n", name, kvg_type_name(type), be, cols, width, cols);
+        return -1;
+    }
+    if (!w) return 0;
     size_t row_bytes = kvg_row_bytes(type, (uint64_t)cols);
     size_t nbytes = row_bytes * (size_t)rows;
     float *row = malloc((size_t)cols * sizeof *row);
@@ -381,12 +439,55 @@ static float matrix_std(int n_in) {
     return s < 0.02f ? 0.02f : s > 0.08f ? 0.08f : s;
 }
 
+/* Every tensor, in file order. With w NULL: only checks every row width (no weights drawn). */
+static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_vocab) {
+    int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
+    int kv_dim = o->kv_heads * head_dim, q_dim = o->heads * head_dim;
+    int err = add_matrix(w, r, "token_embd.weight", matrix_type(o, "token_embd", 0), o->embd, n_vocab, 0.0f, 0.08f,
+                         "--embd");
+    for (int l = 0; l < o->layers && !err; l++) {
+        char name[64];
+        float se = matrix_std(o->embd), sf = matrix_std(o->ff);
+#define M(suffix, type, cols, rows, mean, std, width)                                                \
+    if (!err) {                                                                                      \
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                  \
+        err = add_matrix(w, r, name, type, cols, rows, mean, std, width);                            \
+    }
+#define T(suffix) matrix_type(o, suffix, l)
+        M("attn_norm", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
+        M("attn_q", T("attn_q"), o->embd, q_dim, 0.0f, se, "--embd")
+        M("attn_k", T("attn_k"), o->embd, kv_dim, 0.0f, se, "--embd")
+        M("attn_v", T("attn_v"), o->embd, kv_dim, 0.0f, se, "--embd")
+        M("attn_output", T("attn_output"), q_dim, o->embd, 0.0f, matrix_std(q_dim), "heads x head size")
+        M("ffn_norm", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
+        M("ffn_gate", T("ffn_gate"), o->embd, o->ff, 0.0f, se, "--embd")
+        M("ffn_up", T("ffn_up"), o->embd, o->ff, 0.0f, se, "--embd")
+        M("ffn_down", T("ffn_down"), o->ff, o->embd, 0.0f, sf, "--ff")
+#undef T
+#undef M
+    }
+    if (!err) err = add_matrix(w, r, "output_norm.weight", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd");
+    if (!err && o->untied)
+        err = add_matrix(w, r, "output.weight", matrix_type(o, "output", 0), o->embd, n_vocab, 0.0f, 0.08f, "--embd");
+    /* after every other tensor, so that the others are the same with and without them */
+    for (int l = 0; l < o->layers && !err && o->qkv_bias; l++) {
+        char name[64];
+        const char *parts[3] = {"attn_q", "attn_k", "attn_v"};
+        for (int p = 0; p < 3 && !err; p++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, parts[p]);
+            err = add_matrix(w, r, name, KVG_TYPE_F32, p ? kv_dim : q_dim, 1, 0.0f, 0.05f, "heads x head size");
+        }
+    }
+    return err;
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o) != 0) {
         usage();
         return 2;
     }
+    if (write_weights(NULL, &o, NULL, 0) != 0) return 2; /* a row width that is not whole blocks */
     kvg_gguf_writer *w = kvg_gguf_writer_new();
     vocab v = {0};
     int rc = 1;
@@ -426,42 +527,10 @@ int main(int argc, char **argv) {
         kvg_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)head_dim);
     }
 #undef KEY
-    kvg_gguf_set_u32(w, "general.file_type", o.type);
+    if (file_type(&o) >= 0) kvg_gguf_set_u32(w, "general.file_type", (uint32_t)file_type(&o));
 
     rng r = {o.seed * 0x2545f4914f6cdd1dull + 1};
-    int kv_dim = o.kv_heads * head_dim, q_dim = o.heads * head_dim;
-    int err = add_matrix(w, &r, "token_embd.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
-    for (int l = 0; l < o.layers && !err; l++) {
-        char name[64];
-        float se = matrix_std(o.embd), sf = matrix_std(o.ff);
-#define M(suffix, type, cols, rows, mean, std)                                                       \
-    if (!err) {                                                                                      \
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                  \
-        err = add_matrix(w, &r, name, type, cols, rows, mean, std);                                  \
-    }
-        M("attn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
-        M("attn_q", o.type, o.embd, q_dim, 0.0f, se)
-        M("attn_k", o.type, o.embd, kv_dim, 0.0f, se)
-        M("attn_v", o.type, o.embd, kv_dim, 0.0f, se)
-        M("attn_output", o.type, q_dim, o.embd, 0.0f, matrix_std(q_dim))
-        M("ffn_norm", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f)
-        M("ffn_gate", o.type, o.embd, o.ff, 0.0f, se)
-        M("ffn_up", o.type, o.embd, o.ff, 0.0f, se)
-        M("ffn_down", o.type, o.ff, o.embd, 0.0f, sf)
-#undef M
-    }
-    if (!err) err = add_matrix(w, &r, "output_norm.weight", KVG_TYPE_F32, o.embd, 1, 1.0f, 0.05f);
-    if (!err && o.untied) err = add_matrix(w, &r, "output.weight", o.embd_type, o.embd, n_vocab, 0.0f, 0.08f);
-    /* after every other tensor, so that the others are the same with and without them */
-    for (int l = 0; l < o.layers && !err && o.qkv_bias; l++) {
-        char name[64];
-        const char *parts[3] = {"attn_q", "attn_k", "attn_v"};
-        for (int p = 0; p < 3 && !err; p++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, parts[p]);
-            err = add_matrix(w, &r, name, KVG_TYPE_F32, p ? kv_dim : q_dim, 1, 0.0f, 0.05f);
-        }
-    }
-    if (err) goto done;
+    if (write_weights(w, &o, &r, n_vocab) != 0) goto done;
     kvgen_error e = {0};
     if (kvg_gguf_writer_save(w, o.out, &e) != KVGEN_OK) {
         fprintf(stderr, "kvgen-mkmodel: %s\n", e.message);
