@@ -3,11 +3,17 @@
  *   kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N]
  *                 [--ctx N] [--rope-base F] [--type T | --mix q4_k_m] [--embd-type T] [--untied]
  *                 [--vocab VOCAB.gguf] [--vocab-size N] [--head-dim N] [--arch NAME] [--qkv-bias]
+ *                 [--qk-norm] [--post-norms] [--rope-freqs] [--swa N] [--softcap ATTN,FINAL]
  *
  * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
  * differ from --embd); --arch labels the file NAME and writes its metadata under "NAME."
- * (the tensors stay llama's); --qkv-bias adds F32 attn_q/k/v.bias tensors. Tests use these to
- * build files of other architectures, or llama files carrying tensors llama does not use.
+ * (the tensors stay llama's); --qkv-bias adds F32 attn_q/k/v.bias tensors (qwen2), --qk-norm
+ * attn_q_norm/attn_k_norm (qwen3, gemma3), --post-norms post_attention_norm/post_ffw_norm
+ * (gemma2/3), --rope-freqs a llama 3 style rope_freqs tensor; --swa N writes
+ * attention.sliding_window and --softcap A,F the attention/final logit soft-capping (gemma2).
+ * The extra tensors come after all others, so the rest of a file is the same with or without
+ * them. Tests use these to build files of every architecture, or llama files carrying tensors
+ * llama does not use.
  *
  * T is any type of quant.c's traits table that can be quantized to (--help lists them); --type T
  * writes every 2-D matrix as T (the embeddings, and output.weight with --untied, as --embd-type,
@@ -35,7 +41,9 @@ typedef struct options {
     int layers, embd, ff, heads, kv_heads, ctx, vocab_size;
     float rope_base;
     uint32_t type, embd_type;
-    int untied, head_dim, qkv_bias;
+    int untied, head_dim, qkv_bias, qk_norm, post_norms, rope_freqs;
+    int swa;                 /* <arch>.attention.sliding_window (0: none) */
+    float softcap_attn, softcap_final;
     int mix, embd_type_set; /* mix: MIX_NONE or MIX_Q4_K_M */
 } options;
 
@@ -90,7 +98,8 @@ static void usage(void) {
             "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
             "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
             "                     [--mix q4_k_m] [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
-            "                     [--head-dim N] [--arch NAME] [--qkv-bias]\n"
+            "                     [--head-dim N] [--arch NAME] [--qkv-bias] [--qk-norm] [--post-norms]\n"
+            "                     [--rope-freqs] [--swa N] [--softcap ATTN,FINAL]\n"
             "  --type T       every 2-D matrix as T (default F32; norms and biases stay F32)\n"
             "  --mix q4_k_m   llama.cpp's Q4_K_M mix instead of --type: Q6_K for the output matrix (output.weight,\n"
             "                 or the tied token_embd.weight) and for attn_v and ffn_down of layer l of n when\n"
@@ -147,6 +156,18 @@ static int parse_args(int argc, char **argv, options *o) {
             o->qkv_bias = 1;
             continue;
         }
+        if (strcmp(a, "--qk-norm") == 0) {
+            o->qk_norm = 1;
+            continue;
+        }
+        if (strcmp(a, "--post-norms") == 0) {
+            o->post_norms = 1;
+            continue;
+        }
+        if (strcmp(a, "--rope-freqs") == 0) {
+            o->rope_freqs = 1;
+            continue;
+        }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvgen-mkmodel: %s needs a value\n", a);
@@ -171,6 +192,14 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--vocab-size") == 0) rc = parse_int(a, v, &o->vocab_size);
         else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
         else if (strcmp(a, "--head-dim") == 0) rc = parse_int(a, v, &o->head_dim);
+        else if (strcmp(a, "--swa") == 0) rc = parse_int(a, v, &o->swa);
+        else if (strcmp(a, "--softcap") == 0) {
+            if (sscanf(v, "%f,%f", &o->softcap_attn, &o->softcap_final) != 2 || !(o->softcap_attn > 0.0f) ||
+                !(o->softcap_final > 0.0f)) {
+                fprintf(stderr, "kvgen-mkmodel: --softcap needs ATTN,FINAL (two positive numbers), got '%s'\n", v);
+                rc = -1;
+            }
+        }
         else if (strcmp(a, "--arch") == 0) {
             o->arch = v;
             if (!*v || strlen(v) > 32) {
@@ -478,6 +507,23 @@ static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_voc
             err = add_matrix(w, r, name, KVG_TYPE_F32, p ? kv_dim : q_dim, 1, 0.0f, 0.05f, "heads x head size");
         }
     }
+    for (int l = 0; l < o->layers && !err && o->qk_norm; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+        err = add_matrix(w, r, name, KVG_TYPE_F32, head_dim, 1, 1.0f, 0.05f, "the head size");
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+        if (!err) err = add_matrix(w, r, name, KVG_TYPE_F32, head_dim, 1, 1.0f, 0.05f, "the head size");
+    }
+    for (int l = 0; l < o->layers && !err && o->post_norms; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
+        err = add_matrix(w, r, name, KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd");
+        snprintf(name, sizeof name, "blk.%d.post_ffw_norm.weight", l);
+        if (!err) err = add_matrix(w, r, name, KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd");
+    }
+    /* llama 3 style: per-dimension factors dividing the RoPE frequencies, between 1 and ~2 */
+    if (!err && o->rope_freqs) err = add_matrix(w, r, "rope_freqs.weight", KVG_TYPE_F32, head_dim / 2, 1, 1.4f, 0.15f,
+                                                "the head size");
     return err;
 }
 
@@ -525,6 +571,11 @@ int main(int argc, char **argv) {
     if (o.head_dim) {
         kvg_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)head_dim);
         kvg_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)head_dim);
+    }
+    if (o.swa) kvg_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o.swa);
+    if (o.softcap_attn > 0.0f) {
+        kvg_gguf_set_f32(w, KEY("attn_logit_softcapping"), o.softcap_attn);
+        kvg_gguf_set_f32(w, KEY("final_logit_softcapping"), o.softcap_final);
     }
 #undef KEY
     if (file_type(&o) >= 0) kvg_gguf_set_u32(w, "general.file_type", (uint32_t)file_type(&o));

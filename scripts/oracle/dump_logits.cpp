@@ -12,7 +12,7 @@
 #include "llama.h"
 
 int main(int argc, char **argv) {
-    if (argc < 4) { fprintf(stderr, "usage: %s MODEL TEXT TOPK\n", argv[0]); return 2; }
+    if (argc < 4) { fprintf(stderr, "usage: %s MODEL TEXT|ids:ID,ID,... TOPK\n", argv[0]); return 2; }
     const char *path = argv[1];
     std::string text = argv[2];
     int topk = atoi(argv[3]);
@@ -22,7 +22,16 @@ int main(int argc, char **argv) {
     if (!model) return 1;
     const llama_vocab *vocab = llama_model_get_vocab(model);
     std::vector<llama_token> toks(4096);
-    int n = llama_tokenize(vocab, text.c_str(), (int)text.size(), toks.data(), (int)toks.size(), false, true);
+    int n = 0;
+    if (text.rfind("ids:", 0) == 0) { /* token ids given directly: "ids:1,2,3" (random-weight test models) */
+        const char *p = text.c_str() + 4;
+        while (*p && n < (int)toks.size()) {
+            toks[n++] = (llama_token)strtol(p, (char **)&p, 10);
+            if (*p == ',') p++;
+        }
+    } else {
+        n = llama_tokenize(vocab, text.c_str(), (int)text.size(), toks.data(), (int)toks.size(), false, true);
+    }
     if (n < 0) return 1;
     toks.resize(n);
     llama_context_params cp = llama_context_default_params();

@@ -1,0 +1,175 @@
+/* test_arch_parity.c: every architecture the reference backend runs, against llama.cpp on the
+ * same file. Tiny random-weight F32 models of each row (kvgen-mkmodel with the row's tensors:
+ * llama with rope_freqs, qwen2 biases, qwen3 Q/K head norms with heads wider than n_embd,
+ * gemma2 post norms + soft-capping + sliding window, gemma3 Q/K norms + post norms + sliding
+ * window with the local RoPE base, 7 layers so a global layer sits between local ones) run a
+ * fixed 40-token sequence, longer than the 8-token windows; llama.cpp's top-8 logits at every
+ * position are the fixtures (scripts/oracle/arch_fixtures.sh, with scripts/oracle/dump_logits.cpp).
+ * Same f32 math, different summation order: top-1 identical wherever llama.cpp's top-2 margin
+ * is at least 0.01, logits within 5e-3 (measured: up to 3.3e-3). Decoding the sequence one
+ * token at a time through the paged cache gives the prefill's logits exactly; after a context
+ * shift, the keys re-rotated with each layer's own RoPE equal a fresh run's (layer 0). */
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+#include "testutil.h"
+
+#define N_TOK 40
+#define TOPK 8
+
+static const int32_t IDS[N_TOK] = {1,   17, 42,  99, 3,   250, 7,   130, 64,  5,  77,  201, 12, 180,
+                                   33,  9,  144, 60, 2,   222, 18,  95,  41,  170, 8,  66,  133, 27,
+                                   240, 50, 11,  190, 73, 36,  155, 4,   210, 88,  29, 120};
+
+static const struct {
+    const char *name, *args;
+} CONFIGS[] = {
+    {"llama_rope_freqs", "--arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-freqs --seed 71"},
+    {"qwen2", "--arch qwen2 --qkv-bias --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-base 1000000 --seed 72"},
+    {"qwen3", "--arch qwen3 --qk-norm --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 32 --ff 96 --rope-base "
+              "1000000 --seed 73"},
+    {"gemma2", "--arch gemma2 --post-norms --swa 8 --softcap 50,30 --layers 3 --embd 64 --heads 4 --kv-heads 2 --ff 96 "
+               "--seed 74"},
+    {"gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 64 --heads 4 --kv-heads 1 --head-dim 32 "
+               "--ff 96 --rope-base 1000000 --seed 75"},
+};
+
+typedef struct fixture {
+    int top_id[N_TOK][TOPK];
+    float top_val[N_TOK][TOPK];
+    int n_pos;
+} fixture;
+
+static bool load_fixture(const char *name, fixture *fx) {
+    const char *d = getenv("KVGEN_FIXTURES");
+    char path[1024], line[4096];
+    snprintf(path, sizeof path, "%s/arch_%s_logits.txt", d ? d : ".", name);
+    FILE *f = fopen(path, "r");
+    CHECKF(f != NULL, "cannot open %s", path);
+    if (!f) return false;
+    memset(fx, 0, sizeof *fx);
+    bool tokens_ok = false;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line;
+        int off = 0, n, pos, k;
+        if (sscanf(p, "tokens %d%n", &n, &off) == 1) {
+            tokens_ok = n == N_TOK;
+            p += off;
+            for (int i = 0; i < n && i < N_TOK; i++) {
+                int id;
+                sscanf(p, "%d%n", &id, &off);
+                p += off;
+                tokens_ok &= id == IDS[i];
+            }
+        } else if (sscanf(p, "pos %d %d%n", &pos, &k, &off) == 2 && pos >= 0 && pos < N_TOK && k == TOPK) {
+            p += off;
+            for (int j = 0; j < TOPK; j++) {
+                sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off);
+                p += off;
+            }
+            if (pos + 1 > fx->n_pos) fx->n_pos = pos + 1;
+        }
+    }
+    fclose(f);
+    CHECKF(tokens_ok && fx->n_pos == N_TOK, "%s: the fixture's tokens or positions do not match", path);
+    return tokens_ok && fx->n_pos == N_TOK;
+}
+
+static void check_config(const char *name, const char *args) {
+    char file[64];
+    snprintf(file, sizeof file, "ap-%s.gguf", name);
+    char *path = tu_make_model(file, args);
+    CHECK(path != NULL);
+    static fixture fx;
+    if (!path || !load_fixture(name, &fx)) {
+        free(path);
+        return;
+    }
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    if (!m) {
+        free(path);
+        return;
+    }
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    int V = info.n_vocab;
+    float *all = malloc((size_t)N_TOK * (size_t)V * sizeof *all);
+    kvgen_session *s = NULL, *d = NULL;
+    kvgen_session_desc sd = {.n_ctx = 64, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    CHECK_OK(kvgen_session_prefill(s, IDS, N_TOK, all, &err));
+    int top1 = 0;
+    double worst = 0;
+    for (int p = 0; p < N_TOK; p++) {
+        const float *l = all + (size_t)p * (size_t)V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (l[v] > l[best]) best = v;
+        bool clear = fx.top_val[p][0] - fx.top_val[p][1] >= 0.01f;
+        top1 += best == fx.top_id[p][0] || !clear;
+        if (best != fx.top_id[p][0])
+            printf("  %s position %d: top-1 %d vs llama.cpp's %d (its margin %.4f)\n", name, p, best, fx.top_id[p][0],
+                   fx.top_val[p][0] - fx.top_val[p][1]);
+        for (int j = 0; j < TOPK; j++) {
+            double e = fabs((double)l[fx.top_id[p][j]] - (double)fx.top_val[p][j]);
+            if (e > worst) worst = e;
+        }
+    }
+    printf("%s (%s): top-1 as llama.cpp's at %d/%d positions (near-ties aside), max |logit diff| over its top-%d %.2g\n", name,
+           info.architecture, top1, N_TOK, TOPK, worst);
+    CHECKF(top1 == N_TOK, "%s: top-1 differs from llama.cpp at %d positions", name, N_TOK - top1);
+    CHECKF(worst < 5e-3, "%s: logits differ from llama.cpp's by %g", name, worst);
+
+    /* the cache path: one token at a time gives the prefill's logits */
+    CHECK_OK(kvgen_session_create(m, &sd, &d, &err));
+    double dec = 0;
+    for (int i = 0; d && i < N_TOK; i++) {
+        CHECK_OK(kvgen_session_decode(d, IDS[i], &err));
+        double e = tu_max_diff(kvgen_session_logits(d), all + (size_t)i * (size_t)V, V);
+        if (e > dec) dec = e;
+    }
+    CHECKF(dec == 0, "%s: decoding one by one differs from the prefill by %g", name, dec);
+    kvgen_session_close(d);
+
+    /* a context shift (keep 4, drop 18): the moved keys are re-rotated with each layer's own
+     * RoPE. Layer 0's keys depend only on the token and its position, so they must equal the keys
+     * a fresh run of the kept sequence computes (up to RoPE rounding). */
+    kvgen_session_desc shd = {.n_ctx = N_TOK, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4, .no_prefix_reuse = 1};
+    kvgen_session *sh = NULL, *fresh = NULL;
+    CHECK_OK(kvgen_session_create(m, &shd, &sh, &err));
+    CHECK_OK(kvgen_session_prefill(sh, IDS, N_TOK, NULL, &err));
+    CHECK_OK(kvgen_session_decode(sh, 7, &err)); /* full: shifts */
+    kvgen_cache_info ci;
+    kvgen_session_cache_info(sh, &ci);
+    CHECK(ci.shifts == 1 && ci.length == N_TOK - 18 + 1);
+    CHECK_OK(kvgen_session_create(m, &sd, &fresh, &err));
+    CHECK_OK(kvgen_session_prefill(fresh, kvgen_session_tokens(sh), kvgen_session_length(sh), NULL, &err));
+    size_t nf = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
+    float *ka = malloc(nf * sizeof *ka), *kb = malloc(nf * sizeof *kb);
+    CHECK_OK(kvgen_session_read_cache(sh, 0, 0, ka, nf, &err));
+    CHECK_OK(kvgen_session_read_cache(fresh, 0, 0, kb, nf, &err));
+    double kd = 0, kmax = 0;
+    for (size_t i = 0; i < nf; i++) {
+        kd = fmax(kd, fabs((double)ka[i] - kb[i]));
+        kmax = fmax(kmax, fabs((double)kb[i]));
+    }
+    printf("%s: after a context shift, layer 0's re-rotated keys within %.2g of a fresh run's (|k| up to %.2g)\n",
+           name, kd, kmax);
+    CHECKF(kd < 1e-5 * (1 + kmax), "%s: shifted keys differ from a fresh run's by %g", name, kd);
+    free(ka);
+    free(kb);
+    kvgen_session_close(fresh);
+    kvgen_session_close(sh);
+    kvgen_session_close(s);
+    free(all);
+    kvgen_model_unload(m);
+    free(path);
+}
+
+int main(void) {
+    for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) check_config(CONFIGS[i].name, CONFIGS[i].args);
+    return tu_finish("test_arch_parity");
+}
