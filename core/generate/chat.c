@@ -76,6 +76,19 @@ static int detect_family(const char *t, size_t n) {
     return -1;
 }
 
+/* A file without a template: the family whose turn markers are single tokens of the vocabulary
+ * (as they are in every model trained on that format). */
+static int family_from_vocab(const kvg_tokenizer *tok) {
+    if (kvg_token_find(tok, "<|im_start|>") >= 0 && kvg_token_find(tok, "<|im_end|>") >= 0)
+        return find_family("chatml");
+    if (kvg_token_find(tok, "<|start_header_id|>") >= 0 && kvg_token_find(tok, "<|eot_id|>") >= 0)
+        return find_family("llama3");
+    if (kvg_token_find(tok, "<start_of_turn>") >= 0 && kvg_token_find(tok, "<end_of_turn>") >= 0)
+        return find_family("gemma");
+    if (kvg_token_find(tok, "<|assistant|>") >= 0 && kvg_token_find(tok, "<|end|>") >= 0) return find_family("phi3");
+    return -1;
+}
+
 static void kvg_chat_free(kvg_chat *c) {
     if (!c) return;
     for (int i = 0; i < N_STR; i++) free(c->str[i]);
@@ -185,11 +198,21 @@ static kvgen_status resolve(kvgen_session *s, const kvg_chat *c, const char *str
     if (c->mode == MODE_MODEL) {
         const kvgen_model *m = kvg_session_model(s);
         kvg_str t;
-        if (!kvg_gguf_get_str(m->gguf, "tokenizer.chat_template", &t))
-            return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                            "%s: the model has no tokenizer.chat_template; choose one with kvgen_chat_set_template "
-                            "(chatml, llama3, llama2, zephyr, gemma, phi3, or custom strings)",
-                            kvg_gguf_path(m->gguf));
+        if (!kvg_gguf_get_str(m->gguf, "tokenizer.chat_template", &t)) {
+            /* no template in the file (common in re-packed GGUFs): the family whose control
+             * tokens the vocabulary holds */
+            f = family_from_vocab(m->tok);
+            if (f < 0)
+                return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                                "%s: the model has no tokenizer.chat_template and its vocabulary has no family's "
+                                "control tokens; choose one with kvgen_chat_set_template (chatml, llama3, llama2, "
+                                "zephyr, gemma, phi3, or custom strings)",
+                                kvg_gguf_path(m->gguf));
+            for (int i = 0; i < N_STR; i++) str[i] = FAMILIES[f].str[i];
+            *system_in_user = FAMILIES[f].system_in_user;
+            *name = FAMILIES[f].name;
+            return KVGEN_OK;
+        }
         f = detect_family(t.ptr, (size_t)t.len);
         if (f < 0)
             return kvg_fail(err, KVGEN_E_UNSUPPORTED,

@@ -191,6 +191,27 @@ static void check_file(const char *file, const char *fixture_name, const char *t
     printf("%s: decode one by one vs prefill: max |diff| %.3g\n", file, worst);
     CHECKF(worst < 1e-3, "%s: decoded logits differ from the prefill's by %g", file, worst);
     kvgen_session_close(d);
+
+    /* chat: the template family from the file (Qwen's ChatML template) or, with none in the file
+     * (this Gemma GGUF), from the vocabulary's turn tokens; a greedy reply is bounded and its text
+     * holds no template token */
+    kvgen_session *c = NULL;
+    CHECK_OK(kvgen_session_create(model, &sd, &c, &err));
+    const char *fam = c ? kvgen_chat_template_name(c, &err) : NULL;
+    CHECKF(fam && strcmp(fam, strcmp(info.architecture, "gemma3") == 0 ? "gemma" : "chatml") == 0,
+           "%s: chat template %s (%s)", file, fam ? fam : "none", err.message);
+    if (c && fam) {
+        CHECK_OK(kvgen_chat_begin(c, "user", "Say hello to the traveler.", &err));
+        char reply[2048];
+        size_t len = 0;
+        kvgen_finish fin;
+        kvgen_generate_desc gd = {.max_tokens = 24};
+        CHECK_OK(kvgen_generate(c, &gd, reply, sizeof reply, &len, &fin, &err));
+        printf("%s: chat (%s) reply, finish %d: %s\n", file, fam, (int)fin, reply);
+        CHECK(len > 0 && !strstr(reply, "<start_of_turn>") && !strstr(reply, "<end_of_turn>") &&
+              !strstr(reply, "<|im_end|>") && !strstr(reply, "<|im_start|>"));
+    }
+    kvgen_session_close(c);
     kvgen_session_close(s);
     free(logits);
     kvgen_model_unload(model);
