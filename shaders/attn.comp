@@ -8,8 +8,8 @@
 // Split s covers a contiguous 1/nsplit of those positions (decode splits long contexts so that
 // several workgroups share the work; attn_reduce.comp merges the partial results).
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
-// t*ldo + h*hd), 5/6/10 the KV cache (kv.glsl: contiguous or paged), 7 partials (not DIRECT:
-// per (t, h, s): m, l, acc[hd]).
+// t*ldo + h*hd), 5/10 the KV cache (kv.glsl: the pool's slabs, the page table), 7 partials
+// (not DIRECT: per (t, h, s): m, l, acc[hd]).
 // Positions are walked WG at a time. lavapipe's 65,535-iteration limit counts every loop iteration
 // of an invocation together (about (2 + GQ) * WG per tile here, the head_dim loops unrolled), so
 // the host chooses nsplit so that one split covers at most 4,096 positions.
@@ -42,7 +42,7 @@ shared float pr[MAXG * WG];
 shared uint v_slab[WG], v_elem[WG];
 
 kv_ref kv_row(uint tab, bool is_k, uint kvh, uint p) {
-    return kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, kvh, p);
+    return kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, is_k, kvh, p);
 }
 
 void main() {

@@ -14,7 +14,7 @@
 // nsplit), MINCHUNK), the same for every token (a batched decode: each token's own length),
 // so attn_reduce.comp merges the partials.
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
-// t*ldo + h*hd), 5/6/10 the KV cache (kv.glsl), 7 partials (not DIRECT: per (t, h, s): m, l,
+// t*ldo + h*hd), 5/10 the KV cache (kv.glsl), 7 partials (not DIRECT: per (t, h, s): m, l,
 // acc[hd]). head_dim must be a multiple of 8; ldq, ldo multiples of 4.
 // lavapipe's 65,535-iteration limit: one loop trip per position (all else unrolled), and the
 // host keeps chunk <= 4,096.
@@ -82,7 +82,7 @@ void main() {
     }
 
     for (uint p = p_begin; p < p_end; p++) {
-        kv_ref kr = kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, HD, pc.n_ctx, true, kvh, p);
+        kv_ref kr = kv_locate(tab, pc.kv_layer, pc.kv_v, pc.kv_page, HD, true, kvh, p);
         vec4 x[NV];
         uvec4 w[KVG_KV_WIDE];
         ROW_OF(kr, w, x)

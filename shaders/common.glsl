@@ -9,13 +9,13 @@
 //   2 input    activations, f32, one row per token (stride a multiple of 4)
 //   3 output   activations, f32
 //   4 norm     RMSNorm weight (f32, zero-padded)
-//   5 K cache  one layer: (kv_heads, n_ctx, head_dim), f16 pairs packed in uint or f32 bits;
-//              or the paged pool's slabs (an array; see kv.glsl)
-//   6 V cache  same layout (contiguous caches only)
+//   5 KV pool  the paged KV pool's slabs (an array of up to 8 buffers; f16 pairs packed in
+//              uint or f32 bits; see kv.glsl)
+//   6 unused   (bound to the dummy buffer)
 //   7 aux      RoPE cos/sin table, or attention partial results
 //   8 (uniform, dynamic offset) a window of the input activations; 9 (uniform) the RMSNorm
 //              weight: the lane mat-vec reads these through uniform buffers (see matvec.comp)
-//   10 page table  a session's KV page table (paged pool; kv.glsl)
+//   10 page table  a session's KV page table (kv.glsl)
 #ifndef KVG_COMMON_GLSL
 #define KVG_COMMON_GLSL
 
@@ -53,10 +53,10 @@ layout(push_constant) uniform PC {
     uint n_ctx;     // cache capacity in positions
     uint o_off;     // output offset in floats
     uint c0;        // first token of this dispatch (lane mat-vec with uniform windows)
-    uint kv_layer;  // paged KV: element offset of this layer inside a page (kv.glsl)
-    uint kv_page;   // paged KV: elements per page
-    uint kv_v;      // paged KV: offset of V after K inside a page's layer
-    uint pt_base;   // paged KV: first entry of the page table in binding 10
+    uint kv_layer;  // KV: element offset of this layer inside a page (kv.glsl)
+    uint kv_page;   // KV: elements per page
+    uint kv_v;      // KV: offset of V after K inside a page's layer
+    uint pt_base;   // KV: first entry of the page table in binding 10
 } pc;
 #endif
 

@@ -3,8 +3,9 @@
 // can be fused here. MODE (specialization constant 3):
 //   0 store   out[t*ldo + o_off + r] = v
 //   1 add     out[...] += v                      (residual add fused into the projection)
-//   2 qkv     rows [0,nq): Q with RoPE -> out; [nq,nq+nk): K with RoPE -> K cache (binding 5);
-//             [nq+nk, nq+2nk): V -> V cache, at position kvg_pos(t) (addressing: kv.glsl)
+//   2 qkv     rows [0,nq): Q with RoPE -> out; [nq,nq+nk): K with RoPE -> the KV pool (binding 5);
+//             [nq+nk, nq+2nk): V -> the KV pool, at position kvg_pos(t) of the token's page table
+//             (binding 10; addressing: kv.glsl)
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
 #ifndef KVG_EPILOGUE_GLSL
 #define KVG_EPILOGUE_GLSL
@@ -45,7 +46,7 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
             bool is_k = r < nqk;
             uint i = is_k ? r - pc.nq : r - nqk;
             uint h = i / pc.hd, d = i % pc.hd;
-            kv_ref kr = kv_locate(kvg_tab(t, pc.pt_base), pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, pc.n_ctx, is_k, h, pos);
+            kv_ref kr = kv_locate(kvg_tab(t, pc.pt_base), pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, is_k, h, pos);
             kv_store2(kr, d, vec2(v0, v1));
         }
     }

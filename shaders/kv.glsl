@@ -1,42 +1,32 @@
 // kv.glsl: where the K/V of (layer, kv head, position) live. The one place that knows the KV
 // cache layout; the QKV epilogue writes and attention and kv_copy read through it.
-//   Contiguous (PAGED == 0): binding 5 [0] is the layer's K cache (kv_heads, n_ctx, head_dim),
-//     binding 6 its V cache.
-//   Paged: the model's page pool. Page q lives in slab q / PPS (binding 5 [q / PPS], NSLAB slabs,
-//     each a buffer within maxStorageBufferRange), at page q % PPS; a page holds per layer K then
-//     V as [kv_heads][PAGE][head_dim]. Position p of a session is at slot p % PAGE of page
-//     table[tab + p / PAGE], the table being the session's, in binding 10.
+// Every session's K/V live in the model's page pool. Page q lives in slab q / PPS (binding 5
+// [q / PPS], NSLAB slabs, each a buffer within maxStorageBufferRange), at page q % PPS; a page
+// holds per layer K then V as [kv_heads][PAGE][head_dim]. Position p of a session is at slot
+// p % PAGE of page table[tab + p / PAGE], the table being the session's, in binding 10.
 // Elements are f16 pairs packed in a uint (KV_F16, declared by the includer) or f32 bits. A
 // kv_ref names a (K or V row's) slab and the element index of its d = 0.
 #ifndef KVG_KV_GLSL
 #define KVG_KV_GLSL
 
-layout(constant_id = 11) const uint PAGED = 0;
-layout(constant_id = 12) const uint PAGE = 32;
-layout(constant_id = 13) const uint PPS = 1;   // pages per slab
-layout(constant_id = 14) const uint NSLAB = 1; // slabs the pool spans (<= 8)
+layout(constant_id = 11) const uint PAGE = 32;
+layout(constant_id = 12) const uint PPS = 1;   // pages per slab
+layout(constant_id = 13) const uint NSLAB = 1; // slabs the pool spans (<= 8)
 
 #ifndef KVG_KV_WIDE
 layout(std430, set = 0, binding = 5) buffer KVSlab { uint w[]; } kvs[8];
-layout(std430, set = 0, binding = 6) buffer KVVCache { uint w[]; } kvv;
 #endif
 layout(std430, set = 0, binding = 10) readonly buffer PageTable { int ptab[]; };
 
 struct kv_ref {
-    uint slab; // contiguous: 0 K, 8 V
+    uint slab;
     uint e;
 };
 
-// tab: first page-table entry of the session; layer_off: pc.kv_layer of the layer (paged);
-// stride_v: offset of V after K (paged) ; hd, n_ctx: head dim and contiguous capacity
-kv_ref kv_locate(uint tab, uint layer_off, uint stride_v, uint page_elems, uint hd, uint n_ctx, bool is_k, uint h,
-                 uint pos) {
+// tab: first page-table entry of the session; layer_off: pc.kv_layer of the layer;
+// stride_v: offset of V after K inside a page's layer; page_elems: elements per page; hd: head dim
+kv_ref kv_locate(uint tab, uint layer_off, uint stride_v, uint page_elems, uint hd, bool is_k, uint h, uint pos) {
     kv_ref r;
-    if (PAGED == 0u) {
-        r.slab = is_k ? 0u : 8u;
-        r.e = (h * n_ctx + pos) * hd;
-        return r;
-    }
     uint page = uint(ptab[tab + pos / PAGE]);
     r.slab = NSLAB == 1u ? 0u : page / PPS;
     r.e = (page % PPS) * page_elems + layer_off + (is_k ? 0u : stride_v) + (h * PAGE + pos % PAGE) * hd;
@@ -45,7 +35,6 @@ kv_ref kv_locate(uint tab, uint layer_off, uint stride_v, uint page_elems, uint 
 
 #ifndef KVG_KV_WIDE
 uint kv_word(uint slab, uint i) {
-    if (PAGED == 0u) return slab == 0u ? kvs[0].w[i] : kvv.w[i];
     if (NSLAB == 1u) return kvs[0].w[i];
     switch (slab) {
     case 0u: return kvs[0].w[i];
@@ -60,11 +49,6 @@ uint kv_word(uint slab, uint i) {
 }
 
 void kv_set_word(uint slab, uint i, uint v) {
-    if (PAGED == 0u) {
-        if (slab == 0u) kvs[0].w[i] = v;
-        else kvv.w[i] = v;
-        return;
-    }
     if (NSLAB == 1u) {
         kvs[0].w[i] = v;
         return;
@@ -117,16 +101,13 @@ void kv_store2(kv_ref r, uint d, vec2 v) {
 // KVG_KV_WIDE the slabs are declared as uvec4 arrays instead of uint (no second declaration
 // of the same binding), so kv_word / kv_load* / kv_store2 above are left out.
 layout(std430, set = 0, binding = 5) readonly buffer KVSlab4 { uvec4 w4[]; } kvs4[8];
-layout(std430, set = 0, binding = 6) readonly buffer KVVCache4 { uvec4 w4[]; } kvv4;
 
 // KVG_LOAD_ROW4(r, o): o[0 .. KVG_KV_WIDE_N) = the row at kv_ref r, uvec4 words (a macro, not
 // a function: glslang mishandles arrays sized by specialization constants as parameters).
 #define KVG_ROW4_(B, o, i) [[unroll]] for (uint kvg_j = 0u; kvg_j < KVG_KV_WIDE_N; kvg_j++) o[kvg_j] = B.w4[i + kvg_j];
 #define KVG_LOAD_ROW4(r, o) { \
     uint kvg_i = KV_F16 != 0u ? (r).e >> 3 : (r).e >> 2; \
-    if (PAGED == 0u) { \
-        if ((r).slab == 0u) { KVG_ROW4_(kvs4[0], o, kvg_i) } else { KVG_ROW4_(kvv4, o, kvg_i) } \
-    } else if (NSLAB == 1u) { \
+    if (NSLAB == 1u) { \
         KVG_ROW4_(kvs4[0], o, kvg_i) \
     } else { \
         switch ((r).slab) { \
@@ -144,8 +125,7 @@ layout(std430, set = 0, binding = 6) readonly buffer KVVCache4 { uvec4 w4[]; } k
 // the V row of the position whose K row is k (same slot, same slab)
 kv_ref kv_v_of(kv_ref k, uint stride_v) {
     kv_ref r = k;
-    if (PAGED == 0u) r.slab = 8u;
-    else r.e += stride_v;
+    r.e += stride_v;
     return r;
 }
 #endif

@@ -30,12 +30,12 @@ void main() {
     for (uint l = 0u; l < pc.n_layer; l++) {
         uint layer_off = l * 2u * pc.kv_v;
         for (uint h = 0u; h < pc.n_kv; h++) {
-            kv_ref s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, true, h, pc.src_pos + i);
-            kv_ref t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, true, h, pc.dst_pos + i);
+            kv_ref s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, true, h, pc.src_pos + i);
+            kv_ref t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, true, h, pc.dst_pos + i);
             vec2 k = kv_load2(s, d);
             kv_store2(t, d, vec2(k.x * cs.x - k.y * cs.y, k.x * cs.y + k.y * cs.x));
-            s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, false, h, pc.src_pos + i);
-            t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, 0u, false, h, pc.dst_pos + i);
+            s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, false, h, pc.src_pos + i);
+            t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, false, h, pc.dst_pos + i);
             kv_store2(t, d, kv_load2(s, d));
         }
     }

@@ -3,7 +3,9 @@
  * 65,535 so a shader loop that lavapipe would silently cut short shows), on the fp16-KV path and
  * the forced-f32 path, with both mat-vec layouts (cooperative, and rows per lane with the
  * inputs read through uniform windows where they fit) and both attention kernels (cooperative,
- * and attn_lane.comp for CPU devices: one invocation per token, KV head and position range). */
+ * and attn_lane.comp for CPU devices: one invocation per token, KV head and position range)
+ * reading the paged KV pool: pages of 1-256 positions, tables in order and shuffled over a pool
+ * with spare pages, every slot outside the session NaN. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -89,7 +91,9 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
 
 static float round_kv(const kvg_vk_ctx *ctx, float v) { return ctx->kv_f16 ? kvg_f16_to_f32(kvg_f32_to_f16(v)) : v; }
 
-static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane) {
+/* page: positions per KV page; shuffle: the session's pages in a pseudo-random order */
+static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane,
+                            int page, bool shuffle) {
     int n_ctx = pos0 + ncols + 3;
     size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc(nq * 4), *out = malloc(nq * 4);
@@ -99,7 +103,8 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     }
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 2.0f;
     kvgen_error err = {0};
-    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, q, k, v, out, &err);
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle, q, k,
+                                            v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
@@ -131,8 +136,10 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
             }
         }
     }
-    CHECKF(bad == 0, "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d kv_f16 %d: %d wrong (worst %g)",
-           n_head, n_kv, hd, pos0, ncols, nsplit, lane, ctx->kv_f16, bad, worst);
+    CHECKF(bad == 0,
+           "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d kv_f16 %d: %d wrong "
+           "(worst %g)",
+           n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, ctx->kv_f16, bad, worst);
     free(s); free(k); free(v); free(q); free(out);
 }
 
@@ -163,26 +170,34 @@ static void run_all(kvg_vk_ctx *ctx) {
     check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 10, true, 0, -1);
 
     /* both kernels: the cooperative one (lane 0) and attn_lane.comp for CPU devices (lane 1),
-     * every case within 2e-4 of the CPU result on the same rounded K/V */
+     * every case within 2e-4 of the CPU result on the same rounded K/V, over shuffled pages of
+     * 16 (lane 0) and 32 (lane 1) positions: every span crosses pages, a tile of 64 several */
     for (int lane = 0; lane <= 1; lane++) {
-        check_attention(ctx, 6, 2, 64, 0, 37, 1, lane);    /* prefill from empty */
-        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane);   /* prefill after a cached prefix */
-        check_attention(ctx, 6, 2, 64, 5000, 3, 1, lane);  /* prefill past 4096: split + reduce */
-        check_attention(ctx, 4, 4, 80, 0, 1, 8, lane);     /* decode, first token, split; no GQA */
-        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane);    /* 8 query heads per KV head */
-        check_attention(ctx, 9, 3, 64, 4999, 1, 8, lane);  /* decode past 4096 */
-        check_attention(ctx, 9, 3, 64, 4999, 1, 1, lane);
-        check_attention(ctx, 2, 1, 64, 70000, 1, 1, lane); /* a context longer than 65,535 */
-        check_attention(ctx, 2, 1, 64, 70000, 1, 8, lane);
+        int P = lane ? 32 : 16;
+        check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);    /* prefill from empty */
+        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);   /* prefill after a cached prefix */
+        check_attention(ctx, 6, 2, 64, 5000, 3, 1, lane, P, true);  /* prefill past 4096: split + reduce */
+        check_attention(ctx, 4, 4, 80, 0, 1, 8, lane, P, true);     /* decode, first token, split; no GQA */
+        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);    /* 8 query heads per KV head */
+        check_attention(ctx, 9, 3, 64, 4999, 1, 8, lane, P, true);  /* decode past 4096 */
+        check_attention(ctx, 9, 3, 64, 4999, 1, 1, lane, P, true);
+        check_attention(ctx, 2, 1, 64, 70000, 1, 1, lane, P, true); /* a context longer than 65,535 */
+        check_attention(ctx, 2, 1, 64, 70000, 1, 8, lane, P, true);
+        /* the table in order over a pool without spare pages; a page per position; pages of 256
+         * (a whole tile, and more, in one page) */
+        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, false);
+        check_attention(ctx, 9, 3, 64, 4999, 1, 8, lane, P, false);
+        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, 1, true);
+        check_attention(ctx, 6, 2, 64, 700, 9, 1, lane, 256, true);
     }
     /* attn_lane only: splits that are one lane each over a workgroup boundary (16 splits, 2
      * workgroups of 8), short contexts leaving most splits empty, a prefill chunk whose tokens
      * span two workgroups with uneven causal ends, head_dim 128 */
-    check_attention(ctx, 9, 3, 64, 2047, 1, 16, 1);
-    check_attention(ctx, 9, 3, 64, 40, 1, 16, 1);
-    check_attention(ctx, 9, 3, 64, 500, 13, 1, 1);
-    check_attention(ctx, 4, 2, 128, 33, 20, 1, 1);
-    check_attention(ctx, 3, 3, 64, 9000, 9, 1, 1);     /* prefill, 3 splits of <= 4096 */
+    check_attention(ctx, 9, 3, 64, 2047, 1, 16, 1, 16, true);
+    check_attention(ctx, 9, 3, 64, 40, 1, 16, 1, 32, true);
+    check_attention(ctx, 9, 3, 64, 500, 13, 1, 1, 16, true);
+    check_attention(ctx, 4, 2, 128, 33, 20, 1, 1, 32, true);
+    check_attention(ctx, 3, 3, 64, 9000, 9, 1, 1, 16, true);     /* prefill, 3 splits of <= 4096 */
 }
 
 int main(void) {

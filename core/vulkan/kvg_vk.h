@@ -13,16 +13,16 @@
 
 /* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
 enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM, KVG_SPEC_KV_F16, KVG_SPEC_DIRECT,
-       KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_UBO, KVG_SPEC_PAGED, KVG_SPEC_PAGE, KVG_SPEC_PPS,
-       KVG_SPEC_NSLAB, KVG_SPEC_COUNT };
+       KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_UBO, KVG_SPEC_PAGE, KVG_SPEC_PPS, KVG_SPEC_NSLAB,
+       KVG_SPEC_COUNT };
 
 /* The one descriptor-set layout: bindings 0-7 storage buffers, then two uniform buffers that
  * the lane mat-vec reads its inputs through (lavapipe turns a uniform-buffer load at a
  * workgroup-uniform address into one scalar load, a storage-buffer load into a loop over lanes):
  * 8 a dynamic-offset window of the input activations, 9 the RMSNorm weight; then 10, a storage
  * buffer holding a session's KV page table. Binding 5 is an array of KVG_VK_KV_SLABS storage
- * buffers: the K cache of a contiguous layer in element 0, or the paged pool's slabs (the pool
- * split over several buffers, each within maxStorageBufferRange; shaders/kv.glsl).
+ * buffers: the paged KV pool's slabs (the pool split over several buffers, each within
+ * maxStorageBufferRange; shaders/kv.glsl). Binding 6 is unused (always the dummy buffer).
  * A kvg_vk_binding array has KVG_VK_BINDINGS slots: slot i < 11 is binding i (element 0 for
  * binding 5), slots 11.. are binding 5's elements 1..KVG_VK_KV_SLABS-1. */
 #define KVG_VK_KV_SLABS 8
@@ -212,11 +212,14 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, u
                                 float *y, kvgen_error *err);
 
 /* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
- * of k and v ((n_kv, n_ctx, hd) floats; stored in the cache's f16/f32 format first); q and out
- * are (ncols, n_head*hd). nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
+ * of k and v ((n_kv, n_ctx, hd) floats); q and out are (ncols, n_head*hd). The cache is a
+ * one-layer paged pool in one slab, pages of page_size (1..256) positions, written through the
+ * pool's page writes (f16/f32 as the context's KV) over slots filled with NaN: the session's
+ * table names its pages in order, or (shuffle) in a fixed pseudo-random order drawn from a pool
+ * half as large again. nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
  * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0/1 forced. */
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, const float *q, const float *k, const float *v,
-                                   float *out, kvgen_error *err);
+                                   int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
+                                   const float *v, float *out, kvgen_error *err);
 
 #endif

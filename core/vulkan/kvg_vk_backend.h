@@ -65,12 +65,12 @@ typedef struct vk_model {
     int prof_steps;
     bool prof_prefill; /* KVGEN_VK_PROFILE=2: prefill steps instead of decode steps */
 
-    /* Paged KV pool: n_pages pages of page_size tokens,
+    /* The KV pool every session's K/V live in (set by kvg_vk_kv_pool_init, before any session
+     * or step; page_size 0 until then): n_pages pages of page_size tokens,
      * page_elems elements each ([L][K,V][Hkv][P][hd]), split over nslab buffers ("slabs") of pps
      * pages so that each stays within maxStorageBufferRange. A slab is created when the pool
      * first hands out one of its pages; kv_gen counts slab creations so that descriptor sets
      * written before one are rewritten (once, off the per-token path). */
-    bool paged;
     int page_size;
     int32_t n_pages;
     uint32_t pps, nslab, page_elems;
@@ -99,7 +99,6 @@ typedef struct vk_model {
 
 struct kvg_backend_session {
     int n_ctx;
-    kvg_vk_buffer *k, *v; /* the attention kernel's test hook only: one layer's contiguous K/V */
     kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step) */
     unsigned kv_gen;      /* the model's kv_gen when the descriptor sets were written */
     const kvg_vk_buffer *rope; /* the model's table for >= n_ctx positions: (pos, n_rot/2) cos, sin */
@@ -167,15 +166,14 @@ void kvg_vk_free_matrix(kvg_vk_ctx *ctx, vk_matrix *m);
 /* a norm weight as f32, padded to 32 and to a whole uniform window */
 kvgen_status kvg_vk_upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer *out, kvgen_error *err);
 
-/* ---- vk_kv.c: KV layout, contiguous readback, the paged pool, kv_copy ---- */
+/* ---- vk_kv.c: KV layout, the paged pool, page reads and writes, kv_copy ---- */
 
 /* the KV layout constants of shaders/kv.glsl */
 void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]);
 /* push-constant fields of the paged layout for one layer */
 void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v);
-/* binds the KV storage of a layer: the pool's slabs and the session's page table, or the
- * session's contiguous K/V */
-void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]);
+/* binds the KV storage of a layer: the pool's slabs and the session's page table */
+void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, kvg_vk_binding b[KVG_VK_BINDINGS]);
 /* every entry names a page of the pool that has storage */
 kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err);
 /* the pool's layout and kv_copy's resources; the pipelines are created after it (vk_backend.c) */

@@ -310,7 +310,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     const kvg_hparams *hp = &vm->hp;
     if (n_ctx <= 0 || n_ctx > (256 << 12))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d is outside [1, %d]", n_ctx, 256 << 12);
-    if (!vm->paged || !vm->page_size)
+    if (!vm->page_size)
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a session before the model's page pool");
     kvg_backend_session *s = calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");

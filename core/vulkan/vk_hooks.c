@@ -1,6 +1,7 @@
 /* vk_hooks.c: the Vulkan backend's test hooks (kvg_vk.h): one mat-mul or one attention run
  * through the backend's own upload and step-walker ops on a throwaway model, for the kernel
- * tests. Calls vk_walk.c, vk_weights.c, vk_device.c. */
+ * tests; attention reads a one-layer paged KV pool filled through the pool's own page writes.
+ * Calls vk_walk.c, vk_kv.c, vk_weights.c, vk_device.c. */
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_quant.h"
@@ -95,43 +96,80 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     return st;
 }
 
+/* The attention hook's page order: the pool's n_pages pages in order, or shuffled (a fixed
+ * pseudo-random permutation); the session's table is the first entries. */
+static void hook_page_order(int32_t *order, int32_t n_pages, bool shuffle) {
+    for (int32_t i = 0; i < n_pages; i++) order[i] = i;
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int32_t i = n_pages - 1; shuffle && i > 0; i--) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t j = (int32_t)((r >> 33) % (uint64_t)(i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, const float *q, const float *k, const float *v,
-                                   float *out, kvgen_error *err) {
+                                   int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
+                                   const float *v, float *out, kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
-        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0)
+        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
     vk_model vm = {0};
+    kvgen_model model = {.backend = &vm}; /* what the pool's page ops take */
     vm.ctx = ctx;
+    vm.hp.n_layer = 1;
     vm.hp.n_head = n_head;
     vm.hp.n_head_kv = n_kv;
     vm.hp.head_dim = hd;
     vm.ld_q = (uint32_t)(n_head * hd);
     vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0) && hd % 8 == 0;
-    kvg_vk_buffer kb = {0}, vb = {0};
-    kvg_backend_session s = {.n_ctx = n_ctx, .k = &kb, .v = &vb, .nsplit_dec = (uint32_t)nsplit};
+    /* a one-layer pool in one slab, as kvg_vk_kv_pool_init lays it out: page q at q * page_elems,
+     * K then V as [n_kv][P][hd]; shuffled, half as many pages again as the session uses */
+    size_t elem = ctx->kv_f16 ? 2 : 4;
+    int32_t used = (int32_t)((n_ctx + page_size - 1) / page_size);
+    int32_t n_pages = shuffle ? used + used / 2 + 1 : used;
+    vm.page_size = page_size;
+    vm.n_pages = n_pages;
+    vm.page_elems = (uint32_t)(2 * (size_t)n_kv * (size_t)page_size * (size_t)hd);
+    vm.page_bytes = (size_t)vm.page_elems * elem;
+    vm.pps = (uint32_t)n_pages;
+    vm.nslab = 1;
+    if ((size_t)n_pages * vm.page_bytes > kvg_vk_max_part_bytes(ctx))
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: %d pages of %zu bytes exceed one slab",
+                        (int)n_pages, vm.page_bytes);
+    kvg_backend_session s = {.n_ctx = n_ctx, .nsplit_dec = (uint32_t)nsplit};
     /* the backend's policy: no split covers more than 4096 positions */
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;
-    size_t nkv = (size_t)n_kv * (size_t)n_ctx * (size_t)hd, nq = (size_t)ncols * vm.ld_q;
-    size_t elem = ctx->kv_f16 ? 2 : 4;
-    void *tmp = malloc(nkv * elem);
-    kvgen_status st = tmp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    size_t nq = (size_t)ncols * vm.ld_q;
+    int32_t *tab = malloc((size_t)n_pages * sizeof *tab);
+    void *fill = malloc(vm.page_bytes);
+    kvgen_status st = tab && fill ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, err);
+    /* every slot NaN first: one the kernel reads but should not (another page, a slot past the
+     * session's positions) spoils its output */
+    if (st == KVGEN_OK) {
+        if (elem == 2)
+            for (size_t i = 0; i < vm.page_elems; i++) ((uint16_t *)fill)[i] = 0x7e00;
+        else
+            for (size_t i = 0; i < vm.page_elems; i++) ((uint32_t *)fill)[i] = 0x7fc00000u;
+    }
+    for (int32_t p = 0; p < n_pages && st == KVGEN_OK; p++)
+        st = kvg_vk_upload(ctx, &vm.slabs[0], (VkDeviceSize)p * vm.page_bytes, fill, vm.page_bytes, err);
+    if (st == KVGEN_OK) {
+        hook_page_order(tab, n_pages, shuffle);
+        st = kvg_vk_kv_write(&model, tab, 0, 0, 0, n_ctx, k, err);
+    }
+    if (st == KVGEN_OK) st = kvg_vk_kv_write(&model, tab, 0, 1, 0, n_ctx, v, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)used * sizeof *tab, KVG_VK_MEM_HOST, &s.ptab, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &s.ptab, 0, tab, (size_t)used * sizeof *tab, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.q, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.att, err);
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, (size_t)ncols * s.nsplit_dec * (size_t)n_head * (size_t)(hd + 2) * 4, KVG_VK_MEM_DEVICE,
-                                  &s.part, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &kb, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nkv * elem, KVG_VK_MEM_DEVICE, &vb, err);
-    for (int which = 0; which < 2 && st == KVGEN_OK; which++) {
-        const float *src = which ? v : k;
-        if (elem == 4) memcpy(tmp, src, nkv * 4);
-        else
-            for (size_t i = 0; i < nkv; i++) ((uint16_t *)tmp)[i] = kvg_f32_to_f16(src[i]);
-        st = kvg_vk_upload(ctx, which ? &vb : &kb, 0, tmp, nkv * elem, err);
-    }
+        st = kvg_vk_buffer_create(ctx, (size_t)ncols * s.nsplit_dec * (size_t)n_head * (size_t)(hd + 2) * 4,
+                                  KVG_VK_MEM_DEVICE, &s.part, err);
     if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &vm.q, 0, q, nq * 4, err);
     if (st == KVGEN_OK) {
         ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
@@ -150,8 +188,9 @@ kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd
     if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_attention_v, NULL, err);
     if (st == KVGEN_OK) st = kvg_vk_download(ctx, &vm.att, 0, out, nq * 4, err);
     if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
-    free(tmp);
-    kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &kb, &vb};
+    free(tab);
+    free(fill);
+    kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &s.ptab, &vm.slabs[0]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
     return st;
 }

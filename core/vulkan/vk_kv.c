@@ -1,9 +1,12 @@
-/* vk_kv.c: the Vulkan backend's KV storage (private to the backend). It owns the KV layout the
- * shaders see (shaders/kv.glsl: specialization constants, push-constant fields and bindings of
- * a layer, for the step walker) and the paged pool: its layout over slabs, slab creation on first use (kv_page_commit), page-table checks,
- * reads and writes of pages from the host, and kv_copy (shaders/kv_copy.comp). Creating the
- * pipelines a paged layout needs is the backend's (vk_backend.c, kv_pages_init), which walks
- * the step after kvg_vk_kv_pool_init. Calls vk_weights.c (the buffer range), vk_device.c. */
+/* vk_kv.c: the Vulkan backend's KV storage (private to the backend). Every session's K/V live
+ * in the model's paged pool; this file owns the layout the shaders see (shaders/kv.glsl:
+ * specialization constants, push-constant fields and bindings of a layer, for the step walker)
+ * and the pool itself: its layout over slabs, slab creation on first use (kv_page_commit),
+ * page-table checks, reads and writes of pages from the host, and kv_copy
+ * (shaders/kv_copy.comp). Creating the pipelines the pool's layout needs is the backend's
+ * (vk_backend.c, kv_pages_init), which walks the step after kvg_vk_kv_pool_init: no pipeline
+ * that touches the KV exists before the layout does. Calls vk_weights.c (the buffer range),
+ * vk_device.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,32 +25,26 @@ typedef struct pc_kv_copy { /* matches PC in shaders/kv_copy.comp */
 /* the KV layout constants of shaders/kv.glsl */
 void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
-    spec[KVG_SPEC_PAGED] = vm->paged;
-    spec[KVG_SPEC_PAGE] = vm->paged ? (uint32_t)vm->page_size : 32;
-    spec[KVG_SPEC_PPS] = vm->paged ? vm->pps : 1;
-    spec[KVG_SPEC_NSLAB] = vm->paged ? vm->nslab : 1;
+    spec[KVG_SPEC_PAGE] = (uint32_t)vm->page_size;
+    spec[KVG_SPEC_PPS] = vm->pps;
+    spec[KVG_SPEC_NSLAB] = vm->nslab;
 }
 
 /* push-constant fields of the paged layout for one layer */
 void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v) {
     const kvg_hparams *hp = &vm->hp;
-    uint32_t v = vm->paged ? (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim) : 0;
+    uint32_t v = (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim);
     *kv_v = v;
     *kv_layer = (uint32_t)layer * 2u * v;
     *kv_page = vm->page_elems;
 }
 
-/* binds the KV storage of a layer: the pool's slabs and the session's page table (or, for the
- * attention kernel's test hook, its contiguous K/V) */
-void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, int layer, kvg_vk_binding b[KVG_VK_BINDINGS]) {
-    if (vm->paged) {
-        for (uint32_t j = 0; j < vm->nslab; j++)
-            if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
-        b[KVG_VK_PTAB].buf = &s->ptab;
-    } else {
-        b[5].buf = &s->k[layer];
-        b[6].buf = &s->v[layer];
-    }
+/* binds the KV storage of a layer: the pool's slabs (those created so far; the others stay the
+ * dummy buffer, no page of theirs is in any table) and the session's page table */
+void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, kvg_vk_binding b[KVG_VK_BINDINGS]) {
+    for (uint32_t j = 0; j < vm->nslab; j++)
+        if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
+    b[KVG_VK_PTAB].buf = &s->ptab;
 }
 
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {
@@ -107,7 +104,6 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
         pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
         if (pps > per_slab) pps = per_slab;
     }
-    vm->paged = true;
     vm->page_size = page_size;
     vm->n_pages = n_pages;
     vm->page_elems = (uint32_t)elems;
@@ -168,7 +164,7 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
                                 float *io, bool write, kvgen_error *err) {
     vk_model *vm = m->backend;
     const kvg_hparams *hp = &vm->hp;
-    if (!vm->paged || layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || pos0 < 0 || n < 0)
+    if (vm->page_size <= 0 || layer < 0 || layer >= hp->n_layer || which < 0 || which > 1 || pos0 < 0 || n < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: KV %s of layer %d, which %d, [%d, +%d) out of range",
                         write ? "write" : "read", layer, which, pos0, n);
     size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
@@ -224,7 +220,7 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_po
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     const kvg_hparams *hp = &vm->hp;
-    if (!vm->paged || src_pos < 0 || dst_pos < 0 || n < 0)
+    if (vm->page_size <= 0 || src_pos < 0 || dst_pos < 0 || n < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: kv_copy [%d, +%d) -> %d out of range", src_pos, n,
                         dst_pos);
     if (n == 0) return KVGEN_OK;

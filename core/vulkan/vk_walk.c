@@ -88,7 +88,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             b[KVG_VK_UBO_X].buf = a->in;
             b[KVG_VK_UBO_NORM].buf = a->norm;
             if (a->epi == EPI_QKV) {
-                kvg_vk_kv_bind(vm, w->s, a->layer, b);
+                kvg_vk_kv_bind(vm, w->s, b);
                 b[7].buf = w->s->rope;
             }
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
@@ -204,7 +204,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
         b[0].buf = &vm->params;
         b[2].buf = &vm->q;
         b[3].buf = &vm->att;
-        kvg_vk_kv_bind(vm, w->s, layer, b);
+        kvg_vk_kv_bind(vm, w->s, b);
         b[7].buf = &w->s->part;
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
