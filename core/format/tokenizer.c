@@ -16,7 +16,7 @@
 
 enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
-#define MAX_REGEX 4
+#define MAX_REGEX 5
 #define MAX_EOG 16
 /* U+2581 LOWER ONE EIGHTH BLOCK: SentencePiece's visible space */
 #define SPM_SPACE "\xE2\x96\x81"
@@ -43,6 +43,7 @@ struct kvg_tokenizer {
     uint16_t cp_to_byte[324]; /* BPE: GPT-2 character -> byte + 1 (0: not a byte character) */
     int32_t *special;    /* ids matched by KVGEN_TOKENIZE_SPECIAL, longest text first */
     int n_special;
+    int n_user;          /* of those, user-defined ones (TT_USER): matched in any text */
     int32_t bos, eos, eot, eom, unk;
     int32_t eog[MAX_EOG];
     int n_eog;
@@ -147,6 +148,15 @@ static const pre_def k_pre_defs[] = {
     {{"starcoder", "smollm", "refact", "codeshell"}, {"\\p{N}", RE_GPT2}, false, false},
     {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {RE_LLAMA3}, true, true},
     {{"qwen2", "deepseek-r1-qwen"}, {RE_QWEN2}, false, false},
+    /* the Split sequence of DeepSeek-Coder's tokenizer.json: newlines, letters and punctuation
+     * with an optional leading space, runs of CJK (U+4E00-9FA5, U+0800-4E00, U+AC00-D7FF),
+     * single digits */
+    {{"deepseek-coder"},
+     {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\\x{4e00}-\\x{9fa5}\\x{0800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+",
+      "\\p{N}"},
+     false, false},
+    /* Falcon's: punctuation runs (with the backtick), the GPT-2 regex, then groups of 3 digits */
+    {{"falcon"}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false},
 };
 
 static const pre_def *find_pre(const char *name) {
@@ -493,8 +503,10 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
         if (!t->special) { st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path); goto fail; }
         int k = 0;
         for (int32_t i = 0; i < t->n_vocab; i++)
-            if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER || t->type[i] == TT_UNKNOWN) && t->text_len[i] > 0)
+            if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER || t->type[i] == TT_UNKNOWN) && t->text_len[i] > 0) {
                 t->special[k++] = i;
+                t->n_user += t->type[i] == TT_USER;
+            }
         sort_specials(t);
     }
     *out = t;
@@ -893,14 +905,19 @@ static void spm_fragment(enc *e, const char *s, size_t n, bool prefix) {
 typedef struct frag { size_t off, len; int32_t token; } frag; /* token -1: raw text */
 
 /* Splits the text around special-token texts, longest token first over the whole text (so
- * a longer token wins wherever it occurs), the way llama.cpp partitions its input. */
-static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, size_t len, frag **out, size_t *n_out) {
+ * a longer token wins wherever it occurs), the way llama.cpp partitions its input. User-defined
+ * tokens (runs of spaces or newlines, tool tags: added tokens the vocabulary marks TT_USER) are
+ * always matched, as Hugging Face's added tokens are; control and unknown tokens only with
+ * `control` (KVGEN_TOKENIZE_SPECIAL), so text from a player can never produce one. */
+static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, size_t len, bool control, frag **out,
+                                      size_t *n_out) {
     size_t n = 1, cap = 16;
     frag *f = malloc(cap * sizeof *f);
     if (!f) return KVGEN_E_NO_MEMORY;
     f[0] = (frag){0, len, -1};
     for (int k = 0; k < t->n_special; k++) {
         int32_t id = t->special[k];
+        if (!control && t->type[id] != TT_USER) continue;
         const char *st = tok_text(t, id);
         size_t sl = t->text_len[id];
         for (size_t i = 0; i < n; i++) {
@@ -949,8 +966,8 @@ kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, 
     if ((flags & KVGEN_TOKENIZE_ADD_BOS) && t->add_bos && t->bos >= 0) emit(&e, t->bos);
     frag one = {0, len, -1}, *frags = &one;
     size_t n_frags = len ? 1 : 0;
-    if (len && (flags & KVGEN_TOKENIZE_SPECIAL) && t->n_special) {
-        if (partition_special(t, text, len, &frags, &n_frags) != KVGEN_OK)
+    if (len && ((flags & KVGEN_TOKENIZE_SPECIAL) ? t->n_special : t->n_user)) {
+        if (partition_special(t, text, len, (flags & KVGEN_TOKENIZE_SPECIAL) != 0, &frags, &n_frags) != KVGEN_OK)
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "tokenizer: out of memory");
     }
     if (t->kind == KVGEN_TOKENIZER_BPE && n_frags) {

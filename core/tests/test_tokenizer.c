@@ -549,6 +549,10 @@ int main(void) {
     check_vectors("gpt-2");
     check_vectors("starcoder");
     check_vectors("llama-spm");
+    check_vectors("deepseek-coder");
+    check_vectors("falcon");
+    check_vectors("mpt");
+    check_vectors("phi-3");
 
     char *p1 = tu_testdata("tokenizer/ggml-vocab-gpt-2.gguf"), *p2 = tu_testdata("tokenizer/ggml-vocab-llama-spm.gguf"),
          *p3 = tu_testdata("tokenizer/ggml-vocab-starcoder.gguf");
