@@ -54,6 +54,27 @@ static kvgen_status get_float(ctx *c, const char *key, float *out) {
     return KVGEN_OK;
 }
 
+/* Metadata that changes the forward pass: a file carrying one its row does not read (a gemma2
+ * file labelled llama, an ALiBi or clamped-QKV model) is refused, never run wrong. A zero says
+ * "none" and passes. */
+static kvgen_status check_unread_keys(ctx *c) {
+    static const char *const keys[] = {"attn_logit_softcapping", "final_logit_softcapping", "attention.clamp_kqv",
+                                       "attention.max_alibi_bias"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        bool read = strstr(keys[i], "softcapping") && c->arch->softcap;
+        if (read || kvg_gguf_find_key(c->g, K(c, keys[i])) < 0) continue;
+        float v = 0.0f;
+        int64_t iv = 0;
+        if ((kvg_gguf_get_f32(c->g, K(c, keys[i]), &v) && v == 0.0f) ||
+            (kvg_gguf_get_i64(c->g, K(c, keys[i]), &iv) && iv == 0))
+            continue;
+        return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: metadata %s would change the %s forward pass, which kvgen "
+                        "does not apply to this architecture (the file is mislabelled or needs a feature kvgen lacks)",
+                        c->path, K(c, keys[i]), c->arch->name);
+    }
+    return KVGEN_OK;
+}
+
 static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
     memset(hp, 0, sizeof *hp);
     hp->rope_freq_base = 10000.0f;
@@ -275,6 +296,7 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s needs %s, which kvgen does not run yet", c.path, arch->name,
                         kvg_feature_name(KVG_F_FUSED_QKV));
     kvgen_status st = read_hparams(&c, &w->hp, &features);
+    if (!st) st = check_unread_keys(&c);
     if (st) return st;
     const kvg_hparams *hp = &w->hp;
     if (arch->embd_scale) {

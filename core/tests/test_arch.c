@@ -301,6 +301,24 @@ static void test_unimplemented(const char *llama_path) {
     free(r);
 }
 
+/* metadata that would change the math, on a row that does not read it: refused by name */
+static void test_unread_metadata(void) {
+    char *p = tu_make_model("a-llama-softcap.gguf", "--arch llama --softcap 50,30 --layers 1");
+    CHECK(p != NULL);
+    if (p) {
+        kvg_gguf *g;
+        kvg_weights w;
+        kvgen_error err = {0};
+        kvgen_status st = open_describe(p, &g, &w, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p) &&
+                   strstr(err.message, "metadata llama.attn_logit_softcapping would change the llama forward pass"),
+               "%s", err.message);
+        kvg_weights_free(&w);
+        kvg_gguf_close(g);
+    }
+    free(p);
+}
+
 static void test_unknown(const char *llama_path) {
     char *p = rewrite(llama_path, "a-gpt2.gguf", "gpt2", NULL, 0);
     CHECK(p != NULL);
@@ -465,6 +483,7 @@ int main(void) {
         test_prefix(llama);
         test_unimplemented(llama);
         test_unknown(llama);
+        test_unread_metadata();
         test_unused(llama);
     }
     test_wide_heads();
