@@ -323,12 +323,41 @@ static size_t count_token(kvgen_session *s, int32_t t) {
     return c;
 }
 
+/* A session on a model with GPT-2's vocabulary: no chat template, no family's turn tokens (the
+ * model is unloaded at the end of main). */
+static kvgen_model *bare;
+static kvgen_session *bare_session(void) {
+    kvgen_error err = {0};
+    if (!bare) {
+        char *vocab = tu_testdata("tokenizer/ggml-vocab-gpt-2.gguf");
+        char args[1200];
+        snprintf(args, sizeof args, "--seed 5 --layers 1 --embd 64 --ff 64 --heads 4 --vocab %s", vocab);
+        char *path = tu_make_model("gen-bare.gguf", args);
+        CHECK(path != NULL);
+        kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+        if (path) CHECK_OK(kvgen_model_load(&md, &bare, &err));
+        free(path);
+        free(vocab);
+    }
+    kvgen_session *s = NULL;
+    kvgen_session_desc sd = {.n_ctx = 64};
+    if (bare) CHECK_OK(kvgen_session_create(bare, &sd, &s, &err));
+    return s;
+}
+
 static void test_chat_turns(void) {
     kvgen_error err = {0};
     kvgen_session *s = session(NULL, 1024);
-    /* the synthetic model has no tokenizer.chat_template: a clear error, not a guess */
-    CHECK(kvgen_chat_add(s, "user", "hi", &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "chat_template"));
-    CHECK(kvgen_chat_template_name(s, &err) == NULL);
+    /* the synthetic model has no tokenizer.chat_template, but ChatML's turn tokens: chatml */
+    const char *fam = kvgen_chat_template_name(s, &err);
+    CHECKF(fam && strcmp(fam, "chatml") == 0, "family %s", fam ? fam : "none");
+    /* one with neither (GPT-2's vocabulary): a clear error, not a guess */
+    kvgen_session *bare = bare_session();
+    if (bare) {
+        CHECK(kvgen_chat_add(bare, "user", "hi", &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "chat_template"));
+        CHECK(kvgen_chat_template_name(bare, &err) == NULL);
+        kvgen_session_close(bare);
+    }
     kvgen_chat_template unknown = {.name = "alpaca"};
     CHECK(kvgen_chat_set_template(s, &unknown, &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "alpaca"));
     CHECK(kvgen_chat_add(s, "narrator", "x", &err) == KVGEN_E_INVALID_ARGUMENT);
@@ -648,10 +677,12 @@ static void test_atomic_begin(void) {
     CHECK(same_tokens(small, small_twin));
     kvgen_session_close(small);
     kvgen_session_close(small_twin);
-    /* without a template the chat call fails and no chat state is created */
-    kvgen_session *plain = session(NULL, 64);
-    CHECK(kvgen_chat_gen_begin(plain, "user", "hi", NULL, &g, &err) == KVGEN_E_UNSUPPORTED && !g);
-    CHECK(kvgen_session_length(plain) == 0);
+    /* without a template (nor a family's turn tokens) the chat call fails and no chat state is created */
+    kvgen_session *plain = bare_session();
+    if (plain) {
+        CHECK(kvgen_chat_gen_begin(plain, "user", "hi", NULL, &g, &err) == KVGEN_E_UNSUPPORTED && !g);
+        CHECK(kvgen_session_length(plain) == 0);
+    }
     kvgen_session_close(plain);
     kvgen_session_close(a);
     kvgen_session_close(twin);
@@ -741,6 +772,7 @@ int main(void) {
     test_atomic_begin();
     test_shift_bound();
     kvgen_model_unload(g_model);
+    kvgen_model_unload(bare);
     free(path);
     return tu_finish("test_generate");
 }
