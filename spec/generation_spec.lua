@@ -265,9 +265,17 @@ describe("generation (random model)", function()
   end)
 
   describe("chat", function()
-    it("needs a template: the random model has none", function()
-      assert.is_nil(s.template)
-      assert.matches("^kvgen: .*chat_template", error_of(s.chat, s, "hi"))
+    it("takes the family from the vocabulary when the file has no template", function()
+      -- the random model's synthetic vocabulary has ChatML's turn tokens
+      assert.are.equal("chatml", s.template)
+    end)
+
+    it("needs a template: a model with GPT-2's vocabulary has none and no turn tokens", function()
+      local bare <close> = kvgen.load(support.random_model_path("--vocab core/tests/fixtures/tokenizer/ggml-vocab-gpt-2.gguf"),
+        { backend = "reference" })
+      local bs <close> = bare:session()
+      assert.is_nil(bs.template)
+      assert.matches("^kvgen: .*chat_template", error_of(bs.chat, bs, "hi"))
       assert.are.equal("unsupported", (kvgen.last_error()))
     end)
 
@@ -348,9 +356,10 @@ describe("generation (random model)", function()
     end)
 
     it("set_template(nil) returns to the model's template", function()
-      s:set_template("chatml")
+      s:set_template("llama3")
+      assert.are.equal("llama3", s.template)
       s:set_template(nil)
-      assert.is_nil(s.template)
+      assert.are.equal("chatml", s.template) -- the model's own (from its vocabulary)
     end)
   end)
 
