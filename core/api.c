@@ -50,7 +50,8 @@ static char *model_name(const kvg_gguf *g, const char *path) {
 
 /* ---- the backend registry ----------------------------------------------------------------
  * Every backend kvgen knows is one row, in the order a default load tries them (KVGEN_BACKEND
- * unset): the first one that starts wins. A row whose backend this build lacks keeps its name
+ * unset): the first one that starts wins, a row may pass itself over for a later one (Vulkan
+ * when its device is the CPU itself). A row whose backend this build lacks keeps its name
  * (so KVGEN_BACKEND=vulkan in a CPU-only build says what is missing instead of "unknown") but
  * has no ops. Backend choice, kvgen_backends and kvgen_device_probe know backends only
  * through this table: a new backend is a new row. */
@@ -63,20 +64,39 @@ typedef struct backend_row {
     bool uses_device, uses_threads;
     /* kvgen_device_probe on this backend's device; NULL: none */
     kvgen_status (*probe)(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err);
+    /* true: a default load skips this row (the rows after it run everything it would); NULL:
+     * never */
+    bool (*pass_over)(const kvgen_model_desc *desc);
 } backend_row;
 
 #ifdef KVGEN_HAVE_VULKAN
 #define VULKAN_OPS (&kvg_vulkan_backend)
 #define VULKAN_PROBE kvg_vk_probe_run
+/* The device a default load would run on is the CPU itself (lavapipe: VkPhysicalDeviceType
+ * CPU): the cpu backend computes on the same cores without emulating a GPU. A device the load
+ * names (desc.device, KVGEN_DEVICE, a host's own VkDevice) is Vulkan's whatever its type. */
+static bool vulkan_device_is_host(const kvgen_model_desc *desc) {
+    const char *env = getenv("KVGEN_DEVICE");
+    if ((desc->device && *desc->device) || desc->vk_device || (env && *env)) return false;
+    kvgen_device_info devs[16];
+    int n = 0;
+    if (kvgen_devices(devs, 16, &n, NULL) != KVGEN_OK) return false;
+    for (int i = 0; i < n && i < 16; i++)
+        if (devs[i].is_default) return devs[i].type && strcmp(devs[i].type, "cpu") == 0;
+    return false;
+}
+#define VULKAN_PASS_OVER vulkan_device_is_host
 #else
 #define VULKAN_OPS NULL
 #define VULKAN_PROBE NULL
+#define VULKAN_PASS_OVER NULL
 #endif
 
 static const backend_row backend_table[] = {
     {KVGEN_BACKEND_VULKAN, "vulkan", "Vulkan", VULKAN_OPS, "KVGEN_VULKAN=OFF or no Vulkan SDK", true, false,
-     VULKAN_PROBE},
-    {KVGEN_BACKEND_REFERENCE, "reference", "reference", &kvg_reference_backend, NULL, false, true, NULL},
+     VULKAN_PROBE, VULKAN_PASS_OVER},
+    {KVGEN_BACKEND_CPU, "cpu", "cpu", &kvg_cpu_backend, NULL, false, true, NULL, NULL},
+    {KVGEN_BACKEND_REFERENCE, "reference", "reference", &kvg_reference_backend, NULL, false, true, NULL, NULL},
 };
 enum { N_BACKENDS = (int)(sizeof backend_table / sizeof backend_table[0]) };
 
@@ -168,10 +188,17 @@ static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, k
     for (int i = 0; i < N_BACKENDS; i++)
         if (backend_table[i].ops) last = i;
     if (last < 0) return kvg_fail(err, KVGEN_E_INTERNAL, "%s: this kvgen was built without any backend", desc->path);
+    /* a row may pass itself over for the next ones (not in a validated run, which is there to
+     * check the device backend) */
+    bool skip[N_BACKENDS] = {false};
+    for (int i = 0; i < last; i++) {
+        const backend_row *r = &backend_table[i];
+        skip[i] = !r->ops || (fall_back && r->pass_over && r->pass_over(desc));
+    }
     for (int i = 0; i <= last; i++) {
-        if (!backend_table[i].ops) continue;
+        if (skip[i]) continue;
         /* a row that fails quietly gives way to the next (e.g. no usable Vulkan device: the
-         * reference backend still runs everything); the last row's error is the load's */
+         * host backends still run everything); the last row's error is the load's */
         kvgen_error row_err = {0};
         st = start_backend(m, &backend_table[i], desc, &row_err);
         if (st == KVGEN_OK || !fall_back || i == last) {

@@ -562,7 +562,7 @@ static unsigned tokenize_flags(lua_State *L, int arg, unsigned mode) {
 
 /* ---- kvgen.load and the model ----------------------------------------------------------- */
 
-static const char *const backend_names[] = {"default", "reference", "vulkan", NULL};
+static const char *const backend_names[] = {"default", "reference", "vulkan", "cpu", NULL}; /* kvgen_backend order */
 
 typedef struct load_opts {
     kvgen_model_desc d;

@@ -4,9 +4,11 @@
 // attn.comp: causal attention of ncols query tokens over the layer's KV cache, online softmax.
 // Dispatch: (n_kv, ncols, nsplit), WG invocations. One workgroup handles every query head that
 // shares KV head gl_WorkGroupID.x (G = n_head / n_kv <= 8), so each cached K/V element is read
-// once for all of them; query t sits at position kvg_pos(t) (common.glsl) and sees positions [0, kvg_pos(t)].
-// Split s covers a contiguous 1/nsplit of those positions (decode splits long contexts so that
-// several workgroups share the work; attn_reduce.comp merges the partial results).
+// once for all of them; query t sits at position kvg_pos(t) (common.glsl) and sees positions
+// [first, kvg_pos(t)]: first is 0, or on a sliding-window layer (pc.window) the oldest position
+// inside the window. Split s covers a contiguous 1/nsplit of those positions (decode splits long
+// contexts so that several workgroups share the work; attn_reduce.comp merges the partial
+// results); scores are soft-capped where pc.softcap says (gemma2).
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
 // t*ldo + h*hd), 5/10 the KV cache (kv.glsl: the pool's slabs, the page table), 7 partials
 // (not DIRECT: per (t, h, s): m, l, acc[hd]).
@@ -27,7 +29,14 @@ layout(push_constant) uniform PC {
     uint n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
     uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
+    uint window;   // > 0: a sliding-window layer, a query at pos sees [pos - window + 1, pos] only
+    float softcap; // > 0: scores become softcap * tanh(score / softcap)
 } pc;
+
+// the first position a query at pos sees
+uint attn_first(uint pos) { return pc.window > 0u && pos >= pc.window ? pos - pc.window + 1u : 0u; }
+// soft-capping of a (scaled) score; the argument of tanh bounded as in epilogue.glsl
+float attn_cap(float s) { return pc.softcap > 0.0 ? pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0)) : s; }
 
 layout(std430, set = 0, binding = 2) readonly buffer Q { float qin[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { float yout[]; };
@@ -51,11 +60,12 @@ void main() {
     const uint G = GQ;
     const uint hd = HD;
     uint len = kvg_pos(t) + 1u;
+    uint first = attn_first(len - 1u); // a sliding window's splits share only the positions it sees
     uint tab = kvg_tab(t, pc.pt_base);
     // at least 256 positions per split: short contexts leave the later splits empty (cheap)
     // rather than paying every split's fixed cost for a few positions each
-    uint chunk = max((len + pc.nsplit - 1u) / pc.nsplit, 256u);
-    uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
+    uint chunk = max((len - first + pc.nsplit - 1u) / pc.nsplit, 256u);
+    uint p_begin = min(len, first + s * chunk), p_end = min(len, p_begin + chunk);
 
     // the queries in registers, not shared memory: every lane reads all of them for each of its
     // positions, and lavapipe runs a shared-memory load as a scalar load per lane
@@ -84,7 +94,7 @@ void main() {
                 [[unroll]] for (uint g = 0u; g < G; g++)
                     sg[g] += kv.x * qr[g * MAXHD + d] + kv.y * qr[g * MAXHD + d + 1u];
             }
-            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = sg[g];
+            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = attn_cap(sg[g]);
         }
         barrier();
         [[unroll]] for (uint g = 0u; g < G; g++) {

@@ -8,11 +8,13 @@
 // keeps the GQ queries, each head's running max and sum and its output row in registers, and
 // reads each cached K and V row once for all GQ query heads, a uvec4 (8 f16 / 4 f32) at a time.
 // Dispatch: (ceil(ncols * nsplit / WG), n_kv, 1), WG invocations. Invocation j takes token
-// t = j % ncols (at position pos = kvg_pos(t), seeing [0, pos]) and split s = j / ncols: decode's
-// lanes are the splits of one KV head, prefill's are consecutive tokens walking the same rows.
-// Split s covers positions [s * chunk, (s + 1) * chunk), chunk = max(ceil((pos0 + ncols) /
-// nsplit), MINCHUNK), the same for every token (a batched decode: each token's own length),
-// so attn_reduce.comp merges the partials.
+// t = j % ncols (at position pos = kvg_pos(t), seeing [first(pos), pos]: first is 0, or on a
+// sliding-window layer (pc.window) the oldest position inside the window) and split s = j / ncols:
+// decode's lanes are the splits of one KV head, prefill's are consecutive tokens walking the same
+// rows. Split s covers positions lo + [s * chunk, (s + 1) * chunk) of what its token sees,
+// lo = first(pos0), chunk = max(ceil((pos0 + ncols - lo) / nsplit), MINCHUNK), the same for every
+// token (a batched decode: each token's own span), so attn_reduce.comp merges the partials.
+// Scores are soft-capped where pc.softcap says (gemma2).
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
 // t*ldo + h*hd), 5/10 the KV cache (kv.glsl), 7 partials (not DIRECT: per (t, h, s): m, l,
 // acc[hd]). head_dim must be a multiple of 8; ldq, ldo multiples of 4.
@@ -32,7 +34,14 @@ layout(push_constant) uniform PC {
     uint n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
     uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
+    uint window;   // > 0: a sliding-window layer, a query at pos sees [pos - window + 1, pos] only
+    float softcap; // > 0: scores become softcap * tanh(score / softcap)
 } pc;
+
+// the first position a query at pos sees
+uint attn_first(uint pos) { return pc.window > 0u && pos >= pc.window ? pos - pc.window + 1u : 0u; }
+// soft-capping of a (scaled) score; the argument of tanh bounded as in epilogue.glsl
+float attn_cap(float s) { return pc.softcap > 0.0 ? pc.softcap * tanh(clamp(s / pc.softcap, -15.0, 15.0)) : s; }
 
 layout(std430, set = 0, binding = 2) readonly buffer Q { vec4 qin4[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { vec4 yout4[]; };
@@ -62,11 +71,13 @@ void main() {
     uint t = j % pc.ncols, s = j / pc.ncols;
     if (s >= pc.nsplit) return;
     uint len = kvg_pos(t) + 1u;
-    // a batched decode's tokens are of different sessions: each splits its own length
+    // a batched decode's tokens are of different sessions: each splits its own length; a step's
+    // tokens split the span from the first one's first visible position (sliding window) on
     uint maxlen = params.batch != 0u ? len : params.pos0 + pc.ncols;
-    uint chunk = max((maxlen + pc.nsplit - 1u) / pc.nsplit, MINCHUNK);
+    uint lo = attn_first(params.batch != 0u ? len - 1u : params.pos0);
+    uint chunk = max((maxlen - lo + pc.nsplit - 1u) / pc.nsplit, MINCHUNK);
     uint tab = kvg_tab(t, pc.pt_base);
-    uint p_begin = min(len, s * chunk), p_end = min(len, p_begin + chunk);
+    uint p_begin = min(len, max(lo + s * chunk, attn_first(len - 1u))), p_end = min(len, lo + (s + 1u) * chunk);
 
     vec4 q[GQ * NV];
     [[unroll]] for (uint g = 0u; g < GQ; g++) {
@@ -90,7 +101,7 @@ void main() {
         [[unroll]] for (uint g = 0u; g < GQ; g++) {
             vec4 d4 = vec4(0.0);
             [[unroll]] for (uint e = 0u; e < NV; e++) d4 += q[g * NV + e] * x[e];
-            sc[g] = d4.x + d4.y + d4.z + d4.w;
+            sc[g] = attn_cap(d4.x + d4.y + d4.z + d4.w);
         }
         kv_ref vr = kv_v_of(kr, pc.kv_v);
         ROW_OF(vr, w, x)

@@ -11,8 +11,10 @@
 //   4 norm     RMSNorm weight (f32, zero-padded)
 //   5 KV pool  the paged KV pool's slabs (an array of up to 8 buffers; f16 pairs packed in
 //              uint or f32 bits; see kv.glsl)
-//   6 unused   (bound to the dummy buffer)
-//   7 aux      RoPE cos/sin table, or attention partial results
+//   6 bias     the QKV projection's biases (epilogue.glsl, flag EPI_F_BIAS), else unused (the
+//              dummy buffer)
+//   7 aux      RoPE cos/sin table (one per distinct RoPE base and scale of the layers), or
+//              attention partial results
 //   8 (uniform, dynamic offset) a window of the input activations; 9 (uniform) the RMSNorm
 //              weight: the lane mat-vec reads these through uniform buffers (see matvec.comp)
 //   10 page table  a session's KV page table (kv.glsl)
@@ -57,6 +59,8 @@ layout(push_constant) uniform PC {
     uint kv_page;   // KV: elements per page
     uint kv_v;      // KV: offset of V after K inside a page's layer
     uint pt_base;   // KV: first entry of the page table in binding 10
+    uint flags;     // epilogue options (EPI_F_* in epilogue.glsl)
+    float cap;      // store mode: soft-capping of the results, cap * tanh(v / cap) (0: none)
 } pc;
 #endif
 

@@ -1,24 +1,46 @@
 // epilogue.glsl: where a weight kernel (matvec, gemm) puts its results. Results come in row
-// pairs (r even, r + 1) so RoPE (adjacent pairs) and SwiGLU (gate/up rows interleaved at upload)
-// can be fused here. MODE (specialization constant 3):
-//   0 store   out[t*ldo + o_off + r] = v
+// pairs (r even, r + 1) so RoPE (adjacent pairs) and the gated activations (gate/up rows
+// interleaved at upload) can be fused here. MODE (specialization constant 3):
+//   0 store   out[t*ldo + o_off + r] = v         (pc.cap > 0: cap * tanh(v / cap), final logits)
 //   1 add     out[...] += v                      (residual add fused into the projection)
 //   2 qkv     rows [0,nq): Q with RoPE -> out; [nq,nq+nk): K with RoPE -> the KV pool (binding 5);
 //             [nq+nk, nq+2nk): V -> the KV pool, at position kvg_pos(t) of the token's page table
-//             (binding 10; addressing: kv.glsl)
+//             (binding 10; addressing: kv.glsl). RoPE rotates adjacent pairs with the layer's
+//             cos/sin table (binding 7); NEOX models' Q/K rows are permuted at upload so that
+//             their pairs (i, i + n_rot/2) are adjacent rows (core/vulkan/vk_backend.c).
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
+//   4 geglu   out[t*ldo + r/2] = gelu_tanh(v_r) * v_{r+1}
+// pc.flags (any mode):
+//   EPI_F_BIAS    v_r += bias[r] first (binding 6: the projection's biases, by global row)
+//   EPI_F_RAW_QK  (qkv mode) Q and K rows are stored as they are, at out[t*ldo + r], for the head
+//                 norms op (rms_norm.comp) to norm, rotate and write to the KV pool; V as above
 #ifndef KVG_EPILOGUE_GLSL
 #define KVG_EPILOGUE_GLSL
 
 layout(std430, set = 0, binding = 3) buffer Out { float yout[]; };
+layout(std430, set = 0, binding = 6) readonly buffer Bias { float bias[]; };
 layout(std430, set = 0, binding = 7) readonly buffer Rope { vec2 rope_cs[]; };
 
 #include "kv.glsl"
 
+const uint EPI_F_BIAS = 1u, EPI_F_RAW_QK = 2u;
+
+// tanh with its argument bounded: beyond +-15 it is +-1 in f32 anyway, and an exp-based
+// implementation cannot overflow into inf / inf
+float kvg_tanh(float x) { return tanh(clamp(x, -15.0, 15.0)); }
+
 // r: global even row; has1: row r + 1 exists
 void store_pair(uint r, uint t, float v0, float v1, bool has1) {
     uint o = t * pc.ldo + pc.o_off;
+    if ((pc.flags & EPI_F_BIAS) != 0u) {
+        v0 += bias[r];
+        if (has1) v1 += bias[r + 1u];
+    }
     if (MODE == 0u) {
+        if (pc.cap > 0.0) {
+            v0 = pc.cap * kvg_tanh(v0 / pc.cap);
+            v1 = pc.cap * kvg_tanh(v1 / pc.cap);
+        }
         yout[o + r] = v0;
         if (has1) yout[o + r + 1u] = v1;
     } else if (MODE == 1u) {
@@ -26,9 +48,17 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
         if (has1) yout[o + r + 1u] += v1;
     } else if (MODE == 3u) {
         yout[o + (r >> 1)] = v0 / (1.0 + exp(-v0)) * v1;
+    } else if (MODE == 4u) {
+        float u = 0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0); // sqrt(2 / pi) (x + 0.044715 x^3)
+        yout[o + (r >> 1)] = 0.5 * v0 * (1.0 + kvg_tanh(u)) * v1;
     } else {
         uint pos = kvg_pos(t);
         uint nqk = pc.nq + pc.nk;
+        if (r < nqk && (pc.flags & EPI_F_RAW_QK) != 0u) {
+            yout[o + r] = v0;
+            yout[o + r + 1u] = v1;
+            return;
+        }
         if (r < nqk) {
             uint d = (r < pc.nq ? r : r - pc.nq) % pc.hd;
             if (d < pc.n_rot) {

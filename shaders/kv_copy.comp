@@ -7,7 +7,10 @@
 // Dispatch: (ceil(n * hd/2 / 64), 1, 1) x 64. Invocation: one (position i, element pair d) of
 // every layer and KV head (n_layer * n_kv loop iterations).
 // Bindings: 5 the paged pool's slabs, 10 the tables (source at src_tab, destination at dst_tab)
-// and, from cs_off, cos/sin of delta * theta_i as float bits (n_rot / 2 pairs).
+// and, from cs_off, cos/sin of delta * theta_i as float bits, n_rot / 2 pairs per layer (each
+// layer's own RoPE base, scale and frequency factors). Keys are rotated as adjacent pairs: NEOX
+// models keep their K heads permuted on the device so that pairs (i, i + n_rot/2) are adjacent
+// (core/vulkan/vk_backend.c).
 layout(local_size_x = 64) in;
 layout(constant_id = 5) const uint KV_F16 = 1;
 
@@ -24,11 +27,14 @@ void main() {
     uint gid = gl_GlobalInvocationID.x;
     uint i = gid / pairs, d = (gid % pairs) * 2u;
     if (i >= pc.n) return;
-    vec2 cs = vec2(1.0, 0.0);
-    if (pc.rope != 0u && d < pc.n_rot)
-        cs = vec2(intBitsToFloat(ptab[pc.cs_off + d]), intBitsToFloat(ptab[pc.cs_off + d + 1u]));
+    bool rot = pc.rope != 0u && d < pc.n_rot;
     for (uint l = 0u; l < pc.n_layer; l++) {
         uint layer_off = l * 2u * pc.kv_v;
+        vec2 cs = vec2(1.0, 0.0);
+        if (rot) {
+            uint c = pc.cs_off + l * pc.n_rot + d;
+            cs = vec2(intBitsToFloat(ptab[c]), intBitsToFloat(ptab[c + 1u]));
+        }
         for (uint h = 0u; h < pc.n_kv; h++) {
             kv_ref s = kv_locate(pc.src_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, true, h, pc.src_pos + i);
             kv_ref t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, true, h, pc.dst_pos + i);

@@ -11,9 +11,11 @@
 //
 // LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
 // workgroup runs on one core and barriers and reductions are costly: each invocation computes
-// one row pair on its own (2*WG rows per workgroup, dispatch (ceil(nrows / (2*WG)), 1, 1)), the
-// inputs are the same for all invocations, and no reduction is needed. It walks nb*4 quarter
-// blocks per row. lavapipe's 65,535 limit counts every loop iteration of an invocation
+// ROWS rows on its own (ROWS*WG rows per workgroup, dispatch (ceil(nrows / (ROWS*WG)), token
+// groups of NCOLS, 1)), the inputs are the same for all invocations, and no reduction is needed.
+// It walks a row's stored blocks (weights.glsl: GROUP 32-element sub-blocks each), loading each
+// row's block header once, then the block's sub-blocks one whole 32-element block at a time:
+// nb / GROUP + nb trips. lavapipe's 65,535 limit counts every loop iteration of an invocation
 // together, so loops with constant trip counts are unrolled and rows stay below 500K elements.
 layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 1) const uint NCOLS = 1;
@@ -100,32 +102,62 @@ void main() {
         if (r0 >= pc.nrows) return;
         float acc[ROWS * NCOLS];
         [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
-        for (uint b = 0u; b < pc.nb; b++) {
-            vec4 xb[NCOLS * 8u];
-            float xs[NCOLS];
-            vec4 g[8];
-            [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? lane_g(b * 8u + i) : vec4(1.0);
-            [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-                xs[c] = 0.0;
-                [[unroll]] for (uint i = 0u; i < 8u; i++) xb[c * 8u + i] = vec4(0.0);
-                if (c0 + c < pc.ncols) {
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        vec4 v = lane_x(c0, c, b * 8u + i);
-                        if (NORM != 0u) v *= g[i];
-                        xb[c * 8u + i] = v;
-                        xs[c] += dot(v, vec4(1.0));
+        uint ng = pc.nb / GROUP; // stored blocks per row
+        for (uint gi = 0u; gi < ng; gi++) {
+            // each row's block header (scales) once per stored block, kept over its GROUP
+            // 32-element sub-blocks
+            WHead hd[ROWS];
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                hd[r].a = uvec4(0u);
+                hd[r].b = 0u;
+                if (r0 + r < pc.nrows) hd[r] = wt_head((r0 + r) * ng + gi);
+            }
+#ifndef WT_GROUPED
+            [[unroll]]
+#endif
+            for (uint sub = 0u; sub < GROUP; sub++) {
+                uint b = gi * GROUP + sub;
+                vec4 xb[NCOLS * 8u];
+                float xs[NCOLS], xs2[NCOLS]; // sums of the block's inputs: all (xs), or 0-15 / 16-31 (WT_SPLIT)
+                vec4 g[8];
+                [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? lane_g(b * 8u + i) : vec4(1.0);
+                [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                    xs[c] = 0.0;
+                    xs2[c] = 0.0;
+                    [[unroll]] for (uint i = 0u; i < 8u; i++) xb[c * 8u + i] = vec4(0.0);
+                    if (c0 + c < pc.ncols) {
+                        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                            vec4 v = lane_x(c0, c, b * 8u + i);
+                            if (NORM != 0u) v *= g[i];
+                            xb[c * 8u + i] = v;
+#ifdef WT_SPLIT
+                            if (i < 4u) xs[c] += dot(v, vec4(1.0));
+                            else xs2[c] += dot(v, vec4(1.0));
+#else
+                            xs[c] += dot(v, vec4(1.0));
+#endif
+                        }
                     }
                 }
-            }
-            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
-                if (r0 + r < pc.nrows) {
-                    vec4 q[8];
-                    vec2 dm;
-                    block_raw((r0 + r) * pc.nb + b, q, dm);
-                    [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-                        float d = 0.0;
-                        [[unroll]] for (uint i = 0u; i < 8u; i++) d += dot(q[i], xb[c * 8u + i]);
-                        acc[r * NCOLS + c] += d * dm.x + xs[c] * dm.y;
+                [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                    if (r0 + r < pc.nrows) {
+                        vec4 q[8];
+                        vec4 dm;
+                        block_raw(hd[r], (r0 + r) * ng + gi, sub, q, dm);
+                        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+#ifdef WT_SPLIT
+                            float d0 = 0.0, d1 = 0.0;
+                            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                                d0 += dot(q[i], xb[c * 8u + i]);
+                                d1 += dot(q[4u + i], xb[c * 8u + 4u + i]);
+                            }
+                            acc[r * NCOLS + c] += d0 * dm.x + xs[c] * dm.y + d1 * dm.z + xs2[c] * dm.w;
+#else
+                            float d = 0.0;
+                            [[unroll]] for (uint i = 0u; i < 8u; i++) d += dot(q[i], xb[c * 8u + i]);
+                            acc[r * NCOLS + c] += d * dm.x + xs[c] * dm.y;
+#endif
+                        }
                     }
                 }
             }

@@ -80,6 +80,14 @@ describe("kvgen module", function()
       m:close()
     end)
 
+    it("loads a model on the cpu backend", function()
+      local m = kvgen.load(support.random_model_path(), { backend = "cpu", threads = 2 })
+      assert.are.equal("cpu", m.backend)
+      assert.matches("^cpu %(", m.device)
+      assert.matches("2 threads", m:describe())
+      m:close()
+    end)
+
     it("accepts no options table and an empty one", function()
       local m = kvgen.load(support.random_model_path(), { backend = "reference" })
       m:close()
@@ -114,7 +122,7 @@ describe("kvgen module", function()
 
     it("checks every option's type and range", function()
       local p = support.random_model_path()
-      assert.matches("option 'backend': 'cuda' is not one of 'default', 'reference', 'vulkan'",
+      assert.matches("option 'backend': 'cuda' is not one of 'default', 'reference', 'vulkan', 'cpu'",
         error_of(kvgen.load, p, { backend = "cuda" }))
       assert.matches("option 'backend': string expected, got number", error_of(kvgen.load, p, { backend = 1 }))
       assert.matches("option 'threads': integer expected, got string", error_of(kvgen.load, p, { threads = "2" }))
@@ -170,7 +178,7 @@ describe("kvgen module", function()
 
     it("backend='default' loads on some backend", function()
       local m = kvgen.load(support.random_model_path(), { backend = "default" })
-      assert.is_truthy(m.backend == "reference" or m.backend == "vulkan")
+      assert.is_truthy(m.backend == "cpu" or m.backend == "reference" or m.backend == "vulkan")
       m:close()
     end)
   end)

@@ -32,6 +32,10 @@ kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **
 /* Stops and joins the workers. NULL is ignored. */
 void kvg_cpu_pool_destroy(kvg_cpu_pool *p);
 int kvg_cpu_pool_threads(const kvg_cpu_pool *p);
+/* Lets the workers poll for a next job, and the caller for the workers' end, for up to spin_us
+ * microseconds before they sleep (0, the default: sleep at once). For a backend that runs many
+ * short jobs per token: it trades idle cycles on its cores for no wake-up latency. */
+void kvg_cpu_pool_set_spin(kvg_cpu_pool *p, int spin_us);
 /* Runs fn over [0, n_items) on every thread and returns when all items are done. Items are
  * handed out in chunks (several per thread, so one thread slowed by other work does not hold
  * up the rest); each item is handled exactly once, by one thread. Jobs from several threads

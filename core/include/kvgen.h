@@ -71,9 +71,11 @@ typedef struct kvgen_model kvgen_model;
 typedef struct kvgen_session kvgen_session;
 
 typedef enum kvgen_backend {
-    KVGEN_BACKEND_DEFAULT = 0, /* KVGEN_BACKEND env var, else vulkan when available, else reference */
+    KVGEN_BACKEND_DEFAULT = 0, /* KVGEN_BACKEND env var, else vulkan when a GPU is usable (a device that
+                                  is not the CPU itself, as lavapipe is), else cpu */
     KVGEN_BACKEND_REFERENCE,   /* plain C f32 CPU forward pass: the oracle */
-    KVGEN_BACKEND_VULKAN       /* Vulkan compute shaders */
+    KVGEN_BACKEND_VULKAN,      /* Vulkan compute shaders */
+    KVGEN_BACKEND_CPU          /* the fast CPU forward pass: quantized dot products, AVX2/AVX-512 */
 } kvgen_backend;
 
 typedef struct kvgen_model_desc {
@@ -81,7 +83,7 @@ typedef struct kvgen_model_desc {
     kvgen_backend backend; /* 0: default */
     const char *device;    /* Vulkan device: index or name substring; NULL: KVGEN_DEVICE env or auto */
     int force_f32;         /* Vulkan: use the f32 shader variants even where fp16 is available */
-    int n_threads;         /* reference backend threads; 0: all cores */
+    int n_threads;         /* cpu and reference backend threads; 0: all cores */
     /* KV page pool (see "sessions" below). The pool holds every session's keys and values in
      * fixed-size pages; its size is fixed at load. kv_pool_bytes wins over kv_pool_tokens;
      * both 0: 16 sessions of min(context_length, 8192) tokens, at most a quarter of the
@@ -173,7 +175,7 @@ kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_er
 /* A backend kvgen knows. */
 typedef struct kvgen_backend_info {
     kvgen_backend backend; /* the value for kvgen_model_desc.backend */
-    const char *name;      /* "vulkan", "reference": as KVGEN_BACKEND, `--backend` and
+    const char *name;      /* "vulkan", "cpu", "reference": as KVGEN_BACKEND, `--backend` and
                               kvgen_model_info.backend spell it */
     int available;         /* 1: built into this kvgen; 0: known, but this build lacks it (loading
                               it fails with KVGEN_E_UNSUPPORTED) */

@@ -150,6 +150,7 @@ typedef struct kvg_backend_ops {
 } kvg_backend_ops;
 
 extern const kvg_backend_ops kvg_reference_backend;
+extern const kvg_backend_ops kvg_cpu_backend;
 extern const kvg_backend_ops kvg_vulkan_backend;
 
 /* whether ops->weight_types lists `type` */

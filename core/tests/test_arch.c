@@ -1,10 +1,11 @@
 /* test_arch.c: the architecture table (arch.c) and the model description built from it: the
  * llama row as before, metadata read through a row's prefix, every row but phi3 running on the
- * reference backend, architectures whose features a backend does not run (Vulkan: all but
- * llama's) refused with a message naming file, architecture, feature and backend,
- * unknown architectures listing the known ones, tensors the row does not use refused (when
- * they would change the math) or warned about, and heads wider than n_embd / n_head run by
- * both backends alike. */
+ * reference backend and on Vulkan alike (phi3 refused at description), architectures whose
+ * features a backend does not run refused with a message naming file, architecture, feature
+ * and backend (checked against a backend table that runs the llama pass only), unknown
+ * architectures listing the known ones, tensors the row does not use refused (when they would
+ * change the math) or warned about, and heads wider than n_embd / n_head run by both backends
+ * alike. */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <math.h>
@@ -194,50 +195,64 @@ static void test_prefix(const char *llama_path) {
     free(p);
 }
 
-/* The reference backend runs the file (a prefill and a decode give finite logits); a load on
- * Vulkan, which lacks `feature`, is KVGEN_E_UNSUPPORTED, and the message names the file, the
- * architecture, the feature and the backend. */
-static void expect_backend_refusal(const char *path, const char *arch, const char *feature) {
-    kvgen_model *rm = NULL;
-    kvgen_error rerr = {0};
-    kvgen_status rst = load(path, KVGEN_BACKEND_REFERENCE, &rm, &rerr);
-    CHECKF(rst == KVGEN_OK, "%s on the reference backend: %s", path, rerr.message);
-    if (rm) {
+/* The reference backend and Vulkan both run the file (a prefill and a decode: finite logits,
+ * Vulkan's within test_vk_model's tolerance of the reference's, f16 KV cache); a backend whose
+ * table lacks `feature` (one that runs the plain llama pass only, as Vulkan once did) refuses it
+ * with KVGEN_E_UNSUPPORTED and a message naming the file, the architecture, the feature and
+ * the backend. */
+static void expect_runs(const char *path, const char *arch, const char *feature) {
+    static const kvg_backend_ops llama_only = {.name = "llama-only", .features = KVG_F_WIDE_HEADS};
+    kvgen_backend backends[2] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_VULKAN};
+    const char *names[2] = {"reference", "vulkan"};
+    float *logits[2] = {NULL, NULL};
+    int n_vocab = 0;
+    for (int b = 0; b < (has_vulkan ? 2 : 1); b++) {
+        kvgen_model *m = NULL;
+        kvgen_error err = {0};
+        kvgen_status st = load(path, backends[b], &m, &err);
+        CHECKF(st == KVGEN_OK, "%s on the %s backend: %s", path, names[b], err.message);
+        if (!m) continue;
         kvgen_session *s = NULL;
         kvgen_session_desc sd = {.n_ctx = 64};
         int32_t t[5] = {1, 7, 3, 9, 2};
-        CHECK_OK(kvgen_session_create(rm, &sd, &s, &rerr));
-        CHECK_OK(kvgen_session_prefill(s, t, 4, NULL, &rerr));
-        CHECK_OK(kvgen_session_decode(s, t[4], &rerr));
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        CHECK_OK(kvgen_session_prefill(s, t, 4, NULL, &err));
+        CHECK_OK(kvgen_session_decode(s, t[4], &err));
         const float *l = kvgen_session_logits(s);
         kvgen_model_info info;
-        kvgen_model_get_info(rm, &info);
+        kvgen_model_get_info(m, &info);
+        n_vocab = info.n_vocab;
         int finite = 0;
         for (int i = 0; l && i < info.n_vocab; i++) finite += isfinite(l[i]) != 0;
-        CHECKF(l && finite == info.n_vocab, "%s: %d of %d logits finite", path, finite, info.n_vocab);
-        CHECKF(strcmp(info.architecture, arch) == 0, "%s: architecture %s", path, info.architecture);
+        CHECKF(l && finite == info.n_vocab, "%s on %s: %d of %d logits finite", path, names[b], finite, info.n_vocab);
+        CHECKF(strcmp(info.architecture, arch) == 0 && strcmp(info.backend, names[b]) == 0,
+               "%s: architecture %s on %s", path, info.architecture, info.backend);
+        logits[b] = l ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
+        if (logits[b]) memcpy(logits[b], l, (size_t)n_vocab * sizeof(float));
+        if (b == 0) {
+            st = kvg_arch_check_backend(m, &llama_only, &err);
+            char want[256];
+            snprintf(want, sizeof want, "%s needs %s, which the llama-only backend does not run yet", arch, feature);
+            CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, path) && strstr(err.message, want),
+                   "want '%s' and the path, got: %s (%s)", want, err.message, kvgen_status_name(st));
+        }
         kvgen_session_close(s);
-        kvgen_model_unload(rm);
-    }
-    kvgen_backend backends[1] = {KVGEN_BACKEND_VULKAN};
-    const char *names[1] = {"vulkan backend"};
-    for (int b = 0; b < (has_vulkan ? 1 : 0); b++) {
-        kvgen_model *m;
-        kvgen_error err = {0};
-        kvgen_status st = load(path, backends[b], &m, &err);
-        CHECKF(st == KVGEN_E_UNSUPPORTED, "%s on %s: %s (%s)", path, names[b], kvgen_status_name(st), err.message);
-        char want[256];
-        snprintf(want, sizeof want, "%s needs %s, which the %s does not run yet", arch, feature, names[b]);
-        CHECKF(strstr(err.message, path) && strstr(err.message, want), "want '%s' and the path, got: %s", want,
-               err.message);
         kvgen_model_unload(m);
     }
+    if (logits[0] && logits[1]) {
+        double max = 0;
+        for (int i = 0; i < n_vocab; i++) max = fmax(max, fabs(logits[0][i]));
+        double d = tu_max_diff(logits[0], logits[1], n_vocab);
+        CHECKF(d <= 0.01 * (2.0 + max), "%s: vulkan vs reference: %g (max |logit| %g)", path, d, max);
+    }
+    free(logits[0]);
+    free(logits[1]);
 }
 
-static void test_unimplemented(const char *llama_path) {
+static void test_other_rows(const char *llama_path) {
     char *q = tu_make_model("a-qwen2-run.gguf", "--arch qwen2 --qkv-bias --layers 1");
     CHECK(q != NULL);
-    if (q) expect_backend_refusal(q, "qwen2", "attention biases (attn_q.bias, attn_k.bias, attn_v.bias)");
+    if (q) expect_runs(q, "qwen2", "attention biases (attn_q.bias, attn_k.bias, attn_v.bias)");
     free(q);
     /* qwen2 without its biases: a missing tensor */
     char *nb = tu_make_model("a-qwen2-nobias.gguf", "--arch qwen2 --layers 1");
@@ -256,7 +271,7 @@ static void test_unimplemented(const char *llama_path) {
     extra_tensor qk[2] = {{"blk.%d.attn_q_norm.weight", 16}, {"blk.%d.attn_k_norm.weight", 16}};
     char *q3 = q3src ? rewrite(q3src, "a-qwen3.gguf", NULL, qk, 2) : NULL;
     CHECK(q3 != NULL);
-    if (q3) expect_backend_refusal(q3, "qwen3", "Q/K head norms (attn_q_norm, attn_k_norm)");
+    if (q3) expect_runs(q3, "qwen3", "Q/K head norms (attn_q_norm, attn_k_norm)");
     free(q3src);
     free(q3);
     /* gemma2: post norms, GELU, ... the first named is the lowest feature bit */
@@ -265,7 +280,7 @@ static void test_unimplemented(const char *llama_path) {
     char *g2 = g2src ? rewrite(g2src, "a-gemma2.gguf", NULL, post, 2) : NULL;
     CHECK(g2 != NULL);
     if (g2) {
-        expect_backend_refusal(g2, "gemma2",
+        expect_runs(g2, "gemma2",
                                "post-attention and post-FFN norms (post_attention_norm, post_ffw_norm)");
         kvg_gguf *g;
         kvg_weights w;
@@ -293,11 +308,11 @@ static void test_unimplemented(const char *llama_path) {
         kvg_gguf_close(g);
     }
     free(p3);
-    /* a llama file with rope_freqs (llama 3.1 style): described, run by the reference, refused by Vulkan */
+    /* a llama file with rope_freqs (llama 3.1 style): described and run by both backends */
     extra_tensor rf[1] = {{"rope_freqs.weight", 8}};
     char *r = rewrite(llama_path, "a-rope-freqs.gguf", NULL, rf, 1);
     CHECK(r != NULL);
-    if (r) expect_backend_refusal(r, "llama", "RoPE frequency factors (rope_freqs)");
+    if (r) expect_runs(r, "llama", "RoPE frequency factors (rope_freqs)");
     free(r);
 }
 
@@ -481,7 +496,7 @@ int main(void) {
     if (llama) {
         test_llama_row(llama);
         test_prefix(llama);
-        test_unimplemented(llama);
+        test_other_rows(llama);
         test_unknown(llama);
         test_unread_metadata();
         test_unused(llama);

@@ -2,7 +2,8 @@
  * backend kvgen knows with the reference among them; its names and order are what
  * KVGEN_BACKEND accepts and what a bad value lists; each available backend loads under its
  * own name; a default load falls back from a device backend that cannot start to the next row,
- * but not under KVGEN_VALIDATE=1; kvgen_device_probe checks its arguments and measures
+ * but not under KVGEN_VALIDATE=1, and passes over Vulkan for the cpu backend when Vulkan's
+ * device is the CPU itself (lavapipe); kvgen_device_probe checks its arguments and measures
  * something positive where a device backend runs (else says it is not built). */
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
@@ -47,8 +48,10 @@ static void test_list(void) {
     CHECK(ref && ref->available && strcmp(ref->name, "reference") == 0 && ref->uses_threads && !ref->uses_device);
     const kvgen_backend_info *vk = find_backend(KVGEN_BACKEND_VULKAN);
     CHECK(vk && strcmp(vk->name, "vulkan") == 0 && vk->uses_device);
-    /* the reference runs everything: it is the last resort of a default load */
-    CHECK(n_backends > 0 && backends[n_backends - 1].backend == KVGEN_BACKEND_REFERENCE);
+    /* the order: Vulkan, then the host backends, the cpu one before the reference, which runs
+     * everything and is the last resort of a default load */
+    CHECK(n_backends == 3 && backends[0].backend == KVGEN_BACKEND_VULKAN && backends[1].backend == KVGEN_BACKEND_CPU &&
+          backends[2].backend == KVGEN_BACKEND_REFERENCE);
 }
 
 /* KVGEN_BACKEND accepts exactly the registry's names; a bad one lists them all, in order */
@@ -153,6 +156,60 @@ static void test_fallback(const char *path) {
     free(saved);
 }
 
+/* The default order: a default load (no device named) runs on Vulkan unless the device it would
+ * use is the CPU itself (lavapipe), where the cpu backend computes on the same cores without the
+ * emulation; naming the device, or KVGEN_VALIDATE=1 (a run checking the device backend), keeps
+ * Vulkan. Without a device the default is the cpu backend. */
+static void expect_default(const char *path, const char *device, const char *want, const char *why) {
+    kvgen_model_desc md = {.path = path, .device = device, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvgen_model_load(&md, &m, &err);
+    CHECKF(st == KVGEN_OK, "%s: %s", why, err.message);
+    if (m) {
+        kvgen_model_info info;
+        kvgen_model_get_info(m, &info);
+        CHECKF(strcmp(info.backend, want) == 0, "%s: loaded on %s, not %s", why, info.backend, want);
+        printf("default load, %s: %s (%s)\n", why, info.backend, info.device);
+    }
+    kvgen_model_unload(m);
+}
+
+static void test_default_choice(const char *path) {
+    const kvgen_backend_info *vk = find_backend(KVGEN_BACKEND_VULKAN), *cpu = find_backend(KVGEN_BACKEND_CPU);
+    CHECK(cpu && cpu->available && cpu->uses_threads && !cpu->uses_device && strcmp(cpu->name, "cpu") == 0);
+    const char *env_dev = getenv("KVGEN_DEVICE");
+    if (env_dev && *env_dev) {
+        printf("KVGEN_DEVICE is set: the default order not checked\n");
+        return;
+    }
+    const char *validate = getenv("KVGEN_VALIDATE");
+    char *saved = validate ? strdup(validate) : NULL;
+    unsetenv("KVGEN_VALIDATE");
+    kvgen_device_info devs[16];
+    int n_dev = 0;
+    kvgen_error err = {0};
+    if (!vk || !vk->available || kvgen_devices(devs, 16, &n_dev, &err) != KVGEN_OK) n_dev = 0;
+    const kvgen_device_info *def = NULL;
+    for (int i = 0; i < n_dev && i < 16; i++)
+        if (devs[i].is_default) def = &devs[i];
+    if (!def) {
+        expect_default(path, NULL, "cpu", "no Vulkan device");
+    } else if (strcmp(def->type, "cpu") == 0) {
+        expect_default(path, NULL, "cpu", "the default Vulkan device is the CPU");
+        char index[16];
+        snprintf(index, sizeof index, "%d", def->index);
+        expect_default(path, index, "vulkan", "that device named");
+        setenv("KVGEN_VALIDATE", "1", 1);
+        expect_default(path, NULL, "vulkan", "KVGEN_VALIDATE=1");
+        unsetenv("KVGEN_VALIDATE");
+    } else {
+        expect_default(path, NULL, "vulkan", "a GPU");
+    }
+    if (saved) setenv("KVGEN_VALIDATE", saved, 1);
+    free(saved);
+}
+
 static void test_probe(void) {
     kvgen_error err = {0};
     kvgen_probe_result r;
@@ -194,6 +251,7 @@ int main(void) {
     test_list();
     test_env_parsing(path);
     test_fallback(path);
+    test_default_choice(path);
     test_probe();
     free(path);
     return tu_finish("test_backends");

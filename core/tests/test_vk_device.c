@@ -353,7 +353,7 @@ static void selection(const char *path) {
     err = (kvgen_error){0};
     CHECK(load(&d, KVGEN_BACKEND_VULKAN, &err) == NULL);
     CHECKF(err.status == KVGEN_E_DEVICE && strstr(err.message, "99"), "%s", err.message);
-    /* the default backend falls back to the reference when the named device is absent (api.c),
+    /* the default backend falls back to the cpu backend when the named device is absent (api.c),
      * except under KVGEN_VALIDATE=1, where a fallback would skip the validation asked for */
     setenv("KVGEN_DEVICE", "nosuchgpu", 1);
     d.device = NULL;
@@ -370,7 +370,7 @@ static void selection(const char *path) {
     if (m) {
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
-        CHECKF(strcmp(info.backend, "reference") == 0, "backend %s", info.backend);
+        CHECKF(strcmp(info.backend, "cpu") == 0, "backend %s", info.backend);
     }
     kvgen_model_unload(m);
 }

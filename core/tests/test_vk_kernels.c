@@ -5,9 +5,14 @@
  * inputs read through uniform windows where they fit) and both attention kernels (cooperative,
  * and attn_lane.comp for CPU devices: one invocation per token, KV head and position range)
  * reading the paged KV pool: pages of 1-256 positions, tables in order and shuffled over a pool
- * with spare pages, every slot outside the session NaN. */
+ * with spare pages, every slot outside the session NaN. Every weight type of the Vulkan table
+ * (the K types with K = 256 n, n odd) runs the decode mat-vec (1, 3, 8 tokens), the GEMM and the
+ * lane mat-vec over 8-token groups, and the embedding lookup (against the CPU's dequantization,
+ * with a scale, the matrix split into parts); the worst error per type is printed. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
@@ -21,8 +26,17 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
-static const uint32_t types[] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_BF16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0,
-                                 KVG_TYPE_Q4_1};
+static const uint32_t types[] = {KVG_TYPE_F32,  KVG_TYPE_F16,  KVG_TYPE_BF16,   KVG_TYPE_Q8_0, KVG_TYPE_Q4_0,
+                                 KVG_TYPE_Q4_1, KVG_TYPE_Q5_0, KVG_TYPE_Q5_1,   KVG_TYPE_IQ4_NL, KVG_TYPE_Q4_K,
+                                 KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_Q2_K,   KVG_TYPE_Q3_K, KVG_TYPE_IQ4_XS};
+#define N_TYPES (sizeof types / sizeof types[0])
+/* per type: the worst |vulkan - double| / sum |w x| over every mat-mul case (printed at the end) */
+static double worst_rel[N_TYPES];
+static int type_index(uint32_t type) {
+    for (size_t i = 0; i < N_TYPES; i++)
+        if (types[i] == type) return (int)i;
+    return 0;
+}
 
 /* tolerance: f32 accumulation over K terms, relative to sum |w x| */
 static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, uint32_t ncols, bool norm, int epi,
@@ -79,6 +93,8 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
             }
             double diff = fabs(y[oi] - want);
             if (diff > worst) worst = diff;
+            double rel = diff / (epi == 3 ? mags[0] * (fabs(dots[1]) + 1) + mags[1] * (fabs(dots[0]) + 1) : mag);
+            if (rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
             if (!(diff <= tol) && bad++ < 3)
                 fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d lane %d: [%u][%zu] got %g want %g\n",
                         kvg_type_name(type), rows, K, ncols, norm, epi, lane, c, oi, y[oi], want);
@@ -87,6 +103,64 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     CHECKF(bad == 0, "matmul %s rows %u K %u ncols %u norm %d epi %d lane %d: %d wrong (worst |d| %g)",
            kvg_type_name(type), rows, K, ncols, norm, epi, lane, bad, worst);
     free(w); free(row); free(x); free(g); free(deq); free(y); free(y0);
+}
+
+/* the embedding lookup: rows tokens[i] of a random matrix, times scale, against the CPU's
+ * dequantization; the matrix split into parts of `part` bytes (0: one part) */
+static double worst_embed;
+static void check_embed(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, float scale, size_t part) {
+    size_t rb = kvg_row_bytes(type, K);
+    uint8_t *w = malloc(rb * rows);
+    float *row = malloc(sizeof(float) * K), *deq = malloc(sizeof(float) * K * rows);
+    for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t k = 0; k < K; k++) row[k] = frand() * (0.5f + (float)(r % 7));
+        kvg_quantize_row(type, row, w + rb * r, K);
+        kvg_dequantize_row(type, w + rb * r, deq + (size_t)K * r, K);
+    }
+    int32_t tok[11] = {0, (int32_t)rows - 1, 5 % rows, 1 % rows, (int32_t)(rows / 2), 0, (int32_t)(rows * 7 / 8),
+                       (int32_t)(rows / 3), 2 % rows, (int32_t)rows - 2, (int32_t)(rows / 5)};
+    uint32_t n = 11;
+    float *out = malloc(sizeof(float) * K * n);
+    char env[32];
+    if (part) {
+        snprintf(env, sizeof env, "%zu", part);
+        setenv("KVGEN_VK_MAX_PART", env, 1);
+    }
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_test_embed(ctx, type, w, rows, K, tok, n, scale, out, &err);
+    if (part) unsetenv("KVGEN_VK_MAX_PART");
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    int bad = 0;
+    for (uint32_t i = 0; i < n && st == KVGEN_OK; i++) {
+        const float *d = deq + (size_t)K * (uint32_t)tok[i];
+        double mx = 0;
+        for (uint32_t k = 0; k < K; k++) mx = fmax(mx, fabs(d[k]));
+        for (uint32_t k = 0; k < K; k++) {
+            double want = (double)d[k] * scale, diff = fabs(out[(size_t)i * K + k] - want);
+            /* one rounding of the scale, and fused or unfused q * d - m */
+            double tol = 1e-6 * (fabs(want) + mx * scale) + 1e-30;
+            if (mx > 0 && diff / (mx * scale) > worst_embed) worst_embed = diff / (mx * scale);
+            if (!(diff <= tol) && bad++ < 3)
+                fprintf(stderr, "  embed %s row %d [%u]: got %g want %g\n", kvg_type_name(type), tok[i], k,
+                        out[(size_t)i * K + k], want);
+        }
+    }
+    CHECKF(bad == 0, "embed %s rows %u K %u scale %g part %zu: %d wrong", kvg_type_name(type), rows, K, scale, part,
+           bad);
+    free(w); free(row); free(deq); free(out);
+}
+
+static void check_embed_all(kvg_vk_ctx *ctx) {
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t t = types[ti];
+        uint32_t K = kvg_type_block_elems(t) == 256 ? 768 : 96;
+        check_embed(ctx, t, 301, K, 1.0f, 0);
+        check_embed(ctx, t, 37, 2 * K, 27.7128f, 0); /* gemma: sqrt(n_embd) */
+        /* parts of 64 rows: tokens in every part, and a part holding none */
+        check_embed(ctx, t, 301, K, 1.0f, kvg_row_bytes(t, K) * 70);
+    }
+    check_embed(ctx, KVG_TYPE_F16, 10, 70, 2.0f, 0); /* a row that is not whole 32-blocks */
+    printf("embedding: worst |vulkan - CPU| / max|row| %.3g\n", worst_embed);
 }
 
 static float round_kv(const kvg_vk_ctx *ctx, float v) { return ctx->kv_f16 ? kvg_f16_to_f32(kvg_f32_to_f16(v)) : v; }
@@ -144,8 +218,22 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
 }
 
 static void run_all(kvg_vk_ctx *ctx) {
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
+        if (kvg_type_block_elems(t) == 256) {
+            /* 256-element super-blocks: K = 256 n with n odd (a workgroup's rows never a
+             * multiple of the row count), each row's scale headers read per super-block */
+            for (int lane = 0; lane <= 1; lane++) {
+                check_matmul(ctx, t, 37, 1280, 1, true, 0, lane);
+                check_matmul(ctx, t, 38, 768, 3, false, 3, lane);
+                check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
+                check_matmul(ctx, t, 75, 1280, 45, true, 0, lane);
+                check_matmul(ctx, t, 130, 256, 33, false, 3, lane);
+                check_matmul(ctx, t, 65, 768, 9, false, 1, lane);
+            }
+            check_matmul(ctx, t, 22, 2304, 17, true, 0, 1); /* 8 tokens exceed one 64 KiB window */
+            continue;
+        }
         for (int lane = 0; lane <= 1; lane++) {
             check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, lane);
             check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, lane);
@@ -168,6 +256,10 @@ static void run_all(kvg_vk_ctx *ctx) {
     check_matmul(ctx, KVG_TYPE_Q4_1, 6, 32 * 2101, 1, true, 0, 0);
     check_matmul(ctx, KVG_TYPE_Q8_0, 6, 32 * 2101, 1, false, 0, 1);
     check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 10, true, 0, -1);
+    check_matmul(ctx, KVG_TYPE_Q5_0, 6, 32 * 2101, 1, true, 0, 1);
+    check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, 0);
+    check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, 1);
+    check_matmul(ctx, KVG_TYPE_Q3_K, 6, 256 * 263, 10, true, 0, -1);
 
     /* both kernels: the cooperative one (lane 0) and attn_lane.comp for CPU devices (lane 1),
      * every case within 2e-4 of the CPU result on the same rounded K/V, over shuffled pages of
@@ -212,8 +304,12 @@ int main(void) {
         if (st != KVGEN_OK) break;
         CHECK(ctx->kv_f16 == !force || getenv("KVGEN_FORCE_F32"));
         run_all(ctx);
+        check_embed_all(ctx);
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);
     }
+    for (size_t i = 0; i < N_TYPES; i++)
+        printf("mat-mul %-7s worst |vulkan - double| / sum|w x|: %.3g (tolerance 2e-5 + 1e-5 absolute)\n",
+               kvg_type_name(types[i]), worst_rel[i]);
     return tu_finish("test_vk_kernels");
 }

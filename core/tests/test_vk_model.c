@@ -1,5 +1,6 @@
 /* test_vk_model.c: the whole forward pass on the Vulkan backend against the CPU reference.
- * Random-weight models of several shapes and every supported tensor type: logits of a prefill
+ * Random-weight models of several shapes and every tensor type the backend runs (the K types
+ * and llama.cpp's Q4_K_M mix too): logits of a prefill
  * (every position) and of 32 decode steps within tolerance of the reference; the K/V cache as
  * read back; cached decode equal to uncached recomputation on the device; prompts split into
  * several chunks and weight matrices split into several buffers. On the default model (skipped
@@ -9,9 +10,12 @@
  * sums run in a different order); 5x tighter with force_f32. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_gguf.h"
 #include "kvg_model.h"
+#include "kvg_quant.h"
 #include "kvg_vk.h"
 #include "testutil.h"
 
@@ -48,8 +52,8 @@ static int argmax(const float *v, int n) {
     return b;
 }
 
-static void compare_model(const char *name, const char *args, int force_f32, int n_prompt, int n_decode) {
-    char *path = tu_make_model(name, args);
+/* the file at `path` (taken: freed here) on both backends */
+static void compare_file(const char *name, char *path, int force_f32, int n_prompt, int n_decode) {
     CHECK(path != NULL);
     if (!path) return;
     kvgen_model *mr = load(path, KVGEN_BACKEND_REFERENCE, 0), *mv = load(path, KVGEN_BACKEND_VULKAN, force_f32);
@@ -88,6 +92,8 @@ static void compare_model(const char *name, const char *args, int force_f32, int
         d = excess(a, u, (size_t)V, rel * 0.2);
         if (d > worst_unc) worst_unc = d;
     }
+    printf("%s%s: worst |vulkan - reference| / tolerance: prefill %.3f, decode %.3f, cached vs uncached %.3f\n",
+           name, force_f32 ? " (f32 KV)" : "", e, worst_dec, worst_unc);
     CHECKF(worst_dec <= 1.0, "%s: decode logits off by %.2f x tolerance", name, worst_dec);
     CHECKF(worst_unc <= 1.0, "%s: cached vs uncached decode differ by %.2f x tolerance", name, worst_unc);
     /* the cache as the seed sees past_key_values */
@@ -117,6 +123,53 @@ done:
     kvgen_model_unload(mr);
     kvgen_model_unload(mv);
     free(path);
+}
+
+/* a copy of `src` whose tensors with names ending in `suffix` are requantized to `type` */
+static char *requant(const char *src_path, const char *out_name, const char *suffix, uint32_t type) {
+    kvg_gguf *src = NULL;
+    kvgen_error err = {0};
+    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
+    kvg_gguf_writer *w = kvg_gguf_writer_new();
+    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
+    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
+        const kvg_tensor *t = kvg_gguf_tensor(src, i);
+        size_t n = strlen(t->name), ns = strlen(suffix);
+        if (n >= ns && strcmp(t->name + n - ns, suffix) == 0) {
+            float *f = malloc(t->n_elements * sizeof *f);
+            size_t nb = kvg_row_bytes(type, t->n_elements);
+            void *q = malloc(nb);
+            kvg_dequantize_row(t->type, t->data, f, t->n_elements);
+            kvg_quantize_row(type, f, q, t->n_elements);
+            kvg_gguf_add_tensor(w, t->name, type, t->n_dims, t->ne, q, nb);
+            free(f);
+            free(q);
+        } else {
+            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+        }
+    }
+    char *path = tu_tmpfile(out_name);
+    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
+    kvg_gguf_writer_free(w);
+    kvg_gguf_close(src);
+    if (st) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
+/* compare_file on a file made by requant() */
+static void compare_requant(const char *name, const char *args, const char *suffix, uint32_t type) {
+    char *src = tu_make_model("vk_rq_src.gguf", args);
+    char *path = src ? requant(src, name, suffix, type) : NULL;
+    CHECK(path != NULL);
+    free(src);
+    compare_file(name, path, 0, 23, 16);
+}
+
+static void compare_model(const char *name, const char *args, int force_f32, int n_prompt, int n_decode) {
+    compare_file(name, tu_make_model(name, args), force_f32, n_prompt, n_decode);
 }
 
 static void default_model(void) {
@@ -214,11 +267,38 @@ int main(void) {
     compare_model("vk_q40.gguf", "--type Q4_0 --seed 5 --embd 128 --heads 8 --kv-heads 1 --ff 224 --untied", 0, 5, 32);
     compare_model("vk_q41.gguf", "--type Q4_1 --seed 6 --embd 64 --heads 4 --kv-heads 4 --ff 192", 0, 40, 32);
     compare_model("vk_q41f.gguf", "--type Q4_1 --seed 7 --embd 96 --heads 6 --kv-heads 2 --ff 160", 1, 40, 32);
+    /* the types of real files: Q5_0/Q5_1/IQ4_NL in 32-element blocks, the 256-element K types
+     * and IQ4_XS (rows multiples of 256), llama.cpp's Q4_K_M mix (Q4_K with Q6_K for the
+     * output and some attn_v / ffn_down: mixed QKV groups), tied and untied; prefill + 16 decodes */
+    compare_model("vk_q50.gguf", "--type Q5_0 --seed 11 --embd 96 --heads 6 --kv-heads 2 --ff 160", 0, 23, 16);
+    compare_model("vk_q51.gguf", "--type Q5_1 --seed 12 --embd 64 --heads 4 --ff 192 --untied", 0, 23, 16);
+    compare_model("vk_iq4nl.gguf", "--type IQ4_NL --seed 13 --embd 128 --heads 4 --kv-heads 2 --ff 96", 0, 23, 16);
+    static const char *const ktypes[] = {"Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS"};
+    for (int i = 0; i < 6; i++) {
+        char name[64], args[256];
+        snprintf(name, sizeof name, "vk_%s.gguf", ktypes[i]);
+        snprintf(args, sizeof args, "--type %s --seed %d --embd 256 --ff 512 --heads 4 --kv-heads 2 --layers 2%s",
+                 ktypes[i], 20 + i, i % 2 ? " --untied" : "");
+        compare_model(name, args, 0, 23, 16);
+    }
+    compare_model("vk_q4km.gguf", "--mix q4_k_m --seed 30 --embd 256 --ff 768 --heads 4 --kv-heads 2 --layers 3 --untied",
+                  0, 29, 16);
+    compare_model("vk_q4km_tied.gguf", "--mix q4_k_m --seed 31 --embd 256 --ff 512 --heads 4 --layers 2", 0, 29, 16);
+    /* real files' mixed QKV groups: Q5_0 attn_q/attn_k with a Q8_0 attn_v (uploaded as Q8_0) */
+    compare_requant("vk_q50v8.gguf", "--type Q5_0 --seed 35 --embd 128 --heads 4 --kv-heads 2 --ff 160 --layers 2",
+                    "attn_v.weight", KVG_TYPE_Q8_0);
+    compare_model("vk_q4kf.gguf", "--type Q4_K --seed 32 --embd 256 --ff 512 --heads 4 --kv-heads 2 --layers 2", 1,
+                  23, 16);
+    compare_model("vk_q6kf.gguf", "--type Q6_K --seed 33 --embd 256 --ff 512 --heads 4 --layers 2 --untied", 1, 23, 16);
     /* several prefill chunks and weights split over several buffers */
     setenv("KVGEN_VK_CHUNK", "16", 1);
     setenv("KVGEN_VK_MAX_PART", "8192", 1);
     compare_model("vk_split.gguf", "--type Q8_0 --seed 8 --embd 96 --heads 6 --kv-heads 2 --ff 160 --untied", 0, 40,
                   8);
+    /* the K types' rows (148-292 bytes) in parts of 192 rows; KV pages of 32 positions still fit */
+    setenv("KVGEN_VK_MAX_PART", "32768", 1);
+    compare_model("vk_split_k.gguf",
+                  "--mix q4_k_m --seed 34 --embd 256 --ff 512 --heads 4 --kv-heads 2 --layers 2 --untied", 0, 40, 8);
     unsetenv("KVGEN_VK_CHUNK");
     unsetenv("KVGEN_VK_MAX_PART");
     default_model();

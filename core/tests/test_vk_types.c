@@ -2,17 +2,25 @@
  * table (the backend dequantizes through it for mixed-type groups), its repacked block holds
  * exactly the GGUF block's bytes, its three shaders were built (shaders/CMakeLists.txt) with the
  * row's define, and every weight-type shader variant belongs to a row; the backend's
- * weight_types list is the table. A model with a tensor of a type the table lacks (Q6_K, Q5_0:
- * rows of the traits table, which the reference backend runs) is refused at the start of the
- * backend's model_init, before any device work, with a message listing the table's types, and
- * so is loading it with KVGEN_BACKEND_VULKAN (a type absent from the traits table too, IQ2_XXS,
- * already when the model is described); the upload path refuses such a type on its own too. */
+ * weight_types list is the table; the types of real files (Q5_0, the K types, IQ4) are rows. A
+ * model with a tensor of a type the table lacks (Q8_K: a row of the traits table, which the
+ * reference backend runs) is refused at the start of the backend's model_init, before any device
+ * work, with a message listing the table's types, and so is loading it with KVGEN_BACKEND_VULKAN
+ * (a type absent from the traits table too, IQ2_XXS, already when the model is described); the
+ * upload path refuses such a type on its own too. The repack of every quantized row is checked
+ * to keep each GGUF block's bytes: the repacked block's bits are a permutation of the GGUF
+ * block's (same count of set bits, and a random block's every bit found by flipping it). A group
+ * of tensors of different types (Q/K/V) is uploaded as Q8_0 where that is exact (Q4_0, Q5_0,
+ * Q8_0), else as F32. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "../../shaders/kvg_shaders.h" /* the embedded SPIR-V table (not on the tests' include path) */
 #include "kvg_vk.h"
+#include "kvg_vk_backend.h" /* kvg_vk_upload_matrix */
 #include "testutil.h"
 
 static const char *const kernels[] = {"embed", "matvec", "gemm"};
@@ -80,8 +88,73 @@ static void test_table(void) {
     }
     CHECKF(variants == (int)(3 * n), "%d weight-type shader variants for %zu rows", variants, n);
     CHECK(kvg_shader_count() > (size_t)variants);
-    CHECK(kvg_vk_wtype_of(KVG_TYPE_Q6_K) == NULL && kvg_vk_wtype_of(KVG_TYPE_Q5_0) == NULL &&
-          kvg_vk_wtype_of(16) == NULL && kvg_vk_wtype_of(1000) == NULL);
+    static const uint32_t real_types[] = {KVG_TYPE_Q5_0, KVG_TYPE_Q5_1, KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K,
+                                          KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_IQ4_NL, KVG_TYPE_IQ4_XS};
+    for (size_t i = 0; i < sizeof real_types / sizeof real_types[0]; i++)
+        CHECKF(kvg_vk_wtype_of(real_types[i]) != NULL, "%s has no Vulkan row", kvg_type_name(real_types[i]));
+    CHECK(kvg_vk_wtype_of(KVG_TYPE_Q8_K) == NULL && kvg_vk_wtype_of(16) == NULL && kvg_vk_wtype_of(1000) == NULL);
+}
+
+static int popcount8(uint8_t v) {
+    int n = 0;
+    for (; v; v &= (uint8_t)(v - 1)) n++;
+    return n;
+}
+
+/* one row's repack into (quant, scale) regions of a one-row part */
+static void repack_row(const kvg_vk_wtype *r, const uint8_t *src, uint32_t K, uint8_t *q, uint8_t *sc) {
+    size_t nb = K / r->block_elems;
+    memset(q, 0, nb * r->qwords * 4);
+    memset(sc, 0, nb * r->scale_halves * 2);
+    r->repack(r, src, K, (uint32_t *)(void *)q, sc);
+}
+
+/* Every quantized row's repack moves bits, never loses or invents one: for two blocks of
+ * random bytes, flipping any single GGUF bit flips exactly one repacked bit, each GGUF bit a
+ * different one (a bijection, so a repacked block is exactly the GGUF block's bytes). */
+static void test_repack_bijective(void) {
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < kvg_vk_wtype_count(); i++) {
+        const kvg_vk_wtype *r = kvg_vk_wtype_at(i);
+        if (r->pad) continue;
+        uint32_t K = 2 * r->block_elems;
+        size_t gb = kvg_row_bytes(r->type, K), qb = (size_t)2 * r->qwords * 4, sb = (size_t)2 * r->scale_halves * 2;
+        uint8_t *src = malloc(gb), *q0 = malloc(qb), *s0 = malloc(sb + 1), *q1 = malloc(qb), *s1 = malloc(sb + 1);
+        uint8_t *hit = calloc(qb + sb, 1);
+        for (size_t k = 0; k < gb; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            src[k] = (uint8_t)(rng >> 56);
+        }
+        repack_row(r, src, K, q0, s0);
+        int set_src = 0, set_dst = 0;
+        for (size_t k = 0; k < gb; k++) set_src += popcount8(src[k]);
+        for (size_t k = 0; k < qb; k++) set_dst += popcount8(q0[k]);
+        for (size_t k = 0; k < sb; k++) set_dst += popcount8(s0[k]);
+        CHECKF(set_src == set_dst, "%s: %d set bits in the GGUF blocks, %d repacked", kvg_type_name(r->type), set_src,
+               set_dst);
+        int bad = 0;
+        for (size_t bit = 0; bit < gb * 8 && bad < 3; bit++) {
+            src[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            repack_row(r, src, K, q1, s1);
+            src[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            int flipped = 0;
+            size_t where = 0;
+            for (size_t k = 0; k < qb + sb; k++) {
+                uint8_t d = k < qb ? (uint8_t)(q0[k] ^ q1[k]) : (uint8_t)(s0[k - qb] ^ s1[k - qb]);
+                for (int b = 0; b < 8; b++)
+                    if (d >> b & 1) {
+                        flipped++;
+                        where = k * 8 + (size_t)b;
+                    }
+            }
+            bool ok = flipped == 1 && !(hit[where / 8] >> (where % 8) & 1);
+            if (ok) hit[where / 8] |= (uint8_t)(1u << (where % 8));
+            if (!ok) bad++;
+            CHECKF(ok, "%s: GGUF bit %zu flips %d repacked bits (or one already taken)", kvg_type_name(r->type), bit,
+                   flipped);
+        }
+        free(src); free(q0); free(s0); free(q1); free(s1); free(hit);
+    }
 }
 
 /* a copy of src_path with tensor `name` replaced by zeros of `type` (same shape) */
@@ -154,17 +227,17 @@ static void test_refusals(void) {
     char *good = tu_make_model("vt-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q4_1");
     CHECK(good != NULL);
     if (!good) return;
-    char *q6k = retype(good, "vt-q6k.gguf", "blk.1.attn_v.weight", KVG_TYPE_Q6_K);
-    char *q50 = retype(good, "vt-q50.gguf", "token_embd.weight", KVG_TYPE_Q5_0);
+    char *q6k = retype(good, "vt-q8k.gguf", "blk.1.attn_v.weight", KVG_TYPE_Q8_K);
+    char *q50 = retype(good, "vt-q8ke.gguf", "token_embd.weight", KVG_TYPE_Q8_K);
     char *iq2 = retype(good, "vt-iq2xxs.gguf", "blk.0.ffn_up.weight", 16);
     CHECK(q6k && q50 && iq2);
-    CHECK(kvg_type_supported(KVG_TYPE_Q6_K) && kvg_type_supported(KVG_TYPE_Q5_0) && !kvg_type_supported(16));
-    if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", KVG_TYPE_Q6_K);
-    if (q50) expect_refusal(good, q50, "token_embd.weight", KVG_TYPE_Q5_0);
+    CHECK(kvg_type_supported(KVG_TYPE_Q8_K) && !kvg_type_supported(16));
+    if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", KVG_TYPE_Q8_K);
+    if (q50) expect_refusal(good, q50, "token_embd.weight", KVG_TYPE_Q8_K);
     if (iq2) expect_refusal(good, iq2, "blk.0.ffn_up.weight", 16);
     /* a load asking for Vulkan refuses the file as well, naming the tensor and its type */
     const char *files[] = {q6k, q50, iq2};
-    const char *what[][2] = {{"Q6_K", "blk.1.attn_v.weight"}, {"Q5_0", "token_embd.weight"},
+    const char *what[][2] = {{"Q8_K", "blk.1.attn_v.weight"}, {"Q8_K", "token_embd.weight"},
                              {"IQ2_XXS", "blk.0.ffn_up.weight"}};
     for (int i = 0; i < 3; i++) {
         if (!files[i]) continue;
@@ -196,22 +269,48 @@ static void test_upload_refusal(void) {
     CHECKF(st == KVGEN_OK, "%s", err.message);
     if (st != KVGEN_OK) return;
     uint32_t K = 256, rows = 2;
-    uint8_t *w = calloc(rows, kvg_row_bytes(14, K));
+    uint8_t *w = calloc(rows, kvg_row_bytes(KVG_TYPE_Q8_K, K));
     float x[256] = {0}, y[2] = {0};
-    st = kvg_vk_test_matmul(ctx, 14, w, rows, K, x, 1, NULL, 1e-5f, 0, -1, y, &err);
+    st = kvg_vk_test_matmul(ctx, KVG_TYPE_Q8_K, w, rows, K, x, 1, NULL, 1e-5f, 0, -1, y, &err);
     char list[512];
     vk_list(list, sizeof list);
-    CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "tensor test has type Q6_K, which the vulkan backend "
+    CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "tensor test has type Q8_K, which the vulkan backend "
                                                             "does not run") &&
                strstr(err.message, list),
            "%s: %s", kvgen_status_name(st), err.message);
     free(w);
+    /* mixed-type groups: only Q4_0/Q5_0/Q8_0 together become Q8_0 (exact), anything else F32 */
+    struct {
+        uint32_t a, b, want;
+    } groups[] = {{KVG_TYPE_Q5_0, KVG_TYPE_Q8_0, KVG_TYPE_Q8_0}, {KVG_TYPE_Q8_0, KVG_TYPE_Q4_0, KVG_TYPE_Q8_0},
+                  {KVG_TYPE_Q5_0, KVG_TYPE_Q5_0, KVG_TYPE_Q5_0}, {KVG_TYPE_Q4_1, KVG_TYPE_Q8_0, KVG_TYPE_F32},
+                  {KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, KVG_TYPE_F32},  {KVG_TYPE_F32, KVG_TYPE_Q8_0, KVG_TYPE_F32}};
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        uint32_t K = 256;
+        void *d0 = calloc(64, kvg_row_bytes(groups[i].a, K)), *d1 = calloc(32, kvg_row_bytes(groups[i].b, K));
+        kvg_tensor t0 = {.name = "a", .type = groups[i].a, .n_dims = 2, .ne = {K, 64, 1, 1}, .n_elements = 64 * K,
+                         .data = d0};
+        kvg_tensor t1 = {.name = "b", .type = groups[i].b, .n_dims = 2, .ne = {K, 32, 1, 1}, .n_elements = 32 * K,
+                         .data = d1};
+        const kvg_tensor *ts[2] = {&t0, &t1};
+        vk_model vm = {0};
+        vm.ctx = ctx;
+        vk_matrix m;
+        st = kvg_vk_upload_matrix(&vm, "group", ts, 2, false, &m, &err);
+        CHECKF(st == KVGEN_OK && m.type == groups[i].want && m.wt == kvg_vk_wtype_of(groups[i].want) && m.rows == 96,
+               "%s + %s uploaded as %s (%s)", kvg_type_name(groups[i].a), kvg_type_name(groups[i].b),
+               kvg_type_name(m.type), err.message);
+        if (st == KVGEN_OK) kvg_vk_free_matrix(ctx, &m);
+        free(d0);
+        free(d1);
+    }
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);
 }
 
 int main(void) {
     test_table();
+    test_repack_bijective();
     test_refusals();
     test_upload_refusal();
     return tu_finish("test_vk_types");

@@ -194,7 +194,7 @@ static void bench_usage(FILE *f) {
             "  --quick              a small run for tests: reps 2, steps 4, prompts 8,32, depths 0,32,64,\n"
             "                       no-cache depth 16, a short probe\n"
             "  --device D           Vulkan device index or name substring\n"
-            "  --threads N          reference backend threads (default: all cores)\n"
+            "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
@@ -1002,7 +1002,7 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
         return;
     }
     int d0 = depth_index(o, 0);
-    printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's reference backend\n",
+    printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's host backends\n",
            o->peer, peer->seconds);
     printf("%-28s  %-12s", "test", "llama-bench");
     for (int i = 0; i < n; i++)

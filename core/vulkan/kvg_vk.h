@@ -178,11 +178,14 @@ kvg_vk_ctx *kvg_vk_model_ctx(const struct kvgen_model *m);
 /* ---- the weight types the shaders run (vk_weights.c: one table row per type) ----
  * At upload a matrix part is laid out as a quant region (every row's blocks, qwords words each)
  * then a scale region at word scale_off (every row's blocks, scale_halves 16-bit values each,
- * packed two per word over the whole part), both row-major. A type with 256-element
- * super-blocks and several scales per block declares block_elems 256 and its scale_halves: the
- * same upload serves it. Adding a type: its row in vk_weights.c, its entry in KVGEN_WEIGHT_TYPES
- * (shaders/CMakeLists.txt) and its WTYPE_ branch in shaders/weights.glsl (test_vk_types checks
- * that the three and quant.c's traits table agree). */
+ * packed over the whole part), both row-major. A repacked block holds exactly the GGUF block's
+ * bytes: its header (scales, mins, Q5_0/Q5_1's high bits) in the scale region in GGUF order, the
+ * rest in the quant region, regrouped per 32-element sub-block where GGUF interleaves them (the
+ * K types; shaders/weights.glsl). Types with 256-element super-blocks declare block_elems 256
+ * (the shaders' GROUP of 8 sub-blocks). Adding a type: its row in vk_weights.c, its entry in
+ * KVGEN_WEIGHT_TYPES (shaders/CMakeLists.txt) and its WTYPE_ branch in shaders/weights.glsl
+ * (test_vk_types checks that the three and quant.c's traits table agree, and that each row's
+ * repack is a bijection of the block's bits). */
 typedef struct kvg_vk_wtype {
     uint32_t type;         /* ggml type number (kvg_quant.h) */
     const char *suffix;    /* shader names: embed_<suffix>, matvec_<suffix>, gemm_<suffix> */
@@ -211,6 +214,11 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, u
                                 const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
                                 float *y, kvgen_error *err);
 
+/* out[i] (K floats) = scale * row tokens[i] of W (rows x K in GGUF layout of `type`) through
+ * embed_<type>, the matrix uploaded and split into parts as the backend does. */
+kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *w, uint32_t rows, uint32_t K,
+                               const int32_t *tokens, uint32_t n, float scale, float *out, kvgen_error *err);
+
 /* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
  * of k and v ((n_kv, n_ctx, hd) floats); q and out are (ncols, n_head*hd). The cache is a
  * one-layer paged pool in one slab, pages of page_size (1..256) positions, written through the
@@ -221,5 +229,11 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, u
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
                                    int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
                                    const float *v, float *out, kvgen_error *err);
+/* The same as a layer with a sliding window (window > 0: a query at pos sees [pos - window + 1,
+ * pos] only) and soft-capped scores (softcap > 0: softcap * tanh(score / softcap)). */
+kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
+                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, int window,
+                                         float softcap, const float *q, const float *k, const float *v, float *out,
+                                         kvgen_error *err);
 
 #endif

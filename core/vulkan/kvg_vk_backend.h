@@ -13,8 +13,16 @@
 #include "kvg_vk.h"
 #include "kvg_vk_select.h"
 
-/* the mat-mul epilogues (MODE in shaders/epilogue.glsl, matvec.comp, gemm.comp) */
-enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3 };
+/* the mat-mul epilogues (MODE in shaders/epilogue.glsl, matvec.comp, gemm.comp) and their flags */
+enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3, EPI_GEGLU = 4 };
+enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2 };
+/* the modes of shaders/rms_norm.comp */
+enum { NORM_POST = 0, NORM_HEADS = 1 };
+
+/* distinct (RoPE base, position scale) pairs among a model's layers, one cos/sin table each */
+#define VK_ROPE_VARIANTS 4
+/* RoPE tables per variant: table k covers 2^(k+8) positions */
+#define VK_ROPE_SIZES 13
 
 typedef struct vk_part {
     kvg_vk_buffer buf;
@@ -29,9 +37,17 @@ typedef struct vk_matrix {
     vk_part *parts;
 } vk_matrix;
 
+/* A layer's weights and facts (kvg_layer). Optional buffers have no .buf when the layer lacks
+ * them; that alone decides whether its ops run (the walker has no per-architecture branches). */
 typedef struct vk_layer {
     vk_matrix qkv, wo, gateup, down;
     kvg_vk_buffer attn_norm, ffn_norm;
+    kvg_vk_buffer bias;      /* [nq + 2 nk] f32 Q|K|V biases (zeros where the file has one of them only) */
+    kvg_vk_buffer qk_norm;   /* [2 hd] f32: q_norm then k_norm (ones where absent); set: the heads op runs */
+    uint32_t qk_flags;       /* rms_norm.comp: 1 Q heads normed, 2 K heads normed */
+    kvg_vk_buffer attn_post, ffn_post; /* post-attention / post-FFN norms (gemma) */
+    int rope;                /* its RoPE table variant (vk_model.rope_base / rope_scale) */
+    uint32_t window;         /* sliding-window layer: the window (hp.n_swa); 0: global */
 } vk_layer;
 
 typedef struct vk_model {
@@ -41,7 +57,18 @@ typedef struct vk_model {
     bool tied;
     kvg_vk_buffer out_norm;
     vk_layer *layers;
-    int ffn_epi;                 /* the gate/up epilogue: the model's activation (EPI_SWIGLU) */
+    int ffn_epi;                 /* the gate/up epilogue: the model's activation (EPI_SWIGLU, EPI_GEGLU) */
+    /* NEOX RoPE: every Q and K head's first n_rot rows are permuted at upload (device element
+     * 2i is element i, 2i+1 is i + n_rot/2), so rotation pairs are adjacent on the device as for
+     * llama: the epilogue, the heads op and kv_copy rotate adjacent pairs; Q.K is unchanged by a
+     * permutation of both; kv_read / kv_write translate K back to the file's order */
+    bool neox;
+    float embd_scale;            /* embeddings times it (1: none) */
+    float attn_softcap, final_softcap; /* 0: none */
+    /* RoPE table variants: theta_i = pos * scale * base^(-2i/n_rot) / factor_i */
+    int n_rope;
+    float rope_base[VK_ROPE_VARIANTS], rope_scale[VK_ROPE_VARIANTS];
+    float *rope_factors;         /* [n_rot/2] rope_freqs, or NULL */
     /* scratch shared by the sessions: steps are serialised by ctx->lock */
     uint32_t chunk;              /* tokens per step */
     uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
@@ -52,6 +79,9 @@ typedef struct vk_model {
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
+    kvg_vk_buffer qk;            /* Q|K heads before their norms (ld_qk per token), when a layer has them */
+    kvg_vk_buffer f;             /* Wo / down output before its post norm (ld_x per token), when a layer has one */
+    uint32_t ld_qk;
     /* device argmax / top-k over the kept logits (one selection row per batched column);
      * row_owner[r]: the session whose kept logits (KVG_OUT_KEEP) are row r of `logits`, set
      * aside before another step writes that row */
@@ -83,11 +113,12 @@ typedef struct vk_model {
     VkDescriptorSet ops_set;
     unsigned ops_gen;
     VkCommandBuffer ops_cb;
-    /* RoPE cos/sin tables shared by the sessions: table k covers 2^(k+8) positions and is
-     * built the first time a session needs that many (forks and NPC sessions share one) */
+    /* RoPE cos/sin tables shared by the sessions: ropes[v][k] is variant v's for 2^(k+8)
+     * positions, built the first time a session needs that many (forks and NPC sessions share
+     * them) */
     pthread_mutex_t rope_mu;
     bool rope_mu_init;
-    kvg_vk_buffer ropes[13];
+    kvg_vk_buffer ropes[VK_ROPE_VARIANTS][VK_ROPE_SIZES];
     /* forward_batch: a session whose page table holds the batched sessions' tables one after
      * another and whose partials have room for BATCH_MAX tokens' decode splits; created for
      * the longest context seen, held under bat_mu (taken before ctx->lock) */
@@ -101,7 +132,8 @@ struct kvg_backend_session {
     int n_ctx;
     kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step) */
     unsigned kv_gen;      /* the model's kv_gen when the descriptor sets were written */
-    const kvg_vk_buffer *rope; /* the model's table for >= n_ctx positions: (pos, n_rot/2) cos, sin */
+    /* the model's tables for >= n_ctx positions, per RoPE variant: (pos, n_rot/2) cos, sin */
+    const kvg_vk_buffer *rope[VK_ROPE_VARIANTS];
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
     VkDescriptorPool pool;
@@ -150,6 +182,9 @@ typedef struct matmul_args {
     const kvg_vk_buffer *in, *out;
     uint32_t ldx, ldo, x_off, ncols;
     int layer; /* for EPI_QKV: the K/V cache layer */
+    const kvg_vk_buffer *bias; /* NULL: none (EPI_F_BIAS) */
+    uint32_t flags;            /* EPI_F_* besides EPI_F_BIAS */
+    float cap;                 /* EPI_STORE: soft-capping (0: none) */
 } matmul_args;
 
 /* ---- vk_weights.c: the weight-type table, repacking and upload ---- */

@@ -7,8 +7,9 @@
  * row parts, one binding and one dispatch each. Pipelines are all created at load.
  *
  * A step (a prefill chunk of up to `chunk` tokens, or one decode token) is one command buffer:
- *   embed -> per layer [QKV (+RMSNorm, RoPE, K/V cache write) -> attention (-> split reduce)
- *   -> Wo (+residual) -> gate/up (+RMSNorm, SwiGLU) -> down (+residual)] -> logits (+final norm)
+ *   embed -> per layer [QKV (+RMSNorm, biases, RoPE, K/V cache write; -> head norms) ->
+ *   attention (-> split reduce) -> Wo (+residual; or -> post norm + residual) -> gate/up
+ *   (+RMSNorm, SwiGLU/GeGLU) -> down (as Wo)] -> logits (+final norm, soft-cap)
  * Per-step values (position, token ids) live in a small host-visible buffer, so the decode
  * command buffer of a session is recorded once and replayed; descriptor sets are written when
  * the session is created. Nothing is allocated on the per-token path.
@@ -19,10 +20,15 @@
  * repack, upload), vk_hooks.c (test hooks), all on vk_device.c; shared structs in
  * kvg_vk_backend.h.
  *
- * The architecture's facts come from the model description (kvg_weights): the FFN epilogue
- * follows its activation; model_init refuses a model needing a feature the shaders do not
- * implement yet (kvg_arch_check_backend, `.features` below), e.g. NEOX RoPE, as the QKV
- * epilogue rotates adjacent pairs only.
+ * The architecture's facts come from the model description (kvg_weights, kvg_layer), never
+ * its name, and become data of the one step walk: the FFN epilogue follows the activation
+ * (SwiGLU, GeGLU); a layer's biases, Q/K head norms and post norms are buffers whose presence
+ * adds their epilogue flag or op (vk_layer); NEOX RoPE is a permutation of each Q/K head's rows
+ * at upload (vk_model.neox), so every kernel rotates adjacent pairs; each distinct (RoPE base,
+ * scale) of the layers has its cos/sin tables (rope_freqs divided in); soft-capping and sliding
+ * windows are push constants of the attention kernels and the logits' epilogue; the embedding
+ * scale is embed.comp's. model_init still refuses a model needing a feature missing from
+ * `.features` below (kvg_arch_check_backend).
  *
  * forward (one op over a batch, kvg_model.h) runs a sequence of several tokens as steps of its
  * own session, and one-token sequences of different sessions up to BATCH_MAX at a time as the
@@ -40,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_quant.h"
 #include "kvg_vk_backend.h"
 
 /* a batched decode's columns per step (the lane mat-vec's tokens per weight read); its
@@ -83,21 +90,131 @@ static void vk_model_free(kvgen_model *m) {
                 kvg_vk_free_matrix(ctx, &L->down);
                 kvg_vk_buffer_destroy(ctx, &L->attn_norm);
                 kvg_vk_buffer_destroy(ctx, &L->ffn_norm);
+                kvg_vk_buffer *opt[] = {&L->bias, &L->qk_norm, &L->attn_post, &L->ffn_post};
+                for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) kvg_vk_buffer_destroy(ctx, opt[i]);
             }
         for (int j = 0; j < KVG_VK_KV_SLABS; j++) kvg_vk_buffer_destroy(ctx, &vm->slabs[j]);
-        for (int k = 0; k < 13; k++) kvg_vk_buffer_destroy(ctx, &vm->ropes[k]);
+        for (int v = 0; v < VK_ROPE_VARIANTS; v++)
+            for (int k = 0; k < VK_ROPE_SIZES; k++) kvg_vk_buffer_destroy(ctx, &vm->ropes[v][k]);
         if (vm->ops_pool) vkDestroyDescriptorPool(ctx->dev, vm->ops_pool, NULL);
         if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
         kvg_vk_select_free(ctx, &vm->sel);
-        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops};
+        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
+                                    &vm->qk, &vm->f};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
     }
     if (vm->rope_mu_init) pthread_mutex_destroy(&vm->rope_mu);
     if (vm->bat_mu_init) pthread_mutex_destroy(&vm->bat_mu);
     free(vm->layers);
+    free(vm->rope_factors);
     free(vm);
     m->backend = NULL;
+}
+
+/* ---- the model's optional parts (kvg_layer) ---- */
+
+/* NEOX RoPE on the device: element j of a Q or K head (j < n_rot) holds the file's element
+ * neox_src(j), so the rotation pairs (i, i + n_rot/2) become the adjacent (2i, 2i + 1) */
+static uint32_t neox_src(uint32_t j, uint32_t n_rot) {
+    if (j >= n_rot) return j;
+    return (j & 1u) ? n_rot / 2 + j / 2 : j / 2;
+}
+
+/* t with its rows permuted per head of hd rows (neox_src) into a copy (*buf, the caller frees) */
+static kvgen_status neox_rows(const kvg_tensor *t, uint32_t hd, uint32_t n_rot, kvg_tensor *out, void **buf,
+                              kvgen_error *err) {
+    size_t rb = kvg_row_bytes(t->type, t->ne[0]);
+    uint64_t rows = t->n_elements / t->ne[0];
+    uint8_t *d = malloc((size_t)rows * rb);
+    *buf = d;
+    if (!d) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory permuting %s", t->name);
+    for (uint64_t r = 0; r < rows; r++)
+        memcpy(d + r * rb, (const uint8_t *)t->data + ((r / hd) * hd + neox_src((uint32_t)(r % hd), n_rot)) * rb, rb);
+    *out = *t;
+    out->data = d;
+    return KVGEN_OK;
+}
+
+/* n floats of a small tensor into dst (ones: `fill` when t is NULL), permuted per head of hd
+ * when hd > 0 (a NEOX model's Q/K bias or head norm) */
+static void small_f32(const kvg_tensor *t, float *dst, size_t n, float fill, uint32_t hd, uint32_t n_rot) {
+    if (!t) {
+        for (size_t i = 0; i < n; i++) dst[i] = fill;
+        return;
+    }
+    kvg_dequantize_row(t->type, t->data, dst, n);
+    if (!hd) return;
+    float head[256];
+    for (size_t h = 0; h + hd <= n; h += hd) {
+        memcpy(head, dst + h, hd * sizeof *head);
+        for (uint32_t j = 0; j < hd; j++) dst[h + j] = head[neox_src(j, n_rot)];
+    }
+}
+
+static kvgen_status upload_f32(vk_model *vm, const float *v, size_t n, kvg_vk_buffer *out, kvgen_error *err) {
+    kvgen_status st = kvg_vk_buffer_create(vm->ctx, n * sizeof *v, KVG_VK_MEM_UPLOAD, out, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, out, 0, v, n * sizeof *v, err);
+    return st;
+}
+
+/* A layer's QKV matrix (a NEOX model's Q and K rows permuted), its biases, head norms and post
+ * norms, its RoPE variant and window. */
+static kvgen_status upload_attention(kvgen_model *m, int l, kvgen_error *err) {
+    vk_model *vm = m->backend;
+    const kvg_hparams *hp = &vm->hp;
+    const kvg_layer *src = &m->w.layers[l];
+    vk_layer *L = &vm->layers[l];
+    uint32_t hd = (uint32_t)hp->head_dim, n_rot = (uint32_t)hp->n_rot, ph = vm->neox ? hd : 0;
+    size_t nq = (size_t)hp->n_head * hd, nk = (size_t)hp->n_head_kv * hd;
+    kvg_tensor pq, pk;
+    void *bq = NULL, *bk = NULL;
+    const kvg_tensor *qkv[3] = {src->wq, src->wk, src->wv};
+    kvgen_status st = KVGEN_OK;
+    if (vm->neox) {
+        st = neox_rows(src->wq, hd, n_rot, &pq, &bq, err);
+        if (st == KVGEN_OK) st = neox_rows(src->wk, hd, n_rot, &pk, &bk, err);
+        qkv[0] = &pq;
+        qkv[1] = &pk;
+    }
+    char what[48];
+    snprintf(what, sizeof what, "blk.%d.attn_qkv", l);
+    if (st == KVGEN_OK) st = kvg_vk_upload_matrix(vm, what, qkv, 3, false, &L->qkv, err);
+    free(bq);
+    free(bk);
+    float *tmp = st == KVGEN_OK ? malloc((nq + 2 * nk + 2 * hd) * sizeof *tmp) : NULL;
+    if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    if (st == KVGEN_OK && (src->bq || src->bk || src->bv)) {
+        small_f32(src->bq, tmp, nq, 0.0f, ph, n_rot);
+        small_f32(src->bk, tmp + nq, nk, 0.0f, ph, n_rot);
+        small_f32(src->bv, tmp + nq + nk, nk, 0.0f, 0, n_rot);
+        st = upload_f32(vm, tmp, nq + 2 * nk, &L->bias, err);
+    }
+    if (st == KVGEN_OK && (src->q_norm || src->k_norm)) {
+        small_f32(src->q_norm, tmp, hd, 1.0f, ph, n_rot);
+        small_f32(src->k_norm, tmp + hd, hd, 1.0f, ph, n_rot);
+        L->qk_flags = (src->q_norm ? 1u : 0u) | (src->k_norm ? 2u : 0u);
+        st = upload_f32(vm, tmp, 2 * hd, &L->qk_norm, err);
+    }
+    free(tmp);
+    if (st == KVGEN_OK && src->attn_post_norm) st = kvg_vk_upload_norm(vm, src->attn_post_norm, &L->attn_post, err);
+    if (st == KVGEN_OK && src->ffn_post_norm) st = kvg_vk_upload_norm(vm, src->ffn_post_norm, &L->ffn_post, err);
+    if (st != KVGEN_OK) return st;
+    L->window = src->swa ? (uint32_t)hp->n_swa : 0;
+    float base = src->rope_base > 0.0f ? src->rope_base : hp->rope_freq_base;
+    float scale = src->rope_scale > 0.0f ? src->rope_scale : 1.0f;
+    int v = 0;
+    while (v < vm->n_rope && !(vm->rope_base[v] == base && vm->rope_scale[v] == scale)) v++;
+    if (v == vm->n_rope) {
+        if (v == VK_ROPE_VARIANTS)
+            return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: more than %d distinct RoPE bases and scales over the "
+                            "layers", VK_ROPE_VARIANTS);
+        vm->rope_base[v] = base;
+        vm->rope_scale[v] = scale;
+        vm->n_rope++;
+    }
+    L->rope = v;
+    return KVGEN_OK;
 }
 
 static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
@@ -121,10 +238,26 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->hp = *hp;
     /* the step's ops from the description: only what kvg_arch_check_backend let through */
     switch (m->w.act) {
+    case KVG_ACT_GELU_TANH_GATED:
+        vm->ffn_epi = EPI_GEGLU;
+        break;
     case KVG_ACT_SILU_GATED:
     default:
         vm->ffn_epi = EPI_SWIGLU;
         break;
+    }
+    vm->neox = m->w.rope == KVG_ROPE_NEOX;
+    vm->embd_scale = m->w.embd_scale;
+    vm->attn_softcap = hp->attn_softcap;
+    vm->final_softcap = hp->final_softcap;
+    if (m->w.rope_freqs && hp->n_rot >= 2) {
+        vm->rope_factors = malloc((size_t)(hp->n_rot / 2) * sizeof *vm->rope_factors);
+        if (!vm->rope_factors) {
+            free(vm);
+            m->backend = NULL;
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+        }
+        kvg_dequantize_row(m->w.rope_freqs->type, m->w.rope_freqs->data, vm->rope_factors, (uint64_t)(hp->n_rot / 2));
     }
     pthread_mutex_init(&vm->rope_mu, NULL);
     vm->rope_mu_init = true;
@@ -186,11 +319,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
         const kvg_layer *src = &w->layers[l];
         vk_layer *L = &vm->layers[l];
-        const kvg_tensor *qkv[3] = {src->wq, src->wk, src->wv};
         const kvg_tensor *gu[2] = {src->w_gate, src->w_up};
         char what[48];
-        snprintf(what, sizeof what, "blk.%d.attn_qkv", l);
-        st = kvg_vk_upload_matrix(vm, what, qkv, 3, false, &L->qkv, err);
+        st = upload_attention(m, l, err);
         snprintf(what, sizeof what, "blk.%d.attn_output", l);
         if (st == KVGEN_OK) st = kvg_vk_upload_matrix(vm, what, &src->wo, 1, false, &L->wo, err);
         snprintf(what, sizeof what, "blk.%d.ffn_gate_up", l);
@@ -215,6 +346,17 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4 + win, KVG_VK_MEM_DEVICE, &vm->h, err);
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
+    /* the optional ops' scratch: raw Q|K heads for the heads op, a projection's output for a post norm */
+    bool any_heads = false, any_post = false;
+    for (int l = 0; l < hp->n_layer; l++) {
+        any_heads |= vm->layers[l].qk_norm.buf != VK_NULL_HANDLE;
+        any_post |= vm->layers[l].attn_post.buf != VK_NULL_HANDLE || vm->layers[l].ffn_post.buf != VK_NULL_HANDLE;
+    }
+    vm->ld_qk = round_up((uint32_t)((hp->n_head + hp->n_head_kv) * hp->head_dim), 32);
+    if (st == KVGEN_OK && any_heads)
+        st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_qk * 4, KVG_VK_MEM_DEVICE, &vm->qk, err);
+    if (st == KVGEN_OK && any_post)
+        st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4, KVG_VK_MEM_DEVICE, &vm->f, err);
     if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
     if (st == KVGEN_OK)
@@ -246,16 +388,17 @@ fail:
     return st;
 }
 
-/* The shared RoPE table for at least n_ctx positions, angles in double on the host as the
- * reference computes them. */
-static kvgen_status rope_table(vk_model *vm, int n_ctx, const kvg_vk_buffer **out, kvgen_error *err) {
+/* The shared RoPE table of variant v (vm->rope_base / rope_scale, rope_factors) for at least
+ * n_ctx positions, angles in double on the host as the reference computes them. */
+static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buffer **out, kvgen_error *err) {
     const kvg_hparams *hp = &vm->hp;
     int k = 0;
-    while (k < 12 && ((size_t)256 << k) < (size_t)n_ctx) k++;
+    while (k < VK_ROPE_SIZES - 1 && ((size_t)256 << k) < (size_t)n_ctx) k++;
     size_t n_pos = (size_t)256 << k, half = (size_t)(hp->n_rot / 2);
+    double base = vm->rope_base[v], scale = vm->rope_scale[v];
     kvgen_status st = KVGEN_OK;
     pthread_mutex_lock(&vm->rope_mu);
-    if (!vm->ropes[k].buf) {
+    if (!vm->ropes[v][k].buf) {
         size_t n = n_pos * (half ? half : 1) * 2;
         float *cs = malloc(n * sizeof *cs);
         if (!cs) {
@@ -263,20 +406,21 @@ static kvgen_status rope_table(vk_model *vm, int n_ctx, const kvg_vk_buffer **ou
         } else {
             for (size_t p = 0; p < n_pos; p++)
                 for (size_t i = 0; i < half; i++) {
-                    double theta = (double)p * pow(hp->rope_freq_base, -2.0 * (double)i / hp->n_rot);
+                    double theta = (double)p * scale * pow(base, -2.0 * (double)i / hp->n_rot);
+                    if (vm->rope_factors) theta /= (double)vm->rope_factors[i];
                     cs[(p * half + i) * 2] = (float)cos(theta);
                     cs[(p * half + i) * 2 + 1] = (float)sin(theta);
                 }
             kvg_vk_buffer b;
             st = kvg_vk_buffer_create(vm->ctx, n * sizeof *cs, KVG_VK_MEM_UPLOAD, &b, err);
             if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, &b, 0, cs, n * sizeof *cs, err);
-            if (st == KVGEN_OK) vm->ropes[k] = b;
+            if (st == KVGEN_OK) vm->ropes[v][k] = b;
             else kvg_vk_buffer_destroy(vm->ctx, &b);
             free(cs);
         }
     }
     pthread_mutex_unlock(&vm->rope_mu);
-    *out = &vm->ropes[k];
+    *out = &vm->ropes[v][k];
     return st;
 }
 
@@ -332,7 +476,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, part_rows * (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4,
                                   KVG_VK_MEM_DEVICE, &s->part, err);
-    if (st == KVGEN_OK) st = rope_table(vm, n_ctx, &s->rope, err);
+    for (int v = 0; v < vm->n_rope && st == KVGEN_OK; v++) st = rope_table(vm, v, n_ctx, &s->rope[v], err);
     if (st == KVGEN_OK) {
         walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
         st = kvg_vk_walk_step(&cw);
@@ -637,10 +781,15 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
 
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
-    /* the plain llama pass (adjacent-pair RoPE in the QKV epilogue, SwiGLU, no biases or extra
-     * norms); Q and the attention output have their own stride (ld_q), so heads x head_dim may
-     * differ from n_embd */
-    .features = KVG_F_WIDE_HEADS,
+    /* every feature of the architecture table, as data of the one step walk: Q and the attention
+     * output have their own stride (ld_q), so heads x head_dim may differ from n_embd; biases in
+     * the QKV epilogue (binding 6); Q/K head norms by rms_norm.comp after a raw QKV epilogue;
+     * post norms by rms_norm.comp after a storing projection; NEOX RoPE by Q/K rows permuted at
+     * upload; per-layer RoPE base / scale and rope_freqs in the layers' cos/sin tables (and
+     * kv_copy's); GELU in the gate/up epilogue; the embedding scale in embed.comp; soft-capping
+     * in the attention kernels and the logits' epilogue; sliding windows in the attention kernels */
+    .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
+                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_vk_weight_types,
     .model_init = vk_model_init,
     .model_free = vk_model_free,

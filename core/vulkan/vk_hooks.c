@@ -1,7 +1,8 @@
-/* vk_hooks.c: the Vulkan backend's test hooks (kvg_vk.h): one mat-mul or one attention run
+/* vk_hooks.c: the Vulkan backend's test hooks (kvg_vk.h): one mat-mul, embedding lookup or attention run
  * through the backend's own upload and step-walker ops on a throwaway model, for the kernel
  * tests; attention reads a one-layer paged KV pool filled through the pool's own page writes.
  * Calls vk_walk.c, vk_kv.c, vk_weights.c, vk_device.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_quant.h"
@@ -96,6 +97,88 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     return st;
 }
 
+/* The embedding lookup as op_embed (vk_walk.c) records it: embed_<type>, one workgroup of 64
+ * per token, one dispatch per part of the matrix, push constants in the weight kernels' layout
+ * with word 9 the scale (embed.comp). */
+typedef struct pc_embed { /* matches PC in shaders/embed.comp */
+    uint32_t nrows, nb, scale_off, ncols, ldx, ldo, row0, x_off, kreal;
+    float embd_scale;
+} pc_embed;
+
+kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata, uint32_t rows, uint32_t K,
+                               const int32_t *tokens, uint32_t n, float scale, float *out, kvgen_error *err) {
+    if (n == 0 || rows == 0 || K == 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_embed: bad shape");
+    vk_model vm = {0};
+    vm.ctx = ctx;
+    kvg_tensor t = {.name = "test", .type = type, .n_dims = 2, .ne = {K, rows, 1, 1},
+                    .n_elements = (uint64_t)K * rows, .data = wdata};
+    const kvg_tensor *tp = &t;
+    vk_matrix m = {0};
+    kvg_vk_buffer params = {0}, yb = {0};
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    VkDescriptorSet *sets = NULL;
+    uint32_t ldo = round_up(K, 32);
+    char name[32];
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    spec[KVG_SPEC_WG] = 64;
+    VkPipeline pipe = VK_NULL_HANDLE;
+    kvgen_status st = kvg_vk_upload_matrix(&vm, "test", &tp, 1, false, &m, err);
+    if (st == KVGEN_OK) {
+        snprintf(name, sizeof name, "embed_%s", m.wt->suffix);
+        st = kvg_vk_pipeline_get(ctx, name, spec, &pipe, err);
+    }
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + (size_t)n * 4, KVG_VK_MEM_HOST, &params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)n * ldo * 4, KVG_VK_MEM_DEVICE, &yb, err);
+    if (st == KVGEN_OK) {
+        uint32_t *p = params.map;
+        memset(p, 0, 16);
+        memcpy(p + 4, tokens, (size_t)n * 4);
+        sets = calloc((size_t)m.n_parts, sizeof *sets);
+        if (!sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    }
+    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)m.n_parts, &pool, err);
+    for (int i = 0; i < m.n_parts && st == KVGEN_OK; i++) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[0].buf = &params;
+        b[1].buf = &m.parts[i].buf;
+        b[3].buf = &yb;
+        st = kvg_vk_set_create(ctx, pool, b, &sets[i], err);
+    }
+    if (st == KVGEN_OK) {
+        pthread_mutex_lock(&ctx->lock);
+        VkCommandBuffer cb;
+        st = kvg_vk_cmd_alloc(ctx, &cb, err);
+        if (st == KVGEN_OK) {
+            st = kvg_vk_cmd_begin(cb, true, err);
+            for (int i = 0; i < m.n_parts && st == KVGEN_OK; i++) {
+                pc_embed pc = {.nrows = m.parts[i].rows, .nb = m.nb, .scale_off = m.parts[i].scale_off, .ncols = n,
+                               .ldo = ldo, .row0 = m.parts[i].row0, .embd_scale = scale};
+                kvg_vk_cmd_dispatch(ctx, cb, pipe, sets[i], &pc, sizeof pc, n, 1, 1);
+            }
+            kvg_vk_cmd_host_barrier(cb);
+            kvgen_status st2 = kvg_vk_cmd_end(cb, err);
+            if (st == KVGEN_OK) st = st2;
+            if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+            vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+        }
+        pthread_mutex_unlock(&ctx->lock);
+    }
+    float *tmp = st == KVGEN_OK ? malloc((size_t)n * ldo * 4) : NULL;
+    if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
+    if (st == KVGEN_OK) st = kvg_vk_download(ctx, &yb, 0, tmp, (size_t)n * ldo * 4, err);
+    if (st == KVGEN_OK)
+        for (uint32_t i = 0; i < n; i++) memcpy(out + (size_t)i * K, tmp + (size_t)i * ldo, (size_t)K * 4);
+    free(tmp);
+    if (pool) vkDestroyDescriptorPool(ctx->dev, pool, NULL);
+    free(sets);
+    kvg_vk_free_matrix(ctx, &m);
+    kvg_vk_buffer_destroy(ctx, &params);
+    kvg_vk_buffer_destroy(ctx, &yb);
+    return st;
+}
+
 /* The attention hook's page order: the pool's n_pages pages in order, or shuffled (a fixed
  * pseudo-random permutation); the session's table is the first entries. */
 static void hook_page_order(int32_t *order, int32_t n_pages, bool shuffle) {
@@ -112,10 +195,22 @@ static void hook_page_order(int32_t *order, int32_t n_pages, bool shuffle) {
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
                                    int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
                                    const float *v, float *out, kvgen_error *err) {
+    return kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page_size, shuffle, 0,
+                                       0.0f, q, k, v, out, err);
+}
+
+kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
+                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, int window,
+                                         float softcap, const float *q, const float *k, const float *v, float *out,
+                                         kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
-        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256)
+        ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256 ||
+        window < 0 || !(softcap >= 0.0f))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
     vk_model vm = {0};
+    vk_layer layer = {.window = (uint32_t)window}; /* the layer's attention facts */
+    vm.layers = &layer;
+    vm.attn_softcap = softcap;
     kvgen_model model = {.backend = &vm}; /* what the pool's page ops take */
     vm.ctx = ctx;
     vm.hp.n_layer = 1;

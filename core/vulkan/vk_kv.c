@@ -110,8 +110,8 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     vm->page_bytes = (size_t)(elems * elem);
     vm->pps = (uint32_t)pps;
     vm->nslab = (uint32_t)(((uint64_t)n_pages + pps - 1) / pps);
-    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)(2 * KV_OPS_PAGES + hp->n_rot + 4) * 4, KVG_VK_MEM_HOST,
-                                           &vm->ops, err);
+    kvgen_status st = kvg_vk_buffer_create(ctx, (2 * KV_OPS_PAGES + (size_t)hp->n_layer * (size_t)hp->n_rot + 4) * 4,
+                                           KVG_VK_MEM_HOST, &vm->ops, err);
     if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &vm->ops_pool, err);
     if (st == KVGEN_OK) {
@@ -171,6 +171,14 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
     size_t elem = vm->ctx->kv_f16 ? 2 : 4, region = H * P * hd * elem;
     uint8_t *tmp = malloc(region);
     if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
+    /* a NEOX model's keys are held with each head's rotation pairs adjacent (vk_model.neox):
+     * device element j is element src[j] of the file's order */
+    uint32_t src[256];
+    bool perm = which == 0 && vm->neox;
+    for (uint32_t j = 0; perm && j < hd; j++) {
+        uint32_t n_rot = (uint32_t)hp->n_rot;
+        src[j] = j >= n_rot ? j : (j & 1u) ? n_rot / 2 + j / 2 : j / 2;
+    }
     kvgen_status st = KVGEN_OK;
     for (size_t p = (size_t)pos0; p < (size_t)pos0 + (size_t)n && st == KVGEN_OK;) {
         size_t slot0 = p % P, cnt = P - slot0;
@@ -183,7 +191,19 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
             for (size_t i = 0; i < cnt; i++) {
                 size_t e = (h * P + slot0 + i) * hd;
                 float *f = io + (h * (size_t)n + (p - (size_t)pos0) + i) * hd;
-                if (elem == 4) {
+                if (perm) {
+                    for (size_t d = 0; d < hd; d++) {
+                        float *fd = f + src[d];
+                        if (elem == 4) {
+                            if (write) memcpy(tmp + (e + d) * 4, fd, 4);
+                            else memcpy(fd, tmp + (e + d) * 4, 4);
+                        } else {
+                            uint16_t *hv = (uint16_t *)(void *)tmp + e + d;
+                            if (write) *hv = kvg_f32_to_f16(*fd);
+                            else *fd = kvg_f16_to_f32(*hv);
+                        }
+                    }
+                } else if (elem == 4) {
                     if (write) memcpy(tmp + e * 4, f, hd * 4);
                     else memcpy(f, tmp + e * 4, hd * 4);
                 } else {
@@ -233,11 +253,17 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_po
     VkPipeline pipe = kvg_vk_pipeline_find(ctx, "kv_copy", spec);
     if (!pipe) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the kv_copy pipeline was not created");
     int32_t *ops = vm->ops.map;
-    /* cos/sin of the position change, in double as the reference computes RoPE */
-    for (int i = 0; i < hp->n_rot / 2; i++) {
-        double theta = (double)rope_delta * pow(hp->rope_freq_base, -2.0 * i / hp->n_rot);
-        float cs[2] = {(float)cos(theta), (float)sin(theta)};
-        memcpy(ops + 2 * KV_OPS_PAGES + 2 * i, cs, sizeof cs);
+    /* cos/sin of the position change for every layer with its own RoPE (base, scale, factors),
+     * in double as the reference computes RoPE */
+    for (int l = 0; l < hp->n_layer; l++) {
+        const vk_layer *L = &vm->layers[l];
+        for (int i = 0; i < hp->n_rot / 2; i++) {
+            double theta = (double)rope_delta * (double)vm->rope_scale[L->rope] *
+                           pow(vm->rope_base[L->rope], -2.0 * i / hp->n_rot);
+            if (vm->rope_factors) theta /= (double)vm->rope_factors[i];
+            float cs[2] = {(float)cos(theta), (float)sin(theta)};
+            memcpy(ops + 2 * KV_OPS_PAGES + (size_t)l * (size_t)hp->n_rot + 2 * i, cs, sizeof cs);
+        }
     }
     pthread_mutex_lock(&ctx->lock);
     kvgen_status st = KVGEN_OK;

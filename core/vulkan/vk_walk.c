@@ -1,11 +1,16 @@
 /* vk_walk.c: the Vulkan backend's step walker (private to the backend). A step (a prefill chunk
  * of up to `chunk` tokens, or one decode token, or a batched decode of one token per session)
  * is one command buffer:
- *   embed -> per layer [QKV (+RMSNorm, RoPE, K/V cache write) -> attention (-> split reduce)
- *   -> Wo (+residual) -> gate/up (+RMSNorm, SwiGLU) -> down (+residual)] -> logits (+final norm)
+ *   embed (x embedding scale) -> per layer [QKV (+RMSNorm, biases, RoPE, K/V cache write)
+ *   -> attention (sliding window, soft-cap; -> split reduce) -> Wo (+residual) -> gate/up
+ *   (+RMSNorm, SwiGLU or GeGLU) -> down (+residual)] -> logits (+final norm, soft-cap)
+ * A layer's optional parts (vk_layer) change the op list as data, the same for every
+ * architecture: Q/K head norms make the QKV epilogue leave Q and K raw for rms_norm.comp
+ * (norm, RoPE, K to the cache); a post norm makes Wo / down store their output for rms_norm.comp
+ * (norm, then the residual add).
  * One function, kvg_vk_walk_step, walks those dispatches in order for every purpose (creating
  * the pipelines at load, counting and writing a session's descriptor sets, recording the
- * commands), so the three can never disagree. It owns the ops (mat-mul, embed, attention),
+ * commands), so the three can never disagree. It owns the ops (mat-mul, embed, attention, norms),
  * recording a step (with the on-device selection after it), rewriting a session's sets when the
  * KV pool gained a slab, and the KVGEN_VK_PROFILE timestamps. Calls vk_kv.c (KV layout),
  * vk_select.c, vk_device.c. */
@@ -19,13 +24,24 @@ typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     float eps;
     uint32_t nq, nk, hd, n_rot, n_ctx, o_off, c0;
     uint32_t kv_layer, kv_page, kv_v, pt_base; /* paged KV (shaders/kv.glsl) */
+    uint32_t flags; /* EPI_F_* */
+    float cap;      /* store mode: soft-capping */
 } pc_weights;
 
-typedef struct pc_attn { /* matches PC in shaders/attn.comp */
+typedef struct pc_attn { /* matches PC in shaders/attn.comp, attn_lane.comp */
     uint32_t n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
     uint32_t kv_layer, kv_page, kv_v, pt_base;
+    uint32_t window; /* sliding window (0: every position) */
+    float softcap;   /* score soft-capping (0: none) */
 } pc_attn;
+
+typedef struct pc_norm { /* matches PC in shaders/rms_norm.comp */
+    uint32_t n, ldi, ldo, ncols;
+    float eps;
+    uint32_t n_head, n_rot, flags;
+    uint32_t kv_layer, kv_page, kv_v, pt_base;
+} pc_norm;
 
 /* Whether the lane mat-vec reads this input (ldx floats per token) and the norm weight through
  * the uniform windows: a workgroup's tokens and the norm weight must fit one window, and every
@@ -87,9 +103,10 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             b[4].buf = a->norm;
             b[KVG_VK_UBO_X].buf = a->in;
             b[KVG_VK_UBO_NORM].buf = a->norm;
+            b[6].buf = a->bias;
             if (a->epi == EPI_QKV) {
                 kvg_vk_kv_bind(vm, w->s, b);
-                b[7].buf = w->s->rope;
+                b[7].buf = w->s->rope[vm->layers ? vm->layers[a->layer].rope : 0];
             }
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
             if (st != KVGEN_OK) return st;
@@ -112,7 +129,9 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                              .hd = (uint32_t)hp->head_dim,
                              .n_rot = (uint32_t)hp->n_rot,
                              .n_ctx = (uint32_t)w->s->n_ctx,
-                             .o_off = 0};
+                             .o_off = 0,
+                             .flags = a->flags | (a->bias ? EPI_F_BIAS : 0u),
+                             .cap = a->cap};
             if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
             uint32_t gx, gy = 1;
             if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
@@ -166,8 +185,9 @@ static kvgen_status op_embed(walk *w) {
         } else if (w->mode == WALK_RECORD) {
             VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, name, spec);
             if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created", name);
+            /* embed.comp reads word 9 (eps) as the embedding scale (gemma: sqrt(n_embd)) */
             pc_weights pc = {.nrows = part->rows, .nb = vm->embd.nb, .scale_off = part->scale_off, .ncols = w->n,
-                             .ldo = vm->ld_x, .row0 = part->row0};
+                             .ldo = vm->ld_x, .row0 = part->row0, .eps = vm->embd_scale};
             kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, w->n, 1, 1);
         }
     }
@@ -220,7 +240,9 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .n_ctx = (uint32_t)w->s->n_ctx,
                   .nsplit = nsplit,
                   .ncols = w->n,
-                  .scale = 1.0f / sqrtf((float)hp->head_dim)};
+                  .scale = 1.0f / sqrtf((float)hp->head_dim),
+                  .window = vm->layers ? vm->layers[layer].window : 0,
+                  .softcap = vm->attn_softcap};
     kvg_vk_kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
     VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, attn, split ? spec_split : spec_direct);
     VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
@@ -236,6 +258,57 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
         kvg_vk_cmd_dispatch(vm->ctx, w->cb, pr, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head, w->n, 1);
         kvg_vk_cmd_barrier(w->cb);
     }
+    return KVGEN_OK;
+}
+
+/* rms_norm.comp over the step's tokens: a post norm (NORM_POST: x += rmsnorm(f) * weight) or
+ * layer `layer`'s Q/K head norms (NORM_HEADS: the raw heads in vm->qk normed with weight, rotated
+ * with the layer's RoPE table, Q to vm->q, K to the KV pool) */
+static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *weight) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    const vk_layer *L = &vm->layers[layer];
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    if (mode == NORM_HEADS) kvg_vk_kv_spec(vm, spec);
+    spec[KVG_SPEC_WG] = 64;
+    spec[KVG_SPEC_MODE] = (uint32_t)mode;
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        return kvg_vk_pipeline_get(vm->ctx, "rms_norm", spec, &p, w->err);
+    }
+    int idx = w->cursor++;
+    if (w->mode == WALK_SETS) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[0].buf = &vm->params;
+        b[4].buf = weight;
+        if (mode == NORM_POST) {
+            b[2].buf = &vm->f;
+            b[3].buf = &vm->x;
+        } else {
+            b[2].buf = &vm->qk;
+            b[3].buf = &vm->q;
+            kvg_vk_kv_bind(vm, w->s, b);
+            b[7].buf = w->s->rope[L->rope];
+        }
+        return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+    }
+    if (w->mode != WALK_RECORD) return KVGEN_OK;
+    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "rms_norm", spec);
+    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline rms_norm was not created");
+    bool heads = mode == NORM_HEADS;
+    pc_norm pc = {.n = (uint32_t)(heads ? hp->head_dim : hp->n_embd),
+                  .ldi = heads ? vm->ld_qk : vm->ld_x,
+                  .ldo = heads ? vm->ld_q : vm->ld_x,
+                  .ncols = w->n,
+                  .eps = hp->rms_norm_eps,
+                  .n_head = (uint32_t)hp->n_head,
+                  .n_rot = (uint32_t)hp->n_rot,
+                  .flags = L->qk_flags};
+    if (heads) kvg_vk_kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+    uint32_t gx = heads ? (uint32_t)(hp->n_head + hp->n_head_kv) : 1;
+    kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, w->n, 1);
+    kvg_vk_cmd_barrier(w->cb);
     return KVGEN_OK;
 }
 
@@ -257,29 +330,39 @@ kvgen_status kvg_vk_walk_step(walk *w) {
     prof_mark(w, 0);
     for (int l = 0; l < vm->hp.n_layer && st == KVGEN_OK; l++) {
         vk_layer *L = &vm->layers[l];
-        matmul_args qkv = {.m = &L->qkv, .epi = EPI_QKV, .norm = &L->attn_norm, .in = &vm->x, .out = &vm->q,
-                           .ldx = vm->ld_x, .ldo = vm->ld_q, .ncols = w->n, .layer = l};
+        /* the layer's optional parts are data: a bias buffer, head norms (the QKV epilogue then
+         * leaves Q/K raw for the heads op), post norms (the projection then stores its output
+         * for the norm op to add) */
+        bool heads = L->qk_norm.buf != VK_NULL_HANDLE;
+        bool post_attn = L->attn_post.buf != VK_NULL_HANDLE, post_ffn = L->ffn_post.buf != VK_NULL_HANDLE;
+        matmul_args qkv = {.m = &L->qkv, .epi = EPI_QKV, .norm = &L->attn_norm, .in = &vm->x,
+                           .out = heads ? &vm->qk : &vm->q, .ldx = vm->ld_x, .ldo = heads ? vm->ld_qk : vm->ld_q,
+                           .ncols = w->n, .layer = l, .bias = L->bias.buf ? &L->bias : NULL,
+                           .flags = heads ? EPI_F_RAW_QK : 0u};
         st = kvg_vk_op_matmul(w, &qkv);
+        if (st == KVGEN_OK && heads) st = op_norm(w, NORM_HEADS, l, &L->qk_norm);
         prof_mark(w, 1);
         if (st == KVGEN_OK) st = kvg_vk_op_attention(w, l);
         prof_mark(w, 2);
-        matmul_args wo = {.m = &L->wo, .epi = EPI_ADD, .in = &vm->att, .out = &vm->x, .ldx = vm->ld_q,
-                          .ldo = vm->ld_x, .ncols = w->n};
+        matmul_args wo = {.m = &L->wo, .epi = post_attn ? EPI_STORE : EPI_ADD, .in = &vm->att,
+                          .out = post_attn ? &vm->f : &vm->x, .ldx = vm->ld_q, .ldo = vm->ld_x, .ncols = w->n};
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &wo);
+        if (st == KVGEN_OK && post_attn) st = op_norm(w, NORM_POST, l, &L->attn_post);
         prof_mark(w, 3);
         matmul_args gu = {.m = &L->gateup, .epi = vm->ffn_epi, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
                           .ldx = vm->ld_x, .ldo = vm->ld_h, .ncols = w->n};
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &gu);
         prof_mark(w, 4);
-        matmul_args down = {.m = &L->down, .epi = EPI_ADD, .in = &vm->h, .out = &vm->x, .ldx = vm->ld_h,
-                            .ldo = vm->ld_x, .ncols = w->n};
+        matmul_args down = {.m = &L->down, .epi = post_ffn ? EPI_STORE : EPI_ADD, .in = &vm->h,
+                            .out = post_ffn ? &vm->f : &vm->x, .ldx = vm->ld_h, .ldo = vm->ld_x, .ncols = w->n};
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &down);
+        if (st == KVGEN_OK && post_ffn) st = op_norm(w, NORM_POST, l, &L->ffn_post);
         prof_mark(w, 5);
     }
     if (st != KVGEN_OK) return st;
     /* logits: sets exist for the "every token" shape and are reused for the last token only */
     matmul_args out = {.m = &vm->output, .epi = EPI_STORE, .norm = &vm->out_norm, .in = &vm->x, .out = &vm->logits,
-                       .ldx = vm->ld_x, .ldo = (uint32_t)vm->hp.n_vocab};
+                       .ldx = vm->ld_x, .ldo = (uint32_t)vm->hp.n_vocab, .cap = vm->final_softcap};
     if (w->mode == WALK_RECORD && w->logits == 0) {
         w->cursor += vm->output.n_parts;
         return KVGEN_OK;

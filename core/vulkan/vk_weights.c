@@ -13,11 +13,17 @@
 
 /* ---- the weight types ----
  * One row per type the shaders run; everything below reads the row (kvg_vk.h: layout and how to
- * add a type). Every current type repacks 32-element blocks: the float types copy the row as it
- * is (F32 32 words per block, F16/BF16 16: two halves per word), and the quantized ones store
- * their scales first in a GGUF block, so the split is the same: Q8_0 8 words of int8 + one f16
- * d, Q4_0 4 words of nibbles + d, Q4_1 4 words + (d, m). Each block's repacked words hold exactly
- * the GGUF block's bytes. */
+ * add a type). A repacked block holds exactly the GGUF block's bytes: its header (the scales,
+ * mins and, for Q5_0/Q5_1, the high bits) goes to the scale region in GGUF order, the rest to the
+ * quant region, for the 256-element types regrouped per 32-element sub-block so that each
+ * sub-block's quants are one or two aligned loads (shaders/weights.glsl: N16, B2, B1):
+ *   float types: the row as it is (F32 32 words per 32 elements, F16/BF16 16: two halves a word)
+ *   Q8_0 8 words of int8 + d; Q4_0, IQ4_NL 4 words of nibbles + d; Q4_1 4 words + (d, m);
+ *   Q5_0 4 words + (d, qh); Q5_1 4 words + (d, m, qh): scales first in GGUF, so a plain split
+ *   IQ4_XS 32 words of nibbles + (d, scales_h, scales_l): GGUF's sub-blocks are already N16
+ *   Q4_K N16 x 8 + (d, dmin, scales[12]); Q5_K B1 x 8, N16 x 8 + (d, dmin, scales[12]);
+ *   Q6_K N16 x 8, B2 x 8 + (scales[16], d); Q2_K B2 x 8 + (scales[16], d, dmin);
+ *   Q3_K B2 x 8, B1 x 8 + (scales[12], d) */
 
 /* float types: the GGUF row as it is; a partial last block keeps the buffer's zeros */
 static void repack_copy(const kvg_vk_wtype *t, const uint8_t *src, uint32_t K, uint32_t *q, uint8_t *scales) {
@@ -35,6 +41,76 @@ static void repack_scales_first(const kvg_vk_wtype *t, const uint8_t *src, uint3
     }
 }
 
+/* The K types' fields of element e (0..255) of a GGUF super-block (bit planes: quant.c's top
+ * comment): a 4-bit nibble, a 2-bit field, a 1-bit field. */
+static unsigned k_nib(uint32_t type, const uint8_t *b, unsigned e) {
+    if (type == KVG_TYPE_Q6_K) return (b[64 * (e / 128) + e % 64] >> (4 * ((e % 128) / 64))) & 15;
+    const uint8_t *qs = b + (type == KVG_TYPE_Q5_K ? 48 : 16); /* Q4_K, Q5_K */
+    return (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 15;
+}
+static unsigned k_bits2(uint32_t type, const uint8_t *b, unsigned e) {
+    const uint8_t *q = b + (type == KVG_TYPE_Q6_K ? 128 : type == KVG_TYPE_Q2_K ? 16 : 32); /* Q3_K: 32 */
+    return (q[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+static unsigned k_bit1(uint32_t type, const uint8_t *b, unsigned e) {
+    const uint8_t *q = b + (type == KVG_TYPE_Q5_K ? 16 : 0); /* Q3_K's hmask: 0 */
+    return (q[e % 32] >> (e / 32)) & 1;
+}
+
+/* Per K type: the header's GGUF byte ranges (offset, length; in scale-region order) and the
+ * quant region's fields in order, 8 sub-blocks each: 'n' N16 (4 words), '2' B2 (2), '1' B1 (1). */
+typedef struct k_layout {
+    uint32_t type;
+    uint8_t hdr[2][2];
+    const char *fields;
+} k_layout;
+static const k_layout K_LAYOUTS[] = {
+    {KVG_TYPE_Q4_K, {{0, 16}, {0, 0}}, "n"},     {KVG_TYPE_Q5_K, {{0, 16}, {0, 0}}, "1n"},
+    {KVG_TYPE_Q6_K, {{192, 18}, {0, 0}}, "n2"},  {KVG_TYPE_Q2_K, {{0, 16}, {80, 4}}, "2"},
+    {KVG_TYPE_Q3_K, {{96, 14}, {0, 0}}, "21"},
+};
+
+static void repack_k(const kvg_vk_wtype *t, const uint8_t *src, uint32_t K, uint32_t *q, uint8_t *scales) {
+    const k_layout *L = NULL;
+    for (size_t i = 0; i < sizeof K_LAYOUTS / sizeof K_LAYOUTS[0]; i++)
+        if (K_LAYOUTS[i].type == t->type) L = &K_LAYOUTS[i];
+    if (!L) return; /* every row naming repack_k has a layout (test_vk_types runs them all) */
+    size_t bb = kvg_row_bytes(t->type, 256), sb = (size_t)t->scale_halves * 2;
+    for (uint32_t blk = 0; blk < K / 256; blk++) {
+        const uint8_t *b = src + blk * bb;
+        uint8_t *sd = scales + blk * sb;
+        for (int h = 0; h < 2; h++) {
+            memcpy(sd, b + L->hdr[h][0], L->hdr[h][1]);
+            sd += L->hdr[h][1];
+        }
+        uint32_t *qd = q + (size_t)blk * t->qwords;
+        for (const char *f = L->fields; *f; f++)
+            for (unsigned s = 0; s < 8; s++) {
+                unsigned e0 = 32 * s;
+                if (*f == 'n') { /* word k: bytes 4k..4k+3; byte i: element i low, i + 16 high */
+                    for (unsigned k = 0; k < 4; k++) {
+                        uint32_t w = 0;
+                        for (unsigned c = 0; c < 4; c++) {
+                            unsigned i = 4 * k + c;
+                            w |= (uint32_t)(k_nib(t->type, b, e0 + i) | k_nib(t->type, b, e0 + i + 16) << 4) << (8 * c);
+                        }
+                        *qd++ = w;
+                    }
+                } else if (*f == '2') { /* word k: elements 16k..16k+15, 2 bits each */
+                    for (unsigned k = 0; k < 2; k++) {
+                        uint32_t w = 0;
+                        for (unsigned l = 0; l < 16; l++) w |= (uint32_t)k_bits2(t->type, b, e0 + 16 * k + l) << (2 * l);
+                        *qd++ = w;
+                    }
+                } else { /* '1': bit l is element l */
+                    uint32_t w = 0;
+                    for (unsigned l = 0; l < 32; l++) w |= (uint32_t)k_bit1(t->type, b, e0 + l) << l;
+                    *qd++ = w;
+                }
+            }
+    }
+}
+
 static const kvg_vk_wtype WTYPES[] = {
     /* type, shader suffix, define, elements per block, quant words, scale halves, pad, repack */
     {KVG_TYPE_F32, "f32", "WTYPE_F32=1", 32, 32, 0, true, repack_copy},
@@ -43,6 +119,15 @@ static const kvg_vk_wtype WTYPES[] = {
     {KVG_TYPE_Q8_0, "q8_0", "WTYPE_Q8_0=1", 32, 8, 1, false, repack_scales_first},
     {KVG_TYPE_Q4_0, "q4_0", "WTYPE_Q4_0=1", 32, 4, 1, false, repack_scales_first},
     {KVG_TYPE_Q4_1, "q4_1", "WTYPE_Q4_1=1", 32, 4, 2, false, repack_scales_first},
+    {KVG_TYPE_Q5_0, "q5_0", "WTYPE_Q5_0=1", 32, 4, 3, false, repack_scales_first},
+    {KVG_TYPE_Q5_1, "q5_1", "WTYPE_Q5_1=1", 32, 4, 4, false, repack_scales_first},
+    {KVG_TYPE_IQ4_NL, "iq4_nl", "WTYPE_IQ4_NL=1", 32, 4, 1, false, repack_scales_first},
+    {KVG_TYPE_Q4_K, "q4_k", "WTYPE_Q4_K=1", 256, 32, 8, false, repack_k},
+    {KVG_TYPE_Q5_K, "q5_k", "WTYPE_Q5_K=1", 256, 40, 8, false, repack_k},
+    {KVG_TYPE_Q6_K, "q6_k", "WTYPE_Q6_K=1", 256, 48, 9, false, repack_k},
+    {KVG_TYPE_Q2_K, "q2_k", "WTYPE_Q2_K=1", 256, 16, 10, false, repack_k},
+    {KVG_TYPE_Q3_K, "q3_k", "WTYPE_Q3_K=1", 256, 24, 7, false, repack_k},
+    {KVG_TYPE_IQ4_XS, "iq4_xs", "WTYPE_IQ4_XS=1", 256, 32, 4, false, repack_scales_first},
 };
 #define N_WTYPES (sizeof WTYPES / sizeof WTYPES[0])
 
@@ -72,6 +157,33 @@ static kvgen_status refuse_type(const kvg_tensor *t, const char *what, kvgen_err
 
 /* ---- weight upload ---- */
 
+/* Q4_0 and Q5_0 rows are Q8_0 rows exactly: the same f16 d per 32 elements and int8 levels q - 8
+ * (q - 16), so d * level is the same product. A group mixing only these three (real Q4_K_M files:
+ * Q5_0 attn_q/attn_k with a Q8_0 attn_v) is uploaded as Q8_0 instead of F32. */
+static bool q8_0_exact(uint32_t type) {
+    return type == KVG_TYPE_Q8_0 || type == KVG_TYPE_Q5_0 || type == KVG_TYPE_Q4_0;
+}
+static void row_to_q8_0(uint32_t type, const uint8_t *src, uint8_t *dst, uint32_t K) {
+    size_t sb = kvg_row_bytes(type, 32);
+    for (uint32_t b = 0; b < K / 32; b++, src += sb, dst += 34) {
+        memcpy(dst, src, 2); /* d */
+        if (type == KVG_TYPE_Q8_0) {
+            memcpy(dst + 2, src + 2, 32);
+            continue;
+        }
+        const uint8_t *qs = src + (type == KVG_TYPE_Q5_0 ? 6 : 2);
+        uint32_t qh = type == KVG_TYPE_Q5_0 ? (uint32_t)src[2] | (uint32_t)src[3] << 8 | (uint32_t)src[4] << 16 |
+                                                  (uint32_t)src[5] << 24
+                                            : 0;
+        int bias = type == KVG_TYPE_Q5_0 ? 16 : 8;
+        for (int i = 0; i < 16; i++) {
+            int lo = (qs[i] & 15) | (int)((qh >> i) & 1) << 4, hi = (qs[i] >> 4) | (int)((qh >> (i + 16)) & 1) << 4;
+            dst[2 + i] = (uint8_t)(int8_t)(lo - bias);
+            dst[2 + 16 + i] = (uint8_t)(int8_t)(hi - bias);
+        }
+    }
+}
+
 size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx) {
     size_t lim = ctx->props.limits.maxStorageBufferRange;
     if (ctx->info.max_allocation_size && ctx->info.max_allocation_size < lim) lim = ctx->info.max_allocation_size;
@@ -93,7 +205,7 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
         if (srcs[i]->ne[0] != K)
             return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: tensor %s has rows of %llu, expected %u", what,
                             srcs[i]->name, (unsigned long long)srcs[i]->ne[0], K);
-        if (srcs[i]->type != type) type = KVG_TYPE_F32;
+        if (srcs[i]->type != type) type = KVG_TYPE_F32; /* mixed: see below */
         rows += srcs[i]->n_elements / K;
     }
     if (interleave && (n_src != 2 || srcs[0]->n_elements != srcs[1]->n_elements))
@@ -101,7 +213,11 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
     if (rows > UINT32_MAX / 2 || K == 0)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: %llu rows of %u are too many", what,
                         (unsigned long long)rows, K);
-    /* a mixed-type group is uploaded as F32, which every table has */
+    /* a mixed-type group is uploaded as Q8_0 when that is exact for every member, else as F32,
+     * which every table has */
+    bool to_q8 = type == KVG_TYPE_F32 && srcs[0]->type != KVG_TYPE_F32 && K % 32 == 0;
+    for (int i = 0; i < n_src && to_q8; i++) to_q8 = q8_0_exact(srcs[i]->type);
+    if (to_q8) type = KVG_TYPE_Q8_0;
     const kvg_vk_wtype *wt = kvg_vk_wtype_of(type);
     if (!wt) return refuse_type(srcs[0], what, err);
     uint32_t nb = (K + 31) / 32; /* the shaders' 32-element blocks */
@@ -168,8 +284,9 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
                 t = srcs[i];
             }
             const uint8_t *src = (const uint8_t *)t->data + tr * kvg_row_bytes(t->type, K);
-            if (t->type != type) { /* mixed-type group: the exact f32 values */
-                kvg_dequantize_row(t->type, src, tmp, K);
+            if (t->type != type) { /* mixed-type group: the same values as Q8_0, or as f32 */
+                if (type == KVG_TYPE_Q8_0) row_to_q8_0(t->type, src, (uint8_t *)tmp, K);
+                else kvg_dequantize_row(t->type, src, tmp, K);
                 src = (const uint8_t *)tmp;
             }
             wt->repack(wt, src, K, dst + r * row_words, (uint8_t *)(dst + part->scale_off) + r * row_halves * 2);

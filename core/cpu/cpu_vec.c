@@ -1,0 +1,317 @@
+/* cpu_vec.c: the f32 vector operations of the cpu backend's forward pass (kvg_qdot.h): dots and
+ * axpy for attention, the softmax's exponentials, RMSNorm and the gated activations. Portable C
+ * (libm's expf and tanhf, as the reference) and AVX2+FMA (exp by range reduction to
+ * [-ln2/2, ln2/2] and a degree-6 polynomial; tanh from it); the AVX-512
+ * path uses the AVX2 loops (these operations are a small share of a step). */
+#include <math.h>
+#include "kvg_qdot.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVG_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---- portable ---- */
+
+#define LANES 8
+
+static float p_dot(const float *a, const float *b, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * b[i + l];
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void p_axpy(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void p_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = p_dot(q, k + (size_t)r * stride, n);
+}
+
+static void p_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
+    for (int r = 0; r < rows; r++) p_axpy(y, a[r], x + (size_t)r * stride, n);
+}
+
+static void p_scale(float *y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+static float p_max(const float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+static float p_exp_sum(float *x, int n, float max) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        s += x[i];
+    }
+    return s;
+}
+
+static void p_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += x[i + l] * x[i + l];
+    float ss = 0.0f;
+    for (int l = 0; l < LANES; l++) ss += acc[l];
+    for (; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int k = 0; k < n; k++) out[k] = x[k] * scale * w[k];
+}
+
+static void p_silu_mul(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void p_gelu_mul(float *g, const float *u, int n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+static void p_add(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += x[i];
+}
+
+static const kvg_vec_ops PORTABLE = {p_dot,     p_axpy,     p_dot_rows, p_axpy_rows, p_scale,
+                                     p_exp_sum, p_max,      p_rmsnorm,  p_silu_mul,  p_gelu_mul,
+                                     p_add};
+
+/* ---- AVX2 + FMA ---- */
+#ifdef KVG_X86
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline))
+
+AVX2 INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x: x = k ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to r^6 (truncation error
+ * below 1.3e-7 relative there), times 2^k put into the exponent bits. Inputs are clamped to
+ * [-86, 88], where the result stays a normal float: exp of a very negative number gives
+ * ~4e-38, not 0. */
+AVX2 INL __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.0f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln2 in two parts so k * ln2_hi is exact */
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+
+AVX2 static float x_dot(const float *a, const float *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    if (i + 8 <= n) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        i += 8;
+    }
+    float s = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+AVX2 static void x_axpy(float *y, float a, const float *x, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* four rows at a time, one accumulator each, folded together at the end; a row's sum is
+ * formed the same way whether it came in a group of four or alone */
+AVX2 static void x_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *k0 = k + (size_t)r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+        }
+        /* lane j of the fold: row r + j */
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        float t[4];
+        _mm_storeu_ps(t, s);
+        for (int j = 0; j < 4; j++) {
+            const float *kj = k + (size_t)(r + j) * stride;
+            for (int e = i; e < n; e++) t[j] += q[e] * kj[e];
+            out[r + j] = t[j];
+        }
+    }
+    for (; r < rows; r++) { /* the same sums as a row of a group of four */
+        const float *kr = k + (size_t)r * stride;
+        __m256 a0 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a0), a0);
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        float t = _mm_cvtss_f32(s);
+        for (; i < n; i++) t += q[i] * kr[i];
+        out[r] = t;
+    }
+}
+
+/* y is read and written once per 8 of its floats, whatever the number of rows */
+AVX2 static void x_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i);
+        for (int r = 0; r < rows; r++)
+            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r), _mm256_loadu_ps(x + (size_t)r * stride + i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < n; i++)
+        for (int r = 0; r < rows; r++) y[i] += a[r] * x[(size_t)r * stride + i];
+}
+
+AVX2 static void x_scale(float *y, float a, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] *= a;
+}
+
+AVX2 static float x_max(const float *x, int n) {
+    float m = x[0];
+    int i = 0;
+    if (n >= 8) {
+        __m256 v = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(x + i));
+        __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_max_ss(s, _mm_movehdup_ps(s));
+        m = _mm_cvtss_f32(s);
+    }
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+AVX2 static float x_exp_sum(float *x, int n, float max) {
+    __m256 vm = _mm256_set1_ps(max), acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float s = hsum8(acc);
+    if (i < n) { /* the tail through the same exp, lanes past n zero */
+        float buf[8] = {0};
+        for (int k = i; k < n; k++) buf[k - i] = x[k] - max;
+        float e[8];
+        _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(buf)));
+        for (int k = i; k < n; k++) {
+            x[k] = e[k - i];
+            s += e[k - i];
+        }
+    }
+    return s;
+}
+
+AVX2 static void x_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        acc0 = _mm256_fmadd_ps(a, a, acc0);
+        acc1 = _mm256_fmadd_ps(b, b, acc1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        acc0 = _mm256_fmadd_ps(a, a, acc0);
+    }
+    float ss = hsum8(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256 vs = _mm256_set1_ps(scale);
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vs), _mm256_loadu_ps(w + k)));
+    for (; k < n; k++) out[k] = x[k] * scale * w[k];
+}
+
+/* silu(g) * u over 8 lanes */
+AVX2 INL __m256 silu8(__m256 g) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+/* gelu(g) with tanh(y) = 1 - 2 / (e^(2y) + 1) */
+AVX2 INL __m256 gelu8(__m256 g) {
+    const __m256 c = _mm256_set1_ps(0.7978845608028654f), k = _mm256_set1_ps(0.044715f), one = _mm256_set1_ps(1.0f);
+    __m256 y = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(k, g), _mm256_mul_ps(g, g), g));
+    __m256 e = exp8(_mm256_add_ps(y, y));
+    __m256 th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, th));
+}
+
+AVX2 static void x_silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+AVX2 static void x_gelu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    const float c = 0.7978845608028654f;
+    for (; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+AVX2 static void x_add(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] += x[i];
+}
+
+static const kvg_vec_ops AVX2_OPS = {x_dot,     x_axpy,     x_dot_rows, x_axpy_rows, x_scale,
+                                     x_exp_sum, x_max,      x_rmsnorm,  x_silu_mul,  x_gelu_mul,
+                                     x_add};
+#endif
+
+const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {
+#ifdef KVG_X86
+    if (isa != KVG_ISA_PORTABLE) return &AVX2_OPS;
+#else
+    (void)isa;
+#endif
+    return &PORTABLE;
+}

@@ -1,0 +1,717 @@
+/* fast.c: the cpu backend, the fast forward pass on the host's cores. It runs every
+ * architecture of the table, with the structure of the reference (reference.c: a batch
+ * flattened into blocks of tokens, layer by layer, K/V in the model's host pages of
+ * cpu_pages.c, every feature as data of the model description), and differs in how it
+ * computes:
+ * - matrix products take the weights packed (as the file stores them; the 32-element types
+ *   regrouped once at load into a copy of the same size, their scales side by side) and the
+ *   activations quantized per block to int16 (kvg_qdot.h: blocks of 32 with their scale for
+ *   the 32-element types, of 256 for the K types; f32 for F32/F16/BF16), each block's products
+ *   summed in integers; a weight row is decoded once per tile of KVG_QDOT_TILE tokens, rows are
+ *   taken 8 at a time against all the block's tiles, so a row is read once per block of up to
+ *   CPU_BLOCK tokens (prefill runs as GEMM, a batch of many sessions' decodes shares every row
+ *   read);
+ * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
+ *   computed once per token and layer (shared by the heads), not per element;
+ * - the kernels are those of the instruction set chosen at load (portable C, AVX2, AVX-512;
+ *   KVGEN_CPU_ISA forces one), on a thread pool that polls between the jobs of a step
+ *   instead of sleeping (kvg_cpu_pool_set_spin).
+ * Work is split by output rows, attention (token, head) pairs and tokens, each computed by one
+ * thread in an order that depends on it alone: results do not depend on the thread count, and
+ * a token's logits are the same bits whatever batch or block it came in (prefill, decode, a
+ * batch of sessions). Against the reference they differ by the activations' quantization
+ * (test_cpu_backend states and measures the tolerance). Nothing is allocated per token.
+ *
+ * Shapes in comments: n = tokens in the block, D = n_embd, F = n_ff, H = n_head, Hkv =
+ * n_head_kv, hd = head_dim, V = n_vocab. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_cpu.h"
+#include "kvg_model.h"
+#include "kvg_qdot.h"
+#include "kvg_quant.h"
+#include "kvg_reference.h"
+
+#define CPU_BLOCK 64  /* tokens per block (as the reference's) */
+#define CPU_ROWS 8    /* weight rows taken together against every tile of the block */
+#define CPU_SPIN_US 300 /* the pool's polling time between jobs */
+#define CPU_PREFETCH 8  /* rows ahead a matrix product asks the cache for */
+
+#define WHO "cpu backend"
+
+/* ---- per-model and per-session state ---------------------------------------------------------- */
+
+/* A matrix as the kernels read it: the file's rows, or a repacked copy (kvg_qdot_kernel.repack). */
+typedef struct cpu_matrix {
+    const kvg_tensor *t;
+    const kvg_qdot_kernel *k;
+    const uint8_t *rows;
+    uint8_t *own; /* the repacked copy, or NULL */
+} cpu_matrix;
+
+enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, N_MATRICES };
+
+typedef struct cpu_layer {
+    cpu_matrix w[N_MATRICES];
+    float *bq, *bk, *bv;         /* [H*hd], [Hkv*hd], [Hkv*hd] or NULL */
+    float *q_norm, *k_norm;      /* [hd] or NULL */
+    float *attn_post, *ffn_post; /* [D] or NULL */
+    double *inv_freq;            /* [n_rot/2]: theta_i = pos * inv_freq[i] (scale, base, factors folded in) */
+    int rope_group;              /* the first layer with the same RoPE (base and scale) */
+} cpu_layer;
+
+typedef struct cpu_model {
+    kvg_cpu_pool *pool;
+    kvg_cpu_isa isa;
+    const kvg_vec_ops *vec;
+    float *attn_norm, *ffn_norm; /* [L][D] */
+    float *out_norm;             /* [D] */
+    cpu_layer *layers;
+    kvg_ref_rope_params *ropes;  /* [L]: the layers' RoPE, for kv_copy's re-rotation */
+    float *rope_factors;         /* [n_rot/2] or NULL */
+    int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
+    cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
+    kvg_cpu_pages pages;
+} cpu_model;
+
+struct kvg_backend_session {
+    int n_ctx;
+    int n_threads;
+    /* activations of one block of tokens */
+    float *x;   /* [n][D] residual stream */
+    float *xb;  /* [n][D] a sublayer's normed input, then its output */
+    float *q;   /* [n][H*hd] */
+    float *k;   /* [n][Hkv*hd] */
+    float *v;   /* [n][Hkv*hd] */
+    float *att; /* [n][H*hd] */
+    float *hb;  /* [n][F] gate, then act(gate) * up */
+    float *hb2; /* [n][F] up */
+    /* a matrix product's input quantized (kvg_qact), rows of up to max_in */
+    int16_t *qb, *qk;
+    float *db, *sb, *dk;
+    int32_t *bk;
+    float *rope_cs; /* [n][n_rot/2][2] cos, sin of each token's angles for the current layer */
+    float *scores;  /* [n_threads][n_ctx] */
+};
+
+static void cpu_model_free(kvgen_model *m);
+
+static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
+    *out = NULL;
+    if (!t) return true;
+    *out = malloc(n * sizeof(float));
+    if (!*out) return false;
+    kvg_dequantize_row(t->type, t->data, *out, n);
+    return true;
+}
+
+/* The layers' biases, extra norms and RoPE (as the reference's), and each layer's RoPE
+ * frequencies in double: theta_i = pos * scale * base^(-2i/n_rot) / factors[i]. */
+static kvgen_status small_tensors(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
+    size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd, half = (size_t)hp->n_rot / 2;
+    cm->layers = calloc(L, sizeof *cm->layers);
+    cm->ropes = calloc(L, sizeof *cm->ropes);
+    bool ok = cm->layers && cm->ropes && to_f32(m->w.rope_freqs, half, &cm->rope_factors);
+    for (size_t l = 0; ok && l < L; l++) {
+        const kvg_layer *w = &m->w.layers[l];
+        cpu_layer *c = &cm->layers[l];
+        ok = to_f32(w->bq, qd, &c->bq) && to_f32(w->bk, kvd, &c->bk) && to_f32(w->bv, kvd, &c->bv) &&
+             to_f32(w->q_norm, hd, &c->q_norm) && to_f32(w->k_norm, hd, &c->k_norm) &&
+             to_f32(w->attn_post_norm, D, &c->attn_post) && to_f32(w->ffn_post_norm, D, &c->ffn_post);
+        kvg_ref_rope_params r = {.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
+                                 .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
+                                 .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
+                                 .factors = cm->rope_factors};
+        cm->ropes[l] = r;
+        c->rope_group = (int)l;
+        for (size_t e = 0; e < l; e++)
+            if (cm->ropes[e].base == r.base && cm->ropes[e].scale == r.scale) {
+                c->rope_group = (int)e;
+                break;
+            }
+        c->inv_freq = ok ? malloc((half ? half : 1) * sizeof(double)) : NULL;
+        ok = ok && c->inv_freq;
+        for (size_t i = 0; ok && i < half; i++) {
+            double f = (double)r.scale * pow(r.base, -2.0 * (double)i / r.n_rot);
+            c->inv_freq[i] = r.factors ? f / (double)r.factors[i] : f;
+        }
+    }
+    if (!ok) return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for the model's small tensors");
+    return KVGEN_OK;
+}
+
+/* repacking a matrix's rows, a row per item */
+typedef struct repack_job {
+    cpu_matrix *mx;
+    size_t row_bytes;
+} repack_job;
+
+static void repack_rows(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const repack_job *j = ctx;
+    const cpu_matrix *mx = j->mx;
+    for (int r = begin; r < end; r++)
+        mx->k->repack((const uint8_t *)mx->t->data + (size_t)r * j->row_bytes, mx->own + (size_t)r * j->row_bytes,
+                      (int)mx->t->ne[0]);
+}
+
+/* t as the kernels of the model's path read it: repacked into memory of the backend's own
+ * (the file stays mapped; the copy is the size of the tensor) where the kernel asks for it */
+static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *mx, kvgen_error *err) {
+    *mx = (cpu_matrix){.t = t, .k = kvg_qdot_kernel_of(cm->isa, t->type), .rows = t->data};
+    if (!mx->k) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no kernel for %s", kvg_type_name(t->type));
+    if (!mx->k->repack) return KVGEN_OK;
+    size_t row_bytes = kvg_row_bytes(t->type, t->ne[0]), bytes = row_bytes * (size_t)t->ne[1];
+    mx->own = malloc(bytes ? bytes : 1);
+    if (!mx->own)
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %zu-byte copy of %s", bytes, t->name);
+    repack_job j = {.mx = mx, .row_bytes = row_bytes};
+    kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);
+    mx->rows = mx->own;
+    return KVGEN_OK;
+}
+
+static kvgen_status matrices_init(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
+    kvgen_status st = matrix_init(cm, m->w.output, &cm->output, err);
+    for (int l = 0; st == KVGEN_OK && l < m->w.hp.n_layer; l++) {
+        const kvg_layer *L = &m->w.layers[l];
+        const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        for (int i = 0; st == KVGEN_OK && i < N_MATRICES; i++) st = matrix_init(cm, ts[i], &cm->layers[l].w[i], err);
+    }
+    return st;
+}
+
+static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
+    (void)desc;
+    kvgen_status st = kvg_weights_check_types(m, &kvg_cpu_backend, err);
+    if (st == KVGEN_OK) st = kvg_arch_check_backend(m, &kvg_cpu_backend, err);
+    if (st != KVGEN_OK) return st;
+    const kvg_hparams *hp = &m->w.hp;
+    const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
+    if (hp->n_layer <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->head_dim <= 0 || hp->n_vocab <= 0)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: hyperparameters must be positive", path);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: n_head %d is not a multiple of n_head_kv %d", path, hp->n_head,
+                        hp->n_head_kv);
+    if (hp->n_rot < 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: rope dimension %d must be even and at most head_dim %d", path,
+                        hp->n_rot, hp->head_dim);
+    if (m->w.tok_embd->ne[0] != (uint64_t)hp->n_embd || m->w.tok_embd->ne[1] < (uint64_t)hp->n_vocab ||
+        m->w.output->ne[0] != (uint64_t)hp->n_embd || m->w.output->ne[1] != (uint64_t)hp->n_vocab)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: token_embd/output shapes do not match n_embd %d, n_vocab %d", path,
+                        hp->n_embd, hp->n_vocab);
+    kvg_cpu_isa isa;
+    st = kvg_cpu_isa_choose(WHO, &isa, err);
+    if (st != KVGEN_OK) return st;
+
+    int n_threads = kvg_cpu_threads(m->n_threads);
+    m->n_threads = n_threads;
+    cpu_model *cm = calloc(1, sizeof *cm);
+    if (!cm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
+    m->backend = cm; /* from here on, cpu_model_free cleans up */
+    cm->isa = isa;
+    cm->vec = kvg_vec_ops_of(isa);
+    size_t D = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
+    int qd = hp->n_head * hp->head_dim;
+    cm->max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
+    if (qd > cm->max_in) cm->max_in = qd;
+    cm->attn_norm = malloc(L * D * sizeof(float));
+    cm->ffn_norm = malloc(L * D * sizeof(float));
+    cm->out_norm = malloc(D * sizeof(float));
+    if (!cm->attn_norm || !cm->ffn_norm || !cm->out_norm) {
+        cpu_model_free(m);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
+    }
+    for (size_t l = 0; l < L; l++) {
+        const kvg_layer *w = &m->w.layers[l];
+        kvg_dequantize_row(w->attn_norm->type, w->attn_norm->data, cm->attn_norm + l * D, D);
+        kvg_dequantize_row(w->ffn_norm->type, w->ffn_norm->data, cm->ffn_norm + l * D, D);
+    }
+    kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, cm->out_norm, D);
+    st = small_tensors(m, cm, err);
+    if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, WHO, &cm->pool, err);
+    if (st == KVGEN_OK) st = matrices_init(m, cm, err);
+    if (st != KVGEN_OK) {
+        cpu_model_free(m);
+        return st;
+    }
+    kvg_cpu_pool_set_spin(cm->pool, CPU_SPIN_US);
+    snprintf(m->device_name, sizeof m->device_name, "cpu (%s)", kvg_cpu_isa_name(isa));
+    return KVGEN_OK;
+}
+
+static void cpu_model_free(kvgen_model *m) {
+    cpu_model *cm = m->backend;
+    if (!cm) return;
+    kvg_cpu_pool_destroy(cm->pool);
+    kvg_cpu_pages_free(&cm->pages);
+    for (int l = 0; cm->layers && l < m->w.hp.n_layer; l++) {
+        cpu_layer *c = &cm->layers[l];
+        void *ps[] = {c->bq, c->bk, c->bv, c->q_norm, c->k_norm, c->attn_post, c->ffn_post, c->inv_freq};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+        for (int i = 0; i < N_MATRICES; i++) free(c->w[i].own);
+    }
+    free(cm->output.own);
+    free(cm->layers);
+    free(cm->ropes);
+    free(cm->rope_factors);
+    free(cm->attn_norm);
+    free(cm->ffn_norm);
+    free(cm->out_norm);
+    free(cm);
+    m->backend = NULL;
+}
+
+static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
+    (void)m;
+    if (!s) return;
+    void *ps[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->qb, s->qk,
+                  s->db, s->sb, s->dk, s->bk, s->rope_cs, s->scores};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+    free(s);
+}
+
+static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    const cpu_model *cm = m->backend;
+    if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": n_ctx %d must be > 0", n_ctx);
+    kvg_backend_session *s = calloc(1, sizeof *s);
+    if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a session");
+    s->n_ctx = n_ctx;
+    s->n_threads = kvg_cpu_pool_threads(cm->pool);
+    size_t B = CPU_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, W = (size_t)cm->max_in;
+    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    s->x = malloc(B * D * sizeof(float));
+    s->xb = malloc(B * D * sizeof(float));
+    s->q = malloc(B * qd * sizeof(float));
+    s->k = malloc(B * kvd * sizeof(float));
+    s->v = malloc(B * kvd * sizeof(float));
+    s->att = malloc(B * qd * sizeof(float));
+    s->hb = malloc(B * F * sizeof(float));
+    s->hb2 = malloc(B * F * sizeof(float));
+    s->qb = malloc(B * W * sizeof(int16_t));
+    s->qk = malloc(B * W * sizeof(int16_t));
+    s->db = malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->sb = malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->dk = malloc((B * W / KVG_QK + 1) * sizeof(float));
+    s->bk = malloc((B * W / 16 + 1) * sizeof(int32_t));
+    s->rope_cs = malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
+    s->scores = malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
+        !s->sb || !s->dk || !s->bk || !s->rope_cs || !s->scores) {
+        cpu_session_free(m, s);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %d-token session's scratch", n_ctx);
+    }
+    *out = s;
+    return KVGEN_OK;
+}
+
+/* ---- matrix products ---------------------------------------------------------------------------- */
+
+/* out[t][r] = dot(W row r, in[t]) for the block's tokens; up to three matrices sharing one input
+ * are one job (Q/K/V, gate/up). */
+typedef struct mm_part {
+    const uint8_t *w;
+    size_t row_bytes;
+    int rows;
+    const kvg_qdot_kernel *k;
+    float *out; /* [n][rows] */
+} mm_part;
+
+typedef struct mm_job {
+    const kvg_qact *a;
+    int n;
+    int n_parts;
+    mm_part parts[3];
+} mm_job;
+
+/* asks for a row a few ahead while this one is computed: decode is bound by how fast rows
+ * arrive (measured: Q8_0 rows 20% faster, Q4_1 7%) */
+static inline void prefetch_row(const uint8_t *row, size_t bytes) {
+#if defined(__GNUC__)
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+#else
+    (void)row;
+    (void)bytes;
+#endif
+}
+
+static void mm_rows(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const mm_job *j = ctx;
+    for (int r0 = begin; r0 < end; r0 += CPU_ROWS) {
+        int r1 = r0 + CPU_ROWS < end ? r0 + CPU_ROWS : end;
+        for (int t = 0; t < j->n; t += KVG_QDOT_TILE) {
+            int nt = j->n - t < KVG_QDOT_TILE ? j->n - t : KVG_QDOT_TILE;
+            int p = 0, base = 0;
+            for (int item = r0; item < r1; item++) {
+                while (item - base >= j->parts[p].rows) base += j->parts[p++].rows;
+                const mm_part *pt = &j->parts[p];
+                int r = item - base;
+                if (t == 0 && r + CPU_PREFETCH < pt->rows) prefetch_row(pt->w + (size_t)(r + CPU_PREFETCH) * pt->row_bytes,
+                                                                        pt->row_bytes);
+                pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, pt->out + (size_t)t * pt->rows + r,
+                           (size_t)pt->rows);
+            }
+        }
+    }
+}
+
+/* quantizing a block's input rows, one token per item */
+typedef struct quant_job {
+    const cpu_model *cm;
+    kvg_backend_session *s;
+    const float *in;
+    int in_dim;
+    bool qb, qk;
+} quant_job;
+
+static void quant_rows(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const quant_job *j = ctx;
+    kvg_backend_session *s = j->s;
+    size_t W = (size_t)j->in_dim;
+    for (int t = begin; t < end; t++) {
+        const float *x = j->in + (size_t)t * W;
+        if (j->qb)
+            kvg_qdot_quantize_qb(j->cm->isa, x, j->in_dim, s->qb + t * W, s->db + t * (W / KVG_QB),
+                                 s->sb + t * (W / KVG_QB));
+        if (j->qk)
+            kvg_qdot_quantize_qk(j->cm->isa, x, j->in_dim, s->qk + t * W, s->dk + t * (W / KVG_QK),
+                                 s->bk + t * (W / 16));
+    }
+}
+
+typedef struct mm_spec {
+    const cpu_matrix *w;
+    float *out;
+} mm_spec;
+
+/* out_p = in W_p for the n <= CPU_BLOCK rows of in (each in_dim wide) */
+static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in, int in_dim, int n, int n_parts,
+                   const mm_spec *spec) {
+    mm_job j = {.n = n, .n_parts = n_parts};
+    quant_job qj = {.cm = cm, .s = s, .in = in, .in_dim = in_dim};
+    int total = 0;
+    for (int p = 0; p < n_parts; p++) {
+        const kvg_tensor *w = spec[p].w->t;
+        const kvg_qdot_kernel *k = spec[p].w->k;
+        j.parts[p] = (mm_part){.w = spec[p].w->rows, .row_bytes = kvg_row_bytes(w->type, w->ne[0]),
+                               .rows = (int)w->ne[1], .k = k, .out = spec[p].out};
+        qj.qb |= k->act == KVG_ACT_QB;
+        qj.qk |= k->act == KVG_ACT_QK;
+        total += (int)w->ne[1];
+    }
+    if (qj.qb || qj.qk) {
+        if (n > 1) kvg_cpu_pool_run(cm->pool, n, quant_rows, &qj);
+        else quant_rows(&qj, 0, n, 0);
+    }
+    kvg_qact a = {.n = in_dim, .x = in, .qb = s->qb, .db = s->db, .sb = s->sb, .qk = s->qk, .dk = s->dk, .bk = s->bk};
+    j.a = &a;
+    kvg_cpu_pool_run(cm->pool, total, mm_rows, &j);
+}
+
+/* ---- attention ------------------------------------------------------------------------------------- */
+
+typedef struct cpu_slot {
+    const int32_t *pages;       /* the token's page table */
+    kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
+    int pos;
+} cpu_slot;
+
+typedef struct attention_job {
+    const cpu_model *cm;
+    kvg_backend_session *s;
+    const kvg_hparams *hp;
+    const cpu_slot *slots;
+    int layer;
+    int window;    /* > 0: a local layer attends to [pos - window + 1, pos] */
+    float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
+} attention_job;
+
+static void attention_heads(void *ctx, int begin, int end, int tid) {
+    const attention_job *j = ctx;
+    const kvg_hparams *hp = j->hp;
+    const kvg_vec_ops *vec = j->cm->vec;
+    const kvg_cpu_pages *pg = &j->cm->pages;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, l = j->layer, P = pg->page_size;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int item = begin; item < end; item++) {
+        int t = item / hp->n_head, h = item % hp->n_head;
+        const cpu_slot *slot = &j->slots[t];
+        float *scores = slot->owner->scores + (size_t)tid * slot->owner->n_ctx;
+        int pos = slot->pos;
+        int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
+        int n = pos - first + 1, kvh = h / group;
+        const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
+        /* keys: runs of consecutive slots within one page are contiguous */
+        for (int p = first; p <= pos;) {
+            int run = P - p % P;
+            if (run > pos - p + 1) run = pos - p + 1;
+            float *sc = scores + (p - first);
+            vec->dot_rows(q, kvg_cpu_pages_at(pg, slot->pages, l, 0, kvh, p), (size_t)hd, run, hd, sc);
+            for (int r = 0; r < run; r++) {
+                sc[r] *= scale;
+                if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
+            }
+            p += run;
+        }
+        float sum = vec->exp_sum(scores, n, vec->max(scores, n));
+        float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int p = first; p <= pos;) {
+            int run = P - p % P;
+            if (run > pos - p + 1) run = pos - p + 1;
+            vec->axpy_rows(o, scores + (p - first), kvg_cpu_pages_at(pg, slot->pages, l, 1, kvh, p), (size_t)hd, run,
+                           hd);
+            p += run;
+        }
+        vec->scale(o, 1.0f / sum, hd);
+    }
+}
+
+/* ---- the forward pass --------------------------------------------------------------------------- */
+
+/* cos and sin of the block's tokens' angles for a layer's RoPE */
+static void rope_angles(const kvg_hparams *hp, const cpu_layer *c, const cpu_slot *slots, int n, float *cs) {
+    int half = hp->n_rot / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            double theta = (double)slots[t].pos * c->inv_freq[i];
+            cs[((size_t)t * half + i) * 2] = (float)cos(theta);
+            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(theta);
+        }
+}
+
+static void rope_head(float *v, const float *cs, int n_rot, bool neox) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = a * s + b * c;
+    }
+}
+
+static void add_bias(const kvg_vec_ops *vec, float *y, const float *b, int n, int width) {
+    if (!b) return;
+    for (int t = 0; t < n; t++) vec->add(y + (size_t)t * width, b, width);
+}
+
+/* x[t] += f[t], f first normed by `post` where the layer has that norm */
+static void residual_add(const cpu_model *cm, float *x, float *f, const float *post, int n, int D, float eps) {
+    for (int t = 0; t < n; t++) {
+        float *ft = f + (size_t)t * D;
+        if (post) cm->vec->rmsnorm(ft, ft, post, D, eps);
+        cm->vec->add(x + (size_t)t * D, ft, D);
+    }
+}
+
+/* Runs one block of n <= CPU_BLOCK tokens through every layer, token t at slots[t], leaving
+ * the final residual stream in s->x and their K/V in the pages. */
+static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot *slots, const int32_t *tokens,
+                          int n) {
+    const kvg_hparams *hp = &m->w.hp;
+    const cpu_model *cm = m->backend;
+    const kvg_vec_ops *vec = cm->vec;
+    int D = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
+    int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    float eps = hp->rms_norm_eps;
+    bool neox = m->w.rope == KVG_ROPE_NEOX;
+
+    const kvg_tensor *emb = m->w.tok_embd;
+    size_t emb_row = kvg_row_bytes(emb->type, emb->ne[0]);
+    for (int t = 0; t < n; t++)
+        kvg_dequantize_row(emb->type, (const unsigned char *)emb->data + (size_t)tokens[t] * emb_row,
+                           s->x + (size_t)t * D, (uint64_t)D);
+    if (m->w.embd_scale != 1.0f) vec->scale(s->x, m->w.embd_scale, n * D);
+
+    int angles_of = -1; /* the RoPE group whose angles s->rope_cs holds */
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kvg_layer *L = &m->w.layers[l];
+        const cpu_layer *C = &cm->layers[l];
+
+        for (int t = 0; t < n; t++)
+            vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->attn_norm + (size_t)l * D, D, eps);
+        mm_spec qkv[3] = {{&C->w[M_Q], s->q}, {&C->w[M_K], s->k}, {&C->w[M_V], s->v}};
+        matmul(cm, s, s->xb, D, n, 3, qkv);
+        add_bias(vec, s->q, C->bq, n, qd);
+        add_bias(vec, s->k, C->bk, n, kvd);
+        add_bias(vec, s->v, C->bv, n, kvd);
+
+        /* layers with the same RoPE (usually all, or the local and the global ones) share the
+         * angles of the block */
+        if (angles_of != C->rope_group) {
+            rope_angles(hp, C, slots, n, s->rope_cs);
+            angles_of = C->rope_group;
+        }
+        for (int t = 0; t < n; t++) {
+            const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
+            for (int h = 0; h < hp->n_head; h++) {
+                float *q = s->q + (size_t)t * qd + (size_t)h * hd;
+                if (C->q_norm) vec->rmsnorm(q, q, C->q_norm, hd, eps);
+                rope_head(q, cs, hp->n_rot, neox);
+            }
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
+                if (C->k_norm) vec->rmsnorm(k, k, C->k_norm, hd, eps);
+                rope_head(k, cs, hp->n_rot, neox);
+                memcpy(kvg_cpu_pages_at(&cm->pages, slots[t].pages, l, 0, h, slots[t].pos), k,
+                       (size_t)hd * sizeof(float));
+                memcpy(kvg_cpu_pages_at(&cm->pages, slots[t].pages, l, 1, h, slots[t].pos),
+                       s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+            }
+        }
+
+        attention_job aj = {.cm = cm, .s = s, .hp = hp, .slots = slots, .layer = l,
+                            .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap};
+        kvg_cpu_pool_run(cm->pool, n * hp->n_head, attention_heads, &aj);
+
+        mm_spec o[1] = {{&C->w[M_O], s->xb}};
+        matmul(cm, s, s->att, qd, n, 1, o);
+        residual_add(cm, s->x, s->xb, C->attn_post, n, D, eps);
+
+        for (int t = 0; t < n; t++)
+            vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->ffn_norm + (size_t)l * D, D, eps);
+        mm_spec gu[2] = {{&C->w[M_GATE], s->hb}, {&C->w[M_UP], s->hb2}};
+        matmul(cm, s, s->xb, D, n, 2, gu);
+        if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->hb, s->hb2, n * F);
+        else vec->silu_mul(s->hb, s->hb2, n * F);
+
+        mm_spec dn[1] = {{&C->w[M_DOWN], s->xb}};
+        matmul(cm, s, s->hb, F, n, 1, dn);
+        residual_add(cm, s->x, s->xb, C->ffn_post, n, D, eps);
+    }
+}
+
+/* logits[t] = rmsnorm(x[first + t]) * out_norm, times output (or the tied tok_embd)   [count][V] */
+static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, int count, float *logits) {
+    const kvg_hparams *hp = &m->w.hp;
+    const cpu_model *cm = m->backend;
+    int D = hp->n_embd;
+    for (int t = 0; t < count; t++)
+        cm->vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, cm->out_norm, D, hp->rms_norm_eps);
+    mm_spec out[1] = {{&cm->output, logits}};
+    matmul(cm, s, s->xb, D, count, 1, out);
+    float cap = hp->final_softcap;
+    if (cap > 0.0f)
+        for (size_t i = 0; i < (size_t)count * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+}
+
+static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    if (!q->bs || !q->pages || !q->tokens)
+        return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": batch sequence %d lacks its session, page table or tokens", i);
+    if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": %d tokens at position %d do not fit %d", q->n, q->pos0,
+                        q->bs->n_ctx);
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+        return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": batch sequence %d wants logits but has no buffer", i);
+    if (q->out == KVG_OUT_KEEP) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": logits are host memory, none are kept");
+    for (int t = 0; t < q->n; t++)
+        if (q->tokens[t] < 0 || q->tokens[t] >= hp->n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": token id %d out of range [0, %d)", q->tokens[t],
+                            hp->n_vocab);
+    return KVGEN_OK;
+}
+
+/* The batch's tokens in order, CPU_BLOCK at a time, as the reference runs them: a block's
+ * activations live in the scratch of its first token's session, each token attends through
+ * its own page table, and a sequence's logits come from the block holding its tokens. */
+static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error *err) {
+    const kvg_hparams *hp = &m->w.hp;
+    size_t V = (size_t)hp->n_vocab;
+    for (int i = 0; i < b->n_seq; i++) {
+        kvgen_status st = check_seq(m, &b->seq[i], i, err);
+        if (st != KVGEN_OK) return st;
+    }
+    cpu_slot slots[CPU_BLOCK];
+    int32_t tokens[CPU_BLOCK];
+    int seq_of[CPU_BLOCK], tok_of[CPU_BLOCK];
+    int si = 0, ti = 0;
+    while (si < b->n_seq) {
+        int nb = 0;
+        for (; si < b->n_seq && nb < CPU_BLOCK; nb++) {
+            const kvg_batch_seq *q = &b->seq[si];
+            slots[nb] = (cpu_slot){.pages = q->pages, .owner = q->bs, .pos = q->pos0 + ti};
+            tokens[nb] = q->tokens[ti];
+            seq_of[nb] = si;
+            tok_of[nb] = ti;
+            if (++ti == q->n) {
+                si++;
+                ti = 0;
+            }
+        }
+        kvg_backend_session *scratch = slots[0].owner;
+        forward_block(m, scratch, slots, tokens, nb);
+        for (int t = 0; t < nb;) {
+            const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            int run = 1;
+            while (t + run < nb && seq_of[t + run] == seq_of[t]) run++;
+            int last = tok_of[t + run - 1];
+            if (q->out == KVG_OUT_ALL) compute_logits(m, scratch, t, run, q->logits + (size_t)tok_of[t] * V);
+            else if (q->out == KVG_OUT_LAST && last == q->n - 1) compute_logits(m, scratch, t + run - 1, 1, q->logits);
+            t += run;
+        }
+    }
+    return KVGEN_OK;
+}
+
+/* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------------ */
+
+static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
+static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
+
+static kvgen_status cpu_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+    cpu_model *cm = m->backend;
+    return kvg_cpu_pages_init(&cm->pages, &m->w.hp, cm->ropes, page_size, n_pages, WHO, err);
+}
+
+static kvgen_status cpu_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+    cpu_model *cm = m->backend;
+    return kvg_cpu_pages_commit(&cm->pages, page, err);
+}
+
+static kvgen_status cpu_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
+                                int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    const cpu_model *cm = m->backend;
+    return kvg_cpu_pages_copy(&cm->pages, src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
+}
+
+static kvgen_status cpu_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                float *out, kvgen_error *err) {
+    const cpu_model *cm = m->backend;
+    return kvg_cpu_pages_read(&cm->pages, pages, layer, which, pos0, n, out, err);
+}
+
+static kvgen_status cpu_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                 const float *in, kvgen_error *err) {
+    const cpu_model *cm = m->backend;
+    return kvg_cpu_pages_write(&cm->pages, pages, layer, which, pos0, n, in, err);
+}
+
+const kvg_backend_ops kvg_cpu_backend = {
+    .name = "cpu",
+    .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
+                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
+    .weight_types = kvg_traits_types, /* qdot.c has a kernel for every type of the traits table */
+    .model_init = cpu_model_init,
+    .model_free = cpu_model_free,
+    .session_init = cpu_session_init,
+    .session_free = cpu_session_free,
+    .forward = cpu_forward,
+    .cache_bytes_per_token = cpu_cache_bytes_per_token,
+    .kv_default_pool_bytes = cpu_default_pool_bytes,
+    .kv_pages_init = cpu_kv_pages_init,
+    .kv_page_commit = cpu_kv_page_commit,
+    .kv_copy = cpu_kv_copy,
+    .kv_read = cpu_kv_read,
+    .kv_write = cpu_kv_write,
+};

@@ -1,0 +1,125 @@
+/* kvg_qdot.h: the cpu backend's kernels (private): run-time ISA detection (cpu_features.c),
+ * dot products of packed weight rows with quantized activations (qdot.c) and the f32 vector
+ * operations of the forward pass (cpu_vec.c).
+ *
+ * Every kernel exists once per operation, with an inner loop per instruction set: portable C,
+ * x86-64 AVX2+FMA+F16C, and AVX-512 (F/BW/VL/DQ, VNNI's vpdpbusd where the CPU has it),
+ * compiled with per-function target attributes so the library itself needs no -m flag. The
+ * path is chosen once per model (kvg_cpu_isa_choose); AArch64 and other hosts run the
+ * portable C.
+ *
+ * Activations are quantized per block to 16-bit integers, so that a block's products with the
+ * weights' integer levels are summed exactly in integers and the scales are applied in f32 (the
+ * scheme of ggml's CPU dot products, whose int8 activations move the logits of a 30-layer model
+ * by ~2-3% of their range and flip ~4% of the near-tied top-1 choices; 16 bits keep within
+ * ~0.3% and flip almost none): rows dotted with weights of the 32-element types (Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, IQ4_NL) take blocks of 32 int16 in [-32767, 32767] with an f32 scale d and
+ * s = d * sum(q) (for the types' minimums); rows for the 256-element K types (Q2_K..Q6_K,
+ * Q8_K, IQ4_XS) take blocks of 256 in [-4095, 4095] (so a block's sums cannot overflow int32)
+ * with an f32 scale and the 16 sums of 16. F32, F16 and BF16 weights are dotted with the f32
+ * activations. */
+#ifndef KVG_QDOT_H
+#define KVG_QDOT_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvg_model.h"
+
+/* ---- instruction sets (cpu_features.c) ------------------------------------------------- */
+
+typedef enum kvg_cpu_isa { KVG_ISA_PORTABLE, KVG_ISA_AVX2, KVG_ISA_AVX512, KVG_ISA_COUNT } kvg_cpu_isa;
+
+typedef struct kvg_cpu_features {
+    bool avx2, fma, f16c;
+    bool avx512f, avx512dq, avx512bw, avx512vl, avx512vnni;
+} kvg_cpu_features;
+
+/* what cpuid and the OS say, read once */
+const kvg_cpu_features *kvg_cpu_features_get(void);
+/* "avx2 fma f16c" (the features above this CPU has) into buf, like snprintf */
+size_t kvg_cpu_features_describe(char *buf, size_t size);
+/* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ */
+bool kvg_cpu_isa_supported(kvg_cpu_isa isa);
+kvg_cpu_isa kvg_cpu_isa_best(void);
+const char *kvg_cpu_isa_name(kvg_cpu_isa isa); /* "portable", "avx2", "avx512" */
+/* The path a model runs: KVGEN_CPU_ISA (portable|avx2|avx512) when set, refused with
+ * KVGEN_E_UNSUPPORTED when this CPU lacks it, else the best the CPU has. */
+kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *err);
+
+/* ---- quantized activations -------------------------------------------------------------- */
+
+#define KVG_QK 256   /* elements of a K-type block */
+#define KVG_QB 32    /* elements of a 32-element block */
+#define KVG_QDOT_TILE 4 /* activation rows one kernel call dots a weight row with, at most */
+#define KVG_QB_LEVELS 32767 /* |q| bound of 32-element blocks */
+#define KVG_QK_LEVELS 4095  /* |q| bound of K blocks */
+
+typedef enum kvg_act_kind {
+    KVG_ACT_F32, /* f32 rows as they are (F32, F16, BF16 weights) */
+    KVG_ACT_QB,  /* blocks of 32: int16 q, f32 d, f32 s = d * sum(q) */
+    KVG_ACT_QK   /* blocks of 256: int16 q, f32 d, int32 sums of each 16 */
+} kvg_act_kind;
+
+/* The activation rows of one block of tokens in every form some weight of a job needs; row t
+ * of each array starts at t times its row length (n, n/32, n/256, n/16). */
+typedef struct kvg_qact {
+    int n;              /* elements per row */
+    const float *x;     /* [nt][n] */
+    const int16_t *qb;  /* KVG_ACT_QB: [nt][n] */
+    const float *db;    /* [nt][n/32] */
+    const float *sb;    /* [nt][n/32] */
+    const int16_t *qk;  /* KVG_ACT_QK: [nt][n] */
+    const float *dk;    /* [nt][n/256] */
+    const int32_t *bk;  /* [nt][n/16] */
+} kvg_qact;
+
+/* out[i * out_stride] = dot(weight row w, activation row t + i) for i < nt <= KVG_QDOT_TILE; w
+ * in the kernel's layout (kvg_qdot_kernel.repack).
+ * Each output is computed by the same sequence of operations whatever nt is, so a token's
+ * results do not depend on the tile (or the batch) it came in. */
+typedef void (*kvg_qdot_fn)(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t out_stride);
+
+/* One row of n elements from the file's layout into the one `dot` reads (the same size). */
+typedef void (*kvg_qdot_repack_fn)(const uint8_t *src, uint8_t *dst, int n);
+
+typedef struct kvg_qdot_kernel {
+    uint32_t type;      /* the weight type (kvg_quant.h) */
+    kvg_act_kind act;   /* the activations it takes */
+    kvg_qdot_fn dot;
+    /* NULL: dot reads rows as the file stores them; else rows must be repacked first (the
+     * 32-element types: their scales grouped, see qdot.c). The same on every path. */
+    kvg_qdot_repack_fn repack;
+} kvg_qdot_kernel;
+
+/* The kernel of `type` on path isa; NULL for a type not in quant.c's traits table. Every
+ * traits type has one on every path. */
+const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type);
+/* one row of n floats into QB blocks (n a multiple of 32) or QK blocks (of 256); the same
+ * bytes on every path */
+void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s);
+void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum);
+
+/* ---- f32 vector operations (cpu_vec.c) ---------------------------------------------------- */
+
+typedef struct kvg_vec_ops {
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);   /* y += a x */
+    /* attention over a run of keys or values, rows `stride` floats apart:
+     * out[r] = dot(q, k + r stride); y += sum_r a[r] (x + r stride) */
+    void (*dot_rows)(const float *q, const float *k, size_t stride, int rows, int n, float *out);
+    void (*axpy_rows)(float *y, const float *a, const float *x, size_t stride, int rows, int n);
+    void (*scale)(float *y, float a, int n);                  /* y *= a */
+    /* x[i] = exp(x[i] - max), returns their sum (the softmax's denominator) */
+    float (*exp_sum)(float *x, int n, float max);
+    float (*max)(const float *x, int n);
+    /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
+    /* g[i] = act(g[i]) * u[i] for SiLU and GELU (tanh approximation) */
+    void (*silu_mul)(float *g, const float *u, int n);
+    void (*gelu_mul)(float *g, const float *u, int n);
+    void (*add)(float *y, const float *x, int n);             /* y += x */
+} kvg_vec_ops;
+
+const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa);
+
+#endif

@@ -1,0 +1,918 @@
+/* qdot.c: dot products of packed weight rows with quantized activation rows, and the
+ * activations' quantization (kvg_qdot.h), for every type of quant.c's traits table.
+ *
+ * Each weight type is decoded per block into small signed integer levels with integer
+ * (sub-)block scales, so that a block's dot product with the int16 activations is an exact
+ * integer sum, scaled once in f32:
+ *   32-element types: x[i] = dw * v[i] + m, dot(x, a) = dw * da * sum(v q) + m * s with
+ *     s = da * sum(q): Q4_0 v = nibble - 8; Q4_1 v = nibble, m = its min; Q5_0 v = 5 bits - 16;
+ *     Q5_1 v = 5 bits, m = its min; Q8_0 v = q; IQ4_NL v = its table value (m = 0 but for Q4_1
+ *     and Q5_1).
+ *   K types: x[e] = d * sc[j] * v[e] - dmin * mn[j] for sub-block j of 16 elements (types with
+ *     sub-blocks of 32 repeat their scale), dot = d * dA * sum_j sc[j] sum(v q) - dmin * dA *
+ *     sum_j mn[j] bsum[j]: Q2_K v = 2 bits; Q3_K v = 2 bits + 4 * high bit - 4; Q4_K, Q5_K 4
+ *     and 5 bits; Q6_K v = 6 bits - 32; IQ4_XS v = table value; Q8_K v = q (mn = 0 but for
+ *     Q2_K, Q4_K, Q5_K).
+ * The weights' levels times their sub-block scales fit int16 (|v sc| <= 4096), so the x86
+ * loops multiply int16 pairs with vpmaddwd: a lane sums at most 32 products of a K block
+ * (< 2^31 with |q| <= 4095), or the 32 of one 32-element block.
+ *
+ * Rows of the 32-element types are regrouped once at load (kvg_qdot_kernel.repack, same size):
+ * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
+ * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
+ * are used as the file stores them.
+ *
+ * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
+ * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8
+ * consecutive blocks with one tree of vphaddd and scale them with one vector of the 8 blocks'
+ * scales, the last nb % 8 blocks one by one; the K types scale once per 256); AVX-512 (a
+ * 32-element block per register, vpdpwssd where the CPU has VNNI; the K types run the AVX2
+ * loops). One kernel serves up to KVG_QDOT_TILE activation rows, each weight block decoded once
+ * for all of them; each row's sums are formed in the same order whatever their number. */
+#include <math.h>
+#include <string.h>
+#include "kvg_qdot.h"
+#include "kvg_quant.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVG_X86 1
+#include <immintrin.h>
+#endif
+
+#define INL static inline __attribute__((always_inline))
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static float rdf32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* IQ4_NL's and IQ4_XS's 16 levels */
+static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* ---- the 32-element types ----------------------------------------------------------------- */
+
+typedef enum b32_kind { B_Q4_0, B_Q4_1, B_Q5_0, B_Q5_1, B_Q8_0, B_IQ4_NL } b32_kind;
+
+INL size_t b32_bytes(b32_kind k) {
+    switch (k) {
+    case B_Q4_0: return 18;
+    case B_Q4_1: return 20;
+    case B_Q5_0: return 22;
+    case B_Q5_1: return 24;
+    case B_Q8_0: return 34;
+    default: return 18; /* IQ4_NL */
+    }
+}
+INL bool b32_has_min(b32_kind k) { return k == B_Q4_1 || k == B_Q5_1; }
+INL bool b32_has_qh(b32_kind k) { return k == B_Q5_0 || k == B_Q5_1; }
+/* the quant bytes of a block: 16 bytes of nibbles, Q8_0's 32 int8 */
+INL size_t b32_qbytes(b32_kind k) { return k == B_Q8_0 ? 32 : 16; }
+/* where the file's block keeps its fields: the quants, the 32 high bits, the min (d is at 0) */
+INL size_t b32_file_qs(b32_kind k) { return k == B_Q4_1 ? 4 : k == B_Q5_0 ? 6 : k == B_Q5_1 ? 8 : 2; }
+
+/* A row of nb blocks as the kernels keep it (see the top): quants, high bits, d, m. */
+typedef struct b32_row {
+    const uint8_t *qs, *qh, *d, *m;
+} b32_row;
+
+INL b32_row b32_row_of(b32_kind k, const uint8_t *w, int nb) {
+    b32_row r;
+    r.qs = w;
+    r.qh = w + b32_qbytes(k) * (size_t)nb;
+    r.d = r.qh + (b32_has_qh(k) ? 4 * (size_t)nb : 0);
+    r.m = r.d + 2 * (size_t)nb;
+    return r;
+}
+
+/* the file's row (n elements) into the kernels' layout */
+INL void b32_repack(b32_kind k, const uint8_t *src, uint8_t *dst, int n) {
+    int nb = n / KVG_QB;
+    size_t bb = b32_bytes(k), qb = b32_qbytes(k), fq = b32_file_qs(k);
+    b32_row r = b32_row_of(k, dst, nb);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = src + bb * (size_t)b;
+        memcpy((uint8_t *)r.qs + qb * (size_t)b, blk + fq, qb);
+        if (b32_has_qh(k)) memcpy((uint8_t *)r.qh + 4 * (size_t)b, blk + fq - 4, 4);
+        memcpy((uint8_t *)r.d + 2 * (size_t)b, blk, 2);
+        if (b32_has_min(k)) memcpy((uint8_t *)r.m + 2 * (size_t)b, blk + 2, 2);
+    }
+}
+/* what the types subtract from their unsigned levels */
+INL int b32_offset(b32_kind k) { return k == B_Q4_0 ? 8 : k == B_Q5_0 ? 16 : 0; }
+
+/* portable: the levels v[32] of block b (see the top) */
+INL void b32_levels(b32_kind k, const b32_row *r, int b, int *v) {
+    const uint8_t *qs = r->qs + b32_qbytes(k) * (size_t)b;
+    if (k == B_Q8_0) {
+        for (int i = 0; i < 32; i++) v[i] = (int8_t)qs[i];
+        return;
+    }
+    uint32_t qh = b32_has_qh(k) ? rd32(r->qh + 4 * (size_t)b) : 0;
+    for (int i = 0; i < 16; i++) {
+        int lo = qs[i] & 15, hi = qs[i] >> 4;
+        if (k == B_IQ4_NL) {
+            v[i] = IQ4_LEVELS[lo];
+            v[i + 16] = IQ4_LEVELS[hi];
+        } else {
+            v[i] = (lo | (int)((qh >> i) & 1) << 4) - b32_offset(k);
+            v[i + 16] = (hi | (int)((qh >> (i + 16)) & 1) << 4) - b32_offset(k);
+        }
+    }
+}
+
+INL void b32_portable(b32_kind k, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QB;
+    const b32_row r = b32_row_of(k, w, nb);
+    float acc[KVG_QDOT_TILE] = {0}, mins[KVG_QDOT_TILE] = {0};
+    int v[32];
+    for (int b = 0; b < nb; b++) {
+        float dw = kvg_f16_to_f32(rd16(r.d + 2 * (size_t)b));
+        float m = b32_has_min(k) ? kvg_f16_to_f32(rd16(r.m + 2 * (size_t)b)) : 0.0f;
+        b32_levels(k, &r, b, v);
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            const int16_t *q = a->qb + row * (size_t)n + (size_t)KVG_QB * b;
+            int32_t isum = 0;
+            for (int e = 0; e < 32; e++) isum += v[e] * q[e];
+            acc[i] += dw * a->db[row * nb + b] * (float)isum;
+            if (b32_has_min(k)) mins[i] += m * a->sb[row * nb + b];
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = acc[i] + mins[i];
+}
+
+/* ---- the K types ---------------------------------------------------------------------------- */
+
+typedef enum kq_kind { K_Q2, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, K_Q8 } kq_kind;
+
+INL size_t kq_bytes(kq_kind k) {
+    static const size_t bytes[] = {84, 110, 144, 176, 210, 136, 292};
+    return bytes[k];
+}
+INL bool kq_has_min(kq_kind k) { return k == K_Q2 || k == K_Q4 || k == K_Q5; }
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j of 32 */
+INL void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* A K block's d and dmin as f16 bits (Q8_K's f32 d: kq_d32), and its per-16 integer scales
+ * and mins (see the top). */
+INL void kq_header(kq_kind k, const uint8_t *b, uint16_t *dh, uint16_t *mh, int *sc, int *mn) {
+    *dh = *mh = 0;
+    for (int j = 0; j < 16; j++) mn[j] = 0;
+    switch (k) {
+    case K_Q2:
+        *dh = rd16(b + 80);
+        *mh = rd16(b + 82);
+        for (int j = 0; j < 16; j++) {
+            sc[j] = b[j] & 15;
+            mn[j] = b[j] >> 4;
+        }
+        break;
+    case K_Q3: {
+        *dh = rd16(b + 108);
+        const uint8_t *s = b + 96;
+        for (int j = 0; j < 16; j++) {
+            int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+            sc[j] = (lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+        }
+        break;
+    }
+    case K_Q4:
+    case K_Q5:
+        *dh = rd16(b);
+        *mh = rd16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            k_scale_min(b + 4, j, &sc[2 * j], &mn[2 * j]);
+            sc[2 * j + 1] = sc[2 * j];
+            mn[2 * j + 1] = mn[2 * j];
+        }
+        break;
+    case K_Q6:
+        *dh = rd16(b + 208);
+        for (int j = 0; j < 16; j++) sc[j] = (int8_t)b[192 + j];
+        break;
+    case K_IQ4XS:
+        *dh = rd16(b);
+        for (int j = 0; j < 8; j++) {
+            int u = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | ((rd16(b + 2) >> (2 * j)) & 3) << 4;
+            sc[2 * j] = sc[2 * j + 1] = u - 32;
+        }
+        break;
+    case K_Q8:
+        for (int j = 0; j < 16; j++) sc[j] = 1;
+        break;
+    }
+}
+INL float kq_d32(const uint8_t *b) { return rdf32(b); } /* Q8_K's d */
+
+/* portable: the 256 levels of a K block, in element order */
+INL void kq_levels(kq_kind k, const uint8_t *b, int *v) {
+    for (int e = 0; e < KVG_QK; e++) {
+        int h = e / 128, s = (e / 32) % 4, l = e % 32, g = e / 32;
+        int x;
+        switch (k) {
+        case K_Q2: x = (b[16 + 32 * h + l] >> (2 * s)) & 3; break;
+        case K_Q3: x = (((b[32 + 32 * h + l] >> (2 * s)) & 3) | ((b[l] >> g) & 1) << 2) - 4; break;
+        case K_Q4: x = (b[16 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 15; break;
+        case K_Q5: x = ((b[48 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 15) | ((b[16 + l] >> g) & 1) << 4; break;
+        case K_Q6: {
+            int lo = (b[64 * h + e % 64] >> (4 * ((e % 128) / 64))) & 15;
+            x = (lo | ((b[128 + 32 * h + l] >> (2 * s)) & 3) << 4) - 32;
+            break;
+        }
+        case K_IQ4XS: {
+            uint8_t q = b[8 + 16 * g + l % 16];
+            x = IQ4_LEVELS[l < 16 ? q & 15 : q >> 4];
+            break;
+        }
+        default: x = (int8_t)b[4 + e]; break; /* Q8_K */
+        }
+        v[e] = x;
+    }
+}
+
+INL void kq_portable(kq_kind k, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QK;
+    float acc[KVG_QDOT_TILE] = {0}, mins[KVG_QDOT_TILE] = {0};
+    int v[KVG_QK], sc[16], mn[16];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + kq_bytes(k) * (size_t)b;
+        uint16_t dh, mh;
+        kq_header(k, blk, &dh, &mh, sc, mn);
+        float d = k == K_Q8 ? kq_d32(blk) : kvg_f16_to_f32(dh), dmin = kvg_f16_to_f32(mh);
+        kq_levels(k, blk, v);
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            const int16_t *q = a->qk + row * (size_t)n + (size_t)KVG_QK * b;
+            const int32_t *bs = a->bk + row * (size_t)(n / 16) + 16 * (size_t)b;
+            int64_t isum = 0;
+            int32_t msum = 0;
+            for (int j = 0; j < 16; j++) {
+                int32_t s = 0;
+                for (int e = 0; e < 16; e++) s += v[16 * j + e] * q[16 * j + e];
+                isum += (int64_t)sc[j] * s;
+                msum += mn[j] * bs[j];
+            }
+            float da = a->dk[row * nb + b];
+            acc[i] += d * da * (float)isum;
+            if (kq_has_min(k)) mins[i] += dmin * da * (float)msum;
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = acc[i] - mins[i];
+}
+
+/* ---- f32, f16 and bf16 weights: f32 activations ---------------------------------------------- */
+
+typedef enum fl_kind { F_F32, F_F16, F_BF16 } fl_kind;
+
+INL float fl_at(fl_kind k, const uint8_t *w, int i) {
+    if (k == F_F32) return rdf32(w + 4 * (size_t)i);
+    uint16_t h = rd16(w + 2 * (size_t)i);
+    return k == F_F16 ? kvg_f16_to_f32(h) : kvg_bf16_to_f32(h);
+}
+
+#define FL_LANES 8
+INL void fl_portable(fl_kind k, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {
+    const int n = a->n;
+    float acc[KVG_QDOT_TILE][FL_LANES] = {{0}};
+    float wv[FL_LANES];
+    int i = 0;
+    for (; i + FL_LANES <= n; i += FL_LANES) {
+        for (int l = 0; l < FL_LANES; l++) wv[l] = fl_at(k, w, i + l);
+        for (int r = 0; r < nt; r++) {
+            const float *x = a->x + (size_t)(t + r) * n + i;
+            for (int l = 0; l < FL_LANES; l++) acc[r][l] += wv[l] * x[l];
+        }
+    }
+    for (int r = 0; r < nt; r++) {
+        const float *x = a->x + (size_t)(t + r) * n;
+        float s = 0.0f;
+        for (int l = 0; l < FL_LANES; l++) s += acc[r][l];
+        for (int e = i; e < n; e++) s += fl_at(k, w, e) * x[e];
+        out[r * os] = s;
+    }
+}
+
+#define PORTABLE_KERNEL(name, body, kind)                                                               \
+    static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {       \
+        body(kind, w, a, t, nt, out, os);                                                               \
+    }
+PORTABLE_KERNEL(p_q4_0, b32_portable, B_Q4_0)
+PORTABLE_KERNEL(p_q4_1, b32_portable, B_Q4_1)
+PORTABLE_KERNEL(p_q5_0, b32_portable, B_Q5_0)
+PORTABLE_KERNEL(p_q5_1, b32_portable, B_Q5_1)
+PORTABLE_KERNEL(p_q8_0, b32_portable, B_Q8_0)
+PORTABLE_KERNEL(p_iq4_nl, b32_portable, B_IQ4_NL)
+PORTABLE_KERNEL(p_q2_k, kq_portable, K_Q2)
+PORTABLE_KERNEL(p_q3_k, kq_portable, K_Q3)
+PORTABLE_KERNEL(p_q4_k, kq_portable, K_Q4)
+PORTABLE_KERNEL(p_q5_k, kq_portable, K_Q5)
+PORTABLE_KERNEL(p_q6_k, kq_portable, K_Q6)
+PORTABLE_KERNEL(p_iq4_xs, kq_portable, K_IQ4XS)
+PORTABLE_KERNEL(p_q8_k, kq_portable, K_Q8)
+PORTABLE_KERNEL(p_f32, fl_portable, F_F32)
+PORTABLE_KERNEL(p_f16, fl_portable, F_F16)
+PORTABLE_KERNEL(p_bf16, fl_portable, F_BF16)
+
+/* ---- activation quantization ------------------------------------------------------------------- */
+
+/* q = x * (L / amax) rounded to nearest (ties to even, as the vector conversions do) and clamped
+ * to [-L, L], so the activations are the same bytes on every path */
+static int16_t q16_of(float v, float lim) {
+    v = nearbyintf(v);
+    v = fmaxf(v, -lim); /* also NaN */
+    v = fminf(v, lim);
+    return (int16_t)(int)v;
+}
+
+/* a block of len values with one scale; returns sum(q) */
+static int32_t q16_block_portable(const float *x, int len, int levels, int16_t *q, float *d) {
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float id = amax > 0.0f ? (float)levels / amax : 0.0f;
+    *d = amax / (float)levels;
+    int32_t sum = 0;
+    for (int i = 0; i < len; i++) {
+        q[i] = q16_of(x[i] * id, (float)levels);
+        sum += q[i];
+    }
+    return sum;
+}
+
+static void quant_qb_portable(const float *x, int n, int16_t *q, float *d, float *s) {
+    for (int b = 0; b < n / KVG_QB; b++) {
+        int32_t sum = q16_block_portable(x + KVG_QB * b, KVG_QB, KVG_QB_LEVELS, q + KVG_QB * b, &d[b]);
+        s[b] = d[b] * (float)sum;
+    }
+}
+
+static void quant_qk_portable(const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
+    for (int b = 0; b < n / KVG_QK; b++) {
+        int16_t *qb = q + KVG_QK * b;
+        q16_block_portable(x + KVG_QK * b, KVG_QK, KVG_QK_LEVELS, qb, &d[b]);
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int i = 0; i < 16; i++) s += qb[16 * j + i];
+            bsum[16 * b + j] = s;
+        }
+    }
+}
+
+/* ================================================================================================
+ * x86-64: AVX2 + FMA + F16C
+ * ================================================================================================ */
+#ifdef KVG_X86
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AVX2 INL int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+AVX2 INL __m256i ld16(const void *p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)); }
+AVX2 INL __m256i ld16s(const void *p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)); }
+AVX2 INL __m256i srl16(__m256i x, int n) { return _mm256_srl_epi16(x, _mm_cvtsi32_si128(n)); }
+/* 32 bytes: byte i is 0xff where bit i of v is set, else 0 */
+AVX2 INL __m256i bits32(uint32_t v) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                            3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i x = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)v), spread), bit);
+    return _mm256_cmpeq_epi8(x, bit);
+}
+/* table lookup of 16 nibbles (the low 4 bits of each byte of x) to IQ4 levels, as int16 */
+AVX2 INL __m256i iq4_16(__m128i nib) {
+    __m128i t = _mm_loadu_si128((const __m128i *)IQ4_LEVELS);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(t, _mm_and_si128(nib, _mm_set1_epi8(15))));
+}
+
+/* block b's levels as int16: elements 0..15 in *lo, 16..31 in *hi */
+AVX2 INL void b32_w16_avx2(b32_kind k, const b32_row *r, int b, __m256i *lo, __m256i *hi) {
+    const uint8_t *qs = r->qs + b32_qbytes(k) * (size_t)b;
+    if (k == B_Q8_0) {
+        *lo = ld16s(qs);
+        *hi = ld16s(qs + 16);
+        return;
+    }
+    if (k == B_IQ4_NL) {
+        __m128i x = _mm_loadu_si128((const __m128i *)qs);
+        *lo = iq4_16(x);
+        *hi = iq4_16(_mm_srli_epi16(x, 4));
+        return;
+    }
+    if (b32_has_qh(k)) { /* as bytes, element order: the nibbles, the 5th bits, then widened */
+        __m128i x = _mm_loadu_si128((const __m128i *)qs);
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+        __m256i set = bits32(rd32(r->qh + 4 * (size_t)b));
+        if (k == B_Q5_0) /* nibble + 16 * bit - 16 = nibble - 16 where the bit is clear */
+            v = _mm256_sub_epi8(v, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+        else
+            v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+        *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+        return;
+    }
+    __m256i x = ld16(qs);
+    __m256i l = _mm256_and_si256(x, _mm256_set1_epi16(15)), h = _mm256_srli_epi16(x, 4);
+    if (b32_offset(k)) {
+        __m256i off = _mm256_set1_epi16((short)b32_offset(k));
+        l = _mm256_sub_epi16(l, off);
+        h = _mm256_sub_epi16(h, off);
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* the products of block b with row t + i of the activations: 8 int32 lanes */
+AVX2 INL __m256i b32_prod(const kvg_qact *a, size_t row, int b, __m256i lo, __m256i hi) {
+    const int16_t *q = a->qb + row * (size_t)a->n + (size_t)KVG_QB * b;
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)q)),
+                            _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(q + 16))));
+}
+
+/* Blocks b0..b0+3 (those below nb; the rest count as zero) against nt rows: for each row, the
+ * lanes of each block's products folded so that lane j (and j + 4) sums to block b0 + j. */
+/* Blocks b0..b0+3 against nt rows: for each row, the lanes of each block's products folded so
+ * that lane j (and j + 4) sums to block b0 + j. */
+AVX2 INL void b32_quad_avx2(b32_kind k, const b32_row *r, const kvg_qact *a, int t, const int nt, int b0,
+                            __m256i *quad) {
+    __m256i v[4][KVG_QDOT_TILE];
+    for (int j = 0; j < 4; j++) {
+        __m256i lo, hi;
+        b32_w16_avx2(k, r, b0 + j, &lo, &hi);
+        for (int i = 0; i < nt; i++) v[j][i] = b32_prod(a, (size_t)(t + i), b0 + j, lo, hi);
+    }
+    for (int i = 0; i < nt; i++)
+        quad[i] = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0][i], v[1][i]), _mm256_hadd_epi32(v[2][i], v[3][i]));
+}
+
+/* Groups of 8 blocks: their sums reduced to one vector (lane j: block b0 + j), scaled by the
+ * 8 blocks' dw (one 16-byte load of the repacked row) times the activations' d, plus m * s;
+ * the last nb % 8 blocks one by one, each with its scale broadcast. */
+AVX2 INL void b32_avx2(b32_kind k, const uint8_t *w, const kvg_qact *a, int t, const int nt, float *out, size_t os) {
+    const int nb = a->n / KVG_QB;
+    const b32_row r = b32_row_of(k, w, nb);
+    __m256 acc[KVG_QDOT_TILE];
+    float mins[KVG_QDOT_TILE];
+    for (int i = 0; i < nt; i++) {
+        acc[i] = _mm256_setzero_ps();
+        mins[i] = 0.0f;
+    }
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        __m256i q0[KVG_QDOT_TILE], q1[KVG_QDOT_TILE];
+        b32_quad_avx2(k, &r, a, t, nt, b0, q0);
+        b32_quad_avx2(k, &r, a, t, nt, b0 + 4, q1);
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r.d + 2 * (size_t)b0)));
+        __m256 mw = b32_has_min(k) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r.m + 2 * (size_t)b0)))
+                                   : _mm256_setzero_ps();
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(q0[i], q1[i], 0x20),
+                                            _mm256_permute2x128_si256(q0[i], q1[i], 0x31));
+            __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(a->db + row * nb + b0));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[i]);
+            if (b32_has_min(k)) acc[i] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a->sb + row * nb + b0), acc[i]);
+        }
+    }
+    for (int b = b0; b < nb; b++) {
+        __m256i lo, hi;
+        b32_w16_avx2(k, &r, b, &lo, &hi);
+        float dw = _cvtsh_ss(rd16(r.d + 2 * (size_t)b));
+        float m = b32_has_min(k) ? _cvtsh_ss(rd16(r.m + 2 * (size_t)b)) : 0.0f;
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            __m256 p = _mm256_cvtepi32_ps(b32_prod(a, row, b, lo, hi));
+            acc[i] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * a->db[row * nb + b]), acc[i]);
+            if (b32_has_min(k)) mins[i] += m * a->sb[row * nb + b];
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = hsum8(acc[i]) + mins[i];
+}
+
+/* group g (elements 32g..32g+31) of a K block as int16 levels: *lo 0..15, *hi 16..31 */
+AVX2 INL void kq_w16_avx2(kq_kind k, const uint8_t *b, int g, __m256i *lo, __m256i *hi) {
+    const __m256i m1 = _mm256_set1_epi16(1), m2 = _mm256_set1_epi16(3), m4 = _mm256_set1_epi16(15);
+    int h = g / 4, s = g % 4;
+    __m256i l, u;
+    switch (k) {
+    case K_Q2:
+        l = _mm256_and_si256(srl16(ld16(b + 16 + 32 * h), 2 * s), m2);
+        u = _mm256_and_si256(srl16(ld16(b + 32 + 32 * h), 2 * s), m2);
+        break;
+    case K_Q3: {
+        const __m256i four = _mm256_set1_epi16(4);
+        l = _mm256_and_si256(srl16(ld16(b + 32 + 32 * h), 2 * s), m2);
+        u = _mm256_and_si256(srl16(ld16(b + 48 + 32 * h), 2 * s), m2);
+        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(b), g), m1), 2));
+        u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(b + 16), g), m1), 2));
+        l = _mm256_sub_epi16(l, four);
+        u = _mm256_sub_epi16(u, four);
+        break;
+    }
+    case K_Q4:
+    case K_Q5: {
+        const uint8_t *q = b + (k == K_Q4 ? 16 : 48) + 32 * (g / 2);
+        l = _mm256_and_si256(srl16(ld16(q), 4 * (g % 2)), m4);
+        u = _mm256_and_si256(srl16(ld16(q + 16), 4 * (g % 2)), m4);
+        if (k == K_Q5) {
+            l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(b + 16), g), m1), 4));
+            u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(b + 32), g), m1), 4));
+        }
+        break;
+    }
+    case K_Q6: {
+        const __m256i off = _mm256_set1_epi16(32);
+        const uint8_t *ql = b + 64 * h + 32 * (s % 2), *qh = b + 128 + 32 * h;
+        l = _mm256_and_si256(srl16(ld16(ql), 4 * (s / 2)), m4);
+        u = _mm256_and_si256(srl16(ld16(ql + 16), 4 * (s / 2)), m4);
+        l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(qh), 2 * s), m2), 4));
+        u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(srl16(ld16(qh + 16), 2 * s), m2), 4));
+        l = _mm256_sub_epi16(l, off);
+        u = _mm256_sub_epi16(u, off);
+        break;
+    }
+    case K_IQ4XS: {
+        __m128i x = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * g));
+        l = iq4_16(x);
+        u = iq4_16(_mm_srli_epi16(x, 4));
+        break;
+    }
+    default: /* Q8_K */
+        l = ld16s(b + 4 + 32 * g);
+        u = ld16s(b + 20 + 32 * g);
+        break;
+    }
+    *lo = l;
+    *hi = u;
+}
+
+AVX2 INL void kq_avx2(kq_kind k, const uint8_t *w, const kvg_qact *a, int t, const int nt, float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QK;
+    __m256 acc[KVG_QDOT_TILE];
+    float mins[KVG_QDOT_TILE];
+    for (int i = 0; i < nt; i++) {
+        acc[i] = _mm256_setzero_ps();
+        mins[i] = 0.0f;
+    }
+    int sc[16], mn[16];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + kq_bytes(k) * (size_t)b;
+        uint16_t dh, mh;
+        kq_header(k, blk, &dh, &mh, sc, mn);
+        float d = k == K_Q8 ? kq_d32(blk) : _cvtsh_ss(dh), dmin = _cvtsh_ss(mh);
+        __m256i isum[KVG_QDOT_TILE];
+        for (int i = 0; i < nt; i++) isum[i] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            __m256i lo, hi;
+            kq_w16_avx2(k, blk, g, &lo, &hi);
+            lo = _mm256_mullo_epi16(lo, _mm256_set1_epi16((short)sc[2 * g]));
+            hi = _mm256_mullo_epi16(hi, _mm256_set1_epi16((short)sc[2 * g + 1]));
+            for (int i = 0; i < nt; i++) {
+                const int16_t *q = a->qk + (size_t)(t + i) * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)g;
+                __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)q)),
+                                             _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(q + 16))));
+                isum[i] = _mm256_add_epi32(isum[i], p);
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            float da = a->dk[row * nb + b];
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+            if (kq_has_min(k)) {
+                const int32_t *bs = a->bk + row * (size_t)(n / 16) + 16 * (size_t)b;
+                int32_t msum = 0;
+                for (int j = 0; j < 16; j++) msum += mn[j] * bs[j];
+                mins[i] += dmin * da * (float)msum;
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = hsum8(acc[i]) - mins[i];
+}
+
+AVX2 INL __m256 fl_load_avx2(fl_kind k, const uint8_t *w, int i) {
+    if (k == F_F32) return _mm256_loadu_ps((const float *)(const void *)(w + 4 * (size_t)i));
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * (size_t)i));
+    if (k == F_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+AVX2 INL float fl_scalar_avx2(fl_kind k, const uint8_t *w, int i) {
+    if (k == F_F16) return _cvtsh_ss(rd16(w + 2 * (size_t)i));
+    return fl_at(k, w, i);
+}
+
+AVX2 INL void fl_avx2(fl_kind k, const uint8_t *w, const kvg_qact *a, int t, const int nt, float *out, size_t os) {
+    const int n = a->n;
+    __m256 acc0[KVG_QDOT_TILE], acc1[KVG_QDOT_TILE];
+    for (int r = 0; r < nt; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = fl_load_avx2(k, w, i), w1 = fl_load_avx2(k, w, i + 8);
+        for (int r = 0; r < nt; r++) {
+            const float *x = a->x + (size_t)(t + r) * n + i;
+            acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), acc1[r]);
+        }
+    }
+    if (i + 8 <= n) {
+        __m256 w0 = fl_load_avx2(k, w, i);
+        for (int r = 0; r < nt; r++)
+            acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a->x + (size_t)(t + r) * n + i), acc0[r]);
+        i += 8;
+    }
+    for (int r = 0; r < nt; r++) {
+        const float *x = a->x + (size_t)(t + r) * n;
+        float s = hsum8(_mm256_add_ps(acc0[r], acc1[r]));
+        for (int e = i; e < n; e++) s += fl_scalar_avx2(k, w, e) * x[e];
+        out[r * os] = s;
+    }
+}
+
+/* the kernels with nt a constant, so each tile width compiles to its own unrolled loop */
+#define TILED_KERNEL(name, target, body, kind)                                                        \
+    target static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+        switch (nt) {                                                                                 \
+        case 1: body(kind, w, a, t, 1, out, os); break;                                               \
+        case 2: body(kind, w, a, t, 2, out, os); break;                                               \
+        case 3: body(kind, w, a, t, 3, out, os); break;                                               \
+        default: body(kind, w, a, t, 4, out, os); break;                                              \
+        }                                                                                             \
+    }
+TILED_KERNEL(x2_q4_0, AVX2, b32_avx2, B_Q4_0)
+TILED_KERNEL(x2_q4_1, AVX2, b32_avx2, B_Q4_1)
+TILED_KERNEL(x2_q5_0, AVX2, b32_avx2, B_Q5_0)
+TILED_KERNEL(x2_q5_1, AVX2, b32_avx2, B_Q5_1)
+TILED_KERNEL(x2_q8_0, AVX2, b32_avx2, B_Q8_0)
+TILED_KERNEL(x2_iq4_nl, AVX2, b32_avx2, B_IQ4_NL)
+TILED_KERNEL(x2_q2_k, AVX2, kq_avx2, K_Q2)
+TILED_KERNEL(x2_q3_k, AVX2, kq_avx2, K_Q3)
+TILED_KERNEL(x2_q4_k, AVX2, kq_avx2, K_Q4)
+TILED_KERNEL(x2_q5_k, AVX2, kq_avx2, K_Q5)
+TILED_KERNEL(x2_q6_k, AVX2, kq_avx2, K_Q6)
+TILED_KERNEL(x2_iq4_xs, AVX2, kq_avx2, K_IQ4XS)
+TILED_KERNEL(x2_q8_k, AVX2, kq_avx2, K_Q8)
+TILED_KERNEL(x2_f32, AVX2, fl_avx2, F_F32)
+TILED_KERNEL(x2_f16, AVX2, fl_avx2, F_F16)
+TILED_KERNEL(x2_bf16, AVX2, fl_avx2, F_BF16)
+
+/* 16 floats times id to int16 (the same values as q16_of); returns their sum */
+AVX2 INL int32_t q16x16_avx2(const float *x, __m256 vid, __m256i lim, int16_t *q) {
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), vid));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), vid));
+    /* clamp as q16_of does (reached by rounding right at the limit, or by NaN/inf input) */
+    __m256i nlim = _mm256_sub_epi32(_mm256_setzero_si256(), lim);
+    i0 = _mm256_min_epi32(_mm256_max_epi32(i0, nlim), lim);
+    i1 = _mm256_min_epi32(_mm256_max_epi32(i1, nlim), lim);
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xd8);
+    _mm256_storeu_si256((__m256i *)q, p);
+    return hsum8i(_mm256_add_epi32(i0, i1));
+}
+AVX2 INL float amax_avx2(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static void quant_qb_avx2(const float *x, int n, int16_t *q, float *d, float *s) {
+    const __m256i lim = _mm256_set1_epi32(KVG_QB_LEVELS);
+    for (int b = 0; b < n / KVG_QB; b++) {
+        const float *xb = x + KVG_QB * b;
+        float amax = amax_avx2(xb, KVG_QB);
+        float id = amax > 0.0f ? (float)KVG_QB_LEVELS / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        d[b] = amax / (float)KVG_QB_LEVELS;
+        int32_t sum = q16x16_avx2(xb, vid, lim, q + KVG_QB * b) + q16x16_avx2(xb + 16, vid, lim, q + KVG_QB * b + 16);
+        s[b] = d[b] * (float)sum;
+    }
+}
+
+AVX2 static void quant_qk_avx2(const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
+    const __m256i lim = _mm256_set1_epi32(KVG_QK_LEVELS);
+    for (int b = 0; b < n / KVG_QK; b++) {
+        const float *xb = x + KVG_QK * b;
+        float amax = amax_avx2(xb, KVG_QK);
+        float id = amax > 0.0f ? (float)KVG_QK_LEVELS / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        d[b] = amax / (float)KVG_QK_LEVELS;
+        for (int j = 0; j < 16; j++) bsum[16 * b + j] = q16x16_avx2(xb + 16 * j, vid, lim, q + KVG_QK * b + 16 * j);
+    }
+}
+
+/* ================================================================================================
+ * x86-64: AVX-512 (F, BW, VL, DQ; vpdpwssd with VNNI)
+ * ================================================================================================ */
+#define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* the pair products of w and q (int16) summed into 16 int32. vpdpwssd is written as assembly so
+ * this file builds with compilers or flags that lack the VNNI intrinsics; it runs only where the
+ * CPU has VNNI (the vnni argument is a constant of each kernel). */
+AVX512 INL __m512i madd512(bool vnni, __m512i w, __m512i q) {
+    if (vnni) {
+        __m512i acc = _mm512_setzero_si512();
+        __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(q));
+        return acc;
+    }
+    return _mm512_madd_epi16(w, q);
+}
+
+AVX512 INL void b32_avx512(b32_kind k, bool vnni, const uint8_t *w, const kvg_qact *a, int t, const int nt,
+                           float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QB;
+    const b32_row r = b32_row_of(k, w, nb);
+    __m512 acc[KVG_QDOT_TILE];
+    float mins[KVG_QDOT_TILE];
+    for (int i = 0; i < nt; i++) {
+        acc[i] = _mm512_setzero_ps();
+        mins[i] = 0.0f;
+    }
+    for (int b = 0; b < nb; b++) {
+        __m256i lo, hi;
+        b32_w16_avx2(k, &r, b, &lo, &hi);
+        __m512i w16 = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        float dw = _cvtsh_ss(rd16(r.d + 2 * (size_t)b));
+        float m = b32_has_min(k) ? _cvtsh_ss(rd16(r.m + 2 * (size_t)b)) : 0.0f;
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i);
+            __m512i q = _mm512_loadu_si512((const void *)(a->qb + row * (size_t)n + (size_t)KVG_QB * b));
+            __m512 p = _mm512_cvtepi32_ps(madd512(vnni, w16, q));
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(dw * a->db[row * nb + b]), p, acc[i]);
+            if (b32_has_min(k)) mins[i] += m * a->sb[row * nb + b];
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = _mm512_reduce_add_ps(acc[i]) + mins[i];
+}
+
+AVX512 INL __m512 fl_load512(fl_kind k, const uint8_t *w, int i) {
+    if (k == F_F32) return _mm512_loadu_ps((const void *)(w + 4 * (size_t)i));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(w + 2 * (size_t)i));
+    if (k == F_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 INL void fl_avx512(fl_kind k, const uint8_t *w, const kvg_qact *a, int t, const int nt, float *out, size_t os) {
+    const int n = a->n;
+    __m512 acc[KVG_QDOT_TILE];
+    for (int r = 0; r < nt; r++) acc[r] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 wv = fl_load512(k, w, i);
+        for (int r = 0; r < nt; r++)
+            acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a->x + (size_t)(t + r) * n + i), acc[r]);
+    }
+    for (int r = 0; r < nt; r++) {
+        const float *x = a->x + (size_t)(t + r) * n;
+        float s = _mm512_reduce_add_ps(acc[r]);
+        for (int e = i; e < n; e++) s += fl_scalar_avx2(k, w, e) * x[e];
+        out[r * os] = s;
+    }
+}
+
+#define TILED_KERNEL512(name, body, kind, vnni)                                                        \
+    AVX512 static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+        switch (nt) {                                                                                  \
+        case 1: body(kind, vnni, w, a, t, 1, out, os); break;                                          \
+        case 2: body(kind, vnni, w, a, t, 2, out, os); break;                                          \
+        case 3: body(kind, vnni, w, a, t, 3, out, os); break;                                          \
+        default: body(kind, vnni, w, a, t, 4, out, os); break;                                         \
+        }                                                                                              \
+    }
+#define FL512(kind, vnni, w, a, t, nt, out, os) fl_avx512(kind, w, a, t, nt, out, os)
+TILED_KERNEL512(x5_q4_0, b32_avx512, B_Q4_0, false)
+TILED_KERNEL512(x5_q4_1, b32_avx512, B_Q4_1, false)
+TILED_KERNEL512(x5_q5_0, b32_avx512, B_Q5_0, false)
+TILED_KERNEL512(x5_q5_1, b32_avx512, B_Q5_1, false)
+TILED_KERNEL512(x5_q8_0, b32_avx512, B_Q8_0, false)
+TILED_KERNEL512(x5_iq4_nl, b32_avx512, B_IQ4_NL, false)
+TILED_KERNEL512(xv_q4_0, b32_avx512, B_Q4_0, true)
+TILED_KERNEL512(xv_q4_1, b32_avx512, B_Q4_1, true)
+TILED_KERNEL512(xv_q5_0, b32_avx512, B_Q5_0, true)
+TILED_KERNEL512(xv_q5_1, b32_avx512, B_Q5_1, true)
+TILED_KERNEL512(xv_q8_0, b32_avx512, B_Q8_0, true)
+TILED_KERNEL512(xv_iq4_nl, b32_avx512, B_IQ4_NL, true)
+TILED_KERNEL512(x5_f32, FL512, F_F32, false)
+TILED_KERNEL512(x5_f16, FL512, F_F16, false)
+TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
+#endif /* KVG_X86 */
+
+#define REPACK(name, kind) \
+    static void name(const uint8_t *src, uint8_t *dst, int n) { b32_repack(kind, src, dst, n); }
+REPACK(r_q4_0, B_Q4_0)
+REPACK(r_q4_1, B_Q4_1)
+REPACK(r_q5_0, B_Q5_0)
+REPACK(r_q5_1, B_Q5_1)
+REPACK(r_q8_0, B_Q8_0)
+REPACK(r_iq4_nl, B_IQ4_NL)
+
+/* ---- the kernel tables ------------------------------------------------------------------------ */
+
+enum { N_KERNELS = 16 };
+
+static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, r_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, r_q4_0},      {KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, r_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, r_q5_0},      {KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, r_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, r_iq4_nl},  {KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL},
+};
+
+#ifdef KVG_X86
+static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, r_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, r_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, r_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+};
+/* the K types keep their AVX2 loops (see the top) */
+static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, r_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, r_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, r_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+};
+static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, r_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, r_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, r_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+};
+#endif
+
+static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512) return kvg_cpu_features_get()->avx512vnni ? AVX512_VNNI_TABLE : AVX512_TABLE;
+    if (isa == KVG_ISA_AVX2) return AVX2_TABLE;
+#else
+    (void)isa;
+#endif
+    return PORTABLE;
+}
+
+const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
+    const kvg_qdot_kernel *t = table_of(isa);
+    for (int i = 0; i < N_KERNELS; i++)
+        if (t[i].type == type) return &t[i];
+    return NULL;
+}
+
+void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s) {
+#ifdef KVG_X86
+    if (isa != KVG_ISA_PORTABLE) {
+        quant_qb_avx2(x, n, q, d, s);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    quant_qb_portable(x, n, q, d, s);
+}
+
+void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
+#ifdef KVG_X86
+    if (isa != KVG_ISA_PORTABLE) {
+        quant_qk_avx2(x, n, q, d, bsum);
+        return;
+    }
+#else
+    (void)isa;
+#endif
+    quant_qk_portable(x, n, q, d, bsum);
+}

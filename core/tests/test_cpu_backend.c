@@ -1,0 +1,691 @@
+/* test_cpu_backend.c: the cpu backend (fast.c, its kernels qdot.c and cpu_vec.c) against the
+ * reference backend.
+ * - Kernels, for every type of the traits table on every instruction-set path this CPU has: a
+ *   weight row (quantized by quant.c) dotted with quantized activation rows equals the double
+ *   dot of the row dequantized by quant.c with the activations dequantized (to f32 rounding:
+ *   within 1e-5 of sum |w a|), so each type's integer decoding is checked against quant.c's;
+ *   tiles of 1..4 activation rows give the same bits; the activations quantize to the same bytes
+ *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU, attention's runs of keys)
+ *   are checked against libm and the reference's helpers; a run of keys gives the same bits
+ *   however it is split.
+ * - Models, against the reference: random models of every traits type, and of the
+ *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
+ *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
+ *   within TOL_REL of the reference's logit range (activations are quantized to 16 bits, 13
+ *   for the K types, so the cpu backend is not exact; the measured figures are printed), and the
+ *   same top-1 at all positions but at most one.
+ * - Exactness within the cpu backend: 1, 2 and 3 threads give the same bits; a prefill's logits
+ *   equal token-by-token decodes; a batch of several sessions' decodes (kvg_session_decode_batch)
+ *   equals each decoded alone; a fork continues as a fresh session of the same text; a session
+ *   saved and restored continues as the original; a context shift matches the reference's
+ *   within the tolerance.
+ * - Each instruction-set path against the best one and the portable one (within TOL_REL; they
+ *   sum in different orders); KVGEN_CPU_ISA refuses a bad name and a path this CPU lacks.
+ * - The default model (when present): top-1 agreement with the reference at >= 99% of the
+ *   positions of a ~256-token teacher-forced text; against llama.cpp on the same weights in f32
+ *   (test_parity's fixture: the reference's bounds, top-1 everywhere and logits within 0.1),
+ *   and, for the record, against llama.cpp's own 8-bit-activation run (its native fixture). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_qdot.h"
+#include "kvg_quant.h"
+#include "kvg_reference.h"
+#include "kvg_session.h"
+#include "testutil.h"
+
+/* max |cpu - reference| / (max - min of the reference's logits), per position. Measured (AVX2
+ * and portable paths): random models of every type 0.0000-0.0005 (the K types' 13-bit
+ * activations the most), the default model 0.0003 over 249 tokens; the bound has a 10x margin. */
+#define TOL_REL 0.005
+#define N_PROMPT 24
+#define N_DEC 6
+
+static uint32_t rng_state = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return (float)((rng_state >> 8) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* ---- kernels ---- */
+
+static char isa_env_saved[64]; /* KVGEN_CPU_ISA as the test found it */
+
+static void test_kernels(void) {
+    uint32_t types[32];
+    size_t n_types = kvg_traits_types(types, 32);
+    enum { N = 512, NT = 4 }; /* activation rows */
+    float *wf = malloc(N * sizeof(float)), *xf = malloc(NT * N * sizeof(float)), *deq = malloc(N * sizeof(float));
+    uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N)), *packed = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
+    size_t qbytes = NT * N * sizeof(int16_t);
+    int16_t *qb = malloc(qbytes), *qk = malloc(qbytes), *qb0 = malloc(qbytes), *qk0 = malloc(qbytes);
+    float db[NT * N / 32], sb[NT * N / 32], dk[NT * N / 256], db0[NT * N / 32], dk0[NT * N / 256];
+    int32_t bk[NT * N / 16], bk0[NT * N / 16];
+    for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
+    for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
+        if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) {
+            printf("kernels: %s path: not on this CPU\n", kvg_cpu_isa_name((kvg_cpu_isa)isa));
+            continue;
+        }
+        for (int t = 0; t < NT; t++) {
+            kvg_qdot_quantize_qb((kvg_cpu_isa)isa, xf + t * N, N, qb + t * N, db + t * (N / 32), sb + t * (N / 32));
+            kvg_qdot_quantize_qk((kvg_cpu_isa)isa, xf + t * N, N, qk + t * N, dk + t * (N / 256), bk + t * (N / 16));
+        }
+        if (isa == KVG_ISA_PORTABLE) {
+            memcpy(qb0, qb, qbytes);
+            memcpy(qk0, qk, qbytes);
+            memcpy(db0, db, sizeof db);
+            memcpy(dk0, dk, sizeof dk);
+            memcpy(bk0, bk, sizeof bk);
+        } else {
+            CHECKF(memcmp(qb0, qb, qbytes) == 0 && memcmp(db0, db, sizeof db) == 0,
+                   "%s: QB activations differ from the portable path's", kvg_cpu_isa_name((kvg_cpu_isa)isa));
+            CHECKF(memcmp(qk0, qk, qbytes) == 0 && memcmp(dk0, dk, sizeof dk) == 0 && memcmp(bk0, bk, sizeof bk) == 0,
+                   "%s: QK activations differ from the portable path's", kvg_cpu_isa_name((kvg_cpu_isa)isa));
+        }
+        /* the sums of 16 and the block sums are what they say */
+        for (int j = 0; j < NT * N / 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qk[16 * j + i];
+            CHECK(s == bk[j]);
+        }
+        for (int b = 0; b < NT * N / 32; b++) {
+            int s = 0;
+            for (int i = 0; i < 32; i++) s += qb[32 * b + i];
+            CHECK(fabsf(sb[b] - db[b] * (float)s) <= 1e-6f * fabsf(sb[b]) + 1e-30f);
+        }
+        kvg_qact a = {.n = N, .x = xf, .qb = qb, .db = db, .sb = sb, .qk = qk, .dk = dk, .bk = bk};
+        double worst = 0;
+        for (size_t ti = 0; ti < n_types; ti++) {
+            uint32_t type = types[ti];
+            const kvg_qdot_kernel *k = kvg_qdot_kernel_of((kvg_cpu_isa)isa, type);
+            CHECKF(k != NULL, "%s has no %s kernel", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
+            if (!k) continue;
+            for (int trial = 0; trial < 3; trial++) {
+                float amp = trial == 0 ? 0.05f : trial == 1 ? 1.0f : 20.0f;
+                for (int i = 0; i < N; i++) wf[i] = frand() * amp + (trial == 2 ? 0.3f * amp : 0.0f);
+                kvg_quantize_row(type, wf, w, N);
+                kvg_dequantize_row(type, w, deq, N);
+                if (k->repack) { /* the kernel's own layout, the same size */
+                    memcpy(packed, w, kvg_row_bytes(type, N));
+                    k->repack(packed, w, N);
+                }
+                /* every row alone, and tiles of KVG_QDOT_TILE rows from rows 0 and 1 */
+                float tiled[NT], single[NT], shifted[NT];
+                for (int t = 0; t < NT; t++) k->dot(w, &a, t, 1, &single[t], 1);
+                for (int t = 0; t < NT; t += KVG_QDOT_TILE) k->dot(w, &a, t, KVG_QDOT_TILE, tiled + t, 1);
+                shifted[0] = single[0];
+                for (int t = 1; t < NT; t += KVG_QDOT_TILE)
+                    k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, shifted + t, 1);
+                CHECKF(memcmp(tiled, single, sizeof tiled) == 0 && memcmp(shifted, single, sizeof tiled) == 0,
+                       "%s %s: tiles change the results", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
+                for (int t = 0; t < NT; t++) {
+                    double exact = 0, mag = 0;
+                    for (int i = 0; i < N; i++) {
+                        double av;
+                        if (k->act == KVG_ACT_F32) av = xf[t * N + i];
+                        else if (k->act == KVG_ACT_QB) av = (double)qb[t * N + i] * db[t * (N / 32) + i / 32];
+                        else av = (double)qk[t * N + i] * dk[t * (N / 256) + i / 256];
+                        exact += (double)deq[i] * av;
+                        mag += fabs((double)deq[i] * av);
+                    }
+                    double err = fabs(tiled[t] - exact) / (mag > 0 ? mag : 1);
+                    if (err > worst) worst = err;
+                    CHECKF(err <= 1e-5, "%s %s trial %d row %d: %.7g vs %.7g (relative to sum|wa| %.3g)",
+                           kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa), trial, t, tiled[t], exact, err);
+                }
+            }
+        }
+        printf("kernels: %s path: %zu types, worst |dot - exact| / sum|w a| %.2e\n",
+               kvg_cpu_isa_name((kvg_cpu_isa)isa), n_types, worst);
+    }
+    free(wf);
+    free(xf);
+    free(deq);
+    free(w);
+    free(packed);
+    free(qb);
+    free(qk);
+    free(qb0);
+    free(qk0);
+}
+
+static void test_vec_ops(void) {
+    for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
+        if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
+        const kvg_vec_ops *v = kvg_vec_ops_of((kvg_cpu_isa)isa);
+        enum { N = 203 };
+        float x[N], y[N], w[N], r[N], g[N], u[N];
+        for (int i = 0; i < N; i++) {
+            x[i] = -90.0f + 90.0f * (float)i / (N - 1); /* down to below the exp clamp */
+            w[i] = 1.0f + 0.5f * frand();
+            g[i] = 12.0f * frand();
+            u[i] = frand();
+        }
+        memcpy(y, x, sizeof x);
+        float sum = v->exp_sum(y, N, 0.0f), ref_sum = 0;
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            float e = expf(x[i]);
+            ref_sum += e;
+            if (x[i] > -80.0f) worst = fmax(worst, fabs(y[i] - e) / e);
+            else CHECK(y[i] >= 0.0f && y[i] < 1e-30f);
+        }
+        CHECKF(worst < 5e-7, "%s exp: relative error %.3g", kvg_cpu_isa_name((kvg_cpu_isa)isa), worst);
+        CHECK(fabsf(sum - ref_sum) <= 1e-5f * ref_sum);
+        CHECK(v->max(x, N) == 0.0f && v->max(x, 5) == x[4]);
+        kvg_ref_rmsnorm(r, g, w, N, 1e-5f);
+        v->rmsnorm(y, g, w, N, 1e-5f);
+        for (int i = 0; i < N; i++) CHECK(fabsf(y[i] - r[i]) <= 1e-5f * (fabsf(r[i]) + 1.0f));
+        memcpy(y, g, sizeof g);
+        v->silu_mul(y, u, N);
+        for (int i = 0; i < N; i++) CHECK(fabsf(y[i] - kvg_ref_silu(g[i]) * u[i]) <= 2e-6f * (fabsf(g[i]) + 1.0f));
+        memcpy(y, g, sizeof g);
+        v->gelu_mul(y, u, N);
+        for (int i = 0; i < N; i++) CHECK(fabsf(y[i] - kvg_ref_gelu_tanh(g[i]) * u[i]) <= 2e-6f * (fabsf(g[i]) + 1.0f));
+        float d = v->dot(g, u, N), dr = 0;
+        for (int i = 0; i < N; i++) dr += g[i] * u[i];
+        CHECK(fabsf(d - dr) <= 1e-4f);
+        /* attention's runs of keys: the same bits however a run is split (page boundaries) */
+        enum { HD = 72, ROWS = 11 };
+        float keys[ROWS * HD], qv[HD], one[ROWS], split[ROWS], o1[HD] = {0}, o2[HD] = {0};
+        for (int i = 0; i < ROWS * HD; i++) keys[i] = frand();
+        for (int i = 0; i < HD; i++) qv[i] = frand();
+        v->dot_rows(qv, keys, HD, ROWS, HD, one);
+        v->dot_rows(qv, keys, HD, 3, HD, split);
+        v->dot_rows(qv, keys + 3 * HD, HD, ROWS - 3, HD, split + 3);
+        CHECK(memcmp(one, split, sizeof one) == 0);
+        for (int r = 0; r < ROWS; r++) CHECK(fabsf(one[r] - v->dot(qv, keys + r * HD, HD)) <= 1e-5f);
+        v->axpy_rows(o1, one, keys, HD, ROWS, HD);
+        v->axpy_rows(o2, one, keys, HD, 5, HD);
+        v->axpy_rows(o2, one + 5, keys + 5 * HD, HD, ROWS - 5, HD);
+        CHECK(memcmp(o1, o2, sizeof o1) == 0);
+        for (int i = 0; i < HD; i++) {
+            float e = 0;
+            for (int r = 0; r < ROWS; r++) e += one[r] * keys[r * HD + i];
+            CHECK(fabsf(o1[i] - e) <= 1e-4f);
+        }
+    }
+}
+
+/* ---- models ---- */
+
+typedef struct run {
+    int n_vocab;
+    float *prefill; /* N_PROMPT x n_vocab: every prompt position */
+    float *decode;  /* N_DEC x n_vocab: after each decoded token */
+} run;
+
+static void run_free(run *r) {
+    free(r->prefill);
+    free(r->decode);
+    memset(r, 0, sizeof *r);
+}
+
+static kvgen_model *load(const char *path, kvgen_backend b, int threads) {
+    kvgen_model_desc md = {.path = path, .backend = b, .n_threads = threads};
+    return tu_load(&md);
+}
+
+/* prefill N_PROMPT tokens (all logits), then N_DEC decodes */
+static bool run_model(kvgen_model *m, const int32_t *tokens, run *out) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    out->n_vocab = info.n_vocab;
+    size_t V = (size_t)info.n_vocab;
+    out->prefill = malloc(N_PROMPT * V * sizeof(float));
+    out->decode = malloc(N_DEC * V * sizeof(float));
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 256};
+    bool ok = kvgen_session_create(m, &sd, &s, &err) == KVGEN_OK &&
+              kvgen_session_prefill(s, tokens, N_PROMPT, out->prefill, &err) == KVGEN_OK;
+    for (int i = 0; ok && i < N_DEC; i++) {
+        ok = kvgen_session_decode(s, tokens[N_PROMPT + i], &err) == KVGEN_OK;
+        if (ok) memcpy(out->decode + i * V, kvgen_session_logits(s), V * sizeof(float));
+    }
+    CHECKF(ok, "run: %s", err.message);
+    kvgen_session_close(s);
+    return ok;
+}
+
+typedef struct diff {
+    double rel;  /* worst max|a - b| / range(reference) over the positions */
+    int top1, n; /* positions with the same top-1, out of n */
+} diff;
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static void diff_rows(const float *ref, const float *got, int rows, int V, diff *d) {
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
+        float lo = a[0], hi = a[0];
+        double md = 0;
+        for (int i = 0; i < V; i++) {
+            lo = fminf(lo, a[i]);
+            hi = fmaxf(hi, a[i]);
+            md = fmax(md, fabs((double)a[i] - b[i]));
+            if (!isfinite(b[i])) md = INFINITY;
+        }
+        double rel = md / (hi > lo ? hi - lo : 1.0);
+        if (rel > d->rel) d->rel = rel;
+        d->top1 += argmax(a, V) == argmax(b, V);
+        d->n++;
+    }
+}
+
+static diff compare_runs(const run *ref, const run *got) {
+    diff d = {0};
+    diff_rows(ref->prefill, got->prefill, N_PROMPT, ref->n_vocab, &d);
+    diff_rows(ref->decode, got->decode, N_DEC, ref->n_vocab, &d);
+    return d;
+}
+
+static bool same_run(const run *a, const run *b) {
+    size_t V = (size_t)a->n_vocab;
+    return a->n_vocab == b->n_vocab && memcmp(a->prefill, b->prefill, N_PROMPT * V * sizeof(float)) == 0 &&
+           memcmp(a->decode, b->decode, N_DEC * V * sizeof(float)) == 0;
+}
+
+/* a random model against the reference; returns the worst relative difference */
+static double check_model(const char *label, const char *args, bool threads_too) {
+    char file[96];
+    snprintf(file, sizeof file, "cpu-%s.gguf", label);
+    char *path = tu_make_model(file, args);
+    CHECKF(path != NULL, "%s: kvgen-mkmodel %s", label, args);
+    if (!path) return INFINITY;
+    int32_t tokens[N_PROMPT + N_DEC];
+    kvgen_model *ref = load(path, KVGEN_BACKEND_REFERENCE, 2), *cpu = load(path, KVGEN_BACKEND_CPU, 2);
+    double rel = INFINITY;
+    if (ref && cpu) {
+        kvgen_model_info info;
+        kvgen_model_get_info(cpu, &info);
+        CHECK(strcmp(info.backend, "cpu") == 0);
+        tu_fill_tokens(tokens, N_PROMPT + N_DEC, 99, info.n_vocab);
+        run a = {0}, b = {0};
+        if (run_model(ref, tokens, &a) && run_model(cpu, tokens, &b)) {
+            diff d = compare_runs(&a, &b);
+            rel = d.rel;
+            printf("  %-12s max |cpu - reference| / range %.4f, top-1 same at %d/%d\n", label, d.rel, d.top1, d.n);
+            CHECKF(d.rel <= TOL_REL, "%s: cpu vs reference %.4f of the logit range", label, d.rel);
+            CHECKF(d.top1 >= d.n - 1, "%s: top-1 differs at %d of %d positions", label, d.n - d.top1, d.n);
+            /* decode == prefill, bit for bit: the last prefill row is what a decode of the same
+             * position would give; checked through a second session decoding token by token */
+            kvgen_session *s = NULL;
+            kvgen_error err = {0};
+            CHECK_OK(kvgen_session_create(cpu, NULL, &s, &err));
+            bool same = s != NULL;
+            for (int i = 0; same && i < N_PROMPT; i++) {
+                same = kvgen_session_prefill(s, tokens + i, 1, NULL, &err) == KVGEN_OK &&
+                       memcmp(kvgen_session_logits(s), b.prefill + (size_t)i * info.n_vocab,
+                              (size_t)info.n_vocab * sizeof(float)) == 0;
+            }
+            CHECKF(same, "%s: token-by-token logits differ from the prefill's", label);
+            kvgen_session_close(s);
+            if (threads_too)
+                for (int th = 1; th <= 3; th += 2) {
+                    kvgen_model *mt = load(path, KVGEN_BACKEND_CPU, th);
+                    run c = {0};
+                    if (mt && run_model(mt, tokens, &c))
+                        CHECKF(same_run(&b, &c), "%s: %d threads differ from 2", label, th);
+                    run_free(&c);
+                    kvgen_model_unload(mt);
+                }
+        }
+        run_free(&a);
+        run_free(&b);
+    }
+    kvgen_model_unload(ref);
+    kvgen_model_unload(cpu);
+    free(path);
+    return rel;
+}
+
+static void test_types(void) {
+    uint32_t types[32];
+    size_t n = kvg_traits_types(types, 32);
+    printf("every type of the traits table, prefill %d + %d decodes:\n", N_PROMPT, N_DEC);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t be = kvg_type_block_elems(types[i]);
+        char args[256], label[32];
+        snprintf(args, sizeof args, "--seed %u --layers 2 --type %s %s", 40 + (unsigned)i, kvg_type_name(types[i]),
+                 be == 256 ? "--embd 256 --ff 512 --heads 4 --kv-heads 2" : "--embd 64 --ff 96 --heads 4 --kv-heads 2");
+        snprintf(label, sizeof label, "%s", kvg_type_name(types[i]));
+        check_model(label, args, types[i] == KVG_TYPE_Q4_1 || types[i] == KVG_TYPE_Q4_K);
+    }
+    check_model("q4_k_m", "--seed 60 --layers 2 --mix q4_k_m --embd 256 --ff 512 --heads 4 --kv-heads 2", false);
+}
+
+static void test_features(void) {
+    printf("architecture features:\n");
+    check_model("llama-freqs", "--arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-freqs --seed 71 "
+                "--type Q8_0", false);
+    check_model("qwen2", "--arch qwen2 --qkv-bias --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 "
+                "--rope-base 1000000 --seed 72 --type Q4_0", false);
+    check_model("qwen3", "--arch qwen3 --qk-norm --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 32 --ff 96 "
+                "--rope-base 1000000 --seed 73 --type Q5_0", false);
+    check_model("gemma2", "--arch gemma2 --post-norms --swa 8 --softcap 50,30 --layers 3 --embd 64 --heads 4 "
+                "--kv-heads 2 --ff 96 --seed 74 --type F16", false);
+    check_model("gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 256 --heads 4 --kv-heads 1 "
+                "--head-dim 64 --ff 512 --rope-base 1000000 --seed 75 --type Q6_K", false);
+}
+
+/* sessions' decodes as one batch equal each alone; forks and restores continue exactly */
+static void test_sessions(void) {
+    char *path = tu_make_model("cpu-sessions.gguf", "--seed 5 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 "
+                               "--type Q4_1");
+    if (!path) return;
+    kvgen_model *m = load(path, KVGEN_BACKEND_CPU, 2), *ref = load(path, KVGEN_BACKEND_REFERENCE, 2);
+    if (!m || !ref) goto done;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    size_t V = (size_t)info.n_vocab;
+    enum { NS = 5, STEPS = 4 };
+    kvgen_session *ss[NS] = {0}, *solo[NS] = {0};
+    int32_t prompt[NS][16], next[STEPS][NS];
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 128, .no_prefix_reuse = 1};
+    for (int i = 0; i < NS; i++) {
+        tu_fill_tokens(prompt[i], 16, 200 + (unsigned)i, info.n_vocab);
+        CHECK_OK(kvgen_session_create(m, &sd, &ss[i], &err));
+        CHECK_OK(kvgen_session_create(m, &sd, &solo[i], &err));
+        CHECK_OK(kvgen_session_prefill(ss[i], prompt[i], 3 + (size_t)i * 3, NULL, &err)); /* different depths */
+        CHECK_OK(kvgen_session_prefill(solo[i], prompt[i], 3 + (size_t)i * 3, NULL, &err));
+    }
+    for (int st = 0; st < STEPS; st++) tu_fill_tokens(next[st], NS, 300 + (unsigned)st, info.n_vocab);
+    bool same = true;
+    for (int st = 0; st < STEPS; st++) {
+        kvgen_status status[NS];
+        kvgen_error errs[NS];
+        CHECK(kvg_session_decode_batch(ss, next[st], NS, true, status, errs) == KVGEN_OK);
+        for (int i = 0; i < NS; i++) {
+            CHECK_OK(kvgen_session_decode(solo[i], next[st][i], &err));
+            same &= memcmp(kvgen_session_logits(ss[i]), kvgen_session_logits(solo[i]), V * sizeof(float)) == 0;
+        }
+    }
+    CHECKF(same, "a batch of %d sessions' decodes differs from each decoded alone", NS);
+
+    /* a fork continues as a fresh session prefilled with the same tokens */
+    kvgen_session *child = NULL, *fresh = NULL;
+    CHECK_OK(kvgen_session_fork(ss[2], &child, &err));
+    int32_t seq[32];
+    size_t len = 3 + 2 * 3;
+    memcpy(seq, prompt[2], len * sizeof(int32_t));
+    for (int st = 0; st < STEPS; st++) seq[len++] = next[st][2];
+    CHECK_OK(kvgen_session_create(m, &sd, &fresh, &err));
+    CHECK_OK(kvgen_session_prefill(fresh, seq, len, NULL, &err));
+    if (child && fresh) {
+        CHECK(memcmp(kvgen_session_logits(child), kvgen_session_logits(fresh), V * sizeof(float)) == 0);
+        CHECK_OK(kvgen_session_decode(child, 7, &err));
+        CHECK_OK(kvgen_session_decode(fresh, 7, &err));
+        CHECK(memcmp(kvgen_session_logits(child), kvgen_session_logits(fresh), V * sizeof(float)) == 0);
+    }
+
+    /* save and restore: on the cpu backend it continues exactly; on the reference within the
+     * tolerance (its cache came from the cpu backend) */
+    char *file = tu_tmpfile("cpu-session.kvs");
+    CHECK_OK(kvgen_session_save(ss[4], file, &err));
+    kvgen_session *back = NULL, *on_ref = NULL;
+    CHECK_OK(kvgen_session_restore(m, file, &back, &err));
+    CHECK_OK(kvgen_session_restore(ref, file, &on_ref, &err));
+    if (back && on_ref) {
+        CHECK_OK(kvgen_session_decode(ss[4], 9, &err));
+        CHECK_OK(kvgen_session_decode(back, 9, &err));
+        CHECK_OK(kvgen_session_decode(on_ref, 9, &err));
+        CHECK(memcmp(kvgen_session_logits(ss[4]), kvgen_session_logits(back), V * sizeof(float)) == 0);
+        diff d = {0};
+        diff_rows(kvgen_session_logits(on_ref), kvgen_session_logits(back), 1, (int)V, &d);
+        CHECKF(d.rel <= TOL_REL, "restored on the reference: %.4f", d.rel);
+    }
+    kvgen_session_close(back);
+    kvgen_session_close(on_ref);
+    free(file);
+    kvgen_session_close(child);
+    kvgen_session_close(fresh);
+    for (int i = 0; i < NS; i++) {
+        kvgen_session_close(ss[i]);
+        kvgen_session_close(solo[i]);
+    }
+
+    /* context shift: both backends shift the same way; the logits after it stay within the
+     * tolerance of the reference's */
+    kvgen_session_desc shift = {.n_ctx = 40, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4, .no_prefix_reuse = 1};
+    kvgen_session *a = NULL, *b = NULL;
+    CHECK_OK(kvgen_session_create(ref, &shift, &a, &err));
+    CHECK_OK(kvgen_session_create(m, &shift, &b, &err));
+    int32_t toks[100];
+    tu_fill_tokens(toks, 100, 77, info.n_vocab);
+    diff d = {0};
+    CHECK_OK(kvgen_session_prefill(a, toks, 30, NULL, &err));
+    CHECK_OK(kvgen_session_prefill(b, toks, 30, NULL, &err));
+    for (int i = 30; a && b && i < 100; i++) {
+        CHECK_OK(kvgen_session_decode(a, toks[i], &err));
+        CHECK_OK(kvgen_session_decode(b, toks[i], &err));
+        diff_rows(kvgen_session_logits(a), kvgen_session_logits(b), 1, (int)V, &d);
+    }
+    CHECK(a && b && kvgen_session_length(a) == kvgen_session_length(b) && kvgen_session_length(b) <= 40);
+    printf("context shift (70 decodes in a 40-token window): max |cpu - reference| / range %.4f, top-1 same %d/%d\n",
+           d.rel, d.top1, d.n);
+    CHECKF(d.rel <= TOL_REL, "after shifts: %.4f", d.rel);
+    kvgen_session_close(a);
+    kvgen_session_close(b);
+done:
+    kvgen_model_unload(m);
+    kvgen_model_unload(ref);
+    free(path);
+}
+
+/* each path this CPU has against the best and the portable one; KVGEN_CPU_ISA's refusals */
+static void test_isa_paths(void) {
+    char *path = tu_make_model("cpu-isa.gguf", "--seed 8 --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 "
+                               "--mix q4_k_m");
+    char *path32 = tu_make_model("cpu-isa32.gguf", "--seed 9 --layers 2 --embd 96 --ff 160 --heads 3 --kv-heads 1 "
+                                 "--type Q5_1");
+    const char *paths[2] = {path, path32};
+    kvgen_error err = {0};
+    for (int p = 0; p < 2; p++) {
+        if (!paths[p]) continue;
+        run runs[KVG_ISA_COUNT] = {{0}};
+        int32_t tokens[N_PROMPT + N_DEC];
+        for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
+            if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
+            setenv("KVGEN_CPU_ISA", kvg_cpu_isa_name((kvg_cpu_isa)isa), 1);
+            kvgen_model *m = load(paths[p], KVGEN_BACKEND_CPU, 2);
+            if (!m) continue;
+            kvgen_model_info info;
+            kvgen_model_get_info(m, &info);
+            CHECKF(strstr(info.device, kvg_cpu_isa_name((kvg_cpu_isa)isa)) != NULL, "device %s", info.device);
+            tu_fill_tokens(tokens, N_PROMPT + N_DEC, 5, info.n_vocab);
+            run_model(m, tokens, &runs[isa]);
+            kvgen_model_unload(m);
+        }
+        unsetenv("KVGEN_CPU_ISA");
+        kvg_cpu_isa best = kvg_cpu_isa_best();
+        for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
+            if (!runs[isa].prefill || isa == (int)best) continue;
+            diff d = compare_runs(&runs[best], &runs[isa]);
+            diff dp = compare_runs(&runs[KVG_ISA_PORTABLE], &runs[isa]);
+            printf("  %s: %s path vs %s: max diff / range %.2e (vs portable %.2e), top-1 same %d/%d\n",
+                   p ? "Q5_1" : "q4_k_m", kvg_cpu_isa_name((kvg_cpu_isa)isa), kvg_cpu_isa_name(best), d.rel, dp.rel,
+                   d.top1, d.n);
+            CHECKF(d.rel <= TOL_REL && dp.rel <= TOL_REL, "%s path: %.4f", kvg_cpu_isa_name((kvg_cpu_isa)isa), d.rel);
+        }
+        for (int isa = 0; isa < KVG_ISA_COUNT; isa++) run_free(&runs[isa]);
+    }
+    /* a bad name and a path this CPU lacks are refused, naming the variable */
+    if (path) {
+        kvgen_model *m = NULL;
+        kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_CPU};
+        setenv("KVGEN_CPU_ISA", "sse9", 1);
+        CHECK(kvgen_model_load(&md, &m, &err) == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "KVGEN_CPU_ISA=sse9"));
+        if (!kvg_cpu_isa_supported(KVG_ISA_AVX512)) {
+            setenv("KVGEN_CPU_ISA", "avx512", 1);
+            CHECK(kvgen_model_load(&md, &m, &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "lacks"));
+        }
+        unsetenv("KVGEN_CPU_ISA");
+    }
+    if (*isa_env_saved) setenv("KVGEN_CPU_ISA", isa_env_saved, 1);
+    free(path);
+    free(path32);
+}
+
+/* ---- the default model ---- */
+
+static const char *LONG_TEXT =
+    "<|im_start|>system\nYou are Mira, the blacksmith of Oakvale. Answer briefly.<|im_end|>\n"
+    "<|im_start|>user\nCan you repair my sword before the festival tomorrow? It cost me 125 gold.<|im_end|>\n"
+    "<|im_start|>assistant\nOf course! Bring it to my forge at dawn and it will be sharp by noon.<|im_end|>\n"
+    "<|im_start|>user\nThank you. Do you also sell shields? The road to the northern pass is dangerous, and "
+    "the guards say wolves have been seen near the old mill.<|im_end|>\n"
+    "<|im_start|>assistant\nI have two oak shields bound with iron, forty gold each, and a smaller buckler for "
+    "twenty-five. For wolves I would take the oak: it is heavy, but it will hold. Stay on the road, travel "
+    "with the merchants' caravan if you can, and light a fire when you camp.<|im_end|>\n"
+    "<|im_start|>user\nWhat about armour? I have only a leather jerkin and it is worn at the shoulders.<|im_end|>\n"
+    "<|im_start|>assistant\nLeather can be patched. Leave it with me tonight and I will stitch a new shoulder "
+    "piece and rivet two plates over the weak spots. It will cost you ten gold and a story about where you "
+    "got that scar.<|im_end|>\n";
+
+/* test_parity's fixtures: 65 tokens and llama.cpp's top-20 logits at each position */
+#define FX_TOK 65
+#define FX_TOP 20
+typedef struct fixture {
+    int n;
+    int32_t tokens[FX_TOK];
+    int top_id[FX_TOK][FX_TOP];
+    float top_val[FX_TOK][FX_TOP];
+} fixture;
+
+static bool load_fixture(const char *name, fixture *fx) {
+    const char *dir = getenv("KVGEN_FIXTURES");
+    char path[1024], line[8192];
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", name);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    memset(fx, 0, sizeof *fx);
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line;
+        int off = 0, pos, k;
+        if (line[0] == '#') continue;
+        if (sscanf(p, "tokens %d%n", &fx->n, &off) == 1) {
+            p += off;
+            for (int i = 0; i < fx->n && i < FX_TOK && sscanf(p, "%d%n", &fx->tokens[i], &off) == 1; i++) p += off;
+        } else if (sscanf(p, "pos %d %d%n", &pos, &k, &off) == 2 && pos >= 0 && pos < FX_TOK && k == FX_TOP) {
+            p += off;
+            for (int j = 0; j < FX_TOP && sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off) == 2;
+                 j++)
+                p += off;
+            rows++;
+        }
+    }
+    fclose(f);
+    return fx->n == FX_TOK && rows == FX_TOK;
+}
+
+/* top-1 agreements with the fixture, and the largest |diff| over its top-20 */
+static int against_fixture(const fixture *fx, const float *logits, int V, double *max_diff) {
+    int same = 0;
+    *max_diff = 0;
+    for (int p = 0; p < FX_TOK; p++) {
+        const float *l = logits + (size_t)p * V;
+        same += argmax(l, V) == fx->top_id[p][0];
+        for (int j = 0; j < FX_TOP; j++) *max_diff = fmax(*max_diff, fabs((double)l[fx->top_id[p][j]] - fx->top_val[p][j]));
+    }
+    return same;
+}
+
+static void test_llama_cpp(kvgen_model *cpu) {
+    static fixture f32, native;
+    if (!load_fixture("smollm2_oracle_logits.txt", &f32) || !load_fixture("smollm2_oracle_logits_native.txt", &native)) {
+        printf("llama.cpp fixtures absent: not compared\n");
+        return;
+    }
+    kvgen_model_info info;
+    kvgen_model_get_info(cpu, &info);
+    float *logits = malloc((size_t)FX_TOK * info.n_vocab * sizeof(float));
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(cpu, &sd, &s, &err));
+    if (s && kvgen_session_prefill(s, f32.tokens, FX_TOK, logits, &err) == KVGEN_OK) {
+        double d32, dnat;
+        int t32 = against_fixture(&f32, logits, info.n_vocab, &d32);
+        int tnat = against_fixture(&native, logits, info.n_vocab, &dnat);
+        printf("cpu backend vs llama.cpp on f32 weights: top-1 %d/%d, max |diff| %.4f; vs llama.cpp's 8-bit "
+               "activations: top-1 %d/%d, max |diff| %.4f\n", t32, FX_TOK, d32, tnat, FX_TOK, dnat);
+        CHECKF(t32 == FX_TOK && d32 < 0.1, "vs llama.cpp f32: top-1 %d/%d, max %.4f", t32, FX_TOK, d32);
+    }
+    kvgen_session_close(s);
+    free(logits);
+}
+
+static void test_default_model(void) {
+    const char *path = tu_model_path();
+    if (!path) {
+        printf("default model absent: its parity not checked\n");
+        return;
+    }
+    kvgen_model *ref = load(path, KVGEN_BACKEND_REFERENCE, 2), *cpu = load(path, KVGEN_BACKEND_CPU, 2);
+    if (!ref || !cpu) {
+        kvgen_model_unload(ref);
+        kvgen_model_unload(cpu);
+        return;
+    }
+    kvgen_error err = {0};
+    int32_t tokens[512];
+    size_t n = 0;
+    CHECK_OK(kvgen_tokenize(ref, LONG_TEXT, strlen(LONG_TEXT), KVGEN_TOKENIZE_SPECIAL, tokens, 512, &n, &err));
+    kvgen_model_info info;
+    kvgen_model_get_info(ref, &info);
+    size_t V = (size_t)info.n_vocab;
+    float *a = malloc(n * V * sizeof(float)), *b = malloc(n * V * sizeof(float));
+    kvgen_session *sa = NULL, *sb = NULL;
+    kvgen_session_desc sd = {.n_ctx = 1024, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(ref, &sd, &sa, &err));
+    CHECK_OK(kvgen_session_create(cpu, &sd, &sb, &err));
+    CHECK_OK(kvgen_session_prefill(sa, tokens, n, a, &err));
+    CHECK_OK(kvgen_session_prefill(sb, tokens, n, b, &err));
+    diff d = {0};
+    diff_rows(a, b, (int)n, (int)V, &d);
+    double mean = 0;
+    for (size_t p = 0; p < n; p++) {
+        double md = 0;
+        for (size_t i = 0; i < V; i++) md = fmax(md, fabs((double)a[p * V + i] - b[p * V + i]));
+        mean += md / (double)n;
+    }
+    printf("default model, %zu teacher-forced tokens: top-1 same as the reference at %d/%d (%.1f%%), max |diff| / "
+           "range %.4f, mean over positions of max |diff| %.3f\n",
+           n, d.top1, d.n, 100.0 * d.top1 / d.n, d.rel, mean);
+    CHECKF(n >= 240, "the text is %zu tokens", n);
+    CHECKF(d.top1 >= 0.99 * d.n, "top-1 agreement %d/%d", d.top1, d.n);
+    CHECKF(d.rel <= TOL_REL, "%.4f of the logit range", d.rel);
+    free(a);
+    free(b);
+    kvgen_session_close(sa);
+    kvgen_session_close(sb);
+    test_llama_cpp(cpu);
+    kvgen_model_unload(ref);
+    kvgen_model_unload(cpu);
+}
+
+int main(void) {
+    const char *isa = getenv("KVGEN_CPU_ISA");
+    snprintf(isa_env_saved, sizeof isa_env_saved, "%s", isa ? isa : "");
+    char have[160];
+    kvg_cpu_features_describe(have, sizeof have);
+    printf("CPU features: %s; best path: %s\n", have, kvg_cpu_isa_name(kvg_cpu_isa_best()));
+    test_kernels();
+    test_vec_ops();
+    test_types();
+    test_features();
+    test_sessions();
+    test_isa_paths();
+    test_default_model();
+    return tu_finish("test_cpu_backend");
+}
