@@ -24,16 +24,19 @@ static void model_free(kvgen_model *m) {
     kvg_tokenizer_free(m->tok);
     kvg_weights_free(&m->w);
     kvg_gguf_close(m->gguf);
-    free(m->name);
-    free(m);
+    kvg_free(m->name);
+    kvg_free(m);
 }
 
 static void model_release(kvgen_model *m) {
-    if (m && __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL) == 0) model_free(m);
+    if (m && __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+        model_free(m);
+        kvg_host_model_count(-1);
+    }
 }
 
 static char *dup_range(const char *s, size_t n) {
-    char *d = malloc(n + 1);
+    char *d = kvg_malloc(n + 1);
     if (d) {
         memcpy(d, s, n);
         d[n] = 0;
@@ -205,6 +208,10 @@ static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, k
             if (st != KVGEN_OK && err) *err = row_err;
             return st;
         }
+        int next = i + 1;
+        while (next < last && skip[next]) next++;
+        kvg_log(KVGEN_LOG_WARNING, "%s; the %s backend did not start, running on the %s backend instead",
+                row_err.message, backend_table[i].label, backend_table[next].label);
     }
     return st;
 }
@@ -222,8 +229,9 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.n_threads %d is negative",
                         desc->n_threads);
 
-    kvgen_model *m = calloc(1, sizeof *m);
+    kvgen_model *m = kvg_calloc(1, sizeof *m);
     if (!m) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
+    kvg_host_model_count(1);
     m->refcount = 1;
     m->n_threads = desc->n_threads;
     kvgen_status st = kvg_gguf_open(desc->path, &m->gguf, err);
@@ -237,6 +245,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (st == KVGEN_OK) st = kvg_model_pool_init(m, desc, err);
     if (st != KVGEN_OK) {
         model_free(m);
+        kvg_host_model_count(-1);
         return st;
     }
     *out = m;

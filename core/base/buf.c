@@ -7,7 +7,7 @@ bool kvg_buf_add(kvg_buf *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
+        char *p = kvg_realloc(b->p, cap);
         if (!p) return false;
         b->p = p;
         b->cap = cap;

@@ -1,11 +1,13 @@
 /* kvg_buf.h: a growable byte buffer (private).
  *
  * Folder core/base/ owns what every layer may use and that uses nothing of kvgen: error
- * formatting (error.c, kvg_fail) and byte buffers (buf.c). */
+ * formatting (error.c, kvg_fail), byte buffers (buf.c) and the host's hooks, logger and
+ * allocator (host.c, kvg_host.h). */
 #ifndef KVG_BUF_H
 #define KVG_BUF_H
 #include <stdbool.h>
 #include <stddef.h>
+#include "kvg_host.h"
 
 /* A growable byte buffer, always NUL-terminated once anything (even "") was added. */
 typedef struct kvg_buf {

@@ -62,7 +62,7 @@ static size_t piece_of(const kvg_tokenizer *t, int32_t token, unsigned flags, in
     *start = small;
     size_t n = kvg_token_piece(t, token, flags, small, cap);
     if (n > cap) {
-        *heap = malloc(n + 1);
+        *heap = kvg_malloc(n + 1);
         if (!*heap) return 0;
         kvg_token_piece(t, token, flags, *heap, n + 1);
         *start = *heap;
@@ -88,7 +88,7 @@ size_t kvgen_detokenize(const kvgen_model *model, const int32_t *tokens, size_t 
         const char *p;
         size_t pn = piece_of(t, tokens[i], flags, i == 0, small, sizeof small, &heap, &p);
         len = append(buf, size, len, p, pn);
-        free(heap);
+        kvg_free(heap);
     }
     terminate(buf, size, len);
     return len;
@@ -139,9 +139,9 @@ size_t kvgen_detok_push(const kvgen_model *model, kvgen_detok *d, int32_t token,
     unsigned char joined_small[sizeof small + 8], *joined = joined_small;
     size_t have = (size_t)d->n_pending, len = 0;
     if (have + pn > sizeof joined_small) {
-        joined = malloc(have + pn);
+        joined = kvg_malloc(have + pn);
         if (!joined) {
-            free(heap);
+            kvg_free(heap);
             terminate(buf, size, 0);
             return 0;
         }
@@ -150,8 +150,8 @@ size_t kvgen_detok_push(const kvgen_model *model, kvgen_detok *d, int32_t token,
     if (pn) memcpy(joined + have, p, pn);
     d->n_pending = 0;
     len = emit_utf8(d, joined, have + pn, buf, size, len);
-    if (joined != joined_small) free(joined);
-    free(heap);
+    if (joined != joined_small) kvg_free(joined);
+    kvg_free(heap);
     terminate(buf, size, len);
     return len;
 }
@@ -171,7 +171,7 @@ bool kvg_detok_exact(kvgen_detok *d, const unsigned char *src, size_t n, kvg_buf
     if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0;
     unsigned char small[264], *joined = small;
     size_t have = (size_t)d->n_pending, total = have + n;
-    if (total > sizeof small && !(joined = malloc(total))) return false;
+    if (total > sizeof small && !(joined = kvg_malloc(total))) return false;
     memcpy(joined, d->pending, have);
     if (n) memcpy(joined + have, src, n);
     d->n_pending = 0;
@@ -188,7 +188,7 @@ bool kvg_detok_exact(kvgen_detok *d, const unsigned char *src, size_t n, kvg_buf
         i += good == cl ? cl : good ? good : 1; /* a complete character, or bytes as they are */
     }
     if (i > 0) ok = kvg_buf_add(out, (const char *)joined, i);
-    if (joined != small) free(joined);
+    if (joined != small) kvg_free(joined);
     return ok;
 }
 

@@ -72,7 +72,7 @@ static uint64_t name_hash(const char *s, size_t n) {
 static bool index_init(name_index *ix, int n) {
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2) cap <<= 1;
-    ix->slots = malloc(cap * sizeof *ix->slots);
+    ix->slots = kvg_malloc(cap * sizeof *ix->slots);
     if (!ix->slots) return false;
     memset(ix->slots, 0xff, cap * sizeof *ix->slots);
     ix->mask = cap - 1;
@@ -176,7 +176,7 @@ static kvgen_status read_str(parser *p, const uint8_t **s, uint64_t *len) {
 static kvgen_status copy_name(parser *p, const uint8_t *s, uint64_t len, char **out) {
     if (memchr(s, 0, (size_t)len))
         return kvg_fail(p->err, KVGEN_E_FORMAT, "%s: %s contains a NUL byte", p->g->path, p->what);
-    char *c = malloc((size_t)len + 1);
+    char *c = kvg_malloc((size_t)len + 1);
     if (!c) return kvg_fail(p->err, KVGEN_E_NO_MEMORY, "%s: out of memory", p->g->path);
     memcpy(c, s, (size_t)len);
     c[len] = 0;
@@ -230,7 +230,7 @@ static kvgen_status skip_value(parser *p, uint32_t t, int depth, kv_entry *e) {
     }
     if (e && count) {
         /* count <= remaining/8, so this allocation is bounded by the file size */
-        e->items = malloc((size_t)count * sizeof *e->items);
+        e->items = kvg_malloc((size_t)count * sizeof *e->items);
         if (!e->items) return kvg_fail(p->err, KVGEN_E_NO_MEMORY, "%s: out of memory", p->g->path);
     }
     for (uint64_t i = 0; i < count; i++) {
@@ -375,8 +375,8 @@ static kvgen_status parse(kvg_gguf *g, kvgen_error *err) {
                         n_kv, n_tensors);
     g->n_kv = (int)n_kv;
     g->n_tensors = (int)n_tensors;
-    g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
-    g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
+    g->kv = kvg_calloc(n_kv ? n_kv : 1, sizeof *g->kv);
+    g->tensors = kvg_calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors || !index_init(&g->kv_index, g->n_kv) || !index_init(&g->tensor_index, g->n_tensors))
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", g->path);
     if ((st = parse_kvs(&p, g))) return st;
@@ -406,7 +406,7 @@ static kvgen_status parse(kvg_gguf *g, kvgen_error *err) {
         t->data = g->map + g->data_offset + t->offset;
     }
     size_t n_t = (uint32_t)g->n_tensors; /* 1 .. INT32_MAX/4 here */
-    const kvg_tensor **order = malloc(n_t * sizeof *order);
+    const kvg_tensor **order = kvg_malloc(n_t * sizeof *order);
     if (!order) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", g->path);
     for (size_t i = 0; i < n_t; i++) order[i] = &g->tensors[i];
     qsort(order, n_t, sizeof *order, cmp_tensor_offset);
@@ -418,19 +418,19 @@ static kvgen_status parse(kvg_gguf *g, kvgen_error *err) {
             break;
         }
     }
-    free(order);
+    kvg_free(order);
     return st;
 }
 
 kvgen_status kvg_gguf_open(const char *path, kvg_gguf **out, kvgen_error *err) {
     *out = NULL;
     if (!path) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "no model path given");
-    kvg_gguf *g = calloc(1, sizeof *g);
+    kvg_gguf *g = kvg_calloc(1, sizeof *g);
     if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path);
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
-    g->path = strdup(path);
+    g->path = kvg_strdup(path);
     if (!g->path) {
-        free(g);
+        kvg_free(g);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path);
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -472,18 +472,18 @@ void kvg_gguf_close(kvg_gguf *g) {
     if (!g) return;
     if (g->kv)
         for (int i = 0; i < g->n_kv; i++) {
-            free(g->kv[i].key);
-            free(g->kv[i].items);
+            kvg_free(g->kv[i].key);
+            kvg_free(g->kv[i].items);
         }
     if (g->tensors)
-        for (int i = 0; i < g->n_tensors; i++) free((char *)g->tensors[i].name);
-    free(g->kv);
-    free(g->tensors);
-    free(g->kv_index.slots);
-    free(g->tensor_index.slots);
+        for (int i = 0; i < g->n_tensors; i++) kvg_free((char *)g->tensors[i].name);
+    kvg_free(g->kv);
+    kvg_free(g->tensors);
+    kvg_free(g->kv_index.slots);
+    kvg_free(g->tensor_index.slots);
     if (g->map) munmap((void *)g->map, g->size);
-    free(g->path);
-    free(g);
+    kvg_free(g->path);
+    kvg_free(g);
 }
 
 const char *kvg_gguf_path(const kvg_gguf *g) { return g->path; }
@@ -670,7 +670,7 @@ static void buf_put(buf *b, const void *data, size_t n) {
             }
             cap *= 2;
         }
-        uint8_t *p = realloc(b->p, cap);
+        uint8_t *p = kvg_realloc(b->p, cap);
         if (!p) {
             b->failed = true;
             return;
@@ -718,21 +718,21 @@ struct kvg_gguf_writer {
     char problem[200];
 };
 
-kvg_gguf_writer *kvg_gguf_writer_new(void) { return calloc(1, sizeof(kvg_gguf_writer)); }
+kvg_gguf_writer *kvg_gguf_writer_new(void) { return kvg_calloc(1, sizeof(kvg_gguf_writer)); }
 
 void kvg_gguf_writer_free(kvg_gguf_writer *w) {
     if (!w) return;
     for (int i = 0; i < w->n_kv; i++) {
-        free(w->kv[i].key);
-        free(w->kv[i].val.p);
+        kvg_free(w->kv[i].key);
+        kvg_free(w->kv[i].val.p);
     }
     for (int i = 0; i < w->n_t; i++) {
-        free(w->t[i].name);
-        free(w->t[i].data);
+        kvg_free(w->t[i].name);
+        kvg_free(w->t[i].data);
     }
-    free(w->kv);
-    free(w->t);
-    free(w);
+    kvg_free(w->kv);
+    kvg_free(w->t);
+    kvg_free(w);
 }
 
 static void writer_fail(kvg_gguf_writer *w, const char *what, const char *name) {
@@ -752,7 +752,7 @@ static buf *writer_slot(kvg_gguf_writer *w, const char *key, uint32_t type) {
         }
     if (w->n_kv == w->cap_kv) {
         int cap = w->cap_kv ? w->cap_kv * 2 : 16;
-        wkv *kv = realloc(w->kv, (size_t)cap * sizeof *kv);
+        wkv *kv = kvg_realloc(w->kv, (size_t)cap * sizeof *kv);
         if (!kv) {
             writer_fail(w, "out of memory", NULL);
             return NULL;
@@ -762,7 +762,7 @@ static buf *writer_slot(kvg_gguf_writer *w, const char *key, uint32_t type) {
     }
     wkv *e = &w->kv[w->n_kv];
     memset(e, 0, sizeof *e);
-    e->key = strdup(key);
+    e->key = kvg_strdup(key);
     if (!e->key) {
         writer_fail(w, "out of memory", NULL);
         return NULL;
@@ -859,7 +859,7 @@ void kvg_gguf_add_tensor(kvg_gguf_writer *w, const char *name, uint32_t type, in
     }
     if (w->n_t == w->cap_t) {
         int cap = w->cap_t ? w->cap_t * 2 : 64;
-        wtensor *t = realloc(w->t, (size_t)cap * sizeof *t);
+        wtensor *t = kvg_realloc(w->t, (size_t)cap * sizeof *t);
         if (!t) {
             writer_fail(w, "out of memory", NULL);
             return;
@@ -869,11 +869,11 @@ void kvg_gguf_add_tensor(kvg_gguf_writer *w, const char *name, uint32_t type, in
     }
     wtensor *t = &w->t[w->n_t];
     memset(t, 0, sizeof *t);
-    t->name = strdup(name);
-    t->data = malloc(nbytes ? nbytes : 1);
+    t->name = kvg_strdup(name);
+    t->data = kvg_malloc(nbytes ? nbytes : 1);
     if (!t->name || !t->data) {
-        free(t->name);
-        free(t->data);
+        kvg_free(t->name);
+        kvg_free(t->data);
         writer_fail(w, "out of memory", NULL);
         return;
     }
@@ -919,7 +919,7 @@ unsigned char *kvg_gguf_writer_bytes(kvg_gguf_writer *w, size_t *size) {
         if (i + 1 < w->n_t) buf_put(&b, zeros, (size_t)(align_up(b.len - base) - (b.len - base)));
     }
     if (b.failed) {
-        free(b.p);
+        kvg_free(b.p);
         writer_fail(w, "out of memory", NULL);
         return NULL;
     }
@@ -933,12 +933,12 @@ kvgen_status kvg_gguf_writer_save(kvg_gguf_writer *w, const char *path, kvgen_er
     if (!bytes) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: cannot build GGUF: %s", path, w->problem);
     FILE *f = fopen(path, "wb");
     if (!f) {
-        free(bytes);
+        kvg_free(bytes);
         return kvg_fail(err, KVGEN_E_IO, "%s: cannot create: %s", path, strerror(errno));
     }
     size_t wrote = fwrite(bytes, 1, n, f);
     int close_rc = fclose(f);
-    free(bytes);
+    kvg_free(bytes);
     if (wrote != n || close_rc != 0) return kvg_fail(err, KVGEN_E_IO, "%s: short write: %s", path, strerror(errno));
     return KVGEN_OK;
 }

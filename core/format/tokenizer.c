@@ -231,13 +231,13 @@ static kvgen_status load_tokens(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error
         if (total > UINT32_MAX)
             return kvg_fail(err, KVGEN_E_FORMAT, "%s: %s holds more than 4 GiB of text", path, key);
     }
-    t->pool = malloc(total);
-    t->text_off = malloc(n * sizeof *t->text_off);
-    t->text_len = malloc(n * sizeof *t->text_len);
-    t->type = malloc(n);
-    t->scores = calloc(n, sizeof *t->scores);
+    t->pool = kvg_malloc(total);
+    t->text_off = kvg_malloc(n * sizeof *t->text_off);
+    t->text_len = kvg_malloc(n * sizeof *t->text_len);
+    t->type = kvg_malloc(n);
+    t->scores = kvg_calloc(n, sizeof *t->scores);
     uint32_t cap = pow2_at_least(2 * n);
-    t->text_hash = malloc((size_t)cap * sizeof *t->text_hash);
+    t->text_hash = kvg_malloc((size_t)cap * sizeof *t->text_hash);
     if (!t->pool || !t->text_off || !t->text_len || !t->type || !t->scores || !t->text_hash)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %llu tokens", path, (unsigned long long)n);
     t->text_hash_mask = cap - 1;
@@ -307,7 +307,7 @@ static kvgen_status load_merges(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error
     if (n > (uint64_t)INT32_MAX / 4)
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: %s has %llu entries", path, key, (unsigned long long)n);
     uint32_t cap = pow2_at_least(2 * n + 1);
-    t->merges = malloc((size_t)cap * sizeof *t->merges);
+    t->merges = kvg_malloc((size_t)cap * sizeof *t->merges);
     if (!t->merges) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %s", path, key);
     t->merge_mask = cap - 1;
     for (uint32_t i = 0; i < cap; i++) t->merges[i].left = -1;
@@ -327,9 +327,9 @@ static kvgen_status load_merges(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error
         size_t la = (size_t)(sp - s.ptr), lb = s.len - la - 1;
         int32_t a = find_text(t, s.ptr, la), b = find_text(t, sp + 1, lb);
         if (joined_cap < la + lb) {
-            free(joined);
+            kvg_free(joined);
             joined_cap = 2 * (la + lb);
-            joined = malloc(joined_cap);
+            joined = kvg_malloc(joined_cap);
             if (!joined) { st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path); break; }
         }
         memcpy(joined, s.ptr, la);
@@ -351,7 +351,7 @@ static kvgen_status load_merges(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error
             if (m->left == a && m->right == b) break;
         }
     }
-    free(joined);
+    kvg_free(joined);
     return st;
 }
 
@@ -364,7 +364,7 @@ static bool special_before(const kvg_tokenizer *t, int32_t a, int32_t b) {
 static void sort_specials(kvg_tokenizer *t) {
     /* insertion sort would be quadratic for vocabularies with thousands of added tokens */
     int n = t->n_special;
-    int32_t *a = t->special, *tmp = malloc((size_t)n * sizeof *tmp);
+    int32_t *a = t->special, *tmp = kvg_malloc((size_t)n * sizeof *tmp);
     if (!tmp) return; /* unsorted only loses longest-first on allocation failure; still correct ids */
     for (int w = 1; w < n; w *= 2) {
         for (int lo = 0; lo < n; lo += 2 * w) {
@@ -376,7 +376,7 @@ static void sort_specials(kvg_tokenizer *t) {
         }
         memcpy(a, tmp, (size_t)n * sizeof *a);
     }
-    free(tmp);
+    kvg_free(tmp);
 }
 
 static const char *const k_eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
@@ -427,10 +427,10 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
     if (kvg_gguf_find_key(g, "tokenizer.ggml.pre") >= 0 && !kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre))
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: tokenizer.ggml.pre is not a string", path);
 
-    kvg_tokenizer *t = calloc(1, sizeof *t);
+    kvg_tokenizer *t = kvg_calloc(1, sizeof *t);
     if (!t) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path);
     t->kind = kind;
-    t->pre = malloc(pre.len + 1);
+    t->pre = kvg_malloc(pre.len + 1);
     kvgen_status st = KVGEN_OK;
     if (!t->pre) { st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path); goto fail; }
     memcpy(t->pre, pre.ptr, pre.len);
@@ -499,7 +499,7 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
         if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER || t->type[i] == TT_UNKNOWN) && t->text_len[i] > 0)
             t->n_special++;
     if (t->n_special) {
-        t->special = malloc((size_t)t->n_special * sizeof *t->special);
+        t->special = kvg_malloc((size_t)t->n_special * sizeof *t->special);
         if (!t->special) { st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path); goto fail; }
         int k = 0;
         for (int32_t i = 0; i < t->n_vocab; i++)
@@ -519,16 +519,16 @@ fail:
 void kvg_tokenizer_free(kvg_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
-    free(t->pre);
-    free(t->pool);
-    free(t->text_off);
-    free(t->text_len);
-    free(t->type);
-    free(t->scores);
-    free(t->text_hash);
-    free(t->merges);
-    free(t->special);
-    free(t);
+    kvg_free(t->pre);
+    kvg_free(t->pool);
+    kvg_free(t->text_off);
+    kvg_free(t->text_len);
+    kvg_free(t->type);
+    kvg_free(t->scores);
+    kvg_free(t->text_hash);
+    kvg_free(t->merges);
+    kvg_free(t->special);
+    kvg_free(t);
 }
 
 kvgen_tokenizer_kind kvg_tokenizer_kind(const kvg_tokenizer *t) { return t->kind; }
@@ -653,21 +653,21 @@ static void emit(enc *e, int32_t id) {
 
 static bool enc_reserve(enc *e, size_t n_syms, size_t n_buf) {
     if (n_syms > e->syms_cap) {
-        free(e->syms);
-        free(e->heap);
+        kvg_free(e->syms);
+        kvg_free(e->heap);
         e->syms_cap = n_syms;
         e->heap_cap = 4 * n_syms + 8; /* each merge pushes at most two bigrams */
-        e->syms = malloc(e->syms_cap * sizeof *e->syms);
-        e->heap = malloc(e->heap_cap * sizeof *e->heap);
+        e->syms = kvg_malloc(e->syms_cap * sizeof *e->syms);
+        e->heap = kvg_malloc(e->heap_cap * sizeof *e->heap);
         if (!e->syms || !e->heap) {
             e->syms_cap = e->heap_cap = 0;
             return false;
         }
     }
     if (n_buf > e->buf_cap) {
-        free(e->buf);
+        kvg_free(e->buf);
         e->buf_cap = n_buf;
-        e->buf = malloc(n_buf);
+        e->buf = kvg_malloc(n_buf);
         if (!e->buf) {
             e->buf_cap = 0;
             return false;
@@ -689,7 +689,7 @@ static bool bigram_before(const enc *e, const struct bigram *x, const struct big
 static void heap_push(enc *e, struct bigram b) {
     if (e->heap_n == e->heap_cap) {
         size_t nc = 2 * e->heap_cap + 8;
-        struct bigram *nh = realloc(e->heap, nc * sizeof *nh);
+        struct bigram *nh = kvg_realloc(e->heap, nc * sizeof *nh);
         if (!nh) {
             e->st = KVGEN_E_NO_MEMORY;
             return;
@@ -912,7 +912,7 @@ typedef struct frag { size_t off, len; int32_t token; } frag; /* token -1: raw t
 static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, size_t len, bool control, frag **out,
                                       size_t *n_out) {
     size_t n = 1, cap = 16;
-    frag *f = malloc(cap * sizeof *f);
+    frag *f = kvg_malloc(cap * sizeof *f);
     if (!f) return KVGEN_E_NO_MEMORY;
     f[0] = (frag){0, len, -1};
     for (int k = 0; k < t->n_special; k++) {
@@ -935,8 +935,8 @@ static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, 
             /* fragment i becomes: [before] token [after]; `after` is scanned next iteration */
             if (n + 2 > cap) {
                 cap *= 2;
-                frag *nf = realloc(f, cap * sizeof *nf);
-                if (!nf) { free(f); return KVGEN_E_NO_MEMORY; }
+                frag *nf = kvg_realloc(f, cap * sizeof *nf);
+                if (!nf) { kvg_free(f); return KVGEN_E_NO_MEMORY; }
                 f = nf;
             }
             size_t before = pos, after = fl - pos - sl, off = f[i].off;
@@ -986,11 +986,11 @@ kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, 
             prev_special = false;
         }
     }
-    if (frags != &one) free(frags);
+    if (frags != &one) kvg_free(frags);
     pcre2_match_data_free(e.md);
-    free(e.syms);
-    free(e.heap);
-    free(e.buf);
+    kvg_free(e.syms);
+    kvg_free(e.heap);
+    kvg_free(e.buf);
     if (e.st == KVGEN_E_NO_MEMORY) return kvg_fail(err, KVGEN_E_NO_MEMORY, "tokenizer: out of memory");
     if (e.st != KVGEN_OK) return e.st;
     if (n_tokens) *n_tokens = e.n;

@@ -91,12 +91,12 @@ static int family_from_vocab(const kvg_tokenizer *tok) {
 
 static void kvg_chat_free(kvg_chat *c) {
     if (!c) return;
-    for (int i = 0; i < N_STR; i++) free(c->str[i]);
-    free(c);
+    for (int i = 0; i < N_STR; i++) kvg_free(c->str[i]);
+    kvg_free(c);
 }
 
 static char *dup_str(const char *s, size_t n) {
-    char *d = malloc(n + 1);
+    char *d = kvg_malloc(n + 1);
     if (d) {
         memcpy(d, s, n);
         d[n] = 0;
@@ -106,7 +106,7 @@ static char *dup_str(const char *s, size_t n) {
 
 static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err) {
     *dst = NULL;
-    kvg_chat *c = calloc(1, sizeof *c);
+    kvg_chat *c = kvg_calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     *c = *src;
     for (int i = 0; i < N_STR; i++) {
@@ -145,7 +145,7 @@ static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, 
     *out = NULL;
     if (size < 5 || b[0] > MODE_CUSTOM || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_ASSISTANT || b[4] > 1)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
-    kvg_chat *c = calloc(1, sizeof *c);
+    kvg_chat *c = kvg_calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     c->mode = b[0];
     c->family = b[1];
@@ -178,7 +178,7 @@ const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free, kvg_chat_clone, kvg_chat
 
 static kvgen_status get_chat(kvgen_session *s, kvg_chat **out, kvgen_error *err) {
     kvg_sampler *sm = kvg_session_sampler(s);
-    if (!sm->chat && !(sm->chat = calloc(1, sizeof *sm->chat)))
+    if (!sm->chat && !(sm->chat = kvg_calloc(1, sizeof *sm->chat)))
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     sm->chat_ops = &kvg_chat_state_ops;
     *out = sm->chat;
@@ -249,7 +249,7 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
         for (int i = 0; i < N_STR; i++) {
             const char *v = in[i] ? in[i] : "";
             if (!(next.str[i] = dup_str(v, strlen(v)))) {
-                for (int k = 0; k < i; k++) free(next.str[k]);
+                for (int k = 0; k < i; k++) kvg_free(next.str[k]);
                 return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
             }
         }
@@ -257,10 +257,10 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
     kvg_chat *c = NULL;
     kvgen_status st = get_chat(s, &c, err);
     if (st != KVGEN_OK) {
-        for (int i = 0; i < N_STR; i++) free(next.str[i]);
+        for (int i = 0; i < N_STR; i++) kvg_free(next.str[i]);
         return st;
     }
-    for (int i = 0; i < N_STR; i++) free(c->str[i]);
+    for (int i = 0; i < N_STR; i++) kvg_free(c->str[i]);
     next.open_reply = c->open_reply;
     next.last_role = c->last_role;
     *c = next;
@@ -301,7 +301,7 @@ static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text,
             return st;
         }
         size_t cap = t->n + got + 64;
-        int32_t *v = realloc(t->v, cap * sizeof *v);
+        int32_t *v = kvg_realloc(t->v, cap * sizeof *v);
         if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory for %zu tokens", cap);
         t->v = v;
         t->cap = cap;
@@ -368,7 +368,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     if (st == KVGEN_OK && len == 0 && kvg_tokenizer_add_bos(m->tok)) {
         int32_t bos = kvg_tokenizer_bos(m->tok);
         if (bos >= 0 && (t.n == 0 || t.v[0] != bos)) {
-            int32_t *v = realloc(t.v, (t.n + 1) * sizeof *v);
+            int32_t *v = kvg_realloc(t.v, (t.n + 1) * sizeof *v);
             if (!v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
             else {
                 memmove(v + 1, v, t.n * sizeof *v);
@@ -381,7 +381,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     if (st == KVGEN_OK && t.n > 0 && !out) st = kvgen_session_prefill(s, t.v, t.n, NULL, err);
     if (st == KVGEN_OK && t.n > 0 && out) {
         if (out->n + t.n > out->cap) {
-            int32_t *v = realloc(out->v, (out->n + t.n) * sizeof *v);
+            int32_t *v = kvg_realloc(out->v, (out->n + t.n) * sizeof *v);
             if (!v) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %zu tokens", fn, out->n + t.n);
             else {
                 out->v = v;
@@ -393,7 +393,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
             out->n += t.n;
         }
     }
-    free(t.v);
+    kvg_free(t.v);
     if (st != KVGEN_OK) goto fail; /* nothing was appended: the chat state stays as it was */
     c->last_role = last_role;
     c->open_reply = begin_reply;

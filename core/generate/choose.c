@@ -105,7 +105,7 @@ static kvgen_status score_runs(kvgen_session *s, choice_run *runs, size_t n, kvg
     size_t room = (size_t)s->n_ctx - s->n_tokens;
     float *logits = NULL;
     if (max_nt > 1) {
-        logits = malloc(max_nt * (size_t)V * sizeof *logits);
+        logits = kvg_malloc(max_nt * (size_t)V * sizeof *logits);
         if (!logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for logits");
     }
     choice_run *group[CHOOSE_GROUP];
@@ -124,14 +124,14 @@ static kvgen_status score_runs(kvgen_session *s, choice_run *runs, size_t n, kvg
         }
     }
     if (st == KVGEN_OK && k > 0) st = score_batched(s, group, k, V, err);
-    free(logits);
+    kvg_free(logits);
     return st;
 }
 
 kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, const size_t *n_toks, size_t n,
                                  double *logprob, kvgen_error *err) {
     if (n == 0) return KVGEN_OK;
-    choice_run *runs = calloc(n, sizeof *runs);
+    choice_run *runs = kvg_calloc(n, sizeof *runs);
     if (!runs) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory for %zu candidates", n);
     for (size_t i = 0; i < n; i++) {
         runs[i].toks = toks[i];
@@ -139,7 +139,7 @@ kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, c
     }
     kvgen_status st = score_runs(s, runs, n, err);
     for (size_t i = 0; st == KVGEN_OK && i < n; i++) logprob[i] = runs[i].lp;
-    free(runs);
+    kvg_free(runs);
     return st;
 }
 
@@ -159,8 +159,8 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
                         "kvgen_session_choose: the session has no logits: prefill the context first");
     memset(results, 0, n * sizeof *results);
 
-    choice_run *runs = calloc(n, sizeof *runs);
-    int32_t **spelled = calloc(n, sizeof *spelled);
+    choice_run *runs = kvg_calloc(n, sizeof *runs);
+    int32_t **spelled = kvg_calloc(n, sizeof *spelled);
     kvgen_status st = runs && spelled ? KVGEN_OK
                                       : kvg_fail(err, KVGEN_E_NO_MEMORY,
                                                  "kvgen_session_choose: out of memory for %zu candidates", n);
@@ -184,9 +184,9 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
             results[i].n_tokens = (int)runs[i].nt;
             results[i].logprob_mean = runs[i].lp / (double)runs[i].nt;
         }
-        if (spelled) free(spelled[i]);
+        if (spelled) kvg_free(spelled[i]);
     }
-    free(spelled);
-    free(runs);
+    kvg_free(spelled);
+    kvg_free(runs);
     return st;
 }

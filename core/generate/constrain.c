@@ -44,23 +44,23 @@ struct kvg_cons {
 void kvg_cons_free(kvg_cons *k) {
     if (!k) return;
     for (int i = 0; i < k->n; i++) {
-        free(k->segs[i].lit);
-        for (int j = 0; j < k->segs[i].n_choices; j++) free(k->segs[i].choices[j]);
-        free(k->segs[i].choices);
-        free(k->segs[i].choice_len);
-        free(k->segs[i].first);
+        kvg_free(k->segs[i].lit);
+        for (int j = 0; j < k->segs[i].n_choices; j++) kvg_free(k->segs[i].choices[j]);
+        kvg_free(k->segs[i].choices);
+        kvg_free(k->segs[i].choice_len);
+        kvg_free(k->segs[i].first);
     }
-    for (int i = 0; k->toks && i < k->segs[0].n_choices; i++) free(k->toks[i]);
-    free(k->toks);
-    free(k->n_toks);
-    free(k->segs);
-    free(k);
+    for (int i = 0; k->toks && i < k->segs[0].n_choices; i++) kvg_free(k->toks[i]);
+    kvg_free(k->toks);
+    kvg_free(k->n_toks);
+    kvg_free(k->segs);
+    kvg_free(k);
 }
 
 static seg *push_seg(kvg_cons *k, seg_kind kind) {
     if (k->n == k->cap) {
         int cap = k->cap ? k->cap * 2 : 8;
-        seg *s = realloc(k->segs, (size_t)cap * sizeof *s);
+        seg *s = kvg_realloc(k->segs, (size_t)cap * sizeof *s);
         if (!s) return NULL;
         k->segs = s;
         k->cap = cap;
@@ -76,7 +76,7 @@ static bool push_lit(kvg_cons *k, const char *text) {
     size_t n = strlen(text);
     seg *s = k->n > 0 && k->segs[k->n - 1].kind == SEG_LIT ? &k->segs[k->n - 1] : push_seg(k, SEG_LIT);
     if (!s) return false;
-    char *lit = realloc(s->lit, (size_t)s->lit_len + n + 1);
+    char *lit = kvg_realloc(s->lit, (size_t)s->lit_len + n + 1);
     if (!lit) return false;
     memcpy(lit + s->lit_len, text, n + 1);
     s->lit = lit;
@@ -100,17 +100,17 @@ static int ref_cmp(const void *a, const void *b) {
 static bool push_choice(kvg_cons *k, const char *const *values, int n) {
     seg *s = push_seg(k, SEG_CHOICE);
     if (!s) return false;
-    s->choices = calloc((size_t)n, sizeof *s->choices);
-    s->choice_len = calloc((size_t)n, sizeof *s->choice_len);
-    s->first = calloc((size_t)n, sizeof *s->first);
-    choice_ref *refs = calloc((size_t)n, sizeof *refs);
+    s->choices = kvg_calloc((size_t)n, sizeof *s->choices);
+    s->choice_len = kvg_calloc((size_t)n, sizeof *s->choice_len);
+    s->first = kvg_calloc((size_t)n, sizeof *s->first);
+    choice_ref *refs = kvg_calloc((size_t)n, sizeof *refs);
     bool ok = s->choices && s->choice_len && s->first && refs;
     for (int i = 0; ok && i < n; i++) refs[i] = (choice_ref){values[i], i};
     if (ok) qsort(refs, (size_t)n, sizeof *refs, ref_cmp);
     for (int i = 0; ok && i < n; i++) {
         if (s->n_choices > 0 && strcmp(s->choices[s->n_choices - 1], refs[i].text) == 0) continue;
         size_t len = strlen(refs[i].text);
-        char *c = malloc(len + 1);
+        char *c = kvg_malloc(len + 1);
         if (!(ok = c != NULL)) break;
         memcpy(c, refs[i].text, len + 1);
         s->choices[s->n_choices] = c;
@@ -118,7 +118,7 @@ static bool push_choice(kvg_cons *k, const char *const *values, int n) {
         s->first[s->n_choices] = refs[i].index;
         s->n_choices++;
     }
-    free(refs);
+    kvg_free(refs);
     return ok;
 }
 
@@ -215,7 +215,7 @@ kvgen_status kvg_cons_build(const kvgen_constraint *c, kvg_cons **out, kvgen_err
     if (!c || c->kind == KVGEN_CONSTRAIN_NONE) return KVGEN_OK;
     if (c->kind != KVGEN_CONSTRAIN_CHOICE && c->kind != KVGEN_CONSTRAIN_JSON)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "constraint: kind %d (choice or json)", (int)c->kind);
-    kvg_cons *k = calloc(1, sizeof *k);
+    kvg_cons *k = kvg_calloc(1, sizeof *k);
     if (!k) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
     kvgen_status st;
     if (c->kind == KVGEN_CONSTRAIN_CHOICE) {
@@ -340,8 +340,8 @@ kvgen_status kvg_cons_spell(kvg_cons *k, kvg_speller *sp, bool keep_spelling, kv
         if (s->kind != SEG_CHOICE) continue;
         bool keep = keep_spelling && k->choice && !k->toks;
         if (keep) {
-            k->toks = calloc((size_t)s->n_choices, sizeof *k->toks);
-            k->n_toks = calloc((size_t)s->n_choices, sizeof *k->n_toks);
+            k->toks = kvg_calloc((size_t)s->n_choices, sizeof *k->toks);
+            k->n_toks = kvg_calloc((size_t)s->n_choices, sizeof *k->n_toks);
             if (!k->toks || !k->n_toks) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
         }
         for (int c = 0; c < s->n_choices; c++) {
@@ -360,7 +360,7 @@ kvgen_status kvg_cons_spell(kvg_cons *k, kvg_speller *sp, bool keep_spelling, kv
                 k->toks[c] = toks;
                 k->n_toks[c] = n;
             } else {
-                free(toks);
+                kvg_free(toks);
             }
         }
     }
@@ -402,10 +402,10 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
     kvg_sampler *sm = kvg_session_sampler(s);
     /* the choices in the caller's order (first occurrences), scored as kvgen_session_choose
      * scores that list */
-    int *order = malloc((size_t)n * sizeof *order);
-    const int32_t **toks = malloc((size_t)n * sizeof *toks);
-    size_t *nt = malloc((size_t)n * sizeof *nt);
-    double *lp = calloc((size_t)n, sizeof *lp);
+    int *order = kvg_malloc((size_t)n * sizeof *order);
+    const int32_t **toks = kvg_malloc((size_t)n * sizeof *toks);
+    size_t *nt = kvg_malloc((size_t)n * sizeof *nt);
+    double *lp = kvg_calloc((size_t)n, sizeof *lp);
     if (!order || !toks || !nt || !lp) rc = kvg_fail(err, KVGEN_E_NO_MEMORY, "generate: out of memory for the choices");
     for (int i = 0; rc == KVGEN_OK && i < n; i++) {
         int at = i; /* insertion by first position (n is small next to the scoring) */
@@ -457,10 +457,10 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
         st->c = 0;
         k->picked = true;
     }
-    free(order);
-    free(toks);
-    free(nt);
-    free(lp);
+    kvg_free(order);
+    kvg_free(toks);
+    kvg_free(nt);
+    kvg_free(lp);
     return rc;
 }
 

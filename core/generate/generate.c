@@ -78,15 +78,15 @@ void kvgen_session_get_sampler(const kvgen_session *s, kvgen_sampler_desc *desc)
 
 void kvgen_gen_end(kvgen_gen *g) {
     if (!g) return;
-    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
-    free(g->stop);
-    free(g->stop_len);
+    for (int i = 0; i < g->n_stop; i++) kvg_free(g->stop[i]);
+    kvg_free(g->stop);
+    kvg_free(g->stop_len);
     kvg_cons_free(g->cons);
-    free(g->allowed);
-    free(g->pending.p);
-    free(g->text.p);
-    free(g->step.p);
-    free(g);
+    kvg_free(g->allowed);
+    kvg_free(g->pending.p);
+    kvg_free(g->text.p);
+    kvg_free(g->step.p);
+    kvg_free(g);
 }
 
 kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err) {
@@ -110,7 +110,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     kvgen_status chk = kvg_gen_check_desc(&d, who, "", err);
     if (chk != KVGEN_OK) return chk;
 
-    kvgen_gen *g = calloc(1, sizeof *g);
+    kvgen_gen *g = kvg_calloc(1, sizeof *g);
     if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     g->s = s;
     g->m = kvg_session_model(s);
@@ -123,12 +123,12 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
      * means at most one context's worth of tokens (finish "length") */
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     if (st == KVGEN_OK && d.n_stop > 0) {
-        g->stop = calloc((size_t)d.n_stop, sizeof *g->stop);
-        g->stop_len = calloc((size_t)d.n_stop, sizeof *g->stop_len);
+        g->stop = kvg_calloc((size_t)d.n_stop, sizeof *g->stop);
+        g->stop_len = kvg_calloc((size_t)d.n_stop, sizeof *g->stop_len);
         if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
         for (int i = 0; st == KVGEN_OK && i < d.n_stop; i++) {
             size_t n = strlen(d.stop[i]);
-            if (!(g->stop[i] = malloc(n + 1))) {
+            if (!(g->stop[i] = kvg_malloc(n + 1))) {
                 st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
                 break;
             }
@@ -139,7 +139,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     }
     if (st == KVGEN_OK && g->cons) {
         kvg_cons_start(g->cons, &g->cst);
-        g->allowed = malloc((size_t)kvg_session_sampler(s)->n_vocab);
+        g->allowed = kvg_malloc((size_t)kvg_session_sampler(s)->n_vocab);
         if (!g->allowed) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     }
     if (st == KVGEN_OK && g->cons) {
@@ -359,11 +359,11 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
     char piece[512];
     size_t n = g->cons ? 0 : kvgen_detok_push(g->m, &g->detok, tok, g->flags, piece, sizeof piece);
     if (n >= sizeof piece) { /* a very long token: ask again with room for it */
-        char *big = malloc(n + 1);
+        char *big = kvg_malloc(n + 1);
         if (!big) return oom(g, err);
         n = kvgen_detok_push(g->m, &g->detok, tok, g->flags, big, n + 1);
         bool ok = kvg_buf_add(&g->pending, big, n);
-        free(big);
+        kvg_free(big);
         if (!ok) return oom(g, err);
     } else if (!kvg_buf_add(&g->pending, piece, n)) {
         return oom(g, err);

@@ -79,7 +79,7 @@ static kvgen_status copy_params(kvg_sampler_params *out, const kvg_sampler_param
     if (q.seed == 0) q.seed = KVG_DEFAULT_SEED;
     q.bias = NULL;
     if (p->n_bias > 0) {
-        q.bias = malloc((size_t)p->n_bias * sizeof *q.bias);
+        q.bias = kvg_malloc((size_t)p->n_bias * sizeof *q.bias);
         if (!q.bias) return kvg_fail(err, KVGEN_E_NO_MEMORY, "sampler: out of memory for %d biases", p->n_bias);
         memcpy(q.bias, p->bias, (size_t)p->n_bias * sizeof *q.bias);
     }
@@ -89,8 +89,8 @@ static kvgen_status copy_params(kvg_sampler_params *out, const kvg_sampler_param
 
 static kvgen_status alloc_scratch(kvg_sampler *s, int n_vocab, kvgen_error *err) {
     s->n_vocab = n_vocab;
-    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
+    s->cand = kvg_malloc((size_t)n_vocab * sizeof *s->cand);
+    s->counts = kvg_calloc((size_t)n_vocab, sizeof *s->counts);
     if (!s->cand || !s->counts) return kvg_fail(err, KVGEN_E_NO_MEMORY, "sampler: out of memory for %d candidates", n_vocab);
     return KVGEN_OK;
 }
@@ -110,9 +110,9 @@ kvgen_status kvg_sampler_init(kvg_sampler *s, const kvg_sampler_params *params, 
 }
 
 void kvg_sampler_free(kvg_sampler *s) {
-    free(s->params.bias);
-    free(s->cand);
-    free(s->counts);
+    kvg_free(s->params.bias);
+    kvg_free(s->cand);
+    kvg_free(s->counts);
     if (s->chat) s->chat_ops->free(s->chat);
     if (s->pieces) s->pieces_free(s->pieces);
     s->params.bias = NULL;
@@ -149,7 +149,7 @@ kvgen_status kvg_sampler_set(kvg_sampler *s, const kvgen_sampler_desc *desc, boo
     if (st != KVGEN_OK) return st;
     bool seed_given = d.seed != 0;
     if (!seed_given && !reseed) q.seed = s->params.seed; /* keep reporting the seed of the running stream */
-    free(s->params.bias);
+    kvg_free(s->params.bias);
     s->params = q;
     if (reseed || seed_given) kvg_rng_seed(&s->rng, q.seed);
     return KVGEN_OK;
@@ -272,7 +272,7 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: %u biases do not fit in %zu bytes", (unsigned)n_bias, size);
     kvgen_logit_bias *bias = NULL;
     if (n_bias) {
-        bias = malloc(n_bias * sizeof *bias);
+        bias = kvg_malloc(n_bias * sizeof *bias);
         if (!bias) return kvg_fail(err, KVGEN_E_NO_MEMORY, "sampler state: out of memory");
         for (uint32_t i = 0; i < n_bias; i++, off += 8)
             bias[i] = (kvgen_logit_bias){(int32_t)get_u32(b + off), get_f32(b + off + 4)};
@@ -291,15 +291,15 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
         st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: a chat state of %u bytes, and no chat layer to load it",
                       (unsigned)chat_size);
     if (st == KVGEN_OK) st = copy_params(&q, &p, s->n_vocab, err);
-    free(bias);
+    kvg_free(bias);
     if (st != KVGEN_OK) return st;
     kvg_chat *chat = NULL;
     if (chat_size) st = s->chat_ops->state_load(&chat, b + off, chat_size, err);
     if (st != KVGEN_OK) {
-        free(q.bias);
+        kvg_free(q.bias);
         return st;
     }
-    free(s->params.bias);
+    kvg_free(s->params.bias);
     s->params = q;
     s->rng = rng;
     if (s->chat) s->chat_ops->free(s->chat);

@@ -8,16 +8,16 @@
 
 void kvg_pieces_free(kvg_pieces *p) {
     if (!p) return;
-    free(p->off);
-    free(p->bytes);
-    free(p);
+    kvg_free(p->off);
+    kvg_free(p->bytes);
+    kvg_free(p);
 }
 
 /* Every token's bytes (flags 0) into one table. */
 static kvgen_status pieces_build(const kvgen_model *m, int n, kvg_pieces **out, kvgen_error *err) {
     *out = NULL;
-    kvg_pieces *p = calloc(1, sizeof *p);
-    if (p) p->off = malloc(((size_t)n + 1) * sizeof *p->off);
+    kvg_pieces *p = kvg_calloc(1, sizeof *p);
+    if (p) p->off = kvg_malloc(((size_t)n + 1) * sizeof *p->off);
     if (!p || !p->off) {
         kvg_pieces_free(p);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
@@ -28,7 +28,7 @@ static kvgen_status pieces_build(const kvgen_model *m, int n, kvg_pieces **out, 
         total += kvgen_token_piece(m, t, 0, NULL, 0);
     }
     p->off[n] = (uint32_t)total;
-    p->bytes = malloc(total + 1);
+    p->bytes = kvg_malloc(total + 1);
     if (!p->bytes || total > UINT32_MAX) {
         kvg_pieces_free(p);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
@@ -36,14 +36,14 @@ static kvgen_status pieces_build(const kvgen_model *m, int n, kvg_pieces **out, 
     for (int t = 0; t < n; t++) {
         size_t len = p->off[t + 1] - p->off[t];
         if (len) {
-            char *tmp = malloc(len + 1);
+            char *tmp = kvg_malloc(len + 1);
             if (!tmp) {
                 kvg_pieces_free(p);
                 return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
             }
             kvgen_token_piece(m, t, 0, tmp, len + 1);
             memcpy(p->bytes + p->off[t], tmp, len);
-            free(tmp);
+            kvg_free(tmp);
         }
     }
     p->n = n;
@@ -73,7 +73,7 @@ void kvg_speller_init(kvg_speller *sp, const kvgen_model *m, kvgen_session *s, c
 
 void kvg_speller_free(kvg_speller *sp) {
     kvg_pieces_free(sp->own);
-    free(sp->by_first);
+    kvg_free(sp->by_first);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -89,7 +89,7 @@ static kvgen_status speller_table(kvg_speller *sp, kvgen_error *err) {
     }
     if (st != KVGEN_OK) return st;
     const kvg_pieces *p = sp->p;
-    sp->by_first = malloc(((size_t)p->n + 1) * sizeof *sp->by_first);
+    sp->by_first = kvg_malloc(((size_t)p->n + 1) * sizeof *sp->by_first);
     if (!sp->by_first) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
     uint32_t count[257] = {0};
     for (int t = 0; t < p->n; t++)
@@ -108,11 +108,11 @@ static bool spells(const kvgen_model *m, const int32_t *toks, size_t n, const ch
     for (size_t i = 0; i < n; i++) {
         size_t k = kvgen_token_piece(m, toks[i], 0, NULL, 0);
         if (k == 0 || k > len - at) return false;
-        char *buf = k < sizeof small ? small : malloc(k + 1);
+        char *buf = k < sizeof small ? small : kvg_malloc(k + 1);
         if (!buf) return false;
         kvgen_token_piece(m, toks[i], 0, buf, k + 1);
         bool same = memcmp(buf, text + at, k) == 0;
-        if (buf != small) free(buf);
+        if (buf != small) kvg_free(buf);
         if (!same) return false;
         at += k;
     }
@@ -126,11 +126,11 @@ static kvgen_status spell_exact(kvg_speller *sp, const char *text, size_t len, i
     kvgen_status st = speller_table(sp, err);
     if (st != KVGEN_OK) return st;
     const kvg_pieces *p = sp->p;
-    size_t *best = malloc((len + 1) * sizeof *best);
-    int32_t *via = malloc((len + 1) * sizeof *via);
+    size_t *best = kvg_malloc((len + 1) * sizeof *best);
+    int32_t *via = kvg_malloc((len + 1) * sizeof *via);
     if (!best || !via) {
-        free(best);
-        free(via);
+        kvg_free(best);
+        kvg_free(via);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
     }
     best[0] = 0;
@@ -149,23 +149,23 @@ static kvgen_status spell_exact(kvg_speller *sp, const char *text, size_t len, i
         }
     }
     if (best[len] == SIZE_MAX) {
-        free(best);
-        free(via);
+        kvg_free(best);
+        kvg_free(via);
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "the vocabulary has no tokens that spell these bytes exactly");
     }
     size_t n = best[len];
-    int32_t *v = malloc((n ? n : 1) * sizeof *v);
+    int32_t *v = kvg_malloc((n ? n : 1) * sizeof *v);
     if (!v) {
-        free(best);
-        free(via);
+        kvg_free(best);
+        kvg_free(via);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
     }
     for (size_t at = len, j = n; j > 0; j--) {
         v[j - 1] = via[at];
         at -= p->off[via[at] + 1] - p->off[via[at]];
     }
-    free(best);
-    free(via);
+    kvg_free(best);
+    kvg_free(via);
     *out = v;
     *n_out = n;
     return KVGEN_OK;
@@ -175,14 +175,14 @@ kvgen_status kvg_spell(kvg_speller *sp, const char *text, int32_t **out, size_t 
     *out = NULL;
     *n_out = 0;
     size_t len = strlen(text), cap = len + 8, n = 0;
-    int32_t *v = malloc(cap * sizeof *v);
+    int32_t *v = kvg_malloc(cap * sizeof *v);
     if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     kvgen_error terr = {0};
     kvgen_status st = kvgen_tokenize(sp->m, text, len, 0, v, cap, &n, &terr);
     if (st == KVGEN_E_INVALID_ARGUMENT && n > cap) {
-        int32_t *w = realloc(v, n * sizeof *v);
+        int32_t *w = kvg_realloc(v, n * sizeof *v);
         if (!w) {
-            free(v);
+            kvg_free(v);
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
         }
         v = w;
@@ -190,7 +190,7 @@ kvgen_status kvg_spell(kvg_speller *sp, const char *text, int32_t **out, size_t 
         st = kvgen_tokenize(sp->m, text, len, 0, v, cap, &n, &terr);
     }
     if (st == KVGEN_E_NO_MEMORY) {
-        free(v);
+        kvg_free(v);
         if (err) *err = terr;
         return st;
     }
@@ -201,6 +201,6 @@ kvgen_status kvg_spell(kvg_speller *sp, const char *text, int32_t **out, size_t 
         *n_out = n;
         return KVGEN_OK;
     }
-    free(v);
+    kvg_free(v);
     return spell_exact(sp, text, len, out, n_out, err);
 }

@@ -65,6 +65,46 @@ typedef struct kvgen_error {
 /* A short stable name for a status ("ok", "io", "format", "context_full", ...). */
 const char *kvgen_status_name(kvgen_status status);
 
+/* ---- host hooks: logger and allocator ---------------------------------------------------
+ * Process-wide, like the C library's own allocator: set them at start-up, before the first
+ * model is loaded. kvgen itself never writes to stdout or stderr; everything it has to say
+ * outside an error (a file it ignores, a fallback to another backend, validation messages)
+ * goes to the logger. */
+
+typedef enum kvgen_log_level {
+    KVGEN_LOG_ERROR = 1, /* something failed that no call returns (a cache file not written) */
+    KVGEN_LOG_WARNING,   /* kvgen did something else than asked or expected (a file ignored, a fallback) */
+    KVGEN_LOG_INFO,      /* what a user asked to see (KVGEN_VK_PROFILE) */
+    KVGEN_LOG_DEBUG
+} kvgen_log_level;
+
+/* Receives one message (no trailing newline), from any thread kvgen runs on (the worker
+ * thread too): it must be thread-safe and must not call back into kvgen. */
+typedef void (*kvgen_log_fn)(void *user, kvgen_log_level level, const char *message);
+
+/* Installs the host's logger; it receives every message, at every level. fn NULL restores the
+ * default: "kvgen: <message>" lines on stderr for warnings and errors ($KVGEN_LOG_LEVEL:
+ * error, warning, info or debug changes that threshold). Thread-safe. */
+void kvgen_set_logger(kvgen_log_fn fn, void *user);
+/* "error", "warning", "info", "debug" */
+const char *kvgen_log_level_name(kvgen_log_level level);
+
+/* The host's memory functions for kvgen's host allocations: models, sessions, their pools'
+ * bookkeeping, tokenizers, samplers, generation and jobs state (docs/c-api.md lists what is
+ * covered). All three are required; each gets `user` first. realloc(user, NULL, n) must act as
+ * malloc, and free(user, NULL) must be harmless. */
+typedef struct kvgen_allocator {
+    void *(*malloc)(void *user, size_t size);
+    void *(*realloc)(void *user, void *ptr, size_t size);
+    void (*free)(void *user, void *ptr);
+    void *user;
+} kvgen_allocator;
+
+/* Installs the allocator (NULL: the C library's). KVGEN_E_INVALID_ARGUMENT when a function is
+ * missing or while any model is loaded (memory from one allocator must go back to it). Not
+ * thread-safe: call it when no other kvgen call is running. */
+kvgen_status kvgen_set_allocator(const kvgen_allocator *allocator, kvgen_error *err);
+
 /* ---- models --------------------------------------------------------------------------- */
 
 typedef struct kvgen_model kvgen_model;
@@ -77,6 +117,11 @@ typedef enum kvgen_backend {
     KVGEN_BACKEND_VULKAN,      /* Vulkan compute shaders */
     KVGEN_BACKEND_CPU          /* the fast CPU forward pass: quantized dot products, AVX2/AVX-512 */
 } kvgen_backend;
+
+/* The host's vkGetInstanceProcAddr, cast to this type (kvgen.h does not include vulkan.h):
+ * (kvgen_vk_get_instance_proc_addr)vkGetInstanceProcAddr. */
+typedef void (*kvgen_vk_void_function)(void);
+typedef kvgen_vk_void_function (*kvgen_vk_get_instance_proc_addr)(void *instance, const char *name);
 
 typedef struct kvgen_model_desc {
     const char *path;      /* GGUF file (required) */
@@ -98,6 +143,12 @@ typedef struct kvgen_model_desc {
      * must not use it at the same time). NULL: kvgen creates its own. */
     void *vk_instance, *vk_physical_device, *vk_device, *vk_queue;
     uint32_t vk_queue_family;
+    /* Vulkan: the host's vkGetInstanceProcAddr, through which kvgen resolves every entry point
+     * (for a host that links a Vulkan loader statically or ships its own). NULL: kvgen opens the
+     * system's loader at run time (libvulkan.so.1, vulkan-1.dll; $KVGEN_VULKAN_LOADER: another
+     * path, or "none" to hide it); libkvgen never links libvulkan. One loader per process: the
+     * first one kvgen uses stays. */
+    kvgen_vk_get_instance_proc_addr vk_get_instance_proc_addr;
     /* Vulkan: a file for kvgen's VkPipelineCache, so a later load skips shader compilation on
      * drivers whose cache holds compiled code. "{device}" in it becomes the device's vendor and
      * device id in hex ("10de-2684"). Read at load when present and valid for this device

@@ -168,7 +168,7 @@ static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena
             for (int v = 0; v < f->n_values; v++) strings += strlen(f->values[v]) + 1;
         }
     }
-    char *a = malloc(size + strings);
+    char *a = kvg_malloc(size + strings);
     if (!a) return NULL;
     char *at = a, *str = a + size;
     kvgen_constraint *c = (kvgen_constraint *)(void *)at;
@@ -208,7 +208,7 @@ static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena
 }
 
 static char *dup_n(const char *s, size_t n) {
-    char *d = malloc(n + 1);
+    char *d = kvg_malloc(n + 1);
     if (d) {
         memcpy(d, s, n);
         d[n] = 0;
@@ -219,18 +219,18 @@ static char *dup_n(const char *s, size_t n) {
 static void job_free(kvgen_job *j) {
     if (!j) return;
     kvgen_gen_end(j->g);
-    free(j->text);
-    free(j->role);
-    free(j->tokens);
-    for (int i = 0; j->stops && i < j->gen.n_stop; i++) free(j->stops[i]);
-    free(j->stops);
-    free(j->cons_arena);
-    free(j->prompt_toks.v);
+    kvg_free(j->text);
+    kvg_free(j->role);
+    kvg_free(j->tokens);
+    for (int i = 0; j->stops && i < j->gen.n_stop; i++) kvg_free(j->stops[i]);
+    kvg_free(j->stops);
+    kvg_free(j->cons_arena);
+    kvg_free(j->prompt_toks.v);
     kvg_chat_state_ops.free(j->chat_before);
-    free(j->out.p);
-    free(j->wout.p);
-    free(j->host_text.p);
-    free(j);
+    kvg_free(j->out.p);
+    kvg_free(j->wout.p);
+    kvg_free(j->host_text.p);
+    kvg_free(j);
 }
 
 /* Checks what kvgen_gen_begin would refuse, and copies the strings and the constraint. */
@@ -251,7 +251,7 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_gen
         if (!j->gen.constraint) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     }
     if (d->n_stop > 0) {
-        j->stops = calloc((size_t)d->n_stop, sizeof *j->stops);
+        j->stops = kvg_calloc((size_t)d->n_stop, sizeof *j->stops);
         if (!j->stops) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
         for (int i = 0; i < d->n_stop; i++) {
             j->stops[i] = dup_n(d->stop[i], strlen(d->stop[i]));
@@ -277,7 +277,7 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
                                 "kvgen_job_submit: token %zu: id %d is outside the vocabulary [0, %d)", i,
                                 (int)d->tokens[i], n_vocab);
         if (d->n_tokens > 0) {
-            j->tokens = malloc(d->n_tokens * sizeof *j->tokens);
+            j->tokens = kvg_malloc(d->n_tokens * sizeof *j->tokens);
             if (!j->tokens) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
             memcpy(j->tokens, d->tokens, d->n_tokens * sizeof *j->tokens);
         }
@@ -295,7 +295,7 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
             return st;
         }
         if (n > 0) {
-            j->tokens = malloc(n * sizeof *j->tokens);
+            j->tokens = kvg_malloc(n * sizeof *j->tokens);
             if (!j->tokens) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
             st = kvgen_tokenize(m, d->text, len, d->tokenize_flags, j->tokens, n, &j->n_tokens, err);
             if (st != KVGEN_OK) return st;
@@ -334,7 +334,7 @@ static void kvg_worker_session_closing(kvgen_session *s);
 static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
     kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
     if (w) return w;
-    w = calloc(1, sizeof *w);
+    w = kvg_calloc(1, sizeof *w);
     if (!w) {
         kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen jobs: out of memory");
         return NULL;
@@ -349,7 +349,7 @@ static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->wake);
         pthread_cond_destroy(&w->stepped);
-        free(w);
+        kvg_free(w);
         return expected;
     }
     /* from now on model_free stops it first, and a session close makes it let go of the session */
@@ -380,16 +380,16 @@ static void kvg_worker_destroy(kvgen_model *m) {
         unlink_job(w, j);
         job_free(j);
     }
-    free(w->plan);
-    free(w->flush);
-    free(w->flush_jobs);
-    free(w->flush_tokens);
-    free(w->flush_status);
-    free(w->flush_errs);
+    kvg_free(w->plan);
+    kvg_free(w->flush);
+    kvg_free(w->flush_jobs);
+    kvg_free(w->flush_tokens);
+    kvg_free(w->flush_status);
+    kvg_free(w->flush_errs);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->wake);
     pthread_cond_destroy(&w->stepped);
-    free(w);
+    kvg_free(w);
     m->worker = NULL;
 }
 
@@ -432,7 +432,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     kvgen_job_desc d = {0};
     if (desc) d = *desc;
     kvgen_model *m = s->model;
-    kvgen_job *j = calloc(1, sizeof *j);
+    kvgen_job *j = kvg_calloc(1, sizeof *j);
     if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvgen_status st = copy_prompt(j, m, &d, err);
     if (st == KVGEN_OK) st = copy_gen(j, m, &d.gen, err);
@@ -687,12 +687,12 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
     size_t n_jobs = 0;
     for (kvgen_job *j = w->head; j; j = j->next) n_jobs++;
     if (n_jobs > w->plan_cap) {
-        kvgen_job **plan = realloc(w->plan, n_jobs * sizeof *plan);
-        kvgen_session **flush = realloc(w->flush, n_jobs * sizeof *flush);
-        kvgen_job **flush_jobs = realloc(w->flush_jobs, n_jobs * sizeof *flush_jobs);
-        int32_t *tokens = realloc(w->flush_tokens, n_jobs * sizeof *tokens);
-        kvgen_status *status = realloc(w->flush_status, n_jobs * sizeof *status);
-        kvgen_error *errs = realloc(w->flush_errs, n_jobs * sizeof *errs);
+        kvgen_job **plan = kvg_realloc(w->plan, n_jobs * sizeof *plan);
+        kvgen_session **flush = kvg_realloc(w->flush, n_jobs * sizeof *flush);
+        kvgen_job **flush_jobs = kvg_realloc(w->flush_jobs, n_jobs * sizeof *flush_jobs);
+        int32_t *tokens = kvg_realloc(w->flush_tokens, n_jobs * sizeof *tokens);
+        kvgen_status *status = kvg_realloc(w->flush_status, n_jobs * sizeof *status);
+        kvgen_error *errs = kvg_realloc(w->flush_errs, n_jobs * sizeof *errs);
         if (plan) w->plan = plan;
         if (flush) w->flush = flush;
         if (flush_jobs) w->flush_jobs = flush_jobs;
@@ -788,7 +788,7 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
             st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
         }
     } else if (j->n_tokens > 0) {
-        j->prompt_toks.v = malloc(j->n_tokens * sizeof *j->prompt_toks.v);
+        j->prompt_toks.v = kvg_malloc(j->n_tokens * sizeof *j->prompt_toks.v);
         if (!j->prompt_toks.v) st = kvg_fail(e, KVGEN_E_NO_MEMORY, "kvgen job: out of memory");
         else memcpy(j->prompt_toks.v, j->tokens, j->n_tokens * sizeof *j->tokens);
         j->prompt_toks.n = j->prompt_toks.cap = j->n_tokens;

@@ -184,6 +184,8 @@ struct kvgen_model {
     void (*on_session_close)(kvgen_session *s);
 };
 
+#include "kvg_host.h"
+
 /* error helper: formats into err (when not NULL) and returns status */
 kvgen_status kvg_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...)
 #if defined(__GNUC__)

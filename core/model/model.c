@@ -228,11 +228,11 @@ static void list_add(char *buf, size_t size, int *count, const char *name) {
 }
 
 /* Every tensor of the file is one the description uses; else an error listing those that
- * would change the math, or one warning line on stderr listing the others. */
+ * would change the math, or one warning (the logger) listing the others. */
 static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
     int n_t = kvg_gguf_n_tensors(c->g);
     size_t n_used = 0, cap = 4 + (size_t)w->hp.n_layer * KVG_T_COUNT;
-    const void **used = malloc(cap * sizeof *used);
+    const void **used = kvg_malloc(cap * sizeof *used);
     if (!used) return kvg_fail(c->err, KVGEN_E_NO_MEMORY, "%s: out of memory", c->path);
     const kvg_tensor *top[] = {w->tok_embd, w->output_norm, w->output, w->rope_freqs};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
@@ -255,13 +255,13 @@ static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
         if (changes_math(t->name)) list_add(math, sizeof math, &n_math, t->name);
         else list_add(other, sizeof other, &n_other, t->name);
     }
-    free(used);
+    kvg_free(used);
     if (n_math)
         return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: %d tensor%s that the %s architecture does not use would "
                         "change its math: %s%s (the file is mislabelled or of an architecture kvgen does not run)",
                         c->path, n_math, n_math == 1 ? "" : "s", c->arch->name, math, n_math > 6 ? ", ..." : "");
     if (n_other)
-        fprintf(stderr, "kvgen: %s: ignoring %d tensor%s the %s architecture does not use: %s%s\n", c->path, n_other,
+        kvg_log(KVGEN_LOG_WARNING, "%s: ignoring %d tensor%s the %s architecture does not use: %s%s", c->path, n_other,
                 n_other == 1 ? "" : "s", c->arch->name, other, n_other > 6 ? ", ..." : "");
     return KVGEN_OK;
 }
@@ -319,7 +319,7 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
     if (w->rope_freqs) features |= KVG_F_ROPE_FREQS;
     w->tied = w->output == NULL;
     if (w->tied) w->output = w->tok_embd;
-    w->layers = calloc((size_t)hp->n_layer, sizeof *w->layers);
+    w->layers = kvg_calloc((size_t)hp->n_layer, sizeof *w->layers);
     if (!w->layers) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", c.path);
     for (int i = 0; i < hp->n_layer && !st; i++) {
         kvg_layer *l = &w->layers[i];
@@ -372,7 +372,7 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
 
 void kvg_weights_free(kvg_weights *w) {
     if (!w) return;
-    free(w->layers);
+    kvg_free(w->layers);
     w->layers = NULL;
 }
 

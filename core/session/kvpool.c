@@ -35,14 +35,14 @@ struct kvg_pool {
     uint32_t n_buckets; /* a power of two */
 };
 
-static void *alloc_array(size_t n, size_t size) { return calloc(n ? n : 1, size); }
+static void *alloc_array(size_t n, size_t size) { return kvg_calloc(n ? n : 1, size); }
 
 kvgen_status kvg_pool_create(int page_size, int32_t n_pages, size_t bytes_per_page, kvg_page_commit_fn commit,
                              void *commit_ctx, kvg_pool **out, kvgen_error *err) {
     *out = NULL;
     if (page_size <= 0 || n_pages <= 0 || !commit)
         return kvg_fail(err, KVGEN_E_INTERNAL, "kv pool: bad geometry (%d tokens x %d pages)", page_size, (int)n_pages);
-    kvg_pool *p = calloc(1, sizeof *p);
+    kvg_pool *p = kvg_calloc(1, sizeof *p);
     if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kv pool: out of memory");
     p->page_size = page_size;
     p->n_pages = n_pages;
@@ -78,18 +78,18 @@ kvgen_status kvg_pool_create(int page_size, int32_t n_pages, size_t bytes_per_pa
 void kvg_pool_destroy(kvg_pool *p) {
     if (!p) return;
     if (p->state) pthread_mutex_destroy(&p->mu);
-    free(p->state);
-    free(p->refcount);
-    free(p->published);
-    free(p->hash);
-    free(p->parent);
-    free(p->tokens);
-    free(p->next_in_bucket);
-    free(p->lru_prev);
-    free(p->lru_next);
-    free(p->free_stack);
-    free(p->buckets);
-    free(p);
+    kvg_free(p->state);
+    kvg_free(p->refcount);
+    kvg_free(p->published);
+    kvg_free(p->hash);
+    kvg_free(p->parent);
+    kvg_free(p->tokens);
+    kvg_free(p->next_in_bucket);
+    kvg_free(p->lru_prev);
+    kvg_free(p->lru_next);
+    kvg_free(p->free_stack);
+    kvg_free(p->buckets);
+    kvg_free(p);
 }
 
 int kvg_pool_page_size(const kvg_pool *p) { return p->page_size; }

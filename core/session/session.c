@@ -150,11 +150,11 @@ static void session_free(kvgen_session *s) {
     if (s->pages) drop_pages(s, 0);
     if (s->bs) s->model->ops->session_free(s->model, s->bs);
     kvg_sampler_free(&s->sampler);
-    free(s->tokens);
-    free(s->logits);
-    free(s->pages);
-    free(s->page_hash);
-    free(s);
+    kvg_free(s->tokens);
+    kvg_free(s->logits);
+    kvg_free(s->pages);
+    kvg_free(s->page_hash);
+    kvg_free(s);
 }
 
 kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
@@ -164,7 +164,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     int n_ctx = desc->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
 
-    kvgen_session *s = calloc(1, sizeof *s);
+    kvgen_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     s->model = model;
     s->n_ctx = n_ctx;
@@ -175,14 +175,14 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->clean_len = KVG_CLEAN_ALL;
     const char *full = getenv("KVGEN_FULL_LOGITS");
     s->full_logits = full && atoi(full) != 0;
-    s->tokens = malloc((size_t)n_ctx * sizeof *s->tokens);
-    s->logits = malloc((size_t)hp->n_vocab * sizeof *s->logits);
+    s->tokens = kvg_malloc((size_t)n_ctx * sizeof *s->tokens);
+    s->logits = kvg_malloc((size_t)hp->n_vocab * sizeof *s->logits);
     kvgen_status st = KVGEN_OK;
     if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     if (st == KVGEN_OK) {
         size_t n = ((size_t)n_ctx + (size_t)kvg_pool_page_size(model->pool) - 1) / (size_t)kvg_pool_page_size(model->pool);
-        s->pages = malloc(n * sizeof *s->pages);
-        s->page_hash = calloc(n, sizeof *s->page_hash);
+        s->pages = kvg_malloc(n * sizeof *s->pages);
+        s->page_hash = kvg_calloc(n, sizeof *s->page_hash);
         if (!s->pages || !s->page_hash) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
         for (size_t i = 0; s->pages && i < n; i++) s->pages[i] = -1;
     }
@@ -347,13 +347,13 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
         const int32_t *run = s->no_cache ? s->tokens : tokens + done;
         size_t n_run = len + n - pos0;
         if (all_logits && s->no_cache) {
-            float *every = malloc(n_run * V * sizeof(float));
+            float *every = kvg_malloc(n_run * V * sizeof(float));
             if (!every) {
                 st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_prefill: out of memory for logits");
             } else {
                 st = run_one(s, run, n_run, pos0, KVG_OUT_ALL, every, err);
                 if (st == KVGEN_OK) memcpy(all_logits, every + len * V, n * V * sizeof(float));
-                free(every);
+                kvg_free(every);
             }
         } else if (all_logits) {
             st = run_one(s, run, n_run, pos0, KVG_OUT_ALL, all_logits, err);

@@ -174,7 +174,7 @@ static size_t dir_len(const char *path) {
 /* the target of a symbolic link, malloc'd; NULL with errno set */
 static char *read_link(const char *path) {
     for (size_t cap = 256; cap <= ((size_t)1 << 20); cap *= 2) {
-        char *buf = malloc(cap);
+        char *buf = kvg_malloc(cap);
         if (!buf) {
             errno = ENOMEM;
             return NULL;
@@ -182,7 +182,7 @@ static char *read_link(const char *path) {
         ssize_t n = readlink(path, buf, cap);
         if (n < 0) {
             int e = errno;
-            free(buf);
+            kvg_free(buf);
             errno = e;
             return NULL;
         }
@@ -190,7 +190,7 @@ static char *read_link(const char *path) {
             buf[n] = 0;
             return buf;
         }
-        free(buf);
+        kvg_free(buf);
     }
     errno = ENAMETOOLONG;
     return NULL;
@@ -244,7 +244,7 @@ static void fw_write(file_writer *w, const void *data, size_t n) {
  * its file created). *sb is that file's lstat, all zero when it does not exist yet. */
 static kvgen_status resolve_target(const char *path, char **out, struct stat *sb, kvgen_error *err) {
     *out = NULL;
-    char *cur = strdup(path);
+    char *cur = kvg_strdup(path);
     for (int hops = 0; cur; hops++) {
         if (lstat(cur, sb) != 0) {
             int e = errno;
@@ -255,7 +255,7 @@ static kvgen_status resolve_target(const char *path, char **out, struct stat *sb
             }
             kvgen_status st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s: cannot look up %s: %s", path, cur,
                                        strerror(e));
-            free(cur);
+            kvg_free(cur);
             return st;
         }
         if (!S_ISLNK(sb->st_mode)) {
@@ -267,20 +267,20 @@ static kvgen_status resolve_target(const char *path, char **out, struct stat *sb
             int e = hops < 40 ? errno : ELOOP;
             kvgen_status st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s: cannot follow the link %s: %s", path,
                                        cur, strerror(e));
-            free(cur);
+            kvg_free(cur);
             return st;
         }
         char *next = link;
         size_t dl = dir_len(cur);
         if (link[0] != '/' && dl > 0) { /* relative to the folder holding the link */
-            next = malloc(dl + strlen(link) + 1);
+            next = kvg_malloc(dl + strlen(link) + 1);
             if (next) {
                 memcpy(next, cur, dl);
                 strcpy(next + dl, link);
             }
-            free(link);
+            kvg_free(link);
         }
-        free(cur);
+        kvg_free(cur);
         cur = next;
     }
     return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory", path);
@@ -294,7 +294,7 @@ static int create_temp(const char *target, char **name_out) {
     const char *base = target + dl;
     int base_len = strlen(base) > 200 ? 200 : (int)strlen(base); /* room for the suffix in NAME_MAX */
     size_t cap = dl + (size_t)base_len + 64;
-    char *name = malloc(cap);
+    char *name = kvg_malloc(cap);
     if (!name) {
         errno = ENOMEM;
         return -1;
@@ -312,7 +312,7 @@ static int create_temp(const char *target, char **name_out) {
         if (errno != EEXIST) break;
     }
     int e = errno;
-    free(name);
+    kvg_free(name);
     errno = e;
     return -1;
 }
@@ -321,10 +321,10 @@ static int create_temp(const char *target, char **name_out) {
  * (file systems that cannot sync a folder say EINVAL: nothing to do there) */
 static int sync_folder(const char *target) {
     size_t dl = dir_len(target);
-    char *dir = dl ? strndup(target, dl) : strdup(".");
+    char *dir = dl ? kvg_strndup(target, dl) : kvg_strdup(".");
     if (!dir) return ENOMEM;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
+    kvg_free(dir);
     if (fd < 0) return errno;
     int e = fsync(fd) == 0 || errno == EINVAL ? 0 : errno;
     close(fd);
@@ -348,13 +348,13 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     if (sb.st_mode != 0 && !S_ISREG(sb.st_mode)) {
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s is not a regular file (%s); left as it is", path,
                       arrow, shown, file_kind(sb.st_mode));
-        free(target);
+        kvg_free(target);
         return st;
     }
     if (sb.st_mode != 0 && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) != 0) {
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot write: %s", path, arrow, shown,
                       strerror(errno));
-        free(target);
+        kvg_free(target);
         return st;
     }
 
@@ -387,14 +387,14 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     put_u64(header + 88, sampler_bytes);
     put_u64(header + 96, file_bytes);
 
-    unsigned char *sampler = malloc(sampler_bytes ? sampler_bytes : 1);
+    unsigned char *sampler = kvg_malloc(sampler_bytes ? sampler_bytes : 1);
     size_t scratch_n = per > V ? per : V;
     if (scratch_n < n) scratch_n = n;
-    float *scratch = malloc((scratch_n ? scratch_n : 1) * sizeof(float));
+    float *scratch = kvg_malloc((scratch_n ? scratch_n : 1) * sizeof(float));
     if (!sampler || !scratch) {
-        free(sampler);
-        free(scratch);
-        free(target);
+        kvg_free(sampler);
+        kvg_free(scratch);
+        kvg_free(target);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory saving the session", path);
     }
     kvg_sampler_state_save(&s->sampler, sampler);
@@ -404,9 +404,9 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     if (fd < 0) {
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s",
                       path, arrow, shown, strerror(errno));
-        free(sampler);
-        free(scratch);
-        free(target);
+        kvg_free(sampler);
+        kvg_free(scratch);
+        kvg_free(target);
         return st;
     }
     if (sb.st_mode != 0) { /* replacing a file: keep its permissions, and its owner where allowed */
@@ -437,8 +437,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     fw_write(&w, sum, 8);
     if (!w.error && fsync(fd) != 0) w.error = errno;
     if (close(fd) != 0 && !w.error) w.error = errno;
-    free(sampler);
-    free(scratch);
+    kvg_free(sampler);
+    kvg_free(scratch);
     if (st == KVGEN_OK && w.error)
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
                       strerror(w.error));
@@ -453,8 +453,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
             st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
                           path, arrow, shown, strerror(e));
     }
-    free(tmp);
-    free(target);
+    kvg_free(tmp);
+    kvg_free(target);
     return st;
 }
 
@@ -479,13 +479,13 @@ static void fr_read(file_reader *r, void *buf, size_t n) {
 /* streams the checksum of the file's first `n` bytes (bounded memory); false on a read failure */
 static bool hash_file(file_reader *r, uint64_t n) {
     size_t cap = 1 << 16;
-    unsigned char *buf = malloc(cap);
+    unsigned char *buf = kvg_malloc(cap);
     if (!buf) {
         r->error = ENOMEM;
         return false;
     }
     while (r->off < n && !r->error && !r->short_read) fr_read(r, buf, n - r->off < cap ? (size_t)(n - r->off) : cap);
-    free(buf);
+    kvg_free(buf);
     return !r->error && !r->short_read;
 }
 
@@ -624,10 +624,10 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     uint64_t n = get_u64(h + 56), clean_len = get_u64(h + 64), sampler_bytes = get_u64(h + 88);
     size_t V = (size_t)hp->n_vocab, per = (size_t)hp->n_head_kv * (size_t)n * (size_t)hp->head_dim;
     size_t n_kv = (size_t)hp->n_layer * 2 * per;
-    sampler = malloc(sampler_bytes ? (size_t)sampler_bytes : 1);
-    tokens = malloc((size_t)(n ? n : 1) * 4);
-    logits = malloc((flags & FLAG_LOGITS) ? V * 4 : 1);
-    kv = malloc((n_kv + 1) * sizeof(float));
+    sampler = kvg_malloc(sampler_bytes ? (size_t)sampler_bytes : 1);
+    tokens = kvg_malloc((size_t)(n ? n : 1) * 4);
+    logits = kvg_malloc((flags & FLAG_LOGITS) ? V * 4 : 1);
+    kv = kvg_malloc((n_kv + 1) * sizeof(float));
     if (!sampler || !tokens || !logits || !kv)
         REFUSE(KVGEN_E_NO_MEMORY, "kvgen_session_restore: %s: out of memory restoring %llu tokens", path,
                (unsigned long long)n);
@@ -673,10 +673,10 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
 #undef REFUSE
 done:
     if (fd >= 0) close(fd);
-    free(sampler);
-    free(tokens);
-    free(logits);
-    free(kv);
+    kvg_free(sampler);
+    kvg_free(tokens);
+    kvg_free(logits);
+    kvg_free(kv);
     if (st != KVGEN_OK) {
         kvgen_session_close(s);
         return st;

@@ -68,9 +68,15 @@ static bool host_create(host_vk *h) {
                                .ppEnabledLayerNames = layers,
                                .enabledExtensionCount = validate ? 1 : 0,
                                .ppEnabledExtensionNames = exts};
+    /* the host reaches Vulkan through kvgen's own run-time loader (libkvgen links no libvulkan)
+     * and hands kvgen its vkGetInstanceProcAddr as a host with its own loader would */
+    kvgen_error lerr = {0};
+    CHECKF(kvg_vk_load(NULL, &lerr) == KVGEN_OK, "kvg_vk_load: %s", lerr.message);
+    if (!vkGetInstanceProcAddr) return false;
     VkResult r = vkCreateInstance(&ci, NULL, &h->inst);
     CHECKF(r == VK_SUCCESS, "host vkCreateInstance: %d", (int)r);
     if (r != VK_SUCCESS) return false;
+    CHECKF(kvg_vk_load_instance(h->inst, &lerr) == KVGEN_OK, "kvg_vk_load_instance: %s", lerr.message);
     if (validate) {
         PFN_vkCreateDebugUtilsMessengerEXT create =
             (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(h->inst, "vkCreateDebugUtilsMessengerEXT");
@@ -260,7 +266,8 @@ static void host_device(const char *path, const float *owned, const float *ref, 
                           .vk_physical_device = h.pd,
                           .vk_device = h.dev,
                           .vk_queue = h.queue,
-                          .vk_queue_family = h.family};
+                          .vk_queue_family = h.family,
+                          .vk_get_instance_proc_addr = (kvgen_vk_get_instance_proc_addr)vkGetInstanceProcAddr};
     kvgen_model *m = load_ok(&d, KVGEN_BACKEND_VULKAN, "host device");
     if (m) {
         CHECK(device_is_lavapipe(m));

@@ -267,8 +267,11 @@ static void host_device(const char *cache) {
                                .enabledExtensionCount = validate ? 1 : 0,
                                .ppEnabledExtensionNames = exts};
     VkInstance inst = VK_NULL_HANDLE;
+    CHECK(kvg_vk_load(NULL, NULL) == KVGEN_OK); /* the host uses kvgen's run-time Vulkan loader */
+    if (!vkGetInstanceProcAddr) return;
     CHECK(vkCreateInstance(&ci, NULL, &inst) == VK_SUCCESS);
     if (!inst) return;
+    CHECK(kvg_vk_load_instance(inst, NULL) == KVGEN_OK);
     VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
     if (validate) {
         PFN_vkCreateDebugUtilsMessengerEXT create =

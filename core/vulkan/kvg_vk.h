@@ -8,7 +8,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <vulkan/vulkan.h>
+#include "kvg_host.h"
+#include "kvg_vk_loader.h"
 #include "kvgen.h"
 
 /* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
@@ -104,6 +105,7 @@ typedef struct kvg_vk_ctx_desc {
     int force_f32;
     void *vk_instance, *vk_physical_device, *vk_device, *vk_queue; /* host-owned, all or none */
     uint32_t vk_queue_family;
+    kvgen_vk_get_instance_proc_addr vk_get_instance_proc_addr; /* NULL: kvgen's own loader */
     const char *pipeline_cache_path; /* NULL: no pipeline cache (kvgen_model_desc) */
 } kvg_vk_ctx_desc;
 
@@ -113,7 +115,7 @@ void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx);
 /* The pipeline cache (vk_pcache.c). open: reads and checks the file (an unusable one is
  * ignored, never an error) and creates ctx->pcache.cache; save: writes the driver's data back
  * when pipelines were created since the last read or write and it differs from the file's (temp
- * file + fsync + rename; failures only noted on stderr); close: save, then destroy. */
+ * file + fsync + rename; failures only go to the logger); close: save, then destroy. */
 void kvg_vk_pcache_open(kvg_vk_ctx *ctx, const char *path);
 void kvg_vk_pcache_save(kvg_vk_ctx *ctx);
 void kvg_vk_pcache_close(kvg_vk_ctx *ctx);

@@ -73,9 +73,12 @@ static void vk_model_free(kvgen_model *m) {
         vm->bat = NULL;
         vkDeviceWaitIdle(ctx->dev);
         if (vm->prof_pool) {
-            fprintf(stderr, "kvgen vulkan profile over %d steps (ms per step):", vm->prof_steps);
-            for (int i = 0; i < 7; i++) fprintf(stderr, " %s %.2f", prof_names[i], vm->prof_ms[i] / (vm->prof_steps ? vm->prof_steps : 1));
-            fprintf(stderr, "\n");
+            char line[512];
+            int len = snprintf(line, sizeof line, "vulkan profile over %d steps (ms per step):", vm->prof_steps);
+            for (int i = 0; i < 7 && len > 0 && (size_t)len < sizeof line; i++)
+                len += snprintf(line + len, sizeof line - (size_t)len, " %s %.2f", prof_names[i],
+                                vm->prof_ms[i] / (vm->prof_steps ? vm->prof_steps : 1));
+            kvg_log(KVGEN_LOG_INFO, "%s", line);
             vkDestroyQueryPool(ctx->dev, vm->prof_pool, NULL);
         }
         kvg_vk_free_matrix(ctx, &vm->embd);
@@ -270,6 +273,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
                           .vk_device = desc->vk_device,
                           .vk_queue = desc->vk_queue,
                           .vk_queue_family = desc->vk_queue_family,
+                          .vk_get_instance_proc_addr = desc->vk_get_instance_proc_addr,
                           .pipeline_cache_path = desc->pipeline_cache_path};
     kvgen_status st = kvg_vk_ctx_create(&cd, &vm->ctx, err);
     if (st != KVGEN_OK) goto fail;

@@ -34,7 +34,7 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(VkDebugUtilsMessageSeverity
     kvg_vk_ctx *ctx = user;
     if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
         if (ctx) atomic_fetch_add(&ctx->validation_messages, 1);
-        fprintf(stderr, "kvgen: vulkan validation: %s\n", data && data->pMessage ? data->pMessage : "(no message)");
+        kvg_log(KVGEN_LOG_WARNING, "vulkan validation: %s", data && data->pMessage ? data->pMessage : "(no message)");
     }
     return VK_FALSE;
 }
@@ -66,7 +66,11 @@ static bool has_instance_ext(const char *name) {
 }
 
 /* ctx may be NULL (device listing): then validation is not set up. */
-static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, VkInstance *out, kvgen_error *err) {
+/* gipa: the host's vkGetInstanceProcAddr, NULL: kvgen's own loader */
+static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, PFN_vkGetInstanceProcAddr gipa, VkInstance *out,
+                                    kvgen_error *err) {
+    kvgen_status st = kvg_vk_load(gipa, err);
+    if (st != KVGEN_OK) return st;
     uint32_t api = VK_API_VERSION_1_1;
     PFN_vkEnumerateInstanceVersion ev =
         (PFN_vkEnumerateInstanceVersion)vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
@@ -110,6 +114,8 @@ static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, VkInstance *
         return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no Vulkan driver is installed (vkCreateInstance: %s)",
                         kvg_vk_result_name(r));
     VKCHECK(r, "vkCreateInstance");
+    st = kvg_vk_load_instance(*out, err);
+    if (st != KVGEN_OK) return st;
     if (validate && ctx) {
         PFN_vkCreateDebugUtilsMessengerEXT create =
             (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(*out, "vkCreateDebugUtilsMessengerEXT");
@@ -312,7 +318,7 @@ kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_er
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_devices: out is NULL or cap %d is negative", cap);
     VkInstance inst = VK_NULL_HANDLE;
     kvgen_error ierr = {0};
-    if (create_instance(NULL, false, &inst, &ierr) != KVGEN_OK) return KVGEN_OK; /* no driver: no devices */
+    if (create_instance(NULL, false, NULL, &inst, &ierr) != KVGEN_OK) return KVGEN_OK; /* no driver: no devices */
     VkPhysicalDevice *pds = NULL;
     uint32_t n = 0;
     kvgen_status st = enumerate(inst, &pds, &n, err);
@@ -430,7 +436,12 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
                       "vulkan: give all of vk_instance, vk_physical_device, vk_device and vk_queue, or none");
         goto fail;
     }
+    PFN_vkGetInstanceProcAddr gipa = NULL;
+    if (desc->vk_get_instance_proc_addr) memcpy(&gipa, &desc->vk_get_instance_proc_addr, sizeof gipa);
     if (n_ext == 4) {
+        st = kvg_vk_load(gipa, err);
+        if (st == KVGEN_OK) st = kvg_vk_load_instance((VkInstance)desc->vk_instance, err);
+        if (st != KVGEN_OK) goto fail;
         ctx->instance = (VkInstance)desc->vk_instance;
         ctx->phys = (VkPhysicalDevice)desc->vk_physical_device;
         ctx->dev = (VkDevice)desc->vk_device;
@@ -445,7 +456,7 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
         st = check_host_queue(ctx, err);
         if (st != KVGEN_OK) goto fail;
     } else {
-        st = create_instance(ctx, env_flag("KVGEN_VALIDATE"), &ctx->instance, err);
+        st = create_instance(ctx, env_flag("KVGEN_VALIDATE"), gipa, &ctx->instance, err);
         if (st != KVGEN_OK) goto fail;
         ctx->own_instance = true;
         VkPhysicalDevice *pds = NULL;

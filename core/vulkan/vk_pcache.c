@@ -8,10 +8,10 @@
  * vkCreatePipelineCache only when it is a regular file of at most KVG_VK_PCACHE_MAX bytes, the
  * trailer matches (so a truncated or damaged file is never given to the driver) and the header
  * names this device (header size 32, version one, vendorID, deviceID, pipelineCacheUUID).
- * Anything else is ignored with a one-line note on stderr and the cache starts empty: a cache
+ * Anything else is ignored with a one-line warning to the logger and the cache starts empty: a cache
  * never makes a load fail. The file is written back (temp file in the same folder, fsync,
  * rename) when pipelines were created and the driver's data differs from what the file holds;
- * write failures are only reported on stderr. */
+ * write failures are only reported to the logger. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +37,7 @@ static void note(const kvg_vk_ctx *ctx, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kvgen: vulkan pipeline cache %s: %s\n", ctx->pcache.path ? ctx->pcache.path : "?", msg);
+    kvg_log(KVGEN_LOG_WARNING, "vulkan pipeline cache %s: %s", ctx->pcache.path ? ctx->pcache.path : "?", msg);
 }
 
 static uint64_t fnv1a(const unsigned char *p, size_t n) {
