@@ -48,12 +48,12 @@ void kvg_log(kvgen_log_level level, const char *fmt, ...) {
     va_end(ap);
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    /* the logger runs under the lock: once kvgen_set_logger returns, the previous one is not
+     * running and will not be called again (its user data may go) */
     pthread_mutex_lock(&log_lock);
-    kvgen_log_fn fn = log_fn;
-    void *user = log_user;
-    pthread_mutex_unlock(&log_lock);
-    if (fn) fn(user, level, msg);
+    if (log_fn) log_fn(log_user, level, msg);
     else if (level <= default_threshold()) fprintf(stderr, "kvgen: %s\n", msg);
+    pthread_mutex_unlock(&log_lock);
 }
 
 /* ---- allocator ---- */

@@ -79,12 +79,13 @@ typedef enum kvgen_log_level {
 } kvgen_log_level;
 
 /* Receives one message (no trailing newline), from any thread kvgen runs on (the worker
- * thread too): it must be thread-safe and must not call back into kvgen. */
+ * thread too), one call at a time: it must not call back into kvgen. */
 typedef void (*kvgen_log_fn)(void *user, kvgen_log_level level, const char *message);
 
 /* Installs the host's logger; it receives every message, at every level. fn NULL restores the
  * default: "kvgen: <message>" lines on stderr for warnings and errors ($KVGEN_LOG_LEVEL:
- * error, warning, info or debug changes that threshold). Thread-safe. */
+ * error, warning, info or debug changes that threshold). Thread-safe; once it returns, the
+ * previous logger is not running and is never called again. */
 void kvgen_set_logger(kvgen_log_fn fn, void *user);
 /* "error", "warning", "info", "debug" */
 const char *kvgen_log_level_name(kvgen_log_level level);
