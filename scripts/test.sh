@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# kvgen's whole test suite: builds (warnings as errors), runs the C tests with the Vulkan
-# validation layer on, runs them again under ASan+UBSan, then the busted specs on the release
-# build and again on the sanitizer build.
+# kvgen's whole test suite: builds (warnings as errors, the shared library too), runs the C
+# tests with the Vulkan validation layer on, installs into a temporary prefix and builds and runs
+# samples/consumer against the installed package, runs the C tests again under ASan+UBSan, then
+# the busted specs on the release build and again on the sanitizer build.
 # The last line is "N passed, N failed" over everything that ran.
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 set -uo pipefail
@@ -31,9 +32,40 @@ mkdir -p "$log_dir"
 # the Lua module and the CLI keep a Vulkan pipeline cache in the user's cache folder by default;
 # tests keep theirs inside the build tree
 export KVGEN_PIPELINE_CACHE="$here/build/test-pipelines-{device}.bin"
-if build "$here/build"; then
+# the installed package as an application sees it: cmake --install into a temporary prefix, then
+# samples/consumer built out of tree with find_package(kvgen) (shared, then static library) and
+# with pkg-config, each run on a random model; three checks
+consumer_check() {
+  local tmp p=0 f=0 kind
+  tmp=$(mktemp -d)
+  if cmake --install "$here/build" --prefix "$tmp/prefix" >"$log_dir/consumer.log" 2>&1 &&
+     "$here/build/kvgen-mkmodel" -o "$tmp/tiny.gguf" --layers 2 --embd 64 --heads 4 --kv-heads 2 \
+       --type Q4_1 >>"$log_dir/consumer.log" 2>&1; then
+    for kind in OFF ON; do
+      if cmake -S "$here/samples/consumer" -B "$tmp/consumer-$kind" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+           -DKVGEN_CONSUMER_STATIC=$kind -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" >>"$log_dir/consumer.log" 2>&1 &&
+         cmake --build "$tmp/consumer-$kind" >>"$log_dir/consumer.log" 2>&1 &&
+         "$tmp/consumer-$kind/kvgen_consumer" "$tmp/tiny.gguf" 8 2>&1 | tee -a "$log_dir/consumer.log" | tail -n 1 | grep -qx ok
+      then p=$((p + 1)); else f=$((f + 1)); echo "consumer (find_package, static $kind) failed"; fi
+    done
+    if cc -std=c11 -Wall -Wextra -Werror "$here/samples/consumer/consumer.c" -o "$tmp/consumer-pc" \
+         $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs kvgen) \
+         -Wl,-rpath,"$tmp/prefix/lib" >>"$log_dir/consumer.log" 2>&1 &&
+       "$tmp/consumer-pc" "$tmp/tiny.gguf" 4 2>&1 | tee -a "$log_dir/consumer.log" | tail -n 1 | grep -qx ok
+    then p=$((p + 1)); else f=$((f + 1)); echo "consumer (pkg-config) failed"; fi
+  else
+    f=3; echo "install failed"
+  fi
+  [ "$f" -eq 0 ] || cat "$log_dir/consumer.log"
+  rm -rf "$tmp"
+  passed=$((passed + p)); failed=$((failed + f))
+  echo "consumer: $p passed, $f failed"
+}
+
+if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
+  consumer_check
 else
   echo "build failed"; failed=$((failed + 1))
 fi

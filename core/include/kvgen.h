@@ -31,13 +31,30 @@
 extern "C" {
 #endif
 
+/* KVGEN_API marks the public functions: the only symbols a shared libkvgen exports
+ * (-DKVGEN_SHARED=ON builds it with hidden visibility). A Windows program that links the DLL
+ * defines KVGEN_SHARED before including this header. */
+#if defined(_WIN32)
+#if defined(KVGEN_BUILDING_SHARED)
+#define KVGEN_API __declspec(dllexport)
+#elif defined(KVGEN_SHARED)
+#define KVGEN_API __declspec(dllimport)
+#else
+#define KVGEN_API
+#endif
+#elif defined(__GNUC__)
+#define KVGEN_API __attribute__((visibility("default")))
+#else
+#define KVGEN_API
+#endif
+
 #define KVGEN_VERSION_MAJOR 0
 #define KVGEN_VERSION_MINOR 1
 #define KVGEN_VERSION_PATCH 0
 #define KVGEN_VERSION_STRING "0.1.0"
 
 /* Runtime version query: returns KVGEN_VERSION_STRING of the library actually linked. */
-const char *kvgen_version(void);
+KVGEN_API const char *kvgen_version(void);
 
 /* ---- errors --------------------------------------------------------------------------- */
 
@@ -63,7 +80,7 @@ typedef struct kvgen_error {
 } kvgen_error;
 
 /* A short stable name for a status ("ok", "io", "format", "context_full", ...). */
-const char *kvgen_status_name(kvgen_status status);
+KVGEN_API const char *kvgen_status_name(kvgen_status status);
 
 /* ---- host hooks: logger and allocator ---------------------------------------------------
  * Process-wide, like the C library's own allocator: set them at start-up, before the first
@@ -86,9 +103,9 @@ typedef void (*kvgen_log_fn)(void *user, kvgen_log_level level, const char *mess
  * default: "kvgen: <message>" lines on stderr for warnings and errors ($KVGEN_LOG_LEVEL:
  * error, warning, info or debug changes that threshold). Thread-safe; once it returns, the
  * previous logger is not running and is never called again. */
-void kvgen_set_logger(kvgen_log_fn fn, void *user);
+KVGEN_API void kvgen_set_logger(kvgen_log_fn fn, void *user);
 /* "error", "warning", "info", "debug" */
-const char *kvgen_log_level_name(kvgen_log_level level);
+KVGEN_API const char *kvgen_log_level_name(kvgen_log_level level);
 
 /* The host's memory functions for kvgen's host allocations: models, sessions, their pools'
  * bookkeeping, tokenizers, samplers, generation and jobs state (docs/c-api.md lists what is
@@ -104,7 +121,7 @@ typedef struct kvgen_allocator {
 /* Installs the allocator (NULL: the C library's). KVGEN_E_INVALID_ARGUMENT when a function is
  * missing or while any model is loaded (memory from one allocator must go back to it). Not
  * thread-safe: call it when no other kvgen call is running. */
-kvgen_status kvgen_set_allocator(const kvgen_allocator *allocator, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_set_allocator(const kvgen_allocator *allocator, kvgen_error *err);
 
 /* ---- models --------------------------------------------------------------------------- */
 
@@ -183,17 +200,17 @@ typedef struct kvgen_model_info {
     uint64_t weight_bytes;     /* bytes of all tensors as stored */
 } kvgen_model_info;
 
-kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err);
 /* Drops the caller's reference; the model is freed when no session holds it. NULL is ignored. */
-void kvgen_model_unload(kvgen_model *model);
+KVGEN_API void kvgen_model_unload(kvgen_model *model);
 /* Adds a reference for another owner (e.g. a second lua_State given the same model): the model
  * is freed after one more kvgen_model_unload. Thread-safe. NULL is ignored. */
-void kvgen_model_retain(kvgen_model *model);
-void kvgen_model_get_info(const kvgen_model *model, kvgen_model_info *info);
+KVGEN_API void kvgen_model_retain(kvgen_model *model);
+KVGEN_API void kvgen_model_get_info(const kvgen_model *model, kvgen_model_info *info);
 
 /* Writes a multi-line human-readable description (hyperparameters, tensor type counts,
  * tokenizer) as printed by `kvgen info`. Returns the length it needed (like snprintf). */
-size_t kvgen_model_describe(const kvgen_model *model, char *buf, size_t size);
+KVGEN_API size_t kvgen_model_describe(const kvgen_model *model, char *buf, size_t size);
 
 /* ---- devices ------------------------------------------------------------------------- */
 
@@ -220,7 +237,7 @@ typedef struct kvgen_device_info {
  * and the number of devices to *count. No Vulkan driver at all is not an error: *count is 0.
  * Builds without the Vulkan backend (KVGEN_VULKAN=OFF) have it too and answer the same way:
  * KVGEN_OK with *count 0 (they can run on no device). */
-kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_error *err);
 
 /* ---- backends and device probe -------------------------------------------------------- */
 
@@ -239,7 +256,7 @@ typedef struct kvgen_backend_info {
 /* Lists the backends kvgen knows, in the order a load with KVGEN_BACKEND_DEFAULT (and no
  * KVGEN_BACKEND) tries the available ones: writes up to `cap` entries to `out` (may be NULL
  * when cap is 0) and returns how many there are. The names are static strings. */
-int kvgen_backends(kvgen_backend_info *out, int cap);
+KVGEN_API int kvgen_backends(kvgen_backend_info *out, int cap);
 
 /* What a device can do at best, measured with probe shaders, so a benchmark can report decode
  * speed as a share of "weight bytes / read bandwidth": a ceiling that means the same on a GPU
@@ -262,7 +279,7 @@ typedef struct kvgen_probe_result {
  * and destroys its own device, blocks for about a second on a GPU (longer on lavapipe).
  * KVGEN_E_UNSUPPORTED in builds with no device backend; KVGEN_E_DEVICE when no device runs.
  * desc NULL: the defaults. *out is zeroed first. */
-kvgen_status kvgen_device_probe(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_device_probe(const kvgen_probe_desc *desc, kvgen_probe_result *out, kvgen_error *err);
 
 /* ---- tokenizer ------------------------------------------------------------------------ */
 
@@ -274,25 +291,25 @@ enum {
 /* Tokenizes `len` bytes of `text`. Writes up to `cap` ids to `out` and the full count to
  * *n_tokens; returns KVGEN_E_INVALID_ARGUMENT with *n_tokens set when `cap` is too small
  * (call again with a bigger buffer). `out` may be NULL when cap is 0. */
-kvgen_status kvgen_tokenize(const kvgen_model *model, const char *text, size_t len, unsigned flags,
+KVGEN_API kvgen_status kvgen_tokenize(const kvgen_model *model, const char *text, size_t len, unsigned flags,
                             int32_t *out, size_t cap, size_t *n_tokens, kvgen_error *err);
 
 /* The raw bytes of one token (may be a fragment of a UTF-8 character). Control tokens
  * give their text only with KVGEN_TOKENIZE_SPECIAL in flags, else nothing.
  * Returns the number of bytes the piece has (like snprintf); writes at most `size`. */
-size_t kvgen_token_piece(const kvgen_model *model, int32_t token, unsigned flags, char *buf, size_t size);
+KVGEN_API size_t kvgen_token_piece(const kvgen_model *model, int32_t token, unsigned flags, char *buf, size_t size);
 
 /* Detokenizes a whole sequence into `buf` (NUL-terminated when size > 0); returns the
  * length needed. Invalid UTF-8 at the end is kept as is. */
-size_t kvgen_detokenize(const kvgen_model *model, const int32_t *tokens, size_t n, unsigned flags,
+KVGEN_API size_t kvgen_detokenize(const kvgen_model *model, const int32_t *tokens, size_t n, unsigned flags,
                         char *buf, size_t size);
 
 /* True for end-of-generation tokens (EOS, EOT, <|im_end|>, <|eot_id|>, ...). */
-int kvgen_token_is_eog(const kvgen_model *model, int32_t token);
+KVGEN_API int kvgen_token_is_eog(const kvgen_model *model, int32_t token);
 /* True for control tokens (never shown to users). */
-int kvgen_token_is_control(const kvgen_model *model, int32_t token);
+KVGEN_API int kvgen_token_is_control(const kvgen_model *model, int32_t token);
 /* Finds a token by its exact text; -1 when absent. */
-int32_t kvgen_token_find(const kvgen_model *model, const char *text);
+KVGEN_API int32_t kvgen_token_find(const kvgen_model *model, const char *text);
 
 /* Streaming detokenizer: feed tokens one at a time and receive only complete UTF-8.
  * A multi-byte character split across tokens is held back until it is complete. */
@@ -302,13 +319,13 @@ typedef struct kvgen_detok {
     int first; /* internal: strips SentencePiece's leading space on the first piece when asked */
 } kvgen_detok;
 
-void kvgen_detok_init(kvgen_detok *d);
+KVGEN_API void kvgen_detok_init(kvgen_detok *d);
 /* Appends the text that is now complete to buf (NUL-terminated); returns its length.
  * `size` of 64 bytes plus the longest token is always enough. */
-size_t kvgen_detok_push(const kvgen_model *model, kvgen_detok *d, int32_t token, unsigned flags, char *buf,
+KVGEN_API size_t kvgen_detok_push(const kvgen_model *model, kvgen_detok *d, int32_t token, unsigned flags, char *buf,
                         size_t size);
 /* Flushes what is held back (an incomplete sequence is emitted as U+FFFD). */
-size_t kvgen_detok_flush(kvgen_detok *d, char *buf, size_t size);
+KVGEN_API size_t kvgen_detok_flush(kvgen_detok *d, char *buf, size_t size);
 
 /* ---- sessions ------------------------------------------------------------------------- */
 
@@ -335,29 +352,29 @@ typedef struct kvgen_session_desc {
     const struct kvgen_sampler_desc *sampler;
 } kvgen_session_desc;
 
-kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
+KVGEN_API kvgen_status kvgen_session_create(kvgen_model *model, const kvgen_session_desc *desc, kvgen_session **out,
                                   kvgen_error *err);
-void kvgen_session_close(kvgen_session *session); /* NULL is ignored */
+KVGEN_API void kvgen_session_close(kvgen_session *session); /* NULL is ignored */
 
 /* Appends `n` tokens to the session (prefill), computing their K/V into the cache and the
  * logits of the last one. When `all_logits` is not NULL it receives n * n_vocab floats, the
  * logits at every appended position (teacher forcing). */
-kvgen_status kvgen_session_prefill(kvgen_session *session, const int32_t *tokens, size_t n, float *all_logits,
+KVGEN_API kvgen_status kvgen_session_prefill(kvgen_session *session, const int32_t *tokens, size_t n, float *all_logits,
                                    kvgen_error *err);
 /* Appends exactly one token (decode) and computes the next-token logits. */
-kvgen_status kvgen_session_decode(kvgen_session *session, int32_t token, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_decode(kvgen_session *session, int32_t token, kvgen_error *err);
 /* Logits after the last prefill/decode (n_vocab floats, valid until the next call); NULL before any. */
-const float *kvgen_session_logits(const kvgen_session *session);
+KVGEN_API const float *kvgen_session_logits(const kvgen_session *session);
 /* Chooses the next token from the current logits with the session's sampler (greedy
  * when temperature <= 0). Returns -1 when there are no logits yet, or when a job owns the
  * session (kvgen_session_busy). */
-int32_t kvgen_session_sample(kvgen_session *session);
+KVGEN_API int32_t kvgen_session_sample(kvgen_session *session);
 /* Tokens held in the cache. */
-size_t kvgen_session_length(const kvgen_session *session);
-const int32_t *kvgen_session_tokens(const kvgen_session *session);
+KVGEN_API size_t kvgen_session_length(const kvgen_session *session);
+KVGEN_API const int32_t *kvgen_session_tokens(const kvgen_session *session);
 /* Forgets everything: length 0, sampler re-seeded. A session a job owns (kvgen_session_busy)
  * is left as it is. */
-void kvgen_session_reset(kvgen_session *session);
+KVGEN_API void kvgen_session_reset(kvgen_session *session);
 
 /* The KV cache as the seed sees past_key_values: per layer K and V of shape
  * (kv_heads, length, head_dim). */
@@ -376,24 +393,24 @@ typedef struct kvgen_cache_info {
     size_t shifts;          /* context shifts done (KVGEN_ON_FULL_SHIFT) */
 } kvgen_cache_info;
 
-void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *info);
+KVGEN_API void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *info);
 /* Copies layer `layer`'s K (which = 0) or V (which = 1) as floats, shape
  * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). */
-kvgen_status kvgen_session_read_cache(const kvgen_session *session, int layer, int which, float *out,
+KVGEN_API kvgen_status kvgen_session_read_cache(const kvgen_session *session, int layer, int which, float *out,
                                       size_t n_floats, kvgen_error *err);
 
 /* Drops the last `n` tokens (undo a reply, regenerate) without recomputing the rest: only the
  * new last token runs once more, to give its logits back (so sample() works right away). The
  * sampler state is not rewound. n > length is KVGEN_E_INVALID_ARGUMENT and changes nothing;
  * rewinding to 0 leaves no logits. */
-kvgen_status kvgen_session_rewind(kvgen_session *session, size_t n, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_rewind(kvgen_session *session, size_t n, kvgen_error *err);
 
 /* A new session continuing from `session`: same tokens, logits, options and sampler state (the
  * same seed/state draws the same next samples in both). It shares the parent's full pages
  * copy-on-write and copies only the partly filled last page, so many NPCs forked from one
  * persona prompt hold that prompt once. Parent and child are independent afterwards; either
  * may be closed first. KVGEN_E_POOL_FULL when no page is left for the copy. */
-kvgen_status kvgen_session_fork(kvgen_session *session, kvgen_session **child, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_fork(kvgen_session *session, kvgen_session **child, kvgen_error *err);
 
 /* Writes the session to `path`: a versioned header, a hash identifying the model, options,
  * token ids, sampler state, last logits, and K/V of the used positions only (f32), with a
@@ -404,7 +421,7 @@ kvgen_status kvgen_session_fork(kvgen_session *session, kvgen_session **child, k
  * is followed: the file it points to is replaced, the link stays. A `path` that exists and is
  * not a regular file (device, FIFO, folder), or that the caller may not write, is refused
  * (KVGEN_E_IO) and left alone. Errors name the function, the path and the cause. */
-kvgen_status kvgen_session_save(const kvgen_session *session, const char *path, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_save(const kvgen_session *session, const char *path, kvgen_error *err);
 /* Creates a session from a file written by kvgen_session_save (in this or another process).
  * Refuses, with a message naming the function and the file: another model
  * (KVGEN_E_INVALID_ARGUMENT), a truncated or corrupted file (KVGEN_E_FORMAT, checksum), a
@@ -413,7 +430,7 @@ kvgen_status kvgen_session_save(const kvgen_session *session, const char *path, 
  * read). It reads the fixed-size header first and never more than the header's declared
  * size, which must equal the file's; nothing is allocated from the header before its sizes
  * match the file and the model. */
-kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err);
 
 /* The model's KV page pool: memory accounting. */
 typedef struct kvgen_pool_info {
@@ -431,7 +448,7 @@ typedef struct kvgen_pool_info {
     size_t sessions;        /* open sessions of the model */
 } kvgen_pool_info;
 
-void kvgen_model_pool_info(const kvgen_model *model, kvgen_pool_info *info);
+KVGEN_API void kvgen_model_pool_info(const kvgen_model *model, kvgen_pool_info *info);
 
 /* ---- generation ------------------------------------------------------------------------ *
  * Sampling, generation with stop conditions, chat templates, choice scoring and constrained
@@ -464,9 +481,9 @@ typedef struct kvgen_sampler_desc {
 
 /* Replaces the session's sampler settings. The RNG is re-seeded when desc->seed != 0,
  * otherwise it continues its current stream. NULL desc restores every default. */
-kvgen_status kvgen_session_set_sampler(kvgen_session *session, const kvgen_sampler_desc *desc, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_session_set_sampler(kvgen_session *session, const kvgen_sampler_desc *desc, kvgen_error *err);
 /* The settings in force (bias points into the session; valid until the next set_sampler). */
-void kvgen_session_get_sampler(const kvgen_session *session, kvgen_sampler_desc *desc);
+KVGEN_API void kvgen_session_get_sampler(const kvgen_session *session, kvgen_sampler_desc *desc);
 
 /* Why a generation ended. */
 typedef enum kvgen_finish {
@@ -480,7 +497,7 @@ typedef enum kvgen_finish {
 } kvgen_finish;
 
 /* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error" */
-const char *kvgen_finish_name(kvgen_finish finish);
+KVGEN_API const char *kvgen_finish_name(kvgen_finish finish);
 
 /* Constrained output: generation may only produce text the constraint accepts; tokens that
  * would leave it are masked before sampling. Supported shapes (anything else is refused with
@@ -556,32 +573,32 @@ typedef struct kvgen_gen_step {
 /* Checks a desc the way kvgen_gen_begin and kvgen_job_submit do (stop strings, flags, the
  * constraint) without a session: KVGEN_E_INVALID_ARGUMENT naming the field, or KVGEN_OK (also
  * for NULL). Call it before appending a prompt that the generation is meant to follow. */
-kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err);
 
 /* Fails (changing nothing) when desc is invalid or the session has no logits. */
-kvgen_status kvgen_gen_begin(kvgen_session *session, const kvgen_generate_desc *desc, kvgen_gen **out,
+KVGEN_API kvgen_status kvgen_gen_begin(kvgen_session *session, const kvgen_generate_desc *desc, kvgen_gen **out,
                              kvgen_error *err);
 /* All or nothing: checks desc and builds the generator, then prefills `prompt` (n tokens; 0:
  * none, the session must have logits) and returns the generator. On any failure the session
  * is exactly as it was: the prompt is not appended. */
-kvgen_status kvgen_gen_begin_prompt(kvgen_session *session, const int32_t *prompt, size_t n,
+KVGEN_API kvgen_status kvgen_gen_begin_prompt(kvgen_session *session, const int32_t *prompt, size_t n,
                                     const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 /* One token. Returns KVGEN_OK (also for the step that finishes) or the error that ended the
  * generation (finish = KVGEN_FINISH_ERROR). After the finish it keeps returning empty steps
  * with the same finish reason. */
-kvgen_status kvgen_gen_next(kvgen_gen *gen, kvgen_gen_step *step, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_gen_next(kvgen_gen *gen, kvgen_gen_step *step, kvgen_error *err);
 /* Asks the generator to stop: the next kvgen_gen_next samples nothing and finishes with
  * KVGEN_FINISH_CANCELLED. Safe to call from another thread while kvgen_gen_next runs. */
-void kvgen_gen_cancel(kvgen_gen *gen);
+KVGEN_API void kvgen_gen_cancel(kvgen_gen *gen);
 /* All text emitted so far (NUL-terminated; valid until the next kvgen_gen_* call). */
-const char *kvgen_gen_text(const kvgen_gen *gen, size_t *len);
-int kvgen_gen_n_tokens(const kvgen_gen *gen);   /* tokens sampled so far */
-kvgen_finish kvgen_gen_finish(const kvgen_gen *gen);
-void kvgen_gen_end(kvgen_gen *gen);             /* NULL is ignored */
+KVGEN_API const char *kvgen_gen_text(const kvgen_gen *gen, size_t *len);
+KVGEN_API int kvgen_gen_n_tokens(const kvgen_gen *gen);   /* tokens sampled so far */
+KVGEN_API kvgen_finish kvgen_gen_finish(const kvgen_gen *gen);
+KVGEN_API void kvgen_gen_end(kvgen_gen *gen);             /* NULL is ignored */
 
 /* One-shot generation: runs kvgen_gen_* to the end, writes the text into out (truncated,
  * NUL-terminated when size > 0) and its full length into *len (NULL allowed). */
-kvgen_status kvgen_generate(kvgen_session *session, const kvgen_generate_desc *desc, char *out, size_t size,
+KVGEN_API kvgen_status kvgen_generate(kvgen_session *session, const kvgen_generate_desc *desc, char *out, size_t size,
                             size_t *len, kvgen_finish *finish, kvgen_error *err);
 
 /* ---- chat ---- *
@@ -600,21 +617,21 @@ typedef struct kvgen_chat_template {
 /* Chooses the session's template: NULL returns to the model's (detected); a template with
  * `name` selects a built-in family; otherwise the strings are copied. Unknown names and an
  * unrecognised model template give KVGEN_E_UNSUPPORTED. */
-kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvgen_chat_template *tpl, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvgen_chat_template *tpl, kvgen_error *err);
 /* The family name the session uses ("chatml", ..., "custom"), or NULL with *err set
  * (KVGEN_E_UNSUPPORTED) when the model's template is unknown and none was set. */
-const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
+KVGEN_API const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
 /* Appends one complete turn (role "system", "user" or "assistant") and prefills it; an open
  * assistant reply is closed first. On an empty session the model's BOS comes first. */
-kvgen_status kvgen_chat_add(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_chat_add(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
 /* Appends a turn like kvgen_chat_add (text NULL: no turn) and then the assistant header, so
  * that kvgen_gen_begin produces the reply. Only the new tokens are prefilled. */
-kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
 /* All or nothing: kvgen_chat_begin(role, text) followed by kvgen_gen_begin(desc), with desc
  * checked and the generator built before the turn is appended. On any failure the session's
  * tokens and chat state are exactly as they were (no user turn is left behind). Chat calls
  * that fail on their own (kvgen_chat_add, kvgen_chat_begin) change nothing either. */
-kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
+KVGEN_API kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 
 /* ---- choice scoring ---- */
@@ -627,7 +644,7 @@ typedef struct kvgen_choice {
 /* Scores each candidate continuation (tokenized without special tokens or BOS) of the
  * session's current text, which must have logits (prefill it first). The session is left
  * exactly as it was. results receives n entries. */
-kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *candidates, size_t n,
+KVGEN_API kvgen_status kvgen_session_choose(kvgen_session *session, const char *const *candidates, size_t n,
                                   kvgen_choice *results, kvgen_error *err);
 
 
@@ -674,7 +691,7 @@ typedef enum kvgen_job_state {
 } kvgen_job_state;
 
 /* "queued", "prefilling", "generating", "done", "cancelled", "failed" */
-const char *kvgen_job_state_name(kvgen_job_state state);
+KVGEN_API const char *kvgen_job_state_name(kvgen_job_state state);
 
 typedef enum kvgen_prompt_kind {
     KVGEN_PROMPT_NONE = 0, /* no prompt: generate from the session's current logits */
@@ -704,25 +721,25 @@ typedef struct kvgen_job_desc {
  * once. Arguments (stop strings, constraint, prompt kind) are checked here; errors found on
  * the worker (e.g. context full) make the job FAILED. The job holds a model reference until
  * released. */
-kvgen_status kvgen_job_submit(kvgen_session *session, const kvgen_job_desc *desc, kvgen_job **out,
+KVGEN_API kvgen_status kvgen_job_submit(kvgen_session *session, const kvgen_job_desc *desc, kvgen_job **out,
                               kvgen_error *err);
 /* Asks the job to stop: a queued job is cancelled at once, a running one at the worker's
  * next step. Final jobs are left alone. NULL is ignored. */
-void kvgen_job_cancel(kvgen_job *job);
+KVGEN_API void kvgen_job_cancel(kvgen_job *job);
 /* Cancels the job if it is not final and frees the handle (the worker lets go of it at its
  * next step). Every submitted job must be released once. NULL is ignored. */
-void kvgen_job_release(kvgen_job *job);
-void kvgen_job_set_priority(kvgen_job *job, int priority);
+KVGEN_API void kvgen_job_release(kvgen_job *job);
+KVGEN_API void kvgen_job_set_priority(kvgen_job *job, int priority);
 
 /* Non-blocking: hands out the text the worker produced since this job's last poll and
  * returns the job's state (a final state comes with the last text). *text / *len (either may
  * be NULL) receive the new bytes (NUL-terminated, "" when none), valid until the job's next
  * poll, kvgen_job_text or release. */
-kvgen_job_state kvgen_job_poll(kvgen_job *job, const char **text, size_t *len);
+KVGEN_API kvgen_job_state kvgen_job_poll(kvgen_job *job, const char **text, size_t *len);
 /* All text the worker has produced so far, delivered by a poll or not yet (NUL-terminated;
  * valid until the job's next poll, kvgen_job_text or release). Once the job reads final
  * (kvgen_job_get_info, kvgen_job_poll, an event) this is the whole text. */
-const char *kvgen_job_text(const kvgen_job *job, size_t *len);
+KVGEN_API const char *kvgen_job_text(const kvgen_job *job, size_t *len);
 
 typedef struct kvgen_job_info {
     kvgen_job_state state;
@@ -740,14 +757,14 @@ typedef struct kvgen_job_info {
 } kvgen_job_info;
 
 /* A snapshot of the job's progress (non-blocking; does not consume text). */
-void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
+KVGEN_API void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
 
 /* 1 while the session has a job that is not final, queued or running on the model's worker
  * (a released job counts until the worker has let go of it, at its next step), else 0; 0 for
  * NULL. Thread-safe and non-blocking (an atomic read of the session's count of jobs that are
  * not final): it never waits for the model and starts no worker. A session that is not busy is the host's again: nothing of the
  * worker's touches it before the next submit. */
-int kvgen_session_busy(const kvgen_session *session);
+KVGEN_API int kvgen_session_busy(const kvgen_session *session);
 
 /* One job's news since its last poll. */
 typedef struct kvgen_event {
@@ -764,7 +781,7 @@ typedef struct kvgen_event {
 /* The per-frame pump: writes up to `cap` events, one per job of `owner` on this model with
  * new text or that just became final, and returns how many. Jobs left over (more than cap)
  * come first in the next call. Never blocks on the worker; returns 0 when nothing is new. */
-int kvgen_poll(kvgen_model *model, const void *owner, kvgen_event *events, int cap);
+KVGEN_API int kvgen_poll(kvgen_model *model, const void *owner, kvgen_event *events, int cap);
 
 /* Worker settings (zero fields: defaults). May be called at any time; applies from the
  * worker's next step. */
@@ -775,7 +792,7 @@ typedef struct kvgen_jobs_desc {
                           host thread wins the CPU; 0: 5; < 0: leave it unchanged */
 } kvgen_jobs_desc;
 
-kvgen_status kvgen_jobs_configure(kvgen_model *model, const kvgen_jobs_desc *desc, kvgen_error *err);
+KVGEN_API kvgen_status kvgen_jobs_configure(kvgen_model *model, const kvgen_jobs_desc *desc, kvgen_error *err);
 
 /* Counters since load (for tests and benchmarks). */
 typedef struct kvgen_jobs_stats {
@@ -789,7 +806,7 @@ typedef struct kvgen_jobs_stats {
     uint64_t decode_tokens;  /* tokens generated by jobs */
 } kvgen_jobs_stats;
 
-void kvgen_jobs_get_stats(kvgen_model *model, kvgen_jobs_stats *stats);
+KVGEN_API void kvgen_jobs_get_stats(kvgen_model *model, kvgen_jobs_stats *stats);
 
 #ifdef __cplusplus
 }
