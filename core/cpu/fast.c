@@ -435,22 +435,26 @@ typedef struct attention_job {
     int layer;
     int window;    /* > 0: a local layer attends to [pos - window + 1, pos] */
     float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
+    int heads;     /* query heads per item, a divisor of n_head / n_head_kv */
 } attention_job;
 
-/* One item is a token and a KV head: the query heads sharing that head (grouped-query
- * attention) are dotted with each run of its keys, and then weigh each run of its values,
- * while the run is in cache, so a decode reads the cache once per KV head rather than once
- * per query head. Every head's scores and output are the same operations in the same order as
- * for a head alone. */
+/* One item is a token and `heads` query heads sharing one KV head (grouped-query attention:
+ * all of the group, or an equal part of it where the pool needs more items to share out): they
+ * are dotted with each run of its keys, and then weigh each run of its values, while the run is
+ * in cache, so a decode reads the cache once per KV head rather than once per query head. Every
+ * head's scores and output are the same operations in the same order however heads are grouped
+ * into items, so the grouping may follow the thread count. */
 static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
     const kvg_vec_ops *vec = j->cm->vec;
     const kvg_cpu_pages *pg = &j->cm->pages;
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, l = j->layer, P = pg->page_size;
+    int hd = hp->head_dim, l = j->layer, P = pg->page_size, group = j->heads;
+    int parts = hp->n_head / hp->n_head_kv / group; /* items per KV head */
     float scale = 1.0f / sqrtf((float)hd);
     for (int item = begin; item < end; item++) {
-        int t = item / hp->n_head_kv, kvh = item % hp->n_head_kv;
+        int t = item / (hp->n_head_kv * parts), kvh = item / parts % hp->n_head_kv;
+        int h0 = (item % (hp->n_head_kv * parts)) * group; /* its first query head */
         const cpu_slot *slot = &j->slots[t];
         size_t n_ctx = (size_t)slot->owner->n_ctx;
         float *scores = slot->owner->scores + (size_t)tid * (size_t)group * (n_ctx + 1); /* [group][n_ctx] */
@@ -458,8 +462,8 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int pos = slot->pos;
         int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
         int n = pos - first + 1;
-        const float *q = j->s->q + ((size_t)t * hp->n_head + (size_t)kvh * group) * hd;   /* [group][hd] */
-        float *o = j->s->att + ((size_t)t * hp->n_head + (size_t)kvh * group) * hd;      /* [group][hd] */
+        const float *q = j->s->q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
+        float *o = j->s->att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
         /* keys: runs of consecutive slots within one page are contiguous */
         for (int p = first; p <= pos;) {
             int run = P - p % P;
@@ -490,6 +494,16 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         }
         for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);
     }
+}
+
+/* query heads per attention item: the whole group, unless that leaves fewer than 4 items per
+ * thread (a decode of a model with few KV heads), then the largest divisor of the group that
+ * does not */
+static int attention_group(const kvg_hparams *hp, int n, int threads) {
+    int group = hp->n_head / hp->n_head_kv;
+    for (int g = group; g > 1; g--)
+        if (group % g == 0 && (long)n * hp->n_head / g >= 4L * threads) return g;
+    return 1;
 }
 
 /* ---- the forward pass --------------------------------------------------------------------------- */
@@ -587,8 +601,9 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
         }
 
         attention_job aj = {.cm = cm, .s = s, .hp = hp, .slots = slots, .layer = l,
-                            .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap};
-        kvg_cpu_pool_run(cm->pool, n * hp->n_head_kv, attention_heads, &aj);
+                            .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap,
+                            .heads = attention_group(hp, n, kvg_cpu_pool_threads(cm->pool))};
+        kvg_cpu_pool_run(cm->pool, n * hp->n_head / aj.heads, attention_heads, &aj);
 
         mm_spec o[1] = {{&C->w[M_O], s->xb}};
         matmul(cm, s, s->att, qd, n, 1, o);
