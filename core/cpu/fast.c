@@ -16,7 +16,7 @@
  * - the kernels are those of the instruction set chosen at load (portable C, AVX2, AVX-512;
  *   KVGEN_CPU_ISA forces one), on a thread pool that polls between the jobs of a step
  *   instead of sleeping (kvg_cpu_pool_set_spin).
- * Work is split by output rows, attention (token, head) pairs and tokens, each computed by one
+ * Work is split by output rows, attention (token, KV head) pairs and tokens, each computed by one
  * thread in an order that depends on it alone: results do not depend on the thread count, and
  * a token's logits are the same bits whatever batch or block it came in (prefill, decode, a
  * batch of sessions). Against the reference they differ by the activations' quantization
@@ -94,7 +94,8 @@ struct kvg_backend_session {
     float *db, *sb, *dk;
     int32_t *bk;
     float *rope_cs; /* [n][n_rot/2][2] cos, sin of each token's angles for the current layer */
-    float *scores;  /* [n_threads][n_ctx] */
+    float *scores;  /* [n_threads][G * n_ctx + G], G = n_head / n_head_kv: a thread's scores of one KV head's
+                     * query heads, then their softmax denominators */
 };
 
 static void cpu_model_free(kvgen_model *m);
@@ -302,7 +303,8 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->dk = malloc((B * W / KVG_QK + 1) * sizeof(float));
     s->bk = malloc((B * W / 16 + 1) * sizeof(int32_t));
     s->rope_cs = malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
-    s->scores = malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    size_t group = (size_t)(hp->n_head / hp->n_head_kv);
+    s->scores = malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
         !s->sb || !s->dk || !s->bk || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);
@@ -433,47 +435,75 @@ typedef struct attention_job {
     int layer;
     int window;    /* > 0: a local layer attends to [pos - window + 1, pos] */
     float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
+    int heads;     /* query heads per item, a divisor of n_head / n_head_kv */
 } attention_job;
 
+/* One item is a token and `heads` query heads sharing one KV head (grouped-query attention:
+ * all of the group, or an equal part of it where the pool needs more items to share out): they
+ * are dotted with each run of its keys, and then weigh each run of its values, while the run is
+ * in cache, so a decode reads the cache once per KV head rather than once per query head. Every
+ * head's scores and output are the same operations in the same order however heads are grouped
+ * into items, so the grouping may follow the thread count. */
 static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
     const kvg_vec_ops *vec = j->cm->vec;
     const kvg_cpu_pages *pg = &j->cm->pages;
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, l = j->layer, P = pg->page_size;
+    int hd = hp->head_dim, l = j->layer, P = pg->page_size, group = j->heads;
+    int parts = hp->n_head / hp->n_head_kv / group; /* items per KV head */
     float scale = 1.0f / sqrtf((float)hd);
     for (int item = begin; item < end; item++) {
-        int t = item / hp->n_head, h = item % hp->n_head;
+        int t = item / (hp->n_head_kv * parts), kvh = item / parts % hp->n_head_kv;
+        int h0 = (item % (hp->n_head_kv * parts)) * group; /* its first query head */
         const cpu_slot *slot = &j->slots[t];
-        float *scores = slot->owner->scores + (size_t)tid * slot->owner->n_ctx;
+        size_t n_ctx = (size_t)slot->owner->n_ctx;
+        float *scores = slot->owner->scores + (size_t)tid * (size_t)group * (n_ctx + 1); /* [group][n_ctx] */
+        float *sum = scores + (size_t)group * n_ctx;                                   /* [group] */
         int pos = slot->pos;
         int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
-        int n = pos - first + 1, kvh = h / group;
-        const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
+        int n = pos - first + 1;
+        const float *q = j->s->q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
+        float *o = j->s->att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
         /* keys: runs of consecutive slots within one page are contiguous */
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            float *sc = scores + (p - first);
-            vec->dot_rows(q, kvg_cpu_pages_at(pg, slot->pages, l, 0, kvh, p), (size_t)hd, run, hd, sc);
-            for (int r = 0; r < run; r++) {
-                sc[r] *= scale;
-                if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
+            const float *k = kvg_cpu_pages_at(pg, slot->pages, l, 0, kvh, p);
+            for (int g = 0; g < group; g++) {
+                float *sc = scores + (size_t)g * n_ctx + (p - first);
+                vec->dot_rows(q + (size_t)g * hd, k, (size_t)hd, run, hd, sc);
+                for (int r = 0; r < run; r++) {
+                    sc[r] *= scale;
+                    if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
+                }
             }
             p += run;
         }
-        float sum = vec->exp_sum(scores, n, vec->max(scores, n));
-        float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int g = 0; g < group; g++) {
+            float *sc = scores + (size_t)g * n_ctx;
+            sum[g] = vec->exp_sum(sc, n, vec->max(sc, n));
+        }
+        memset(o, 0, (size_t)group * hd * sizeof(float));
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            vec->axpy_rows(o, scores + (p - first), kvg_cpu_pages_at(pg, slot->pages, l, 1, kvh, p), (size_t)hd, run,
-                           hd);
+            const float *v = kvg_cpu_pages_at(pg, slot->pages, l, 1, kvh, p);
+            for (int g = 0; g < group; g++)
+                vec->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, (size_t)hd, run, hd);
             p += run;
         }
-        vec->scale(o, 1.0f / sum, hd);
+        for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);
     }
+}
+
+/* query heads per attention item: the whole group, unless that leaves fewer than 4 items per
+ * thread (a decode of a model with few KV heads), then the largest divisor of the group that
+ * does not */
+static int attention_group(const kvg_hparams *hp, int n, int threads) {
+    int group = hp->n_head / hp->n_head_kv;
+    for (int g = group; g > 1; g--)
+        if (group % g == 0 && (long)n * hp->n_head / g >= 4L * threads) return g;
+    return 1;
 }
 
 /* ---- the forward pass --------------------------------------------------------------------------- */
@@ -571,8 +601,9 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
         }
 
         attention_job aj = {.cm = cm, .s = s, .hp = hp, .slots = slots, .layer = l,
-                            .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap};
-        kvg_cpu_pool_run(cm->pool, n * hp->n_head, attention_heads, &aj);
+                            .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap,
+                            .heads = attention_group(hp, n, kvg_cpu_pool_threads(cm->pool))};
+        kvg_cpu_pool_run(cm->pool, n * hp->n_head / aj.heads, attention_heads, &aj);
 
         mm_spec o[1] = {{&C->w[M_O], s->xb}};
         matmul(cm, s, s->att, qd, n, 1, o);

@@ -364,7 +364,12 @@ int main(void) {
         check_common(&r);
         check_backend(&r, 0, "reference");
         CHECK(get(&r, "backends[1].backend") == NULL);
-        CHECK(get(&r, "backends[0].probe.read_gbps") == NULL); /* the probe is Vulkan's */
+        /* a host backend's probe reads host memory: a bandwidth and a ceiling, no dispatch time */
+        positive(&r, "backends[0].probe.read_gbps");
+        positive(&r, "backends[0].probe.decode_ceiling_tok_s");
+        CHECK(get(&r, "backends[0].probe.dispatch_us") == NULL);
+        const leaf *pd = get(&r, "backends[0].probe.device");
+        CHECKF(pd && strstr(pd->str, "host memory"), "probe device: %s", pd ? pd->str : "none");
         free(r.leaves);
         free(text);
     }

@@ -7,8 +7,8 @@
  *   kvgen_host [samples/npc_village.lua] [MODEL.gguf]
  *
  * MODEL defaults to $KVGEN_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf; the backend to
- * $KVGEN_BACKEND (reference or vulkan). The reference backend gets cores - 1 threads so the
- * frame loop keeps a core of its own (docs/jobs.md, "CPU budget").
+ * $KVGEN_BACKEND (vulkan, cpu or reference). A host backend (cpu, reference) gets cores - 1
+ * threads so the frame loop keeps a core of its own (docs/jobs.md, "CPU budget").
  *
  * The host loads the model and hands it to Lua as the global `model` (kvgen_lua_push_model);
  * the module is registered with luaL_requiref, so no kvgen.so is needed at run time. */
@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     }
     kvgen_model_info info;
     kvgen_model_get_info(model, &info);
-    printf("kvgen %s host: %s on %s (%s), %d reference threads of %ld cores\n", kvgen_version(), info.name,
+    printf("kvgen %s host: %s on %s (%s), %d host-backend threads of %ld cores\n", kvgen_version(), info.name,
            info.device, info.backend, md.n_threads, cores);
 
     lua_State *L = luaL_newstate();
