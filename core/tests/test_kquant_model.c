@@ -2,15 +2,18 @@
  * --type Q4_K and one with --mix q4_k_m (llama.cpp's Q4_K_M mix: the test checks which tensor
  * got which type) and refuses rows that are not whole 256-element blocks, naming the tensor.
  * Both models run prefill and a few decodes on the reference backend through kvgen.h; their
- * logits are finite and close to those of the same seed's F32 model; loading them on the Vulkan
- * backend (when it is built) is refused with KVGEN_E_UNSUPPORTED naming a K type, and the
- * default backend falls back to the cpu one. */
+ * logits are finite and close to those of the same seed's F32 model; on the Vulkan backend (when
+ * it is built and has a device) each step is within test_vk_model's tolerance of the reference,
+ * and every layer's Q/K/V group runs packed in its members' own types (the mix's Q6_K attn_v
+ * layer as a Q4_K part and a Q6_K part, kvg_vk_model_parts), never dequantized to F32. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include "kvg_gguf.h"
+#include "kvg_model.h"
 #include "kvg_quant.h"
+#include "kvg_vk.h"
 #include "testutil.h"
 
 #define SHAPE "--seed 7 --embd 256 --ff 512 --heads 4 --kv-heads 2"
@@ -25,6 +28,22 @@ static float *run_model_on(const char *path, kvgen_backend backend, const int32_
     kvgen_model_get_info(m, &info);
     CHECK(strcmp(info.backend, backend == KVGEN_BACKEND_VULKAN ? "vulkan" : "reference") == 0);
     *n_vocab = info.n_vocab;
+    if (backend == KVGEN_BACKEND_VULKAN) {
+        /* Q/K/V as uploaded: one part per run of one type, each in its members' type */
+        for (int l = 0; l < m->w.hp.n_layer; l++) {
+            const kvg_layer *L = &m->w.layers[l];
+            kvg_vk_part_info p[4];
+            int np = kvg_vk_model_parts(m, l, "attn_qkv", p, 4), want = L->wv->type != L->wk->type ? 2 : 1;
+            CHECKF(np == want && p[0].type == L->wq->type && p[np - 1].type == L->wv->type &&
+                       p[np - 1].row0 + p[np - 1].rows == (L->wq->n_elements + 2 * L->wv->n_elements) / L->wq->ne[0],
+                   "%s: layer %d: Q/K/V (%s, %s, %s) uploaded as %d parts, the first %s, the last %s", path, l,
+                   kvg_type_name(L->wq->type), kvg_type_name(L->wk->type), kvg_type_name(L->wv->type), np,
+                   np > 0 ? kvg_type_name(p[0].type) : "-", np > 0 ? kvg_type_name(p[np - 1].type) : "-");
+            if (np == 2) printf("%s: layer %d: Q/K/V uploaded as %s rows 0-%u and %s rows %u-%u\n", path, l,
+                                kvg_type_name(p[0].type), p[0].rows - 1, kvg_type_name(p[1].type), p[1].row0,
+                                p[1].row0 + p[1].rows - 1);
+        }
+    }
     float *out = malloc((size_t)N_STEPS * (size_t)info.n_vocab * sizeof *out);
     kvgen_session *s = NULL;
     kvgen_error err = {0};

@@ -1,6 +1,8 @@
 /* test_vk_model.c: the whole forward pass on the Vulkan backend against the CPU reference.
  * Random-weight models of several shapes and every tensor type the backend runs (the K types
- * and llama.cpp's Q4_K_M mix too): logits of a prefill
+ * and llama.cpp's Q4_K_M mix too, on three shapes): every matrix uploaded in its tensors' own
+ * types (a mixed Q/K/V group as parts of each member's type, through kvg_vk_model_parts) and
+ * exactly the file's bytes; logits of a prefill
  * (every position) and of 32 decode steps within tolerance of the reference; the K/V cache as
  * read back; cached decode equal to uncached recomputation on the device; prompts split into
  * several chunks and weight matrices split into several buffers. On the default model (skipped
@@ -52,6 +54,83 @@ static int argmax(const float *v, int n) {
     return b;
 }
 
+/* Groups seen whose members differ in type (check_parts), over the whole test */
+static int mixed_groups;
+
+/* one matrix's parts as uploaded: `n` members of `nrows` rows each (concatenated, or with
+ * interleave alternating rows); every part lies in members of its own type, or for an
+ * interleaved group of mixed types is Q8_0 / F32; the parts cover the rows in order. Adds the
+ * uploaded and the file's bytes. */
+static void check_matrix(kvgen_model *mv, const char *name, int l, const char *which, const kvg_tensor *const *mem,
+                         int n, bool interleave, uint64_t *up_bytes, uint64_t *file_bytes) {
+    kvg_vk_part_info parts[64];
+    int np = kvg_vk_model_parts(mv, l, which, parts, 64);
+    CHECKF(np > 0 && np <= 64, "%s: %s of layer %d: %d parts", name, which, l, np);
+    if (np <= 0 || np > 64) return;
+    uint64_t K = mem[0]->ne[0], next = 0;
+    bool mixed = false;
+    for (int i = 0; i < n; i++) {
+        mixed |= mem[i]->type != mem[0]->type;
+        *file_bytes += mem[i]->nbytes;
+    }
+    mixed_groups += mixed;
+    for (int p = 0; p < np; p++) {
+        *up_bytes += parts[p].bytes;
+        CHECKF(parts[p].row0 == next, "%s: %s of layer %d: part %d starts at row %u, want %llu", name, which, l, p,
+               parts[p].row0, (unsigned long long)next);
+        next = (uint64_t)parts[p].row0 + parts[p].rows;
+        uint32_t want = mem[0]->type;
+        if (interleave && mixed) {
+            bool q8 = K % 32 == 0;
+            for (int i = 0; i < n; i++)
+                q8 = q8 && (mem[i]->type == KVG_TYPE_Q8_0 || mem[i]->type == KVG_TYPE_Q5_0 ||
+                            mem[i]->type == KVG_TYPE_Q4_0);
+            want = q8 ? KVG_TYPE_Q8_0 : KVG_TYPE_F32;
+        } else if (!interleave) { /* the member holding the part's first row; its last row's too */
+            uint64_t r0 = parts[p].row0, r1 = r0 + parts[p].rows - 1, start = 0;
+            int first = -1, last = -1;
+            for (int i = 0; i < n; i++) {
+                uint64_t rows = mem[i]->n_elements / K;
+                if (r0 >= start && r0 < start + rows) first = i;
+                if (r1 >= start && r1 < start + rows) last = i;
+                start += rows;
+            }
+            CHECK(first >= 0 && last >= first);
+            if (first < 0 || last < first) return;
+            want = mem[first]->type;
+            for (int i = first; i <= last; i++)
+                CHECKF(mem[i]->type == want, "%s: %s of layer %d: part %d spans %s and %s rows", name, which, l, p,
+                       kvg_type_name(want), kvg_type_name(mem[i]->type));
+        }
+        CHECKF(parts[p].type == want, "%s: %s of layer %d: part %d (rows %u + %u) uploaded as %s, want %s", name,
+               which, l, p, parts[p].row0, parts[p].rows, kvg_type_name(parts[p].type), kvg_type_name(want));
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) total += mem[i]->n_elements / K;
+    CHECKF(next == total, "%s: %s of layer %d: parts cover %llu of %llu rows", name, which, l,
+           (unsigned long long)next, (unsigned long long)total);
+}
+
+/* every matrix of a Vulkan model uploaded in its tensors' own types (check_matrix); returns
+ * uploaded bytes / the file's bytes of those matrices */
+static double check_parts(kvgen_model *mv, const char *name) {
+    const kvg_weights *w = &mv->w;
+    uint64_t up = 0, file = 0;
+    check_matrix(mv, name, 0, "token_embd", &w->tok_embd, 1, false, &up, &file);
+    if (w->output != w->tok_embd) check_matrix(mv, name, 0, "output", &w->output, 1, false, &up, &file);
+    for (int l = 0; l < w->hp.n_layer; l++) {
+        const kvg_layer *L = &w->layers[l];
+        const kvg_tensor *qkv[3] = {L->wq, L->wk, L->wv}, *gu[2] = {L->w_gate, L->w_up};
+        check_matrix(mv, name, l, "attn_qkv", qkv, 3, false, &up, &file);
+        check_matrix(mv, name, l, "attn_output", &L->wo, 1, false, &up, &file);
+        check_matrix(mv, name, l, "ffn_gate_up", gu, 2, true, &up, &file);
+        check_matrix(mv, name, l, "ffn_down", &L->w_down, 1, false, &up, &file);
+    }
+    CHECK(kvg_vk_model_parts(mv, w->hp.n_layer, "attn_qkv", NULL, 0) == -1);
+    CHECK(kvg_vk_model_parts(mv, 0, "attn_qkvx", NULL, 0) == -1);
+    return file ? (double)up / (double)file : 0;
+}
+
 /* the file at `path` (taken: freed here) on both backends */
 static void compare_file(const char *name, char *path, int force_f32, int n_prompt, int n_decode) {
     CHECK(path != NULL);
@@ -63,6 +142,12 @@ static void compare_file(const char *name, char *path, int force_f32, int n_prom
     CHECK(strcmp(info.backend, "vulkan") == 0);
     int V = info.n_vocab;
     double rel = force_f32 ? 0.002 : 0.01;
+    double up_ratio = check_parts(mv, name);
+    printf("%s: weights uploaded in their own types, %.4f x the file's bytes\n", name, up_ratio);
+    /* a repacked block is the GGUF block's bytes; buffers are rounded up to the device's
+     * alignment (measured at most 1.02x, split matrices); F32 for a mixed group would be 4-8x,
+     * Q8_0 for Q5_0 members 1.5x */
+    CHECKF(up_ratio >= 1.0 && up_ratio <= 1.05, "%s: %.4f x the file's bytes uploaded", name, up_ratio);
     kvgen_session *sr = NULL, *sv = NULL, *su = NULL;
     kvgen_session_desc sd = {.n_ctx = 256};
     kvgen_session_desc ud = {.n_ctx = 256, .no_cache = 1};
@@ -281,10 +366,20 @@ int main(void) {
                  ktypes[i], 20 + i, i % 2 ? " --untied" : "");
         compare_model(name, args, 0, 23, 16);
     }
+    /* the Q4_K_M mix on three shapes (one NEOX with biases), prefill + 32 decodes, f16 and f32
+     * KV: the QKV groups of the layers with a Q6_K attn_v run as a Q4_K part and a Q6_K part
+     * (check_parts), none of them as F32 */
+    int mixed_before = mixed_groups;
     compare_model("vk_q4km.gguf", "--mix q4_k_m --seed 30 --embd 256 --ff 768 --heads 4 --kv-heads 2 --layers 3 --untied",
-                  0, 29, 16);
-    compare_model("vk_q4km_tied.gguf", "--mix q4_k_m --seed 31 --embd 256 --ff 512 --heads 4 --layers 2", 0, 29, 16);
-    /* real files' mixed QKV groups: Q5_0 attn_q/attn_k with a Q8_0 attn_v (uploaded as Q8_0) */
+                  0, 29, 32);
+    compare_model("vk_q4km_tied.gguf", "--mix q4_k_m --seed 31 --embd 256 --ff 512 --heads 4 --layers 2", 0, 29, 32);
+    compare_model("vk_q4km_qwen.gguf", "--mix q4_k_m --arch qwen2 --qkv-bias --seed 36 --embd 512 --ff 1024 --heads 8 "
+                  "--kv-heads 2 --layers 4 --untied", 0, 33, 32);
+    compare_model("vk_q4km_f.gguf", "--mix q4_k_m --seed 37 --embd 256 --ff 768 --heads 4 --kv-heads 2 --layers 3",
+                  1, 29, 32);
+    CHECKF(mixed_groups - mixed_before == 5, "the Q4_K_M models had %d mixed-type groups, want 1 + 1 + 2 + 1",
+           mixed_groups - mixed_before);
+    /* real files' mixed QKV groups: Q5_0 attn_q/attn_k with a Q8_0 attn_v (a Q5_0 and a Q8_0 part) */
     compare_requant("vk_q50v8.gguf", "--type Q5_0 --seed 35 --embd 128 --heads 4 --kv-heads 2 --ff 160 --layers 2",
                     "attn_v.weight", KVG_TYPE_Q8_0);
     compare_model("vk_q4kf.gguf", "--type Q4_K --seed 32 --embd 256 --ff 512 --heads 4 --kv-heads 2 --layers 2", 1,

@@ -9,9 +9,10 @@
  * (a type absent from the traits table too, IQ2_XXS, already when the model is described); the
  * upload path refuses such a type on its own too. The repack of every quantized row is checked
  * to keep each GGUF block's bytes: the repacked block's bits are a permutation of the GGUF
- * block's (same count of set bits, and a random block's every bit found by flipping it). A group
- * of tensors of different types (Q/K/V) is uploaded as Q8_0 where that is exact (Q4_0, Q5_0,
- * Q8_0), else as F32. */
+ * block's (same count of set bits, and a random block's every bit found by flipping it). A
+ * concatenated group of tensors of different types (Q/K/V) keeps each member's type, one part
+ * per run of one type (also when the buffer range cuts a run); an interleaved one (gate/up) of
+ * different types is uploaded as Q8_0 where that is exact (Q4_0, Q5_0, Q8_0), else as F32. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,7 @@ static void test_table(void) {
     uint32_t listed[64];
     size_t nl = kvg_vulkan_backend.weight_types(listed, 64);
     CHECKF(nl == n, "weight_types gives %zu types, the table has %zu rows", nl, n);
-    CHECK(kvg_vk_wtype_of(KVG_TYPE_F32) != NULL); /* mixed-type groups are uploaded as F32 */
+    CHECK(kvg_vk_wtype_of(KVG_TYPE_F32) != NULL); /* interleaved mixed-type groups may be uploaded as F32 */
     for (size_t i = 0; i < n; i++) {
         const kvg_vk_wtype *r = kvg_vk_wtype_at(i);
         const char *name = kvg_type_name(r->type);
@@ -279,30 +280,69 @@ static void test_upload_refusal(void) {
                strstr(err.message, list),
            "%s: %s", kvgen_status_name(st), err.message);
     free(w);
-    /* mixed-type groups: only Q4_0/Q5_0/Q8_0 together become Q8_0 (exact), anything else F32 */
+    /* groups: a concatenated one (Q/K/V) keeps every member's type, a part per run of one type
+     * (cut at the buffer range); an interleaved one (gate/up) of mixed types is one type, Q8_0
+     * where exact (Q4_0/Q5_0/Q8_0 only), else F32 */
     struct {
-        uint32_t a, b, want;
-    } groups[] = {{KVG_TYPE_Q5_0, KVG_TYPE_Q8_0, KVG_TYPE_Q8_0}, {KVG_TYPE_Q8_0, KVG_TYPE_Q4_0, KVG_TYPE_Q8_0},
-                  {KVG_TYPE_Q5_0, KVG_TYPE_Q5_0, KVG_TYPE_Q5_0}, {KVG_TYPE_Q4_1, KVG_TYPE_Q8_0, KVG_TYPE_F32},
-                  {KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, KVG_TYPE_F32},  {KVG_TYPE_F32, KVG_TYPE_Q8_0, KVG_TYPE_F32}};
+        uint32_t a, b, c; /* member types (c: 0 for a two-member group) */
+        bool interleave;
+        const char *max_part; /* KVGEN_VK_MAX_PART, or NULL */
+        int n_parts;
+        uint32_t want[4][3]; /* per part: type, row0, rows */
+    } groups[] = {
+        {KVG_TYPE_Q5_0, KVG_TYPE_Q8_0, 0, false, NULL, 2, {{KVG_TYPE_Q5_0, 0, 64}, {KVG_TYPE_Q8_0, 64, 32}}},
+        {KVG_TYPE_Q8_0, KVG_TYPE_Q4_0, 0, false, NULL, 2, {{KVG_TYPE_Q8_0, 0, 64}, {KVG_TYPE_Q4_0, 64, 32}}},
+        {KVG_TYPE_Q5_0, KVG_TYPE_Q5_0, 0, false, NULL, 1, {{KVG_TYPE_Q5_0, 0, 96}}},
+        {KVG_TYPE_Q4_1, KVG_TYPE_Q8_0, 0, false, NULL, 2, {{KVG_TYPE_Q4_1, 0, 64}, {KVG_TYPE_Q8_0, 64, 32}}},
+        {KVG_TYPE_F32, KVG_TYPE_Q8_0, 0, false, NULL, 2, {{KVG_TYPE_F32, 0, 64}, {KVG_TYPE_Q8_0, 64, 32}}},
+        /* llama.cpp's Q4_K_M: Q4_K attn_q, attn_k with a Q6_K attn_v */
+        {KVG_TYPE_Q4_K, KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, false, NULL, 2, {{KVG_TYPE_Q4_K, 0, 128}, {KVG_TYPE_Q6_K, 128, 32}}},
+        {KVG_TYPE_Q6_K, KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, false, NULL, 3,
+         {{KVG_TYPE_Q6_K, 0, 64}, {KVG_TYPE_Q4_K, 64, 64}, {KVG_TYPE_Q6_K, 128, 32}}},
+        /* 9472 bytes: 64 Q4_K rows of 256 (148 bytes each with slack), 42 Q6_K rows (216) */
+        {KVG_TYPE_Q4_K, KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, false, "9472", 3,
+         {{KVG_TYPE_Q4_K, 0, 64}, {KVG_TYPE_Q4_K, 64, 64}, {KVG_TYPE_Q6_K, 128, 32}}},
+        {KVG_TYPE_Q5_0, KVG_TYPE_Q8_0, 0, true, NULL, 1, {{KVG_TYPE_Q8_0, 0, 128}}},
+        {KVG_TYPE_Q4_K, KVG_TYPE_Q6_K, 0, true, NULL, 1, {{KVG_TYPE_F32, 0, 128}}},
+        {KVG_TYPE_Q4_K, KVG_TYPE_Q4_K, 0, true, NULL, 1, {{KVG_TYPE_Q4_K, 0, 128}}},
+    };
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
-        uint32_t K = 256;
-        void *d0 = calloc(64, kvg_row_bytes(groups[i].a, K)), *d1 = calloc(32, kvg_row_bytes(groups[i].b, K));
-        kvg_tensor t0 = {.name = "a", .type = groups[i].a, .n_dims = 2, .ne = {K, 64, 1, 1}, .n_elements = 64 * K,
-                         .data = d0};
-        kvg_tensor t1 = {.name = "b", .type = groups[i].b, .n_dims = 2, .ne = {K, 32, 1, 1}, .n_elements = 32 * K,
-                         .data = d1};
-        const kvg_tensor *ts[2] = {&t0, &t1};
+        uint32_t K = 256, types[3] = {groups[i].a, groups[i].b, groups[i].c};
+        uint64_t nrows[3] = {64, groups[i].interleave ? 64 : 32, 32};
+        int n = groups[i].c ? 3 : 2;
+        if (n == 3) nrows[1] = 64;
+        void *data[3] = {NULL, NULL, NULL};
+        kvg_tensor t[3];
+        const kvg_tensor *ts[3];
+        for (int k = 0; k < n; k++) {
+            data[k] = calloc(nrows[k], kvg_row_bytes(types[k], K));
+            t[k] = (kvg_tensor){.name = "member", .type = types[k], .n_dims = 2, .ne = {K, nrows[k], 1, 1},
+                                .n_elements = nrows[k] * K, .data = data[k]};
+            ts[k] = &t[k];
+        }
+        if (groups[i].max_part) setenv("KVGEN_VK_MAX_PART", groups[i].max_part, 1);
         vk_model vm = {0};
         vm.ctx = ctx;
         vk_matrix m;
-        st = kvg_vk_upload_matrix(&vm, "group", ts, 2, false, &m, &err);
-        CHECKF(st == KVGEN_OK && m.type == groups[i].want && m.wt == kvg_vk_wtype_of(groups[i].want) && m.rows == 96,
-               "%s + %s uploaded as %s (%s)", kvg_type_name(groups[i].a), kvg_type_name(groups[i].b),
-               kvg_type_name(m.type), err.message);
-        if (st == KVGEN_OK) kvg_vk_free_matrix(ctx, &m);
-        free(d0);
-        free(d1);
+        st = kvg_vk_upload_matrix(&vm, "group", ts, n, groups[i].interleave, &m, &err);
+        unsetenv("KVGEN_VK_MAX_PART");
+        CHECKF(st == KVGEN_OK && m.n_parts == groups[i].n_parts, "group %zu: %s, %d parts, want %d", i, err.message,
+               st == KVGEN_OK ? m.n_parts : -1, groups[i].n_parts);
+        for (int p = 0; st == KVGEN_OK && p < m.n_parts && p < groups[i].n_parts; p++) {
+            const vk_part *part = &m.parts[p];
+            const uint32_t *want = groups[i].want[p];
+            CHECKF(part->type == want[0] && part->wt == kvg_vk_wtype_of(want[0]) && part->row0 == want[1] &&
+                       part->rows == want[2],
+                   "group %zu (%s + %s%s%s) part %d: %s rows %u + %u, want %s rows %u + %u", i,
+                   kvg_type_name(types[0]), kvg_type_name(types[1]), n == 3 ? " + " : "",
+                   n == 3 ? kvg_type_name(types[2]) : "", p, kvg_type_name(part->type), part->row0, part->rows,
+                   kvg_type_name(want[0]), want[1], want[2]);
+        }
+        if (st == KVGEN_OK) {
+            CHECK(m.rows == (uint32_t)(nrows[0] + nrows[1] + (n == 3 ? nrows[2] : 0)) && m.k == K);
+            kvg_vk_free_matrix(ctx, &m);
+        }
+        for (int k = 0; k < n; k++) free(data[k]);
     }
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);

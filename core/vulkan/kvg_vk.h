@@ -221,6 +221,17 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, u
 kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *w, uint32_t rows, uint32_t K,
                                const int32_t *tokens, uint32_t n, float scale, float *out, kvgen_error *err);
 
+/* The parts a model on the Vulkan backend uploaded one matrix as: `which` is "token_embd",
+ * "output" or, for layer `layer`, "attn_qkv" (Q, K, V rows concatenated), "attn_output",
+ * "ffn_gate_up" (gate and up rows interleaved) or "ffn_down". Fills up to max entries of out
+ * (each part's weight type as uploaded, its rows, its buffer's bytes) and returns the part
+ * count; -1 when m is not on the Vulkan backend or names no such matrix. */
+typedef struct kvg_vk_part_info {
+    uint32_t type, row0, rows;
+    uint64_t bytes;
+} kvg_vk_part_info;
+int kvg_vk_model_parts(const struct kvgen_model *m, int layer, const char *which, kvg_vk_part_info *out, int max);
+
 /* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
  * of k and v ((n_kv, n_ctx, hd) floats); q and out are (ncols, n_head*hd). The cache is a
  * one-layer paged pool in one slab, pages of page_size (1..256) positions, written through the

@@ -24,14 +24,16 @@ enum { NORM_POST = 0, NORM_HEADS = 1 };
 /* RoPE tables per variant: table k covers 2^(k+8) positions */
 #define VK_ROPE_SIZES 13
 
+/* A matrix part: rows [row0, row0 + rows) of its matrix in one buffer, one binding and one
+ * dispatch, in its own weight type (a group's members keep theirs; vk_weights.c) */
 typedef struct vk_part {
     kvg_vk_buffer buf;
     uint32_t rows, row0, scale_off;
+    uint32_t type;          /* as uploaded: the member's own (an interleaved mixed group: Q8_0 or F32) */
+    const kvg_vk_wtype *wt; /* its row of the weight-type table */
 } vk_part;
 
 typedef struct vk_matrix {
-    uint32_t type; /* as uploaded (mixed-type groups become F32) */
-    const kvg_vk_wtype *wt; /* its row of the weight-type table */
     uint32_t rows, k, nb;
     int n_parts;
     vk_part *parts;
@@ -193,8 +195,9 @@ typedef struct matmul_args {
 size_t kvg_vk_weight_types(uint32_t *types, size_t max);
 /* the largest buffer one binding may cover (KVGEN_VK_MAX_PART: tests force splitting) */
 size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx);
-/* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated, or, with
- * interleave (two tensors of equal rows), alternating a row of each. */
+/* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated (each run
+ * of members of one type in parts of that type), or, with interleave (two tensors of equal
+ * rows), alternating a row of each (in one type: Q8_0 or F32 when theirs differ). */
 kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tensor *const *srcs, int n_src,
                                   bool interleave, vk_matrix *out, kvgen_error *err);
 void kvg_vk_free_matrix(kvg_vk_ctx *ctx, vk_matrix *m);

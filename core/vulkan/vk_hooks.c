@@ -1,6 +1,7 @@
 /* vk_hooks.c: the Vulkan backend's test hooks (kvg_vk.h): one mat-mul, embedding lookup or attention run
  * through the backend's own upload and step-walker ops on a throwaway model, for the kernel
- * tests; attention reads a one-layer paged KV pool filled through the pool's own page writes.
+ * tests; attention reads a one-layer paged KV pool filled through the pool's own page writes;
+ * and what a loaded model's matrices were uploaded as (their parts and weight types).
  * Calls vk_walk.c, vk_kv.c, vk_weights.c, vk_device.c. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,7 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
     VkPipeline pipe = VK_NULL_HANDLE;
     kvgen_status st = kvg_vk_upload_matrix(&vm, "test", &tp, 1, false, &m, err);
     if (st == KVGEN_OK) {
-        snprintf(name, sizeof name, "embed_%s", m.wt->suffix);
+        snprintf(name, sizeof name, "embed_%s", m.parts[0].wt->suffix); /* one tensor: one type */
         st = kvg_vk_pipeline_get(ctx, name, spec, &pipe, err);
     }
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + (size_t)n * 4, KVG_VK_MEM_HOST, &params, err);
@@ -288,4 +289,28 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &s.ptab, &vm.slabs[0]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
     return st;
+}
+
+/* the model's matrix named `which` (layer l for the per-layer ones), NULL when none is */
+static const vk_matrix *model_matrix(const vk_model *vm, int l, const char *which) {
+    if (strcmp(which, "token_embd") == 0) return &vm->embd;
+    if (strcmp(which, "output") == 0) return &vm->output;
+    if (l < 0 || l >= vm->hp.n_layer) return NULL;
+    const vk_layer *L = &vm->layers[l];
+    static const char *const names[] = {"attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"};
+    const vk_matrix *mats[] = {&L->qkv, &L->wo, &L->gateup, &L->down};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(which, names[i]) == 0) return mats[i];
+    return NULL;
+}
+
+int kvg_vk_model_parts(const kvgen_model *m, int layer, const char *which, kvg_vk_part_info *out, int max) {
+    if (!kvg_vk_model_ctx(m) || !which) return -1;
+    const vk_matrix *mat = model_matrix(m->backend, layer, which);
+    if (!mat) return -1;
+    for (int i = 0; i < mat->n_parts && i < max; i++) {
+        const vk_part *p = &mat->parts[i];
+        out[i] = (kvg_vk_part_info){.type = p->type, .row0 = p->row0, .rows = p->rows, .bytes = p->buf.size};
+    }
+    return mat->n_parts;
 }

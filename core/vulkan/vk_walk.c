@@ -54,8 +54,9 @@ static bool lane_ubo(const vk_model *vm, const vk_matrix *m, uint32_t ldx, uint3
            (size_t)m->nb * 128 <= ctx->ubo_window && align && ((size_t)ldx * 4) % align == 0;
 }
 
-static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool norm, uint32_t ncols, uint32_t ldx,
-                                    bool create, VkPipeline *out) {
+/* the mat-mul pipeline of one part (its weight type) for ncols tokens */
+static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *part, int epi, bool norm,
+                                    uint32_t ncols, uint32_t ldx, bool create, VkPipeline *out) {
     vk_model *vm = w->vm;
     char name[32];
     uint32_t spec[KVG_SPEC_COUNT];
@@ -65,14 +66,14 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, int epi, bool n
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        snprintf(name, sizeof name, "matvec_%s", m->wt->suffix);
+        snprintf(name, sizeof name, "matvec_%s", part->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
         spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
         spec[KVG_SPEC_LANE] = vm->mv_lane;
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
-        snprintf(name, sizeof name, "gemm_%s", m->wt->suffix);
+        snprintf(name, sizeof name, "gemm_%s", part->wt->suffix);
     }
     if (create) return kvg_vk_pipeline_get(vm->ctx, name, spec, out, w->err);
     *out = kvg_vk_pipeline_find(vm->ctx, name, spec);
@@ -84,11 +85,12 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
     kvgen_status st = KVGEN_OK;
-    if (w->mode == WALK_PIPELINES) {
+    if (w->mode == WALK_PIPELINES) { /* every part's type (pipelines already made are found) */
         static const uint32_t variants[] = {1, 8, 9};
         VkPipeline p;
-        for (int i = 0; i < 3 && st == KVGEN_OK; i++)
-            st = matmul_pipeline(w, a->m, a->epi, a->norm, variants[i], a->ldx, true, &p);
+        for (int pi = 0; pi < a->m->n_parts; pi++)
+            for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+                st = matmul_pipeline(w, a->m, &a->m->parts[pi], a->epi, a->norm, variants[i], a->ldx, true, &p);
         return st;
     }
     for (int pi = 0; pi < a->m->n_parts; pi++) {
@@ -112,7 +114,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             if (st != KVGEN_OK) return st;
         } else if (w->mode == WALK_RECORD) {
             VkPipeline pipe;
-            st = matmul_pipeline(w, a->m, a->epi, a->norm, a->ncols, a->ldx, false, &pipe);
+            st = matmul_pipeline(w, a->m, part, a->epi, a->norm, a->ncols, a->ldx, false, &pipe);
             if (st != KVGEN_OK) return st;
             pc_weights pc = {.nrows = part->rows,
                              .nb = a->m->nb,
@@ -164,16 +166,18 @@ static kvgen_status op_embed(walk *w) {
     vk_model *vm = w->vm;
     kvgen_status st = KVGEN_OK;
     char name[32];
-    snprintf(name, sizeof name, "embed_%s", vm->embd.wt->suffix);
     uint32_t spec[KVG_SPEC_COUNT];
     spec_init(spec);
     spec[KVG_SPEC_WG] = 64;
-    if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        return kvg_vk_pipeline_get(vm->ctx, name, spec, &p, w->err);
-    }
     for (int pi = 0; pi < vm->embd.n_parts; pi++) {
         const vk_part *part = &vm->embd.parts[pi];
+        snprintf(name, sizeof name, "embed_%s", part->wt->suffix);
+        if (w->mode == WALK_PIPELINES) {
+            VkPipeline p;
+            st = kvg_vk_pipeline_get(vm->ctx, name, spec, &p, w->err);
+            if (st != KVGEN_OK) return st;
+            continue;
+        }
         int idx = w->cursor++;
         if (w->mode == WALK_SETS) {
             kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};

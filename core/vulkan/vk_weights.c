@@ -4,7 +4,9 @@
  * region and a scale region per part; kvg_vk.h, shaders/weights.glsl) and uploaded once; a
  * matrix bigger than the device's buffer range is split into row parts, one binding and one
  * dispatch each. Q/K/V concatenated and gate/up interleaved row by row are groups of tensors
- * uploaded as one matrix (vk_backend.c names the groups). Calls only vk_device.c and quant.c. */
+ * uploaded as one matrix (vk_backend.c names the groups); every part has its own weight type, so
+ * a group whose members differ in type (Q4_K_M files: a Q6_K attn_v beside Q4_K attn_q/attn_k)
+ * keeps each member packed. Calls only vk_device.c and quant.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,8 +160,8 @@ static kvgen_status refuse_type(const kvg_tensor *t, const char *what, kvgen_err
 /* ---- weight upload ---- */
 
 /* Q4_0 and Q5_0 rows are Q8_0 rows exactly: the same f16 d per 32 elements and int8 levels q - 8
- * (q - 16), so d * level is the same product. A group mixing only these three (real Q4_K_M files:
- * Q5_0 attn_q/attn_k with a Q8_0 attn_v) is uploaded as Q8_0 instead of F32. */
+ * (q - 16), so d * level is the same product. An interleaved group (gate/up) mixing only these
+ * three is uploaded as Q8_0 instead of F32 (concatenated groups keep each member's type). */
 static bool q8_0_exact(uint32_t type) {
     return type == KVG_TYPE_Q8_0 || type == KVG_TYPE_Q5_0 || type == KVG_TYPE_Q4_0;
 }
@@ -192,20 +194,42 @@ size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx) {
     return lim;
 }
 
+/* Rows of one part of type wt: as many as one buffer binding may cover, whole gemm tiles (64
+ * rows) where that leaves at least one, else an even count (row pairs stay together for the
+ * epilogue); 0 when not even two rows fit. */
+static size_t rows_per_part(const kvg_vk_wtype *wt, uint32_t K, size_t lim, size_t *row_bytes) {
+    size_t row_blocks = (K + wt->block_elems - 1) / wt->block_elems;
+    *row_bytes = row_blocks * wt->qwords * 4 + (row_blocks * wt->scale_halves + 1) / 2 * 4 + 4;
+    size_t per_part = lim / *row_bytes;
+    if (per_part >= 64) return per_part / 64 * 64;
+    per_part &= ~(size_t)1;
+    return per_part >= 2 ? per_part : 0;
+}
+
+/* the type member i of a group is uploaded as: its own (common NO_COMMON), or common for every member */
+#define NO_COMMON UINT32_MAX
+static uint32_t member_type(const kvg_tensor *const *srcs, int i, uint32_t common) {
+    return common != NO_COMMON ? common : srcs[i]->type;
+}
+
 /* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated, or, with
- * interleave (two tensors of equal rows), alternating a row of each. */
+ * interleave (two tensors of equal rows), alternating a row of each. A concatenated group keeps
+ * each member's type: consecutive members of one type share parts, a member of another type
+ * starts a part of its own (Q4_K attn_q/attn_k with a Q6_K attn_v: two parts, two dispatches).
+ * An interleaved group's row pairs need one type: one of mixed types is uploaded as Q8_0 where
+ * that is exact for every member (q8_0_exact), else as F32 (every table has it). */
 kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tensor *const *srcs, int n_src,
                                   bool interleave, vk_matrix *out, kvgen_error *err) {
     memset(out, 0, sizeof *out);
     uint32_t K = (uint32_t)srcs[0]->ne[0];
-    uint32_t type = srcs[0]->type;
     uint64_t rows = 0;
+    bool mixed = false;
     for (int i = 0; i < n_src; i++) {
         if (!kvg_vk_wtype_of(srcs[i]->type)) return refuse_type(srcs[i], what, err);
         if (srcs[i]->ne[0] != K)
             return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: tensor %s has rows of %llu, expected %u", what,
                             srcs[i]->name, (unsigned long long)srcs[i]->ne[0], K);
-        if (srcs[i]->type != type) type = KVG_TYPE_F32; /* mixed: see below */
+        mixed |= srcs[i]->type != srcs[0]->type;
         rows += srcs[i]->n_elements / K;
     }
     if (interleave && (n_src != 2 || srcs[0]->n_elements != srcs[1]->n_elements))
@@ -213,47 +237,67 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
     if (rows > UINT32_MAX / 2 || K == 0)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: %llu rows of %u are too many", what,
                         (unsigned long long)rows, K);
-    /* a mixed-type group is uploaded as Q8_0 when that is exact for every member, else as F32,
-     * which every table has */
-    bool to_q8 = type == KVG_TYPE_F32 && srcs[0]->type != KVG_TYPE_F32 && K % 32 == 0;
-    for (int i = 0; i < n_src && to_q8; i++) to_q8 = q8_0_exact(srcs[i]->type);
-    if (to_q8) type = KVG_TYPE_Q8_0;
-    const kvg_vk_wtype *wt = kvg_vk_wtype_of(type);
-    if (!wt) return refuse_type(srcs[0], what, err);
-    uint32_t nb = (K + 31) / 32; /* the shaders' 32-element blocks */
-    if (!wt->pad && K % wt->block_elems != 0)
-        return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: rows of %u are not whole %u-element blocks", what, K,
-                        wt->block_elems);
-    out->type = type;
-    out->wt = wt;
+    uint32_t common = NO_COMMON;
+    if (interleave && mixed) {
+        bool to_q8 = K % 32 == 0;
+        for (int i = 0; i < n_src; i++) to_q8 = to_q8 && q8_0_exact(srcs[i]->type);
+        common = to_q8 ? KVG_TYPE_Q8_0 : KVG_TYPE_F32;
+    }
+    size_t lim = kvg_vk_max_part_bytes(vm->ctx);
+    for (int i = 0; i < n_src; i++) {
+        const kvg_vk_wtype *wt = kvg_vk_wtype_of(member_type(srcs, i, common));
+        size_t row_bytes;
+        if (!wt->pad && K % wt->block_elems != 0)
+            return kvg_fail(err, KVGEN_E_FORMAT, "vulkan: %s: tensor %s: rows of %u are not whole %u-element blocks",
+                            what, srcs[i]->name, K, wt->block_elems);
+        if (!rows_per_part(wt, K, lim, &row_bytes))
+            return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: one row of tensor %s (%zu bytes) exceeds the "
+                            "device's buffer range (%zu bytes)", what, srcs[i]->name, row_bytes, lim);
+    }
     out->rows = (uint32_t)rows;
     out->k = K;
-    out->nb = nb;
+    out->nb = (K + 31) / 32; /* the shaders' 32-element blocks */
 
-    /* per row: row_words quant words, row_halves scale halves (layout: kvg_vk.h) */
-    size_t row_blocks = (K + wt->block_elems - 1) / wt->block_elems;
-    size_t row_words = row_blocks * wt->qwords, row_halves = row_blocks * wt->scale_halves;
-    size_t row_bytes_est = row_words * 4 + (row_halves + 1) / 2 * 4 + 4;
-    size_t lim = kvg_vk_max_part_bytes(vm->ctx);
-    size_t per_part = lim / row_bytes_est;
-    if (per_part >= 64) per_part = per_part / 64 * 64; /* whole gemm tiles, row pairs kept */
-    else per_part &= ~(size_t)1;
-    if (per_part < 2)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: %s: one row (%zu bytes) exceeds the device's buffer "
-                        "range (%zu bytes)", what, row_bytes_est, lim);
-    out->n_parts = (int)((rows + per_part - 1) / per_part);
-    out->parts = calloc((size_t)out->n_parts, sizeof *out->parts);
-    float *tmp = malloc((size_t)nb * 32 * sizeof(float));
-    uint32_t *stage = NULL;
-    if (!out->parts || !tmp) {
-        free(tmp);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
+    /* the parts: each run of consecutive members of one type, cut at the buffer range; counted,
+     * then laid out */
+    for (int pass = 0; pass < 2; pass++) {
+        int np = 0;
+        uint64_t row0 = 0;
+        for (int i = 0; i < n_src;) {
+            uint32_t type = member_type(srcs, i, common);
+            uint64_t run = 0;
+            int j = i;
+            for (; j < n_src && member_type(srcs, j, common) == type; j++) run += srcs[j]->n_elements / K;
+            const kvg_vk_wtype *wt = kvg_vk_wtype_of(type);
+            size_t row_bytes, per_part = rows_per_part(wt, K, lim, &row_bytes);
+            for (uint64_t a = 0; a < run; a += per_part, np++) {
+                if (pass == 0) continue;
+                vk_part *part = &out->parts[np];
+                part->type = type;
+                part->wt = wt;
+                part->row0 = (uint32_t)(row0 + a);
+                part->rows = (uint32_t)(run - a < per_part ? run - a : per_part);
+            }
+            row0 += run;
+            i = j;
+        }
+        if (pass == 0) {
+            out->n_parts = np;
+            out->parts = calloc((size_t)np, sizeof *out->parts);
+            if (!out->parts) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
+        }
     }
+
+    float *tmp = malloc((size_t)out->nb * 32 * sizeof(float));
+    uint32_t *stage = NULL;
+    if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
     kvgen_status st = KVGEN_OK;
     for (int p = 0; p < out->n_parts && st == KVGEN_OK; p++) {
         vk_part *part = &out->parts[p];
-        part->row0 = (uint32_t)(p * per_part);
-        part->rows = (uint32_t)((rows - part->row0) < per_part ? rows - part->row0 : per_part);
+        const kvg_vk_wtype *wt = part->wt;
+        /* per row: row_words quant words, row_halves scale halves (layout: kvg_vk.h) */
+        size_t row_blocks = (K + wt->block_elems - 1) / wt->block_elems;
+        size_t row_words = row_blocks * wt->qwords, row_halves = row_blocks * wt->scale_halves;
         size_t qw = (size_t)part->rows * row_words;
         size_t total_words = qw + ((size_t)part->rows * row_halves + 1) / 2;
         part->scale_off = (uint32_t)qw;
@@ -284,8 +328,8 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
                 t = srcs[i];
             }
             const uint8_t *src = (const uint8_t *)t->data + tr * kvg_row_bytes(t->type, K);
-            if (t->type != type) { /* mixed-type group: the same values as Q8_0, or as f32 */
-                if (type == KVG_TYPE_Q8_0) row_to_q8_0(t->type, src, (uint8_t *)tmp, K);
+            if (t->type != part->type) { /* an interleaved group of mixed types: the same values as Q8_0, or f32 */
+                if (part->type == KVG_TYPE_Q8_0) row_to_q8_0(t->type, src, (uint8_t *)tmp, K);
                 else kvg_dequantize_row(t->type, src, tmp, K);
                 src = (const uint8_t *)tmp;
             }
