@@ -180,6 +180,7 @@ static void sb_grow(jx *x, sbuf *b, size_t more) {
     b->cap = cap;
 }
 static void sb_add(jx *x, sbuf *b, const char *p, size_t n, const unsigned char *u, int flag) {
+    if (n == 0) return;
     sb_grow(x, b, n);
     memcpy(b->p + b->n, p, n);
     for (size_t i = 0; i < n; i++) b->any |= (b->u[b->n + i] = (unsigned char)(u ? u[i] : flag));

@@ -3,6 +3,7 @@
  * families, one-feature templates, malformed ones), the content flags that keep message text
  * away from special-token parsing, and the limits on hostile templates. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
 #include <string.h>
 #include "kvg_jinja.h"
 #include "testutil.h"
@@ -126,10 +127,20 @@ static void fixtures(void) {
     }
     fclose(f);
     CHECKF(cases >= 100 && errors > 0, "%d cases, %d errors", cases, errors);
+}
+
+static void free_templates(void) {
     for (int i = 0; i < nt; i++) {
         kvg_jinja_free(tpls[i]);
         free(tnames[i]);
     }
+}
+
+static void mutations(void);
+static void fixtures_and_mutations(void) {
+    fixtures();
+    mutations();
+    free_templates();
 }
 
 static bool render(const char *src, char *msg, size_t n, char **text) {
@@ -184,8 +195,67 @@ static void limits(void) {
     free(text);
 }
 
+/* random byte edits of a real template: each parses or fails with a position, never crashes */
+static void mutations(void) {
+    int ti = find_tpl("qwen3");
+    CHECK(ti >= 0);
+    if (ti < 0) return;
+    const char *dir = getenv("KVGEN_FIXTURES");
+    char *path = malloc(strlen(dir) + 32);
+    sprintf(path, "%s/chat_templates.txt", dir);
+    FILE *f = fopen(path, "rb");
+    free(path);
+    rec r;
+    char *src = NULL;
+    size_t len = 0;
+    while (f && read_rec(f, &r)) {
+        if (strcmp(r.head, "template qwen3") == 0) {
+            src = r.body;
+            len = r.len;
+            break;
+        }
+        free(r.body);
+    }
+    if (f) fclose(f);
+    CHECK(src != NULL);
+    if (!src) return;
+    static const char alphabet[] = "{}%#-+()[]'\".:|~ \nxif";
+    uint32_t seed = 12345;
+    int parsed = 0;
+    for (int round = 0; round < 2000; round++) {
+        char *m = malloc(len + 1);
+        memcpy(m, src, len + 1);
+        for (int e = 0; e < 3; e++) {
+            seed = seed * 1664525u + 1013904223u;
+            size_t at = (seed >> 8) % len;
+            seed = seed * 1664525u + 1013904223u;
+            m[at] = alphabet[(seed >> 8) % (sizeof alphabet - 1)];
+        }
+        kvg_jinja *t = NULL;
+        char msg[256];
+        if (kvg_jinja_parse(m, len, &t, msg, sizeof msg)) {
+            parsed++;
+            kvg_jinja_msg msgs[3] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}};
+            kvg_jinja_input in = {msgs, 3, true, "", ""};
+            kvg_jinja_output out;
+            if (kvg_jinja_render(t, &in, &out, msg, sizeof msg)) {
+                free(out.text);
+                free(out.user);
+            } else {
+                CHECKF(strncmp(msg, "line ", 5) == 0, "%s", msg);
+            }
+            kvg_jinja_free(t);
+        } else {
+            CHECKF(strncmp(msg, "line ", 5) == 0, "%s", msg);
+        }
+        free(m);
+    }
+    CHECKF(parsed > 0 && parsed < 2000, "%d of 2000 edits parsed", parsed);
+    free(src);
+}
+
 int main(void) {
-    fixtures();
+    fixtures_and_mutations();
     limits();
     return tu_finish("test_jinja");
 }
