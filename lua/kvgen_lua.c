@@ -1297,14 +1297,17 @@ static int session_sampler(lua_State *L) {
 
 /* ---- chat templates --------------------------------------------------------------------- */
 
-/* Reads a template given as a family name or a table of prefixes/suffixes. */
+/* Reads a template given as a family name, a Jinja template (a string with "{{" or "{%"), or a
+ * table of prefixes/suffixes or { jinja = source }. */
 static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *tpl) {
     static const char *const keys[] = {"name",        "system_prefix",    "system_suffix",    "user_prefix",
-                                       "user_suffix", "assistant_prefix", "assistant_suffix", "system_in_user",
-                                       NULL};
+                                       "user_suffix", "assistant_prefix", "assistant_suffix", "jinja",
+                                       "system_in_user", NULL};
     memset(tpl, 0, sizeof *tpl);
     if (lua_type(L, idx) == LUA_TSTRING) {
-        tpl->name = check_cstring(L, idx, arg, "template");
+        const char *v = check_cstring(L, idx, arg, "template");
+        if (strstr(v, "{{") || strstr(v, "{%")) tpl->jinja = v;
+        else tpl->name = v;
         return;
     }
     if (!lua_istable(L, idx)) {
@@ -1312,7 +1315,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
         return;
     }
     const char **fields[] = {&tpl->name,        &tpl->system_prefix,    &tpl->system_suffix, &tpl->user_prefix,
-                             &tpl->user_suffix, &tpl->assistant_prefix, &tpl->assistant_suffix};
+                             &tpl->user_suffix, &tpl->assistant_prefix, &tpl->assistant_suffix, &tpl->jinja};
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         lua_pop(L, 1);
@@ -1322,7 +1325,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
         if (k < 0 && lua_type(L, -1) == LUA_TSTRING) check_cstring(L, lua_gettop(L), arg, "template field name");
         if (k < 0) luaL_argerror(L, arg, lua_pushfstring(L, "template: unknown field %s", push_key_text(L, -1)));
     }
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         int t = lua_getfield(L, idx, keys[i]);
         if (t != LUA_TNIL && t != LUA_TSTRING)
             luaL_argerror(L, arg,
@@ -1784,7 +1787,8 @@ static int session_choose(lua_State *L) {
     return 3;
 }
 
-/* s.template -> the chat template family in use, or nil when the model's is unknown */
+/* s.template -> "jinja" (a Jinja template runs), the family in use, "custom", or nil when the
+ * model has no usable template */
 static void push_template_name(lua_State *L, lsession *s) {
     kvgen_error err = {0};
     const char *name = kvgen_chat_template_name(s->session, &err);

@@ -461,11 +461,45 @@ describe("generation (default model) #model", function()
 
   it("detects the model's chat template and answers", function()
     local s <close> = m:session { system = "You are a geography teacher. Answer in one short sentence." }
-    assert.are.equal("chatml", s.template)
+    assert.are.equal("jinja", s.template)
     local reply, finish = s:chat("What is the capital of France?", { max_tokens = 32 })
     assert.are.equal("stop", finish)
     assert.matches("Paris", reply)
     assert.are.equal(m:token("<|im_end|>"), s:tokens()[s.length])
+  end)
+
+  it("runs the file's chat template: its default system prompt, content never parsed for control tokens", function()
+    local s <close> = m:session()
+    s:add("user", "Hi <|im_start|>")
+    local want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      .. "<|im_start|>user\nHi <|im_start|><|im_end|>\n"
+    assert.are.equal(want, m:detokenize(s:tokens(), { special = true }))
+    local starts = 0
+    for _, t in ipairs(s:tokens()) do if t == m:token("<|im_start|>") then starts = starts + 1 end end
+    assert.are.equal(2, starts)
+    -- the next turn keeps the cache and adds its own tokens
+    local before = s:tokens()
+    s:add("assistant", "Hello.")
+    local after = s:tokens()
+    for i = 1, #before do assert.are.equal(before[i], after[i]) end
+    assert.are.equal(want .. "<|im_start|>assistant\nHello.<|im_end|>\n", m:detokenize(after, { special = true }))
+  end)
+
+  it("takes a Jinja template of the caller's, as a string or { jinja = ... }", function()
+    local src = "{% for m in messages %}[{{ m.role | upper }}] {{ m.content }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+    local s <close> = m:session { template = src, system = "Be brief." }
+    assert.are.equal("jinja", s.template)
+    s:add("user", "hi")
+    assert.are.equal("[SYSTEM] Be brief.\n[USER] hi\n", m:detokenize(s:tokens()))
+    local t <close> = m:session()
+    t:set_template { jinja = "{{ messages[0].content ~ '!' }}" }
+    t:add("user", "wow")
+    assert.are.equal("wow!", m:detokenize(t:tokens()))
+    assert.matches("jinja: line 1 column 4: expected an expression", error_of(t.set_template, t, "{{ }}"))
+    t:set_template("{{ raise_exception('roles must alternate') }}")
+    assert.matches("line 1 column %d+: raise_exception: roles must alternate", error_of(t.add, t, "user", "x"))
+    assert.are.equal("wow!", m:detokenize(t:tokens()), "a refused turn adds nothing")
   end)
 
   it("stop strings end a completion", function()

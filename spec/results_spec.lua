@@ -250,9 +250,11 @@ describe("results (default model) #model", function()
 
   it("s:chat with choices answers what s:choose ranks best after the assistant header", function()
     local m = support.default_model()
-    -- s:choose on the chat prompt: the user turn and the assistant header
+    -- s:choose on the chat prompt: the file template's default system prompt, the user turn and
+    -- the assistant header
     local b <close> = m:session()
-    b:prefill("<|im_start|>user\n" .. q .. "<|im_end|>\n<|im_start|>assistant\n", { special = true })
+    b:prefill("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      .. "<|im_start|>user\n" .. q .. "<|im_end|>\n<|im_start|>assistant\n", { special = true })
     local prompt = b:tokens()
     local best, logprobs = b:choose(list)
     assert.are.equal("Hot", list[best]) -- fire is hot, and the model's scores say so

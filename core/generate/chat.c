@@ -1,19 +1,27 @@
-/* chat.c: chat templates (built-in families recognised from tokenizer.chat_template, or the
- * caller's prefix/suffix strings) and incremental turns: each call tokenizes and prefills only
- * the new turn; the conversation lives in the session's cache.
+/* chat.c: chat templates and incremental turns.
  *
- * Template text is tokenized with KVGEN_TOKENIZE_SPECIAL and the caller's text without it, each
+ * A Jinja template (the model's tokenizer.chat_template, or the caller's) is rendered by
+ * template/jinja.c for the whole conversation, which this state keeps (role, content, where
+ * its tokens start); the rendering is tokenized and only the tokens past the part the cache
+ * already holds are prefilled, so a turn whose rendered prefix is unchanged costs only its
+ * own tokens, and one that changes the prefix rewinds to where they differ. Files without a
+ * template, and templates the interpreter rejects, use a built-in family (prefix/suffix
+ * strings per role, appended turn by turn); so do the caller's prefix/suffix strings.
+ *
+ * Template text is tokenized with KVGEN_TOKENIZE_SPECIAL and message content without it, each
  * piece on its own: "<|im_end|>" typed by a player stays plain text, never a control token. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_generate.h"
+#include "kvg_jinja.h"
 #include "kvg_model.h"
 #include "kvg_session.h"
 #include "kvg_sampler.h"
 
 enum { S_SYS_PRE, S_SYS_SUF, S_USER_PRE, S_USER_SUF, S_ASST_PRE, S_ASST_SUF, N_STR };
 enum { ROLE_NONE, ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
-enum { MODE_MODEL, MODE_BUILTIN, MODE_CUSTOM };
+enum { MODE_MODEL, MODE_BUILTIN, MODE_CUSTOM, MODE_JINJA };
 
 typedef struct family {
     const char *name;
@@ -43,6 +51,12 @@ static const family FAMILIES[] = {
 };
 #define N_FAMILIES ((int)(sizeof FAMILIES / sizeof FAMILIES[0]))
 
+typedef struct chat_msg {
+    int role; /* ROLE_* */
+    char *content;
+    size_t end; /* the cache length once the turn was in: a rewind below it takes the turn back */
+} chat_msg;
+
 struct kvg_chat {
     int mode;   /* MODE_* */
     int family; /* MODE_BUILTIN */
@@ -50,7 +64,14 @@ struct kvg_chat {
     int system_in_user;
     int open_reply; /* an assistant header was appended and its turn not closed yet */
     int last_role;  /* ROLE_* of the last complete turn */
+    char *jinja;    /* MODE_JINJA: the caller's template */
+    chat_msg *msgs; /* a Jinja template's conversation so far */
+    size_t n_msgs;
+    size_t reply_at; /* open_reply with a Jinja template: where the reply's tokens start */
+    int warned;      /* the model's template was rejected and the reason printed */
 };
+
+static const char *const ROLE_NAMES[] = {"", "system", "user", "assistant"};
 
 static int find_family(const char *name) {
     for (int i = 0; i < N_FAMILIES; i++)
@@ -89,9 +110,16 @@ static int family_from_vocab(const kvg_tokenizer *tok) {
     return -1;
 }
 
+static void free_msgs(chat_msg *m, size_t n) {
+    for (size_t i = 0; i < n; i++) kvg_free(m[i].content);
+    kvg_free(m);
+}
+
 static void kvg_chat_free(kvg_chat *c) {
     if (!c) return;
     for (int i = 0; i < N_STR; i++) kvg_free(c->str[i]);
+    kvg_free(c->jinja);
+    free_msgs(c->msgs, c->n_msgs);
     kvg_free(c);
 }
 
@@ -109,22 +137,54 @@ static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_er
     kvg_chat *c = kvg_calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     *c = *src;
+    c->jinja = NULL;
+    c->msgs = NULL;
+    c->n_msgs = 0;
     for (int i = 0; i < N_STR; i++) {
         c->str[i] = NULL;
-        if (src->str[i] && !(c->str[i] = dup_str(src->str[i], strlen(src->str[i])))) {
-            kvg_chat_free(c);
-            return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
+        if (src->str[i] && !(c->str[i] = dup_str(src->str[i], strlen(src->str[i])))) goto oom;
+    }
+    if (src->jinja && !(c->jinja = dup_str(src->jinja, strlen(src->jinja)))) goto oom;
+    if (src->n_msgs) {
+        if (!(c->msgs = kvg_calloc(src->n_msgs, sizeof *c->msgs))) goto oom;
+        for (; c->n_msgs < src->n_msgs; c->n_msgs++) {
+            const chat_msg *m = &src->msgs[c->n_msgs];
+            c->msgs[c->n_msgs] = *m;
+            if (!(c->msgs[c->n_msgs].content = dup_str(m->content, strlen(m->content)))) goto oom;
         }
     }
     *dst = c;
     return KVGEN_OK;
+oom:
+    kvg_chat_free(c);
+    return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
 }
 
-/* state: u8 mode, family, open_reply, last_role, system_in_user; then N_STR x (u32 len, bytes) */
+/* state: u8 mode, family, open_reply, last_role, system_in_user; then N_STR x (u32 len, bytes);
+ * then (absent in states written before templates ran) u32 len + the Jinja template, u64
+ * reply_at, u32 message count and per message u8 role, u64 end, u32 len, bytes */
 static size_t kvg_chat_state_size(const kvg_chat *c) {
     size_t n = 5;
     for (int i = 0; i < N_STR; i++) n += 4 + (c->str[i] ? strlen(c->str[i]) : 0);
+    n += 4 + (c->jinja ? strlen(c->jinja) : 0) + 8 + 4;
+    for (size_t i = 0; i < c->n_msgs; i++) n += 1 + 8 + 4 + strlen(c->msgs[i].content);
     return n;
+}
+
+static unsigned char *put_u(unsigned char *b, uint64_t v, int bytes) {
+    for (int k = 0; k < bytes; k++) *b++ = (unsigned char)(v >> (8 * k));
+    return b;
+}
+static uint64_t get_u(const unsigned char *b, int bytes) {
+    uint64_t v = 0;
+    for (int k = 0; k < bytes; k++) v |= (uint64_t)b[k] << (8 * k);
+    return v;
+}
+static unsigned char *put_str(unsigned char *b, const char *s) {
+    uint32_t n = s ? (uint32_t)strlen(s) : 0;
+    b = put_u(b, n, 4);
+    if (n) memcpy(b, s, n);
+    return b + n;
 }
 
 static void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
@@ -133,17 +193,38 @@ static void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
     *b++ = (unsigned char)c->open_reply;
     *b++ = (unsigned char)c->last_role;
     *b++ = (unsigned char)c->system_in_user;
-    for (int i = 0; i < N_STR; i++) {
-        uint32_t n = c->str[i] ? (uint32_t)strlen(c->str[i]) : 0;
-        for (int k = 0; k < 4; k++) *b++ = (unsigned char)(n >> (8 * k));
-        if (n) memcpy(b, c->str[i], n);
-        b += n;
+    for (int i = 0; i < N_STR; i++) b = put_str(b, c->str[i]);
+    b = put_str(b, c->jinja);
+    b = put_u(b, c->reply_at, 8);
+    b = put_u(b, c->n_msgs, 4);
+    for (size_t i = 0; i < c->n_msgs; i++) {
+        *b++ = (unsigned char)c->msgs[i].role;
+        b = put_u(b, c->msgs[i].end, 8);
+        b = put_str(b, c->msgs[i].content);
     }
+}
+
+/* a length-prefixed string at b[*off..size); NULL with *bad set when it does not fit */
+static char *load_str(const unsigned char *b, size_t size, size_t *off, bool keep, bool *bad, bool *oom) {
+    if (size - *off < 4) {
+        *bad = true;
+        return NULL;
+    }
+    uint32_t n = (uint32_t)get_u(b + *off, 4);
+    *off += 4;
+    if (n > size - *off) {
+        *bad = true;
+        return NULL;
+    }
+    char *s = keep ? dup_str((const char *)b + *off, n) : NULL;
+    if (keep && !s) *oom = true;
+    *off += n;
+    return s;
 }
 
 static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, size_t size, kvgen_error *err) {
     *out = NULL;
-    if (size < 5 || b[0] > MODE_CUSTOM || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_ASSISTANT || b[4] > 1)
+    if (size < 5 || b[0] > MODE_JINJA || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_ASSISTANT || b[4] > 1)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
     kvg_chat *c = kvg_calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
@@ -153,24 +234,46 @@ static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, 
     c->last_role = b[3];
     c->system_in_user = b[4];
     size_t off = 5;
-    for (int i = 0; i < N_STR; i++) {
-        if (size - off < 4) goto bad;
-        uint32_t n = (uint32_t)b[off] | (uint32_t)b[off + 1] << 8 | (uint32_t)b[off + 2] << 16 |
-                     (uint32_t)b[off + 3] << 24;
-        off += 4;
-        if (n > size - off) goto bad;
-        if (c->mode == MODE_CUSTOM && !(c->str[i] = dup_str((const char *)b + off, n))) {
-            kvg_chat_free(c);
-            return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
+    bool bad = false, oom = false;
+    for (int i = 0; i < N_STR && !bad && !oom; i++) c->str[i] = load_str(b, size, &off, c->mode == MODE_CUSTOM, &bad, &oom);
+    if (!bad && !oom && off < size) { /* the template's conversation */
+        c->jinja = load_str(b, size, &off, true, &bad, &oom);
+        if (c->jinja && !c->jinja[0] && c->mode != MODE_JINJA) {
+            kvg_free(c->jinja);
+            c->jinja = NULL;
         }
-        off += n;
+        if (!bad && !oom && size - off < 12) bad = true;
+        if (!bad && !oom) {
+            c->reply_at = (size_t)get_u(b + off, 8);
+            uint64_t n = get_u(b + off + 8, 4);
+            off += 12;
+            if (n > (size - off) / 13) bad = true;
+            else if (n && !(c->msgs = kvg_calloc((size_t)n, sizeof *c->msgs))) oom = true;
+            for (; !bad && !oom && c->n_msgs < n; c->n_msgs++) {
+                chat_msg *m = &c->msgs[c->n_msgs];
+                if (size - off < 9 || b[off] < ROLE_SYSTEM || b[off] > ROLE_ASSISTANT) {
+                    bad = true;
+                    break;
+                }
+                m->role = b[off];
+                m->end = (size_t)get_u(b + off + 1, 8);
+                off += 9;
+                m->content = load_str(b, size, &off, true, &bad, &oom);
+                if (!m->content) break;
+            }
+        }
     }
-    if (off != size) goto bad;
+    if (c->mode == MODE_JINJA && !c->jinja) bad = true;
+    if (oom) {
+        kvg_chat_free(c);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
+    }
+    if (bad || off != size) {
+        kvg_chat_free(c);
+        return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
+    }
     *out = c;
     return KVGEN_OK;
-bad:
-    kvg_chat_free(c);
-    return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
 }
 
 const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free, kvg_chat_clone, kvg_chat_state_size, kvg_chat_state_save,
@@ -185,44 +288,89 @@ static kvgen_status get_chat(kvgen_session *s, kvg_chat **out, kvgen_error *err)
     return KVGEN_OK;
 }
 
-/* The strings in force: the caller's, a chosen family's, or the model's detected family. */
-static kvgen_status resolve(kvgen_session *s, const kvg_chat *c, const char *str[N_STR], int *system_in_user,
-                            const char **name, kvgen_error *err) {
-    if (c->mode == MODE_CUSTOM) {
-        for (int i = 0; i < N_STR; i++) str[i] = c->str[i];
-        *system_in_user = c->system_in_user;
-        *name = "custom";
+/* What renders the chat: a Jinja template, or a family's (or the caller's) strings. */
+typedef struct rules {
+    const char *str[N_STR];
+    int system_in_user;
+    const char *name;
+    const char *jinja; /* non-NULL: this template renders the whole conversation */
+    size_t jinja_len;
+} rules;
+
+/* The model's template is used when it parses and renders a one-message conversation. */
+static bool template_usable(const char *src, size_t len, char *why, size_t size) {
+    kvg_jinja *t = NULL;
+    if (!kvg_jinja_parse(src, len, &t, why, size)) return false;
+    kvg_jinja_msg probe = {"user", "Hello"};
+    kvg_jinja_input in = {&probe, 1, true, "", ""};
+    kvg_jinja_output out;
+    bool ok = kvg_jinja_render(t, &in, &out, why, size);
+    kvg_jinja_free(t);
+    kvg_free(out.text);
+    kvg_free(out.user);
+    return ok;
+}
+
+static void use_family(rules *ru, int f) {
+    for (int i = 0; i < N_STR; i++) ru->str[i] = FAMILIES[f].str[i];
+    ru->system_in_user = FAMILIES[f].system_in_user;
+    ru->name = FAMILIES[f].name;
+}
+
+/* The rules in force: the caller's template or strings, a chosen family, or the model's
+ * template (rendered; a family when the file has none or the interpreter rejects it). */
+static kvgen_status resolve(kvgen_session *s, kvg_chat *c, rules *ru, kvgen_error *err) {
+    memset(ru, 0, sizeof *ru);
+    if (c->mode == MODE_JINJA) {
+        ru->jinja = c->jinja;
+        ru->jinja_len = strlen(c->jinja);
+        ru->name = "jinja";
         return KVGEN_OK;
     }
-    int f = c->family;
-    if (c->mode == MODE_MODEL) {
-        const kvgen_model *m = kvg_session_model(s);
-        kvg_str t;
-        if (!kvg_gguf_get_str(m->gguf, "tokenizer.chat_template", &t)) {
-            /* no template in the file (common in re-packed GGUFs): the family whose control
-             * tokens the vocabulary holds */
-            f = family_from_vocab(m->tok);
-            if (f < 0)
-                return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                                "%s: the model has no tokenizer.chat_template and its vocabulary has no family's "
-                                "control tokens; choose one with kvgen_chat_set_template (chatml, llama3, llama2, "
-                                "zephyr, gemma, phi3, or custom strings)",
-                                kvg_gguf_path(m->gguf));
-            for (int i = 0; i < N_STR; i++) str[i] = FAMILIES[f].str[i];
-            *system_in_user = FAMILIES[f].system_in_user;
-            *name = FAMILIES[f].name;
-            return KVGEN_OK;
-        }
-        f = detect_family(t.ptr, (size_t)t.len);
+    if (c->mode == MODE_CUSTOM) {
+        for (int i = 0; i < N_STR; i++) ru->str[i] = c->str[i];
+        ru->system_in_user = c->system_in_user;
+        ru->name = "custom";
+        return KVGEN_OK;
+    }
+    if (c->mode == MODE_BUILTIN) {
+        use_family(ru, c->family);
+        return KVGEN_OK;
+    }
+    const kvgen_model *m = kvg_session_model(s);
+    kvg_str t;
+    if (!kvg_gguf_get_str(m->gguf, "tokenizer.chat_template", &t)) {
+        /* no template in the file (common in re-packed GGUFs): the family whose control
+         * tokens the vocabulary holds */
+        int f = family_from_vocab(m->tok);
         if (f < 0)
             return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                            "%s: tokenizer.chat_template is not a family kvgen knows (chatml, llama3, llama2, "
-                            "zephyr, gemma, phi3); give one with kvgen_chat_set_template",
+                            "%s: the model has no tokenizer.chat_template and its vocabulary has no family's "
+                            "control tokens; choose one with kvgen_chat_set_template (chatml, llama3, llama2, "
+                            "zephyr, gemma, phi3, custom strings, or a Jinja template)",
                             kvg_gguf_path(m->gguf));
+        use_family(ru, f);
+        return KVGEN_OK;
     }
-    for (int i = 0; i < N_STR; i++) str[i] = FAMILIES[f].str[i];
-    *system_in_user = FAMILIES[f].system_in_user;
-    *name = FAMILIES[f].name;
+    char why[KVGEN_ERROR_MESSAGE_SIZE];
+    if (template_usable(t.ptr, (size_t)t.len, why, sizeof why)) {
+        ru->jinja = t.ptr;
+        ru->jinja_len = (size_t)t.len;
+        ru->name = "jinja";
+        return KVGEN_OK;
+    }
+    int f = detect_family(t.ptr, (size_t)t.len);
+    if (!c->warned) {
+        kvg_log(KVGEN_LOG_WARNING, "%s: tokenizer.chat_template is not supported (%s); %s", kvg_gguf_path(m->gguf),
+                why, f >= 0 ? "using the built-in family of its control strings" : "no built-in family matches");
+        c->warned = 1;
+    }
+    if (f < 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "%s: tokenizer.chat_template cannot be run (%s) and is not a family kvgen knows (chatml, "
+                        "llama3, llama2, zephyr, gemma, phi3); give one with kvgen_chat_set_template",
+                        kvg_gguf_path(m->gguf), why);
+    use_family(ru, f);
     return KVGEN_OK;
 }
 
@@ -233,6 +381,15 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
     kvg_chat next = {0};
     if (!tpl) {
         next.mode = MODE_MODEL;
+    } else if (tpl->jinja && !tpl->name) {
+        char why[KVGEN_ERROR_MESSAGE_SIZE - 64];
+        kvg_jinja *t = NULL;
+        if (!kvg_jinja_parse(tpl->jinja, strlen(tpl->jinja), &t, why, sizeof why))
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_set_template: jinja: %s", why);
+        kvg_jinja_free(t);
+        next.mode = MODE_JINJA;
+        if (!(next.jinja = dup_str(tpl->jinja, strlen(tpl->jinja))))
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     } else if (tpl->name) {
         next.family = find_family(tpl->name);
         if (next.family < 0)
@@ -258,11 +415,18 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
     kvgen_status st = get_chat(s, &c, err);
     if (st != KVGEN_OK) {
         for (int i = 0; i < N_STR; i++) kvg_free(next.str[i]);
+        kvg_free(next.jinja);
         return st;
     }
     for (int i = 0; i < N_STR; i++) kvg_free(c->str[i]);
+    kvg_free(c->jinja);
+    /* the conversation and the open reply carry over: a template renders them from here on */
     next.open_reply = c->open_reply;
     next.last_role = c->last_role;
+    next.msgs = c->msgs;
+    next.n_msgs = c->n_msgs;
+    next.reply_at = c->reply_at;
+    next.warned = c->warned;
     *c = next;
     return KVGEN_OK;
 }
@@ -274,16 +438,12 @@ const char *kvgen_chat_template_name(kvgen_session *s, kvgen_error *err) {
     }
     kvg_chat *c = NULL;
     if (get_chat(s, &c, err) != KVGEN_OK) return NULL;
-    const char *str[N_STR], *name;
-    int siu;
-    return resolve(s, c, str, &siu, &name, err) == KVGEN_OK ? name : NULL;
+    rules ru;
+    return resolve(s, c, &ru, err) == KVGEN_OK ? ru.name : NULL;
 }
 
 /* a growable token list */
-typedef struct toks {
-    int32_t *v;
-    size_t n, cap;
-} toks;
+typedef kvg_tokens toks;
 
 static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text, unsigned flags, kvgen_error *err) {
     size_t len = strlen(text);
@@ -316,6 +476,142 @@ static int parse_role(const char *role) {
     return -1;
 }
 
+/* Appends tokens to `out` (the jobs' prefill list) */
+static kvgen_status append_out(kvg_tokens *out, const int32_t *v, size_t n, const char *fn, kvgen_error *err) {
+    if (out->n + n > out->cap) {
+        int32_t *nv = kvg_realloc(out->v, (out->n + n) * sizeof *nv);
+        if (!nv) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %zu tokens", fn, out->n + n);
+        out->v = nv;
+        out->cap = out->n + n;
+    }
+    if (n) memcpy(out->v + out->n, v, n * sizeof *v);
+    out->n += n;
+    return KVGEN_OK;
+}
+
+/* The text of a special token ("" when there is none). */
+static void token_text(const kvgen_model *m, int32_t id, char *buf, size_t size) {
+    buf[0] = 0;
+    if (id < 0) return;
+    size_t n = kvg_token_piece(m->tok, id, KVGEN_TOKENIZE_SPECIAL, buf, size - 1);
+    buf[n < size - 1 ? n : size - 1] = 0;
+}
+
+/* A turn under a Jinja template: the conversation (messages whose tokens are still in the
+ * cache, the reply generated since the last turn, the new message) is rendered and tokenized,
+ * template text with special tokens, content without; the cache keeps its longest common
+ * prefix with that and the rest is prefilled (or handed to the jobs' worker in `out`). */
+static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru, int r, const char *text,
+                                  bool begin_reply, const char *fn, kvg_tokens *out, kvgen_error *err) {
+    const kvgen_model *m = kvg_session_model(s);
+    size_t len = kvgen_session_length(s);
+    const int32_t *have = kvgen_session_tokens(s);
+    size_t keep = 0;
+    while (keep < c->n_msgs && c->msgs[keep].end <= len) keep++; /* a rewind took the rest back */
+    chat_msg *msgs = kvg_calloc(keep + 2, sizeof *msgs);
+    kvg_jinja_msg *jm = kvg_calloc(keep + 2, sizeof *jm);
+    kvg_jinja *t = NULL;
+    kvg_jinja_output ro = {0};
+    toks tk = {0};
+    char *reply = NULL;
+    kvgen_status st = KVGEN_OK;
+    size_t n = 0;
+    if (!msgs || !jm) {
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    for (; n < keep; n++) msgs[n] = c->msgs[n];
+    if (c->open_reply && c->reply_at < len) { /* the reply as generated, control tokens left out */
+        size_t need = kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, NULL, 0);
+        if (!(reply = kvg_malloc(need + 1))) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+            goto done;
+        }
+        kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, reply, need + 1);
+        msgs[n++] = (chat_msg){ROLE_ASSISTANT, reply, len};
+    }
+    if (r != ROLE_NONE) msgs[n++] = (chat_msg){r, (char *)text, 0};
+    for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content};
+
+    char why[KVGEN_ERROR_MESSAGE_SIZE - 96], bos[128], eos[128];
+    token_text(m, kvg_tokenizer_bos(m->tok), bos, sizeof bos);
+    token_text(m, kvg_tokenizer_eos(m->tok), eos, sizeof eos);
+    kvg_jinja_input in = {jm, n, begin_reply, bos, eos};
+    const char *which = c->mode == MODE_JINJA ? "the session's chat template" : "tokenizer.chat_template";
+    if (!kvg_jinja_parse(ru->jinja, ru->jinja_len, &t, why, sizeof why) ||
+        !kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
+        st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
+        goto done;
+    }
+    /* runs of template text and of content, each tokenized on its own */
+    for (size_t a = 0; a < ro.len && st == KVGEN_OK;) {
+        size_t b = a;
+        while (b < ro.len && ro.user[b] == ro.user[a]) b++;
+        char saved = ro.text[b];
+        ro.text[b] = 0;
+        st = append_text(&tk, m, ro.text + a, ro.user[a] ? 0 : KVGEN_TOKENIZE_SPECIAL, err);
+        ro.text[b] = saved;
+        a = b;
+    }
+    if (st != KVGEN_OK) goto done;
+    if (kvg_tokenizer_add_bos(m->tok)) {
+        int32_t bos_id = kvg_tokenizer_bos(m->tok);
+        if (bos_id >= 0 && (tk.n == 0 || tk.v[0] != bos_id)) {
+            int32_t one = bos_id;
+            toks with = {0};
+            st = append_out(&with, &one, 1, fn, err);
+            if (st == KVGEN_OK) st = append_out(&with, tk.v, tk.n, fn, err);
+            kvg_free(tk.v);
+            tk = with;
+            if (st != KVGEN_OK) goto done;
+        }
+    }
+    size_t k = 0;
+    while (k < len && k < tk.n && have[k] == tk.v[k]) k++;
+    if (k < len) { /* the rendered prefix changed (or the reply tokenizes differently): reuse what matches */
+        st = kvgen_session_rewind(s, len - k, err);
+        if (st != KVGEN_OK) goto done;
+    }
+    if (out) st = append_out(out, tk.v + k, tk.n - k, fn, err);
+    else if (tk.n > k) st = kvgen_session_prefill(s, tk.v + k, tk.n - k, NULL, err);
+    if (st != KVGEN_OK) goto done;
+
+    /* the new conversation */
+    chat_msg *keep_msgs = kvg_calloc(n ? n : 1, sizeof *keep_msgs);
+    if (!keep_msgs) {
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    size_t made = 0;
+    for (; made < n; made++) {
+        const chat_msg *src = &msgs[made];
+        keep_msgs[made].role = src->role;
+        keep_msgs[made].end = made < keep || src->content == reply ? src->end : tk.n;
+        if (keep_msgs[made].end > tk.n) keep_msgs[made].end = tk.n;
+        if (!(keep_msgs[made].content = dup_str(src->content, strlen(src->content)))) break;
+    }
+    if (made < n) {
+        free_msgs(keep_msgs, made);
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    free_msgs(c->msgs, c->n_msgs);
+    c->msgs = keep_msgs;
+    c->n_msgs = n;
+    c->reply_at = tk.n;
+    c->open_reply = begin_reply;
+    if (r != ROLE_NONE) c->last_role = r;
+done:
+    kvg_jinja_free(t);
+    kvg_free(ro.text);
+    kvg_free(ro.user);
+    kvg_free(tk.v);
+    kvg_free(reply);
+    kvg_free(msgs);
+    kvg_free(jm);
+    return st;
+}
+
 /* One turn: its tokens are prefilled, or with `out` appended there for the caller to prefill
  * (the jobs' worker, in chunks); the chat state changes only when that succeeded. */
 static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *text, bool begin_reply,
@@ -333,10 +629,16 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     bool had_chat = sm->chat != NULL;
     kvgen_status st = get_chat(s, &c, err);
     if (st != KVGEN_OK) return st;
-    const char *str[N_STR], *name;
-    int system_in_user;
-    st = resolve(s, c, str, &system_in_user, &name, err);
+    rules ru;
+    st = resolve(s, c, &ru, err);
     if (st != KVGEN_OK) goto fail;
+    if (ru.jinja) {
+        st = template_turn(s, c, &ru, r, text, begin_reply, fn, out, err);
+        if (st != KVGEN_OK) goto fail;
+        return KVGEN_OK;
+    }
+    const char **str = ru.str;
+    int system_in_user = ru.system_in_user;
 
     const kvgen_model *m = kvg_session_model(s);
     size_t len = kvgen_session_length(s);

@@ -602,27 +602,40 @@ KVGEN_API kvgen_status kvgen_generate(kvgen_session *session, const kvgen_genera
                             size_t *len, kvgen_finish *finish, kvgen_error *err);
 
 /* ---- chat ---- *
- * A template is a prefix and suffix per role. Built-in families are recognised from the
- * model's tokenizer.chat_template: "chatml" (SmolLM2, Qwen), "llama3", "llama2", "zephyr",
- * "gemma", "phi3". Control text (prefixes/suffixes) is tokenized with KVGEN_TOKENIZE_SPECIAL,
- * the caller's text never is, so a user cannot inject template tokens. */
+ * The model's tokenizer.chat_template (Jinja) is run by kvgen's own interpreter with the
+ * conversation (role, content), add_generation_prompt, bos_token and eos_token, as Hugging
+ * Face's apply_chat_template renders it (default system prompts included). A file without a
+ * template, or with one the interpreter rejects (the reason is printed to stderr once), uses a
+ * built-in family: "chatml" (SmolLM2, Qwen), "llama3", "llama2", "zephyr", "gemma", "phi3",
+ * recognised from the template's control strings or the vocabulary. Template text is tokenized
+ * with KVGEN_TOKENIZE_SPECIAL, message content never is, so a user cannot inject template
+ * tokens. */
 typedef struct kvgen_chat_template {
     const char *name; /* a built-in family name: the other fields are ignored; NULL: custom */
     const char *system_prefix, *system_suffix;
     const char *user_prefix, *user_suffix;
     const char *assistant_prefix, *assistant_suffix; /* assistant_prefix starts every reply */
     int system_in_user; /* 1: the user turn after a system turn omits user_prefix (llama2, gemma) */
+    const char *jinja;  /* name NULL: a Jinja chat template (the strings above are ignored); copied */
 } kvgen_chat_template;
 
-/* Chooses the session's template: NULL returns to the model's (detected); a template with
- * `name` selects a built-in family; otherwise the strings are copied. Unknown names and an
- * unrecognised model template give KVGEN_E_UNSUPPORTED. */
+/* Chooses the session's template: NULL returns to the model's; a template with `name`
+ * selects a built-in family; `jinja` a template of the caller's (a syntax error gives
+ * KVGEN_E_INVALID_ARGUMENT with its line and column); otherwise the strings are copied.
+ * Unknown names give KVGEN_E_UNSUPPORTED. The conversation so far carries over. */
 KVGEN_API kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvgen_chat_template *tpl, kvgen_error *err);
-/* The family name the session uses ("chatml", ..., "custom"), or NULL with *err set
- * (KVGEN_E_UNSUPPORTED) when the model's template is unknown and none was set. */
+/* What renders the session's chat: "jinja" (the model's template or the caller's), a family
+ * name ("chatml", ...), "custom"; or NULL with *err set (KVGEN_E_UNSUPPORTED) when the model
+ * has no usable template, no family matches and none was set. */
 KVGEN_API const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
 /* Appends one complete turn (role "system", "user" or "assistant") and prefills it; an open
- * assistant reply is closed first. On an empty session the model's BOS comes first. */
+ * assistant reply is closed first. On an empty session the model's BOS comes first.
+ * Under a Jinja template the whole conversation is rendered and only the tokens past what the
+ * cache already holds are prefilled; where the rendering changes earlier text (or the reply
+ * tokenizes differently than generated) the cache is rewound to the common prefix first. A
+ * rewind below a turn's tokens (kvgen_session_rewind, an undo) takes that turn out of the
+ * conversation. A template error (raise_exception, a conversation it refuses) gives
+ * KVGEN_E_UNSUPPORTED with the template's line and column. */
 KVGEN_API kvgen_status kvgen_chat_add(kvgen_session *session, const char *role, const char *text, kvgen_error *err);
 /* Appends a turn like kvgen_chat_add (text NULL: no turn) and then the assistant header, so
  * that kvgen_gen_begin produces the reply. Only the new tokens are prefilled. */

@@ -786,6 +786,8 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
         if (st == KVGEN_OK) {
             j->chat_saved = true;
             st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
+            /* a turn that changed the rendered prefix rewound the cache to where they agree */
+            j->len_before = kvgen_session_length(s);
         }
     } else if (j->n_tokens > 0) {
         j->prompt_toks.v = kvg_malloc(j->n_tokens * sizeof *j->prompt_toks.v);

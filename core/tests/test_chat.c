@@ -1,6 +1,8 @@
 /* test_chat.c: generation on the default model (SmolLM2, skipped when absent), reference
- * backend: its chat template is recognised (ChatML), turns tokenize as the whole rendered
- * conversation does, a greedy reply knows Paris and carries no template text, a stop string
+ * backend: its own chat template runs (the default system prompt when there is no system
+ * turn), turns tokenize as the whole rendered conversation does, a new turn prefills only its
+ * tokens, a rewind takes turns back, message text never becomes control tokens, the caller's
+ * Jinja template replaces the file's, a greedy reply knows Paris and carries no template text, a stop string
  * cuts it, choice scoring prefers the right answer, and constrained JSON parses. */
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
@@ -14,6 +16,73 @@ static char *session_text(kvgen_session *s) {
     return out;
 }
 
+static size_t count_token(kvgen_session *s, const char *text) {
+    int32_t id[4];
+    size_t n = 0, k = 0;
+    kvgen_tokenize(m, text, strlen(text), KVGEN_TOKENIZE_SPECIAL, id, 4, &n, NULL);
+    for (size_t i = 0; i < kvgen_session_length(s); i++) k += kvgen_session_tokens(s)[i] == id[0];
+    return k;
+}
+
+/* the file's template, turn by turn, without generating */
+static void templates(void) {
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    /* no system turn: the template's default system prompt (as apply_chat_template renders it) */
+    CHECK_OK(kvgen_chat_begin(s, "user", "Hi <|im_end|> there", &err));
+    const char *want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                       "Face<|im_end|>\n<|im_start|>user\nHi <|im_end|> there<|im_end|>\n<|im_start|>assistant\n";
+    CHECKF(strcmp(session_text(s), want) == 0, "\"%s\"", session_text(s));
+    CHECK(count_token(s, "<|im_end|>") == 2); /* the typed one is plain text */
+    /* a reply, then the next turn: the cache is kept and only the new tokens are added */
+    int32_t reply[3];
+    size_t nr = 0;
+    CHECK_OK(kvgen_tokenize(m, "Hello!", 6, 0, reply, 2, &nr, &err));
+    reply[nr++] = 2; /* <|im_end|> */
+    CHECK_OK(kvgen_session_prefill(s, reply, nr, NULL, &err));
+    size_t before = kvgen_session_length(s);
+    static int32_t copy[4096];
+    memcpy(copy, kvgen_session_tokens(s), before * sizeof *copy);
+    CHECK_OK(kvgen_chat_begin(s, "user", "Bye", &err));
+    CHECK(kvgen_session_length(s) > before && memcmp(copy, kvgen_session_tokens(s), before * sizeof *copy) == 0);
+    char want2[1024];
+    snprintf(want2, sizeof want2, "%sHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n",
+             want);
+    CHECKF(strcmp(session_text(s), want2) == 0, "\"%s\"", session_text(s));
+    /* rewinding to before that turn takes it back */
+    CHECK_OK(kvgen_session_rewind(s, kvgen_session_length(s) - before, &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "Ciao", &err));
+    snprintf(want2, sizeof want2, "%sHello!<|im_end|>\n<|im_start|>user\nCiao<|im_end|>\n<|im_start|>assistant\n",
+             want);
+    CHECKF(strcmp(session_text(s), want2) == 0, "\"%s\"", session_text(s));
+    kvgen_session_close(s);
+
+    /* the caller's template: no default system prompt here */
+    CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    kvgen_chat_template t = {.jinja = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}"
+                                      "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                                      "{% endif %}"};
+    CHECK_OK(kvgen_chat_set_template(s, &t, &err));
+    CHECK(strcmp(kvgen_chat_template_name(s, &err), "jinja") == 0);
+    CHECK_OK(kvgen_chat_add(s, "system", " Be kind. ", &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "Hi", &err));
+    CHECKF(strcmp(session_text(s), "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                   "<|im_start|>assistant\n") == 0,
+           "\"%s\"", session_text(s));
+    /* a template that refuses the conversation: an error that says where, nothing appended */
+    size_t len = kvgen_session_length(s);
+    kvgen_chat_template bad = {.jinja = "{{ raise_exception('no ' + messages[-1].role) }}"};
+    CHECK_OK(kvgen_chat_set_template(s, &bad, &err));
+    CHECK(kvgen_chat_add(s, "user", "x", &err) == KVGEN_E_UNSUPPORTED);
+    CHECKF(strstr(err.message, "line 1 column") && strstr(err.message, "no user"), "%s", err.message);
+    CHECK(kvgen_session_length(s) == len);
+    kvgen_chat_template syntax = {.jinja = "{% if true %}\n{{ 1 + }}"};
+    CHECK(kvgen_chat_set_template(s, &syntax, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "kvgen_chat_set_template: jinja: line 2 column"), "%s", err.message);
+    kvgen_session_close(s);
+}
+
 int main(void) {
     const char *path = tu_model_path();
     if (!path) tu_skip("default model absent");
@@ -23,7 +92,7 @@ int main(void) {
     if (!m) return tu_finish("test_chat");
     kvgen_session *s = NULL;
     CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
-    CHECK(strcmp(kvgen_chat_template_name(s, &err), "chatml") == 0);
+    CHECK(strcmp(kvgen_chat_template_name(s, &err), "jinja") == 0);
 
     CHECK_OK(kvgen_chat_add(s, "system", "You are a helpful assistant.", &err));
     CHECK_OK(kvgen_chat_begin(s, "user", "What is the capital of France?", &err));
@@ -58,6 +127,7 @@ int main(void) {
     CHECKF(fin == KVGEN_FINISH_STOP_STRING && !strstr(reply, "Rome") && len == strlen(reply), "\"%s\" (%s)", reply,
            kvgen_finish_name(fin));
     kvgen_session_close(s);
+    templates();
 
     /* choice scoring: the context once, candidates on forks */
     CHECK_OK(kvgen_session_create(m, NULL, &s, &err));

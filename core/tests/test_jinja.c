@@ -1,0 +1,261 @@
+/* test_jinja.c: the chat-template interpreter against jinja2 (fixtures from
+ * scripts/oracle/chat_templates.py: the model files' templates, published templates of other
+ * families, one-feature templates, malformed ones), the content flags that keep message text
+ * away from special-token parsing, and the limits on hostile templates. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <string.h>
+#include "kvg_jinja.h"
+#include "testutil.h"
+
+typedef struct rec {
+    char head[256];
+    char *body; /* NUL-terminated, NULL when the header has no payload */
+    size_t len;
+} rec;
+
+/* reads "head [LEN]\n" and LEN bytes + "\n" when the header ends in a number (or "error") */
+static int read_rec(FILE *f, rec *r) {
+    if (!fgets(r->head, sizeof r->head, f)) return 0;
+    r->head[strcspn(r->head, "\n")] = 0;
+    r->body = NULL;
+    r->len = 0;
+    char *sp = strrchr(r->head, ' ');
+    if (strncmp(r->head, "case ", 5) == 0 || (sp && strcmp(sp + 1, "error") == 0)) return 1;
+    if (!sp) return 1;
+    r->len = (size_t)strtoul(sp + 1, NULL, 10);
+    *sp = 0;
+    r->body = malloc(r->len + 1);
+    if (fread(r->body, 1, r->len, f) != r->len) return 0;
+    r->body[r->len] = 0;
+    fgetc(f);
+    return 1;
+}
+
+enum { MAX_T = 64 };
+static char *tnames[MAX_T];
+static kvg_jinja *tpls[MAX_T];
+static char terr[MAX_T][256];
+static int nt;
+
+static int find_tpl(const char *name) {
+    for (int i = 0; i < nt; i++)
+        if (strcmp(tnames[i], name) == 0) return i;
+    return -1;
+}
+
+static void fixtures(void) {
+    char *path = NULL;
+    const char *dir = getenv("KVGEN_FIXTURES");
+    if (!dir) tu_skip("KVGEN_FIXTURES not set");
+    path = malloc(strlen(dir) + 32);
+    sprintf(path, "%s/chat_templates.txt", dir);
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s", path);
+    free(path);
+    if (!f) return;
+    rec r;
+    int cases = 0, errors = 0;
+    while (read_rec(f, &r)) {
+        if (strncmp(r.head, "template ", 9) == 0 && nt < MAX_T) {
+            tnames[nt] = strdup(r.head + 9);
+            if (!kvg_jinja_parse(r.body, r.len, &tpls[nt], terr[nt], sizeof terr[nt])) tpls[nt] = NULL;
+            nt++;
+            free(r.body);
+            continue;
+        }
+        if (strncmp(r.head, "case ", 5) != 0) {
+            free(r.body);
+            continue;
+        }
+        char cname[128], tname[64];
+        int agp = 0, nmsg = 0;
+        CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &nmsg) == 4);
+        rec bos, eos, m;
+        read_rec(f, &bos);
+        read_rec(f, &eos);
+        kvg_jinja_msg msgs[16];
+        char *bodies[16];
+        size_t content_bytes = 0;
+        for (int i = 0; i < nmsg && i < 16; i++) {
+            read_rec(f, &m);
+            msgs[i].role = strdup(m.head + 4);
+            msgs[i].content = bodies[i] = m.body;
+            content_bytes += m.len;
+        }
+        rec ex;
+        read_rec(f, &ex);
+        int ti = find_tpl(tname);
+        CHECKF(ti >= 0, "%s: no template %s", cname, tname);
+        kvg_jinja_output out = {0};
+        char msg[256] = "";
+        bool ok = ti >= 0 && tpls[ti];
+        if (ti >= 0 && !tpls[ti]) snprintf(msg, sizeof msg, "%s", terr[ti]);
+        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body};
+        if (ok) ok = kvg_jinja_render(tpls[ti], &in, &out, msg, sizeof msg);
+        if (!ex.body) {
+            CHECKF(!ok, "%s: jinja2 fails, kvgen rendered \"%s\"", cname, out.text);
+            CHECKF(strncmp(msg, "line ", 5) == 0, "%s: error without a position: %s", cname, msg);
+            errors++;
+        } else {
+            CHECKF(ok, "%s: %s", cname, msg);
+            CHECKF(ok && out.len == ex.len && memcmp(out.text, ex.body, ex.len) == 0,
+                   "%s:\n--- jinja2\n%s\n--- kvgen\n%s\n---", cname, ex.body, ok ? out.text : "");
+            if (ok && strncmp(tname, "feat_", 5) != 0) {
+                /* every flagged byte is message content, and no template text is flagged */
+                size_t flagged = 0;
+                for (size_t i = 0; i < out.len; i++) flagged += out.user[i];
+                CHECKF(flagged <= content_bytes, "%s: %zu bytes flagged, %zu of content", cname, flagged,
+                       content_bytes);
+                if (strstr(cname, "/inject/")) {
+                    const char *p = strstr(out.text, "obey");
+                    CHECKF(p && out.user[p - out.text - 1] == 1 && out.user[p - out.text] == 1,
+                           "%s: injected text not flagged", cname);
+                }
+            }
+        }
+        cases++;
+        free(out.text);
+        free(out.user);
+        free(ex.body);
+        free(bos.body);
+        free(eos.body);
+        for (int i = 0; i < nmsg && i < 16; i++) {
+            free((char *)msgs[i].role);
+            free(bodies[i]);
+        }
+    }
+    fclose(f);
+    CHECKF(cases >= 100 && errors > 0, "%d cases, %d errors", cases, errors);
+}
+
+static void free_templates(void) {
+    for (int i = 0; i < nt; i++) {
+        kvg_jinja_free(tpls[i]);
+        free(tnames[i]);
+    }
+}
+
+static void mutations(void);
+static void fixtures_and_mutations(void) {
+    fixtures();
+    mutations();
+    free_templates();
+}
+
+static bool render(const char *src, char *msg, size_t n, char **text) {
+    kvg_jinja *t = NULL;
+    *text = NULL;
+    if (!kvg_jinja_parse(src, strlen(src), &t, msg, n)) return false;
+    kvg_jinja_msg m[1] = {{"user", "hi"}};
+    kvg_jinja_input in = {m, 1, true, "<s>", "</s>"};
+    kvg_jinja_output out;
+    bool ok = kvg_jinja_render(t, &in, &out, msg, n);
+    kvg_jinja_free(t);
+    *text = out.text;
+    free(out.user);
+    return ok;
+}
+
+static void limits(void) {
+    char msg[256], *text;
+    /* unbounded output, loops and recursion end with an error */
+    CHECK(!render("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", msg,
+                  sizeof msg, &text));
+    CHECKF(strstr(msg, "iterations") || strstr(msg, "output") || strstr(msg, "memory"), "%s", msg);
+    CHECK(!render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", msg, sizeof msg, &text));
+    CHECKF(strstr(msg, "macro calls nested"), "%s", msg);
+    CHECK(!render("{% set s = 'xxxxxxxxxxxxxxxx' %}{{ s * 100000000 }}", msg, sizeof msg, &text));
+    char deep[4096];
+    size_t k = 0;
+    k += (size_t)sprintf(deep + k, "{{ ");
+    for (int i = 0; i < 1000; i++) deep[k++] = '(';
+    deep[k++] = '1';
+    for (int i = 0; i < 1000; i++) deep[k++] = ')';
+    strcpy(deep + k, " }}");
+    CHECK(!render(deep, msg, sizeof msg, &text));
+    CHECKF(strstr(msg, "nested too deeply"), "%s", msg);
+    /* errors say where */
+    CHECK(!render("line one\n{{ messages[0].content.nope() }}", msg, sizeof msg, &text));
+    CHECKF(strncmp(msg, "line 2 column", 13) == 0 && strstr(msg, "nope"), "%s", msg);
+    CHECK(!render("{% if %}", msg, sizeof msg, &text));
+    CHECKF(strncmp(msg, "line 1 column 7", 15) == 0, "%s", msg);
+    /* truncated templates never crash */
+    const char *src = "{%- for m in messages %}{{ '<' + m['role'] ~ '>' }}{{ m.content | trim }}{% if loop.last %}"
+                      "{# c #}{{ {'a': [1, 2][::-1]} | tojson }}{% endif %}{%- endfor %}";
+    for (size_t n = 0; n < strlen(src); n++) {
+        char cut[512];
+        memcpy(cut, src, n);
+        cut[n] = 0;
+        if (render(cut, msg, sizeof msg, &text)) free(text);
+        else CHECKF(strncmp(msg, "line ", 5) == 0, "cut at %zu: %s", n, msg);
+    }
+    CHECK(render(src, msg, sizeof msg, &text));
+    CHECKF(text && strcmp(text, "<user>hi{\"a\": [2, 1]}") == 0, "%s", text ? text : msg);
+    free(text);
+}
+
+/* random byte edits of a real template: each parses or fails with a position, never crashes */
+static void mutations(void) {
+    int ti = find_tpl("qwen3");
+    CHECK(ti >= 0);
+    if (ti < 0) return;
+    const char *dir = getenv("KVGEN_FIXTURES");
+    char *path = malloc(strlen(dir) + 32);
+    sprintf(path, "%s/chat_templates.txt", dir);
+    FILE *f = fopen(path, "rb");
+    free(path);
+    rec r;
+    char *src = NULL;
+    size_t len = 0;
+    while (f && read_rec(f, &r)) {
+        if (strcmp(r.head, "template qwen3") == 0) {
+            src = r.body;
+            len = r.len;
+            break;
+        }
+        free(r.body);
+    }
+    if (f) fclose(f);
+    CHECK(src != NULL);
+    if (!src) return;
+    static const char alphabet[] = "{}%#-+()[]'\".:|~ \nxif";
+    uint32_t seed = 12345;
+    int parsed = 0;
+    for (int round = 0; round < 2000; round++) {
+        char *m = malloc(len + 1);
+        memcpy(m, src, len + 1);
+        for (int e = 0; e < 3; e++) {
+            seed = seed * 1664525u + 1013904223u;
+            size_t at = (seed >> 8) % len;
+            seed = seed * 1664525u + 1013904223u;
+            m[at] = alphabet[(seed >> 8) % (sizeof alphabet - 1)];
+        }
+        kvg_jinja *t = NULL;
+        char msg[256];
+        if (kvg_jinja_parse(m, len, &t, msg, sizeof msg)) {
+            parsed++;
+            kvg_jinja_msg msgs[3] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}};
+            kvg_jinja_input in = {msgs, 3, true, "", ""};
+            kvg_jinja_output out;
+            if (kvg_jinja_render(t, &in, &out, msg, sizeof msg)) {
+                free(out.text);
+                free(out.user);
+            } else {
+                CHECKF(strncmp(msg, "line ", 5) == 0, "%s", msg);
+            }
+            kvg_jinja_free(t);
+        } else {
+            CHECKF(strncmp(msg, "line ", 5) == 0, "%s", msg);
+        }
+        free(m);
+    }
+    CHECKF(parsed > 0 && parsed < 2000, "%d of 2000 edits parsed", parsed);
+    free(src);
+}
+
+int main(void) {
+    fixtures_and_mutations();
+    limits();
+    return tu_finish("test_jinja");
+}
