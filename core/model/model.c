@@ -344,9 +344,9 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         char runs[256], known[256];
         kvg_arch_list(true, runs, sizeof runs);
         kvg_arch_list(false, known, sizeof known);
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: %s); "
-                        "known, not run yet: %s", c.path, (int)(name.len > 64 ? 64 : name.len), name.ptr, runs,
-                        known[0] ? known : "none");
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: %s)%s%s",
+                        c.path, (int)(name.len > 64 ? 64 : name.len), name.ptr, runs,
+                        known[0] ? "; known, not run yet: " : "", known);
     }
     c.arch = arch;
     w->arch = arch;
