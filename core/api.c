@@ -349,6 +349,12 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     tb_printf(&tb, "context_length:  %d\n", hp->n_ctx_train);
     tb_printf(&tb, "vocab:           %d\n", hp->n_vocab);
     tb_printf(&tb, "rope_freq_base:  %g\n", (double)hp->rope_freq_base);
+    if (m->w.rope_freqs || hp->rope_attn_factor != 1.0f) {
+        tb_printf(&tb, "rope factors:    %s, attn_factor %g", m->w.rope_freqs ? m->w.rope_freqs->name : "none",
+                  (double)hp->rope_attn_factor);
+        if (hp->n_ctx_rope > 0) tb_printf(&tb, " (sessions up to %d positions)", hp->n_ctx_rope);
+        tb_printf(&tb, "\n");
+    }
     tb_printf(&tb, "rms_norm_eps:    %g\n", (double)hp->rms_norm_eps);
     tb_printf(&tb, "embeddings:      %s\n", m->w.tied ? "tied (logits use token_embd)" : "separate output.weight");
 

@@ -20,6 +20,10 @@ void kvg_ref_rope_apply(const kvg_ref_rope_params *r, float *v, int pos) {
         double theta = (double)pos * (double)r->scale * pow(r->base, -2.0 * i / r->n_rot);
         if (r->factors) theta /= (double)r->factors[i];
         float c = (float)cos(theta), s = (float)sin(theta);
+        if (r->attn_factor > 0.0f) {
+            c *= r->attn_factor;
+            s *= r->attn_factor;
+        }
         int i0 = r->neox ? i : 2 * i, i1 = r->neox ? i + half : 2 * i + 1;
         float a = v[i0], b = v[i1];
         v[i0] = a * c - b * s;
@@ -90,7 +94,10 @@ kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages
                 memmove(kvg_cpu_pages_at(p, dst_pages, l, 1, h, dst_pos + i),
                         kvg_cpu_pages_at(p, src_pages, l, 1, h, src_pos + i), bytes);
                 if (rope_delta != 0) {
-                    if (p->rope) kvg_ref_rope_apply(&p->rope[l], k, rope_delta);
+                    /* a pure rotation: the attention factor is in the key already */
+                    kvg_ref_rope_params r = p->rope ? p->rope[l] : (kvg_ref_rope_params){0};
+                    r.attn_factor = 0.0f;
+                    if (p->rope) kvg_ref_rope_apply(&r, k, rope_delta);
                     else kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
                 }
             }

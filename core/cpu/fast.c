@@ -127,7 +127,7 @@ static kvgen_status small_tensors(kvgen_model *m, cpu_model *cm, kvgen_error *er
         kvg_ref_rope_params r = {.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
                                  .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
                                  .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
-                                 .factors = cm->rope_factors};
+                                 .factors = cm->rope_factors, .attn_factor = hp->rope_attn_factor};
         cm->ropes[l] = r;
         c->rope_group = (int)l;
         for (size_t e = 0; e < l; e++)
@@ -511,11 +511,12 @@ static int attention_group(const kvg_hparams *hp, int n, int threads) {
 /* cos and sin of the block's tokens' angles for a layer's RoPE */
 static void rope_angles(const kvg_hparams *hp, const cpu_layer *c, const cpu_slot *slots, int n, float *cs) {
     int half = hp->n_rot / 2;
+    float af = hp->rope_attn_factor > 0.0f ? hp->rope_attn_factor : 1.0f; /* as the reference: f32 products */
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {
             double theta = (double)slots[t].pos * c->inv_freq[i];
-            cs[((size_t)t * half + i) * 2] = (float)cos(theta);
-            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(theta);
+            cs[((size_t)t * half + i) * 2] = (float)cos(theta) * af;
+            cs[((size_t)t * half + i) * 2 + 1] = (float)sin(theta) * af;
         }
 }
 
@@ -731,7 +732,8 @@ static kvgen_status cpu_kv_write(kvgen_model *m, const int32_t *pages, int layer
 const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
-                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
+                KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
+                KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_traits_types, /* qdot.c has a kernel for every type of the traits table */
     .model_init = cpu_model_init,
     .model_free = cpu_model_free,

@@ -14,12 +14,14 @@ void kvg_ref_rope(float *v, int n_rot, int pos, float base);
 
 /* RoPE as a layer of a model applies it: pairs (2i, 2i+1) (neox false) or (i, i + n_rot/2)
  * (neox true, GPT-NeoX style), theta_i = pos * scale * base^(-2i/n_rot) / factors[i]
- * (factors NULL: 1). Angles in double, as kvg_ref_rope. */
+ * (factors NULL: 1), cos and sin multiplied by attn_factor (0: 1; ggml's mscale, so the
+ * rotated dimensions are scaled by it). Angles in double, as kvg_ref_rope. */
 typedef struct kvg_ref_rope_params {
     int n_rot;
     bool neox;
     float base, scale;
     const float *factors; /* n_rot/2, or NULL */
+    float attn_factor;
 } kvg_ref_rope_params;
 void kvg_ref_rope_apply(const kvg_ref_rope_params *r, float *v, int pos);
 

@@ -155,7 +155,7 @@ static kvgen_status small_tensors(kvgen_model *m, ref_model *rm, kvgen_error *er
         r->rope = (kvg_ref_rope_params){.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
                                         .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
                                         .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
-                                        .factors = rm->rope_factors};
+                                        .factors = rm->rope_factors, .attn_factor = hp->rope_attn_factor};
         rm->ropes[l] = r->rope;
     }
     if (!ok) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for the model's small tensors");
@@ -643,7 +643,8 @@ const kvg_backend_ops kvg_reference_backend = {
     /* every feature of the architecture table; Q and the attention output are n_head*head_dim
      * wide throughout, whatever n_embd is */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
-                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
+                KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
+                KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
     .model_init = ref_model_init,
     .model_free = ref_model_free,

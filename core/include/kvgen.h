@@ -338,7 +338,8 @@ typedef enum kvgen_on_full {
 } kvgen_on_full;
 
 typedef struct kvgen_session_desc {
-    int n_ctx;          /* context limit in tokens; 0: min(model's context_length, 4096) */
+    int n_ctx;          /* context limit in tokens; 0: min(model's context_length, 4096), and at most
+                           the original context of a file with LongRoPE long factors (phi3) */
     int no_cache;       /* 1: recompute the whole sequence on every decode (the O(N^2) baseline) */
     uint64_t seed;      /* sampler seed; 0: 0x5eed */
     float temperature;  /* <= 0: greedy */

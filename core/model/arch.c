@@ -12,6 +12,8 @@ static const struct {
     [KVG_T_OUTPUT_NORM] = {"output_norm.weight", "output_norm"},
     [KVG_T_OUTPUT] = {"output.weight", "output"},
     [KVG_T_ROPE_FREQS] = {"rope_freqs.weight", "rope_freqs"},
+    [KVG_T_ROPE_FACTORS_LONG] = {"rope_factors_long.weight", "rope_factors_long"},
+    [KVG_T_ROPE_FACTORS_SHORT] = {"rope_factors_short.weight", "rope_factors_short"},
     [KVG_T_ATTN_NORM] = {"blk.%d.attn_norm.weight", "attn_norm"},
     [KVG_T_ATTN_Q] = {"blk.%d.attn_q.weight", "attn_q"},
     [KVG_T_ATTN_K] = {"blk.%d.attn_k.weight", "attn_k"},
@@ -49,14 +51,25 @@ static const char *const feature_names[KVG_F_COUNT] = {
     "embeddings scaled by sqrt(n_embd)",
     "logit soft-capping (attn_logit_softcapping, final_logit_softcapping)",
     "sliding-window attention (attention.sliding_window)",
-    "a fused QKV projection (attn_qkv) and fused gate/up (ffn_up)",
     "head_count x head size different from embedding_length (attention.key_length)",
+    "RoPE with an attention factor (rope.scaling.attn_factor)",
 };
 
 const char *kvg_feature_name(uint32_t feature) {
     for (int i = 0; i < KVG_F_COUNT; i++)
         if (feature == 1u << i) return feature_names[i];
     return "an unnamed feature";
+}
+
+static const kvg_fused fused_layouts[KVG_FUSED_COUNT] = {
+    {KVG_T_ATTN_QKV, 3, {KVG_T_ATTN_Q, KVG_T_ATTN_K, KVG_T_ATTN_V}},
+    {KVG_T_FFN_UP, 2, {KVG_T_FFN_GATE, KVG_T_FFN_UP}},
+};
+
+const kvg_fused *kvg_fused_layout(uint32_t kind) {
+    for (int i = 0; i < KVG_FUSED_COUNT; i++)
+        if (kind == 1u << i) return &fused_layouts[i];
+    return NULL;
 }
 
 #define B(role) KVG_T_BIT(KVG_T_##role)
@@ -81,10 +94,14 @@ static const kvg_arch rows[] = {
      .required = LLAMA_TENSORS | B(ATTN_Q_NORM) | B(ATTN_K_NORM) | B(ATTN_POST_NORM) | B(FFN_POST_NORM),
      .optional = B(OUTPUT), .rope = KVG_ROPE_NEOX, .act = KVG_ACT_GELU_TANH_GATED, .embd_scale = true,
      .sliding_window = true, .swa_pattern = 6, .rope_base_swa = 10000.0f, .complete = true},
+    /* phi3: llama.cpp ignores the file's attention.sliding_window for this architecture (it runs
+     * every layer global), and so does kvgen, to compute what it computes */
     {.name = "phi3", .prefix = "phi3",
      .required = B(TOKEN_EMBD) | B(OUTPUT_NORM) | B(ATTN_NORM) | B(ATTN_QKV) | B(ATTN_OUT) | B(FFN_NORM) |
                  B(FFN_UP) | B(FFN_DOWN),
-     .optional = B(OUTPUT), .rope = KVG_ROPE_NEOX, .act = KVG_ACT_SILU_GATED, .sliding_window = true},
+     .optional = B(OUTPUT) | B(ROPE_FACTORS_LONG) | B(ROPE_FACTORS_SHORT), .rope = KVG_ROPE_NEOX,
+     .act = KVG_ACT_SILU_GATED, .fused = KVG_FUSED_QKV | KVG_FUSED_GATE_UP, .rope_factors = true,
+     .complete = true},
 };
 #undef B
 

@@ -14,6 +14,8 @@ typedef enum kvg_tensor_role {
     KVG_T_OUTPUT_NORM,
     KVG_T_OUTPUT,
     KVG_T_ROPE_FREQS,
+    KVG_T_ROPE_FACTORS_LONG,
+    KVG_T_ROPE_FACTORS_SHORT,
     KVG_T_ATTN_NORM,
     KVG_T_ATTN_Q,
     KVG_T_ATTN_K,
@@ -65,10 +67,29 @@ enum {
     KVG_F_EMBD_SCALE = 1u << 6,     /* embeddings scaled by sqrt(n_embd) */
     KVG_F_SOFTCAP = 1u << 7,        /* attention / final logit soft-capping */
     KVG_F_SLIDING_WINDOW = 1u << 8, /* sliding-window attention on some layers */
-    KVG_F_FUSED_QKV = 1u << 9,      /* one attn_qkv matrix, and ffn_up holding gate and up */
-    KVG_F_WIDE_HEADS = 1u << 10,    /* n_head * head_dim != n_embd */
+    KVG_F_WIDE_HEADS = 1u << 9,     /* n_head * head_dim != n_embd */
+    KVG_F_ROPE_ATTN_FACTOR = 1u << 10, /* the rotated dimensions scaled by rope.scaling.attn_factor */
 };
 #define KVG_F_COUNT 11
+
+/* A fused matrix: one tensor of the file whose rows are those of several roles, one after
+ * another (ne[0] the same). The description presents each part as a view (a row range of the
+ * same bytes), so backends only ever see the parts. */
+typedef enum kvg_fused_kind {
+    KVG_FUSED_QKV = 1u << 0,     /* attn_qkv: the rows of attn_q, then attn_k, then attn_v */
+    KVG_FUSED_GATE_UP = 1u << 1, /* ffn_up: the rows of ffn_gate, then ffn_up (2 x n_ff) */
+} kvg_fused_kind;
+#define KVG_FUSED_COUNT 2
+#define KVG_FUSED_MAX_PARTS 3
+
+typedef struct kvg_fused {
+    kvg_tensor_role whole;                     /* the file's tensor */
+    int n_parts;
+    kvg_tensor_role parts[KVG_FUSED_MAX_PARTS]; /* the roles its row ranges stand for, in order */
+} kvg_fused;
+
+/* the layout of one kind (KVG_FUSED_QKV, ...), NULL for another value */
+const kvg_fused *kvg_fused_layout(uint32_t kind);
 
 /* what a feature is, for messages: "attention biases (attn_q.bias)" */
 const char *kvg_feature_name(uint32_t feature);
@@ -86,6 +107,9 @@ typedef struct kvg_arch {
     int swa_pattern;     /* with a window: layer i is local when i % p < p - 1 (0: every layer) */
     float rope_base_swa; /* RoPE base of the local layers (0: the global one), unless the file has
                             <prefix>.rope.freq_base_swa */
+    uint32_t fused;      /* KVG_FUSED_* bits: matrices the file stores fused (parts as views) */
+    bool rope_factors;   /* reads rope_factors_long/short, rope.scaling.attn_factor and
+                            rope.scaling.original_context_length (Phi-3's LongRoPE) */
     bool complete;       /* kvgen runs it: its facts are all implemented by some backend */
 } kvg_arch;
 

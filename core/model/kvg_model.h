@@ -19,6 +19,10 @@ typedef struct kvg_hparams {
     int n_ctx_train, n_vocab;
     float rope_freq_base, rms_norm_eps;
     float rope_freq_scale;             /* position scale of linear RoPE scaling (1: none) */
+    float rope_attn_factor;            /* rope.scaling.attn_factor: cos and sin are multiplied by it (1: none) */
+    int n_ctx_orig;                    /* rope.scaling.original_context_length (0: absent) */
+    int n_ctx_rope;                    /* sessions longer than this are refused (0: no limit): the
+                                          file's RoPE factors for longer contexts are not run */
     /* attention variants, 0 when the architecture or the file has none */
     float attn_softcap, final_softcap; /* <prefix>.attn_logit_softcapping, final_logit_softcapping */
     int n_swa;                         /* <prefix>.attention.sliding_window (0: none) */
@@ -61,8 +65,18 @@ typedef struct kvg_weights {
     const kvg_tensor *output_norm; /* [n_embd] f32 */
     const kvg_tensor *output;      /* [n_embd] x n_vocab; == tok_embd when tied */
     bool tied;
+    const kvg_tensor *rope_factors_long; /* [n_rot/2] f32: Phi-3's factors past n_ctx_orig (not run) */
     kvg_layer *layers;             /* n_layer */
+    struct kvg_tensor_view *views; /* the parts of fused matrices (kvg_arch.h), owned; the layers point in */
+    int n_views;
 } kvg_weights;
+
+/* A row range of a file's tensor, seen as a tensor of its own (same bytes). */
+typedef struct kvg_tensor_view {
+    kvg_tensor t;             /* t.data, t.offset: the first row of the range */
+    const kvg_tensor *whole;  /* the file's tensor */
+    char name[80];            /* "blk.3.attn_qkv.weight (attn_k rows)" */
+} kvg_tensor_view;
 
 kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error *err);
 void kvg_weights_free(kvg_weights *w);

@@ -123,6 +123,14 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
         if (linear && (st = get_float(c, K(c, "rope.scaling.factor"), &factor))) return st;
         if (linear) hp->rope_freq_scale = 1.0f / factor;
     }
+    /* read for every row, as llama.cpp does: it multiplies cos and sin (the rotated dimensions of Q
+     * and K) */
+    hp->rope_attn_factor = 1.0f;
+    if ((st = get_float(c, K(c, "rope.scaling.attn_factor"), &hp->rope_attn_factor))) return st;
+    if (hp->rope_attn_factor != 1.0f) *features |= KVG_F_ROPE_ATTN_FACTOR;
+    if (c->arch->rope_factors &&
+        (st = get_int(c, K(c, "rope.scaling.original_context_length"), false, INT32_MAX, &hp->n_ctx_orig)))
+        return st;
     if ((st = get_dim(c, K(c, "vocab_size"), false, &hp->n_vocab))) return st;
     if (hp->n_vocab == 0) {
         kvg_gguf_vtype et;
@@ -231,12 +239,13 @@ static void list_add(char *buf, size_t size, int *count, const char *name) {
  * would change the math, or one warning (the logger) listing the others. */
 static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
     int n_t = kvg_gguf_n_tensors(c->g);
-    size_t n_used = 0, cap = 4 + (size_t)w->hp.n_layer * KVG_T_COUNT;
+    size_t n_used = 0, cap = 5 + (size_t)w->hp.n_layer * KVG_T_COUNT + (size_t)w->n_views;
     const void **used = kvg_malloc(cap * sizeof *used);
     if (!used) return kvg_fail(c->err, KVGEN_E_NO_MEMORY, "%s: out of memory", c->path);
-    const kvg_tensor *top[] = {w->tok_embd, w->output_norm, w->output, w->rope_freqs};
+    const kvg_tensor *top[] = {w->tok_embd, w->output_norm, w->output, w->rope_freqs, w->rope_factors_long};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]) used[n_used++] = top[i];
+    for (int i = 0; i < w->n_views; i++) used[n_used++] = w->views[i].whole;
     for (int l = 0; l < w->hp.n_layer; l++) {
         const kvg_layer *L = &w->layers[l];
         const kvg_tensor *ts[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up,
@@ -266,6 +275,62 @@ static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
     return KVGEN_OK;
 }
 
+/* ---- fused matrices ---- */
+
+/* the field of a layer that a per-layer role fills (NULL for a role without one: attn_qkv) */
+static const kvg_tensor **layer_field(kvg_layer *l, kvg_tensor_role role) {
+    switch (role) {
+    case KVG_T_ATTN_Q: return &l->wq;
+    case KVG_T_ATTN_K: return &l->wk;
+    case KVG_T_ATTN_V: return &l->wv;
+    case KVG_T_FFN_GATE: return &l->w_gate;
+    case KVG_T_FFN_UP: return &l->w_up;
+    default: return NULL;
+    }
+}
+
+/* the output rows of a role that can be part of a fused matrix */
+static uint64_t part_rows(const kvg_hparams *hp, kvg_tensor_role role) {
+    switch (role) {
+    case KVG_T_ATTN_Q: return (uint64_t)hp->n_head * (uint64_t)hp->head_dim;
+    case KVG_T_ATTN_K:
+    case KVG_T_ATTN_V: return (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+    case KVG_T_FFN_GATE:
+    case KVG_T_FFN_UP: return (uint64_t)hp->n_ff;
+    default: return 0;
+    }
+}
+
+/* Finds layer i's fused tensor of layout f, checks its shape ([n_embd, the parts' rows summed]),
+ * and points the layer's fields of the parts at views of its row ranges, in order. */
+static kvgen_status describe_fused(ctx *c, kvg_weights *w, int i, const kvg_fused *f) {
+    char name[64];
+    snprintf(name, sizeof name, kvg_tensor_pattern(f->whole), i);
+    uint64_t rows = 0;
+    for (int p = 0; p < f->n_parts; p++) rows += part_rows(&w->hp, f->parts[p]);
+    const kvg_tensor *t;
+    kvgen_status st = get_tensor(c, name, (uint64_t)w->hp.n_embd, rows, false, false, &t);
+    if (st) return st;
+    size_t row_bytes = kvg_row_bytes(t->type, t->ne[0]);
+    uint64_t r0 = 0;
+    for (int p = 0; p < f->n_parts; p++) {
+        uint64_t n = part_rows(&w->hp, f->parts[p]);
+        kvg_tensor_view *v = &w->views[w->n_views++];
+        v->whole = t;
+        snprintf(v->name, sizeof v->name, "%s (%s rows)", name, kvg_tensor_short(f->parts[p]));
+        v->t = *t;
+        v->t.name = v->name;
+        v->t.ne[1] = n;
+        v->t.n_elements = t->ne[0] * n;
+        v->t.offset = t->offset + r0 * row_bytes;
+        v->t.nbytes = (size_t)n * row_bytes;
+        v->t.data = (const unsigned char *)t->data + r0 * row_bytes;
+        *layer_field(&w->layers[i], f->parts[p]) = &v->t;
+        r0 += n;
+    }
+    return KVGEN_OK;
+}
+
 /* ---- the description ---- */
 
 kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error *err) {
@@ -279,9 +344,9 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         char runs[256], known[256];
         kvg_arch_list(true, runs, sizeof runs);
         kvg_arch_list(false, known, sizeof known);
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: %s); "
-                        "known, not run yet: %s", c.path, (int)(name.len > 64 ? 64 : name.len), name.ptr, runs,
-                        known[0] ? known : "none");
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: architecture '%.*s' is not supported (kvgen runs: %s)%s%s",
+                        c.path, (int)(name.len > 64 ? 64 : name.len), name.ptr, runs,
+                        known[0] ? "; known, not run yet: " : "", known);
     }
     c.arch = arch;
     w->arch = arch;
@@ -291,10 +356,6 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
     uint32_t features = 0;
     if (arch->rope == KVG_ROPE_NEOX) features |= KVG_F_ROPE_NEOX;
     if (arch->act == KVG_ACT_GELU_TANH_GATED) features |= KVG_F_GELU;
-    if (arch->required & KVG_T_BIT(KVG_T_ATTN_QKV))
-        /* the description keeps separate Q, K, V (and gate, up) matrices */
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s needs %s, which kvgen does not run yet", c.path, arch->name,
-                        kvg_feature_name(KVG_F_FUSED_QKV));
     kvgen_status st = read_hparams(&c, &w->hp, &features);
     if (!st) st = check_unread_keys(&c);
     if (st) return st;
@@ -316,16 +377,41 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         (HAS(ROPE_FREQS) && (st = get_tensor(&c, "rope_freqs.weight", (uint64_t)hp->n_rot / 2, 0, true,
                                              OPT(ROPE_FREQS), &w->rope_freqs))))
         return st;
+    /* Phi-3's LongRoPE factors: llama.cpp takes the short ones for contexts up to
+     * original_context_length and the long ones past it. kvgen runs the short ones as rope_freqs
+     * and limits sessions to that length when the file has long ones. */
+    if (arch->rope_factors &&
+        ((st = get_tensor(&c, "rope_factors_short.weight", (uint64_t)hp->n_rot / 2, 0, true, true, &w->rope_freqs)) ||
+         (st = get_tensor(&c, "rope_factors_long.weight", (uint64_t)hp->n_rot / 2, 0, true, true,
+                          &w->rope_factors_long))))
+        return st;
+    if (w->rope_factors_long) w->hp.n_ctx_rope = hp->n_ctx_orig > 0 ? hp->n_ctx_orig : hp->n_ctx_train;
     if (w->rope_freqs) features |= KVG_F_ROPE_FREQS;
     w->tied = w->output == NULL;
     if (w->tied) w->output = w->tok_embd;
     w->layers = kvg_calloc((size_t)hp->n_layer, sizeof *w->layers);
     if (!w->layers) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", c.path);
+    uint32_t fused_parts = 0; /* roles the views of fused matrices fill */
+    int views_per_layer = 0;
+    for (uint32_t k = 1; k && k <= arch->fused; k <<= 1) {
+        const kvg_fused *f = (arch->fused & k) ? kvg_fused_layout(k) : NULL;
+        for (int p = 0; f && p < f->n_parts; p++) fused_parts |= KVG_T_BIT(f->parts[p]);
+        if (f) views_per_layer += f->n_parts;
+    }
+    if (views_per_layer) {
+        w->views = kvg_calloc((size_t)hp->n_layer * (size_t)views_per_layer, sizeof *w->views);
+        if (!w->views) {
+            kvg_weights_free(w);
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", c.path);
+        }
+    }
     for (int i = 0; i < hp->n_layer && !st; i++) {
         kvg_layer *l = &w->layers[i];
         char tname[64];
+        for (uint32_t k = 1; k && k <= arch->fused && !st; k <<= 1)
+            if (arch->fused & k) st = describe_fused(&c, w, i, kvg_fused_layout(k));
 #define LAYER_TENSOR(field, role, ne0, ne1, f32)                                                     \
-    if (!st && HAS(role)) {                                                                          \
+    if (!st && HAS(role) && !(fused_parts & KVG_T_BIT(KVG_T_##role))) {                              \
         snprintf(tname, sizeof tname, kvg_tensor_pattern(KVG_T_##role), i);                          \
         st = get_tensor(&c, tname, ne0, ne1, f32, OPT(role), &l->field);                             \
     }
@@ -374,6 +460,9 @@ void kvg_weights_free(kvg_weights *w) {
     if (!w) return;
     kvg_free(w->layers);
     w->layers = NULL;
+    kvg_free(w->views);
+    w->views = NULL;
+    w->n_views = 0;
 }
 
 /* ---- which backend runs which weight types ---- */

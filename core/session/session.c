@@ -127,10 +127,15 @@ static void publish_full_pages(kvgen_session *s, size_t from) {
 /* ---- create / close ---------------------------------------------------------------------------- */
 
 static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_desc *d, kvgen_error *err) {
-    (void)model;
     if (d->n_ctx < 0 || d->n_ctx > KVG_MAX_CTX)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: n_ctx %d is outside [0, %d]", d->n_ctx,
                         KVG_MAX_CTX);
+    int rope_max = model->w.hp.n_ctx_rope;
+    if (rope_max > 0 && d->n_ctx > rope_max)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_create: n_ctx %d is over the model's %d positions "
+                        "(rope.scaling.original_context_length): kvgen runs its short RoPE factors "
+                        "(rope_factors_short), not the long ones for longer contexts (rope_factors_long)", d->n_ctx,
+                        rope_max);
     if (d->top_k < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: top_k %d is negative (0 turns it off)",
                         d->top_k);
@@ -163,6 +168,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     const kvg_hparams *hp = &model->w.hp;
     int n_ctx = desc->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
+    if (desc->n_ctx == 0 && hp->n_ctx_rope > 0 && n_ctx > hp->n_ctx_rope) n_ctx = hp->n_ctx_rope;
 
     kvgen_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");

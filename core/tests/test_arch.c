@@ -1,6 +1,8 @@
 /* test_arch.c: the architecture table (arch.c) and the model description built from it: the
- * llama row as before, metadata read through a row's prefix, every row but phi3 running on the
- * reference backend and on Vulkan alike (phi3 refused at description), architectures whose
+ * llama row as before, metadata read through a row's prefix, every row running on the
+ * reference backend and on Vulkan alike, phi3's fused matrices described as views of the file's
+ * rows and its LongRoPE factors (the short ones run, sessions limited to the original context
+ * when the file has long ones), architectures whose
  * features a backend does not run refused with a message naming file, architecture, feature
  * and backend (checked against a backend table that runs the llama pass only), unknown
  * architectures listing the known ones, tensors the row does not use refused (when they would
@@ -96,7 +98,7 @@ static void test_table(void) {
         CHECKF((rows[i].required & rows[i].optional) == 0, "%s: a tensor both required and optional", rows[i].name);
         complete += rows[i].complete;
     }
-    CHECK(complete == 5); /* llama, qwen2, qwen3, gemma2, gemma3 */
+    CHECK(complete == 6); /* llama, qwen2, qwen3, gemma2, gemma3, phi3 */
     const kvg_arch *l = kvg_arch_find("llama", 5);
     CHECK(l && l->complete && strcmp(l->prefix, "llama") == 0);
     if (l) {
@@ -111,14 +113,18 @@ static void test_table(void) {
     const kvg_arch *q = kvg_arch_find("qwen2", 5);
     CHECK(q && q->complete && q->rope == KVG_ROPE_NEOX && (q->required & KVG_T_BIT(KVG_T_ATTN_Q_BIAS)));
     const kvg_arch *g3 = kvg_arch_find("gemma3", 6), *p3 = kvg_arch_find("phi3", 4);
-    CHECK(g3 && g3->complete && g3->swa_pattern == 6 && g3->rope_base_swa == 10000.0f && p3 && !p3->complete);
+    CHECK(g3 && g3->complete && g3->swa_pattern == 6 && g3->rope_base_swa == 10000.0f && p3 && p3->complete);
+    CHECK(p3 && p3->fused == (KVG_FUSED_QKV | KVG_FUSED_GATE_UP) && p3->rope_factors && !p3->sliding_window);
+    const kvg_fused *f = kvg_fused_layout(KVG_FUSED_GATE_UP);
+    CHECK(f && f->whole == KVG_T_FFN_UP && f->n_parts == 2 && f->parts[0] == KVG_T_FFN_GATE &&
+          f->parts[1] == KVG_T_FFN_UP && kvg_fused_layout(1u << 5) == NULL);
     CHECK(kvg_arch_find("llam", 4) == NULL && kvg_arch_find("llama2", 6) == NULL);
     CHECK(strcmp(kvg_tensor_pattern(KVG_T_ATTN_Q_BIAS), "blk.%d.attn_q.bias") == 0);
     CHECK(strcmp(kvg_tensor_short(KVG_T_FFN_POST_NORM), "post_ffw_norm") == 0);
     CHECK(strstr(kvg_feature_name(KVG_F_ATTN_BIAS), "attn_q.bias") != NULL);
     char list[256];
     kvg_arch_list(true, list, sizeof list);
-    CHECKF(strcmp(list, "llama, qwen2, qwen3, gemma2, gemma3") == 0, "%s", list);
+    CHECKF(strcmp(list, "llama, qwen2, qwen3, gemma2, gemma3, phi3") == 0, "%s", list);
 }
 
 /* the llama row describes and runs a llama file as it always did */
@@ -294,15 +300,14 @@ static void test_other_rows(const char *llama_path) {
     }
     free(g2src);
     free(g2);
-    /* phi3's fused matrices cannot even be described */
-    char *p3 = rewrite(llama_path, "a-phi3.gguf", "phi3", NULL, 0);
+    /* a llama file labelled phi3: its separate Q/K/V are not what the row reads */
+    char *p3 = rewrite(llama_path, "a-phi3-separate.gguf", "phi3", NULL, 0);
     if (p3) {
         kvg_gguf *g;
         kvg_weights w;
         kvgen_error err = {0};
         kvgen_status st = open_describe(p3, &g, &w, &err);
-        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p3) &&
-                   strstr(err.message, "phi3 needs a fused QKV projection (attn_qkv)"),
+        CHECKF(st == KVGEN_E_FORMAT && strstr(err.message, p3) && strstr(err.message, "missing metadata key phi3."),
                "%s", err.message);
         kvg_weights_free(&w);
         kvg_gguf_close(g);
@@ -344,7 +349,7 @@ static void test_unknown(const char *llama_path) {
     kvgen_status st = open_describe(p, &g, &w, &err);
     CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p) &&
                strstr(err.message, "architecture 'gpt2' is not supported (kvgen runs: llama, qwen2, qwen3, gemma2, "
-                                   "gemma3)"),
+                                   "gemma3, phi3)"),
            "%s", err.message);
     size_t n = 0;
     const kvg_arch *rows = kvg_arch_rows(&n);
@@ -485,6 +490,115 @@ static void test_wide_heads(void) {
     free(p);
 }
 
+/* phi3: attn_qkv and ffn_up seen as views of their rows (Q, K, V; gate, up), which run on both
+ * backends alike; partial rotary; the LongRoPE factors: the short ones as rope_freqs, the
+ * attention factor read, sessions limited to the original context when long ones exist. */
+static void test_phi3(void) {
+    char *p = tu_make_model("a-phi3.gguf", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 "
+                                           "--rope-dim 12 --untied --type Q8_0");
+    CHECK(p != NULL);
+    if (!p) return;
+    kvg_gguf *g;
+    kvg_weights w;
+    kvgen_error err = {0};
+    kvgen_status st = open_describe(p, &g, &w, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (st == KVGEN_OK) {
+        CHECK(w.hp.n_rot == 12 && w.hp.n_ctx_rope == 0 && !w.rope_freqs && w.features == KVG_F_ROPE_NEOX);
+        for (int l = 0; l < 2; l++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+            const kvg_tensor *qkv = kvg_gguf_find_tensor(g, name);
+            snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+            const kvg_tensor *up = kvg_gguf_find_tensor(g, name);
+            const kvg_layer *L = &w.layers[l];
+            size_t rb = kvg_row_bytes(KVG_TYPE_Q8_0, 64);
+            const unsigned char *q0 = qkv ? qkv->data : NULL, *u0 = up ? up->data : NULL;
+            CHECK(qkv && qkv->ne[1] == 64 + 2 * 32 && up && up->ne[1] == 2 * 96);
+            if (!qkv || !up) continue;
+            CHECK(L->wq->ne[1] == 64 && L->wk->ne[1] == 32 && L->wv->ne[1] == 32 && L->wq->type == KVG_TYPE_Q8_0);
+            CHECK((const unsigned char *)L->wq->data == q0 && (const unsigned char *)L->wk->data == q0 + 64 * rb &&
+                  (const unsigned char *)L->wv->data == q0 + 96 * rb && L->wv->nbytes == 32 * rb);
+            CHECK(L->w_gate->ne[1] == 96 && L->w_up->ne[1] == 96 && (const unsigned char *)L->w_gate->data == u0 &&
+                  (const unsigned char *)L->w_up->data == u0 + 96 * rb && L->wk->offset == qkv->offset + 64 * rb);
+            CHECKF(strstr(L->wk->name, "attn_qkv") && strstr(L->wk->name, "attn_k"), "%s", L->wk->name);
+        }
+    }
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+    expect_runs(p, "phi3", "NEOX-style (half-split) RoPE");
+    free(p);
+
+    /* LongRoPE: ctx 1024 over an original 256 */
+    p = tu_make_model("a-phi3-long.gguf", "--arch phi3 --layers 1 --embd 64 --heads 4 --ff 96 --ctx 1024 "
+                                          "--orig-ctx 256 --rope-factors --seed 3");
+    CHECK(p != NULL);
+    if (!p) return;
+    st = open_describe(p, &g, &w, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (st == KVGEN_OK) {
+        float want = sqrtf(1.0f + logf(4.0f) / logf(256.0f));
+        CHECK(w.rope_freqs && strcmp(w.rope_freqs->name, "rope_factors_short.weight") == 0 && w.rope_factors_long);
+        CHECKF(fabsf(w.hp.rope_attn_factor - want) < 1e-6f && w.hp.n_ctx_orig == 256 && w.hp.n_ctx_rope == 256,
+               "attn_factor %g, orig %d, limit %d", (double)w.hp.rope_attn_factor, w.hp.n_ctx_orig, w.hp.n_ctx_rope);
+        CHECK(w.features == (KVG_F_ROPE_NEOX | KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR));
+    }
+    kvg_weights_free(&w);
+    kvg_gguf_close(g);
+    expect_runs(p, "phi3", "NEOX-style (half-split) RoPE");
+    kvgen_model *m = NULL;
+    CHECK_OK(load(p, KVGEN_BACKEND_REFERENCE, &m, &err));
+    if (m) {
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 512};
+        st = kvgen_session_create(m, &sd, &s, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && s == NULL && strstr(err.message, "kvgen_session_create: n_ctx 512") &&
+                   strstr(err.message, "256") && strstr(err.message, "rope_factors_long"),
+               "%s (%s)", err.message, kvgen_status_name(st));
+        sd.n_ctx = 0; /* the default is the original context */
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        kvgen_cache_info ci;
+        if (s) kvgen_session_cache_info(s, &ci);
+        CHECK(s && ci.capacity == 256);
+        kvgen_session_close(s);
+        kvgen_model_unload(m);
+    }
+    free(p);
+
+    /* a chat on Phi-3's vocabulary: the phi3 family, and <|end|> ends the reply */
+    char *vocab = tu_testdata("tokenizer/ggml-vocab-phi-3.gguf");
+    char args[512];
+    snprintf(args, sizeof args, "--arch phi3 --layers 1 --embd 64 --heads 4 --ff 96 --untied --vocab %s", vocab);
+    p = tu_make_model("a-phi3-chat.gguf", args);
+    free(vocab);
+    CHECK(p != NULL);
+    if (!p) return;
+    CHECK_OK(load(p, KVGEN_BACKEND_REFERENCE, &m, &err));
+    if (m) {
+        int32_t end = kvgen_token_find(m, "<|end|>");
+        kvgen_logit_bias force = {end, 100.0f};
+        kvgen_sampler_desc samp = {.bias = &force, .n_bias = 1};
+        kvgen_session_desc sd = {.n_ctx = 128, .sampler = &samp};
+        kvgen_session *s = NULL;
+        CHECK(end >= 0);
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        const char *family = s ? kvgen_chat_template_name(s, &err) : NULL;
+        CHECKF(family && strcmp(family, "phi3") == 0, "family %s", family ? family : err.message);
+        kvgen_gen *gen = NULL;
+        kvgen_generate_desc gd = {.max_tokens = 8};
+        CHECK_OK(s ? kvgen_chat_gen_begin(s, "user", "Hi", &gd, &gen, &err) : KVGEN_E_INTERNAL);
+        kvgen_gen_step step = {0};
+        while (gen && step.finish == KVGEN_FINISH_NONE && kvgen_gen_next(gen, &step, &err) == KVGEN_OK) {}
+        CHECKF(gen && step.finish == KVGEN_FINISH_STOP && kvgen_gen_n_tokens(gen) == 1 && s &&
+                   kvgen_session_tokens(s)[kvgen_session_length(s) - 1] == end,
+               "finish %s after %d tokens", kvgen_finish_name(step.finish), gen ? kvgen_gen_n_tokens(gen) : -1);
+        kvgen_gen_end(gen);
+        kvgen_session_close(s);
+        kvgen_model_unload(m);
+    }
+    free(p);
+}
+
 int main(void) {
     int n_dev = 0;
     kvgen_error err = {0};
@@ -502,6 +616,7 @@ int main(void) {
         test_unused(llama);
     }
     test_wide_heads();
+    test_phi3();
     free(llama);
     return tu_finish("test_arch");
 }

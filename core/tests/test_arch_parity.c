@@ -2,7 +2,9 @@
  * same file. Tiny random-weight F32 models of each row (kvgen-mkmodel with the row's tensors:
  * llama with rope_freqs, qwen2 biases, qwen3 Q/K head norms with heads wider than n_embd,
  * gemma2 post norms + soft-capping + sliding window, gemma3 Q/K norms + post norms + sliding
- * window with the local RoPE base, 7 layers so a global layer sits between local ones) run a
+ * window with the local RoPE base, 7 layers so a global layer sits between local ones; phi3
+ * with its fused attn_qkv and gate/up, partial rotary and GQA, and with LongRoPE factors and an
+ * attention factor, the short factors being those llama.cpp's 512-token context takes) run a
  * fixed 40-token sequence, longer than the 8-token windows; llama.cpp's top-8 logits at every
  * position are the fixtures (scripts/oracle/arch_fixtures.sh, with scripts/oracle/dump_logits.cpp).
  * Same f32 math, different summation order: top-1 identical wherever llama.cpp's top-2 margin
@@ -32,6 +34,9 @@ static const struct {
                "--seed 74"},
     {"gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 64 --heads 4 --kv-heads 1 --head-dim 32 "
                "--ff 96 --rope-base 1000000 --seed 75"},
+    {"phi3", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied --seed 76"},
+    {"phi3_longrope", "--arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 512 --rope-factors "
+                      "--seed 77"},
 };
 
 typedef struct fixture {

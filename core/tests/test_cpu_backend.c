@@ -374,6 +374,8 @@ static void test_features(void) {
                 "--kv-heads 2 --ff 96 --seed 74 --type F16", false);
     check_model("gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 256 --heads 4 --kv-heads 1 "
                 "--head-dim 64 --ff 512 --rope-base 1000000 --seed 75 --type Q6_K", false);
+    check_model("phi3", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied "
+                "--ctx 4096 --orig-ctx 512 --rope-factors --seed 77 --type Q4_1", false);
 }
 
 /* sessions' decodes as one batch equal each alone; forks and restores continue exactly */

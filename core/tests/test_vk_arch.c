@@ -2,7 +2,8 @@
  * The tiny random models of test_arch_parity (llama with rope_freqs, qwen2 biases, qwen3 Q/K head
  * norms with heads wider than n_embd, gemma2 post norms + soft-capping + sliding window + GELU +
  * embedding scale, gemma3 Q/K norms + post norms + sliding window with the local RoPE base, 7
- * layers so a global layer sits between local ones), in F32 and Q8_0, on both the f16 and the
+ * layers so a global layer sits between local ones; phi3's fused matrices with partial rotary, and
+ * with LongRoPE factors and an attention factor), in F32 and Q8_0, on both the f16 and the
  * forced-f32 KV cache:
  * (and gemma2 with caps small enough to matter on this model's scores and logits):
  * - a 40-token prefill (longer than the 8-token windows; every position's logits) and 16 greedy
@@ -56,6 +57,9 @@ static const struct {
     {"gemma3", "gemma3",
      "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 64 --heads 4 --kv-heads 1 --head-dim 32 "
      "--ff 96 --rope-base 1000000 --seed 75"},
+    {"phi3", "phi3", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied --seed 76"},
+    {"phi3_longrope", "phi3",
+     "--arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 512 --rope-factors --seed 77"},
 };
 
 static int n_vocab;

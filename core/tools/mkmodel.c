@@ -4,6 +4,7 @@
  *                 [--ctx N] [--rope-base F] [--type T | --mix q4_k_m] [--embd-type T] [--untied]
  *                 [--vocab VOCAB.gguf] [--vocab-size N] [--head-dim N] [--arch NAME] [--qkv-bias]
  *                 [--qk-norm] [--post-norms] [--rope-freqs] [--swa N] [--softcap ATTN,FINAL]
+ *                 [--rope-dim N] [--orig-ctx N] [--rope-factors]
  *
  * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
  * differ from --embd); --arch labels the file NAME and writes its metadata under "NAME."
@@ -11,6 +12,15 @@
  * attn_q_norm/attn_k_norm (qwen3, gemma3), --post-norms post_attention_norm/post_ffw_norm
  * (gemma2/3), --rope-freqs a llama 3 style rope_freqs tensor; --swa N writes
  * attention.sliding_window and --softcap A,F the attention/final logit soft-capping (gemma2).
+ * --rope-dim N writes rope.dimension_count (partial rotary; default the head size).
+ *
+ * A row of the architecture table that stores matrices fused (kvg_arch.h: phi3's attn_qkv with
+ * the rows of Q, K, V and ffn_up with the rows of gate then up) gets them fused, and a row with
+ * LongRoPE factors (phi3) gets its metadata as llama.cpp's converter writes it:
+ * rope.scaling.original_context_length (--orig-ctx, default --ctx), attention.sliding_window
+ * (--swa, default 0) and no vocab_size; --rope-factors adds rope_factors_long.weight and
+ * rope_factors_short.weight (n_rot/2 each) and rope.scaling.attn_factor, sqrt(1 + ln(ctx/orig) /
+ * ln(orig)) as the converter computes it for LongRoPE (1 when --ctx is not above --orig-ctx).
  * The extra tensors come after all others, so the rest of a file is the same with or without
  * them. Tests use these to build files of every architecture, or llama files carrying tensors
  * llama does not use.
@@ -32,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_arch.h"
 #include "kvg_gguf.h"
 #include "kvg_quant.h"
 
@@ -43,6 +54,8 @@ typedef struct options {
     uint32_t type, embd_type;
     int untied, head_dim, qkv_bias, qk_norm, post_norms, rope_freqs;
     int swa;                 /* <arch>.attention.sliding_window (0: none) */
+    int rope_dim, orig_ctx, rope_factors;
+    const kvg_arch *row;     /* the table's row for --arch, NULL for a name it lacks */
     float softcap_attn, softcap_final;
     int mix, embd_type_set; /* mix: MIX_NONE or MIX_Q4_K_M */
 } options;
@@ -99,7 +112,8 @@ static void usage(void) {
             "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
             "                     [--mix q4_k_m] [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
             "                     [--head-dim N] [--arch NAME] [--qkv-bias] [--qk-norm] [--post-norms]\n"
-            "                     [--rope-freqs] [--swa N] [--softcap ATTN,FINAL]\n"
+            "                     [--rope-freqs] [--swa N] [--softcap ATTN,FINAL] [--rope-dim N]\n"
+            "                     [--orig-ctx N] [--rope-factors]\n"
             "  --type T       every 2-D matrix as T (default F32; norms and biases stay F32)\n"
             "  --mix q4_k_m   llama.cpp's Q4_K_M mix instead of --type: Q6_K for the output matrix (output.weight,\n"
             "                 or the tied token_embd.weight) and for attn_v and ffn_down of layer l of n when\n"
@@ -168,6 +182,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->rope_freqs = 1;
             continue;
         }
+        if (strcmp(a, "--rope-factors") == 0) {
+            o->rope_factors = 1;
+            continue;
+        }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvgen-mkmodel: %s needs a value\n", a);
@@ -193,6 +211,8 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
         else if (strcmp(a, "--head-dim") == 0) rc = parse_int(a, v, &o->head_dim);
         else if (strcmp(a, "--swa") == 0) rc = parse_int(a, v, &o->swa);
+        else if (strcmp(a, "--rope-dim") == 0) rc = parse_int(a, v, &o->rope_dim);
+        else if (strcmp(a, "--orig-ctx") == 0) rc = parse_int(a, v, &o->orig_ctx);
         else if (strcmp(a, "--softcap") == 0) {
             if (sscanf(v, "%f,%f", &o->softcap_attn, &o->softcap_final) != 2 || !(o->softcap_attn > 0.0f) ||
                 !(o->softcap_final > 0.0f)) {
@@ -243,6 +263,13 @@ static int parse_args(int argc, char **argv, options *o) {
     if (!o->embd_type_set) o->embd_type = o->type;
     if (!o->kv_heads) o->kv_heads = o->heads;
     if (!o->arch) o->arch = "llama";
+    o->row = kvg_arch_find(o->arch, strlen(o->arch));
+    if (o->rope_factors && !(o->row && o->row->rope_factors)) {
+        fprintf(stderr, "kvgen-mkmodel: --rope-factors needs an architecture with LongRoPE factors (phi3), not %s\n",
+                o->arch);
+        return -1;
+    }
+    if (!o->orig_ctx) o->orig_ctx = o->ctx;
     if (o->embd % o->heads && !o->head_dim) {
         fprintf(stderr, "kvgen-mkmodel: --embd %d is not a multiple of --heads %d\n", o->embd, o->heads);
         return -1;
@@ -254,6 +281,12 @@ static int parse_args(int argc, char **argv, options *o) {
     int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
     if (head_dim % 2) {
         fprintf(stderr, "kvgen-mkmodel: the head size %d must be even (rope rotates pairs)\n", head_dim);
+        return -1;
+    }
+    if (!o->rope_dim) o->rope_dim = head_dim;
+    if (o->rope_dim % 2 || o->rope_dim > head_dim) {
+        fprintf(stderr, "kvgen-mkmodel: --rope-dim %d must be even and at most the head size %d\n", o->rope_dim,
+                head_dim);
         return -1;
     }
     return 0;
@@ -472,6 +505,8 @@ static float matrix_std(int n_in) {
 static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_vocab) {
     int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
     int kv_dim = o->kv_heads * head_dim, q_dim = o->heads * head_dim;
+    uint32_t fused = o->row ? o->row->fused : 0;
+    int fused_qkv = (fused & KVG_FUSED_QKV) != 0, fused_gate_up = (fused & KVG_FUSED_GATE_UP) != 0;
     int err = add_matrix(w, r, "token_embd.weight", matrix_type(o, "token_embd", 0), o->embd, n_vocab, 0.0f, 0.08f,
                          "--embd");
     for (int l = 0; l < o->layers && !err; l++) {
@@ -484,13 +519,21 @@ static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_voc
     }
 #define T(suffix) matrix_type(o, suffix, l)
         M("attn_norm", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
-        M("attn_q", T("attn_q"), o->embd, q_dim, 0.0f, se, "--embd")
-        M("attn_k", T("attn_k"), o->embd, kv_dim, 0.0f, se, "--embd")
-        M("attn_v", T("attn_v"), o->embd, kv_dim, 0.0f, se, "--embd")
+        if (fused_qkv) {
+            M("attn_qkv", T("attn_qkv"), o->embd, q_dim + 2 * kv_dim, 0.0f, se, "--embd")
+        } else {
+            M("attn_q", T("attn_q"), o->embd, q_dim, 0.0f, se, "--embd")
+            M("attn_k", T("attn_k"), o->embd, kv_dim, 0.0f, se, "--embd")
+            M("attn_v", T("attn_v"), o->embd, kv_dim, 0.0f, se, "--embd")
+        }
         M("attn_output", T("attn_output"), q_dim, o->embd, 0.0f, matrix_std(q_dim), "heads x head size")
         M("ffn_norm", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
-        M("ffn_gate", T("ffn_gate"), o->embd, o->ff, 0.0f, se, "--embd")
-        M("ffn_up", T("ffn_up"), o->embd, o->ff, 0.0f, se, "--embd")
+        if (fused_gate_up) {
+            M("ffn_up", T("ffn_up"), o->embd, 2 * o->ff, 0.0f, se, "--embd")
+        } else {
+            M("ffn_gate", T("ffn_gate"), o->embd, o->ff, 0.0f, se, "--embd")
+            M("ffn_up", T("ffn_up"), o->embd, o->ff, 0.0f, se, "--embd")
+        }
         M("ffn_down", T("ffn_down"), o->ff, o->embd, 0.0f, sf, "--ff")
 #undef T
 #undef M
@@ -524,6 +567,12 @@ static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_voc
     /* llama 3 style: per-dimension factors dividing the RoPE frequencies, between 1 and ~2 */
     if (!err && o->rope_freqs) err = add_matrix(w, r, "rope_freqs.weight", KVG_TYPE_F32, head_dim / 2, 1, 1.4f, 0.15f,
                                                 "the head size");
+    /* Phi-3 style LongRoPE: the factors divide the frequencies; short ones near 1, long ones larger */
+    if (!err && o->rope_factors)
+        err = add_matrix(w, r, "rope_factors_long.weight", KVG_TYPE_F32, o->rope_dim / 2, 1, 3.0f, 0.8f, "--rope-dim");
+    if (!err && o->rope_factors)
+        err = add_matrix(w, r, "rope_factors_short.weight", KVG_TYPE_F32, o->rope_dim / 2, 1, 1.3f, 0.15f,
+                         "--rope-dim");
     return err;
 }
 
@@ -566,13 +615,24 @@ int main(int argc, char **argv) {
     kvg_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o.kv_heads);
     kvg_gguf_set_f32(w, KEY("rope.freq_base"), o.rope_base);
     kvg_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
-    kvg_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim);
-    kvg_gguf_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab);
+    kvg_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)o.rope_dim);
+    int longrope = o.row && o.row->rope_factors; /* as llama.cpp's converter writes phi3 files */
+    if (longrope) {
+        kvg_gguf_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)o.orig_ctx);
+        kvg_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o.swa);
+        if (o.rope_factors) {
+            double scale = (double)o.ctx / o.orig_ctx;
+            float af = scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)o.orig_ctx)) : 1.0f;
+            kvg_gguf_set_f32(w, KEY("rope.scaling.attn_factor"), af);
+        }
+    } else {
+        kvg_gguf_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab);
+    }
     if (o.head_dim) {
         kvg_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)head_dim);
         kvg_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)head_dim);
     }
-    if (o.swa) kvg_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o.swa);
+    if (o.swa && !longrope) kvg_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o.swa);
     if (o.softcap_attn > 0.0f) {
         kvg_gguf_set_f32(w, KEY("attn_logit_softcapping"), o.softcap_attn);
         kvg_gguf_set_f32(w, KEY("final_logit_softcapping"), o.softcap_final);

@@ -400,6 +400,7 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
     while (k < VK_ROPE_SIZES - 1 && ((size_t)256 << k) < (size_t)n_ctx) k++;
     size_t n_pos = (size_t)256 << k, half = (size_t)(hp->n_rot / 2);
     double base = vm->rope_base[v], scale = vm->rope_scale[v];
+    float af = hp->rope_attn_factor > 0.0f ? hp->rope_attn_factor : 1.0f; /* rope.scaling.attn_factor */
     kvgen_status st = KVGEN_OK;
     pthread_mutex_lock(&vm->rope_mu);
     if (!vm->ropes[v][k].buf) {
@@ -412,8 +413,8 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
                 for (size_t i = 0; i < half; i++) {
                     double theta = (double)p * scale * pow(base, -2.0 * (double)i / hp->n_rot);
                     if (vm->rope_factors) theta /= (double)vm->rope_factors[i];
-                    cs[(p * half + i) * 2] = (float)cos(theta);
-                    cs[(p * half + i) * 2 + 1] = (float)sin(theta);
+                    cs[(p * half + i) * 2] = (float)cos(theta) * af;
+                    cs[(p * half + i) * 2 + 1] = (float)sin(theta) * af;
                 }
             kvg_vk_buffer b;
             st = kvg_vk_buffer_create(vm->ctx, n * sizeof *cs, KVG_VK_MEM_UPLOAD, &b, err);
@@ -793,7 +794,8 @@ const kvg_backend_ops kvg_vulkan_backend = {
      * kv_copy's); GELU in the gate/up epilogue; the embedding scale in embed.comp; soft-capping
      * in the attention kernels and the logits' epilogue; sliding windows in the attention kernels */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
-                KVG_F_ROPE_FREQS | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP | KVG_F_SLIDING_WINDOW,
+                KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
+                KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_vk_weight_types,
     .model_init = vk_model_init,
     .model_free = vk_model_free,
