@@ -565,7 +565,8 @@ static void test_phi3(void) {
     }
     free(p);
 
-    /* a chat on Phi-3's vocabulary: the phi3 family, and <|end|> ends the reply */
+    /* a chat on Phi-3's vocabulary: its file's own template runs (the phi3 family where a file has
+     * none), and <|end|> ends the reply */
     char *vocab = tu_testdata("tokenizer/ggml-vocab-phi-3.gguf");
     char args[512];
     snprintf(args, sizeof args, "--arch phi3 --layers 1 --embd 64 --heads 4 --ff 96 --untied --vocab %s", vocab);
@@ -583,7 +584,7 @@ static void test_phi3(void) {
         CHECK(end >= 0);
         CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
         const char *family = s ? kvgen_chat_template_name(s, &err) : NULL;
-        CHECKF(family && strcmp(family, "phi3") == 0, "family %s", family ? family : err.message);
+        CHECKF(family && (strcmp(family, "jinja") == 0 || strcmp(family, "phi3") == 0), "family %s", family ? family : err.message);
         kvgen_gen *gen = NULL;
         kvgen_generate_desc gd = {.max_tokens = 8};
         CHECK_OK(s ? kvgen_chat_gen_begin(s, "user", "Hi", &gd, &gen, &err) : KVGEN_E_INTERNAL);
