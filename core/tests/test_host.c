@@ -29,6 +29,7 @@ static void keep_log(void *user, kvgen_log_level level, const char *message) {
     snprintf(logged.text[i], sizeof logged.text[i], "%s", message);
 }
 
+#ifdef KVGEN_TEST_HAVE_VULKAN
 static int find_log(kvgen_log_level level, const char *what) {
     int n = atomic_load(&logged.n);
     for (int i = 0; i < n && i < MAX_MSGS; i++)
@@ -43,6 +44,7 @@ static void report_validation(void) {
     for (int i = 0; i < n && i < MAX_MSGS; i++)
         if (strstr(logged.text[i], "vulkan validation:")) fprintf(stderr, "kvgen: %s\n", logged.text[i]);
 }
+#endif
 
 /* stderr into a file while kvgen runs */
 static int saved_stderr = -1;
@@ -168,6 +170,7 @@ static void check_balanced(const char *what) {
 
 static const char *model_path;
 
+#ifdef KVGEN_TEST_HAVE_VULKAN
 static void vulkan_body(void *arg) {
     (void)arg;
     model_life(model_path, KVGEN_BACKEND_VULKAN);
@@ -198,6 +201,7 @@ static void vulkan_body(void *arg) {
     CHECKF(leaked == 0, "%zu bytes reached stderr with a logger installed", leaked);
     free(cache);
 }
+#endif
 
 int main(void) {
     CHECK(strcmp(kvgen_log_level_name(KVGEN_LOG_WARNING), "warning") == 0);
