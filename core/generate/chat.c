@@ -515,7 +515,9 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     toks tk = {0};
     char *reply = NULL;
     kvgen_status st = KVGEN_OK;
-    size_t n = 0;
+    size_t n = 0, k = 0;
+    int32_t *dropped = NULL; /* [len - k]: the cached tokens a changed prefix rewound */
+    bool rewound = false;
     if (!msgs || !jm) {
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
         goto done;
@@ -566,11 +568,17 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
             if (st != KVGEN_OK) goto done;
         }
     }
-    size_t k = 0;
     while (k < len && k < tk.n && have[k] == tk.v[k]) k++;
     if (k < len) { /* the rendered prefix changed (or the reply tokenizes differently): reuse what matches */
+        /* the tokens given up, so that a turn that fails after the rewind puts them back */
+        if (!(dropped = kvg_malloc((len - k) * sizeof *dropped))) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+            goto done;
+        }
+        memcpy(dropped, have + k, (len - k) * sizeof *dropped);
         st = kvgen_session_rewind(s, len - k, err);
         if (st != KVGEN_OK) goto done;
+        rewound = true;
     }
     if (out) st = append_out(out, tk.v + k, tk.n - k, fn, err);
     else if (tk.n > k) st = kvgen_session_prefill(s, tk.v + k, tk.n - k, NULL, err);
@@ -602,6 +610,15 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     c->open_reply = begin_reply;
     if (r != ROLE_NONE) c->last_role = r;
 done:
+    if (st != KVGEN_OK && rewound) {
+        /* the turn failed after the cache gave up its tail: back to the tokens it held (a failed
+         * prefill leaves the session at k; one that succeeded before a later failure is undone) */
+        kvgen_error ignored = {0};
+        size_t now = kvgen_session_length(s);
+        if (now > k) kvgen_session_rewind(s, now - k, &ignored);
+        if (kvgen_session_length(s) == k) kvgen_session_prefill(s, dropped, len - k, NULL, &ignored);
+    }
+    kvg_free(dropped);
     kvg_jinja_free(t);
     kvg_free(ro.text);
     kvg_free(ro.user);

@@ -81,6 +81,27 @@ static void templates(void) {
     CHECK(kvgen_chat_set_template(s, &syntax, &err) == KVGEN_E_INVALID_ARGUMENT);
     CHECKF(strstr(err.message, "kvgen_chat_set_template: jinja: line 2 column"), "%s", err.message);
     kvgen_session_close(s);
+
+    /* a template whose first line changes with every turn: each turn rewinds to the common prefix;
+     * the turn that no longer fits the context fails and leaves the session as it was */
+    kvgen_session_desc sd = {.n_ctx = 64};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    kvgen_chat_template counted = {.jinja = "turns {{ messages | length }}\n{% for m in messages %}{{ m.role }}: "
+                                            "{{ m.content }}\n{% endfor %}"};
+    CHECK_OK(kvgen_chat_set_template(s, &counted, &err));
+    static int32_t held[64];
+    size_t n_held = 0;
+    kvgen_status st = KVGEN_OK;
+    int turns = 0;
+    for (; turns < 64 && st == KVGEN_OK; turns++) {
+        n_held = kvgen_session_length(s);
+        memcpy(held, kvgen_session_tokens(s), n_held * sizeof *held);
+        st = kvgen_chat_add(s, "user", "one more line of text", &err);
+    }
+    CHECKF(st != KVGEN_OK && turns > 1, "status %s after %d turns", kvgen_status_name(st), turns);
+    CHECKF(kvgen_session_length(s) == n_held && memcmp(held, kvgen_session_tokens(s), n_held * sizeof *held) == 0,
+           "after the failed turn: %zu tokens, %zu before", kvgen_session_length(s), n_held);
+    kvgen_session_close(s);
 }
 
 int main(void) {
