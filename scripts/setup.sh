@@ -12,6 +12,7 @@ packages=(
   libvulkan-dev mesa-vulkan-drivers glslc glslang-tools spirv-tools vulkan-validationlayers vulkan-tools
   lua5.4 liblua5.4-dev lua-busted
   libpcre2-dev
+  python3-jsonschema
   unzip ca-certificates
 )
 

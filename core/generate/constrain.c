@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_grammar.h"
 #include "kvg_model.h"
 
 #define MAX_CHOICES 4096
@@ -39,6 +40,10 @@ struct kvg_cons {
     int32_t **toks; /* each sorted choice's spelling (kvg_cons_spell) */
     size_t *n_toks;
     bool picked;    /* kvg_cons_select ran: the state's range holds exactly one choice */
+    /* KVGEN_CONSTRAIN_GRAMMAR and _SCHEMA: no segments; the grammar's matcher holds the state
+     * (one matcher per constraint, i.e. per generation) */
+    kvg_gram *gram;
+    kvg_gram_match *gm;
 };
 
 void kvg_cons_free(kvg_cons *k) {
@@ -54,6 +59,8 @@ void kvg_cons_free(kvg_cons *k) {
     kvg_free(k->toks);
     kvg_free(k->n_toks);
     kvg_free(k->segs);
+    kvg_gram_match_free(k->gm);
+    kvg_gram_free(k->gram);
     kvg_free(k);
 }
 
@@ -210,11 +217,26 @@ static kvgen_status build_json(kvg_cons *k, const kvgen_constraint *c, kvgen_err
     return KVGEN_OK;
 }
 
+static kvgen_status build_grammar(kvg_cons *k, const kvgen_constraint *c, kvgen_error *err) {
+    bool schema = c->kind == KVGEN_CONSTRAIN_SCHEMA;
+    const char *text = schema ? c->schema : c->grammar;
+    if (!text)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "constraint: %s is NULL", schema ? "schema" : "grammar");
+    char *gbnf = NULL;
+    kvgen_status st = schema ? kvg_schema_to_gbnf(text, &gbnf, err) : KVGEN_OK;
+    if (st == KVGEN_OK) st = kvg_gram_parse(schema ? gbnf : text, &k->gram, err);
+    kvg_free(gbnf);
+    if (st == KVGEN_OK) st = kvg_gram_match_new(k->gram, &k->gm, err);
+    return st;
+}
+
 kvgen_status kvg_cons_build(const kvgen_constraint *c, kvg_cons **out, kvgen_error *err) {
     *out = NULL;
     if (!c || c->kind == KVGEN_CONSTRAIN_NONE) return KVGEN_OK;
-    if (c->kind != KVGEN_CONSTRAIN_CHOICE && c->kind != KVGEN_CONSTRAIN_JSON)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "constraint: kind %d (choice or json)", (int)c->kind);
+    if (c->kind != KVGEN_CONSTRAIN_CHOICE && c->kind != KVGEN_CONSTRAIN_JSON && c->kind != KVGEN_CONSTRAIN_GRAMMAR &&
+        c->kind != KVGEN_CONSTRAIN_SCHEMA)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "constraint: kind %d (choice, json, grammar or schema)",
+                        (int)c->kind);
     kvg_cons *k = kvg_calloc(1, sizeof *k);
     if (!k) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
     kvgen_status st;
@@ -223,6 +245,8 @@ kvgen_status kvg_cons_build(const kvgen_constraint *c, kvg_cons **out, kvgen_err
         if (st == KVGEN_OK && !push_choice(k, c->choices, c->n_choices))
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory");
         k->choice = true;
+    } else if (c->kind == KVGEN_CONSTRAIN_GRAMMAR || c->kind == KVGEN_CONSTRAIN_SCHEMA) {
+        st = build_grammar(k, c, err);
     } else {
         st = build_json(k, c, err);
     }
@@ -240,7 +264,10 @@ static void enter(const kvg_cons *k, kvg_cons_state *st, int seg_index) {
     if (seg_index < k->n && k->segs[seg_index].kind == SEG_CHOICE) st->b = k->segs[seg_index].n_choices;
 }
 
-void kvg_cons_start(const kvg_cons *k, kvg_cons_state *st) { enter(k, st, 0); }
+void kvg_cons_start(const kvg_cons *k, kvg_cons_state *st) {
+    enter(k, st, 0);
+    if (k->gm) kvg_gram_match_reset(k->gm);
+}
 
 /* JSON number automaton: 0 start, 1 '-', 2 '0', 3 integer digits, 4 '.', 5 fraction digits */
 static int num_next(int state, unsigned char ch) {
@@ -265,6 +292,7 @@ static int utf8_len(unsigned char lead) {
 }
 
 bool kvg_cons_feed(const kvg_cons *k, kvg_cons_state *st, unsigned char ch) {
+    if (k->gm) return kvg_gram_feed(k->gm, &ch, 1);
     while (st->seg < k->n) {
         const seg *s = &k->segs[st->seg];
         switch (s->kind) {
@@ -321,9 +349,12 @@ bool kvg_cons_feed(const kvg_cons *k, kvg_cons_state *st, unsigned char ch) {
     return false;
 }
 
-bool kvg_cons_done(const kvg_cons *k, const kvg_cons_state *st) { return st->seg >= k->n; }
+bool kvg_cons_done(const kvg_cons *k, const kvg_cons_state *st) {
+    return k->gm ? kvg_gram_done(k->gm) : st->seg >= k->n;
+}
 
 bool kvg_cons_can_end(const kvg_cons *k, const kvg_cons_state *st) {
+    if (k->gm) return kvg_gram_can_end(k->gm);
     if (st->seg >= k->n) return true;
     if (st->seg != k->n - 1) return false;
     const seg *s = &k->segs[st->seg];
@@ -466,6 +497,11 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
 
 int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
                   uint8_t *allowed) {
+    if (k->gm) { /* the grammar's matcher walks the vocabulary's trie */
+        const kvg_vocab_trie *trie;
+        if (kvg_vocab_trie_get(m, &trie, NULL) != KVGEN_OK) return 0;
+        return kvg_gram_mask(k->gm, trie, allowed);
+    }
     if (k->picked) { /* the picked choice's next token, and nothing else */
         memset(allowed, 0, (size_t)p->n);
         if (st->seg != 0) return 0;

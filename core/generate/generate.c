@@ -59,6 +59,7 @@ const char *kvgen_finish_name(kvgen_finish f) {
     case KVGEN_FINISH_CANCELLED: return "cancelled";
     case KVGEN_FINISH_CONTEXT_FULL: return "context_full";
     case KVGEN_FINISH_ERROR: return "error";
+    case KVGEN_FINISH_DEAD_END: return "dead_end";
     }
     return "unknown";
 }
@@ -298,9 +299,12 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
         const kvg_pieces *p;
         st = kvg_pieces_get(s, &p, err);
         if (st == KVGEN_OK) st = kvg_cons_select(g->cons, &g->cst, s, err); /* a choice: picked by its score */
-        if (st == KVGEN_OK && kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed) == 0)
-            st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                          "generate: no token of the vocabulary continues the constrained text \"%s\"", g->text.p);
+        if (st == KVGEN_OK && kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed) == 0) {
+            /* a dead end: no token continues the text (it is a prefix the constraint accepts) */
+            st = finish(g, KVGEN_FINISH_DEAD_END, err);
+            fill_step(g, step, -1);
+            return st;
+        }
         if (st != KVGEN_OK) {
             g->finish = KVGEN_FINISH_ERROR;
             fill_step(g, step, -1);

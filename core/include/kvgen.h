@@ -494,10 +494,12 @@ typedef enum kvgen_finish {
     KVGEN_FINISH_LENGTH,       /* max_tokens reached */
     KVGEN_FINISH_CANCELLED,    /* kvgen_gen_cancel was called */
     KVGEN_FINISH_CONTEXT_FULL, /* the session's context is full */
-    KVGEN_FINISH_ERROR         /* a backend error; kvgen_gen_next returned it */
+    KVGEN_FINISH_ERROR,        /* a backend error; kvgen_gen_next returned it */
+    KVGEN_FINISH_DEAD_END      /* a constraint allows no token of the vocabulary here (the text
+                                  so far is a prefix it accepts, but cannot be completed) */
 } kvgen_finish;
 
-/* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error" */
+/* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error", "dead_end" */
 KVGEN_API const char *kvgen_finish_name(kvgen_finish finish);
 
 /* Constrained output: generation may only produce text the constraint accepts; tokens that
@@ -511,11 +513,21 @@ KVGEN_API const char *kvgen_finish_name(kvgen_finish finish);
  *    compactly: {"key":value,"key2":value2}. Values: a string without escapes or control
  *    characters (at most max_len bytes), a number -?(0|[1-9][0-9]*)(\.[0-9]+)? (at most 16
  *    characters), or one of the given enum strings (written as a JSON string).
- * Generation ends with KVGEN_FINISH_STOP as soon as the text is complete. */
+ *  - KVGEN_CONSTRAIN_GRAMMAR: text of the GBNF grammar `grammar` (rules `name ::= ...`, the
+ *    text matches rule `root`; docs/generation.md, "Grammars"). A grammar that matches no text,
+ *    uses an undefined rule or is left-recursive is refused, naming the rule and its line.
+ *  - KVGEN_CONSTRAIN_SCHEMA: compact JSON valid against the JSON schema `schema` (text; the
+ *    subset in docs/generation.md, "JSON schemas"), compiled to a grammar. An unsupported
+ *    keyword is refused, naming the schema path and the keyword.
+ * End-of-generation tokens are allowed only where the text is complete. Generation ends with
+ * KVGEN_FINISH_STOP as soon as the text is complete and nothing can follow, and with
+ * KVGEN_FINISH_DEAD_END when no token of the vocabulary continues it. */
 typedef enum kvgen_constraint_kind {
     KVGEN_CONSTRAIN_NONE = 0,
     KVGEN_CONSTRAIN_CHOICE,
-    KVGEN_CONSTRAIN_JSON
+    KVGEN_CONSTRAIN_JSON,
+    KVGEN_CONSTRAIN_GRAMMAR,
+    KVGEN_CONSTRAIN_SCHEMA
 } kvgen_constraint_kind;
 
 typedef enum kvgen_json_type {
@@ -538,6 +550,8 @@ typedef struct kvgen_constraint {
     int n_choices;
     const kvgen_json_field *fields; /* KVGEN_CONSTRAIN_JSON */
     int n_fields;
+    const char *grammar; /* KVGEN_CONSTRAIN_GRAMMAR: GBNF text */
+    const char *schema;  /* KVGEN_CONSTRAIN_SCHEMA: JSON schema text */
 } kvgen_constraint;
 
 #define KVGEN_MAX_STOPS 64      /* stop strings per generation */

@@ -168,6 +168,8 @@ static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena
             for (int v = 0; v < f->n_values; v++) strings += strlen(f->values[v]) + 1;
         }
     }
+    if (k->grammar) strings += strlen(k->grammar) + 1;
+    if (k->schema) strings += strlen(k->schema) + 1;
     char *a = kvg_malloc(size + strings);
     if (!a) return NULL;
     char *at = a, *str = a + size;
@@ -203,6 +205,16 @@ static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena
         }
     }
     c->fields = k->n_fields > 0 ? fields : NULL;
+    if (k->grammar) {
+        size_t n = strlen(k->grammar) + 1;
+        c->grammar = memcpy(str, k->grammar, n);
+        str += n;
+    }
+    if (k->schema) {
+        size_t n = strlen(k->schema) + 1;
+        c->schema = memcpy(str, k->schema, n);
+        str += n;
+    }
     *arena = a;
     return c;
 }

@@ -196,6 +196,10 @@ struct kvgen_model {
     void (*on_unload)(kvgen_model *m);
     /* likewise for a session of the model: kvgen_session_close calls it before freeing it */
     void (*on_session_close)(kvgen_session *s);
+    /* the vocabulary's byte trie for grammar masks (generate/grammar.c): NULL until a grammar
+     * first needs it, then set once (atomic); freed by vocab_trie_free */
+    void *vocab_trie;
+    void (*vocab_trie_free)(void *trie);
 };
 
 #include "kvg_host.h"

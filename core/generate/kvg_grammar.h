@@ -1,0 +1,44 @@
+/* kvg_grammar.h: GBNF grammars, JSON schemas compiled to them, the byte matcher and the token
+ * mask walked over the vocabulary's byte trie (private; see docs/generation.md, "Grammars").
+ *
+ * A grammar is matched over bytes: string literals and character classes are UTF-8, a class
+ * that excludes characters ([^...]) and `.` match one whole UTF-8 character (its bytes one
+ * after the other), so a token that ends inside a character leaves the matcher inside that
+ * character's byte sequence and only tokens that continue it validly are allowed next. */
+#ifndef KVG_GRAMMAR_H
+#define KVG_GRAMMAR_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvgen.h"
+
+typedef struct kvg_gram kvg_gram;         /* a compiled grammar (immutable, shareable) */
+typedef struct kvg_gram_match kvg_gram_match; /* one matcher over it (one generation) */
+
+/* Parses GBNF text; errors are KVGEN_E_INVALID_ARGUMENT "grammar: line L column C: ..." or
+ * name the rule ("grammar: rule 'x' (line L column C) ..."). */
+kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err);
+void kvg_gram_free(kvg_gram *g);
+
+/* Compiles a JSON schema (text) to GBNF (*gbnf malloc'd, caller frees); errors name the schema
+ * path and the keyword: "schema: #/properties/a: keyword 'pattern' is not supported". */
+kvgen_status kvg_schema_to_gbnf(const char *schema, char **gbnf, kvgen_error *err);
+
+kvgen_status kvg_gram_match_new(const kvg_gram *g, kvg_gram_match **out, kvgen_error *err);
+void kvg_gram_match_free(kvg_gram_match *mt);
+void kvg_gram_match_reset(kvg_gram_match *mt);
+/* Feeds bytes; false (state unchanged) when the grammar does not accept them here. */
+bool kvg_gram_feed(kvg_gram_match *mt, const unsigned char *bytes, size_t n);
+bool kvg_gram_can_end(const kvg_gram_match *mt); /* the text so far is a complete sentence */
+bool kvg_gram_done(const kvg_gram_match *mt);    /* complete, and nothing can follow */
+
+/* The vocabulary as a byte trie, built on first use and kept on the model (thread-safe). */
+typedef struct kvg_vocab_trie kvg_vocab_trie;
+kvgen_status kvg_vocab_trie_get(const kvgen_model *m, const kvg_vocab_trie **out, kvgen_error *err);
+/* allowed[t] = 1 for each token whose bytes the matcher accepts (end-of-generation tokens when
+ * the text can end), 0 for every other; returns how many are allowed. n_vocab bytes. */
+int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *trie, uint8_t *allowed);
+/* The same, token by token (tests: the reference the trie walk is checked against). */
+int kvg_gram_mask_brute(kvg_gram_match *mt, const kvgen_model *m, uint8_t *allowed);
+
+#endif

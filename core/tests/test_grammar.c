@@ -1,0 +1,495 @@
+/* test_grammar.c: GBNF grammars and JSON schemas as constrained output. The parser (good
+ * grammars, bad ones with their exact messages), the byte matcher (UTF-8 cut inside a token,
+ * can-end and done), integer ranges of the schema compiler checked number by number, the trie
+ * mask against the token-by-token reference on a small vocabulary and on the default model's,
+ * and generation with temperature (random text forced through the grammar) on a random-weight
+ * model (reference and cpu backends, jobs, Vulkan when a device is present) and on the default
+ * model: every text is accepted by the grammar, and every schema output is validated by
+ * python3-jsonschema (core/tests/validate_json.py). On the default model it prints the mask's
+ * share of a decode step and decode time with and without the NPC schema (ratios of one run). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <string.h>
+#include <time.h>
+#include "kvg_grammar.h"
+#include "kvg_host.h"
+#include "kvg_sampler.h"
+#include "testutil.h"
+
+static const char g_npc[] =
+    "{\"type\":\"object\",\"properties\":{\"line\":{\"type\":\"string\"},\"mood\":{\"enum\":[\"angry\",\"calm\"]},"
+    "\"action\":{\"type\":\"object\",\"properties\":{\"type\":{\"const\":\"give\"},\"item\":{\"type\":\"string\"},"
+    "\"count\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":5}},\"required\":[\"type\",\"item\",\"count\"]}},"
+    "\"required\":[\"line\",\"mood\",\"action\"]}";
+
+static const char g_mixed[] =
+    "{\"$defs\":{\"pt\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":-2.5,"
+    "\"maximum\":3},\"y\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":300}},\"required\":[\"x\"]}},"
+    "\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":8},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"enum\":[\"a\",\"b\",\"c\\\"q\"]},\"minItems\":1,"
+    "\"maxItems\":3},\"pts\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/pt\"},\"maxItems\":2},"
+    "\"ok\":{\"type\":\"boolean\"},\"none\":{\"type\":\"null\"},\"v\":{\"anyOf\":[{\"type\":\"integer\","
+    "\"minimum\":0,\"maximum\":9},{\"type\":\"string\",\"maxLength\":3}]},\"t\":{\"type\":[\"integer\",\"null\"],"
+    "\"minimum\":-10,\"maximum\":10}},\"required\":[\"name\",\"tags\"]}";
+
+static const char g_array[] = "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-1000,"
+                              "\"maximum\":1000000},\"minItems\":2,\"maxItems\":5}";
+
+static const char *const g_schemas[] = {g_npc, g_mixed, g_array};
+
+static const char g_list[] = "# a list of one to four items\n"
+                             "root ::= item (\",\" item){0,3}   # trailing comment\n"
+                             "item ::= [a-c]+ | \"\\x41\" | \"\\u00e9\" | \"\xe2\x82\xac\" | num\n"
+                             "num  ::= \"-\"? [1-9] [0-9]?\n";
+static const char g_dots[] = "root ::= \"<\" . . \">\" ( \"!\"* | [^<>a-z]? )";
+static const char g_nest[] = "root ::= value\n"
+                             "value ::= \"[\" ( value (\",\" value)* )? \"]\"\n"
+                             "        | \"1\"\n";
+static const char *const g_grammars[] = {g_list, g_dots, g_nest};
+
+static kvg_gram *parse(const char *text) {
+    kvg_gram *g = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_gram_parse(text, &g, &err);
+    CHECKF(st == KVGEN_OK, "%s: %s", text, err.message);
+    return g;
+}
+
+static void bad_grammar(const char *text, const char *message) {
+    kvg_gram *g = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_gram_parse(text, &g, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && !g && strcmp(err.message, message) == 0, "%s:\n  got  %s\n  want %s",
+           text, err.message, message);
+    kvg_gram_free(g);
+}
+
+static void bad_schema(const char *schema, const char *message) {
+    kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_SCHEMA, .schema = schema};
+    kvgen_generate_desc d = {.constraint = &c};
+    kvgen_error err = {0};
+    kvgen_status st = kvgen_generate_check(&d, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strcmp(err.message, message) == 0, "%s:\n  got  %s\n  want %s", schema,
+           err.message, message);
+}
+
+/* whether the grammar accepts text as a whole (complete == true) or as a prefix */
+static bool accepts(kvg_gram *g, const char *text, bool complete) {
+    kvg_gram_match *mt = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    if (!mt) return false;
+    bool ok = kvg_gram_feed(mt, (const unsigned char *)text, strlen(text));
+    if (ok && complete) ok = kvg_gram_can_end(mt);
+    kvg_gram_match_free(mt);
+    return ok;
+}
+
+static kvg_gram *schema_gram(const char *schema) {
+    char *gbnf = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_schema_to_gbnf(schema, &gbnf, &err);
+    CHECKF(st == KVGEN_OK, "%s: %s", schema, err.message);
+    kvg_gram *g = gbnf ? parse(gbnf) : NULL;
+    kvg_free(gbnf);
+    return g;
+}
+
+static void check_parser(void) {
+    bad_grammar("root ::= foo", "grammar: rule 'foo' is used (line 1 column 10) but never defined");
+    bad_grammar("a ::= \"x\"", "grammar: no rule 'root' (the rule the text must match)");
+    bad_grammar("root ::= \"x\" root", "grammar: rule 'root' (line 1 column 1) never completes: every way through it "
+                                       "needs itself again (the grammar matches no text)");
+    bad_grammar("root ::= \"a\" b\nb ::= \"x\" b | \"y\" c\nc ::= b",
+                "grammar: rule 'b' (line 2 column 1) never completes: every way through it needs itself again (the "
+                "grammar matches no text)");
+    bad_grammar("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"",
+                "grammar: rule 'expr' (line 2 column 1) is left-recursive: it can reach itself without reading a byte");
+    bad_grammar("root ::= (\"a\"?)*", "grammar: rule 'root' (line 1 column 1) is left-recursive: it can reach itself "
+                                      "without reading a byte (in a repetition of text that can be empty)");
+    bad_grammar("root ::= \"abc", "grammar: line 1 column 10: string literal is not closed with '\"'");
+    bad_grammar("root ::= [a-", "grammar: line 1 column 10: character class is not closed with ']'");
+    bad_grammar("root ::= \"x\"{3,1}", "grammar: line 1 column 13: repetition {3,1}: the maximum is below the minimum");
+    bad_grammar("root ::= \"a\"\nroot ::= \"b\"",
+                "grammar: line 2 column 1: rule 'root' is defined twice (first at line 1 column 1)");
+    bad_grammar("root ::= * \"a\"", "grammar: line 1 column 10: '*' follows nothing it could repeat");
+    bad_grammar("root ::= \"\\q\"", "grammar: line 1 column 11: unknown escape \\q");
+    bad_grammar("root ::= []", "grammar: line 1 column 10: empty character class");
+    bad_grammar("root ::= (\"a\"", "grammar: line 1 column 10: group is not closed with ')'");
+    bad_grammar("root = \"a\"", "grammar: line 1 column 6: expected '::=' after rule name 'root'");
+    bad_grammar("root ::= [^\xc3\xa9]", "grammar: line 1 column 10: a negated class may exclude only ASCII characters "
+                                        "(U+00E9)");
+
+    kvg_gram *g = parse("root ::= \"a\" [0-9]+ (\"x\" | \"yz\")? \"!\"");
+    if (g) {
+        CHECK(accepts(g, "a1!", true) && accepts(g, "a12x!", true) && accepts(g, "a3yz!", true));
+        CHECK(!accepts(g, "a!", false) && !accepts(g, "ax!", false) && !accepts(g, "a1y!", false));
+        CHECK(accepts(g, "a1y", false) && !accepts(g, "a1y", true) && !accepts(g, "a1!!", false));
+        kvg_gram_match *mt = NULL;
+        kvgen_error err = {0};
+        CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+        CHECK(kvg_gram_feed(mt, (const unsigned char *)"a1", 2) && !kvg_gram_can_end(mt) && !kvg_gram_done(mt));
+        CHECK(!kvg_gram_feed(mt, (const unsigned char *)"?", 1)); /* refused: state unchanged */
+        CHECK(kvg_gram_feed(mt, (const unsigned char *)"!", 1) && kvg_gram_can_end(mt) && kvg_gram_done(mt));
+        kvg_gram_match_free(mt);
+        kvg_gram_free(g);
+    }
+    if ((g = parse(g_list))) {
+        CHECK(accepts(g, "a", true) && accepts(g, "abc,A,\xc3\xa9,-42", true) && accepts(g, "\xe2\x82\xac,7", true));
+        CHECK(!accepts(g, "a,b,c,a,b", false) && !accepts(g, "d", false) && !accepts(g, "01", false));
+        CHECK(accepts(g, "a,\xe2\x82", false) && !accepts(g, "a,\xe2\x82", true)); /* a character cut in two */
+        kvg_gram_free(g);
+    }
+    if ((g = parse(g_dots))) {
+        CHECK(accepts(g, "<ab>", true) && accepts(g, "<\xc3\xa9\xe2\x82\xac>!!", true) && accepts(g, "<a\x01>A", true));
+        CHECK(!accepts(g, "<a>", true) && !accepts(g, "<\xff\xfe>", false) && !accepts(g, "<\xc3\x28", false));
+        CHECK(!accepts(g, "<ab>a", false) && !accepts(g, "<ab>\xed\xa0\x80", false)); /* a surrogate is no character */
+        CHECK(accepts(g, "<ab>\xf0\x9f\x98\x80", true) && !accepts(g, "<ab>\xf4\x90\x80\x80", false));
+        kvg_gram_free(g);
+    }
+    if ((g = parse(g_nest))) {
+        CHECK(accepts(g, "[1,[1,[]],[[1]]]", true) && !accepts(g, "[1,]", false) && !accepts(g, "[1", true));
+        kvg_gram_free(g);
+    }
+}
+
+static void check_schema(void) {
+    bad_schema("{\"type\":\"string\",\"pattern\":\"a+\"}", "schema: #: keyword 'pattern' is not supported");
+    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
+               "schema: #/properties/a: keyword 'format' is not supported");
+    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"b\"]}",
+               "schema: #: keyword 'required' names 'b', which is not in 'properties'");
+    bad_schema("{\"$ref\":\"#/components/x\"}",
+               "schema: #: keyword '$ref' \"#/components/x\": only #/$defs/NAME (or #/definitions/NAME) of this schema");
+    bad_schema("{\"type\":\"object\"", "schema: not valid JSON at byte 16: expected ',' or '}'");
+    bad_schema("{\"type\":\"integer\",\"minimum\":5,\"maximum\":2}",
+               "schema: #: keywords 'minimum'/'maximum' leave no integer in 5..2");
+    bad_schema("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"date\"}]}}",
+               "schema: #/items/anyOf/1: type 'date' is not supported (object, array, string, integer, number, "
+               "boolean, null)");
+    bad_schema("{\"enum\":[1,2],\"minimum\":0}", "schema: #: keyword 'minimum' beside 'enum' is not supported");
+    bad_schema("{\"type\":\"string\",\"enum\":[\"a\",2]}",
+               "schema: #: keyword 'enum' holds a value that is not of the schema's 'type'");
+
+    kvg_gram *g = schema_gram(g_npc);
+    if (g) {
+        CHECK(accepts(g, "{\"line\":\"Take it.\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"sword\","
+                         "\"count\":3}}",
+                      true));
+        CHECK(accepts(g, "{\"line\":\"\\\"\xc3\xa9\\n\",\"mood\":\"angry\",\"action\":{\"type\":\"give\",\"item\":\"\","
+                         "\"count\":5}}",
+                      true));
+        CHECK(!accepts(g, "{\"line\":\"x\",\"mood\":\"happy\"", false));
+        CHECK(!accepts(g, "{\"line\":\"x\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"a\",\"count\":6",
+                       false));
+        CHECK(!accepts(g, "{\"mood\":", false) && !accepts(g, "{ \"line\"", false));
+        kvg_gram_free(g);
+    }
+    if ((g = schema_gram(g_mixed))) {
+        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"]}", true));
+        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\",\"c\\\"q\"],\"ok\":true,\"t\":null}", true));
+        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"b\"],\"pts\":[{\"x\":-1.5,\"y\":300},{\"x\":2.999}],\"v\":\"x\"}",
+                      true));
+        CHECK(!accepts(g, "{\"name\":\"a\",", false) && !accepts(g, "{\"name\":\"ab\",\"tags\":[]", false));
+        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":3.5", false));
+        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":-2.1", false));
+        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"ok\":true,\"pts\"", false)); /* schema order */
+        kvg_gram_free(g);
+    }
+    /* integer ranges: every number near the bounds, as text */
+    static const long long ranges[][2] = {{1, 5},     {0, 0},         {-12, 7},   {15, 1234},   {-1000, -37},
+                                          {99, 100},  {-5, -5},       {7, 80000}, {-99999, 99}, {100, 999}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+        char schema[160];
+        long long lo = ranges[r][0], hi = ranges[r][1];
+        snprintf(schema, sizeof schema, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}", lo, hi);
+        if (!(g = schema_gram(schema))) continue;
+        int wrong = 0;
+        for (long long v = lo - 1200; v <= hi + 1200; v++) {
+            if (v > lo + 1200 && v < hi - 1200) v = hi - 1200;
+            char t[32];
+            snprintf(t, sizeof t, "%lld", v);
+            wrong += accepts(g, t, true) != (v >= lo && v <= hi);
+        }
+        wrong += accepts(g, "-0", true) + accepts(g, "007", true);
+        CHECKF(wrong == 0, "integer range %lld..%lld: %d numbers misjudged", lo, hi, wrong);
+        kvg_gram_free(g);
+    }
+}
+
+/* the trie walk against the token-by-token reference, from the states after each prefix */
+static void check_mask(kvgen_model *m, kvg_gram *g, const char *const *prefixes, int n, const char *what) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    const kvg_vocab_trie *trie = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_vocab_trie_get(m, &trie, &err));
+    const kvg_vocab_trie *again = NULL;
+    CHECK_OK(kvg_vocab_trie_get(m, &again, &err));
+    CHECK(trie && again == trie); /* built once, kept on the model */
+    uint8_t *a = kvg_malloc((size_t)info.n_vocab), *b = kvg_malloc((size_t)info.n_vocab);
+    kvg_gram_match *mt = NULL;
+    CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    for (int i = 0; trie && a && b && mt && i < n; i++) {
+        kvg_gram_match_reset(mt);
+        CHECKF(kvg_gram_feed(mt, (const unsigned char *)prefixes[i], strlen(prefixes[i])), "%s: prefix %s", what,
+               prefixes[i]);
+        int na = kvg_gram_mask(mt, trie, a), nb = kvg_gram_mask_brute(mt, m, b);
+        CHECKF(na == nb && memcmp(a, b, (size_t)info.n_vocab) == 0, "%s: after \"%s\": trie %d tokens, reference %d",
+               what, prefixes[i], na, nb);
+        CHECKF(na > 0, "%s: after \"%s\": no token", what, prefixes[i]);
+    }
+    kvg_gram_match_free(mt);
+    kvg_free(a);
+    kvg_free(b);
+}
+
+/* Generates with a constraint; the text must be complete for the grammar. Returns the text
+ * (malloc'd). */
+static char *generate(kvgen_model *m, const kvgen_constraint *c, uint64_t seed, const char *prompt, bool job,
+                      kvgen_finish *fin) {
+    kvgen_session_desc sd = {.n_ctx = 512, .seed = seed, .temperature = 1.0f};
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) return NULL;
+    int32_t ids[256];
+    size_t n = 0;
+    CHECK_OK(kvgen_tokenize(m, prompt, strlen(prompt), 0, ids, 256, &n, &err));
+    kvgen_generate_desc gd = {.constraint = c, .max_tokens = 400};
+    char *out = kvg_malloc(8192);
+    *fin = KVGEN_FINISH_ERROR;
+    if (!job) {
+        kvgen_gen *g = NULL;
+        CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &gd, &g, &err));
+        kvgen_gen_step st = {0};
+        while (g && kvgen_gen_next(g, &st, &err) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) {
+        }
+        size_t len;
+        const char *t = g ? kvgen_gen_text(g, &len) : "";
+        snprintf(out, 8192, "%s", t);
+        *fin = kvgen_gen_finish(g);
+        kvgen_gen_end(g);
+    } else {
+        kvgen_job_desc jd = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = ids, .n_tokens = n, .gen = gd};
+        kvgen_job *j = NULL;
+        CHECK_OK(kvgen_job_submit(s, &jd, &j, &err));
+        kvgen_job_info info = {0};
+        for (long spin = 0; j && spin < 2000000000L; spin++) {
+            kvgen_job_state js = kvgen_job_poll(j, NULL, NULL);
+            if (js == KVGEN_JOB_DONE || js == KVGEN_JOB_CANCELLED || js == KVGEN_JOB_FAILED) break;
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (j) {
+            kvgen_job_get_info(j, &info);
+            CHECKF(info.state == KVGEN_JOB_DONE, "job: %s", info.error.message);
+            snprintf(out, 8192, "%s", kvgen_job_text(j, NULL));
+            *fin = info.finish;
+        }
+        kvgen_job_release(j);
+    }
+    kvgen_session_close(s);
+    return out;
+}
+
+/* Runs /usr/bin/python3 core/tests/validate_json.py on the outputs (one a line). */
+static void validate(const char *schema, char **texts, int n, const char *what) {
+    char *sp = tu_tmpfile("schema.json"), *op = tu_tmpfile("outputs.txt");
+    FILE *f = fopen(sp, "w");
+    if (f) {
+        fputs(schema, f);
+        fclose(f);
+    }
+    f = fopen(op, "w");
+    for (int i = 0; f && i < n; i++) fprintf(f, "%s\n", texts[i] ? texts[i] : "");
+    if (f) fclose(f);
+    const char *fx = getenv("KVGEN_FIXTURES");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/../validate_json.py %s < %s", fx ? fx : "core/tests/fixtures", sp, op);
+    int rc = system(cmd);
+    CHECKF(rc == 0, "%s: python3-jsonschema refused an output (or is missing: apt-get install python3-jsonschema)",
+           what);
+    free(sp);
+    free(op);
+}
+
+/* Every grammar and schema, several seeds, on one backend; the schema outputs validated. */
+static void check_generation(kvgen_model *m, const char *what, int seeds, bool jobs) {
+    for (size_t i = 0; i < sizeof g_grammars / sizeof g_grammars[0]; i++) {
+        kvg_gram *g = parse(g_grammars[i]);
+        kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = g_grammars[i]};
+        for (int s = 1; g && s <= seeds; s++) {
+            kvgen_finish fin;
+            char *t = generate(m, &c, (uint64_t)s * 7919u, "once upon", jobs && s % 2 == 0, &fin);
+            CHECKF(t && fin == KVGEN_FINISH_STOP && accepts(g, t, true), "%s: grammar %zu seed %d: %s (%s)", what, i,
+                   s, t ? t : "", kvgen_finish_name(fin));
+            kvg_free(t);
+        }
+        kvg_gram_free(g);
+    }
+    for (size_t i = 0; i < sizeof g_schemas / sizeof g_schemas[0]; i++) {
+        kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_SCHEMA, .schema = g_schemas[i]};
+        char *texts[32] = {0};
+        for (int s = 1; s <= seeds && s <= 32; s++) {
+            kvgen_finish fin;
+            texts[s - 1] = generate(m, &c, (uint64_t)s * 104729u, "json:", jobs && s % 2 == 1, &fin);
+            CHECKF(fin == KVGEN_FINISH_STOP, "%s: schema %zu seed %d: %s (%s)", what, i, s,
+                   texts[s - 1] ? texts[s - 1] : "", kvgen_finish_name(fin));
+        }
+        validate(g_schemas[i], texts, seeds, what);
+        for (int s = 0; s < 32; s++) kvg_free(texts[s]);
+    }
+}
+
+/* A grammar whose only text the vocabulary cannot spell: a dead end, not an error. */
+static void check_dead_end(kvgen_model *m) {
+    kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"a\" [\\x01] \"b\""};
+    kvgen_finish fin;
+    char *t = generate(m, &c, 5, "x", false, &fin);
+    CHECKF(fin == KVGEN_FINISH_DEAD_END && t && strcmp(t, "a") == 0, "%s (%s)", t ? t : "", kvgen_finish_name(fin));
+    CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_DEAD_END), "dead_end") == 0);
+    kvg_free(t);
+}
+
+static kvgen_model *load(const char *path, kvgen_backend backend) {
+    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    return m;
+}
+
+static const char *const g_npc_prefixes[] = {"", "{\"line\":\"", "{\"line\":\"Hello there, trav",
+                                             "{\"line\":\"\xc3", "{\"line\":\"ok\",\"mood\":\"",
+                                             "{\"line\":\"ok\",\"mood\":\"calm\",\"action\":{\"type\":\"give\","
+                                             "\"item\":\"axe\",\"count\":"};
+
+static void vulkan_body(void *arg) {
+    kvgen_model *m = load(arg, KVGEN_BACKEND_VULKAN);
+    if (m) check_generation(m, "vulkan", 3, true);
+    kvgen_model_unload(m);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Decode with and without the NPC schema, and the mask's own time, in one run. */
+static void bench(kvgen_model *m, const char *what) {
+    kvgen_session_desc sd = {.n_ctx = 512, .seed = 3, .temperature = 0.8f};
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) return;
+    int32_t ids[64];
+    size_t n = 0;
+    const char *prompt = "The guard says:";
+    CHECK_OK(kvgen_tokenize(m, prompt, strlen(prompt), 0, ids, 64, &n, &err));
+    size_t base = n;
+    /* free text: 40 decode steps */
+    CHECK_OK(kvgen_session_prefill(s, ids, n, NULL, &err));
+    double t0 = now();
+    int free_steps = 0;
+    for (; free_steps < 40; free_steps++) {
+        int32_t t = kvgen_session_sample(s);
+        if (t < 0 || kvgen_session_decode(s, t, &err) != KVGEN_OK) break;
+    }
+    double free_time = now() - t0;
+    /* the NPC schema: the same steps with the mask timed on its own */
+    CHECK_OK(kvgen_session_rewind(s, base, &err));
+    kvg_gram *g = schema_gram(g_npc);
+    kvg_gram_match *mt = NULL;
+    const kvg_vocab_trie *trie = NULL;
+    if (g) CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    CHECK_OK(kvg_vocab_trie_get(m, &trie, &err));
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    uint8_t *allowed = kvg_malloc((size_t)info.n_vocab);
+    double mask_time = 0, total = 0;
+    int steps = 0;
+    t0 = now();
+    for (int k = 0; mt && trie && allowed && k < 40 && !kvg_gram_done(mt); k++) {
+        double a = now();
+        kvg_gram_mask(mt, trie, allowed);
+        mask_time += now() - a;
+        int32_t t = kvg_session_sample_masked(s, allowed);
+        if (t < 0 || kvgen_token_is_eog(m, t)) break;
+        char piece[256];
+        size_t len = kvgen_token_piece(m, t, 0, piece, sizeof piece);
+        CHECK(kvg_gram_feed(mt, (const unsigned char *)piece, len));
+        if (kvgen_session_decode(s, t, &err) != KVGEN_OK) break;
+        steps++;
+    }
+    total = now() - t0;
+    if (steps > 0 && free_steps > 0)
+        printf("bench %s: NPC schema: mask %.1f%% of a constrained decode step; constrained step / free step %.2f "
+               "(%d and %d steps)\n",
+               what, 100.0 * mask_time / total, (total / steps) / (free_time / free_steps), steps, free_steps);
+    CHECKF(steps > 5, "%s: %d constrained steps", what, steps);
+    kvg_free(allowed);
+    kvg_gram_match_free(mt);
+    kvg_gram_free(g);
+    kvgen_session_close(s);
+}
+
+int main(void) {
+    check_parser();
+    check_schema();
+    char *path = tu_make_model("grammar.gguf", "--seed 61 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2");
+    if (!path) return tu_finish("test_grammar");
+    kvgen_model *m = load(path, KVGEN_BACKEND_REFERENCE);
+    if (m) {
+        for (size_t i = 0; i < sizeof g_grammars / sizeof g_grammars[0]; i++) {
+            kvg_gram *g = parse(g_grammars[i]);
+            static const char *const pre[] = {"", "<", "a", "[1,[", "<\xc3", "abc,"};
+            const char *ok[6];
+            int n = 0;
+            for (int p = 0; g && p < 6; p++)
+                if (accepts(g, pre[p], false)) ok[n++] = pre[p];
+            if (g) check_mask(m, g, ok, n, "random vocabulary");
+            kvg_gram_free(g);
+        }
+        kvg_gram *g = schema_gram(g_npc);
+        if (g) check_mask(m, g, g_npc_prefixes, 6, "random vocabulary, NPC schema");
+        kvg_gram_free(g);
+        check_generation(m, "reference", 8, true);
+        check_dead_end(m);
+    }
+    kvgen_model_unload(m);
+    if ((m = load(path, KVGEN_BACKEND_CPU))) check_generation(m, "cpu", 4, false);
+    kvgen_model_unload(m);
+    tu_vulkan_child("grammar generation", vulkan_body, path);
+    free(path);
+
+    const char *real = tu_model_path();
+    if (!real) {
+        printf("test_grammar: default model absent: its vocabulary and generation are not checked\n");
+        return tu_finish("test_grammar");
+    }
+    if ((m = load(real, KVGEN_BACKEND_CPU))) {
+        kvg_gram *g = schema_gram(g_npc);
+        if (g) check_mask(m, g, g_npc_prefixes, 6, "default model, NPC schema");
+        kvg_gram_free(g);
+        kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_SCHEMA, .schema = g_npc};
+        char *texts[6] = {0};
+        for (int s = 0; s < 6; s++) {
+            kvgen_finish fin;
+            texts[s] = generate(m, &c, 1000u + (uint64_t)s, "An NPC answers the player, as JSON:", s == 5, &fin);
+            CHECKF(fin == KVGEN_FINISH_STOP, "default model seed %d: %s (%s)", s, texts[s] ? texts[s] : "",
+                   kvgen_finish_name(fin));
+            printf("default model: %s\n", texts[s] ? texts[s] : "");
+        }
+        validate(g_npc, texts, 6, "default model, NPC schema");
+        for (int s = 0; s < 6; s++) kvg_free(texts[s]);
+        bench(m, "cpu");
+    }
+    kvgen_model_unload(m);
+    if (getenv("KVGEN_TEST_BENCH_VULKAN")) {
+        if ((m = load(real, KVGEN_BACKEND_VULKAN))) bench(m, "vulkan");
+        kvgen_model_unload(m);
+    }
+    return tu_finish("test_grammar");
+}
