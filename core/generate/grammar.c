@@ -1245,40 +1245,24 @@ static int tok_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static kvg_vocab_trie *trie_build(const kvgen_model *m) {
-    int n = m->w.hp.n_vocab;
+/* The trie of n tokens whose bytes are bytes[off[t] .. off[t + 1]); eog[t]: an
+ * end-of-generation token (never in the trie). */
+static kvg_vocab_trie *trie_from(int n, const uint32_t *off, const unsigned char *bytes, const uint8_t *eog) {
     kvg_vocab_trie *t = kvg_calloc(1, sizeof *t);
-    uint32_t *off = kvg_malloc(((size_t)n + 1) * sizeof *off);
     tok_ref *refs = kvg_malloc(((size_t)n + 1) * sizeof *refs);
-    unsigned char *bytes = NULL;
-    bool ok = t && off && refs;
-    size_t total = 0;
-    for (int i = 0; ok && i < n; i++) {
-        off[i] = (uint32_t)total;
-        total += kvgen_token_piece(m, i, 0, NULL, 0);
-    }
-    if (ok) {
-        off[n] = (uint32_t)total;
-        ok = (bytes = kvg_malloc(total + 1)) != NULL;
-    }
+    bool ok = t && refs;
+    size_t total = off[n];
     int n_refs = 0, n_eog = 0;
     for (int i = 0; ok && i < n; i++) {
-        uint32_t len = off[i + 1] - off[i];
-        if (kvgen_token_is_eog(m, i)) n_eog++;
-        if (len == 0) continue;
-        char *tmp = kvg_malloc(len + 1);
-        if (!(ok = tmp != NULL)) break;
-        kvgen_token_piece(m, i, 0, tmp, len + 1);
-        memcpy(bytes + off[i], tmp, len);
-        kvg_free(tmp);
-        if (!kvgen_token_is_eog(m, i)) refs[n_refs++] = (tok_ref){bytes + off[i], len, i};
+        n_eog += eog[i] != 0;
+        if (off[i + 1] > off[i] && !eog[i]) refs[n_refs++] = (tok_ref){bytes + off[i], off[i + 1] - off[i], i};
     }
     if (ok) {
         t->n_vocab = n;
         t->eog = kvg_malloc(((size_t)n_eog + 1) * sizeof *t->eog);
         ok = t->eog != NULL;
         for (int i = 0; ok && i < n; i++)
-            if (kvgen_token_is_eog(m, i)) t->eog[t->n_eog++] = i;
+            if (eog[i]) t->eog[t->n_eog++] = i;
     }
     size_t cap = total + 1; /* at most one node per byte, plus the root */
     if (ok) {
@@ -1319,13 +1303,50 @@ static kvg_vocab_trie *trie_build(const kvgen_model *m) {
         t->n_nodes = nodes;
     }
     kvg_free(path);
-    kvg_free(off);
     kvg_free(refs);
-    kvg_free(bytes);
     if (!ok) {
         trie_free(t);
         return NULL;
     }
+    return t;
+}
+
+kvg_vocab_trie *kvg_vocab_trie_build(int n, const uint32_t *off, const unsigned char *bytes, const uint8_t *eog) {
+    return trie_from(n, off, bytes, eog);
+}
+
+void kvg_vocab_trie_free(kvg_vocab_trie *t) { trie_free(t); }
+
+/* every token's bytes (flags 0: control tokens are empty) */
+static kvg_vocab_trie *trie_build(const kvgen_model *m) {
+    int n = m->w.hp.n_vocab;
+    uint32_t *off = kvg_malloc(((size_t)n + 1) * sizeof *off);
+    uint8_t *eog = kvg_malloc((size_t)n + 1);
+    unsigned char *bytes = NULL;
+    bool ok = off && eog;
+    size_t total = 0;
+    for (int i = 0; ok && i < n; i++) {
+        off[i] = (uint32_t)total;
+        total += kvgen_token_piece(m, i, 0, NULL, 0);
+        eog[i] = kvgen_token_is_eog(m, i) != 0;
+    }
+    if (ok) {
+        off[n] = (uint32_t)total;
+        ok = total < UINT32_MAX && (bytes = kvg_malloc(total + 1)) != NULL;
+    }
+    for (int i = 0; ok && i < n; i++) {
+        uint32_t len = off[i + 1] - off[i];
+        if (len == 0) continue;
+        char *tmp = kvg_malloc(len + 1);
+        if (!(ok = tmp != NULL)) break;
+        kvgen_token_piece(m, i, 0, tmp, len + 1);
+        memcpy(bytes + off[i], tmp, len);
+        kvg_free(tmp);
+    }
+    kvg_vocab_trie *t = ok ? trie_from(n, off, bytes, eog) : NULL;
+    kvg_free(off);
+    kvg_free(eog);
+    kvg_free(bytes);
     return t;
 }
 

@@ -35,6 +35,10 @@ bool kvg_gram_done(const kvg_gram_match *mt);    /* complete, and nothing can fo
 /* The vocabulary as a byte trie, built on first use and kept on the model (thread-safe). */
 typedef struct kvg_vocab_trie kvg_vocab_trie;
 kvgen_status kvg_vocab_trie_get(const kvgen_model *m, const kvg_vocab_trie **out, kvgen_error *err);
+/* A trie of n tokens whose bytes are bytes[off[t] .. off[t + 1]), eog[t] != 0 for an
+ * end-of-generation token (tests: a vocabulary of their own); NULL when out of memory. */
+kvg_vocab_trie *kvg_vocab_trie_build(int n, const uint32_t *off, const unsigned char *bytes, const uint8_t *eog);
+void kvg_vocab_trie_free(kvg_vocab_trie *t);
 /* allowed[t] = 1 for each token whose bytes the matcher accepts (end-of-generation tokens when
  * the text can end), 0 for every other; returns how many are allowed. n_vocab bytes. */
 int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *trie, uint8_t *allowed);
