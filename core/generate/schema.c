@@ -355,7 +355,10 @@ static void to_json(comp *C, kvg_buf *b, const jval *v) {
         add(C, b, "\"");
         for (size_t i = 0; i < v->len; i++) {
             unsigned char c = (unsigned char)v->s[i];
+            const char *esc = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : c == '\b' ? "\\b"
+                              : c == '\f' ? "\\f" : NULL;
             if (c == '"' || c == '\\') addf(C, b, "\\%c", c);
+            else if (esc) add(C, b, esc);
             else if (c < 0x20) addf(C, b, "\\u%04x", c);
             else if (C->st == KVGEN_OK && !kvg_buf_add(b, (const char *)&v->s[i], 1))
                 C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");

@@ -1,0 +1,145 @@
+-- Grammars and JSON schemas as constrained output through Lua: grammar = GBNF text, schema =
+-- a table or JSON text, the parsed value returned beside the text (and as job.value), bad
+-- grammars and schemas refused naming the call and the option, and jobs. Random model,
+-- reference backend, sampled with temperature (random text forced through the grammar).
+local support = require("kvgen_support")
+local kvgen = support.kvgen
+local error_of = support.error_of
+
+local npc = {
+  type = "object",
+  properties = {
+    line = { type = "string", maxLength = 40 },
+    mood = { enum = { "angry", "calm" } },
+    action = {
+      type = "object",
+      properties = {
+        type = { const = "give" },
+        item = { type = "string", maxLength = 12 },
+        count = { type = "integer", minimum = 1, maximum = 5 },
+      },
+      required = { "type", "item", "count" },
+    },
+  },
+  required = { "line", "mood", "action" },
+}
+
+local function check_npc(v)
+  assert.are.equal("table", type(v))
+  assert.are.equal("string", type(v.line))
+  assert.is_true(utf8.len(v.line) ~= nil and utf8.len(v.line) <= 40)
+  assert.is_truthy(v.mood == "angry" or v.mood == "calm", v.mood)
+  assert.are.equal("give", v.action.type)
+  assert.are.equal("string", type(v.action.item))
+  assert.is_true(math.type(v.action.count) == "integer" and v.action.count >= 1 and v.action.count <= 5)
+end
+
+local function wait_final(job)
+  local deadline = os.time() + 120
+  while true do
+    local _, done = job:poll()
+    if done then return end
+    assert(os.time() < deadline, "the job did not finish")
+  end
+end
+
+describe("grammars and schemas (random model)", function()
+  local m
+  setup(function() m = support.random_model { threads = 1 } end)
+  teardown(function()
+    m:close()
+    collectgarbage()
+    support.cleanup()
+  end)
+
+  it("a schema table: the text is JSON in the schema's required order, and its value comes back", function()
+    for seed = 1, 6 do
+      local s <close> = m:session { seed = seed, temperature = 1.0 }
+      local text, finish, value = s:generate("npc:", { schema = npc })
+      assert.are.equal("stop", finish)
+      assert.matches('^{"line":".*","mood":"%a+","action":{"type":"give","item":".*","count":%d}}$', text)
+      check_npc(value)
+    end
+  end)
+
+  it("a schema as JSON text, optional properties, arrays, null", function()
+    local schema = [[{"type":"object","properties":{"tags":{"type":"array","items":{"type":"string",
+      "enum":["a","b"]},"minItems":1,"maxItems":3},"n":{"type":["integer","null"],"minimum":-3,"maximum":3},
+      "ok":{"type":"boolean"}},"required":["tags"]}]]
+    for seed = 1, 6 do
+      local s <close> = m:session { seed = seed, temperature = 1.0 }
+      local text, finish, value = s:generate("json:", { schema = schema })
+      assert.are.equal("stop", finish)
+      assert.are.equal("table", type(value), text)
+      assert.is_true(#value.tags >= 1 and #value.tags <= 3)
+      for _, t in ipairs(value.tags) do assert.is_truthy(t == "a" or t == "b") end
+      assert.is_truthy(value.n == nil or value.n == kvgen.null or (value.n >= -3 and value.n <= 3))
+      assert.is_truthy(value.ok == nil or type(value.ok) == "boolean")
+    end
+  end)
+
+  it("a grammar: the text matches it; generate keeps returning text, finish", function()
+    local g = 'root ::= "<" word ("," word){0,2} ">"\nword ::= [a-z]{1,4}  # a short word'
+    for seed = 1, 6 do
+      local s <close> = m:session { seed = seed, temperature = 1.0 }
+      local text, finish, extra = s:generate("x", { grammar = g })
+      assert.are.equal("stop", finish)
+      assert.is_nil(extra)
+      assert.matches("^<%l%l?%l?%l?(,?%l*)(,?%l*)>$", text)
+    end
+  end)
+
+  it("chat takes a schema too", function()
+    local s <close> = m:session { seed = 3, temperature = 1.0 }
+    local reply, finish, value = s:chat("hello", { schema = npc })
+    assert.are.equal("stop", finish)
+    check_npc(value)
+    local text2, finish2, v2 = s:chat("again", { schema = [[{"const":{"a":[1,2.5,"x\n"],"b":null}}]] })
+    assert.are.equal("stop", finish2)
+    assert.are.equal('{"a":[1,2.5,"x\\n"],"b":null}', text2)
+    assert.are.same({ a = { 1, 2.5, "x\n" }, b = kvgen.null }, v2)
+  end)
+
+  it("a grammar and a schema through jobs; job.value is the parsed value", function()
+    local s <close> = m:session { seed = 9, temperature = 1.0 }
+    local job = s:submit("x", { grammar = 'root ::= "yes" | "no" | [0-9]{3}' })
+    wait_final(job)
+    assert.are.equal("stop", job.finish)
+    assert.is_truthy(job.text == "yes" or job.text == "no" or job.text:match("^%d%d%d$"), job.text)
+    assert.is_nil(job.value)
+    job:close()
+    local j2 = s:submit("npc:", { schema = npc })
+    wait_final(j2)
+    assert.are.equal("stop", j2.finish)
+    check_npc(j2.value)
+    j2:close()
+  end)
+
+  it("refuses bad grammars and schemas, naming the call, the option and the place", function()
+    local s <close> = m:session()
+    assert.matches("bad argument #2 to 'generate' %(option 'grammar': grammar: rule 'word' is used %(line 1 column 10%) but never defined%)",
+      error_of(function() return s:generate({ 1 }, { grammar = "root ::= word" }) end))
+    assert.matches("bad argument #2 to 'generate' %(option 'grammar': grammar: rule 'e' %(line 2 column 1%) is left%-recursive",
+      error_of(function() return s:generate({ 1 }, { grammar = 'root ::= e\ne ::= e "+" | "1"' }) end))
+    assert.matches("bad argument #2 to 'generate' %(option 'schema': schema: #/properties/a: keyword 'pattern' is not supported%)",
+      error_of(function()
+        return s:generate({ 1 }, { schema = { type = "object", properties = { a = { type = "string", pattern = "x" } } } })
+      end))
+    assert.matches("bad argument #2 to 'submit' %(option 'schema': schema: not valid JSON",
+      error_of(function() return s:submit({ 1 }, { schema = "{" }) end))
+    assert.matches("option 'schema': a function cannot be JSON at schema.properties.f",
+      error_of(function() return s:generate({ 1 }, { schema = { properties = { f = print } } }) end))
+    assert.matches("option 'schema': cannot be combined with another constraint",
+      error_of(function() return s:generate({ 1 }, { choices = { "a" }, schema = npc }) end))
+    assert.matches("option 'grammar': GBNF text expected, got number 3",
+      error_of(function() return s:generate({ 1 }, { grammar = 3 }) end))
+    assert.are.equal(0, s.length) -- refused before the prompt was appended
+  end)
+
+  it("choices still work next to the new options", function()
+    local s <close> = m:session { seed = 4, temperature = 1.0 }
+    local text, finish = s:generate("pick:", { choices = { "left", "right" } })
+    assert.are.equal("stop", finish)
+    assert.is_truthy(text == "left" or text == "right")
+  end)
+end)
