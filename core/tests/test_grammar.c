@@ -45,7 +45,12 @@ static const char g_dots[] = "root ::= \"<\" . . \">\" ( \"!\"* | [^<>a-z]? )";
 static const char g_nest[] = "root ::= value\n"
                              "value ::= \"[\" ( value (\",\" value)* )? \"]\"\n"
                              "        | \"1\"\n";
-static const char *const g_grammars[] = {g_list, g_dots, g_nest};
+/* docs/generation.md's example */
+static const char g_doc[] = "# an NPC's answer\n"
+                            "root   ::= \"{\" \"\\\"line\\\":\" string \",\\\"mood\\\":\" mood \"}\"\n"
+                            "mood   ::= \"\\\"angry\\\"\" | \"\\\"calm\\\"\"\n"
+                            "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1f] | \"\\\\\" [\"\\\\nt] ){0,64} \"\\\"\"\n";
+static const char *const g_grammars[] = {g_list, g_dots, g_nest, g_doc};
 
 static kvg_gram *parse(const char *text) {
     kvg_gram *g = NULL;
@@ -422,8 +427,8 @@ static kvgen_model *load(const char *path, kvgen_backend backend) {
 
 static const char *const g_npc_prefixes[] = {"", "{\"line\":\"", "{\"line\":\"Hello there, trav",
                                              "{\"line\":\"\xc3", "{\"line\":\"ok\",\"mood\":\"",
-                                             "{\"line\":\"ok\",\"mood\":\"calm\",\"action\":{\"type\":\"give\","
-                                             "\"item\":\"axe\",\"count\":"};
+                                             ("{\"line\":\"ok\",\"mood\":\"calm\",\"action\":{\"type\":\"give\","
+                                              "\"item\":\"axe\",\"count\":")};
 
 static void vulkan_body(void *arg) {
     kvgen_model *m = load(arg, KVGEN_BACKEND_VULKAN);
