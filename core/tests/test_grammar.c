@@ -500,7 +500,50 @@ static void bench(kvgen_model *m, const char *what) {
     kvgen_session_close(s);
 }
 
+/* Mutated grammars and schemas (bytes replaced, dropped, cut): each is parsed or refused with
+ * a message, never crashes; an accepted one gives a matcher whose start can be masked. */
+static void check_mutations(void) {
+    const char *seeds[] = {g_list, g_dots, g_nest, g_doc, g_npc, g_mixed, g_array};
+    static const char alphabet[] = "\"\\[]()|*+?{},.-^#:=\n 09azx";
+    uint32_t rng = 777;
+    int parsed = 0, refused = 0;
+    for (int round = 0; round < 3000; round++) {
+        const char *src = seeds[round % 7];
+        size_t n = strlen(src);
+        char buf[2048];
+        if (n >= sizeof buf) continue;
+        memcpy(buf, src, n + 1);
+        for (int k = 0; k < 1 + round % 4; k++) {
+            rng = rng * 1103515245u + 12345u;
+            size_t at = (rng >> 8) % n;
+            int op = (int)((rng >> 4) % 3);
+            if (op == 0) buf[at] = alphabet[(rng >> 16) % (sizeof alphabet - 1)];
+            else if (op == 1) memmove(buf + at, buf + at + 1, n - at), n--;
+            else buf[at] = 0, n = at;
+            if (n == 0) break;
+        }
+        kvgen_error err = {0};
+        kvg_gram *g = NULL;
+        char *gbnf = NULL;
+        kvgen_status st = round % 7 >= 4 ? kvg_schema_to_gbnf(buf, &gbnf, &err) : KVGEN_OK;
+        if (st == KVGEN_OK) st = kvg_gram_parse(gbnf ? gbnf : buf, &g, &err);
+        CHECKF(st == KVGEN_OK || (st == KVGEN_E_INVALID_ARGUMENT && err.message[0]), "%s: status %d", buf, (int)st);
+        if (st == KVGEN_OK) {
+            kvg_gram_match *mt = NULL;
+            CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+            kvg_gram_match_free(mt);
+            parsed++;
+        } else {
+            refused++;
+        }
+        kvg_gram_free(g);
+        kvg_free(gbnf);
+    }
+    CHECKF(parsed > 100 && refused > 100, "%d parsed, %d refused", parsed, refused);
+}
+
 int main(void) {
+    check_mutations();
     check_parser();
     check_schema();
     check_small_vocab();
