@@ -143,6 +143,29 @@ int main(void) {
     CHECKF(strcmp(out, want) == 0, "generate --no-cache: '%s' vs '%s'", out, want);
     free(out);
 
+    /* generate --grammar / --schema: the text matches; an unreadable file or a bad grammar fails */
+    char *gpath = tu_tmpfile("cli_grammar.gbnf"), *spath = tu_tmpfile("cli_schema.json");
+    FILE *gf = fopen(gpath, "wb"), *sf = fopen(spath, "wb");
+    if (gf) fputs("root ::= (\"yes\" | \"no\") \"!\"{1,3}\n", gf), fclose(gf);
+    if (sf) fputs("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":7}},"
+                  "\"required\":[\"n\"]}", sf), fclose(sf);
+    snprintf(args, sizeof args, "generate %s -p %s -n 20 --seed 3 --temp 1 --grammar %s", model, prompt, gpath);
+    CHECK(run(args, NULL, &out) == 0);
+    CHECKF(out && (strcmp(out, "yes!\n") == 0 || strcmp(out, "no!!\n") == 0 || strcmp(out, "yes!!\n") == 0 ||
+                   strcmp(out, "no!\n") == 0 || strcmp(out, "yes!!!\n") == 0 || strcmp(out, "no!!!\n") == 0),
+           "generate --grammar: '%s'", out ? out : "");
+    free(out);
+    snprintf(args, sizeof args, "generate %s -p %s -n 20 --seed 3 --temp 1 --schema %s", model, prompt, spath);
+    CHECK(run(args, NULL, &out) == 0);
+    CHECKF(out && strlen(out) == 8 && strncmp(out, "{\"n\":", 5) == 0 && out[5] >= '3' && out[5] <= '7',
+           "generate --schema: '%s'", out ? out : "");
+    free(out);
+    snprintf(args, sizeof args, "generate %s -p %s -n 20 --schema %s.missing", model, prompt, spath);
+    CHECK(run(args, NULL, &out) == 1);
+    free(out);
+    free(gpath);
+    free(spath);
+
     /* sampling with a seed is repeatable */
     char *a = NULL, *b = NULL;
     snprintf(args, sizeof args, "generate %s -p %s -n 12 --ids --seed 5 --temp 1.2 --top-k 20 --top-p 0.9", model,

@@ -36,6 +36,8 @@ static void usage(FILE *f) {
             "  --seed S             sampler seed; sampling options without --temp sample at T = 1\n"
             "  --stop STR           stop when STR appears (not printed); may be given up to 16 times\n"
             "  --ignore-eos         keep going past end-of-generation tokens\n"
+            "  --grammar FILE       the output must match this GBNF grammar (rule root)\n"
+            "  --schema FILE        the output must be JSON valid against this JSON schema\n"
             "  --chat               apply the model's chat template: PROMPT is the user's turn\n"
             "  --system TEXT        with --chat: a system turn first\n"
             "  --backend B          vulkan | cpu | reference (default: $KVGEN_BACKEND, else vulkan on a GPU, else cpu)\n"
@@ -121,6 +123,7 @@ typedef struct options {
     const char *stop[16];
     int n_stop;
     const char *system;
+    const char *grammar, *schema; /* files */
     int temp_set, sampling_opt, special, ids, no_cache, ignore_eos, chat;
 } options;
 
@@ -143,6 +146,12 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (strcmp(a, "--system") == 0) {
             NEED_VALUE();
             o->system = val;
+        } else if (strcmp(a, "--grammar") == 0) {
+            NEED_VALUE();
+            o->grammar = val;
+        } else if (strcmp(a, "--schema") == 0) {
+            NEED_VALUE();
+            o->schema = val;
         } else if (strcmp(a, "--stop") == 0) {
             NEED_VALUE();
             if (o->n_stop == 16 || !*val) return usage_error("--stop: at most 16 non-empty strings ('%s')", val);
@@ -343,6 +352,7 @@ static int cmd_generate(const options *o) {
     unsigned tok_flags = KVGEN_TOKENIZE_ADD_BOS | (o->special ? KVGEN_TOKENIZE_SPECIAL : 0);
     size_t n_prompt = 0;
     int32_t *prompt = NULL;
+    char *cons_text = NULL; /* --grammar / --schema file */
     if (!o->chat) {
         prompt = tokenize(m, o->prompt, strlen(o->prompt), tok_flags, &n_prompt);
         if (!prompt) goto done;
@@ -386,11 +396,35 @@ static int cmd_generate(const options *o) {
                               .n_stop = o->n_stop,
                               .ignore_eog = o->ignore_eos,
                               .flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0};
+    kvgen_constraint cons = {0};
+    if (o->grammar || o->schema) {
+        const char *path = o->grammar ? o->grammar : o->schema;
+        FILE *f = fopen(path, "rb");
+        long size = -1;
+        if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+        if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (cons_text = malloc((size_t)size + 1)) != NULL) {
+            if (fread(cons_text, 1, (size_t)size, f) != (size_t)size) size = -1;
+            cons_text[size >= 0 ? size : 0] = 0;
+        }
+        if (f) fclose(f);
+        if (!cons_text || size < 0) {
+            fprintf(stderr, "kvgen: %s: cannot read %s\n", o->grammar ? "--grammar" : "--schema", path);
+            free(cons_text);
+            goto done;
+        }
+        cons.kind = o->grammar ? KVGEN_CONSTRAIN_GRAMMAR : KVGEN_CONSTRAIN_SCHEMA;
+        if (o->grammar) cons.grammar = cons_text;
+        else cons.schema = cons_text;
+        gd.constraint = &cons;
+    }
     kvgen_finish finish = KVGEN_FINISH_LENGTH;
     int n_gen = 0;
     t0 = now_s();
     if (o->n_predict > 0) {
-        if (kvgen_gen_begin(s, &gd, &g, &err) != KVGEN_OK) {
+        kvgen_status bst = kvgen_gen_begin(s, &gd, &g, &err);
+        free(cons_text); /* copied at begin */
+        cons_text = NULL;
+        if (bst != KVGEN_OK) {
             fprintf(stderr, "kvgen: %s\n", err.message);
             goto done;
         }
@@ -427,6 +461,7 @@ static int cmd_generate(const options *o) {
 done:
     kvgen_gen_end(g);
     free(prompt);
+    free(cons_text);
     kvgen_session_close(s);
     kvgen_model_unload(m);
     return rc;
