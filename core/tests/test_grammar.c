@@ -10,6 +10,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 #include "kvg_grammar.h"
 #include "kvg_host.h"
@@ -417,6 +418,37 @@ static void check_small_vocab(void) {
     kvg_vocab_trie_free(trie);
 }
 
+typedef struct trie_race {
+    kvgen_model *m;
+    const kvg_vocab_trie *got;
+} trie_race;
+
+static void *get_trie(void *arg) {
+    trie_race *r = arg;
+    kvgen_error err = {0};
+    if (kvg_vocab_trie_get(r->m, &r->got, &err) != KVGEN_OK) r->got = NULL;
+    return NULL;
+}
+
+/* Threads asking a fresh model for its trie at once all get the one the model keeps. */
+static void check_trie_threads(kvgen_model *m) {
+    enum { T = 4 };
+    pthread_t th[T];
+    trie_race r[T];
+    int started = 0;
+    for (int i = 0; i < T; i++) {
+        r[i] = (trie_race){m, NULL};
+        if (pthread_create(&th[i], NULL, get_trie, &r[i]) == 0) started++;
+        else break;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    const kvg_vocab_trie *kept = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_vocab_trie_get(m, &kept, &err));
+    CHECK(started == T);
+    for (int i = 0; i < started; i++) CHECK(r[i].got != NULL && r[i].got == kept);
+}
+
 static kvgen_model *load(const char *path, kvgen_backend backend) {
     kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 1};
     kvgen_model *m = NULL;
@@ -550,6 +582,7 @@ int main(void) {
     char *path = tu_make_model("grammar.gguf", "--seed 61 --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2");
     if (!path) return tu_finish("test_grammar");
     kvgen_model *m = load(path, KVGEN_BACKEND_REFERENCE);
+    if (m) check_trie_threads(m);
     if (m) {
         for (size_t i = 0; i < sizeof g_grammars / sizeof g_grammars[0]; i++) {
             kvg_gram *g = parse(g_grammars[i]);
