@@ -79,6 +79,7 @@ typedef struct lstream {
     kvgen_finish finish; /* KVGEN_FINISH_NONE while running */
     int n_tokens;
     int finish_pending;  /* the last step carried text and a finish: report the end next time */
+    int schema;          /* generated under a schema: st.value decodes the text */
 } lstream;
 
 typedef struct ldetok {
@@ -2051,6 +2052,11 @@ static int stream_index(lua_State *L) {
             lua_pop(L, 1);
             lua_pushliteral(L, "");
         }
+    } else if (strcmp(key, "value") == 0) { /* a schema stream's text, parsed, once it completed */
+        if (!st->gen && st->schema && st->finish == KVGEN_FINISH_STOP && lua_getiuservalue(L, 1, 2) == LUA_TSTRING)
+            push_json_value(L, lua_tostring(L, -1));
+        else
+            lua_pushnil(L);
     } else if (strcmp(key, "session") == 0) {
         lua_getiuservalue(L, 1, 1);
     } else {
@@ -2326,6 +2332,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
     }
     lstream *st = lua_newuserdatauv(L, sizeof *st, 2);
     memset(st, 0, sizeof *st);
+    st->schema = o->schema;
     luaL_setmetatable(L, STREAM_MT);
     int idx = lua_gettop(L);
     lua_pushvalue(L, 1);

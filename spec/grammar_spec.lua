@@ -136,6 +136,19 @@ describe("grammars and schemas (random model)", function()
     assert.are.equal(0, s.length) -- refused before the prompt was appended
   end)
 
+  it("a stream under a schema: st.value once it is done", function()
+    local s <close> = m:session { seed = 12, temperature = 1.0 }
+    local st = s:stream("npc:", { schema = npc })
+    local pieces = {}
+    for piece in st do pieces[#pieces + 1] = piece end
+    assert.are.equal("stop", st.finish)
+    assert.are.equal(st.text, table.concat(pieces))
+    check_npc(st.value)
+    local plain = s:stream("x", { max_tokens = 2 })
+    for _ in plain do end
+    assert.is_nil(plain.value)
+  end)
+
   it("choices still work next to the new options", function()
     local s <close> = m:session { seed = 4, temperature = 1.0 }
     local text, finish = s:generate("pick:", { choices = { "left", "right" } })
