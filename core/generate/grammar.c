@@ -870,7 +870,8 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
                 g->rule_alt[r] = al;
                 for (int a = 0; a < P.rules[r].n_alts; a++) {
                     g->alt_start[al++] = e;
-                    memcpy(g->elems + e, P.rules[r].alts[a].e, (size_t)P.rules[r].alts[a].n * sizeof *g->elems);
+                    if (P.rules[r].alts[a].n > 0) /* an empty alternative has no elements (e is NULL) */
+                        memcpy(g->elems + e, P.rules[r].alts[a].e, (size_t)P.rules[r].alts[a].n * sizeof *g->elems);
                     e += P.rules[r].alts[a].n;
                     g->elems[e++] = (gel){E_END, 0};
                 }
@@ -879,7 +880,7 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
             g->n_rules = P.n_rules;
             g->n_elems = e;
             g->root = find_rule(&P, "root", 4);
-            memcpy(g->classes, P.cls, (size_t)P.n_cls * sizeof *g->classes);
+            if (P.n_cls > 0) memcpy(g->classes, P.cls, (size_t)P.n_cls * sizeof *g->classes);
             g->n_classes = P.n_cls;
         }
     }
