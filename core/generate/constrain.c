@@ -499,7 +499,11 @@ int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces 
                   uint8_t *allowed) {
     if (k->gm) { /* the grammar's matcher walks the vocabulary's trie */
         const kvg_vocab_trie *trie;
-        if (kvg_vocab_trie_get(m, &trie, NULL) != KVGEN_OK) return 0;
+        kvgen_error e = {0};
+        if (kvg_vocab_trie_get(m, &trie, &e) != KVGEN_OK) { /* no mask: the generation ends here */
+            kvg_log(KVGEN_LOG_ERROR, "%s", e.message);
+            return 0;
+        }
         return kvg_gram_mask(k->gm, trie, allowed);
     }
     if (k->picked) { /* the picked choice's next token, and nothing else */
