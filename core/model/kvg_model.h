@@ -200,7 +200,7 @@ struct kvgen_model {
     kvgen_load_progress_fn progress;
     void *progress_user;
     int progress_stage;       /* the stage of the last report (0: none yet) */
-    uint64_t progress_last;   /* its done */
+    uint64_t progress_last, progress_total; /* its done and total */
 };
 
 /* Reports `done` of `total` bytes (or pipelines) of `stage` to the load's callback: always the

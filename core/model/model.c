@@ -483,10 +483,12 @@ kvgen_status kvg_load_progress(kvgen_model *m, kvgen_load_stage stage, uint64_t 
     if (!m->progress) return KVGEN_OK;
     bool first = m->progress_stage != (int)stage;
     bool bytes = stage != KVGEN_LOAD_PIPELINES;
-    if (!first && (done == m->progress_last || (done != total && bytes && done - m->progress_last < PROGRESS_STEP)))
+    if (!first && ((done == m->progress_last && total == m->progress_total) ||
+                   (done != total && bytes && done - m->progress_last < PROGRESS_STEP)))
         return KVGEN_OK; /* nothing new, or less than a step of it */
     m->progress_stage = (int)stage;
     m->progress_last = done;
+    m->progress_total = total;
     if (m->progress(m->progress_user, stage, done, total)) return KVGEN_OK;
     const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
     return kvg_fail(err, KVGEN_E_CANCELLED,
