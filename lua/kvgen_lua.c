@@ -642,8 +642,8 @@ static const char *load_stage_name(kvgen_load_stage stage) {
 }
 
 static int load_progress_call(lua_State *L) {
-    load_progress *p = lua_touserdata(L, 1);
-    lua_pushvalue(L, p->fn);
+    load_progress *p = lua_touserdata(L, 1); /* 2: the function */
+    lua_pushvalue(L, 2);
     lua_pushstring(L, load_stage_name(p->stage));
     lua_pushinteger(L, (lua_Integer)p->done);
     lua_pushinteger(L, (lua_Integer)p->total);
@@ -659,9 +659,10 @@ static int load_progress_fn(void *user, kvgen_load_stage stage, uint64_t done, u
     p->done = done;
     p->total = total;
     if (!lua_checkstack(L, 8)) return 0;
-    lua_pushcfunction(L, load_progress_call); /* neither push allocates: nothing here can raise */
+    lua_pushcfunction(L, load_progress_call); /* no push allocates: nothing here can raise */
     lua_pushlightuserdata(L, p);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    lua_pushvalue(L, p->fn); /* an index of l_load's frame, the one running kvgen_model_load */
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
         lua_replace(L, p->err_slot);
         p->raised = 1;
         return 0;

@@ -773,8 +773,10 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     r->name = bi ? bi->name : "?";
     r->uses_device = bi && bi->uses_device;
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
-    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads};
+    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
+                           .progress = kvgen_cli_progress()};
     st = kvgen_model_load(&md, &m, &err);
+    kvgen_cli_progress_end();
     if (st != KVGEN_OK) goto done;
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);
