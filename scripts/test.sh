@@ -140,7 +140,7 @@ rocks_check() {
     lcpath=$(luarocks --lua-version 5.4 --tree "$tree" path --lr-cpath)
     bpath=$(luarocks --lua-version 5.4 --tree "$tree" path --lr-bin)
     found=$(env -u KVGEN_BUILD LUA_CPATH="$lcpath;;" lua5.4 -e \
-      'local k = require("kvgen"); print(package.searchpath("kvgen", package.cpath) .. " " .. k.version())' 2>&1)
+      'local k = require("kvgen"); print(package.searchpath("kvgen", package.cpath) .. " " .. tostring(k.version))' 2>&1)
     if [[ "$found" == "$tree/"*"/kvgen.so "* ]]; then
       passed=$((passed + 1)); echo "luarocks: installed module found: $found"
       busted_skip_model=1 run_busted "luarocks" "" busted-luarocks.log \
