@@ -7,7 +7,12 @@ local support = {}
 support.build = os.getenv("KVGEN_BUILD")
 if support.build == "" then support.build = nil end
 
-local kvgen = require("kvgen")
+local found, kvgen = pcall(require, "kvgen")
+if not found then
+  error(string.format("kvgen_support: require(\"kvgen\") failed with %s: %s", support.build and
+    ("KVGEN_BUILD=" .. support.build) or "KVGEN_BUILD unset (the installed module; KVGEN_BUILD=build for the build tree)",
+    tostring(kvgen)), 0)
+end
 support.kvgen = kvgen
 -- where require found it
 support.module_path = package.searchpath("kvgen", package.cpath)
