@@ -151,10 +151,12 @@ typedef enum kvgen_load_stage {
                              while the count is not known, done == total on the last call) */
 } kvgen_load_stage;
 
-/* Called on the loading thread, inside kvgen_model_load: `done` of `total` (rising within a
- * stage, done <= total where total is not 0; each stage ends with a call where done == total), at most about once
- * per tensor or MiB. Returning 0 cancels the load: kvgen_model_load frees everything it made
- * and returns KVGEN_E_CANCELLED. The callback must not call kvgen on the model being loaded. */
+/* Called on the loading thread, inside kvgen_model_load: `done` of `total`, rising within a
+ * stage (done <= total where total is not 0), each stage ending with a call where
+ * done == total; at most about once per tensor, layer or MiB. Returning 0 cancels the load:
+ * kvgen_model_load frees everything it made and returns KVGEN_E_CANCELLED (a default-backend
+ * load does not fall back to another backend then). The callback must not call kvgen on the
+ * model being loaded; the model keeps no pointer to it after the load. */
 typedef int (*kvgen_load_progress_fn)(void *user, kvgen_load_stage stage, uint64_t done, uint64_t total);
 
 typedef struct kvgen_model_desc {
