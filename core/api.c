@@ -163,6 +163,7 @@ static kvgen_status choose_backend(const kvgen_model_desc *desc, kvgen_backend *
 static kvgen_status start_backend(kvgen_model *m, const backend_row *r, const kvgen_model_desc *desc,
                                   kvgen_error *err) {
     m->ops = r->ops;
+    m->progress_stage = 0; /* a backend tried after another one reports its stages afresh */
     kvgen_status st = m->ops->model_init(m, desc, err);
     if (st != KVGEN_OK) {
         m->ops = NULL;
@@ -205,7 +206,7 @@ static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, k
          * host backends still run everything); the last row's error is the load's */
         kvgen_error row_err = {0};
         st = start_backend(m, &backend_table[i], desc, &row_err);
-        if (st == KVGEN_OK || !fall_back || i == last) {
+        if (st == KVGEN_OK || st == KVGEN_E_CANCELLED || !fall_back || i == last) {
             if (st != KVGEN_OK && err) *err = row_err;
             return st;
         }
@@ -235,8 +236,11 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     kvg_host_model_count(1);
     m->refcount = 1;
     m->n_threads = desc->n_threads;
+    m->progress = desc->progress;
+    m->progress_user = desc->progress_user;
     kvgen_status st = kvg_gguf_open(desc->path, &m->gguf, err);
     if (st == KVGEN_OK) st = kvg_weights_describe(m->gguf, &m->w, err);
+    if (st == KVGEN_OK) st = kvg_weights_read(m, err);
     if (st == KVGEN_OK) st = kvg_tokenizer_load(m->gguf, &m->tok, err);
     if (st == KVGEN_OK) {
         m->name = model_name(m->gguf, desc->path);
@@ -244,6 +248,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     }
     if (st == KVGEN_OK) st = init_backend(m, desc, err);
     if (st == KVGEN_OK) st = kvg_model_pool_init(m, desc, err);
+    m->progress = NULL; /* the callback is the load's only */
     if (st != KVGEN_OK) {
         model_free(m);
         kvg_host_model_count(-1);

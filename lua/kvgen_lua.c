@@ -574,6 +574,7 @@ typedef struct load_opts {
     kvgen_model_desc d;
     int backend;  /* index in backend_names */
     int pc_given; /* pipeline_cache = path or false; else the default path */
+    int progress; /* progress = function given */
 } load_opts;
 
 /* device = index (an integer >= 0, passed as its text) or name substring */
@@ -618,10 +619,63 @@ static const opt_spec load_specs[] = {
     {.key = "pool_tokens", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_tokens), .lo = 0, .hi = LUA_MAXINTEGER},
     {.key = "page_size", .type = OPT_INT, .off = offsetof(load_opts, d.kv_page_size), .lo = 0, .hi = INT_MAX},
     {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
+    {.key = "progress", .type = OPT_FUNCTION, .off = offsetof(load_opts, progress)},
 };
 
+/* progress = function(stage, done, total): called from inside kvgen_model_load through a
+ * protected call, so an error in it never unwinds through kvgen's frames: the error is kept,
+ * the load cancelled (everything it made freed), and the error raised once kvgen_model_load
+ * has returned. false from the function cancels the load (KVGEN_E_CANCELLED). */
+typedef struct load_progress {
+    lua_State *L;
+    int fn, err_slot; /* stack slots of the function and of a raised error */
+    int raised;
+    kvgen_load_stage stage;
+    uint64_t done, total;
+} load_progress;
+
+static const char *load_stage_name(kvgen_load_stage stage) {
+    switch (stage) {
+    case KVGEN_LOAD_READ: return "read";
+    case KVGEN_LOAD_UPLOAD: return "upload";
+    case KVGEN_LOAD_PIPELINES: return "pipelines";
+    }
+    return "?";
+}
+
+static int load_progress_call(lua_State *L) {
+    load_progress *p = lua_touserdata(L, 1); /* 2: the function */
+    lua_pushvalue(L, 2);
+    lua_pushstring(L, load_stage_name(p->stage));
+    lua_pushinteger(L, (lua_Integer)p->done);
+    lua_pushinteger(L, (lua_Integer)p->total);
+    lua_call(L, 3, 1);
+    lua_pushboolean(L, !(lua_isboolean(L, -1) && !lua_toboolean(L, -1))); /* only false cancels */
+    return 1;
+}
+
+static int load_progress_fn(void *user, kvgen_load_stage stage, uint64_t done, uint64_t total) {
+    load_progress *p = user;
+    lua_State *L = p->L;
+    p->stage = stage;
+    p->done = done;
+    p->total = total;
+    if (!lua_checkstack(L, 8)) return 0;
+    lua_pushcfunction(L, load_progress_call); /* no push allocates: nothing here can raise */
+    lua_pushlightuserdata(L, p);
+    lua_pushvalue(L, p->fn); /* an index of l_load's frame, the one running kvgen_model_load */
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+        lua_replace(L, p->err_slot);
+        p->raised = 1;
+        return 0;
+    }
+    int go = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return go;
+}
+
 /* kvgen.load(path [, {backend=, device=, threads=, force_f32=, pool_bytes=, pool_tokens=, page_size=,
- * pipeline_cache=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
+ * pipeline_cache=, progress=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
  * (the default: $KVGEN_PIPELINE_CACHE, "" or "off" for none, else
  * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else $HOME/.cache/kvgen/pipelines-{device}.bin). */
 static void deliver_logs(lua_State *L);
@@ -644,6 +698,16 @@ static int l_load(lua_State *L) {
         o.d.pipeline_cache_path = lua_tostring(L, -1); /* stays on the stack until the load is done */
     }
 
+    load_progress prog = {.L = L};
+    if (o.progress) {
+        lua_getfield(L, 2, "progress");
+        prog.fn = lua_gettop(L);
+        lua_pushnil(L);
+        prog.err_slot = lua_gettop(L);
+        o.d.progress = load_progress_fn;
+        o.d.progress_user = &prog;
+    }
+
     lmodel *m = lua_newuserdatauv(L, sizeof *m, 0);
     m->model = NULL; /* created closed: a failure below leaves nothing to free */
     luaL_setmetatable(L, MODEL_MT);
@@ -651,6 +715,10 @@ static int l_load(lua_State *L) {
     if (kvgen_model_load(&o.d, &m->model, &err) != KVGEN_OK) {
         m->model = NULL;
         deliver_logs(L);
+        if (prog.raised) {
+            lua_pushvalue(L, prog.err_slot);
+            return lua_error(L); /* the callback's own error, as it raised it */
+        }
         return raise_status(L, &err);
     }
     deliver_logs(L);

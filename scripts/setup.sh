@@ -10,7 +10,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 packages=(
   build-essential cmake pkg-config clang
   libvulkan-dev mesa-vulkan-drivers glslc glslang-tools spirv-tools vulkan-validationlayers vulkan-tools
-  lua5.4 liblua5.4-dev lua-busted
+  lua5.4 liblua5.4-dev lua-busted luarocks
   libpcre2-dev
   python3-jsonschema
   unzip ca-certificates

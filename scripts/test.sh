@@ -2,9 +2,12 @@
 # kvgen's whole test suite: builds (warnings as errors, the shared library too), runs the C
 # tests with the Vulkan validation layer on, installs into a temporary prefix and builds and runs
 # samples/consumer against the installed package, runs the C tests again under ASan+UBSan, then
-# the busted specs on the release build and again on the sanitizer build.
+# the busted specs on the release build, again on the sanitizer build, and once more on the
+# module as `luarocks make` installs it into a temporary tree (its own fresh build; the specs
+# tagged #model are left out there).
 # The last line is "N passed, N failed" over everything that ran.
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
+#   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -91,7 +94,7 @@ fi
 run_busted() { # label, build dir, log name, extra env (VAR=value ...)
   local label=$1 dir=$2 log="$log_dir/$3"; shift 3
   local tags=() rc=0 bp bf plan
-  [ "${KVGEN_TEST_QUICK:-0}" = 1 ] && tags=(--exclude-tags=model)
+  if [ "${KVGEN_TEST_QUICK:-0}" = 1 ] || [ "${busted_skip_model:-0}" = 1 ]; then tags=(--exclude-tags=model); fi
   env "$@" KVGEN_BUILD="$dir" lua5.4 /usr/bin/busted "${tags[@]}" -o TAP >"$log" 2>&1 || rc=$?
   cat "$log"
   bp=$(grep -cE '^ok ' "$log")
@@ -119,6 +122,41 @@ if ls spec/*_spec.lua >/dev/null 2>&1; then
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:verify_asan_link_order=0 \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   fi
+fi
+
+# the module as LuaRocks installs it: `luarocks make` of the checkout into a temporary tree
+# (LuaRocks' CMake build in build.luarocks/, made afresh: nothing comes from build/), then
+# require("kvgen") must find the tree's kvgen.so through the tree's own paths (`luarocks path`)
+# with no KVGEN_BUILD (one check), and the busted specs run once against it, kvgen-mkmodel taken
+# from the tree's bin/ (counted as the other busted runs are)
+rocks_check() {
+  local tree found
+  tree=$(mktemp -d)
+  rm -rf "$here/build.luarocks"
+  if CMAKE_BUILD_PARALLEL_LEVEL=$jobs luarocks --lua-version 5.4 --tree "$tree" make \
+       "$here/lua/kvgen-scm-1.rockspec" >"$log_dir/luarocks.log" 2>&1; then
+    local lpath lcpath bpath
+    lpath=$(luarocks --lua-version 5.4 --tree "$tree" path --lr-path)
+    lcpath=$(luarocks --lua-version 5.4 --tree "$tree" path --lr-cpath)
+    bpath=$(luarocks --lua-version 5.4 --tree "$tree" path --lr-bin)
+    found=$(env -u KVGEN_BUILD LUA_CPATH="$lcpath;;" lua5.4 -e \
+      'local k = require("kvgen"); print(package.searchpath("kvgen", package.cpath) .. " " .. tostring(k.version))' 2>&1)
+    if [[ "$found" == "$tree/"*"/kvgen.so "* ]]; then
+      passed=$((passed + 1)); echo "luarocks: installed module found: $found"
+      busted_skip_model=1 run_busted "luarocks" "" busted-luarocks.log \
+        LUA_PATH="$lpath;;" LUA_CPATH="$lcpath;;" PATH="$bpath:$PATH"
+    else
+      failed=$((failed + 1)); echo "luarocks: require(\"kvgen\") did not find the tree's module: $found"
+    fi
+  else
+    cat "$log_dir/luarocks.log"; failed=$((failed + 1)); echo "luarocks make failed"
+  fi
+  rm -rf "$tree" "$here/build.luarocks"
+}
+
+if [ "${KVGEN_TEST_ROCKS:-1}" != 0 ]; then
+  if command -v luarocks >/dev/null 2>&1; then rocks_check
+  else echo "luarocks: not installed (scripts/setup.sh installs it); stage skipped"; fi
 fi
 
 echo "$passed passed, $failed failed"

@@ -1,11 +1,33 @@
 -- Shared by the specs: where the module and tools are, random test models, the default model.
 local support = {}
 
+-- $KVGEN_BUILD: a build folder, whose kvgen.so .busted puts first on package.cpath and whose
+-- kvgen-mkmodel the specs run. Unset: the installed module (plain require) and the
+-- kvgen-mkmodel on PATH (both installed by `luarocks make` or `cmake --install`).
 support.build = os.getenv("KVGEN_BUILD")
-if not support.build or support.build == "" then support.build = "build" end
+if support.build == "" then support.build = nil end
 
-local kvgen = require("kvgen")
+local found, kvgen = pcall(require, "kvgen")
+if not found then
+  error(string.format("kvgen_support: require(\"kvgen\") failed with %s: %s", support.build and
+    ("KVGEN_BUILD=" .. support.build) or "KVGEN_BUILD unset (the installed module; KVGEN_BUILD=build for the build tree)",
+    tostring(kvgen)), 0)
+end
 support.kvgen = kvgen
+-- where require found it
+support.module_path = package.searchpath("kvgen", package.cpath)
+
+-- the tool `name` of the build, or the installed one
+function support.tool(name)
+  return support.build and (support.build .. "/" .. name) or name
+end
+
+-- Lua source that makes a child lua5.4 process find the same module (its package.cpath is
+-- the parent's environment, LUA_CPATH, plus the build folder when there is one)
+function support.cpath_line()
+  if not support.build then return "" end
+  return string.format("package.cpath = %q .. \"/?.so;\" .. package.cpath\n", support.build)
+end
 
 local function exists(path)
   local f = io.open(path, "rb")
@@ -44,8 +66,8 @@ function support.random_model_path(extra)
   extra = extra or ""
   if made[extra] then return made[extra] end
   local path = support.tmpname(".gguf")
-  local cmd = string.format("%s/kvgen-mkmodel -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 %s",
-    support.build, path, extra)
+  local cmd = string.format("%s -o %s --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 128 %s",
+    support.tool("kvgen-mkmodel"), path, extra)
   local ok = os.execute(cmd .. " >/dev/null 2>&1")
   assert(ok, "could not run " .. cmd)
   made[extra] = path

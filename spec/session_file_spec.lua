@@ -151,8 +151,7 @@ describe("session files", function()
       -- a second process saves a much larger session under a file-size limit between the two
       -- sizes (ulimit -f counts 512- or 1024-byte blocks, depending on the shell: both fit)
       local script = support.tmpname(".lua")
-      write_all(script, string.format([[
-package.cpath = %q .. "/?.so;" .. package.cpath
+      write_all(script, support.cpath_line() .. string.format([[
 local kvgen = require("kvgen")
 local m = kvgen.load(%q, { backend = "reference" })
 local s = m:session()
@@ -162,7 +161,7 @@ s:prefill(t)
 local ok, err = pcall(s.save, s, %q)
 io.stderr:write(tostring(err), "\n")
 os.exit(ok and 0 or 3)
-]], support.build, support.random_model_path(), path))
+]], support.random_model_path(), path))
       local out = support.tmpname(".out")
       local ok, how, code = os.execute(string.format("sh -c %s > %s 2>&1",
         q("trap '' XFSZ; ulimit -f 48; exec lua5.4 " .. q(script)), q(out)))

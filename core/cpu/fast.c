@@ -177,12 +177,27 @@ static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *
     return KVGEN_OK;
 }
 
+static uint64_t matrix_bytes(const kvg_tensor *t) { return (uint64_t)kvg_row_bytes(t->type, t->ne[0]) * t->ne[1]; }
+
+/* the load's KVGEN_LOAD_UPLOAD stage: bytes of the matrices made ready, one report per matrix */
 static kvgen_status matrices_init(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
+    uint64_t total = matrix_bytes(m->w.output), done = 0;
+    for (int l = 0; l < m->w.hp.n_layer; l++) {
+        const kvg_layer *L = &m->w.layers[l];
+        const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+        for (int i = 0; i < N_MATRICES; i++) total += matrix_bytes(ts[i]);
+    }
     kvgen_status st = matrix_init(cm, m->w.output, &cm->output, err);
+    done += matrix_bytes(m->w.output);
+    if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
     for (int l = 0; st == KVGEN_OK && l < m->w.hp.n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
         const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-        for (int i = 0; st == KVGEN_OK && i < N_MATRICES; i++) st = matrix_init(cm, ts[i], &cm->layers[l].w[i], err);
+        for (int i = 0; st == KVGEN_OK && i < N_MATRICES; i++) {
+            st = matrix_init(cm, ts[i], &cm->layers[l].w[i], err);
+            done += matrix_bytes(ts[i]);
+            if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
+        }
     }
     return st;
 }

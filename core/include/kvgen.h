@@ -141,6 +141,24 @@ typedef enum kvgen_backend {
 typedef void (*kvgen_vk_void_function)(void);
 typedef kvgen_vk_void_function (*kvgen_vk_get_instance_proc_addr)(void *instance, const char *name);
 
+/* The stages of a load a progress callback sees, in this order (a backend reports only those
+ * it has: the reference backend reads only; cpu reads and repacks; vulkan reads, uploads and
+ * builds pipelines). */
+typedef enum kvgen_load_stage {
+    KVGEN_LOAD_READ = 1,  /* the file's tensor data read into memory (bytes) */
+    KVGEN_LOAD_UPLOAD,    /* weights prepared by the backend: repacked (cpu), uploaded (vulkan) (bytes) */
+    KVGEN_LOAD_PIPELINES  /* Vulkan compute pipelines built or taken from the cache (pipelines; total 0
+                             while the count is not known, done == total on the last call) */
+} kvgen_load_stage;
+
+/* Called on the loading thread, inside kvgen_model_load: `done` of `total`, rising within a
+ * stage (done <= total where total is not 0), each stage ending with a call where
+ * done == total; at most about once per tensor, layer or MiB. Returning 0 cancels the load:
+ * kvgen_model_load frees everything it made and returns KVGEN_E_CANCELLED (a default-backend
+ * load does not fall back to another backend then). The callback must not call kvgen on the
+ * model being loaded; the model keeps no pointer to it after the load. */
+typedef int (*kvgen_load_progress_fn)(void *user, kvgen_load_stage stage, uint64_t done, uint64_t total);
+
 typedef struct kvgen_model_desc {
     const char *path;      /* GGUF file (required) */
     kvgen_backend backend; /* 0: default */
@@ -176,6 +194,11 @@ typedef struct kvgen_model_desc {
      * to $KVGEN_PIPELINE_CACHE, else a file under $XDG_CACHE_HOME/kvgen). The reference backend
      * ignores it. */
     const char *pipeline_cache_path;
+    /* Load progress (NULL: none). With a callback the load also reads every tensor's bytes
+     * once, up front (KVGEN_LOAD_READ), so the file's pages are in memory before the backend
+     * starts; without one they are read as the backend first touches them. */
+    kvgen_load_progress_fn progress;
+    void *progress_user; /* passed to progress */
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {

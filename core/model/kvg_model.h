@@ -200,7 +200,21 @@ struct kvgen_model {
      * first needs it, then set once (atomic); freed by vocab_trie_free */
     void *vocab_trie;
     void (*vocab_trie_free)(void *trie);
+    /* the load's progress callback (kvgen_model_desc.progress); cleared when the load returns */
+    kvgen_load_progress_fn progress;
+    void *progress_user;
+    int progress_stage;       /* the stage of the last report (0: none yet) */
+    uint64_t progress_last, progress_total; /* its done and total */
 };
+
+/* Reports `done` of `total` bytes (or pipelines) of `stage` to the load's callback: always the
+ * stage's first call and the one where done == total, else only once done has grown by a MiB
+ * (for byte stages) since the last report. KVGEN_E_CANCELLED (naming the stage) when the
+ * callback asks to stop; KVGEN_OK without a callback. */
+kvgen_status kvg_load_progress(kvgen_model *m, kvgen_load_stage stage, uint64_t done, uint64_t total,
+                               kvgen_error *err);
+/* KVGEN_LOAD_READ: reads every tensor's bytes once, in file order (a callback is set) */
+kvgen_status kvg_weights_read(kvgen_model *m, kvgen_error *err);
 
 #include "kvg_host.h"
 

@@ -465,6 +465,58 @@ void kvg_weights_free(kvg_weights *w) {
     w->n_views = 0;
 }
 
+/* ---- load progress ---- */
+
+#define PROGRESS_STEP ((uint64_t)1 << 20) /* bytes between two reports of a byte stage */
+
+static const char *stage_name(kvgen_load_stage stage) {
+    switch (stage) {
+    case KVGEN_LOAD_READ: return "reading the weights";
+    case KVGEN_LOAD_UPLOAD: return "preparing the weights";
+    case KVGEN_LOAD_PIPELINES: return "building pipelines";
+    }
+    return "loading";
+}
+
+kvgen_status kvg_load_progress(kvgen_model *m, kvgen_load_stage stage, uint64_t done, uint64_t total,
+                               kvgen_error *err) {
+    if (!m->progress) return KVGEN_OK;
+    bool first = m->progress_stage != (int)stage;
+    bool bytes = stage != KVGEN_LOAD_PIPELINES;
+    if (!first && ((done == m->progress_last && total == m->progress_total) ||
+                   (done != total && bytes && done - m->progress_last < PROGRESS_STEP)))
+        return KVGEN_OK; /* nothing new, or less than a step of it */
+    m->progress_stage = (int)stage;
+    m->progress_last = done;
+    m->progress_total = total;
+    if (m->progress(m->progress_user, stage, done, total)) return KVGEN_OK;
+    const char *path = m->gguf ? kvg_gguf_path(m->gguf) : "model";
+    return kvg_fail(err, KVGEN_E_CANCELLED,
+                    "kvgen_model_load: %s: cancelled by the progress callback while %s (%" PRIu64 " of %" PRIu64 ")",
+                    path, stage_name(stage), done, total);
+}
+
+/* One byte of every page, so the mapping's pages are read from the file now, in order; a
+ * volatile sink keeps the reads. */
+kvgen_status kvg_weights_read(kvgen_model *m, kvgen_error *err) {
+    if (!m->progress) return KVGEN_OK;
+    const int n = kvg_gguf_n_tensors(m->gguf);
+    uint64_t total = 0, done = 0;
+    for (int i = 0; i < n; i++) total += kvg_gguf_tensor(m->gguf, i)->nbytes;
+    if (total == 0) return kvg_load_progress(m, KVGEN_LOAD_READ, 0, 0, err);
+    volatile unsigned char sink = 0;
+    for (int i = 0; i < n; i++) {
+        const kvg_tensor *t = kvg_gguf_tensor(m->gguf, i);
+        const unsigned char *p = t->data;
+        for (size_t at = 0; at < t->nbytes; at += 4096) sink ^= p[at];
+        done += t->nbytes;
+        kvgen_status st = kvg_load_progress(m, KVGEN_LOAD_READ, done, total, err);
+        if (st != KVGEN_OK) return st;
+    }
+    (void)sink;
+    return KVGEN_OK;
+}
+
 /* ---- which backend runs which weight types ---- */
 
 #define MAX_BACKEND_TYPES 64 /* more than ggml numbers */

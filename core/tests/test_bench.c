@@ -447,6 +447,34 @@ int main(void) {
     snprintf(args, sizeof args, "bench %s --sessions 0", model);
     CHECK(run(args, NULL) == 2);
 
+    /* no cache at several depths (given unsorted): the first is the table's ratio and "no_cache",
+     * every one is in "no_cache_curve", ascending, with and without the cache */
+    remove(json);
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --no-cache-depth 24,8 --json %s", model, json);
+    rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(strstr(out, "decode at 8, no cache") && strstr(out, "decode at 24, no cache"), "table:\n%s", out);
+    free(out);
+    text = tu_read_file(json, NULL);
+    CHECKF(text != NULL, "%s was not written", json);
+    if (text) {
+        CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+        CHECK(positive(&r, "backends[0].no_cache.depth") == 8);
+        CHECK(positive(&r, "backends[0].no_cache_curve[0].depth") == 8);
+        CHECK(positive(&r, "backends[0].no_cache_curve[1].depth") == 24);
+        CHECK(get(&r, "backends[0].no_cache_curve[2].depth") == NULL);
+        for (int k = 0; k < 2; k++) {
+            positive(&r, "backends[0].no_cache_curve[%d].tok_s.median", k);
+            positive(&r, "backends[0].no_cache_curve[%d].cached_tok_s.median", k);
+        }
+        free(r.leaves);
+        free(text);
+    }
+    snprintf(args, sizeof args, "bench %s --no-cache-depth 8,8", model);
+    CHECK(run(args, NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --no-cache-depth 0,8", model);
+    CHECK(run(args, NULL) == 2);
+
     /* an unwritable JSON path is an error, after the table */
     snprintf(args, sizeof args, "bench %s --quick --backend reference --json /nonexistent/dir/bench.json", model);
     CHECK(run(args, NULL) == 1);

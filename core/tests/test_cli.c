@@ -33,6 +33,42 @@ static int run(const char *args, const char *input, char **out) {
     return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Runs a shell command and returns all it printed (malloc'd). */
+static char *capture(const char *cmd) {
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = calloc(1, cap);
+    while (p && len + 1 < cap && (got = fread(buf + len, 1, cap - 1 - len, p)) > 0) len += got;
+    if (p) pclose(p);
+    return buf;
+}
+
+/* The load-progress line: on stderr only when it is a terminal (script(1) gives the command a
+ * pseudo-terminal), each report rewriting the line, cleared at the end; none into a pipe. */
+static void test_progress_line(const char *model) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s info %s --backend cpu 2>&1 >/dev/null", bin, model);
+    char *piped = capture(cmd);
+    CHECKF(!strstr(piped, "loading:"), "progress into a pipe:\n%s", piped);
+    free(piped);
+    char *have = capture("command -v script 2>/dev/null");
+    if (!*have) {
+        printf("script(1) absent: the progress line on a terminal is not checked\n");
+        free(have);
+        return;
+    }
+    free(have);
+    snprintf(cmd, sizeof cmd, "script -qec '%s info %s --backend cpu >/dev/null' /dev/null 2>&1", bin, model);
+    char *tty = capture(cmd);
+    const char *read = strstr(tty, "kvgen: loading: reading the weights:");
+    const char *upload = strstr(tty, "kvgen: loading: preparing the weights:");
+    CHECKF(read && upload && read < upload && strstr(upload, "100%"), "progress on a terminal:\n%s", tty);
+    /* the last thing on the line is the clear */
+    const char *last = strrchr(tty, '\r');
+    CHECKF(last && strncmp(last, "\r\033[K", 4) == 0, "the progress line is not cleared:\n%s", tty);
+    free(tty);
+}
+
 static void expect_status(const char *args, int want) {
     char *out;
     int rc = run(args, NULL, &out);
@@ -212,6 +248,7 @@ int main(void) {
 
     kvgen_session_close(s);
     kvgen_model_unload(m);
+    test_progress_line(model);
     free(model);
     return tu_finish("test_cli");
 }

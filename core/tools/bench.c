@@ -71,6 +71,7 @@ typedef struct bench_opts {
     int prompts[BENCH_MAX_SIZES], n_prompts;
     int depths[BENCH_MAX_SIZES], n_depths;
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
+    int nc_depths[BENCH_MAX_SIZES], n_nc; /* every no-cache depth, ascending; nc_depth is the first */
     int sessions[BENCH_MAX_SIZES], n_sessions; /* concurrent sessions; n_sessions 0: skipped */
     int session_tokens;                         /* tokens each of them generates */
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
@@ -87,6 +88,7 @@ typedef struct bench_result {
     bench_stats prompt[BENCH_MAX_SIZES];
     bench_stats decode[BENCH_MAX_SIZES];  /* in opts.depths order */
     bench_stats nc, nc_cached;            /* decode at nc_depth without / with the cache */
+    bench_stats nc_curve[BENCH_MAX_SIZES], nc_curve_cached[BENCH_MAX_SIZES]; /* at every nc_depths entry */
     bench_stats sessions[BENCH_MAX_SIZES]; /* aggregate tokens/s, in opts.sessions order */
     double fork_s, scratch_one_s;          /* N forks; one prefill of the prompt */
     size_t fork_pages;                     /* pages in use with the parent and its forks */
@@ -193,7 +195,8 @@ static void bench_usage(FILE *f) {
             "  --depths LIST        decode cache depths in tokens (default 0,512,2048)\n"
             "  --no-cache           measure decode without a cache, next to cached decode at the same\n"
             "                       depth (on by default; the O(N^2) vs O(N) gap)\n"
-            "  --no-cache-depth N   depth of that comparison (default 32; 0: skip it)\n"
+            "  --no-cache-depth LIST  depths of that comparison (default 32; 0: skip it); the first is the\n"
+            "                       table's ratio, all are in the JSON's no_cache_curve\n"
             "  --quick              a small run for tests: reps 2, steps 4, prompts 8,32, depths 0,32,64,\n"
             "                       no-cache depth 16, a short probe\n"
             "  --device D           Vulkan device index or name substring\n"
@@ -321,7 +324,15 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             if (!parse_int_list(val, 0, o->depths, &o->n_depths))
                 return bench_usage_error("--depths: expected up to 8 comma-separated depths >= 0, got '%s'", val);
         } else if (strcmp(a, "--no-cache-depth") == 0) {
-            if (!parse_int(val, 0, 1 << 16, &o->nc_depth)) return bench_usage_error("--no-cache-depth: bad depth '%s'", val);
+            if (strcmp(val, "0") == 0) {
+                o->nc_depth = 0;
+                o->n_nc = 0;
+            } else if (!parse_int_list(val, 1, o->nc_depths, &o->n_nc)) {
+                return bench_usage_error("--no-cache-depth: expected 0 or up to 8 comma-separated depths >= 1, got '%s'",
+                                         val);
+            } else {
+                o->nc_depth = -1; /* set from the list below */
+            }
         } else if (strcmp(a, "--device") == 0) {
             o->device = val;
         } else if (strcmp(a, "--sessions") == 0) {
@@ -359,6 +370,13 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         if (o->prompts[i] == o->prompts[i - 1]) return bench_usage_error("--prompts: %s", "sizes repeat");
     for (int i = 1; i < o->n_depths; i++)
         if (o->depths[i] == o->depths[i - 1]) return bench_usage_error("--depths: %s", "depths repeat");
+    if (o->nc_depth > 0 && o->n_nc == 0) o->nc_depths[o->n_nc++] = o->nc_depth; /* the default's one depth */
+    qsort(o->nc_depths, (size_t)o->n_nc, sizeof(int), cmp_int);
+    for (int i = 1; i < o->n_nc; i++)
+        if (o->nc_depths[i] == o->nc_depths[i - 1]) return bench_usage_error("--no-cache-depth: %s", "depths repeat");
+    if (o->n_nc) o->nc_depth = o->nc_depths[0];
+    if (o->n_nc && o->nc_depths[o->n_nc - 1] > (1 << 16))
+        return bench_usage_error("--no-cache-depth: %s", "a depth is over 65536");
     if (o->n_sessions) { /* the ratio's base, one session, is always measured */
         int has_one = 0;
         for (int i = 0; i < o->n_sessions; i++) has_one |= o->sessions[i] == 1;
@@ -773,8 +791,10 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     r->name = bi ? bi->name : "?";
     r->uses_device = bi && bi->uses_device;
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
-    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads};
+    kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
+                           .progress = kvgen_cli_progress()};
     st = kvgen_model_load(&md, &m, &err);
+    kvgen_cli_progress_end();
     if (st != KVGEN_OK) goto done;
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);
@@ -788,7 +808,7 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
 
     int need = o->prompts[o->n_prompts - 1];
     if (o->depths[o->n_depths - 1] + o->steps > need) need = o->depths[o->n_depths - 1] + o->steps;
-    if (o->nc_depth + o->nc_steps > need) need = o->nc_depth + o->nc_steps;
+    if (o->n_nc && o->nc_depths[o->n_nc - 1] + o->nc_steps > need) need = o->nc_depths[o->n_nc - 1] + o->nc_steps;
     if (o->forks && o->fork_prompt > need) need = o->fork_prompt;
     need += 1;
     seq = make_tokens(m, (size_t)need, &err);
@@ -854,15 +874,22 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
         st = time_decode(s, seq, o->depths[i], o->steps, o->reps, &r->decode[i], &err);
         if (st != KVGEN_OK) goto done;
     }
-    if (o->nc_depth > 0) {
-        fprintf(stderr, "kvgen bench: %s: decode at depth %d with and without the cache, %d steps x %d\n", r->name,
-                o->nc_depth, o->nc_steps, o->reps);
-        st = time_decode(s, seq, o->nc_depth, o->nc_steps, o->reps, &r->nc_cached, &err);
+    for (int i = 0; i < o->n_nc; i++) {
+        int d = o->nc_depths[i];
+        fprintf(stderr, "kvgen bench: %s: decode at depth %d with and without the cache, %d steps x %d\n", r->name, d,
+                o->nc_steps, o->reps);
+        st = time_decode(s, seq, d, o->nc_steps, o->reps, &r->nc_curve_cached[i], &err);
         if (st != KVGEN_OK) goto done;
-        kvgen_session_desc nd = {.n_ctx = need, .no_cache = 1, .no_prefix_reuse = 1};
-        st = kvgen_session_create(m, &nd, &nc, &err);
-        if (st == KVGEN_OK) st = time_decode(nc, seq, o->nc_depth, o->nc_steps, o->reps, &r->nc, &err);
+        if (!nc) {
+            kvgen_session_desc nd = {.n_ctx = need, .no_cache = 1, .no_prefix_reuse = 1};
+            st = kvgen_session_create(m, &nd, &nc, &err);
+        }
+        if (st == KVGEN_OK) st = time_decode(nc, seq, d, o->nc_steps, o->reps, &r->nc_curve[i], &err);
         if (st != KVGEN_OK) goto done;
+    }
+    if (o->n_nc) {
+        r->nc = r->nc_curve[0];
+        r->nc_cached = r->nc_curve_cached[0];
     }
     if (o->n_sessions) {
         st = bench_sessions(o, r, m, &err);
@@ -957,6 +984,12 @@ static const bench_stats *pick_nc_cached(const bench_result *r, const void *arg)
     (void)arg;
     return &r->nc_cached;
 }
+static const bench_stats *pick_nc_curve(const bench_result *r, const void *arg) {
+    return &r->nc_curve[*(const int *)arg];
+}
+static const bench_stats *pick_nc_curve_cached(const bench_result *r, const void *arg) {
+    return &r->nc_curve_cached[*(const int *)arg];
+}
 
 static const bench_stats *pick_sessions(const bench_result *r, const void *arg) {
     return &r->sessions[*(const int *)arg];
@@ -1004,6 +1037,12 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
             printf("  %-24s", buf);
         }
         printf("\n");
+    }
+    for (int k = 1; k < o->n_nc; k++) { /* the further no-cache depths */
+        snprintf(label, sizeof label, "decode at %d, cached (%d st)", o->nc_depths[k], o->nc_steps);
+        print_row(label, res, n, pick_nc_curve_cached, &k);
+        snprintf(label, sizeof label, "decode at %d, no cache", o->nc_depths[k]);
+        print_row(label, res, n, pick_nc_curve, &k);
     }
     for (int k = 0; k < o->n_sessions; k++) {
         snprintf(label, sizeof label, "%d sessions at once", o->sessions[k]);
@@ -1186,6 +1225,17 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
             fprintf(f, ", \"cached_over_no_cache\": ");
             json_number(f, r->nc.median > 0 ? r->nc_cached.median / r->nc.median : 0);
             fprintf(f, "}");
+            /* every depth: per-token cost with and without the cache against context length */
+            fprintf(f, ",\n     \"no_cache_curve\": [");
+            for (int k = 0; k < o->n_nc; k++) {
+                fprintf(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->nc_depths[k],
+                        o->nc_steps);
+                json_stats(f, &r->nc_curve[k]);
+                fprintf(f, ", \"cached_tok_s\": ");
+                json_stats(f, &r->nc_curve_cached[k]);
+                fprintf(f, "}");
+            }
+            fprintf(f, "]");
         }
         if (o->n_sessions) {
             double one = session_base(o, r);

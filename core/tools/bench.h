@@ -7,4 +7,11 @@
 int kvgen_cli_bench(int argc, char **argv);
 int kvgen_cli_devices(int argc, char **argv);
 
+/* The load-progress line on stderr (kvgen_cli.c): kvgen_cli_progress() is the callback for
+ * kvgen_model_desc.progress when stderr is a terminal, NULL otherwise; kvgen_cli_progress_end()
+ * clears the line after the load. */
+#include "kvgen.h"
+kvgen_load_progress_fn kvgen_cli_progress(void);
+void kvgen_cli_progress_end(void);
+
 #endif

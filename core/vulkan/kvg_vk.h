@@ -97,6 +97,10 @@ typedef struct kvg_vk_ctx {
     kvg_vk_pipeline *pipes;
     int n_pipes, cap_pipes;
     kvg_vk_pcache pcache; /* every pipeline is created through pcache.cache */
+    /* called after each pipeline kvg_vk_pipeline_get creates, with the count so far (the load's
+     * progress while a model builds its pipelines); an error it returns is pipeline_get's */
+    kvgen_status (*on_pipeline)(void *user, int n_pipes, kvgen_error *err);
+    void *on_pipeline_user;
     pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
 } kvg_vk_ctx;
 

@@ -220,6 +220,12 @@ static kvgen_status upload_attention(kvgen_model *m, int l, kvgen_error *err) {
     return KVGEN_OK;
 }
 
+/* the bytes of a layer's matrices as the file holds them (what the upload stage counts) */
+static uint64_t layer_matrix_bytes(const kvg_layer *l) {
+    return (uint64_t)l->wq->nbytes + l->wk->nbytes + l->wv->nbytes + l->wo->nbytes + l->w_gate->nbytes +
+           l->w_up->nbytes + l->w_down->nbytes;
+}
+
 static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     kvgen_status type_st = kvg_weights_check_types(m, &kvg_vulkan_backend, err); /* before any device work */
     if (type_st == KVGEN_OK) type_st = kvg_arch_check_backend(m, &kvg_vulkan_backend, err);
@@ -311,13 +317,17 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (env_chunk && atoi(env_chunk) > 0 && (uint32_t)atoi(env_chunk) < chunk) chunk = (uint32_t)atoi(env_chunk);
     vm->chunk = chunk;
 
-    /* weights */
+    /* weights; the load's KVGEN_LOAD_UPLOAD stage counts the matrices' bytes, one report per
+     * layer */
     const kvg_weights *w = &m->w;
     vm->tied = w->tied || w->output == w->tok_embd;
+    uint64_t up_total = w->tok_embd->nbytes + (vm->tied ? 0 : w->output->nbytes), up_done = up_total;
+    for (int l = 0; l < hp->n_layer; l++) up_total += layer_matrix_bytes(&w->layers[l]);
     st = kvg_vk_upload_matrix(vm, "token_embd", &w->tok_embd, 1, false, &vm->embd, err);
     if (st == KVGEN_OK && !vm->tied) st = kvg_vk_upload_matrix(vm, "output", &w->output, 1, false, &vm->output, err);
     if (st == KVGEN_OK && vm->tied) vm->output = vm->embd;
     if (st == KVGEN_OK) st = kvg_vk_upload_norm(vm, w->output_norm, &vm->out_norm, err);
+    if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, up_done, up_total, err);
     vm->layers = calloc((size_t)hp->n_layer, sizeof *vm->layers);
     if (st == KVGEN_OK && !vm->layers) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
@@ -334,6 +344,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         if (st == KVGEN_OK) st = kvg_vk_upload_matrix(vm, what, &src->w_down, 1, false, &L->down, err);
         if (st == KVGEN_OK) st = kvg_vk_upload_norm(vm, src->attn_norm, &L->attn_norm, err);
         if (st == KVGEN_OK) st = kvg_vk_upload_norm(vm, src->ffn_norm, &L->ffn_norm, err);
+        up_done += layer_matrix_bytes(src);
+        if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, up_done, up_total, err);
     }
     if (st != KVGEN_OK) goto fail;
 
@@ -764,11 +776,19 @@ static kvgen_status vk_topk(kvgen_model *m, kvg_backend_session *s, int k, int32
     return KVGEN_OK;
 }
 
-/* The pool's layout (vk_kv.c), then every pipeline a step over it uses and kv_copy's. */
+static kvgen_status pipeline_progress(void *user, int n_pipes, kvgen_error *err) {
+    return kvg_load_progress(user, KVGEN_LOAD_PIPELINES, (uint64_t)n_pipes, 0, err);
+}
+
+/* The pool's layout (vk_kv.c), then every pipeline a step over it uses and kv_copy's (the
+ * load's KVGEN_LOAD_PIPELINES stage: one report per pipeline built, the count unknown until the
+ * end). */
 static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     kvgen_status st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
+    ctx->on_pipeline = pipeline_progress;
+    ctx->on_pipeline_user = m;
     if (st == KVGEN_OK) {
         walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
         st = kvg_vk_walk_step(&pw);
@@ -780,6 +800,10 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
         VkPipeline p;
         st = kvg_vk_pipeline_get(ctx, "kv_copy", spec, &p, err);
     }
+    ctx->on_pipeline = NULL;
+    ctx->on_pipeline_user = NULL;
+    if (st == KVGEN_OK)
+        st = kvg_load_progress(m, KVGEN_LOAD_PIPELINES, (uint64_t)ctx->n_pipes, (uint64_t)ctx->n_pipes, err);
     if (st == KVGEN_OK) kvg_vk_pcache_save(ctx); /* the end of a paged load: every pipeline exists now */
     return st;
 }

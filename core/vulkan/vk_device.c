@@ -742,7 +742,7 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
     memcpy(p->spec, spec, sizeof p->spec);
     p->pipe = pipe;
     *out = pipe;
-    return KVGEN_OK;
+    return ctx->on_pipeline ? ctx->on_pipeline(ctx->on_pipeline_user, ctx->n_pipes, err) : KVGEN_OK;
 }
 
 kvgen_status kvg_vk_pool_create(kvg_vk_ctx *ctx, uint32_t max_sets, VkDescriptorPool *out, kvgen_error *err) {
