@@ -4,7 +4,7 @@
  * device's own ceiling with it. */
 #ifndef KVG_VK_H
 #define KVG_VK_H
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -97,7 +97,7 @@ typedef struct kvg_vk_ctx {
     kvg_vk_pipeline *pipes;
     int n_pipes, cap_pipes;
     kvg_vk_pcache pcache; /* every pipeline is created through pcache.cache */
-    pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
+    kvg_mutex lock; /* the queue and the command pool are used by one thread at a time */
 } kvg_vk_ctx;
 
 typedef struct kvg_vk_ctx_desc {

@@ -4,15 +4,13 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include "kvg_model.h"
+#include "kvg_platform.h"
 #include "kvg_vk.h"
 #include "kvg_vk_bench.h"
 
 static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+    return (double)kvg_time_ns() * 1e-9;
 }
 
 /* records `fn`'s dispatches into a fresh command buffer, runs it and returns the seconds taken */
