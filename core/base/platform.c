@@ -8,6 +8,7 @@
 
 #if !defined(_WIN32)
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <time.h>
 #include <sys/resource.h>
 
