@@ -13,6 +13,7 @@ packages=(
   lua5.4 liblua5.4-dev lua-busted
   libpcre2-dev
   unzip ca-certificates
+  gcc-mingw-w64-x86-64 wine64
 )
 
 install_packages() {
