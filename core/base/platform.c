@@ -111,7 +111,9 @@ void kvg_dl_close(void *lib) {
 #include <process.h>
 #include <stdlib.h>
 #include <wchar.h>
-#include "kvg_host.h"
+
+/* platform.c sits below host.c (whose lock it provides): its few short-lived buffers (UTF-16
+ * paths, a thread's start record) come from the C library, not the host's allocator. */
 
 _Static_assert(sizeof(SRWLOCK) == sizeof(kvg_mutex), "kvg_mutex holds an SRWLOCK");
 _Static_assert(sizeof(CONDITION_VARIABLE) == sizeof(kvg_cond), "kvg_cond holds a CONDITION_VARIABLE");
@@ -144,20 +146,20 @@ typedef struct {
 
 static unsigned __stdcall thread_main(void *p) {
     thread_start s = *(thread_start *)p;
-    kvg_free(p);
+    free(p);
     (void)s.fn(s.arg);
     return 0;
 }
 
 int kvg_thread_create(kvg_thread *t, void *(*fn)(void *), void *arg) {
-    thread_start *s = kvg_malloc(sizeof *s);
+    thread_start *s = malloc(sizeof *s);
     if (!s) return ENOMEM;
     s->fn = fn;
     s->arg = arg;
     uintptr_t h = _beginthreadex(NULL, 0, thread_main, s, 0, NULL);
     if (!h) {
         int e = errno ? errno : EAGAIN;
-        kvg_free(s);
+        free(s);
         return e;
     }
     t->handle = (void *)h;
@@ -243,14 +245,14 @@ static int errno_of(DWORD e) {
     }
 }
 
-/* UTF-8 to a kvg_malloc'd UTF-16 string, or NULL with errno set (EINVAL: not UTF-8) */
+/* UTF-8 to a malloc'd UTF-16 string, or NULL with errno set (EINVAL: not UTF-8) */
 static wchar_t *wide(const char *s) {
     int n = MultiByteToWideChar(CP_UTF8, MB_ERR_INVALID_CHARS, s, -1, NULL, 0);
     if (n <= 0) {
         errno = EINVAL;
         return NULL;
     }
-    wchar_t *w = kvg_malloc((size_t)n * sizeof *w);
+    wchar_t *w = malloc((size_t)n * sizeof *w);
     if (!w) {
         errno = ENOMEM;
         return NULL;
@@ -263,8 +265,8 @@ FILE *kvg_fopen(const char *path, const char *mode) {
     wchar_t *wp = wide(path), *wm = wp ? wide(mode) : NULL;
     FILE *f = wm ? _wfopen(wp, wm) : NULL;
     int e = errno;
-    kvg_free(wp);
-    kvg_free(wm);
+    free(wp);
+    free(wm);
     errno = e;
     return f;
 }
@@ -274,7 +276,7 @@ int kvg_open(const char *path, int flags, int mode) {
     if (!wp) return -1;
     int fd = _wopen(wp, flags | _O_BINARY | _O_NOINHERIT, mode);
     int e = errno;
-    kvg_free(wp);
+    free(wp);
     errno = e;
     return fd;
 }
@@ -284,7 +286,7 @@ int kvg_stat(const char *path, kvg_stat_t *st) {
     if (!wp) return -1;
     int rc = _wstat64(wp, st);
     int e = errno;
-    kvg_free(wp);
+    free(wp);
     errno = e;
     return rc;
 }
@@ -317,7 +319,7 @@ int kvg_access_write(const char *path) {
     if (!wp) return -1;
     int rc = _waccess(wp, 2);
     int e = errno;
-    kvg_free(wp);
+    free(wp);
     errno = e;
     return rc;
 }
@@ -364,8 +366,8 @@ int kvg_rename_replace(const char *from, const char *to) {
         if (MoveFileExW(wf, wt, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) rc = 0;
         else e = errno_of(GetLastError());
     }
-    kvg_free(wf);
-    kvg_free(wt);
+    free(wf);
+    free(wt);
     errno = e;
     return rc;
 }
@@ -375,7 +377,7 @@ int kvg_remove(const char *path) {
     if (!wp) return -1;
     int rc = _wremove(wp);
     int e = errno;
-    kvg_free(wp);
+    free(wp);
     errno = e;
     return rc;
 }
@@ -386,7 +388,7 @@ int kvg_mkdir(const char *path, int mode) {
     if (!wp) return -1;
     int rc = _wmkdir(wp);
     int e = errno;
-    kvg_free(wp);
+    free(wp);
     errno = e;
     return rc;
 }
@@ -419,7 +421,7 @@ void *kvg_dl_open(const char *name, char *why, size_t why_size) {
     wchar_t *wn = wide(name);
     HMODULE h = wn ? LoadLibraryExW(wn, NULL, 0) : NULL;
     DWORD e = wn ? GetLastError() : ERROR_INVALID_NAME;
-    kvg_free(wn);
+    free(wn);
     if (!h && why_size) {
         char msg[256];
         DWORD n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, e, 0, msg,
