@@ -42,3 +42,15 @@ install(TARGETS kvgen_lua LIBRARY DESTINATION ${KVGEN_LUA_CMOD_DIR} RUNTIME DEST
 add_test(NAME lua_module_exports COMMAND sh -c
   "dump=$(${CMAKE_OBJDUMP} -p \"$0\") || exit 1; echo \"$dump\" | sed -n '/\\[Ordinal\\/Name Pointer\\] Table/,/^$/p' | awk 'NR > 1 && NF { print $NF }' | grep -qx luaopen_kvgen || { echo 'luaopen_kvgen not exported'; exit 1; }; dlls=$(echo \"$dump\" | sed -n 's/^[[:space:]]*DLL Name: //p' | grep -viE '^(kernel32|msvcrt|user32|advapi32|ntdll|lua54|api-ms-win-.*)\\.dll$'); [ -z \"$dlls\" ] || { echo \"imports $dlls\"; exit 1; }; echo \"$dump\" | grep -q 'DLL Name: lua54.dll' || { echo 'no lua54.dll import'; exit 1; }; echo ok"
   $<TARGET_FILE:kvgen_lua>)
+
+# -DKVGEN_WINDOWS_LUA=<lua.exe of a Lua built as lua54.dll> (scripts/mingw-deps.sh makes one):
+# the module loaded and used under the emulator (lua/tests/windows_smoke.lua)
+set(KVGEN_WINDOWS_LUA "" CACHE FILEPATH "A Windows lua.exe (with lua54.dll beside it) for the module's smoke test")
+if(KVGEN_WINDOWS_LUA AND CMAKE_CROSSCOMPILING_EMULATOR)
+  add_test(NAME lua_module_load COMMAND sh -c
+    "\"$0\" \"$1\" -o \"$3\" --layers 2 --embd 64 --heads 4 --kv-heads 2 --type Q4_1 >/dev/null && \"$0\" \"$2\" \"$4\" \"$3\" \"$3.session\""
+    ${CMAKE_CROSSCOMPILING_EMULATOR} $<TARGET_FILE:kvgen-mkmodel> ${KVGEN_WINDOWS_LUA} ${CMAKE_BINARY_DIR}/testtmp/lua-smoke.gguf
+    ${CMAKE_CURRENT_SOURCE_DIR}/tests/windows_smoke.lua)
+  set_tests_properties(lua_module_load PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "^ok "
+    ENVIRONMENT "LUA_CPATH=${CMAKE_BINARY_DIR}/lua/?.dll")
+endif()

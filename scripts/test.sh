@@ -46,7 +46,8 @@ windows_stage() {
     cat "$log_dir/mingw-deps.log"; echo "windows: dependencies failed"; failed=$((failed + 1)); return
   fi
   if ! build "$dir" -DCMAKE_TOOLCHAIN_FILE="$here/cmake/mingw-w64-x86_64.cmake" \
-       -DKVGEN_PCRE2_ROOT="$here/build-win-deps" -DKVGEN_SHARED=ON -DKVGEN_VULKAN=OFF; then
+       -DKVGEN_PCRE2_ROOT="$here/build-win-deps" -DKVGEN_WINDOWS_LUA="$here/build-win-deps/bin/lua.exe" \
+       -DKVGEN_SHARED=ON -DKVGEN_VULKAN=OFF; then
     echo "windows: build failed"; failed=$((failed + 1)); return
   fi
   echo "windows: built in $(($(date +%s) - t0)) s"
