@@ -304,7 +304,7 @@ typedef struct text_buf {
     size_t size, len;
 } text_buf;
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
 __attribute__((format(printf, 2, 3)))
 #endif
 static void tb_printf(text_buf *tb, const char *fmt, ...) {

@@ -14,6 +14,7 @@ packages=(
   libpcre2-dev
   python3-jsonschema
   unzip ca-certificates
+  gcc-mingw-w64-x86-64 wine64
 )
 
 install_packages() {

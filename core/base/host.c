@@ -1,6 +1,6 @@
 /* host.c: the host's hooks: the logger (default: stderr, warnings and errors) and the
  * allocator (default: the C library's). */
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 
 /* ---- logger ---- */
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvg_mutex log_lock = KVG_MUTEX_INIT;
 static kvgen_log_fn log_fn;
 static void *log_user;
 
@@ -26,10 +26,10 @@ const char *kvgen_log_level_name(kvgen_log_level level) {
 }
 
 void kvgen_set_logger(kvgen_log_fn fn, void *user) {
-    pthread_mutex_lock(&log_lock);
+    kvg_mutex_lock(&log_lock);
     log_fn = fn;
     log_user = fn ? user : NULL;
-    pthread_mutex_unlock(&log_lock);
+    kvg_mutex_unlock(&log_lock);
 }
 
 static kvgen_log_level default_threshold(void) {
@@ -50,10 +50,10 @@ void kvg_log(kvgen_log_level level, const char *fmt, ...) {
     while (n && msg[n - 1] == '\n') msg[--n] = 0;
     /* the logger runs under the lock: once kvgen_set_logger returns, the previous one is not
      * running and will not be called again (its user data may go) */
-    pthread_mutex_lock(&log_lock);
+    kvg_mutex_lock(&log_lock);
     if (log_fn) log_fn(log_user, level, msg);
     else if (level <= default_threshold()) fprintf(stderr, "kvgen: %s\n", msg);
-    pthread_mutex_unlock(&log_lock);
+    kvg_mutex_unlock(&log_lock);
 }
 
 /* ---- allocator ---- */

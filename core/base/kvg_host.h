@@ -7,7 +7,7 @@
 
 /* One message to the logger (formatted; no trailing newline needed). */
 void kvg_log(kvgen_log_level level, const char *fmt, ...)
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include "kvg_platform.h"
 #include "kvg_cpu.h"
 #include "kvg_reference.h"
 
@@ -38,9 +38,9 @@ size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp) {
 size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
     size_t ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
     size_t want = 16 * ctx * kvg_cpu_kv_bytes_per_token(hp);
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages > 0 && page > 0) {
-        size_t quarter = (size_t)pages / 4 * (size_t)page;
+    uint64_t mem = kvg_physical_memory();
+    if (mem > 0) {
+        size_t quarter = mem / 4 > SIZE_MAX ? SIZE_MAX : (size_t)(mem / 4);
         if (want > quarter) want = quarter;
     }
     return want;

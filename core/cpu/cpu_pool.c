@@ -15,12 +15,10 @@
  * sleeps: a backend running a few hundred short jobs per token then pays no sleep/wake-up
  * latency between them. */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
 #include "kvg_cpu.h"
 
 typedef struct pool_job {
@@ -31,10 +29,10 @@ typedef struct pool_job {
 
 struct kvg_cpu_pool {
     int n_threads; /* workers + the calling thread */
-    pthread_t *workers;
+    kvg_thread *workers;
     int n_started;
-    pthread_mutex_t mu;
-    pthread_cond_t start_cv, done_cv;
+    kvg_mutex mu;
+    kvg_cond start_cv, done_cv;
     _Atomic uint64_t state; /* (generation << 32) | next item; a new generation is stored under mu */
     atomic_int done;        /* items of the current job finished */
     atomic_bool quit;
@@ -42,7 +40,7 @@ struct kvg_cpu_pool {
     uint32_t generation;    /* the caller's copy (under dispatch) */
     pool_job jobs[2];       /* job g lives in jobs[g % 2] */
     /* Serialises jobs: several sessions of one model may run forwards on different threads. */
-    pthread_mutex_t dispatch;
+    kvg_mutex dispatch;
 };
 
 typedef struct worker_arg {
@@ -53,8 +51,8 @@ typedef struct worker_arg {
 int kvg_cpu_threads(int requested) {
     int n = requested;
     if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (cores < KVG_CPU_MAX_THREADS ? (int)cores : KVG_CPU_MAX_THREADS) : 1;
+        int cores = kvg_cpu_count();
+        n = cores < KVG_CPU_MAX_THREADS ? cores : KVG_CPU_MAX_THREADS;
     }
     return n > KVG_CPU_MAX_THREADS ? KVG_CPU_MAX_THREADS : n;
 }
@@ -81,18 +79,16 @@ static void pool_work(kvg_cpu_pool *p, uint32_t g, int tid) {
             continue; /* st now holds the word as it is */
         fn(ctx, begin, end, tid);
         if (atomic_fetch_add_explicit(&p->done, end - begin, memory_order_acq_rel) + (end - begin) == n) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
+            kvg_mutex_lock(&p->mu);
+            kvg_cond_signal(&p->done_cv);
+            kvg_mutex_unlock(&p->mu);
         }
         st = atomic_load_explicit(&p->state, memory_order_acquire);
     }
 }
 
 static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+    return (double)kvg_time_ns() * 1e-3;
 }
 
 static inline void cpu_relax(void) {
@@ -129,9 +125,9 @@ static void *pool_main(void *arg) {
     uint32_t seen = 0;
     for (;;) {
         if (!spin_until(p, new_job, seen)) {
-            pthread_mutex_lock(&p->mu);
-            while (!new_job(p, seen)) pthread_cond_wait(&p->start_cv, &p->mu);
-            pthread_mutex_unlock(&p->mu);
+            kvg_mutex_lock(&p->mu);
+            while (!new_job(p, seen)) kvg_cond_wait(&p->start_cv, &p->mu);
+            kvg_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->quit)) return NULL;
         seen = gen_of(atomic_load_explicit(&p->state, memory_order_acquire));
@@ -141,16 +137,16 @@ static void *pool_main(void *arg) {
 
 void kvg_cpu_pool_destroy(kvg_cpu_pool *p) {
     if (!p) return;
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     atomic_store(&p->quit, true);
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 0; i < p->n_started; i++) pthread_join(p->workers[i], NULL);
+    kvg_cond_broadcast(&p->start_cv);
+    kvg_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n_started; i++) kvg_thread_join(&p->workers[i]);
     free(p->workers);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->start_cv);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_mutex_destroy(&p->dispatch);
+    kvg_mutex_destroy(&p->mu);
+    kvg_cond_destroy(&p->start_cv);
+    kvg_cond_destroy(&p->done_cv);
+    kvg_mutex_destroy(&p->dispatch);
     free(p);
 }
 
@@ -161,10 +157,10 @@ kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **
     kvg_cpu_pool *p = calloc(1, sizeof *p);
     if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a thread pool", who);
     p->n_threads = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->start_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
-    pthread_mutex_init(&p->dispatch, NULL);
+    kvg_mutex_init(&p->mu);
+    kvg_cond_init(&p->start_cv);
+    kvg_cond_init(&p->done_cv);
+    kvg_mutex_init(&p->dispatch);
     atomic_init(&p->state, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->quit, false);
@@ -179,7 +175,7 @@ kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
         if (a) *a = (worker_arg){p, i};
-        if (!a || pthread_create(&p->workers[i - 1], NULL, pool_main, a) != 0) {
+        if (!a || kvg_thread_create(&p->workers[i - 1], pool_main, a) != 0) {
             free(a);
             kvg_cpu_pool_destroy(p);
             return kvg_fail(err, KVGEN_E_INTERNAL, "%s: cannot start thread %d of %d", who, i, n_threads);
@@ -202,23 +198,23 @@ void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx
         fn(ctx, 0, n_items, 0);
         return;
     }
-    pthread_mutex_lock(&p->dispatch);
+    kvg_mutex_lock(&p->dispatch);
     uint32_t g = ++p->generation;
     /* several chunks per thread so a thread slowed by other work does not hold up the rest */
     int chunk = n_items / (p->n_threads * 8);
     p->jobs[g % 2] = (pool_job){.fn = fn, .ctx = ctx, .n_items = n_items, .chunk = chunk < 1 ? 1 : chunk};
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     atomic_store_explicit(&p->state, (uint64_t)g << 32, memory_order_release);
-    pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
+    kvg_cond_broadcast(&p->start_cv);
+    kvg_mutex_unlock(&p->mu);
 
     pool_work(p, g, 0);
 
     if (!spin_until(p, job_done, (uint64_t)n_items)) {
-        pthread_mutex_lock(&p->mu);
-        while (!job_done(p, (uint64_t)n_items)) pthread_cond_wait(&p->done_cv, &p->mu);
-        pthread_mutex_unlock(&p->mu);
+        kvg_mutex_lock(&p->mu);
+        while (!job_done(p, (uint64_t)n_items)) kvg_cond_wait(&p->done_cv, &p->mu);
+        kvg_mutex_unlock(&p->mu);
     }
-    pthread_mutex_unlock(&p->dispatch);
+    kvg_mutex_unlock(&p->dispatch);
 }

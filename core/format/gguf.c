@@ -14,10 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include "kvg_model.h"
+#include "kvg_platform.h"
 #include "kvg_quant.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -433,15 +431,15 @@ kvgen_status kvg_gguf_open(const char *path, kvg_gguf **out, kvgen_error *err) {
         kvg_free(g);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = kvg_open(path, O_RDONLY, 0);
     if (fd < 0) {
         kvgen_status st = kvg_fail(err, KVGEN_E_IO, "%s: cannot open: %s", path, strerror(errno));
         kvg_gguf_close(g);
         return st;
     }
-    struct stat sb;
+    kvg_stat_t sb;
     kvgen_status st = KVGEN_OK;
-    if (fstat(fd, &sb) != 0) {
+    if (kvg_fstat(fd, &sb) != 0) {
         st = kvg_fail(err, KVGEN_E_IO, "%s: cannot stat: %s", path, strerror(errno));
     } else if (!S_ISREG(sb.st_mode)) {
         st = kvg_fail(err, KVGEN_E_IO, "%s: not a regular file", path);
@@ -450,8 +448,8 @@ kvgen_status kvg_gguf_open(const char *path, kvg_gguf **out, kvgen_error *err) {
     } else if ((uint64_t)sb.st_size > SIZE_MAX) {
         st = kvg_fail(err, KVGEN_E_IO, "%s: file too large to map", path);
     } else {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
+        void *m = kvg_map_file(fd, (size_t)sb.st_size);
+        if (!m) {
             st = kvg_fail(err, KVGEN_E_IO, "%s: cannot map: %s", path, strerror(errno));
         } else {
             g->map = m;
@@ -481,7 +479,7 @@ void kvg_gguf_close(kvg_gguf *g) {
     kvg_free(g->tensors);
     kvg_free(g->kv_index.slots);
     kvg_free(g->tensor_index.slots);
-    if (g->map) munmap((void *)g->map, g->size);
+    if (g->map) kvg_unmap_file(g->map, g->size);
     kvg_free(g->path);
     kvg_free(g);
 }
@@ -931,7 +929,7 @@ kvgen_status kvg_gguf_writer_save(kvg_gguf_writer *w, const char *path, kvgen_er
     size_t n = 0;
     unsigned char *bytes = kvg_gguf_writer_bytes(w, &n);
     if (!bytes) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: cannot build GGUF: %s", path, w->problem);
-    FILE *f = fopen(path, "wb");
+    FILE *f = kvg_fopen(path, "wb");
     if (!f) {
         kvg_free(bytes);
         return kvg_fail(err, KVGEN_E_IO, "%s: cannot create: %s", path, strerror(errno));

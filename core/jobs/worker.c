@@ -26,13 +26,12 @@
  * thread but the model's worker (which marks itself in kvg_session_worker_thread), so the host
  * cannot touch a session the worker is using. */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdalign.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #if defined(__linux__)
-#include <sys/resource.h>
 #endif
 #include "kvg_constrain.h"
 #include "kvg_generate.h"
@@ -97,10 +96,10 @@ struct kvgen_job {
 
 typedef struct kvg_worker {
     kvgen_model *m;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;    /* worker: work arrived, or quit */
-    pthread_cond_t stepped; /* host: a step was committed (session close waits for it) */
-    pthread_t thread;
+    kvg_mutex mu;
+    kvg_cond wake;    /* worker: work arrived, or quit */
+    kvg_cond stepped; /* host: a step was committed (session close waits for it) */
+    kvg_thread thread;
     bool started, quit;
     kvgen_jobs_desc cfg;
     kvgen_job *head, *tail;
@@ -118,9 +117,7 @@ typedef struct kvg_worker {
 } kvg_worker;
 
 static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return (double)kvg_time_ns() / 1e6;
 }
 
 static bool is_final(kvgen_job_state st) {
@@ -352,15 +349,15 @@ static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
         return NULL;
     }
     w->m = m;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->wake, NULL);
-    pthread_cond_init(&w->stepped, NULL);
+    kvg_mutex_init(&w->mu);
+    kvg_cond_init(&w->wake);
+    kvg_cond_init(&w->stepped);
     kvg_worker *expected = NULL;
     if (!__atomic_compare_exchange_n(&m->worker, &expected, w, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         /* another thread created it first */
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->wake);
-        pthread_cond_destroy(&w->stepped);
+        kvg_mutex_destroy(&w->mu);
+        kvg_cond_destroy(&w->wake);
+        kvg_cond_destroy(&w->stepped);
         kvg_free(w);
         return expected;
     }
@@ -381,11 +378,11 @@ static void unlink_job(kvg_worker *w, kvgen_job *j) {
 static void kvg_worker_destroy(kvgen_model *m) {
     kvg_worker *w = m->worker;
     if (!w) return;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     w->quit = true;
-    pthread_cond_broadcast(&w->wake);
-    pthread_mutex_unlock(&w->mu);
-    if (w->started) pthread_join(w->thread, NULL);
+    kvg_cond_broadcast(&w->wake);
+    kvg_mutex_unlock(&w->mu);
+    if (w->started) kvg_thread_join(&w->thread);
     /* every job holds a model reference until released, so only released ones can be left */
     while (w->head) {
         kvgen_job *j = w->head;
@@ -398,9 +395,9 @@ static void kvg_worker_destroy(kvgen_model *m) {
     kvg_free(w->flush_tokens);
     kvg_free(w->flush_status);
     kvg_free(w->flush_errs);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->wake);
-    pthread_cond_destroy(&w->stepped);
+    kvg_mutex_destroy(&w->mu);
+    kvg_cond_destroy(&w->wake);
+    kvg_cond_destroy(&w->stepped);
     kvg_free(w);
     m->worker = NULL;
 }
@@ -415,9 +412,9 @@ kvgen_status kvgen_jobs_configure(kvgen_model *m, const kvgen_jobs_desc *desc, k
                         d.max_batch);
     kvg_worker *w = get_worker(m, err);
     if (!w) return KVGEN_E_NO_MEMORY;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     w->cfg = d;
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
     return KVGEN_OK;
 }
 
@@ -426,13 +423,13 @@ void kvgen_jobs_get_stats(kvgen_model *m, kvgen_jobs_stats *stats) {
     memset(stats, 0, sizeof *stats);
     kvg_worker *w = m ? __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE) : NULL;
     if (!w) return;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     *stats = w->stats;
     stats->worker_running = w->started && !w->quit;
     stats->jobs_active = 0;
     for (kvgen_job *j = w->head; j; j = j->next)
         if (!is_final(j->state)) stats->jobs_active++;
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
 }
 
 /* ---- host calls ----------------------------------------------------------------------------- */
@@ -465,10 +462,10 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     j->state = KVGEN_JOB_QUEUED;
     j->t_start = j->t_first = j->t_last = j->t_end = -1;
 
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     if (!w->started) {
-        if (w->quit || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-            pthread_mutex_unlock(&w->mu);
+        if (w->quit || kvg_thread_create(&w->thread, worker_main, w) != 0) {
+            kvg_mutex_unlock(&w->mu);
             job_free(j);
             return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_job_submit: cannot start the worker thread");
         }
@@ -482,8 +479,8 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     if (w->tail) w->tail->next = j;
     else w->head = j;
     w->tail = j;
-    pthread_cond_signal(&w->wake);
-    pthread_mutex_unlock(&w->mu);
+    kvg_cond_signal(&w->wake);
+    kvg_mutex_unlock(&w->mu);
     *out = j;
     return KVGEN_OK;
 }
@@ -502,36 +499,36 @@ static void cancel_locked(kvg_worker *w, kvgen_job *j) {
         return;
     }
     j->cancel = true;
-    pthread_cond_signal(&w->wake);
+    kvg_cond_signal(&w->wake);
 }
 
 void kvgen_job_cancel(kvgen_job *j) {
     if (!j) return;
-    pthread_mutex_lock(&j->w->mu);
+    kvg_mutex_lock(&j->w->mu);
     cancel_locked(j->w, j);
-    pthread_mutex_unlock(&j->w->mu);
+    kvg_mutex_unlock(&j->w->mu);
 }
 
 void kvgen_job_release(kvgen_job *j) {
     if (!j) return;
     kvg_worker *w = j->w;
     kvgen_model *m = j->model;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     j->released = true;
     cancel_locked(w, j);
     if (is_final(j->state) && !j->in_step) { /* else the worker's commit frees it */
         unlink_job(w, j);
         job_free(j);
     }
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
     kvgen_model_unload(m); /* may be the last reference: frees the model and joins the worker */
 }
 
 void kvgen_job_set_priority(kvgen_job *j, int priority) {
     if (!j) return;
-    pthread_mutex_lock(&j->w->mu);
+    kvg_mutex_lock(&j->w->mu);
     j->priority = priority;
-    pthread_mutex_unlock(&j->w->mu);
+    kvg_mutex_unlock(&j->w->mu);
 }
 
 /* under w->mu: appends the worker's committed text to host_text (left in `out` if memory runs
@@ -578,10 +575,10 @@ kvgen_job_state kvgen_job_poll(kvgen_job *j, const char **text, size_t *len) {
     if (len) *len = 0;
     if (!j) return KVGEN_JOB_FAILED;
     kvgen_event ev = {0};
-    pthread_mutex_lock(&j->w->mu);
+    kvg_mutex_lock(&j->w->mu);
     bool news = take_news(j, &ev);
     kvgen_job_state st = host_state(j);
-    pthread_mutex_unlock(&j->w->mu);
+    kvg_mutex_unlock(&j->w->mu);
     if (news && text) *text = ev.text;
     if (news && len) *len = ev.len;
     return st;
@@ -591,11 +588,11 @@ const char *kvgen_job_text(const kvgen_job *cj, size_t *len) {
     if (len) *len = 0;
     if (!cj) return NULL;
     kvgen_job *j = (kvgen_job *)cj; /* const for the caller: it only takes in committed text */
-    pthread_mutex_lock(&j->w->mu);
+    kvg_mutex_lock(&j->w->mu);
     move_out(j);
     if (len) *len = j->host_text.n;
     const char *text = j->host_text.p;
-    pthread_mutex_unlock(&j->w->mu);
+    kvg_mutex_unlock(&j->w->mu);
     return text;
 }
 
@@ -605,7 +602,7 @@ void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {
     info->state = KVGEN_JOB_FAILED;
     info->queue_ms = info->first_token_ms = info->total_ms = -1;
     if (!j) return;
-    pthread_mutex_lock(&j->w->mu);
+    kvg_mutex_lock(&j->w->mu);
     info->state = j->state;
     info->finish = j->finish;
     info->error = j->error;
@@ -617,7 +614,7 @@ void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {
     if (j->t_first >= 0) info->first_token_ms = j->t_first - j->t_submit;
     if (j->t_end >= 0) info->total_ms = j->t_end - j->t_submit;
     if (j->n_gen >= 2 && j->t_last > j->t_first) info->tokens_per_s = (j->n_gen - 1) / ((j->t_last - j->t_first) / 1e3);
-    pthread_mutex_unlock(&j->w->mu);
+    kvg_mutex_unlock(&j->w->mu);
 }
 
 int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) {
@@ -625,7 +622,7 @@ int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) 
     kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
     if (!w) return 0;
     int n = 0;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     /* two passes from where the last full call stopped, so no job waits behind others forever */
     for (int pass = 0; pass < 2 && n < cap; pass++)
         for (kvgen_job *j = w->head; j && n < cap; j = j->next) {
@@ -636,14 +633,14 @@ int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) 
             }
         }
     if (n < cap) w->poll_after = 0;
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
     return n;
 }
 
 static void kvg_worker_session_closing(kvgen_session *s) {
     kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
     if (!w) return;
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     for (;;) {
         bool busy = false;
         for (kvgen_job *j = w->head; j; j = j->next)
@@ -652,7 +649,7 @@ static void kvg_worker_session_closing(kvgen_session *s) {
                 busy |= j->in_step;
             }
         if (!busy) break;
-        pthread_cond_wait(&w->stepped, &w->mu); /* at most the one step that holds the session */
+        kvg_cond_wait(&w->stepped, &w->mu); /* at most the one step that holds the session */
     }
     for (kvgen_job *j = w->head, *next; j; j = next) {
         next = j->next;
@@ -666,7 +663,7 @@ static void kvg_worker_session_closing(kvgen_session *s) {
             job_free(j);
         }
     }
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
 }
 
 /* ---- the worker ------------------------------------------------------------------------------- */
@@ -931,25 +928,22 @@ static void commit_step(kvg_worker *w) {
 static void *worker_main(void *arg) {
     kvg_worker *w = arg;
     kvg_session_worker_thread = w; /* its session calls are never refused as busy */
-    pthread_mutex_lock(&w->mu);
+    kvg_mutex_lock(&w->mu);
     int nice_inc = w->cfg.nice == 0 ? DEFAULT_NICE : w->cfg.nice;
-#if defined(__linux__)
-    /* Linux keeps a nice value per thread: only the worker yields to the host's thread */
-    if (nice_inc > 0) setpriority(PRIO_PROCESS, 0, getpriority(PRIO_PROCESS, 0) + nice_inc);
-#else
-    (void)nice_inc;
-#endif
+    /* per thread (Linux's nice value, Windows' thread priority): only the worker yields to the
+     * host's thread; elsewhere nothing changes */
+    if (nice_inc > 0) kvg_thread_nice(nice_inc);
     for (;;) {
         step_plan p;
-        while (!w->quit && !plan_step(w, &p)) pthread_cond_wait(&w->wake, &w->mu);
+        while (!w->quit && !plan_step(w, &p)) kvg_cond_wait(&w->wake, &w->mu);
         if (w->quit) break;
-        pthread_mutex_unlock(&w->mu);
+        kvg_mutex_unlock(&w->mu);
         if (p.prefill) prefill_step(w, p.prefill, p.chunk);
         if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);
-        pthread_mutex_lock(&w->mu);
+        kvg_mutex_lock(&w->mu);
         commit_step(w);
-        pthread_cond_broadcast(&w->stepped);
+        kvg_cond_broadcast(&w->stepped);
     }
-    pthread_mutex_unlock(&w->mu);
+    kvg_mutex_unlock(&w->mu);
     return NULL;
 }

@@ -220,7 +220,7 @@ kvgen_status kvg_weights_read(kvgen_model *m, kvgen_error *err);
 
 /* error helper: formats into err (when not NULL) and returns status */
 kvgen_status kvg_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...)
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;

@@ -1,6 +1,6 @@
 /* kvpool.c: bookkeeping of the KV page pool (see kvg_pool.h). */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
@@ -9,7 +9,7 @@
 enum { PAGE_UNTOUCHED = 0, PAGE_FREE, PAGE_USED, PAGE_CACHED };
 
 struct kvg_pool {
-    pthread_mutex_t mu;
+    kvg_mutex mu;
     int page_size;
     int32_t n_pages;
     size_t bytes_per_page;
@@ -70,14 +70,14 @@ kvgen_status kvg_pool_create(int page_size, int32_t n_pages, size_t bytes_per_pa
     }
     for (uint32_t i = 0; i < p->n_buckets; i++) p->buckets[i] = -1;
     p->lru_head = p->lru_tail = -1;
-    pthread_mutex_init(&p->mu, NULL);
+    kvg_mutex_init(&p->mu);
     *out = p;
     return KVGEN_OK;
 }
 
 void kvg_pool_destroy(kvg_pool *p) {
     if (!p) return;
-    if (p->state) pthread_mutex_destroy(&p->mu);
+    if (p->state) kvg_mutex_destroy(&p->mu);
     kvg_free(p->state);
     kvg_free(p->refcount);
     kvg_free(p->published);
@@ -141,7 +141,7 @@ static void take(kvg_pool *p, int32_t page) {
 kvgen_status kvg_pool_alloc(kvg_pool *p, int32_t *page, kvgen_error *err) {
     *page = -1;
     kvgen_status st = KVGEN_OK;
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     if (p->n_free > 0) {
         *page = p->free_stack[--p->n_free];
     } else if (p->n_touched < p->n_pages) {
@@ -165,19 +165,19 @@ kvgen_status kvg_pool_alloc(kvg_pool *p, int32_t *page, kvgen_error *err) {
                       (int)p->n_pages, p->page_size);
     }
     if (*page >= 0) take(p, *page);
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
     return st;
 }
 
 void kvg_pool_retain(kvg_pool *p, int32_t page) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     p->refcount[page]++;
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
 }
 
 void kvg_pool_release(kvg_pool *p, int32_t page) {
     if (page < 0) return;
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     if (--p->refcount[page] == 0) {
         p->n_used--;
         if (p->published[page]) {
@@ -189,21 +189,21 @@ void kvg_pool_release(kvg_pool *p, int32_t page) {
             p->free_stack[p->n_free++] = page;
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
 }
 
 int kvg_pool_refcount(kvg_pool *p, int32_t page) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     int r = p->refcount[page];
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
     return r;
 }
 
 bool kvg_pool_claim(kvg_pool *p, int32_t page) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     bool alone = p->refcount[page] == 1;
     if (alone && p->published[page]) index_remove(p, page);
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
     return alone;
 }
 
@@ -227,7 +227,7 @@ uint64_t kvg_page_hash(uint64_t parent, const int32_t *tokens, int n) {
 }
 
 int32_t kvg_pool_lookup(kvg_pool *p, uint64_t hash, uint64_t parent, const int32_t *tokens) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     int32_t q = find_locked(p, hash, parent, tokens);
     if (q >= 0) {
         if (p->state[q] == PAGE_CACHED) {
@@ -238,12 +238,12 @@ int32_t kvg_pool_lookup(kvg_pool *p, uint64_t hash, uint64_t parent, const int32
             p->refcount[q]++;
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
     return q;
 }
 
 void kvg_pool_publish(kvg_pool *p, int32_t page, uint64_t hash, uint64_t parent, const int32_t *tokens) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     if (!p->published[page] && find_locked(p, hash, parent, tokens) < 0) {
         p->published[page] = true;
         p->hash[page] = hash;
@@ -253,17 +253,17 @@ void kvg_pool_publish(kvg_pool *p, int32_t page, uint64_t hash, uint64_t parent,
         p->next_in_bucket[page] = p->buckets[b];
         p->buckets[b] = page;
     }
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
 }
 
 void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st) {
-    pthread_mutex_lock(&p->mu);
+    kvg_mutex_lock(&p->mu);
     st->total = p->n_pages;
     st->used = p->n_used;
     st->cached = p->n_cached;
     st->free = p->n_pages - p->n_used;
     st->committed = p->n_touched;
-    pthread_mutex_unlock(&p->mu);
+    kvg_mutex_unlock(&p->mu);
 }
 
 /* ---- a model's pool ----------------------------------------------------------------------- */

@@ -37,9 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
+#include "kvg_platform.h"
 #include "kvg_session.h"
 
 #define FILE_MAGIC "KVGSESS"
@@ -167,7 +165,7 @@ static const char *file_kind(mode_t mode) {
 
 /* the length of the folder part of `path`, its last '/' included; 0 when it has none */
 static size_t dir_len(const char *path) {
-    const char *slash = strrchr(path, '/');
+    const char *slash = kvg_path_last_sep(path);
     return slash ? (size_t)(slash - path) + 1 : 0;
 }
 
@@ -179,7 +177,7 @@ static char *read_link(const char *path) {
             errno = ENOMEM;
             return NULL;
         }
-        ssize_t n = readlink(path, buf, cap);
+        long long n = kvg_readlink(path, buf, cap);
         if (n < 0) {
             int e = errno;
             kvg_free(buf);
@@ -203,7 +201,7 @@ static size_t read_at(int fd, uint64_t off, void *buf, size_t n, int *error) {
     size_t got = 0;
     while (got < n) {
         size_t want = n - got < ((size_t)1 << 30) ? n - got : ((size_t)1 << 30);
-        ssize_t k = pread(fd, p + got, want, (off_t)(off + got));
+        long long k = kvg_pread(fd, p + got, want, off + got);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
             *error = errno;
@@ -242,11 +240,11 @@ static void fw_write(file_writer *w, const void *data, size_t n) {
 /* The file a save to `path` replaces: `path` with its symbolic links followed, so that a save
  * through a link updates the file the link points to and the link stays (a dangling link gets
  * its file created). *sb is that file's lstat, all zero when it does not exist yet. */
-static kvgen_status resolve_target(const char *path, char **out, struct stat *sb, kvgen_error *err) {
+static kvgen_status resolve_target(const char *path, char **out, kvg_stat_t *sb, kvgen_error *err) {
     *out = NULL;
     char *cur = kvg_strdup(path);
     for (int hops = 0; cur; hops++) {
-        if (lstat(cur, sb) != 0) {
+        if (kvg_lstat(cur, sb) != 0) {
             int e = errno;
             if (e == ENOENT) {
                 memset(sb, 0, sizeof *sb);
@@ -300,11 +298,9 @@ static int create_temp(const char *target, char **name_out) {
         return -1;
     }
     for (int attempt = 0; attempt < 100; attempt++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        snprintf(name, cap, "%.*s.%.*s.%ld-%u-%lx.tmp", (int)dl, target, base_len, base, (long)getpid(),
-                 atomic_fetch_add(&counter, 1u), (unsigned long)ts.tv_nsec);
-        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        snprintf(name, cap, "%.*s.%.*s.%ld-%u-%lx.tmp", (int)dl, target, base_len, base, kvg_process_id(),
+                 atomic_fetch_add(&counter, 1u), (unsigned long)(kvg_wall_time_ns() % 1000000000u));
+        int fd = kvg_open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
         if (fd >= 0) {
             *name_out = name;
             return fd;
@@ -323,11 +319,8 @@ static int sync_folder(const char *target) {
     size_t dl = dir_len(target);
     char *dir = dl ? kvg_strndup(target, dl) : kvg_strdup(".");
     if (!dir) return ENOMEM;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int e = kvg_sync_folder(dir);
     kvg_free(dir);
-    if (fd < 0) return errno;
-    int e = fsync(fd) == 0 || errno == EINVAL ? 0 : errno;
-    close(fd);
     return e;
 }
 
@@ -340,7 +333,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     if (busy_ != KVGEN_OK) return busy_;
     if (!path || !*path) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_save: path is empty");
     char *target = NULL;
-    struct stat sb;
+    kvg_stat_t sb;
     kvgen_status st = resolve_target(path, &target, &sb, err);
     if (st != KVGEN_OK) return st;
     bool linked = strcmp(target, path) != 0;
@@ -351,7 +344,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         kvg_free(target);
         return st;
     }
-    if (sb.st_mode != 0 && faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) != 0) {
+    if (sb.st_mode != 0 && kvg_access_write(target) != 0) {
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot write: %s", path, arrow, shown,
                       strerror(errno));
         kvg_free(target);
@@ -409,11 +402,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         kvg_free(target);
         return st;
     }
-    if (sb.st_mode != 0) { /* replacing a file: keep its permissions, and its owner where allowed */
-        fchmod(fd, sb.st_mode & 07777);
-        if ((sb.st_uid != geteuid() || sb.st_gid != getegid()) && fchown(fd, sb.st_uid, sb.st_gid) != 0)
-            fchmod(fd, sb.st_mode & 0777); /* without the owner, no set-id bits */
-    }
+    if (sb.st_mode != 0) kvg_keep_mode(fd, &sb); /* replacing a file: keep its permissions and owner */
     file_writer w = {fd, HASH64_INIT, 0};
     fw_write(&w, header, sizeof header);
     fw_write(&w, sampler, sampler_bytes);
@@ -435,18 +424,18 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     unsigned char sum[8];
     put_u64(sum, hash_final(&w.sum));
     fw_write(&w, sum, 8);
-    if (!w.error && fsync(fd) != 0) w.error = errno;
+    if (!w.error && kvg_fsync(fd) != 0) w.error = errno;
     if (close(fd) != 0 && !w.error) w.error = errno;
     kvg_free(sampler);
     kvg_free(scratch);
     if (st == KVGEN_OK && w.error)
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
                       strerror(w.error));
-    if (st == KVGEN_OK && rename(tmp, target) != 0)
+    if (st == KVGEN_OK && kvg_rename_replace(tmp, target) != 0)
         st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
                       strerror(errno));
     if (st != KVGEN_OK) {
-        unlink(tmp); /* the target is as it was */
+        kvg_remove(tmp); /* the target is as it was */
     } else {
         int e = sync_folder(target);
         if (e)
@@ -494,16 +483,16 @@ static bool hash_file(file_reader *r, uint64_t n) {
  * FIFO would block. */
 static kvgen_status open_regular(const char *path, int *fd_out, uint64_t *size, kvgen_error *err) {
     *fd_out = -1;
-    struct stat sb;
-    if (stat(path, &sb) != 0)
+    kvg_stat_t sb;
+    if (kvg_stat(path, &sb) != 0)
         return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot open: %s", path, strerror(errno));
     if (!S_ISREG(sb.st_mode))
         return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s is not a regular file (%s)", path,
                         file_kind(sb.st_mode));
     /* O_NONBLOCK: should the path have become a FIFO since, the open does not wait for a writer */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    int fd = kvg_open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0);
     if (fd < 0) return kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (kvg_fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         kvgen_status st = S_ISREG(sb.st_mode)
                               ? kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: cannot stat: %s", path,
                                          strerror(errno))

@@ -235,7 +235,7 @@ static const leaf *get(const jreader *r, const char *path) {
 
 /* the leaf at the printf-formatted path must be a number > 0 */
 static double positive(const jreader *r, const char *fmt, ...)
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;

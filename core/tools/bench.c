@@ -39,8 +39,13 @@
 #include <string.h>
 #include <pthread.h>
 #include <time.h>
-#include <sys/wait.h>
 #include <unistd.h>
+#if defined(_WIN32)
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#else
+#include <sys/wait.h>
+#endif
 #include "kvgen.h"
 #include "bench.h"
 
@@ -141,7 +146,7 @@ static double load_average(void) {
 }
 
 /* kvgen's own counterpart of an error: formats into err and returns status */
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
 __attribute__((format(printf, 3, 4)))
 #endif
 static kvgen_status bench_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...) {
@@ -435,14 +440,28 @@ static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
 
 /* Runs `PATH -m MODEL -p PROMPTS -n STEPS -r REPS -t THREADS -o json` (no shell), reads its
  * standard output; its standard error goes to a temporary file, quoted when it fails. */
+static long online_cpus(void) {
+#if defined(_WIN32)
+    return (long)GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+#else
+    return sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+}
+
 static void run_peer(const bench_opts *o, bench_peer *pr) {
     memset(pr, 0, sizeof *pr);
+#if defined(_WIN32)
+    /* the peer runs with fork and exec; Windows has neither */
+    snprintf(pr->error, sizeof pr->error, "--peer %s: running a peer program needs fork(), which Windows lacks",
+             o->peer);
+    (void)peer_parse;
+#else
     char prompts[160] = "", steps[16], reps[16], threads[24];
     for (int i = 0; i < o->n_prompts; i++) {
         size_t l = strlen(prompts);
         snprintf(prompts + l, sizeof prompts - l, "%s%d", i ? "," : "", o->prompts[i]);
     }
-    long nt = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long nt = o->threads ? o->threads : online_cpus();
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(reps, sizeof reps, "%d", o->reps);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
@@ -515,6 +534,7 @@ static void run_peer(const bench_opts *o, bench_peer *pr) {
     }
     free(text);
     if (errf) fclose(errf);
+#endif
 }
 
 /* ---- statistics ---- */
@@ -648,7 +668,7 @@ static void *host_read(void *arg) {
 
 static void run_host_probe(const bench_opts *o, bench_result *r) {
     enum { MAX_T = 256 };
-    long nt = o->threads ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    long nt = o->threads ? o->threads : online_cpus();
     if (nt < 1) nt = 1;
     if (nt > MAX_T) nt = MAX_T;
     size_t bytes = (size_t)(o->quick ? 8 : 512) << 20, words = bytes / 8;

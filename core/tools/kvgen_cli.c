@@ -14,7 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(_WIN32)
+#include <fcntl.h>
+#include <io.h>
+#else
 #include <unistd.h>
+#endif
 #include "kvgen.h"
 #include "bench.h"
 
@@ -497,6 +502,10 @@ done:
 }
 
 int main(int argc, char **argv) {
+#if defined(_WIN32)
+    /* the same bytes as elsewhere ("\n" line ends), so that piped ids and JSON compare equal */
+    _setmode(_fileno(stdout), _O_BINARY);
+#endif
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -4,7 +4,7 @@
  * device's own ceiling with it. */
 #ifndef KVG_VK_H
 #define KVG_VK_H
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -101,7 +101,7 @@ typedef struct kvg_vk_ctx {
      * progress while a model builds its pipelines); an error it returns is pipeline_get's */
     kvgen_status (*on_pipeline)(void *user, int n_pipes, kvgen_error *err);
     void *on_pipeline_user;
-    pthread_mutex_t lock; /* the queue and the command pool are used by one thread at a time */
+    kvg_mutex lock; /* the queue and the command pool are used by one thread at a time */
 } kvg_vk_ctx;
 
 typedef struct kvg_vk_ctx_desc {

@@ -118,13 +118,13 @@ typedef struct vk_model {
     /* RoPE cos/sin tables shared by the sessions: ropes[v][k] is variant v's for 2^(k+8)
      * positions, built the first time a session needs that many (forks and NPC sessions share
      * them) */
-    pthread_mutex_t rope_mu;
+    kvg_mutex rope_mu;
     bool rope_mu_init;
     kvg_vk_buffer ropes[VK_ROPE_VARIANTS][VK_ROPE_SIZES];
     /* forward_batch: a session whose page table holds the batched sessions' tables one after
      * another and whose partials have room for BATCH_MAX tokens' decode splits; created for
      * the longest context seen, held under bat_mu (taken before ctx->lock) */
-    pthread_mutex_t bat_mu;
+    kvg_mutex bat_mu;
     bool bat_mu_init;
     kvg_backend_session *bat;
     uint32_t bat_entries; /* page-table entries per batched session */

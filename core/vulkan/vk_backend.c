@@ -107,8 +107,8 @@ static void vk_model_free(kvgen_model *m) {
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
     }
-    if (vm->rope_mu_init) pthread_mutex_destroy(&vm->rope_mu);
-    if (vm->bat_mu_init) pthread_mutex_destroy(&vm->bat_mu);
+    if (vm->rope_mu_init) kvg_mutex_destroy(&vm->rope_mu);
+    if (vm->bat_mu_init) kvg_mutex_destroy(&vm->bat_mu);
     free(vm->layers);
     free(vm->rope_factors);
     free(vm);
@@ -268,9 +268,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         }
         kvg_dequantize_row(m->w.rope_freqs->type, m->w.rope_freqs->data, vm->rope_factors, (uint64_t)(hp->n_rot / 2));
     }
-    pthread_mutex_init(&vm->rope_mu, NULL);
+    kvg_mutex_init(&vm->rope_mu);
     vm->rope_mu_init = true;
-    pthread_mutex_init(&vm->bat_mu, NULL);
+    kvg_mutex_init(&vm->bat_mu);
     vm->bat_mu_init = true;
     kvg_vk_ctx_desc cd = {.device = desc->device,
                           .force_f32 = desc->force_f32,
@@ -414,7 +414,7 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
     double base = vm->rope_base[v], scale = vm->rope_scale[v];
     float af = hp->rope_attn_factor > 0.0f ? hp->rope_attn_factor : 1.0f; /* rope.scaling.attn_factor */
     kvgen_status st = KVGEN_OK;
-    pthread_mutex_lock(&vm->rope_mu);
+    kvg_mutex_lock(&vm->rope_mu);
     if (!vm->ropes[v][k].buf) {
         size_t n = n_pos * (half ? half : 1) * 2;
         float *cs = malloc(n * sizeof *cs);
@@ -436,7 +436,7 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
             free(cs);
         }
     }
-    pthread_mutex_unlock(&vm->rope_mu);
+    kvg_mutex_unlock(&vm->rope_mu);
     *out = &vm->ropes[v][k];
     return st;
 }
@@ -445,13 +445,13 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (!s) return;
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     vkQueueWaitIdle(ctx->queue);
     for (int r = 0; r < BATCH_MAX; r++)
         if (vm->row_owner[r] == s) vm->row_owner[r] = NULL;
     if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
     if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     if (s->fence) vkDestroyFence(ctx->dev, s->fence, NULL);
     if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
     kvg_vk_buffer_destroy(ctx, &s->part);
@@ -506,21 +506,21 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
     if (st == KVGEN_OK) {
         /* the lock: the pool's slabs may be created meanwhile by another thread's session */
-        pthread_mutex_lock(&ctx->lock);
+        kvg_mutex_lock(&ctx->lock);
         s->kv_gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
         walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
         st = kvg_vk_walk_step(&sw);
-        pthread_mutex_unlock(&ctx->lock);
+        kvg_mutex_unlock(&ctx->lock);
     }
     if (st == KVGEN_OK) {
         VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         st = kvg_vk_check(vkCreateFence(ctx->dev, &fci, NULL, &s->fence), err, "vkCreateFence");
     }
     if (st == KVGEN_OK) {
-        pthread_mutex_lock(&ctx->lock);
+        kvg_mutex_lock(&ctx->lock);
         st = kvg_vk_cmd_alloc(ctx, &s->cb_decode, err);
         if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &s->cb_step, err);
-        pthread_mutex_unlock(&ctx->lock);
+        kvg_mutex_unlock(&ctx->lock);
     }
     if (st != KVGEN_OK) {
         vk_session_free(m, s);
@@ -628,12 +628,12 @@ static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i,
 static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *err) {
     kvg_backend_session *s = q->bs;
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
-    pthread_mutex_lock(&vm->ctx->lock);
+    kvg_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
     memcpy(s->ptab.map, q->pages, n_entries * sizeof *q->pages);
     kvgen_status st = kvg_vk_refresh_sets(vm, s, err);
     if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, err);
-    pthread_mutex_unlock(&vm->ctx->lock);
+    kvg_mutex_unlock(&vm->ctx->lock);
     return st;
 }
 
@@ -708,16 +708,16 @@ static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, i
     for (int i = 0; i < n; i++)
         if (q[i]->bs->n_ctx > n_ctx) n_ctx = q[i]->bs->n_ctx;
     int group = vm->chunk < BATCH_MAX ? (int)vm->chunk : BATCH_MAX;
-    pthread_mutex_lock(&vm->bat_mu);
+    kvg_mutex_lock(&vm->bat_mu);
     kvgen_status st = batch_session(m, n_ctx, err);
     if (st == KVGEN_OK) {
-        pthread_mutex_lock(&vm->ctx->lock);
+        kvg_mutex_lock(&vm->ctx->lock);
         st = kvg_vk_refresh_sets(vm, vm->bat, err);
         for (int done = 0; done < n && st == KVGEN_OK; done += group)
             st = batch_step(vm, q + done, n - done < group ? n - done : group, err);
-        pthread_mutex_unlock(&vm->ctx->lock);
+        kvg_mutex_unlock(&vm->ctx->lock);
     }
-    pthread_mutex_unlock(&vm->bat_mu);
+    kvg_mutex_unlock(&vm->bat_mu);
     return st;
 }
 
@@ -755,13 +755,13 @@ static kvgen_status vk_fetch_logits(kvgen_model *m, kvg_backend_session *s, floa
     size_t bytes = (size_t)vm->hp.n_vocab * sizeof(float);
     kvgen_status st = KVGEN_OK;
     int row = -1;
-    pthread_mutex_lock(&vm->ctx->lock);
+    kvg_mutex_lock(&vm->ctx->lock);
     for (int r = 0; r < BATCH_MAX && row < 0; r++)
         if (vm->row_owner[r] == s) row = r;
     if (row >= 0) memcpy(out, (const float *)vm->logits.map + (size_t)row * vm->hp.n_vocab, bytes);
     else if (s->saved_valid) memcpy(out, s->saved, bytes);
     else st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the session has no logits kept on the device");
-    pthread_mutex_unlock(&vm->ctx->lock);
+    kvg_mutex_unlock(&vm->ctx->lock);
     return st;
 }
 

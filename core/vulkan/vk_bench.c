@@ -4,21 +4,19 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include "kvg_model.h"
+#include "kvg_platform.h"
 #include "kvg_vk.h"
 #include "kvg_vk_bench.h"
 
 static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+    return (double)kvg_time_ns() * 1e-9;
 }
 
 /* records `fn`'s dispatches into a fresh command buffer, runs it and returns the seconds taken */
 static kvgen_status timed_run(kvg_vk_ctx *ctx, VkPipeline pipe, VkDescriptorSet set, const uint32_t *pc, uint32_t groups,
                               int count, double *secs, kvgen_error *err) {
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     VkCommandBuffer cb;
     kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -33,7 +31,7 @@ static kvgen_status timed_run(kvg_vk_ctx *ctx, VkPipeline pipe, VkDescriptorSet 
         *secs = now_s() - t0;
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     return st;
 }
 

@@ -422,9 +422,9 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
     kvg_vk_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     atomic_init(&ctx->validation_messages, 0);
-    if (pthread_mutex_init(&ctx->lock, NULL) != 0) {
+    if (kvg_mutex_init(&ctx->lock) != 0) {
         free(ctx);
-        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: pthread_mutex_init failed");
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kvg_mutex_init failed");
     }
     ctx->force_staging = env_flag("KVGEN_VK_STAGING");
     ctx->kv_f16 = !(desc->force_f32 || env_flag("KVGEN_FORCE_F32"));
@@ -518,7 +518,7 @@ void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx) {
         }
         vkDestroyInstance(ctx->instance, NULL);
     }
-    pthread_mutex_destroy(&ctx->lock);
+    kvg_mutex_destroy(&ctx->lock);
     free(ctx);
 }
 
@@ -610,7 +610,7 @@ kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, 
         return KVGEN_OK;
     }
     /* zero-fill so padding that kernels read (rows padded to 32) is 0 */
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     VkCommandBuffer cb;
     st = one_off(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -620,7 +620,7 @@ kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, 
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     if (st != KVGEN_OK) kvg_vk_buffer_destroy(ctx, out);
     return st;
 }
@@ -642,7 +642,7 @@ static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDevic
         return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the staging buffer is not host-visible");
     }
     if (to_device) memcpy(staging.map, host, size);
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     VkCommandBuffer cb;
     st = one_off(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -654,7 +654,7 @@ static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDevic
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     if (st == KVGEN_OK && !to_device) memcpy(host, staging.map, size);
     kvg_vk_buffer_destroy(ctx, &staging);
     return st;

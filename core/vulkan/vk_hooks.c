@@ -11,7 +11,7 @@
 
 static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(walk *, const void *), const void *arg,
                                 kvgen_error *err) {
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     VkCommandBuffer cb;
     kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -26,7 +26,7 @@ static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(wal
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     return st;
 }
 
@@ -148,7 +148,7 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
         st = kvg_vk_set_create(ctx, pool, b, &sets[i], err);
     }
     if (st == KVGEN_OK) {
-        pthread_mutex_lock(&ctx->lock);
+        kvg_mutex_lock(&ctx->lock);
         VkCommandBuffer cb;
         st = kvg_vk_cmd_alloc(ctx, &cb, err);
         if (st == KVGEN_OK) {
@@ -164,7 +164,7 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
             if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
             vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
         }
-        pthread_mutex_unlock(&ctx->lock);
+        kvg_mutex_unlock(&ctx->lock);
     }
     float *tmp = st == KVGEN_OK ? malloc((size_t)n * ldo * 4) : NULL;
     if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");

@@ -115,9 +115,9 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &vm->ops_pool, err);
     if (st == KVGEN_OK) {
-        pthread_mutex_lock(&ctx->lock);
+        kvg_mutex_lock(&ctx->lock);
         st = kvg_vk_cmd_alloc(ctx, &vm->ops_cb, err);
-        pthread_mutex_unlock(&ctx->lock);
+        kvg_mutex_unlock(&ctx->lock);
     }
     vm->ops_gen = ~0u;
     return st;
@@ -137,10 +137,10 @@ kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *er
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u (%zu bytes): %s",
                         j * vm->pps, j * vm->pps + pages - 1, (size_t)pages * vm->page_bytes,
                         err ? err->message : "");
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     vm->slabs[j] = b;
     __atomic_add_fetch(&vm->kv_gen, 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     return KVGEN_OK;
 }
 
@@ -265,7 +265,7 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_po
             memcpy(ops + 2 * KV_OPS_PAGES + (size_t)l * (size_t)hp->n_rot + 2 * i, cs, sizeof cs);
         }
     }
-    pthread_mutex_lock(&ctx->lock);
+    kvg_mutex_lock(&ctx->lock);
     kvgen_status st = KVGEN_OK;
     unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
     if (vm->ops_gen != gen) {
@@ -316,6 +316,6 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_po
         }
         done += c;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    kvg_mutex_unlock(&ctx->lock);
     return st;
 }

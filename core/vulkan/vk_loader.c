@@ -1,7 +1,7 @@
 /* vk_loader.c: kvgen's Vulkan loader (kvg_vk_loader.h). The library is opened once per process
  * and never closed: the entry points it hands out stay valid for every later model. */
 #define _POSIX_C_SOURCE 200809L
-#include <pthread.h>
+#include "kvg_platform.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,49 +17,22 @@ KVG_VK_INSTANCE_FUNCS(KVG_VK_DEFINE)
 /* ---- the platform part: one shared library, one symbol ---- */
 
 #if defined(_WIN32)
-#include <windows.h>
 #define KVG_VK_LIBRARY "vulkan-1.dll"
-
-void *kvg_vk_lib_open(const char *name, char *why, size_t why_size) {
-    HMODULE h = LoadLibraryA(name);
-    if (!h) snprintf(why, why_size, "LoadLibrary failed with error %lu", (unsigned long)GetLastError());
-    return (void *)h;
-}
-
-PFN_vkGetInstanceProcAddr kvg_vk_lib_gipa(void *lib) {
-    FARPROC f = GetProcAddress((HMODULE)lib, "vkGetInstanceProcAddr");
-    PFN_vkGetInstanceProcAddr gipa;
-    memcpy(&gipa, &f, sizeof gipa);
-    return gipa;
-}
-#else
-#include <dlfcn.h>
-#if defined(__APPLE__)
+#elif defined(__APPLE__)
 #define KVG_VK_LIBRARY "libvulkan.1.dylib"
 #else
 #define KVG_VK_LIBRARY "libvulkan.so.1"
 #endif
 
-void *kvg_vk_lib_open(const char *name, char *why, size_t why_size) {
-    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(why, why_size, "%s", e ? e : "dlopen failed");
-    }
-    return h;
-}
+void *kvg_vk_lib_open(const char *name, char *why, size_t why_size) { return kvg_dl_open(name, why, why_size); }
 
 PFN_vkGetInstanceProcAddr kvg_vk_lib_gipa(void *lib) {
-    void *sym = dlsym(lib, "vkGetInstanceProcAddr");
-    PFN_vkGetInstanceProcAddr gipa; /* POSIX: a data pointer from dlsym converts to a function pointer */
-    memcpy(&gipa, &sym, sizeof gipa);
-    return gipa;
+    return (PFN_vkGetInstanceProcAddr)kvg_dl_sym(lib, "vkGetInstanceProcAddr");
 }
-#endif
 
 /* ---- loading ---- */
 
-static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvg_mutex load_lock = KVG_MUTEX_INIT;
 static void *loader_lib;                /* the opened library; NULL with a host's vkGetInstanceProcAddr */
 static bool global_done, instance_done;
 
@@ -74,7 +47,7 @@ static kvgen_status resolve_global(kvgen_error *err) {
 }
 
 kvgen_status kvg_vk_load(PFN_vkGetInstanceProcAddr host_gipa, kvgen_error *err) {
-    pthread_mutex_lock(&load_lock);
+    kvg_mutex_lock(&load_lock);
     kvgen_status st = KVGEN_OK;
     if (global_done) {
         if (host_gipa && host_gipa != kvg_vkGetInstanceProcAddr) {
@@ -84,7 +57,7 @@ kvgen_status kvg_vk_load(PFN_vkGetInstanceProcAddr host_gipa, kvgen_error *err) 
                           "kvgen_model_load: desc.vk_get_instance_proc_addr %p differs from the vkGetInstanceProcAddr "
                           "kvgen already uses in this process (one Vulkan loader per process)", p);
         }
-        pthread_mutex_unlock(&load_lock);
+        kvg_mutex_unlock(&load_lock);
         return st;
     }
     if (host_gipa) {
@@ -114,12 +87,12 @@ kvgen_status kvg_vk_load(PFN_vkGetInstanceProcAddr host_gipa, kvgen_error *err) 
     if (st == KVGEN_OK) global_done = true;
     else kvg_vkGetInstanceProcAddr = NULL;
 done:
-    pthread_mutex_unlock(&load_lock);
+    kvg_mutex_unlock(&load_lock);
     return st;
 }
 
 kvgen_status kvg_vk_load_instance(VkInstance instance, kvgen_error *err) {
-    pthread_mutex_lock(&load_lock);
+    kvg_mutex_lock(&load_lock);
     kvgen_status st = KVGEN_OK;
     if (!global_done) {
         st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kvg_vk_load_instance before kvg_vk_load");
@@ -133,6 +106,6 @@ kvgen_status kvg_vk_load_instance(VkInstance instance, kvgen_error *err) {
 #undef KVG_VK_RESOLVE
         instance_done = st == KVGEN_OK;
     }
-    pthread_mutex_unlock(&load_lock);
+    kvg_mutex_unlock(&load_lock);
     return st;
 }

@@ -19,16 +19,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
+#include "kvg_platform.h"
 #include "kvg_vk.h"
 
 #define TRAILER_BYTES 24
 #define HEADER_BYTES 32
 static const char trailer_magic[8] = {'k', 'v', 'g', 'e', 'n', 'P', 'C', '1'};
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__)
 __attribute__((format(printf, 2, 3)))
 #endif
 static void note(const kvg_vk_ctx *ctx, const char *fmt, ...) {
@@ -99,14 +97,14 @@ static unsigned char *read_file(const kvg_vk_ctx *ctx, size_t *size, const char 
     *why = NULL;
     *size = 0;
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat refuses it just after */
-    int fd = open(ctx->pcache.path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = kvg_open(ctx->pcache.path, O_RDONLY | O_NONBLOCK, 0);
     if (fd < 0) {
         if (errno != ENOENT) *why = strerror(errno);
         return NULL;
     }
-    struct stat st;
+    kvg_stat_t st;
     unsigned char *buf = NULL;
-    if (fstat(fd, &st) != 0) *why = strerror(errno);
+    if (kvg_fstat(fd, &st) != 0) *why = strerror(errno);
     else if (!S_ISREG(st.st_mode)) *why = "not a regular file";
     else if (st.st_size < HEADER_BYTES + TRAILER_BYTES) *why = "too short";
     else if ((uint64_t)st.st_size > KVG_VK_PCACHE_MAX) *why = "larger than the 64 MiB kvgen reads";
@@ -178,19 +176,20 @@ void kvg_vk_pcache_open(kvg_vk_ctx *ctx, const char *path) {
 
 /* mkdir -p of the folder holding path (0700, as the XDG base directory spec asks) */
 static int make_parent(char *path) {
-    char *slash = strrchr(path, '/');
+    char *slash = (char *)kvg_path_last_sep(path);
     if (!slash || slash == path) return 0;
+    char sep = *slash;
     *slash = '\0';
-    struct stat st;
+    kvg_stat_t st;
     int rc = 0;
-    if (stat(path, &st) != 0) {
+    if (kvg_stat(path, &st) != 0) {
         rc = make_parent(path);
-        if (rc == 0 && mkdir(path, 0700) != 0 && errno != EEXIST) rc = -1;
+        if (rc == 0 && kvg_mkdir(path, 0700) != 0 && errno != EEXIST) rc = -1;
     } else if (!S_ISDIR(st.st_mode)) {
         errno = ENOTDIR;
         rc = -1;
     }
-    *slash = '/';
+    *slash = sep;
     return rc;
 }
 
@@ -209,9 +208,9 @@ static int write_all(int fd, const unsigned char *p, size_t n) {
  * (*eno: the errno behind it, 0 for none) */
 static const char *write_atomic(const kvg_vk_ctx *ctx, const unsigned char *data, size_t n, int *eno) {
     const char *path = ctx->pcache.path;
-    struct stat st;
+    kvg_stat_t st;
     *eno = 0;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return "it exists and is not a regular file";
+    if (kvg_stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return "it exists and is not a regular file";
     size_t len = strlen(path);
     char *tmp = malloc(len + 16);
     if (!tmp) return "out of memory";
@@ -222,7 +221,7 @@ static const char *write_atomic(const kvg_vk_ctx *ctx, const unsigned char *data
         free(tmp);
         return "cannot create its folder";
     }
-    int fd = mkstemp(tmp);
+    int fd = kvg_mkstemp(tmp);
     if (fd < 0) {
         *eno = errno;
         free(tmp);
@@ -234,26 +233,22 @@ static const char *write_atomic(const kvg_vk_ctx *ctx, const unsigned char *data
     put_u64(trailer + 16, fnv1a(data, n));
     const char *why = NULL;
     if (write_all(fd, data, n) != 0 || write_all(fd, trailer, sizeof trailer) != 0) why = "write failed";
-    else if (fsync(fd) != 0) why = "fsync failed";
+    else if (kvg_fsync(fd) != 0) why = "fsync failed";
     if (why) *eno = errno;
     if (close(fd) != 0 && !why) {
         why = "close failed";
         *eno = errno;
     }
-    if (!why && rename(tmp, path) != 0) {
+    if (!why && kvg_rename_replace(tmp, path) != 0) {
         why = "rename failed";
         *eno = errno;
     }
     if (why) {
-        unlink(tmp);
+        kvg_remove(tmp);
     } else {
-        char *slash = strrchr(tmp, '/');
-        if (slash) *slash = '\0';
-        int dfd = open(slash ? (slash == tmp ? "/" : tmp) : ".", O_RDONLY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd); /* makes the rename itself durable; best effort */
-            close(dfd);
-        }
+        char *slash = (char *)kvg_path_last_sep(tmp);
+        if (slash) slash[slash == tmp] = '\0';
+        (void)kvg_sync_folder(slash ? tmp : "."); /* makes the rename itself durable; best effort */
     }
     free(tmp);
     return why;
