@@ -594,7 +594,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
 static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const int V = vm->hp.n_vocab;
     const kvg_backend_session *s = q->bs;
-    if (!s || !q->pages || !q->tokens)
+    if (!s || !q->pages[0] || !q->tokens)
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch sequence %d lacks its session, page table or tokens", i);
     if (q->n <= 0 || q->pos0 < 0 || q->n > s->n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", q->n,
@@ -609,7 +609,7 @@ static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i,
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
                             t, (int)q->tokens[t], V);
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
-    return kvg_vk_check_pages(vm, q->pages, n_entries, err);
+    return kvg_vk_check_pages(vm, q->pages[0], n_entries, err);
 }
 
 /* One sequence through its own session's steps. */
@@ -618,7 +618,7 @@ static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *e
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
     pthread_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
-    memcpy(s->ptab.map, q->pages, n_entries * sizeof *q->pages);
+    memcpy(s->ptab.map, q->pages[0], n_entries * sizeof *q->pages[0]);
     kvgen_status st = kvg_vk_refresh_sets(vm, s, err);
     if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, err);
     pthread_mutex_unlock(&vm->ctx->lock);
@@ -764,8 +764,10 @@ static kvgen_status vk_topk(kvgen_model *m, kvg_backend_session *s, int k, int32
     return KVGEN_OK;
 }
 
-/* The pool's layout (vk_kv.c), then every pipeline a step over it uses and kv_copy's. */
-static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+/* The pool's layout (vk_kv.c), then every pipeline a step over it uses and kv_copy's. The
+ * backend keeps one layer group (no kv_groups): every page holds every layer. */
+static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
+    if (group != 0) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_pages_init: layer group %d (one is kept)", group);
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     kvgen_status st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
@@ -782,6 +784,17 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
     }
     if (st == KVGEN_OK) kvg_vk_pcache_save(ctx); /* the end of a paged load: every pipeline exists now */
     return st;
+}
+
+static kvgen_status vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
+    (void)group; /* always 0: one group */
+    return kvg_vk_kv_page_commit(m, page, err);
+}
+
+static kvgen_status vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                               const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
+    (void)group;
+    return kvg_vk_kv_copy(m, src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
 }
 
 const kvg_backend_ops kvg_vulkan_backend = {
@@ -805,8 +818,8 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .cache_bytes_per_token = kvg_vk_cache_bytes_per_token,
     .kv_default_pool_bytes = kvg_vk_default_pool_bytes,
     .kv_pages_init = vk_kv_pages_init,
-    .kv_page_commit = kvg_vk_kv_page_commit,
-    .kv_copy = kvg_vk_kv_copy,
+    .kv_page_commit = vk_kv_page_commit,
+    .kv_copy = vk_kv_copy,
     .kv_read = kvg_vk_kv_read,
     .kv_write = kvg_vk_kv_write,
     .fetch_logits = vk_fetch_logits,
