@@ -654,7 +654,7 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     params[1] = BATCH_AT;
     for (int i = 0; i < n; i++) {
         uint32_t base = (uint32_t)i * vm->bat_entries;
-        memcpy(tab + base, q[i]->pages, ((size_t)q[i]->pos0 / (size_t)vm->page_size + 1) * sizeof *tab);
+        memcpy(tab + base, q[i]->pages[0], ((size_t)q[i]->pos0 / (size_t)vm->page_size + 1) * sizeof *tab);
         params[4 + i] = (uint32_t)q[i]->tokens[0];
         params[4 + BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
         params[4 + BATCH_AT + 2 * i + 1] = base;
