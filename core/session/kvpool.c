@@ -278,7 +278,7 @@ static const kvg_page_commit_fn commit_fns[KVG_KV_GROUPS] = {commit_page0, commi
 
 /* The layer groups of m->kv: with a window on some layers and a backend that keeps groups,
  * group 0 holds the global layers, group 1 the local ones (window n_swa); else one group. */
-static kvgen_status layout_init(kvgen_model *m, kvgen_error *err) {
+static kvgen_status layout_init(kvgen_model *m, bool split, kvgen_error *err) {
     kvg_kv_layout *kv = &m->kv;
     int L = m->w.hp.n_layer;
     memset(kv, 0, sizeof *kv);
@@ -286,7 +286,6 @@ static kvgen_status layout_init(kvgen_model *m, kvgen_error *err) {
     if (!a) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_model_load: out of memory for the KV layout");
     kv->group = a;
     kv->slot = a + L;
-    bool split = m->ops->kv_groups && m->w.hp.n_swa > 0;
     for (int l = 0; l < L; l++) kv->group[l] = split && m->w.layers[l].swa ? 1 : 0;
     kv->n_groups = 1;
     for (int l = 0; l < L; l++)
@@ -356,12 +355,25 @@ kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, k
     if (n_pages > KVG_MAX_PAGES)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: a KV pool of %zu pages is more than %d",
                         n_pages, KVG_MAX_PAGES);
-    kvgen_status st = layout_init(m, err);
-    for (int g = 0; st == KVGEN_OK && g < m->kv.n_groups; g++) {
-        st = ops->kv_pages_init(m, g, P, (int32_t)n_pages, err);
-        if (st == KVGEN_OK)
-            st = kvg_pool_create(P, (int32_t)n_pages, (size_t)P * kvg_model_group_bytes_per_token(m, g),
-                                 commit_fns[g], m, &m->pools[g], err);
+    /* a backend that cannot lay the split pool out (a Vulkan device binding too few bytes for
+     * both groups' slabs) keeps one group: every layer in every page, as without windows */
+    kvgen_status st = KVGEN_E_UNSUPPORTED;
+    for (int attempt = 0; attempt < 2 && st == KVGEN_E_UNSUPPORTED; attempt++) {
+        bool split = attempt == 0 && ops->kv_groups && m->w.hp.n_swa > 0;
+        if (attempt == 1 && !(ops->kv_groups && m->w.hp.n_swa > 0)) break;
+        kvgen_error e = {0};
+        kvg_model_pools_free(m);
+        st = layout_init(m, split, &e);
+        for (int g = 0; st == KVGEN_OK && g < m->kv.n_groups; g++) {
+            st = ops->kv_pages_init(m, g, P, (int32_t)n_pages, &e);
+            if (st == KVGEN_OK)
+                st = kvg_pool_create(P, (int32_t)n_pages, (size_t)P * kvg_model_group_bytes_per_token(m, g),
+                                     commit_fns[g], m, &m->pools[g], &e);
+        }
+        if (st == KVGEN_E_UNSUPPORTED && split && m->kv.n_groups > 1)
+            kvg_log(KVGEN_LOG_INFO, "%s; sliding-window layers keep their pages with the others", e.message);
+        else if (st != KVGEN_OK && err)
+            *err = e;
     }
     return st;
 }
