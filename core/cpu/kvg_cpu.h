@@ -85,7 +85,8 @@ static inline float *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pag
                                       int pos) {
     size_t P = (size_t)p->page_size, hd = (size_t)p->hp.head_dim, Hkv = (size_t)p->hp.n_head_kv;
     float *page = p->data[pages[pos / p->page_size]];
-    return page + ((((size_t)p->slot[layer] * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
+    size_t slot = (size_t)p->slot[layer];
+    return page + (((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
 }
 
 /* The paged ops of kvg_backend_ops over host pages (see there): copies K/V of positions

@@ -46,7 +46,8 @@ struct kvgen_session {
 
     /* paged KV (the model's pools, one per layer group: m->kv) */
     int n_groups;                        /* m->kv.n_groups */
-    int32_t *pages[KVG_KV_GROUPS];       /* page tables: ceil(n_ctx / page_size) entries each; the first n_pages in use */
+    int32_t *pages[KVG_KV_GROUPS];       /* page tables: ceil(n_ctx / page_size) entries each; the
+                                            first n_pages in use */
     size_t n_pages;                      /* == ceil(n_tokens / page_size) between calls */
     /* entries [lo[g], n_pages) of table g are held; below lo[g] they are -1: released, since no
      * layer of a group with a window can see them any more (0 for a group without one) */

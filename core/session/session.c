@@ -152,7 +152,8 @@ static kvgen_status reserve(kvgen_session *s, size_t pos0, size_t end, kvgen_err
         if (i < s->n_pages) {
             for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++) st = own_page(s, g, i, s->n_tokens, err);
         } else {
-            for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++) st = kvg_pool_alloc(pool_of(s, g), &s->pages[g][i], err);
+            for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++)
+                st = kvg_pool_alloc(pool_of(s, g), &s->pages[g][i], err);
             s->n_pages = i + 1; /* drop_pages releases what this entry got */
         }
     }
@@ -316,7 +317,8 @@ static kvg_batch_out last_out(const kvgen_session *s, int *select_k) {
 /* One sequence of n tokens at pos0 through the session's page table. */
 static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, size_t pos0, kvg_batch_out out,
                             float *logits, kvgen_error *err) {
-    kvg_batch_seq q = {.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = tokens, .n = (int)n, .pos0 = (int)pos0,
+    kvg_batch_seq q = {.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = tokens, .n = (int)n,
+                       .pos0 = (int)pos0,
                        .out = out, .logits = logits};
     if (out == KVG_OUT_KEEP || out == KVG_OUT_LAST) q.out = last_out(s, &q.select_k);
     if (q.out == KVG_OUT_LAST) q.logits = s->logits;
@@ -421,8 +423,21 @@ static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
     return shift(s, keep, drop, err);
 }
 
-/* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
- * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
+static kvgen_status prefill_run(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
+                                kvgen_error *err);
+
+/* With a window group, a long append runs in pieces of the window (rounded up to whole pages,
+ * at least 4 pages: each piece's last page runs even when the prefix cache has it) so the pages
+ * it releases are back in the pool before the next piece takes new ones: the peak stays the
+ * window plus a piece, not the whole append. 0: one piece. */
+static size_t prefill_piece(const kvgen_session *s) {
+    size_t P = page_size(s), piece = 0;
+    for (int g = 0; g < s->n_groups; g++)
+        if (window_of(s, g) > 0) piece = (window_of(s, g) + P - 1) / P * P;
+    if (piece > 0 && piece < 4 * P) piece = 4 * P;
+    return s->no_cache ? 0 : piece;
+}
+
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
                                    kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
@@ -430,6 +445,33 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     if (busy != KVGEN_OK) return busy;
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
+    size_t piece = prefill_piece(s);
+    if (piece == 0 || n <= piece) return prefill_run(s, tokens, n, all_logits, err);
+    for (size_t i = 0; i < n; i++) /* all checked before any piece runs */
+        if (tokens[i] < 0 || tokens[i] >= s->model->w.hp.n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], s->model->w.hp.n_vocab);
+    size_t len0 = s->n_tokens, shifts0 = s->shifts, V = (size_t)s->model->w.hp.n_vocab;
+    kvgen_status st = KVGEN_OK;
+    for (size_t done = 0; done < n && st == KVGEN_OK;) {
+        size_t c = n - done < piece ? n - done : piece;
+        st = prefill_run(s, tokens + done, c, all_logits ? all_logits + done * V : NULL, err);
+        done += c;
+    }
+    /* a failed piece leaves the session as it was: the earlier pieces are rewound (unless a
+     * context shift moved what was there) */
+    if (st != KVGEN_OK && s->shifts == shifts0 && s->n_tokens > len0) {
+        kvgen_error ignored = {0};
+        kvgen_session_rewind(s, s->n_tokens - len0, &ignored);
+    }
+    return st;
+}
+
+/* Appends tokens (one piece): with the cache, only the new ones run (at positions length..); in
+ * no_cache mode the whole sequence runs again from position 0, as a model without
+ * past_key_values would. */
+static kvgen_status prefill_run(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
+                                kvgen_error *err) {
     kvgen_model *m = s->model;
     int n_vocab = m->w.hp.n_vocab;
     for (size_t i = 0; i < n; i++)
@@ -548,7 +590,8 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *t
             status[i] = decode_prepare(s, tokens[i], &held[nq], e);
             if (status[i] != KVGEN_OK) continue;
             kvg_batch_seq *q = &seq[nq];
-            *q = (kvg_batch_seq){.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = &s->tokens[s->n_tokens], .n = 1,
+            *q = (kvg_batch_seq){.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = &s->tokens[s->n_tokens],
+                                 .n = 1,
                                  .pos0 = (int)s->n_tokens};
             q->out = host_logits ? KVG_OUT_LAST : last_out(s, &q->select_k);
             if (q->out == KVG_OUT_LAST) q->logits = s->logits;
@@ -813,7 +856,8 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
     if (from >= n) return KVGEN_OK;
     float *part = kvg_malloc((size_t)hp->n_head_kv * (n - from) * hd * sizeof *part);
     if (!part) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_read_cache: out of memory");
-    kvgen_status st = s->model->ops->kv_read(s->model, s->pages[g], layer, which, (int)from, (int)(n - from), part, err);
+    kvgen_status st =
+        s->model->ops->kv_read(s->model, s->pages[g], layer, which, (int)from, (int)(n - from), part, err);
     for (int h = 0; st == KVGEN_OK && h < hp->n_head_kv; h++)
         memcpy(out + ((size_t)h * n + from) * hd, part + (size_t)h * (n - from) * hd, (n - from) * hd * sizeof *out);
     kvg_free(part);

@@ -1,8 +1,7 @@
 /* test_swa.c: sliding-window layers release their KV pages.
  *
  * A random-weight gemma3 file (5 local layers with a window of 16, one global; pages of 16)
- * on the reference and cpu backends, and on Vulkan where there is a device (which keeps every
- * layer in one page: the logits checks only). A session past its window must hold the global
+ * on the reference, cpu and (where there is a device) Vulkan backends. A session past its window must hold the global
  * layers' pages for all its tokens and only the pages the window still sees for the local
  * ones (the formula of docs/architecture.md, "Sliding-window pages"), and its logits must equal
  * a fresh prefill of the same tokens on a second load (its own pools) after decode, rewind
@@ -206,6 +205,45 @@ static void vulkan_body(void *arg) {
     run_case(&c, true);
 }
 
+/* One long prefill on a fresh pool: it runs in pieces of the window, so the local layers never
+ * commit more than a few pages (released pages go back free: no prefix cache keeps them). */
+static void test_peak(const char *path) {
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2, .kv_page_size = P};
+    kvgen_model *m = tu_load(&md);
+    if (!m) return;
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    int32_t t[200];
+    tu_fill_tokens(t, 200, 5, vocab_of(m));
+    float *all = malloc(200 * (size_t)vocab_of(m) * sizeof *all);
+    CHECK(all != NULL);
+    if (s && all) {
+        CHECK_OK(kvgen_session_prefill(s, t, 200, all, &err));
+        kvgen_pool_info pi;
+        kvgen_model_pool_info(m, &pi);
+        size_t global = ceil_div(200, P) * pi.bytes_per_page;
+        size_t local = (pi.bytes_committed - global) / pi.window_bytes_per_page;
+        size_t piece = ceil_div(W, P) * P < 4 * P ? 4 * P : ceil_div(W, P) * P; /* session.c's pieces */
+        CHECKF(pi.bytes_committed >= global && local <= (W + piece) / P + 2 && local < ceil_div(200, P),
+               "a 200-token prefill committed %zu local pages (window %d, pages of %d)", local, W, P);
+        check_held(m, s, "one long prefill");
+        /* the pieces' logits are the ones a prefill in one go gives: the last against a fresh run,
+         * an early one against a session of that many tokens */
+        kvgen_session *o = NULL;
+        CHECK_OK(kvgen_session_create(m, &sd, &o, &err));
+        if (o) {
+            CHECK_OK(kvgen_session_prefill(o, t, 37, NULL, &err));
+            CHECK(tu_max_diff(kvgen_session_logits(o), all + 36 * (size_t)vocab_of(m), vocab_of(m)) <= 1e-5);
+            kvgen_session_close(o);
+        }
+    }
+    free(all);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
 /* A model without windows: one group, nothing released. */
 static void test_plain(const char *path) {
     kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2, .kv_page_size = P};
@@ -279,6 +317,7 @@ int main(void) {
         run_case(&cpu, true);
         tu_vulkan_child("sliding-window sessions", vulkan_body, g3);
     }
+    if (g3) test_peak(g3);
     if (llama) test_plain(llama);
     test_real_gemma();
     free(g3);
