@@ -400,7 +400,8 @@ typedef struct kvgen_cache_info {
 
 KVGEN_API void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *info);
 /* Copies layer `layer`'s K (which = 0) or V (which = 1) as floats, shape
- * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). */
+ * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). A sliding-window layer's
+ * positions whose pages were released (cache_info.window) read as zeros. */
 KVGEN_API kvgen_status kvgen_session_read_cache(const kvgen_session *session, int layer, int which, float *out,
                                       size_t n_floats, kvgen_error *err);
 
