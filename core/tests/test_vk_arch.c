@@ -142,6 +142,10 @@ static void check_cache(const pair *p, int layer, int which, const char *what) {
         CHECK_OK(kvgen_session_read_cache(p->r, layer, which, b, nf, &err));
         /* a sliding-window layer's released positions read as zeros, and the two models' page
          * sizes may release different ones: rows only one side still holds are not compared */
+        /* the window of either side (a device that cannot bind the split pool keeps one group) */
+        kvgen_cache_info cr;
+        kvgen_session_cache_info(p->r, &cr);
+        if (cr.window > ci.window) ci.window = cr.window;
         size_t hd = (size_t)ci.head_dim, held = 0;
         for (size_t r = 0; ci.window > 0 && r < nf / hd; r++) {
             bool za = true, zb = true;
