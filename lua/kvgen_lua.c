@@ -1265,7 +1265,8 @@ static int session_cache_info(lua_State *L) {
         CI("bytes_per_token", F_SIZE, bytes_per_token), CI("page_size", F_SIZE, page_size),
         CI("pages", F_SIZE, pages),            CI("pages_shared", F_SIZE, pages_shared),
         CI("bytes_held", F_SIZE, bytes_held),  CI("tokens_reused", F_SIZE, tokens_reused),
-        CI("shifts", F_SIZE, shifts),
+        CI("shifts", F_SIZE, shifts),          CI("window", F_SIZE, window),
+        CI("window_pages", F_SIZE, window_pages),
     };
 #undef CI
     lsession *s = check_session_read(L, 1);
@@ -1281,6 +1282,7 @@ static int model_pool_info(lua_State *L) {
     static const out_field fields[] = {
         PI(page_size),      PI(pages_total),    PI(pages_used), PI(pages_free), PI(pages_cached), PI(bytes_per_token),
         PI(bytes_per_page), PI(bytes_total),    PI(bytes_used), PI(bytes_committed), PI(sessions),
+        PI(window),         PI(window_bytes_per_page), PI(window_pages_used), PI(window_pages_cached),
     };
 #undef PI
     kvgen_pool_info pi;

@@ -32,8 +32,11 @@ layout(std430, set = 0, binding = 0) readonly buffer Params {
 
 // the position of token t of this step
 uint kvg_pos(uint t) { return params.batch == 0u ? params.pos0 + t : uint(params.tokens[params.batch + 2u * t]); }
-// the first page-table entry of token t's session (tab: the step's own session's)
-uint kvg_tab(uint t, uint tab) { return params.batch == 0u ? tab : uint(params.tokens[params.batch + 2u * t + 1u]); }
+// the first page-table entry of token t's session for a layer whose group's table starts at
+// entry tab of a session's tables (pc.pt_base: 0, or the local layers' table)
+uint kvg_tab(uint t, uint tab) {
+    return (params.batch == 0u ? 0u : uint(params.tokens[params.batch + 2u * t + 1u])) + tab;
+}
 
 // The push constants of the weight kernels (embed, matvec, gemm); others define their own.
 #ifndef KVG_OWN_PC

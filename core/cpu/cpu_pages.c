@@ -47,7 +47,8 @@ size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
 }
 
 kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const kvg_ref_rope_params *rope,
-                                int page_size, int32_t n_pages, const char *who, kvgen_error *err) {
+                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages, const char *who,
+                                kvgen_error *err) {
     memset(p, 0, sizeof *p);
     p->who = who ? who : "host KV pages";
     if (page_size <= 0 || n_pages <= 0)
@@ -55,6 +56,9 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
     p->data = calloc((size_t)n_pages, sizeof *p->data);
     if (!p->data) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %d pages", p->who, (int)n_pages);
     p->hp = *hp;
+    p->hp.n_layer = kv->n_layers[group];
+    p->slot = kv->slot;
+    p->layers = kv->layers[group];
     p->rope = rope;
     p->page_size = page_size;
     p->n_pages = n_pages;
@@ -72,7 +76,7 @@ kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *e
     size_t bytes = (size_t)p->page_size * kvg_cpu_kv_bytes_per_token(&p->hp);
     if (page < 0 || page >= p->n_pages)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: page %d outside the pool", p->who, (int)page);
-    if (!p->data[page]) p->data[page] = malloc(bytes);
+    if (!p->data[page]) p->data[page] = malloc(bytes ? bytes : 1); /* a group may hold no layer */
     if (!p->data[page])
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of host memory for a KV page (%zu bytes)", p->who, bytes);
     return KVGEN_OK;
@@ -86,7 +90,8 @@ kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages
     (void)err;
     const kvg_hparams *hp = &p->hp;
     size_t bytes = (size_t)hp->head_dim * sizeof(float);
-    for (int l = 0; l < hp->n_layer; l++)
+    for (int sl = 0; sl < hp->n_layer; sl++) {
+        int l = p->layers[sl];
         for (int h = 0; h < hp->n_head_kv; h++)
             for (int i = 0; i < n; i++) {
                 float *k = kvg_cpu_pages_at(p, dst_pages, l, 0, h, dst_pos + i);
@@ -101,6 +106,7 @@ kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages
                     else kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
                 }
             }
+    }
     return KVGEN_OK;
 }
 

@@ -74,7 +74,7 @@ typedef struct cpu_model {
     float *rope_factors;         /* [n_rot/2] or NULL */
     int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
     cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
-    kvg_cpu_pages pages;
+    kvg_cpu_pages pages[KVG_KV_GROUPS]; /* per layer group (kvg_model.h) */
 } cpu_model;
 
 struct kvg_backend_session {
@@ -266,7 +266,7 @@ static void cpu_model_free(kvgen_model *m) {
     cpu_model *cm = m->backend;
     if (!cm) return;
     kvg_cpu_pool_destroy(cm->pool);
-    kvg_cpu_pages_free(&cm->pages);
+    for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_cpu_pages_free(&cm->pages[g]);
     for (int l = 0; cm->layers && l < m->w.hp.n_layer; l++) {
         cpu_layer *c = &cm->layers[l];
         void *ps[] = {c->bq, c->bk, c->bv, c->q_norm, c->k_norm, c->attn_post, c->ffn_post, c->inv_freq};
@@ -437,7 +437,7 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
 /* ---- attention ------------------------------------------------------------------------------------- */
 
 typedef struct cpu_slot {
-    const int32_t *pages;       /* the token's page table */
+    const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
     kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
     int pos;
 } cpu_slot;
@@ -447,7 +447,7 @@ typedef struct attention_job {
     kvg_backend_session *s;
     const kvg_hparams *hp;
     const cpu_slot *slots;
-    int layer;
+    int layer, group; /* the layer and its group */
     int window;    /* > 0: a local layer attends to [pos - window + 1, pos] */
     float softcap; /* > 0: scores become softcap * tanh(score / softcap) */
     int heads;     /* query heads per item, a divisor of n_head / n_head_kv */
@@ -463,7 +463,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
     const kvg_vec_ops *vec = j->cm->vec;
-    const kvg_cpu_pages *pg = &j->cm->pages;
+    const kvg_cpu_pages *pg = &j->cm->pages[j->group];
     int hd = hp->head_dim, l = j->layer, P = pg->page_size, group = j->heads;
     int parts = hp->n_head / hp->n_head_kv / group; /* items per KV head */
     float scale = 1.0f / sqrtf((float)hd);
@@ -483,7 +483,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const float *k = kvg_cpu_pages_at(pg, slot->pages, l, 0, kvh, p);
+            const float *k = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p);
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)g * n_ctx + (p - first);
                 vec->dot_rows(q + (size_t)g * hd, k, (size_t)hd, run, hd, sc);
@@ -502,7 +502,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const float *v = kvg_cpu_pages_at(pg, slot->pages, l, 1, kvh, p);
+            const float *v = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p);
             for (int g = 0; g < group; g++)
                 vec->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, (size_t)hd, run, hd);
             p += run;
@@ -609,14 +609,15 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
                 if (C->k_norm) vec->rmsnorm(k, k, C->k_norm, hd, eps);
                 rope_head(k, cs, hp->n_rot, neox);
-                memcpy(kvg_cpu_pages_at(&cm->pages, slots[t].pages, l, 0, h, slots[t].pos), k,
+                int g = m->kv.group[l];
+                memcpy(kvg_cpu_pages_at(&cm->pages[g], slots[t].pages[g], l, 0, h, slots[t].pos), k,
                        (size_t)hd * sizeof(float));
-                memcpy(kvg_cpu_pages_at(&cm->pages, slots[t].pages, l, 1, h, slots[t].pos),
+                memcpy(kvg_cpu_pages_at(&cm->pages[g], slots[t].pages[g], l, 1, h, slots[t].pos),
                        s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
         }
 
-        attention_job aj = {.cm = cm, .s = s, .hp = hp, .slots = slots, .layer = l,
+        attention_job aj = {.cm = cm, .s = s, .hp = hp, .slots = slots, .layer = l, .group = m->kv.group[l],
                             .window = L->swa ? hp->n_swa : 0, .softcap = hp->attn_softcap,
                             .heads = attention_group(hp, n, kvg_cpu_pool_threads(cm->pool))};
         kvg_cpu_pool_run(cm->pool, n * hp->n_head / aj.heads, attention_heads, &aj);
@@ -654,7 +655,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
 
 static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
-    if (!q->bs || !q->pages || !q->tokens)
+    if (!q->bs || !q->pages[0] || (m->kv.n_groups > 1 && !q->pages[1]) || !q->tokens)
         return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": batch sequence %d lacks its session, page table or tokens", i);
     if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": %d tokens at position %d do not fit %d", q->n, q->pos0,
@@ -687,7 +688,7 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         int nb = 0;
         for (; si < b->n_seq && nb < CPU_BLOCK; nb++) {
             const kvg_batch_seq *q = &b->seq[si];
-            slots[nb] = (cpu_slot){.pages = q->pages, .owner = q->bs, .pos = q->pos0 + ti};
+            slots[nb] = (cpu_slot){.pages = {q->pages[0], q->pages[1]}, .owner = q->bs, .pos = q->pos0 + ti};
             tokens[nb] = q->tokens[ti];
             seq_of[nb] = si;
             tok_of[nb] = ti;
@@ -716,36 +717,37 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
 static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
 static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
 
-static kvgen_status cpu_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+static kvgen_status cpu_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     cpu_model *cm = m->backend;
-    return kvg_cpu_pages_init(&cm->pages, &m->w.hp, cm->ropes, page_size, n_pages, WHO, err);
+    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, WHO, err);
 }
 
-static kvgen_status cpu_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+static kvgen_status cpu_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
     cpu_model *cm = m->backend;
-    return kvg_cpu_pages_commit(&cm->pages, page, err);
+    return kvg_cpu_pages_commit(&cm->pages[group], page, err);
 }
 
-static kvgen_status cpu_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
-                                int dst_pos, int n, int rope_delta, kvgen_error *err) {
+static kvgen_status cpu_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
     const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_copy(&cm->pages, src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
+    return kvg_cpu_pages_copy(&cm->pages[group], src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
 }
 
 static kvgen_status cpu_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                 float *out, kvgen_error *err) {
     const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_read(&cm->pages, pages, layer, which, pos0, n, out, err);
+    return kvg_cpu_pages_read(&cm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, out, err);
 }
 
 static kvgen_status cpu_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                  const float *in, kvgen_error *err) {
     const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_write(&cm->pages, pages, layer, which, pos0, n, in, err);
+    return kvg_cpu_pages_write(&cm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, in, err);
 }
 
 const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
+    .kv_groups = true,
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW,

@@ -44,14 +44,19 @@ void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx
 
 /* ---- KV pages in host memory ------------------------------------------------------------ */
 
-/* The storage of a model's KV page pool (kvg_pool.h does the bookkeeping): page i holds, for
- * every layer, K then V as f32 [Hkv][page_size][head_dim], i.e. [L][2][Hkv][P][hd]. Storage is
- * allocated when the pool first hands a page out (kvg_cpu_pages_commit) and kept until free.
- * A page table `pages` (a session's) maps position p to page pages[p / page_size]. */
+/* The storage of one layer group's KV page pool (kvg_pool.h does the bookkeeping, kvg_model.h
+ * the groups): page i holds, for every layer of the group, K then V as f32
+ * [Hkv][page_size][head_dim], i.e. [Lg][2][Hkv][P][hd] with layers at their slot in the group.
+ * Storage is allocated when the pool first hands a page out (kvg_cpu_pages_commit) and kept
+ * until free. A page table `pages` (a session's, of this group) maps position p to page
+ * pages[p / page_size]. */
 typedef struct kvg_cpu_pages {
-    kvg_hparams hp; /* the model's geometry: n_layer, n_head_kv, head_dim, and RoPE for kv_copy */
-    const struct kvg_ref_rope_params *rope; /* per layer, the RoPE kv_copy re-rotates K with (NULL: the
-                                               adjacent-pair RoPE of hp) */
+    kvg_hparams hp; /* the model's geometry: n_head_kv, head_dim, and RoPE for kv_copy; n_layer:
+                       the layers of the group */
+    const struct kvg_ref_rope_params *rope; /* per model layer, the RoPE kv_copy re-rotates K with
+                                               (NULL: the adjacent-pair RoPE of hp) */
+    const int *slot;   /* per model layer, its slot in the group (the model's layout) */
+    const int *layers; /* per slot, the model layer */
     int page_size;
     int32_t n_pages;
     float **data;    /* n_pages entries, NULL until committed */
@@ -64,22 +69,24 @@ size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp);
  * at most a quarter of physical RAM (room for the weights, the host and other processes). */
 size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp);
 
-/* Reserves the table of n_pages pages (no storage yet); rope: the layers' RoPE (the caller's,
- * outliving p), or NULL. */
+/* Reserves the table of n_pages pages of group `group` of the layout kv (no storage yet);
+ * rope: the layers' RoPE (the caller's, outliving p), or NULL. */
 kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const struct kvg_ref_rope_params *rope,
-                                int page_size, int32_t n_pages, const char *who, kvgen_error *err);
+                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages, const char *who,
+                                kvgen_error *err);
 /* Frees every committed page and the table; p may be zero-initialised (never inited). */
 void kvg_cpu_pages_free(kvg_cpu_pages *p);
 /* Gives page `page` its storage (no-op when it has some). */
 kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *err);
 
-/* The head_dim floats of layer `layer`'s K (which = 0) or V (which = 1), kv head h, at
- * position pos of the table `pages`; the page must be committed. */
+/* The head_dim floats of model layer `layer`'s K (which = 0) or V (which = 1), kv head h, at
+ * position pos of the table `pages`; the layer is of p's group and the page committed. */
 static inline float *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
                                       int pos) {
     size_t P = (size_t)p->page_size, hd = (size_t)p->hp.head_dim, Hkv = (size_t)p->hp.n_head_kv;
     float *page = p->data[pages[pos / p->page_size]];
-    return page + ((((size_t)layer * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
+    size_t slot = (size_t)p->slot[layer];
+    return page + (((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
 }
 
 /* The paged ops of kvg_backend_ops over host pages (see there): copies K/V of positions

@@ -18,9 +18,9 @@
  * Decode runs the very same code with a block of one, so a token's logits are bit-identical
  * whether it came through prefill, decode or a no-cache recomputation.
  *
- * The KV cache lives in the model's page pool: a session holds a page table, and page p of
- * the pool stores per layer K then V as [Hkv][page_size][hd], in host memory kept by
- * cpu_pages.c, reached through kv_at().
+ * The KV cache lives in the model's page pools, one per layer group (kvg_model.h): a session
+ * holds a page table per group, and page p of a group's pool stores per layer of the group K
+ * then V as [Hkv][page_size][hd], in host memory kept by cpu_pages.c, reached through kv_at().
  *
  * A batch (kvg_model.h) is flattened into tokens, each with its own position and page table,
  * and run in blocks of up to REF_BLOCK tokens whatever sequence they belong to: a block of
@@ -94,14 +94,16 @@ typedef struct ref_model {
     ref_layer *layers;
     kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy */
     float *rope_factors;        /* [n_rot/2] rope_freqs in f32, or NULL */
-    /* the page pool's storage (kv_pages_init): page i is pages.data[i], [L][2][Hkv][P][hd] f32 */
-    kvg_cpu_pages pages;
+    /* the page pools' storage (kv_pages_init), per layer group: page i of group g is
+     * pages[g].data[i], [Lg][2][Hkv][P][hd] f32 */
+    kvg_cpu_pages pages[KVG_KV_GROUPS];
 } ref_model;
 
-/* Where a session's K/V live: a page table into the model's pages. */
+/* Where a session's K/V live: per layer group, a page table into the model's pages. */
 typedef struct ref_kv {
-    const kvg_cpu_pages *store; /* the model's pages */
-    const int32_t *pages;       /* the session's page table */
+    const kvg_cpu_pages *store;            /* the model's pages, [KVG_KV_GROUPS] */
+    const int32_t *pages[KVG_KV_GROUPS];   /* the session's page tables */
+    const int *group;                      /* each layer's group (the model's layout) */
 } ref_kv;
 
 struct kvg_backend_session {
@@ -123,7 +125,8 @@ struct kvg_backend_session {
 
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
 static float *kv_at(const ref_kv *kv, int layer, int which, int h, int pos) {
-    return kvg_cpu_pages_at(kv->store, kv->pages, layer, which, h, pos);
+    int g = kv->group[layer];
+    return kvg_cpu_pages_at(&kv->store[g], kv->pages[g], layer, which, h, pos);
 }
 
 static void ref_model_free(kvgen_model *m);
@@ -225,7 +228,7 @@ static void ref_model_free(kvgen_model *m) {
     ref_model *rm = m->backend;
     if (!rm) return;
     kvg_cpu_pool_destroy(rm->pool);
-    kvg_cpu_pages_free(&rm->pages);
+    for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_cpu_pages_free(&rm->pages[g]);
     for (int l = 0; rm->layers && l < m->w.hp.n_layer; l++) {
         ref_layer *L = &rm->layers[l];
         float *ps[] = {L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post, L->ffn_post};
@@ -537,7 +540,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
 
 static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
-    if (!q->bs || !q->pages || !q->tokens)
+    if (!q->bs || !q->pages[0] || (m->kv.n_groups > 1 && !q->pages[1]) || !q->tokens)
         return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch sequence %d lacks its session, page table "
                         "or tokens", i);
     if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
@@ -577,7 +580,7 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         int nb = 0;
         for (; si < b->n_seq && nb < REF_BLOCK; nb++) {
             const kvg_batch_seq *q = &b->seq[si];
-            kv[nb] = (ref_kv){.store = &rm->pages, .pages = q->pages};
+            kv[nb] = (ref_kv){.store = rm->pages, .pages = {q->pages[0], q->pages[1]}, .group = m->kv.group};
             slots[nb] = (ref_slot){.kv = &kv[nb], .owner = q->bs, .pos = q->pos0 + ti};
             tokens[nb] = q->tokens[ti];
             seq_of[nb] = si;
@@ -610,36 +613,38 @@ static size_t ref_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_k
 
 static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
 
-static kvgen_status ref_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+static kvgen_status ref_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     ref_model *rm = m->backend;
-    return kvg_cpu_pages_init(&rm->pages, &m->w.hp, rm->ropes, page_size, n_pages, "reference backend", err);
+    return kvg_cpu_pages_init(&rm->pages[group], &m->w.hp, rm->ropes, &m->kv, group, page_size, n_pages,
+                              "reference backend", err);
 }
 
-static kvgen_status ref_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+static kvgen_status ref_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
     ref_model *rm = m->backend;
-    return kvg_cpu_pages_commit(&rm->pages, page, err);
+    return kvg_cpu_pages_commit(&rm->pages[group], page, err);
 }
 
-static kvgen_status ref_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
-                                int dst_pos, int n, int rope_delta, kvgen_error *err) {
+static kvgen_status ref_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
     const ref_model *rm = m->backend;
-    return kvg_cpu_pages_copy(&rm->pages, src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
+    return kvg_cpu_pages_copy(&rm->pages[group], src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
 }
 
 static kvgen_status ref_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                 float *out, kvgen_error *err) {
     const ref_model *rm = m->backend;
-    return kvg_cpu_pages_read(&rm->pages, pages, layer, which, pos0, n, out, err);
+    return kvg_cpu_pages_read(&rm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, out, err);
 }
 
 static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                  const float *in, kvgen_error *err) {
     const ref_model *rm = m->backend;
-    return kvg_cpu_pages_write(&rm->pages, pages, layer, which, pos0, n, in, err);
+    return kvg_cpu_pages_write(&rm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, in, err);
 }
 
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
+    .kv_groups = true,
     /* every feature of the architecture table; Q and the attention output are n_head*head_dim
      * wide throughout, whatever n_embd is */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |

@@ -415,11 +415,16 @@ typedef struct kvgen_cache_info {
     size_t tokens_reused;   /* tokens whose K/V came from pages other sessions computed (prefix reuse),
                                since creation or the last reset */
     size_t shifts;          /* context shifts done (KVGEN_ON_FULL_SHIFT) */
+    /* sliding-window layers (a model with local layers, on a backend that keeps their pages
+     * apart): their K/V pages below what the window can still see are released. 0 otherwise */
+    size_t window;          /* positions a local layer sees */
+    size_t window_pages;    /* pages the local layers hold; bytes_held counts them too */
 } kvgen_cache_info;
 
 KVGEN_API void kvgen_session_cache_info(const kvgen_session *session, kvgen_cache_info *info);
 /* Copies layer `layer`'s K (which = 0) or V (which = 1) as floats, shape
- * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). */
+ * (kv_heads, length, head_dim), into `out` (capacity `n_floats`). A sliding-window layer's
+ * positions whose pages were released (cache_info.window) read as zeros. */
 KVGEN_API kvgen_status kvgen_session_read_cache(const kvgen_session *session, int layer, int which, float *out,
                                       size_t n_floats, kvgen_error *err);
 
@@ -465,11 +470,16 @@ typedef struct kvgen_pool_info {
     size_t pages_cached;    /* of the free ones: released pages kept for prefix reuse, reclaimed
                                least recently used first when the pool runs out */
     size_t bytes_per_token; /* K+V, all layers */
-    size_t bytes_per_page;
-    size_t bytes_total;     /* pages_total * bytes_per_page */
-    size_t bytes_used;      /* pages_used * bytes_per_page */
+    size_t bytes_per_page;  /* of the pages_* above: all layers, or the global ones when window > 0 */
+    size_t bytes_total;     /* the bytes_* count every pool: pages_total * bytes_per_page (+ the local pool's) */
+    size_t bytes_used;      /* pages_used * bytes_per_page (+ window_pages_used * window_bytes_per_page) */
     size_t bytes_committed; /* storage actually allocated so far (the high-water mark) */
     size_t sessions;        /* open sessions of the model */
+    /* a model with sliding-window layers on a backend that keeps their pages apart: those layers'
+     * pages are a pool of their own (as many pages as the one above); else all 0 */
+    size_t window;                /* positions a local layer sees */
+    size_t window_bytes_per_page; /* K+V of the local layers */
+    size_t window_pages_used, window_pages_cached;
 } kvgen_pool_info;
 
 KVGEN_API void kvgen_model_pool_info(const kvgen_model *model, kvgen_pool_info *info);

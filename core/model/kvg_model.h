@@ -92,12 +92,28 @@ typedef enum kvg_batch_out {
     KVG_OUT_KEEP  /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
 } kvg_batch_out;
 
+/* K/V pages by layer group (kvgen_model.kv, set when the pool is made): one group of every
+ * layer, or, for a model with sliding-window layers on a backend that keeps groups
+ * (ops->kv_groups), group 0 the global layers and group 1 the local ones. Each group has its
+ * own page pool and each session its own page table per group; a group with a window only
+ * ever reads the last `window` positions, so its pages below that are released (entries -1). */
+#define KVG_KV_GROUPS 2
+typedef struct kvg_kv_layout {
+    int n_groups;
+    int window[KVG_KV_GROUPS];   /* 0: the group's layers see every position; else the last window */
+    int n_layers[KVG_KV_GROUPS]; /* layers stored in a group's pages */
+    int *group;                  /* [n_layer] each layer's group */
+    int *slot;                   /* [n_layer] its index among its group's layers */
+    int *layers[KVG_KV_GROUPS];  /* [n_layers[g]] a group's layers, by slot */
+} kvg_kv_layout;
+
 /* One sequence of a batch: n tokens of one session at positions pos0.., K/V read and written
- * through its page table (position p is slot p % page_size of page pages[p / page_size]);
- * every page of [pos0, pos0 + n) is held by that session alone. */
+ * through its page tables, one per layer group (position p of a layer of group g is slot
+ * p % page_size of page pages[g][p / page_size]); every page of [pos0, pos0 + n) is held by
+ * that session alone. A group's entries below its window are -1 and never read. */
 typedef struct kvg_batch_seq {
     kvg_backend_session *bs;
-    const int32_t *pages;
+    const int32_t *pages[KVG_KV_GROUPS];
     const int32_t *tokens;
     int n, pos0;
     kvg_batch_out out;
@@ -118,6 +134,9 @@ typedef struct kvg_backend_ops {
     /* The KVG_F_* features (kvg_arch.h) this backend's forward pass runs; model_init refuses a
      * model needing any other (kvg_arch_check_backend). */
     uint32_t features;
+    /* true: K/V pages split by layer group (kvg_kv_layout), so sliding-window layers release
+     * what they no longer see; false: one group of every layer */
+    bool kv_groups;
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */
@@ -135,19 +154,23 @@ typedef struct kvg_backend_ops {
      * weight read). On failure nothing is returned; K/V at the batch's positions are undefined. */
     kvgen_status (*forward)(kvgen_model *m, const kvg_batch *b, kvgen_error *err);
 
-    /* ---- KV pages: K/V live in the model's page pool (kvg_pool.h) ---- */
-    size_t (*cache_bytes_per_token)(const kvgen_model *m);
+    /* ---- KV pages: K/V live in the model's page pools (kvg_pool.h), one per layer group
+     * (m->kv); a page id is an index into its group's pool ---- */
+    size_t (*cache_bytes_per_token)(const kvgen_model *m); /* all layers */
     /* pool size when the load asked for none (e.g. a share of free device memory) */
     size_t (*kv_default_pool_bytes)(const kvgen_model *m);
-    /* reserves the page table of storage for n_pages pages of page_size tokens (no storage yet) */
-    kvgen_status (*kv_pages_init)(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
-    /* gives one page its storage; called once per page, the first time the pool hands it out */
-    kvgen_status (*kv_page_commit)(kvgen_model *m, int32_t page, kvgen_error *err);
-    /* copies K/V of positions [src_pos, src_pos+n) of one table to [dst_pos, ..) of another (or
-     * the same, dst_pos <= src_pos), re-rotating K by rope_delta positions (0: plain copy) */
-    kvgen_status (*kv_copy)(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
-                            int dst_pos, int n, int rope_delta, kvgen_error *err);
-    /* one layer's K (which=0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim) */
+    /* reserves the page table of storage for n_pages pages of page_size tokens of a group's
+     * layers (no storage yet); called once per group of m->kv */
+    kvgen_status (*kv_pages_init)(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err);
+    /* gives one page of a group its storage; called once per page, the first time its pool hands it out */
+    kvgen_status (*kv_page_commit)(kvgen_model *m, int group, int32_t page, kvgen_error *err);
+    /* copies the group's K/V of positions [src_pos, src_pos+n) of one of its tables to
+     * [dst_pos, ..) of another (or the same, dst_pos <= src_pos), re-rotating K by rope_delta
+     * positions (0: plain copy) */
+    kvgen_status (*kv_copy)(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                            const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
+    /* one layer's K (which=0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim),
+     * through `pages`, the table of the layer's group */
     kvgen_status (*kv_read)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n, float *out,
                             kvgen_error *err);
     kvgen_status (*kv_write)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
@@ -188,7 +211,8 @@ struct kvgen_model {
     char *name;
     char device_name[256];
     int n_threads;
-    struct kvg_pool *pool; /* the KV page pool every session's K/V live in */
+    kvg_kv_layout kv;      /* K/V pages by layer group */
+    struct kvg_pool *pools[KVG_KV_GROUPS]; /* per group, the KV page pool every session's K/V live in */
     int n_sessions;        /* open sessions (atomic) */
     struct kvg_worker *worker; /* the jobs' worker (worker.c); NULL until the first submit (atomic) */
     /* set by a layer above the model that must let go of it first (the jobs' worker, when it

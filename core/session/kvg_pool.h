@@ -61,7 +61,12 @@ typedef struct kvg_pool_stats {
 } kvg_pool_stats;
 void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st);
 
-/* Creates the model's page pool (m->pool); called by kvgen_model_load after the backend started. */
+/* Sets the model's layer groups (m->kv) and creates one page pool per group (m->pools);
+ * called by kvgen_model_load after the backend started. */
 kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
+/* Destroys the pools and the layout (model unload); safe on a model that has none. */
+void kvg_model_pools_free(kvgen_model *m);
+/* K+V bytes of one position of a group's layers */
+size_t kvg_model_group_bytes_per_token(const kvgen_model *m, int group);
 
 #endif

@@ -44,9 +44,14 @@ struct kvgen_session {
     bool full_logits; /* KVGEN_FULL_LOGITS=1 at creation: always read the whole vector back (tests, bench) */
     kvg_sampler sampler;
 
-    /* paged KV (the model's pool) */
-    int32_t *pages;      /* page table: ceil(n_ctx / page_size) entries; the first n_pages held */
-    size_t n_pages;      /* == ceil(n_tokens / page_size) between calls */
+    /* paged KV (the model's pools, one per layer group: m->kv) */
+    int n_groups;                        /* m->kv.n_groups */
+    int32_t *pages[KVG_KV_GROUPS];       /* page tables: ceil(n_ctx / page_size) entries each; the
+                                            first n_pages in use */
+    size_t n_pages;                      /* == ceil(n_tokens / page_size) between calls */
+    /* entries [lo[g], n_pages) of table g are held; below lo[g] they are -1: released, since no
+     * layer of a group with a window can see them any more (0 for a group without one) */
+    size_t lo[KVG_KV_GROUPS];
     uint64_t *page_hash; /* prefix-cache key of each full page below clean_len */
     /* Positions [0, clean_len) hold exactly the K/V a fresh run of tokens[0..] computes; a
      * shift breaks that for the moved tokens (they saw the dropped ones), and such pages must

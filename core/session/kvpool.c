@@ -268,9 +268,51 @@ void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st) {
 
 /* ---- a model's pool ----------------------------------------------------------------------- */
 
-static kvgen_status commit_page(void *ctx, int32_t page, kvgen_error *err) {
-    kvgen_model *m = ctx;
-    return m->ops->kv_page_commit(m, page, err);
+/* the commit callbacks of the groups' pools */
+static kvgen_status commit_group(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
+    return m->ops->kv_page_commit(m, group, page, err);
+}
+static kvgen_status commit_page0(void *ctx, int32_t page, kvgen_error *err) { return commit_group(ctx, 0, page, err); }
+static kvgen_status commit_page1(void *ctx, int32_t page, kvgen_error *err) { return commit_group(ctx, 1, page, err); }
+static const kvg_page_commit_fn commit_fns[KVG_KV_GROUPS] = {commit_page0, commit_page1};
+
+/* The layer groups of m->kv: with a window on some layers and a backend that keeps groups,
+ * group 0 holds the global layers, group 1 the local ones (window n_swa); else one group. */
+static kvgen_status layout_init(kvgen_model *m, bool split, kvgen_error *err) {
+    kvg_kv_layout *kv = &m->kv;
+    int L = m->w.hp.n_layer;
+    memset(kv, 0, sizeof *kv);
+    int *a = kvg_calloc((size_t)(L > 0 ? L : 1) * 4, sizeof *a);
+    if (!a) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_model_load: out of memory for the KV layout");
+    kv->group = a;
+    kv->slot = a + L;
+    for (int l = 0; l < L; l++) kv->group[l] = split && m->w.layers[l].swa ? 1 : 0;
+    kv->n_groups = 1;
+    for (int l = 0; l < L; l++)
+        if (kv->group[l] == 1) kv->n_groups = 2;
+    if (kv->n_groups == 2) kv->window[1] = m->w.hp.n_swa;
+    kv->layers[0] = a + 2 * L;
+    kv->layers[1] = a + 3 * L;
+    for (int l = 0; l < L; l++) {
+        int g = kv->group[l];
+        kv->slot[l] = kv->n_layers[g];
+        kv->layers[g][kv->n_layers[g]++] = l;
+    }
+    return KVGEN_OK;
+}
+
+void kvg_model_pools_free(kvgen_model *m) {
+    for (int g = 0; g < KVG_KV_GROUPS; g++) {
+        kvg_pool_destroy(m->pools[g]);
+        m->pools[g] = NULL;
+    }
+    kvg_free(m->kv.group);
+    memset(&m->kv, 0, sizeof m->kv);
+}
+
+size_t kvg_model_group_bytes_per_token(const kvgen_model *m, int group) {
+    int L = m->w.hp.n_layer;
+    return L > 0 ? m->ops->cache_bytes_per_token(m) / (size_t)L * (size_t)m->kv.n_layers[group] : 0;
 }
 
 /* Page size default, by measurement (docs/architecture.md, "KV cache and sessions"): 32 keeps
@@ -293,6 +335,9 @@ kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, k
     if (!ops->kv_default_pool_bytes || !ops->kv_pages_init || !ops->kv_page_commit || !ops->kv_copy ||
         !ops->kv_read || !ops->kv_write)
         return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_model_load: backend %s lacks the KV page operations", ops->name);
+    /* the page count is sized as if every layer shared a page; each group's pool gets that many
+     * pages of its own layers, so the byte budget is the same and a session past the window of
+     * the local layers fits many more tokens */
     size_t per_page = (size_t)P * ops->cache_bytes_per_token(m);
     size_t n_pages;
     if (desc->kv_pool_bytes) {
@@ -310,7 +355,25 @@ kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, k
     if (n_pages > KVG_MAX_PAGES)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: a KV pool of %zu pages is more than %d",
                         n_pages, KVG_MAX_PAGES);
-    kvgen_status st = ops->kv_pages_init(m, P, (int32_t)n_pages, err);
-    if (st == KVGEN_OK) st = kvg_pool_create(P, (int32_t)n_pages, per_page, commit_page, m, &m->pool, err);
+    /* a backend that cannot lay the split pool out (a Vulkan device binding too few bytes for
+     * both groups' slabs) keeps one group: every layer in every page, as without windows */
+    kvgen_status st = KVGEN_E_UNSUPPORTED;
+    for (int attempt = 0; attempt < 2 && st == KVGEN_E_UNSUPPORTED; attempt++) {
+        bool split = attempt == 0 && ops->kv_groups && m->w.hp.n_swa > 0;
+        if (attempt == 1 && !(ops->kv_groups && m->w.hp.n_swa > 0)) break;
+        kvgen_error e = {0};
+        kvg_model_pools_free(m);
+        st = layout_init(m, split, &e);
+        for (int g = 0; st == KVGEN_OK && g < m->kv.n_groups; g++) {
+            st = ops->kv_pages_init(m, g, P, (int32_t)n_pages, &e);
+            if (st == KVGEN_OK)
+                st = kvg_pool_create(P, (int32_t)n_pages, (size_t)P * kvg_model_group_bytes_per_token(m, g),
+                                     commit_fns[g], m, &m->pools[g], &e);
+        }
+        if (st == KVGEN_E_UNSUPPORTED && split && m->kv.n_groups > 1)
+            kvg_log(KVGEN_LOG_INFO, "%s; sliding-window layers keep their pages with the others", e.message);
+        else if (st != KVGEN_OK && err)
+            *err = e;
+    }
     return st;
 }

@@ -13,7 +13,9 @@
 #include <string.h>
 #include "kvg_session.h"
 
-static size_t page_size(const kvgen_session *s) { return (size_t)kvg_pool_page_size(s->model->pool); }
+static size_t page_size(const kvgen_session *s) { return (size_t)kvg_pool_page_size(s->model->pools[0]); }
+static kvg_pool *pool_of(const kvgen_session *s, int g) { return s->model->pools[g]; }
+static size_t window_of(const kvgen_session *s, int g) { return (size_t)s->model->kv.window[g]; }
 static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page_size(s) - 1) / page_size(s); }
 
 /* ---- busy sessions (jobs: worker.c keeps jobs_active) ------------------------------------- */
@@ -40,72 +42,125 @@ void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
     if (!m) return;
     info->bytes_per_token = m->ops->cache_bytes_per_token(m);
     info->sessions = (size_t)__atomic_load_n(&m->n_sessions, __ATOMIC_RELAXED);
-    if (!m->pool) return;
-    kvg_pool_stats st;
-    kvg_pool_get_stats(m->pool, &st);
-    info->page_size = (size_t)kvg_pool_page_size(m->pool);
-    info->bytes_per_page = kvg_pool_bytes_per_page(m->pool);
-    info->pages_total = (size_t)st.total;
-    info->pages_used = (size_t)st.used;
-    info->pages_free = (size_t)st.free;
-    info->pages_cached = (size_t)st.cached;
-    info->bytes_total = info->pages_total * info->bytes_per_page;
-    info->bytes_used = info->pages_used * info->bytes_per_page;
-    info->bytes_committed = (size_t)st.committed * info->bytes_per_page;
+    if (!m->pools[0]) return;
+    /* the pages_* of the global layers' pool; bytes_* over every group's pool */
+    for (int g = 0; g < m->kv.n_groups; g++) {
+        kvg_pool_stats st;
+        kvg_pool_get_stats(m->pools[g], &st);
+        size_t bpp = kvg_pool_bytes_per_page(m->pools[g]);
+        if (g == 0) {
+            info->page_size = (size_t)kvg_pool_page_size(m->pools[g]);
+            info->bytes_per_page = bpp;
+            info->pages_total = (size_t)st.total;
+            info->pages_used = (size_t)st.used;
+            info->pages_free = (size_t)st.free;
+            info->pages_cached = (size_t)st.cached;
+        } else {
+            info->window = (size_t)m->kv.window[g];
+            info->window_bytes_per_page = bpp;
+            info->window_pages_used = (size_t)st.used;
+            info->window_pages_cached = (size_t)st.cached;
+        }
+        info->bytes_total += (size_t)st.total * bpp;
+        info->bytes_used += (size_t)st.used * bpp;
+        info->bytes_committed += (size_t)st.committed * bpp;
+    }
 }
 
 /* ---- page table ------------------------------------------------------------------------------ */
 
-/* Releases the pages at table entries [keep, n_pages). */
+/* Releases the pages at table entries [keep, n_pages) of every group. */
 static void drop_pages(kvgen_session *s, size_t keep) {
     while (s->n_pages > keep) {
         s->n_pages--;
-        kvg_pool_release(s->model->pool, s->pages[s->n_pages]);
-        s->pages[s->n_pages] = -1;
+        for (int g = 0; g < s->n_groups; g++) {
+            kvg_pool_release(pool_of(s, g), s->pages[g][s->n_pages]); /* -1 (released) is a no-op */
+            s->pages[g][s->n_pages] = -1;
+        }
+    }
+    for (int g = 0; g < s->n_groups; g++)
+        if (s->lo[g] > s->n_pages) s->lo[g] = s->n_pages;
+}
+
+/* Releases the pages of groups with a window that no query from position n_tokens on can see:
+ * a query at q sees [q - window + 1, q], so page i goes once (i + 1) * P <= n_tokens + 1 - window. */
+static void trim_windows(kvgen_session *s) {
+    size_t P = page_size(s);
+    for (int g = 0; g < s->n_groups; g++) {
+        size_t w = window_of(s, g);
+        if (w == 0 || s->n_tokens + 1 <= w) continue;
+        size_t limit = (s->n_tokens + 1 - w) / P;
+        if (limit > s->n_pages) limit = s->n_pages;
+        for (; s->lo[g] < limit; s->lo[g]++) {
+            kvg_pool_release(pool_of(s, g), s->pages[g][s->lo[g]]);
+            s->pages[g][s->lo[g]] = -1;
+        }
     }
 }
 
-/* Copies the first n slots of page `from` into a fresh page. */
-static kvgen_status copy_page(kvgen_session *s, int32_t from, size_t n, int32_t *to, kvgen_error *err) {
+/* Whether every group still holds what a query at position q sees (positions [0, q) of a
+ * group without a window, the last `window` below q of one with). */
+static bool sees_back_to(const kvgen_session *s, size_t q) {
+    size_t P = page_size(s);
+    for (int g = 0; g < s->n_groups; g++) {
+        size_t w = window_of(s, g), from = w > 0 && q + 1 > w ? q + 1 - w : 0;
+        if (from / P < s->lo[g]) return false;
+    }
+    return true;
+}
+
+/* Copies the first n slots of group g's page `from` into a fresh page. */
+static kvgen_status copy_page(kvgen_session *s, int g, int32_t from, size_t n, int32_t *to, kvgen_error *err) {
     kvgen_model *m = s->model;
-    kvgen_status st = kvg_pool_alloc(m->pool, to, err);
-    if (st == KVGEN_OK && n > 0) st = m->ops->kv_copy(m, &from, 0, to, 0, (int)n, 0, err);
+    kvgen_status st = kvg_pool_alloc(pool_of(s, g), to, err);
+    if (st == KVGEN_OK && n > 0) st = m->ops->kv_copy(m, g, &from, 0, to, 0, (int)n, 0, err);
     if (st != KVGEN_OK && *to >= 0) {
-        kvg_pool_release(m->pool, *to);
+        kvg_pool_release(pool_of(s, g), *to);
         *to = -1;
     }
     return st;
 }
 
-/* Makes table entry i writable: in place when the session holds the page alone, else
- * (copy-on-write) replaced by a copy of its slots below `valid`. */
-static kvgen_status own_page(kvgen_session *s, size_t i, size_t valid, kvgen_error *err) {
-    int32_t page = s->pages[i];
-    if (kvg_pool_claim(s->model->pool, page)) return KVGEN_OK;
+/* Makes entry i of group g's table writable: in place when the session holds the page alone,
+ * else (copy-on-write) replaced by a copy of its slots below `valid`; a released entry gets a
+ * fresh page (what it held is out of every window). */
+static kvgen_status own_page(kvgen_session *s, int g, size_t i, size_t valid, kvgen_error *err) {
+    int32_t page = s->pages[g][i];
+    if (page < 0) {
+        kvgen_status st = kvg_pool_alloc(pool_of(s, g), &s->pages[g][i], err);
+        if (st == KVGEN_OK && i < s->lo[g]) s->lo[g] = i;
+        return st;
+    }
+    if (kvg_pool_claim(pool_of(s, g), page)) return KVGEN_OK;
     size_t P = page_size(s), first = i * P;
     size_t n = valid > first ? (valid - first < P ? valid - first : P) : 0;
     int32_t copy;
-    kvgen_status st = copy_page(s, page, n, &copy, err);
+    kvgen_status st = copy_page(s, g, page, n, &copy, err);
     if (st != KVGEN_OK) return st;
-    kvg_pool_release(s->model->pool, page);
-    s->pages[i] = copy;
+    kvg_pool_release(pool_of(s, g), page);
+    s->pages[g][i] = copy;
     return KVGEN_OK;
 }
 
-/* Gives the session writable pages for positions [pos0, end); positions below n_tokens keep
- * their K/V. On failure the table is back to what it held for n_tokens. */
+/* Gives the session writable pages in every group for positions [pos0, end); positions below
+ * n_tokens keep their K/V. On failure the tables are back to what they held for n_tokens
+ * (less pages out of a window). */
 static kvgen_status reserve(kvgen_session *s, size_t pos0, size_t end, kvgen_error *err) {
     size_t P = page_size(s), held = s->n_pages;
     kvgen_status st = KVGEN_OK;
     for (size_t i = pos0 / P; st == KVGEN_OK && i < (end + P - 1) / P; i++) {
         if (i < s->n_pages) {
-            st = own_page(s, i, s->n_tokens, err);
+            for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++) st = own_page(s, g, i, s->n_tokens, err);
         } else {
-            st = kvg_pool_alloc(s->model->pool, &s->pages[i], err);
-            if (st == KVGEN_OK) s->n_pages = i + 1;
+            for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++)
+                st = kvg_pool_alloc(pool_of(s, g), &s->pages[g][i], err);
+            s->n_pages = i + 1; /* drop_pages releases what this entry got */
         }
     }
-    if (st != KVGEN_OK) drop_pages(s, held);
+    if (st != KVGEN_OK) {
+        drop_pages(s, held);
+        trim_windows(s);
+    }
     return st;
 }
 
@@ -113,15 +168,23 @@ static uint64_t parent_hash(const kvgen_session *s, size_t page) {
     return page == 0 ? KVG_PAGE_HASH_ROOT : s->page_hash[page - 1];
 }
 
-/* Keys the pages that became full in [from, n_tokens) and offers them to other sessions. */
+/* Keys the pages that became full in [from, n_tokens) and offers them (each group's that is
+ * held) to other sessions. */
 static void publish_full_pages(kvgen_session *s, size_t from) {
     size_t P = page_size(s);
     for (size_t i = from / P; (i + 1) * P <= s->n_tokens; i++) {
         if ((i + 1) * P > s->clean_len) break;
         s->page_hash[i] = kvg_page_hash(parent_hash(s, i), s->tokens + i * P, (int)P);
-        if (s->prefix_reuse) kvg_pool_publish(s->model->pool, s->pages[i], s->page_hash[i], parent_hash(s, i),
-                                              s->tokens + i * P);
+        for (int g = 0; s->prefix_reuse && g < s->n_groups; g++)
+            if (s->pages[g][i] >= 0)
+                kvg_pool_publish(pool_of(s, g), s->pages[g][i], s->page_hash[i], parent_hash(s, i), s->tokens + i * P);
     }
+}
+
+/* After the session's tokens grew to n_tokens: full pages offered, pages out of every window released. */
+static void settle(kvgen_session *s, size_t from) {
+    publish_full_pages(s, from);
+    trim_windows(s);
 }
 
 /* ---- create / close ---------------------------------------------------------------------------- */
@@ -152,12 +215,12 @@ static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_des
 }
 
 static void session_free(kvgen_session *s) {
-    if (s->pages) drop_pages(s, 0);
+    drop_pages(s, 0);
     if (s->bs) s->model->ops->session_free(s->model, s->bs);
     kvg_sampler_free(&s->sampler);
     kvg_free(s->tokens);
     kvg_free(s->logits);
-    kvg_free(s->pages);
+    for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_free(s->pages[g]);
     kvg_free(s->page_hash);
     kvg_free(s);
 }
@@ -186,11 +249,16 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     kvgen_status st = KVGEN_OK;
     if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     if (st == KVGEN_OK) {
-        size_t n = ((size_t)n_ctx + (size_t)kvg_pool_page_size(model->pool) - 1) / (size_t)kvg_pool_page_size(model->pool);
-        s->pages = kvg_malloc(n * sizeof *s->pages);
+        size_t P = (size_t)kvg_pool_page_size(model->pools[0]), n = ((size_t)n_ctx + P - 1) / P;
+        s->n_groups = model->kv.n_groups;
+        bool ok = true;
+        for (int g = 0; g < s->n_groups; g++) {
+            s->pages[g] = kvg_malloc(n * sizeof *s->pages[g]);
+            ok = ok && s->pages[g];
+            for (size_t i = 0; s->pages[g] && i < n; i++) s->pages[g][i] = -1;
+        }
         s->page_hash = kvg_calloc(n, sizeof *s->page_hash);
-        if (!s->pages || !s->page_hash) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-        for (size_t i = 0; s->pages && i < n; i++) s->pages[i] = -1;
+        if (!ok || !s->page_hash) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     }
     if (st == KVGEN_OK) {
         if (sampler_from) {
@@ -249,7 +317,8 @@ static kvg_batch_out last_out(const kvgen_session *s, int *select_k) {
 /* One sequence of n tokens at pos0 through the session's page table. */
 static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, size_t pos0, kvg_batch_out out,
                             float *logits, kvgen_error *err) {
-    kvg_batch_seq q = {.bs = s->bs, .pages = s->pages, .tokens = tokens, .n = (int)n, .pos0 = (int)pos0,
+    kvg_batch_seq q = {.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = tokens, .n = (int)n,
+                       .pos0 = (int)pos0,
                        .out = out, .logits = logits};
     if (out == KVG_OUT_KEEP || out == KVG_OUT_LAST) q.out = last_out(s, &q.select_k);
     if (q.out == KVG_OUT_LAST) q.logits = s->logits;
@@ -270,18 +339,67 @@ kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err) {
     return st;
 }
 
+/* Makes the session hold exactly the K/V a fresh prefill of tokens[0, n) computes, with the
+ * last token's logits: a new session runs them (prefix reuse on, so published pages are taken
+ * back), then its tables, tokens and logits replace the session's. The fallback where pages a
+ * window needs were released; on failure the session is as it was. */
+static kvgen_status refill(kvgen_session *s, const int32_t *tokens, size_t n, kvgen_error *err) {
+    kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = KVGEN_ON_FULL_ERROR,
+                            .no_prefix_reuse = !s->prefix_reuse};
+    kvgen_session *c;
+    kvgen_status st = kvg_session_new(s->model, &d, &s->sampler, &c, err);
+    if (st != KVGEN_OK) return st;
+    c->full_logits = true; /* the logits come back to the host: they move to s */
+    if (n > 0) st = kvgen_session_prefill(c, tokens, n, NULL, err);
+    if (st == KVGEN_OK && n > 0) st = kvg_session_host_logits(c, err);
+    if (st == KVGEN_OK) {
+#define SWAP(a, b, T) do { T t_ = (a); (a) = (b); (b) = t_; } while (0)
+        for (int g = 0; g < KVG_KV_GROUPS; g++) {
+            SWAP(s->pages[g], c->pages[g], int32_t *);
+            SWAP(s->lo[g], c->lo[g], size_t);
+        }
+        SWAP(s->n_pages, c->n_pages, size_t);
+        SWAP(s->page_hash, c->page_hash, uint64_t *);
+        SWAP(s->tokens, c->tokens, int32_t *);
+        SWAP(s->logits, c->logits, float *);
+#undef SWAP
+        s->n_tokens = n;
+        c->n_tokens = 0;
+        s->has_logits = n > 0;
+        s->logits_on_device = false;
+        s->clean_len = KVG_CLEAN_ALL;
+        s->tokens_reused += c->tokens_reused;
+    }
+    kvgen_session_close(c); /* with the session's old pages, when they were swapped */
+    return st;
+}
+
 /* Context shift: keeps tokens [0, keep), drops `drop` tokens after them and moves the rest
- * down, re-rotating their keys by -drop positions: the K/V move, nothing runs. */
+ * down, re-rotating their keys by -drop positions: the K/V move, nothing runs. With a window
+ * group the kept tokens run again instead (refill): the moved tokens' window would reach into
+ * released pages. */
 static kvgen_status shift(kvgen_session *s, size_t keep, size_t drop, kvgen_error *err) {
     kvgen_model *m = s->model;
     size_t len = s->n_tokens, moved = len - keep - drop;
     kvgen_status st = KVGEN_OK;
     size_t P = page_size(s);
+    if (s->n_groups > 1) {
+        int32_t *kept = kvg_malloc((keep + moved + 1) * sizeof *kept);
+        if (!kept) return kvg_fail(err, KVGEN_E_NO_MEMORY, "context shift: out of memory for %zu tokens", keep + moved);
+        memcpy(kept, s->tokens, keep * sizeof *kept);
+        memcpy(kept + keep, s->tokens + keep + drop, moved * sizeof *kept);
+        st = refill(s, kept, keep + moved, err); /* fresh K/V: clean */
+        kvg_free(kept);
+        if (st != KVGEN_OK) return st;
+        s->shifts++;
+        return st;
+    }
     /* the slots [keep, keep + moved) are overwritten: own their pages first */
     for (size_t i = keep / P; moved > 0 && st == KVGEN_OK && i <= (keep + moved - 1) / P; i++)
-        st = own_page(s, i, len, err);
+        st = own_page(s, 0, i, len, err);
     if (st == KVGEN_OK && moved > 0)
-        st = m->ops->kv_copy(m, s->pages, (int)(keep + drop), s->pages, (int)keep, (int)moved, -(int)drop, err);
+        st = m->ops->kv_copy(m, 0, s->pages[0], (int)(keep + drop), s->pages[0], (int)keep, (int)moved, -(int)drop,
+                             err);
     if (st != KVGEN_OK) return st;
     memmove(s->tokens + keep, s->tokens + keep + drop, moved * sizeof *s->tokens);
     s->n_tokens = keep + moved;
@@ -305,8 +423,21 @@ static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
     return shift(s, keep, drop, err);
 }
 
-/* Appends tokens: with the cache, only the new ones run (at positions length..); in no_cache
- * mode the whole sequence runs again from position 0, as a model without past_key_values would. */
+static kvgen_status prefill_run(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
+                                kvgen_error *err);
+
+/* With a window group, a long append runs in pieces of the window (rounded up to whole pages,
+ * at least 4 pages: each piece's last page runs even when the prefix cache has it) so the pages
+ * it releases are back in the pool before the next piece takes new ones: the peak stays the
+ * window plus a piece, not the whole append. 0: one piece. */
+static size_t prefill_piece(const kvgen_session *s) {
+    size_t P = page_size(s), piece = 0;
+    for (int g = 0; g < s->n_groups; g++)
+        if (window_of(s, g) > 0) piece = (window_of(s, g) + P - 1) / P * P;
+    if (piece > 0 && piece < 4 * P) piece = 4 * P;
+    return s->no_cache ? 0 : piece;
+}
+
 kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
                                    kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
@@ -314,6 +445,33 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     if (busy != KVGEN_OK) return busy;
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
+    size_t piece = prefill_piece(s);
+    if (piece == 0 || n <= piece) return prefill_run(s, tokens, n, all_logits, err);
+    for (size_t i = 0; i < n; i++) /* all checked before any piece runs */
+        if (tokens[i] < 0 || tokens[i] >= s->model->w.hp.n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], s->model->w.hp.n_vocab);
+    size_t len0 = s->n_tokens, shifts0 = s->shifts, V = (size_t)s->model->w.hp.n_vocab;
+    kvgen_status st = KVGEN_OK;
+    for (size_t done = 0; done < n && st == KVGEN_OK;) {
+        size_t c = n - done < piece ? n - done : piece;
+        st = prefill_run(s, tokens + done, c, all_logits ? all_logits + done * V : NULL, err);
+        done += c;
+    }
+    /* a failed piece leaves the session as it was: the earlier pieces are rewound (unless a
+     * context shift moved what was there) */
+    if (st != KVGEN_OK && s->shifts == shifts0 && s->n_tokens > len0) {
+        kvgen_error ignored = {0};
+        kvgen_session_rewind(s, s->n_tokens - len0, &ignored);
+    }
+    return st;
+}
+
+/* Appends tokens (one piece): with the cache, only the new ones run (at positions length..); in
+ * no_cache mode the whole sequence runs again from position 0, as a model without
+ * past_key_values would. */
+static kvgen_status prefill_run(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,
+                                kvgen_error *err) {
     kvgen_model *m = s->model;
     int n_vocab = m->w.hp.n_vocab;
     for (size_t i = 0; i < n; i++)
@@ -335,9 +493,17 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
         while ((len + done) % P == 0 && n - done > P) {
             size_t i = (len + done) / P;
             uint64_t parent = parent_hash(s, i), h = kvg_page_hash(parent, tokens + done, (int)P);
-            int32_t page = kvg_pool_lookup(m->pool, h, parent, tokens + done);
-            if (page < 0) break;
-            s->pages[i] = page;
+            int32_t page[KVG_KV_GROUPS];
+            bool all = true; /* every group's page, or none */
+            for (int g = 0; g < s->n_groups; g++) {
+                page[g] = all ? kvg_pool_lookup(m->pools[g], h, parent, tokens + done) : -1;
+                all = all && page[g] >= 0;
+            }
+            if (!all) {
+                for (int g = 0; g < s->n_groups; g++) kvg_pool_release(m->pools[g], page[g]);
+                break;
+            }
+            for (int g = 0; g < s->n_groups; g++) s->pages[g][i] = page[g];
             s->page_hash[i] = h;
             s->n_pages = i + 1;
             done += P;
@@ -377,7 +543,7 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     s->n_tokens = len + n;
     s->has_logits = true;
     s->tokens_reused += reused;
-    publish_full_pages(s, len + done);
+    settle(s, len + done);
     return KVGEN_OK;
 }
 
@@ -424,7 +590,8 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *t
             status[i] = decode_prepare(s, tokens[i], &held[nq], e);
             if (status[i] != KVGEN_OK) continue;
             kvg_batch_seq *q = &seq[nq];
-            *q = (kvg_batch_seq){.bs = s->bs, .pages = s->pages, .tokens = &s->tokens[s->n_tokens], .n = 1,
+            *q = (kvg_batch_seq){.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = &s->tokens[s->n_tokens],
+                                 .n = 1,
                                  .pos0 = (int)s->n_tokens};
             q->out = host_logits ? KVG_OUT_LAST : last_out(s, &q->select_k);
             if (q->out == KVG_OUT_LAST) q->logits = s->logits;
@@ -446,7 +613,7 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *t
             s->n_tokens++;
             s->has_logits = true;
             s->logits_on_device = seq[a].out == KVG_OUT_KEEP;
-            publish_full_pages(s, s->n_tokens - 1);
+            settle(s, s->n_tokens - 1);
         }
         for (int i = done; i < done + k; i++)
             if (status[i] != KVGEN_OK && all == KVGEN_OK) all = status[i];
@@ -491,6 +658,7 @@ const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->toke
 void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
     drop_pages(s, 0);
+    for (int g = 0; g < KVG_KV_GROUPS; g++) s->lo[g] = 0;
     s->n_tokens = 0;
     s->has_logits = false;
     s->logits_on_device = false;
@@ -511,6 +679,11 @@ kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) 
                         s->n_tokens);
     if (n == 0) return KVGEN_OK;
     size_t len = s->n_tokens - n;
+    if (len > 0 && !sees_back_to(s, len - 1)) {
+        /* the window of the new last token reaches into released pages: run the kept tokens
+         * again (published pages are taken back through the prefix cache) */
+        return refill(s, s->tokens, len, err);
+    }
     if (len <= s->clean_len) s->clean_len = KVG_CLEAN_ALL; /* what is left was computed fresh */
     s->has_logits = false;
     s->logits_on_device = false;
@@ -553,14 +726,19 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     {
         size_t P = page_size(s), full = len / P;
         for (size_t i = 0; i < full; i++) {
-            kvg_pool_retain(m->pool, s->pages[i]);
-            c->pages[i] = s->pages[i];
+            for (int g = 0; g < s->n_groups; g++)
+                if (s->pages[g][i] >= 0) {
+                    kvg_pool_retain(m->pools[g], s->pages[g][i]);
+                    c->pages[g][i] = s->pages[g][i];
+                }
             c->page_hash[i] = s->page_hash[i];
             c->n_pages = i + 1;
         }
+        for (int g = 0; g < s->n_groups; g++) c->lo[g] = s->lo[g];
         if (len % P) {
-            st = copy_page(s, s->pages[full], len % P, &c->pages[full], err);
-            if (st == KVGEN_OK) c->n_pages = full + 1;
+            c->n_pages = full + 1;
+            for (int g = 0; st == KVGEN_OK && g < s->n_groups; g++)
+                st = copy_page(s, g, s->pages[g][full], len % P, &c->pages[g][full], err);
         }
     }
     c->full_logits = s->full_logits;
@@ -585,16 +763,39 @@ kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t
     if (n > (size_t)s->n_ctx - len)
         return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "context full (%zu/%d): cannot load %zu tokens", len, s->n_ctx, n);
     memcpy(s->tokens + len, tokens, n * sizeof *tokens);
-    kvgen_status st = KVGEN_OK;
-    {
-        st = reserve(s, len, len + n, err);
-        size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim;
-        for (int l = 0; st == KVGEN_OK && l < hp->n_layer; l++)
-            for (int which = 0; st == KVGEN_OK && which < 2; which++)
-                st = m->ops->kv_write(m, s->pages, l, which, (int)len, (int)n, kv + ((size_t)l * 2 + which) * per, err);
-    }
+    size_t held = s->n_pages, P = page_size(s);
+    kvgen_status st = reserve(s, len, len + n, err);
     if (st != KVGEN_OK) return st;
+    /* pages out of a window go before anything is written: they are never read, nor offered */
     s->n_tokens = len + n;
+    trim_windows(s);
+    size_t hd = (size_t)hp->head_dim, per = (size_t)hp->n_head_kv * n * hd;
+    float *part = NULL;
+    for (int l = 0; st == KVGEN_OK && l < hp->n_layer; l++) {
+        int g = m->kv.group[l];
+        size_t from = s->lo[g] * P > len ? s->lo[g] * P - len : 0; /* of the n: the first one held */
+        if (from >= n) continue;
+        size_t cnt = n - from;
+        if (from > 0 && !part) {
+            part = kvg_malloc((size_t)hp->n_head_kv * cnt * hd * sizeof *part);
+            if (!part) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "session restore: out of memory for %zu positions", cnt);
+        }
+        for (int which = 0; st == KVGEN_OK && which < 2; which++) {
+            const float *src = kv + ((size_t)l * 2 + which) * per;
+            if (from > 0) { /* the held positions of each head, packed (kv_write's layout) */
+                for (int h = 0; h < hp->n_head_kv; h++)
+                    memcpy(part + (size_t)h * cnt * hd, src + ((size_t)h * n + from) * hd, cnt * hd * sizeof *part);
+                src = part;
+            }
+            st = m->ops->kv_write(m, s->pages[g], l, which, (int)(len + from), (int)cnt, src, err);
+        }
+    }
+    kvg_free(part);
+    if (st != KVGEN_OK) {
+        s->n_tokens = len;
+        drop_pages(s, held);
+        return st;
+    }
     s->logits_on_device = false; /* the caller writes s->logits (restore) */
     publish_full_pages(s, len);
     return KVGEN_OK;
@@ -619,8 +820,13 @@ void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
     info->page_size = page_size(s);
     info->pages = s->n_pages;
     for (size_t i = 0; i < s->n_pages; i++)
-        if (kvg_pool_refcount(s->model->pool, s->pages[i]) > 1) info->pages_shared++;
-    info->bytes_held = s->n_pages * kvg_pool_bytes_per_page(s->model->pool);
+        if (kvg_pool_refcount(pool_of(s, 0), s->pages[0][i]) > 1) info->pages_shared++;
+    info->bytes_held = s->n_pages * kvg_pool_bytes_per_page(pool_of(s, 0));
+    for (int g = 1; g < s->n_groups; g++) { /* the window group: its held entries */
+        info->window = window_of(s, g);
+        info->window_pages = s->n_pages - s->lo[g];
+        info->bytes_held += info->window_pages * kvg_pool_bytes_per_page(pool_of(s, g));
+    }
 }
 
 kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int which, float *out, size_t n_floats,
@@ -642,7 +848,20 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
                         n_floats, need, hp->n_head_kv, s->n_tokens, hp->head_dim);
     if (need == 0) return KVGEN_OK;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: out is NULL");
-    return s->model->ops->kv_read(s->model, s->pages, layer, which, 0, (int)s->n_tokens, out, err);
+    /* a window layer's released positions read as zeros */
+    int g = s->model->kv.group[layer];
+    size_t from = s->lo[g] * page_size(s), hd = (size_t)hp->head_dim, n = s->n_tokens;
+    if (from == 0) return s->model->ops->kv_read(s->model, s->pages[g], layer, which, 0, (int)n, out, err);
+    memset(out, 0, need * sizeof *out);
+    if (from >= n) return KVGEN_OK;
+    float *part = kvg_malloc((size_t)hp->n_head_kv * (n - from) * hd * sizeof *part);
+    if (!part) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_read_cache: out of memory");
+    kvgen_status st =
+        s->model->ops->kv_read(s->model, s->pages[g], layer, which, (int)from, (int)(n - from), part, err);
+    for (int h = 0; st == KVGEN_OK && h < hp->n_head_kv; h++)
+        memcpy(out + ((size_t)h * n + from) * hd, part + (size_t)h * (n - from) * hd, (n - from) * hd * sizeof *out);
+    kvg_free(part);
+    return st;
 }
 
 /* private accessors for generate.c / chat.c (kvg_sampler.h) */

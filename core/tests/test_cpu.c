@@ -168,9 +168,12 @@ static void test_pages(void) {
     const int P = 4, n_pages = 8;
     kvgen_error err = {0};
     kvg_cpu_pages pg;
-    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, P, 0, "test pages", &err) != KVGEN_OK);
+    /* one group of both layers */
+    int group[2] = {0, 0}, slot[2] = {0, 1}, layers[2] = {0, 1};
+    kvg_kv_layout kv = {.n_groups = 1, .n_layers = {2, 0}, .group = group, .slot = slot, .layers = {layers, NULL}};
+    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, 0, "test pages", &err) != KVGEN_OK);
     kvg_cpu_pages_free(&pg);
-    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, P, n_pages, "test pages", &err) == KVGEN_OK);
+    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, n_pages, "test pages", &err) == KVGEN_OK);
     CHECK(kvg_cpu_pages_commit(&pg, -1, &err) == KVGEN_E_INTERNAL && strstr(err.message, "test pages"));
     CHECK(kvg_cpu_pages_commit(&pg, n_pages, &err) == KVGEN_E_INTERNAL);
     for (int32_t i = 0; i < n_pages; i++) CHECK(kvg_cpu_pages_commit(&pg, i, &err) == KVGEN_OK);

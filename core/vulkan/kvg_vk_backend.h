@@ -108,6 +108,16 @@ typedef struct vk_model {
     uint32_t pps, nslab, page_elems;
     size_t page_bytes;
     kvg_vk_buffer slabs[KVG_VK_KV_SLABS]; /* written under ctx->lock */
+    /* Layer groups (kvg_model.h; kv_groups 0 or 1: one group, the above). With two, the global
+     * layers' pages are device pages [0, n_pages) in slabs [0, nslab0) as above, and the local
+     * layers' pool page q is device page kv_base1 + q (slabs nslab0.., whole slabs of pps pages
+     * of page_elems1 elements: [Lw][K,V][Hkv][P][hd]); a layer is at its slot in its group's
+     * page, and the local table sits at entry s->tab1 of a session's page-table buffer. */
+    int kv_groups;
+    const int *kv_group, *kv_slot; /* per layer (the model's layout); NULL: group 0, slot = layer */
+    uint32_t nslab0, page_elems1;
+    int32_t kv_base1;
+    size_t page_bytes1;
     unsigned kv_gen;                       /* atomic */
     /* kv_copy: host-visible tables + rope cos/sin, its descriptor set and command buffer */
     kvg_vk_buffer ops;
@@ -132,7 +142,9 @@ typedef struct vk_model {
 
 struct kvg_backend_session {
     int n_ctx;
-    kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step) */
+    kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step); with two layer
+                             groups the local one follows at entry tab1 */
+    uint32_t tab1;
     unsigned kv_gen;      /* the model's kv_gen when the descriptor sets were written */
     /* the model's tables for >= n_ctx positions, per RoPE variant: (pos, n_rot/2) cos, sin */
     const kvg_vk_buffer *rope[VK_ROPE_VARIANTS];
@@ -208,24 +220,29 @@ kvgen_status kvg_vk_upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer
 
 /* the KV layout constants of shaders/kv.glsl */
 void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]);
-/* push-constant fields of the paged layout for one layer */
-void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v);
+/* push-constant fields of the paged layout for one layer of session s (NULL: no table yet) */
+void kvg_vk_kv_pc(const vk_model *vm, const kvg_backend_session *s, int layer, uint32_t *kv_layer, uint32_t *kv_page,
+                  uint32_t *kv_v, uint32_t *pt_base);
+/* the layer group of a layer, and the device page of group g's pool page q (-1 stays -1) */
+int kvg_vk_kv_group(const vk_model *vm, int layer);
+int32_t kvg_vk_kv_device_page(const vk_model *vm, int g, int32_t q);
 /* binds the KV storage of a layer: the pool's slabs and the session's page table */
 void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, kvg_vk_binding b[KVG_VK_BINDINGS]);
-/* every entry names a page of the pool that has storage */
-kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err);
+/* every entry of group g's table names a page of its pool that has storage; the local group's
+ * released entries (-1: below its window, never read) are skipped */
+kvgen_status kvg_vk_check_pages(const vk_model *vm, int g, const int32_t *pages, size_t n_entries, kvgen_error *err);
 /* the pool's layout and kv_copy's resources; the pipelines are created after it (vk_backend.c) */
 kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err);
 /* kvg_backend_ops entries */
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m);
 size_t kvg_vk_default_pool_bytes(const kvgen_model *m);
-kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err);
+kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err);
 kvgen_status kvg_vk_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                             float *out, kvgen_error *err);
 kvgen_status kvg_vk_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                              const float *in, kvgen_error *err);
-kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
-                            int dst_pos, int n, int rope_delta, kvgen_error *err);
+kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                            const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
 
 /* ---- vk_walk.c: the step walker ---- */
 

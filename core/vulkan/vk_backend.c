@@ -479,10 +479,11 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     kvgen_status st = KVGEN_OK;
     s->saved = malloc((size_t)hp->n_vocab * sizeof *s->saved);
     if (!s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    /* one table per layer group, the local one (if any) after the global one */
+    size_t entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * (batch ? BATCH_MAX : 1);
+    s->tab1 = (uint32_t)entries;
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * 4 *
-                                           (batch ? BATCH_MAX : 1),
-                                  KVG_VK_MEM_HOST, &s->ptab, err);
+        st = kvg_vk_buffer_create(ctx, entries * 4 * (vm->kv_groups > 1 ? 2 : 1), KVG_VK_MEM_HOST, &s->ptab, err);
     if (st == KVGEN_OK && !s->ptab.map)
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
@@ -606,7 +607,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
 static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i, kvgen_error *err) {
     const int V = vm->hp.n_vocab;
     const kvg_backend_session *s = q->bs;
-    if (!s || !q->pages || !q->tokens)
+    if (!s || !q->pages[0] || (vm->kv_groups > 1 && !q->pages[1]) || !q->tokens)
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch sequence %d lacks its session, page table or tokens", i);
     if (q->n <= 0 || q->pos0 < 0 || q->n > s->n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", q->n,
@@ -621,7 +622,15 @@ static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i,
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d: id %d is outside the vocabulary [0, %d)",
                             t, (int)q->tokens[t], V);
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
-    return kvg_vk_check_pages(vm, q->pages, n_entries, err);
+    kvgen_status st = KVGEN_OK;
+    for (int g = 0; st == KVGEN_OK && g < (vm->kv_groups > 1 ? 2 : 1); g++)
+        st = kvg_vk_check_pages(vm, g, q->pages[g], n_entries, err);
+    return st;
+}
+
+/* the local layers' table entries as device pages (kvg_vk_kv_device_page), at tab */
+static void put_local_table(const vk_model *vm, int32_t *tab, const int32_t *pages, size_t n_entries) {
+    for (size_t i = 0; i < n_entries; i++) tab[i] = kvg_vk_kv_device_page(vm, 1, pages[i]);
 }
 
 /* One sequence through its own session's steps. */
@@ -630,7 +639,8 @@ static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *e
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
     kvg_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
-    memcpy(s->ptab.map, q->pages, n_entries * sizeof *q->pages);
+    memcpy(s->ptab.map, q->pages[0], n_entries * sizeof *q->pages[0]);
+    if (vm->kv_groups > 1) put_local_table(vm, (int32_t *)s->ptab.map + s->tab1, q->pages[1], n_entries);
     kvgen_status st = kvg_vk_refresh_sets(vm, s, err);
     if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, err);
     kvg_mutex_unlock(&vm->ctx->lock);
@@ -666,7 +676,9 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     params[1] = BATCH_AT;
     for (int i = 0; i < n; i++) {
         uint32_t base = (uint32_t)i * vm->bat_entries;
-        memcpy(tab + base, q[i]->pages, ((size_t)q[i]->pos0 / (size_t)vm->page_size + 1) * sizeof *tab);
+        size_t entries = (size_t)q[i]->pos0 / (size_t)vm->page_size + 1;
+        memcpy(tab + base, q[i]->pages[0], entries * sizeof *tab);
+        if (vm->kv_groups > 1) put_local_table(vm, tab + b->tab1 + base, q[i]->pages[1], entries);
         params[4 + i] = (uint32_t)q[i]->tokens[0];
         params[4 + BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
         params[4 + BATCH_AT + 2 * i + 1] = base;
@@ -782,9 +794,15 @@ static kvgen_status pipeline_progress(void *user, int n_pipes, kvgen_error *err)
 
 /* The pool's layout (vk_kv.c), then every pipeline a step over it uses and kv_copy's (the
  * load's KVGEN_LOAD_PIPELINES stage: one report per pipeline built, the count unknown until the
- * end). */
-static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pages, kvgen_error *err) {
+ * end). The layout of every layer group is made with group 0's call (both pools have n_pages
+ * pages). */
+static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     vk_model *vm = m->backend;
+    if (group != 0)
+        return page_size == vm->page_size && n_pages == vm->n_pages && group < vm->kv_groups
+                   ? KVGEN_OK
+                   : kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_pages_init: layer group %d of %d pages of %d (the "
+                              "layout has %d of %d)", group, (int)n_pages, page_size, (int)vm->n_pages, vm->page_size);
     kvg_vk_ctx *ctx = vm->ctx;
     kvgen_status st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
     ctx->on_pipeline = pipeline_progress;
@@ -810,6 +828,7 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int page_size, int32_t n_pa
 
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
+    .kv_groups = true,
     /* every feature of the architecture table, as data of the one step walk: Q and the attention
      * output have their own stride (ld_q), so heads x head_dim may differ from n_embd; biases in
      * the QKV epilogue (binding 6); Q/K head norms by rms_norm.comp after a raw QKV epilogue;

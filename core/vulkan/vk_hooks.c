@@ -242,7 +242,7 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     int32_t *tab = malloc((size_t)n_pages * sizeof *tab);
     void *fill = malloc(vm.page_bytes);
     kvgen_status st = tab && fill ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
-    if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, err);
+    if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, 0, err);
     /* every slot NaN first: one the kernel reads but should not (another page, a slot past the
      * session's positions) spoils its output */
     if (st == KVGEN_OK) {

@@ -30,13 +30,31 @@ void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
     spec[KVG_SPEC_NSLAB] = vm->nslab;
 }
 
-/* push-constant fields of the paged layout for one layer */
-void kvg_vk_kv_pc(const vk_model *vm, int layer, uint32_t *kv_layer, uint32_t *kv_page, uint32_t *kv_v) {
+int kvg_vk_kv_group(const vk_model *vm, int layer) { return vm->kv_group ? vm->kv_group[layer] : 0; }
+
+static int kv_slot(const vk_model *vm, int layer) { return vm->kv_slot ? vm->kv_slot[layer] : layer; }
+static uint32_t kv_elems(const vk_model *vm, int g) { return g ? vm->page_elems1 : vm->page_elems; }
+static size_t kv_bytes(const vk_model *vm, int g) { return g ? vm->page_bytes1 : vm->page_bytes; }
+
+int32_t kvg_vk_kv_device_page(const vk_model *vm, int g, int32_t q) { return g && q >= 0 ? vm->kv_base1 + q : q; }
+
+/* whether device page d of group g has storage */
+static bool page_ok(const vk_model *vm, int g, int32_t d) {
+    int32_t base = g ? vm->kv_base1 : 0;
+    return d >= base && d < base + vm->n_pages && vm->slabs[(uint32_t)d / vm->pps].buf;
+}
+
+/* push-constant fields of the paged layout for one layer: its offset in its group's page, the
+ * group's page size and the first entry of its table in the session's table buffer */
+void kvg_vk_kv_pc(const vk_model *vm, const kvg_backend_session *s, int layer, uint32_t *kv_layer, uint32_t *kv_page,
+                  uint32_t *kv_v, uint32_t *pt_base) {
     const kvg_hparams *hp = &vm->hp;
     uint32_t v = (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim);
+    int g = kvg_vk_kv_group(vm, layer);
     *kv_v = v;
-    *kv_layer = (uint32_t)layer * 2u * v;
-    *kv_page = vm->page_elems;
+    *kv_layer = (uint32_t)kv_slot(vm, layer) * 2u * v;
+    *kv_page = kv_elems(vm, g);
+    *pt_base = g && s ? s->tab1 : 0u;
 }
 
 /* binds the KV storage of a layer: the pool's slabs (those created so far; the others stay the
@@ -56,11 +74,13 @@ size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {
 
 /* ---- the paged KV pool ---- */
 
-kvgen_status kvg_vk_check_pages(const vk_model *vm, const int32_t *pages, size_t n_entries, kvgen_error *err) {
-    for (size_t i = 0; i < n_entries; i++)
-        if (pages[i] < 0 || pages[i] >= vm->n_pages || !vm->slabs[(uint32_t)pages[i] / vm->pps].buf)
-            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table entry %zu names page %d, which has no storage",
-                            i, (int)pages[i]);
+kvgen_status kvg_vk_check_pages(const vk_model *vm, int g, const int32_t *pages, size_t n_entries, kvgen_error *err) {
+    for (size_t i = 0; i < n_entries; i++) {
+        if (g && pages[i] < 0) continue; /* released below the window */
+        if (pages[i] < 0 || pages[i] >= vm->n_pages || !page_ok(vm, g, kvg_vk_kv_device_page(vm, g, pages[i])))
+            return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page table %d entry %zu names page %d, which has no "
+                            "storage", g, i, (int)pages[i]);
+    }
     return KVGEN_OK;
 }
 
@@ -85,23 +105,31 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     const kvg_hparams *hp = &vm->hp;
-    uint64_t elems = (uint64_t)hp->n_layer * 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * (uint64_t)hp->head_dim;
+    /* the layer groups: the global layers' pages as before, the local ones' in slabs of their own */
+    int G = m->kv.n_groups > 1 ? 2 : 1;
+    uint64_t per_layer = 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * (uint64_t)hp->head_dim;
+    uint64_t elems = per_layer * (uint64_t)(G > 1 ? m->kv.n_layers[0] : hp->n_layer);
+    uint64_t elems1 = G > 1 ? per_layer * (uint64_t)m->kv.n_layers[1] : 0;
+    if (elems == 0) elems = 2; /* a group without layers: pages of one unused element pair */
+    uint64_t big = elems > elems1 ? elems : elems1;
     size_t elem = ctx->kv_f16 ? 2 : 4, limit = kvg_vk_max_part_bytes(ctx);
-    uint64_t per_slab = limit / (elems * elem);
+    uint64_t per_slab = limit / (big * elem);
     if (per_slab == 0)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: one KV page of %d tokens (%llu bytes) exceeds the device's "
                         "storage buffer range (%zu bytes); use a smaller kv_page_size", page_size,
                         (unsigned long long)(elems * elem), limit);
-    if ((uint64_t)n_pages > per_slab * KVG_VK_KV_SLABS)
+    uint64_t slabs_per_group = KVG_VK_KV_SLABS / (uint64_t)G;
+    if ((uint64_t)n_pages > per_slab * slabs_per_group)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: a KV pool of %d pages (%llu bytes) exceeds what the device "
                         "can bind: %d buffers of %zu bytes (maxStorageBufferRange); use a smaller kv_pool_bytes",
-                        (int)n_pages, (unsigned long long)((uint64_t)n_pages * elems * elem), KVG_VK_KV_SLABS, limit);
+                        (int)n_pages, (unsigned long long)((uint64_t)n_pages * (elems + elems1) * elem),
+                        (int)slabs_per_group, limit);
     /* As few slabs as the range allows: with one, the shaders' slab switch compiles away (on
      * lavapipe, 8 slabs cost 20-30% of decode at depth 2048). KVGEN_VK_LAZY_SLABS=1 spreads the
      * pool over 8 slabs instead, so memory is taken an eighth of the pool at a time. */
     uint64_t pps = per_slab;
     if (getenv("KVGEN_VK_LAZY_SLABS") && atoi(getenv("KVGEN_VK_LAZY_SLABS")) > 0) {
-        pps = ((uint64_t)n_pages + KVG_VK_KV_SLABS - 1) / KVG_VK_KV_SLABS;
+        pps = ((uint64_t)n_pages + slabs_per_group - 1) / slabs_per_group;
         if (pps > per_slab) pps = per_slab;
     }
     vm->page_size = page_size;
@@ -110,6 +138,20 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     vm->page_bytes = (size_t)(elems * elem);
     vm->pps = (uint32_t)pps;
     vm->nslab = (uint32_t)(((uint64_t)n_pages + pps - 1) / pps);
+    vm->kv_groups = G;
+    vm->nslab0 = vm->nslab;
+    vm->kv_group = vm->kv_slot = NULL;
+    vm->page_elems1 = 0;
+    vm->page_bytes1 = 0;
+    vm->kv_base1 = 0;
+    if (G > 1) {
+        vm->kv_group = m->kv.group;
+        vm->kv_slot = m->kv.slot;
+        vm->page_elems1 = (uint32_t)elems1;
+        vm->page_bytes1 = (size_t)(elems1 * elem);
+        vm->kv_base1 = (int32_t)(vm->nslab0 * pps);
+        vm->nslab = 2 * vm->nslab0;
+    }
     kvgen_status st = kvg_vk_buffer_create(ctx, (2 * KV_OPS_PAGES + (size_t)hp->n_layer * (size_t)hp->n_rot + 4) * 4,
                                            KVG_VK_MEM_HOST, &vm->ops, err);
     if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
@@ -123,20 +165,23 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     return st;
 }
 
-kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *err) {
+kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
-    if (page < 0 || page >= vm->n_pages)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d outside the pool of %d", (int)page, (int)vm->n_pages);
-    uint32_t j = (uint32_t)page / vm->pps;
+    if (page < 0 || page >= vm->n_pages || group < 0 || group >= (vm->kv_groups > 1 ? 2 : 1))
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d of layer group %d outside the pool of %d", (int)page,
+                        group, (int)vm->n_pages);
+    /* slab j of the group, holding its pages from first on */
+    uint32_t j = (uint32_t)kvg_vk_kv_device_page(vm, group, page) / vm->pps;
     if (vm->slabs[j].buf) return KVGEN_OK;
-    uint32_t pages = (uint32_t)vm->n_pages - j * vm->pps < vm->pps ? (uint32_t)vm->n_pages - j * vm->pps : vm->pps;
+    uint32_t first = (j - (group ? vm->nslab0 : 0)) * vm->pps;
+    uint32_t pages = (uint32_t)vm->n_pages - first < vm->pps ? (uint32_t)vm->n_pages - first : vm->pps;
+    size_t bytes = (size_t)pages * kv_bytes(vm, group);
     kvg_vk_buffer b;
-    kvgen_status st = kvg_vk_buffer_create(ctx, (size_t)pages * vm->page_bytes, KVG_VK_MEM_UPLOAD, &b, err);
+    kvgen_status st = kvg_vk_buffer_create(ctx, bytes, KVG_VK_MEM_UPLOAD, &b, err);
     if (st != KVGEN_OK)
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u (%zu bytes): %s",
-                        j * vm->pps, j * vm->pps + pages - 1, (size_t)pages * vm->page_bytes,
-                        err ? err->message : "");
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u of layer group %d (%zu "
+                        "bytes): %s", first, first + pages - 1, group, bytes, err ? err->message : "");
     kvg_mutex_lock(&ctx->lock);
     vm->slabs[j] = b;
     __atomic_add_fetch(&vm->kv_gen, 1, __ATOMIC_RELEASE);
@@ -147,13 +192,16 @@ kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int32_t page, kvgen_error *er
 /* byte offset of (layer, which) of `page` inside its slab, after checking the page */
 static kvgen_status page_region(const vk_model *vm, int32_t page, int layer, int which, const kvg_vk_buffer **slab,
                                 size_t *off, kvgen_error *err) {
-    if (page < 0 || page >= vm->n_pages || !vm->slabs[(uint32_t)page / vm->pps].buf)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d has no storage", (int)page);
+    int g = kvg_vk_kv_group(vm, layer);
+    int32_t d = kvg_vk_kv_device_page(vm, g, page);
+    if (page < 0 || page >= vm->n_pages || !page_ok(vm, g, d))
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d of layer group %d has no storage", (int)page, g);
     const kvg_hparams *hp = &vm->hp;
     size_t v = (size_t)hp->n_head_kv * (size_t)vm->page_size * (size_t)hp->head_dim;
     size_t elem = vm->ctx->kv_f16 ? 2 : 4;
-    *slab = &vm->slabs[(uint32_t)page / vm->pps];
-    *off = ((size_t)((uint32_t)page % vm->pps) * vm->page_elems + ((size_t)layer * 2 + (size_t)which) * v) * elem;
+    *slab = &vm->slabs[(uint32_t)d / vm->pps];
+    *off = ((size_t)((uint32_t)d % vm->pps) * kv_elems(vm, g) + ((size_t)kv_slot(vm, layer) * 2 + (size_t)which) * v) *
+           elem;
     return KVGEN_OK;
 }
 
@@ -235,14 +283,19 @@ kvgen_status kvg_vk_kv_write(kvgen_model *m, const int32_t *pages, int layer, in
 /* kv_copy.comp over [src_pos, +n) -> [dst_pos, +n). A move towards the start of one table that
  * overlaps itself runs in rounds of (src_pos - dst_pos) positions, one submission each, so no
  * dispatch reads a slot that it also writes. */
-kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_pos, const int32_t *dst_pages,
-                            int dst_pos, int n, int rope_delta, kvgen_error *err) {
+kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                            const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
     const kvg_hparams *hp = &vm->hp;
-    if (vm->page_size <= 0 || src_pos < 0 || dst_pos < 0 || n < 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: kv_copy [%d, +%d) -> %d out of range", src_pos, n,
-                        dst_pos);
+    if (vm->page_size <= 0 || src_pos < 0 || dst_pos < 0 || n < 0 || group < 0 || group >= (vm->kv_groups > 1 ? 2 : 1))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: kv_copy [%d, +%d) -> %d of layer group %d out of range",
+                        src_pos, n, dst_pos, group);
+    /* with layer groups the sessions move K/V only as plain copies (a shift runs again instead):
+     * the RoPE tables below are per model layer, a group's pages per slot */
+    if (vm->kv_groups > 1 && rope_delta != 0)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy re-rotating by %d positions with layer groups",
+                        rope_delta);
     if (n == 0) return KVGEN_OK;
     int P = vm->page_size;
     int piece_max = (KV_OPS_PAGES - 1) * P;
@@ -281,25 +334,28 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, const int32_t *src_pages, int src_po
         int c = n - done < piece_max ? n - done : piece_max;
         int s0 = src_pos + done, d0 = dst_pos + done;
         int ns = (s0 + c - 1) / P - s0 / P + 1, nd = (d0 + c - 1) / P - d0 / P + 1;
-        memcpy(ops, src_pages + s0 / P, (size_t)ns * sizeof *ops);
-        memcpy(ops + KV_OPS_PAGES, dst_pages + d0 / P, (size_t)nd * sizeof *ops);
-        for (int i = 0; i < ns; i++)
-            if (ops[i] < 0 || ops[i] >= vm->n_pages || !vm->slabs[(uint32_t)ops[i] / vm->pps].buf)
-                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy from page %d, which has no storage", (int)ops[i]);
-        for (int i = 0; i < nd; i++)
-            if (ops[KV_OPS_PAGES + i] < 0 || ops[KV_OPS_PAGES + i] >= vm->n_pages ||
-                !vm->slabs[(uint32_t)ops[KV_OPS_PAGES + i] / vm->pps].buf)
-                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy to page %d, which has no storage",
-                              (int)ops[KV_OPS_PAGES + i]);
+        for (int i = 0; i < ns; i++) {
+            int32_t q = src_pages[s0 / P + i];
+            ops[i] = kvg_vk_kv_device_page(vm, group, q);
+            if (q < 0 || q >= vm->n_pages || !page_ok(vm, group, ops[i]))
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy from page %d, which has no storage", (int)q);
+        }
+        for (int i = 0; i < nd; i++) {
+            int32_t q = dst_pages[d0 / P + i];
+            ops[KV_OPS_PAGES + i] = kvg_vk_kv_device_page(vm, group, q);
+            if (q < 0 || q >= vm->n_pages || !page_ok(vm, group, ops[KV_OPS_PAGES + i]))
+                st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_copy to page %d, which has no storage", (int)q);
+        }
+        int n_layer = vm->kv_groups > 1 ? m->kv.n_layers[group] : hp->n_layer;
         pc_kv_copy pc = {.n = (uint32_t)c,
                          .hd = (uint32_t)hp->head_dim,
-                         .n_layer = (uint32_t)hp->n_layer,
+                         .n_layer = (uint32_t)n_layer,
                          .n_kv = (uint32_t)hp->n_head_kv,
                          .src_tab = 0,
                          .dst_tab = KV_OPS_PAGES,
                          .src_pos = (uint32_t)(s0 % P),
                          .dst_pos = (uint32_t)(d0 % P),
-                         .kv_page = vm->page_elems,
+                         .kv_page = kv_elems(vm, group),
                          .kv_v = (uint32_t)(hp->n_head_kv * P * hp->head_dim),
                          .n_rot = (uint32_t)hp->n_rot,
                          .cs_off = 2 * KV_OPS_PAGES,

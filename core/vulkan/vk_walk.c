@@ -134,7 +134,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                              .o_off = 0,
                              .flags = a->flags | (a->bias ? EPI_F_BIAS : 0u),
                              .cap = a->cap};
-            if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+            if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, w->s, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
             uint32_t gx, gy = 1;
             if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
                 uint32_t per_wg = vm->lane_rows * vm->mv_wg;
@@ -247,7 +247,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .scale = 1.0f / sqrtf((float)hp->head_dim),
                   .window = vm->layers ? vm->layers[layer].window : 0,
                   .softcap = vm->attn_softcap};
-    kvg_vk_kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+    kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
     VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, attn, split ? spec_split : spec_direct);
     VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
     if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
@@ -309,7 +309,7 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
                   .n_head = (uint32_t)hp->n_head,
                   .n_rot = (uint32_t)hp->n_rot,
                   .flags = L->qk_flags};
-    if (heads) kvg_vk_kv_pc(vm, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v);
+    if (heads) kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
     uint32_t gx = heads ? (uint32_t)(hp->n_head + hp->n_head_kv) : 1;
     kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, w->n, 1);
     kvg_vk_cmd_barrier(w->cb);
