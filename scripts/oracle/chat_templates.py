@@ -8,12 +8,20 @@ templates of other families written out below, and small templates that exercise
 
     python3 scripts/oracle/chat_templates.py > core/tests/fixtures/chat_templates.txt
 
+With transformers (and gguf, sentencepiece, protobuf) importable, the cases of the templates that
+belong to the repository's model files also get the token ids Hugging Face's tokenizer, loaded
+from the GGUF file itself, gives for the rendered text (special tokens parsed, no BOS added:
+what apply_chat_template(tokenize=True) prefills). Not for conversations whose content spells
+control tokens ("inject"): kvgen never parses content for them, Hugging Face does.
+
 Output records (lengths in bytes, payload on the following line):
     template NAME LEN          then the template source
     case NAME TEMPLATE AGP N   then N messages and the expectation:
     bos LEN / eos LEN          the special tokens' text
     msg ROLE LEN               a message's content
     expect LEN | expect error  the rendered text, or a template error (raise_exception, bad syntax)
+    ids FILE LEN               (after expect, for the model files' templates) Hugging Face's token
+                               ids of the rendered text, space-separated, for models/FILE
 """
 import json
 import os
@@ -208,6 +216,15 @@ QWEN3 = """{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
+# The model file whose tokenizer gives a template's token ids: the files' own templates, and the
+# published Gemma 3 template for the Gemma 3 file (which has none of its own).
+TOKEN_FILES = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "qwen25_coder": "qwen2.5-coder-0.5b-instruct.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+}
+NO_IDS = {"inject"}  # content spelling control tokens: kvgen keeps it text, Hugging Face parses it
+
 # One feature each (rendered by jinja2 like the rest).
 FEATURES = {
     "feat_loop": "{% for m in messages %}{{ loop.index }}/{{ loop.length }} {{ loop.index0 }} {{ loop.first }} "
@@ -308,6 +325,26 @@ def gguf_template(path):
     return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8")
 
 
+def hf_tokenizers():
+    """Hugging Face tokenizers for the model files present, loaded from the GGUF files."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        print(f"transformers not importable ({e}): no token ids", file=sys.stderr)
+        return {}
+    # Reading a GGUF file's metadata (return_tensors=False) needs no torch, but the loader
+    # asks for it before it looks; the tensors are never read here.
+    gguf_utils.is_torch_available = lambda: True
+    toks = {}
+    for file in sorted(set(TOKEN_FILES.values())):
+        if not os.path.exists(os.path.join(ROOT, "models", file)):
+            print(f"{file}: absent (no token ids)", file=sys.stderr)
+            continue
+        toks[file] = AutoTokenizer.from_pretrained(os.path.join(ROOT, "models"), gguf_file=file)
+    return toks
+
+
 def record(out, head, payload):
     b = payload.encode("utf-8")
     out.write(f"{head} {len(b)}\n".encode())
@@ -329,6 +366,7 @@ def main():
     templates.update(FEATURES)
     templates.update(BAD)
     e = env()
+    toks = hf_tokenizers()
     out = sys.stdout.buffer
     for name, src in templates.items():
         record(out, f"template {name}", src)
@@ -354,6 +392,10 @@ def main():
                     text = tpl.render(messages=[{"role": r, "content": c} for r, c in msgs],
                                       add_generation_prompt=agp, bos_token=bos, eos_token=eos)
                     record(out, "expect", text)
+                    file = TOKEN_FILES.get(name)
+                    if file in toks and cname not in NO_IDS:
+                        ids = toks[file](text, add_special_tokens=False)["input_ids"]
+                        record(out, f"ids {file}", " ".join(str(i) for i in ids))
                 except jinja2.TemplateError:
                     out.write(b"expect error\n")
 
