@@ -341,8 +341,60 @@ def hf_tokenizers():
         if not os.path.exists(os.path.join(ROOT, "models", file)):
             print(f"{file}: absent (no token ids)", file=sys.stderr)
             continue
-        toks[file] = AutoTokenizer.from_pretrained(os.path.join(ROOT, "models"), gguf_file=file)
+        tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "models"), gguf_file=file)
+        repair(tok, os.path.join(ROOT, "models", file))
+        toks[file] = tok
     return toks
+
+
+def repair(tok, path):
+    """Where transformers' GGUF loader builds a tokenizer that is not the model's published one,
+    rebuild that part the way the published tokenizer.json has it (from the GGUF's own data):
+    - SmolLM2 (tokenizer.ggml.pre "smollm"): the published pre-tokenizer splits digits one by one
+      before the byte-level regex; the loader leaves the digit split out ("</think>\n\n4" then
+      gives "\n" "\n" instead of "\n\n").
+    - Gemma (SentencePiece BPE): the loader builds a Unigram model over the scores (it skips the
+      merges); the published tokenizer is BPE with the merges SentencePiece's scores give, made
+      here as transformers' own SentencePiece converter makes them (generate_merges)."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    r = GGUFReader(path)
+
+    def field(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    backend = tok.backend_tokenizer
+    if field("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact"):
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    if field("tokenizer.ggml.model") == "llama" and str(field("general.architecture")).startswith("gemma"):
+        tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
+        pieces = []
+        for t in tokens:  # as the loader's vocabulary (GGUFGemmaConverter.vocab)
+            if t == "<0x09>":
+                t = "\t"
+            elif " " in t and len(t.strip()) == 0:
+                t = "\u2581" * len(t)
+            pieces.append(t)
+        vocab = {}
+        for i, t in enumerate(pieces):
+            vocab.setdefault(t, i)
+        merges = generate_merges(vocab, list(zip(pieces, scores)))
+        unk = field("tokenizer.ggml.unknown_token_id")
+        backend.model = models.BPE(vocab, merges, unk_token=pieces[unk] if unk is not None else None,
+                                   fuse_unk=True, byte_fallback=True, dropout=None)
+        # BPE never merges up to <start_of_turn> and the like (Unigram reached them as pieces):
+        # as in the published tokenizer, control tokens (type 3) are added special tokens and
+        # user-defined ones (type 4) added tokens, matched before the model runs
+        types = field("tokenizer.ggml.token_type")
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                    for i in range(len(tokens)) if types[i] == 3])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                            for i in range(len(tokens)) if types[i] == 4])
 
 
 def record(out, head, payload):
