@@ -1959,6 +1959,7 @@ static void read_schema(const opt_ctx *c, const opt_spec *o, int vi, void *field
 #define GO(field) .off = offsetof(gen_opts, field)
 static const opt_spec gen_specs[] = {
     {.key = "max_tokens", .type = OPT_INT, GO(gd.max_tokens), .lo = -1, .hi = INT_MAX},
+    {.key = "soft_max_tokens", .type = OPT_INT, GO(gd.soft_max_tokens), .lo = 0, .hi = INT_MAX},
     {.key = "ignore_eog", .type = OPT_BOOL, GO(gd.ignore_eog)},
     {.key = "special", .type = OPT_FLAG, GO(gd.flags), .flag = KVGEN_TOKENIZE_SPECIAL},
     {.key = "stop", .type = OPT_CUSTOM, GO(gd), .read = read_stop},

@@ -147,6 +147,9 @@ describe("generation (random model)", function()
       assert.matches("unknown option 'max'", error_of(s.generate, s, "x", { max = 3 }))
       assert.matches("option 'max_tokens': %-2 is out of range", error_of(s.generate, s, "x", { max_tokens = -2 }))
       assert.matches("option 'max_tokens': integer expected", error_of(s.generate, s, "x", { max_tokens = "3" }))
+      assert.matches("option 'soft_max_tokens': %-1 is out of range", error_of(s.generate, s, "x", { soft_max_tokens = -1 }))
+      assert.matches("soft_max_tokens 4 with a constraint",
+        error_of(s.generate, s, "x", { soft_max_tokens = 4, choices = { "a", "b" } }))
       assert.matches("option 'stop': string or list of strings expected, got number", error_of(s.generate, s, "x", { stop = 1 }))
       assert.matches("option 'stop': stop strings must not be empty", error_of(s.generate, s, "x", { stop = "" }))
       assert.matches("stop%[2%]: non%-empty string expected, got number", error_of(s.generate, s, "x", { stop = { "a", 2 } }))
@@ -507,6 +510,50 @@ describe("generation (default model) #model", function()
     local text, finish = s:generate("Count: 1, 2, 3, 4,", { max_tokens = 32, stop = "7" })
     assert.are.equal("stop_string", finish)
     assert.matches("^ 5, 6, $", text)
+  end)
+
+  it("soft_max_tokens ends a long reply where a sentence ends: chat, stream and a job agree", function()
+    local story = "Tell me a long story about a brave knight who fights a dragon."
+    local s <close> = m:session()
+    local whole = s:chat(story, { max_tokens = 160 })
+    local t <close> = m:session()
+    local reply, finish = t:chat(story, { max_tokens = 160, soft_max_tokens = 16 })
+    assert.are.equal("sentence", finish)
+    assert.is_true(#reply < #whole)
+    assert.are.equal(whole:sub(1, #reply), reply, "greedy: the whole reply, cut")
+    assert.matches("[%.!?][\"')]*$", reply)
+    assert.matches("^%s", whole:sub(#reply + 1), "the next sentence begins after it")
+    -- a stream gives the same pieces; the session holds exactly the reply's tokens
+    local u <close> = m:session()
+    local st = u:chat_stream(story, { max_tokens = 160, soft_max_tokens = 16 })
+    local pieces = {}
+    for piece in st do pieces[#pieces + 1] = piece end
+    assert.are.equal(reply, table.concat(pieces))
+    assert.are.equal("sentence", st.finish)
+    assert.are.equal(t.length, u.length)
+    local ids = u:tokens()
+    assert.are.equal(reply, m:detokenize({ table.unpack(ids, #ids - st.n_tokens + 1) }))
+    -- a job on the worker
+    local v <close> = m:session()
+    local job <close> = v:submit_chat(story, { max_tokens = 160, soft_max_tokens = 16 })
+    local deadline = os.time() + 300
+    local text = {}
+    while true do
+      local piece, done, jfinish = job:poll()
+      text[#text + 1] = piece
+      if done then
+        assert.are.equal("sentence", jfinish)
+        break
+      end
+      assert(os.time() < deadline, "the job did not finish")
+    end
+    assert.are.equal(reply, table.concat(text))
+    assert.are.equal(t.length, v.length)
+    -- the hard limit still comes first
+    local w <close> = m:session()
+    local cut, hard = w:chat(story, { max_tokens = 8, soft_max_tokens = 4 })
+    assert.are.equal("length", hard)
+    assert.are.equal(whole:sub(1, #cut), cut)
   end)
 
   it("choose prefers the sensible answer", function()

@@ -23,6 +23,13 @@ int kvg_tokenizer_add_bos(const kvg_tokenizer *t);
 /* Same contract as kvgen_tokenize / kvgen_token_piece / kvgen_token_is_eog in kvgen.h. */
 kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *out,
                           size_t cap, size_t *n_tokens, kvgen_error *err);
+/* kvg_tokenize of a whole rendered chat, where content[i] = 1 marks bytes of message content:
+ * with KVGEN_TOKENIZE_SPECIAL control tokens are matched only over unmarked bytes (template
+ * text), and the text between them is tokenized as one piece, template and content together,
+ * as a tokenizer given the whole string does. content NULL: kvg_tokenize. */
+kvgen_status kvg_tokenize_marked(const kvg_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                 const unsigned char *content, int32_t *out, size_t cap, size_t *n_tokens,
+                                 kvgen_error *err);
 size_t kvg_token_piece(const kvg_tokenizer *t, int32_t token, unsigned flags, char *buf, size_t size);
 int kvg_token_is_eog(const kvg_tokenizer *t, int32_t token);
 int kvg_token_is_control(const kvg_tokenizer *t, int32_t token);

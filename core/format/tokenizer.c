@@ -908,9 +908,16 @@ typedef struct frag { size_t off, len; int32_t token; } frag; /* token -1: raw t
  * a longer token wins wherever it occurs), the way llama.cpp partitions its input. User-defined
  * tokens (runs of spaces or newlines, tool tags: added tokens the vocabulary marks TT_USER) are
  * always matched, as Hugging Face's added tokens are; control and unknown tokens only with
- * `control` (KVGEN_TOKENIZE_SPECIAL), so text from a player can never produce one. */
-static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, size_t len, bool control, frag **out,
-                                      size_t *n_out) {
+ * `control` (KVGEN_TOKENIZE_SPECIAL), so text from a player can never produce one, and never
+ * over a byte that `content` (NULL: none) flags. */
+static bool any_flag(const unsigned char *flags, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (flags[i]) return true;
+    return false;
+}
+
+static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, size_t len, bool control,
+                                      const unsigned char *content, frag **out, size_t *n_out) {
     size_t n = 1, cap = 16;
     frag *f = kvg_malloc(cap * sizeof *f);
     if (!f) return KVGEN_E_NO_MEMORY;
@@ -920,13 +927,15 @@ static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, 
         if (!control && t->type[id] != TT_USER) continue;
         const char *st = tok_text(t, id);
         size_t sl = t->text_len[id];
+        bool guarded = content && t->type[id] != TT_USER;
         for (size_t i = 0; i < n; i++) {
             if (f[i].token >= 0 || f[i].len < sl) continue;
             const char *base = text + f[i].off;
             size_t fl = f[i].len, pos = 0;
             const char *hit = NULL;
             for (; pos + sl <= fl; pos++) {
-                if (base[pos] == st[0] && memcmp(base + pos, st, sl) == 0) {
+                if (base[pos] == st[0] && memcmp(base + pos, st, sl) == 0 &&
+                    !(guarded && any_flag(content + f[i].off + pos, sl))) {
                     hit = base + pos;
                     break;
                 }
@@ -957,6 +966,12 @@ static kvgen_status partition_special(const kvg_tokenizer *t, const char *text, 
 
 kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t *out,
                           size_t cap, size_t *n_tokens, kvgen_error *err) {
+    return kvg_tokenize_marked(t, text, len, flags, NULL, out, cap, n_tokens, err);
+}
+
+kvgen_status kvg_tokenize_marked(const kvg_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                 const unsigned char *content, int32_t *out, size_t cap, size_t *n_tokens,
+                                 kvgen_error *err) {
     enc e = {0};
     e.t = t;
     e.out = out;
@@ -967,7 +982,7 @@ kvgen_status kvg_tokenize(const kvg_tokenizer *t, const char *text, size_t len, 
     frag one = {0, len, -1}, *frags = &one;
     size_t n_frags = len ? 1 : 0;
     if (len && ((flags & KVGEN_TOKENIZE_SPECIAL) ? t->n_special : t->n_user)) {
-        if (partition_special(t, text, len, (flags & KVGEN_TOKENIZE_SPECIAL) != 0, &frags, &n_frags) != KVGEN_OK)
+        if (partition_special(t, text, len, (flags & KVGEN_TOKENIZE_SPECIAL) != 0, content, &frags, &n_frags) != KVGEN_OK)
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "tokenizer: out of memory");
     }
     if (t->kind == KVGEN_TOKENIZER_BPE && n_frags) {

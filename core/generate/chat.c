@@ -8,8 +8,11 @@
  * template, and templates the interpreter rejects, use a built-in family (prefix/suffix
  * strings per role, appended turn by turn); so do the caller's prefix/suffix strings.
  *
- * Template text is tokenized with KVGEN_TOKENIZE_SPECIAL and message content without it, each
- * piece on its own: "<|im_end|>" typed by a player stays plain text, never a control token. */
+ * A Jinja rendering is tokenized as one text whose control tokens are matched only in template
+ * text: "<|im_end|>" typed by a player stays plain text, never a control token, and the rest
+ * tokenizes as the whole string does (the ids Hugging Face's apply_chat_template gives). The
+ * built-in families tokenize their strings with KVGEN_TOKENIZE_SPECIAL and content without it,
+ * each piece on its own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -468,6 +471,33 @@ static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text,
     }
 }
 
+/* A rendered conversation as one text: control tokens only where the template wrote them,
+ * everything between two of them (template text and content together) tokenized as one
+ * piece, the way a tokenizer given the whole string splits it, so the ids are the ones the
+ * model saw in training (Hugging Face's apply_chat_template), content never parsed. */
+static kvgen_status append_rendered(toks *t, const kvgen_model *m, const kvg_jinja_output *ro, kvgen_error *err) {
+    if (ro->len == 0) return KVGEN_OK;
+    for (;;) {
+        size_t room = t->cap - t->n, got = 0;
+        kvgen_error e2 = {0};
+        kvgen_status st = kvg_tokenize_marked(m->tok, ro->text, ro->len, KVGEN_TOKENIZE_SPECIAL, ro->user,
+                                              t->v ? t->v + t->n : NULL, room, &got, &e2);
+        if (st == KVGEN_OK) {
+            t->n += got;
+            return KVGEN_OK;
+        }
+        if (st != KVGEN_E_INVALID_ARGUMENT || got <= room) {
+            if (err) *err = e2;
+            return st;
+        }
+        size_t cap = t->n + got + 64;
+        int32_t *v = kvg_realloc(t->v, cap * sizeof *v);
+        if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory for %zu tokens", cap);
+        t->v = v;
+        t->cap = cap;
+    }
+}
+
 static int parse_role(const char *role) {
     if (!role) return ROLE_NONE;
     if (strcmp(role, "system") == 0) return ROLE_SYSTEM;
@@ -545,16 +575,8 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
         st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
         goto done;
     }
-    /* runs of template text and of content, each tokenized on its own */
-    for (size_t a = 0; a < ro.len && st == KVGEN_OK;) {
-        size_t b = a;
-        while (b < ro.len && ro.user[b] == ro.user[a]) b++;
-        char saved = ro.text[b];
-        ro.text[b] = 0;
-        st = append_text(&tk, m, ro.text + a, ro.user[a] ? 0 : KVGEN_TOKENIZE_SPECIAL, err);
-        ro.text[b] = saved;
-        a = b;
-    }
+    /* the whole rendering at once, control tokens matched in template text only */
+    st = append_rendered(&tk, m, &ro, err);
     if (st != KVGEN_OK) goto done;
     if (kvg_tokenizer_add_bos(m->tok)) {
         int32_t bos_id = kvg_tokenizer_bos(m->tok);

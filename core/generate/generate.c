@@ -1,6 +1,6 @@
 /* generate.c: step-wise generation with stop conditions (end-of-generation tokens, max_tokens,
- * stop strings across token boundaries, cancel, context full), constrained output, and the
- * public sampler settings calls.
+ * stop strings across token boundaries, cancel, context full, a sentence's end past
+ * soft_max_tokens), constrained output, and the public sampler settings calls.
  *
  * Every sampled token is decoded into the session before its step returns, so the session's
  * logits are ready for the next step and, whatever ends the generation, the cache holds
@@ -11,7 +11,9 @@
 #include "kvg_generate.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
+#include "kvg_sentence.h"
 #include "kvg_session.h"
+#include "kvg_spell.h"
 
 #define DEFAULT_MAX_TOKENS 256
 
@@ -26,6 +28,13 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
     if (d->flags & ~(unsigned)KVGEN_TOKENIZE_SPECIAL)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sflags 0x%x (only KVGEN_TOKENIZE_SPECIAL)", who, field,
                         d->flags);
+    if (d->soft_max_tokens < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %ssoft_max_tokens %d (0: off, or > 0)", who, field,
+                        d->soft_max_tokens);
+    if (d->soft_max_tokens > 0 && d->constraint)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "%s: %ssoft_max_tokens %d with a constraint (constrained text ends where it is complete)", who,
+                        field, d->soft_max_tokens);
     return KVGEN_OK;
 }
 
@@ -33,6 +42,8 @@ struct kvgen_gen {
     kvgen_session *s;
     const kvgen_model *m;
     int max_tokens; /* < 0: no limit */
+    int soft_max_tokens; /* > 0: past this many, end where a sentence ends */
+    const kvg_pieces *pieces; /* with soft_max_tokens: the next token's bytes decide */
     char **stop;
     size_t *stop_len;
     int n_stop;
@@ -60,6 +71,7 @@ const char *kvgen_finish_name(kvgen_finish f) {
     case KVGEN_FINISH_CONTEXT_FULL: return "context_full";
     case KVGEN_FINISH_ERROR: return "error";
     case KVGEN_FINISH_DEAD_END: return "dead_end";
+    case KVGEN_FINISH_SENTENCE: return "sentence";
     }
     return "unknown";
 }
@@ -123,6 +135,8 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     /* "no limit" means until the context is full, which a shifting session never is: there it
      * means at most one context's worth of tokens (finish "length") */
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
+    g->soft_max_tokens = d.soft_max_tokens;
+    if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_pieces_get(s, &g->pieces, err);
     if (st == KVGEN_OK && d.n_stop > 0) {
         g->stop = kvg_calloc((size_t)d.n_stop, sizeof *g->stop);
         g->stop_len = kvg_calloc((size_t)d.n_stop, sizeof *g->stop_len);
@@ -248,6 +262,27 @@ static kvgen_status oom(kvgen_gen *g, kvgen_error *err) {
     return kvg_fail(err, KVGEN_E_NO_MEMORY, "generate: out of memory");
 }
 
+/* Past soft_max_tokens, before `tok` (sampled, not decoded) goes in: does the text so far end a
+ * sentence, with tok's bytes as what follows? An end-of-generation token is left to end the
+ * reply itself; a character still incomplete in the detokenizer means the text goes on. */
+static bool sentence_ended(const kvgen_gen *g, int32_t tok) {
+    if (g->soft_max_tokens <= 0 || g->n_tokens < g->soft_max_tokens || g->detok.n_pending > 0) return false;
+    if (kvgen_token_is_eog(g->m, tok) && !g->ignore_eog) return false;
+    char tail[KVG_SENTENCE_TAIL];
+    size_t from_pending = g->pending.n < sizeof tail ? g->pending.n : sizeof tail;
+    size_t from_text = g->text.n < sizeof tail - from_pending ? g->text.n : sizeof tail - from_pending;
+    memcpy(tail, g->text.p + g->text.n - from_text, from_text);
+    memcpy(tail + from_text, g->pending.p + g->pending.n - from_pending, from_pending);
+    const kvg_pieces *p = g->pieces;
+    const char *next = "";
+    size_t next_n = 0;
+    if (tok < p->n) {
+        next = (const char *)p->bytes + p->off[tok];
+        next_n = p->off[tok + 1] - p->off[tok];
+    }
+    return kvg_sentence_ends(tail, from_text + from_pending, next, next_n);
+}
+
 /* Ends the generation: flushes an unfinished character and emits what was held back. */
 static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     char tail[8];
@@ -317,6 +352,11 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
         g->finish = KVGEN_FINISH_ERROR;
         fill_step(g, step, -1);
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "generate: every token is banned by the logit bias");
+    }
+    if (sentence_ended(g, tok)) { /* tok would begin the next sentence: it is not decoded */
+        st = finish(g, KVGEN_FINISH_SENTENCE, err);
+        fill_step(g, step, -1);
+        return st;
     }
     *token = tok;
     return KVGEN_OK;

@@ -528,11 +528,13 @@ typedef enum kvgen_finish {
     KVGEN_FINISH_CANCELLED,    /* kvgen_gen_cancel was called */
     KVGEN_FINISH_CONTEXT_FULL, /* the session's context is full */
     KVGEN_FINISH_ERROR,        /* a backend error; kvgen_gen_next returned it */
-    KVGEN_FINISH_DEAD_END      /* a constraint allows no token of the vocabulary here (the text
+    KVGEN_FINISH_DEAD_END,     /* a constraint allows no token of the vocabulary here (the text
                                   so far is a prefix it accepts, but cannot be completed) */
+    KVGEN_FINISH_SENTENCE      /* past soft_max_tokens, the text ended a sentence */
 } kvgen_finish;
 
-/* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error", "dead_end" */
+/* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error", "dead_end",
+ * "sentence" */
 KVGEN_API const char *kvgen_finish_name(kvgen_finish finish);
 
 /* Constrained output: generation may only produce text the constraint accepts; tokens that
@@ -599,6 +601,9 @@ typedef struct kvgen_generate_desc {
     int ignore_eog;             /* 1: do not stop at end-of-generation tokens */
     unsigned flags;             /* KVGEN_TOKENIZE_SPECIAL: include control tokens' text in the output */
     const kvgen_constraint *constraint; /* NULL: free text; copied at begin */
+    int soft_max_tokens;        /* > 0: once this many tokens are out, end (finish SENTENCE) where the
+                                   text ends a sentence; max_tokens stays the hard limit. 0: off.
+                                   Not with a constraint. See docs/generation.md, "Ending replies" */
 } kvgen_generate_desc;
 
 /* Step-wise generation. kvgen_gen_begin starts from the session's current logits (prefill a
@@ -607,7 +612,8 @@ typedef struct kvgen_generate_desc {
  * that might begin a stop string held back until decided. After any finish the session's
  * cache holds exactly the sampled tokens, the end-of-generation token included (so a next
  * chat turn continues the template correctly); a token refused for lack of context is not in
- * it. The session must outlive the generator and must not be used by other calls between
+ * it, nor is the token sampled after a sentence's end that a SENTENCE finish drops (its step
+ * has token -1). The session must outlive the generator and must not be used by other calls between
  * begin and end (reading its length/tokens is fine). */
 typedef struct kvgen_gen kvgen_gen;
 
@@ -746,7 +752,7 @@ typedef enum kvgen_job_state {
     KVGEN_JOB_QUEUED = 0,   /* waiting for the worker */
     KVGEN_JOB_PREFILLING,   /* its prompt is being prefilled, chunk by chunk */
     KVGEN_JOB_GENERATING,   /* producing tokens */
-    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full) */
+    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full, sentence) */
     KVGEN_JOB_CANCELLED,    /* kvgen_job_cancel / kvgen_job_release / session closed */
     KVGEN_JOB_FAILED        /* an error; kvgen_job_get_info gives the message */
 } kvgen_job_state;

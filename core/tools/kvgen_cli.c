@@ -32,6 +32,7 @@ static void usage(FILE *f) {
             "       kvgen devices\n"
             "generate options:\n"
             "  -n N                 generate at most N tokens (default 64)\n"
+            "  --soft-max N         past N tokens, end where a sentence ends (finish \"sentence\")\n"
             "  --temp T             sampling temperature (default 0: greedy)\n"
             "  --top-k K            keep the K most likely tokens (0: off)\n"
             "  --top-p P            keep the smallest set reaching probability P (1: off)\n"
@@ -122,7 +123,7 @@ typedef struct options {
     const char *model, *prompt, *device;
     const char *pipeline_cache; /* --pipeline-cache; NULL: the default */
     kvgen_backend backend;
-    long n_predict, ctx, threads;
+    long n_predict, soft_max, ctx, threads;
     uint64_t seed;
     float temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, penalty_window;
@@ -182,6 +183,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else if (strcmp(a, "-n") == 0) {
             NEED_VALUE();
             if (!parse_long(val, 0, 1 << 20, &o->n_predict)) return usage_error("-n: bad token count '%s'", val);
+        } else if (strcmp(a, "--soft-max") == 0) {
+            NEED_VALUE();
+            if (!parse_long(val, 0, 1 << 20, &o->soft_max)) return usage_error("--soft-max: bad token count '%s'", val);
         } else if (strcmp(a, "--ctx") == 0) {
             NEED_VALUE();
             if (!parse_long(val, 1, 1 << 20, &o->ctx)) return usage_error("--ctx: bad context size '%s'", val);
@@ -429,7 +433,8 @@ static int cmd_generate(const options *o) {
                               .stop = o->stop,
                               .n_stop = o->n_stop,
                               .ignore_eog = o->ignore_eos,
-                              .flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0};
+                              .flags = o->special ? KVGEN_TOKENIZE_SPECIAL : 0,
+                              .soft_max_tokens = (int)o->soft_max};
     kvgen_constraint cons = {0};
     if (o->grammar || o->schema) {
         const char *path = o->grammar ? o->grammar : o->schema;

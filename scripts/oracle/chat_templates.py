@@ -8,12 +8,20 @@ templates of other families written out below, and small templates that exercise
 
     python3 scripts/oracle/chat_templates.py > core/tests/fixtures/chat_templates.txt
 
+With transformers (and gguf, sentencepiece, protobuf) importable, the cases of the templates that
+belong to the repository's model files also get the token ids Hugging Face's tokenizer, loaded
+from the GGUF file itself, gives for the rendered text (special tokens parsed, no BOS added:
+what apply_chat_template(tokenize=True) prefills). Not for conversations whose content spells
+control tokens ("inject"): kvgen never parses content for them, Hugging Face does.
+
 Output records (lengths in bytes, payload on the following line):
     template NAME LEN          then the template source
     case NAME TEMPLATE AGP N   then N messages and the expectation:
     bos LEN / eos LEN          the special tokens' text
     msg ROLE LEN               a message's content
     expect LEN | expect error  the rendered text, or a template error (raise_exception, bad syntax)
+    ids FILE LEN               (after expect, for the model files' templates) Hugging Face's token
+                               ids of the rendered text, space-separated, for models/FILE
 """
 import json
 import os
@@ -208,6 +216,15 @@ QWEN3 = """{%- if tools %}
     {%- endif %}
 {%- endif %}"""
 
+# The model file whose tokenizer gives a template's token ids: the files' own templates, and the
+# published Gemma 3 template for the Gemma 3 file (which has none of its own).
+TOKEN_FILES = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "qwen25_coder": "qwen2.5-coder-0.5b-instruct.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+}
+NO_IDS = {"inject"}  # content spelling control tokens: kvgen keeps it text, Hugging Face parses it
+
 # One feature each (rendered by jinja2 like the rest).
 FEATURES = {
     "feat_loop": "{% for m in messages %}{{ loop.index }}/{{ loop.length }} {{ loop.index0 }} {{ loop.first }} "
@@ -308,6 +325,78 @@ def gguf_template(path):
     return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8")
 
 
+def hf_tokenizers():
+    """Hugging Face tokenizers for the model files present, loaded from the GGUF files."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        print(f"transformers not importable ({e}): no token ids", file=sys.stderr)
+        return {}
+    # Reading a GGUF file's metadata (return_tensors=False) needs no torch, but the loader
+    # asks for it before it looks; the tensors are never read here.
+    gguf_utils.is_torch_available = lambda: True
+    toks = {}
+    for file in sorted(set(TOKEN_FILES.values())):
+        if not os.path.exists(os.path.join(ROOT, "models", file)):
+            print(f"{file}: absent (no token ids)", file=sys.stderr)
+            continue
+        tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "models"), gguf_file=file)
+        repair(tok, os.path.join(ROOT, "models", file))
+        toks[file] = tok
+    return toks
+
+
+def repair(tok, path):
+    """Where transformers' GGUF loader builds a tokenizer that is not the model's published one,
+    rebuild that part the way the published tokenizer.json has it (from the GGUF's own data):
+    - SmolLM2 (tokenizer.ggml.pre "smollm"): the published pre-tokenizer splits digits one by one
+      before the byte-level regex; the loader leaves the digit split out ("</think>\n\n4" then
+      gives "\n" "\n" instead of "\n\n").
+    - Gemma (SentencePiece BPE): the loader builds a Unigram model over the scores (it skips the
+      merges); the published tokenizer is BPE with the merges SentencePiece's scores give, made
+      here as transformers' own SentencePiece converter makes them (generate_merges)."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import generate_merges
+
+    r = GGUFReader(path)
+
+    def field(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    backend = tok.backend_tokenizer
+    if field("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact"):
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    if field("tokenizer.ggml.model") == "llama" and str(field("general.architecture")).startswith("gemma"):
+        tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
+        pieces = []
+        for t in tokens:  # as the loader's vocabulary (GGUFGemmaConverter.vocab)
+            if t == "<0x09>":
+                t = "\t"
+            elif " " in t and len(t.strip()) == 0:
+                t = "\u2581" * len(t)
+            pieces.append(t)
+        vocab = {}
+        for i, t in enumerate(pieces):
+            vocab.setdefault(t, i)
+        merges = generate_merges(vocab, list(zip(pieces, scores)))
+        unk = field("tokenizer.ggml.unknown_token_id")
+        backend.model = models.BPE(vocab, merges, unk_token=pieces[unk] if unk is not None else None,
+                                   fuse_unk=True, byte_fallback=True, dropout=None)
+        # BPE never merges up to <start_of_turn> and the like (Unigram reached them as pieces):
+        # as in the published tokenizer, control tokens (type 3) are added special tokens and
+        # user-defined ones (type 4) added tokens, matched before the model runs
+        types = field("tokenizer.ggml.token_type")
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                    for i in range(len(tokens)) if types[i] == 3])
+        backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                            for i in range(len(tokens)) if types[i] == 4])
+
+
 def record(out, head, payload):
     b = payload.encode("utf-8")
     out.write(f"{head} {len(b)}\n".encode())
@@ -329,6 +418,7 @@ def main():
     templates.update(FEATURES)
     templates.update(BAD)
     e = env()
+    toks = hf_tokenizers()
     out = sys.stdout.buffer
     for name, src in templates.items():
         record(out, f"template {name}", src)
@@ -354,6 +444,10 @@ def main():
                     text = tpl.render(messages=[{"role": r, "content": c} for r, c in msgs],
                                       add_generation_prompt=agp, bos_token=bos, eos_token=eos)
                     record(out, "expect", text)
+                    file = TOKEN_FILES.get(name)
+                    if file in toks and cname not in NO_IDS:
+                        ids = toks[file](text, add_special_tokens=False)["input_ids"]
+                        record(out, f"ids {file}", " ".join(str(i) for i in ids))
                 except jinja2.TemplateError:
                     out.write(b"expect error\n")
 

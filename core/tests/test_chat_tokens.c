@@ -1,0 +1,212 @@
+/* test_chat_tokens.c: the token ids kvgen's chat prefills against Hugging Face's tokenizer
+ * (fixtures/chat_templates.txt, "ids" records from scripts/oracle/chat_templates.py: the ids
+ * transformers gives for the rendered conversation, loaded from the same GGUF file). Each case
+ * runs its conversation through the public chat calls, turn by turn (kvgen_chat_add; the last
+ * turn with kvgen_chat_begin when the generation prompt is on), under the case's template, and
+ * the session's tokens must be exactly those ids. The default model's cases always run; the
+ * other files' cases are skipped, with a message, when the file is absent. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <string.h>
+#include "testutil.h"
+
+typedef struct rec {
+    char head[256];
+    char *body; /* NUL-terminated, NULL when the header has no payload */
+    size_t len;
+} rec;
+
+/* reads "head [LEN]\n" and LEN bytes + "\n" when the header ends in a number (as test_jinja) */
+static int read_rec(FILE *f, rec *r) {
+    if (!fgets(r->head, sizeof r->head, f)) return 0;
+    r->head[strcspn(r->head, "\n")] = 0;
+    r->body = NULL;
+    r->len = 0;
+    char *sp = strrchr(r->head, ' ');
+    if (strncmp(r->head, "case ", 5) == 0 || !sp || strcmp(sp + 1, "error") == 0) return 1;
+    r->len = (size_t)strtoul(sp + 1, NULL, 10);
+    *sp = 0;
+    r->body = malloc(r->len + 1);
+    if (!r->body || fread(r->body, 1, r->len, f) != r->len) return 0;
+    r->body[r->len] = 0;
+    fgetc(f);
+    return 1;
+}
+
+enum { MAX_T = 64, MAX_MSG = 16, MAX_FILES = 4 };
+static char *tnames[MAX_T], *tsrc[MAX_T];
+static int nt;
+
+typedef struct model_slot {
+    char file[256];
+    kvgen_model *m; /* NULL: absent or failed */
+    bool tried;
+    int cases, skipped;
+} model_slot;
+static model_slot models[MAX_FILES];
+static char model_dir[1024];
+
+static kvgen_model *model_for(const char *file, model_slot **slot) {
+    int i = 0;
+    while (i < MAX_FILES && models[i].file[0] && strcmp(models[i].file, file) != 0) i++;
+    if (i == MAX_FILES) return NULL;
+    model_slot *ms = &models[i];
+    *slot = ms;
+    if (!ms->tried) {
+        ms->tried = true;
+        size_t fl = strlen(file) < sizeof ms->file ? strlen(file) : sizeof ms->file - 1;
+        memcpy(ms->file, file, fl);
+        ms->file[fl] = 0;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", model_dir, ms->file);
+        FILE *probe = fopen(path, "rb");
+        if (probe) {
+            fclose(probe);
+            kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_CPU};
+            ms->m = tu_load(&md);
+        }
+    }
+    return ms->m;
+}
+
+/* the ids of a record's payload ("1 2 3"); returns how many */
+static size_t parse_ids(const char *s, int32_t *ids, size_t cap) {
+    size_t n = 0;
+    char *end;
+    for (;;) {
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        if (n < cap) ids[n] = (int32_t)v;
+        n++;
+        s = end;
+    }
+    return n;
+}
+
+/* runs the conversation through kvgen's chat; the session's tokens, then compared */
+static void run_case(const char *cname, const char *src, kvgen_model *m, char **roles, char **contents, int nmsg,
+                     int agp, const int32_t *want, size_t n_want) {
+    kvgen_session_desc sd = {.n_ctx = 2048};
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) return;
+    kvgen_chat_template tpl = {.jinja = src};
+    kvgen_status st = kvgen_chat_set_template(s, &tpl, &err);
+    for (int i = 0; st == KVGEN_OK && i < nmsg; i++)
+        st = i == nmsg - 1 && agp ? kvgen_chat_begin(s, roles[i], contents[i], &err)
+                                  : kvgen_chat_add(s, roles[i], contents[i], &err);
+    CHECKF(st == KVGEN_OK, "%s: %s", cname, err.message);
+    size_t n = kvgen_session_length(s);
+    const int32_t *have = kvgen_session_tokens(s);
+    size_t at = 0;
+    while (at < n && at < n_want && have[at] == want[at]) at++;
+    if (st == KVGEN_OK && (at < n || at < n_want)) {
+        char got_text[256] = "", want_text[256] = "";
+        if (at < n) kvgen_detokenize(m, have + at, n - at < 6 ? n - at : 6, KVGEN_TOKENIZE_SPECIAL, got_text, sizeof got_text);
+        if (at < n_want)
+            kvgen_detokenize(m, want + at, n_want - at < 6 ? n_want - at : 6, KVGEN_TOKENIZE_SPECIAL, want_text,
+                             sizeof want_text);
+        CHECKF(0, "%s: %zu tokens, Hugging Face %zu; first difference at %zu: kvgen %d \"%s...\", HF %d \"%s...\"",
+               cname, n, n_want, at, at < n ? have[at] : -1, got_text, at < n_want ? want[at] : -1, want_text);
+    }
+    kvgen_session_close(s);
+}
+
+int main(void) {
+    const char *dflt = tu_model_path();
+    if (!dflt) tu_skip("default model absent");
+    snprintf(model_dir, sizeof model_dir, "%s", dflt);
+    char *slash = strrchr(model_dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(model_dir, sizeof model_dir, ".");
+    const char *dflt_file = slash ? strrchr(dflt, '/') + 1 : dflt;
+
+    const char *dir = getenv("KVGEN_FIXTURES");
+    if (!dir) tu_skip("KVGEN_FIXTURES not set");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/chat_templates.txt", dir);
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s", path);
+    if (!f) return tu_finish("test_chat_tokens");
+
+    rec r;
+    int dflt_cases = 0;
+    /* a case's records, kept until its ids (if any) arrive */
+    char cname[128] = "", tname[64] = "";
+    int agp = 0, nmsg = 0;
+    char *roles[MAX_MSG] = {0}, *contents[MAX_MSG] = {0};
+    while (read_rec(f, &r)) {
+        if (strncmp(r.head, "template ", 9) == 0 && nt < MAX_T) {
+            tnames[nt] = strdup(r.head + 9);
+            tsrc[nt++] = r.body;
+            continue;
+        }
+        if (strncmp(r.head, "case ", 5) == 0) {
+            for (int i = 0; i < nmsg; i++) {
+                free(roles[i]);
+                free(contents[i]);
+                roles[i] = contents[i] = NULL;
+            }
+            nmsg = 0;
+            int n = 0;
+            CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &n) == 4);
+            nmsg = n < MAX_MSG ? n : MAX_MSG;
+            rec bos, eos;
+            read_rec(f, &bos);
+            read_rec(f, &eos);
+            free(bos.body);
+            free(eos.body);
+            for (int i = 0; i < n; i++) {
+                rec m;
+                read_rec(f, &m);
+                if (i < MAX_MSG) {
+                    roles[i] = strdup(m.head + 4);
+                    contents[i] = m.body;
+                } else {
+                    free(m.body);
+                }
+            }
+            continue;
+        }
+        if (strncmp(r.head, "ids ", 4) == 0) {
+            const char *file = r.head + 4;
+            int ti = -1;
+            for (int i = 0; i < nt; i++)
+                if (strcmp(tnames[i], tname) == 0) ti = i;
+            CHECKF(ti >= 0, "%s: no template %s", cname, tname);
+            model_slot *slot = NULL;
+            kvgen_model *m = ti >= 0 ? model_for(file, &slot) : NULL;
+            if (slot && m) {
+                size_t cap = r.len / 2 + 1;
+                int32_t *want = malloc(cap * sizeof *want);
+                size_t n_want = parse_ids(r.body, want, cap);
+                run_case(cname, tsrc[ti], m, roles, contents, nmsg, agp, want, n_want);
+                free(want);
+                slot->cases++;
+                if (strcmp(file, dflt_file) == 0) dflt_cases++;
+            } else if (slot) {
+                slot->skipped++;
+            }
+        }
+        free(r.body);
+    }
+    fclose(f);
+    for (int i = 0; i < nmsg; i++) {
+        free(roles[i]);
+        free(contents[i]);
+    }
+    for (int i = 0; i < MAX_FILES && models[i].file[0]; i++) {
+        if (models[i].m)
+            printf("%s: %d cases checked against Hugging Face's ids\n", models[i].file, models[i].cases);
+        else
+            printf("%s: absent, %d cases skipped\n", models[i].file, models[i].skipped);
+        kvgen_model_unload(models[i].m);
+    }
+    CHECKF(dflt_cases >= 8, "only %d cases of the default model (%s) in the fixture", dflt_cases, dflt_file);
+    for (int i = 0; i < nt; i++) {
+        free(tnames[i]);
+        free(tsrc[i]);
+    }
+    return tu_finish("test_chat_tokens");
+}
