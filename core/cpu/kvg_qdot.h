@@ -3,10 +3,18 @@
  * operations of the forward pass (cpu_vec.c).
  *
  * Every kernel exists once per operation, with an inner loop per instruction set: portable C,
- * x86-64 AVX2+FMA+F16C, and AVX-512 (F/BW/VL/DQ, VNNI's vpdpbusd where the CPU has it),
- * compiled with per-function target attributes so the library itself needs no -m flag. The
- * path is chosen once per model (kvg_cpu_isa_choose); AArch64 and other hosts run the
- * portable C.
+ * x86-64 AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ, VNNI's vpdpwssd where the CPU has it), AArch64
+ * Advanced SIMD (neon) and its ARMv8.2 dot product (dotprod: SDOT), compiled with per-function
+ * target attributes so the library itself needs no -m or -march flag. The path is chosen once
+ * per model (kvg_cpu_isa_choose); other hosts run the portable C. Per path:
+ *   portable  every type in C; libm's exp and tanh
+ *   avx2      every type; the activations' bytes of the portable path, sums in other orders
+ *   avx512    the 32-element and float types; the K types and the vector ops run avx2's loops
+ *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the
+ *             portable path's bits (exact integer sums, then its f32 operations in its order)
+ *             but for exp (softmax, SiLU, GELU: avx2's polynomial)
+ *   dotprod   every integer type with SDOT; the float types and the vector ops run neon's; the
+ *             portable path's bits as neon
  *
  * Activations are quantized per block to 16-bit integers, so that a block's products with the
  * weights' integer levels are summed exactly in integers and the scales are applied in f32 (the
