@@ -37,7 +37,8 @@ export KVGEN_PIPELINE_CACHE="$here/build/test-pipelines-{device}.bin"
 # the library and the cpu tests only) and run under qemu-user twice, on an emulated CPU with the
 # dot product (-cpu max: the dotprod path detected) and one without (cortex-a53: neon), each path
 # against the portable one. Runs where the cross compiler, qemu-aarch64 and the arm64 PCRE2 are
-# installed (scripts/setup.sh); the tests make their models with the host build's kvgen-mkmodel.
+# installed (scripts/setup.sh); the tests make their models with the host build's kvgen-mkmodel;
+# test_cpu_backend runs its kernel and path parts only (KVGEN_TEST_ISA_ONLY: emulation is slow).
 aarch64_check() {
   local dir="$here/build-aarch64" cpu name
   if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null ||
@@ -51,7 +52,7 @@ aarch64_check() {
      cmake --build "$dir" -j"$jobs" --target test_cpu test_cpu_backend >>"$dir.build.log" 2>&1; then
     for cpu in max:dotprod cortex-a53:neon; do
       name=${cpu%%:*}
-      QEMU_CPU=$name KVGEN_TEST_EXPECT_ISA=${cpu#*:} ctest --test-dir "$dir" --output-on-failure -j"$jobs" \
+      QEMU_CPU=$name KVGEN_TEST_EXPECT_ISA=${cpu#*:} KVGEN_TEST_ISA_ONLY=1 ctest --test-dir "$dir" --output-on-failure -j"$jobs" \
         -R '^test_cpu(_backend)?$' 2>&1 | tee "$log_dir/ctest-aarch64-$name.log"
       count_ctest "$log_dir/ctest-aarch64-$name.log" "aarch64 under qemu -cpu $name"
     done

@@ -903,8 +903,13 @@ INL int8x16_t kq_w8_neon(kq_kind k, const uint8_t *b, int j) {
 
 /* SDOT as assembly, like vpdpwssd above: the file needs no -march, and the instruction is only
  * reached in the dotprod kernels (which carry the target too) */
+#ifdef __clang__
+#define SDOT_ASM "sdot %0.4s, %1.16b, %2.16b" /* clang assembles it under the function's target */
+#else
+#define SDOT_ASM ".arch_extension dotprod\n\tsdot %0.4s, %1.16b, %2.16b"
+#endif
 INL int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
-    __asm__(".arch_extension dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
+    __asm__(SDOT_ASM : "+w"(acc) : "w"(a), "w"(b));
     return acc;
 }
 /* dotprod: sum(w) per lane of 4, shifted for dot16's 128 sum(w); neon: unused */
