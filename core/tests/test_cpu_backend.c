@@ -511,7 +511,10 @@ done:
 }
 
 /* each path this CPU has against the best and the portable one; KVGEN_CPU_ISA's refusals */
+static int isa_threads = 2; /* the paths' models: 2 threads, or KVGEN_TEST_THREADS */
 static void test_isa_paths(void) {
+    const char *th = getenv("KVGEN_TEST_THREADS");
+    if (th && atoi(th) > 0) isa_threads = atoi(th);
     char *path = tu_make_model("cpu-isa.gguf", "--seed 8 --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 "
                                "--mix q4_k_m");
     char *path32 = tu_make_model("cpu-isa32.gguf", "--seed 9 --layers 2 --embd 96 --ff 160 --heads 3 --kv-heads 1 "
@@ -525,7 +528,7 @@ static void test_isa_paths(void) {
         for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
             if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
             setenv("KVGEN_CPU_ISA", kvg_cpu_isa_name((kvg_cpu_isa)isa), 1);
-            kvgen_model *m = load(paths[p], KVGEN_BACKEND_CPU, 2);
+            kvgen_model *m = load(paths[p], KVGEN_BACKEND_CPU, isa_threads);
             if (!m) continue;
             kvgen_model_info info;
             kvgen_model_get_info(m, &info);
