@@ -34,6 +34,16 @@ install_packages() {
 }
 
 [ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages
+# the AArch64 stage of scripts/test.sh: the cross compiler, qemu-user and PCRE2 for arm64
+# (a multiarch package, so dpkg learns the architecture first); KVGEN_SKIP_AARCH64=1 leaves it out
+if [ "${KVGEN_SKIP_PACKAGES:-0}" != 1 ] && [ "${KVGEN_SKIP_AARCH64:-0}" != 1 ] &&
+   [ "$(dpkg --print-architecture)" = amd64 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  dpkg --print-foreign-architectures | grep -qx arm64 || { $sudo dpkg --add-architecture arm64; $sudo apt-get update -qq; }
+  packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libpcre2-dev:arm64)
+  install_packages
+fi
 if ! python3 -m pip --version >/dev/null 2>&1; then
   packages=(python3 python3-pip)
   [ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # kvgen's whole test suite: builds (warnings as errors, the shared library too), runs the C
 # tests with the Vulkan validation layer on, installs into a temporary prefix and builds and runs
-# samples/consumer against the installed package, runs the C tests again under ASan+UBSan, then
-# the busted specs on the release build, again on the sanitizer build, and once more on the
-# module as `luarocks make` installs it into a temporary tree (its own fresh build; the specs
-# tagged #model are left out there).
+# samples/consumer against the installed package, cross-builds the cpu backend for AArch64 and runs
+# its tests under qemu (where the cross tools are installed), runs the C tests again under
+# ASan+UBSan, then the busted specs on the release build, again on the sanitizer build, and once
+# more on the module as `luarocks make` installs it into a temporary tree (its own fresh build;
+# the specs tagged #model are left out there).
 # The last line is "N passed, N failed" over everything that ran.
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 #   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
@@ -69,6 +70,37 @@ windows_stage() {
 # the Lua module and the CLI keep a Vulkan pipeline cache in the user's cache folder by default;
 # tests keep theirs inside the build tree
 export KVGEN_PIPELINE_CACHE="$here/build/test-pipelines-{device}.bin"
+# AArch64: the cpu backend's neon and dotprod paths, cross-built (cmake/aarch64-linux-gnu.cmake:
+# the library and the cpu tests only) and run under qemu-user twice, on an emulated CPU with the
+# dot product (-cpu max: the dotprod path detected) and one without (cortex-a53: neon), each path
+# against the portable one. Runs where the cross compiler, qemu-aarch64 and the arm64 PCRE2 are
+# installed (scripts/setup.sh); the tests make their models with the host build's kvgen-mkmodel;
+# test_cpu_backend runs its kernel and path parts only (KVGEN_TEST_ISA_ONLY: emulation is slow),
+# on one thread: under qemu-user the thread pool's polling hand-off does not finish (test_cpu and
+# two-thread models stall there), so the pool is not part of this stage.
+aarch64_check() {
+  local dir="$here/build-aarch64" cpu name
+  if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null ||
+     [ ! -f /usr/lib/aarch64-linux-gnu/pkgconfig/libpcre2-8.pc ] || [ ! -x "$here/build/kvgen-mkmodel" ]; then
+    echo "aarch64: skipped (needs aarch64-linux-gnu-gcc, qemu-aarch64, libpcre2-dev:arm64 and the host build)"
+    return
+  fi
+  if cmake -S "$here" -B "$dir" -DCMAKE_TOOLCHAIN_FILE="$here/cmake/aarch64-linux-gnu.cmake" -DKVGEN_WERROR=ON \
+       -DKVGEN_VULKAN=OFF -DKVGEN_LUA=OFF -DKVGEN_TEST_TOOLS="$here/build" \
+       -DKVGEN_DEFAULT_MODEL="$dir/no-default-model.gguf" >"$dir.build.log" 2>&1 &&
+     cmake --build "$dir" -j"$jobs" --target test_cpu_backend >>"$dir.build.log" 2>&1; then
+    for cpu in max:dotprod cortex-a53:neon; do
+      name=${cpu%%:*}
+      QEMU_CPU=$name KVGEN_TEST_EXPECT_ISA=${cpu#*:} KVGEN_TEST_ISA_ONLY=1 KVGEN_TEST_THREADS=1 \
+        ctest --test-dir "$dir" --output-on-failure --timeout 600 -R '^test_cpu_backend$' 2>&1 |
+        tee "$log_dir/ctest-aarch64-$name.log"
+      count_ctest "$log_dir/ctest-aarch64-$name.log" "aarch64 under qemu -cpu $name"
+    done
+  else
+    cat "$dir.build.log"; echo "aarch64 build failed"; failed=$((failed + 1))
+  fi
+}
+
 # the installed package as an application sees it: cmake --install into a temporary prefix, then
 # samples/consumer built out of tree with find_package(kvgen) (shared, then static library) and
 # with pkg-config, each run on a random model; three checks
@@ -103,6 +135,7 @@ if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
   consumer_check
+  aarch64_check
 else
   echo "build failed"; failed=$((failed + 1))
 fi

@@ -1,15 +1,21 @@
-/* cpu_features.c: which vector instruction sets the host runs (kvg_qdot.h), read once with
- * cpuid and xgetbv (the OS must save the wider registers too), and the choice of the cpu
- * backend's kernels: the best path the CPU has, or the one KVGEN_CPU_ISA names. */
+/* cpu_features.c: which vector instruction sets the host runs (kvg_qdot.h), read once: on
+ * x86-64 with cpuid and xgetbv (the OS must save the wider registers too), on AArch64 Linux
+ * from the kernel's hardware capabilities (getauxval(AT_HWCAP): HWCAP_ASIMD, HWCAP_ASIMDDP),
+ * elsewhere on AArch64 Advanced SIMD alone (it is part of the baseline); and the choice of the
+ * cpu backend's kernels: the best path the CPU has, or the one KVGEN_CPU_ISA names. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_qdot.h"
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
-static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512"};
+static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512", "neon", "dotprod"};
 
 const char *kvg_cpu_isa_name(kvg_cpu_isa isa) {
     return isa >= 0 && isa < KVG_ISA_COUNT ? ISA_NAMES[isa] : "unknown";
@@ -45,6 +51,22 @@ static kvg_cpu_features detect(void) {
     }
     return f;
 }
+#elif defined(__aarch64__)
+#if defined(__linux__)
+/* the kernel's bits (asm/hwcap.h), spelled out for C libraries whose headers lack them */
+#define KVG_HWCAP_ASIMD (1ul << 1)
+#define KVG_HWCAP_ASIMDDP (1ul << 20)
+static kvg_cpu_features detect(void) {
+    unsigned long hw = getauxval(AT_HWCAP);
+    kvg_cpu_features f = {0};
+    f.asimd = (hw & KVG_HWCAP_ASIMD) != 0;
+    f.asimddp = f.asimd && (hw & KVG_HWCAP_ASIMDDP) != 0;
+    return f;
+}
+#else
+/* no portable way to ask for the dot product: Advanced SIMD only */
+static kvg_cpu_features detect(void) { return (kvg_cpu_features){.asimd = true}; }
+#endif
 #else
 static kvg_cpu_features detect(void) { return (kvg_cpu_features){0}; }
 #endif
@@ -68,6 +90,8 @@ bool kvg_cpu_isa_supported(kvg_cpu_isa isa) {
     case KVG_ISA_PORTABLE: return true;
     case KVG_ISA_AVX2: return avx2;
     case KVG_ISA_AVX512: return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+    case KVG_ISA_NEON: return f->asimd;
+    case KVG_ISA_DOTPROD: return f->asimd && f->asimddp;
     default: return false;
     }
 }
@@ -80,8 +104,10 @@ kvg_cpu_isa kvg_cpu_isa_best(void) {
 
 size_t kvg_cpu_features_describe(char *buf, size_t size) {
     const kvg_cpu_features *f = kvg_cpu_features_get();
-    const char *names[] = {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512vnni"};
-    bool has[] = {f->avx2, f->fma, f->f16c, f->avx512f, f->avx512dq, f->avx512bw, f->avx512vl, f->avx512vnni};
+    const char *names[] = {"avx2",     "fma",      "f16c",       "avx512f", "avx512dq",
+                           "avx512bw", "avx512vl", "avx512vnni", "asimd",   "asimddp"};
+    bool has[] = {f->avx2,     f->fma, f->f16c, f->avx512f, f->avx512dq,
+                  f->avx512bw, f->avx512vl, f->avx512vnni, f->asimd, f->asimddp};
     size_t len = 0;
     if (size) buf[0] = 0;
     for (size_t i = 0; i < sizeof has / sizeof has[0]; i++) {
@@ -115,6 +141,11 @@ kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *
         *out = (kvg_cpu_isa)i;
         return KVGEN_OK;
     }
-    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: KVGEN_CPU_ISA=%s: expected \"portable\", \"avx2\" or \"avx512\"",
-                    who, env);
+    char names[96];
+    size_t len = 0;
+    names[0] = 0;
+    for (int i = 0; i < KVG_ISA_COUNT && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s\"%s\"", i == 0 ? "" : i + 1 == KVG_ISA_COUNT ? " or " : ", ",
+                                ISA_NAMES[i]);
+    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: KVGEN_CPU_ISA=%s: expected %s", who, env, names);
 }

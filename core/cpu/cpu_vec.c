@@ -2,13 +2,18 @@
  * axpy for attention, the softmax's exponentials, RMSNorm and the gated activations. Portable C
  * (libm's expf and tanhf, as the reference) and AVX2+FMA (exp by range reduction to
  * [-ln2/2, ln2/2] and a degree-6 polynomial; tanh from it); the AVX-512
- * path uses the AVX2 loops (these operations are a small share of a step). */
+ * path uses the AVX2 loops (these operations are a small share of a step); AArch64's neon and
+ * dotprod paths share one Advanced SIMD set (the portable bits but for exp, see below). */
 #include <math.h>
 #include "kvg_qdot.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVG_X86 1
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVG_ARM 1
+#include <arm_neon.h>
 #endif
 
 /* ---- portable ---- */
@@ -307,11 +312,168 @@ static const kvg_vec_ops AVX2_OPS = {x_dot,     x_axpy,     x_dot_rows, x_axpy_r
                                      x_add};
 #endif
 
+
+/* ---- AArch64 Advanced SIMD (the neon and dotprod paths) ----
+ * dot, axpy, their runs, scale, add and RMSNorm compute the portable loops' operations in their
+ * order (8 lanes as two vectors, multiply then add), so they give the portable path's bits; exp
+ * (softmax, SiLU, GELU) is the AVX2 path's polynomial on 4 lanes. */
+#ifdef KVG_ARM
+#define INL_ARM static inline __attribute__((always_inline))
+
+/* the portable lanes' order: lane l of the two accumulators summed from 0 to 7 */
+INL_ARM float sum8_neon(float32x4_t a0, float32x4_t a1) {
+    float l[LANES], s = 0.0f;
+    vst1q_f32(l, a0);
+    vst1q_f32(l + 4, a1);
+    for (int i = 0; i < LANES; i++) s += l[i];
+    return s;
+}
+
+static float n_dot(const float *a, const float *b, int n) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        acc0 = vaddq_f32(acc0, vmulq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+        acc1 = vaddq_f32(acc1, vmulq_f32(vld1q_f32(a + i + 4), vld1q_f32(b + i + 4)));
+    }
+    float s = sum8_neon(acc0, acc1);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void n_axpy(float *y, float a, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(vld1q_f32(x + i), a)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void n_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = n_dot(q, k + (size_t)r * stride, n);
+}
+
+static void n_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
+    for (int r = 0; r < rows; r++) n_axpy(y, a[r], x + (size_t)r * stride, n);
+}
+
+static void n_scale(float *y, float a, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_n_f32(vld1q_f32(y + i), a));
+    for (; i < n; i++) y[i] *= a;
+}
+
+static float n_max(const float *x, int n) {
+    float m = x[0];
+    int i = 0;
+    if (n >= 4) {
+        float32x4_t v = vld1q_f32(x);
+        for (i = 4; i + 4 <= n; i += 4) v = vmaxq_f32(v, vld1q_f32(x + i));
+        m = vmaxvq_f32(v);
+    }
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    return m;
+}
+
+/* e^x as exp8 of the AVX2 path: k = round(x / ln2), r = x - k ln2 (ln2 in two parts), e^r by
+ * its degree-6 Taylor polynomial, 2^k added into the exponent; x clamped to [-86, 88] */
+INL_ARM float32x4_t exp4_neon(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-86.0f)), vdupq_n_f32(88.0f));
+    float32x4_t k = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693145751953125f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(1.428606765330187e-06f));
+    float32x4_t p = vdupq_n_f32(1.0f / 720.0f);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 120.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 24.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 6.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    int32x4_t e = vshlq_n_s32(vcvtq_s32_f32(k), 23);
+    return vreinterpretq_f32_s32(vaddq_s32(vreinterpretq_s32_f32(p), e));
+}
+
+static float n_exp_sum(float *x, int n, float max) {
+    float32x4_t vm = vdupq_n_f32(max), acc = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t e = exp4_neon(vsubq_f32(vld1q_f32(x + i), vm));
+        vst1q_f32(x + i, e);
+        acc = vaddq_f32(acc, e);
+    }
+    float s = vaddvq_f32(acc);
+    if (i < n) { /* the tail through the same exp */
+        float buf[4] = {0}, e[4];
+        for (int k = i; k < n; k++) buf[k - i] = x[k] - max;
+        vst1q_f32(e, exp4_neon(vld1q_f32(buf)));
+        for (int k = i; k < n; k++) {
+            x[k] = e[k - i];
+            s += e[k - i];
+        }
+    }
+    return s;
+}
+
+static void n_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(x + i + 4);
+        acc0 = vaddq_f32(acc0, vmulq_f32(a, a));
+        acc1 = vaddq_f32(acc1, vmulq_f32(b, b));
+    }
+    float ss = sum8_neon(acc0, acc1);
+    for (; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    int k = 0;
+    for (; k + 4 <= n; k += 4) vst1q_f32(out + k, vmulq_f32(vmulq_n_f32(vld1q_f32(x + k), scale), vld1q_f32(w + k)));
+    for (; k < n; k++) out[k] = x[k] * scale * w[k];
+}
+
+INL_ARM float32x4_t silu4_neon(float32x4_t g) {
+    return vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), exp4_neon(vnegq_f32(g))));
+}
+/* gelu(g) with tanh(y) = 1 - 2 / (e^(2y) + 1) */
+INL_ARM float32x4_t gelu4_neon(float32x4_t g) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    float32x4_t y = vmulq_n_f32(vfmaq_f32(g, vmulq_n_f32(g, 0.044715f), vmulq_f32(g, g)), 0.7978845608028654f);
+    float32x4_t th = vsubq_f32(one, vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(exp4_neon(vaddq_f32(y, y)), one)));
+    return vmulq_f32(vmulq_n_f32(g, 0.5f), vaddq_f32(one, th));
+}
+
+static void n_silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(g + i, vmulq_f32(silu4_neon(vld1q_f32(g + i)), vld1q_f32(u + i)));
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void n_gelu_mul(float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(g + i, vmulq_f32(gelu4_neon(vld1q_f32(g + i)), vld1q_f32(u + i)));
+    const float c = 0.7978845608028654f;
+    for (; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+static void n_add(float *y, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vld1q_f32(x + i)));
+    for (; i < n; i++) y[i] += x[i];
+}
+
+static const kvg_vec_ops NEON_OPS = {n_dot,     n_axpy,     n_dot_rows, n_axpy_rows, n_scale,
+                                     n_exp_sum, n_max,      n_rmsnorm,  n_silu_mul,  n_gelu_mul,
+                                     n_add};
+#endif
+
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {
 #ifdef KVG_X86
-    if (isa != KVG_ISA_PORTABLE) return &AVX2_OPS;
-#else
-    (void)isa;
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512) return &AVX2_OPS;
 #endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) return &NEON_OPS;
+#endif
+    (void)isa;
     return &PORTABLE;
 }

@@ -3,10 +3,18 @@
  * operations of the forward pass (cpu_vec.c).
  *
  * Every kernel exists once per operation, with an inner loop per instruction set: portable C,
- * x86-64 AVX2+FMA+F16C, and AVX-512 (F/BW/VL/DQ, VNNI's vpdpbusd where the CPU has it),
- * compiled with per-function target attributes so the library itself needs no -m flag. The
- * path is chosen once per model (kvg_cpu_isa_choose); AArch64 and other hosts run the
- * portable C.
+ * x86-64 AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ, VNNI's vpdpwssd where the CPU has it), AArch64
+ * Advanced SIMD (neon) and its ARMv8.2 dot product (dotprod: SDOT), compiled with per-function
+ * target attributes so the library itself needs no -m or -march flag. The path is chosen once
+ * per model (kvg_cpu_isa_choose); other hosts run the portable C. Per path:
+ *   portable  every type in C; libm's exp and tanh
+ *   avx2      every type; the activations' bytes of the portable path, sums in other orders
+ *   avx512    the 32-element and float types; the K types and the vector ops run avx2's loops
+ *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the
+ *             portable path's bits (exact integer sums, then its f32 operations in its order)
+ *             but for exp (softmax, SiLU, GELU: avx2's polynomial)
+ *   dotprod   every integer type with SDOT; the float types and the vector ops run neon's; the
+ *             portable path's bits as neon
  *
  * Activations are quantized per block to 16-bit integers, so that a block's products with the
  * weights' integer levels are summed exactly in integers and the scales are applied in f32 (the
@@ -27,22 +35,32 @@
 
 /* ---- instruction sets (cpu_features.c) ------------------------------------------------- */
 
-typedef enum kvg_cpu_isa { KVG_ISA_PORTABLE, KVG_ISA_AVX2, KVG_ISA_AVX512, KVG_ISA_COUNT } kvg_cpu_isa;
+/* later rows are preferred where the CPU has them (kvg_cpu_isa_best) */
+typedef enum kvg_cpu_isa {
+    KVG_ISA_PORTABLE,
+    KVG_ISA_AVX2,
+    KVG_ISA_AVX512,
+    KVG_ISA_NEON,
+    KVG_ISA_DOTPROD,
+    KVG_ISA_COUNT
+} kvg_cpu_isa;
 
 typedef struct kvg_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512dq, avx512bw, avx512vl, avx512vnni;
+    bool asimd, asimddp; /* AArch64 Advanced SIMD; its SDOT/UDOT (ARMv8.2 dot product) */
 } kvg_cpu_features;
 
-/* what cpuid and the OS say, read once */
+/* what cpuid and the OS (x86-64) or the kernel's HWCAP bits (AArch64 Linux) say, read once */
 const kvg_cpu_features *kvg_cpu_features_get(void);
 /* "avx2 fma f16c" (the features above this CPU has) into buf, like snprintf */
 size_t kvg_cpu_features_describe(char *buf, size_t size);
-/* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ */
+/* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ; neon = AArch64
+ * Advanced SIMD; dotprod = that and the dot product instructions */
 bool kvg_cpu_isa_supported(kvg_cpu_isa isa);
 kvg_cpu_isa kvg_cpu_isa_best(void);
-const char *kvg_cpu_isa_name(kvg_cpu_isa isa); /* "portable", "avx2", "avx512" */
-/* The path a model runs: KVGEN_CPU_ISA (portable|avx2|avx512) when set, refused with
+const char *kvg_cpu_isa_name(kvg_cpu_isa isa); /* "portable", "avx2", "avx512", "neon", "dotprod" */
+/* The path a model runs: KVGEN_CPU_ISA (portable|avx2|avx512|neon|dotprod) when set, refused with
  * KVGEN_E_UNSUPPORTED when this CPU lacks it, else the best the CPU has. */
 kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *err);
 
