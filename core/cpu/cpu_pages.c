@@ -53,7 +53,7 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
     p->who = who ? who : "host KV pages";
     if (page_size <= 0 || n_pages <= 0)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: %d pages of %d tokens", p->who, (int)n_pages, page_size);
-    p->data = calloc((size_t)n_pages, sizeof *p->data);
+    p->data = kvg_calloc((size_t)n_pages, sizeof *p->data);
     if (!p->data) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %d pages", p->who, (int)n_pages);
     p->hp = *hp;
     p->hp.n_layer = kv->n_layers[group];
@@ -66,8 +66,8 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
 }
 
 void kvg_cpu_pages_free(kvg_cpu_pages *p) {
-    for (int32_t i = 0; p->data && i < p->n_pages; i++) free(p->data[i]);
-    free(p->data);
+    for (int32_t i = 0; p->data && i < p->n_pages; i++) kvg_free(p->data[i]);
+    kvg_free(p->data);
     p->data = NULL;
     p->n_pages = 0;
 }
@@ -76,7 +76,7 @@ kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *e
     size_t bytes = (size_t)p->page_size * kvg_cpu_kv_bytes_per_token(&p->hp);
     if (page < 0 || page >= p->n_pages)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: page %d outside the pool", p->who, (int)page);
-    if (!p->data[page]) p->data[page] = malloc(bytes ? bytes : 1); /* a group may hold no layer */
+    if (!p->data[page]) p->data[page] = kvg_malloc(bytes ? bytes : 1); /* a group may hold no layer */
     if (!p->data[page])
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of host memory for a KV page (%zu bytes)", p->who, bytes);
     return KVGEN_OK;

@@ -120,7 +120,7 @@ static bool job_done(kvg_cpu_pool *p, uint64_t n_items) {
 
 static void *pool_main(void *arg) {
     worker_arg a = *(worker_arg *)arg;
-    free(arg);
+    kvg_free(arg);
     kvg_cpu_pool *p = a.pool;
     uint32_t seen = 0;
     for (;;) {
@@ -142,19 +142,19 @@ void kvg_cpu_pool_destroy(kvg_cpu_pool *p) {
     kvg_cond_broadcast(&p->start_cv);
     kvg_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++) kvg_thread_join(&p->workers[i]);
-    free(p->workers);
+    kvg_free(p->workers);
     kvg_mutex_destroy(&p->mu);
     kvg_cond_destroy(&p->start_cv);
     kvg_cond_destroy(&p->done_cv);
     kvg_mutex_destroy(&p->dispatch);
-    free(p);
+    kvg_free(p);
 }
 
 kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **out, kvgen_error *err) {
     *out = NULL;
     if (!who) who = "thread pool";
     n_threads = kvg_cpu_threads(n_threads);
-    kvg_cpu_pool *p = calloc(1, sizeof *p);
+    kvg_cpu_pool *p = kvg_calloc(1, sizeof *p);
     if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a thread pool", who);
     p->n_threads = n_threads;
     kvg_mutex_init(&p->mu);
@@ -166,17 +166,17 @@ kvgen_status kvg_cpu_pool_create(int n_threads, const char *who, kvg_cpu_pool **
     atomic_init(&p->quit, false);
     atomic_init(&p->spin_us, 0);
     if (n_threads > 1) {
-        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        p->workers = kvg_calloc((size_t)n_threads - 1, sizeof *p->workers);
         if (!p->workers) {
             kvg_cpu_pool_destroy(p);
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for %d threads", who, n_threads);
         }
     }
     for (int i = 1; i < n_threads; i++) {
-        worker_arg *a = malloc(sizeof *a);
+        worker_arg *a = kvg_malloc(sizeof *a);
         if (a) *a = (worker_arg){p, i};
         if (!a || kvg_thread_create(&p->workers[i - 1], pool_main, a) != 0) {
-            free(a);
+            kvg_free(a);
             kvg_cpu_pool_destroy(p);
             return kvg_fail(err, KVGEN_E_INTERNAL, "%s: cannot start thread %d of %d", who, i, n_threads);
         }

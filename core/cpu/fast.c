@@ -103,7 +103,7 @@ static void cpu_model_free(kvgen_model *m);
 static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
     *out = NULL;
     if (!t) return true;
-    *out = malloc(n * sizeof(float));
+    *out = kvg_malloc(n * sizeof(float));
     if (!*out) return false;
     kvg_dequantize_row(t->type, t->data, *out, n);
     return true;
@@ -115,8 +115,8 @@ static kvgen_status small_tensors(kvgen_model *m, cpu_model *cm, kvgen_error *er
     const kvg_hparams *hp = &m->w.hp;
     size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
     size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd, half = (size_t)hp->n_rot / 2;
-    cm->layers = calloc(L, sizeof *cm->layers);
-    cm->ropes = calloc(L, sizeof *cm->ropes);
+    cm->layers = kvg_calloc(L, sizeof *cm->layers);
+    cm->ropes = kvg_calloc(L, sizeof *cm->ropes);
     bool ok = cm->layers && cm->ropes && to_f32(m->w.rope_freqs, half, &cm->rope_factors);
     for (size_t l = 0; ok && l < L; l++) {
         const kvg_layer *w = &m->w.layers[l];
@@ -135,7 +135,7 @@ static kvgen_status small_tensors(kvgen_model *m, cpu_model *cm, kvgen_error *er
                 c->rope_group = (int)e;
                 break;
             }
-        c->inv_freq = ok ? malloc((half ? half : 1) * sizeof(double)) : NULL;
+        c->inv_freq = ok ? kvg_malloc((half ? half : 1) * sizeof(double)) : NULL;
         ok = ok && c->inv_freq;
         for (size_t i = 0; ok && i < half; i++) {
             double f = (double)r.scale * pow(r.base, -2.0 * (double)i / r.n_rot);
@@ -168,7 +168,7 @@ static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *
     if (!mx->k) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no kernel for %s", kvg_type_name(t->type));
     if (!mx->k->repack) return KVGEN_OK;
     size_t row_bytes = kvg_row_bytes(t->type, t->ne[0]), bytes = row_bytes * (size_t)t->ne[1];
-    mx->own = malloc(bytes ? bytes : 1);
+    mx->own = kvg_malloc(bytes ? bytes : 1);
     if (!mx->own)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %zu-byte copy of %s", bytes, t->name);
     repack_job j = {.mx = mx, .row_bytes = row_bytes};
@@ -228,7 +228,7 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
 
     int n_threads = kvg_cpu_threads(m->n_threads);
     m->n_threads = n_threads;
-    cpu_model *cm = calloc(1, sizeof *cm);
+    cpu_model *cm = kvg_calloc(1, sizeof *cm);
     if (!cm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
     m->backend = cm; /* from here on, cpu_model_free cleans up */
     cm->isa = isa;
@@ -237,9 +237,9 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     int qd = hp->n_head * hp->head_dim;
     cm->max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (qd > cm->max_in) cm->max_in = qd;
-    cm->attn_norm = malloc(L * D * sizeof(float));
-    cm->ffn_norm = malloc(L * D * sizeof(float));
-    cm->out_norm = malloc(D * sizeof(float));
+    cm->attn_norm = kvg_malloc(L * D * sizeof(float));
+    cm->ffn_norm = kvg_malloc(L * D * sizeof(float));
+    cm->out_norm = kvg_malloc(D * sizeof(float));
     if (!cm->attn_norm || !cm->ffn_norm || !cm->out_norm) {
         cpu_model_free(m);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
@@ -270,17 +270,17 @@ static void cpu_model_free(kvgen_model *m) {
     for (int l = 0; cm->layers && l < m->w.hp.n_layer; l++) {
         cpu_layer *c = &cm->layers[l];
         void *ps[] = {c->bq, c->bk, c->bv, c->q_norm, c->k_norm, c->attn_post, c->ffn_post, c->inv_freq};
-        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
-        for (int i = 0; i < N_MATRICES; i++) free(c->w[i].own);
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
+        for (int i = 0; i < N_MATRICES; i++) kvg_free(c->w[i].own);
     }
-    free(cm->output.own);
-    free(cm->layers);
-    free(cm->ropes);
-    free(cm->rope_factors);
-    free(cm->attn_norm);
-    free(cm->ffn_norm);
-    free(cm->out_norm);
-    free(cm);
+    kvg_free(cm->output.own);
+    kvg_free(cm->layers);
+    kvg_free(cm->ropes);
+    kvg_free(cm->rope_factors);
+    kvg_free(cm->attn_norm);
+    kvg_free(cm->ffn_norm);
+    kvg_free(cm->out_norm);
+    kvg_free(cm);
     m->backend = NULL;
 }
 
@@ -289,37 +289,37 @@ static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (!s) return;
     void *ps[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->qb, s->qk,
                   s->db, s->sb, s->dk, s->bk, s->rope_cs, s->scores};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
-    free(s);
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
+    kvg_free(s);
 }
 
 static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     const cpu_model *cm = m->backend;
     if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": n_ctx %d must be > 0", n_ctx);
-    kvg_backend_session *s = calloc(1, sizeof *s);
+    kvg_backend_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a session");
     s->n_ctx = n_ctx;
     s->n_threads = kvg_cpu_pool_threads(cm->pool);
     size_t B = CPU_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, W = (size_t)cm->max_in;
     size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    s->x = malloc(B * D * sizeof(float));
-    s->xb = malloc(B * D * sizeof(float));
-    s->q = malloc(B * qd * sizeof(float));
-    s->k = malloc(B * kvd * sizeof(float));
-    s->v = malloc(B * kvd * sizeof(float));
-    s->att = malloc(B * qd * sizeof(float));
-    s->hb = malloc(B * F * sizeof(float));
-    s->hb2 = malloc(B * F * sizeof(float));
-    s->qb = malloc(B * W * sizeof(int16_t));
-    s->qk = malloc(B * W * sizeof(int16_t));
-    s->db = malloc((B * W / KVG_QB + 1) * sizeof(float));
-    s->sb = malloc((B * W / KVG_QB + 1) * sizeof(float));
-    s->dk = malloc((B * W / KVG_QK + 1) * sizeof(float));
-    s->bk = malloc((B * W / 16 + 1) * sizeof(int32_t));
-    s->rope_cs = malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
+    s->x = kvg_malloc(B * D * sizeof(float));
+    s->xb = kvg_malloc(B * D * sizeof(float));
+    s->q = kvg_malloc(B * qd * sizeof(float));
+    s->k = kvg_malloc(B * kvd * sizeof(float));
+    s->v = kvg_malloc(B * kvd * sizeof(float));
+    s->att = kvg_malloc(B * qd * sizeof(float));
+    s->hb = kvg_malloc(B * F * sizeof(float));
+    s->hb2 = kvg_malloc(B * F * sizeof(float));
+    s->qb = kvg_malloc(B * W * sizeof(int16_t));
+    s->qk = kvg_malloc(B * W * sizeof(int16_t));
+    s->db = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->sb = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->dk = kvg_malloc((B * W / KVG_QK + 1) * sizeof(float));
+    s->bk = kvg_malloc((B * W / 16 + 1) * sizeof(int32_t));
+    s->rope_cs = kvg_malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
     size_t group = (size_t)(hp->n_head / hp->n_head_kv);
-    s->scores = malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
+    s->scores = kvg_malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
         !s->sb || !s->dk || !s->bk || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);

@@ -135,7 +135,7 @@ static void ref_model_free(kvgen_model *m);
 static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
     *out = NULL;
     if (!t) return true;
-    *out = malloc(n * sizeof(float));
+    *out = kvg_malloc(n * sizeof(float));
     if (!*out) return false;
     kvg_dequantize_row(t->type, t->data, *out, n);
     return true;
@@ -146,8 +146,8 @@ static kvgen_status small_tensors(kvgen_model *m, ref_model *rm, kvgen_error *er
     const kvg_hparams *hp = &m->w.hp;
     size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
     size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
-    rm->layers = calloc(L, sizeof *rm->layers);
-    rm->ropes = calloc(L, sizeof *rm->ropes);
+    rm->layers = kvg_calloc(L, sizeof *rm->layers);
+    rm->ropes = kvg_calloc(L, sizeof *rm->ropes);
     bool ok = rm->layers && rm->ropes && to_f32(m->w.rope_freqs, (size_t)hp->n_rot / 2, &rm->rope_factors);
     for (size_t l = 0; ok && l < L; l++) {
         const kvg_layer *w = &m->w.layers[l];
@@ -190,20 +190,20 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     int n_threads = kvg_cpu_threads(m->n_threads);
     m->n_threads = n_threads;
 
-    ref_model *rm = calloc(1, sizeof *rm);
+    ref_model *rm = kvg_calloc(1, sizeof *rm);
     size_t D = (size_t)hp->n_embd;
     if (rm) {
-        rm->attn_norm = malloc((size_t)hp->n_layer * D * sizeof(float));
-        rm->ffn_norm = malloc((size_t)hp->n_layer * D * sizeof(float));
-        rm->out_norm = malloc(D * sizeof(float));
+        rm->attn_norm = kvg_malloc((size_t)hp->n_layer * D * sizeof(float));
+        rm->ffn_norm = kvg_malloc((size_t)hp->n_layer * D * sizeof(float));
+        rm->out_norm = kvg_malloc(D * sizeof(float));
     }
     if (!rm || !rm->attn_norm || !rm->ffn_norm || !rm->out_norm) {
         if (rm) {
-            free(rm->attn_norm);
-            free(rm->ffn_norm);
-            free(rm->out_norm);
+            kvg_free(rm->attn_norm);
+            kvg_free(rm->ffn_norm);
+            kvg_free(rm->out_norm);
         }
-        free(rm);
+        kvg_free(rm);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the reference backend", path);
     }
     for (int l = 0; l < hp->n_layer; l++) {
@@ -232,56 +232,56 @@ static void ref_model_free(kvgen_model *m) {
     for (int l = 0; rm->layers && l < m->w.hp.n_layer; l++) {
         ref_layer *L = &rm->layers[l];
         float *ps[] = {L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post, L->ffn_post};
-        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     }
-    free(rm->layers);
-    free(rm->ropes);
-    free(rm->rope_factors);
-    free(rm->attn_norm);
-    free(rm->ffn_norm);
-    free(rm->out_norm);
-    free(rm);
+    kvg_free(rm->layers);
+    kvg_free(rm->ropes);
+    kvg_free(rm->rope_factors);
+    kvg_free(rm->attn_norm);
+    kvg_free(rm->ffn_norm);
+    kvg_free(rm->out_norm);
+    kvg_free(rm);
     m->backend = NULL;
 }
 
 static void ref_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
-    free(s->x);
-    free(s->xb);
-    free(s->q);
-    free(s->k);
-    free(s->v);
-    free(s->att);
-    free(s->hb);
-    free(s->hb2);
-    free(s->scores);
-    free(s->row_f32);
-    free(s);
+    kvg_free(s->x);
+    kvg_free(s->xb);
+    kvg_free(s->q);
+    kvg_free(s->k);
+    kvg_free(s->v);
+    kvg_free(s->att);
+    kvg_free(s->hb);
+    kvg_free(s->hb2);
+    kvg_free(s->scores);
+    kvg_free(s->row_f32);
+    kvg_free(s);
 }
 
 static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     ref_model *rm = m->backend;
     if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: n_ctx %d must be > 0", n_ctx);
-    kvg_backend_session *s = calloc(1, sizeof *s);
+    kvg_backend_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
     s->n_ctx = n_ctx;
     s->n_threads = kvg_cpu_pool_threads(rm->pool);
     size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    s->x = malloc(B * D * sizeof(float));
-    s->xb = malloc(B * D * sizeof(float));
-    s->q = malloc(B * qd * sizeof(float));
-    s->k = malloc(B * kvd * sizeof(float));
-    s->v = malloc(B * kvd * sizeof(float));
-    s->att = malloc(B * qd * sizeof(float));
-    s->hb = malloc(B * F * sizeof(float));
-    s->hb2 = malloc(B * F * sizeof(float));
-    s->scores = malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    s->x = kvg_malloc(B * D * sizeof(float));
+    s->xb = kvg_malloc(B * D * sizeof(float));
+    s->q = kvg_malloc(B * qd * sizeof(float));
+    s->k = kvg_malloc(B * kvd * sizeof(float));
+    s->v = kvg_malloc(B * kvd * sizeof(float));
+    s->att = kvg_malloc(B * qd * sizeof(float));
+    s->hb = kvg_malloc(B * F * sizeof(float));
+    s->hb2 = kvg_malloc(B * F * sizeof(float));
+    s->scores = kvg_malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
     s->row_stride = D > F ? D : F;
     if (qd > s->row_stride) s->row_stride = qd;
-    s->row_f32 = malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
+    s->row_f32 = kvg_malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
         !s->scores || !s->row_f32) {
         ref_session_free(m, s);

@@ -50,6 +50,10 @@ struct kvg_tokenizer {
     bool add_bos, add_space_prefix, ignore_merges;
     pcre2_code *re[MAX_REGEX];
     int n_re;
+    /* PCRE2's memory comes from the host's allocator through these (JIT code excepted: PCRE2
+     * maps executable pages itself) */
+    pcre2_general_context *re_mem;
+    pcre2_compile_context *re_compile;
 };
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -389,12 +393,27 @@ static void add_eog(kvg_tokenizer *t, int32_t id) {
     t->eog[t->n_eog++] = id;
 }
 
+static void *re_alloc(PCRE2_SIZE size, void *user) {
+    (void)user;
+    return kvg_malloc(size);
+}
+
+static void re_release(void *ptr, void *user) {
+    (void)user;
+    kvg_free(ptr);
+}
+
 static kvgen_status compile_regexes(kvg_tokenizer *t, const pre_def *d, const char *path, kvgen_error *err) {
+    if (d->regex[0]) {
+        t->re_mem = pcre2_general_context_create(re_alloc, re_release, NULL);
+        t->re_compile = t->re_mem ? pcre2_compile_context_create(t->re_mem) : NULL;
+        if (!t->re_compile) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the pre-tokenizer", path);
+    }
     for (int i = 0; i < MAX_REGEX && d->regex[i]; i++) {
         int ec;
         PCRE2_SIZE eo;
         t->re[i] = pcre2_compile((PCRE2_SPTR)d->regex[i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo,
-                                 NULL);
+                                 t->re_compile);
         if (!t->re[i]) {
             PCRE2_UCHAR msg[128];
             pcre2_get_error_message(ec, msg, sizeof msg);
@@ -519,6 +538,8 @@ fail:
 void kvg_tokenizer_free(kvg_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_re; i++) pcre2_code_free(t->re[i]);
+    pcre2_compile_context_free(t->re_compile);
+    pcre2_general_context_free(t->re_mem);
     kvg_free(t->pre);
     kvg_free(t->pool);
     kvg_free(t->text_off);
@@ -986,7 +1007,7 @@ kvgen_status kvg_tokenize_marked(const kvg_tokenizer *t, const char *text, size_
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "tokenizer: out of memory");
     }
     if (t->kind == KVGEN_TOKENIZER_BPE && n_frags) {
-        e.md = pcre2_match_data_create(1, NULL);
+        e.md = pcre2_match_data_create(1, t->re_mem);
         if (!e.md) e.st = KVGEN_E_NO_MEMORY;
     }
     bool prev_special = true; /* SentencePiece prefixes a space at the start and after special tokens */

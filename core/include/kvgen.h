@@ -108,8 +108,8 @@ KVGEN_API void kvgen_set_logger(kvgen_log_fn fn, void *user);
 KVGEN_API const char *kvgen_log_level_name(kvgen_log_level level);
 
 /* The host's memory functions for kvgen's host allocations: models, sessions, their pools'
- * bookkeeping, tokenizers, samplers, generation and jobs state (docs/c-api.md lists what is
- * covered). All three are required; each gets `user` first. realloc(user, NULL, n) must act as
+ * bookkeeping, tokenizers (PCRE2 included), samplers, generation and jobs state, and the
+ * backends' host memory (docs/c-api.md lists what is covered). All three are required; each gets `user` first. realloc(user, NULL, n) must act as
  * malloc, and free(user, NULL) must be harmless. */
 typedef struct kvgen_allocator {
     void *(*malloc)(void *user, size_t size);

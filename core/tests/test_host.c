@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "testutil.h"
@@ -75,8 +76,13 @@ static size_t capture_end(void) {
 
 #define MAGIC 0x6b766765u
 typedef struct { uint32_t magic, pad; size_t size; } header;
-static atomic_long n_alloc, n_free, n_bad, live_bytes;
+static atomic_long n_alloc, n_free, n_bad, live_bytes, peak_bytes;
 static int user_token;
+
+static void note_live(long delta) {
+    long now = atomic_fetch_add(&live_bytes, delta) + delta, peak = atomic_load(&peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, now)) {}
+}
 
 static void *count_malloc(void *user, size_t size) {
     if (user != &user_token) atomic_fetch_add(&n_bad, 1);
@@ -84,7 +90,7 @@ static void *count_malloc(void *user, size_t size) {
     if (!h) return NULL;
     *h = (header){MAGIC, 0, size};
     atomic_fetch_add(&n_alloc, 1);
-    atomic_fetch_add(&live_bytes, (long)size);
+    note_live((long)size);
     return h + 1;
 }
 
@@ -113,7 +119,7 @@ static void *count_realloc(void *user, void *p, size_t size) {
     header *g = realloc(h, sizeof *g + size);
     if (!g) return NULL;
     g->size = size;
-    atomic_fetch_add(&live_bytes, (long)size - (long)old);
+    note_live((long)size - (long)old);
     return g + 1;
 }
 
@@ -219,8 +225,16 @@ int main(void) {
     CHECK_OK(kvgen_set_allocator(&counting, &tu_err_));
     model_life(path, KVGEN_BACKEND_REFERENCE);
     check_balanced("reference");
+    atomic_store(&peak_bytes, 0);
     model_life(path, KVGEN_BACKEND_CPU);
     check_balanced("cpu");
+    /* the cpu backend keeps its packed copy of the weights in host memory: from the host's
+     * allocator, like the rest of the backend's state */
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        CHECKF(atomic_load(&peak_bytes) >= (long)sb.st_size / 2,
+               "cpu: %ld bytes at most were live through the host's allocator for a %lld-byte model (its packed "
+               "weights bypassed it)", atomic_load(&peak_bytes), (long long)sb.st_size);
 
     /* a default load without a Vulkan loader: runs on the cpu backend and says why, to the
      * host's logger only (the loader is looked for again at the next load, so the Vulkan child

@@ -109,9 +109,9 @@ static void vk_model_free(kvgen_model *m) {
     }
     if (vm->rope_mu_init) kvg_mutex_destroy(&vm->rope_mu);
     if (vm->bat_mu_init) kvg_mutex_destroy(&vm->bat_mu);
-    free(vm->layers);
-    free(vm->rope_factors);
-    free(vm);
+    kvg_free(vm->layers);
+    kvg_free(vm->rope_factors);
+    kvg_free(vm);
     m->backend = NULL;
 }
 
@@ -129,7 +129,7 @@ static kvgen_status neox_rows(const kvg_tensor *t, uint32_t hd, uint32_t n_rot, 
                               kvgen_error *err) {
     size_t rb = kvg_row_bytes(t->type, t->ne[0]);
     uint64_t rows = t->n_elements / t->ne[0];
-    uint8_t *d = malloc((size_t)rows * rb);
+    uint8_t *d = kvg_malloc((size_t)rows * rb);
     *buf = d;
     if (!d) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory permuting %s", t->name);
     for (uint64_t r = 0; r < rows; r++)
@@ -183,9 +183,9 @@ static kvgen_status upload_attention(kvgen_model *m, int l, kvgen_error *err) {
     char what[48];
     snprintf(what, sizeof what, "blk.%d.attn_qkv", l);
     if (st == KVGEN_OK) st = kvg_vk_upload_matrix(vm, what, qkv, 3, false, &L->qkv, err);
-    free(bq);
-    free(bk);
-    float *tmp = st == KVGEN_OK ? malloc((nq + 2 * nk + 2 * hd) * sizeof *tmp) : NULL;
+    kvg_free(bq);
+    kvg_free(bk);
+    float *tmp = st == KVGEN_OK ? kvg_malloc((nq + 2 * nk + 2 * hd) * sizeof *tmp) : NULL;
     if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     if (st == KVGEN_OK && (src->bq || src->bk || src->bv)) {
         small_f32(src->bq, tmp, nq, 0.0f, ph, n_rot);
@@ -199,7 +199,7 @@ static kvgen_status upload_attention(kvgen_model *m, int l, kvgen_error *err) {
         L->qk_flags = (src->q_norm ? 1u : 0u) | (src->k_norm ? 2u : 0u);
         st = upload_f32(vm, tmp, 2 * hd, &L->qk_norm, err);
     }
-    free(tmp);
+    kvg_free(tmp);
     if (st == KVGEN_OK && src->attn_post_norm) st = kvg_vk_upload_norm(vm, src->attn_post_norm, &L->attn_post, err);
     if (st == KVGEN_OK && src->ffn_post_norm) st = kvg_vk_upload_norm(vm, src->ffn_post_norm, &L->ffn_post, err);
     if (st != KVGEN_OK) return st;
@@ -241,7 +241,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
                         "%s: vulkan: attention shape (%d query heads per KV head, head_dim %d, n_rot %d) is "
                         "outside what the shaders handle (<= 8 per KV head, head_dim even and <= 256)",
                         path, hp->n_head / hp->n_head_kv, hp->head_dim, hp->n_rot);
-    vk_model *vm = calloc(1, sizeof *vm);
+    vk_model *vm = kvg_calloc(1, sizeof *vm);
     if (!vm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     m->backend = vm;
     vm->hp = *hp;
@@ -260,9 +260,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->attn_softcap = hp->attn_softcap;
     vm->final_softcap = hp->final_softcap;
     if (m->w.rope_freqs && hp->n_rot >= 2) {
-        vm->rope_factors = malloc((size_t)(hp->n_rot / 2) * sizeof *vm->rope_factors);
+        vm->rope_factors = kvg_malloc((size_t)(hp->n_rot / 2) * sizeof *vm->rope_factors);
         if (!vm->rope_factors) {
-            free(vm);
+            kvg_free(vm);
             m->backend = NULL;
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
         }
@@ -328,7 +328,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (st == KVGEN_OK && vm->tied) vm->output = vm->embd;
     if (st == KVGEN_OK) st = kvg_vk_upload_norm(vm, w->output_norm, &vm->out_norm, err);
     if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, up_done, up_total, err);
-    vm->layers = calloc((size_t)hp->n_layer, sizeof *vm->layers);
+    vm->layers = kvg_calloc((size_t)hp->n_layer, sizeof *vm->layers);
     if (st == KVGEN_OK && !vm->layers) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     for (int l = 0; l < hp->n_layer && st == KVGEN_OK; l++) {
         const kvg_layer *src = &w->layers[l];
@@ -417,7 +417,7 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
     kvg_mutex_lock(&vm->rope_mu);
     if (!vm->ropes[v][k].buf) {
         size_t n = n_pos * (half ? half : 1) * 2;
-        float *cs = malloc(n * sizeof *cs);
+        float *cs = kvg_malloc(n * sizeof *cs);
         if (!cs) {
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
         } else {
@@ -433,7 +433,7 @@ static kvgen_status rope_table(vk_model *vm, int v, int n_ctx, const kvg_vk_buff
             if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, &b, 0, cs, n * sizeof *cs, err);
             if (st == KVGEN_OK) vm->ropes[v][k] = b;
             else kvg_vk_buffer_destroy(vm->ctx, &b);
-            free(cs);
+            kvg_free(cs);
         }
     }
     kvg_mutex_unlock(&vm->rope_mu);
@@ -456,9 +456,9 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
     kvg_vk_buffer_destroy(ctx, &s->part);
     kvg_vk_buffer_destroy(ctx, &s->ptab);
-    free(s->sets);
-    free(s->saved);
-    free(s);
+    kvg_free(s->sets);
+    kvg_free(s->saved);
+    kvg_free(s);
 }
 
 /* batch: the model's batch session (vm->bat): a page table of BATCH_MAX tables and partials
@@ -473,11 +473,11 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: session n_ctx %d is outside [1, %d]", n_ctx, 256 << 12);
     if (!vm->page_size)
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a session before the model's page pool");
-    kvg_backend_session *s = calloc(1, sizeof *s);
+    kvg_backend_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     s->n_ctx = n_ctx;
     kvgen_status st = KVGEN_OK;
-    s->saved = malloc((size_t)hp->n_vocab * sizeof *s->saved);
+    s->saved = kvg_malloc((size_t)hp->n_vocab * sizeof *s->saved);
     if (!s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     /* one table per layer group, the local one (if any) after the global one */
     size_t entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * (batch ? BATCH_MAX : 1);
@@ -501,7 +501,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
         s->n_sets = cw.cursor;
     }
     if (st == KVGEN_OK) {
-        s->sets = calloc((size_t)s->n_sets, sizeof *s->sets);
+        s->sets = kvg_calloc((size_t)s->n_sets, sizeof *s->sets);
         if (!s->sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     }
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);

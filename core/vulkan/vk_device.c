@@ -42,26 +42,26 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(VkDebugUtilsMessageSeverity
 static bool has_layer(const char *name) {
     uint32_t n = 0;
     if (vkEnumerateInstanceLayerProperties(&n, NULL) != VK_SUCCESS || n == 0) return false;
-    VkLayerProperties *p = calloc(n, sizeof *p);
+    VkLayerProperties *p = kvg_calloc(n, sizeof *p);
     if (!p) return false;
     bool found = false;
     if (vkEnumerateInstanceLayerProperties(&n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++)
             if (strcmp(p[i].layerName, name) == 0) found = true;
-    free(p);
+    kvg_free(p);
     return found;
 }
 
 static bool has_instance_ext(const char *name) {
     uint32_t n = 0;
     if (vkEnumerateInstanceExtensionProperties(NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
-    VkExtensionProperties *p = calloc(n, sizeof *p);
+    VkExtensionProperties *p = kvg_calloc(n, sizeof *p);
     if (!p) return false;
     bool found = false;
     if (vkEnumerateInstanceExtensionProperties(NULL, &n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++)
             if (strcmp(p[i].extensionName, name) == 0) found = true;
-    free(p);
+    kvg_free(p);
     return found;
 }
 
@@ -150,13 +150,13 @@ static int type_rank(VkPhysicalDeviceType t) {
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     uint32_t n = 0;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
-    VkExtensionProperties *p = calloc(n, sizeof *p);
+    VkExtensionProperties *p = kvg_calloc(n, sizeof *p);
     if (!p) return false;
     bool found = false;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++)
             if (strcmp(p[i].extensionName, name) == 0) found = true;
-    free(p);
+    kvg_free(p);
     return found;
 }
 
@@ -222,7 +222,7 @@ static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
     uint32_t n = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, NULL);
     if (n == 0) return false;
-    VkQueueFamilyProperties *q = calloc(n, sizeof *q);
+    VkQueueFamilyProperties *q = kvg_calloc(n, sizeof *q);
     if (!q) return false;
     vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, q);
     bool found = false;
@@ -236,7 +236,7 @@ static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
                 found = true;
             }
         }
-    free(q);
+    kvg_free(q);
     return found;
 }
 
@@ -245,11 +245,11 @@ static kvgen_status enumerate(VkInstance inst, VkPhysicalDevice **pds, uint32_t 
     *n = 0;
     VKCHECK(vkEnumeratePhysicalDevices(inst, n, NULL), "vkEnumeratePhysicalDevices");
     if (*n == 0) return KVGEN_OK;
-    *pds = calloc(*n, sizeof **pds);
+    *pds = kvg_calloc(*n, sizeof **pds);
     if (!*pds) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory listing devices");
     VkResult r = vkEnumeratePhysicalDevices(inst, n, *pds);
     if (r != VK_SUCCESS && r != VK_INCOMPLETE) {
-        free(*pds);
+        kvg_free(*pds);
         *pds = NULL;
         return kvg_vk_check(r, err, "vkEnumeratePhysicalDevices");
     }
@@ -330,7 +330,7 @@ kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_er
         }
         *count = (int)n;
     }
-    free(pds);
+    kvg_free(pds);
     vkDestroyInstance(inst, NULL);
     return st;
 }
@@ -402,11 +402,11 @@ static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
 static kvgen_status check_host_queue(kvg_vk_ctx *ctx, kvgen_error *err) {
     uint32_t n = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(ctx->phys, &n, NULL);
-    VkQueueFamilyProperties *q = n ? calloc(n, sizeof *q) : NULL;
+    VkQueueFamilyProperties *q = n ? kvg_calloc(n, sizeof *q) : NULL;
     if (n && !q) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     if (q) vkGetPhysicalDeviceQueueFamilyProperties(ctx->phys, &n, q);
     bool compute = ctx->queue_family < n && (q[ctx->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT);
-    free(q);
+    kvg_free(q);
     if (ctx->queue_family >= n)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "vulkan: vk_queue_family %u is out of range (device %s has %u queue families)",
@@ -419,11 +419,11 @@ static kvgen_status check_host_queue(kvg_vk_ctx *ctx, kvgen_error *err) {
 
 kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kvgen_error *err) {
     *out = NULL;
-    kvg_vk_ctx *ctx = calloc(1, sizeof *ctx);
+    kvg_vk_ctx *ctx = kvg_calloc(1, sizeof *ctx);
     if (!ctx) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
     atomic_init(&ctx->validation_messages, 0);
     if (kvg_mutex_init(&ctx->lock) != 0) {
-        free(ctx);
+        kvg_free(ctx);
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kvg_mutex_init failed");
     }
     ctx->force_staging = env_flag("KVGEN_VK_STAGING");
@@ -470,7 +470,7 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
             describe_device(ctx->phys, idx, &ctx->info);
             ctx->info.is_default = idx == default_device(pds, n);
         }
-        free(pds);
+        kvg_free(pds);
         if (st != KVGEN_OK) goto fail;
         if (ctx->info.api_version < VK_API_VERSION_1_1) {
             st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s supports only Vulkan 1.0; kvgen needs 1.1",
@@ -509,7 +509,7 @@ void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx) {
         if (ctx->set_layout) vkDestroyDescriptorSetLayout(ctx->dev, ctx->set_layout, NULL);
         if (ctx->own_device) vkDestroyDevice(ctx->dev, NULL);
     }
-    free(ctx->pipes);
+    kvg_free(ctx->pipes);
     if (ctx->own_instance && ctx->instance) {
         if (ctx->messenger) {
             PFN_vkDestroyDebugUtilsMessengerEXT destroy = (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(
@@ -519,7 +519,7 @@ void kvg_vk_ctx_destroy(kvg_vk_ctx *ctx) {
         vkDestroyInstance(ctx->instance, NULL);
     }
     kvg_mutex_destroy(&ctx->lock);
-    free(ctx);
+    kvg_free(ctx);
 }
 
 int kvg_vk_validation_count(const kvg_vk_ctx *ctx) {
@@ -705,7 +705,7 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader name %s is too long", shader);
     if (ctx->n_pipes == ctx->cap_pipes) {
         int cap = ctx->cap_pipes ? ctx->cap_pipes * 2 : 32;
-        kvg_vk_pipeline *p = realloc(ctx->pipes, (size_t)cap * sizeof *p);
+        kvg_vk_pipeline *p = kvg_realloc(ctx->pipes, (size_t)cap * sizeof *p);
         if (!p) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for pipelines");
         ctx->pipes = p;
         ctx->cap_pipes = cap;

@@ -54,7 +54,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     kvg_backend_session s = {.n_ctx = 1};
     kvg_vk_buffer xb = {0}, yb = {0}, nb = {0};
     uint32_t ldx = round_up(K, 32), ldo = epi == EPI_SWIGLU ? rows / 2 : rows;
-    float *xp = calloc((size_t)ncols * ldx + 32, sizeof *xp);
+    float *xp = kvg_calloc((size_t)ncols * ldx + 32, sizeof *xp);
     kvgen_status st = xp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_upload_matrix(&vm, "test", &tp, 1, false, &m, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
@@ -77,7 +77,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = ncols, .err = err};
     if (st == KVGEN_OK) st = kvg_vk_op_matmul(&w, &a);
     if (st == KVGEN_OK) {
-        s.sets = calloc((size_t)m.n_parts, sizeof *s.sets);
+        s.sets = kvg_calloc((size_t)m.n_parts, sizeof *s.sets);
         if (!s.sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     }
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)m.n_parts, &s.pool, err);
@@ -88,8 +88,8 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_matmul_v, &a, err);
     if (st == KVGEN_OK) st = kvg_vk_download(ctx, &yb, 0, y, (size_t)ncols * ldo * 4, err);
     if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
-    free(s.sets);
-    free(xp);
+    kvg_free(s.sets);
+    kvg_free(xp);
     kvg_vk_free_matrix(ctx, &m);
     kvg_vk_buffer_destroy(ctx, &vm.params);
     kvg_vk_buffer_destroy(ctx, &xb);
@@ -136,7 +136,7 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
         uint32_t *p = params.map;
         memset(p, 0, 16);
         memcpy(p + 4, tokens, (size_t)n * 4);
-        sets = calloc((size_t)m.n_parts, sizeof *sets);
+        sets = kvg_calloc((size_t)m.n_parts, sizeof *sets);
         if (!sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     }
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)m.n_parts, &pool, err);
@@ -166,14 +166,14 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
         }
         kvg_mutex_unlock(&ctx->lock);
     }
-    float *tmp = st == KVGEN_OK ? malloc((size_t)n * ldo * 4) : NULL;
+    float *tmp = st == KVGEN_OK ? kvg_malloc((size_t)n * ldo * 4) : NULL;
     if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_download(ctx, &yb, 0, tmp, (size_t)n * ldo * 4, err);
     if (st == KVGEN_OK)
         for (uint32_t i = 0; i < n; i++) memcpy(out + (size_t)i * K, tmp + (size_t)i * ldo, (size_t)K * 4);
-    free(tmp);
+    kvg_free(tmp);
     if (pool) vkDestroyDescriptorPool(ctx->dev, pool, NULL);
-    free(sets);
+    kvg_free(sets);
     kvg_vk_free_matrix(ctx, &m);
     kvg_vk_buffer_destroy(ctx, &params);
     kvg_vk_buffer_destroy(ctx, &yb);
@@ -239,8 +239,8 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;
     size_t nq = (size_t)ncols * vm.ld_q;
-    int32_t *tab = malloc((size_t)n_pages * sizeof *tab);
-    void *fill = malloc(vm.page_bytes);
+    int32_t *tab = kvg_malloc((size_t)n_pages * sizeof *tab);
+    void *fill = kvg_malloc(vm.page_bytes);
     kvgen_status st = tab && fill ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, 0, err);
     /* every slot NaN first: one the kernel reads but should not (another page, a slot past the
@@ -284,8 +284,8 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     if (st == KVGEN_OK) st = run_one_off(ctx, &w, op_attention_v, NULL, err);
     if (st == KVGEN_OK) st = kvg_vk_download(ctx, &vm.att, 0, out, nq * 4, err);
     if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
-    free(tab);
-    free(fill);
+    kvg_free(tab);
+    kvg_free(fill);
     kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &s.ptab, &vm.slabs[0]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
     return st;

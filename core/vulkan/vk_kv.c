@@ -217,7 +217,7 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
                         write ? "write" : "read", layer, which, pos0, n);
     size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
     size_t elem = vm->ctx->kv_f16 ? 2 : 4, region = H * P * hd * elem;
-    uint8_t *tmp = malloc(region);
+    uint8_t *tmp = kvg_malloc(region);
     if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
     /* a NEOX model's keys are held with each head's rotation pairs adjacent (vk_model.neox):
      * device element j is element src[j] of the file's order */
@@ -266,7 +266,7 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
         if (st == KVGEN_OK && write) st = kvg_vk_upload(vm->ctx, (kvg_vk_buffer *)slab, off, tmp, region, err);
         p += cnt;
     }
-    free(tmp);
+    kvg_free(tmp);
     return st;
 }
 

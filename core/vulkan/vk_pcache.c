@@ -75,7 +75,7 @@ static char *expand_path(const char *path, const VkPhysicalDeviceProperties *p) 
     size_t n = 0, klen = sizeof key - 1, dlen = strlen(dev);
     for (const char *s = strstr(path, key); s; s = strstr(s + klen, key)) n++;
     size_t len = strlen(path) + n * dlen + 1;
-    char *out = malloc(len), *o = out;
+    char *out = kvg_malloc(len), *o = out;
     if (!out) return NULL;
     for (const char *s = path;;) {
         const char *k = strstr(s, key);
@@ -108,7 +108,7 @@ static unsigned char *read_file(const kvg_vk_ctx *ctx, size_t *size, const char 
     else if (!S_ISREG(st.st_mode)) *why = "not a regular file";
     else if (st.st_size < HEADER_BYTES + TRAILER_BYTES) *why = "too short";
     else if ((uint64_t)st.st_size > KVG_VK_PCACHE_MAX) *why = "larger than the 64 MiB kvgen reads";
-    else if (!(buf = malloc((size_t)st.st_size))) *why = "out of memory";
+    else if (!(buf = kvg_malloc((size_t)st.st_size))) *why = "out of memory";
     size_t want = buf ? (size_t)st.st_size : 0, got = 0;
     while (got < want) {
         ssize_t r = read(fd, buf + got, want - got);
@@ -126,7 +126,7 @@ static unsigned char *read_file(const kvg_vk_ctx *ctx, size_t *size, const char 
     else if (get_u64(t + 16) != fnv1a(buf, n)) *why = "damaged (checksum differs)";
     else *why = header_mismatch(ctx, buf, n);
     if (*why) {
-        free(buf);
+        kvg_free(buf);
         return NULL;
     }
     *size = n;
@@ -156,7 +156,7 @@ void kvg_vk_pcache_open(kvg_vk_ctx *ctx, const char *path) {
             why = "the driver refused its data";
         }
     }
-    free(data);
+    kvg_free(data);
     if (r != VK_SUCCESS) {
         ctx->pcache.cache = VK_NULL_HANDLE;
         ctx->pcache.state = why ? KVG_VK_PCACHE_IGNORED : KVG_VK_PCACHE_ABSENT;
@@ -212,19 +212,19 @@ static const char *write_atomic(const kvg_vk_ctx *ctx, const unsigned char *data
     *eno = 0;
     if (kvg_stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return "it exists and is not a regular file";
     size_t len = strlen(path);
-    char *tmp = malloc(len + 16);
+    char *tmp = kvg_malloc(len + 16);
     if (!tmp) return "out of memory";
     memcpy(tmp, path, len);
     memcpy(tmp + len, ".tmp-XXXXXX", 12);
     if (make_parent(tmp) != 0) {
         *eno = errno;
-        free(tmp);
+        kvg_free(tmp);
         return "cannot create its folder";
     }
     int fd = kvg_mkstemp(tmp);
     if (fd < 0) {
         *eno = errno;
-        free(tmp);
+        kvg_free(tmp);
         return "cannot create a temporary file in its folder";
     }
     unsigned char trailer[TRAILER_BYTES];
@@ -250,7 +250,7 @@ static const char *write_atomic(const kvg_vk_ctx *ctx, const unsigned char *data
         if (slash) slash[slash == tmp] = '\0';
         (void)kvg_sync_folder(slash ? tmp : "."); /* makes the rename itself durable; best effort */
     }
-    free(tmp);
+    kvg_free(tmp);
     return why;
 }
 
@@ -262,7 +262,7 @@ void kvg_vk_pcache_save(kvg_vk_ctx *ctx) {
     const char *why = NULL;
     VkResult r = VK_INCOMPLETE;
     for (int tries = 0; tries < 4 && r == VK_INCOMPLETE; tries++) { /* VK_INCOMPLETE: it grew meanwhile */
-        free(data);
+        kvg_free(data);
         data = NULL;
         r = vkGetPipelineCacheData(ctx->dev, ctx->pcache.cache, &n, NULL);
         if (r != VK_SUCCESS) break;
@@ -270,7 +270,7 @@ void kvg_vk_pcache_save(kvg_vk_ctx *ctx) {
             why = "the driver's data is larger than 64 MiB";
             break;
         }
-        if (!(data = malloc(n ? n : 1))) {
+        if (!(data = kvg_malloc(n ? n : 1))) {
             why = "out of memory";
             break;
         }
@@ -290,7 +290,7 @@ void kvg_vk_pcache_save(kvg_vk_ctx *ctx) {
         ctx->pcache.file_hash = fnv1a(data, n);
         ctx->pcache.writes++;
     }
-    free(data);
+    kvg_free(data);
 }
 
 void kvg_vk_pcache_close(kvg_vk_ctx *ctx) {
@@ -299,6 +299,6 @@ void kvg_vk_pcache_close(kvg_vk_ctx *ctx) {
         vkDestroyPipelineCache(ctx->dev, ctx->pcache.cache, NULL);
     }
     ctx->pcache.cache = VK_NULL_HANDLE;
-    free(ctx->pcache.path);
+    kvg_free(ctx->pcache.path);
     ctx->pcache.path = NULL;
 }

@@ -283,12 +283,12 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
         }
         if (pass == 0) {
             out->n_parts = np;
-            out->parts = calloc((size_t)np, sizeof *out->parts);
+            out->parts = kvg_calloc((size_t)np, sizeof *out->parts);
             if (!out->parts) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
         }
     }
 
-    float *tmp = malloc((size_t)out->nb * 32 * sizeof(float));
+    float *tmp = kvg_malloc((size_t)out->nb * 32 * sizeof(float));
     uint32_t *stage = NULL;
     if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
     kvgen_status st = KVGEN_OK;
@@ -306,8 +306,8 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
         /* straight into mapped memory where possible, else through a host copy */
         uint32_t *dst = part->buf.map;
         if (!dst) {
-            free(stage);
-            stage = calloc(total_words, 4);
+            kvg_free(stage);
+            stage = kvg_calloc(total_words, 4);
             if (!stage) {
                 st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", what);
                 break;
@@ -337,27 +337,27 @@ kvgen_status kvg_vk_upload_matrix(vk_model *vm, const char *what, const kvg_tens
         }
         if (!part->buf.map) st = kvg_vk_upload(vm->ctx, &part->buf, 0, stage, total_words * 4, err);
     }
-    free(stage);
-    free(tmp);
+    kvg_free(stage);
+    kvg_free(tmp);
     return st;
 }
 
 void kvg_vk_free_matrix(kvg_vk_ctx *ctx, vk_matrix *m) {
     for (int i = 0; i < m->n_parts; i++) kvg_vk_buffer_destroy(ctx, &m->parts[i].buf);
-    free(m->parts);
+    kvg_free(m->parts);
     memset(m, 0, sizeof *m);
 }
 
 kvgen_status kvg_vk_upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer *out, kvgen_error *err) {
     uint32_t n = (uint32_t)t->n_elements;
     uint32_t padded = round_up(n, 32);
-    float *v = calloc(padded, sizeof *v);
+    float *v = kvg_calloc(padded, sizeof *v);
     if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory uploading %s", t->name);
     kvg_dequantize_row(t->type, t->data, v, n);
     /* a whole uniform window is bound (matvec.comp reads the norm weight through one) */
     size_t bytes = (size_t)padded * 4 > vm->ctx->ubo_window ? (size_t)padded * 4 : vm->ctx->ubo_window;
     kvgen_status st = kvg_vk_buffer_create(vm->ctx, bytes, KVG_VK_MEM_UPLOAD, out, err);
     if (st == KVGEN_OK) st = kvg_vk_upload(vm->ctx, out, 0, v, (size_t)padded * 4, err);
-    free(v);
+    kvg_free(v);
     return st;
 }
