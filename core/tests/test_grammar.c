@@ -301,6 +301,14 @@ static char *generate(kvgen_model *m, const kvgen_constraint *c, uint64_t seed, 
 
 /* Runs /usr/bin/python3 core/tests/validate_json.py on the outputs (one a line). */
 static void validate(const char *schema, char **texts, int n, const char *what) {
+#ifdef _WIN32
+    /* the Windows build's tests run under Wine, which cannot start the host's python3: the
+     * outputs were matched against their grammar above, and the Linux build validates them */
+    (void)schema;
+    (void)texts;
+    printf("%s: %d outputs not given to python3-jsonschema (Windows build)\n", what, n);
+    return;
+#endif
     char *sp = tu_tmpfile("schema.json"), *op = tu_tmpfile("outputs.txt");
     FILE *f = fopen(sp, "w");
     if (f) {
