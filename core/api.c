@@ -218,6 +218,15 @@ static kvgen_status init_backend(kvgen_model *m, const kvgen_model_desc *desc, k
     return st;
 }
 
+/* Phi-3's LongRoPE: the model's context (desc.n_ctx) above the original one takes the long
+ * factors as the frequencies' divisors on every backend and lifts the session limit; the choice
+ * is the model's, as every session shares its K/V pages (forks, the prefix cache). */
+static void choose_rope_factors(kvg_weights *w, int n_ctx) {
+    if (!w->rope_factors_long || w->hp.n_ctx_rope <= 0 || n_ctx <= w->hp.n_ctx_rope) return;
+    w->rope_freqs = w->rope_factors_long;
+    w->hp.n_ctx_rope = n_ctx;
+}
+
 kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!desc) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc is NULL");
@@ -230,6 +239,9 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (desc->n_threads < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.n_threads %d is negative",
                         desc->n_threads);
+    if (desc->n_ctx < 0 || desc->n_ctx > KVG_MAX_CTX)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.n_ctx %d is outside [0, %d]",
+                        desc->n_ctx, KVG_MAX_CTX);
 
     kvgen_model *m = kvg_calloc(1, sizeof *m);
     if (!m) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
@@ -240,6 +252,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     m->progress_user = desc->progress_user;
     kvgen_status st = kvg_gguf_open(desc->path, &m->gguf, err);
     if (st == KVGEN_OK) st = kvg_weights_describe(m->gguf, &m->w, err);
+    if (st == KVGEN_OK) choose_rope_factors(&m->w, desc->n_ctx);
     if (st == KVGEN_OK) st = kvg_weights_read(m, err);
     if (st == KVGEN_OK) st = kvg_tokenizer_load(m->gguf, &m->tok, err);
     if (st == KVGEN_OK) {

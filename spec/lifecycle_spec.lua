@@ -143,6 +143,25 @@ describe("session state (random model)", function()
       assert.matches("option 'keep': %-1 is out of range", error_of(m.session, m, { keep = -1 }))
       assert.matches("option 'prefix_reuse': boolean expected", error_of(m.session, m, { prefix_reuse = 0 }))
     end)
+
+    it("a phi3 model loaded with a context over its original one runs longer sessions", function()
+      local path = support.random_model_path("--arch phi3 --ctx 1024 --orig-ctx 256 --rope-factors --seed 3")
+      local short <close> = kvgen.load(path, { backend = "reference" })
+      assert.matches("n_ctx 512 is over the model's 256 positions", error_of(short.session, short, { context = 512 }))
+      local long <close> = kvgen.load(path, { backend = "reference", context = 1024 })
+      local s <close> = long:session()
+      assert.are.equal(1024, s:cache_info().capacity)
+      local a <close> = short:session { context = 64 }
+      local b <close> = long:session { context = 64 }
+      a:prefill { 1, 7, 3, 9 }
+      b:prefill { 1, 7, 3, 9 }
+      local la, lb, d = a:logits(5), b:logits(5), 0
+      for i = 1, #la do
+        d = math.max(d, math.abs(la[i].logit - lb[i].logit), la[i].id ~= lb[i].id and 1 or 0)
+      end
+      assert.is_true(d > 1e-3, "the long factors moved the logits by " .. d)
+      assert.matches("option 'context': %-1 is out of range", error_of(kvgen.load, path, { context = -1 }))
+    end)
   end)
 
   describe("the KV page pool", function()

@@ -199,6 +199,12 @@ typedef struct kvgen_model_desc {
      * starts; without one they are read as the backend first touches them. */
     kvgen_load_progress_fn progress;
     void *progress_user; /* passed to progress */
+    /* The longest context the model's sessions will run, for a file with LongRoPE long factors
+     * (phi3: rope_factors_long): above the file's rope.scaling.original_context_length, every
+     * session of this model runs the long factors and may be as long as this; 0 (or at most the
+     * original context): the short factors run and sessions stop at the original context. Other
+     * files ignore it. At most 1 << 20 (KVGEN_E_INVALID_ARGUMENT past that or below 0). */
+    int n_ctx;
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
@@ -362,7 +368,8 @@ typedef enum kvgen_on_full {
 
 typedef struct kvgen_session_desc {
     int n_ctx;          /* context limit in tokens; 0: min(model's context_length, 4096), and at most
-                           the original context of a file with LongRoPE long factors (phi3) */
+                           the original context of a file with LongRoPE long factors (phi3)
+                           loaded without a longer kvgen_model_desc.n_ctx */
     int no_cache;       /* 1: recompute the whole sequence on every decode (the O(N^2) baseline) */
     uint64_t seed;      /* sampler seed; 0: 0x5eed */
     float temperature;  /* <= 0: greedy */

@@ -21,8 +21,9 @@ typedef struct kvg_hparams {
     float rope_freq_scale;             /* position scale of linear RoPE scaling (1: none) */
     float rope_attn_factor;            /* rope.scaling.attn_factor: cos and sin are multiplied by it (1: none) */
     int n_ctx_orig;                    /* rope.scaling.original_context_length (0: absent) */
-    int n_ctx_rope;                    /* sessions longer than this are refused (0: no limit): the
-                                          file's RoPE factors for longer contexts are not run */
+    int n_ctx_rope;                    /* sessions longer than this are refused (0: no limit): the original
+                                          context while the short LongRoPE factors run, else the
+                                          model's kvgen_model_desc.n_ctx */
     /* attention variants, 0 when the architecture or the file has none */
     float attn_softcap, final_softcap; /* <prefix>.attn_logit_softcapping, final_logit_softcapping */
     int n_swa;                         /* <prefix>.attention.sliding_window (0: none) */
@@ -65,7 +66,7 @@ typedef struct kvg_weights {
     const kvg_tensor *output_norm; /* [n_embd] f32 */
     const kvg_tensor *output;      /* [n_embd] x n_vocab; == tok_embd when tied */
     bool tied;
-    const kvg_tensor *rope_factors_long; /* [n_rot/2] f32: Phi-3's factors past n_ctx_orig (not run) */
+    const kvg_tensor *rope_factors_long; /* [n_rot/2] f32: Phi-3's factors past n_ctx_orig (rope_freqs when the model's n_ctx is longer) */
     kvg_layer *layers;             /* n_layer */
     struct kvg_tensor_view *views; /* the parts of fused matrices (kvg_arch.h), owned; the layers point in */
     int n_views;

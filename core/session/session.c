@@ -194,11 +194,15 @@ static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_des
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: n_ctx %d is outside [0, %d]", d->n_ctx,
                         KVG_MAX_CTX);
     int rope_max = model->w.hp.n_ctx_rope;
+    if (rope_max > 0 && d->n_ctx > rope_max && model->w.rope_factors_long &&
+        model->w.rope_freqs == model->w.rope_factors_long)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_create: n_ctx %d is over the model's %d positions "
+                        "(kvgen_model_desc.n_ctx, for which it runs its long RoPE factors)", d->n_ctx, rope_max);
     if (rope_max > 0 && d->n_ctx > rope_max)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_create: n_ctx %d is over the model's %d positions "
                         "(rope.scaling.original_context_length): kvgen runs its short RoPE factors "
-                        "(rope_factors_short), not the long ones for longer contexts (rope_factors_long)", d->n_ctx,
-                        rope_max);
+                        "(rope_factors_short); a longer kvgen_model_desc.n_ctx runs the long ones "
+                        "(rope_factors_long)", d->n_ctx, rope_max);
     if (d->top_k < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: top_k %d is negative (0 turns it off)",
                         d->top_k);

@@ -2,7 +2,8 @@
  * llama row as before, metadata read through a row's prefix, every row running on the
  * reference backend and on Vulkan alike, phi3's fused matrices described as views of the file's
  * rows and its LongRoPE factors (the short ones run, sessions limited to the original context
- * when the file has long ones), architectures whose
+ * when the file has long ones, unless the model's n_ctx is longer: then the long ones run on
+ * every backend), architectures whose
  * features a backend does not run refused with a message naming file, architecture, feature
  * and backend (checked against a backend table that runs the llama pass only), unknown
  * architectures listing the known ones, tensors the row does not use refused (when they would
@@ -493,6 +494,100 @@ static void test_wide_heads(void) {
 /* phi3: attn_qkv and ffn_up seen as views of their rows (Q, K, V; gate, up), which run on both
  * backends alike; partial rotary; the LongRoPE factors: the short ones as rope_freqs, the
  * attention factor read, sessions limited to the original context when long ones exist. */
+
+/* The logits after 6 tokens of a model loaded with context n_ctx_model on backend b (a session
+ * of n_ctx_session), in a fresh array; NULL when it fails (reported). */
+static float *long_logits(const char *path, kvgen_backend b, int n_ctx_model, int n_ctx_session, int *n_vocab) {
+    kvgen_model_desc d = {.path = path, .backend = b, .n_threads = 1, .n_ctx = n_ctx_model};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvgen_model_load(&d, &m, &err);
+    CHECKF(st == KVGEN_OK, "backend %d, n_ctx %d: %s", (int)b, n_ctx_model, err.message);
+    if (!m) return NULL;
+    kvgen_session_desc sd = {.n_ctx = n_ctx_session};
+    int32_t t[6] = {1, 7, 3, 9, 2, 5};
+    float *out = NULL;
+    st = kvgen_session_create(m, &sd, &s, &err);
+    if (st == KVGEN_OK) st = kvgen_session_prefill(s, t, 5, NULL, &err);
+    if (st == KVGEN_OK) st = kvgen_session_decode(s, t[5], &err);
+    CHECKF(st == KVGEN_OK, "backend %d, model n_ctx %d, session %d: %s", (int)b, n_ctx_model, n_ctx_session,
+           err.message);
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    *n_vocab = info.n_vocab;
+    const float *l = st == KVGEN_OK ? kvgen_session_logits(s) : NULL;
+    if (l && (out = malloc((size_t)info.n_vocab * sizeof *out))) memcpy(out, l, (size_t)info.n_vocab * sizeof *out);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+    return out;
+}
+
+/* A model whose n_ctx is over the original context runs the long factors on every backend (the
+ * logits move off the short-factor run's and agree across backends) and its sessions may be as
+ * long as it; at or below the original context the short ones run, as with no n_ctx. */
+static void test_long_factors(const char *p) {
+    int nv = 0;
+    float *none = long_logits(p, KVGEN_BACKEND_REFERENCE, 0, 64, &nv);
+    float *at = long_logits(p, KVGEN_BACKEND_REFERENCE, 256, 64, &nv);
+    float *lng = long_logits(p, KVGEN_BACKEND_REFERENCE, 1024, 64, &nv);
+    float *big = long_logits(p, KVGEN_BACKEND_REFERENCE, 1024, 1024, &nv);
+    CHECK(none && at && lng && big);
+    if (none && at && lng && big) {
+        double max = 0;
+        for (int i = 0; i < nv; i++) max = fmax(max, fabs(none[i]));
+        CHECKF(tu_max_diff(none, at, nv) == 0.0, "n_ctx 256 moved the logits by %g", tu_max_diff(none, at, nv));
+        CHECKF(tu_max_diff(none, lng, nv) > 1e-3 * (2.0 + max), "long factors moved the logits by only %g",
+               tu_max_diff(none, lng, nv));
+        CHECKF(tu_max_diff(lng, big, nv) == 0.0, "the session's length moved the logits by %g",
+               tu_max_diff(lng, big, nv));
+        kvgen_backend others[2] = {KVGEN_BACKEND_CPU, KVGEN_BACKEND_VULKAN};
+        const char *names[2] = {"cpu", "vulkan"};
+        for (int b = 0; b < (has_vulkan ? 2 : 1); b++) {
+            float *o = long_logits(p, others[b], 1024, 512, &nv);
+            float *os = long_logits(p, others[b], 0, 64, &nv);
+            CHECK(o && os);
+            if (o && os) {
+                double dl = tu_max_diff(o, lng, nv), ds = tu_max_diff(os, none, nv);
+                CHECKF(dl <= 0.01 * (2.0 + max) && ds <= 0.01 * (2.0 + max) && dl < tu_max_diff(o, none, nv),
+                       "%s vs reference: long %g, short %g, long vs short %g", names[b], dl, ds,
+                       tu_max_diff(o, none, nv));
+                printf("  phi3 long factors on %s: %g off the reference (short: %g), %g off the short run\n",
+                       names[b], dl, ds, tu_max_diff(o, none, nv));
+            }
+            free(o);
+            free(os);
+        }
+    }
+    free(none);
+    free(at);
+    free(lng);
+    free(big);
+    /* the model's n_ctx is the sessions' limit and default; a bad one is refused at load */
+    kvgen_model_desc d = {.path = p, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1, .n_ctx = 1024};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&d, &m, &err));
+    if (m) {
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 2048};
+        kvgen_status st = kvgen_session_create(m, &sd, &s, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && !s && strstr(err.message, "n_ctx 2048") && strstr(err.message, "1024"),
+               "%s (%s)", err.message, kvgen_status_name(st));
+        sd.n_ctx = 0;
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        kvgen_cache_info ci;
+        if (s) kvgen_session_cache_info(s, &ci);
+        CHECK(s && ci.capacity == 1024);
+        kvgen_session_close(s);
+        kvgen_model_unload(m);
+    }
+    d.n_ctx = -1;
+    kvgen_status st = kvgen_model_load(&d, &m, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && !m && strstr(err.message, "desc.n_ctx -1"), "%s (%s)", err.message,
+           kvgen_status_name(st));
+}
+
 static void test_phi3(void) {
     char *p = tu_make_model("a-phi3.gguf", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 "
                                            "--rope-dim 12 --untied --type Q8_0");
@@ -563,6 +658,7 @@ static void test_phi3(void) {
         kvgen_session_close(s);
         kvgen_model_unload(m);
     }
+    test_long_factors(p);
     free(p);
 
     /* a chat on Phi-3's vocabulary: its file's own template runs (the phi3 family where a file has

@@ -4,7 +4,8 @@
  * gemma2 post norms + soft-capping + sliding window, gemma3 Q/K norms + post norms + sliding
  * window with the local RoPE base, 7 layers so a global layer sits between local ones; phi3
  * with its fused attn_qkv and gate/up, partial rotary and GQA, and with LongRoPE factors and an
- * attention factor, the short factors being those llama.cpp's 512-token context takes) run a
+ * attention factor, the short factors being those llama.cpp's 512-token context takes, and the
+ * long ones under an original context of 256, loaded with n_ctx 512 as llama.cpp runs it) run a
  * fixed 40-token sequence, longer than the 8-token windows; llama.cpp's top-8 logits at every
  * position are the fixtures (scripts/oracle/arch_fixtures.sh, with scripts/oracle/dump_logits.cpp).
  * Same f32 math, different summation order: top-1 identical wherever llama.cpp's top-2 margin
@@ -25,18 +26,23 @@ static const int32_t IDS[N_TOK] = {1,   17, 42,  99, 3,   250, 7,   130, 64,  5,
 
 static const struct {
     const char *name, *args;
+    int model_ctx; /* kvgen_model_desc.n_ctx: llama.cpp's context (512) where it matters */
 } CONFIGS[] = {
-    {"llama_rope_freqs", "--arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-freqs --seed 71"},
-    {"qwen2", "--arch qwen2 --qkv-bias --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-base 1000000 --seed 72"},
+    {"llama_rope_freqs", "--arch llama --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-freqs --seed 71", 0},
+    {"qwen2", "--arch qwen2 --qkv-bias --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-base 1000000 "
+              "--seed 72", 0},
     {"qwen3", "--arch qwen3 --qk-norm --layers 2 --embd 64 --heads 4 --kv-heads 2 --head-dim 32 --ff 96 --rope-base "
-              "1000000 --seed 73"},
+              "1000000 --seed 73", 0},
     {"gemma2", "--arch gemma2 --post-norms --swa 8 --softcap 50,30 --layers 3 --embd 64 --heads 4 --kv-heads 2 --ff 96 "
-               "--seed 74"},
+               "--seed 74", 0},
     {"gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 64 --heads 4 --kv-heads 1 --head-dim 32 "
-               "--ff 96 --rope-base 1000000 --seed 75"},
-    {"phi3", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied --seed 76"},
+               "--ff 96 --rope-base 1000000 --seed 75", 0},
+    {"phi3", "--arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied --seed 76", 0},
     {"phi3_longrope", "--arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 512 --rope-factors "
-                      "--seed 77"},
+                      "--seed 77", 0},
+    /* an original context of 256 under llama.cpp's 512: the long factors */
+    {"phi3_longrope_long", "--arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 256 "
+                           "--rope-factors --seed 78", 512},
 };
 
 typedef struct fixture {
@@ -80,7 +86,7 @@ static bool load_fixture(const char *name, fixture *fx) {
     return tokens_ok && fx->n_pos == N_TOK;
 }
 
-static void check_config(const char *name, const char *args) {
+static void check_config(const char *name, const char *args, int model_ctx) {
     char file[64];
     snprintf(file, sizeof file, "ap-%s.gguf", name);
     char *path = tu_make_model(file, args);
@@ -92,7 +98,7 @@ static void check_config(const char *name, const char *args) {
     }
     kvgen_model *m = NULL;
     kvgen_error err = {0};
-    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2};
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 2, .n_ctx = model_ctx};
     CHECK_OK(kvgen_model_load(&md, &m, &err));
     if (!m) {
         free(path);
@@ -175,6 +181,7 @@ static void check_config(const char *name, const char *args) {
 }
 
 int main(void) {
-    for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) check_config(CONFIGS[i].name, CONFIGS[i].args);
+    for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++)
+        check_config(CONFIGS[i].name, CONFIGS[i].args, CONFIGS[i].model_ctx);
     return tu_finish("test_arch_parity");
 }

@@ -283,8 +283,9 @@ void kvgen_cli_progress_end(void) {
 
 static kvgen_model *load(const options *o) {
     char *cache_buf = NULL;
+    /* the one session's context is the model's too (a phi3 file's long RoPE factors past its original one) */
     kvgen_model_desc md = {.path = o->model, .backend = o->backend, .device = o->device, .n_threads = (int)o->threads,
-                           .pipeline_cache_path = pipeline_cache_path(o, &cache_buf),
+                           .n_ctx = (int)o->ctx, .pipeline_cache_path = pipeline_cache_path(o, &cache_buf),
                            .progress = kvgen_cli_progress()};
     kvgen_model *m = NULL;
     kvgen_error err = {0};

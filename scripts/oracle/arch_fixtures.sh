@@ -24,4 +24,5 @@ gemma2 --arch gemma2 --post-norms --swa 8 --softcap 50,30 --layers 3 --embd 64 -
 gemma3 --arch gemma3 --qk-norm --post-norms --swa 8 --layers 7 --embd 64 --heads 4 --kv-heads 1 --head-dim 32 --ff 96 --rope-base 1000000 --seed 75
 phi3 --arch phi3 --layers 2 --embd 64 --heads 4 --kv-heads 2 --ff 96 --rope-dim 12 --untied --seed 76
 phi3_longrope --arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 512 --rope-factors --seed 77
+phi3_longrope_long --arch phi3 --layers 2 --embd 64 --heads 4 --ff 96 --ctx 4096 --orig-ctx 256 --rope-factors --seed 78
 CONFIGS
