@@ -24,8 +24,14 @@ set(CMAKE_C_FLAGS_INIT "-fno-tree-loop-vectorize")
 set(ENV{PKG_CONFIG_LIBDIR} /usr/lib/${KVGEN_CROSS_TRIPLE}/pkgconfig:/usr/share/pkgconfig)
 set(ENV{PKG_CONFIG_PATH} "")
 # ctest runs the test programs under qemu-user; KVGEN_QEMU_CPU picks the emulated CPU
-# (max: with the dot product; cortex-a53: without)
+# (max: with the dot product; cortex-a53: without). -L makes the cross C library's dynamic
+# loader the programs' interpreter; the library path makes that loader take the libc.so.6 of the
+# same package too. Without it the loader looks in /lib/aarch64-linux-gnu, which -L does not
+# find under /usr/aarch64-linux-gnu, so qemu falls back to the host's directory and the loader
+# gets the libc6:arm64 that libpcre2-dev:arm64 pulled in: a loader and a C library of different
+# builds, under which pthread_create never returns (every program that starts a thread hangs).
 find_program(KVGEN_QEMU qemu-aarch64)
 if(KVGEN_QEMU)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${KVGEN_QEMU} -L /usr/${KVGEN_CROSS_TRIPLE})
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${KVGEN_QEMU} -L /usr/${KVGEN_CROSS_TRIPLE}
+      -E LD_LIBRARY_PATH=/usr/${KVGEN_CROSS_TRIPLE}/lib)
 endif()
