@@ -45,7 +45,7 @@ extern int tu_checks;
 /* exit code: 0 when every check passed, 1 otherwise; prints a summary */
 int tu_finish(const char *name);
 /* exits 77 (ctest: skipped) with a reason */
-void tu_skip(const char *why);
+_Noreturn void tu_skip(const char *why);
 
 /* paths: the default model (KVGEN_MODEL, else KVGEN_DEFAULT_MODEL), NULL when the file is absent */
 const char *tu_model_path(void);
