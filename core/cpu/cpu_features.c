@@ -15,7 +15,7 @@
 #include <sys/auxv.h>
 #endif
 
-static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512", "neon", "dotprod"};
+static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512", "neon", "dotprod", "avx512vnni"};
 
 const char *kvg_cpu_isa_name(kvg_cpu_isa isa) {
     return isa >= 0 && isa < KVG_ISA_COUNT ? ISA_NAMES[isa] : "unknown";
@@ -90,6 +90,7 @@ bool kvg_cpu_isa_supported(kvg_cpu_isa isa) {
     case KVG_ISA_PORTABLE: return true;
     case KVG_ISA_AVX2: return avx2;
     case KVG_ISA_AVX512: return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
+    case KVG_ISA_AVX512VNNI: return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vnni;
     case KVG_ISA_NEON: return f->asimd;
     case KVG_ISA_DOTPROD: return f->asimd && f->asimddp;
     default: return false;
@@ -141,7 +142,7 @@ kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *
         *out = (kvg_cpu_isa)i;
         return KVGEN_OK;
     }
-    char names[96];
+    char names[128];
     size_t len = 0;
     names[0] = 0;
     for (int i = 0; i < KVG_ISA_COUNT && len < sizeof names; i++)

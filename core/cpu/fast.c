@@ -49,7 +49,8 @@ typedef struct cpu_matrix {
     const kvg_tensor *t;
     const kvg_qdot_kernel *k;
     const uint8_t *rows;
-    uint8_t *own; /* the repacked copy, or NULL */
+    uint8_t *own;       /* the repacked copy, or NULL */
+    size_t group_bytes; /* > 0: rows packed in groups of KVG_QDOT_GROUP for k->group, each this size */
 } cpu_matrix;
 
 enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, N_MATRICES };
@@ -93,6 +94,8 @@ struct kvg_backend_session {
     int16_t *qb, *qk;
     float *db, *sb, *dk;
     int32_t *bk;
+    int8_t *q8, *qs, *qsh;
+    float *d8, *s8, *ds, *ss;
     float *rope_cs; /* [n][n_rot/2][2] cos, sin of each token's angles for the current layer */
     float *scores;  /* [n_threads][G * n_ctx + G], G = n_head / n_head_kv: a thread's scores of one KV head's
                      * query heads, then their softmax denominators */
@@ -161,18 +164,34 @@ static void repack_rows(void *ctx, int begin, int end, int tid) {
                       (int)mx->t->ne[0]);
 }
 
+/* packing a matrix's row groups, a group per item */
+static void pack_groups(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const repack_job *j = ctx;
+    const cpu_matrix *mx = j->mx;
+    for (int g = begin; g < end; g++)
+        mx->k->group_pack((const uint8_t *)mx->t->data + (size_t)g * KVG_QDOT_GROUP * j->row_bytes, j->row_bytes,
+                          mx->own + (size_t)g * mx->group_bytes, (int)mx->t->ne[0]);
+}
+
 /* t as the kernels of the model's path read it: repacked into memory of the backend's own
  * (the file stays mapped; the copy is the size of the tensor) where the kernel asks for it */
 static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *mx, kvgen_error *err) {
     *mx = (cpu_matrix){.t = t, .k = kvg_qdot_kernel_of(cm->isa, t->type), .rows = t->data};
     if (!mx->k) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no kernel for %s", kvg_type_name(t->type));
-    if (!mx->k->repack) return KVGEN_OK;
+    bool grouped = mx->k->group && t->ne[1] % KVG_QDOT_GROUP == 0;
+    if (!mx->k->repack && !grouped) return KVGEN_OK;
     size_t row_bytes = kvg_row_bytes(t->type, t->ne[0]), bytes = row_bytes * (size_t)t->ne[1];
+    if (grouped) {
+        mx->group_bytes = mx->k->group_bytes((int)t->ne[0]);
+        bytes = mx->group_bytes * (size_t)(t->ne[1] / KVG_QDOT_GROUP);
+    }
     mx->own = kvg_malloc(bytes ? bytes : 1);
     if (!mx->own)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %zu-byte copy of %s", bytes, t->name);
     repack_job j = {.mx = mx, .row_bytes = row_bytes};
-    kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);
+    if (grouped) kvg_cpu_pool_run(cm->pool, (int)(t->ne[1] / KVG_QDOT_GROUP), pack_groups, &j);
+    else kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);
     mx->rows = mx->own;
     return KVGEN_OK;
 }
@@ -287,8 +306,8 @@ static void cpu_model_free(kvgen_model *m) {
 static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
-    void *ps[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->qb, s->qk,
-                  s->db, s->sb, s->dk, s->bk, s->rope_cs, s->scores};
+    void *ps[] = {s->x,  s->xb, s->q,  s->k,  s->v,  s->att, s->hb,      s->hb2,    s->qb,
+                  s->qk, s->db, s->sb, s->dk, s->bk, s->q8,  s->d8, s->s8, s->qs, s->qsh, s->ds, s->ss, s->rope_cs, s->scores};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     kvg_free(s);
 }
@@ -317,11 +336,18 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->sb = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
     s->dk = kvg_malloc((B * W / KVG_QK + 1) * sizeof(float));
     s->bk = kvg_malloc((B * W / 16 + 1) * sizeof(int32_t));
+    s->q8 = kvg_malloc(B * W);
+    s->d8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->s8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->qs = kvg_malloc(B * W);
+    s->qsh = kvg_malloc(B * W);
+    s->ds = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->ss = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
     s->rope_cs = kvg_malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
     size_t group = (size_t)(hp->n_head / hp->n_head_kv);
     s->scores = kvg_malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
-        !s->sb || !s->dk || !s->bk || !s->rope_cs || !s->scores) {
+        !s->sb || !s->dk || !s->bk || !s->q8 || !s->d8 || !s->s8 || !s->qs || !s->qsh || !s->ds || !s->ss || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %d-token session's scratch", n_ctx);
     }
@@ -335,8 +361,10 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
  * are one job (Q/K/V, gate/up). */
 typedef struct mm_part {
     const uint8_t *w;
-    size_t row_bytes;
+    size_t row_bytes;   /* a row's bytes, or a group's (grouped) */
     int rows;
+    int items;          /* work items: rows, or groups of KVG_QDOT_GROUP rows */
+    bool grouped;
     const kvg_qdot_kernel *k;
     float *out; /* [n][rows] */
 } mm_part;
@@ -359,17 +387,32 @@ static inline void prefetch_row(const uint8_t *row, size_t bytes) {
 #endif
 }
 
+/* a group of rows (one item) against every tile of the block: the group stays in cache */
+static void mm_group(const mm_job *j, const mm_part *pt, int g) {
+    const uint8_t *w = pt->w + (size_t)g * pt->row_bytes;
+    for (int t = 0; t < j->n; t += KVG_QDOT_TILE) {
+        int nt = j->n - t < KVG_QDOT_TILE ? j->n - t : KVG_QDOT_TILE;
+        pt->k->group(w, j->a, t, nt, pt->out + (size_t)t * pt->rows + (size_t)g * KVG_QDOT_GROUP, (size_t)pt->rows);
+    }
+}
+
 static void mm_rows(void *ctx, int begin, int end, int tid) {
     (void)tid;
     const mm_job *j = ctx;
     for (int r0 = begin; r0 < end; r0 += CPU_ROWS) {
         int r1 = r0 + CPU_ROWS < end ? r0 + CPU_ROWS : end;
+        int gp = 0, gbase = 0; /* the items of grouped parts, each on its own */
+        for (int item = r0; item < r1; item++) {
+            while (item - gbase >= j->parts[gp].items) gbase += j->parts[gp++].items;
+            if (j->parts[gp].grouped) mm_group(j, &j->parts[gp], item - gbase);
+        }
         for (int t = 0; t < j->n; t += KVG_QDOT_TILE) {
             int nt = j->n - t < KVG_QDOT_TILE ? j->n - t : KVG_QDOT_TILE;
             int p = 0, base = 0;
             for (int item = r0; item < r1; item++) {
-                while (item - base >= j->parts[p].rows) base += j->parts[p++].rows;
+                while (item - base >= j->parts[p].items) base += j->parts[p++].items;
                 const mm_part *pt = &j->parts[p];
+                if (pt->grouped) continue;
                 int r = item - base;
                 if (t == 0 && r + CPU_PREFETCH < pt->rows) prefetch_row(pt->w + (size_t)(r + CPU_PREFETCH) * pt->row_bytes,
                                                                         pt->row_bytes);
@@ -386,7 +429,7 @@ typedef struct quant_job {
     kvg_backend_session *s;
     const float *in;
     int in_dim;
-    bool qb, qk;
+    bool qb, qk, q8, qs;
 } quant_job;
 
 static void quant_rows(void *ctx, int begin, int end, int tid) {
@@ -402,6 +445,12 @@ static void quant_rows(void *ctx, int begin, int end, int tid) {
         if (j->qk)
             kvg_qdot_quantize_qk(j->cm->isa, x, j->in_dim, s->qk + t * W, s->dk + t * (W / KVG_QK),
                                  s->bk + t * (W / 16));
+        if (j->q8)
+            kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->q8 + t * W, NULL, s->d8 + t * (W / KVG_QB),
+                                 s->s8 + t * (W / KVG_QB));
+        if (j->qs)
+            kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->qs + t * W, s->qsh + t * W, s->ds + t * (W / KVG_QB),
+                                 s->ss + t * (W / KVG_QB));
     }
 }
 
@@ -419,17 +468,26 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
     for (int p = 0; p < n_parts; p++) {
         const kvg_tensor *w = spec[p].w->t;
         const kvg_qdot_kernel *k = spec[p].w->k;
-        j.parts[p] = (mm_part){.w = spec[p].w->rows, .row_bytes = kvg_row_bytes(w->type, w->ne[0]),
-                               .rows = (int)w->ne[1], .k = k, .out = spec[p].out};
+        bool grouped = spec[p].w->group_bytes > 0;
+        j.parts[p] = (mm_part){.w = spec[p].w->rows,
+                               .row_bytes = grouped ? spec[p].w->group_bytes : kvg_row_bytes(w->type, w->ne[0]),
+                               .rows = (int)w->ne[1],
+                               .items = grouped ? (int)w->ne[1] / KVG_QDOT_GROUP : (int)w->ne[1],
+                               .grouped = grouped,
+                               .k = k,
+                               .out = spec[p].out};
         qj.qb |= k->act == KVG_ACT_QB;
         qj.qk |= k->act == KVG_ACT_QK;
-        total += (int)w->ne[1];
+        qj.q8 |= k->act == KVG_ACT_Q8;
+        qj.qs |= k->act == KVG_ACT_QS;
+        total += j.parts[p].items;
     }
-    if (qj.qb || qj.qk) {
+    if (qj.qb || qj.qk || qj.q8 || qj.qs) {
         if (n > 1) kvg_cpu_pool_run(cm->pool, n, quant_rows, &qj);
         else quant_rows(&qj, 0, n, 0);
     }
-    kvg_qact a = {.n = in_dim, .x = in, .qb = s->qb, .db = s->db, .sb = s->sb, .qk = s->qk, .dk = s->dk, .bk = s->bk};
+    kvg_qact a = {.n = in_dim, .x = in, .qb = s->qb, .db = s->db, .sb = s->sb, .qk = s->qk, .dk = s->dk, .bk = s->bk,
+                  .q8 = s->q8, .d8 = s->d8, .s8 = s->s8, .qs = s->qs, .qsh = s->qsh, .ds = s->ds, .ss = s->ss};
     j.a = &a;
     kvg_cpu_pool_run(cm->pool, total, mm_rows, &j);
 }

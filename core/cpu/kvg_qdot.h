@@ -42,6 +42,7 @@ typedef enum kvg_cpu_isa {
     KVG_ISA_AVX512,
     KVG_ISA_NEON,
     KVG_ISA_DOTPROD,
+    KVG_ISA_AVX512VNNI,
     KVG_ISA_COUNT
 } kvg_cpu_isa;
 
@@ -55,12 +56,13 @@ typedef struct kvg_cpu_features {
 const kvg_cpu_features *kvg_cpu_features_get(void);
 /* "avx2 fma f16c" (the features above this CPU has) into buf, like snprintf */
 size_t kvg_cpu_features_describe(char *buf, size_t size);
-/* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ; neon = AArch64
- * Advanced SIMD; dotprod = that and the dot product instructions */
+/* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ; avx512vnni = that
+ * and AVX-512 VNNI; neon = AArch64 Advanced SIMD; dotprod = that and the dot product instructions */
 bool kvg_cpu_isa_supported(kvg_cpu_isa isa);
 kvg_cpu_isa kvg_cpu_isa_best(void);
-const char *kvg_cpu_isa_name(kvg_cpu_isa isa); /* "portable", "avx2", "avx512", "neon", "dotprod" */
-/* The path a model runs: KVGEN_CPU_ISA (portable|avx2|avx512|neon|dotprod) when set, refused with
+/* "portable", "avx2", "avx512", "neon", "dotprod", "avx512vnni" */
+const char *kvg_cpu_isa_name(kvg_cpu_isa isa);
+/* The path a model runs: KVGEN_CPU_ISA (one of those names) when set, refused with
  * KVGEN_E_UNSUPPORTED when this CPU lacks it, else the best the CPU has. */
 kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *err);
 
@@ -71,11 +73,17 @@ kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *
 #define KVG_QDOT_TILE 4 /* activation rows one kernel call dots a weight row with, at most */
 #define KVG_QB_LEVELS 32767 /* |q| bound of 32-element blocks */
 #define KVG_QK_LEVELS 4095  /* |q| bound of K blocks */
+#define KVG_Q8_LEVELS 127   /* |q| bound of the 8-bit blocks */
+#define KVG_QS_LEVELS 16383 /* |q| bound of the split 16-bit blocks */
+#define KVG_QDOT_GROUP 16   /* weight rows a group kernel computes together */
 
 typedef enum kvg_act_kind {
     KVG_ACT_F32, /* f32 rows as they are (F32, F16, BF16 weights) */
     KVG_ACT_QB,  /* blocks of 32: int16 q, f32 d, f32 s = d * sum(q) */
-    KVG_ACT_QK   /* blocks of 256: int16 q, f32 d, int32 sums of each 16 */
+    KVG_ACT_QK,  /* blocks of 256: int16 q, f32 d, int32 sums of each 16 */
+    KVG_ACT_Q8,  /* blocks of 32: int8 q, f32 d, f32 s = d * sum(q) */
+    KVG_ACT_QS   /* blocks of 32 of 15-bit q = 256 hi + lo, as two int8 rows (lo in [-128, 127],
+                  * hi in [-64, 64]), f32 d, f32 s = d * sum(q): 16-bit accuracy with 8-bit products */
 } kvg_act_kind;
 
 /* The activation rows of one block of tokens in every form some weight of a job needs; row t
@@ -89,6 +97,12 @@ typedef struct kvg_qact {
     const int16_t *qk;  /* KVG_ACT_QK: [nt][n] */
     const float *dk;    /* [nt][n/256] */
     const int32_t *bk;  /* [nt][n/16] */
+    const int8_t *q8;   /* KVG_ACT_Q8: [nt][n] */
+    const float *d8;    /* [nt][n/32] */
+    const float *s8;    /* [nt][n/32] */
+    const int8_t *qs, *qsh; /* KVG_ACT_QS: lo and hi bytes, [nt][n] each */
+    const float *ds;    /* [nt][n/32] */
+    const float *ss;    /* [nt][n/32] */
 } kvg_qact;
 
 /* out[i * out_stride] = dot(weight row w, activation row t + i) for i < nt <= KVG_QDOT_TILE; w
@@ -100,6 +114,15 @@ typedef void (*kvg_qdot_fn)(const uint8_t *w, const kvg_qact *a, int t, int nt, 
 /* One row of n elements from the file's layout into the one `dot` reads (the same size). */
 typedef void (*kvg_qdot_repack_fn)(const uint8_t *src, uint8_t *dst, int n);
 
+/* out[i * out_stride + r] = dot(row r of a group of KVG_QDOT_GROUP weight rows, activation row
+ * t + i) for r < KVG_QDOT_GROUP, i < nt <= KVG_QDOT_TILE; g: the group in the layout of
+ * kvg_qdot_kernel.group_pack. Each output is the same bits whatever nt is. */
+typedef void (*kvg_qdot_group_fn)(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t out_stride);
+/* KVG_QDOT_GROUP rows of n elements, each row_bytes apart in the file's layout, into one group
+ * of group_bytes(n) bytes */
+typedef void (*kvg_qdot_group_pack_fn)(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n);
+typedef size_t (*kvg_qdot_group_bytes_fn)(int n);
+
 typedef struct kvg_qdot_kernel {
     uint32_t type;      /* the weight type (kvg_quant.h) */
     kvg_act_kind act;   /* the activations it takes */
@@ -107,15 +130,27 @@ typedef struct kvg_qdot_kernel {
     /* NULL: dot reads rows as the file stores them; else rows must be repacked first (the
      * 32-element types: their scales grouped, see qdot.c). The same on every path. */
     kvg_qdot_repack_fn repack;
+    /* NULL, or the kernel of KVG_QDOT_GROUP rows at once (rows interleaved so that each vector
+     * lane is one row: no horizontal sums), for a matrix whose row count is a multiple of
+     * KVG_QDOT_GROUP; it gives the bits of `dot` */
+    kvg_qdot_group_fn group;
+    kvg_qdot_group_pack_fn group_pack;
+    kvg_qdot_group_bytes_fn group_bytes;
 } kvg_qdot_kernel;
 
 /* The kernel of `type` on path isa; NULL for a type not in quant.c's traits table. Every
  * traits type has one on every path. */
 const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type);
+/* The kernel with 8-bit activations (KVG_ACT_Q8: faster, ~30x coarser) where the path has one
+ * for the type, else kvg_qdot_kernel_of's. */
+const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type);
 /* one row of n floats into QB blocks (n a multiple of 32) or QK blocks (of 256); the same
  * bytes on every path */
 void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum);
+/* one row into Q8 blocks of 32 (int8 in [-127, 127], d, s = d * sum(q)), or with hi != NULL
+ * into QS blocks (q in [-16383, 16383] as lo and hi bytes); the same bytes on every path */
+void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);
 
 /* ---- f32 vector operations (cpu_vec.c) ---------------------------------------------------- */
 

@@ -381,6 +381,143 @@ static void quant_qk_portable(const float *x, int n, int16_t *q, float *d, int32
     }
 }
 
+/* ---- 8-bit activations and row groups (the avx512vnni path's 32-element types) --------------------
+ * With int8 activations a block's products are those of unsigned weight levels u in [0, 255]
+ * with signed bytes (the operands of VNNI's vpdpbusd): x = dw * u + m', where Q4_0 u = nibble,
+ * m' = -8 dw; Q4_1 u = nibble, m' = its min; Q5_0 u = 5 bits, m' = -16 dw; Q5_1 u = 5 bits, m' =
+ * its min; Q8_0 u = q + 128, m' = -128 dw; IQ4_NL u = its level + 128, m' = -128 dw. Per block,
+ * in this order (fused multiply-adds, as the vector loop):
+ *   acc = fma((float)sum(u q), dw * da, acc); acc = fma(m', s, acc)   with s = da * sum(q)
+ * so the group kernel (one row per lane) gives these bits exactly. */
+
+INL int b32_uoffset(b32_kind k) {
+    return k == B_Q4_0 ? 8 : k == B_Q5_0 ? 16 : (k == B_Q8_0 || k == B_IQ4_NL) ? 128 : 0;
+}
+
+/* the unsigned levels u[32] of block b of a repacked row */
+INL void b32_ulevels(b32_kind k, const b32_row *r, int b, int *u) {
+    int v[32];
+    b32_levels(k, r, b, v);
+    for (int i = 0; i < 32; i++) u[i] = v[i] + b32_uoffset(k); /* v = u - the offset */
+}
+
+INL float b32_mprime(b32_kind k, float dw, float m) {
+    return b32_has_min(k) ? m : dw * (float)-b32_uoffset(k);
+}
+
+/* one repacked row against Q8 activations, or QS ones (split: q = 256 hi + lo), used where a
+ * matrix's rows do not fill groups */
+INL void b32_q8_portable(b32_kind k, bool split, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out,
+                         size_t os) {
+    const int n = a->n, nb = n / KVG_QB;
+    const b32_row r = b32_row_of(k, w, nb);
+    const int8_t *lo = split ? a->qs : a->q8;
+    const float *da = split ? a->ds : a->d8, *sa = split ? a->ss : a->s8;
+    float acc[KVG_QDOT_TILE] = {0};
+    int u[32];
+    for (int b = 0; b < nb; b++) {
+        float dw = kvg_f16_to_f32(rd16(r.d + 2 * (size_t)b));
+        float m = b32_mprime(k, dw, b32_has_min(k) ? kvg_f16_to_f32(rd16(r.m + 2 * (size_t)b)) : 0.0f);
+        b32_ulevels(k, &r, b, u);
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
+            int32_t isum = 0;
+            for (int e = 0; e < 32; e++) isum += u[e] * (lo[at + e] + (split ? 256 * a->qsh[at + e] : 0));
+            acc[i] = fmaf((float)isum, dw * da[row * nb + b], acc[i]);
+            acc[i] = fmaf(m, sa[row * nb + b], acc[i]);
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = acc[i];
+}
+
+/* A group of KVG_QDOT_GROUP rows, block by block; block b of the group holds:
+ *   4-bit types (Q4_0, Q4_1, IQ4_NL, and Q5's low bits): 4 chunks of 64 bytes; byte 4i + e of
+ *     chunk c holds, of row i, element 4c + e of the block in its low nibble and element
+ *     4(c + 4) + e in its high nibble (the raw nibble; IQ4_NL's is its table index);
+ *   Q5_0, Q5_1: then 64 bytes of fifth bits: bit j of byte 4i + e is that of element 4j + e of row i;
+ *   Q8_0: 8 chunks of 64 bytes, byte 4i + e of chunk j is u of element 4j + e of row i;
+ *   then the rows' 16 f16 dw, then (Q4_1, Q5_1) their 16 f16 mins.
+ * A lane (4 bytes) of chunk j is thus the 4 consecutive elements of one row that one vpdpbusd
+ * lane multiplies with 4 activation bytes broadcast to every lane. Same size as the rows. */
+INL size_t b32_group_block(b32_kind k) { return KVG_QDOT_GROUP * b32_bytes(k); }
+
+INL void b32_group_pack(b32_kind k, const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {
+    const int nb = n / KVG_QB, G = KVG_QDOT_GROUP;
+    const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
+    for (int b = 0; b < nb; b++) {
+        uint8_t *blk = dst + b32_group_block(k) * (size_t)b;
+        memset(blk, 0, b32_group_block(k));
+        for (int i = 0; i < G; i++) {
+            const uint8_t *fb = src + row_bytes * (size_t)i + b32_bytes(k) * (size_t)b; /* the file's block */
+            const uint8_t *qs = fb + b32_file_qs(k);
+            uint32_t qh = b32_has_qh(k) ? rd32(fb + b32_file_qs(k) - 4) : 0;
+            for (int e = 0; e < 32; e++) {
+                int j = e / 4, c = e % 4, byte = 4 * i + c;
+                if (k == B_Q8_0) {
+                    blk[64 * j + byte] = (uint8_t)((int)(int8_t)qs[e] + 128);
+                    continue;
+                }
+                int nib = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
+                blk[64 * (j % 4) + byte] |= (uint8_t)(nib << (j < 4 ? 0 : 4));
+                if (b32_has_qh(k)) blk[256 + byte] |= (uint8_t)(((qh >> e) & 1) << j);
+            }
+            memcpy(blk + qbytes + 2 * (size_t)i, fb, 2); /* dw */
+            if (b32_has_min(k)) memcpy(blk + qbytes + 32 + 2 * (size_t)i, fb + 2, 2);
+        }
+    }
+}
+
+/* Q8 (hi == NULL): q in [-127, 127]; QS: q in [-16383, 16383], stored as lo = q's low byte
+ * (signed) and hi = (q - lo) / 256 */
+static void quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+    const int levels = hi ? KVG_QS_LEVELS : KVG_Q8_LEVELS;
+    for (int b = 0; b < n / KVG_QB; b++) {
+        const float *xb = x + KVG_QB * b;
+        float amax = 0.0f;
+        for (int i = 0; i < KVG_QB; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float id = amax > 0.0f ? (float)levels / amax : 0.0f;
+        d[b] = amax / (float)levels;
+        int32_t sum = 0;
+        for (int i = 0; i < KVG_QB; i++) {
+            int q = q16_of(xb[i] * id, (float)levels);
+            int l = (int)(int8_t)(uint8_t)(q & 255);
+            lo[KVG_QB * b + i] = (int8_t)l;
+            if (hi) hi[KVG_QB * b + i] = (int8_t)((q - l) / 256);
+            sum += q;
+        }
+        s[b] = d[b] * (float)sum;
+    }
+}
+
+#define PORTABLE_KERNEL8(name, kind, split)                                                             \
+    static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {       \
+        b32_q8_portable(kind, split, w, a, t, nt, out, os);                                             \
+    }
+PORTABLE_KERNEL8(p8_q4_0, B_Q4_0, false)
+PORTABLE_KERNEL8(p8_q4_1, B_Q4_1, false)
+PORTABLE_KERNEL8(p8_q5_0, B_Q5_0, false)
+PORTABLE_KERNEL8(p8_q5_1, B_Q5_1, false)
+PORTABLE_KERNEL8(p8_q8_0, B_Q8_0, false)
+PORTABLE_KERNEL8(p8_iq4_nl, B_IQ4_NL, false)
+PORTABLE_KERNEL8(ps_q4_0, B_Q4_0, true)
+PORTABLE_KERNEL8(ps_q4_1, B_Q4_1, true)
+PORTABLE_KERNEL8(ps_q5_0, B_Q5_0, true)
+PORTABLE_KERNEL8(ps_q5_1, B_Q5_1, true)
+PORTABLE_KERNEL8(ps_q8_0, B_Q8_0, true)
+PORTABLE_KERNEL8(ps_iq4_nl, B_IQ4_NL, true)
+
+#define GROUP_PACK(name, bytes_name, kind)                                                       \
+    static void name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {                \
+        b32_group_pack(kind, src, row_bytes, dst, n);                                            \
+    }                                                                                            \
+    static size_t bytes_name(int n) { return b32_group_block(kind) * (size_t)(n / KVG_QB); }
+GROUP_PACK(g_q4_0, gb_q4_0, B_Q4_0)
+GROUP_PACK(g_q4_1, gb_q4_1, B_Q4_1)
+GROUP_PACK(g_q5_0, gb_q5_0, B_Q5_0)
+GROUP_PACK(g_q5_1, gb_q5_1, B_Q5_1)
+GROUP_PACK(g_q8_0, gb_q8_0, B_Q8_0)
+GROUP_PACK(g_iq4_nl, gb_iq4_nl, B_IQ4_NL)
+
 /* ================================================================================================
  * x86-64: AVX2 + FMA + F16C
  * ================================================================================================ */
@@ -826,6 +963,102 @@ TILED_KERNEL512(xv_iq4_nl, b32_avx512, B_IQ4_NL, true)
 TILED_KERNEL512(x5_f32, FL512, F_F32, false)
 TILED_KERNEL512(x5_f16, FL512, F_F16, false)
 TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
+/* ---- avx512vnni: row groups against 8-bit activations ----------------------------------------
+ * One block of a group (see b32_group_pack) is 8 vectors of unsigned levels, vector j holding
+ * elements 4j..4j+3 of each of the 16 rows in its lanes; vpdpbusd multiplies them with the
+ * token's 4 activation bytes broadcast to every lane, so after 8 of them lane i holds row i's
+ * integer sum of the block: no horizontal sums, and the scales apply to 16 rows per
+ * instruction. A block's weights are decoded once for the tile of tokens. */
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
+                             float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QB;
+    const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
+    const __m512i m4 = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16);
+    int8_t lv[16];
+    for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
+    const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
+    __m512 acc[KVG_QDOT_TILE];
+    for (int i = 0; i < nt; i++) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
+        __m512i w[8];
+        if (k == B_Q8_0) {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(blk + 64 * j));
+        } else {
+            for (int c = 0; c < 4; c++) {
+                __m512i x = _mm512_loadu_si512((const void *)(blk + 64 * c));
+                w[c] = _mm512_and_si512(x, m4);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            }
+            if (k == B_IQ4_NL)
+                for (int j = 0; j < 8; j++) w[j] = _mm512_shuffle_epi8(iq4, w[j]);
+            if (b32_has_qh(k)) {
+                __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+                w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+                w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+                w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), bit4));
+                w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), bit4));
+                w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, bit4));
+                w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), bit4));
+                w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), bit4));
+                w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), bit4));
+            }
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + qbytes)));
+        __m512 mw = b32_has_min(k) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + qbytes + 32)))
+                                   : _mm512_mul_ps(dw, _mm512_set1_ps((float)-b32_uoffset(k)));
+        for (int i = 0; i < nt; i++) {
+            size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
+            int32_t qv[8];
+            memcpy(qv, (split ? a->qs : a->q8) + at, 32);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(qv[j]));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(qv[j + 1]));
+            }
+            __m512i isum = _mm512_add_epi32(s0, s1);
+            if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
+                int32_t hv[8];
+                memcpy(hv, a->qsh + at, 32);
+                __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j += 2) {
+                    h0 = _mm512_dpbusd_epi32(h0, w[j], _mm512_set1_epi32(hv[j]));
+                    h1 = _mm512_dpbusd_epi32(h1, w[j + 1], _mm512_set1_epi32(hv[j + 1]));
+                }
+                isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8));
+            }
+            const float *da = split ? a->ds : a->d8, *sa = split ? a->ss : a->s8;
+            __m512 f = _mm512_cvtepi32_ps(isum);
+            acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(da[row * nb + b])), acc[i]);
+            acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[row * nb + b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < nt; i++) _mm512_storeu_ps(out + (size_t)i * os, acc[i]);
+}
+
+#define GROUP_KERNEL(name, kind, split)                                                                \
+    VNNI static void name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+        switch (nt) {                                                                                  \
+        case 1: b32_group_vnni(kind, split, g, a, t, 1, out, os); break;                              \
+        case 2: b32_group_vnni(kind, split, g, a, t, 2, out, os); break;                              \
+        case 3: b32_group_vnni(kind, split, g, a, t, 3, out, os); break;                              \
+        default: b32_group_vnni(kind, split, g, a, t, 4, out, os); break;                             \
+        }                                                                                              \
+    }
+GROUP_KERNEL(gv_q4_0, B_Q4_0, false)
+GROUP_KERNEL(gv_q4_1, B_Q4_1, false)
+GROUP_KERNEL(gv_q5_0, B_Q5_0, false)
+GROUP_KERNEL(gv_q5_1, B_Q5_1, false)
+GROUP_KERNEL(gv_q8_0, B_Q8_0, false)
+GROUP_KERNEL(gv_iq4_nl, B_IQ4_NL, false)
+GROUP_KERNEL(gs_q4_0, B_Q4_0, true)
+GROUP_KERNEL(gs_q4_1, B_Q4_1, true)
+GROUP_KERNEL(gs_q5_0, B_Q5_0, true)
+GROUP_KERNEL(gs_q5_1, B_Q5_1, true)
+GROUP_KERNEL(gs_q8_0, B_Q8_0, true)
+GROUP_KERNEL(gs_iq4_nl, B_IQ4_NL, true)
 #endif /* KVG_X86 */
 
 /* ================================================================================================
@@ -1116,76 +1349,115 @@ REPACK(r_iq4_nl, B_IQ4_NL)
 enum { N_KERNELS = 16 };
 
 static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, r_q4_0},      {KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, r_q5_0},      {KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, r_iq4_nl},  {KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL, NULL, NULL, NULL},
 };
 
 #ifdef KVG_X86
 static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
 };
 /* the K types keep their AVX2 loops (see the top) */
 static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
 };
 static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, r_q4_0},     {KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, r_q5_0},     {KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, r_iq4_nl}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
+};
+/* the 32-element types in row groups against split 16-bit activations; the rest as AVX512_TABLE */
+static const kvg_qdot_kernel AVX512VNNI_TABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_0, KVG_ACT_QS, ps_q8_0, r_q8_0, gs_q8_0, g_q8_0, gb_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_QS, ps_q4_0, r_q4_0, gs_q4_0, g_q4_0, gb_q4_0},
+    {KVG_TYPE_Q4_1, KVG_ACT_QS, ps_q4_1, r_q4_1, gs_q4_1, g_q4_1, gb_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_QS, ps_q5_0, r_q5_0, gs_q5_0, g_q5_0, gb_q5_0},
+    {KVG_TYPE_Q5_1, KVG_ACT_QS, ps_q5_1, r_q5_1, gs_q5_1, g_q5_1, gb_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QS, ps_iq4_nl, r_iq4_nl, gs_iq4_nl, g_iq4_nl, gb_iq4_nl},
+    {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
+};
+/* the same with 8-bit activations (kvg_qdot_kernel_fast) */
+static const kvg_qdot_kernel AVX512VNNI8_TABLE[N_KERNELS] = {
+    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_0, KVG_ACT_Q8, p8_q8_0, r_q8_0, gv_q8_0, g_q8_0, gb_q8_0},
+    {KVG_TYPE_Q4_0, KVG_ACT_Q8, p8_q4_0, r_q4_0, gv_q4_0, g_q4_0, gb_q4_0},
+    {KVG_TYPE_Q4_1, KVG_ACT_Q8, p8_q4_1, r_q4_1, gv_q4_1, g_q4_1, gb_q4_1},
+    {KVG_TYPE_Q5_0, KVG_ACT_Q8, p8_q5_0, r_q5_0, gv_q5_0, g_q5_0, gb_q5_0},
+    {KVG_TYPE_Q5_1, KVG_ACT_Q8, p8_q5_1, r_q5_1, gv_q5_1, g_q5_1, gb_q5_1},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_Q8, p8_iq4_nl, r_iq4_nl, gv_iq4_nl, g_iq4_nl, gb_iq4_nl},
+    {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
 };
 #endif
 
 #ifdef KVG_ARM
 static const kvg_qdot_kernel NEON_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, n_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, n_q4_0, r_q4_0},      {KVG_TYPE_Q4_1, KVG_ACT_QB, n_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, n_q5_0, r_q5_0},      {KVG_TYPE_Q5_1, KVG_ACT_QB, n_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, n_iq4_nl, r_iq4_nl},  {KVG_TYPE_Q2_K, KVG_ACT_QK, n_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, n_q3_k, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, n_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, n_q5_k, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, n_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, n_q8_k, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, n_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, n_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, n_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, n_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, n_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, n_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, n_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, n_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, n_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, n_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, n_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, n_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, n_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, n_iq4_xs, NULL, NULL, NULL, NULL},
 };
 /* the float types keep the neon loops (no integer products to dot) */
 static const kvg_qdot_kernel DOTPROD_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, d_q8_0, r_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, d_q4_0, r_q4_0},      {KVG_TYPE_Q4_1, KVG_ACT_QB, d_q4_1, r_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, d_q5_0, r_q5_0},      {KVG_TYPE_Q5_1, KVG_ACT_QB, d_q5_1, r_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, d_iq4_nl, r_iq4_nl},  {KVG_TYPE_Q2_K, KVG_ACT_QK, d_q2_k, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, d_q3_k, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, d_q4_k, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL},
+    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, d_q8_0, r_q8_0, NULL, NULL, NULL},
+    {KVG_TYPE_Q4_0, KVG_ACT_QB, d_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, d_q4_1, r_q4_1, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_0, KVG_ACT_QB, d_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, d_q5_1, r_q5_1, NULL, NULL, NULL},
+    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, d_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, d_q2_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q3_K, KVG_ACT_QK, d_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, d_q4_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL, NULL, NULL, NULL},
+    {KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL, NULL, NULL, NULL},
 };
 #endif
 
 static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
 #ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512VNNI) return AVX512VNNI_TABLE;
     if (isa == KVG_ISA_AVX512) return kvg_cpu_features_get()->avx512vnni ? AVX512_VNNI_TABLE : AVX512_TABLE;
     if (isa == KVG_ISA_AVX2) return AVX2_TABLE;
 #endif
@@ -1197,16 +1469,24 @@ static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
     return PORTABLE;
 }
 
-const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
-    const kvg_qdot_kernel *t = table_of(isa);
+static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, uint32_t type) {
     for (int i = 0; i < N_KERNELS; i++)
         if (t[i].type == type) return &t[i];
     return NULL;
 }
 
+const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) { return find(table_of(isa), type); }
+
+const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512VNNI) return find(AVX512VNNI8_TABLE, type);
+#endif
+    return kvg_qdot_kernel_of(isa, type);
+}
+
 void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512) {
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
         quant_qb_avx2(x, n, q, d, s);
         return;
     }
@@ -1222,7 +1502,7 @@ void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, fl
 
 void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512) {
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
         quant_qk_avx2(x, n, q, d, bsum);
         return;
     }
@@ -1234,4 +1514,9 @@ void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, fl
     }
 #endif
     quant_qk_portable(x, n, q, d, bsum);
+}
+
+void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+    (void)isa; /* a row per token and matrix product: the portable loop is not what limits */
+    quant_q8_portable(x, n, lo, hi, d, s);
 }

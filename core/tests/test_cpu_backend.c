@@ -59,6 +59,43 @@ static char isa_env_saved[64]; /* KVGEN_CPU_ISA as the test found it */
 /* the paths that compute the portable path's integer sums and f32 operations in its order */
 static bool same_bits_as_portable(int isa) { return isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD; }
 
+/* A group kernel (KVG_QDOT_GROUP rows at once, one per lane) gives, for every row and every
+ * tile, the bits of the kernel's row-by-row dot on the same rows. */
+static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k, const kvg_qact *a, int n, int nt) {
+    enum { G = KVG_QDOT_GROUP };
+    size_t rb = kvg_row_bytes(type, (uint64_t)n);
+    float *wf = malloc((size_t)n * sizeof(float));
+    uint8_t *rows = malloc(rb * G), *row = malloc(rb), *group = malloc(k->group_bytes(n));
+    float *by_row = malloc((size_t)nt * G * sizeof(float)), *by_group = malloc((size_t)nt * G * sizeof(float));
+    CHECK(k->group_bytes(n) == rb * G);
+    for (int r = 0; r < G; r++) {
+        float amp = r % 3 == 0 ? 0.05f : r % 3 == 1 ? 1.0f : 20.0f;
+        for (int i = 0; i < n; i++) wf[i] = frand() * amp + (r % 4 == 3 ? 0.3f * amp : 0.0f);
+        kvg_quantize_row(type, wf, rows + rb * (size_t)r, (uint64_t)n);
+    }
+    k->group_pack(rows, rb, group, n);
+    for (int r = 0; r < G; r++) {
+        memcpy(row, rows + rb * (size_t)r, rb);
+        if (k->repack) k->repack(rows + rb * (size_t)r, row, n);
+        for (int t = 0; t < nt; t++) k->dot(row, a, t, 1, &by_row[(size_t)t * G + r], 1);
+    }
+    bool same = true;
+    for (int t0 = 0; t0 < 2 && t0 < nt; t0++) { /* tiles from token 0 and from token 1 */
+        memset(by_group, 0, (size_t)nt * G * sizeof(float));
+        for (int t = t0; t < nt; t += KVG_QDOT_TILE)
+            k->group(group, a, t, nt - t < KVG_QDOT_TILE ? nt - t : KVG_QDOT_TILE, by_group + (size_t)t * G, G);
+        same = same && memcmp(by_group + (size_t)t0 * G, by_row + (size_t)t0 * G, (size_t)(nt - t0) * G * sizeof(float)) == 0;
+    }
+    CHECKF(same, "%s %s: the group kernel's bits differ from its rows' (%.9g vs %.9g)", kvg_type_name(type),
+           kvg_cpu_isa_name((kvg_cpu_isa)isa), by_group[0], by_row[0]);
+    free(wf);
+    free(rows);
+    free(row);
+    free(group);
+    free(by_row);
+    free(by_group);
+}
+
 static void test_kernels(void) {
     uint32_t types[32];
     size_t n_types = kvg_traits_types(types, 32);
@@ -69,6 +106,9 @@ static void test_kernels(void) {
     int16_t *qb = malloc(qbytes), *qk = malloc(qbytes), *qb0 = malloc(qbytes), *qk0 = malloc(qbytes);
     float db[NT * N / 32], sb[NT * N / 32], dk[NT * N / 256], db0[NT * N / 32], dk0[NT * N / 256];
     int32_t bk[NT * N / 16], bk0[NT * N / 16];
+    int8_t q8[NT * N], q80[NT * N], qs[NT * N], qsh[NT * N], qs0[NT * N], qsh0[NT * N];
+    float d8[NT * N / 32], s8[NT * N / 32], d80[NT * N / 32], s80[NT * N / 32];
+    float ds[NT * N / 32], ss[NT * N / 32], ds0[NT * N / 32], ss0[NT * N / 32];
     static float portable_out[32][3][NT]; /* the portable path's results per type and trial */
     for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
     for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
@@ -79,6 +119,9 @@ static void test_kernels(void) {
         for (int t = 0; t < NT; t++) {
             kvg_qdot_quantize_qb((kvg_cpu_isa)isa, xf + t * N, N, qb + t * N, db + t * (N / 32), sb + t * (N / 32));
             kvg_qdot_quantize_qk((kvg_cpu_isa)isa, xf + t * N, N, qk + t * N, dk + t * (N / 256), bk + t * (N / 16));
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32));
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, qs + t * N, qsh + t * N, ds + t * (N / 32),
+                                 ss + t * (N / 32));
         }
         if (isa == KVG_ISA_PORTABLE) {
             memcpy(qb0, qb, qbytes);
@@ -86,7 +129,19 @@ static void test_kernels(void) {
             memcpy(db0, db, sizeof db);
             memcpy(dk0, dk, sizeof dk);
             memcpy(bk0, bk, sizeof bk);
+            memcpy(q80, q8, sizeof q8);
+            memcpy(d80, d8, sizeof d8);
+            memcpy(s80, s8, sizeof s8);
+            memcpy(qs0, qs, sizeof qs);
+            memcpy(qsh0, qsh, sizeof qsh);
+            memcpy(ds0, ds, sizeof ds);
+            memcpy(ss0, ss, sizeof ss);
         } else {
+            CHECKF(memcmp(qs0, qs, sizeof qs) == 0 && memcmp(qsh0, qsh, sizeof qsh) == 0 &&
+                       memcmp(ds0, ds, sizeof ds) == 0 && memcmp(ss0, ss, sizeof ss) == 0,
+                   "%s: QS activations differ from the portable path's", kvg_cpu_isa_name((kvg_cpu_isa)isa));
+            CHECKF(memcmp(q80, q8, sizeof q8) == 0 && memcmp(d80, d8, sizeof d8) == 0 && memcmp(s80, s8, sizeof s8) == 0,
+                   "%s: Q8 activations differ from the portable path's", kvg_cpu_isa_name((kvg_cpu_isa)isa));
             CHECKF(memcmp(qb0, qb, qbytes) == 0 && memcmp(db0, db, sizeof db) == 0,
                    "%s: QB activations differ from the portable path's", kvg_cpu_isa_name((kvg_cpu_isa)isa));
             CHECKF(memcmp(qk0, qk, qbytes) == 0 && memcmp(dk0, dk, sizeof dk) == 0 && memcmp(bk0, bk, sizeof bk) == 0,
@@ -102,8 +157,25 @@ static void test_kernels(void) {
             int s = 0;
             for (int i = 0; i < 32; i++) s += qb[32 * b + i];
             CHECK(fabsf(sb[b] - db[b] * (float)s) <= 1e-6f * fabsf(sb[b]) + 1e-30f);
+            int s8sum = 0, amax = 0;
+            for (int i = 0; i < 32; i++) {
+                s8sum += q8[32 * b + i];
+                amax = abs(q8[32 * b + i]) > amax ? abs(q8[32 * b + i]) : amax;
+            }
+            CHECK(s8[b] == d8[b] * (float)s8sum && amax == KVG_Q8_LEVELS);
+            int qssum = 0, qsmax = 0; /* the split form: q = 256 hi + lo, lo a signed byte, |hi| <= 64 */
+            bool parts_ok = true;
+            for (int i = 0; i < 32; i++) {
+                int q = 256 * qsh[32 * b + i] + qs[32 * b + i];
+                qssum += q;
+                qsmax = abs(q) > qsmax ? abs(q) : qsmax;
+                parts_ok = parts_ok && abs(qsh[32 * b + i]) <= 64;
+            }
+            CHECK(ss[b] == ds[b] * (float)qssum && qsmax == KVG_QS_LEVELS && parts_ok);
         }
-        kvg_qact a = {.n = N, .x = xf, .qb = qb, .db = db, .sb = sb, .qk = qk, .dk = dk, .bk = bk};
+        kvg_qact a = {.n = N, .x = xf, .qb = qb, .db = db, .sb = sb, .qk = qk, .dk = dk, .bk = bk,
+                      .q8 = q8, .d8 = d8, .s8 = s8, .qs = qs, .qsh = qsh, .ds = ds, .ss = ss};
+        int n_group = 0;
         double worst = 0;
         for (size_t ti = 0; ti < n_types; ti++) {
             uint32_t type = types[ti];
@@ -140,6 +212,9 @@ static void test_kernels(void) {
                         double av;
                         if (k->act == KVG_ACT_F32) av = xf[t * N + i];
                         else if (k->act == KVG_ACT_QB) av = (double)qb[t * N + i] * db[t * (N / 32) + i / 32];
+                        else if (k->act == KVG_ACT_Q8) av = (double)q8[t * N + i] * d8[t * (N / 32) + i / 32];
+                        else if (k->act == KVG_ACT_QS)
+                            av = (double)(256 * qsh[t * N + i] + qs[t * N + i]) * ds[t * (N / 32) + i / 32];
                         else av = (double)qk[t * N + i] * dk[t * (N / 256) + i / 256];
                         exact += (double)deq[i] * av;
                         mag += fabs((double)deq[i] * av);
@@ -150,9 +225,13 @@ static void test_kernels(void) {
                            kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa), trial, t, tiled[t], exact, err);
                 }
             }
+            if (k->group) {
+                check_group_kernel(isa, type, k, &a, N, NT);
+                n_group++;
+            }
         }
-        printf("kernels: %s path: %zu types, worst |dot - exact| / sum|w a| %.2e\n",
-               kvg_cpu_isa_name((kvg_cpu_isa)isa), n_types, worst);
+        printf("kernels: %s path: %zu types, worst |dot - exact| / sum|w a| %.2e; %d group kernels equal their rows\n",
+               kvg_cpu_isa_name((kvg_cpu_isa)isa), n_types, worst, n_group);
     }
     free(wf);
     free(xf);
