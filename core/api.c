@@ -242,6 +242,9 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (desc->n_ctx < 0 || desc->n_ctx > KVG_MAX_CTX)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.n_ctx %d is outside [0, %d]",
                         desc->n_ctx, KVG_MAX_CTX);
+    if (desc->activation_bits != 0 && desc->activation_bits != 8 && desc->activation_bits != 16)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.activation_bits %d is not 0, 8 or 16",
+                        desc->activation_bits);
 
     kvgen_model *m = kvg_calloc(1, sizeof *m);
     if (!m) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);

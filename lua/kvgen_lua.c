@@ -619,6 +619,7 @@ static const opt_spec load_specs[] = {
     {.key = "pool_tokens", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_tokens), .lo = 0, .hi = LUA_MAXINTEGER},
     {.key = "page_size", .type = OPT_INT, .off = offsetof(load_opts, d.kv_page_size), .lo = 0, .hi = INT_MAX},
     {.key = "context", .type = OPT_INT, .off = offsetof(load_opts, d.n_ctx), .lo = 0, .hi = INT_MAX},
+    {.key = "activation_bits", .type = OPT_INT, .off = offsetof(load_opts, d.activation_bits), .lo = 0, .hi = 16},
     {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
     {.key = "progress", .type = OPT_FUNCTION, .off = offsetof(load_opts, progress)},
 };

@@ -88,6 +88,31 @@ describe("kvgen module", function()
       m:close()
     end)
 
+    it("takes activation_bits for the cpu backend: 8-bit logits stay close to 16-bit ones", function()
+      local path = support.random_model_path("--type Q4_0")
+      local m16 = kvgen.load(path, { backend = "cpu", threads = 2, activation_bits = 16 })
+      local m8 = kvgen.load(path, { backend = "cpu", threads = 2, activation_bits = 8 })
+      local s16, s8 = m16:session(), m8:session()
+      s16:prefill({ 1, 2, 3, 4, 5 })
+      s8:prefill({ 1, 2, 3, 4, 5 })
+      local l16, l8 = s16:logits(m16.vocab_size), s8:logits(m8.vocab_size)
+      local by_id, lo, hi, worst = {}, math.huge, -math.huge, 0
+      for _, e in ipairs(l16) do
+        by_id[e.id] = e.logit
+        lo, hi = math.min(lo, e.logit), math.max(hi, e.logit)
+      end
+      for _, e in ipairs(l8) do worst = math.max(worst, math.abs(e.logit - by_id[e.id])) end
+      if m8.device:find("avx512vnni", 1, true) then
+        assert.is_true(worst > 0)                -- the 8-bit kernels ran
+        assert.is_true(worst <= 0.05 * (hi - lo)) -- within a few percent of the logit range
+      else
+        assert.are.equal(0, worst)               -- no 8-bit kernels on this CPU: the same arithmetic
+      end
+      s16:close(); s8:close(); m16:close(); m8:close()
+      local err = error_of(kvgen.load, path, { backend = "cpu", activation_bits = 7 })
+      assert.matches("activation_bits 7", err)
+    end)
+
     it("accepts no options table and an empty one", function()
       local m = kvgen.load(support.random_model_path(), { backend = "reference" })
       m:close()

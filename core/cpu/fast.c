@@ -67,6 +67,7 @@ typedef struct cpu_layer {
 typedef struct cpu_model {
     kvg_cpu_pool *pool;
     kvg_cpu_isa isa;
+    bool act8; /* 8-bit activations where the path has such kernels (kvgen_model_desc.activation_bits) */
     const kvg_vec_ops *vec;
     float *attn_norm, *ffn_norm; /* [L][D] */
     float *out_norm;             /* [D] */
@@ -177,7 +178,9 @@ static void pack_groups(void *ctx, int begin, int end, int tid) {
 /* t as the kernels of the model's path read it: repacked into memory of the backend's own
  * (the file stays mapped; the copy is the size of the tensor) where the kernel asks for it */
 static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *mx, kvgen_error *err) {
-    *mx = (cpu_matrix){.t = t, .k = kvg_qdot_kernel_of(cm->isa, t->type), .rows = t->data};
+    *mx = (cpu_matrix){.t = t,
+                       .k = cm->act8 ? kvg_qdot_kernel_fast(cm->isa, t->type) : kvg_qdot_kernel_of(cm->isa, t->type),
+                       .rows = t->data};
     if (!mx->k) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no kernel for %s", kvg_type_name(t->type));
     bool grouped = mx->k->group && t->ne[1] % KVG_QDOT_GROUP == 0;
     if (!mx->k->repack && !grouped) return KVGEN_OK;
@@ -222,7 +225,6 @@ static kvgen_status matrices_init(kvgen_model *m, cpu_model *cm, kvgen_error *er
 }
 
 static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
-    (void)desc;
     kvgen_status st = kvg_weights_check_types(m, &kvg_cpu_backend, err);
     if (st == KVGEN_OK) st = kvg_arch_check_backend(m, &kvg_cpu_backend, err);
     if (st != KVGEN_OK) return st;
@@ -251,6 +253,7 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     if (!cm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
     m->backend = cm; /* from here on, cpu_model_free cleans up */
     cm->isa = isa;
+    cm->act8 = desc && desc->activation_bits == 8;
     cm->vec = kvg_vec_ops_of(isa);
     size_t D = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
     int qd = hp->n_head * hp->head_dim;

@@ -489,8 +489,9 @@ static void quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, flo
     }
 }
 
+/* the tables of the paths with group kernels use these (x86-64 only, so far) */
 #define PORTABLE_KERNEL8(name, kind, split)                                                             \
-    static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {       \
+    __attribute__((unused)) static void name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {       \
         b32_q8_portable(kind, split, w, a, t, nt, out, os);                                             \
     }
 PORTABLE_KERNEL8(p8_q4_0, B_Q4_0, false)
@@ -507,10 +508,10 @@ PORTABLE_KERNEL8(ps_q8_0, B_Q8_0, true)
 PORTABLE_KERNEL8(ps_iq4_nl, B_IQ4_NL, true)
 
 #define GROUP_PACK(name, bytes_name, kind)                                                       \
-    static void name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {                \
+    __attribute__((unused)) static void name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) { \
         b32_group_pack(kind, src, row_bytes, dst, n);                                            \
     }                                                                                            \
-    static size_t bytes_name(int n) { return b32_group_block(kind) * (size_t)(n / KVG_QB); }
+    __attribute__((unused)) static size_t bytes_name(int n) { return b32_group_block(kind) * (size_t)(n / KVG_QB); }
 GROUP_PACK(g_q4_0, gb_q4_0, B_Q4_0)
 GROUP_PACK(g_q4_1, gb_q4_1, B_Q4_1)
 GROUP_PACK(g_q5_0, gb_q5_0, B_Q5_0)
@@ -969,6 +970,9 @@ TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
  * token's 4 activation bytes broadcast to every lane, so after 8 of them lane i holds row i's
  * integer sum of the block: no horizontal sums, and the scales apply to 16 rows per
  * instruction. A block's weights are decoded once for the tile of tokens. */
+#ifndef KVG_GROUP_PREFETCH
+#define KVG_GROUP_PREFETCH 4096
+#endif
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
@@ -983,6 +987,8 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
     for (int i = 0; i < nt; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
+        for (size_t off = 0; off < b32_group_block(k); off += 64) /* a few blocks ahead: decode waits on memory */
+            _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + off), _MM_HINT_T0);
         __m512i w[8];
         if (k == B_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512((const void *)(blk + 64 * j));
@@ -1479,7 +1485,8 @@ const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) { retu
 
 const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX512VNNI) return find(AVX512VNNI8_TABLE, type);
+    const kvg_qdot_kernel *f = isa == KVG_ISA_AVX512VNNI ? find(AVX512VNNI8_TABLE, type) : NULL;
+    if (f && f->act == KVG_ACT_Q8) return f;
 #endif
     return kvg_qdot_kernel_of(isa, type);
 }

@@ -177,11 +177,22 @@ static void test_kernels(void) {
                       .q8 = q8, .d8 = d8, .s8 = s8, .qs = qs, .qsh = qsh, .ds = ds, .ss = ss};
         int n_group = 0;
         double worst = 0;
-        for (size_t ti = 0; ti < n_types; ti++) {
+        int n_fast = 0;
+        for (size_t tv = 0; tv < 2 * n_types; tv++) { /* every type's kernel, then its 8-bit one */
+            size_t ti = tv % n_types;
+            bool fast = tv >= n_types;
             uint32_t type = types[ti];
             const kvg_qdot_kernel *k = kvg_qdot_kernel_of((kvg_cpu_isa)isa, type);
             CHECKF(k != NULL, "%s has no %s kernel", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
             if (!k) continue;
+            if (fast) {
+                const kvg_qdot_kernel *kf = kvg_qdot_kernel_fast((kvg_cpu_isa)isa, type);
+                if (kf == k) continue;
+                CHECKF(kf && kf->act == KVG_ACT_Q8, "%s %s: 8-bit kernel", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
+                if (!kf) continue;
+                k = kf;
+                n_fast++;
+            }
             for (int trial = 0; trial < 3; trial++) {
                 float amp = trial == 0 ? 0.05f : trial == 1 ? 1.0f : 20.0f;
                 rng_state = 1000u + 7u * (uint32_t)ti + (uint32_t)trial; /* the same weights on every path */
@@ -201,7 +212,8 @@ static void test_kernels(void) {
                     k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, shifted + t, 1);
                 CHECKF(memcmp(tiled, single, sizeof tiled) == 0 && memcmp(shifted, single, sizeof tiled) == 0,
                        "%s %s: tiles change the results", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
-                if (isa == KVG_ISA_PORTABLE) memcpy(portable_out[ti][trial], tiled, sizeof tiled);
+                if (fast) {
+                } else if (isa == KVG_ISA_PORTABLE) memcpy(portable_out[ti][trial], tiled, sizeof tiled);
                 else if (same_bits_as_portable(isa))
                     CHECKF(memcmp(portable_out[ti][trial], tiled, sizeof tiled) == 0,
                            "%s %s trial %d: %.9g, the portable path %.9g", kvg_type_name(type),
@@ -230,8 +242,9 @@ static void test_kernels(void) {
                 n_group++;
             }
         }
-        printf("kernels: %s path: %zu types, worst |dot - exact| / sum|w a| %.2e; %d group kernels equal their rows\n",
-               kvg_cpu_isa_name((kvg_cpu_isa)isa), n_types, worst, n_group);
+        printf("kernels: %s path: %zu types (and %d with 8-bit activations), worst |dot - exact| / sum|w a| %.2e; %d "
+               "group kernels equal their rows\n",
+               kvg_cpu_isa_name((kvg_cpu_isa)isa), n_types, n_fast, worst, n_group);
     }
     free(wf);
     free(xf);

@@ -73,6 +73,7 @@ typedef struct bench_opts {
     kvgen_backend backends[BENCH_MAX_BACKENDS];
     int n_backends;
     int reps, steps, quick, threads;
+    int activation_bits; /* kvgen_model_desc.activation_bits of the cpu backend (0: default) */
     int prompts[BENCH_MAX_SIZES], n_prompts;
     int depths[BENCH_MAX_SIZES], n_depths;
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
@@ -206,6 +207,7 @@ static void bench_usage(FILE *f) {
             "                       no-cache depth 16, a short probe\n"
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
+            "  --activation-bits B  cpu backend: 16 (default) or 8 (as llama.cpp's CPU backend)\n"
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
@@ -302,7 +304,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "--sessions") == 0 ||
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
-                          strcmp(a, "--peer") == 0;
+                          strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -357,6 +359,9 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             o->peer = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "--activation-bits") == 0) {
+            if (!parse_int(val, 8, 16, &o->activation_bits) || (o->activation_bits != 8 && o->activation_bits != 16))
+                return bench_usage_error("--activation-bits: expected 8 or 16, got '%s'", val);
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             bench_usage(stdout);
             return -1;
@@ -812,7 +817,7 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     r->uses_device = bi && bi->uses_device;
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
-                           .progress = kvgen_cli_progress()};
+                           .activation_bits = o->activation_bits, .progress = kvgen_cli_progress()};
     st = kvgen_model_load(&md, &m, &err);
     kvgen_cli_progress_end();
     if (st != KVGEN_OK) goto done;
