@@ -381,16 +381,21 @@ int main(void) {
     FILE *pf = fopen(peer, "w");
     CHECK(pf != NULL);
     if (pf) {
-        fprintf(pf, "#!/bin/sh\necho \"$@\" > '%s'\ncat <<'EOF'\n[\n"
+        /* the decodes at depth come from a second run with -d (llama-bench's depth option) */
+        fprintf(pf, "#!/bin/sh\necho \"$@\" >> '%s'\ncase \" $* \" in *\" -d \"*) cat <<'EOF'\n[\n"
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"n_depth\": 32, \"avg_ts\": 40.0},\n"
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"n_depth\": 64, \"avg_ts\": 30.0}\n]\n"
+                    "EOF\n;; *) cat <<'EOF'\n[\n"
                     "  {\"build_commit\": \"x\", \"n_prompt\": 8, \"n_gen\": 0, \"n_depth\": 0, \"avg_ts\": 100.5,"
                     " \"samples_ts\": [100.0, 101.0]},\n"
                     "  {\"build_commit\": \"x\", \"n_prompt\": 32, \"n_gen\": 0, \"avg_ts\": 200.0},\n"
-                    "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 50.0}\n]\nEOF\n",
+                    "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 50.0}\n]\nEOF\n;; esac\n",
                 peer_args);
         fclose(pf);
         chmod(peer, 0755);
     }
     remove(json);
+    remove(peer_args);
     snprintf(args, sizeof args, "bench %s --quick --backend reference --threads 1 --peer %s --json %s", model, peer,
              json);
     rc = run(args, &out);
@@ -398,9 +403,11 @@ int main(void) {
     CHECKF(strstr(out, "peer llama-bench") && strstr(out, "reference/peer"), "peer table:\n%s", out);
     free(out);
     char *given = tu_read_file(peer_args, NULL);
-    char want[2048];
+    char want[2048], want_d[2048];
     snprintf(want, sizeof want, "-m %s -p 8,32 -n 4 -r 2 -t 1 -o json", model);
+    snprintf(want_d, sizeof want_d, "-m %s -p 0 -n 4 -d 32,64 -r 2 -t 1 -o json", model);
     CHECKF(given && strstr(given, want), "peer arguments: %s (want %s)", given ? given : "(none)", want);
+    CHECKF(given && strstr(given, want_d), "peer arguments: %s (want %s)", given ? given : "(none)", want_d);
     free(given);
     text = tu_read_file(json, NULL);
     CHECKF(text != NULL, "%s was not written", json);
@@ -410,6 +417,11 @@ int main(void) {
         CHECK(positive(&r, "peer.prompt_8_tok_s") == 100.5);
         CHECK(positive(&r, "peer.prompt_32_tok_s") == 200.0);
         CHECK(positive(&r, "peer.decode_0_tok_s") == 50.0);
+        CHECK(positive(&r, "peer.decode_32_tok_s") == 40.0);
+        CHECK(positive(&r, "peer.decode_64_tok_s") == 30.0);
+        double r64 = positive(&r, "peer.ratio_reference_over_peer.decode_64");
+        double m64 = positive(&r, "backends[0].decode[2].tok_s.median");
+        CHECKF(fabs(r64 - m64 / 30.0) < 1e-3 * r64, "decode ratio at depth 64 %g, kvgen %g tok/s", r64, m64);
         double ratio = positive(&r, "peer.ratio_reference_over_peer.decode_0");
         double mine = positive(&r, "backends[0].decode[0].tok_s.median");
         CHECKF(fabs(ratio - mine / 50.0) < 1e-3 * ratio, "decode ratio %g, kvgen %g tok/s", ratio, mine);

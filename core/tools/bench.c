@@ -125,8 +125,8 @@ typedef struct bench_peer {
     int ran;                            /* its output was read */
     char error[512];                    /* why not */
     double prompt[BENCH_MAX_SIZES];     /* tokens/s in opts.prompts order; 0: not reported */
-    double decode;                      /* tokens/s generating --steps tokens from an empty cache */
-    double seconds;                     /* wall time of its run */
+    double decode[BENCH_MAX_SIZES];     /* tokens/s generating --steps tokens, in opts.depths order */
+    double seconds;                     /* wall time of its runs */
 } bench_peer;
 
 static double now_s(void) {
@@ -215,7 +215,8 @@ static void bench_usage(FILE *f) {
             "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
             "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
-            "                       prompt sizes, steps, repetitions and threads, and print kvgen/peer ratios\n"
+            "                       prompt sizes, decode depths, steps, repetitions and threads, and print\n"
+            "                       kvgen/peer ratios\n"
             "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n",
             names);
 }
@@ -419,8 +420,8 @@ static double peer_field(const char *obj, const char *end, const char *key) {
     return -1;
 }
 
-/* Reads llama-bench's `-o json` output: one object per test, with n_prompt, n_gen, (n_depth)
- * and avg_ts. Returns the number of tests understood. */
+/* Reads llama-bench's `-o json` output: one object per test, with n_prompt, n_gen, n_depth
+ * and avg_ts (prompts at depth 0, decodes at each depth). Returns the number of tests understood. */
 static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
     int found = 0;
     const char *p = text;
@@ -429,14 +430,13 @@ static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
         if (!end) break;
         double n_prompt = peer_field(p, end, "n_prompt"), n_gen = peer_field(p, end, "n_gen");
         double n_depth = peer_field(p, end, "n_depth"), ts = peer_field(p, end, "avg_ts");
-        if (ts > 0 && n_depth <= 0) {
-            if (n_gen == 0 && n_prompt > 0) {
-                for (int i = 0; i < o->n_prompts; i++)
-                    if ((double)o->prompts[i] == n_prompt) pr->prompt[i] = ts, found++;
-            } else if (n_prompt == 0 && n_gen > 0) {
-                pr->decode = ts;
-                found++;
-            }
+        if (n_depth < 0) n_depth = 0; /* older llama-bench: no depths */
+        if (ts > 0 && n_gen == 0 && n_prompt > 0 && n_depth == 0) {
+            for (int i = 0; i < o->n_prompts; i++)
+                if ((double)o->prompts[i] == n_prompt) pr->prompt[i] = ts, found++;
+        } else if (ts > 0 && n_prompt == 0 && n_gen > 0) {
+            for (int i = 0; i < o->n_depths; i++)
+                if ((double)o->depths[i] == n_depth) pr->decode[i] = ts, found++;
         }
         p = end + 1;
     }
@@ -453,31 +453,23 @@ static long online_cpus(void) {
 #endif
 }
 
-static void run_peer(const bench_opts *o, bench_peer *pr) {
-    memset(pr, 0, sizeof *pr);
+/* Runs the peer with argv (no shell) and reads its JSON into pr; returns 0, or -1 with
+ * pr->error set. */
+static int run_peer_once(const bench_opts *o, char *const argv[], bench_peer *pr) {
 #if defined(_WIN32)
+    (void)argv;
     /* the peer runs with fork and exec; Windows has neither */
     snprintf(pr->error, sizeof pr->error, "--peer %s: running a peer program needs fork(), which Windows lacks",
              o->peer);
     (void)peer_parse;
+    return -1;
 #else
-    char prompts[160] = "", steps[16], reps[16], threads[24];
-    for (int i = 0; i < o->n_prompts; i++) {
-        size_t l = strlen(prompts);
-        snprintf(prompts + l, sizeof prompts - l, "%s%d", i ? "," : "", o->prompts[i]);
-    }
-    long nt = o->threads ? o->threads : online_cpus();
-    snprintf(steps, sizeof steps, "%d", o->steps);
-    snprintf(reps, sizeof reps, "%d", o->reps);
-    snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
-    char *argv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
-                    "-t", threads, "-o", "json", NULL};
     int out[2];
     FILE *errf = tmpfile();
     if (pipe(out) != 0) {
         snprintf(pr->error, sizeof pr->error, "pipe: %s", strerror(errno));
         if (errf) fclose(errf);
-        return;
+        return -1;
     }
     fflush(stdout);
     fflush(stderr);
@@ -497,7 +489,7 @@ static void run_peer(const bench_opts *o, bench_peer *pr) {
         snprintf(pr->error, sizeof pr->error, "fork: %s", strerror(errno));
         close(out[0]);
         if (errf) fclose(errf);
-        return;
+        return -1;
     }
     size_t len = 0, cap = 1 << 16;
     char *text = malloc(cap + 1);
@@ -512,10 +504,10 @@ static void run_peer(const bench_opts *o, bench_peer *pr) {
         }
     }
     close(out[0]);
-    int status = 0;
+    int status = 0, rc = -1;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    pr->seconds = now_s() - t0;
+    pr->seconds += now_s() - t0;
     if (text) text[len] = 0;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char last[256] = "";
@@ -535,11 +527,41 @@ static void run_peer(const bench_opts *o, bench_peer *pr) {
     } else if (!text || peer_parse(text, o, pr) == 0) {
         snprintf(pr->error, sizeof pr->error, "%s: no test results in its JSON output", o->peer);
     } else {
-        pr->ran = 1;
+        rc = 0;
     }
     free(text);
     if (errf) fclose(errf);
+    return rc;
 #endif
+}
+
+/* `PATH -m MODEL -p PROMPTS -n STEPS -r REPS -t THREADS -o json` (prompts, and decode from an
+ * empty cache), then, for the depths above 0, `... -p 0 -n STEPS -d DEPTHS` (decode after a
+ * cache of that many tokens, as kvgen's decode at depth). */
+static void run_peer(const bench_opts *o, bench_peer *pr) {
+    memset(pr, 0, sizeof *pr);
+    char prompts[160] = "", depths[160] = "", steps[16], reps[16], threads[24];
+    for (int i = 0; i < o->n_prompts; i++) {
+        size_t l = strlen(prompts);
+        snprintf(prompts + l, sizeof prompts - l, "%s%d", i ? "," : "", o->prompts[i]);
+    }
+    for (int i = 0; i < o->n_depths; i++) {
+        size_t l = strlen(depths);
+        if (o->depths[i] > 0) snprintf(depths + l, sizeof depths - l, "%s%d", l ? "," : "", o->depths[i]);
+    }
+    long nt = o->threads ? o->threads : online_cpus();
+    snprintf(steps, sizeof steps, "%d", o->steps);
+    snprintf(reps, sizeof reps, "%d", o->reps);
+    snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
+    char *argv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
+                    "-t", threads, "-o", "json", NULL};
+    if (run_peer_once(o, argv, pr) != 0) return;
+    if (depths[0]) {
+        char *dargv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", "0", "-n", steps, "-d", depths, "-r", reps,
+                         "-t", threads, "-o", "json", NULL};
+        if (run_peer_once(o, dargv, pr) != 0) return;
+    }
+    pr->ran = 1;
 }
 
 /* ---- statistics ---- */
@@ -957,13 +979,6 @@ static double ceiling_tok_s(const bench_result *r, const bench_model *bm) {
     return r->have_probe && bm->weight_bytes > 0 ? r->probe_gbps * 1e9 / (double)bm->weight_bytes : 0;
 }
 
-
-static int depth_index(const bench_opts *o, int depth) {
-    for (int i = 0; i < o->n_depths; i++)
-        if (o->depths[i] == depth) return i;
-    return -1;
-}
-
 /* three significant figures or so: 0.752, 12.3, 4210 */
 static void fmt_rate(char *buf, size_t size, double v) {
     snprintf(buf, size, v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : "%.2f", v);
@@ -1130,7 +1145,6 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
         printf("\npeer llama-bench: not measured: %s\n", peer->error);
         return;
     }
-    int d0 = depth_index(o, 0);
     printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's host backends\n",
            o->peer, peer->seconds);
     printf("%-28s  %-12s", "test", "llama-bench");
@@ -1147,12 +1161,16 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
                        peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0.0);
         printf("\n");
     }
-    printf("%-28s  %-12.1f", "decode at depth 0", peer->decode);
-    for (int i = 0; i < n; i++)
-        if (res[i].ok)
-            printf("  %*.2fx", (int)strlen(res[i].name) + 4,
-                   d0 >= 0 && peer->decode > 0 ? res[i].decode[d0].median / peer->decode : 0.0);
-    printf("\n");
+    for (int k = 0; k < o->n_depths; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "decode at depth %d", o->depths[k]);
+        printf("%-28s  %-12.1f", label, peer->decode[k]);
+        for (int i = 0; i < n; i++)
+            if (res[i].ok)
+                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
+                       peer->decode[k] > 0 ? res[i].decode[k].median / peer->decode[k] : 0.0);
+        printf("\n");
+    }
 }
 
 /* ---- JSON ---- */
@@ -1350,15 +1368,16 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
             fprintf(f, ", \"error\": ");
             json_string(f, peer->error);
         } else {
-            int d0 = depth_index(o, 0);
             fprintf(f, ", \"seconds\": ");
             json_number(f, peer->seconds);
             for (int k = 0; k < o->n_prompts; k++) {
                 fprintf(f, ", \"prompt_%d_tok_s\": ", o->prompts[k]);
                 json_number(f, peer->prompt[k]);
             }
-            fprintf(f, ", \"decode_0_tok_s\": ");
-            json_number(f, peer->decode);
+            for (int k = 0; k < o->n_depths; k++) {
+                fprintf(f, ", \"decode_%d_tok_s\": ", o->depths[k]);
+                json_number(f, peer->decode[k]);
+            }
             for (int i = 0; i < n; i++) {
                 if (!res[i].ok) continue;
                 fprintf(f, ", \"ratio_%s_over_peer\": {", res[i].name);
@@ -1366,8 +1385,10 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
                     fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
                     json_number(f, peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0);
                 }
-                fprintf(f, ", \"decode_0\": ");
-                json_number(f, d0 >= 0 && peer->decode > 0 ? res[i].decode[d0].median / peer->decode : 0);
+                for (int k = 0; k < o->n_depths; k++) {
+                    fprintf(f, ", \"decode_%d\": ", o->depths[k]);
+                    json_number(f, peer->decode[k] > 0 ? res[i].decode[k].median / peer->decode[k] : 0);
+                }
                 fprintf(f, "}");
             }
         }
