@@ -393,8 +393,8 @@ static inline void prefetch_row(const uint8_t *row, size_t bytes) {
 /* a group of rows (one item) against every tile of the block: the group stays in cache */
 static void mm_group(const mm_job *j, const mm_part *pt, int g) {
     const uint8_t *w = pt->w + (size_t)g * pt->row_bytes;
-    for (int t = 0; t < j->n; t += KVG_QDOT_TILE) {
-        int nt = j->n - t < KVG_QDOT_TILE ? j->n - t : KVG_QDOT_TILE;
+    for (int t = 0; t < j->n; t += KVG_GROUP_TILE) {
+        int nt = j->n - t < KVG_GROUP_TILE ? j->n - t : KVG_GROUP_TILE;
         pt->k->group(w, j->a, t, nt, pt->out + (size_t)t * pt->rows + (size_t)g * KVG_QDOT_GROUP, (size_t)pt->rows);
     }
 }

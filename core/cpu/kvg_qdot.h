@@ -71,6 +71,7 @@ kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *
 #define KVG_QK 256   /* elements of a K-type block */
 #define KVG_QB 32    /* elements of a 32-element block */
 #define KVG_QDOT_TILE 4 /* activation rows one kernel call dots a weight row with, at most */
+#define KVG_GROUP_TILE 8 /* activation rows one group kernel call takes, at most */
 #define KVG_QB_LEVELS 32767 /* |q| bound of 32-element blocks */
 #define KVG_QK_LEVELS 4095  /* |q| bound of K blocks */
 #define KVG_Q8_LEVELS 127   /* |q| bound of the 8-bit blocks */
@@ -115,7 +116,7 @@ typedef void (*kvg_qdot_fn)(const uint8_t *w, const kvg_qact *a, int t, int nt, 
 typedef void (*kvg_qdot_repack_fn)(const uint8_t *src, uint8_t *dst, int n);
 
 /* out[i * out_stride + r] = dot(row r of a group of KVG_QDOT_GROUP weight rows, activation row
- * t + i) for r < KVG_QDOT_GROUP, i < nt <= KVG_QDOT_TILE; g: the group in the layout of
+ * t + i) for r < KVG_QDOT_GROUP, i < nt <= KVG_GROUP_TILE; g: the group in the layout of
  * kvg_qdot_kernel.group_pack. Each output is the same bits whatever nt is. */
 typedef void (*kvg_qdot_group_fn)(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t out_stride);
 /* KVG_QDOT_GROUP rows of n elements, each row_bytes apart in the file's layout, into one group

@@ -983,7 +983,7 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
     int8_t lv[16];
     for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
     const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
-    __m512 acc[KVG_QDOT_TILE];
+    __m512 acc[KVG_GROUP_TILE];
     for (int i = 0; i < nt; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
@@ -1050,7 +1050,11 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
         case 1: b32_group_vnni(kind, split, g, a, t, 1, out, os); break;                              \
         case 2: b32_group_vnni(kind, split, g, a, t, 2, out, os); break;                              \
         case 3: b32_group_vnni(kind, split, g, a, t, 3, out, os); break;                              \
-        default: b32_group_vnni(kind, split, g, a, t, 4, out, os); break;                             \
+        case 4: b32_group_vnni(kind, split, g, a, t, 4, out, os); break;                              \
+        case 5: b32_group_vnni(kind, split, g, a, t, 5, out, os); break;                              \
+        case 6: b32_group_vnni(kind, split, g, a, t, 6, out, os); break;                              \
+        case 7: b32_group_vnni(kind, split, g, a, t, 7, out, os); break;                              \
+        default: b32_group_vnni(kind, split, g, a, t, 8, out, os); break;                             \
         }                                                                                              \
     }
 GROUP_KERNEL(gv_q4_0, B_Q4_0, false)

@@ -86,8 +86,8 @@ static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k,
     bool same = true;
     for (int t0 = 0; t0 < 2 && t0 < nt; t0++) { /* tiles from token 0 and from token 1 */
         memset(by_group, 0, (size_t)nt * G * sizeof(float));
-        for (int t = t0; t < nt; t += KVG_QDOT_TILE)
-            k->group(group, a, t, nt - t < KVG_QDOT_TILE ? nt - t : KVG_QDOT_TILE, by_group + (size_t)t * G, G);
+        for (int t = t0; t < nt; t += KVG_GROUP_TILE)
+            k->group(group, a, t, nt - t < KVG_GROUP_TILE ? nt - t : KVG_GROUP_TILE, by_group + (size_t)t * G, G);
         same = same && memcmp(by_group + (size_t)t0 * G, by_row + (size_t)t0 * G, (size_t)(nt - t0) * G * sizeof(float)) == 0;
     }
     CHECKF(same, "%s %s: the group kernel's bits differ from its rows' (%.9g vs %.9g)", kvg_type_name(type),
@@ -103,7 +103,7 @@ static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k,
 static void test_kernels(void) {
     uint32_t types[32];
     size_t n_types = kvg_traits_types(types, 32);
-    enum { N = 512, NT = 4 }; /* activation rows */
+    enum { N = 512, NT = 9 }; /* activation rows: more than one tile of each kind */
     float *wf = malloc(N * sizeof(float)), *xf = malloc(NT * N * sizeof(float)), *deq = malloc(N * sizeof(float));
     uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N)), *packed = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
     size_t qbytes = NT * N * sizeof(int16_t);
@@ -210,7 +210,8 @@ static void test_kernels(void) {
                 /* every row alone, and tiles of KVG_QDOT_TILE rows from rows 0 and 1 */
                 float tiled[NT], single[NT], shifted[NT];
                 for (int t = 0; t < NT; t++) k->dot(w, &a, t, 1, &single[t], 1);
-                for (int t = 0; t < NT; t += KVG_QDOT_TILE) k->dot(w, &a, t, KVG_QDOT_TILE, tiled + t, 1);
+                for (int t = 0; t < NT; t += KVG_QDOT_TILE)
+                    k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, tiled + t, 1);
                 shifted[0] = single[0];
                 for (int t = 1; t < NT; t += KVG_QDOT_TILE)
                     k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, shifted + t, 1);
