@@ -428,6 +428,46 @@ int main(void) {
         free(r.leaves);
         free(text);
     }
+    /* --peer-batched runs llama-batched-bench with the --sessions counts and reads its jsonl */
+    char *peerb = tu_tmpfile("peer-batched.sh"), *peerb_args = tu_tmpfile("peer-batched-args.txt");
+    pf = fopen(peerb, "w");
+    CHECK(pf != NULL);
+    if (pf) {
+        fprintf(pf, "#!/bin/sh\necho \"$@\" > '%s'\necho 'main: loading'\n"
+                    "echo '{\"n_kv_max\": 64, \"pp\": 1, \"tg\": 4, \"pl\": 1, \"speed_pp\": 9.0, \"speed_tg\": 20.0}'\n"
+                    "echo '{\"n_kv_max\": 64, \"pp\": 1, \"tg\": 4, \"pl\": 2, \"speed_pp\": 9.0, \"speed_tg\": 35.0}'\n",
+                peerb_args);
+        fclose(pf);
+        chmod(peerb, 0755);
+    }
+    remove(json);
+    snprintf(args, sizeof args, "bench %s --quick --backend reference --threads 1 --sessions 1,2 --peer-batched %s --json %s",
+             model, peerb, json);
+    rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(out && strstr(out, "peer llama-batched-bench") && strstr(out, "2 sessions at once"), "batched table:\n%s",
+           out ? out : "");
+    free(out);
+    given = tu_read_file(peerb_args, NULL);
+    snprintf(want, sizeof want, "-m %s -c %d -b 2048 -ub 512 -npp 1 -ntg 4 -npl 1,2 -t 1 --output-format jsonl", model,
+             2 * 5 + 16);
+    CHECKF(given && strstr(given, want), "batched peer arguments: %s (want %s)", given ? given : "(none)", want);
+    free(given);
+    text = tu_read_file(json, NULL);
+    if (text && json_read(text, &r)) {
+        expect_true(&r, "peer_batched.ran");
+        CHECK(positive(&r, "peer_batched.sessions_2_tok_s") == 35.0);
+        double ratio = positive(&r, "peer_batched.ratio_reference_over_peer.sessions_2");
+        double mine = positive(&r, "backends[0].sessions[1].tok_s.median");
+        CHECKF(fabs(ratio - mine / 35.0) < 1e-3 * ratio, "sessions ratio %g, kvgen %g tok/s", ratio, mine);
+        free(r.leaves);
+    } else {
+        CHECKF(0, "%s: not written or not JSON", json);
+    }
+    free(text);
+    free(peerb);
+    free(peerb_args);
+
     /* a peer that cannot run fails the bench and says why */
     snprintf(args, sizeof args, "bench %s --quick --backend reference --peer /nonexistent/llama-bench", model);
     rc = run(args, &out);

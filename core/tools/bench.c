@@ -82,6 +82,7 @@ typedef struct bench_opts {
     int session_tokens;                         /* tokens each of them generates */
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
+    const char *peer_batched;                   /* llama-batched-bench for --sessions; NULL: none */
 } bench_opts;
 
 typedef struct bench_result {
@@ -127,6 +128,11 @@ typedef struct bench_peer {
     double prompt[BENCH_MAX_SIZES];     /* tokens/s in opts.prompts order; 0: not reported */
     double decode[BENCH_MAX_SIZES];     /* tokens/s generating --steps tokens, in opts.depths order */
     double seconds;                     /* wall time of its runs */
+    /* llama-batched-bench (--peer-batched) */
+    int batched_ran;
+    char batched_error[512];
+    double sessions[BENCH_MAX_SIZES];   /* aggregate decode tokens/s, in opts.sessions order */
+    double batched_seconds;
 } bench_peer;
 
 static double now_s(void) {
@@ -217,6 +223,9 @@ static void bench_usage(FILE *f) {
             "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
             "                       prompt sizes, decode depths, steps, repetitions and threads, and print\n"
             "                       kvgen/peer ratios\n"
+            "  --peer-batched PATH  with --sessions: also run llama.cpp's llama-batched-bench (PATH) with that\n"
+            "                       many parallel sequences (1-token prompts, --session-tokens generated)\n"
+            "                       and print the aggregate decode ratios\n"
             "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n",
             names);
 }
@@ -305,7 +314,8 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0 || strcmp(a, "--sessions") == 0 ||
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
-                          strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0;
+                          strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
+                          strcmp(a, "--peer-batched") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -358,6 +368,9 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         } else if (strcmp(a, "--peer") == 0) {
             if (!*val) return bench_usage_error("--peer: expected the path of llama-bench, got '%s'", val);
             o->peer = val;
+        } else if (strcmp(a, "--peer-batched") == 0) {
+            if (!*val) return bench_usage_error("--peer-batched: expected the path of llama-batched-bench, got '%s'", val);
+            o->peer_batched = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
         } else if (strcmp(a, "--activation-bits") == 0) {
@@ -455,19 +468,24 @@ static long online_cpus(void) {
 
 /* Runs the peer with argv (no shell) and reads its JSON into pr; returns 0, or -1 with
  * pr->error set. */
-static int run_peer_once(const bench_opts *o, char *const argv[], bench_peer *pr) {
+typedef int (*peer_parse_fn)(const char *text, const bench_opts *o, bench_peer *pr);
+
+static int run_peer_once(const bench_opts *o, const char *prog, char *const argv[], peer_parse_fn parse,
+                         bench_peer *pr, char *error, size_t error_size, double *seconds) {
 #if defined(_WIN32)
+    (void)o;
     (void)argv;
+    (void)parse;
+    (void)pr;
+    (void)seconds;
     /* the peer runs with fork and exec; Windows has neither */
-    snprintf(pr->error, sizeof pr->error, "--peer %s: running a peer program needs fork(), which Windows lacks",
-             o->peer);
-    (void)peer_parse;
+    snprintf(error, error_size, "%s: running a peer program needs fork(), which Windows lacks", prog);
     return -1;
 #else
     int out[2];
     FILE *errf = tmpfile();
     if (pipe(out) != 0) {
-        snprintf(pr->error, sizeof pr->error, "pipe: %s", strerror(errno));
+        snprintf(error, error_size, "pipe: %s", strerror(errno));
         if (errf) fclose(errf);
         return -1;
     }
@@ -480,13 +498,13 @@ static int run_peer_once(const bench_opts *o, char *const argv[], bench_peer *pr
         if (errf) dup2(fileno(errf), 2);
         close(out[0]);
         close(out[1]);
-        execv(o->peer, argv);
-        fprintf(stderr, "cannot run %s: %s\n", o->peer, strerror(errno));
+        execv(prog, argv);
+        fprintf(stderr, "cannot run %s: %s\n", prog, strerror(errno));
         _exit(127);
     }
     close(out[1]);
     if (pid < 0) {
-        snprintf(pr->error, sizeof pr->error, "fork: %s", strerror(errno));
+        snprintf(error, error_size, "fork: %s", strerror(errno));
         close(out[0]);
         if (errf) fclose(errf);
         return -1;
@@ -507,7 +525,7 @@ static int run_peer_once(const bench_opts *o, char *const argv[], bench_peer *pr
     int status = 0, rc = -1;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    pr->seconds += now_s() - t0;
+    *seconds += now_s() - t0;
     if (text) text[len] = 0;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         char last[256] = "";
@@ -520,12 +538,12 @@ static int run_peer_once(const bench_opts *o, char *const argv[], bench_peer *pr
             if (l && last[l - 1] == '\n') last[l - 1] = 0;
         }
         if (WIFEXITED(status))
-            snprintf(pr->error, sizeof pr->error, "%s exited with status %d%s%s", o->peer, WEXITSTATUS(status),
+            snprintf(error, error_size, "%s exited with status %d%s%s", prog, WEXITSTATUS(status),
                      last[0] ? ": " : "", last);
         else
-            snprintf(pr->error, sizeof pr->error, "%s was killed by signal %d", o->peer, WTERMSIG(status));
-    } else if (!text || peer_parse(text, o, pr) == 0) {
-        snprintf(pr->error, sizeof pr->error, "%s: no test results in its JSON output", o->peer);
+            snprintf(error, error_size, "%s was killed by signal %d", prog, WTERMSIG(status));
+    } else if (!text || parse(text, o, pr) == 0) {
+        snprintf(error, error_size, "%s: no test results in its output", prog);
     } else {
         rc = 0;
     }
@@ -555,13 +573,50 @@ static void run_peer(const bench_opts *o, bench_peer *pr) {
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
     char *argv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
                     "-t", threads, "-o", "json", NULL};
-    if (run_peer_once(o, argv, pr) != 0) return;
+    if (run_peer_once(o, o->peer, argv, peer_parse, pr, pr->error, sizeof pr->error, &pr->seconds) != 0) return;
     if (depths[0]) {
         char *dargv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", "0", "-n", steps, "-d", depths, "-r", reps,
                          "-t", threads, "-o", "json", NULL};
-        if (run_peer_once(o, dargv, pr) != 0) return;
+        if (run_peer_once(o, o->peer, dargv, peer_parse, pr, pr->error, sizeof pr->error, &pr->seconds) != 0) return;
     }
     pr->ran = 1;
+}
+
+/* Reads llama-batched-bench's `--output-format jsonl`: a line per parallel-sequence count with
+ * "pl" and "speed_tg" (decode tokens/s over all sequences). Returns the lines understood. */
+static int batched_parse(const char *text, const bench_opts *o, bench_peer *pr) {
+    int found = 0;
+    const char *p = text;
+    while ((p = strchr(p, '{')) != NULL) {
+        const char *end = strchr(p, '}');
+        if (!end) break;
+        double pl = peer_field(p, end, "pl"), tg = peer_field(p, end, "speed_tg");
+        for (int i = 0; i < o->n_sessions; i++)
+            if (tg > 0 && (double)o->sessions[i] == pl) pr->sessions[i] = tg, found++;
+        p = end + 1;
+    }
+    return found;
+}
+
+/* `PATH -m MODEL -c CTX -b 2048 -ub 512 -npp 1 -ntg TOKENS -npl SESSIONS -t THREADS --output-format
+ * jsonl`: that many sequences, each a 1-token prompt then TOKENS decoded together, as --sessions */
+static void run_peer_batched(const bench_opts *o, bench_peer *pr) {
+    char npl[160] = "", ntg[16], ctx[24], threads[24];
+    int most = 1;
+    for (int i = 0; i < o->n_sessions; i++) {
+        size_t l = strlen(npl);
+        snprintf(npl + l, sizeof npl - l, "%s%d", i ? "," : "", o->sessions[i]);
+        if (o->sessions[i] > most) most = o->sessions[i];
+    }
+    long nt = o->threads ? o->threads : online_cpus();
+    snprintf(ntg, sizeof ntg, "%d", o->session_tokens);
+    snprintf(ctx, sizeof ctx, "%d", most * (o->session_tokens + 1) + 16);
+    snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
+    char *argv[] = {(char *)o->peer_batched, "-m", (char *)o->model, "-c", ctx, "-b", "2048", "-ub", "512", "-npp", "1",
+                    "-ntg", ntg, "-npl", npl, "-t", threads, "--output-format", "jsonl", NULL};
+    if (run_peer_once(o, o->peer_batched, argv, batched_parse, pr, pr->batched_error, sizeof pr->batched_error,
+                      &pr->batched_seconds) == 0)
+        pr->batched_ran = 1;
 }
 
 /* ---- statistics ---- */
@@ -1041,6 +1096,30 @@ static double session_base(const bench_opts *o, const bench_result *r) {
     return 0;
 }
 
+static void print_peer_batched(const bench_opts *o, const bench_result *res, int n, const bench_peer *peer) {
+    if (!o->peer_batched || o->n_sessions == 0) return;
+    if (!peer->batched_ran) {
+        printf("\npeer llama-batched-bench: not measured: %s\n", peer->batched_error);
+        return;
+    }
+    printf("\npeer llama-batched-bench (%s), same file, this run (%.1f s): aggregate decode tokens/s\n",
+           o->peer_batched, peer->batched_seconds);
+    printf("%-28s  %-12s", "test", "batched");
+    for (int i = 0; i < n; i++)
+        if (res[i].ok) printf("  %s/peer", res[i].name);
+    printf("\n");
+    for (int k = 0; k < o->n_sessions; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "%d sessions at once", o->sessions[k]);
+        printf("%-28s  %-12.1f", label, peer->sessions[k]);
+        for (int i = 0; i < n; i++)
+            if (res[i].ok)
+                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
+                       peer->sessions[k] > 0 ? res[i].sessions[k].median / peer->sessions[k] : 0.0);
+        printf("\n");
+    }
+}
+
 static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
                          const bench_peer *peer, double load0, double load1) {
     printf("\nkvgen bench: %s (%s): %d layers, n_embd %d, %.1fM parameters, %.1f MB of weights\n", bm->name, o->model,
@@ -1140,6 +1219,7 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
             printf("%s: this kvgen was built without the %s backend (%s)\n", known_backends[i].name,
                    known_backends[i].name, known_backends[i].missing ? known_backends[i].missing : "?");
 
+    print_peer_batched(o, res, n, peer);
     if (!o->peer) return;
     if (!peer->ran) {
         printf("\npeer llama-bench: not measured: %s\n", peer->error);
@@ -1394,6 +1474,32 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
         }
         fprintf(f, "}");
     }
+    if (o->peer_batched && o->n_sessions > 0) {
+        fprintf(f, ",\n  \"peer_batched\": {\"name\": \"llama-batched-bench\", \"path\": ");
+        json_string(f, o->peer_batched);
+        fprintf(f, ", \"ran\": %s", peer->batched_ran ? "true" : "false");
+        if (!peer->batched_ran) {
+            fprintf(f, ", \"error\": ");
+            json_string(f, peer->batched_error);
+        } else {
+            fprintf(f, ", \"seconds\": ");
+            json_number(f, peer->batched_seconds);
+            for (int k = 0; k < o->n_sessions; k++) {
+                fprintf(f, ", \"sessions_%d_tok_s\": ", o->sessions[k]);
+                json_number(f, peer->sessions[k]);
+            }
+            for (int i = 0; i < n; i++) {
+                if (!res[i].ok) continue;
+                fprintf(f, ", \"ratio_%s_over_peer\": {", res[i].name);
+                for (int k = 0; k < o->n_sessions; k++) {
+                    fprintf(f, "%s\"sessions_%d\": ", k ? ", " : "", o->sessions[k]);
+                    json_number(f, peer->sessions[k] > 0 ? res[i].sessions[k].median / peer->sessions[k] : 0);
+                }
+                fprintf(f, "}");
+            }
+        }
+        fprintf(f, "}");
+    }
     fprintf(f, "\n}\n");
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
@@ -1431,6 +1537,10 @@ int kvgen_cli_bench(int argc, char **argv) {
     if (o.peer) { /* after kvgen, so both run on the same warmed page cache */
         run_peer(&o, &peer);
         if (!peer.ran) failed = 1;
+    }
+    if (o.peer_batched && o.n_sessions > 0) {
+        run_peer_batched(&o, &peer);
+        if (!peer.batched_ran) failed = 1;
     }
     double load1 = load_average();
     print_report(&o, res, o.n_backends, &bm, &peer, load0, load1);
