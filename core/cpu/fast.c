@@ -714,12 +714,13 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
 
 /* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------------ */
 
-static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
-static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
+static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp, KVG_CPU_KV_F32); }
+static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp, KVG_CPU_KV_F32); }
 
 static kvgen_status cpu_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     cpu_model *cm = m->backend;
-    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, WHO, err);
+    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, KVG_CPU_KV_F32, WHO,
+                              err);
 }
 
 static kvgen_status cpu_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
