@@ -5,6 +5,7 @@
 #include <string.h>
 #include "kvg_platform.h"
 #include "kvg_cpu.h"
+#include "kvg_quant.h"
 #include "kvg_reference.h"
 
 /* RoPE (kvg_reference.h) lives here, below the reference backend, because moving K between
@@ -31,13 +32,37 @@ void kvg_ref_rope_apply(const kvg_ref_rope_params *r, float *v, int pos) {
     }
 }
 
-size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp) {
-    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * sizeof(float);
+uint16_t kvg_cpu_f32_to_kv_f16(float f) {
+    if (f > 65504.0f && f < INFINITY) f = 65504.0f; /* saturate; inf and NaN fail both tests */
+    else if (f < -65504.0f && f > -INFINITY) f = -65504.0f;
+    return kvg_f32_to_f16(f);
 }
 
-size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
+void kvg_cpu_kv_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n) {
+    if (type == KVG_CPU_KV_F32) {
+        memmove(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++) dst[i] = kvg_f16_to_f32(h[i]);
+}
+
+void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n) {
+    if (type == KVG_CPU_KV_F32) {
+        memmove(dst, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (size_t i = 0; i < n; i++) h[i] = kvg_cpu_f32_to_kv_f16(src[i]);
+}
+
+size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp, kvg_cpu_kv_type type) {
+    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * kvg_cpu_kv_type_size(type);
+}
+
+size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp, kvg_cpu_kv_type type) {
     size_t ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 8192 ? (size_t)hp->n_ctx_train : 8192;
-    size_t want = 16 * ctx * kvg_cpu_kv_bytes_per_token(hp);
+    size_t want = 16 * ctx * kvg_cpu_kv_bytes_per_token(hp, type);
     uint64_t mem = kvg_physical_memory();
     if (mem > 0) {
         size_t quarter = mem / 4 > SIZE_MAX ? SIZE_MAX : (size_t)(mem / 4);
@@ -47,8 +72,8 @@ size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp) {
 }
 
 kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const kvg_ref_rope_params *rope,
-                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages, const char *who,
-                                kvgen_error *err) {
+                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages,
+                                kvg_cpu_kv_type type, const char *who, kvgen_error *err) {
     memset(p, 0, sizeof *p);
     p->who = who ? who : "host KV pages";
     if (page_size <= 0 || n_pages <= 0)
@@ -62,6 +87,7 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
     p->rope = rope;
     p->page_size = page_size;
     p->n_pages = n_pages;
+    p->type = type;
     return KVGEN_OK;
 }
 
@@ -73,7 +99,7 @@ void kvg_cpu_pages_free(kvg_cpu_pages *p) {
 }
 
 kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *err) {
-    size_t bytes = (size_t)p->page_size * kvg_cpu_kv_bytes_per_token(&p->hp);
+    size_t bytes = (size_t)p->page_size * kvg_cpu_kv_bytes_per_token(&p->hp, p->type);
     if (page < 0 || page >= p->n_pages)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: page %d outside the pool", p->who, (int)page);
     if (!p->data[page]) p->data[page] = kvg_malloc(bytes ? bytes : 1); /* a group may hold no layer */
@@ -84,17 +110,20 @@ kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *e
 
 /* Moves token slots ascending, so a move towards the start of one table never reads a slot it
  * has already overwritten. Re-rotating K by delta is RoPE's addition law: rotating by pos then
- * by delta is rotating by pos + delta, up to rounding. */
+ * by delta is rotating by pos + delta, up to rounding; it is done on the key in f32 (exact from
+ * either type) and stored back in the pages' type, so f16 pages round once per shift. */
 kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
                                 const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
-    (void)err;
     const kvg_hparams *hp = &p->hp;
-    size_t bytes = (size_t)hp->head_dim * sizeof(float);
+    size_t hd = (size_t)hp->head_dim, bytes = hd * kvg_cpu_kv_type_size(p->type);
+    float *key = NULL; /* one key in f32 while it is re-rotated */
+    if (rope_delta != 0 && !(key = kvg_malloc(hd * sizeof(float))))
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory re-rotating keys", p->who);
     for (int sl = 0; sl < hp->n_layer; sl++) {
         int l = p->layers[sl];
         for (int h = 0; h < hp->n_head_kv; h++)
             for (int i = 0; i < n; i++) {
-                float *k = kvg_cpu_pages_at(p, dst_pages, l, 0, h, dst_pos + i);
+                void *k = kvg_cpu_pages_at(p, dst_pages, l, 0, h, dst_pos + i);
                 memmove(k, kvg_cpu_pages_at(p, src_pages, l, 0, h, src_pos + i), bytes);
                 memmove(kvg_cpu_pages_at(p, dst_pages, l, 1, h, dst_pos + i),
                         kvg_cpu_pages_at(p, src_pages, l, 1, h, src_pos + i), bytes);
@@ -102,11 +131,14 @@ kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages
                     /* a pure rotation: the attention factor is in the key already */
                     kvg_ref_rope_params r = p->rope ? p->rope[l] : (kvg_ref_rope_params){0};
                     r.attn_factor = 0.0f;
-                    if (p->rope) kvg_ref_rope_apply(&r, k, rope_delta);
-                    else kvg_ref_rope(k, hp->n_rot, rope_delta, hp->rope_freq_base);
+                    kvg_cpu_kv_to_f32(p->type, k, key, hd);
+                    if (p->rope) kvg_ref_rope_apply(&r, key, rope_delta);
+                    else kvg_ref_rope(key, hp->n_rot, rope_delta, hp->rope_freq_base);
+                    kvg_cpu_kv_from_f32(p->type, key, k, hd);
                 }
             }
     }
+    kvg_free(key);
     return KVGEN_OK;
 }
 
@@ -116,8 +148,8 @@ kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, in
     size_t hd = (size_t)p->hp.head_dim;
     for (int h = 0; h < p->hp.n_head_kv; h++)
         for (int i = 0; i < n; i++)
-            memcpy(out + ((size_t)h * n + i) * hd, kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i),
-                   hd * sizeof(float));
+            kvg_cpu_kv_to_f32(p->type, kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i),
+                              out + ((size_t)h * n + i) * hd, hd);
     return KVGEN_OK;
 }
 
@@ -127,7 +159,7 @@ kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, i
     size_t hd = (size_t)p->hp.head_dim;
     for (int h = 0; h < p->hp.n_head_kv; h++)
         for (int i = 0; i < n; i++)
-            memcpy(kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i), in + ((size_t)h * n + i) * hd,
-                   hd * sizeof(float));
+            kvg_cpu_kv_from_f32(p->type, in + ((size_t)h * n + i) * hd,
+                                kvg_cpu_pages_at(p, pages, layer, which, h, pos0 + i), hd);
     return KVGEN_OK;
 }

@@ -3,9 +3,14 @@
  * (libm's expf and tanhf, as the reference) and AVX2+FMA (exp by range reduction to
  * [-ln2/2, ln2/2] and a degree-6 polynomial; tanh from it); the AVX-512
  * path uses the AVX2 loops (these operations are a small share of a step); AArch64's neon and
- * dotprod paths share one Advanced SIMD set (the portable bits but for exp, see below). */
+ * dotprod paths share one Advanced SIMD set (the portable bits but for exp, see below).
+ * Attention's runs of keys and values come as f32 rows or as rows of IEEE halves (the cpu
+ * backend's f16 KV pages): each path has one loop for both, the halves converted exactly to f32
+ * as they are loaded, so the f16 forms give the f32 forms' bits on the converted rows. */
+#include <stdbool.h>
 #include <math.h>
 #include "kvg_qdot.h"
+#include "kvg_quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVG_X86 1
@@ -35,12 +40,45 @@ static void p_axpy(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* Rows of attention's keys or values: f32, or IEEE halves (half = true, a constant where these
+ * are inlined, so each form compiles to its own loop). */
+static inline const void *row_at(const void *x, size_t i, bool half) {
+    return half ? (const void *)((const uint16_t *)x + i) : (const void *)((const float *)x + i);
+}
+static inline float elem(const void *x, size_t i, bool half) {
+    return half ? kvg_f16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* p_dot and p_axpy over a row of either type */
+static inline float p_dot_row(const float *a, const void *b, int n, bool half) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[i + l] * elem(b, (size_t)(i + l), half);
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (; i < n; i++) s += a[i] * elem(b, (size_t)i, half);
+    return s;
+}
+
+static inline void p_axpy_row(float *y, float a, const void *x, int n, bool half) {
+    for (int i = 0; i < n; i++) y[i] += a * elem(x, (size_t)i, half);
+}
+
 static void p_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
-    for (int r = 0; r < rows; r++) out[r] = p_dot(q, k + (size_t)r * stride, n);
+    for (int r = 0; r < rows; r++) out[r] = p_dot_row(q, k + (size_t)r * stride, n, false);
 }
 
 static void p_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
-    for (int r = 0; r < rows; r++) p_axpy(y, a[r], x + (size_t)r * stride, n);
+    for (int r = 0; r < rows; r++) p_axpy_row(y, a[r], x + (size_t)r * stride, n, false);
+}
+
+static void p_dot_rows_f16(const float *q, const uint16_t *k, size_t stride, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = p_dot_row(q, k + (size_t)r * stride, n, true);
+}
+
+static void p_axpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int rows, int n) {
+    for (int r = 0; r < rows; r++) p_axpy_row(y, a[r], x + (size_t)r * stride, n, true);
 }
 
 static void p_scale(float *y, float a, int n) {
@@ -91,9 +129,10 @@ static void p_add(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
 
-static const kvg_vec_ops PORTABLE = {p_dot,     p_axpy,     p_dot_rows, p_axpy_rows, p_scale,
-                                     p_exp_sum, p_max,      p_rmsnorm,  p_silu_mul,  p_gelu_mul,
-                                     p_add};
+static const kvg_vec_ops PORTABLE = {p_dot, p_axpy, p_dot_rows, p_axpy_rows,
+                                     p_dot_rows_f16, p_axpy_rows_f16,
+                                     p_scale, p_exp_sum, p_max, p_rmsnorm,
+                                     p_silu_mul, p_gelu_mul, p_add};
 
 /* ---- AVX2 + FMA ---- */
 #ifdef KVG_X86
@@ -152,20 +191,27 @@ AVX2 static void x_axpy(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* 8 elements of a row of either type as f32 (F16C converts halves exactly) */
+AVX2 INL __m256 x_load8(const void *x, size_t i, bool half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i)))
+                : _mm256_loadu_ps((const float *)x + i);
+}
+
 /* four rows at a time, one accumulator each, folded together at the end; a row's sum is
  * formed the same way whether it came in a group of four or alone */
-AVX2 static void x_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
+AVX2 INL void x_dot_rows_of(const float *q, const void *k, size_t stride, int rows, int n, float *out, bool half) {
     int r = 0;
     for (; r + 4 <= rows; r += 4) {
-        const float *k0 = k + (size_t)r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        const void *k0 = row_at(k, (size_t)r * stride, half), *k1 = row_at(k0, stride, half),
+                   *k2 = row_at(k1, stride, half), *k3 = row_at(k2, stride, half);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int i = 0;
         for (; i + 8 <= n; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+            a0 = _mm256_fmadd_ps(qv, x_load8(k0, (size_t)i, half), a0);
+            a1 = _mm256_fmadd_ps(qv, x_load8(k1, (size_t)i, half), a1);
+            a2 = _mm256_fmadd_ps(qv, x_load8(k2, (size_t)i, half), a2);
+            a3 = _mm256_fmadd_ps(qv, x_load8(k3, (size_t)i, half), a3);
         }
         /* lane j of the fold: row r + j */
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -173,35 +219,48 @@ AVX2 static void x_dot_rows(const float *q, const float *k, size_t stride, int r
         float t[4];
         _mm_storeu_ps(t, s);
         for (int j = 0; j < 4; j++) {
-            const float *kj = k + (size_t)(r + j) * stride;
-            for (int e = i; e < n; e++) t[j] += q[e] * kj[e];
+            const void *kj = row_at(k, (size_t)(r + j) * stride, half);
+            for (int e = i; e < n; e++) t[j] += q[e] * elem(kj, (size_t)e, half);
             out[r + j] = t[j];
         }
     }
     for (; r < rows; r++) { /* the same sums as a row of a group of four */
-        const float *kr = k + (size_t)r * stride;
+        const void *kr = row_at(k, (size_t)r * stride, half);
         __m256 a0 = _mm256_setzero_ps();
         int i = 0;
-        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kr + i), a0);
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), x_load8(kr, (size_t)i, half), a0);
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a0), a0);
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
         float t = _mm_cvtss_f32(s);
-        for (; i < n; i++) t += q[i] * kr[i];
+        for (; i < n; i++) t += q[i] * elem(kr, (size_t)i, half);
         out[r] = t;
     }
 }
 
 /* y is read and written once per 8 of its floats, whatever the number of rows */
-AVX2 static void x_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
+AVX2 INL void x_axpy_rows_of(float *y, const float *a, const void *x, size_t stride, int rows, int n, bool half) {
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 acc = _mm256_loadu_ps(y + i);
         for (int r = 0; r < rows; r++)
-            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r), _mm256_loadu_ps(x + (size_t)r * stride + i), acc);
+            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(a + r), x_load8(x, (size_t)r * stride + (size_t)i, half), acc);
         _mm256_storeu_ps(y + i, acc);
     }
     for (; i < n; i++)
-        for (int r = 0; r < rows; r++) y[i] += a[r] * x[(size_t)r * stride + i];
+        for (int r = 0; r < rows; r++) y[i] += a[r] * elem(x, (size_t)r * stride + (size_t)i, half);
+}
+
+AVX2 static void x_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
+    x_dot_rows_of(q, k, stride, rows, n, out, false);
+}
+AVX2 static void x_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
+    x_axpy_rows_of(y, a, x, stride, rows, n, false);
+}
+AVX2 static void x_dot_rows_f16(const float *q, const uint16_t *k, size_t stride, int rows, int n, float *out) {
+    x_dot_rows_of(q, k, stride, rows, n, out, true);
+}
+AVX2 static void x_axpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int rows, int n) {
+    x_axpy_rows_of(y, a, x, stride, rows, n, true);
 }
 
 AVX2 static void x_scale(float *y, float a, int n) {
@@ -307,9 +366,10 @@ AVX2 static void x_add(float *y, const float *x, int n) {
     for (; i < n; i++) y[i] += x[i];
 }
 
-static const kvg_vec_ops AVX2_OPS = {x_dot,     x_axpy,     x_dot_rows, x_axpy_rows, x_scale,
-                                     x_exp_sum, x_max,      x_rmsnorm,  x_silu_mul,  x_gelu_mul,
-                                     x_add};
+static const kvg_vec_ops AVX2_OPS = {x_dot, x_axpy, x_dot_rows, x_axpy_rows,
+                                     x_dot_rows_f16, x_axpy_rows_f16,
+                                     x_scale, x_exp_sum, x_max, x_rmsnorm,
+                                     x_silu_mul, x_gelu_mul, x_add};
 #endif
 
 
@@ -329,30 +389,49 @@ INL_ARM float sum8_neon(float32x4_t a0, float32x4_t a1) {
     return s;
 }
 
-static float n_dot(const float *a, const float *b, int n) {
+/* 4 elements of a row of either type as f32 (halves converted exactly) */
+INL_ARM float32x4_t n_load4(const void *x, size_t i, bool half) {
+    return half ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)x + i)))
+                : vld1q_f32((const float *)x + i);
+}
+
+/* dot and axpy over a row of either type */
+INL_ARM float n_dot_row(const float *a, const void *b, int n, bool half) {
     float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
     int i = 0;
     for (; i + LANES <= n; i += LANES) {
-        acc0 = vaddq_f32(acc0, vmulq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
-        acc1 = vaddq_f32(acc1, vmulq_f32(vld1q_f32(a + i + 4), vld1q_f32(b + i + 4)));
+        acc0 = vaddq_f32(acc0, vmulq_f32(vld1q_f32(a + i), n_load4(b, (size_t)i, half)));
+        acc1 = vaddq_f32(acc1, vmulq_f32(vld1q_f32(a + i + 4), n_load4(b, (size_t)i + 4, half)));
     }
     float s = sum8_neon(acc0, acc1);
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * elem(b, (size_t)i, half);
     return s;
 }
 
-static void n_axpy(float *y, float a, const float *x, int n) {
+INL_ARM void n_axpy_row(float *y, float a, const void *x, int n, bool half) {
     int i = 0;
-    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(vld1q_f32(x + i), a)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_n_f32(n_load4(x, (size_t)i, half), a)));
+    for (; i < n; i++) y[i] += a * elem(x, (size_t)i, half);
 }
 
+static float n_dot(const float *a, const float *b, int n) { return n_dot_row(a, b, n, false); }
+
+static void n_axpy(float *y, float a, const float *x, int n) { n_axpy_row(y, a, x, n, false); }
+
 static void n_dot_rows(const float *q, const float *k, size_t stride, int rows, int n, float *out) {
-    for (int r = 0; r < rows; r++) out[r] = n_dot(q, k + (size_t)r * stride, n);
+    for (int r = 0; r < rows; r++) out[r] = n_dot_row(q, k + (size_t)r * stride, n, false);
 }
 
 static void n_axpy_rows(float *y, const float *a, const float *x, size_t stride, int rows, int n) {
-    for (int r = 0; r < rows; r++) n_axpy(y, a[r], x + (size_t)r * stride, n);
+    for (int r = 0; r < rows; r++) n_axpy_row(y, a[r], x + (size_t)r * stride, n, false);
+}
+
+static void n_dot_rows_f16(const float *q, const uint16_t *k, size_t stride, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = n_dot_row(q, k + (size_t)r * stride, n, true);
+}
+
+static void n_axpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t stride, int rows, int n) {
+    for (int r = 0; r < rows; r++) n_axpy_row(y, a[r], x + (size_t)r * stride, n, true);
 }
 
 static void n_scale(float *y, float a, int n) {
@@ -462,9 +541,10 @@ static void n_add(float *y, const float *x, int n) {
     for (; i < n; i++) y[i] += x[i];
 }
 
-static const kvg_vec_ops NEON_OPS = {n_dot,     n_axpy,     n_dot_rows, n_axpy_rows, n_scale,
-                                     n_exp_sum, n_max,      n_rmsnorm,  n_silu_mul,  n_gelu_mul,
-                                     n_add};
+static const kvg_vec_ops NEON_OPS = {n_dot, n_axpy, n_dot_rows, n_axpy_rows,
+                                     n_dot_rows_f16, n_axpy_rows_f16,
+                                     n_scale, n_exp_sum, n_max, n_rmsnorm,
+                                     n_silu_mul, n_gelu_mul, n_add};
 #endif
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {

@@ -15,14 +15,17 @@
  *   vector lane, each group against tiles of up to 8 tokens;
  * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
  *   computed once per token and layer (shared by the heads), not per element;
+ * - K/V pages hold IEEE f16, not f32 (half the bytes a decode at depth reads); keys and values
+ *   are rounded once as they are stored, and attention converts them back as it loads them;
  * - the kernels are those of the instruction set chosen at load (portable C, AVX2, AVX-512;
  *   KVGEN_CPU_ISA forces one), on a thread pool that polls between the jobs of a step
  *   instead of sleeping (kvg_cpu_pool_set_spin).
  * Work is split by output rows, attention (token, KV head) pairs and tokens, each computed by one
  * thread in an order that depends on it alone: results do not depend on the thread count, and
  * a token's logits are the same bits whatever batch or block it came in (prefill, decode, a
- * batch of sessions). Against the reference they differ by the activations' quantization
- * (test_cpu_backend states and measures the tolerance). Nothing is allocated per token.
+ * batch of sessions). Against the reference they differ by the activations' quantization and
+ * the f16 K/V (test_cpu_backend states and measures the tolerance). Nothing is allocated per
+ * token.
  *
  * Shapes in comments: n = tokens in the block, D = n_embd, F = n_ff, H = n_head, Hkv =
  * n_head_kv, hd = head_dim, V = n_vocab. */
@@ -499,6 +502,11 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
 
 /* ---- attention ------------------------------------------------------------------------------------- */
 
+/* K/V pages hold f16 (kvg_cpu.h): a decode at depth reads every key and value of its context,
+ * and halving their bytes is what speeds it up there; a pool of the same bytes holds twice the
+ * tokens. Attention reads them with the vector ops' f16 forms. */
+#define CPU_KV KVG_CPU_KV_F16
+
 typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
     kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
@@ -546,10 +554,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const float *k = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p);
+            const uint16_t *k = kvg_cpu_pages_f16(pg, slot->pages[j->group], l, 0, kvh, p);
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)g * n_ctx + (p - first);
-                vec->dot_rows(q + (size_t)g * hd, k, (size_t)hd, run, hd, sc);
+                vec->dot_rows_f16(q + (size_t)g * hd, k, (size_t)hd, run, hd, sc);
                 for (int r = 0; r < run; r++) {
                     sc[r] *= scale;
                     if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
@@ -565,9 +573,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const float *v = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p);
+            const uint16_t *v = kvg_cpu_pages_f16(pg, slot->pages[j->group], l, 1, kvh, p);
             for (int g = 0; g < group; g++)
-                vec->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, (size_t)hd, run, hd);
+                vec->axpy_rows_f16(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, (size_t)hd, run,
+                                   hd);
             p += run;
         }
         for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);
@@ -672,11 +681,14 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
                 float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
                 if (C->k_norm) vec->rmsnorm(k, k, C->k_norm, hd, eps);
                 rope_head(k, cs, hp->n_rot, neox);
+                /* into the pages as f16: the block's own tokens attend to the stored keys and
+                 * values too, so a prefill reads what a decode of the same tokens would */
                 int g = m->kv.group[l];
-                memcpy(kvg_cpu_pages_at(&cm->pages[g], slots[t].pages[g], l, 0, h, slots[t].pos), k,
-                       (size_t)hd * sizeof(float));
-                memcpy(kvg_cpu_pages_at(&cm->pages[g], slots[t].pages[g], l, 1, h, slots[t].pos),
-                       s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+                const kvg_cpu_pages *pg = &cm->pages[g];
+                kvg_cpu_kv_from_f32(CPU_KV, k, kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 0, h, slots[t].pos),
+                                    (size_t)hd);
+                kvg_cpu_kv_from_f32(CPU_KV, s->v + (size_t)t * kvd + (size_t)h * hd,
+                                    kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 1, h, slots[t].pos), (size_t)hd);
             }
         }
 
@@ -777,12 +789,13 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
 
 /* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------------ */
 
-static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
-static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
+static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp, CPU_KV); }
+static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp, CPU_KV); }
 
 static kvgen_status cpu_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     cpu_model *cm = m->backend;
-    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, WHO, err);
+    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, CPU_KV, WHO,
+                              err);
 }
 
 static kvgen_status cpu_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {

@@ -44,8 +44,16 @@ void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx
 
 /* ---- KV pages in host memory ------------------------------------------------------------ */
 
+/* The element type of host KV pages, chosen when a pool is made: f32 for the reference backend
+ * (the oracle keeps K/V as it computed them), IEEE f16 for the cpu backend (half the memory,
+ * and half the bytes a decode at depth reads, which is what bounds it there). */
+typedef enum kvg_cpu_kv_type { KVG_CPU_KV_F32, KVG_CPU_KV_F16 } kvg_cpu_kv_type;
+
+/* bytes of one element: 4 or 2 */
+static inline size_t kvg_cpu_kv_type_size(kvg_cpu_kv_type type) { return type == KVG_CPU_KV_F16 ? 2 : 4; }
+
 /* The storage of one layer group's KV page pool (kvg_pool.h does the bookkeeping, kvg_model.h
- * the groups): page i holds, for every layer of the group, K then V as f32
+ * the groups): page i holds, for every layer of the group, K then V as elements of `type`
  * [Hkv][page_size][head_dim], i.e. [Lg][2][Hkv][P][hd] with layers at their slot in the group.
  * Storage is allocated when the pool first hands a page out (kvg_cpu_pages_commit) and kept
  * until free. A page table `pages` (a session's, of this group) maps position p to page
@@ -59,42 +67,66 @@ typedef struct kvg_cpu_pages {
     const int *layers; /* per slot, the model layer */
     int page_size;
     int32_t n_pages;
-    float **data;    /* n_pages entries, NULL until committed */
-    const char *who; /* the owner, in error messages */
+    kvg_cpu_kv_type type; /* the elements' type */
+    unsigned char **data; /* n_pages entries, NULL until committed */
+    const char *who;      /* the owner, in error messages */
 } kvg_cpu_pages;
 
-/* K+V bytes of one position in f32, all layers */
-size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp);
-/* A pool size when the load asked for none: 16 sessions of min(context_length, 8192) tokens,
- * at most a quarter of physical RAM (room for the weights, the host and other processes). */
-size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp);
+/* K+V bytes of one position with elements of `type`, all layers */
+size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp, kvg_cpu_kv_type type);
+/* A pool size when the load asked for none: 16 sessions of min(context_length, 8192) tokens
+ * (with elements of `type`), at most a quarter of physical RAM (room for the weights, the host
+ * and other processes). */
+size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp, kvg_cpu_kv_type type);
 
-/* Reserves the table of n_pages pages of group `group` of the layout kv (no storage yet);
- * rope: the layers' RoPE (the caller's, outliving p), or NULL. */
+/* Reserves the table of n_pages pages of group `group` of the layout kv (no storage yet), with
+ * elements of `type`; rope: the layers' RoPE (the caller's, outliving p), or NULL. */
 kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const struct kvg_ref_rope_params *rope,
-                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages, const char *who,
-                                kvgen_error *err);
+                                const kvg_kv_layout *kv, int group, int page_size, int32_t n_pages,
+                                kvg_cpu_kv_type type, const char *who, kvgen_error *err);
 /* Frees every committed page and the table; p may be zero-initialised (never inited). */
 void kvg_cpu_pages_free(kvg_cpu_pages *p);
 /* Gives page `page` its storage (no-op when it has some). */
 kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *err);
 
-/* The head_dim floats of model layer `layer`'s K (which = 0) or V (which = 1), kv head h, at
- * position pos of the table `pages`; the layer is of p's group and the page committed. */
-static inline float *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
-                                      int pos) {
+/* The head_dim elements of model layer `layer`'s K (which = 0) or V (which = 1), kv head h, at
+ * position pos of the table `pages`; the layer is of p's group and the page committed. The
+ * typed forms below say which type the caller expects. */
+static inline void *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
+                                     int pos) {
     size_t P = (size_t)p->page_size, hd = (size_t)p->hp.head_dim, Hkv = (size_t)p->hp.n_head_kv;
-    float *page = p->data[pages[pos / p->page_size]];
+    unsigned char *page = p->data[pages[pos / p->page_size]];
     size_t slot = (size_t)p->slot[layer];
-    return page + (((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
+    size_t elem = (((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
+    return page + elem * kvg_cpu_kv_type_size(p->type);
 }
+/* kvg_cpu_pages_at of f32 pages */
+static inline float *kvg_cpu_pages_f32(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
+                                       int pos) {
+    return (float *)kvg_cpu_pages_at(p, pages, layer, which, h, pos);
+}
+/* kvg_cpu_pages_at of f16 pages: IEEE halves as their bits */
+static inline uint16_t *kvg_cpu_pages_f16(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
+                                          int pos) {
+    return (uint16_t *)kvg_cpu_pages_at(p, pages, layer, which, h, pos);
+}
+
+/* f32 into a page's f16: rounded to nearest, ties to even; finite values beyond the half range
+ * saturate to +-65504 (a key or value that large is already wrong, but an infinity would make
+ * the softmax NaN for every later token); infinities and NaN stay what they are. */
+uint16_t kvg_cpu_f32_to_kv_f16(float f);
+/* n elements of `type` at src as f32 (exact), or f32 into n elements at dst (f16: as above) */
+void kvg_cpu_kv_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n);
+void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n);
 
 /* The paged ops of kvg_backend_ops over host pages (see there): copies K/V of positions
  * [src_pos, src_pos+n) of one table to [dst_pos, ..) of another (or the same, dst_pos <=
- * src_pos), re-rotating K by rope_delta positions with the reference's RoPE (0: plain copy). */
+ * src_pos), re-rotating K by rope_delta positions with the reference's RoPE (0: plain copy, the
+ * bytes as they are): in f32, the result stored back in the pages' type. */
 kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
                                 const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
-/* One layer's K (which = 0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim). */
+/* One layer's K (which = 0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim);
+ * write stores f32 in the pages' type (kvg_cpu_kv_from_f32), read converts back exactly. */
 kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
                                 float *out, kvgen_error *err);
 kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,

@@ -168,6 +168,10 @@ typedef struct kvg_vec_ops {
      * out[r] = dot(q, k + r stride); y += sum_r a[r] (x + r stride) */
     void (*dot_rows)(const float *q, const float *k, size_t stride, int rows, int n, float *out);
     void (*axpy_rows)(float *y, const float *a, const float *x, size_t stride, int rows, int n);
+    /* the same over rows of IEEE halves (f16 KV pages, as their bits): the bits of dot_rows and
+     * axpy_rows on the rows converted to f32 */
+    void (*dot_rows_f16)(const float *q, const uint16_t *k, size_t stride, int rows, int n, float *out);
+    void (*axpy_rows_f16)(float *y, const float *a, const uint16_t *x, size_t stride, int rows, int n);
     void (*scale)(float *y, float a, int n);                  /* y *= a */
     /* x[i] = exp(x[i] - max), returns their sum (the softmax's denominator) */
     float (*exp_sum)(float *x, int n, float max);

@@ -126,7 +126,7 @@ struct kvg_backend_session {
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
 static float *kv_at(const ref_kv *kv, int layer, int which, int h, int pos) {
     int g = kv->group[layer];
-    return kvg_cpu_pages_at(&kv->store[g], kv->pages[g], layer, which, h, pos);
+    return kvg_cpu_pages_f32(&kv->store[g], kv->pages[g], layer, which, h, pos);
 }
 
 static void ref_model_free(kvgen_model *m);
@@ -607,16 +607,16 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     return KVGEN_OK;
 }
 
-static size_t ref_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp); }
+static size_t ref_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp, KVG_CPU_KV_F32); }
 
 /* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------ */
 
-static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp); }
+static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp, KVG_CPU_KV_F32); }
 
 static kvgen_status ref_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
     ref_model *rm = m->backend;
     return kvg_cpu_pages_init(&rm->pages[group], &m->w.hp, rm->ropes, &m->kv, group, page_size, n_pages,
-                              "reference backend", err);
+                              KVG_CPU_KV_F32, "reference backend", err);
 }
 
 static kvgen_status ref_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {

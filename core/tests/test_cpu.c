@@ -3,9 +3,11 @@
  *   id in [0, threads), for 1..8 threads and sizes around the chunking's edges; per-item
  *   results are bit-identical whatever the thread count; jobs submitted from several threads
  *   at once are all run completely; the thread count follows kvg_cpu_threads.
- * - Host pages: commit bounds, write/read round trips through a page table spanning pages,
- *   copy (plain: exact; with a RoPE delta: K re-rotated exactly as kvg_ref_rope does, V
- *   untouched), overlapping moves towards the start of one table. */
+ * - Host pages, of f32 and of f16 elements: commit bounds, write/read round trips through a
+ *   page table spanning pages (exact for values a half holds), copy (plain: the same bytes;
+ *   with a RoPE delta: K re-rotated exactly as kvg_ref_rope does in f32, then stored in the
+ *   pages' type; V untouched), overlapping moves towards the start of one table; f16 pages
+ *   round to nearest even and saturate at +-65504, f32 pages keep every bit. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
@@ -158,12 +160,27 @@ static void test_thread_count(void) {
 
 static int same_floats(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
-static void test_pages(void) {
+static const char *type_name(kvg_cpu_kv_type type) { return type == KVG_CPU_KV_F16 ? "f16" : "f32"; }
+
+/* the head_dim elements at (l, which, h, p) of table t as f32 */
+static void row_f32(const kvg_cpu_pages *pg, const int32_t *t, int l, int which, int h, int p, float *out) {
+    kvg_cpu_kv_to_f32(pg->type, kvg_cpu_pages_at(pg, t, l, which, h, p), out, (size_t)pg->hp.head_dim);
+}
+
+/* the stored bytes of two rows are the same */
+static int same_rows(const kvg_cpu_pages *pg, const void *x, const void *y) {
+    return memcmp(x, y, (size_t)pg->hp.head_dim * kvg_cpu_kv_type_size(pg->type)) == 0;
+}
+
+static void test_pages(kvg_cpu_kv_type type) {
+    const char *tn = type_name(type);
     kvg_hparams hp = {.n_layer = 2, .n_embd = 32, .n_ff = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 8, .n_rot = 8,
                       .n_ctx_train = 256, .n_vocab = 100, .rope_freq_base = 10000.0f, .rms_norm_eps = 1e-5f};
-    CHECK(kvg_cpu_kv_bytes_per_token(&hp) == 2 * 2 * 2 * 8 * sizeof(float));
-    size_t dflt = kvg_cpu_default_pool_bytes(&hp);
-    CHECK(dflt > 0 && dflt <= 16 * 256 * kvg_cpu_kv_bytes_per_token(&hp));
+    size_t esz = kvg_cpu_kv_type_size(type);
+    CHECK(esz == (type == KVG_CPU_KV_F16 ? 2 : 4));
+    CHECK(kvg_cpu_kv_bytes_per_token(&hp, type) == 2 * 2 * 2 * 8 * esz);
+    size_t dflt = kvg_cpu_default_pool_bytes(&hp, type);
+    CHECK(dflt > 0 && dflt <= 16 * 256 * kvg_cpu_kv_bytes_per_token(&hp, type));
 
     const int P = 4, n_pages = 8;
     kvgen_error err = {0};
@@ -171,59 +188,80 @@ static void test_pages(void) {
     /* one group of both layers */
     int group[2] = {0, 0}, slot[2] = {0, 1}, layers[2] = {0, 1};
     kvg_kv_layout kv = {.n_groups = 1, .n_layers = {2, 0}, .group = group, .slot = slot, .layers = {layers, NULL}};
-    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, 0, "test pages", &err) != KVGEN_OK);
+    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, 0, type, "test pages", &err) != KVGEN_OK);
     kvg_cpu_pages_free(&pg);
-    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, n_pages, "test pages", &err) == KVGEN_OK);
+    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, n_pages, type, "test pages", &err) == KVGEN_OK);
+    CHECK(pg.type == type);
     CHECK(kvg_cpu_pages_commit(&pg, -1, &err) == KVGEN_E_INTERNAL && strstr(err.message, "test pages"));
     CHECK(kvg_cpu_pages_commit(&pg, n_pages, &err) == KVGEN_E_INTERNAL);
     for (int32_t i = 0; i < n_pages; i++) CHECK(kvg_cpu_pages_commit(&pg, i, &err) == KVGEN_OK);
-    float *before = pg.data[3];
+    unsigned char *before = pg.data[3];
     CHECK(kvg_cpu_pages_commit(&pg, 3, &err) == KVGEN_OK && pg.data[3] == before); /* kept */
+    /* rows are head_dim elements of the type apart */
+    const int32_t one[1] = {0};
+    CHECK((unsigned char *)kvg_cpu_pages_at(&pg, one, 0, 0, 0, 1) - (unsigned char *)kvg_cpu_pages_at(&pg, one, 0, 0, 0, 0) ==
+          (ptrdiff_t)(8 * esz));
 
     /* two tables of 3 pages each, deliberately out of order: 12 positions apiece */
     const int32_t a[3] = {5, 0, 6}, b[3] = {2, 7, 1};
     const int n = 12, Hkv = hp.n_head_kv, hd = hp.head_dim;
     size_t per = (size_t)Hkv * n * hd;
     float *in = malloc(per * sizeof *in), *got = malloc(per * sizeof *got);
+    float row[64], k[64];
+    unsigned char want[64 * 4];
     CHECK(in && got);
     if (!in || !got) goto done;
     for (int l = 0; l < hp.n_layer; l++)
         for (int which = 0; which < 2; which++) {
-            for (size_t i = 0; i < per; i++) in[i] = (float)(l * 1000 + which * 100) + (float)i * 0.25f;
+            /* distinct values, exact in f16 too (below 256 in steps of 1/4) */
+            for (size_t i = 0; i < per; i++) in[i] = (float)(l * 64 + which * 32) + (float)i * 0.25f;
             CHECK(kvg_cpu_pages_write(&pg, a, l, which, 0, n, in, &err) == KVGEN_OK);
             CHECK(kvg_cpu_pages_read(&pg, a, l, which, 0, n, got, &err) == KVGEN_OK);
-            CHECKF(same_floats(in, got, per), "layer %d which %d: write/read round trip", l, which);
+            CHECKF(same_floats(in, got, per), "%s layer %d which %d: write/read round trip", tn, l, which);
             /* element (h, p) lives where kvg_cpu_pages_at says */
             for (int h = 0; h < Hkv; h++)
-                for (int p = 0; p < n; p++)
-                    CHECK(same_floats(kvg_cpu_pages_at(&pg, a, l, which, h, p), in + ((size_t)h * n + p) * hd, (size_t)hd));
+                for (int p = 0; p < n; p++) {
+                    row_f32(&pg, a, l, which, h, p, row);
+                    CHECK(same_floats(row, in + ((size_t)h * n + p) * hd, (size_t)hd));
+                }
         }
     /* a partial read at an offset */
     CHECK(kvg_cpu_pages_read(&pg, a, 1, 1, 5, 3, got, &err) == KVGEN_OK);
     for (int h = 0; h < Hkv; h++)
-        for (int i = 0; i < 3; i++)
-            CHECK(same_floats(got + ((size_t)h * 3 + i) * hd, kvg_cpu_pages_at(&pg, a, 1, 1, h, 5 + i), (size_t)hd));
+        for (int i = 0; i < 3; i++) {
+            row_f32(&pg, a, 1, 1, h, 5 + i, row);
+            CHECK(same_floats(got + ((size_t)h * 3 + i) * hd, row, (size_t)hd));
+        }
 
-    /* plain copy a[2..10) -> b[1..9): exact */
+    /* plain copy a[2..10) -> b[1..9): the same bytes */
     CHECK(kvg_cpu_pages_copy(&pg, a, 2, b, 1, 8, 0, &err) == KVGEN_OK);
     for (int l = 0; l < hp.n_layer; l++)
         for (int which = 0; which < 2; which++)
             for (int h = 0; h < Hkv; h++)
                 for (int i = 0; i < 8; i++)
-                    CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, which, h, 1 + i), kvg_cpu_pages_at(&pg, a, l, which, h, 2 + i),
-                                      (size_t)hd));
+                    CHECK(same_rows(&pg, kvg_cpu_pages_at(&pg, b, l, which, h, 1 + i),
+                                    kvg_cpu_pages_at(&pg, a, l, which, h, 2 + i)));
 
-    /* copy with a RoPE delta: K is re-rotated exactly as kvg_ref_rope does it, V is not */
+    /* copy with a RoPE delta: K is re-rotated exactly as kvg_ref_rope does it on the key in f32,
+     * then stored in the pages' type (rounded once, for f16); V is copied as it is */
+    for (int l = 0; l < hp.n_layer; l++) /* keys that do not stay exact when rotated */
+        for (size_t i = 0; i < per; i++) in[i] = sinf((float)(l * 1000 + (int)i) * 0.37f) * 3.0f;
+    for (int l = 0; l < hp.n_layer; l++) CHECK(kvg_cpu_pages_write(&pg, a, l, 0, 0, n, in, &err) == KVGEN_OK);
     CHECK(kvg_cpu_pages_copy(&pg, a, 0, b, 0, n, -5, &err) == KVGEN_OK);
+    int rounded = 0; /* keys whose rotation f16 had to round */
     for (int l = 0; l < hp.n_layer; l++)
         for (int h = 0; h < Hkv; h++)
             for (int i = 0; i < n; i++) {
-                float k[64];
-                memcpy(k, kvg_cpu_pages_at(&pg, a, l, 0, h, i), (size_t)hd * sizeof(float));
+                row_f32(&pg, a, l, 0, h, i, k);
                 kvg_ref_rope(k, hp.n_rot, -5, hp.rope_freq_base);
-                CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, 0, h, i), k, (size_t)hd));
-                CHECK(same_floats(kvg_cpu_pages_at(&pg, b, l, 1, h, i), kvg_cpu_pages_at(&pg, a, l, 1, h, i), (size_t)hd));
+                kvg_cpu_kv_from_f32(type, k, want, (size_t)hd);
+                CHECKF(same_rows(&pg, kvg_cpu_pages_at(&pg, b, l, 0, h, i), want), "%s: rotated key %d %d %d", tn, l, h,
+                       i);
+                row_f32(&pg, b, l, 0, h, i, row);
+                rounded += !same_floats(row, k, (size_t)hd);
+                CHECK(same_rows(&pg, kvg_cpu_pages_at(&pg, b, l, 1, h, i), kvg_cpu_pages_at(&pg, a, l, 1, h, i)));
             }
+    CHECKF(type == KVG_CPU_KV_F16 ? rounded > 0 : rounded == 0, "%s: %d rotated keys rounded", tn, rounded);
 
     /* a move towards the start of the same table (a context shift): b[6..12) -> b[2..8) */
     float *snap = malloc((size_t)hp.n_layer * 2 * per * sizeof *snap);
@@ -237,10 +275,11 @@ static void test_pages(void) {
             for (int which = 0; which < 2; which++) {
                 const float *old = snap + ((size_t)l * 2 + which) * per;
                 for (int h = 0; h < Hkv; h++)
-                    for (int i = 0; i < 6; i++)
-                        CHECKF(same_floats(kvg_cpu_pages_at(&pg, b, l, which, h, 2 + i), old + ((size_t)h * n + 6 + i) * hd,
-                                           (size_t)hd),
-                               "shift: layer %d which %d head %d slot %d", l, which, h, 2 + i);
+                    for (int i = 0; i < 6; i++) {
+                        row_f32(&pg, b, l, which, h, 2 + i, row);
+                        CHECKF(same_floats(row, old + ((size_t)h * n + 6 + i) * hd, (size_t)hd),
+                               "%s shift: layer %d which %d head %d slot %d", tn, l, which, h, 2 + i);
+                    }
             }
         free(snap);
     }
@@ -251,10 +290,76 @@ done:
     kvg_cpu_pages_free(&pg); /* idempotent */
 }
 
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* f16 pages round what they are given to nearest even, saturate finite values beyond the half
+ * range at +-65504 and keep infinities and NaN; f32 pages keep every bit */
+static void test_pages_rounding(void) {
+    kvg_hparams hp = {.n_layer = 1, .n_embd = 16, .n_ff = 32, .n_head = 2, .n_head_kv = 2, .head_dim = 8, .n_rot = 8,
+                      .n_ctx_train = 64, .n_vocab = 10, .rope_freq_base = 10000.0f, .rms_norm_eps = 1e-5f};
+    int group[1] = {0}, slot[1] = {0}, layers[1] = {0};
+    kvg_kv_layout kv = {.n_groups = 1, .n_layers = {1, 0}, .group = group, .slot = slot, .layers = {layers, NULL}};
+    /* a value, and what an f16 page gives back */
+    static const float cases[16][2] = {
+        {1.0f + 0x1p-11f, 1.0f},                      /* a tie: to the even 1.0 */
+        {1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-9f},        /* a tie: to the even neighbour above */
+        {1.0f + 0x1p-11f + 0x1p-20f, 1.0f + 0x1p-10f}, /* past the tie: up */
+        {-(1.0f + 0x1p-11f + 0x1p-20f), -(1.0f + 0x1p-10f)},
+        {0.1f, 0.0999755859375f},                     /* 0x2e66 */
+        {65504.0f, 65504.0f},                         /* the largest half */
+        {65519.0f, 65504.0f},                         /* rounds down to it */
+        {65520.0f, 65504.0f},                         /* would round to inf: saturates */
+        {70000.0f, 65504.0f},
+        {-1e9f, -65504.0f},
+        {INFINITY, INFINITY},
+        {-INFINITY, -INFINITY},
+        {0x1p-24f, 0x1p-24f},                         /* the smallest subnormal half */
+        {1e-8f, 0.0f},                                /* below half of it */
+        {-0.0f, -0.0f},
+        {3.0f * 0x1p-25f, 0x1p-23f},                  /* subnormal tie: 1.5 units, to the even 2 */
+    };
+    float in[17], got[17];
+    for (int i = 0; i < 16; i++) in[i] = cases[i][0];
+    for (int t = 0; t < 2; t++) {
+        kvg_cpu_kv_type type = t ? KVG_CPU_KV_F16 : KVG_CPU_KV_F32;
+        kvgen_error err = {0};
+        kvg_cpu_pages pg;
+        const int32_t table[1] = {0};
+        CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, 4, 1, type, "test pages", &err) == KVGEN_OK);
+        CHECK(kvg_cpu_pages_commit(&pg, 0, &err) == KVGEN_OK);
+        for (int which = 0; which < 2; which++) {
+            CHECK(kvg_cpu_pages_write(&pg, table, 0, which, 1, 1, in, &err) == KVGEN_OK);
+            CHECK(kvg_cpu_pages_read(&pg, table, 0, which, 1, 1, got, &err) == KVGEN_OK);
+            for (int i = 0; i < 16; i++) {
+                float expect = t ? cases[i][1] : cases[i][0];
+                CHECKF(bits_of(got[i]) == bits_of(expect), "%s: %a stored as %a, expected %a", type_name(type),
+                       (double)in[i], (double)got[i], (double)expect);
+            }
+        }
+        /* NaN stays NaN */
+        float nan_row[16];
+        for (int i = 0; i < 16; i++) nan_row[i] = i == 3 ? NAN : 1.0f;
+        CHECK(kvg_cpu_pages_write(&pg, table, 0, 0, 2, 1, nan_row, &err) == KVGEN_OK);
+        CHECK(kvg_cpu_pages_read(&pg, table, 0, 0, 2, 1, got, &err) == KVGEN_OK);
+        CHECK(isnan(got[3]) && got[2] == 1.0f && got[4] == 1.0f);
+        kvg_cpu_pages_free(&pg);
+    }
+    /* the element the write stores is the conversion's */
+    CHECK(kvg_cpu_f32_to_kv_f16(1.0f) == 0x3c00 && kvg_cpu_f32_to_kv_f16(-2.0f) == 0xc000);
+    CHECK(kvg_cpu_f32_to_kv_f16(1e6f) == 0x7bff && kvg_cpu_f32_to_kv_f16(-1e6f) == 0xfbff);
+    CHECK(kvg_cpu_f32_to_kv_f16(INFINITY) == 0x7c00);
+}
+
 int main(void) {
     test_thread_count();
     test_pool_coverage();
     test_pool_concurrent();
-    test_pages();
+    test_pages(KVG_CPU_KV_F32);
+    test_pages(KVG_CPU_KV_F16);
+    test_pages_rounding();
     return tu_finish("test_cpu");
 }

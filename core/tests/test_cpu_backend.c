@@ -7,13 +7,14 @@
  *   tiles of 1..4 activation rows give the same bits; the activations quantize to the same bytes
  *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU, attention's runs of keys)
  *   are checked against libm and the reference's helpers; a run of keys gives the same bits
- *   however it is split.
+ *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
+ *   f32 forms' bits on the rows converted to f32, on every path.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
  *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
  *   within TOL_REL of the reference's logit range (activations are quantized to 16 bits, 13
- *   for the K types, so the cpu backend is not exact; the measured figures are printed), and the
- *   same top-1 at all positions but at most one.
+ *   for the K types, and K/V kept in f16, so the cpu backend is not exact; the measured figures
+ *   are printed), and the same top-1 at all positions but at most one.
  * - Exactness within the cpu backend: 1, 2 and 3 threads give the same bits; a prefill's logits
  *   equal token-by-token decodes; a batch of several sessions' decodes (kvg_session_decode_batch)
  *   equals each decoded alone; a fork continues as a fresh session of the same text; a session
@@ -40,8 +41,10 @@
 #include "testutil.h"
 
 /* max |cpu - reference| / (max - min of the reference's logits), per position. Measured (AVX2
- * and portable paths): random models of every type 0.0000-0.0005 (the K types' 13-bit
- * activations the most), the default model 0.0003 over 249 tokens; the bound has a 10x margin. */
+ * and portable paths, the cpu backend's f16 K/V against the reference's f32): random models of
+ * every type 0.0001-0.0005 (the K types' 13-bit activations the most; with f32 K/V the
+ * 32-element and float types were 0.0000), the default model 0.0007 over 249 tokens (0.0003
+ * with f32 K/V); the bound has a 7x margin. */
 #define TOL_REL 0.005
 /* the same with 8-bit activations (kvgen_model_desc.activation_bits = 8, llama.cpp's arithmetic).
  * Measured (avx512vnni): random models of the 32-element types up to 0.0093, the default model
@@ -332,6 +335,49 @@ static void test_vec_ops(void) {
             float e = 0;
             for (int r = 0; r < ROWS; r++) e += one[r] * keys[r * HD + i];
             CHECK(fabsf(o1[i] - e) <= 1e-4f);
+        }
+        /* the f16 forms (the cpu backend's KV pages): the f32 forms' bits on the rows converted
+         * to f32, for whole vectors and a tail (n < stride), split or not; on neon and dotprod
+         * also the portable path's f16 bits */
+        const char *name = kvg_cpu_isa_name((kvg_cpu_isa)isa);
+        uint16_t keys16[ROWS * HD];
+        float keysh[ROWS * HD];
+        for (int i = 0; i < ROWS * HD; i++) {
+            keys16[i] = kvg_f32_to_f16(keys[i] * 3.0f);
+            keysh[i] = kvg_f16_to_f32(keys16[i]);
+        }
+        const int lens[2] = {HD, HD - 3};
+        for (int li = 0; li < 2; li++) {
+            int len = lens[li];
+            float h16[ROWS], h32[ROWS], hs[ROWS], y16[HD], y32[HD], ys[HD];
+            v->dot_rows_f16(qv, keys16, HD, ROWS, len, h16);
+            v->dot_rows(qv, keysh, HD, ROWS, len, h32);
+            CHECKF(memcmp(h16, h32, sizeof h16) == 0, "%s dot_rows_f16 (n %d): not dot_rows' bits", name, len);
+            v->dot_rows_f16(qv, keys16, HD, 3, len, hs);
+            v->dot_rows_f16(qv, keys16 + 3 * HD, HD, ROWS - 3, len, hs + 3);
+            CHECKF(memcmp(h16, hs, sizeof h16) == 0, "%s dot_rows_f16 (n %d): split", name, len);
+            for (int i = 0; i < HD; i++) y16[i] = y32[i] = ys[i] = qv[i];
+            v->axpy_rows_f16(y16, one, keys16, HD, ROWS, len);
+            v->axpy_rows(y32, one, keysh, HD, ROWS, len);
+            CHECKF(memcmp(y16, y32, sizeof y16) == 0, "%s axpy_rows_f16 (n %d): not axpy_rows' bits", name, len);
+            v->axpy_rows_f16(ys, one, keys16, HD, 5, len);
+            v->axpy_rows_f16(ys, one + 5, keys16 + 5 * HD, HD, ROWS - 5, len);
+            CHECKF(memcmp(y16, ys, sizeof y16) == 0, "%s axpy_rows_f16 (n %d): split", name, len);
+            for (int i = len; i < HD; i++) CHECK(y16[i] == qv[i]); /* past n: untouched */
+            for (int r = 0; r < ROWS; r++) {
+                double e = 0;
+                for (int i = 0; i < len; i++) e += (double)qv[i] * keysh[r * HD + i];
+                CHECK(fabs(h16[r] - e) <= 1e-4);
+            }
+            if (same_bits_as_portable(isa)) {
+                const kvg_vec_ops *p = kvg_vec_ops_of(KVG_ISA_PORTABLE);
+                float hp[ROWS], yp[HD];
+                p->dot_rows_f16(qv, keys16, HD, ROWS, len, hp);
+                CHECKF(memcmp(h16, hp, sizeof h16) == 0, "%s dot_rows_f16: not the portable bits", name);
+                for (int i = 0; i < HD; i++) yp[i] = qv[i];
+                p->axpy_rows_f16(yp, one, keys16, HD, ROWS, len);
+                CHECKF(memcmp(y16, yp, sizeof y16) == 0, "%s axpy_rows_f16: not the portable bits", name);
+            }
         }
     }
 }
