@@ -374,7 +374,8 @@ typedef struct mm_part {
     int items;          /* work items: rows, or groups of KVG_QDOT_GROUP rows */
     bool grouped;
     const kvg_qdot_kernel *k;
-    float *out; /* [n][rows] */
+    float *out;         /* [n][rows] */
+    float *const *outs; /* or NULL: token t's row of rows outputs is outs[t] (the logits of many sessions) */
 } mm_part;
 
 typedef struct mm_job {
@@ -398,9 +399,16 @@ static inline void prefetch_row(const uint8_t *row, size_t bytes) {
 /* a group of rows (one item) against every tile of the block: the group stays in cache */
 static void mm_group(const mm_job *j, const mm_part *pt, int g) {
     const uint8_t *w = pt->w + (size_t)g * pt->row_bytes;
+    size_t r0 = (size_t)g * KVG_QDOT_GROUP;
     for (int t = 0; t < j->n; t += KVG_GROUP_TILE) {
         int nt = j->n - t < KVG_GROUP_TILE ? j->n - t : KVG_GROUP_TILE;
-        pt->k->group(w, j->a, t, nt, pt->out + (size_t)t * pt->rows + (size_t)g * KVG_QDOT_GROUP, (size_t)pt->rows);
+        if (!pt->outs) {
+            pt->k->group(w, j->a, t, nt, pt->out + (size_t)t * pt->rows + r0, (size_t)pt->rows);
+            continue;
+        }
+        float tile[KVG_GROUP_TILE][KVG_QDOT_GROUP]; /* then to each token's own row */
+        pt->k->group(w, j->a, t, nt, &tile[0][0], KVG_QDOT_GROUP);
+        for (int i = 0; i < nt; i++) memcpy(pt->outs[t + i] + r0, tile[i], sizeof tile[i]);
     }
 }
 
@@ -424,8 +432,14 @@ static void mm_rows(void *ctx, int begin, int end, int tid) {
                 int r = item - base;
                 if (t == 0 && r + CPU_PREFETCH < pt->rows) prefetch_row(pt->w + (size_t)(r + CPU_PREFETCH) * pt->row_bytes,
                                                                         pt->row_bytes);
-                pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, pt->out + (size_t)t * pt->rows + r,
-                           (size_t)pt->rows);
+                if (!pt->outs) {
+                    pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, pt->out + (size_t)t * pt->rows + r,
+                               (size_t)pt->rows);
+                    continue;
+                }
+                float tile[KVG_QDOT_TILE];
+                pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, tile, 1);
+                for (int i = 0; i < nt; i++) pt->outs[t + i][r] = tile[i];
             }
         }
     }
@@ -465,6 +479,7 @@ static void quant_rows(void *ctx, int begin, int end, int tid) {
 typedef struct mm_spec {
     const cpu_matrix *w;
     float *out;
+    float *const *outs; /* NULL, or per-token output rows (mm_part) */
 } mm_spec;
 
 /* out_p = in W_p for the n <= CPU_BLOCK rows of in (each in_dim wide) */
@@ -483,7 +498,8 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
                                .items = grouped ? (int)w->ne[1] / KVG_QDOT_GROUP : (int)w->ne[1],
                                .grouped = grouped,
                                .k = k,
-                               .out = spec[p].out};
+                               .out = spec[p].out,
+                               .outs = spec[p].outs};
         qj.qb |= k->act == KVG_ACT_QB;
         qj.qk |= k->act == KVG_ACT_QK;
         qj.q8 |= k->act == KVG_ACT_Q8;
@@ -658,7 +674,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
 
         for (int t = 0; t < n; t++)
             vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->attn_norm + (size_t)l * D, D, eps);
-        mm_spec qkv[3] = {{&C->w[M_Q], s->q}, {&C->w[M_K], s->k}, {&C->w[M_V], s->v}};
+        mm_spec qkv[3] = {{&C->w[M_Q], s->q, NULL}, {&C->w[M_K], s->k, NULL}, {&C->w[M_V], s->v, NULL}};
         matmul(cm, s, s->xb, D, n, 3, qkv);
         add_bias(vec, s->q, C->bq, n, qd);
         add_bias(vec, s->k, C->bk, n, kvd);
@@ -697,35 +713,36 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
                             .heads = attention_group(hp, n, kvg_cpu_pool_threads(cm->pool))};
         kvg_cpu_pool_run(cm->pool, n * hp->n_head / aj.heads, attention_heads, &aj);
 
-        mm_spec o[1] = {{&C->w[M_O], s->xb}};
+        mm_spec o[1] = {{&C->w[M_O], s->xb, NULL}};
         matmul(cm, s, s->att, qd, n, 1, o);
         residual_add(cm, s->x, s->xb, C->attn_post, n, D, eps);
 
         for (int t = 0; t < n; t++)
             vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->ffn_norm + (size_t)l * D, D, eps);
-        mm_spec gu[2] = {{&C->w[M_GATE], s->hb}, {&C->w[M_UP], s->hb2}};
+        mm_spec gu[2] = {{&C->w[M_GATE], s->hb, NULL}, {&C->w[M_UP], s->hb2, NULL}};
         matmul(cm, s, s->xb, D, n, 2, gu);
         if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->hb, s->hb2, n * F);
         else vec->silu_mul(s->hb, s->hb2, n * F);
 
-        mm_spec dn[1] = {{&C->w[M_DOWN], s->xb}};
+        mm_spec dn[1] = {{&C->w[M_DOWN], s->xb, NULL}};
         matmul(cm, s, s->hb, F, n, 1, dn);
         residual_add(cm, s->x, s->xb, C->ffn_post, n, D, eps);
     }
 }
 
-/* logits[t] = rmsnorm(x[first + t]) * out_norm, times output (or the tied tok_embd)   [count][V] */
-static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, int count, float *logits) {
+/* outs[t] = rmsnorm(x[rows[t]]) * out_norm, times output (or the tied tok_embd), for count
+ * tokens of the block at once (a batch of sessions' decodes reads the output matrix once)  [V] each */
+static void compute_logits(kvgen_model *m, kvg_backend_session *s, const int *rows, float *const *outs, int count) {
     const kvg_hparams *hp = &m->w.hp;
     const cpu_model *cm = m->backend;
     int D = hp->n_embd;
     for (int t = 0; t < count; t++)
-        cm->vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, cm->out_norm, D, hp->rms_norm_eps);
-    mm_spec out[1] = {{&cm->output, logits}};
+        cm->vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)rows[t] * D, cm->out_norm, D, hp->rms_norm_eps);
+    mm_spec out[1] = {{.w = &cm->output, .outs = outs}};
     matmul(cm, s, s->xb, D, count, 1, out);
     float cap = hp->final_softcap;
-    if (cap > 0.0f)
-        for (size_t i = 0; i < (size_t)count * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    for (int t = 0; cap > 0.0f && t < count; t++)
+        for (size_t i = 0; i < (size_t)hp->n_vocab; i++) outs[t][i] = cap * tanhf(outs[t][i] / cap);
 }
 
 static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
@@ -774,15 +791,16 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         }
         kvg_backend_session *scratch = slots[0].owner;
         forward_block(m, scratch, slots, tokens, nb);
-        for (int t = 0; t < nb;) {
+        int rows[CPU_BLOCK], count = 0; /* the block's tokens whose logits are wanted, and where they go */
+        float *outs[CPU_BLOCK];
+        for (int t = 0; t < nb; t++) {
             const kvg_batch_seq *q = &b->seq[seq_of[t]];
-            int run = 1;
-            while (t + run < nb && seq_of[t + run] == seq_of[t]) run++;
-            int last = tok_of[t + run - 1];
-            if (q->out == KVG_OUT_ALL) compute_logits(m, scratch, t, run, q->logits + (size_t)tok_of[t] * V);
-            else if (q->out == KVG_OUT_LAST && last == q->n - 1) compute_logits(m, scratch, t + run - 1, 1, q->logits);
-            t += run;
+            if (q->out == KVG_OUT_ALL) outs[count] = q->logits + (size_t)tok_of[t] * V;
+            else if (q->out == KVG_OUT_LAST && tok_of[t] == q->n - 1) outs[count] = q->logits;
+            else continue;
+            rows[count++] = t;
         }
+        if (count > 0) compute_logits(m, scratch, rows, outs, count);
     }
     return KVGEN_OK;
 }
