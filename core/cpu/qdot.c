@@ -1017,21 +1017,19 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
                                    : _mm512_mul_ps(dw, _mm512_set1_ps((float)-b32_uoffset(k)));
         for (int i = 0; i < nt; i++) {
             size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
-            int32_t qv[8];
-            memcpy(qv, (split ? a->qs : a->q8) + at, 32);
+            const int8_t *qv = (split ? a->qs : a->q8) + at; /* 4 bytes broadcast from memory per product */
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             for (int j = 0; j < 8; j += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(qv[j]));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(qv[j + 1]));
+                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * j)));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * j + 4)));
             }
             __m512i isum = _mm512_add_epi32(s0, s1);
             if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
-                int32_t hv[8];
-                memcpy(hv, a->qsh + at, 32);
+                const int8_t *hv = a->qsh + at;
                 __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
-                    h0 = _mm512_dpbusd_epi32(h0, w[j], _mm512_set1_epi32(hv[j]));
-                    h1 = _mm512_dpbusd_epi32(h1, w[j + 1], _mm512_set1_epi32(hv[j + 1]));
+                    h0 = _mm512_dpbusd_epi32(h0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * j)));
+                    h1 = _mm512_dpbusd_epi32(h1, w[j + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * j + 4)));
                 }
                 isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8));
             }
