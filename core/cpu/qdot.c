@@ -970,9 +970,9 @@ TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
  * token's 4 activation bytes broadcast to every lane, so after 8 of them lane i holds row i's
  * integer sum of the block: no horizontal sums, and the scales apply to 16 rows per
  * instruction. A block's weights are decoded once for the tile of tokens. */
-#ifndef KVG_GROUP_PREFETCH
+/* bytes ahead of the block being decoded that the group kernels ask the cache for: decode
+ * waits on memory (measured, 1B shape Q4_0, 2 threads: 39.5 tok/s without, ~49 with 2-8 KiB) */
 #define KVG_GROUP_PREFETCH 4096
-#endif
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
