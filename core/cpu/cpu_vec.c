@@ -199,8 +199,27 @@ AVX2 INL __m256 x_load8(const void *x, size_t i, bool half) {
 
 /* four rows at a time, one accumulator each, folded together at the end; a row's sum is
  * formed the same way whether it came in a group of four or alone */
+/* the four rows' fold: lane j is row j's sum (the same operations as for a row alone) */
+AVX2 INL void x_fold4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float *t) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    _mm_storeu_ps(t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 AVX2 INL void x_dot_rows_of(const float *q, const void *k, size_t stride, int rows, int n, float *out, bool half) {
     int r = 0;
+    /* eight rows at a time where n has no tail: eight independent chains of multiply-adds */
+    for (; (n & 7) == 0 && r + 8 <= rows; r += 8) {
+        const void *kr[8];
+        for (int j = 0; j < 8; j++) kr[j] = row_at(k, (size_t)(r + j) * stride, half);
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, x_load8(kr[j], (size_t)i, half), a[j]);
+        }
+        x_fold4(a[0], a[1], a[2], a[3], out + r);
+        x_fold4(a[4], a[5], a[6], a[7], out + r + 4);
+    }
     for (; r + 4 <= rows; r += 4) {
         const void *k0 = row_at(k, (size_t)r * stride, half), *k1 = row_at(k0, stride, half),
                    *k2 = row_at(k1, stride, half), *k3 = row_at(k2, stride, half);
@@ -237,9 +256,20 @@ AVX2 INL void x_dot_rows_of(const float *q, const void *k, size_t stride, int ro
     }
 }
 
-/* y is read and written once per 8 of its floats, whatever the number of rows */
+/* y is read and written once per 8 of its floats, whatever the number of rows; each element
+ * sums its rows in row order, in chunks of 64 floats (8 independent chains) or of 8 */
 AVX2 INL void x_axpy_rows_of(float *y, const float *a, const void *x, size_t stride, int rows, int n, bool half) {
     int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(y + i + 8 * c);
+        for (int r = 0; r < rows; r++) {
+            __m256 ar = _mm256_broadcast_ss(a + r);
+            for (int c = 0; c < 8; c++)
+                acc[c] = _mm256_fmadd_ps(ar, x_load8(x, (size_t)r * stride + (size_t)(i + 8 * c), half), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(y + i + 8 * c, acc[c]);
+    }
     for (; i + 8 <= n; i += 8) {
         __m256 acc = _mm256_loadu_ps(y + i);
         for (int r = 0; r < rows; r++)

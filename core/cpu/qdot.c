@@ -1042,6 +1042,37 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
     for (int i = 0; i < nt; i++) _mm512_storeu_ps(out + (size_t)i * os, acc[i]);
 }
 
+/* quant_q8_portable's bytes: the same max (NaN ignored, as fmaxf), the same scalar scale, the
+ * same product rounded to nearest even and clamped (a NaN product clamps to -levels) */
+VNNI static void quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+    const int levels = hi ? KVG_QS_LEVELS : KVG_Q8_LEVELS;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512i lim = _mm512_set1_epi32(levels), nlim = _mm512_set1_epi32(-levels);
+    for (int b = 0; b < n / KVG_QB; b++) {
+        const float *xb = x + KVG_QB * b;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        /* max(|x|, m) keeps m where x is NaN */
+        __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_setzero_ps());
+        m = _mm512_max_ps(_mm512_andnot_ps(sign, x1), m);
+        float amax = _mm512_reduce_max_ps(m);
+        float id = amax > 0.0f ? (float)levels / amax : 0.0f;
+        d[b] = amax / (float)levels;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        q0 = _mm512_min_epi32(_mm512_max_epi32(q0, nlim), lim);
+        q1 = _mm512_min_epi32(_mm512_max_epi32(q1, nlim), lim);
+        s[b] = d[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm_storeu_si128((__m128i *)(lo + KVG_QB * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(lo + KVG_QB * b + 16), _mm512_cvtepi32_epi8(q1));
+        if (hi) { /* hi = (q - lo) / 256, lo the sign-extended low byte */
+            __m512i l0 = _mm512_srai_epi32(_mm512_slli_epi32(q0, 24), 24), l1 = _mm512_srai_epi32(_mm512_slli_epi32(q1, 24), 24);
+            _mm_storeu_si128((__m128i *)(hi + KVG_QB * b), _mm512_cvtepi32_epi8(_mm512_srai_epi32(_mm512_sub_epi32(q0, l0), 8)));
+            _mm_storeu_si128((__m128i *)(hi + KVG_QB * b + 16),
+                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(_mm512_sub_epi32(q1, l1), 8)));
+        }
+    }
+}
+
 #define GROUP_KERNEL(name, kind, split)                                                                \
     VNNI static void name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
         switch (nt) {                                                                                  \
@@ -1526,6 +1557,12 @@ void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, fl
 }
 
 void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
-    (void)isa; /* a row per token and matrix product: the portable loop is not what limits */
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512VNNI) {
+        quant_q8_avx512(x, n, lo, hi, d, s);
+        return;
+    }
+#endif
+    (void)isa;
     quant_q8_portable(x, n, lo, hi, d, s);
 }
