@@ -96,6 +96,10 @@ int main(void) {
     expect_status(args, 2);
     snprintf(args, sizeof args, "info %s --bogus", model);
     expect_status(args, 2);
+    snprintf(args, sizeof args, "generate %s -p hi --activation-bits 7", model);
+    expect_status(args, 2);
+    snprintf(args, sizeof args, "generate %s -p hi -n 2 --backend cpu --activation-bits 8", model);
+    expect_status(args, 0);
     expect_status("info /nonexistent/model.gguf", 1);
 
     kvgen_error err = {0};
