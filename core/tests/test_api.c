@@ -21,6 +21,9 @@ static void test_load_errors(const char *path) {
     CHECK(kvgen_model_load(&bad_backend, &m, &err) == KVGEN_E_INVALID_ARGUMENT && contains(err.message, "backend"));
     kvgen_model_desc bad_threads = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = -1};
     CHECK(kvgen_model_load(&bad_threads, &m, &err) == KVGEN_E_INVALID_ARGUMENT);
+    kvgen_model_desc bad_bits = {.path = path, .backend = KVGEN_BACKEND_CPU, .activation_bits = 4};
+    CHECK(kvgen_model_load(&bad_bits, &m, &err) == KVGEN_E_INVALID_ARGUMENT &&
+          contains(err.message, "desc.activation_bits 4"));
     kvgen_model_desc missing = {.path = "/nonexistent/kvgen-model.gguf", .backend = KVGEN_BACKEND_REFERENCE};
     kvgen_status st = kvgen_model_load(&missing, &m, &err);
     CHECKF(st == KVGEN_E_IO && contains(err.message, "/nonexistent/kvgen-model.gguf"), "%s: %s",
