@@ -390,6 +390,23 @@ static void quant_qk_portable(const float *x, int n, int16_t *q, float *d, int32
  *   acc = fma((float)sum(u q), dw * da, acc); acc = fma(m', s, acc)   with s = da * sum(q)
  * so the group kernel (one row per lane) gives these bits exactly. */
 
+/* a * b + c rounded once, as the vector loops' fused multiply-add, without the C library's fmaf
+ * (some libraries compute it with two roundings): the product is exact in double; the sum is
+ * rounded to odd (Boldo and Melquiond: nearest, then the last bit set where inexact) so that its
+ * rounding to float is the correctly rounded result. Finite operands. */
+static float fma_exact(float a, float b, float c) {
+    double p = (double)a * (double)b, cd = (double)c;
+    double sum = p + cd, bv = sum - p;
+    double err = (p - (sum - bv)) + (cd - bv); /* p + c = sum + err exactly */
+    if (err != 0.0) {
+        uint64_t bits;
+        memcpy(&bits, &sum, sizeof bits);
+        if ((bits & 1) == 0) bits += (err > 0) == (sum > 0) ? 1 : (uint64_t)-1; /* toward the exact value */
+        memcpy(&sum, &bits, sizeof bits);
+    }
+    return (float)sum;
+}
+
 INL int b32_uoffset(b32_kind k) {
     return k == B_Q4_0 ? 8 : k == B_Q5_0 ? 16 : (k == B_Q8_0 || k == B_IQ4_NL) ? 128 : 0;
 }
@@ -423,8 +440,8 @@ INL void b32_q8_portable(b32_kind k, bool split, const uint8_t *w, const kvg_qac
             size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
             int32_t isum = 0;
             for (int e = 0; e < 32; e++) isum += u[e] * (lo[at + e] + (split ? 256 * a->qsh[at + e] : 0));
-            acc[i] = fmaf((float)isum, dw * da[row * nb + b], acc[i]);
-            acc[i] = fmaf(m, sa[row * nb + b], acc[i]);
+            acc[i] = fma_exact((float)isum, dw * da[row * nb + b], acc[i]);
+            acc[i] = fma_exact(m, sa[row * nb + b], acc[i]);
         }
     }
     for (int i = 0; i < nt; i++) out[i * os] = acc[i];
