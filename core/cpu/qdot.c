@@ -1403,117 +1403,92 @@ REPACK(r_iq4_nl, B_IQ4_NL)
 /* ---- the kernel tables ------------------------------------------------------------------------ */
 
 enum { N_KERNELS = 16 };
+/* a row of the tables of the kernels without row groups */
+#define K(t, a, d, r) {.type = t, .act = a, .dot = d, .repack = r}
 
 static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL),
 };
 
 #ifdef KVG_X86
 static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
 /* the K types keep their AVX2 loops (see the top) */
 static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
 static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},      {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},    {KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, r_q4_0, NULL, NULL, NULL},     {KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, r_q5_0, NULL, NULL, NULL},     {KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, r_iq4_nl, NULL, NULL, NULL}, {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},     {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
-/* the 32-element types in row groups against split 16-bit activations; the rest as AVX512_TABLE */
-static const kvg_qdot_kernel AVX512VNNI_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_0, KVG_ACT_QS, ps_q8_0, r_q8_0, gs_q8_0, g_q8_0, gb_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_QS, ps_q4_0, r_q4_0, gs_q4_0, g_q4_0, gb_q4_0},
-    {KVG_TYPE_Q4_1, KVG_ACT_QS, ps_q4_1, r_q4_1, gs_q4_1, g_q4_1, gb_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_QS, ps_q5_0, r_q5_0, gs_q5_0, g_q5_0, gb_q5_0},
-    {KVG_TYPE_Q5_1, KVG_ACT_QS, ps_q5_1, r_q5_1, gs_q5_1, g_q5_1, gb_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QS, ps_iq4_nl, r_iq4_nl, gs_iq4_nl, g_iq4_nl, gb_iq4_nl},
-    {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
-};
-/* the same with 8-bit activations (kvg_qdot_kernel_fast) */
-static const kvg_qdot_kernel AVX512VNNI8_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_0, KVG_ACT_Q8, p8_q8_0, r_q8_0, gv_q8_0, g_q8_0, gb_q8_0},
-    {KVG_TYPE_Q4_0, KVG_ACT_Q8, p8_q4_0, r_q4_0, gv_q4_0, g_q4_0, gb_q4_0},
-    {KVG_TYPE_Q4_1, KVG_ACT_Q8, p8_q4_1, r_q4_1, gv_q4_1, g_q4_1, gb_q4_1},
-    {KVG_TYPE_Q5_0, KVG_ACT_Q8, p8_q5_0, r_q5_0, gv_q5_0, g_q5_0, gb_q5_0},
-    {KVG_TYPE_Q5_1, KVG_ACT_Q8, p8_q5_1, r_q5_1, gv_q5_1, g_q5_1, gb_q5_1},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_Q8, p8_iq4_nl, r_iq4_nl, gv_iq4_nl, g_iq4_nl, gb_iq4_nl},
-    {KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL, NULL, NULL, NULL},
-};
+/* avx512vnni: the 32-element types in row groups, against split 16-bit activations (GROUPS_QS)
+ * or 8-bit ones (GROUPS_Q8, kvg_qdot_kernel_fast); every other type as the avx512 path on a
+ * VNNI CPU */
+#define GROUP_ROW(type, t, act, p, g) {type, act, p##_##t, r_##t, g##_##t, g_##t, gb_##t}
+#define GROUP_TABLE(act, p, g)                                                                  \
+    {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g)}
+enum { N_GROUP_KERNELS = 6 };
+static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
+static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
 #endif
 
 #ifdef KVG_ARM
 static const kvg_qdot_kernel NEON_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, n_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, n_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, n_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, n_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, n_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, n_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, n_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, n_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, n_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, n_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, n_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, n_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, n_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, n_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, n_q4_0, r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, n_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, n_q5_0, r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, n_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, n_iq4_nl, r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, n_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, n_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, n_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, n_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, n_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, n_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, n_iq4_xs, NULL),
 };
 /* the float types keep the neon loops (no integer products to dot) */
 static const kvg_qdot_kernel DOTPROD_TABLE[N_KERNELS] = {
-    {KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL, NULL, NULL, NULL},       {KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL, NULL, NULL, NULL},     {KVG_TYPE_Q8_0, KVG_ACT_QB, d_q8_0, r_q8_0, NULL, NULL, NULL},
-    {KVG_TYPE_Q4_0, KVG_ACT_QB, d_q4_0, r_q4_0, NULL, NULL, NULL},      {KVG_TYPE_Q4_1, KVG_ACT_QB, d_q4_1, r_q4_1, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_0, KVG_ACT_QB, d_q5_0, r_q5_0, NULL, NULL, NULL},      {KVG_TYPE_Q5_1, KVG_ACT_QB, d_q5_1, r_q5_1, NULL, NULL, NULL},
-    {KVG_TYPE_IQ4_NL, KVG_ACT_QB, d_iq4_nl, r_iq4_nl, NULL, NULL, NULL},  {KVG_TYPE_Q2_K, KVG_ACT_QK, d_q2_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q3_K, KVG_ACT_QK, d_q3_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q4_K, KVG_ACT_QK, d_q4_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL, NULL, NULL, NULL},
-    {KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL, NULL, NULL, NULL},      {KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL, NULL, NULL, NULL},
+    K(KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, d_q8_0, r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, d_q4_0, r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, d_q4_1, r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, d_q5_0, r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, d_q5_1, r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, d_iq4_nl, r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, d_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, d_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, d_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL),
 };
 #endif
 
 static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX512VNNI) return AVX512VNNI_TABLE;
+    if (isa == KVG_ISA_AVX512VNNI) return AVX512_VNNI_TABLE; /* the types without groups */
     if (isa == KVG_ISA_AVX512) return kvg_cpu_features_get()->avx512vnni ? AVX512_VNNI_TABLE : AVX512_TABLE;
     if (isa == KVG_ISA_AVX2) return AVX2_TABLE;
 #endif
@@ -1525,18 +1500,24 @@ static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
     return PORTABLE;
 }
 
-static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, uint32_t type) {
-    for (int i = 0; i < N_KERNELS; i++)
+static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t type) {
+    for (int i = 0; i < n; i++)
         if (t[i].type == type) return &t[i];
     return NULL;
 }
 
-const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) { return find(table_of(isa), type); }
+const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
+#ifdef KVG_X86
+    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_QS, N_GROUP_KERNELS, type) : NULL;
+    if (g) return g;
+#endif
+    return find(table_of(isa), N_KERNELS, type);
+}
 
 const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    const kvg_qdot_kernel *f = isa == KVG_ISA_AVX512VNNI ? find(AVX512VNNI8_TABLE, type) : NULL;
-    if (f && f->act == KVG_ACT_Q8) return f;
+    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_Q8, N_GROUP_KERNELS, type) : NULL;
+    if (g) return g;
 #endif
     return kvg_qdot_kernel_of(isa, type);
 }

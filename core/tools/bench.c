@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1096,6 +1097,28 @@ static double session_base(const bench_opts *o, const bench_result *r) {
     return 0;
 }
 
+/* the peer tables: a header naming the peer's column and each backend's ratio column */
+static void peer_header(const char *column, const bench_result *res, int n) {
+    printf("%-28s  %-12s", "test", column);
+    for (int i = 0; i < n; i++)
+        if (res[i].ok) printf("  %s/peer", res[i].name);
+    printf("\n");
+}
+
+/* a row: the label (a format with one number), the peer's tokens/s, and each backend's median
+ * (its stats at index k of the array at offset `field` of bench_result) over it */
+static void peer_row(const char *fmt, int value, double peer, const bench_result *res, int n, size_t field, int k) {
+    char label[64];
+    snprintf(label, sizeof label, fmt, value);
+    printf("%-28s  %-12.1f", label, peer);
+    for (int i = 0; i < n; i++) {
+        if (!res[i].ok) continue;
+        const bench_stats *st = (const bench_stats *)((const char *)&res[i] + field) + k;
+        printf("  %*.2fx", (int)strlen(res[i].name) + 4, peer > 0 ? st->median / peer : 0.0);
+    }
+    printf("\n");
+}
+
 static void print_peer_batched(const bench_opts *o, const bench_result *res, int n, const bench_peer *peer) {
     if (!o->peer_batched || o->n_sessions == 0) return;
     if (!peer->batched_ran) {
@@ -1104,20 +1127,9 @@ static void print_peer_batched(const bench_opts *o, const bench_result *res, int
     }
     printf("\npeer llama-batched-bench (%s), same file, this run (%.1f s): aggregate decode tokens/s\n",
            o->peer_batched, peer->batched_seconds);
-    printf("%-28s  %-12s", "test", "batched");
-    for (int i = 0; i < n; i++)
-        if (res[i].ok) printf("  %s/peer", res[i].name);
-    printf("\n");
-    for (int k = 0; k < o->n_sessions; k++) {
-        char label[64];
-        snprintf(label, sizeof label, "%d sessions at once", o->sessions[k]);
-        printf("%-28s  %-12.1f", label, peer->sessions[k]);
-        for (int i = 0; i < n; i++)
-            if (res[i].ok)
-                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
-                       peer->sessions[k] > 0 ? res[i].sessions[k].median / peer->sessions[k] : 0.0);
-        printf("\n");
-    }
+    peer_header("batched", res, n);
+    for (int k = 0; k < o->n_sessions; k++)
+        peer_row("%d sessions at once", o->sessions[k], peer->sessions[k], res, n, offsetof(bench_result, sessions), k);
 }
 
 static void print_report(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
@@ -1227,30 +1239,11 @@ static void print_report(const bench_opts *o, const bench_result *res, int n, co
     }
     printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's host backends\n",
            o->peer, peer->seconds);
-    printf("%-28s  %-12s", "test", "llama-bench");
-    for (int i = 0; i < n; i++)
-        if (res[i].ok) printf("  %s/peer", res[i].name);
-    printf("\n");
-    for (int k = 0; k < o->n_prompts; k++) {
-        char label[64];
-        snprintf(label, sizeof label, "prompt %d tokens", o->prompts[k]);
-        printf("%-28s  %-12.1f", label, peer->prompt[k]);
-        for (int i = 0; i < n; i++)
-            if (res[i].ok)
-                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
-                       peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0.0);
-        printf("\n");
-    }
-    for (int k = 0; k < o->n_depths; k++) {
-        char label[64];
-        snprintf(label, sizeof label, "decode at depth %d", o->depths[k]);
-        printf("%-28s  %-12.1f", label, peer->decode[k]);
-        for (int i = 0; i < n; i++)
-            if (res[i].ok)
-                printf("  %*.2fx", (int)strlen(res[i].name) + 4,
-                       peer->decode[k] > 0 ? res[i].decode[k].median / peer->decode[k] : 0.0);
-        printf("\n");
-    }
+    peer_header("llama-bench", res, n);
+    for (int k = 0; k < o->n_prompts; k++)
+        peer_row("prompt %d tokens", o->prompts[k], peer->prompt[k], res, n, offsetof(bench_result, prompt), k);
+    for (int k = 0; k < o->n_depths; k++)
+        peer_row("decode at depth %d", o->depths[k], peer->decode[k], res, n, offsetof(bench_result, decode), k);
 }
 
 /* ---- JSON ---- */
