@@ -100,8 +100,8 @@ struct kvg_backend_session {
     int16_t *qb, *qk;
     float *db, *sb, *dk;
     int32_t *bk;
-    int8_t *q8, *qs, *qsh;
-    float *d8, *s8, *ds, *ss;
+    int8_t *q8, *q8h; /* byte activations: Q8's, or QS's low and high bytes */
+    float *d8, *s8;
     float *rope_cs; /* [n][n_rot/2][2] cos, sin of each token's angles for the current layer */
     float *scores;  /* [n_threads][G * n_ctx + G], G = n_head / n_head_kv: a thread's scores of one KV head's
                      * query heads, then their softmax denominators */
@@ -315,7 +315,7 @@ static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
     void *ps[] = {s->x,  s->xb, s->q,  s->k,  s->v,  s->att, s->hb,      s->hb2,    s->qb,
-                  s->qk, s->db, s->sb, s->dk, s->bk, s->q8,  s->d8, s->s8, s->qs, s->qsh, s->ds, s->ss, s->rope_cs, s->scores};
+                  s->qk, s->db, s->sb, s->dk, s->bk, s->q8,  s->q8h, s->d8, s->s8, s->rope_cs, s->scores};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     kvg_free(s);
 }
@@ -347,15 +347,12 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->q8 = kvg_malloc(B * W);
     s->d8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
     s->s8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
-    s->qs = kvg_malloc(B * W);
-    s->qsh = kvg_malloc(B * W);
-    s->ds = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
-    s->ss = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
+    s->q8h = kvg_malloc(B * W);
     s->rope_cs = kvg_malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
     size_t group = (size_t)(hp->n_head / hp->n_head_kv);
     s->scores = kvg_malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
-        !s->sb || !s->dk || !s->bk || !s->q8 || !s->d8 || !s->s8 || !s->qs || !s->qsh || !s->ds || !s->ss || !s->rope_cs || !s->scores) {
+        !s->sb || !s->dk || !s->bk || !s->q8 || !s->q8h || !s->d8 || !s->s8 || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %d-token session's scratch", n_ctx);
     }
@@ -451,7 +448,7 @@ typedef struct quant_job {
     kvg_backend_session *s;
     const float *in;
     int in_dim;
-    bool qb, qk, q8, qs;
+    bool qb, qk, q8, split; /* split: the byte activations as QS (q8 and q8h), else Q8 */
 } quant_job;
 
 static void quant_rows(void *ctx, int begin, int end, int tid) {
@@ -468,11 +465,8 @@ static void quant_rows(void *ctx, int begin, int end, int tid) {
             kvg_qdot_quantize_qk(j->cm->isa, x, j->in_dim, s->qk + t * W, s->dk + t * (W / KVG_QK),
                                  s->bk + t * (W / 16));
         if (j->q8)
-            kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->q8 + t * W, NULL, s->d8 + t * (W / KVG_QB),
-                                 s->s8 + t * (W / KVG_QB));
-        if (j->qs)
-            kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->qs + t * W, s->qsh + t * W, s->ds + t * (W / KVG_QB),
-                                 s->ss + t * (W / KVG_QB));
+            kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->q8 + t * W, j->split ? s->q8h + t * W : NULL,
+                                 s->d8 + t * (W / KVG_QB), s->s8 + t * (W / KVG_QB));
     }
 }
 
@@ -502,16 +496,16 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
                                .outs = spec[p].outs};
         qj.qb |= k->act == KVG_ACT_QB;
         qj.qk |= k->act == KVG_ACT_QK;
-        qj.q8 |= k->act == KVG_ACT_Q8;
-        qj.qs |= k->act == KVG_ACT_QS;
+        qj.q8 |= k->act == KVG_ACT_Q8 || k->act == KVG_ACT_QS;
+        qj.split |= k->act == KVG_ACT_QS;
         total += j.parts[p].items;
     }
-    if (qj.qb || qj.qk || qj.q8 || qj.qs) {
+    if (qj.qb || qj.qk || qj.q8) {
         if (n > 1) kvg_cpu_pool_run(cm->pool, n, quant_rows, &qj);
         else quant_rows(&qj, 0, n, 0);
     }
     kvg_qact a = {.n = in_dim, .x = in, .qb = s->qb, .db = s->db, .sb = s->sb, .qk = s->qk, .dk = s->dk, .bk = s->bk,
-                  .q8 = s->q8, .d8 = s->d8, .s8 = s->s8, .qs = s->qs, .qsh = s->qsh, .ds = s->ds, .ss = s->ss};
+                  .q8 = s->q8, .q8h = s->q8h, .d8 = s->d8, .s8 = s->s8};
     j.a = &a;
     kvg_cpu_pool_run(cm->pool, total, mm_rows, &j);
 }

@@ -104,12 +104,11 @@ typedef struct kvg_qact {
     const int16_t *qk;  /* KVG_ACT_QK: [nt][n] */
     const float *dk;    /* [nt][n/256] */
     const int32_t *bk;  /* [nt][n/16] */
-    const int8_t *q8;   /* KVG_ACT_Q8: [nt][n] */
+    /* KVG_ACT_Q8 and KVG_ACT_QS (a model's matrices take one of the two, never both) */
+    const int8_t *q8;   /* Q8: q; QS: lo; [nt][n] */
+    const int8_t *q8h;  /* QS: hi, [nt][n] */
     const float *d8;    /* [nt][n/32] */
     const float *s8;    /* [nt][n/32] */
-    const int8_t *qs, *qsh; /* KVG_ACT_QS: lo and hi bytes, [nt][n] each */
-    const float *ds;    /* [nt][n/32] */
-    const float *ss;    /* [nt][n/32] */
 } kvg_qact;
 
 /* out[i * out_stride] = dot(weight row w, activation row t + i) for i < nt <= KVG_QDOT_TILE; w

@@ -428,8 +428,8 @@ INL void b32_q8_portable(b32_kind k, bool split, const uint8_t *w, const kvg_qac
                          size_t os) {
     const int n = a->n, nb = n / KVG_QB;
     const b32_row r = b32_row_of(k, w, nb);
-    const int8_t *lo = split ? a->qs : a->q8;
-    const float *da = split ? a->ds : a->d8, *sa = split ? a->ss : a->s8;
+    const int8_t *lo = a->q8;
+    const float *da = a->d8, *sa = a->s8;
     float acc[KVG_QDOT_TILE] = {0};
     int u[32];
     for (int b = 0; b < nb; b++) {
@@ -439,7 +439,7 @@ INL void b32_q8_portable(b32_kind k, bool split, const uint8_t *w, const kvg_qac
         for (int i = 0; i < nt; i++) {
             size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
             int32_t isum = 0;
-            for (int e = 0; e < 32; e++) isum += u[e] * (lo[at + e] + (split ? 256 * a->qsh[at + e] : 0));
+            for (int e = 0; e < 32; e++) isum += u[e] * (lo[at + e] + (split ? 256 * a->q8h[at + e] : 0));
             acc[i] = fma_exact((float)isum, dw * da[row * nb + b], acc[i]);
             acc[i] = fma_exact(m, sa[row * nb + b], acc[i]);
         }
@@ -1034,7 +1034,7 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
                                    : _mm512_mul_ps(dw, _mm512_set1_ps((float)-b32_uoffset(k)));
         for (int i = 0; i < nt; i++) {
             size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
-            const int8_t *qv = (split ? a->qs : a->q8) + at; /* 4 bytes broadcast from memory per product */
+            const int8_t *qv = a->q8 + at; /* 4 bytes broadcast from memory per product */
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             for (int j = 0; j < 8; j += 2) {
                 s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * j)));
@@ -1042,7 +1042,7 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
             }
             __m512i isum = _mm512_add_epi32(s0, s1);
             if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
-                const int8_t *hv = a->qsh + at;
+                const int8_t *hv = a->q8h + at;
                 __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
                     h0 = _mm512_dpbusd_epi32(h0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * j)));
@@ -1050,7 +1050,7 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
                 }
                 isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8));
             }
-            const float *da = split ? a->ds : a->d8, *sa = split ? a->ss : a->s8;
+            const float *da = a->d8, *sa = a->s8;
             __m512 f = _mm512_cvtepi32_ps(isum);
             acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(da[row * nb + b])), acc[i]);
             acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[row * nb + b]), acc[i]);

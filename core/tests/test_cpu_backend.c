@@ -185,7 +185,12 @@ static void test_kernels(void) {
             CHECK(ss[b] == ds[b] * (float)qssum && qsmax == (ds[b] > 0 ? KVG_QS_LEVELS : 0) && parts_ok);
         }
         kvg_qact a = {.n = N, .x = xf, .qb = qb, .db = db, .sb = sb, .qk = qk, .dk = dk, .bk = bk,
-                      .q8 = q8, .d8 = d8, .s8 = s8, .qs = qs, .qsh = qsh, .ds = ds, .ss = ss};
+                      .q8 = q8, .d8 = d8, .s8 = s8};
+        kvg_qact as = a; /* the split form's bytes for the QS kernels */
+        as.q8 = qs;
+        as.q8h = qsh;
+        as.d8 = ds;
+        as.s8 = ss;
         int n_group = 0;
         double worst = 0;
         int n_fast = 0;
@@ -204,6 +209,7 @@ static void test_kernels(void) {
                 k = kf;
                 n_fast++;
             }
+            const kvg_qact *ka = k->act == KVG_ACT_QS ? &as : &a; /* the activations k takes */
             for (int trial = 0; trial < 3; trial++) {
                 float amp = trial == 0 ? 0.05f : trial == 1 ? 1.0f : 20.0f;
                 rng_state = 1000u + 7u * (uint32_t)ti + (uint32_t)trial; /* the same weights on every path */
@@ -216,12 +222,12 @@ static void test_kernels(void) {
                 }
                 /* every row alone, and tiles of KVG_QDOT_TILE rows from rows 0 and 1 */
                 float tiled[NT], single[NT], shifted[NT];
-                for (int t = 0; t < NT; t++) k->dot(w, &a, t, 1, &single[t], 1);
+                for (int t = 0; t < NT; t++) k->dot(w, ka, t, 1, &single[t], 1);
                 for (int t = 0; t < NT; t += KVG_QDOT_TILE)
-                    k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, tiled + t, 1);
+                    k->dot(w, ka, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, tiled + t, 1);
                 shifted[0] = single[0];
                 for (int t = 1; t < NT; t += KVG_QDOT_TILE)
-                    k->dot(w, &a, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, shifted + t, 1);
+                    k->dot(w, ka, t, NT - t < KVG_QDOT_TILE ? NT - t : KVG_QDOT_TILE, shifted + t, 1);
                 CHECKF(memcmp(tiled, single, sizeof tiled) == 0 && memcmp(shifted, single, sizeof tiled) == 0,
                        "%s %s: tiles change the results", kvg_type_name(type), kvg_cpu_isa_name((kvg_cpu_isa)isa));
                 if (fast) {
@@ -250,7 +256,7 @@ static void test_kernels(void) {
                 }
             }
             if (k->group) {
-                check_group_kernel(isa, type, k, &a, N, NT);
+                check_group_kernel(isa, type, k, ka, N, NT);
                 n_group++;
             }
         }
