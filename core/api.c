@@ -10,6 +10,7 @@
 #include <string.h>
 #include "kvg_model.h"
 #include "kvg_quant.h"
+#include "kvg_remote.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
 #include "kvg_vk_bench.h"
@@ -19,6 +20,7 @@
 static void model_free(kvgen_model *m) {
     if (!m) return;
     if (m->on_unload) m->on_unload(m); /* first: the worker may still be between steps */
+    kvg_remote_close(m->remote);
     kvg_model_pools_free(m);
     if (m->vocab_trie) m->vocab_trie_free(m->vocab_trie);
     if (m->ops && m->backend) m->ops->model_free(m);
@@ -250,6 +252,18 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (!m) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
     kvg_host_model_count(1);
     m->refcount = 1;
+    if (kvg_remote_is_url(desc->path)) { /* a server's model: no file, backend or pages here */
+        kvgen_status st = kvg_remote_open(desc, &m->remote, err);
+        if (st == KVGEN_OK && !(m->name = kvg_strdup(kvg_remote_model_name(m->remote))))
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
+        if (st != KVGEN_OK) {
+            model_free(m);
+            kvg_host_model_count(-1);
+            return st;
+        }
+        *out = m;
+        return KVGEN_OK;
+    }
     m->n_threads = desc->n_threads;
     m->progress = desc->progress;
     m->progress_user = desc->progress_user;
@@ -286,6 +300,13 @@ void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     if (!m) return;
     const kvg_hparams *hp = &m->w.hp;
     info->name = m->name;
+    if (m->remote) {
+        info->architecture = "remote";
+        info->backend = "remote";
+        info->device = kvg_remote_url(m->remote);
+        info->bos = info->eos = info->eot = -1;
+        return;
+    }
     info->architecture = m->w.arch ? m->w.arch->name : "unknown";
     info->backend = m->ops->name;
     info->device = m->device_name;
@@ -355,6 +376,11 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     const kvg_hparams *hp = &m->w.hp;
 
     tb_printf(&tb, "name:            %s\n", info.name);
+    if (m->remote) {
+        tb_printf(&tb, "server:          %s (OpenAI-compatible; at most %d requests at once)\n", info.device,
+                  kvg_remote_max_requests(m->remote));
+        return tb.len;
+    }
     tb_printf(&tb, "file:            %s (%.2f MiB, GGUF v%u)\n", kvg_gguf_path(m->gguf),
               (double)kvg_gguf_file_size(m->gguf) / (1024.0 * 1024.0), (unsigned)kvg_gguf_version(m->gguf));
     tb_printf(&tb, "architecture:    %s\n", info.architecture);

@@ -621,6 +621,11 @@ static const opt_spec load_specs[] = {
     {.key = "context", .type = OPT_INT, .off = offsetof(load_opts, d.n_ctx), .lo = 0, .hi = INT_MAX},
     {.key = "activation_bits", .type = OPT_INT, .off = offsetof(load_opts, d.activation_bits), .lo = 0, .hi = 16},
     {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
+    /* remote models (path "http://..."): docs/remote.md */
+    {.key = "model", .type = OPT_STRING, .off = offsetof(load_opts, d.remote_model)},
+    {.key = "api_key", .type = OPT_STRING, .off = offsetof(load_opts, d.api_key)},
+    {.key = "max_requests", .type = OPT_INT, .off = offsetof(load_opts, d.remote_max_requests), .lo = 0, .hi = 4096},
+    {.key = "timeout_ms", .type = OPT_INT, .off = offsetof(load_opts, d.remote_timeout_ms), .lo = 0, .hi = INT_MAX},
     {.key = "progress", .type = OPT_FUNCTION, .off = offsetof(load_opts, progress)},
 };
 
@@ -1248,7 +1253,15 @@ static int session_logits(lua_State *L) {
 
 static int session_tokens(lua_State *L) {
     lsession *s = check_session_read(L, 1);
-    push_ids(L, kvgen_session_tokens(s->session), kvgen_session_length(s->session));
+    const int32_t *ids = kvgen_session_tokens(s->session);
+    size_t n = kvgen_session_length(s->session);
+    if (!ids && n > 0) { /* a remote model's session: its history is text */
+        kvgen_error e = {.status = KVGEN_E_UNSUPPORTED};
+        snprintf(e.message, sizeof e.message,
+                 "s:tokens: the session is on a remote model: its token ids are the server's (docs/remote.md)");
+        return raise_status(L, &e);
+    }
+    push_ids(L, ids, n);
     return 1;
 }
 
@@ -2399,10 +2412,6 @@ static void read_gen_prompt(lua_State *L, lsession *s, unsigned mode, const gen_
  * that appends the prompt or chat turn and starts the generation is all or nothing: when it
  * fails, nothing was appended and the chat state is as it was. */
 static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, gen_prompt *p) {
-    if (p->kind == KVGEN_PROMPT_TEXT) {
-        p->ids = tokenize(L, s->model, p->text, p->len, 0, &p->n);
-        p->kind = KVGEN_PROMPT_TOKENS;
-    }
     lstream *st = lua_newuserdatauv(L, sizeof *st, 2);
     memset(st, 0, sizeof *st);
     st->schema = o->schema;
@@ -2411,8 +2420,9 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, idx, 1);
     kvgen_error err = {0};
-    kvgen_status rc = p->kind == KVGEN_PROMPT_CHAT
-                          ? kvgen_chat_gen_begin(s->session, p->role, p->text, &o->gd, &st->gen, &err)
+    kvgen_status rc = p->kind == KVGEN_PROMPT_CHAT ? kvgen_chat_gen_begin(s->session, p->role, p->text, &o->gd, &st->gen, &err)
+                      : p->kind == KVGEN_PROMPT_TEXT
+                          ? kvgen_gen_begin_text(s->session, p->text, p->len, &o->gd, &st->gen, &err)
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;

@@ -18,6 +18,9 @@ const char *kvgen_status_name(kvgen_status status) {
     case KVGEN_E_POOL_FULL: return "pool_full";
     case KVGEN_E_CANCELLED: return "cancelled";
     case KVGEN_E_INTERNAL: return "internal";
+    case KVGEN_E_NETWORK: return "network";
+    case KVGEN_E_SERVER: return "server";
+    case KVGEN_E_RATE_LIMITED: return "rate_limited";
     }
     return "unknown";
 }

@@ -13,7 +13,11 @@ static const kvg_tokenizer *model_tok(const kvgen_model *model) { return model ?
 kvgen_status kvgen_tokenize(const kvgen_model *model, const char *text, size_t len, unsigned flags, int32_t *out,
                             size_t cap, size_t *n_tokens, kvgen_error *err) {
     if (n_tokens) *n_tokens = 0;
-    if (!model_tok(model)) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: model is NULL");
+    if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: model is NULL");
+    if (!model_tok(model))
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "kvgen_tokenize: model '%s' is remote: its tokenizer is the server's (send text instead)",
+                        model->name);
     if (!text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: text is NULL");
     if (!n_tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: n_tokens is NULL");
     if (!out && cap > 0)

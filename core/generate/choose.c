@@ -154,6 +154,21 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
     for (size_t i = 0; i < n; i++)
         if (!candidates[i] || !candidates[i][0])
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu is NULL or empty", i);
+    if (s->remote) { /* from the log-probabilities the server echoes for each candidate */
+        double *lp = kvg_calloc(n, sizeof *lp);
+        int *nt = kvg_calloc(n, sizeof *nt);
+        kvgen_status st = lp && nt ? kvg_remote_score(s->model->remote, s->remote, candidates, n, lp, nt,
+                                                      "kvgen_session_choose", err)
+                                   : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory");
+        for (size_t i = 0; st == KVGEN_OK && i < n; i++) {
+            results[i].logprob = lp[i];
+            results[i].n_tokens = nt[i];
+            results[i].logprob_mean = nt[i] > 0 ? lp[i] / nt[i] : 0;
+        }
+        kvg_free(lp);
+        kvg_free(nt);
+        return st;
+    }
     if (!kvgen_session_logits(s))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "kvgen_session_choose: the session has no logits: prefill the context first");

@@ -7,8 +7,10 @@
  * exactly the tokens that were sampled. */
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include "kvg_constrain.h"
 #include "kvg_generate.h"
+#include "kvg_grammar.h"
 #include "kvg_model.h"
 #include "kvg_sampler.h"
 #include "kvg_sentence.h"
@@ -59,6 +61,14 @@ struct kvgen_gen {
     int n_tokens;
     kvgen_finish finish;
     int cancel;
+    /* a remote session's generation: the request streaming its reply, the request's grammar
+     * and a local matcher over it that checks the server kept to it */
+    kvg_rstream *rs;
+    char *grammar;
+    kvg_gram *gram;
+    kvg_gram_match *gmatch;
+    size_t checked; /* bytes of text + pending the matcher has seen */
+    int n_events;   /* server events with text so far */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -80,6 +90,11 @@ kvgen_status kvgen_session_set_sampler(kvgen_session *s, const kvgen_sampler_des
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_set_sampler: session is NULL");
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_session_set_sampler", err);
     if (busy_ != KVGEN_OK) return busy_;
+    if (s->remote && desc && desc->n_bias > 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "kvgen_session_set_sampler: session %p is on the remote model '%s': a logit bias names token "
+                        "ids, which are the server's",
+                        (void *)s, s->model->name);
     return kvg_sampler_set(kvg_session_sampler(s), desc, false, err);
 }
 
@@ -91,6 +106,10 @@ void kvgen_session_get_sampler(const kvgen_session *s, kvgen_sampler_desc *desc)
 
 void kvgen_gen_end(kvgen_gen *g) {
     if (!g) return;
+    kvg_rstream_free(g->rs);
+    kvg_free(g->grammar);
+    kvg_gram_match_free(g->gmatch);
+    kvg_gram_free(g->gram);
     for (int i = 0; i < g->n_stop; i++) kvg_free(g->stop[i]);
     kvg_free(g->stop);
     kvg_free(g->stop_len);
@@ -116,6 +135,9 @@ kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *
  * a generation would see (the token byte table it may build is a cache of the model's). The
  * logits are not needed yet: kvgen_gen_begin_prompt and kvgen_chat_gen_begin create the
  * generator before they append the prompt, so that nothing can fail after it. */
+static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
+                                  kvgen_error *err);
+
 static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
                                kvgen_error *err) {
     kvgen_generate_desc d = {0};
@@ -127,6 +149,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     g->s = s;
     g->m = kvg_session_model(s);
+    if (s->remote) return remote_create(g, &d, out, who, err);
     g->ignore_eog = d.ignore_eog != 0;
     g->flags = d.flags;
     kvgen_status st = kvg_cons_build(d.constraint, &g->cons, err);
@@ -188,7 +211,7 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
-    if (!kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
+    if (!s->remote && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
     return gen_create(s, desc, out, "kvgen_gen_begin", err);
 }
 
@@ -199,6 +222,8 @@ kvgen_status kvgen_gen_begin_prompt(kvgen_session *s, const int32_t *prompt, siz
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin_prompt", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: out is NULL");
+    if (s->remote && n > 0) return kvg_session_local_only(s, "kvgen_gen_begin_prompt", err);
+    if (s->remote) return gen_create(s, desc, out, "kvgen_gen_begin_prompt", err);
     if (n > 0 && !prompt) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: prompt is NULL");
     if (n == 0 && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin_prompt", err);
     kvgen_gen *g = NULL;
@@ -206,6 +231,49 @@ kvgen_status kvgen_gen_begin_prompt(kvgen_session *s, const int32_t *prompt, siz
     if (st != KVGEN_OK) return st;
     /* the last step that can fail; a failed prefill leaves the session as it was */
     if (n > 0) st = kvgen_session_prefill(s, prompt, n, NULL, err);
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        return st;
+    }
+    *out = g;
+    return KVGEN_OK;
+}
+
+kvgen_status kvgen_gen_begin_text(kvgen_session *s, const char *text, size_t len, const kvgen_generate_desc *desc,
+                                  kvgen_gen **out, kvgen_error *err) {
+    const char *who = "kvgen_gen_begin_text";
+    if (out) *out = NULL;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", who);
+    kvgen_status st = kvg_session_check_host(s, who, err);
+    if (st != KVGEN_OK) return st;
+    if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: out is NULL", who);
+    if (len > 0 && !text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: text is NULL", who);
+    if (!s->remote) {
+        /* tokenized as plain text, then all or nothing as kvgen_gen_begin_prompt */
+        size_t n = 0;
+        int32_t *ids = NULL;
+        if (len > 0) {
+            kvgen_error e2;
+            st = kvgen_tokenize(s->model, text, len, 0, NULL, 0, &n, &e2);
+            if (st != KVGEN_OK && !(st == KVGEN_E_INVALID_ARGUMENT && n > 0)) {
+                if (err) *err = e2;
+                return st;
+            }
+            if (n > 0 && !(ids = kvg_malloc(n * sizeof *ids))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+            if (n > 0 && (st = kvgen_tokenize(s->model, text, len, 0, ids, n, &n, err)) != KVGEN_OK) {
+                kvg_free(ids);
+                return st;
+            }
+        }
+        st = kvgen_gen_begin_prompt(s, ids, n, desc, out, err);
+        kvg_free(ids);
+        return st;
+    }
+    if (len > 0 && kvg_rhist_mode(s->remote) == KVG_RMODE_CHAT)
+        return kvg_rhist_add_text(s->remote, text, len, who, err); /* refused: names the chat */
+    kvgen_gen *g = NULL;
+    st = gen_create(s, desc, &g, who, err);
+    if (st == KVGEN_OK) st = kvg_rhist_add_text(s->remote, text, len, who, err);
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;
@@ -363,6 +431,13 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
 }
 
 kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err) {
+    if (g && g->s->remote) { /* waits for the next piece of the reply, or its end */
+        kvgen_status st;
+        int pieces = 0;
+        do st = kvg_gen_remote_step(g, 50, step, &pieces, err);
+        while (st == KVGEN_OK && g->finish == KVGEN_FINISH_NONE && g->step.n == 0);
+        return st;
+    }
     int32_t tok;
     kvgen_status st = kvg_gen_sample(g, step, &tok, err);
     if (st != KVGEN_OK || tok < 0) return st;
@@ -462,5 +537,252 @@ kvgen_status kvgen_generate(kvgen_session *s, const kvgen_generate_desc *desc, c
         if (fin) *fin = g->finish;
     }
     kvgen_gen_end(g);
+    return st;
+}
+
+/* ---- remote sessions ------------------------------------------------------------------------
+ * The server samples; kvgen sends the history and the settings, reads the reply as it streams,
+ * and applies what it promises itself: stop strings (never sent, so that each is seen and held
+ * back here exactly as for a local model), max_tokens, soft_max_tokens, cancel, and a check of
+ * constrained output against its grammar. One piece of the reply (one server event) stands for
+ * one token. When the generation ends, its text goes into the history. */
+
+/* a GBNF string literal of s */
+static bool gbnf_literal(kvg_buf *b, const char *s, size_t n) {
+    bool ok = kvg_buf_add(b, "\"", 1);
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else if (c < 32 || c == 127) snprintf(esc, sizeof esc, "\\x%02x", c);
+        else esc[0] = (char)c, esc[1] = 0;
+        ok = kvg_buf_add(b, esc, strlen(esc));
+    }
+    return ok && kvg_buf_add(b, "\"", 1);
+}
+
+static bool buf_str(kvg_buf *b, const char *s) { return kvg_buf_add(b, s, strlen(s)); }
+
+/* The constraint as GBNF text: a grammar as given, a schema compiled, choices and JSON fields
+ * written as the grammar of exactly what the local constraint accepts. */
+static kvgen_status remote_grammar(const kvgen_constraint *k, char **out, const char *who, kvgen_error *err) {
+    *out = NULL;
+    if (!k || k->kind == KVGEN_CONSTRAIN_NONE) return KVGEN_OK;
+    if (k->kind == KVGEN_CONSTRAIN_GRAMMAR) {
+        if (!(*out = kvg_strdup(k->grammar))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+        return KVGEN_OK;
+    }
+    if (k->kind == KVGEN_CONSTRAIN_SCHEMA) return kvg_schema_to_gbnf(k->schema, out, err);
+    kvg_buf b = {0};
+    bool ok = true;
+    if (k->kind == KVGEN_CONSTRAIN_CHOICE) {
+        ok = buf_str(&b, "root ::= ");
+        for (int i = 0; ok && i < k->n_choices; i++)
+            ok = (i == 0 || buf_str(&b, " | ")) && gbnf_literal(&b, k->choices[i], strlen(k->choices[i]));
+    } else { /* KVGEN_CONSTRAIN_JSON */
+        ok = buf_str(&b, "root ::= \"{\"");
+        for (int i = 0; ok && i < k->n_fields; i++) {
+            const kvgen_json_field *f = &k->fields[i];
+            char key[600];
+            snprintf(key, sizeof key, "%s\"%s\":", i ? "," : "", f->key);
+            ok = buf_str(&b, " ") && gbnf_literal(&b, key, strlen(key)) && buf_str(&b, " ");
+            if (ok && f->type == KVGEN_JSON_STRING) {
+                char cls[80];
+                snprintf(cls, sizeof cls, "\"\\\"\" [^\"\\\\\\x00-\\x1f]{0,%d} \"\\\"\"", f->max_len > 0 ? f->max_len : 64);
+                ok = buf_str(&b, cls);
+            } else if (ok && f->type == KVGEN_JSON_NUMBER) {
+                ok = buf_str(&b, "\"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)?");
+            } else if (ok) {
+                ok = buf_str(&b, "(");
+                for (int v = 0; ok && v < f->n_values; v++) {
+                    char val[1100];
+                    snprintf(val, sizeof val, "\"%s\"", f->values[v]);
+                    ok = (v == 0 || buf_str(&b, " | ")) && gbnf_literal(&b, val, strlen(val));
+                }
+                ok = ok && buf_str(&b, ")");
+            }
+        }
+        ok = ok && buf_str(&b, " \"}\"");
+    }
+    if (!ok || !kvg_buf_add(&b, "\n", 1)) {
+        kvg_free(b.p);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    }
+    *out = b.p;
+    return KVGEN_OK;
+}
+
+static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
+                                  kvgen_error *err) {
+    kvgen_session *s = g->s;
+    g->ignore_eog = d->ignore_eog != 0;
+    g->flags = d->flags;
+    g->max_tokens = d->max_tokens != 0 ? d->max_tokens : d->constraint ? -1 : DEFAULT_MAX_TOKENS;
+    g->soft_max_tokens = d->soft_max_tokens;
+    kvgen_status st = kvg_cons_build(d->constraint, &g->cons, err); /* validates it as locally */
+    kvg_cons_free(g->cons);
+    g->cons = NULL;
+    if (st == KVGEN_OK) st = remote_grammar(d->constraint, &g->grammar, who, err);
+    if (st == KVGEN_OK && g->grammar) st = kvg_gram_parse(g->grammar, &g->gram, err);
+    if (st == KVGEN_OK && g->gram) st = kvg_gram_match_new(g->gram, &g->gmatch, err);
+    if (st == KVGEN_OK && d->n_stop > 0) {
+        g->stop = kvg_calloc((size_t)d->n_stop, sizeof *g->stop);
+        g->stop_len = kvg_calloc((size_t)d->n_stop, sizeof *g->stop_len);
+        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+        for (int i = 0; st == KVGEN_OK && i < d->n_stop; i++) {
+            if (!(g->stop[i] = kvg_strdup(d->stop[i]))) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+            else g->stop_len[i] = strlen(d->stop[i]), g->n_stop++;
+        }
+    }
+    if (st == KVGEN_OK && !(kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        return st;
+    }
+    (void)s;
+    *out = g;
+    return KVGEN_OK;
+}
+
+/* The reply so far goes into the history: a chat's assistant message (what was emitted), or
+ * text (what was emitted and a stop string that ended it, as a local session keeps its tokens). */
+static kvgen_status remote_commit(kvgen_gen *g, const char *stop, size_t stop_len, kvgen_error *err) {
+    kvg_rhist *h = g->s->remote;
+    if (g->text.n == 0 && stop_len == 0 && (g->finish == KVGEN_FINISH_ERROR || g->finish == KVGEN_FINISH_CANCELLED))
+        return KVGEN_OK; /* nothing came: the history stays as the request found it */
+    if (kvg_rhist_mode(h) == KVG_RMODE_CHAT)
+        return kvg_rhist_add_message(h, "assistant", g->text.p, g->text.n, "generate", err);
+    kvgen_status st = kvg_rhist_add_text(h, g->text.p, g->text.n, "generate", err);
+    if (st == KVGEN_OK && stop_len) st = kvg_rhist_add_text(h, stop, stop_len, "generate", err);
+    return st;
+}
+
+/* Ends a remote generation: what was held back is emitted (up to a stop string), the transfer
+ * closes, and the reply joins the history. */
+static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status failed, kvgen_error *err) {
+    long at = find_stop(g);
+    const char *stop = NULL;
+    size_t stop_len = 0;
+    if (at >= 0) {
+        for (int i = 0; i < g->n_stop; i++)
+            if ((size_t)at + g->stop_len[i] <= g->pending.n && memcmp(g->pending.p + at, g->stop[i], g->stop_len[i]) == 0) {
+                stop = g->stop[i];
+                stop_len = g->stop_len[i];
+                break;
+            }
+        g->pending.n = (size_t)at;
+        g->pending.p[at] = 0;
+        why = KVGEN_FINISH_STOP_STRING;
+        failed = KVGEN_OK;
+    }
+    if (!emit(g, g->pending.n)) return oom(g, err);
+    g->finish = why;
+    kvg_rstream_free(g->rs);
+    g->rs = NULL;
+    kvgen_error e2;
+    kvgen_status st = remote_commit(g, stop, stop_len, failed == KVGEN_OK ? err : &e2);
+    return failed != KVGEN_OK ? failed : st;
+}
+
+kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
+    *pieces = 0;
+    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
+    g->step.n = 0;
+    g->step.p[0] = 0;
+    if (g->finish != KVGEN_FINISH_NONE) {
+        fill_step(g, step, -1);
+        return KVGEN_OK;
+    }
+    kvgen_status st = KVGEN_OK;
+    if (__atomic_load_n(&g->cancel, __ATOMIC_ACQUIRE)) {
+        st = remote_finish(g, KVGEN_FINISH_CANCELLED, KVGEN_OK, err);
+        fill_step(g, step, -1);
+        return st;
+    }
+    kvgen_session *s = g->s;
+    if (!g->rs) {
+        kvgen_sampler_desc sp;
+        kvgen_session_get_sampler(s, &sp);
+        kvg_rrequest q = {.hist = s->remote, .sampler = &sp, .ignore_eog = g->ignore_eog, .grammar = g->grammar,
+                          .max_tokens = g->max_tokens};
+        /* the remote max_tokens is a ceiling the server applies too; kvgen counts pieces itself */
+        bool worker = kvg_session_worker_thread != NULL;
+        st = kvg_rstream_start(s->model->remote, &q, worker, &g->rs, "kvgen_gen_next", err);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, -1);
+            return st;
+        }
+    }
+    size_t before = g->pending.n;
+    kvgen_finish fin = KVGEN_FINISH_NONE;
+    kvgen_error serr = {0};
+    kvgen_status sst = kvg_rstream_pump(g->rs, wait_ms, &g->pending, pieces, &fin, &serr);
+    g->n_events += *pieces;
+    /* past soft_max_tokens, a sentence that ended before this step's text ends the reply there */
+    if (g->soft_max_tokens > 0 && *pieces > 0 && g->n_tokens >= g->soft_max_tokens && before > 0 &&
+        g->pending.n > before) {
+        char tail[KVG_SENTENCE_TAIL];
+        size_t from_pending = before < sizeof tail ? before : sizeof tail;
+        size_t from_text = g->text.n < sizeof tail - from_pending ? g->text.n : sizeof tail - from_pending;
+        memcpy(tail, g->text.p + g->text.n - from_text, from_text);
+        memcpy(tail + from_text, g->pending.p + before - from_pending, from_pending);
+        if (kvg_sentence_ends(tail, from_text + from_pending, g->pending.p + before, g->pending.n - before)) {
+            g->pending.n = before;
+            g->pending.p[before] = 0;
+            st = remote_finish(g, KVGEN_FINISH_SENTENCE, KVGEN_OK, err);
+            fill_step(g, step, -1);
+            return st;
+        }
+    }
+    g->n_tokens += *pieces;
+    if (g->gmatch && g->pending.n > before &&
+        !kvg_gram_feed(g->gmatch, (const unsigned char *)g->pending.p + before, g->pending.n - before)) {
+        char ex[64];
+        size_t n = g->pending.n - before < 40 ? g->pending.n - before : 40;
+        memcpy(ex, g->pending.p + before, n);
+        ex[n] = 0;
+        g->pending.n = before;
+        st = remote_finish(g, KVGEN_FINISH_ERROR,
+                           kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                                    "kvgen_gen_next: the server's reply leaves the constraint at '%s': it does not "
+                                    "apply the grammar it was sent (docs/remote.md)",
+                                    ex),
+                           err);
+        fill_step(g, step, -1);
+        return st;
+    }
+    if (fin != KVGEN_FINISH_NONE) {
+        if (sst != KVGEN_OK) {
+            if (err) *err = serr;
+            st = remote_finish(g, KVGEN_FINISH_ERROR, sst, err);
+        } else if (fin == KVGEN_FINISH_STOP && g->gmatch && !kvg_gram_can_end(g->gmatch)) {
+            st = remote_finish(g, KVGEN_FINISH_ERROR,
+                               kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                                        "kvgen_gen_next: the server ended its reply where the constraint is not "
+                                        "complete: it does not apply the grammar it was sent (docs/remote.md)"),
+                               err);
+        } else {
+            st = remote_finish(g, fin, KVGEN_OK, err);
+        }
+        fill_step(g, step, *pieces > 0 ? 0 : -1);
+        return st;
+    }
+    long at = find_stop(g);
+    if (at >= 0) {
+        st = remote_finish(g, KVGEN_FINISH_STOP_STRING, KVGEN_OK, err);
+    } else if (g->gmatch && kvg_gram_done(g->gmatch)) {
+        st = remote_finish(g, KVGEN_FINISH_STOP, KVGEN_OK, err);
+    } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {
+        st = remote_finish(g, KVGEN_FINISH_LENGTH, KVGEN_OK, err);
+    } else if (!emit(g, g->pending.n - held_back(g))) {
+        return oom(g, err);
+    }
+    fill_step(g, step, *pieces > 0 ? 0 : -1);
     return st;
 }

@@ -69,7 +69,11 @@ typedef enum kvgen_status {
     KVGEN_E_CONTEXT_FULL,     /* the session reached its context limit */
     KVGEN_E_POOL_FULL,        /* the model's KV page pool is exhausted */
     KVGEN_E_CANCELLED,        /* the operation was cancelled */
-    KVGEN_E_INTERNAL          /* a bug in kvgen: please report it */
+    KVGEN_E_INTERNAL,         /* a bug in kvgen: please report it */
+    /* remote models (docs/remote.md) */
+    KVGEN_E_NETWORK,          /* the server cannot be reached, or the connection dropped or timed out */
+    KVGEN_E_SERVER,           /* the server answered with an error (4xx/5xx); its message is in the error */
+    KVGEN_E_RATE_LIMITED      /* the server refused for load (HTTP 429, or 503 after the retries) */
 } kvgen_status;
 
 #define KVGEN_ERROR_MESSAGE_SIZE 512
@@ -212,6 +216,15 @@ typedef struct kvgen_model_desc {
      * prompt speed there and ~1-4% of the logit range from the reference (near-tied top-1 choices
      * flip). Other values: KVGEN_E_INVALID_ARGUMENT. Other backends ignore it. */
     int activation_bits;
+    /* ---- remote models (docs/remote.md): a path that starts with http:// or https:// is the
+     * base URL of an OpenAI-compatible server ("http://127.0.0.1:8080/v1"); the fields above
+     * that describe weights, backends and pages are then ignored. */
+    const char *remote_model;  /* the server's model name (the "model" of each request); NULL: the
+                                  first one GET /models lists */
+    const char *api_key;       /* sent as "Authorization: Bearer <key>"; NULL: none */
+    int remote_max_requests;   /* concurrent requests of the jobs' worker; 0: 32 */
+    int remote_timeout_ms;     /* a request that receives nothing for this long fails
+                                  (KVGEN_E_NETWORK); 0: 60000 */
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
@@ -651,6 +664,12 @@ KVGEN_API kvgen_status kvgen_gen_begin(kvgen_session *session, const kvgen_gener
  * is exactly as it was: the prompt is not appended. */
 KVGEN_API kvgen_status kvgen_gen_begin_prompt(kvgen_session *session, const int32_t *prompt, size_t n,
                                     const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
+/* All or nothing, as kvgen_gen_begin_prompt, with the prompt given as text (appended as is,
+ * tokenized as plain text: control tokens are not parsed; len 0 and text NULL: no prompt). On
+ * a remote model's session the text is sent as it is (docs/remote.md). */
+KVGEN_API kvgen_status kvgen_gen_begin_text(kvgen_session *session, const char *text, size_t len,
+                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
+
 /* One token. Returns KVGEN_OK (also for the step that finishes) or the error that ended the
  * generation (finish = KVGEN_FINISH_ERROR). After the finish it keeps returning empty steps
  * with the same finish reason. */

@@ -254,7 +254,7 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_gen
     if (d->constraint) {
         /* validates it, and that the vocabulary spells its choices (without the session, which
          * may be the worker's now) */
-        kvgen_status st = kvg_cons_check(d->constraint, m, err);
+        kvgen_status st = m->remote ? kvgen_generate_check(d, err) : kvg_cons_check(d->constraint, m, err);
         if (st != KVGEN_OK) return st;
         j->gen.constraint = copy_constraint(d->constraint, &j->cons_arena);
         if (!j->gen.constraint) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
@@ -278,6 +278,11 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
     switch (d->prompt) {
     case KVGEN_PROMPT_NONE: return KVGEN_OK;
     case KVGEN_PROMPT_TOKENS:
+        if (m->remote)
+            return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                            "kvgen_job_submit: the remote model '%s' takes text, not token ids (its tokenizer is the "
+                            "server's)",
+                            m->name);
         if (d->n_tokens > 0 && !d->tokens)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokens is NULL");
         for (size_t i = 0; i < d->n_tokens; i++)
@@ -297,6 +302,11 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
         if (d->tokenize_flags & ~(unsigned)(KVGEN_TOKENIZE_SPECIAL | KVGEN_TOKENIZE_ADD_BOS))
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokenize_flags 0x%x", d->tokenize_flags);
         size_t len = d->text_len ? d->text_len : strlen(d->text), n = 0;
+        if (m->remote) { /* sent as text */
+            if (!(j->text = dup_n(d->text, len))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+            j->n_tokens = len; /* its length, in bytes */
+            return KVGEN_OK;
+        }
         kvgen_error e2;
         kvgen_status st = kvgen_tokenize(m, d->text, len, d->tokenize_flags, NULL, 0, &n, &e2);
         if (st != KVGEN_OK && st != KVGEN_E_INVALID_ARGUMENT) {
@@ -481,6 +491,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     w->tail = j;
     kvg_cond_signal(&w->wake);
     kvg_mutex_unlock(&w->mu);
+    if (m->remote) kvg_remote_wakeup(m->remote); /* the worker may be waiting on the network */
     *out = j;
     return KVGEN_OK;
 }
@@ -500,6 +511,7 @@ static void cancel_locked(kvg_worker *w, kvgen_job *j) {
     }
     j->cancel = true;
     kvg_cond_signal(&w->wake);
+    if (w->m->remote) kvg_remote_wakeup(w->m->remote);
 }
 
 void kvgen_job_cancel(kvgen_job *j) {
@@ -717,9 +729,19 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
     p->prefill = NULL;
     p->decode = w->plan;
     p->n_decode = 0;
+    /* a remote model's jobs are requests: every running one is stepped (its reply read), and
+     * queued ones start while fewer than remote_max_requests are running */
+    int slots = 0;
+    if (w->m->remote) {
+        max_batch = INT32_MAX;
+        slots = kvg_remote_max_requests(w->m->remote);
+        for (kvgen_job *j = w->head; j; j = j->next)
+            if (!is_final(j->state) && j->state != KVGEN_JOB_QUEUED) slots--;
+    }
     for (kvgen_job *j = w->head; j; j = j->next) {
         if (is_final(j->state) || !j->s || j->detaching || !is_head(j)) continue;
-        if (j->state == KVGEN_JOB_GENERATING) {
+        if (w->m->remote && j->state == KVGEN_JOB_QUEUED && !j->cancel && slots-- <= 0) continue;
+        if (j->state == KVGEN_JOB_GENERATING || w->m->remote) {
             /* insertion into the sorted batch, keeping the best max_batch */
             int at = p->n_decode;
             while (at > 0 && before(j, p->decode[at - 1])) at--;
@@ -895,6 +917,58 @@ static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
     }
 }
 
+/* A remote model's step: queued jobs start their requests (the turn or text joins the history),
+ * the shared pool runs until news arrives (at most a short wait), and every running job takes
+ * its reply's new text. */
+static void remote_step(kvg_worker *w, kvgen_job **jobs, int n) {
+    kvgen_gen_step step[1];
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        kvgen_job *j = jobs[i];
+        if (j->wstate != KVGEN_JOB_QUEUED) continue;
+        if (j->wcancel) {
+            end_job(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED);
+            continue;
+        }
+        kvgen_error e = {0};
+        kvgen_session *s = j->s;
+        j->wt_start = now_ms();
+        j->len_before = kvgen_session_length(s);
+        kvgen_status st = KVGEN_OK;
+        if (j->prompt == KVGEN_PROMPT_CHAT) st = kvgen_chat_begin(s, j->role, j->text, &e);
+        else if (j->prompt == KVGEN_PROMPT_TEXT) st = kvg_rhist_add_text(s->remote, j->text, j->n_tokens, "kvgen job", &e);
+        if (st == KVGEN_OK) st = kvgen_gen_begin(s, &j->gen, &j->g, &e);
+        if (st != KVGEN_OK) {
+            fail_job(j, &e);
+            continue;
+        }
+        j->wprompt_total = j->wprompt_done = kvgen_session_length(s) - j->len_before;
+        j->wstate = KVGEN_JOB_GENERATING;
+        started++;
+    }
+    kvg_remote_drive(w->m->remote, started ? 0 : 50);
+    for (int i = 0; i < n; i++) {
+        kvgen_job *j = jobs[i];
+        if (j->wstate != KVGEN_JOB_GENERATING || !j->g) continue;
+        if (j->wcancel) kvgen_gen_cancel(j->g);
+        kvgen_error e = {0};
+        int pieces = 0;
+        kvgen_status st = kvg_gen_remote_step(j->g, 0, step, &pieces, &e);
+        if (pieces > 0) {
+            double t = now_ms();
+            if (j->wn_gen == 0) j->wt_first = t;
+            j->wt_last = t;
+            j->wn_gen += pieces;
+        }
+        step->token = -1; /* counted above */
+        add_step_text(j, st, step, &e);
+        if (is_final(j->wstate)) continue;
+        kvgen_finish f = kvgen_gen_finish(j->g);
+        if (f != KVGEN_FINISH_NONE) end_job(j, f == KVGEN_FINISH_CANCELLED ? KVGEN_JOB_CANCELLED : KVGEN_JOB_DONE, f);
+    }
+    w->wstats.batches++;
+}
+
 /* Under w->mu: publishes the step. */
 static void commit_step(kvg_worker *w) {
     for (kvgen_job *j = w->head, *next; j; j = next) {
@@ -938,8 +1012,12 @@ static void *worker_main(void *arg) {
         while (!w->quit && !plan_step(w, &p)) kvg_cond_wait(&w->wake, &w->mu);
         if (w->quit) break;
         kvg_mutex_unlock(&w->mu);
-        if (p.prefill) prefill_step(w, p.prefill, p.chunk);
-        if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);
+        if (w->m->remote) {
+            remote_step(w, p.decode, p.n_decode);
+        } else {
+            if (p.prefill) prefill_step(w, p.prefill, p.chunk);
+            if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);
+        }
         kvg_mutex_lock(&w->mu);
         commit_step(w);
         kvg_cond_broadcast(&w->stepped);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include "kvg_model.h"
 #include "kvg_pool.h"
+#include "kvg_remote.h"
 #include "kvg_sampler.h"
 
 /* Sessions beyond this many positions are refused: it keeps every size computation far
@@ -63,6 +64,9 @@ struct kvgen_session {
     /* worker.c, under its lock: the session's jobs that are not final (read atomically); while
      * it is not 0 the session belongs to the model's worker (kvgen_session_busy) */
     int jobs_active;
+
+    /* a remote model's session (core/remote/): its history; no tokens, logits or pages here */
+    struct kvg_rhist *remote;
 };
 
 /* The worker this thread runs, if it is a model's jobs worker (worker.c sets it once): its
@@ -95,6 +99,10 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
  * written. */
 kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
                                  kvgen_error *err);
+
+/* KVGEN_E_UNSUPPORTED naming `fn` when s is a remote model's session (calls on token ids,
+ * logits or the cache, which live on the server); else KVGEN_OK. */
+kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err);
 
 /* session_file.c: the identity hash of a model (session files): hyperparameters, tensor names/types/shapes and a
  * sample of every tensor's bytes. */

@@ -36,6 +36,14 @@ kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvge
                     fn, (const void *)s);
 }
 
+kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err) {
+    if (!s->remote) return KVGEN_OK;
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                    "%s: session %p is on the remote model '%s': its token ids, logits and cache are the server's "
+                    "(generate from text or chat instead; docs/remote.md)",
+                    fn, (const void *)s, s->model->name);
+}
+
 void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
     if (!info) return;
     memset(info, 0, sizeof *info);
@@ -215,10 +223,15 @@ static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_des
                         (int)d->on_full);
     if (d->keep < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: keep %d is negative", d->keep);
+    if (model->remote && d->sampler && d->sampler->n_bias > 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "kvgen_session_create: sampler.bias on the remote model '%s': token ids are the server's",
+                        model->name);
     return KVGEN_OK;
 }
 
 static void session_free(kvgen_session *s) {
+    kvg_rhist_free(s->remote);
     drop_pages(s, 0);
     if (s->bs) s->model->ops->session_free(s->model, s->bs);
     kvg_sampler_free(&s->sampler);
@@ -241,6 +254,26 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     s->model = model;
     s->n_ctx = n_ctx;
+    if (model->remote) { /* its history and sampler settings; the server holds the rest */
+        kvgen_status st = (s->remote = kvg_rhist_new()) ? KVGEN_OK
+                                                        : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+        if (st == KVGEN_OK && sampler_from) {
+            st = kvg_sampler_clone(&s->sampler, sampler_from, err);
+        } else if (st == KVGEN_OK) {
+            kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
+                                     .top_p = desc->top_p};
+            st = kvg_sampler_init(&s->sampler, &sp, 1, err); /* ids are the server's: no bias here */
+            if (st == KVGEN_OK && desc->sampler) st = kvg_sampler_set(&s->sampler, desc->sampler, true, err);
+        }
+        if (st != KVGEN_OK) {
+            session_free(s);
+            return st;
+        }
+        __atomic_add_fetch(&model->refcount, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&model->n_sessions, 1, __ATOMIC_RELAXED);
+        *out = s;
+        return KVGEN_OK;
+    }
     s->no_cache = desc->no_cache != 0;
     s->on_full = desc->on_full;
     s->keep = desc->keep;
@@ -447,6 +480,7 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_prefill", err);
     if (busy != KVGEN_OK) return busy;
+    if (s->remote) return kvg_session_local_only(s, "kvgen_session_prefill", err);
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
     size_t piece = prefill_piece(s);
@@ -655,12 +689,20 @@ int32_t kvgen_session_sample(kvgen_session *s) {
     return kvg_session_sample_masked(s, NULL);
 }
 
-size_t kvgen_session_length(const kvgen_session *s) { return s ? s->n_tokens : 0; }
+size_t kvgen_session_length(const kvgen_session *s) {
+    if (!s) return 0;
+    return s->remote ? kvg_rhist_length(s->remote) : s->n_tokens;
+}
 
-const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s ? s->tokens : NULL; }
+const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s && !s->remote ? s->tokens : NULL; }
 
 void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
+    if (s->remote) {
+        kvg_rhist_reset(s->remote);
+        kvg_sampler_reset(&s->sampler);
+        return;
+    }
     drop_pages(s, 0);
     for (int g = 0; g < KVG_KV_GROUPS; g++) s->lo[g] = 0;
     s->n_tokens = 0;
@@ -678,6 +720,7 @@ kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) 
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_rewind", err);
     if (busy != KVGEN_OK) return busy;
+    if (s->remote) return kvg_rhist_rewind(s->remote, n, "kvgen_session_rewind", err);
     if (n > s->n_tokens)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: cannot drop %zu tokens of %zu", n,
                         s->n_tokens);
@@ -719,6 +762,19 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
                             .no_prefix_reuse = !s->prefix_reuse};
     kvgen_session *c;
+    if (s->remote) { /* the history and the sampler; the server's prefix cache shares the rest */
+        kvgen_status rst = kvg_session_new(m, &d, &s->sampler, &c, err);
+        if (rst != KVGEN_OK) return rst;
+        kvg_rhist *h = kvg_rhist_clone(s->remote);
+        if (!h) {
+            kvgen_session_close(c);
+            return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_fork: out of memory");
+        }
+        kvg_rhist_free(c->remote);
+        c->remote = h;
+        *child = c;
+        return KVGEN_OK;
+    }
     /* the child gets a host copy: device-kept logits are the parent's backend session's */
     kvgen_status st = s->has_logits ? kvg_session_host_logits(s, err) : KVGEN_OK;
     if (st != KVGEN_OK) return st;
@@ -811,6 +867,11 @@ void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
     if (!info) return;
     memset(info, 0, sizeof *info);
     if (!s) return;
+    if (s->remote) {
+        info->length = kvg_rhist_length(s->remote);
+        info->capacity = (size_t)s->n_ctx;
+        return;
+    }
     const kvg_hparams *hp = &s->model->w.hp;
     info->n_layer = hp->n_layer;
     info->n_head_kv = hp->n_head_kv;
@@ -838,6 +899,7 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_read_cache", err);
     if (busy != KVGEN_OK) return busy;
+    if (s->remote) return kvg_session_local_only(s, "kvgen_session_read_cache", err);
     const kvg_hparams *hp = &s->model->w.hp;
     if (layer < 0 || layer >= hp->n_layer)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: layer %d is outside [0, %d)", layer,

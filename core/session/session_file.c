@@ -41,6 +41,10 @@
 #include "kvg_session.h"
 
 #define FILE_MAGIC "KVGSESS"
+/* a remote model's session: "KVGREMOT", u32 version, u32 0, u64 n, n bytes of JSON (the
+ * history and sampler settings), u64 checksum of everything before it */
+#define REMOTE_MAGIC "KVGREMOT"
+#define REMOTE_HEADER 24
 #define FILE_VERSION 1u
 #define HEADER_BYTES 112
 enum { FLAG_LOGITS = 1, FLAG_NO_CACHE = 2, FLAG_PREFIX_REUSE = 4 };
@@ -324,6 +328,56 @@ static int sync_folder(const char *target) {
     return e;
 }
 
+/* A remote session's file, written as atomically as a local one's (see below). */
+static kvgen_status save_remote(const kvgen_session *s, const char *path, const char *target, const kvg_stat_t *sb,
+                                const char *arrow, const char *shown, kvgen_error *err) {
+    kvgen_sampler_desc sp;
+    kvgen_session_get_sampler(s, &sp);
+    size_t n = 0;
+    char *json = kvg_rhist_to_json(s->remote, &sp, s->model->name, &n);
+    if (!json) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory saving the session", path);
+    unsigned char header[REMOTE_HEADER] = {0};
+    memcpy(header, REMOTE_MAGIC, 8);
+    put_u32(header + 8, 1);
+    put_u64(header + 16, n);
+    char *tmp = NULL;
+    int fd = create_temp(target, &tmp);
+    if (fd < 0) {
+        kvgen_status st = kvg_fail(err, KVGEN_E_IO,
+                                   "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s", path,
+                                   arrow, shown, strerror(errno));
+        kvg_free(json);
+        return st;
+    }
+    if (sb->st_mode != 0) kvg_keep_mode(fd, sb);
+    file_writer w = {fd, HASH64_INIT, 0};
+    fw_write(&w, header, sizeof header);
+    fw_write(&w, json, n);
+    unsigned char sum[8];
+    put_u64(sum, hash_final(&w.sum));
+    fw_write(&w, sum, 8);
+    kvg_free(json);
+    if (!w.error && kvg_fsync(fd) != 0) w.error = errno;
+    if (close(fd) != 0 && !w.error) w.error = errno;
+    kvgen_status st = KVGEN_OK;
+    if (w.error)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
+                      strerror(w.error));
+    if (st == KVGEN_OK && kvg_rename_replace(tmp, target) != 0)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
+                      strerror(errno));
+    if (st != KVGEN_OK) {
+        kvg_remove(tmp);
+    } else {
+        int e = sync_folder(target);
+        if (e)
+            st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
+                          path, arrow, shown, strerror(e));
+    }
+    kvg_free(tmp);
+    return st;
+}
+
 /* Writes the session to a temporary file next to the target, syncs it and renames it over the
  * target, so that the target is at every moment either the previous file or the complete new
  * one; a failure removes only the temporary file. */
@@ -351,6 +405,11 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         return st;
     }
 
+    if (s->remote) {
+        st = save_remote(s, path, target, &sb, arrow, shown, err);
+        kvg_free(target);
+        return st;
+    }
     const kvgen_model *m = s->model;
     const kvg_hparams *hp = &m->w.hp;
     size_t n = s->n_tokens, V = (size_t)hp->n_vocab;
@@ -537,6 +596,56 @@ static kvgen_status check_header(const kvgen_model *model, const unsigned char *
     return KVGEN_OK;
 }
 
+/* A remote session's file: checked whole (checksum, sizes, JSON) before the session exists. */
+static kvgen_status restore_remote(kvgen_model *model, int fd, uint64_t size, const char *path, kvgen_session **out,
+                                   kvgen_error *err) {
+    *out = NULL;
+    if (size < REMOTE_HEADER + 8 || size > ((uint64_t)1 << 31))
+        return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: a remote session of %llu bytes is truncated "
+                        "or too large", path, (unsigned long long)size);
+    unsigned char *buf = kvg_malloc((size_t)size);
+    if (!buf) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_restore: %s: out of memory", path);
+    file_reader r = {fd, 0, HASH64_INIT, 0, false};
+    if (lseek(fd, 0, SEEK_SET) != 0) r.error = errno;
+    if (!r.error) fr_read(&r, buf, (size_t)size);
+    kvgen_status st = KVGEN_OK;
+    if (r.error || r.short_read) {
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_restore: %s: read error: %s", path,
+                      r.error ? strerror(r.error) : "the file changed while it was read");
+    } else if (get_u32(buf + 8) > 1) {
+        st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_restore: %s: remote session version %u is newer than "
+                      "this kvgen reads (1)", path, (unsigned)get_u32(buf + 8));
+    } else if (get_u64(buf + 16) != size - REMOTE_HEADER - 8) {
+        st = kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: truncated or corrupted: %llu bytes where the "
+                      "header says %llu", path, (unsigned long long)size,
+                      (unsigned long long)(get_u64(buf + 16) + REMOTE_HEADER + 8));
+    } else {
+        hash64 hs = HASH64_INIT;
+        hash_bytes(&hs, buf, (size_t)size - 8);
+        if (hash_final(&hs) != get_u64(buf + size - 8))
+            st = kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted (checksum mismatch)", path);
+    }
+    kvg_rhist *h = NULL;
+    kvgen_sampler_desc sp;
+    char who[300];
+    snprintf(who, sizeof who, "kvgen_session_restore: %s", path);
+    if (st == KVGEN_OK)
+        st = kvg_rhist_from_json((const char *)buf + REMOTE_HEADER, (size_t)(size - REMOTE_HEADER - 8), &h, &sp, NULL,
+                                 who, err);
+    kvg_free(buf);
+    kvgen_session *s = NULL;
+    kvgen_session_desc d = {.sampler = &sp};
+    if (st == KVGEN_OK) st = kvg_session_new(model, &d, NULL, &s, err);
+    if (st != KVGEN_OK) {
+        kvg_rhist_free(h);
+        return st;
+    }
+    kvg_rhist_free(s->remote);
+    s->remote = h;
+    *out = s;
+    return KVGEN_OK;
+}
+
 kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_restore: model is NULL");
@@ -569,8 +678,22 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     size_t head = size < HEADER_BYTES ? (size_t)size : HEADER_BYTES;
     fr_read(&r, h, head);
     if (r.error || r.short_read) READ_FAILED(r);
+    if (size >= 8 && memcmp(h, REMOTE_MAGIC, 8) == 0) {
+        if (!model->remote)
+            REFUSE(KVGEN_E_INVALID_ARGUMENT,
+                   "kvgen_session_restore: %s: saved from a remote model's session; restore it on a model loaded from "
+                   "its server's URL",
+                   path);
+        st = restore_remote(model, fd, size, path, &s, err);
+        goto done;
+    }
     if (size < 8 || memcmp(h, FILE_MAGIC, 8) != 0)
         REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: not a kvgen session file (no KVGSESS magic)", path);
+    if (model->remote)
+        REFUSE(KVGEN_E_INVALID_ARGUMENT,
+               "kvgen_session_restore: %s: a local session (its cache); restore it on the GGUF model it was saved "
+               "from, not the remote model '%s'",
+               path, model->name);
     if (size < 12)
         REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: truncated: %llu bytes, no format version", path,
                (unsigned long long)size);

@@ -1,0 +1,811 @@
+/* remote.c: the connection to an OpenAI-compatible server (kvg_remote.h): model discovery,
+ * streamed generation requests read as server-sent events while they arrive, the jobs' shared
+ * transfer pool, retries, timeouts, and errors mapped to kvgen statuses.
+ *
+ * Threads: a stream started for the jobs' worker lives in the model's shared pool (one curl
+ * multi handle, its connections reused across requests) and only the worker thread drives or
+ * changes that pool; a stream freed on another thread (a session closing on the host) is only
+ * marked and handed to the worker, which removes it at its next drive. A stream of a call on
+ * the host's own thread (kvgen_gen_next) has a pool of its own. */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_model.h"
+#include "kvg_platform.h"
+#include "kvg_remote.h"
+
+bool kvg_remote_is_url(const char *path) {
+    return path && (strncmp(path, "http://", 7) == 0 || strncmp(path, "https://", 8) == 0);
+}
+
+#if defined(KVGEN_HAVE_REMOTE)
+#include <curl/curl.h>
+#include "kvg_remote_json.h"
+
+#define DEFAULT_MAX_REQUESTS 32
+#define DEFAULT_TIMEOUT_MS 60000
+#define MAX_ATTEMPTS 3     /* a refused connection or a 429/503 before any reply byte is retried */
+#define BACKOFF_MS 250     /* then 500, 1000: doubled each time */
+#define CONNECT_TIMEOUT_MS 10000
+
+struct kvg_remote {
+    char *base; /* without a trailing '/' */
+    char *model;
+    char *auth; /* "Authorization: Bearer ..." or NULL */
+    int max_requests, timeout_ms;
+    CURLM *multi; /* the jobs' pool: the worker thread's */
+    int active;   /* its streams that are not over (worker thread) */
+    kvg_mutex mu; /* guards graveyard */
+    kvg_rstream *graveyard; /* streams freed off the worker, for it to remove */
+};
+
+struct kvg_rstream {
+    kvg_remote *r;
+    CURL *e;
+    CURLM *m;
+    bool own, added, orphan, counted;
+    struct curl_slist *hdrs;
+    char *body, *url;
+    const char *who;
+    bool chat;
+    char errbuf[CURL_ERROR_SIZE];
+    long http;
+    bool got_bytes;
+    kvg_buf raw;  /* reply bytes not parsed yet (or the error body) */
+    kvg_buf data; /* the current event's data */
+    kvg_buf out;  /* text not yet taken */
+    int pieces, pieces_total;
+    kvgen_finish finish; /* from finish_reason */
+    bool sse_done;
+    int attempts;
+    uint64_t retry_at; /* ns; 0: none */
+    bool over;
+    kvgen_status status;
+    kvgen_error err;
+    kvg_rstream *next_dead;
+};
+
+static kvg_mutex g_init_mu = KVG_MUTEX_INIT;
+static bool g_init;
+
+static kvgen_status global_init(kvgen_error *err) {
+    kvg_mutex_lock(&g_init_mu);
+    if (!g_init && curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK) g_init = true;
+    bool ok = g_init;
+    kvg_mutex_unlock(&g_init_mu);
+    return ok ? KVGEN_OK : kvg_fail(err, KVGEN_E_NETWORK, "kvgen_model_load: libcurl failed to initialise");
+}
+
+static char *dup_s(const char *s) { return kvg_strdup(s); }
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* A one-line excerpt of a server's text for a message. */
+static void excerpt(char *dst, size_t cap, const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        dst[k++] = c == '\n' || c == '\r' || c == '\t' ? ' ' : (c < 32 ? '?' : (char)c);
+    }
+    dst[k] = 0;
+}
+
+static bool has_ci(const char *hay, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *hay; hay++) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == needle[i]) i++;
+        if (i == n) return true;
+    }
+    return false;
+}
+
+/* The status an error reply means: rate limits, an over-long prompt, or the server's own. */
+static kvgen_status http_status(long code, const char *msg, const char *errcode) {
+    if (code == 429 || code == 503) return KVGEN_E_RATE_LIMITED;
+    if ((errcode && has_ci(errcode, "context_length")) ||
+        (has_ci(msg, "context") && (has_ci(msg, "exceed") || has_ci(msg, "maximum") || has_ci(msg, "too long"))))
+        return KVGEN_E_CONTEXT_FULL;
+    return KVGEN_E_SERVER;
+}
+
+/* The message of a JSON error object ({"error": {"message", "code"}}, {"error": "..."},
+ * {"detail": ...}, {"message": ...}) or of the raw body. */
+static kvgen_status fail_reply(kvgen_error *err, long code, const char *body, size_t n, const char *who,
+                               const char *url) {
+    char msg[320] = "", errcode[64] = "";
+    cJSON *o = cJSON_ParseWithLength(body, n);
+    const cJSON *e = o ? cJSON_GetObjectItemCaseSensitive(o, "error") : NULL;
+    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+    if (!cJSON_IsString(m) && o) m = cJSON_GetObjectItemCaseSensitive(o, "detail");
+    if (!cJSON_IsString(m) && o) m = cJSON_GetObjectItemCaseSensitive(o, "message");
+    const cJSON *c = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "code") : NULL;
+    if (cJSON_IsString(c)) excerpt(errcode, sizeof errcode, c->valuestring, strlen(c->valuestring));
+    if (cJSON_IsString(m)) {
+        excerpt(msg, sizeof msg, m->valuestring, strlen(m->valuestring));
+    } else if (m) {
+        char *t = cJSON_PrintUnformatted(m);
+        if (t) excerpt(msg, sizeof msg, t, strlen(t));
+        cJSON_free(t);
+    } else {
+        excerpt(msg, sizeof msg, body, n);
+    }
+    cJSON_Delete(o);
+    if (!msg[0]) snprintf(msg, sizeof msg, "(no message)");
+    kvgen_status st = http_status(code, msg, errcode);
+    if (code > 0) return kvg_fail(err, st, "%s: %s: HTTP %ld: %s", who, url, code, msg);
+    return kvg_fail(err, st, "%s: %s: the server reported an error: %s", who, url, msg);
+}
+
+static bool retryable(CURLcode rc) {
+    return rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_GOT_NOTHING;
+}
+
+/* ---- easy handles ------------------------------------------------------------------------ */
+
+static size_t collect(char *p, size_t size, size_t n, void *user) {
+    kvg_buf *b = user;
+    return kvg_buf_add(b, p, size * n) ? size * n : 0;
+}
+
+static CURL *easy_new(kvg_remote *r, const char *url, const char *body, bool stream, struct curl_slist **hdrs,
+                      char *errbuf) {
+    CURL *e = curl_easy_init();
+    if (!e) return NULL;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)(r->timeout_ms < CONNECT_TIMEOUT_MS ? r->timeout_ms : CONNECT_TIMEOUT_MS));
+    /* a reply that sends nothing for timeout_ms fails; a slow but live stream does not */
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)((r->timeout_ms + 999) / 1000));
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+    errbuf[0] = 0;
+    struct curl_slist *h = NULL, *t;
+    h = curl_slist_append(h, "Content-Type: application/json");
+    if (h && stream && (t = curl_slist_append(h, "Accept: text/event-stream"))) h = t;
+    if (h && r->auth && (t = curl_slist_append(h, r->auth))) h = t;
+    if (h && (t = curl_slist_append(h, "Expect:"))) h = t; /* no 100-continue round trip */
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    *hdrs = h;
+    if (body) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    return e;
+}
+
+/* A blocking JSON request (model list, scoring): retried on a refused connection and on 429/503. */
+static kvgen_status http_json(kvg_remote *r, const char *path, const char *body, cJSON **out, const char *who,
+                              kvgen_error *err) {
+    *out = NULL;
+    size_t ul = strlen(r->base) + strlen(path) + 1;
+    char *url = kvg_malloc(ul);
+    if (!url) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    snprintf(url, ul, "%s%s", r->base, path);
+    kvgen_status st = KVGEN_OK;
+    for (int attempt = 0;; attempt++) {
+        char errbuf[CURL_ERROR_SIZE];
+        struct curl_slist *h = NULL;
+        kvg_buf reply = {0};
+        CURL *e = easy_new(r, url, body, false, &h, errbuf);
+        if (!e) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+            break;
+        }
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(e, CURLOPT_WRITEDATA, &reply);
+        CURLcode rc = curl_easy_perform(e);
+        long code = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+        curl_easy_cleanup(e);
+        curl_slist_free_all(h);
+        bool again = attempt + 1 < MAX_ATTEMPTS &&
+                     ((rc != CURLE_OK && retryable(rc)) || (rc == CURLE_OK && (code == 429 || code == 503)));
+        if (again) {
+            kvg_free(reply.p);
+            kvg_sleep_ns((uint64_t)(BACKOFF_MS << attempt) * 1000000u);
+            continue;
+        }
+        if (rc != CURLE_OK) {
+            st = kvg_fail(err, KVGEN_E_NETWORK, "%s: %s %s: %s", who, body ? "POST" : "GET", url,
+                          errbuf[0] ? errbuf : curl_easy_strerror(rc));
+        } else if (code >= 400) {
+            st = fail_reply(err, code, reply.p ? reply.p : "", reply.n, who, url);
+        } else if (!(*out = cJSON_ParseWithLength(reply.p ? reply.p : "", reply.n))) {
+            char ex[100];
+            excerpt(ex, sizeof ex, reply.p ? reply.p : "", reply.n);
+            st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s: the reply is not JSON: %s", who, url, ex);
+        }
+        kvg_free(reply.p);
+        break;
+    }
+    kvg_free(url);
+    return st;
+}
+
+/* ---- the model ------------------------------------------------------------------------------ */
+
+void kvg_remote_close(kvg_remote *r) {
+    if (!r) return;
+    if (r->multi) kvg_remote_drive(r, 0); /* frees the streams handed over */
+    if (r->multi) curl_multi_cleanup(r->multi);
+    kvg_mutex_destroy(&r->mu);
+    kvg_free(r->base);
+    kvg_free(r->model);
+    kvg_free(r->auth);
+    kvg_free(r);
+}
+
+kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_error *err) {
+    *out = NULL;
+    const char *who = "kvgen_model_load";
+    if (d->remote_max_requests < 0 || d->remote_max_requests > 4096)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: desc.remote_max_requests %d is outside [0, 4096]", who,
+                        d->remote_max_requests);
+    if (d->remote_timeout_ms < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: desc.remote_timeout_ms %d is negative", who,
+                        d->remote_timeout_ms);
+    if (d->api_key && strpbrk(d->api_key, "\r\n"))
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: desc.api_key holds a line break", who);
+    kvgen_status st = global_init(err);
+    if (st != KVGEN_OK) return st;
+    kvg_remote *r = kvg_calloc(1, sizeof *r);
+    if (!r) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    kvg_mutex_init(&r->mu);
+    r->max_requests = d->remote_max_requests > 0 ? d->remote_max_requests : DEFAULT_MAX_REQUESTS;
+    r->timeout_ms = d->remote_timeout_ms > 0 ? d->remote_timeout_ms : DEFAULT_TIMEOUT_MS;
+    r->base = dup_s(d->path);
+    if (r->base) {
+        size_t n = strlen(r->base);
+        while (n > 0 && r->base[n - 1] == '/') r->base[--n] = 0;
+    }
+    if (d->api_key && *d->api_key) {
+        size_t n = strlen(d->api_key) + 32;
+        if ((r->auth = kvg_malloc(n))) snprintf(r->auth, n, "Authorization: Bearer %s", d->api_key);
+    }
+    r->multi = curl_multi_init();
+    if (!r->base || !r->multi || (d->api_key && *d->api_key && !r->auth)) {
+        kvg_remote_close(r);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    }
+    curl_multi_setopt(r->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)r->max_requests);
+    curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, (long)r->max_requests);
+
+    cJSON *list = NULL;
+    st = http_json(r, "/models", NULL, &list, who, err);
+    const cJSON *data = list ? cJSON_GetObjectItemCaseSensitive(list, "data") : NULL, *it;
+    if (st == KVGEN_OK && !cJSON_IsArray(data))
+        st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models: the reply has no \"data\" list of models", who, r->base);
+    char names[256] = "";
+    size_t nl = 0;
+    cJSON_ArrayForEach(it, data) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (!cJSON_IsString(id)) continue;
+        if (!r->model && (!d->remote_model || strcmp(d->remote_model, id->valuestring) == 0))
+            r->model = dup_s(id->valuestring);
+        if (nl < sizeof names - 1)
+            nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s'%s'", nl ? ", " : "", id->valuestring);
+    }
+    cJSON_Delete(list);
+    if (st == KVGEN_OK && !r->model)
+        st = d->remote_model ? kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                                        "%s: %s: desc.remote_model '%s' is not among the models the server lists (%s)",
+                                        who, r->base, d->remote_model, nl ? names : "none")
+                             : kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models lists no model", who, r->base);
+    if (st != KVGEN_OK) {
+        kvg_remote_close(r);
+        return st;
+    }
+    *out = r;
+    return KVGEN_OK;
+}
+
+const char *kvg_remote_model_name(const kvg_remote *r) { return r->model; }
+const char *kvg_remote_url(const kvg_remote *r) { return r->base; }
+int kvg_remote_max_requests(const kvg_remote *r) { return r->max_requests; }
+int kvg_remote_active(const kvg_remote *r) { return r->active; }
+
+/* ---- requests ------------------------------------------------------------------------------- */
+
+static void add_sampler(cJSON *o, const kvgen_sampler_desc *sp) {
+    /* every setting is sent, the "off" ones as their neutral values, so that the server's own
+     * defaults (top_k 40, ...) never apply in their place */
+    cJSON_AddNumberToObject(o, "temperature", sp->temperature > 0 ? sp->temperature : 0.0);
+    cJSON_AddNumberToObject(o, "top_k", sp->top_k > 0 ? sp->top_k : 0);
+    cJSON_AddNumberToObject(o, "top_p", sp->top_p > 0 && sp->top_p < 1 ? sp->top_p : 1.0);
+    cJSON_AddNumberToObject(o, "min_p", sp->min_p > 0 ? sp->min_p : 0.0);
+    cJSON_AddNumberToObject(o, "repeat_penalty", sp->repeat_penalty > 0 ? sp->repeat_penalty : 1.0);
+    cJSON_AddNumberToObject(o, "frequency_penalty", sp->frequency_penalty);
+    cJSON_AddNumberToObject(o, "presence_penalty", sp->presence_penalty);
+    /* the server's seed is a 32-bit integer in most of them */
+    cJSON_AddNumberToObject(o, "seed", (double)((sp->seed ? sp->seed : 0x5eed) & 0x7fffffffu));
+}
+
+static char *print_free(cJSON *o) {
+    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!t) return NULL;
+    char *d = dup_s(t);
+    cJSON_free(t);
+    return d;
+}
+
+static void stream_fail(kvg_rstream *st, kvgen_status status, const char *fmt, const char *detail) {
+    st->over = true;
+    st->finish = KVGEN_FINISH_ERROR;
+    st->status = kvg_fail(&st->err, status, fmt, st->who, st->url, detail);
+}
+
+/* SSE: one event's data */
+static void on_event(kvg_rstream *st) {
+    const char *d = st->data.p ? st->data.p : "";
+    size_t n = st->data.n;
+    if (n == 6 && memcmp(d, "[DONE]", 6) == 0) {
+        st->sse_done = true;
+        return;
+    }
+    cJSON *o = cJSON_ParseWithLength(d, n);
+    if (!o) {
+        char ex[100];
+        excerpt(ex, sizeof ex, d, n);
+        stream_fail(st, KVGEN_E_SERVER, "%s: %s: malformed event in the reply: %s", ex);
+        return;
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (e && !cJSON_IsNull(e)) {
+        char *t = cJSON_PrintUnformatted(o);
+        fail_reply(&st->err, 0, t ? t : "", t ? strlen(t) : 0, st->who, st->url);
+        cJSON_free(t);
+        st->status = st->err.status;
+        st->over = true;
+        st->finish = KVGEN_FINISH_ERROR;
+        cJSON_Delete(o);
+        return;
+    }
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    const cJSON *txt = st->chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "delta"), "content")
+                                : cJSON_GetObjectItemCaseSensitive(c, "text");
+    if (cJSON_IsString(txt) && txt->valuestring[0]) {
+        if (!kvg_buf_add(&st->out, txt->valuestring, strlen(txt->valuestring))) {
+            stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
+        } else {
+            st->pieces++;
+            st->pieces_total++;
+        }
+    }
+    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
+    if (cJSON_IsString(fr)) st->finish = strcmp(fr->valuestring, "length") == 0 ? KVGEN_FINISH_LENGTH : KVGEN_FINISH_STOP;
+    cJSON_Delete(o);
+}
+
+/* Parses the complete lines of raw: "data:" lines gather into an event, a blank line ends it. */
+static void parse(kvg_rstream *st, bool flush) {
+    if (st->http >= 400 || st->over) return;
+    size_t at = 0;
+    while (!st->over) {
+        char *nl = st->raw.n > at ? memchr(st->raw.p + at, '\n', st->raw.n - at) : NULL;
+        size_t end = nl ? (size_t)(nl - st->raw.p) : st->raw.n;
+        if (!nl && !(flush && end > at)) break;
+        size_t len = end - at;
+        const char *line = st->raw.p + at;
+        if (len > 0 && line[len - 1] == '\r') len--;
+        if (len == 0) {
+            if (st->data.n > 0) on_event(st);
+            st->data.n = 0;
+        } else if (len >= 5 && memcmp(line, "data:", 5) == 0) {
+            size_t skip = len > 5 && line[5] == ' ' ? 6 : 5;
+            if ((st->data.n > 0 && !kvg_buf_add(&st->data, "\n", 1)) || !kvg_buf_add(&st->data, line + skip, len - skip))
+                stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
+        } /* comments (":"), "event:", "id:", "retry:" carry nothing kvgen uses */
+        at = nl ? end + 1 : st->raw.n;
+    }
+    if (flush && !st->over && st->data.n > 0) {
+        on_event(st);
+        st->data.n = 0;
+    }
+    if (at > 0) {
+        memmove(st->raw.p, st->raw.p + at, st->raw.n - at);
+        st->raw.n -= at;
+    }
+}
+
+static size_t on_bytes(char *p, size_t size, size_t n, void *user) {
+    kvg_rstream *st = user;
+    if (st->orphan) return size * n;
+    if (st->http == 0) curl_easy_getinfo(st->e, CURLINFO_RESPONSE_CODE, &st->http);
+    st->got_bytes = true;
+    if (!kvg_buf_add(&st->raw, p, size * n)) return 0;
+    if (st->http < 400) parse(st, false);
+    return size * n;
+}
+
+static void uncount(kvg_rstream *st) {
+    if (st->counted) {
+        st->r->active--;
+        st->counted = false;
+    }
+}
+
+/* A transfer ended: the reply is complete, failed, or worth another attempt. */
+static void transfer_done(kvg_rstream *st, CURLcode rc) {
+    curl_multi_remove_handle(st->m, st->e);
+    st->added = false;
+    if (st->orphan || st->over) return;
+    long code = st->http;
+    if (!code) curl_easy_getinfo(st->e, CURLINFO_RESPONSE_CODE, &code);
+    bool fresh = !st->got_bytes || (code == 429 || code == 503);
+    if (fresh && st->attempts < MAX_ATTEMPTS &&
+        ((rc != CURLE_OK && retryable(rc)) || (rc == CURLE_OK && (code == 429 || code == 503)))) {
+        st->retry_at = kvg_time_ns() + (uint64_t)(BACKOFF_MS << (st->attempts - 1)) * 1000000u;
+        st->raw.n = st->data.n = 0;
+        st->http = 0;
+        st->got_bytes = false;
+        return;
+    }
+    if (rc != CURLE_OK) {
+        char detail[CURL_ERROR_SIZE + 64];
+        snprintf(detail, sizeof detail, "%s", st->errbuf[0] ? st->errbuf : curl_easy_strerror(rc));
+        if (st->pieces_total > 0) {
+            char d2[sizeof detail + 64];
+            snprintf(d2, sizeof d2, "after %d pieces (%s)", st->pieces_total, detail);
+            stream_fail(st, KVGEN_E_NETWORK, "%s: %s: the connection dropped %s", d2);
+        } else {
+            stream_fail(st, KVGEN_E_NETWORK, "%s: %s: %s", detail);
+        }
+    } else if (code >= 400) {
+        fail_reply(&st->err, code, st->raw.p ? st->raw.p : "", st->raw.n, st->who, st->url);
+        st->status = st->err.status;
+        st->over = true;
+        st->finish = KVGEN_FINISH_ERROR;
+    } else {
+        parse(st, true);
+        if (!st->over && st->finish == KVGEN_FINISH_NONE && !st->sse_done)
+            stream_fail(st, KVGEN_E_NETWORK, "%s: %s: the reply ended without a finish reason%s", "");
+        if (!st->over && st->finish == KVGEN_FINISH_NONE) st->finish = KVGEN_FINISH_STOP;
+        st->over = true;
+    }
+    uncount(st);
+}
+
+static void read_done(CURLM *m) {
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left))) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        kvg_rstream *st = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&st);
+        CURLcode rc = msg->data.result;
+        if (st) transfer_done(st, rc);
+    }
+}
+
+/* Starts (or starts again) the transfer when it is due. */
+static void launch(kvg_rstream *st) {
+    if (st->over || st->added || st->orphan) return;
+    if (st->retry_at && kvg_time_ns() < st->retry_at) return;
+    if (st->attempts > 0 && !st->retry_at) return; /* sent, and not to be retried */
+    st->retry_at = 0;
+    st->attempts++;
+    if (curl_multi_add_handle(st->m, st->e) != CURLM_OK) {
+        stream_fail(st, KVGEN_E_NETWORK, "%s: %s: cannot start the request%s", "");
+        uncount(st);
+        return;
+    }
+    st->added = true;
+}
+
+kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker, kvg_rstream **out, const char *who,
+                               kvgen_error *err) {
+    *out = NULL;
+    bool chat = kvg_rhist_mode(q->hist) == KVG_RMODE_CHAT;
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        cJSON_AddStringToObject(o, "model", r->model);
+        kvg_rhist_put(q->hist, o);
+        cJSON_AddBoolToObject(o, "stream", 1);
+        if (q->max_tokens >= 0) cJSON_AddNumberToObject(o, "max_tokens", q->max_tokens);
+        add_sampler(o, q->sampler);
+        cJSON_AddBoolToObject(o, "cache_prompt", 1); /* llama.cpp's server: keep the prefix's KV */
+        if (q->ignore_eog) cJSON_AddBoolToObject(o, "ignore_eos", 1);
+        if (q->grammar) cJSON_AddStringToObject(o, "grammar", q->grammar);
+    }
+    kvg_rstream *st = kvg_calloc(1, sizeof *st);
+    char *body = print_free(o);
+    const char *path = chat ? "/chat/completions" : "/completions";
+    size_t ul = strlen(r->base) + strlen(path) + 1;
+    char *url = kvg_malloc(ul);
+    if (!st || !body || !url) {
+        kvg_free(st);
+        kvg_free(body);
+        kvg_free(url);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the request", who);
+    }
+    snprintf(url, ul, "%s%s", r->base, path);
+    st->r = r;
+    st->body = body;
+    st->url = url;
+    st->who = who;
+    st->chat = chat;
+    st->own = !worker;
+    st->e = easy_new(r, url, body, true, &st->hdrs, st->errbuf);
+    st->m = worker ? r->multi : curl_multi_init();
+    if (!st->e || !st->m) {
+        if (st->own && st->m) curl_multi_cleanup(st->m);
+        st->m = NULL;
+        st->own = false;
+        kvg_rstream_free(st);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the request", who);
+    }
+    curl_easy_setopt(st->e, CURLOPT_WRITEFUNCTION, on_bytes);
+    curl_easy_setopt(st->e, CURLOPT_WRITEDATA, st);
+    curl_easy_setopt(st->e, CURLOPT_PRIVATE, (char *)st);
+    if (worker) {
+        r->active++;
+        st->counted = true;
+    }
+    *out = st;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *pieces, kvgen_finish *finish,
+                              kvgen_error *err) {
+    *finish = KVGEN_FINISH_NONE;
+    *pieces = 0;
+    launch(st);
+    if (st->own && !st->over) {
+        int running = 0;
+        curl_multi_perform(st->m, &running);
+        read_done(st->m);
+        if (st->out.n == 0 && !st->over && wait_ms > 0) {
+            if (st->retry_at) {
+                double left = (double)(st->retry_at - kvg_time_ns()) / 1e6;
+                if (left < wait_ms) wait_ms = left > 0 ? (int)left + 1 : 0;
+            }
+            curl_multi_poll(st->m, NULL, 0, wait_ms, NULL);
+            curl_multi_perform(st->m, &running);
+            read_done(st->m);
+        }
+        launch(st);
+    }
+    if (st->out.n > 0) {
+        if (!kvg_buf_add(text, st->out.p, st->out.n)) {
+            stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
+        } else {
+            *pieces = st->pieces;
+            st->out.n = 0;
+            st->pieces = 0;
+        }
+    }
+    if (!st->over) return KVGEN_OK;
+    *finish = st->finish;
+    if (st->status != KVGEN_OK && err) *err = st->err;
+    return st->status;
+}
+
+static void stream_destroy(kvg_rstream *st) {
+    if (st->e) {
+        if (st->added) curl_multi_remove_handle(st->m, st->e);
+        curl_easy_cleanup(st->e);
+    }
+    if (st->own && st->m) curl_multi_cleanup(st->m);
+    curl_slist_free_all(st->hdrs);
+    kvg_free(st->body);
+    kvg_free(st->url);
+    kvg_free(st->raw.p);
+    kvg_free(st->data.p);
+    kvg_free(st->out.p);
+    kvg_free(st);
+}
+
+void kvg_rstream_free(kvg_rstream *st) {
+    if (!st) return;
+    if (st->own || !st->m) {
+        stream_destroy(st);
+        return;
+    }
+    /* the shared pool is the worker's: it removes the transfer at its next drive */
+    kvg_remote *r = st->r;
+    kvg_mutex_lock(&r->mu);
+    st->orphan = true;
+    st->next_dead = r->graveyard;
+    r->graveyard = st;
+    kvg_mutex_unlock(&r->mu);
+    curl_multi_wakeup(r->multi);
+}
+
+void kvg_remote_wakeup(kvg_remote *r) {
+    if (r && r->multi) curl_multi_wakeup(r->multi);
+}
+
+void kvg_remote_drive(kvg_remote *r, int wait_ms) {
+    kvg_mutex_lock(&r->mu);
+    kvg_rstream *dead = r->graveyard;
+    r->graveyard = NULL;
+    kvg_mutex_unlock(&r->mu);
+    while (dead) {
+        kvg_rstream *next = dead->next_dead;
+        uncount(dead);
+        stream_destroy(dead);
+        dead = next;
+    }
+    int running = 0;
+    curl_multi_perform(r->multi, &running);
+    read_done(r->multi);
+    if (wait_ms > 0) {
+        curl_multi_poll(r->multi, NULL, 0, wait_ms, NULL);
+        curl_multi_perform(r->multi, &running);
+        read_done(r->multi);
+    }
+}
+
+/* ---- scoring ---------------------------------------------------------------------------------- */
+
+/* One candidate: the echoed prompt's log-probabilities of the tokens that start at or after
+ * the history's end. */
+static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *cand, double *lp, int *nt,
+                              const char *who, kvgen_error *err) {
+    size_t hl = 0;
+    const char *ht = kvg_rhist_text(h, &hl);
+    size_t cl = strlen(cand);
+    char *prompt = kvg_malloc(hl + cl + 1);
+    if (!prompt) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    memcpy(prompt, ht, hl);
+    memcpy(prompt + hl, cand, cl + 1);
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        cJSON_AddStringToObject(o, "model", r->model);
+        cJSON_AddStringToObject(o, "prompt", prompt);
+        cJSON_AddNumberToObject(o, "max_tokens", 1);
+        cJSON_AddNumberToObject(o, "temperature", 0);
+        cJSON_AddBoolToObject(o, "echo", 1);
+        cJSON_AddNumberToObject(o, "logprobs", 1);
+        cJSON_AddBoolToObject(o, "cache_prompt", 1);
+    }
+    kvg_free(prompt);
+    char *body = print_free(o);
+    if (!body) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    cJSON *rep = NULL;
+    kvgen_status st = http_json(r, "/completions", body, &rep, who, err);
+    kvg_free(body);
+    if (st != KVGEN_OK) return st;
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rep, "choices"), 0);
+    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(lps, "text_offset");
+    double sum = 0;
+    int used = 0;
+    if (!cJSON_IsArray(tl) || !cJSON_IsArray(off) || cJSON_GetArraySize(tl) != cJSON_GetArraySize(off)) {
+        st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                      "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
+                      "scoring needs",
+                      who, r->base);
+    } else {
+        int n = cJSON_GetArraySize(tl);
+        for (int i = 0; i < n && st == KVGEN_OK; i++) {
+            const cJSON *o1 = cJSON_GetArrayItem(off, i), *l1 = cJSON_GetArrayItem(tl, i);
+            if (!cJSON_IsNumber(o1)) continue;
+            double at = o1->valuedouble;
+            if (at < (double)hl || at >= (double)(hl + cl)) continue;
+            if (!cJSON_IsNumber(l1))
+                st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: no log-probability for prompt token %d", who, r->base,
+                              i);
+            else sum += l1->valuedouble, used++;
+        }
+        if (st == KVGEN_OK && used == 0)
+            st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                          "%s: %s: no echoed token starts inside the candidate '%s' (the server's tokens merge it "
+                          "with the text before)",
+                          who, r->base, cand);
+    }
+    cJSON_Delete(rep);
+    *lp = sum;
+    *nt = used;
+    return st;
+}
+
+/* Whether the server's echoed log-probabilities score each token by the distribution before it
+ * (the OpenAI contract): the greedy continuation of a probe text must be the most likely choice
+ * at its own position. A server that scores each token by the distribution after it instead
+ * fails this and is refused, since its sums would be wrong. */
+static kvgen_status probe_alignment(kvg_remote *r, const kvg_rhist *h, const char *who, kvgen_error *err) {
+    size_t hl = 0;
+    const char *ht = kvg_rhist_text(h, &hl);
+    char *prompt = kvg_malloc(hl + 1);
+    if (!prompt) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    memcpy(prompt, ht, hl);
+    prompt[hl] = 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", r->model);
+    cJSON_AddStringToObject(o, "prompt", prompt);
+    cJSON_AddNumberToObject(o, "max_tokens", 1);
+    cJSON_AddNumberToObject(o, "temperature", 0);
+    cJSON_AddNumberToObject(o, "logprobs", 1);
+    cJSON_AddBoolToObject(o, "echo", 1);
+    kvg_free(prompt);
+    char *body = print_free(o);
+    if (!body) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    cJSON *rep = NULL;
+    kvgen_status st = http_json(r, "/completions", body, &rep, who, err);
+    kvg_free(body);
+    if (st != KVGEN_OK) return st;
+    /* with echo, the last entry is the generated (greedy) token: its log-probability must be the
+     * best of its position's top list */
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rep, "choices"), 0);
+    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(lps, "top_logprobs");
+    int n = cJSON_GetArraySize(tl);
+    const cJSON *last = cJSON_GetArrayItem(tl, n - 1), *tops = cJSON_GetArrayItem(top, n - 1), *it;
+    if (n < 2 || !cJSON_IsNumber(last) || !cJSON_IsObject(tops)) {
+        st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                      "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
+                      "scoring needs",
+                      who, r->base);
+    } else {
+        double best = -INFINITY;
+        cJSON_ArrayForEach(it, tops) if (cJSON_IsNumber(it) && it->valuedouble > best) best = it->valuedouble;
+        if (last->valuedouble < best - 1e-3)
+            st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                          "%s: %s: the server's echoed log-probabilities score each token by the distribution after "
+                          "it, not before (its greedy token has %.3f where the best at its position is %.3f), so "
+                          "choice scoring is refused on it",
+                          who, r->base, last->valuedouble, best);
+    }
+    cJSON_Delete(rep);
+    return st;
+}
+
+kvgen_status kvg_remote_score(kvg_remote *r, const kvg_rhist *h, const char *const *cands, size_t n, double *logprob,
+                              int *n_tokens, const char *who, kvgen_error *err) {
+    if (kvg_rhist_mode(h) == KVG_RMODE_CHAT)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "%s: a remote chat cannot score choices (the server renders the chat, so the text they "
+                        "continue is not known here); score on a session holding text",
+                        who);
+    if (kvg_rhist_length(h) == 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: the session is empty: choices continue its text", who);
+    kvgen_status st = probe_alignment(r, h, who, err);
+    for (size_t i = 0; st == KVGEN_OK && i < n; i++) st = score_one(r, h, cands[i], &logprob[i], &n_tokens[i], who, err);
+    return st;
+}
+
+#else /* no libcurl or cJSON: remote models are refused at load */
+
+kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_error *err) {
+    *out = NULL;
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                    "kvgen_model_load: %s: this kvgen was built without remote models (they need libcurl and cJSON)",
+                    d->path);
+}
+void kvg_remote_close(kvg_remote *r) { (void)r; }
+const char *kvg_remote_model_name(const kvg_remote *r) { return (void)r, ""; }
+const char *kvg_remote_url(const kvg_remote *r) { return (void)r, ""; }
+int kvg_remote_max_requests(const kvg_remote *r) { return (void)r, 0; }
+int kvg_remote_active(const kvg_remote *r) { return (void)r, 0; }
+kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker, kvg_rstream **out, const char *who,
+                               kvgen_error *err) {
+    (void)r, (void)q, (void)worker;
+    *out = NULL;
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: no remote models in this build", who);
+}
+kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *pieces, kvgen_finish *finish,
+                              kvgen_error *err) {
+    (void)st, (void)wait_ms, (void)text;
+    *pieces = 0;
+    *finish = KVGEN_FINISH_ERROR;
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "remote: no remote models in this build");
+}
+void kvg_rstream_free(kvg_rstream *st) { (void)st; }
+void kvg_remote_drive(kvg_remote *r, int wait_ms) { (void)r, (void)wait_ms; }
+void kvg_remote_wakeup(kvg_remote *r) { (void)r; }
+kvgen_status kvg_remote_score(kvg_remote *r, const kvg_rhist *h, const char *const *cands, size_t n, double *logprob,
+                              int *n_tokens, const char *who, kvgen_error *err) {
+    (void)r, (void)h, (void)cands, (void)n, (void)logprob, (void)n_tokens;
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: no remote models in this build", who);
+}
+#endif
