@@ -62,6 +62,7 @@ struct kvg_rstream {
     bool sse_done;
     int attempts;
     uint64_t retry_at; /* ns; 0: none */
+    uint64_t last_ns;  /* when the transfer started or last received bytes */
     bool over;
     kvgen_status status;
     kvgen_error err;
@@ -161,7 +162,7 @@ static CURL *easy_new(kvg_remote *r, const char *url, const char *body, bool str
                      (long)(r->timeout_ms < CONNECT_TIMEOUT_MS ? r->timeout_ms : CONNECT_TIMEOUT_MS));
     /* a reply that sends nothing for timeout_ms fails; a slow but live stream does not */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)((r->timeout_ms + 999) / 1000));
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)((r->timeout_ms + 999) / 1000 + 1));
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
     errbuf[0] = 0;
@@ -419,6 +420,7 @@ static size_t on_bytes(char *p, size_t size, size_t n, void *user) {
     if (st->orphan) return size * n;
     if (st->http == 0) curl_easy_getinfo(st->e, CURLINFO_RESPONSE_CODE, &st->http);
     st->got_bytes = true;
+    st->last_ns = kvg_time_ns();
     if (!kvg_buf_add(&st->raw, p, size * n)) return 0;
     if (st->http < 400) parse(st, false);
     return size * n;
@@ -497,6 +499,19 @@ static void launch(kvg_rstream *st) {
         return;
     }
     st->added = true;
+    st->last_ns = kvg_time_ns();
+}
+
+/* A transfer that received nothing for timeout_ms ends (curl's own low-speed limit, counted in
+ * whole seconds, is only the backstop). */
+static void check_silence(kvg_rstream *st) {
+    if (st->over || !st->added || kvg_time_ns() - st->last_ns < (uint64_t)st->r->timeout_ms * 1000000u) return;
+    curl_multi_remove_handle(st->m, st->e);
+    st->added = false;
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d ms", st->r->timeout_ms);
+    stream_fail(st, KVGEN_E_NETWORK, "%s: %s: no reply for %s (remote_timeout_ms)", detail);
+    uncount(st);
 }
 
 kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker, kvg_rstream **out, const char *who,
@@ -572,6 +587,7 @@ kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *
         }
         launch(st);
     }
+    check_silence(st);
     if (st->out.n > 0) {
         if (!kvg_buf_add(text, st->out.p, st->out.n)) {
             stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
