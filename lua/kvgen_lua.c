@@ -519,7 +519,7 @@ static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_m
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
                                           push_got(L, -1)));
-        if (id < 0 || id >= n_vocab)
+        if (id < 0 || (n_vocab > 0 && id >= n_vocab)) /* 0: a remote model, whose calls refuse ids */
             luaL_argerror(L, arg,
                           lua_pushfstring(L, "%s[%I]: %I is outside the vocabulary [0, %d)", name,
                                           (LUAI_UACINT)(i + 1), (LUAI_UACINT)id, n_vocab));

@@ -46,7 +46,7 @@ start)
   # --logits_all: prompt log-probabilities (echo) for choice scoring; one thread: CI shares its
   # two cores with the tests
   "$venv/bin/python" -m llama_cpp.server --model "$model" --host 127.0.0.1 --port "$port" \
-    --n_ctx 4096 --n_threads "${KVGEN_SERVER_THREADS:-1}" --logits_all true >"$log" 2>&1 &
+    --n_ctx 4096 --n_threads "${KVGEN_SERVER_THREADS:-1}" --logits_all true --interrupt_requests false >"$log" 2>&1 &
   echo $! >"$run_dir/$port.pid"
   for _ in $(seq 1 300); do
     if "$venv/bin/python" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/v1/models', timeout=1)" 2>/dev/null; then

@@ -466,6 +466,11 @@ static void transfer_done(kvg_rstream *st, CURLcode rc) {
         st->finish = KVGEN_FINISH_ERROR;
     } else {
         parse(st, true);
+        if (!st->over && st->finish == KVGEN_FINISH_NONE && !st->sse_done && st->pieces_total == 0)
+            stream_fail(st, KVGEN_E_SERVER,
+                        "%s: %s: the server ended its reply without any event%s (servers end a stream so when the "
+                        "request fails before its first token, e.g. a prompt over the context)",
+                        "");
         if (!st->over && st->finish == KVGEN_FINISH_NONE && !st->sse_done)
             stream_fail(st, KVGEN_E_NETWORK, "%s: %s: the reply ended without a finish reason%s", "");
         if (!st->over && st->finish == KVGEN_FINISH_NONE) st->finish = KVGEN_FINISH_STOP;
