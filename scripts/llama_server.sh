@@ -10,6 +10,8 @@
 #   scripts/llama_server.sh kill PORT        kill it at once (SIGKILL: connections drop mid-reply)
 # KVGEN_SERVER_VENV: where the environment lives (default ~/.cache/kvgen/llama-server).
 set -euo pipefail
+# a sanitizer run's preloads are for kvgen's processes, not for Python
+unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${KVGEN_SERVER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgen/llama-server}
 version=0.3.36

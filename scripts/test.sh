@@ -9,6 +9,9 @@
 # The last line is "N passed, N failed" over everything that ran.
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 #   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
+#   KVGEN_TEST_REMOTE=0  skip the remote-model specs (spec/remote_spec.lua): by default their server,
+#                        llama-cpp-python's (scripts/llama_server.sh), is installed first (built once,
+#                        a few minutes; then cached) and the specs must run
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -179,6 +182,18 @@ run_busted() { # label, build dir, log name, extra env (VAR=value ...)
   passed=$((passed + bp)); failed=$((failed + bf))
   echo "busted ($label): $bp passed, $bf failed"
 }
+
+# the remote specs' server: installed (or found cached) before the busted runs that start it
+if [ "${KVGEN_TEST_REMOTE:-1}" != 0 ] && [ "${KVGEN_TEST_QUICK:-0}" != 1 ]; then
+  t0=$(date +%s)
+  if bash "$here/scripts/llama_server.sh" install >"$log_dir/llama-server-install.log" 2>&1; then
+    export KVGEN_TEST_REMOTE=1
+    echo "remote: llama-cpp-python's server ready in $(($(date +%s) - t0)) s"
+  else
+    tail -n 30 "$log_dir/llama-server-install.log"
+    echo "remote: installing llama-cpp-python's server failed"; failed=$((failed + 1))
+  fi
+fi
 
 if ls spec/*_spec.lua >/dev/null 2>&1; then
   run_busted "release" "$here/build" busted.log
