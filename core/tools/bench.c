@@ -84,6 +84,7 @@ typedef struct bench_opts {
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
     const char *peer_batched;                   /* llama-batched-bench for --sessions; NULL: none */
+    const char *peer_remote;                    /* a remote model's plain client (--peer-remote) */
 } bench_opts;
 
 typedef struct bench_result {
@@ -227,6 +228,11 @@ static void bench_usage(FILE *f) {
             "  --peer-batched PATH  with --sessions: also run llama.cpp's llama-batched-bench (PATH) with that\n"
             "                       many parallel sequences (1-token prompts, --session-tokens generated)\n"
             "                       and print the aggregate decode ratios\n"
+            "A MODEL that is a server's URL (http://127.0.0.1:8080/v1) measures remote sessions: for each\n"
+            "--sessions count (default 1,8,32), that many jobs at once, each --session-tokens long, their\n"
+            "aggregate tokens/s and kvgen's time on the host thread per token; with\n"
+            "  --peer-remote PATH   the same requests from a plain client (PATH URL MODEL SESSIONS TOKENS,\n"
+            "                       printing {\"tokens\": T, \"seconds\": S}; scripts/openai_load.py) and the ratios\n"
             "usage: kvgen devices   lists the Vulkan devices kvgen can run on\n",
             names);
 }
@@ -316,7 +322,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
-                          strcmp(a, "--peer-batched") == 0;
+                          strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -372,6 +378,9 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         } else if (strcmp(a, "--peer-batched") == 0) {
             if (!*val) return bench_usage_error("--peer-batched: expected the path of llama-batched-bench, got '%s'", val);
             o->peer_batched = val;
+        } else if (strcmp(a, "--peer-remote") == 0) {
+            if (!*val) return bench_usage_error("--peer-remote: expected the path of a client program, got '%s'", val);
+            o->peer_remote = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
         } else if (strcmp(a, "--activation-bits") == 0) {
@@ -1502,10 +1511,13 @@ static int write_json(const bench_opts *o, const bench_result *res, int n, const
     return 0;
 }
 
+static int bench_remote(bench_opts *o);
+
 int kvgen_cli_bench(int argc, char **argv) {
     bench_opts o;
     int rc = parse_bench_options(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    if (strncmp(o.model, "http://", 7) == 0 || strncmp(o.model, "https://", 8) == 0) return bench_remote(&o);
     bench_result res[BENCH_MAX_BACKENDS];
     memset(res, 0, sizeof res);
     bench_model bm;
@@ -1539,6 +1551,166 @@ int kvgen_cli_bench(int argc, char **argv) {
     print_report(&o, res, o.n_backends, &bm, &peer, load0, load1);
     if (o.json) failed |= write_json(&o, res, o.n_backends, &bm, &peer, load0, load1);
     return failed ? 1 : 0;
+}
+
+/* ---- remote models ---- */
+
+static int remote_peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
+    (void)o;
+    const char *end = text + strlen(text);
+    pr->sessions[0] = peer_field(text, end, "tokens");
+    pr->sessions[1] = peer_field(text, end, "seconds");
+    return pr->sessions[0] > 0 && pr->sessions[1] > 0;
+}
+
+/* n jobs at once on fresh sessions of a remote model, the same text prompt each: the tokens
+ * (reply events) they produced, the wall time from the first submit to the last end, and the
+ * time the host thread spent inside kvgen's calls (submit and poll). */
+static kvgen_status remote_round(kvgen_model *m, int n, int tokens, double *out_tokens, double *seconds,
+                                 double *host_s, kvgen_error *err) {
+    kvgen_session **ss = calloc((size_t)n, sizeof *ss);
+    kvgen_job **jobs = calloc((size_t)n, sizeof *jobs);
+    kvgen_status st = ss && jobs ? KVGEN_OK : bench_fail(err, KVGEN_E_NO_MEMORY, "out of memory for %d sessions", n);
+    double host = 0, t0 = now_s();
+    for (int i = 0; st == KVGEN_OK && i < n; i++) st = kvgen_session_create(m, NULL, &ss[i], err);
+    for (int i = 0; st == KVGEN_OK && i < n; i++) {
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TEXT, .text = "Once upon a time",
+                            .gen = {.max_tokens = tokens, .ignore_eog = 1}};
+        double a = now_s();
+        st = kvgen_job_submit(ss[i], &d, &jobs[i], err);
+        host += now_s() - a;
+    }
+    int left = st == KVGEN_OK ? n : 0;
+    while (left > 0) { /* a frame loop: poll every job, then sleep a millisecond */
+        left = 0;
+        for (int i = 0; i < n; i++) {
+            const char *text;
+            size_t len;
+            double a = now_s();
+            kvgen_job_state js = kvgen_job_poll(jobs[i], &text, &len);
+            host += now_s() - a;
+            if (!job_is_final(js)) left++;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    *seconds = now_s() - t0;
+    *out_tokens = 0;
+    for (int i = 0; st == KVGEN_OK && i < n; i++) {
+        kvgen_job_info ji;
+        kvgen_job_get_info(jobs[i], &ji);
+        if (ji.state != KVGEN_JOB_DONE) {
+            *err = ji.error;
+            st = ji.error.status != KVGEN_OK ? ji.error.status : KVGEN_E_INTERNAL;
+        }
+        *out_tokens += ji.n_tokens;
+    }
+    *host_s = host;
+    for (int i = 0; jobs && i < n; i++) kvgen_job_release(jobs[i]);
+    for (int i = 0; ss && i < n; i++) kvgen_session_close(ss[i]);
+    free(jobs);
+    free(ss);
+    return st;
+}
+
+static int bench_remote(bench_opts *o) {
+    if (o->n_sessions == 0) {
+        static const int dflt[] = {1, 8, 32};
+        memcpy(o->sessions, dflt, sizeof dflt);
+        o->n_sessions = 3;
+    }
+    int tokens = o->session_tokens;
+    kvgen_model_desc md = {.path = o->model};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    if (kvgen_model_load(&md, &m, &err) != KVGEN_OK) {
+        fprintf(stderr, "kvgen bench: %s\n", err.message);
+        return 1;
+    }
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    printf("kvgen %s bench: remote model '%s' at %s, %d tokens per session (\"Once upon a time\"), "
+           "median of %d rounds\n",
+           kvgen_version(), info.name, info.device, tokens, o->reps);
+    { /* one short request first: the server's first evaluation of the prompt is not in any row */
+        double t, sec, h;
+        if (remote_round(m, 1, 4, &t, &sec, &h, &err) != KVGEN_OK) {
+            fprintf(stderr, "kvgen bench: %s\n", err.message);
+            kvgen_model_unload(m);
+            return 1;
+        }
+    }
+    printf("%-9s %12s %12s %16s", "sessions", "kvgen tok/s", "tokens", "host us/token");
+    if (o->peer_remote) printf(" %12s %8s", "peer tok/s", "ratio");
+    printf("\n");
+    int failed = 0;
+    FILE *jf = o->json ? fopen(o->json, "w") : NULL;
+    if (jf) {
+        fprintf(jf, "{\"remote\": ");
+        json_string(jf, info.device);
+        fprintf(jf, ", \"model\": ");
+        json_string(jf, info.name);
+        fprintf(jf, ", \"tokens_per_session\": %d, \"rows\": [", tokens);
+    }
+    for (int k = 0; k < o->n_sessions; k++) {
+        int n = o->sessions[k];
+        /* --reps rounds, kvgen and the peer taking turns to go first (the server's load drifts);
+         * the medians are reported */
+        double rates[16], peer_rates[16], toks = 0, host_sum = 0, tok_sum = 0;
+        int reps = o->reps < 16 ? o->reps : 16, got = 0, peer_got = 0;
+        char peer_error[512] = "";
+        for (int rep = 0; rep < reps; rep++) {
+            for (int turn = 0; turn < 2; turn++) {
+                int kv = (turn == 0) == (rep % 2 == 0);
+                if (kv) {
+                    double secs = 0, host = 0;
+                    if (remote_round(m, n, tokens, &toks, &secs, &host, &err) != KVGEN_OK) continue;
+                    rates[got++] = toks / secs;
+                    host_sum += host;
+                    tok_sum += toks;
+                } else if (o->peer_remote) {
+                    char ns[16], ts[16];
+                    snprintf(ns, sizeof ns, "%d", n);
+                    snprintf(ts, sizeof ts, "%d", tokens);
+                    char *argv[] = {(char *)o->peer_remote, (char *)o->model, (char *)info.name, ns, ts, NULL};
+                    bench_peer pr;
+                    memset(&pr, 0, sizeof pr);
+                    double ps = 0;
+                    if (run_peer_once(o, o->peer_remote, argv, remote_peer_parse, &pr, peer_error, sizeof peer_error,
+                                      &ps) == 0)
+                        peer_rates[peer_got++] = pr.sessions[0] / pr.sessions[1];
+                }
+            }
+        }
+        if (got < reps) {
+            printf("%-9d failed: %s\n", n, err.message);
+            failed = 1;
+            continue;
+        }
+        qsort(rates, (size_t)got, sizeof *rates, cmp_double);
+        double rate = rates[got / 2], us = tok_sum > 0 ? host_sum * 1e6 / tok_sum : 0, peer_rate = 0;
+        printf("%-9d %12.1f %12.0f %16.2f", n, rate, toks, us);
+        if (o->peer_remote && peer_got == reps) {
+            qsort(peer_rates, (size_t)peer_got, sizeof *peer_rates, cmp_double);
+            peer_rate = peer_rates[peer_got / 2];
+            printf(" %12.1f %7.2fx", peer_rate, rate / peer_rate);
+        } else if (o->peer_remote) {
+            printf(" failed: %s", peer_error);
+            failed = 1;
+        }
+        printf("\n");
+        if (jf)
+            fprintf(jf, "%s{\"sessions\": %d, \"tokens\": %.0f, \"tok_s\": %.3f, \"host_us_per_token\": %.3f, "
+                        "\"peer_tok_s\": %.3f}",
+                    k ? ", " : "", n, toks, rate, us, peer_rate);
+        fflush(stdout);
+    }
+    if (jf) {
+        fprintf(jf, "]}\n");
+        fclose(jf);
+    }
+    kvgen_model_unload(m);
+    return failed;
 }
 
 /* ---- devices ---- */
