@@ -6,7 +6,9 @@ local support = require("kvgen_support")
 local kvgen = support.kvgen
 local error_of = support.error_of
 
-local script = "scripts/llama_server.sh"
+-- the server and the plain client are Python: a sanitizer run's preloads stay out of them
+local plain_env = "env -u LD_PRELOAD -u ASAN_OPTIONS -u UBSAN_OPTIONS "
+local script = plain_env .. "bash scripts/llama_server.sh"
 local installed = os.execute(script .. " ready >/dev/null 2>&1")
 local have_model = support.exists(support.model_path())
 local base_port = 18200 + (os.time() % 400) * 2
@@ -28,7 +30,7 @@ local function plain_request(url, body)
   local h = assert(io.open(f, "wb"))
   h:write(body)
   h:close()
-  local p = assert(io.popen(string.format("python3 spec/support/http_post.py %s %s", url, f)))
+  local p = assert(io.popen(string.format("%spython3 spec/support/http_post.py %s %s", plain_env, url, f)))
   local out = p:read("a")
   assert(p:close(), "the plain request failed")
   return out
