@@ -6,6 +6,7 @@
  * The real server's behaviour is spec/remote_spec.lua's. */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,7 +30,7 @@ static void nap_ms(int ms) {
 }
 
 /* ---- the stub ---- */
-enum mode { M_OK, M_MALFORMED, M_DRIP, M_TRUNCATED, M_RATE_LIMIT, M_SILENT, M_ERROR, M_SPLIT_STOP, M_LONG };
+enum mode { M_OK, M_MALFORMED, M_DRIP, M_TRUNCATED, M_RATE_LIMIT, M_SILENT, M_ERROR, M_SPLIT_STOP, M_LONG, M_SHIFTED };
 static _Atomic int g_mode;
 static atomic_int g_requests, g_rate_limited;
 static int g_listen;
@@ -51,6 +52,38 @@ static void event(int fd, const char *text, const char *finish) {
              "data: {\"choices\":[{\"index\":0,\"text\":\"%s\",\"finish_reason\":%s%s%s}]}\n\n", text,
              finish ? "\"" : "", finish ? finish : "null", finish ? "\"" : "");
     send_str(fd, buf);
+}
+
+/* An echo with log-probabilities (choice scoring): one token per byte of the prompt, each -0.5
+ * and the best of its position, then a generated "x" at -0.1. M_SHIFTED scores the generated
+ * token as a server that uses the distribution after it would: not the best of its position. */
+static void echo_reply(int fd, const char *req, int mode) {
+    const char *p = strstr(req, "\"prompt\":\"");
+    char prompt[512] = "";
+    size_t n = 0;
+    if (p)
+        for (p += 10; *p && *p != '"' && n < sizeof prompt - 1; p++) prompt[n++] = *p;
+    prompt[n] = 0;
+    char body[16384];
+    size_t k = 0;
+    k += (size_t)snprintf(body + k, sizeof body - k, "{\"choices\":[{\"text\":\"%sx\",\"logprobs\":{\"tokens\":[",
+                          prompt);
+    for (size_t i = 0; i <= n; i++)
+        k += (size_t)snprintf(body + k, sizeof body - k, "%s\"%c\"", i ? "," : "", i < n ? prompt[i] : 'x');
+    k += (size_t)snprintf(body + k, sizeof body - k, "],\"text_offset\":[");
+    for (size_t i = 0; i <= n; i++) k += (size_t)snprintf(body + k, sizeof body - k, "%s%zu", i ? "," : "", i);
+    k += (size_t)snprintf(body + k, sizeof body - k, "],\"token_logprobs\":[null");
+    for (size_t i = 1; i <= n; i++)
+        k += (size_t)snprintf(body + k, sizeof body - k, ",%s", i < n ? "-0.5" : mode == M_SHIFTED ? "-3.0" : "-0.1");
+    k += (size_t)snprintf(body + k, sizeof body - k, "],\"top_logprobs\":[null");
+    for (size_t i = 1; i <= n; i++)
+        k += (size_t)snprintf(body + k, sizeof body - k, ",%s",
+                              i < n ? "{\"a\":-0.5}" : mode == M_SHIFTED ? "{\"y\":-0.05,\"x\":-3.0}" : "{\"x\":-0.1}");
+    k += (size_t)snprintf(body + k, sizeof body - k, "]},\"finish_reason\":\"length\"}]}");
+    char head[256];
+    snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n", k);
+    send_str(fd, head);
+    send_all(fd, body, k);
 }
 
 static const char *SSE_HEAD = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
@@ -81,6 +114,8 @@ static void *serve(void *arg) {
                  strlen(body));
         send_str(fd, head);
         send_str(fd, body);
+    } else if (strstr(req, "\"echo\":true")) {
+        echo_reply(fd, req, mode);
     } else if (mode == M_RATE_LIMIT && atomic_fetch_add(&g_rate_limited, 1) == 0) {
         send_str(fd, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: 41\r\n\r\n"
                      "{\"error\":{\"message\":\"slow down, please\"}}");
@@ -337,6 +372,20 @@ int main(void) {
     ss[1] = NULL;
     CHECK(kvgen_job_poll(lj, NULL, NULL) == KVGEN_JOB_CANCELLED);
     kvgen_job_release(lj);
+
+    /* choice scoring from echoed log-probabilities: the tokens from the history's end on */
+    g_mode = M_OK;
+    const char *cands[] = {" yes", " no"};
+    kvgen_choice ch[2];
+    CHECK_OK(kvgen_session_choose(ss[0], cands, 2, ch, &err));
+    CHECKF(fabs(ch[0].logprob + 2.0) < 1e-9 && ch[0].n_tokens == 4 && fabs(ch[1].logprob + 1.5) < 1e-9 &&
+               ch[1].n_tokens == 3 && fabs(ch[1].logprob_mean + 0.5) < 1e-9,
+           "%g/%d %g/%d", ch[0].logprob, ch[0].n_tokens, ch[1].logprob, ch[1].n_tokens);
+    g_mode = M_SHIFTED; /* a server scoring each token by the distribution after it is refused */
+    st = kvgen_session_choose(ss[0], cands, 2, ch, &err);
+    CHECKF(st == KVGEN_E_UNSUPPORTED && contains(err.message, "distribution after"), "%s: %s", kvgen_status_name(st),
+           err.message);
+    g_mode = M_OK;
 
     /* token-level calls are refused by name */
     int32_t tok = 1;

@@ -398,7 +398,10 @@ static int cmd_generate(const options *o) {
     size_t n_prompt = 0;
     int32_t *prompt = NULL;
     char *cons_text = NULL; /* --grammar / --schema file */
-    if (!o->chat) {
+    kvgen_model_info mi;
+    kvgen_model_get_info(m, &mi);
+    bool remote = strcmp(mi.backend, "remote") == 0; /* a server's model: the prompt goes as text */
+    if (!o->chat && !remote) {
         prompt = tokenize(m, o->prompt, strlen(o->prompt), tok_flags, &n_prompt);
         if (!prompt) goto done;
         if (n_prompt == 0) {
@@ -427,7 +430,7 @@ static int cmd_generate(const options *o) {
         if (o->system) st = kvgen_chat_add(s, "system", o->system, &err);
         if (st == KVGEN_OK) st = kvgen_chat_begin(s, "user", o->prompt, &err);
         n_prompt = kvgen_session_length(s);
-    } else {
+    } else if (!remote) {
         st = kvgen_session_prefill(s, prompt, n_prompt, NULL, &err);
     }
     if (st != KVGEN_OK) {
@@ -467,7 +470,9 @@ static int cmd_generate(const options *o) {
     int n_gen = 0;
     t0 = now_s();
     if (o->n_predict > 0) {
-        kvgen_status bst = kvgen_gen_begin(s, &gd, &g, &err);
+        kvgen_status bst = remote && !o->chat ? kvgen_gen_begin_text(s, o->prompt, strlen(o->prompt), &gd, &g, &err)
+                                              : kvgen_gen_begin(s, &gd, &g, &err);
+        if (remote && !o->chat) n_prompt = kvgen_session_length(s);
         free(cons_text); /* copied at begin */
         cons_text = NULL;
         if (bst != KVGEN_OK) {
@@ -498,11 +503,17 @@ static int cmd_generate(const options *o) {
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);
     int n_decoded = g ? kvgen_gen_n_tokens(g) : 0;
-    fprintf(stderr, "[%s on %s] prompt: %zu tokens in %.1f ms (%.1f tok/s); generated: %d tokens (%s), "
-            "%d decodes in %.1f ms (%.1f tok/s)%s\n",
-            info.backend, info.device, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen,
-            kvgen_finish_name(finish), n_decoded, t_gen * 1e3, n_decoded / (t_gen > 0 ? t_gen : 1e-9),
-            o->no_cache ? " [no cache]" : "");
+    if (remote) /* the server runs the prompt within the request: one figure, the reply's */
+        fprintf(stderr, "[remote on %s] history: %zu bytes; generated: %d pieces (%s) in %.1f ms (%.1f pieces/s, first "
+                "request included)\n",
+                info.device, kvgen_session_length(s), n_gen, kvgen_finish_name(finish), t_gen * 1e3,
+                n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    else
+        fprintf(stderr, "[%s on %s] prompt: %zu tokens in %.1f ms (%.1f tok/s); generated: %d tokens (%s), "
+                "%d decodes in %.1f ms (%.1f tok/s)%s\n",
+                info.backend, info.device, n_prompt, t_prompt * 1e3, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen,
+                kvgen_finish_name(finish), n_decoded, t_gen * 1e3, n_decoded / (t_gen > 0 ? t_gen : 1e-9),
+                o->no_cache ? " [no cache]" : "");
     rc = 0;
 done:
     kvgen_gen_end(g);
