@@ -46,7 +46,8 @@ struct kvg_rstream {
     kvg_remote *r;
     CURL *e;
     CURLM *m;
-    bool own, added, orphan, counted;
+    bool own, added, counted;
+    int orphan; /* set by any thread (kvg_rstream_free), read by the worker: atomic */
     struct curl_slist *hdrs;
     char *body, *url;
     const char *who;
@@ -417,7 +418,7 @@ static void parse(kvg_rstream *st, bool flush) {
 
 static size_t on_bytes(char *p, size_t size, size_t n, void *user) {
     kvg_rstream *st = user;
-    if (st->orphan) return size * n;
+    if (__atomic_load_n(&st->orphan, __ATOMIC_ACQUIRE)) return size * n;
     if (st->http == 0) curl_easy_getinfo(st->e, CURLINFO_RESPONSE_CODE, &st->http);
     st->got_bytes = true;
     st->last_ns = kvg_time_ns();
@@ -437,7 +438,7 @@ static void uncount(kvg_rstream *st) {
 static void transfer_done(kvg_rstream *st, CURLcode rc) {
     curl_multi_remove_handle(st->m, st->e);
     st->added = false;
-    if (st->orphan || st->over) return;
+    if (__atomic_load_n(&st->orphan, __ATOMIC_ACQUIRE) || st->over) return;
     long code = st->http;
     if (!code) curl_easy_getinfo(st->e, CURLINFO_RESPONSE_CODE, &code);
     bool fresh = !st->got_bytes || (code == 429 || code == 503);
@@ -493,7 +494,7 @@ static void read_done(CURLM *m) {
 
 /* Starts (or starts again) the transfer when it is due. */
 static void launch(kvg_rstream *st) {
-    if (st->over || st->added || st->orphan) return;
+    if (st->over || st->added || __atomic_load_n(&st->orphan, __ATOMIC_ACQUIRE)) return;
     if (st->retry_at && kvg_time_ns() < st->retry_at) return;
     if (st->attempts > 0 && !st->retry_at) return; /* sent, and not to be retried */
     st->retry_at = 0;
@@ -632,7 +633,7 @@ void kvg_rstream_free(kvg_rstream *st) {
     /* the shared pool is the worker's: it removes the transfer at its next drive */
     kvg_remote *r = st->r;
     kvg_mutex_lock(&r->mu);
-    st->orphan = true;
+    __atomic_store_n(&st->orphan, 1, __ATOMIC_RELEASE);
     st->next_dead = r->graveyard;
     r->graveyard = st;
     kvg_mutex_unlock(&r->mu);
