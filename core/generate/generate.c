@@ -617,7 +617,6 @@ static kvgen_status remote_grammar(const kvgen_constraint *k, char **out, const 
 
 static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
                                   kvgen_error *err) {
-    kvgen_session *s = g->s;
     g->ignore_eog = d->ignore_eog != 0;
     g->flags = d->flags;
     g->max_tokens = d->max_tokens != 0 ? d->max_tokens : d->constraint ? -1 : DEFAULT_MAX_TOKENS;
@@ -643,7 +642,6 @@ static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kv
         kvgen_gen_end(g);
         return st;
     }
-    (void)s;
     *out = g;
     return KVGEN_OK;
 }
