@@ -135,6 +135,26 @@ kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *
  * a generation would see (the token byte table it may build is a cache of the model's). The
  * logits are not needed yet: kvgen_gen_begin_prompt and kvgen_chat_gen_begin create the
  * generator before they append the prompt, so that nothing can fail after it. */
+/* The desc's stop strings, copied into the generator. */
+static kvgen_status copy_stops(kvgen_gen *g, const kvgen_generate_desc *d, const char *who, kvgen_error *err) {
+    if (d->n_stop <= 0) return KVGEN_OK;
+    g->stop = kvg_calloc((size_t)d->n_stop, sizeof *g->stop);
+    g->stop_len = kvg_calloc((size_t)d->n_stop, sizeof *g->stop_len);
+    if (!g->stop || !g->stop_len) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    for (int i = 0; i < d->n_stop; i++) {
+        if (!(g->stop[i] = kvg_strdup(d->stop[i]))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+        g->stop_len[i] = strlen(d->stop[i]);
+        g->n_stop++;
+    }
+    return KVGEN_OK;
+}
+
+/* pending, text and step start as empty NUL-terminated buffers */
+static kvgen_status init_text(kvgen_gen *g, const char *who, kvgen_error *err) {
+    if (kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)) return KVGEN_OK;
+    return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+}
+
 static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
                                   kvgen_error *err);
 
@@ -160,21 +180,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     g->soft_max_tokens = d.soft_max_tokens;
     if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_pieces_get(s, &g->pieces, err);
-    if (st == KVGEN_OK && d.n_stop > 0) {
-        g->stop = kvg_calloc((size_t)d.n_stop, sizeof *g->stop);
-        g->stop_len = kvg_calloc((size_t)d.n_stop, sizeof *g->stop_len);
-        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-        for (int i = 0; st == KVGEN_OK && i < d.n_stop; i++) {
-            size_t n = strlen(d.stop[i]);
-            if (!(g->stop[i] = kvg_malloc(n + 1))) {
-                st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-                break;
-            }
-            memcpy(g->stop[i], d.stop[i], n + 1);
-            g->stop_len[i] = n;
-            g->n_stop++;
-        }
-    }
+    if (st == KVGEN_OK) st = copy_stops(g, &d, who, err);
     if (st == KVGEN_OK && g->cons) {
         kvg_cons_start(g->cons, &g->cst);
         g->allowed = kvg_malloc((size_t)kvg_session_sampler(s)->n_vocab);
@@ -188,8 +194,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
         if (st == KVGEN_OK) st = kvg_cons_spell(g->cons, &sp, true, err);
         kvg_speller_free(&sp);
     }
-    if (st == KVGEN_OK && !(kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    if (st == KVGEN_OK) st = init_text(g, who, err);
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;
@@ -627,17 +632,8 @@ static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kv
     if (st == KVGEN_OK) st = remote_grammar(d->constraint, &g->grammar, who, err);
     if (st == KVGEN_OK && g->grammar) st = kvg_gram_parse(g->grammar, &g->gram, err);
     if (st == KVGEN_OK && g->gram) st = kvg_gram_match_new(g->gram, &g->gmatch, err);
-    if (st == KVGEN_OK && d->n_stop > 0) {
-        g->stop = kvg_calloc((size_t)d->n_stop, sizeof *g->stop);
-        g->stop_len = kvg_calloc((size_t)d->n_stop, sizeof *g->stop_len);
-        if (!g->stop || !g->stop_len) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-        for (int i = 0; st == KVGEN_OK && i < d->n_stop; i++) {
-            if (!(g->stop[i] = kvg_strdup(d->stop[i]))) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-            else g->stop_len[i] = strlen(d->stop[i]), g->n_stop++;
-        }
-    }
-    if (st == KVGEN_OK && !(kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    if (st == KVGEN_OK) st = copy_stops(g, d, who, err);
+    if (st == KVGEN_OK) st = init_text(g, who, err);
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;

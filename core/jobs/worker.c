@@ -50,6 +50,7 @@ struct kvgen_job {
     /* the request, immutable after submit */
     kvgen_prompt_kind prompt;
     char *text, *role;
+    size_t text_len; /* TEXT on a remote model: text is kept as bytes, not tokenized */
     int32_t *tokens; /* TEXT (tokenized at submit) and TOKENS */
     size_t n_tokens;
     kvgen_generate_desc gen; /* stop and constraint point into stops / cons_arena */
@@ -304,7 +305,7 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
         size_t len = d->text_len ? d->text_len : strlen(d->text), n = 0;
         if (m->remote) { /* sent as text */
             if (!(j->text = dup_n(d->text, len))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
-            j->n_tokens = len; /* its length, in bytes */
+            j->text_len = len;
             return KVGEN_OK;
         }
         kvgen_error e2;
@@ -936,7 +937,7 @@ static void remote_step(kvg_worker *w, kvgen_job **jobs, int n) {
         j->len_before = kvgen_session_length(s);
         kvgen_status st = KVGEN_OK;
         if (j->prompt == KVGEN_PROMPT_CHAT) st = kvgen_chat_begin(s, j->role, j->text, &e);
-        else if (j->prompt == KVGEN_PROMPT_TEXT) st = kvg_rhist_add_text(s->remote, j->text, j->n_tokens, "kvgen job", &e);
+        else if (j->prompt == KVGEN_PROMPT_TEXT) st = kvg_rhist_add_text(s->remote, j->text, j->text_len, "kvgen job", &e);
         if (st == KVGEN_OK) st = kvgen_gen_begin(s, &j->gen, &j->g, &e);
         if (st != KVGEN_OK) {
             fail_job(j, &e);

@@ -41,15 +41,6 @@ void kvg_rhist_free(kvg_rhist *h) {
     kvg_free(h);
 }
 
-static char *dup_n(const char *s, size_t n) {
-    char *d = kvg_malloc(n + 1);
-    if (d) {
-        if (n) memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static bool push_msg(kvg_rhist *h, const char *role, const char *text, size_t len) {
     if (h->n_msgs == h->cap_msgs) {
         size_t cap = h->cap_msgs ? h->cap_msgs * 2 : 8;
@@ -59,14 +50,14 @@ static bool push_msg(kvg_rhist *h, const char *role, const char *text, size_t le
         h->cap_msgs = cap;
     }
     rmsg *m = &h->msgs[h->n_msgs];
-    m->role = dup_n(role, strlen(role));
-    m->text = dup_n(text ? text : "", len);
-    m->len = len;
+    m->role = kvg_strndup(role, strlen(role));
+    m->text = kvg_strndup(text ? text : "", len);
     if (!m->role || !m->text) {
         kvg_free(m->role);
         kvg_free(m->text);
         return false;
     }
+    m->len = strlen(m->text); /* a message is a C string: its length is what it holds */
     h->n_msgs++;
     return true;
 }
@@ -162,7 +153,7 @@ void kvg_rhist_put(const kvg_rhist *h, cJSON *body) {
             cJSON_AddItemToArray(a, m);
         }
     } else {
-        char *t = dup_n(h->text.p ? h->text.p : "", h->text.n);
+        char *t = kvg_strndup(h->text.p ? h->text.p : "", h->text.n);
         if (t) cJSON_AddStringToObject(body, "prompt", t);
         kvg_free(t);
     }
@@ -199,7 +190,7 @@ char *kvg_rhist_to_json(const kvg_rhist *h, const kvgen_sampler_desc *sp, const 
     cJSON_Delete(o);
     if (!txt) return NULL;
     size_t n = strlen(txt);
-    char *out = dup_n(txt, n);
+    char *out = kvg_strndup(txt, n);
     cJSON_free(txt);
     if (out && len) *len = n;
     return out;

@@ -81,8 +81,6 @@ static kvgen_status global_init(kvgen_error *err) {
     return ok ? KVGEN_OK : kvg_fail(err, KVGEN_E_NETWORK, "kvgen_model_load: libcurl failed to initialise");
 }
 
-static char *dup_s(const char *s) { return kvg_strdup(s); }
-
 /* ---- errors ------------------------------------------------------------------------------ */
 
 /* A one-line excerpt of a server's text for a message. */
@@ -261,7 +259,7 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
     kvg_mutex_init(&r->mu);
     r->max_requests = d->remote_max_requests > 0 ? d->remote_max_requests : DEFAULT_MAX_REQUESTS;
     r->timeout_ms = d->remote_timeout_ms > 0 ? d->remote_timeout_ms : DEFAULT_TIMEOUT_MS;
-    r->base = dup_s(d->path);
+    r->base = kvg_strdup(d->path);
     if (r->base) {
         size_t n = strlen(r->base);
         while (n > 0 && r->base[n - 1] == '/') r->base[--n] = 0;
@@ -289,7 +287,7 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         if (!cJSON_IsString(id)) continue;
         if (!r->model && (!d->remote_model || strcmp(d->remote_model, id->valuestring) == 0))
-            r->model = dup_s(id->valuestring);
+            r->model = kvg_strdup(id->valuestring);
         if (nl < sizeof names - 1)
             nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s'%s'", nl ? ", " : "", id->valuestring);
     }
@@ -332,7 +330,7 @@ static char *print_free(cJSON *o) {
     char *t = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!t) return NULL;
-    char *d = dup_s(t);
+    char *d = kvg_strdup(t);
     cJSON_free(t);
     return d;
 }
@@ -667,13 +665,13 @@ void kvg_remote_drive(kvg_remote *r, int wait_ms) {
 
 /* ---- scoring ---------------------------------------------------------------------------------- */
 
-/* One candidate: the echoed prompt's log-probabilities of the tokens that start at or after
- * the history's end. */
-static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *cand, double *lp, int *nt,
-                              const char *who, kvgen_error *err) {
-    size_t hl = 0;
+/* A greedy one-token completion of the history followed by `cand`, with the prompt echoed
+ * and its log-probabilities: the reply (the caller deletes it) and its "logprobs" object. */
+static kvgen_status echo_request(kvg_remote *r, const kvg_rhist *h, const char *cand, cJSON **rep,
+                                 const cJSON **lps, const char *who, kvgen_error *err) {
+    *rep = NULL;
+    size_t hl = 0, cl = strlen(cand);
     const char *ht = kvg_rhist_text(h, &hl);
-    size_t cl = strlen(cand);
     char *prompt = kvg_malloc(hl + cl + 1);
     if (!prompt) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     memcpy(prompt, ht, hl);
@@ -691,21 +689,37 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
     kvg_free(prompt);
     char *body = print_free(o);
     if (!body) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-    cJSON *rep = NULL;
-    kvgen_status st = http_json(r, "/completions", body, &rep, who, err);
+    kvgen_status st = http_json(r, "/completions", body, rep, who, err);
     kvg_free(body);
     if (st != KVGEN_OK) return st;
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rep, "choices"), 0);
-    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(*rep, "choices"), 0);
+    *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+    return KVGEN_OK;
+}
+
+static kvgen_status no_echo(const kvg_remote *r, const char *who, kvgen_error *err) {
+    return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                    "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
+                    "scoring needs",
+                    who, r->base);
+}
+
+/* One candidate: the echoed prompt's log-probabilities of the tokens that start at or after
+ * the history's end. */
+static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *cand, double *lp, int *nt,
+                              const char *who, kvgen_error *err) {
+    size_t hl = 0, cl = strlen(cand);
+    kvg_rhist_text(h, &hl);
+    cJSON *rep;
+    const cJSON *lps;
+    kvgen_status st = echo_request(r, h, cand, &rep, &lps, who, err);
+    if (st != KVGEN_OK) return st;
     const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(lps, "text_offset");
     double sum = 0;
     int used = 0;
     if (!cJSON_IsArray(tl) || !cJSON_IsArray(off) || cJSON_GetArraySize(tl) != cJSON_GetArraySize(off)) {
-        st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                      "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
-                      "scoring needs",
-                      who, r->base);
+        st = no_echo(r, who, err);
     } else {
         int n = cJSON_GetArraySize(tl);
         for (int i = 0; i < n && st == KVGEN_OK; i++) {
@@ -735,39 +749,18 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
  * at its own position. A server that scores each token by the distribution after it instead
  * fails this and is refused, since its sums would be wrong. */
 static kvgen_status probe_alignment(kvg_remote *r, const kvg_rhist *h, const char *who, kvgen_error *err) {
-    size_t hl = 0;
-    const char *ht = kvg_rhist_text(h, &hl);
-    char *prompt = kvg_malloc(hl + 1);
-    if (!prompt) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-    memcpy(prompt, ht, hl);
-    prompt[hl] = 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "model", r->model);
-    cJSON_AddStringToObject(o, "prompt", prompt);
-    cJSON_AddNumberToObject(o, "max_tokens", 1);
-    cJSON_AddNumberToObject(o, "temperature", 0);
-    cJSON_AddNumberToObject(o, "logprobs", 1);
-    cJSON_AddBoolToObject(o, "echo", 1);
-    kvg_free(prompt);
-    char *body = print_free(o);
-    if (!body) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-    cJSON *rep = NULL;
-    kvgen_status st = http_json(r, "/completions", body, &rep, who, err);
-    kvg_free(body);
+    cJSON *rep;
+    const cJSON *lps;
+    kvgen_status st = echo_request(r, h, "", &rep, &lps, who, err);
     if (st != KVGEN_OK) return st;
     /* with echo, the last entry is the generated (greedy) token: its log-probability must be the
      * best of its position's top list */
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rep, "choices"), 0);
-    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
     const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
     const cJSON *top = cJSON_GetObjectItemCaseSensitive(lps, "top_logprobs");
     int n = cJSON_GetArraySize(tl);
     const cJSON *last = cJSON_GetArrayItem(tl, n - 1), *tops = cJSON_GetArrayItem(top, n - 1), *it;
     if (n < 2 || !cJSON_IsNumber(last) || !cJSON_IsObject(tops)) {
-        st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                      "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
-                      "scoring needs",
-                      who, r->base);
+        st = no_echo(r, who, err);
     } else {
         double best = -INFINITY;
         cJSON_ArrayForEach(it, tops) if (cJSON_IsNumber(it) && it->valuedouble > best) best = it->valuedouble;

@@ -254,26 +254,6 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
     s->model = model;
     s->n_ctx = n_ctx;
-    if (model->remote) { /* its history and sampler settings; the server holds the rest */
-        kvgen_status st = (s->remote = kvg_rhist_new()) ? KVGEN_OK
-                                                        : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-        if (st == KVGEN_OK && sampler_from) {
-            st = kvg_sampler_clone(&s->sampler, sampler_from, err);
-        } else if (st == KVGEN_OK) {
-            kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
-                                     .top_p = desc->top_p};
-            st = kvg_sampler_init(&s->sampler, &sp, 1, err); /* ids are the server's: no bias here */
-            if (st == KVGEN_OK && desc->sampler) st = kvg_sampler_set(&s->sampler, desc->sampler, true, err);
-        }
-        if (st != KVGEN_OK) {
-            session_free(s);
-            return st;
-        }
-        __atomic_add_fetch(&model->refcount, 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&model->n_sessions, 1, __ATOMIC_RELAXED);
-        *out = s;
-        return KVGEN_OK;
-    }
     s->no_cache = desc->no_cache != 0;
     s->on_full = desc->on_full;
     s->keep = desc->keep;
@@ -281,11 +261,15 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->clean_len = KVG_CLEAN_ALL;
     const char *full = getenv("KVGEN_FULL_LOGITS");
     s->full_logits = full && atoi(full) != 0;
-    s->tokens = kvg_malloc((size_t)n_ctx * sizeof *s->tokens);
-    s->logits = kvg_malloc((size_t)hp->n_vocab * sizeof *s->logits);
     kvgen_status st = KVGEN_OK;
-    if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    if (st == KVGEN_OK) {
+    if (model->remote) { /* a history; the server holds tokens, logits and K/V */
+        if (!(s->remote = kvg_rhist_new())) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    } else {
+        s->tokens = kvg_malloc((size_t)n_ctx * sizeof *s->tokens);
+        s->logits = kvg_malloc((size_t)hp->n_vocab * sizeof *s->logits);
+        if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    }
+    if (st == KVGEN_OK && !model->remote) {
         size_t P = (size_t)kvg_pool_page_size(model->pools[0]), n = ((size_t)n_ctx + P - 1) / P;
         s->n_groups = model->kv.n_groups;
         bool ok = true;
@@ -303,11 +287,12 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
         } else {
             kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
                                      .top_p = desc->top_p};
-            st = kvg_sampler_init(&s->sampler, &sp, hp->n_vocab, err);
+            /* a remote model's ids are the server's: a vocabulary of one, no bias */
+            st = kvg_sampler_init(&s->sampler, &sp, model->remote ? 1 : hp->n_vocab, err);
             if (st == KVGEN_OK && desc->sampler) st = kvg_sampler_set(&s->sampler, desc->sampler, true, err);
         }
     }
-    if (st == KVGEN_OK) st = model->ops->session_init(model, n_ctx, &s->bs, err);
+    if (st == KVGEN_OK && !model->remote) st = model->ops->session_init(model, n_ctx, &s->bs, err);
     if (st != KVGEN_OK) {
         session_free(s);
         return st;

@@ -328,7 +328,46 @@ static int sync_folder(const char *target) {
     return e;
 }
 
-/* A remote session's file, written as atomically as a local one's (see below). */
+/* The two ends of an atomic save (kvgen_session_save): a temporary file next to the target,
+ * with the permissions of a file it replaces; then the checksum, sync, close and rename over
+ * the target (or removal on any failure, `st` included), and the folder's sync. */
+static kvgen_status temp_open(const char *target, const kvg_stat_t *sb, const char *path, const char *arrow,
+                              const char *shown, file_writer *w, char **tmp, kvgen_error *err) {
+    int fd = create_temp(target, tmp);
+    if (fd < 0)
+        return kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s",
+                        path, arrow, shown, strerror(errno));
+    if (sb->st_mode != 0) kvg_keep_mode(fd, sb); /* replacing a file: keep its permissions and owner */
+    *w = (file_writer){fd, HASH64_INIT, 0};
+    return KVGEN_OK;
+}
+
+static kvgen_status temp_commit(file_writer *w, kvgen_status st, char *tmp, const char *target, const char *path,
+                                const char *arrow, const char *shown, kvgen_error *err) {
+    unsigned char sum[8];
+    put_u64(sum, hash_final(&w->sum));
+    fw_write(w, sum, 8);
+    if (!w->error && kvg_fsync(w->fd) != 0) w->error = errno;
+    if (close(w->fd) != 0 && !w->error) w->error = errno;
+    if (st == KVGEN_OK && w->error)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
+                      strerror(w->error));
+    if (st == KVGEN_OK && kvg_rename_replace(tmp, target) != 0)
+        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
+                      strerror(errno));
+    if (st != KVGEN_OK) {
+        kvg_remove(tmp); /* the target is as it was */
+    } else {
+        int e = sync_folder(target);
+        if (e)
+            st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
+                          path, arrow, shown, strerror(e));
+    }
+    kvg_free(tmp);
+    return st;
+}
+
+/* A remote session's file: the header and its history as JSON, saved as atomically. */
 static kvgen_status save_remote(const kvgen_session *s, const char *path, const char *target, const kvg_stat_t *sb,
                                 const char *arrow, const char *shown, kvgen_error *err) {
     kvgen_sampler_desc sp;
@@ -340,41 +379,15 @@ static kvgen_status save_remote(const kvgen_session *s, const char *path, const 
     memcpy(header, REMOTE_MAGIC, 8);
     put_u32(header + 8, 1);
     put_u64(header + 16, n);
+    file_writer w = {-1, HASH64_INIT, 0};
     char *tmp = NULL;
-    int fd = create_temp(target, &tmp);
-    if (fd < 0) {
-        kvgen_status st = kvg_fail(err, KVGEN_E_IO,
-                                   "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s", path,
-                                   arrow, shown, strerror(errno));
-        kvg_free(json);
-        return st;
+    kvgen_status st = temp_open(target, sb, path, arrow, shown, &w, &tmp, err);
+    if (st == KVGEN_OK) {
+        fw_write(&w, header, sizeof header);
+        fw_write(&w, json, n);
+        st = temp_commit(&w, KVGEN_OK, tmp, target, path, arrow, shown, err);
     }
-    if (sb->st_mode != 0) kvg_keep_mode(fd, sb);
-    file_writer w = {fd, HASH64_INIT, 0};
-    fw_write(&w, header, sizeof header);
-    fw_write(&w, json, n);
-    unsigned char sum[8];
-    put_u64(sum, hash_final(&w.sum));
-    fw_write(&w, sum, 8);
     kvg_free(json);
-    if (!w.error && kvg_fsync(fd) != 0) w.error = errno;
-    if (close(fd) != 0 && !w.error) w.error = errno;
-    kvgen_status st = KVGEN_OK;
-    if (w.error)
-        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
-                      strerror(w.error));
-    if (st == KVGEN_OK && kvg_rename_replace(tmp, target) != 0)
-        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
-                      strerror(errno));
-    if (st != KVGEN_OK) {
-        kvg_remove(tmp);
-    } else {
-        int e = sync_folder(target);
-        if (e)
-            st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
-                          path, arrow, shown, strerror(e));
-    }
-    kvg_free(tmp);
     return st;
 }
 
@@ -452,17 +465,14 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     kvg_sampler_state_save(&s->sampler, sampler);
 
     char *tmp = NULL;
-    int fd = create_temp(target, &tmp);
-    if (fd < 0) {
-        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s",
-                      path, arrow, shown, strerror(errno));
+    file_writer w = {-1, HASH64_INIT, 0};
+    st = temp_open(target, &sb, path, arrow, shown, &w, &tmp, err);
+    if (st != KVGEN_OK) {
         kvg_free(sampler);
         kvg_free(scratch);
         kvg_free(target);
         return st;
     }
-    if (sb.st_mode != 0) kvg_keep_mode(fd, &sb); /* replacing a file: keep its permissions and owner */
-    file_writer w = {fd, HASH64_INIT, 0};
     fw_write(&w, header, sizeof header);
     fw_write(&w, sampler, sampler_bytes);
     memcpy(scratch, s->tokens, n * 4);
@@ -480,28 +490,9 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
             le32_array(scratch, per);
             fw_write(&w, scratch, per * 4);
         }
-    unsigned char sum[8];
-    put_u64(sum, hash_final(&w.sum));
-    fw_write(&w, sum, 8);
-    if (!w.error && kvg_fsync(fd) != 0) w.error = errno;
-    if (close(fd) != 0 && !w.error) w.error = errno;
     kvg_free(sampler);
     kvg_free(scratch);
-    if (st == KVGEN_OK && w.error)
-        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: write failed: %s", path, arrow, shown,
-                      strerror(w.error));
-    if (st == KVGEN_OK && kvg_rename_replace(tmp, target) != 0)
-        st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot replace it: %s", path, arrow, shown,
-                      strerror(errno));
-    if (st != KVGEN_OK) {
-        kvg_remove(tmp); /* the target is as it was */
-    } else {
-        int e = sync_folder(target);
-        if (e)
-            st = kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: written, but syncing its folder failed: %s",
-                          path, arrow, shown, strerror(e));
-    }
-    kvg_free(tmp);
+    st = temp_commit(&w, st, tmp, target, path, arrow, shown, err);
     kvg_free(target);
     return st;
 }
