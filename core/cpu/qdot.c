@@ -536,6 +536,124 @@ GROUP_PACK(g_q5_1, gb_q5_1, B_Q5_1)
 GROUP_PACK(g_q8_0, gb_q8_0, B_Q8_0)
 GROUP_PACK(g_iq4_nl, gb_iq4_nl, B_IQ4_NL)
 
+/* ---- K types in row groups (Q4_K, Q5_K, Q6_K) -----------------------------------------------------
+ * Against the byte activations of the 32-element groups (Q8 or split QS blocks of 32: d, s = d *
+ * sum(q)), a K block is 8 blocks of 32 with per-row f32 scales formed from its integer ones:
+ *   Q4_K, Q5_K (unsigned levels u, a scale and a min per 32): per block of 32, in this order,
+ *     acc = fma((float)sum(u q), (d * sc) * da, acc); acc = fma(-(dmin * mn), s, acc)
+ *   Q6_K (levels v = u - 32, a signed scale per 16): per half h of the block,
+ *     acc = fma((float)sum_h(v q), (d * sc_h) * da, acc), sum_h(v q) = sum_h(u q) - 32 sum_h(q)
+ * (d * sc and dmin * mn are exact in f32: an f16 times a 6- or 8-bit integer). The integer sums
+ * are exact in every order, so the group kernel (one row per lane, vpdpbusd) gives the bits of
+ * the row kernel below, which reads the file's rows (matrices whose rows do not fill groups).
+ * With QS activations the blocks of 32 keep 15 bits (finer than one scale per 256); with Q8 ones
+ * the arithmetic is that of ggml's 8-bit dot products, with scales per 32. */
+INL bool kg_per16(kq_kind k) { return k == K_Q6; }
+INL int kg_uoffset(kq_kind k) { return k == K_Q6 ? 32 : 0; } /* u = v + offset */
+
+INL void kq_q8_portable(kq_kind k, bool split, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out,
+                        size_t os) {
+    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB;
+    float acc[KVG_QDOT_TILE] = {0};
+    int v[KVG_QK], sc[16], mn[16];
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + kq_bytes(k) * (size_t)b;
+        uint16_t dh, mh;
+        kq_header(k, blk, &dh, &mh, sc, mn);
+        float d = kvg_f16_to_f32(dh), dmin = kvg_f16_to_f32(mh);
+        kq_levels(k, blk, v);
+        for (int j = 0; j < 8; j++) {
+            for (int i = 0; i < nt; i++) {
+                size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
+                size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
+                float da = a->d8[bi];
+                int32_t half[2] = {0, 0};
+                for (int e = 0; e < 32; e++) {
+                    int q = a->q8[at + e] + (split ? 256 * a->q8h[at + e] : 0);
+                    half[e / 16] += v[32 * j + e] * q;
+                }
+                if (kg_per16(k)) {
+                    for (int h = 0; h < 2; h++)
+                        acc[i] = fma_exact((float)half[h], (d * (float)sc[2 * j + h]) * da, acc[i]);
+                } else {
+                    acc[i] = fma_exact((float)(half[0] + half[1]), (d * (float)sc[2 * j]) * da, acc[i]);
+                    acc[i] = fma_exact(-(dmin * (float)mn[2 * j]), a->s8[bi], acc[i]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) out[i * os] = acc[i];
+}
+
+/* A group of KVG_QDOT_GROUP rows, K block by K block (the same size as the rows); K block b holds
+ * its 8 blocks of 32, each as a 32-element group block holds its levels (b32_group_pack: 4
+ * chunks of 64 bytes of low nibbles), then Q5_K's 64 bytes of fifth bits as Q5's, or Q6_K's
+ * 128 bytes of high pairs (bits 2c..2c+1 of byte 4i + e of the half j / 4 are those of element
+ * 4j + e of row i, c = j % 4); then
+ *   Q4_K, Q5_K: the low 4 bits of the scales, [4][16] bytes (block 2p in the low nibble of byte
+ *     16p + i, block 2p + 1 in its high one), the same of the mins, a dword per row of the high
+ *     2 bits (scale of block j at bit 2j, min at 16 + 2j), the 16 rows' f16 d, their f16 dmin;
+ *   Q6_K: the scales, [16][16] int8 (sub-block s of row i at 16s + i), the 16 rows' f16 d. */
+INL size_t kg_qblock(kq_kind k) { return k == K_Q6 ? 384 : k == K_Q5 ? 320 : 256; }
+INL size_t kg_block(kq_kind k) { return KVG_QDOT_GROUP * kq_bytes(k); }
+
+INL void kq_group_pack(kq_kind k, const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {
+    const int nb = n / KVG_QK;
+    int v[KVG_QK], sc[16], mn[16];
+    for (int b = 0; b < nb; b++) {
+        uint8_t *sb = dst + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+        memset(sb, 0, kg_block(k));
+        for (int i = 0; i < KVG_QDOT_GROUP; i++) {
+            const uint8_t *fb = src + row_bytes * (size_t)i + kq_bytes(k) * (size_t)b;
+            uint16_t dh, mh;
+            kq_header(k, fb, &dh, &mh, sc, mn);
+            kq_levels(k, fb, v);
+            for (int e = 0; e < KVG_QK; e++) {
+                int j = (e % 32) / 4, byte = 4 * i + e % 4, u = v[e] + kg_uoffset(k);
+                uint8_t *qb = sb + kg_qblock(k) * (size_t)(e / 32);
+                qb[64 * (j % 4) + byte] |= (uint8_t)((u & 15) << (j < 4 ? 0 : 4));
+                if (k == K_Q5) qb[256 + byte] |= (uint8_t)(((u >> 4) & 1) << j);
+                if (k == K_Q6) qb[256 + 64 * (j / 4) + byte] |= (uint8_t)(((u >> 4) & 3) << (2 * (j % 4)));
+            }
+            if (k == K_Q6) {
+                for (int s = 0; s < 16; s++) hdr[16 * s + i] = (uint8_t)sc[s];
+                hdr[256 + 2 * i] = (uint8_t)dh;
+                hdr[256 + 2 * i + 1] = (uint8_t)(dh >> 8);
+                continue;
+            }
+            uint32_t high = 0;
+            for (int j = 0; j < 8; j++) {
+                int s = sc[2 * j], m = mn[2 * j];
+                hdr[16 * (j / 2) + i] |= (uint8_t)((s & 15) << (4 * (j % 2)));
+                hdr[64 + 16 * (j / 2) + i] |= (uint8_t)((m & 15) << (4 * (j % 2)));
+                high |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+            }
+            for (int c = 0; c < 4; c++) hdr[128 + 4 * i + c] = (uint8_t)(high >> (8 * c));
+            hdr[192 + 2 * i] = (uint8_t)dh;
+            hdr[192 + 2 * i + 1] = (uint8_t)(dh >> 8);
+            hdr[224 + 2 * i] = (uint8_t)mh;
+            hdr[224 + 2 * i + 1] = (uint8_t)(mh >> 8);
+        }
+    }
+}
+
+#define K_GROUP_ROWS(t, kind)                                                                                 \
+    __attribute__((unused)) static void p8_##t(const uint8_t *w, const kvg_qact *a, int t0, int nt, float *out, \
+                                               size_t os) {                                                   \
+        kq_q8_portable(kind, false, w, a, t0, nt, out, os);                                                   \
+    }                                                                                                         \
+    __attribute__((unused)) static void ps_##t(const uint8_t *w, const kvg_qact *a, int t0, int nt, float *out, \
+                                               size_t os) {                                                   \
+        kq_q8_portable(kind, true, w, a, t0, nt, out, os);                                                    \
+    }                                                                                                         \
+    __attribute__((unused)) static void g_##t(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {      \
+        kq_group_pack(kind, src, row_bytes, dst, n);                                                          \
+    }                                                                                                         \
+    __attribute__((unused)) static size_t gb_##t(int n) { return kg_block(kind) * (size_t)(n / KVG_QK); }
+K_GROUP_ROWS(q4_k, K_Q4)
+K_GROUP_ROWS(q5_k, K_Q5)
+K_GROUP_ROWS(q6_k, K_Q6)
+
 /* ================================================================================================
  * x86-64: AVX2 + FMA + F16C
  * ================================================================================================ */
@@ -1115,6 +1233,142 @@ GROUP_KERNEL(gs_q5_0, B_Q5_0, true)
 GROUP_KERNEL(gs_q5_1, B_Q5_1, true)
 GROUP_KERNEL(gs_q8_0, B_Q8_0, true)
 GROUP_KERNEL(gs_iq4_nl, B_IQ4_NL, true)
+
+/* sum of 16 signed bytes */
+VNNI INL int32_t sum16_i8(const int8_t *p) {
+    __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(-128));
+    __m128i s = _mm_sad_epu8(x, _mm_setzero_si128());
+    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
+}
+/* (x >> n) & mask per dword lane */
+VNNI INL __m512i field32(__m512i x, int n, int mask) {
+    return _mm512_and_si512(_mm512_srl_epi32(x, _mm_cvtsi32_si128(n)), _mm512_set1_epi32(mask));
+}
+
+/* K blocks of a group (kq_group_pack) against a tile of tokens: per block of 32 the levels are
+ * decoded once (as b32_group_vnni's) and the 16 rows' scales formed from their integer fields,
+ * then each token's sums of 32 (or two of 16) scale them in the order of kq_q8_portable. */
+VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
+                            float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB;
+    const __m512i m4 = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16), two4 = _mm512_set1_epi8(0x30);
+    __m512 acc[KVG_GROUP_TILE];
+    for (int i = 0; i < nt; i++) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+        __m512 d, dmin = _mm512_setzero_ps();
+        __m512i high = _mm512_setzero_si512();
+        if (k == K_Q6) {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 256)));
+        } else {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 192)));
+            dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 224)));
+            high = _mm512_loadu_si512((const void *)(hdr + 128));
+        }
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
+            for (size_t off = 0; off < kg_qblock(k); off += 64)
+                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + off), _MM_HINT_T0);
+            __m512i w[8];
+            for (int c = 0; c < 4; c++) {
+                __m512i x = _mm512_loadu_si512((const void *)(blk + 64 * c));
+                w[c] = _mm512_and_si512(x, m4);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+            }
+            if (k == K_Q5) {
+                __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+                w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
+                w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
+                w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), bit4));
+                w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), bit4));
+                w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, bit4));
+                w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), bit4));
+                w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), bit4));
+                w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), bit4));
+            }
+            if (k == K_Q6)
+                for (int p = 0; p < 2; p++) {
+                    __m512i h = _mm512_loadu_si512((const void *)(blk + 256 + 64 * p));
+                    w[4 * p] = _mm512_or_si512(w[4 * p], _mm512_and_si512(_mm512_slli_epi16(h, 4), two4));
+                    w[4 * p + 1] = _mm512_or_si512(w[4 * p + 1], _mm512_and_si512(_mm512_slli_epi16(h, 2), two4));
+                    w[4 * p + 2] = _mm512_or_si512(w[4 * p + 2], _mm512_and_si512(h, two4));
+                    w[4 * p + 3] = _mm512_or_si512(w[4 * p + 3], _mm512_and_si512(_mm512_srli_epi16(h, 2), two4));
+                }
+            __m512 dw0, dw1 = _mm512_setzero_ps(), mw = _mm512_setzero_ps();
+            if (k == K_Q6) {
+                dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                           _mm_loadu_si128((const __m128i *)(hdr + 32 * (size_t)j)))));
+                dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                           _mm_loadu_si128((const __m128i *)(hdr + 32 * (size_t)j + 16)))));
+            } else {
+                const int sh = 4 * (j % 2);
+                __m512i s = field32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(hdr + 16 * (j / 2)))), sh, 15);
+                __m512i m = field32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(hdr + 64 + 16 * (j / 2)))), sh, 15);
+                s = _mm512_or_si512(s, _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
+                m = _mm512_or_si512(m, _mm512_slli_epi32(field32(high, 16 + 2 * j, 3), 4));
+                dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
+                mw = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+            }
+            for (int i = 0; i < nt; i++) {
+                size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
+                size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
+                const int8_t *qv = a->q8 + at;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int c = 0; c < 4; c++) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[c], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * c)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[c + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 16 + 4 * c)));
+                }
+                if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
+                    const int8_t *hv = a->q8h + at;
+                    __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
+                    for (int c = 0; c < 4; c++) {
+                        h0 = _mm512_dpbusd_epi32(h0, w[c], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * c)));
+                        h1 = _mm512_dpbusd_epi32(h1, w[c + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 16 + 4 * c)));
+                    }
+                    s0 = _mm512_add_epi32(s0, _mm512_slli_epi32(h0, 8));
+                    s1 = _mm512_add_epi32(s1, _mm512_slli_epi32(h1, 8));
+                }
+                __m512 da = _mm512_set1_ps(a->d8[bi]);
+                if (k == K_Q6) { /* sum(v q) = sum(u q) - 32 sum(q), per half */
+                    int32_t q0 = sum16_i8(qv), q1 = sum16_i8(qv + 16);
+                    if (split) {
+                        q0 += 256 * sum16_i8(a->q8h + at);
+                        q1 += 256 * sum16_i8(a->q8h + at + 16);
+                    }
+                    s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(32 * q0));
+                    s1 = _mm512_sub_epi32(s1, _mm512_set1_epi32(32 * q1));
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw0, da), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dw1, da), acc[i]);
+                } else {
+                    __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                    acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw0, da), acc[i]);
+                    acc[i] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a->s8[bi]), acc[i]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) _mm512_storeu_ps(out + (size_t)i * os, acc[i]);
+}
+
+#define K_GROUP_KERNEL(name, kind, split)                                                              \
+    VNNI static void name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+        switch (nt) {                                                                                  \
+        case 1: kq_group_vnni(kind, split, g, a, t, 1, out, os); break;                               \
+        case 2: kq_group_vnni(kind, split, g, a, t, 2, out, os); break;                               \
+        case 3: kq_group_vnni(kind, split, g, a, t, 3, out, os); break;                               \
+        case 4: kq_group_vnni(kind, split, g, a, t, 4, out, os); break;                               \
+        case 5: kq_group_vnni(kind, split, g, a, t, 5, out, os); break;                               \
+        case 6: kq_group_vnni(kind, split, g, a, t, 6, out, os); break;                               \
+        case 7: kq_group_vnni(kind, split, g, a, t, 7, out, os); break;                               \
+        default: kq_group_vnni(kind, split, g, a, t, 8, out, os); break;                              \
+        }                                                                                              \
+    }
+K_GROUP_KERNEL(gv_q4_k, K_Q4, false)
+K_GROUP_KERNEL(gv_q5_k, K_Q5, false)
+K_GROUP_KERNEL(gv_q6_k, K_Q6, false)
+K_GROUP_KERNEL(gs_q4_k, K_Q4, true)
+K_GROUP_KERNEL(gs_q5_k, K_Q5, true)
+K_GROUP_KERNEL(gs_q6_k, K_Q6, true)
 #endif /* KVG_X86 */
 
 /* ================================================================================================
@@ -1453,11 +1707,15 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
  * or 8-bit ones (GROUPS_Q8, kvg_qdot_kernel_fast); every other type as the avx512 path on a
  * VNNI CPU */
 #define GROUP_ROW(type, t, act, p, g) {type, act, p##_##t, r_##t, g##_##t, g_##t, gb_##t}
+/* the K types' rows read the file's layout (no repack) */
+#define K_GROUP_ROW(type, t, act, p, g) {type, act, p##_##t, NULL, g##_##t, g_##t, gb_##t}
 #define GROUP_TABLE(act, p, g)                                                                  \
     {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
      GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
-     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g)}
-enum { N_GROUP_KERNELS = 6 };
+     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
+enum { N_GROUP_KERNELS = 9 };
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
 #endif
