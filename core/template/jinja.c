@@ -17,23 +17,29 @@
 
 enum {
     MAX_OUTPUT = 1 << 22,    /* rendered bytes */
-    MAX_MEMORY = 64 << 20,   /* arena bytes of one parse or render */
+    MAX_MEMORY = 64 << 20,   /* live arena bytes of one parse or render */
     MAX_DEPTH = 200,         /* nesting of parsed expressions/blocks and of evaluation */
     MAX_CALLS = 64,          /* nested macro calls */
-    MAX_ITERATIONS = 1000000 /* loop iterations of one render */
+    MAX_ITERATIONS = 1000000, /* loop iterations of one render */
+    BIG_ALLOC = 16384         /* allocations this large get a block of their own, returned when dead */
 };
+/* bytes compared, searched or copied by one render: a million iterations of cheap steps fit
+ * many times over, a million comparisons of megabyte strings do not */
+#define MAX_WORK ((uint64_t)1 << 30)
 
 /* ---- arena and failure ----------------------------------------------------------------- */
 
 typedef struct block {
-    struct block *next;
+    struct block *next, *prev; /* prev: big blocks only */
     size_t used, cap;
     _Alignas(16) unsigned char data[];
 } block;
 
 typedef struct jx {
-    block *blocks;
-    size_t total;
+    block *blocks; /* small allocations, bump-allocated */
+    block *bigs;   /* allocations of BIG_ALLOC bytes or more, one per block */
+    size_t total;  /* bytes held by both lists: what is live, counting arena blocks whole */
+    uint64_t work; /* bytes compared, searched or copied so far */
     jmp_buf jb;
     char *msg;
     size_t msg_size;
@@ -63,12 +69,30 @@ static _Noreturn void failf(jx *x, size_t pos, const char *fmt, ...) {
     longjmp(x->jb, 1);
 }
 
+static _Noreturn void too_big(jx *x) {
+    failf(x, x->at, "template needs more than %d MiB of memory", MAX_MEMORY >> 20);
+}
+
 static void *alloc(jx *x, size_t n) {
+    if (n > MAX_MEMORY) too_big(x);
     n = (n + 15) & ~(size_t)15;
+    if (n >= BIG_ALLOC) {
+        if (x->total + n > MAX_MEMORY) too_big(x);
+        block *b = kvg_malloc(sizeof *b + n);
+        if (!b) failf(x, x->at, "out of memory");
+        b->prev = NULL;
+        b->next = x->bigs;
+        if (x->bigs) x->bigs->prev = b;
+        x->bigs = b;
+        b->used = b->cap = n;
+        x->total += n;
+        memset(b->data, 0, n);
+        return b->data;
+    }
     block *b = x->blocks;
     if (!b || b->cap - b->used < n) {
         size_t cap = n > 65536 ? n : 65536;
-        if (x->total + cap > MAX_MEMORY) failf(x, x->at, "template needs more than %d MiB of memory", MAX_MEMORY >> 20);
+        if (x->total + cap > MAX_MEMORY) too_big(x);
         b = kvg_malloc(sizeof *b + cap);
         if (!b) failf(x, x->at, "out of memory");
         b->next = x->blocks;
@@ -83,6 +107,27 @@ static void *alloc(jx *x, size_t n) {
     return p;
 }
 
+/* Gives back an allocation of n bytes that nothing points into any more (a grown buffer's old
+ * storage): a big one is freed and stops counting; a small one stays in its arena block. */
+static void release(jx *x, void *p, size_t n) {
+    n = (n + 15) & ~(size_t)15;
+    if (!p || n < BIG_ALLOC) return;
+    block *b = (block *)(void *)((unsigned char *)p - offsetof(block, data));
+    if (b->prev) b->prev->next = b->next;
+    else x->bigs = b->next;
+    if (b->next) b->next->prev = b->prev;
+    x->total -= b->cap;
+    kvg_free(b);
+}
+
+/* Charges n bytes of comparing, searching or copying to the render's work bound. */
+static void charge(jx *x, uint64_t n) {
+    x->work += n;
+    if (x->work > MAX_WORK)
+        failf(x, x->at, "template does too much work (more than %llu MiB of bytes compared, searched or copied)",
+              (unsigned long long)(MAX_WORK >> 20));
+}
+
 static void arena_free(block *b) {
     while (b) {
         block *n = b->next;
@@ -93,10 +138,20 @@ static void arena_free(block *b) {
 
 /* ---- values ---------------------------------------------------------------------------- */
 
+/* The storage of strings built by concatenation: a string that ends where the buffer's used
+ * part ends may be extended in place (its own bytes never change), so a string built one piece
+ * at a time costs its length, not the sum of every intermediate one. */
+typedef struct growbuf {
+    char *p;
+    unsigned char *u; /* NULL while no byte written here came from message content */
+    size_t used, cap;
+} growbuf;
+
 typedef struct jstr {
     size_t n;
     const char *p;
     const unsigned char *u; /* NULL: no byte from message content */
+    growbuf *g;             /* non-NULL: p lies in this buffer (not NUL-terminated) */
 } jstr;
 
 enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_MACRO, V_FUNC };
@@ -140,6 +195,7 @@ static jv mk_float(double f) { return (jv){.t = V_FLOAT, .f = f}; }
 static jv mk_str(const jstr *s) { return (jv){.t = V_STR, .s = s}; }
 
 static jstr *str_new(jx *x, const char *p, size_t n, const unsigned char *u) {
+    charge(x, n);
     jstr *s = alloc(x, sizeof *s);
     char *d = alloc(x, n + 1);
     if (n) memcpy(d, p, n);
@@ -176,12 +232,15 @@ static void sb_grow(jx *x, sbuf *b, size_t more) {
         memcpy(p, b->p, b->n);
         memcpy(u, b->u, b->n);
     }
+    release(x, b->p, b->cap);
+    release(x, b->u, b->cap);
     b->p = p;
     b->u = u;
     b->cap = cap;
 }
 static void sb_add(jx *x, sbuf *b, const char *p, size_t n, const unsigned char *u, int flag) {
     if (n == 0) return;
+    charge(x, n);
     sb_grow(x, b, n);
     memcpy(b->p + b->n, p, n);
     for (size_t i = 0; i < n; i++) b->any |= (b->u[b->n + i] = (unsigned char)(u ? u[i] : flag));
@@ -195,7 +254,37 @@ static jstr *sb_done(jx *x, sbuf *b) {
     if (b->n) memcpy(p, b->p, b->n);
     s->p = p;
     s->n = b->n;
-    s->u = b->any ? b->u : NULL;
+    s->u = b->any ? b->u : NULL; /* the builder is done with: its flags are the string's */
+    release(x, b->p, b->cap);
+    if (!b->any) release(x, b->u, b->cap);
+    *b = (sbuf){0};
+    return s;
+}
+/* a ~ b: appended in place when a ends its buffer's used part and there is room */
+static jstr *str_cat(jx *x, const jstr *a, const jstr *b) {
+    if (a->n > MAX_MEMORY || b->n > MAX_MEMORY) too_big(x);
+    size_t n = a->n + b->n;
+    growbuf *g = a->g;
+    if (!g || a->p + a->n != g->p + g->used || g->cap - g->used < b->n) {
+        g = alloc(x, sizeof *g);
+        g->cap = n + n / 2 + 16;
+        g->p = alloc(x, g->cap);
+        if (a->u) g->u = alloc(x, g->cap);
+        charge(x, a->n);
+        if (a->n) memcpy(g->p, a->p, a->n);
+        if (a->u) memcpy(g->u, a->u, a->n);
+        g->used = a->n;
+    }
+    charge(x, b->n);
+    if (b->u && !g->u) g->u = alloc(x, g->cap); /* zeros: no byte so far came from content */
+    if (b->n) memcpy(g->p + g->used, b->p, b->n);
+    if (b->u) memcpy(g->u + g->used, b->u, b->n);
+    jstr *s = alloc(x, sizeof *s);
+    s->p = g->p + (a->g == g ? a->p - g->p : 0);
+    s->n = n;
+    s->u = a->u || b->u ? g->u + (s->p - g->p) : NULL;
+    s->g = g;
+    g->used += b->n;
     return s;
 }
 
@@ -205,6 +294,7 @@ static void list_push(jx *x, jlist *l, jv v) {
         size_t cap = l->cap ? l->cap * 2 : 8;
         jv *nv = alloc(x, cap * sizeof *nv);
         if (l->n) memcpy(nv, l->v, l->n * sizeof *nv);
+        release(x, l->v, l->cap * sizeof *nv);
         l->v = nv;
         l->cap = cap;
     }
@@ -233,6 +323,8 @@ static void dict_set(jx *x, jdict *d, const jstr *k, jv v) {
             memcpy(nk, d->k, d->n * sizeof *nk);
             memcpy(nv, d->v, d->n * sizeof *nv);
         }
+        release(x, d->k, d->cap * sizeof *nk);
+        release(x, d->v, d->cap * sizeof *nv);
         d->k = nk;
         d->v = nv;
         d->cap = cap;
@@ -240,7 +332,17 @@ static void dict_set(jx *x, jdict *d, const jstr *k, jv v) {
     d->k[d->n] = k;
     d->v[d->n++] = v;
 }
-static void dict_setc(jx *x, jdict *d, const char *k, jv v) { dict_set(x, d, str_c(x, k), v); }
+static void dict_setc(jx *x, jdict *d, const char *k, jv v) {
+    size_t n = strlen(k);
+    jv *have = dict_find(d, k, n);
+    if (have) {
+        *have = v;
+        return;
+    }
+    /* a slot emptied by a reset (a loop's scope, every iteration) still holds its key */
+    const jstr *key = d->n < d->cap && d->k[d->n] && str_eq(d->k[d->n], k, n) ? d->k[d->n] : str_c(x, k);
+    dict_set(x, d, key, v);
+}
 
 /* ---- lexer ----------------------------------------------------------------------------- */
 
@@ -266,6 +368,7 @@ static void push_tok(lexer *L, tok t) {
         size_t cap = L->cap ? L->cap * 2 : 256;
         tok *nv = alloc(L->x, cap * sizeof *nv);
         if (L->n) memcpy(nv, L->v, L->n * sizeof *nv);
+        release(L->x, L->v, L->cap * sizeof *nv);
         L->v = nv;
         L->cap = cap;
     }
@@ -1052,7 +1155,7 @@ static const char *p_body(parser *P, nlist *body, const char *const *stops) {
 }
 
 struct kvg_jinja {
-    block *blocks;
+    block *blocks, *bigs;
     node *root;
     char *src;
     size_t src_len;
@@ -1073,6 +1176,7 @@ bool kvg_jinja_parse(const char *src, size_t len, kvg_jinja **out, char *msg, si
     jx x = {.msg = msg, .msg_size = msg_size, .src = copy, .src_len = len};
     if (setjmp(x.jb)) {
         arena_free(x.blocks);
+        arena_free(x.bigs);
         kvg_free(copy);
         kvg_free(t);
         return false;
@@ -1084,6 +1188,7 @@ bool kvg_jinja_parse(const char *src, size_t len, kvg_jinja **out, char *msg, si
     if (p_body(&P, &root->kids, NULL) == NULL && cur(&P)->k != T_EOF)
         failf(&x, cur(&P)->pos, "unexpected %s", tok_desc(&P, cur(&P)));
     t->blocks = x.blocks;
+    t->bigs = x.bigs;
     t->root = root;
     t->src = copy;
     t->src_len = len;
@@ -1094,6 +1199,7 @@ bool kvg_jinja_parse(const char *src, size_t len, kvg_jinja **out, char *msg, si
 void kvg_jinja_free(kvg_jinja *t) {
     if (!t) return;
     arena_free(t->blocks);
+    arena_free(t->bigs);
     kvg_free(t->src);
     kvg_free(t);
 }
@@ -1290,9 +1396,24 @@ static jv *lookup(rctx *r, scope *s, const char *name) {
 
 static int num(const jv *v) { return v->t == V_INT || v->t == V_FLOAT || v->t == V_BOOL; }
 static double as_f(const jv *v) { return v->t == V_FLOAT ? v->f : v->t == V_INT ? (double)v->i : v->b; }
-static int64_t as_i(const jv *v) { return v->t == V_INT ? v->i : v->t == V_BOOL ? v->b : (int64_t)v->f; }
+/* A float as an integer, saturated at the int64 range (NaN: 0): C leaves the conversion of an
+ * out-of-range float undefined. */
+static int64_t f_to_i(double f) {
+    if (isnan(f)) return 0;
+    if (f >= 9223372036854775808.0) return INT64_MAX;
+    if (f < -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)f;
+}
+/* A float that must become an integer exactly (the int filter): outside the range is an error. */
+static int64_t f_to_i_checked(jx *x, double f, const char *what, size_t pos) {
+    if (isnan(f) || f >= 9223372036854775808.0 || f < -9223372036854775808.0)
+        failf(x, pos, "%s: %g is outside the 64-bit integer range", what, f);
+    return (int64_t)f;
+}
+static int64_t as_i(const jv *v) { return v->t == V_INT ? v->i : v->t == V_BOOL ? v->b : f_to_i(v->f); }
 
-static int equal(const jv *a, const jv *b) {
+static int equal(jx *x, const jv *a, const jv *b) {
+    charge(x, 1);
     if (num(a) && num(b)) {
         if (a->t == V_FLOAT || b->t == V_FLOAT) return as_f(a) == as_f(b);
         return as_i(a) == as_i(b);
@@ -1301,17 +1422,19 @@ static int equal(const jv *a, const jv *b) {
     switch (a->t) {
     case V_UNDEF:
     case V_NONE: return 1;
-    case V_STR: return str_eq(a->s, b->s->p, b->s->n);
+    case V_STR:
+        if (a->s->n == b->s->n) charge(x, a->s->n);
+        return str_eq(a->s, b->s->p, b->s->n);
     case V_LIST:
         if (a->l->n != b->l->n) return 0;
         for (size_t i = 0; i < a->l->n; i++)
-            if (!equal(&a->l->v[i], &b->l->v[i])) return 0;
+            if (!equal(x, &a->l->v[i], &b->l->v[i])) return 0;
         return 1;
     case V_DICT:
         if (a->d->n != b->d->n) return 0;
         for (size_t i = 0; i < a->d->n; i++) {
             jv *o = dict_find(b->d, a->d->k[i]->p, a->d->k[i]->n);
-            if (!o || !equal(&a->d->v[i], o)) return 0;
+            if (!o || !equal(x, &a->d->v[i], o)) return 0;
         }
         return 1;
     case V_MACRO: return a->m == b->m;
@@ -1327,6 +1450,7 @@ static int compare(rctx *r, const jv *a, const jv *b, size_t pos) {
     }
     if (a->t == V_STR && b->t == V_STR) {
         size_t n = a->s->n < b->s->n ? a->s->n : b->s->n;
+        charge(r->x, n + 1);
         int c = memcmp(a->s->p, b->s->p, n);
         if (c) return c < 0 ? -1 : 1;
         return a->s->n < b->s->n ? -1 : a->s->n > b->s->n;
@@ -1339,13 +1463,15 @@ static int contains(rctx *r, const jv *hay, const jv *needle, size_t pos) {
         if (needle->t != V_STR) failf(r->x, pos, "'in <string>' needs a string, got a %s", type_name(needle));
         const jstr *h = hay->s, *n = needle->s;
         if (n->n == 0) return 1;
-        for (size_t i = 0; i + n->n <= h->n; i++)
+        for (size_t i = 0; i + n->n <= h->n; i++) {
+            charge(r->x, n->n); /* at most this many bytes compared at each place */
             if (memcmp(h->p + i, n->p, n->n) == 0) return 1;
+        }
         return 0;
     }
     if (hay->t == V_LIST) {
         for (size_t i = 0; i < hay->l->n; i++)
-            if (equal(&hay->l->v[i], needle)) return 1;
+            if (equal(r->x, &hay->l->v[i], needle)) return 1;
         return 0;
     }
     if (hay->t == V_DICT) return needle->t == V_STR && dict_find(hay->d, needle->s->p, needle->s->n) != NULL;
@@ -1411,14 +1537,20 @@ static jv slice(rctx *r, const jv *obj, const jv *a, const jv *b, const jv *c, s
     else lo = clamp_index(as_i(a), n, step, 1);
     if (b->t == V_UNDEF || b->t == V_NONE) hi = step > 0 ? n : -1;
     else hi = clamp_index(as_i(b), n, step, 0);
+    /* lo and hi lie in [-1, n]: the count, then lo + k * step, never past them (no overflow) */
+    uint64_t count = 0;
+    if (step > 0 && lo < hi) count = ((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)step + 1;
+    if (step < 0 && lo > hi) count = ((uint64_t)lo - (uint64_t)hi - 1) / (0 - (uint64_t)step) + 1;
     if (obj->t == V_LIST) {
         jlist *l = list_new(x);
-        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) list_push(x, l, obj->l->v[i]);
+        for (uint64_t k = 0; k < count; k++) list_push(x, l, obj->l->v[(int64_t)((uint64_t)lo + k * (uint64_t)step)]);
         return (jv){.t = V_LIST, .l = l};
     }
     sbuf sb = {0};
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
+    for (uint64_t k = 0; k < count; k++) {
+        int64_t i = (int64_t)((uint64_t)lo + k * (uint64_t)step);
         sb_add(x, &sb, obj->s->p + i, 1, obj->s->u ? obj->s->u + i : NULL, 0);
+    }
     return mk_str(sb_done(x, &sb));
 }
 
@@ -1497,6 +1629,7 @@ static jv str_replace(rctx *r, const jstr *s, const jstr *old, const jstr *rep, 
         return mk_str(sb_done(x, &b));
     }
     while (i < s->n) {
+        charge(x, old->n);
         if ((count < 0 || done < count) && i + old->n <= s->n && memcmp(s->p + i, old->p, old->n) == 0) {
             sb_str(x, &b, rep);
             i += old->n;
@@ -1535,6 +1668,7 @@ static jv str_split(rctx *r, const jstr *s, const jstr *sep, int64_t maxsplit, s
     size_t start = 0, i = 0;
     int64_t done = 0;
     while (i + sep->n <= s->n) {
+        charge(x, sep->n);
         if ((maxsplit < 0 || done < maxsplit) && memcmp(s->p + i, sep->p, sep->n) == 0) {
             list_push(x, l, mk_str(str_sub(x, s, start, i)));
             i += sep->n;
@@ -1586,8 +1720,10 @@ static jv method(rctx *r, const jv *obj, const char *name, const args *a, size_t
         }
         if (!strcmp(name, "find")) {
             const jstr *n = arg_str(r, a, 0, NULL, "find", pos);
-            for (size_t i = 0; i + n->n <= s->n; i++)
+            for (size_t i = 0; i + n->n <= s->n; i++) {
+                charge(x, n->n + 1);
                 if (memcmp(s->p + i, n->p, n->n) == 0) return mk_int((int64_t)i);
+            }
             return mk_int(-1);
         }
         if (!strcmp(name, "count")) {
@@ -1595,7 +1731,7 @@ static jv method(rctx *r, const jv *obj, const char *name, const args *a, size_t
             int64_t k = 0;
             if (!n->n) return mk_int((int64_t)s->n + 1);
             for (size_t i = 0; i + n->n <= s->n;)
-                if (memcmp(s->p + i, n->p, n->n) == 0) {
+                if (charge(x, n->n), memcmp(s->p + i, n->p, n->n) == 0) {
                     k++;
                     i += n->n;
                 } else {
@@ -1667,11 +1803,12 @@ static int run_test(rctx *r, const char *name, const jv *v, const args *a, size_
     }
     if (!strcmp(name, "divisibleby")) {
         if (!num(v) || !num(&o) || as_i(&o) == 0) failf(r->x, pos, "test 'divisibleby' needs non-zero integers");
-        return as_i(v) % as_i(&o) == 0;
+        int64_t d = as_i(&o);
+        return d == -1 || as_i(v) % d == 0; /* INT64_MIN % -1 overflows in C */
     }
-    if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) return equal(v, &o);
-    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !equal(v, &o);
-    if (!strcmp(name, "sameas")) return equal(v, &o) && v->t == o.t;
+    if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) return equal(r->x, v, &o);
+    if (!strcmp(name, "ne") || !strcmp(name, "!=")) return !equal(r->x, v, &o);
+    if (!strcmp(name, "sameas")) return equal(r->x, v, &o) && v->t == o.t;
     if (!strcmp(name, "in")) return contains(r, &o, v, pos);
     if (!strcmp(name, "lt") || !strcmp(name, "<")) return compare(r, v, &o, pos) < 0;
     if (!strcmp(name, "le") || !strcmp(name, "<=")) return compare(r, v, &o, pos) <= 0;
@@ -1759,6 +1896,7 @@ static jv filter(rctx *r, const char *name, const jv *v, const args *a, size_t p
     }
     if (!strcmp(name, "int")) {
         if (v->t == V_INT) return *v;
+        if (v->t == V_FLOAT) return mk_int(f_to_i_checked(x, v->f, "int", pos));
         if (num(v)) return mk_int(as_i(v));
         if (v->t == V_STR) {
             char buf[64];
@@ -1768,7 +1906,7 @@ static jv filter(rctx *r, const char *name, const jv *v, const args *a, size_t p
             char *end;
             double f = strtod(buf, &end);
             while (*end && is_ws(*end)) end++;
-            if (end != buf && !*end) return mk_int((int64_t)f);
+            if (end != buf && !*end) return mk_int(f_to_i_checked(x, f, "int", pos));
         }
         jv d = arg(a, 0, "default");
         return d.t == V_UNDEF ? mk_int(0) : d;
@@ -1787,7 +1925,7 @@ static jv filter(rctx *r, const char *name, const jv *v, const args *a, size_t p
         return mk_float(0);
     }
     if (!strcmp(name, "abs")) {
-        if (v->t == V_INT) return mk_int(v->i < 0 ? -v->i : v->i);
+        if (v->t == V_INT) return mk_int(v->i < 0 ? (int64_t)(0 - (uint64_t)v->i) : v->i); /* abs(min) wraps */
         if (num(v)) return mk_float(fabs(as_f(v)));
         failf(x, pos, "abs: a %s is not a number", type_name(v));
     }
@@ -1876,11 +2014,18 @@ static jv call_func(rctx *r, int fn, const args *a, size_t pos) {
         int64_t lo = a1.t == V_UNDEF ? 0 : as_i(&a0), hi = a1.t == V_UNDEF ? as_i(&a0) : as_i(&a1);
         int64_t step = a2.t == V_UNDEF ? 1 : as_i(&a2);
         if (step == 0) failf(x, pos, "range: step cannot be zero");
+        /* the count first (in uint64: no step overflows), then one array of that size */
+        uint64_t count = 0;
+        if (step > 0 && lo < hi) count = ((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)step + 1;
+        if (step < 0 && lo > hi) count = ((uint64_t)lo - (uint64_t)hi - 1) / (0 - (uint64_t)step) + 1;
+        if (count > MAX_ITERATIONS) failf(x, pos, "range: more than %d items", MAX_ITERATIONS);
         jlist *l = list_new(x);
-        for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
-            if ((int64_t)l->n >= MAX_ITERATIONS) failf(x, pos, "range: more than %d items", MAX_ITERATIONS);
-            list_push(x, l, mk_int(i));
+        if (count) {
+            l->v = alloc(x, (size_t)count * sizeof *l->v);
+            l->cap = (size_t)count;
         }
+        for (uint64_t k = 0; k < count; k++)
+            l->v[l->n++] = mk_int((int64_t)((uint64_t)lo + k * (uint64_t)step));
         return (jv){.t = V_LIST, .l = l};
     }
     case F_NAMESPACE:
@@ -1948,19 +2093,13 @@ static jv call_macro(rctx *r, const node *m, const args *a, size_t pos) {
 static jv arith(rctx *r, const char *op, const jv *a, const jv *b, size_t pos) {
     jx *x = r->x;
     if (op[0] == '~') {
-        sbuf sb = {0};
-        sb_str(x, &sb, to_str(r, a));
-        sb_str(x, &sb, to_str(r, b));
-        return mk_str(sb_done(x, &sb));
+        const jstr *sa = to_str(r, a);
+        return mk_str(str_cat(x, sa, to_str(r, b)));
     }
-    if (op[0] == '+' && a->t == V_STR && b->t == V_STR) {
-        sbuf sb = {0};
-        sb_str(x, &sb, a->s);
-        sb_str(x, &sb, b->s);
-        return mk_str(sb_done(x, &sb));
-    }
+    if (op[0] == '+' && a->t == V_STR && b->t == V_STR) return mk_str(str_cat(x, a->s, b->s));
     if (op[0] == '+' && a->t == V_LIST && b->t == V_LIST) {
         jlist *l = list_new(x);
+        charge(x, (a->l->n + b->l->n) * sizeof(jv));
         for (size_t i = 0; i < a->l->n; i++) list_push(x, l, a->l->v[i]);
         for (size_t i = 0; i < b->l->n; i++) list_push(x, l, b->l->v[i]);
         return (jv){.t = V_LIST, .l = l};
@@ -1970,6 +2109,7 @@ static jv arith(rctx *r, const char *op, const jv *a, const jv *b, size_t pos) {
         int64_t k = a->t == V_INT ? a->i : b->i;
         if (k > 0 && (uint64_t)k * s->n > MAX_OUTPUT) failf(x, pos, "string repeated past %d bytes", MAX_OUTPUT);
         sbuf sb = {0};
+        if (s->n == 0) k = 0; /* nothing to repeat: no loop of k empty steps */
         for (int64_t i = 0; i < k; i++) sb_str(x, &sb, s);
         return mk_str(sb_done(x, &sb));
     }
@@ -2106,8 +2246,8 @@ static jv eval(rctx *r, scope *s, const node *n) {
     case N_BIN: {
         jv a = eval(r, s, n->a), b = eval(r, s, n->b);
         const char *op = n->name;
-        if (!strcmp(op, "==")) v = mk_bool(equal(&a, &b));
-        else if (!strcmp(op, "!=")) v = mk_bool(!equal(&a, &b));
+        if (!strcmp(op, "==")) v = mk_bool(equal(x, &a, &b));
+        else if (!strcmp(op, "!=")) v = mk_bool(!equal(x, &a, &b));
         else if (!strcmp(op, "<")) v = mk_bool(compare(r, &a, &b, n->pos) < 0);
         else if (!strcmp(op, "<=")) v = mk_bool(compare(r, &a, &b, n->pos) <= 0);
         else if (!strcmp(op, ">")) v = mk_bool(compare(r, &a, &b, n->pos) > 0);
@@ -2267,6 +2407,7 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
     rctx r = {.x = &x};
     if (setjmp(x.jb)) {
         arena_free(x.blocks);
+        arena_free(x.bigs);
         return false;
     }
     scope *g = alloc(&x, sizeof *g);
@@ -2304,6 +2445,7 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
         memset(out, 0, sizeof *out);
         snprintf(msg, msg_size, "out of memory for %zu bytes of output", r.out.n);
         arena_free(x.blocks);
+        arena_free(x.bigs);
         return false;
     }
     if (r.out.n) {
@@ -2314,5 +2456,6 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
     out->user[r.out.n] = 0;
     out->len = r.out.n;
     arena_free(x.blocks);
+    arena_free(x.bigs);
     return true;
 }

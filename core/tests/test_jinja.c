@@ -157,6 +157,100 @@ static bool render(const char *src, char *msg, size_t n, char **text) {
     return ok;
 }
 
+/* a template's output, or its error message */
+static const char *run(const char *src, char *msg, size_t n) {
+    static char *last;
+    free(last);
+    last = NULL;
+    if (!render(src, msg, n, &last)) return NULL;
+    return last;
+}
+
+/* Memory counts what is live, so the documented limits are reachable (a million iterations,
+ * strings built a piece at a time); work (bytes compared, searched, copied) is bounded too;
+ * floats outside the int64 range never convert with undefined behaviour. */
+static void bounds(void) {
+    char msg[256];
+    const char *o;
+    o = run("{% for i in range(700) %}{% for j in range(700) %}{% endfor %}{% endfor %}ok", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "ok") == 0, "700x700 empty loops: %s", o ? o : msg);
+    o = run("{% for i in range(1000000) %}{% endfor %}ok", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "ok") == 0, "a million iterations: %s", o ? o : msg);
+    o = run("{% set x = range(600000) %}{{ x | length }}", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "600000") == 0, "range(600000): %s", o ? o : msg);
+    o = run("{% set ns = namespace(s='') %}{% for i in range(20000) %}{% set ns.s = ns.s ~ 'x' %}{% endfor %}"
+            "{{ ns.s | length }}",
+            msg, sizeof msg);
+    CHECKF(o && strcmp(o, "20000") == 0, "a string built one character at a time: %s", o ? o : msg);
+    o = run("{% set ns = namespace(s='') %}{% for i in range(20000) %}{% set ns.s = ns.s + messages[0].content[0] %}"
+            "{% endfor %}{{ ns.s | length }}",
+            msg, sizeof msg);
+    CHECKF(o && strcmp(o, "20000") == 0, "content built one character at a time: %s", o ? o : msg);
+    /* in-place appends never change a string already made */
+    o = run("{% set a = 'ab' ~ 'c' %}{% set b = a ~ 'd' %}{% set c = a ~ 'e' %}{{ a }} {{ b }} {{ c }} {{ b ~ c }}", msg,
+            sizeof msg);
+    CHECKF(o && strcmp(o, "abc abcd abce abcdabce") == 0, "%s", o ? o : msg);
+    /* the content flags follow appended pieces */
+    {
+        kvg_jinja *t = NULL;
+        const char *src = "{% set s = 'a' ~ messages[0].content %}{% set s = s ~ 'b' %}{{ s ~ messages[0].content }}";
+        CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
+        kvg_jinja_msg m[1] = {{"user", "hi"}};
+        kvg_jinja_input in = {m, 1, true, "", ""};
+        kvg_jinja_output out;
+        CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
+        CHECKF(out.text && strcmp(out.text, "ahibhi") == 0, "%s", out.text ? out.text : msg);
+        CHECK(out.user && memcmp(out.user, "\0\1\1\0\1\1", 6) == 0);
+        free(out.text);
+        free(out.user);
+        kvg_jinja_free(t);
+    }
+    /* a hard bound remains: what is really live past 64 MiB is refused */
+    o = run("{% set a = 'x' * 4000000 %}{% set ns = namespace(l=[]) %}{% for i in range(40) %}"
+            "{% set ns.l = ns.l + [a ~ i] %}{% endfor %}{{ ns.l | length }}",
+            msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "MiB of memory"), "%s", o ? o : msg);
+    /* work: comparisons and searches of long strings inside the allowed iterations */
+    o = run("{% set a = 'x' * 4000000 %}{% set b = 'x' * 4000000 %}{% for i in range(1000000) %}{% if a == b %}{% endif %}"
+            "{% endfor %}",
+            msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "too much work"), "%s", o ? o : msg);
+    o = run("{% set a = 'x' * 4000000 %}{{ ('x' * 3000 ~ 'y') in a }}", msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "too much work"), "%s", o ? o : msg);
+    o = run("{% set a = 'x' * 4000000 %}{% for i in range(1000000) %}{% if a < a %}{% endif %}{% endfor %}", msg,
+            sizeof msg);
+    CHECKF(!o && strstr(msg, "too much work"), "%s", o ? o : msg);
+    o = run("{{ ('' * 9000000000000000000) | length }}", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "0") == 0, "%s", o ? o : msg);
+    o = run("{{ ('ab' in 'xxab') ~ ('xxab'.find('ab')) ~ ('abab'.count('ab')) }}", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "True22") == 0, "%s", o ? o : msg);
+    /* floats beyond int64: defined (UBSan would report the conversions) */
+    o = run("{{ 1e19 + 1 }} {{ -1e19 - 1 }} {{ 1e19 * 2 }}", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "1e+19 -1e+19 2e+19") == 0, "%s", o ? o : msg);
+    o = run("{{ 1e19 | int }}", msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "int: 1e+19 is outside the 64-bit integer range"), "%s", o ? o : msg);
+    o = run("{{ '1e300' | int }}", msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "outside the 64-bit integer range"), "%s", o ? o : msg);
+    o = run("{{ (1e300 * 1e300 - 1e300 * 1e300) | int }}", msg, sizeof msg); /* nan */
+    CHECKF(!o && strstr(msg, "outside the 64-bit integer range"), "%s", o ? o : msg);
+    o = run("{{ 2.5 | int }} {{ -2.5 | int }}", msg, sizeof msg);
+    CHECKF(o && strcmp(o, "2 -2") == 0, "%s", o ? o : msg);
+    o = run("{% for i in range(1e19) %}{% endfor %}", msg, sizeof msg);
+    CHECKF(!o && strstr(msg, "range: more than"), "%s", o ? o : msg);
+    o = run("{{ range(-1e19, 3, 1e19) | list }} {{ range(0, 10, 9223372036854775807) | list }} "
+            "{{ range(5, -9223372036854775807, -9223372036854775807) | list }}",
+            msg, sizeof msg);
+    CHECKF(o && strcmp(o, "[-9223372036854775808, -1] [0] [5, -9223372036854775802]") == 0, "%s", o ? o : msg);
+    o = run("{{ 'abcdef'[1e19:] }}|{{ 'abcdef'[-1e19:2] }}|{{ 'abcdef'[1::1e19] }}|{{ 'abcdef'[::-1e19] }}|"
+            "{{ [1, 2, 3][1::9223372036854775807] }}|{{ 'abc'[1e19] }}|{{ 'abcdef'[::-2] }}",
+            msg, sizeof msg);
+    CHECKF(o && strcmp(o, "|ab|b|f|[2]||fdb") == 0, "%s", o ? o : msg);
+    o = run("{{ (-9223372036854775807 - 1) | abs }} {{ (-9223372036854775807 - 1) is divisibleby(-1) }}", msg,
+            sizeof msg);
+    CHECKF(o && strcmp(o, "-9223372036854775808 True") == 0, "%s", o ? o : msg);
+    run("", msg, sizeof msg); /* frees the last output */
+}
+
 static void limits(void) {
     char msg[256], *text;
     /* unbounded output, loops and recursion end with an error */
@@ -257,5 +351,6 @@ static void mutations(void) {
 int main(void) {
     fixtures_and_mutations();
     limits();
+    bounds();
     return tu_finish("test_jinja");
 }
