@@ -12,7 +12,7 @@
  * No C globals: metatables live in the registry under their type names, the last error code in
  * the registry, so two lua_States in one process each have their own kvgen.
  *
- * Errors: bad arguments raise through luaL_argerror ("bad argument #1 to 'prefill' (ids[3]:
+ * Errors: bad arguments raise through arg_error ("bad argument #1 to 'prefill' (ids[3]:
  * integer expected, got string)"); failures inside kvgen raise the string "kvgen: <message>"
  * and record the status name ("context_full", "io", ...) for kvgen.last_error().
  */
@@ -46,6 +46,8 @@
 /* per lua_State (registry): the script's logger, {queue userdata, function} (kvgen.set_logger) */
 #define LOGGER_KEY "kvgen.logger"
 #define LOGGER_MT "kvgen.LogQueue"
+/* per lua_State (registry): the module's C functions -> their names, for argument errors */
+#define NAMES_KEY "kvgen.names"
 
 typedef struct lmodel {
     kvgen_model *model; /* NULL once closed */
@@ -138,8 +140,48 @@ static const char *push_got(lua_State *L, int idx) {
     return lua_tostring(L, -1);
 }
 
+/* Every argument error of the module goes through here (never luaL_argerror directly), so that
+ * it names the function the script called. Lua names a function from the call that made it
+ * ('submit' for s:submit(...)), but a function called from C (pcall(s.submit, s, ...), a host's
+ * lua_call) has no such name, and luaL_argerror finds only functions of module tables ('?' for
+ * every method): kvgen then names it from its own table ('kvgen.Session.submit'). */
+static int arg_error(lua_State *L, int arg, const char *msg) {
+    lua_Debug ar;
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name == NULL && lua_checkstack(L, 4)) {
+        lua_getinfo(L, "f", &ar); /* pushes the running function */
+        if (lua_getfield(L, LUA_REGISTRYINDEX, NAMES_KEY) == LUA_TTABLE) {
+            lua_pushvalue(L, -2);
+            if (lua_rawget(L, -2) == LUA_TSTRING)
+                return luaL_error(L, "bad argument #%d to '%s' (%s)", arg, lua_tostring(L, -1), msg);
+        }
+    }
+    return luaL_argerror(L, arg, msg);
+}
+
+/* luaL_checkudata, with arg_error's function names */
+static void *check_udata(lua_State *L, int arg, const char *tname) {
+    void *p = luaL_testudata(L, arg, tname);
+    if (!p) {
+        const char *got = luaL_getmetafield(L, arg, "__name") == LUA_TSTRING ? lua_tostring(L, -1)
+                          : lua_type(L, arg) == LUA_TLIGHTUSERDATA      ? "light userdata"
+                                                                         : luaL_typename(L, arg);
+        arg_error(L, arg, lua_pushfstring(L, "%s expected, got %s", tname, got));
+    }
+    return p;
+}
+
+/* luaL_checkoption without a default, with arg_error's function names */
+static int check_option(lua_State *L, int arg, const char *const names[]) {
+    if (lua_type(L, arg) != LUA_TSTRING)
+        arg_error(L, arg, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, arg)));
+    const char *name = lua_tostring(L, arg);
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], name) == 0) return i;
+    return arg_error(L, arg, lua_pushfstring(L, "invalid option '%s'", name));
+}
+
 static int type_error(lua_State *L, int arg, const char *name, const char *expected) {
-    return luaL_argerror(L, arg, lua_pushfstring(L, "%s: %s expected, got %s", name, expected, push_got(L, arg)));
+    return arg_error(L, arg, lua_pushfstring(L, "%s: %s expected, got %s", name, expected, push_got(L, arg)));
 }
 
 /* Strings that reach the C API without their length (NUL-terminated: chat text, stop strings,
@@ -151,7 +193,7 @@ static const char *check_cstring(lua_State *L, int idx, int arg, const char *wha
     const char *s = lua_tolstring(L, idx, &len);
     const char *nul = s ? memchr(s, 0, len) : NULL;
     if (nul)
-        luaL_argerror(L, arg,
+        arg_error(L, arg,
                       lua_pushfstring(L, "%s: contains a NUL byte at position %I (not allowed in this string)", what,
                                       (LUAI_UACINT)(nul - s + 1)));
     return s;
@@ -185,12 +227,18 @@ static lua_Unsigned check_sequence(lua_State *L, int idx, int arg, const char *w
         int isint = 0;
         lua_Integer k = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
         if (!isint || k < 1 || (lua_Unsigned)k > n)
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "%s: a list (keys 1..n) expected, got a table with the key %s", what,
                                           push_key_text(L, -1)));
     }
     return n;
 }
+
+/* Room for n more values on the stack: a C function is only promised LUA_MINSTACK (20), and
+ * Lua does not check pushes beyond what it has (they would overwrite the heap). Every reader
+ * of a script's tables asks for what it needs at its entry; the recursive JSON writer at each
+ * level. */
+static void need_stack(lua_State *L, int n, const char *what) { luaL_checkstack(L, n, what); }
 
 /* Integers only: unlike lua_tointegerx, strings such as "2" are refused (an id passed as text is
  * almost always a bug in the caller). Floats with an integral value are accepted. */
@@ -270,7 +318,7 @@ static void push_fields(lua_State *L, const void *base, const out_field *f, size
  * Every call that takes an options table describes it with one table of opt_spec rows (name,
  * type, range or choices, destination), and read_options does all the checking: unknown keys,
  * types, ranges, NUL bytes, with messages that name the option and the value ("option
- * 'top_p': 1.5 is out of range [0, 1]"); luaL_argerror adds the function. Absent options keep
+ * 'top_p': 1.5 is out of range [0, 1]"); arg_error adds the function. Absent options keep
  * the value the caller put in the destination (the default). */
 
 /* True when the value at idx is the string `name` exactly (a key "top_k\0x" is not "top_k"). */
@@ -283,12 +331,14 @@ static int is_name(lua_State *L, int idx, const char *name) {
 /* Field names read by the __index functions: one holding a NUL byte names no field. */
 static const char *index_key(lua_State *L) {
     size_t len = 0;
-    const char *key = luaL_checklstring(L, 2, &len);
+    if (lua_type(L, 2) != LUA_TSTRING && lua_type(L, 2) != LUA_TNUMBER)
+        arg_error(L, 2, lua_pushfstring(L, "string expected, got %s", luaL_typename(L, 2)));
+    const char *key = lua_tolstring(L, 2, &len);
     return strlen(key) == len ? key : "";
 }
 
 static int option_error(lua_State *L, int arg, const char *key, const char *what) {
-    return luaL_argerror(L, arg, lua_pushfstring(L, "option '%s': %s", key, what));
+    return arg_error(L, arg, lua_pushfstring(L, "option '%s': %s", key, what));
 }
 
 /* "<v> is out of range [lo, hi]" (also for NaN and infinities: "nan is out of range ...") */
@@ -428,6 +478,7 @@ static void read_options(lua_State *L, int arg, const opt_spec *specs, size_t n,
                          int anchor, const kvgen_model *model) {
     if (lua_isnoneornil(L, arg)) return;
     if (!lua_istable(L, arg)) type_error(L, arg, "options", "table");
+    need_stack(L, 24, "reading an options table");
     lua_pushnil(L);
     while (lua_next(L, arg)) {
         lua_pop(L, 1);
@@ -436,9 +487,9 @@ static void read_options(lua_State *L, int arg, const opt_spec *specs, size_t n,
         if (ok) continue;
         if (lua_type(L, -1) == LUA_TSTRING) {
             check_cstring(L, lua_gettop(L), arg, "option name");
-            luaL_argerror(L, arg, lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1)));
+            arg_error(L, arg, lua_pushfstring(L, "unknown option '%s'", lua_tostring(L, -1)));
         }
-        luaL_argerror(L, arg, lua_pushfstring(L, "unknown option [%s] (options are named fields)", push_key_text(L, -1)));
+        arg_error(L, arg, lua_pushfstring(L, "unknown option [%s] (options are named fields)", push_key_text(L, -1)));
     }
     opt_ctx c = {L, arg, anchor ? lua_absindex(L, anchor) : 0, model};
     for (size_t i = 0; i < n; i++) {
@@ -455,13 +506,13 @@ static void anchor_top(const opt_ctx *c) { luaL_ref(c->L, c->anchor); }
 /* ---- handles ---------------------------------------------------------------------------- */
 
 static lmodel *check_model(lua_State *L, int arg) {
-    lmodel *m = luaL_checkudata(L, arg, MODEL_MT);
+    lmodel *m = check_udata(L, arg, MODEL_MT);
     if (!m->model) luaL_error(L, "attempt to use a closed " MODEL_MT);
     return m;
 }
 
 static lsession *check_session_open(lua_State *L, int arg) {
-    lsession *s = luaL_checkudata(L, arg, SESSION_MT);
+    lsession *s = check_udata(L, arg, SESSION_MT);
     if (!s->session) luaL_error(L, "attempt to use a closed " SESSION_MT);
     return s;
 }
@@ -498,7 +549,7 @@ static int32_t check_token(lua_State *L, int arg, const char *name, const kvgen_
     if (!isint) type_error(L, arg, name, "integer token id");
     int n_vocab = model_info(model).n_vocab;
     if (id < 0 || id >= n_vocab)
-        luaL_argerror(L, arg,
+        arg_error(L, arg,
                       lua_pushfstring(L, "%s: %I is outside the vocabulary [0, %d)", name, (LUAI_UACINT)id, n_vocab));
     return (int32_t)id;
 }
@@ -506,9 +557,10 @@ static int32_t check_token(lua_State *L, int arg, const char *name, const kvgen_
 /* Reads a Lua array of token ids into a userdata it leaves on the stack. */
 static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_model *model, size_t *n) {
     if (!lua_istable(L, arg)) type_error(L, arg, name, "table of token ids");
+    need_stack(L, 8, name);
     lua_Unsigned len = check_sequence(L, arg, arg, name);
     if (len > (lua_Unsigned)(SIZE_MAX / sizeof(int32_t) - 1))
-        luaL_argerror(L, arg, lua_pushfstring(L, "%s: too many tokens", name));
+        arg_error(L, arg, lua_pushfstring(L, "%s: too many tokens", name));
     int32_t *ids = lua_newuserdatauv(L, (size_t)(len ? len : 1) * sizeof *ids, 0);
     int n_vocab = model_info(model).n_vocab;
     for (lua_Unsigned i = 0; i < len; i++) {
@@ -516,11 +568,11 @@ static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_m
         lua_rawgeti(L, arg, (lua_Integer)(i + 1));
         lua_Integer id = to_integer(L, -1, &isint);
         if (!isint)
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
                                           push_got(L, -1)));
         if (id < 0 || (n_vocab > 0 && id >= n_vocab)) /* 0: a remote model, whose calls refuse ids */
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "%s[%I]: %I is outside the vocabulary [0, %d)", name,
                                           (LUAI_UACINT)(i + 1), (LUAI_UACINT)id, n_vocab));
         ids[i] = (int32_t)id;
@@ -681,10 +733,39 @@ static int load_progress_fn(void *user, kvgen_load_stage stage, uint64_t done, u
     return go;
 }
 
+/* Pushes the pipeline cache file kvgen.load uses when its options name none, or nil for none:
+ * $KVGEN_PIPELINE_CACHE ("" or "off": none), else a file in the user's cache folder. Windows
+ * usually has neither XDG_CACHE_HOME nor HOME: there it is the local application data folder. */
+static void push_default_pipeline_cache(lua_State *L) {
+    const char *env = getenv("KVGEN_PIPELINE_CACHE");
+    if (env) {
+        lua_pushstring(L, *env && strcmp(env, "off") != 0 ? env : NULL);
+        return;
+    }
+#ifdef _WIN32
+    const char *local = getenv("LOCALAPPDATA"), *roaming = getenv("APPDATA"), *profile = getenv("USERPROFILE");
+    if (local && *local) lua_pushfstring(L, "%s\\kvgen\\pipelines-{device}.bin", local);
+    else if (roaming && *roaming) lua_pushfstring(L, "%s\\kvgen\\pipelines-{device}.bin", roaming);
+    else if (profile && *profile) lua_pushfstring(L, "%s\\AppData\\Local\\kvgen\\pipelines-{device}.bin", profile);
+    else lua_pushnil(L);
+#else
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && xdg[0] == '/') lua_pushfstring(L, "%s/kvgen/pipelines-{device}.bin", xdg);
+    else if (home && *home) lua_pushfstring(L, "%s/.cache/kvgen/pipelines-{device}.bin", home);
+    else lua_pushnil(L);
+#endif
+}
+
+/* kvgen.pipeline_cache_path() -> the file kvgen.load uses when pipeline_cache is not given
+ * (with "{device}" still in it), or nil for none */
+static int l_pipeline_cache_path(lua_State *L) {
+    push_default_pipeline_cache(L);
+    return 1;
+}
+
 /* kvgen.load(path [, {backend=, device=, threads=, force_f32=, pool_bytes=, pool_tokens=, page_size=,
  * pipeline_cache=, progress=}]) -> model. pipeline_cache: a file path, false (none) or true / absent
- * (the default: $KVGEN_PIPELINE_CACHE, "" or "off" for none, else
- * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else $HOME/.cache/kvgen/pipelines-{device}.bin). */
+ * (the default: push_default_pipeline_cache). */
 static void deliver_logs(lua_State *L);
 
 static int l_load(lua_State *L) {
@@ -696,12 +777,7 @@ static int l_load(lua_State *L) {
     read_options(L, 2, load_specs, N_SPECS(load_specs), 0, &o, 3, NULL);
     o.d.backend = (kvgen_backend)o.backend;
     if (!o.pc_given) {
-        const char *env = getenv("KVGEN_PIPELINE_CACHE");
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        if (env) lua_pushstring(L, *env && strcmp(env, "off") != 0 ? env : NULL);
-        else if (xdg && xdg[0] == '/') lua_pushfstring(L, "%s/kvgen/pipelines-{device}.bin", xdg);
-        else if (home && *home) lua_pushfstring(L, "%s/.cache/kvgen/pipelines-{device}.bin", home);
-        else lua_pushnil(L);
+        push_default_pipeline_cache(L);
         o.d.pipeline_cache_path = lua_tostring(L, -1); /* stays on the stack until the load is done */
     }
 
@@ -733,14 +809,14 @@ static int l_load(lua_State *L) {
 }
 
 static int model_close(lua_State *L) {
-    lmodel *m = luaL_checkudata(L, 1, MODEL_MT);
+    lmodel *m = check_udata(L, 1, MODEL_MT);
     kvgen_model_unload(m->model); /* sessions keep their own reference */
     m->model = NULL;
     return 0;
 }
 
 static int model_tostring(lua_State *L) {
-    lmodel *m = luaL_checkudata(L, 1, MODEL_MT);
+    lmodel *m = check_udata(L, 1, MODEL_MT);
     if (!m->model) {
         lua_pushliteral(L, MODEL_MT " (closed)");
     } else {
@@ -803,7 +879,7 @@ static int model_info_table(lua_State *L) {
 
 /* methods first (so close() works on a closed model), then info fields */
 static int model_index(lua_State *L) {
-    lmodel *m = luaL_checkudata(L, 1, MODEL_MT);
+    lmodel *m = check_udata(L, 1, MODEL_MT);
     const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!m->model) return luaL_error(L, "attempt to use a closed " MODEL_MT);
@@ -912,7 +988,7 @@ static int model_detokenizer(lua_State *L) {
 }
 
 static int detok_push(lua_State *L) {
-    ldetok *d = luaL_checkudata(L, 1, DETOK_MT);
+    ldetok *d = check_udata(L, 1, DETOK_MT);
     lua_getiuservalue(L, 1, 1);
     lmodel *m = check_model(L, lua_gettop(L));
     int32_t id = check_token(L, 2, "id", m->model);
@@ -930,7 +1006,7 @@ static int detok_push(lua_State *L) {
 }
 
 static int detok_flush(lua_State *L) {
-    ldetok *d = luaL_checkudata(L, 1, DETOK_MT);
+    ldetok *d = check_udata(L, 1, DETOK_MT);
     char buf[64];
     size_t n = kvgen_detok_flush(&d->state, buf, sizeof buf);
     lua_pushlstring(L, buf, n < sizeof buf ? n : sizeof buf - 1);
@@ -938,7 +1014,7 @@ static int detok_flush(lua_State *L) {
 }
 
 static int detok_tostring(lua_State *L) {
-    lua_pushfstring(L, DETOK_MT " (%p)", luaL_checkudata(L, 1, DETOK_MT));
+    lua_pushfstring(L, DETOK_MT " (%p)", check_udata(L, 1, DETOK_MT));
     return 1;
 }
 
@@ -1092,7 +1168,7 @@ static int session_rewind(lua_State *L) {
     if (!isint) type_error(L, 2, "n", "integer");
     size_t len = kvgen_session_length(s->session);
     if (n < 0 || (lua_Unsigned)n > len)
-        luaL_argerror(L, 2, lua_pushfstring(L, "n: %I is out of range [0, %d]", (LUAI_UACINT)n, (int)len));
+        arg_error(L, 2, lua_pushfstring(L, "n: %I is out of range [0, %d]", (LUAI_UACINT)n, (int)len));
     kvgen_error err = {0};
     if (kvgen_session_rewind(s->session, (size_t)n, &err) != KVGEN_OK) return raise_status(L, &err);
     lua_pushinteger(L, (lua_Integer)kvgen_session_length(s->session));
@@ -1104,7 +1180,7 @@ static void stream_stop(lstream *st, kvgen_finish finish);
 static void stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish);
 
 static int session_close(lua_State *L) {
-    lsession *s = luaL_checkudata(L, 1, SESSION_MT);
+    lsession *s = check_udata(L, 1, SESSION_MT);
     if (s->active) { /* the generator must go first; the stream keeps the text it delivered */
         int top = lua_gettop(L);
         if (lua_getiuservalue(L, 1, 2) == LUA_TTABLE && lua_rawgeti(L, -1, 1) == LUA_TUSERDATA &&
@@ -1121,7 +1197,7 @@ static int session_close(lua_State *L) {
 }
 
 static int session_tostring(lua_State *L) {
-    lsession *s = luaL_checkudata(L, 1, SESSION_MT);
+    lsession *s = check_udata(L, 1, SESSION_MT);
     if (!s->session)
         lua_pushliteral(L, SESSION_MT " (closed)");
     else if (kvgen_session_busy(s->session))
@@ -1132,7 +1208,7 @@ static int session_tostring(lua_State *L) {
 }
 
 static int session_index(lua_State *L) {
-    lsession *s = luaL_checkudata(L, 1, SESSION_MT);
+    lsession *s = check_udata(L, 1, SESSION_MT);
     const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!s->session) return luaL_error(L, "attempt to use a closed " SESSION_MT);
@@ -1167,7 +1243,7 @@ static int session_prefill(lua_State *L) {
         ids = tokenize(L, s->model, text, len, flags, &n);
     } else if (lua_istable(L, 2)) {
         if (tokenize_flags(L, 3, TOKENIZE_BOS))
-            luaL_argerror(L, 3, "options 'special' and 'bos' apply to text, not to token ids");
+            arg_error(L, 3, "options 'special' and 'bos' apply to text, not to token ids");
         ids = check_ids(L, 2, "ids", s->model, &n);
     } else {
         return type_error(L, 2, "input", "string or table of token ids");
@@ -1221,7 +1297,8 @@ static int session_logits(lua_State *L) {
         k = to_integer(L, 2, &isint); /* "3" is refused like every integer given as text */
         if (!isint) type_error(L, 2, "k", "integer");
     }
-    luaL_argcheck(L, k >= 1 && k <= n_vocab, 2, lua_pushfstring(L, "k: %I is out of range [1, %d]", (LUAI_UACINT)k, n_vocab));
+    if (k < 1 || k > n_vocab)
+        arg_error(L, 2, lua_pushfstring(L, "k: %I is out of range [1, %d]", (LUAI_UACINT)k, n_vocab));
     const float *logits = kvgen_session_logits(s->session);
     if (!logits) {
         lua_pushnil(L);
@@ -1316,10 +1393,10 @@ static int session_read_cache(lua_State *L) {
     int isint = 0;
     lua_Integer layer = to_integer(L, 2, &isint);
     if (!isint) type_error(L, 2, "layer", "integer");
-    luaL_argcheck(L, layer >= 0 && layer < ci.n_layer, 2,
-                  lua_pushfstring(L, "layer: %I is out of range [0, %d)", (LUAI_UACINT)layer, ci.n_layer));
+    if (layer < 0 || layer >= ci.n_layer)
+        arg_error(L, 2, lua_pushfstring(L, "layer: %I is out of range [0, %d)", (LUAI_UACINT)layer, ci.n_layer));
     if (lua_type(L, 3) == LUA_TSTRING) check_cstring(L, 3, 3, "which");
-    int which = luaL_checkoption(L, 3, NULL, which_names);
+    int which = check_option(L, 3, which_names);
     size_t n = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
     float *out = lua_newuserdatauv(L, (n ? n : 1) * sizeof *out, 0);
     kvgen_error err = {0};
@@ -1391,6 +1468,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
                                        "user_suffix", "assistant_prefix", "assistant_suffix", "jinja",
                                        "system_in_user", NULL};
     memset(tpl, 0, sizeof *tpl);
+    need_stack(L, 8, "template");
     if (lua_type(L, idx) == LUA_TSTRING) {
         const char *v = check_cstring(L, idx, arg, "template");
         if (strstr(v, "{{") || strstr(v, "{%")) tpl->jinja = v;
@@ -1398,7 +1476,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
         return;
     }
     if (!lua_istable(L, idx)) {
-        luaL_argerror(L, arg, lua_pushfstring(L, "template: string or table expected, got %s", luaL_typename(L, idx)));
+        arg_error(L, arg, lua_pushfstring(L, "template: string or table expected, got %s", luaL_typename(L, idx)));
         return;
     }
     const char **fields[] = {&tpl->name,        &tpl->system_prefix,    &tpl->system_suffix, &tpl->user_prefix,
@@ -1410,12 +1488,12 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
         for (int i = 0; keys[i] && k < 0; i++)
             if (is_name(L, -1, keys[i])) k = i;
         if (k < 0 && lua_type(L, -1) == LUA_TSTRING) check_cstring(L, lua_gettop(L), arg, "template field name");
-        if (k < 0) luaL_argerror(L, arg, lua_pushfstring(L, "template: unknown field %s", push_key_text(L, -1)));
+        if (k < 0) arg_error(L, arg, lua_pushfstring(L, "template: unknown field %s", push_key_text(L, -1)));
     }
     for (int i = 0; i < 8; i++) {
         int t = lua_getfield(L, idx, keys[i]);
         if (t != LUA_TNIL && t != LUA_TSTRING)
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], push_got(L, -1)));
         int vi = lua_gettop(L);
         /* stays valid: the table holds the string */
@@ -1424,7 +1502,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
     }
     int t = lua_getfield(L, idx, "system_in_user");
     if (t != LUA_TNIL && t != LUA_TBOOLEAN)
-        luaL_argerror(L, arg,
+        arg_error(L, arg,
                       lua_pushfstring(L, "template.system_in_user: boolean expected, got %s", luaL_typename(L, -1)));
     tpl->system_in_user = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -1452,7 +1530,7 @@ static const char *const role_names[] = {"system", "user", "assistant", NULL};
 static int session_add(lua_State *L) {
     lsession *s = check_session(L, 1);
     if (lua_type(L, 2) == LUA_TSTRING) check_cstring(L, 2, 2, "role");
-    const char *role = role_names[luaL_checkoption(L, 2, NULL, role_names)];
+    const char *role = role_names[check_option(L, 2, role_names)];
     const char *text = check_cstring_arg(L, 3, "text");
     kvgen_error err = {0};
     if (kvgen_chat_add(s->session, role, text, &err) != KVGEN_OK) return raise_status(L, &err);
@@ -1466,13 +1544,14 @@ static int session_add(lua_State *L) {
  * strings without NUL bytes (the C API takes them NUL-terminated). */
 static const char *const *string_list(lua_State *L, int idx, int arg, const char *what, int anchor, int *n_out) {
     idx = lua_absindex(L, idx);
+    need_stack(L, 8, what);
     lua_Unsigned n = check_sequence(L, idx, arg, what);
-    if (n > INT_MAX / 2) luaL_argerror(L, arg, lua_pushfstring(L, "%s: too many entries", what));
+    if (n > INT_MAX / 2) arg_error(L, arg, lua_pushfstring(L, "%s: too many entries", what));
     const char **list = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *list, 0);
     luaL_ref(L, anchor);
     for (lua_Unsigned i = 0; i < n; i++) {
         if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING || lua_rawlen(L, -1) == 0)
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "%s[%I]: non-empty string expected, got %s", what, (LUAI_UACINT)(i + 1),
                                           lua_type(L, -1) == LUA_TSTRING ? "an empty string" : push_got(L, -1)));
         int vi = lua_gettop(L);
@@ -1491,15 +1570,16 @@ static const char *const json_type_names[] = {"string", "number", "enum", NULL};
 static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int anchor, int *n_out) {
     static const char *const field_keys[] = {"key", "type", "values", "max_len", NULL};
     idx = lua_absindex(L, idx);
+    need_stack(L, 16, "option 'json'");
     lua_Unsigned n = check_sequence(L, idx, arg, "option 'json'");
-    if (n == 0 || n > INT_MAX / 2) luaL_argerror(L, arg, "option 'json': a non-empty list of fields expected");
+    if (n == 0 || n > INT_MAX / 2) arg_error(L, arg, "option 'json': a non-empty list of fields expected");
     kvgen_json_field *f = lua_newuserdatauv(L, (size_t)n * sizeof *f, 0);
     luaL_ref(L, anchor);
     memset(f, 0, (size_t)n * sizeof *f);
     for (lua_Unsigned i = 0; i < n; i++) {
         LUAI_UACINT at = (LUAI_UACINT)(i + 1);
         if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TTABLE)
-            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I]: table expected, got %s", at, push_got(L, -1)));
+            arg_error(L, arg, lua_pushfstring(L, "json[%I]: table expected, got %s", at, push_got(L, -1)));
         int fi = lua_gettop(L);
         lua_pushnil(L);
         while (lua_next(L, fi)) { /* a misspelt key ("maxlen") is an error, as for options */
@@ -1512,12 +1592,12 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
                 lua_settop(L, ki);
             }
             if (!ok)
-                luaL_argerror(L, arg,
+                arg_error(L, arg,
                               lua_pushfstring(L, "json[%I]: unknown field %s (key, type, values, max_len)", at,
                                               push_key_text(L, -1)));
         }
         if (lua_getfield(L, fi, "key") != LUA_TSTRING)
-            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].key: string expected, got %s", at, push_got(L, -1)));
+            arg_error(L, arg, lua_pushfstring(L, "json[%I].key: string expected, got %s", at, push_got(L, -1)));
         f[i].key = check_cstring(L, fi + 1, arg, lua_pushfstring(L, "json[%I].key", at));
         lua_settop(L, fi);
         const char *type = lua_getfield(L, fi, "type") == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
@@ -1525,7 +1605,7 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
         for (int k = 0; type && json_type_names[k]; k++)
             if (strcmp(type, json_type_names[k]) == 0 && strlen(type) == lua_rawlen(L, -1)) ti = k;
         if (ti < 0)
-            luaL_argerror(L, arg,
+            arg_error(L, arg,
                           lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected, got %s", at,
                                           type ? lua_pushfstring(L, "'%s'", type) : push_got(L, -1)));
         lua_pop(L, 1);
@@ -1533,22 +1613,22 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
         int t = lua_getfield(L, fi, "values");
         if (f[i].type == KVGEN_JSON_ENUM) {
             if (t != LUA_TTABLE)
-                luaL_argerror(L, arg,
+                arg_error(L, arg,
                               lua_pushfstring(L, "json[%I].values: list of strings expected, got %s", at, push_got(L, -1)));
             lua_pushfstring(L, "json[%I].values", at);
             f[i].values = string_list(L, fi + 1, arg, lua_tostring(L, -1), anchor, &f[i].n_values);
         } else if (t != LUA_TNIL) {
-            luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].values: only for type 'enum'", at));
+            arg_error(L, arg, lua_pushfstring(L, "json[%I].values: only for type 'enum'", at));
         }
         lua_settop(L, fi);
         t = lua_getfield(L, fi, "max_len");
         if (t != LUA_TNIL) {
             if (f[i].type != KVGEN_JSON_STRING)
-                luaL_argerror(L, arg, lua_pushfstring(L, "json[%I].max_len: only for type 'string'", at));
+                arg_error(L, arg, lua_pushfstring(L, "json[%I].max_len: only for type 'string'", at));
             int isint = 0;
             lua_Integer ml = to_integer(L, -1, &isint);
             if (!isint || ml < 0 || ml > INT_MAX)
-                luaL_argerror(L, arg,
+                arg_error(L, arg,
                               lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected, got %s", at, push_got(L, -1)));
             f[i].max_len = (int)ml;
         }
@@ -1645,11 +1725,17 @@ static void read_json(const opt_ctx *c, const opt_spec *o, int vi, void *field) 
 
 /* ---- JSON for schemas: a Lua table written as JSON text, generated JSON read back --------- */
 
+/* How deep a schema table may nest, and a JSON value read back: as deep as kvgen takes a schema
+ * given as JSON text (core/generate/schema.c). Each level holds a few stack slots of the
+ * writer (checked with lua_checkstack) and one C frame. */
+#define JSON_MAX_DEPTH 64
+
 /* JSON text as pieces in a Lua table (at t), concatenated at the end: the stack stays free for
- * the values being written, and an error leaves nothing to free */
+ * the values being written, and an error leaves nothing to free. `seen` (a table index): the
+ * tables being written, each with its path, so that a table inside itself is refused by name. */
 typedef struct jbuf {
     lua_State *L;
-    int t;
+    int t, seen;
     lua_Integer n;
 } jbuf;
 
@@ -1697,8 +1783,10 @@ static int key_cmp(const void *a, const void *b) { return strcmp(*(const char *c
 static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
                         int order, int depth);
 
-static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
-                       int order, int depth) {
+/* The table at idx (not being written already), as a JSON array or object. Only raw accesses:
+ * no metamethod of the script's runs while the table is walked. */
+static void json_table_items(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
+                             int order, int depth) {
     lua_Integer n = (lua_Integer)lua_rawlen(L, idx), count = 0;
     int is_array = 1;
     lua_pushnil(L);
@@ -1706,10 +1794,8 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
         count++;
         if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n) is_array = 0;
         else if (lua_type(L, -2) != LUA_TNUMBER) is_array = 0;
-        if (lua_type(L, -2) != LUA_TSTRING && !(lua_isinteger(L, -2))) {
-            lua_pop(L, 2);
-            json_error(L, c, path, lua_pushfstring(L, "a %s key cannot be JSON", luaL_typename(L, -1)));
-        }
+        if (lua_type(L, -2) != LUA_TSTRING && !(lua_isinteger(L, -2)))
+            json_error(L, c, path, lua_pushfstring(L, "a %s key cannot be JSON", luaL_typename(L, -2)));
         lua_pop(L, 1);
     }
     if (count == 0) is_array = empty_is_array(key);
@@ -1755,20 +1841,23 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
             json_error(L, c, path, "a table mixing list items and named keys cannot be JSON");
         }
         const char *name = lua_tostring(L, -1);
+        if (strlen(name) != lua_rawlen(L, -1))
+            json_error(L, c, path, lua_pushfstring(L, "the key '%s' holds a NUL byte (not allowed in a schema key)", name));
         int seen = 0;
         for (lua_Integer j = 0; j < first; j++) seen |= strcmp(keys[j], name) == 0;
         if (!seen) keys[k++] = name; /* the key stays in the table */
     }
     qsort(keys + first, (size_t)(k - first), sizeof *keys, key_cmp);
     int req = 0;
-    lua_getfield(L, idx, "required");
-    if (lua_istable(L, -1)) req = lua_gettop(L);
+    lua_pushliteral(L, "required");
+    if (lua_rawget(L, idx) == LUA_TTABLE) req = lua_gettop(L);
     jb_char(b, '{');
     for (lua_Integer i = 0; i < k; i++) {
         if (i) jb_char(b, ',');
         json_string(b, keys[i], strlen(keys[i]));
         jb_char(b, ':');
-        lua_getfield(L, idx, keys[i]);
+        lua_pushstring(L, keys[i]);
+        lua_rawget(L, idx);
         const char *sub = lua_pushfstring(L, "%s.%s", path, keys[i]);
         lua_insert(L, -2);
         /* a schema's properties: in the order of its required list */
@@ -1780,9 +1869,28 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
     lua_settop(L, keys_idx - 1);
 }
 
+/* The table at idx, marked as being written while its items are (b->seen[table] = its path). */
+static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
+                       int order, int depth) {
+    lua_pushvalue(L, idx);
+    if (lua_rawget(L, b->seen) == LUA_TSTRING)
+        json_error(L, c, path,
+                   lua_pushfstring(L, "a table that contains itself cannot be JSON (the table at schema%s)", lua_tostring(L, -1)));
+    lua_pop(L, 1);
+    lua_pushvalue(L, idx);
+    lua_pushstring(L, path);
+    lua_rawset(L, b->seen);
+    json_table_items(L, c, idx, b, path, key, order, depth);
+    lua_pushvalue(L, idx);
+    lua_pushnil(L);
+    lua_rawset(L, b->seen);
+}
+
 static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
                         int order, int depth) {
-    if (depth > 64) json_error(L, c, path, "nested over 64 levels (a cycle?)");
+    if (depth > JSON_MAX_DEPTH)
+        json_error(L, c, path, lua_pushfstring(L, "nested deeper than %d levels (the most kvgen takes)", JSON_MAX_DEPTH));
+    if (!lua_checkstack(L, 16)) json_error(L, c, path, "nested too deep for the Lua stack");
     switch (lua_type(L, idx)) {
     case LUA_TBOOLEAN: jb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;
     case LUA_TNUMBER:
@@ -1820,7 +1928,7 @@ static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const 
 static int json_push(lua_State *L, const char **p, int depth) {
     const char *s = *p;
     while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
-    if (depth > 200 || !lua_checkstack(L, 4)) return 0;
+    if (depth > JSON_MAX_DEPTH || !lua_checkstack(L, 8)) return 0;
     if (*s == '{' || *s == '[') {
         int obj = *s == '{';
         s++;
@@ -1948,7 +2056,8 @@ static void read_schema(const opt_ctx *c, const opt_spec *o, int vi, void *field
         lua_pushvalue(L, vi);
         int t = lua_gettop(L);
         lua_newtable(L);
-        jbuf b = {L, t + 1, 0};
+        lua_newtable(L);
+        jbuf b = {L, t + 1, t + 2, 0};
         lua_to_json(L, c, t, &b, "", NULL, 0, 0);
         luaL_Buffer out;
         luaL_buffinit(L, &out);
@@ -2008,7 +2117,7 @@ static void read_generate(lua_State *L, int arg, unsigned mode, int anchor, gen_
         static const char *const opt_of[] = {NULL, "choices", "json", "grammar", "schema"};
         const char *opt = (unsigned)o->c.kind < 5 ? opt_of[o->c.kind] : NULL;
         if (opt) option_error(L, arg, opt, err.message);
-        luaL_argerror(L, arg, err.message);
+        arg_error(L, arg, err.message);
     }
 }
 
@@ -2089,7 +2198,7 @@ static int stream_step(lua_State *L, int idx, lstream *st) {
 
 /* st() / st:next() -> piece, token; nil at the end (so `for piece in st do` works) */
 static int stream_call(lua_State *L) {
-    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    lstream *st = check_udata(L, 1, STREAM_MT);
     int n = stream_step(L, 1, st);
     if (n == 0) {
         lua_pushnil(L);
@@ -2100,19 +2209,19 @@ static int stream_call(lua_State *L) {
 
 /* st:cancel(): the generation finishes with "cancelled" at the next step */
 static int stream_cancel(lua_State *L) {
-    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    lstream *st = check_udata(L, 1, STREAM_MT);
     if (st->gen) kvgen_gen_cancel(st->gen);
     return 0;
 }
 
 static int stream_close(lua_State *L) {
-    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    lstream *st = check_udata(L, 1, STREAM_MT);
     stream_finish(L, 1, st, KVGEN_FINISH_CANCELLED);
     return 0;
 }
 
 static int stream_tostring(lua_State *L) {
-    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    lstream *st = check_udata(L, 1, STREAM_MT);
     if (st->gen)
         lua_pushfstring(L, STREAM_MT " (generating) (%p)", (void *)st);
     else
@@ -2122,7 +2231,7 @@ static int stream_tostring(lua_State *L) {
 
 /* fields: finish ("none" while running), text (so far), n_tokens, session */
 static int stream_index(lua_State *L) {
-    lstream *st = luaL_checkudata(L, 1, STREAM_MT);
+    lstream *st = check_udata(L, 1, STREAM_MT);
     const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (strcmp(key, "finish") == 0) {
@@ -2191,7 +2300,7 @@ static int session_choose(lua_State *L) {
     int anchor = lua_gettop(L);
     int n = 0;
     const char *const *cands = string_list(L, 2, 2, "candidates", anchor, &n);
-    if (n == 0) luaL_argerror(L, 2, "candidates: a non-empty list of strings expected");
+    if (n == 0) arg_error(L, 2, "candidates: a non-empty list of strings expected");
     kvgen_choice *res = lua_newuserdatauv(L, (size_t)n * sizeof *res, 0);
     kvgen_error err = {0};
     if (kvgen_session_choose(s->session, cands, (size_t)n, res, &err) != KVGEN_OK) return raise_status(L, &err);
@@ -2305,7 +2414,7 @@ static void unanchor(lua_State *L, int idx) {
 }
 
 static ljob *check_job(lua_State *L, int arg) {
-    ljob *j = luaL_checkudata(L, arg, JOB_MT);
+    ljob *j = check_udata(L, arg, JOB_MT);
     if (!j->job) luaL_error(L, "attempt to use a closed " JOB_MT);
     return j;
 }
@@ -2313,7 +2422,7 @@ static ljob *check_job(lua_State *L, int arg) {
 /* job:close() (also __gc and __close): releases the job, cancelling it if it still runs (the
  * worker lets go of it, and of its session, at its next step). */
 static int job_close(lua_State *L) {
-    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    ljob *j = check_udata(L, 1, JOB_MT);
     if (!j->job) return 0;
     unanchor(L, 1);
     kvgen_job_release(j->job);
@@ -2322,7 +2431,7 @@ static int job_close(lua_State *L) {
 }
 
 static int job_tostring(lua_State *L) {
-    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    ljob *j = check_udata(L, 1, JOB_MT);
     if (!j->job) {
         lua_pushliteral(L, JOB_MT " (closed)");
     } else {
@@ -2561,7 +2670,7 @@ static int job_set_priority(lua_State *L) {
     lua_Integer p = to_integer(L, 2, &isint);
     if (!isint) type_error(L, 2, "priority", "integer");
     if (p < INT_MIN || p > INT_MAX)
-        luaL_argerror(L, 2, lua_pushfstring(L, "priority: %I is out of range [%d, %d]", (LUAI_UACINT)p, INT_MIN, INT_MAX));
+        arg_error(L, 2, lua_pushfstring(L, "priority: %I is out of range [%d, %d]", (LUAI_UACINT)p, INT_MIN, INT_MAX));
     kvgen_job_set_priority(j->job, (int)p);
     return 0;
 }
@@ -2600,7 +2709,7 @@ static int job_info(lua_State *L) {
  * state is final, kvgen_job_text), error (the message of a failed job, else nil), priority,
  * session */
 static int job_index(lua_State *L) {
-    ljob *j = luaL_checkudata(L, 1, JOB_MT);
+    ljob *j = check_udata(L, 1, JOB_MT);
     const char *key = index_key(L);
     if (lua_getfield(L, lua_upvalueindex(1), key) != LUA_TNIL) return 1;
     if (!j->job) return luaL_error(L, "attempt to use a closed " JOB_MT);
@@ -2676,6 +2785,7 @@ static int run_callback(lua_State *L, int nargs, int err_idx, int *failed) {
  * model it has jobs on). Never waits. Callbacks run here, after every event was collected. */
 static int l_poll(lua_State *L) {
     lua_settop(L, 1);
+    need_stack(L, 24, "kvgen.poll");
     ensure_state(L);
     deliver_logs(L);
     const void *owner = state_owner(L, 0);
@@ -2764,7 +2874,7 @@ static int l_poll(lua_State *L) {
 /* kvgen.type(x) -> "model", "session", "stream", "job", "detokenizer", "closed model",
  * "closed session", "closed stream" (finished), "closed job", or nil */
 static int l_type(lua_State *L) {
-    luaL_checkany(L, 1);
+    if (lua_type(L, 1) == LUA_TNONE) arg_error(L, 1, "value expected");
     lmodel *m = luaL_testudata(L, 1, MODEL_MT);
     lsession *s = luaL_testudata(L, 1, SESSION_MT);
     if (m)
@@ -2896,10 +3006,28 @@ static const luaL_Reg detok_methods[] = {
     {NULL, NULL},
 };
 
+/* registry[NAMES_KEY][fn] = "<prefix>.<name>" (arg_error's names) */
+static void name_function(lua_State *L, lua_CFunction fn, const char *prefix, const char *name) {
+    luaL_getsubtable(L, LUA_REGISTRYINDEX, NAMES_KEY);
+    lua_pushcfunction(L, fn);
+    lua_pushfstring(L, "%s.%s", prefix, name);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+}
+
+static void name_functions(lua_State *L, const luaL_Reg *fns, const char *prefix) {
+    for (; fns->name; fns++) name_function(L, fns->func, prefix, fns->name);
+}
+
 /* One metatable per type: __index is a function (upvalue: the methods table) when the type
  * has fields as well as methods, else the methods table itself. */
 static void new_type(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction index,
                      lua_CFunction close, lua_CFunction tostring) {
+    /* metamethods first: a method that is also one (close) is named as the method */
+    if (index) name_function(L, index, name, "__index");
+    if (close) name_function(L, close, name, "__close");
+    name_function(L, tostring, name, "__tostring");
+    name_functions(L, methods, name);
     luaL_newmetatable(L, name);
     lua_createtable(L, 0, 16);
     luaL_setfuncs(L, methods, 0);
@@ -2948,7 +3076,7 @@ static void queue_log(void *user, kvgen_log_level level, const char *message) {
 }
 
 static int log_queue_gc(lua_State *L) {
-    log_queue *q = luaL_checkudata(L, 1, LOGGER_MT);
+    log_queue *q = check_udata(L, 1, LOGGER_MT);
     if (q->installed) kvgen_set_logger(NULL, NULL); /* returns once no call is running */
     q->installed = 0;
     pthread_mutex_destroy(&q->lock);
@@ -2994,7 +3122,8 @@ static void deliver_logs(lua_State *L) {
 /* kvgen.set_logger(function(level, message) ... end | nil): level is "error", "warning",
  * "info" or "debug". nil gives the messages back to kvgen's default (stderr). */
 static int l_set_logger(lua_State *L) {
-    if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+    if (!lua_isnoneornil(L, 1) && !lua_isfunction(L, 1))
+        arg_error(L, 1, lua_pushfstring(L, "function expected, got %s", luaL_typename(L, 1)));
     lua_settop(L, 1);
     deliver_logs(L); /* what the previous function has not seen yet */
     log_queue *q = NULL;
@@ -3038,6 +3167,7 @@ static const luaL_Reg module_functions[] = {
     {"devices", l_devices},
     {"last_error", l_last_error},
     {"poll", l_poll},
+    {"pipeline_cache_path", l_pipeline_cache_path},
     {NULL, NULL},
 };
 
@@ -3062,6 +3192,7 @@ static void register_types(lua_State *L) {
     lua_pushcfunction(L, job_call);
     lua_setfield(L, -2, "__call");
     lua_pop(L, 1);
+    name_function(L, job_call, JOB_MT, "__call");
 }
 
 KVGEN_LUA_API void kvgen_lua_push_model(lua_State *L, kvgen_model *model) {
@@ -3077,6 +3208,7 @@ KVGEN_LUA_API void kvgen_lua_push_model(lua_State *L, kvgen_model *model) {
 KVGEN_LUA_API int luaopen_kvgen(lua_State *L) {
     luaL_checkversion(L);
     register_types(L);
+    name_functions(L, module_functions, "kvgen");
     luaL_newlib(L, module_functions);
     lua_pushstring(L, kvgen_version());
     lua_setfield(L, -2, "version");
