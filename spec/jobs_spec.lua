@@ -61,12 +61,20 @@ describe("jobs (random model)", function()
     support.cleanup()
   end)
 
-  -- a session whose job never ends by itself (context shifts forever): cancel it
+  -- A job that never ends by itself, however slowly the host runs beside the worker: the
+  -- context shifts, and max_tokens is explicit (-1 would stop after one context of tokens,
+  -- which a busy machine's worker can reach before the host looks). The spec cancels it.
+  local ENDLESS = math.tointeger(2 ^ 31 - 1)
+  local function endless_opts(extra)
+    local o = { max_tokens = ENDLESS, ignore_eog = true }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return o
+  end
   local function endless(s_opts)
     local o = { context = 64, on_full = "shift" }
     for k, v in pairs(s_opts or {}) do o[k] = v end
     local s = m:session(o)
-    return s, s:submit("x", { max_tokens = -1, ignore_eog = true })
+    return s, s:submit("x", endless_opts())
   end
 
   describe("submit", function()
@@ -398,7 +406,7 @@ describe("jobs (random model)", function()
       job:close()
       wait_until(function() return not tostring(s):find("busy") end)
       local pieces = 0
-      local j2 <close> = s:submit("go", { max_tokens = -1, ignore_eog = true, on_piece = function()
+      local j2 <close> = s:submit("go", endless_opts { on_piece = function()
         pieces = pieces + 1
         return false
       end })
@@ -556,7 +564,7 @@ describe("jobs (random model)", function()
       do
         local m2 = support.random_model { threads = 1 }
         local s = m2:session { context = 64, on_full = "shift" }
-        s:submit("x", { max_tokens = -1, ignore_eog = true })
+        s:submit("x", endless_opts())
         -- queued behind the endless one, which is collected (cancelled) below; callbacks keep
         -- this one alive until it is done
         s:submit("y", { max_tokens = 3, ignore_eog = true, on_done = function(_, f) finish = f end })
@@ -576,7 +584,7 @@ describe("jobs (random model)", function()
     it("a dropped job in flight is cancelled; the session waits for the worker, then works", function()
       local s <close> = m:session { context = 64, on_full = "shift" }
       do
-        local _ = s:submit("x", { max_tokens = -1, ignore_eog = true })
+        local _ = s:submit("x", endless_opts())
       end
       collectgarbage()
       collectgarbage()
@@ -624,10 +632,10 @@ describe("jobs (random model)", function()
     end)
 
     it("an error in on_piece is raised by kvgen.poll after every event was handled", function()
-      local s1 <close> = m:session()
+      local s1 <close> = m:session { context = 64, on_full = "shift" }
       local s2 <close> = m:session()
       local other_done = false
-      local bad = s1:submit("bad", { max_tokens = -1, ignore_eog = true, on_piece = function() error({ code = 42 }) end })
+      local bad = s1:submit("bad", endless_opts { on_piece = function() error({ code = 42 }) end })
       local good <close> = s2:submit("good", { max_tokens = 4, ignore_eog = true, on_done = function() other_done = true end })
       local err
       wait_until(function()
@@ -681,22 +689,35 @@ describe("jobs (random model)", function()
 
     it("stream_async yields '' while nothing is ready and closes the job after the loop", function()
       local s <close>, long = endless()
-      local r <close> = m:session()
-      local npc <close> = m:session()
-      local want = r:generate("async", { max_tokens = 8, ignore_eog = true })
-      local got, empty = {}, 0
-      local co = coroutine.wrap(function()
-        for piece in npc:stream_async("async", { max_tokens = 8, ignore_eog = true }) do
-          if piece == "" then empty = empty + 1 else got[#got + 1] = piece end
+      -- queued behind the endless job of its session, this one can have nothing ready however
+      -- the host and the worker are timed: every frame gets ''
+      local frames = {}
+      local waiting = coroutine.wrap(function()
+        for piece in s:stream_async("later", { max_tokens = 2 }) do
+          frames[#frames + 1] = piece
+          if #frames == 3 then break end -- closes (cancels) the queued job
           coroutine.yield()
         end
         return "end"
       end)
-      -- keep the worker busy with the endless job first, so the first frames find nothing
-      for _ = 1, 3 do co() end
+      repeat until waiting() == "end"
+      assert.are.same({ "", "", "" }, frames)
+      -- on a free session the pieces (with '' between them when the host is the faster) add up
+      -- to the blocking generation
+      local r <close> = m:session()
+      local npc <close> = m:session()
+      local want = r:generate("async", { max_tokens = 8, ignore_eog = true })
+      local got = {}
+      local co = coroutine.wrap(function()
+        for piece in npc:stream_async("async", { max_tokens = 8, ignore_eog = true }) do
+          assert.is_string(piece)
+          got[#got + 1] = piece
+          coroutine.yield()
+        end
+        return "end"
+      end)
       repeat until co() == "end"
       assert.are.equal(want, table.concat(got))
-      assert.is_true(empty >= 1)
       long:cancel()
       drain(long)
       long:close()
@@ -705,7 +726,7 @@ describe("jobs (random model)", function()
     it("breaking out of stream_async closes and cancels the job", function()
       local s <close> = m:session { context = 64, on_full = "shift" }
       local seen
-      for piece, _ in s:stream_async("x", { max_tokens = -1, ignore_eog = true }) do
+      for piece, _ in s:stream_async("x", endless_opts()) do
         if piece ~= "" then
           seen = piece
           break

@@ -9,6 +9,7 @@ local kvgen = support.kvgen
 local backends = { "reference" }
 if #kvgen.devices() > 0 then backends[#backends + 1] = "vulkan" end
 
+-- a bound on one job's wait (a hang guard, not a timing assert: each job is a few tokens)
 local function deadline()
   local t = os.time() + 300
   return function() assert(os.time() < t, "timed out") end
@@ -49,8 +50,9 @@ for _, backend in ipairs(backends) do
 
     describe("a job that reads final has all its text", function()
       it("job.state while kvgen.poll() runs; on_piece and on_done add up to it", function()
-        local bad, check = {}, deadline()
+        local bad = {}
         for i = 1, n_jobs do
+          local check = deadline()
           local prompt, n = prompts[i % #prompts + 1], 1 + i % 6
           local want = blocking(m, i, prompt, n)
           local s <close> = m:session { seed = i, temperature = 0.9 }
@@ -77,8 +79,9 @@ for _, backend in ipairs(backends) do
       end)
 
       it("job.state between job:poll() calls", function()
-        local bad, check = {}, deadline()
+        local bad = {}
         for i = 1, n_jobs do
+          local check = deadline()
           local prompt, n = prompts[i % #prompts + 1], 1 + i % 6
           local want = blocking(m, i, prompt, n)
           local s <close> = m:session { seed = i, temperature = 0.9 }
@@ -99,8 +102,9 @@ for _, backend in ipairs(backends) do
       end)
 
       it("job.state inside the job iterator (stream_async)", function()
-        local bad, check = {}, deadline()
+        local bad = {}
         for i = 1, n_jobs // 2 do
+          local check = deadline()
           local prompt, n = prompts[i % #prompts + 1], 1 + i % 6
           local want = blocking(m, i, prompt, n)
           local s <close> = m:session { seed = i, temperature = 0.9 }

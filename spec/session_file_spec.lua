@@ -70,11 +70,11 @@ describe("session files", function()
   describe("model:restore", function()
     for _, dev in ipairs { "/dev/zero", "/dev/urandom" } do
       it("refuses " .. dev .. " at once, without reading it", function()
-        local t0 = os.time()
+        -- (the message shows the file was refused from its type, before any read; a read of
+        -- /dev/zero would never end)
         local err = error_of(m.restore, m, dev)
         has(err, "kvgen: kvgen_session_restore: " .. dev .. " is not a regular file (a character device)")
         assert.are.equal("io", (kvgen.last_error()))
-        assert.is_true(os.time() - t0 <= 2)
       end)
     end
 
@@ -106,9 +106,8 @@ describe("session files", function()
       f:seek("set", (1 << 30) - 1) -- 1 GiB, sparse
       f:write("\0")
       f:close()
-      local t0 = os.time()
+      -- refused from the sizes alone (test_session_file counts the bytes read)
       has(error_of(m.restore, m, p), "bytes where the header says")
-      assert.is_true(os.time() - t0 <= 2)
       os.remove(p)
     end)
   end)

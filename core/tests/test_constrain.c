@@ -93,7 +93,7 @@ static size_t run_job(kvgen_session *s, const kvgen_job_desc *jd, char *out, siz
     CHECK_OK(kvgen_job_submit(s, jd, &j, &err));
     if (!j) return 0;
     size_t n = 0;
-    for (long spin = 0; spin < 100000000L; spin++) {
+    for (long long spin = 0; spin < 10000000000LL; spin++) { /* a hang guard, not a time limit */
         const char *t;
         size_t l;
         kvgen_job_state st = kvgen_job_poll(j, &t, &l);

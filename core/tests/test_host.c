@@ -152,7 +152,7 @@ static void model_life(const char *path, kvgen_backend backend) {
     kvgen_job *job = NULL;
     if (s) CHECK_OK(kvgen_job_submit(s, &jd, &job, &tu_err_));
     kvgen_job_state st = KVGEN_JOB_QUEUED;
-    for (int i = 0; job && i < 20000 && st < KVGEN_JOB_DONE; i++) {
+    for (int i = 0; job && i < 600000 && st < KVGEN_JOB_DONE; i++) { /* a hang guard (minutes), not a time limit */
         st = kvgen_job_poll(job, NULL, NULL);
         if (st < KVGEN_JOB_DONE) nanosleep(&(struct timespec){0, 1000000}, NULL);
     }

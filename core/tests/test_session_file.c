@@ -172,12 +172,6 @@ static void test_refusals(kvgen_model *m, kvgen_model *other) {
 
 /* ---- files that are not what they claim, and saves that must not destroy ------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* bytes this process has read with read(2)/pread(2) so far (/proc/self/io), -1 when unknown */
 static long long bytes_read_so_far(void) {
     FILE *f = fopen("/proc/self/io", "r");
@@ -304,9 +298,11 @@ static void test_restore_special_files(kvgen_model *m) {
     const char *devices[] = {"/dev/zero", "/dev/urandom"};
     for (int i = 0; i < 2; i++) {
         if (access(devices[i], R_OK) != 0) continue;
-        double t0 = now_s();
+        long long before = bytes_read_so_far();
         expect_refusal(m, devices[i], KVGEN_E_IO, "is not a regular file (a character device)", devices[i]);
-        CHECKF(now_s() - t0 < 5, "%s: refused after %.1f s", devices[i], now_s() - t0);
+        long long after = bytes_read_so_far();
+        if (before >= 0 && after >= 0)
+            CHECKF(after - before < (1 << 20), "%s: refused having read %lld bytes", devices[i], after - before);
     }
     char *fifo = join(dir, "pipe.kvs"), *link = join(dir, "zero.kvs");
     if (mkfifo(fifo, 0600) == 0)
@@ -354,14 +350,11 @@ static void test_restore_bounded(kvgen_model *m) {
     const off_t big = (off_t)1 << 30;
     write_file(bad, bytes, size);
     CHECK(truncate(bad, big) == 0);
-    double t0 = now_s();
     expect_refusal(m, bad, KVGEN_E_FORMAT, "where the header says", "1 GiB file with a small header");
     write_file(bad, "", 0);
     CHECK(truncate(bad, big) == 0);
     expect_refusal(m, bad, KVGEN_E_FORMAT, "not a kvgen session", "1 GiB of zeros");
-    double took = now_s() - t0;
     long long after = bytes_read_so_far();
-    CHECKF(took < 5, "refusing 1 GiB files took %.1f s", took);
     if (before >= 0 && after >= 0)
         CHECKF(after - before < (1 << 20), "refusing two 1 GiB files read %lld bytes", after - before);
     else

@@ -26,12 +26,27 @@ static void pause_us(long us) {
 
 /* polls until the job is final; false after a generous bound (a hang, not a timing assert) */
 static bool wait_final(kvgen_job *j) {
-    for (long i = 0; i < 600000; i++) {
+    for (long i = 0; i < 6000000; i++) {
         kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
         if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
         pause_us(100);
     }
     return false;
+}
+
+/* waits (bounded) until `cond(arg)` holds; false after a generous bound (a hang) */
+static bool wait_for(bool (*cond)(void *), void *arg) {
+    for (long i = 0; i < 6000000; i++) {
+        if (cond(arg)) return true;
+        pause_us(100);
+    }
+    return false;
+}
+
+static bool job_generating(void *j) {
+    kvgen_job_info ji;
+    kvgen_job_get_info(j, &ji);
+    return ji.state == KVGEN_JOB_GENERATING;
 }
 
 static uint64_t rng_next(uint64_t *s) {
@@ -158,48 +173,55 @@ static void test_chunked_prefill(void) {
 }
 
 /* A job queued behind a long prefill on its session reports nothing and stays queued, while a
- * job on another session streams before that prefill ends. */
+ * job on another session streams through that prefill. Nothing depends on how fast the worker
+ * runs beside the host: the job in front generates without end after its prompt (until
+ * cancelled), so the one behind it stays queued; the streaming job, endless too, is generating
+ * before the long prompt is submitted, so every worker step that prefilled a chunk of that prompt
+ * also decoded one of its tokens. */
 static void test_poll_structure(void) {
     kvgen_error err = {0};
     uint64_t rng = 7;
+    enum { CHUNK = 8 };
     size_t n = 2000;
     int32_t *p = random_tokens(&rng, n);
-    kvgen_jobs_desc jd = {.prefill_chunk = 8};
+    kvgen_jobs_desc jd = {.prefill_chunk = CHUNK};
     CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
     kvgen_session *a, *c;
-    kvgen_session_desc sd = {.n_ctx = 2100, .no_prefix_reuse = 1};
-    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
-    CHECK_OK(kvgen_session_create(g_model, &sd, &c, &err));
+    kvgen_session_desc sa = {.n_ctx = 2100, .on_full = KVGEN_ON_FULL_SHIFT, .no_prefix_reuse = 1};
+    kvgen_session_desc sc = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sa, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sc, &c, &err));
     int owner_b, owner_c;
     kvgen_job *ja, *jb, *jc;
-    kvgen_job_desc da = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = n, .gen = {.max_tokens = 2}};
+    kvgen_job_desc dc = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = 3,
+                         .gen = {.max_tokens = INT_MAX, .ignore_eog = 1}, .owner = &owner_c};
+    kvgen_job_desc da = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = n,
+                         .gen = {.max_tokens = INT_MAX, .ignore_eog = 1}};
     kvgen_job_desc db = {.prompt = KVGEN_PROMPT_TEXT, .text = "more", .gen = {.max_tokens = 3, .ignore_eog = 1},
                          .owner = &owner_b};
-    kvgen_job_desc dc = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = 3,
-                         .gen = {.max_tokens = 4, .ignore_eog = 1}, .owner = &owner_c};
+    CHECK_OK(kvgen_job_submit(c, &dc, &jc, &err));
+    CHECK(wait_for(job_generating, jc));
+    kvgen_job_info ic0, ic1, ia;
+    kvgen_job_get_info(jc, &ic0);
     CHECK_OK(kvgen_job_submit(a, &da, &ja, &err));
     CHECK_OK(kvgen_job_submit(a, &db, &jb, &err));
-    CHECK_OK(kvgen_job_submit(c, &dc, &jc, &err));
     kvgen_event ev[4];
     const char *t = NULL;
     size_t tl = 1;
     CHECK(kvgen_job_poll(jb, &t, &tl) == KVGEN_JOB_QUEUED && tl == 0 && t && t[0] == 0);
     CHECK(kvgen_poll(g_model, &owner_b, ev, 4) == 0);
-    /* c streams while a's prompt is still being prefilled */
-    bool c_done_first = false;
-    for (long i = 0; i < 600000; i++) {
-        kvgen_job_info ia;
-        kvgen_job_get_info(ja, &ia);
-        kvgen_job_state sc = kvgen_job_poll(jc, NULL, NULL);
-        if (sc == KVGEN_JOB_DONE) {
-            c_done_first = ia.state == KVGEN_JOB_PREFILLING || ia.state == KVGEN_JOB_QUEUED;
-            break;
-        }
-        pause_us(100);
-    }
-    CHECK(c_done_first);
+    /* a's prompt is in: n / CHUNK steps prefilled it, and c decoded a token in each of them */
+    CHECK(wait_for(job_generating, ja));
+    kvgen_job_get_info(jc, &ic1);
+    kvgen_job_get_info(ja, &ia);
+    CHECK(ia.prompt_done == n);
+    CHECKF(ic1.state == KVGEN_JOB_GENERATING && ic1.n_tokens - ic0.n_tokens >= (int)(n / CHUNK) - 1,
+           "c decoded %d tokens while %zu prompt tokens were prefilled in chunks of %d", ic1.n_tokens - ic0.n_tokens,
+           n, CHUNK);
     CHECK(kvgen_job_poll(jb, NULL, NULL) == KVGEN_JOB_QUEUED);
     CHECK(kvgen_poll(g_model, &owner_b, ev, 4) == 0);
+    kvgen_job_cancel(jc);
+    kvgen_job_cancel(ja); /* b runs next */
     /* b's events: text then exactly one finished event */
     int finished = 0;
     size_t got = 0;
@@ -219,7 +241,8 @@ static void test_poll_structure(void) {
     kvgen_job_info ib;
     kvgen_job_get_info(jb, &ib);
     CHECK(ib.state == KVGEN_JOB_DONE && ib.n_tokens == 3);
-    CHECK(kvgen_job_poll(ja, NULL, NULL) == KVGEN_JOB_DONE);
+    CHECK(kvgen_job_poll(ja, NULL, NULL) == KVGEN_JOB_CANCELLED);
+    CHECK(wait_final(jc) && kvgen_job_poll(jc, NULL, NULL) == KVGEN_JOB_CANCELLED);
     kvgen_job_release(ja);
     kvgen_job_release(jb);
     kvgen_job_release(jc);
@@ -228,60 +251,111 @@ static void test_poll_structure(void) {
     free(p);
 }
 
-/* Cancel before the first token gives the session back as it was (tokens and chat state). */
-static void test_cancel_rollback(void) {
+static void chatml_smith(kvgen_session *s) {
     kvgen_error err = {0};
-    kvgen_session *a, *ref;
-    kvgen_session_desc sd = {.n_ctx = 1024, .no_prefix_reuse = 1};
-    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
-    CHECK_OK(kvgen_session_create(g_model, &sd, &ref, &err));
     kvgen_chat_template chatml = {.name = "chatml"};
-    CHECK_OK(kvgen_chat_set_template(a, &chatml, &err));
-    CHECK_OK(kvgen_chat_set_template(ref, &chatml, &err));
-    CHECK_OK(kvgen_chat_add(a, "system", "You are a smith.", &err));
-    CHECK_OK(kvgen_chat_add(ref, "system", "You are a smith.", &err));
-    size_t len0 = kvgen_session_length(a);
-    kvgen_jobs_desc jd = {.prefill_chunk = 4};
-    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
-    /* a long chat turn, cancelled while it is being prefilled (or still queued) */
-    char long_text[3000];
-    for (size_t i = 0; i < sizeof long_text - 1; i++) long_text[i] = "abc defg hij "[i % 13];
-    long_text[sizeof long_text - 1] = 0;
-    kvgen_job *j1, *j2;
-    kvgen_job_desc d1 = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = long_text};
-    CHECK_OK(kvgen_job_submit(a, &d1, &j1, &err));
-    kvgen_job_desc d2 = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Hello there",
-                         .gen = {.max_tokens = 6, .ignore_eog = 1}};
-    CHECK_OK(kvgen_job_submit(a, &d2, &j2, &err));
-    kvgen_job_cancel(j1);
-    CHECK(wait_final(j1) && wait_final(j2));
-    kvgen_job_info i1;
-    kvgen_job_get_info(j1, &i1);
-    CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED && i1.n_tokens == 0);
-    /* j2 ran as if j1 never happened */
+    CHECK_OK(kvgen_chat_set_template(s, &chatml, &err));
+    CHECK_OK(kvgen_chat_add(s, "system", "You are a smith.", &err));
+}
+
+/* `s` takes a chat turn as a job, `ref` the same turn blocking: the same tokens and text */
+static void same_turn(kvgen_session *s, kvgen_session *ref, const char *what) {
+    kvgen_error err = {0};
+    kvgen_job *j;
+    kvgen_job_desc d = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Hello there",
+                        .gen = {.max_tokens = 6, .ignore_eog = 1}};
+    CHECK_OK(kvgen_job_submit(s, &d, &j, &err));
+    CHECK(wait_final(j));
     CHECK_OK(kvgen_chat_begin(ref, "user", "Hello there", &err));
     kvgen_generate_desc gd = {.max_tokens = 6, .ignore_eog = 1};
     char text[512];
     CHECK_OK(kvgen_generate(ref, &gd, text, sizeof text, NULL, NULL, &err));
-    size_t n = kvgen_session_length(a);
-    CHECK(n > len0 && n == kvgen_session_length(ref) &&
-          memcmp(kvgen_session_tokens(a), kvgen_session_tokens(ref), n * sizeof(int32_t)) == 0);
-    CHECK(strcmp(kvgen_job_text(j2, NULL), text) == 0);
-    /* cancelling a final job changes nothing; releasing twice is not allowed, once is enough */
-    kvgen_job_cancel(j2);
-    CHECK(kvgen_job_poll(j2, NULL, NULL) == KVGEN_JOB_DONE);
+    size_t n = kvgen_session_length(s);
+    CHECKF(n == kvgen_session_length(ref) &&
+               memcmp(kvgen_session_tokens(s), kvgen_session_tokens(ref), n * sizeof(int32_t)) == 0,
+           "%s: the turn after the cancelled job differs from one on a session without it", what);
+    CHECKF(strcmp(kvgen_job_text(j, NULL), text) == 0, "%s: job text '%s', blocking '%s'", what,
+           kvgen_job_text(j, NULL), text);
+    kvgen_job_release(j);
+}
+
+/* A cancelled job that made no token gives the session back as it was (tokens and chat state).
+ * Cancelled while queued (behind a job of its session that never ends by itself): always so.
+ * Cancelled right after submit, on a free session, it is usually still queued or prefilling its
+ * long prompt; the rare run where it already made a token (a slow host) checks that the token
+ * stays, since the outcome depends on the timing. */
+static void test_cancel_rollback(void) {
+    kvgen_error err = {0};
+    char long_text[3000];
+    for (size_t i = 0; i < sizeof long_text - 1; i++) long_text[i] = "abc defg hij "[i % 13];
+    long_text[sizeof long_text - 1] = 0;
+    kvgen_jobs_desc jd = {.prefill_chunk = 4};
+    CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
+
+    /* queued */
+    kvgen_session *a, *ref;
+    kvgen_session_desc sd = {.n_ctx = 1024, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 16, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd, &a, &err));
+    chatml_smith(a);
+    kvgen_job *j0, *j1;
+    kvgen_job_desc d0 = {.gen = {.max_tokens = INT_MAX, .ignore_eog = 1}};
+    kvgen_job_desc d1 = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = long_text};
+    CHECK_OK(kvgen_job_submit(a, &d0, &j0, &err));
+    CHECK_OK(kvgen_job_submit(a, &d1, &j1, &err));
+    kvgen_job_cancel(j1);
+    kvgen_job_info i1;
+    kvgen_job_get_info(j1, &i1);
+    CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED && i1.n_tokens == 0);
+    kvgen_job_cancel(j0);
+    CHECK(wait_final(j0) && wait_final(j1));
+    CHECK(kvgen_job_poll(j0, NULL, NULL) == KVGEN_JOB_CANCELLED);
+    CHECK_OK(kvgen_session_fork(a, &ref, &err)); /* a as j0 left it */
+    same_turn(a, ref, "cancelled while queued");
+    kvgen_job_release(j0);
     kvgen_job_release(j1);
-    kvgen_job_release(j2);
+    kvgen_session_close(a);
+    kvgen_session_close(ref);
+
+    /* right after submit */
+    kvgen_session_desc sd2 = {.n_ctx = 1024, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(g_model, &sd2, &a, &err));
+    CHECK_OK(kvgen_session_create(g_model, &sd2, &ref, &err));
+    chatml_smith(a);
+    chatml_smith(ref);
+    size_t len0 = kvgen_session_length(a);
+    CHECK_OK(kvgen_job_submit(a, &d1, &j1, &err));
+    kvgen_job_cancel(j1);
+    CHECK(wait_final(j1));
+    kvgen_job_get_info(j1, &i1);
+    CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED);
+    if (i1.n_tokens == 0) {
+        CHECK(kvgen_session_length(a) == len0);
+        same_turn(a, ref, "cancelled before its first token");
+    } else {
+        CHECK(kvgen_session_length(a) > len0); /* what it generated stays */
+        printf("note: the job made %d tokens before its cancel was seen; rollback not checked this run\n",
+               i1.n_tokens);
+    }
+    /* cancelling a final job changes nothing */
+    kvgen_job_cancel(j1);
+    CHECK(kvgen_job_poll(j1, NULL, NULL) == KVGEN_JOB_CANCELLED);
+    kvgen_job_release(j1);
     kvgen_session_close(a);
     kvgen_session_close(ref);
 }
 
-/* The higher-priority prompt is served first when both wait behind a long prefill. */
+/* The higher-priority prompt is prefilled first when both wait behind a long prefill. The host
+ * reads how far the lower one got once the higher one is submitted; from then on it gets at most
+ * the chunk of a step already under way, so when more than that was left, its first token comes
+ * after the higher one's (first_token_ms counts from each submit, and it was submitted first).
+ * On a host so slow that the lower one was (nearly) prefilled before the higher one was
+ * submitted, there is nothing to compare, and the run says so. */
 static void test_priority(void) {
     kvgen_error err = {0};
     uint64_t rng = 5;
+    enum { CHUNK = 8 };
     int32_t *big = random_tokens(&rng, 1500), *p = random_tokens(&rng, 300);
-    kvgen_jobs_desc jd = {.prefill_chunk = 8};
+    kvgen_jobs_desc jd = {.prefill_chunk = CHUNK};
     CHECK_OK(kvgen_jobs_configure(g_model, &jd, &err));
     kvgen_session *x, *lo, *hi;
     kvgen_session_desc sd = {.n_ctx = 1600, .no_prefix_reuse = 1};
@@ -296,13 +370,19 @@ static void test_priority(void) {
     CHECK_OK(kvgen_job_submit(lo, &d, &jl, &err));
     d.priority = 5;
     CHECK_OK(kvgen_job_submit(hi, &d, &jh, &err));
+    kvgen_job_info il0, il, ih;
+    kvgen_job_get_info(jl, &il0);
     CHECK(wait_final(jx) && wait_final(jl) && wait_final(jh));
-    kvgen_job_info il, ih;
     kvgen_job_get_info(jl, &il);
     kvgen_job_get_info(jh, &ih);
     CHECK(ih.priority == 5 && il.priority == 0);
-    CHECKF(ih.first_token_ms < il.first_token_ms, "priority 5 first token at %.1f ms, priority 0 at %.1f ms",
-           ih.first_token_ms, il.first_token_ms);
+    bool behind = il0.prompt_tokens == 0 || il0.prompt_tokens - il0.prompt_done > CHUNK;
+    if (behind)
+        CHECKF(ih.first_token_ms < il.first_token_ms, "priority 5 first token at %.1f ms, priority 0 at %.1f ms",
+               ih.first_token_ms, il.first_token_ms);
+    else
+        printf("note: the priority 0 prompt was prefilled (%zu of %zu) before the priority 5 one was submitted\n",
+               il0.prompt_done, il0.prompt_tokens);
     kvgen_job_release(jx);
     kvgen_job_release(jl);
     kvgen_job_release(jh);
@@ -545,8 +625,8 @@ static void hammer_final_text(kvgen_model *m, const char *what, int n_jobs) {
         char got[2048];
         size_t glen = 0;
         bool finished = false, checked = false;
-        for (long spin = 0; !finished; spin++) {
-            if (spin > 200000000L) {
+        for (long long spin = 0; !finished; spin++) {
+            if (spin > 4000000000LL) { /* a hang (minutes of spinning), not a timing limit */
                 hung++;
                 break;
             }
@@ -600,21 +680,6 @@ static void final_text_vulkan_body(void *arg) {
 /* the same on the Vulkan backend when a device is present (tu_vulkan_child) */
 static void hammer_final_text_vulkan(const char *path) {
     tu_vulkan_child("final text", final_text_vulkan_body, (void *)path);
-}
-
-/* waits (bounded) until `cond(arg)` holds; false after a generous bound (a hang) */
-static bool wait_for(bool (*cond)(void *), void *arg) {
-    for (long i = 0; i < 600000; i++) {
-        if (cond(arg)) return true;
-        pause_us(100);
-    }
-    return false;
-}
-
-static bool job_generating(void *j) {
-    kvgen_job_info ji;
-    kvgen_job_get_info(j, &ji);
-    return ji.state == KVGEN_JOB_GENERATING;
 }
 
 static bool session_free(void *s) { return !kvgen_session_busy(s); }
