@@ -149,6 +149,60 @@ describe("grammars and schemas (random model)", function()
     assert.is_nil(plain.value)
   end)
 
+  it("refuses grammars past the parser's bounds, naming the bound and the byte", function()
+    local s <close> = m:session()
+    local deep = "root ::= " .. string.rep("(", 100000) .. '"a"' .. string.rep(")", 100000)
+    assert.matches("option 'grammar': grammar: line 1 column 266: groups nested over 256 deep %(byte 265%)",
+      error_of(function() return s:generate({ 1 }, { grammar = deep }) end))
+    assert.matches("the repetition expands to 16777216 elements, over the limit of 1048576 %(byte 23%)",
+      error_of(function() return s:generate({ 1 }, { grammar = 'root ::= (("a"{0,4096}){0,4096}){0,4096}' }) end))
+    assert.matches("grammar: line 1 column 14: '\\' at the end of the grammar %(byte 13%)",
+      error_of(function() return s:generate({ 1 }, { grammar = 'root ::= "abc\\' }) end))
+    assert.matches("'\\' at the end of the grammar %(byte 10%)",
+      error_of(function() return s:generate({ 1 }, { grammar = "root ::= [\\" }) end))
+    assert.matches("option 'schema': schema: #/properties/a: keyword 'const' holds a string that is not valid UTF%-8",
+      error_of(function() return s:generate({ 1 }, { schema = '{"properties":{"a":{"const":"\xff"}}}' }) end))
+    assert.matches("schema: #: keyword 'enum' value 0 holds a string that is not valid UTF%-8",
+      error_of(function() return s:generate({ 1 }, { schema = { enum = { "\xc3" } } }) end))
+    assert.are.equal(0, s.length)
+  end)
+
+  -- grammars the matcher finds costly: each ends (completes, or fails with a message naming the
+  -- matcher's bound), never by a silent refusal; asserted on what happens, never on time
+  local costly = {
+    '(("a"?){0,300}){0,300}',
+    '("b" root "b"?)+ "!" | ""',
+    '([^x]{0,64} [a-z]{0,64}){0,64}',
+  }
+
+  it("costly grammars end with their text or a clear error", function()
+    for _, body in ipairs(costly) do
+      local s <close> = m:session { seed = 5, temperature = 1.0 }
+      local ok, text, finish = pcall(s.generate, s, "x", { grammar = "root ::= " .. body, max_tokens = 20 })
+      if ok then
+        assert.is_truthy(finish == "stop" or finish == "length" or finish == "dead_end", finish)
+        assert.are.equal("string", type(text))
+      else
+        assert.matches("grammar: .*matcher", text)
+      end
+    end
+  end)
+
+  it("a costly grammar's job does not hold up another session's plain job", function()
+    local s1 <close> = m:session { seed = 6, temperature = 1.0 }
+    local s2 <close> = m:session { seed = 7 }
+    local costly_job <close> = s1:submit("x", { grammar = "root ::= " .. costly[3], max_tokens = 20 })
+    local plain <close> = s2:submit("x", { max_tokens = 20, ignore_eog = true })
+    wait_final(costly_job)
+    wait_final(plain)
+    assert.are.equal("length", plain.finish)
+    if costly_job.finish == "error" then
+      assert.matches("grammar: one token needs over %d+ matcher steps", costly_job.error)
+    else
+      assert.is_nil(costly_job.error)
+    end
+  end)
+
   it("choices still work next to the new options", function()
     local s <close> = m:session { seed = 4, temperature = 1.0 }
     local text, finish = s:generate("pick:", { choices = { "left", "right" } })

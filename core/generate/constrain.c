@@ -495,30 +495,32 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
     return rc;
 }
 
-int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
-                  uint8_t *allowed) {
+kvgen_status kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
+                           uint8_t *allowed, int *n_allowed, kvgen_error *err) {
+    *n_allowed = 0;
     if (k->gm) { /* the grammar's matcher walks the vocabulary's trie */
         const kvg_vocab_trie *trie;
-        kvgen_error e = {0};
-        if (kvg_vocab_trie_get(m, &trie, &e) != KVGEN_OK) { /* no mask: the generation ends here */
-            kvg_log(KVGEN_LOG_ERROR, "%s", e.message);
-            return 0;
-        }
-        return kvg_gram_mask(k->gm, trie, allowed);
+        kvgen_status rc = kvg_vocab_trie_get(m, &trie, err);
+        if (rc != KVGEN_OK) return rc;
+        int n = kvg_gram_mask(k->gm, trie, allowed, err);
+        if (n < 0) return kvg_gram_match_failure(k->gm)->status;
+        *n_allowed = n;
+        return KVGEN_OK;
     }
     if (k->picked) { /* the picked choice's next token, and nothing else */
         memset(allowed, 0, (size_t)p->n);
-        if (st->seg != 0) return 0;
+        if (st->seg != 0) return KVGEN_OK;
         size_t at = 0;
         for (size_t j = 0; j < k->n_toks[st->a]; j++) {
             int32_t t = k->toks[st->a][j];
             if (at == (size_t)st->c) {
                 allowed[t] = 1;
-                return 1;
+                *n_allowed = 1;
+                return KVGEN_OK;
             }
             at += p->off[t + 1] - p->off[t];
         }
-        return 0;
+        return KVGEN_OK;
     }
     bool can_end = kvg_cons_can_end(k, st);
     int count = 0;
@@ -536,5 +538,6 @@ int kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces 
         allowed[t] = ok;
         count += ok;
     }
-    return count;
+    *n_allowed = count;
+    return KVGEN_OK;
 }

@@ -407,7 +407,9 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
         const kvg_pieces *p;
         st = kvg_pieces_get(s, &p, err);
         if (st == KVGEN_OK) st = kvg_cons_select(g->cons, &g->cst, s, err); /* a choice: picked by its score */
-        if (st == KVGEN_OK && kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed) == 0) {
+        int n_allowed = 0;
+        if (st == KVGEN_OK) st = kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed, &n_allowed, err);
+        if (st == KVGEN_OK && n_allowed == 0) {
             /* a dead end: no token continues the text (it is a prefix the constraint accepts) */
             st = finish(g, KVGEN_FINISH_DEAD_END, err);
             fill_step(g, step, -1);

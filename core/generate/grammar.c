@@ -23,10 +23,21 @@
 #include "kvg_model.h"
 #include "kvg_tokenizer.h"
 
-#define MAX_REPEAT 4096      /* x{m,n}: m and n at most this */
-#define MAX_ELEMS (1 << 22)  /* elements of a compiled grammar */
-#define MAX_NODES (1 << 24)  /* matcher stacks */
-#define MAX_STATES (1 << 16) /* matcher states (each keeps a 1 KiB transition table) */
+#define MAX_REPEAT 4096        /* x{m,n}: m and n at most this */
+#define MAX_ELEMS (1 << 22)    /* elements of a compiled grammar */
+#define MAX_EXPANDED (1 << 20) /* elements of the grammar with every repetition written out */
+#define MAX_NESTING 256        /* groups inside groups */
+/* The matcher's bounds. Its work is counted in steps (a stack followed, a node interned, a
+ * stack tested against a byte), never in time, so a grammar ends the same way on every
+ * machine; its caches are forgotten between tokens past the soft bounds, so only one token's
+ * work can reach the hard ones. */
+#define MAX_STEPS (1 << 21)         /* per call: one token's mask, or one feed */
+#define MAX_NODES (1 << 22)         /* matcher stacks (hard) */
+#define SOFT_NODES (1 << 20)
+#define MAX_STATES (1 << 16)        /* matcher states (each keeps a 1 KiB transition table) */
+#define SOFT_STATES (1 << 13)
+#define MAX_TOPS ((size_t)1 << 23)  /* stacks listed by all the states together */
+#define SOFT_TOPS ((size_t)1 << 21)
 
 typedef enum el_kind { E_END = 0, E_REF, E_CHARS } el_kind;
 
@@ -81,14 +92,26 @@ typedef struct parser {
     int single[256]; /* class of one byte, or -1 */
     int utf8_rule;   /* one multi-byte UTF-8 character, or -1 */
     int n_elems;
+    int depth;       /* groups open around the parser */
+    double expanded; /* the rules so far with their repetitions written out (elements) */
+    int32_t *names;   /* named rules by name (open addressing, -1 empty) */
+    uint32_t names_cap;
+    const char *w_at; /* where() goes on from its last answer: the text is read once */
+    int w_line, w_col;
     kvgen_error *err;
     kvgen_status st;
 } parser;
 
-static void where(const parser *P, const char *at, int *line, int *col) {
+static void where(parser *P, const char *at, int *line, int *col) {
+    const char *q = P->src;
     *line = 1;
     *col = 1;
-    for (const char *q = P->src; q < at && *q; q++) {
+    if (P->w_at && P->w_at <= at) {
+        q = P->w_at;
+        *line = P->w_line;
+        *col = P->w_col;
+    }
+    for (; q < at && *q; q++) {
         if (*q == '\n') {
             (*line)++;
             *col = 1;
@@ -96,6 +119,9 @@ static void where(const parser *P, const char *at, int *line, int *col) {
             (*col)++;
         }
     }
+    P->w_at = q;
+    P->w_line = *line;
+    P->w_col = *col;
 }
 
 #if defined(__GNUC__)
@@ -143,6 +169,47 @@ static int byte_class(parser *P, unsigned b) {
     return P->single[b];
 }
 
+static uint32_t name_hash(const char *name, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+    return h;
+}
+
+/* the slot of name in the table: its rule, or the empty slot where it goes */
+static uint32_t name_slot(const parser *P, const char *name, size_t len) {
+    uint32_t mask = P->names_cap - 1, k = name_hash(name, len) & mask;
+    for (; P->names[k] >= 0; k = (k + 1) & mask) {
+        const char *n = P->rules[P->names[k]].name;
+        if (strlen(n) == len && memcmp(n, name, len) == 0) break;
+    }
+    return k;
+}
+
+static int find_rule(parser *P, const char *name, size_t len) {
+    return P->names_cap ? P->names[name_slot(P, name, len)] : -1;
+}
+
+/* lists named rule r in the table */
+static bool name_rule(parser *P, int r) {
+    if ((uint32_t)P->n_rules * 2 >= P->names_cap) {
+        uint32_t cap = P->names_cap ? P->names_cap * 2 : 64;
+        while ((uint32_t)P->n_rules * 2 >= cap) cap *= 2;
+        int32_t *t = kvg_malloc((size_t)cap * sizeof *t);
+        if (!t) return false;
+        memset(t, 0xff, (size_t)cap * sizeof *t);
+        int32_t *old = P->names;
+        uint32_t old_cap = P->names_cap;
+        P->names = t;
+        P->names_cap = cap;
+        for (uint32_t i = 0; i < old_cap; i++)
+            if (old[i] >= 0) P->names[name_slot(P, P->rules[old[i]].name, strlen(P->rules[old[i]].name))] = old[i];
+        kvg_free(old);
+    }
+    const char *n = P->rules[r].name;
+    P->names[name_slot(P, n, strlen(n))] = r;
+    return true;
+}
+
 static int new_rule(parser *P, const char *name, size_t len, int line, int col) {
     if (P->n_rules == P->cap_rules) {
         int cap = P->cap_rules ? P->cap_rules * 2 : 32;
@@ -166,7 +233,12 @@ static int new_rule(parser *P, const char *name, size_t len, int line, int col) 
     r->line = line;
     r->col = col;
     r->owner = P->n_rules;
-    return P->n_rules++;
+    int id = P->n_rules++;
+    if (len > 0 && !name_rule(P, id)) {
+        poom(P);
+        return -1;
+    }
+    return id;
 }
 
 static int helper_rule(parser *P, int owner, const char *what) {
@@ -176,13 +248,6 @@ static int helper_rule(parser *P, int owner, const char *what) {
     P->rules[r].owner = P->rules[owner].owner;
     P->rules[r].what = what;
     return r;
-}
-
-static int find_rule(parser *P, const char *name, size_t len) {
-    for (int i = 0; i < P->n_rules; i++)
-        if (P->rules[i].name[0] && strlen(P->rules[i].name) == len && memcmp(P->rules[i].name, name, len) == 0)
-            return i;
-    return -1;
 }
 
 static int new_alt(parser *P, int r) {
@@ -286,6 +351,10 @@ static long parse_char(parser *P) {
     }
     if (c == '\\') {
         char e = P->p[1];
+        if (e == 0) { /* the text ends inside the escape: stay on its last byte */
+            perr(P, at, "'\\' at the end of the grammar (byte %ld)", (long)(at - P->src));
+            return -1;
+        }
         P->p += 2;
         switch (e) {
         case 'n': return '\n';
@@ -310,7 +379,7 @@ static long parse_char(parser *P) {
             }
             return v;
         }
-        default: perr(P, at, "unknown escape \\%c", e ? e : '0'); return -1;
+        default: perr(P, at, "unknown escape \\%c", e); return -1;
         }
     }
     size_t cl, ok;
@@ -448,7 +517,7 @@ static void parse_class(parser *P, int r, int a, int owner) {
     push_el(P, r, a, E_REF, h);
 }
 
-static void parse_alternates(parser *P, int r, int owner, bool nested);
+static double parse_alternates(parser *P, int r, int owner, bool nested);
 
 static bool parse_count(parser *P, long *v) {
     if (*P->p < '0' || *P->p > '9') return false;
@@ -506,9 +575,12 @@ static void repeat(parser *P, int r, int a, int from, long m, long n, int owner)
     if (prev >= 0) push_el(P, r, a, E_REF, prev);
 }
 
-/* a sequence, into alternative a of rule r */
-static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
-    int last = -1; /* where the last element's elements start */
+/* A sequence, into alternative a of rule r; returns its size with every repetition written
+ * out (a reference to a named rule counts one: its own size is counted once, where it is
+ * defined). */
+static double parse_sequence(parser *P, int r, int a, int owner, bool nested) {
+    int last = -1;       /* where the last element's elements start */
+    double size = 0, last_size = 0;
     while (P->st == KVGEN_OK) {
         const char *at = P->p;
         char c = *P->p;
@@ -518,30 +590,35 @@ static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
             while (P->st == KVGEN_OK && *P->p != '"') {
                 if (!*P->p || *P->p == '\n') {
                     perr(P, at, "string literal is not closed with '\"'");
-                    return;
+                    return size;
                 }
                 long v = parse_char(P);
-                if (v >= 0) push_codepoint(P, r, a, v);
+                if (v < 0) return size;
+                push_codepoint(P, r, a, v);
             }
+            if (P->st != KVGEN_OK) return size;
             P->p++;
             if (P->rules[r].alts[a].n == before) { /* "" matches the empty text */
                 last = -1;
                 skip_space(P, nested);
                 continue;
             }
+            last_size = P->rules[r].alts[a].n - before;
         } else if (c == '[') {
             P->p++;
             parse_class(P, r, a, owner);
+            last_size = 1;
         } else if (c == '.') { /* any character: an ASCII byte or a multi-byte character */
             P->p++;
             int u = utf8_rule(P, owner), h = u >= 0 ? helper_rule(P, owner, "'.'") : -1;
             int a1 = h >= 0 ? new_alt(P, h) : -1, a2 = a1 >= 0 ? new_alt(P, h) : -1;
-            if (a2 < 0) return;
+            if (a2 < 0) return size;
             bclass all = {{0}};
             set_range(&all, 0, 0x7f);
             push_el(P, h, a1, E_CHARS, add_class(P, &all));
             push_el(P, h, a2, E_REF, u);
             push_el(P, r, a, E_REF, h);
+            last_size = 1;
         } else if (name_char(c)) {
             const char *name = P->p;
             while (name_char(*P->p)) P->p++;
@@ -552,7 +629,7 @@ static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
             if (q[0] == ':' && q[1] == ':' && q[2] == '=') {
                 if (nested) perr(P, name, "'::=' inside a group");
                 P->p = name;
-                return;
+                return size;
             }
             int ref = find_rule(P, name, len);
             if (ref < 0) {
@@ -562,23 +639,30 @@ static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
             }
             if (ref >= 0) P->rules[ref].used = true;
             push_el(P, r, a, E_REF, ref);
+            last_size = 1;
         } else if (c == '(') {
+            if (P->depth >= MAX_NESTING) { /* the parser recurses once per group */
+                perr(P, at, "groups nested over %d deep (byte %ld)", MAX_NESTING, (long)(at - P->src));
+                return size;
+            }
             P->p++;
             skip_space(P, true);
             int h = helper_rule(P, owner, "a group");
-            if (h < 0) return;
-            parse_alternates(P, h, owner, true);
-            if (P->st != KVGEN_OK) return;
+            if (h < 0) return size;
+            P->depth++;
+            last_size = parse_alternates(P, h, owner, true);
+            P->depth--;
+            if (P->st != KVGEN_OK) return size;
             if (*P->p != ')') {
                 perr(P, at, "group is not closed with ')'");
-                return;
+                return size;
             }
             P->p++;
             push_el(P, r, a, E_REF, h);
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
             if (last < 0) {
                 perr(P, at, "'%c' follows nothing it could repeat", c);
-                return;
+                return size;
             }
             P->p++;
             long m = 0, n = -1;
@@ -588,7 +672,7 @@ static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
                 skip_space(P, false);
                 if (!parse_count(P, &m)) {
                     perr(P, at, "'{' needs a count: {m}, {m,} or {m,n}");
-                    return;
+                    return size;
                 }
                 skip_space(P, false);
                 n = m;
@@ -600,36 +684,49 @@ static void parse_sequence(parser *P, int r, int a, int owner, bool nested) {
                 }
                 if (*P->p != '}') {
                     perr(P, at, "'{' is not closed with '}'");
-                    return;
+                    return size;
                 }
                 P->p++;
                 if (m > MAX_REPEAT || n > MAX_REPEAT) {
                     perr(P, at, "repetition count over %d", MAX_REPEAT);
-                    return;
+                    return size;
                 }
                 if (n >= 0 && n < m) {
                     perr(P, at, "repetition {%ld,%ld}: the maximum is below the minimum", m, n);
-                    return;
+                    return size;
                 }
             }
+            /* x{m,n} is n copies of x (m and a tail when unbounded): nested repetitions multiply */
+            double copies = n < 0 ? (double)m + 1 : n > 0 ? (double)n : 1;
+            double rep_size = last_size * copies;
+            if (rep_size > MAX_EXPANDED) {
+                perr(P, at, "the repetition expands to %.0f elements, over the limit of %d (byte %ld)", rep_size,
+                     MAX_EXPANDED, (long)(at - P->src));
+                return size;
+            }
+            size += rep_size - last_size;
             repeat(P, r, a, last, m, n, owner);
             last = -1; /* x** is refused: write (x*)* */
             skip_space(P, nested);
             continue;
         } else {
-            return;
+            return size;
         }
+        size += last_size;
         last = before;
         skip_space(P, nested);
     }
+    return size;
 }
 
-static void parse_alternates(parser *P, int r, int owner, bool nested) {
+/* the alternatives' sizes, added (see parse_sequence) */
+static double parse_alternates(parser *P, int r, int owner, bool nested) {
+    double size = 0;
     for (;;) {
         int a = new_alt(P, r);
-        if (a < 0) return;
-        parse_sequence(P, r, a, owner, nested);
-        if (P->st != KVGEN_OK) return;
+        if (a < 0) return size;
+        size += parse_sequence(P, r, a, owner, nested);
+        if (P->st != KVGEN_OK) return size;
         const char *q = P->p;
         if (!nested) { /* a rule goes on on the next line when that line starts with '|' */
             while (*q == ' ' || *q == '\t' || *q == '\r' || *q == '\n' || *q == '#') {
@@ -639,7 +736,7 @@ static void parse_alternates(parser *P, int r, int owner, bool nested) {
                     q++;
             }
         }
-        if (*q != '|') return;
+        if (*q != '|') return size;
         P->p = q + 1;
         skip_space(P, true);
     }
@@ -676,8 +773,13 @@ static void parse_grammar(parser *P) {
         P->rules[r].line = line;
         P->rules[r].col = col;
         skip_space(P, true);
-        parse_alternates(P, r, r, false);
+        P->expanded += parse_alternates(P, r, r, false);
         if (P->st != KVGEN_OK) return;
+        if (P->expanded > MAX_EXPANDED) {
+            perr(P, name, "the grammar expands to over %d elements with its repetitions written out (rule '%.*s', "
+                 "byte %ld)", MAX_EXPANDED, (int)len, name, (long)(name - P->src));
+            return;
+        }
         if (*P->p && *P->p != '\n' && !name_char(*P->p)) {
             perr(P, P->p, "unexpected '%c' in rule '%.*s'", *P->p, (int)len, name);
             return;
@@ -700,64 +802,110 @@ static bool alt_all(const palt *A, const bool *ok) {
     return true;
 }
 
-/* a rule is productive when one of its alternatives matches some complete text */
-static void productive(const parser *P, bool *prod) {
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < P->n_rules; r++)
-            for (int a = 0; !prod[r] && a < P->rules[r].n_alts; a++)
-                if (alt_all(&P->rules[r].alts[a], prod)) prod[r] = changed = true;
+/* flag[r] for each rule with an alternative whose references all have the flag: productive
+ * (the rule matches some complete text) or, bytes_fail, nullable (it matches the empty text:
+ * an alternative with a byte class never does). Settled from a list of the rules just flagged,
+ * not in rounds, so a chain of rules costs one pass. False when out of memory. */
+static bool settle(const parser *P, bool *flag, bool bytes_fail) {
+    size_t n_alt = 0, n_ref = 0;
+    for (int r = 0; r < P->n_rules; r++) {
+        n_alt += (size_t)P->rules[r].n_alts;
+        for (int a = 0; a < P->rules[r].n_alts; a++)
+            for (int i = 0; i < P->rules[r].alts[a].n; i++) n_ref += P->rules[r].alts[a].e[i].kind == E_REF;
     }
-}
-
-/* a cycle of rules needed by root that never completes: the rule where it closes */
-static int dead_cycle(const parser *P, int r, const bool *prod, uint8_t *color) {
-    color[r] = 1;
-    for (int a = 0; a < P->rules[r].n_alts; a++) {
-        const palt *A = &P->rules[r].alts[a];
-        for (int i = 0; i < A->n; i++) {
-            if (A->e[i].kind != E_REF || prod[A->e[i].arg]) continue;
-            int t = A->e[i].arg;
-            if (color[t] == 1) return t;
-            if (color[t] == 0) {
-                int c = dead_cycle(P, t, prod, color);
-                if (c >= 0) return c;
-            }
-        }
-    }
-    color[r] = 2;
-    return -1;
-}
-
-static void nullable(const parser *P, bool *null) {
-    for (bool changed = true; changed;) {
-        changed = false;
+    int *left = kvg_malloc((n_alt + 1) * sizeof *left);       /* an alternative's references not flagged */
+    int *alt_rule = kvg_malloc((n_alt + 1) * sizeof *alt_rule);
+    int *use_at = kvg_calloc((size_t)P->n_rules + 2, sizeof *use_at); /* the alternatives using rule t: */
+    int *uses = kvg_malloc((n_ref + 1) * sizeof *uses);              /* uses[use_at[t] .. use_at[t + 1]) */
+    int *queue = kvg_malloc(((size_t)P->n_rules + 1) * sizeof *queue);
+    bool ok = left && alt_rule && use_at && uses && queue;
+    int n_queue = 0;
+    if (ok) {
+        size_t id = 0;
         for (int r = 0; r < P->n_rules; r++)
-            for (int a = 0; !null[r] && a < P->rules[r].n_alts; a++) {
+            for (int a = 0; a < P->rules[r].n_alts; a++, id++) {
                 const palt *A = &P->rules[r].alts[a];
-                bool all = true;
-                for (int i = 0; all && i < A->n; i++) all = A->e[i].kind == E_REF && null[A->e[i].arg];
-                if (all) null[r] = changed = true;
+                alt_rule[id] = r;
+                left[id] = 0;
+                for (int i = 0; i < A->n; i++) {
+                    if (A->e[i].kind == E_REF) {
+                        left[id]++;
+                        use_at[A->e[i].arg + 2]++;
+                    } else if (bytes_fail) {
+                        left[id] = -1 - A->n; /* never reaches 0 */
+                        break;
+                    }
+                }
+                if (left[id] == 0 && !flag[r]) flag[r] = true, queue[n_queue++] = r;
             }
-    }
-}
-
-/* a rule that reaches itself before reading a byte; -1 when there is none */
-static int left_cycle(const parser *P, int r, const bool *null, uint8_t *color) {
-    color[r] = 1;
-    for (int a = 0; a < P->rules[r].n_alts; a++) {
-        const palt *A = &P->rules[r].alts[a];
-        for (int i = 0; i < A->n && A->e[i].kind == E_REF; i++) {
-            int t = A->e[i].arg;
-            if (color[t] == 1) return t;
-            if (color[t] == 0) {
-                int c = left_cycle(P, t, null, color);
-                if (c >= 0) return c;
+        for (int t = 0; t < P->n_rules; t++) use_at[t + 2] += use_at[t + 1];
+        id = 0;
+        for (int r = 0; r < P->n_rules; r++)
+            for (int a = 0; a < P->rules[r].n_alts; a++, id++) {
+                const palt *A = &P->rules[r].alts[a];
+                for (int i = 0; i < A->n; i++)
+                    if (A->e[i].kind == E_REF) uses[use_at[A->e[i].arg + 1]++] = (int)id;
             }
-            if (!null[t]) break;
+        /* use_at[t + 1] is now the end of t's uses, use_at[t] their start */
+        while (n_queue > 0) {
+            int t = queue[--n_queue];
+            for (int u = use_at[t]; u < use_at[t + 1]; u++) {
+                int al = uses[u];
+                if (--left[al] == 0 && !flag[alt_rule[al]]) {
+                    flag[alt_rule[al]] = true;
+                    queue[n_queue++] = alt_rule[al];
+                }
+            }
         }
     }
-    color[r] = 2;
+    kvg_free(left);
+    kvg_free(alt_rule);
+    kvg_free(use_at);
+    kvg_free(uses);
+    kvg_free(queue);
+    return ok;
+}
+
+/* Depth first from rule `from` over references, with an explicit stack (frames: room for
+ * every rule; a grammar may chain rules deeper than the C stack goes). left: the references an
+ * alternative can start with (flag: the rule can match the empty text); otherwise the
+ * references to rules that never complete (flag: the rule is productive). Returns the rule
+ * where a cycle closes, -1 when there is none. */
+typedef struct dfs_frame {
+    int r, a, i;
+} dfs_frame;
+
+static int find_cycle(const parser *P, int from, const bool *flag, bool left, uint8_t *color, dfs_frame *fr) {
+    int top = 0;
+    fr[0] = (dfs_frame){from, 0, 0};
+    color[from] = 1;
+    while (top >= 0) {
+        dfs_frame *f = &fr[top];
+        const prule *R = &P->rules[f->r];
+        if (f->a >= R->n_alts) {
+            color[f->r] = 2;
+            top--;
+            continue;
+        }
+        const palt *A = &R->alts[f->a];
+        if (f->i >= A->n || (left && A->e[f->i].kind != E_REF)) {
+            f->a++;
+            f->i = 0;
+            continue;
+        }
+        const gel *e = &A->e[f->i];
+        if (!left && (e->kind != E_REF || flag[e->arg])) {
+            f->i++;
+            continue;
+        }
+        int t = e->arg;
+        f->i = left && !flag[t] ? A->n : f->i + 1; /* left: what follows t comes after a byte */
+        if (color[t] == 1) return t;
+        if (color[t] == 0) {
+            color[t] = 1;
+            fr[++top] = (dfs_frame){t, 0, 0};
+        }
+    }
     return -1;
 }
 
@@ -778,15 +926,23 @@ static void check_grammar(parser *P) {
     size_t n = (size_t)P->n_rules;
     bool *flag = kvg_calloc(n, sizeof *flag);
     uint8_t *color = kvg_calloc(n, 1);
-    if (!flag || !color) {
+    dfs_frame *frames = kvg_malloc(n * sizeof *frames);
+    if (!flag || !color || !frames) {
         kvg_free(flag);
         kvg_free(color);
+        kvg_free(frames);
         poom(P);
         return;
     }
-    productive(P, flag);
+    if (!settle(P, flag, false)) {
+        kvg_free(flag);
+        kvg_free(color);
+        kvg_free(frames);
+        poom(P);
+        return;
+    }
     if (!flag[root]) {
-        int c = dead_cycle(P, root, flag, color);
+        int c = find_cycle(P, root, flag, false, color, frames);
         P->st = kvg_fail(P->err, KVGEN_E_INVALID_ARGUMENT,
                          "grammar: %s never completes: every way through it needs itself again (the grammar matches "
                          "no text)",
@@ -805,10 +961,10 @@ static void check_grammar(parser *P) {
     }
     if (P->st == KVGEN_OK) {
         memset(flag, 0, n * sizeof *flag);
-        nullable(P, flag);
+        if (!settle(P, flag, true)) poom(P);
         for (int r = 0; r < P->n_rules && P->st == KVGEN_OK; r++) {
             if (color[r]) continue;
-            int c = left_cycle(P, r, flag, color);
+            int c = find_cycle(P, r, flag, true, color, frames);
             if (c >= 0) {
                 const char *what = P->rules[c].what;
                 P->st = kvg_fail(P->err, KVGEN_E_INVALID_ARGUMENT,
@@ -820,6 +976,7 @@ static void check_grammar(parser *P) {
     }
     kvg_free(flag);
     kvg_free(color);
+    kvg_free(frames);
 }
 
 static void parser_free(parser *P) {
@@ -830,6 +987,7 @@ static void parser_free(parser *P) {
     }
     kvg_free(P->rules);
     kvg_free(P->cls);
+    kvg_free(P->names);
 }
 
 void kvg_gram_free(kvg_gram *g) {
@@ -917,11 +1075,43 @@ struct kvg_gram_match {
     uint32_t shash_cap;
     int32_t *tmp; /* the state being built */
     int n_tmp, cap_tmp;
+    int32_t *todo; /* closure's nodes still to follow */
+    int n_todo, cap_todo;
+    int32_t *walk; /* the mask's trie walk: (node, next child, state) per level */
+    size_t cap_walk;
     uint8_t accept;
     uint32_t stamp;
     int start, cur;
-    bool oom;
+    long steps, max_steps; /* work of this call, and its bound */
+    bool oom;              /* a bound was hit or memory ran out: the call stops (fail holds why) */
+    kvgen_error fail;
 };
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void mfail(kvg_gram_match *mt, kvgen_status st, const char *fmt, ...) {
+    mt->oom = true;
+    if (mt->fail.status != KVGEN_OK) return;
+    mt->fail.status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(mt->fail.message, sizeof mt->fail.message, fmt, ap);
+    va_end(ap);
+}
+
+static void mnomem(kvg_gram_match *mt) { mfail(mt, KVGEN_E_NO_MEMORY, "grammar: out of memory for the matcher"); }
+
+/* one step of work; false (and the call stops) past the bound */
+static bool step(kvg_gram_match *mt) {
+    if (++mt->steps <= mt->max_steps) return true;
+    mfail(mt, KVGEN_E_UNSUPPORTED,
+          "grammar: one token needs over %ld matcher steps (the grammar's cost here: %d stacks in the state being "
+          "built, %d states, %d nodes); the generation ends: make the grammar less ambiguous or its repetitions "
+          "shorter",
+          mt->max_steps, mt->n_tmp, mt->n_st, mt->n_nodes);
+    return false;
+}
 
 static uint32_t mix(uint32_t h) {
     h ^= h >> 16;
@@ -948,6 +1138,7 @@ static bool node_rehash(kvg_gram_match *mt, uint32_t cap) {
 }
 
 static int intern_node(kvg_gram_match *mt, int32_t pos, int32_t par) {
+    if (!step(mt)) return -1;
     uint32_t mask = mt->nhash_cap - 1;
     uint32_t k = mix((uint32_t)pos * 0x9e3779b1u ^ (uint32_t)par) & mask;
     for (; mt->nhash[k] >= 0; k = (k + 1) & mask) {
@@ -955,7 +1146,10 @@ static int intern_node(kvg_gram_match *mt, int32_t pos, int32_t par) {
         if (mt->npos[i] == pos && mt->npar[i] == par) return i;
     }
     if (mt->n_nodes >= MAX_NODES) {
-        mt->oom = true;
+        mfail(mt, KVGEN_E_UNSUPPORTED,
+              "grammar: the matcher reached %d stacks in one token (the grammar is too ambiguous here); the "
+              "generation ends",
+              MAX_NODES);
         return -1;
     }
     if (mt->n_nodes == mt->cap_nodes) {
@@ -966,7 +1160,7 @@ static int intern_node(kvg_gram_match *mt, int32_t pos, int32_t par) {
         if (b) mt->npar = b;
         uint32_t *c = b ? kvg_realloc(mt->nstamp, (size_t)cap * sizeof *c) : NULL;
         if (!c) {
-            mt->oom = true;
+            mnomem(mt);
             return -1;
         }
         mt->nstamp = c;
@@ -977,55 +1171,53 @@ static int intern_node(kvg_gram_match *mt, int32_t pos, int32_t par) {
     mt->npar[i] = par;
     mt->nstamp[i] = 0;
     mt->nhash[k] = i;
-    if ((uint32_t)mt->n_nodes * 2 > mt->nhash_cap && !node_rehash(mt, mt->nhash_cap * 2)) mt->oom = true;
+    if ((uint32_t)mt->n_nodes * 2 > mt->nhash_cap && !node_rehash(mt, mt->nhash_cap * 2)) mnomem(mt);
     return i;
 }
 
-static void push_tmp(kvg_gram_match *mt, int32_t v) {
-    if (mt->n_tmp == mt->cap_tmp) {
-        int cap = mt->cap_tmp * 2;
-        int32_t *t = kvg_realloc(mt->tmp, (size_t)cap * sizeof *t);
+static bool push_i32(kvg_gram_match *mt, int32_t **v, int *n, int *cap, int32_t x) {
+    if (*n == *cap) {
+        int c = *cap * 2;
+        int32_t *t = kvg_realloc(*v, (size_t)c * sizeof *t);
         if (!t) {
-            mt->oom = true;
-            return;
+            mnomem(mt);
+            return false;
         }
-        mt->tmp = t;
-        mt->cap_tmp = cap;
+        *v = t;
+        *cap = c;
     }
-    mt->tmp[mt->n_tmp++] = v;
+    (*v)[(*n)++] = x;
+    return true;
 }
 
-/* Follows node n until every stack's top is a byte class (into tmp) or the text may end. */
+/* Follows node n until every stack's top is a byte class (into tmp) or the text may end. The
+ * nodes still to follow are a list, not the C stack: nested repetitions of text that can be
+ * empty reach thousands of rules deep before they read a byte. */
 static void closure(kvg_gram_match *mt, int n) {
     const kvg_gram *g = mt->g;
-    while (n >= 0 && !mt->oom) {
-        if (mt->nstamp[n] == mt->stamp) return;
+    mt->n_todo = 0;
+    if (n < 0 || !push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, n)) return;
+    while (mt->n_todo > 0 && !mt->oom) {
+        n = mt->todo[--mt->n_todo];
+        if (mt->nstamp[n] == mt->stamp || !step(mt)) continue;
         mt->nstamp[n] = mt->stamp;
         int32_t pos = mt->npos[n], par = mt->npar[n];
         const gel *e = &g->elems[pos];
         if (e->kind == E_CHARS) {
-            push_tmp(mt, n);
-            return;
-        }
-        if (e->kind == E_END) {
-            if (par < 0) {
-                mt->accept = 1;
-                return;
+            push_i32(mt, &mt->tmp, &mt->n_tmp, &mt->cap_tmp, n);
+        } else if (e->kind == E_END) {
+            if (par < 0) mt->accept = 1;
+            else push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par);
+        } else {
+            /* a reference: each alternative, going on after it (a reference in tail position
+             * goes straight on with the parent: no frame) */
+            int32_t cont = g->elems[pos + 1].kind == E_END ? par : intern_node(mt, pos + 1, par);
+            int r = e->arg;
+            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !mt->oom; a++) {
+                int c = intern_node(mt, g->alt_start[a], cont);
+                if (c >= 0) push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, c);
             }
-            n = par;
-            continue;
         }
-        /* a reference: each alternative, going on after it (a reference in tail position goes
-         * straight on with the parent: no frame) */
-        int32_t cont = g->elems[pos + 1].kind == E_END ? par : intern_node(mt, pos + 1, par);
-        if (mt->oom) return;
-        int r = e->arg;
-        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-            int c = intern_node(mt, g->alt_start[a], cont);
-            if (c < 0) return;
-            closure(mt, c);
-        }
-        return;
     }
 }
 
@@ -1056,7 +1248,7 @@ static bool state_rehash(kvg_gram_match *mt, uint32_t cap) {
     return true;
 }
 
-/* the state tmp + accept describe: its id, -1 when it is dead (or out of memory) */
+/* the state tmp + accept describe: its id, -1 when it is dead (or a bound was hit) */
 static int intern_state(kvg_gram_match *mt) {
     if (mt->oom || (mt->n_tmp == 0 && !mt->accept)) return -1;
     if (mt->n_tmp > 1) qsort(mt->tmp, (size_t)mt->n_tmp, sizeof *mt->tmp, cmp_i32);
@@ -1068,16 +1260,18 @@ static int intern_state(kvg_gram_match *mt) {
             memcmp(mt->tops + s->off, mt->tmp, (size_t)s->n * sizeof *mt->tmp) == 0)
             return mt->shash[k];
     }
-    if (mt->n_st >= MAX_STATES) {
-        mt->oom = true;
-        kvg_log(KVGEN_LOG_WARNING, "grammar: the matcher reached %d states; the text ends here", MAX_STATES);
+    if (mt->n_st >= MAX_STATES || mt->n_tops + (size_t)mt->n_tmp > MAX_TOPS) {
+        mfail(mt, KVGEN_E_UNSUPPORTED,
+              "grammar: the matcher reached %d states or %zu stacks in one token (the grammar is too costly here); "
+              "the generation ends",
+              MAX_STATES, MAX_TOPS);
         return -1;
     }
     if (mt->n_st == mt->cap_st) {
         int cap = mt->cap_st * 2;
         mstate *n = kvg_realloc(mt->st, (size_t)cap * sizeof *n);
         if (!n) {
-            mt->oom = true;
+            mnomem(mt);
             return -1;
         }
         mt->st = n;
@@ -1087,7 +1281,7 @@ static int intern_state(kvg_gram_match *mt) {
         size_t cap = mt->cap_tops * 2 + (size_t)mt->n_tmp;
         int32_t *t = kvg_realloc(mt->tops, cap * sizeof *t);
         if (!t) {
-            mt->oom = true;
+            mnomem(mt);
             return -1;
         }
         mt->tops = t;
@@ -1098,7 +1292,7 @@ static int intern_state(kvg_gram_match *mt) {
     mt->st[id] = (mstate){(int32_t)mt->n_tops, mt->n_tmp, mt->accept, NULL};
     mt->n_tops += (size_t)mt->n_tmp;
     mt->shash[k] = id;
-    if ((uint32_t)mt->n_st * 2 > mt->shash_cap && !state_rehash(mt, mt->shash_cap * 2)) mt->oom = true;
+    if ((uint32_t)mt->n_st * 2 > mt->shash_cap && !state_rehash(mt, mt->shash_cap * 2)) mnomem(mt);
     return id;
 }
 
@@ -1111,22 +1305,23 @@ static void begin_build(kvg_gram_match *mt) {
     }
 }
 
-/* the state after byte b from state s; -1: b is refused */
+/* the state after byte b from state s; -1: b is refused (or a bound was hit: mt->oom) */
 static int advance(kvg_gram_match *mt, int s, unsigned b) {
     mstate *S = &mt->st[s];
+    if (S->trans && S->trans[b] != -2) return S->trans[b];
+    if (mt->oom) return -1;
     if (!S->trans) {
         S->trans = kvg_malloc(256 * sizeof *S->trans);
         if (!S->trans) {
-            mt->oom = true;
+            mnomem(mt);
             return -1;
         }
         for (int i = 0; i < 256; i++) S->trans[i] = -2;
     }
-    if (S->trans[b] != -2) return S->trans[b];
     const kvg_gram *g = mt->g;
     begin_build(mt);
     int32_t off = S->off, n = S->n;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < n && step(mt); i++) {
         int top = mt->tops[off + i];
         int32_t pos = mt->npos[top];
         if (!has_byte(&g->classes[g->elems[pos].arg], b)) continue;
@@ -1139,8 +1334,18 @@ static int advance(kvg_gram_match *mt, int s, unsigned b) {
     return id;
 }
 
-void kvg_gram_match_free(kvg_gram_match *mt) {
-    if (!mt) return;
+/* the state of the text's start: the root's alternatives, followed */
+static int start_state(kvg_gram_match *mt) {
+    const kvg_gram *g = mt->g;
+    begin_build(mt);
+    for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) {
+        int c = intern_node(mt, g->alt_start[a], -1);
+        if (c >= 0) closure(mt, c);
+    }
+    return intern_state(mt);
+}
+
+static void drop_tables(kvg_gram_match *mt) {
     for (int i = 0; i < mt->n_st; i++) kvg_free(mt->st[i].trans);
     kvg_free(mt->st);
     kvg_free(mt->tops);
@@ -1149,7 +1354,95 @@ void kvg_gram_match_free(kvg_gram_match *mt) {
     kvg_free(mt->npar);
     kvg_free(mt->nstamp);
     kvg_free(mt->nhash);
+    mt->st = NULL;
+    mt->tops = NULL;
+    mt->shash = mt->npos = mt->npar = mt->nhash = NULL;
+    mt->nstamp = NULL;
+    mt->n_st = mt->n_nodes = 0;
+    mt->n_tops = 0;
+}
+
+static bool new_tables(kvg_gram_match *mt) {
+    mt->cap_nodes = 1024;
+    mt->npos = kvg_malloc(1024 * sizeof *mt->npos);
+    mt->npar = kvg_malloc(1024 * sizeof *mt->npar);
+    mt->nstamp = kvg_malloc(1024 * sizeof *mt->nstamp);
+    mt->cap_st = 64;
+    mt->st = kvg_malloc(64 * sizeof *mt->st);
+    mt->cap_tops = 256;
+    mt->tops = kvg_malloc(256 * sizeof *mt->tops);
+    return mt->npos && mt->npar && mt->nstamp && mt->st && mt->tops && node_rehash(mt, 4096) &&
+           state_rehash(mt, 256);
+}
+
+/* Forgets every node and state but the text's start and (keep_cur) the current state, whose
+ * stacks are copied over: a long generation's caches stay within the soft bounds. */
+static bool rebuild(kvg_gram_match *mt, bool keep_cur) {
+    int32_t *chains = NULL; /* each top's stack, bottom first, after its length */
+    size_t n_chain = 0;
+    uint8_t accept = 0;
+    int n_top = 0;
+    if (keep_cur && mt->cur != mt->start) {
+        const mstate *S = &mt->st[mt->cur];
+        accept = S->accept;
+        n_top = S->n;
+        for (int i = 0; i < S->n; i++)
+            for (int32_t v = mt->tops[S->off + i]; v >= 0; v = mt->npar[v]) n_chain++;
+        chains = kvg_malloc((n_chain + (size_t)n_top + 1) * sizeof *chains);
+        if (!chains) return false;
+        size_t at = 0;
+        for (int i = 0; i < S->n; i++) {
+            size_t len_at = at++, len = 0;
+            for (int32_t v = mt->tops[S->off + i]; v >= 0; v = mt->npar[v]) chains[at + len++] = mt->npos[v];
+            for (size_t a = 0, z = len - 1; a < z; a++, z--) { /* bottom first */
+                int32_t t = chains[at + a];
+                chains[at + a] = chains[at + z];
+                chains[at + z] = t;
+            }
+            chains[len_at] = (int32_t)len;
+            at += len;
+        }
+    } else {
+        keep_cur = false;
+    }
+    drop_tables(mt);
+    mt->steps = 0;
+    bool ok = new_tables(mt) && (mt->start = start_state(mt)) >= 0;
+    mt->cur = mt->start;
+    if (ok && keep_cur) {
+        begin_build(mt);
+        for (size_t i = 0, at = 0; ok && i < (size_t)n_top; i++) {
+            int32_t len = chains[at++], node = -1;
+            for (int32_t k = 0; ok && k < len; k++) ok = (node = intern_node(mt, chains[at + k], node)) >= 0;
+            at += (size_t)len;
+            ok = ok && push_i32(mt, &mt->tmp, &mt->n_tmp, &mt->cap_tmp, node);
+        }
+        mt->accept = accept;
+        if (ok) ok = (mt->cur = intern_state(mt)) >= 0;
+    }
+    kvg_free(chains);
+    mt->steps = 0;
+    return ok && !mt->oom;
+}
+
+/* Between calls: past the soft bounds the caches are rebuilt (within the hard ones a single
+ * call cannot go far past); the work count starts again. */
+static bool begin_call(kvg_gram_match *mt) {
+    if (mt->oom) return false;
+    mt->steps = 0;
+    if ((mt->n_nodes > SOFT_NODES || mt->n_st > SOFT_STATES || mt->n_tops > SOFT_TOPS) && !rebuild(mt, true)) {
+        if (!mt->oom) mnomem(mt);
+        return false;
+    }
+    return true;
+}
+
+void kvg_gram_match_free(kvg_gram_match *mt) {
+    if (!mt) return;
+    drop_tables(mt);
     kvg_free(mt->tmp);
+    kvg_free(mt->todo);
+    kvg_free(mt->walk);
     kvg_free(mt);
 }
 
@@ -1158,40 +1451,46 @@ kvgen_status kvg_gram_match_new(const kvg_gram *g, kvg_gram_match **out, kvgen_e
     kvg_gram_match *mt = kvg_calloc(1, sizeof *mt);
     if (mt) {
         mt->g = g;
-        mt->cap_nodes = 1024;
-        mt->npos = kvg_malloc(1024 * sizeof *mt->npos);
-        mt->npar = kvg_malloc(1024 * sizeof *mt->npar);
-        mt->nstamp = kvg_malloc(1024 * sizeof *mt->nstamp);
-        mt->cap_st = 64;
-        mt->st = kvg_malloc(64 * sizeof *mt->st);
-        mt->cap_tops = 256;
-        mt->tops = kvg_malloc(256 * sizeof *mt->tops);
+        mt->max_steps = MAX_STEPS;
         mt->cap_tmp = 64;
         mt->tmp = kvg_malloc(64 * sizeof *mt->tmp);
+        mt->cap_todo = 64;
+        mt->todo = kvg_malloc(64 * sizeof *mt->todo);
     }
-    if (!mt || !mt->npos || !mt->npar || !mt->nstamp || !mt->st || !mt->tops || !mt->tmp || !node_rehash(mt, 4096) ||
-        !state_rehash(mt, 256)) {
+    if (!mt || !mt->tmp || !mt->todo || !new_tables(mt)) {
         kvg_gram_match_free(mt);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "grammar: out of memory for the matcher");
     }
-    begin_build(mt);
-    for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++) {
-        int c = intern_node(mt, g->alt_start[a], -1);
-        if (c >= 0) closure(mt, c);
-    }
-    mt->start = intern_state(mt);
-    if (mt->start < 0) { /* only out of memory: root is productive */
+    mt->start = start_state(mt);
+    if (mt->start < 0) { /* a bound, or out of memory: root is productive */
+        kvgen_status st = mt->fail.status != KVGEN_OK ? mt->fail.status : KVGEN_E_NO_MEMORY;
+        kvgen_status rc = kvg_fail(err, st, "%s", mt->fail.status != KVGEN_OK ? mt->fail.message
+                                                  : "grammar: out of memory for the matcher");
         kvg_gram_match_free(mt);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "grammar: out of memory for the matcher");
+        return rc;
     }
     mt->cur = mt->start;
     *out = mt;
     return KVGEN_OK;
 }
 
-void kvg_gram_match_reset(kvg_gram_match *mt) { mt->cur = mt->start; }
+void kvg_gram_match_reset(kvg_gram_match *mt) {
+    if (mt->oom) { /* a bound was hit: start again with empty caches */
+        mt->oom = false;
+        mt->fail = (kvgen_error){0};
+        if (!rebuild(mt, false) && !mt->oom) mnomem(mt);
+    }
+    mt->cur = mt->start;
+}
+
+void kvg_gram_match_set_max_steps(kvg_gram_match *mt, long max_steps) {
+    mt->max_steps = max_steps > 0 ? max_steps : MAX_STEPS;
+}
+
+const kvgen_error *kvg_gram_match_failure(const kvg_gram_match *mt) { return mt->oom ? &mt->fail : NULL; }
 
 bool kvg_gram_feed(kvg_gram_match *mt, const unsigned char *bytes, size_t n) {
+    if (!begin_call(mt)) return false;
     int s = mt->cur;
     for (size_t i = 0; i < n && s >= 0; i++) {
         if (mt->st[s].n == 0) return false;
@@ -1202,8 +1501,8 @@ bool kvg_gram_feed(kvg_gram_match *mt, const unsigned char *bytes, size_t n) {
     return true;
 }
 
-bool kvg_gram_can_end(const kvg_gram_match *mt) { return mt->st[mt->cur].accept != 0; }
-bool kvg_gram_done(const kvg_gram_match *mt) { return mt->st[mt->cur].accept && mt->st[mt->cur].n == 0; }
+bool kvg_gram_can_end(const kvg_gram_match *mt) { return mt->st && mt->st[mt->cur].accept != 0; }
+bool kvg_gram_done(const kvg_gram_match *mt) { return mt->st && mt->st[mt->cur].accept && mt->st[mt->cur].n == 0; }
 
 /* ---- the vocabulary trie and the mask ------------------------------------------------------ */
 
@@ -1211,6 +1510,7 @@ bool kvg_gram_done(const kvg_gram_match *mt) { return mt->st[mt->cur].accept && 
  * child (if any) is i + 1 and the next sibling of a child c is end[c]. Node 0 is the root. */
 struct kvg_vocab_trie {
     int n_vocab, n_nodes;
+    int depth; /* the longest token's length */
     uint8_t *byte;
     int32_t *end;
     int32_t *tok_at, *tok_n; /* tokens whose bytes end at the node: toks[tok_at .. + tok_n) */
@@ -1302,6 +1602,7 @@ static kvg_vocab_trie *trie_from(int n, const uint32_t *off, const unsigned char
         }
         while (depth >= 0) t->end[path[depth--]] = nodes;
         t->n_nodes = nodes;
+        t->depth = (int)max_len;
     }
     kvg_free(path);
     kvg_free(refs);
@@ -1370,22 +1671,54 @@ kvgen_status kvg_vocab_trie_get(const kvgen_model *cm, const kvg_vocab_trie **ou
     return KVGEN_OK;
 }
 
-static int walk(kvg_gram_match *mt, const kvg_vocab_trie *t, int node, int s, uint8_t *allowed) {
-    int count = 0;
-    for (int c = node + 1; c < t->end[node]; c = t->end[c]) {
-        int s2 = advance(mt, s, t->byte[c]);
-        if (s2 < 0) continue;
-        for (int k = 0; k < t->tok_n[c]; k++) allowed[t->toks[t->tok_at[c] + k]] = 1;
-        count += t->tok_n[c];
-        if (mt->st[s2].n > 0 && t->end[c] > c + 1) count += walk(mt, t, c, s2, allowed);
-    }
-    return count;
-}
-
-int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *t, uint8_t *allowed) {
+/* The trie walked depth first with a list of levels (a token may be longer than the C stack
+ * is deep): each level is (node, its next child to try, the state at the node). A child whose
+ * byte is refused is never entered, and each state's transitions are computed once. */
+int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *t, uint8_t *allowed, kvgen_error *err) {
     memset(allowed, 0, (size_t)t->n_vocab);
     int count = 0;
-    if (mt->st[mt->cur].n > 0) count = walk(mt, t, 0, mt->cur, allowed);
+    size_t need = ((size_t)t->depth + 2) * 3;
+    if (begin_call(mt) && need > mt->cap_walk) {
+        int32_t *w = kvg_realloc(mt->walk, need * sizeof *w);
+        if (w) {
+            mt->walk = w;
+            mt->cap_walk = need;
+        } else {
+            mnomem(mt);
+        }
+    }
+    if (!mt->oom && mt->st[mt->cur].n > 0) {
+        int32_t *w = mt->walk;
+        int top = 0;
+        w[0] = 0;
+        w[1] = 1;
+        w[2] = mt->cur;
+        while (top >= 0 && !mt->oom) {
+            int32_t *lv = w + 3 * top;
+            int c = lv[1];
+            if (c >= t->end[lv[0]]) {
+                top--;
+                continue;
+            }
+            lv[1] = t->end[c];
+            int s2 = advance(mt, lv[2], t->byte[c]);
+            if (s2 < 0) continue;
+            for (int k = 0; k < t->tok_n[c]; k++) allowed[t->toks[t->tok_at[c] + k]] = 1;
+            count += t->tok_n[c];
+            if (mt->st[s2].n > 0 && t->end[c] > c + 1) {
+                int32_t *nx = w + 3 * ++top;
+                nx[0] = c;
+                nx[1] = c + 1;
+                nx[2] = s2;
+            }
+        }
+    }
+    if (mt->oom) {
+        memset(allowed, 0, (size_t)t->n_vocab);
+        kvg_fail(err, mt->fail.status != KVGEN_OK ? mt->fail.status : KVGEN_E_NO_MEMORY, "%s",
+                 mt->fail.status != KVGEN_OK ? mt->fail.message : "grammar: out of memory for the matcher");
+        return -1;
+    }
     if (kvg_gram_can_end(mt)) {
         for (int i = 0; i < t->n_eog; i++) allowed[t->eog[i]] = 1;
         count += t->n_eog;

@@ -382,6 +382,25 @@ static void to_json(comp *C, kvg_buf *b, const jval *v) {
     }
 }
 
+static bool utf8_text(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t cl, ok;
+        kvg_utf8_scan((const unsigned char *)s + i, n - i, &cl, &ok);
+        if (cl == 0 || ok != cl) return false;
+        i += cl;
+    }
+    return true;
+}
+
+/* every string in v (keys too) is UTF-8: JSON text is, and so must the grammar's text be */
+static bool utf8_value(const jval *v) {
+    if (v->t == J_STR) return utf8_text(v->s, v->len);
+    if (v->t != J_ARR && v->t != J_OBJ) return true;
+    for (int i = 0; i < v->n; i++)
+        if ((v->keys && !utf8_text(v->keys[i], strlen(v->keys[i]))) || !utf8_value(&v->items[i])) return false;
+    return true;
+}
+
 static void json_lit(comp *C, kvg_buf *b, const jval *v) {
     kvg_buf t = {0};
     to_json(C, &t, v);
@@ -558,6 +577,9 @@ static void gen_object(comp *C, const jval *s, const char *path, int depth, kvg_
         C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
         return;
     }
+    for (int p = 0; p < n && C->st == KVGEN_OK; p++)
+        if (!utf8_text(props->keys[p], strlen(props->keys[p])))
+            cerr(C, path, "keyword 'properties': property name %d is not valid UTF-8", p);
     for (int i = 0; req && i < req->n && C->st == KVGEN_OK; i++) {
         const jval *k = &req->items[i];
         int at = -1;
@@ -758,6 +780,7 @@ static int gen(comp *C, const jval *s, const char *path, int depth) {
         return gen_ref(C, ref->s, path, depth);
     }
     if (cnst) {
+        if (!utf8_value(cnst)) return cerr(C, path, "keyword 'const' holds a string that is not valid UTF-8");
         json_lit(C, &b, cnst);
         return emit_rule(C, &b);
     }
@@ -765,6 +788,10 @@ static int gen(comp *C, const jval *s, const char *path, int depth) {
         if (en->t != J_ARR || en->n == 0) return cerr(C, path, "keyword 'enum' must be a non-empty array");
         add(C, &b, "(");
         for (int i = 0; i < en->n; i++) {
+            if (!utf8_value(&en->items[i])) {
+                kvg_free(b.p);
+                return cerr(C, path, "keyword 'enum' value %d holds a string that is not valid UTF-8", i);
+            }
             if (i) add(C, &b, " | ");
             json_lit(C, &b, &en->items[i]);
         }

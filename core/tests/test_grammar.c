@@ -64,7 +64,9 @@ static kvg_gram *parse(const char *text) {
 static void bad_grammar(const char *text, const char *message) {
     kvg_gram *g = NULL;
     kvgen_error err = {0};
-    kvgen_status st = kvg_gram_parse(text, &g, &err);
+    char *copy = kvg_strdup(text); /* exactly its size: a read past the end is a sanitizer error */
+    kvgen_status st = copy ? kvg_gram_parse(copy, &g, &err) : KVGEN_E_NO_MEMORY;
+    kvg_free(copy);
     CHECKF(st == KVGEN_E_INVALID_ARGUMENT && !g && strcmp(err.message, message) == 0, "%s:\n  got  %s\n  want %s",
            text, err.message, message);
     kvg_gram_free(g);
@@ -176,6 +178,15 @@ static void check_schema(void) {
     bad_schema("{\"enum\":[1,2],\"minimum\":0}", "schema: #: keyword 'minimum' beside 'enum' is not supported");
     bad_schema("{\"type\":\"string\",\"enum\":[\"a\",2]}",
                "schema: #: keyword 'enum' holds a value that is not of the schema's 'type'");
+    /* strings that are not UTF-8 (JSON text is): refused by the compiler, naming the path */
+    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\xff\"}}}",
+               "schema: #/properties/a: keyword 'const' holds a string that is not valid UTF-8");
+    bad_schema("{\"const\":{\"k\":[\"\xc3\"]}}", "schema: #: keyword 'const' holds a string that is not valid UTF-8");
+    bad_schema("{\"enum\":[\"ok\",\"\xed\xa0\x80\"]}",
+               "schema: #: keyword 'enum' value 1 holds a string that is not valid UTF-8");
+    bad_schema("{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"object\",\"properties\":{\"ok\":true,"
+               "\"\xc0\xaf\":true}}}}",
+               "schema: #/properties/b: keyword 'properties': property name 1 is not valid UTF-8");
 
     kvg_gram *g = schema_gram(g_npc);
     if (g) {
@@ -223,6 +234,232 @@ static void check_schema(void) {
     }
 }
 
+/* The parser's and the matcher's bounds: deep nesting, nested repetitions, ambiguity and
+ * costly masks are refused or end with a message naming the bound; nothing overflows the C
+ * stack or reads past the text. Work is counted in matcher steps, never timed. */
+static char *repeated(const char *head, const char *open, const char *mid, const char *close, int n) {
+    size_t len = strlen(head) + (strlen(open) + strlen(close)) * (size_t)n + strlen(mid) + 1;
+    char *t = kvg_malloc(len), *q = t;
+    if (!t) return NULL;
+    q += sprintf(q, "%s", head);
+    for (int i = 0; i < n; i++) q += sprintf(q, "%s", open);
+    q += sprintf(q, "%s", mid);
+    for (int i = 0; i < n; i++) q += sprintf(q, "%s", close);
+    return t;
+}
+
+/* feeds text a byte at a time: how many bytes were accepted before the first refusal */
+static size_t feed_bytes(kvg_gram_match *mt, const char *text, size_t n) {
+    size_t i = 0;
+    while (i < n && kvg_gram_feed(mt, (const unsigned char *)text + i, 1)) i++;
+    return i;
+}
+
+static bool contains(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
+
+static void check_bounds(void) {
+    kvgen_error err = {0};
+    /* groups nested 100,000 deep: refused at the 257th, naming the bound and the byte */
+    char *deep = repeated("root ::= ", "(", "\"a\"", ")", 100000);
+    if (deep) bad_grammar(deep, "grammar: line 1 column 266: groups nested over 256 deep (byte 265)");
+    kvg_free(deep);
+    char *ok = repeated("root ::= ", "(", "\"a\"", ")", 256);
+    kvg_gram *g = ok ? parse(ok) : NULL;
+    if (g) CHECK(accepts(g, "a", true));
+    kvg_gram_free(g);
+    kvg_free(ok);
+    /* nested bounded repetitions multiply: refused where the product passes the bound */
+    bad_grammar("root ::= ((\"a\"{0,4096}){0,4096}){0,4096}",
+                "grammar: line 1 column 24: the repetition expands to 16777216 elements, over the limit of 1048576 "
+                "(byte 23)");
+    bad_grammar("root ::= x x\nx ::= (\"ab\"{1024}){512}",
+                "grammar: line 2 column 1: the grammar expands to over 1048576 elements with its repetitions "
+                "written out (rule 'x', byte 13)");
+    /* a chain of rules deeper than the C stack: the checks walk it with a list of their own */
+    {
+        enum { N = 100000 };
+        char *chain = kvg_malloc((size_t)N * 24 + 64), *q = chain;
+        if (chain) {
+            q += sprintf(q, "root ::= r0\n");
+            for (int i = 0; i < N - 1; i++) q += sprintf(q, "r%d ::= r%d\n", i, i + 1);
+            q += sprintf(q, "r%d ::= \"z\"\n", N - 1);
+            if ((g = parse(chain))) CHECK(accepts(g, "z", true) && !accepts(g, "zz", false));
+            kvg_gram_free(g);
+            q = chain + sprintf(chain, "root ::= r0\n");
+            for (int i = 0; i < N - 1; i++) q += sprintf(q, "r%d ::= r%d \"z\"\n", i, i + 1);
+            q += sprintf(q, "r%d ::= r0 | \"z\"\n", N - 1);
+            bad_grammar(chain, "grammar: rule 'r0' (line 2 column 1) is left-recursive: it can reach itself without "
+                               "reading a byte");
+            q = chain + sprintf(chain, "root ::= r0\n");
+            for (int i = 0; i < N - 1; i++) q += sprintf(q, "r%d ::= \"z\" r%d\n", i, i + 1);
+            q += sprintf(q, "r%d ::= r0\n", N - 1);
+            bad_grammar(chain, "grammar: rule 'r0' (line 2 column 1) never completes: every way through it needs "
+                               "itself again (the grammar matches no text)");
+            kvg_free(chain);
+        }
+    }
+    /* an escape cut by the end of the text (bad_grammar's copy is exactly the text's size) */
+    bad_grammar("root ::= \"abc\\", "grammar: line 1 column 14: '\\' at the end of the grammar (byte 13)");
+    bad_grammar("root ::= [\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)");
+    bad_grammar("root ::= [a-\\", "grammar: line 1 column 13: '\\' at the end of the grammar (byte 12)");
+    bad_grammar("root ::= \"\\x4", "grammar: line 1 column 11: \\x needs 2 hexadecimal digits");
+    bad_grammar("root ::= \"\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)");
+
+    /* nested repetitions of text that can be empty: the closure follows them with a list */
+    if ((g = parse("root ::= ((\"a\"?){0,300}){0,300}"))) {
+        kvg_gram_match *mt = NULL;
+        CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+        if (mt) {
+            CHECK(kvg_gram_can_end(mt));
+            size_t n = feed_bytes(mt, "aaaaaaaa", 8);
+            const kvgen_error *f = kvg_gram_match_failure(mt);
+            printf("test_grammar: ((\"a\"?){0,300}){0,300}: %zu bytes of 8 matched%s%s\n", n, f ? ": " : "",
+                   f ? f->message : "");
+            CHECKF(n == 8 ? kvg_gram_can_end(mt) : f && contains(f->message, "matcher steps"), "%zu bytes", n);
+            CHECK(!kvg_gram_feed(mt, (const unsigned char *)"b", 1));
+        }
+        kvg_gram_match_free(mt);
+        kvg_gram_free(g);
+    }
+    /* the same with named rules (not multiplied by the parser's bound): a long text in one call
+     * ends at the step bound, with a message; a reset makes the matcher usable again */
+    if ((g = parse("root ::= x{0,1000} \"!\"\nx ::= (\"a\"?){0,1000}"))) {
+        kvg_gram_match *mt = NULL;
+        CHECK(kvg_gram_match_new(g, &mt, &err) == KVGEN_E_UNSUPPORTED && !mt); /* its start alone is too costly */
+        CHECKF(contains(err.message, "over 2097152 matcher steps"), "%s", err.message);
+        kvg_gram_free(g);
+    }
+    if ((g = parse("root ::= x{0,100} \"!\"\nx ::= (\"a\"?){0,100}"))) {
+        kvg_gram_match *mt = NULL;
+        CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+        char *a = kvg_malloc(3001);
+        if (mt && a) {
+            memset(a, 'a', 3000);
+            a[3000] = 0;
+            CHECK(!kvg_gram_feed(mt, (const unsigned char *)a, 3000));
+            const kvgen_error *f = kvg_gram_match_failure(mt);
+            CHECKF(f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "matcher steps"), "%s",
+                   f ? f->message : "no failure");
+            CHECK(!kvg_gram_feed(mt, (const unsigned char *)"!", 1)); /* failed until a reset */
+            kvg_gram_match_reset(mt);
+            CHECK(!kvg_gram_match_failure(mt) && kvg_gram_feed(mt, (const unsigned char *)"aa!", 3) &&
+                  kvg_gram_done(mt));
+        }
+        kvg_free(a);
+        kvg_gram_match_free(mt);
+        kvg_gram_free(g);
+    }
+    /* an ambiguous recursive grammar: equal stacks are shared, and when the text's stacks still
+     * outgrow the step bound the feed fails with a message (it is not refused silently) */
+    if ((g = parse("root ::= (\"b\" root \"b\"?)+ \"!\" | \"\""))) {
+        kvg_gram_match *mt = NULL;
+        CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+        if (mt) {
+            static const char bs[] = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+            size_t n = feed_bytes(mt, bs, 64);
+            const kvgen_error *f = kvg_gram_match_failure(mt);
+            printf("test_grammar: ambiguous grammar: %zu bytes of 64 matched%s%s\n", n, f ? ": " : "",
+                   f ? f->message : "");
+            CHECKF(n == 64 || (f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "grammar:")),
+                   "refused at byte %zu without a message", n);
+            kvg_gram_match_reset(mt);
+            CHECK(kvg_gram_feed(mt, (const unsigned char *)"bb!b!", 5) && kvg_gram_can_end(mt));
+        }
+        kvg_gram_match_free(mt);
+        kvg_gram_free(g);
+    }
+}
+
+/* A costly mask on a small vocabulary: every token's mask stays within the step bound, or the
+ * mask fails (-1) with the bound's message; a matcher given a small bound fails the same way
+ * at once, and the same text always ends at the same token (no clock involved). */
+static void check_costly_mask(void) {
+    static const char *const pieces[] = {"</s>", "a", "b", "ab", "abc", "q", "zz", "x", "-", " ", "hello", "qrs",
+                                         "\xc3\xa9", "aaaa", "abcdefgh", "y"};
+    enum { N = sizeof pieces / sizeof pieces[0] };
+    uint32_t off[N + 1];
+    unsigned char bytes[256];
+    uint8_t eog[N] = {1};
+    size_t at = 0;
+    for (int i = 0; i < N; i++) {
+        off[i] = (uint32_t)at;
+        memcpy(bytes + at, pieces[i], strlen(pieces[i]));
+        at += strlen(pieces[i]);
+    }
+    off[N] = (uint32_t)at;
+    kvg_vocab_trie *trie = kvg_vocab_trie_build(N, off, bytes, eog);
+    CHECK(trie != NULL);
+    kvg_gram *g = parse("root ::= ([^x]{0,64} [a-z]{0,64}){0,64}");
+    int ended[2] = {-1, -1};
+    for (int run = 0; trie && g && run < 2; run++) {
+        kvg_gram_match *mt = NULL;
+        kvgen_error err = {0};
+        CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+        for (int k = 0; mt && k < 40; k++) {
+            uint8_t allowed[N];
+            err = (kvgen_error){0};
+            int count = kvg_gram_mask(mt, trie, allowed, &err);
+            if (count < 0) {
+                CHECKF(err.status == KVGEN_E_UNSUPPORTED && contains(err.message, "matcher steps"), "%s",
+                       err.message);
+                int zero = 0;
+                for (int t = 0; t < N; t++) zero += allowed[t] == 0;
+                CHECK(zero == N);
+                ended[run] = k;
+                break;
+            }
+            int pick = -1; /* the longest allowed token that is not end-of-generation */
+            for (int t = 1; t < N; t++)
+                if (allowed[t] && (pick < 0 || off[t + 1] - off[t] > off[pick + 1] - off[pick])) pick = t;
+            if (pick < 0) break;
+            CHECK(kvg_gram_feed(mt, bytes + off[pick], off[pick + 1] - off[pick]));
+        }
+        kvg_gram_match_free(mt);
+    }
+    printf("test_grammar: costly grammar, small vocabulary: %s at token %d\n", ended[0] < 0 ? "completed" : "ended",
+           ended[0]);
+    CHECK(ended[0] == ended[1]);
+    /* a small bound: the first mask fails, naming it */
+    kvg_gram_match *mt = NULL;
+    kvgen_error err = {0};
+    if (g) CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    if (mt && trie) {
+        kvg_gram_match_set_max_steps(mt, 1000);
+        uint8_t allowed[N];
+        CHECK(kvg_gram_mask(mt, trie, allowed, &err) == -1);
+        CHECKF(err.status == KVGEN_E_UNSUPPORTED && contains(err.message, "over 1000 matcher steps"), "%s",
+               err.message);
+        CHECK(kvg_gram_mask(mt, trie, allowed, &err) == -1); /* still failed */
+        kvg_gram_match_set_max_steps(mt, 0);
+        kvg_gram_match_reset(mt);
+        CHECK(kvg_gram_mask(mt, trie, allowed, &err) > 0);
+    }
+    kvg_gram_match_free(mt);
+    kvg_gram_free(g);
+    kvg_vocab_trie_free(trie);
+}
+
+/* A long generation's caches are forgotten between tokens past the soft bounds: the text goes
+ * on matching (a counter in the grammar makes every byte a new state). */
+static void check_rebuild(void) {
+    kvg_gram *g = parse("root ::= ([a-c] [0-9]{0,4096} \";\"){0,64}");
+    kvg_gram_match *mt = NULL;
+    kvgen_error err = {0};
+    if (g) CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    char chunk[64];
+    int fed = 0;
+    for (int i = 0; mt && i < 70000; i++) { /* 70000 states: past the hard bound without a rebuild */
+        snprintf(chunk, sizeof chunk, "%s%d", i % 4000 == 0 ? (i ? ";a" : "a") : "", i % 10);
+        if (!kvg_gram_feed(mt, (const unsigned char *)chunk, strlen(chunk))) break;
+        fed++;
+    }
+    CHECKF(fed == 70000 && !kvg_gram_match_failure(mt), "fed %d of 70000: %s", fed,
+           kvg_gram_match_failure(mt) ? kvg_gram_match_failure(mt)->message : "");
+    CHECK(mt && kvg_gram_feed(mt, (const unsigned char *)";", 1) && kvg_gram_can_end(mt));
+    kvg_gram_match_free(mt);
+    kvg_gram_free(g);
+}
+
 /* the trie walk against the token-by-token reference, from the states after each prefix */
 static void check_mask(kvgen_model *m, kvg_gram *g, const char *const *prefixes, int n, const char *what) {
     kvgen_model_info info;
@@ -240,7 +477,7 @@ static void check_mask(kvgen_model *m, kvg_gram *g, const char *const *prefixes,
         kvg_gram_match_reset(mt);
         CHECKF(kvg_gram_feed(mt, (const unsigned char *)prefixes[i], strlen(prefixes[i])), "%s: prefix %s", what,
                prefixes[i]);
-        int na = kvg_gram_mask(mt, trie, a), nb = kvg_gram_mask_brute(mt, m, b);
+        int na = kvg_gram_mask(mt, trie, a, &err), nb = kvg_gram_mask_brute(mt, m, b);
         CHECKF(na == nb && memcmp(a, b, (size_t)info.n_vocab) == 0, "%s: after \"%s\": trie %d tokens, reference %d",
                what, prefixes[i], na, nb);
         CHECKF(na > 0, "%s: after \"%s\": no token", what, prefixes[i]);
@@ -390,7 +627,7 @@ static void check_small_vocab(void) {
             kvg_gram_match_reset(mt);
             for (int step = 0; step < 30; step++) {
                 uint8_t allowed[N], want[N];
-                int count = kvg_gram_mask(mt, trie, allowed), wc = 0;
+                int count = kvg_gram_mask(mt, trie, allowed, &err), wc = 0;
                 for (int t = 0; t < N; t++) { /* the reference: a fresh matcher fed the text and the token */
                     kvg_gram_match *probe = NULL;
                     CHECK_OK(kvg_gram_match_new(g, &probe, &err));
@@ -518,7 +755,7 @@ static void bench(kvgen_model *m, const char *what) {
     t0 = now();
     for (int k = 0; mt && trie && allowed && k < 40 && !kvg_gram_done(mt); k++) {
         double a = now();
-        kvg_gram_mask(mt, trie, allowed);
+        CHECKF(kvg_gram_mask(mt, trie, allowed, &err) >= 0, "%s", err.message);
         mask_time += now() - a;
         int32_t t = kvg_session_sample_masked(s, allowed);
         if (t < 0 || kvgen_token_is_eog(m, t)) break;
@@ -583,6 +820,9 @@ static void check_mutations(void) {
 }
 
 int main(void) {
+    check_bounds();
+    check_costly_mask();
+    check_rebuild();
     check_mutations();
     check_parser();
     check_schema();
