@@ -18,4 +18,15 @@ local r <close> = model:restore(arg[2])
 local after = r:tokens()
 assert(#after == #before, "restored " .. #after .. " tokens of " .. #before)
 for i = 1, #before do assert(after[i] == before[i], "token " .. i) end
+-- the default pipeline cache: in the local application data folder (Windows has no HOME)
+local pc = kvgen.pipeline_cache_path()
+local env = os.getenv("KVGEN_PIPELINE_CACHE")
+if env then
+  local want = env
+  if env == "" or env == "off" then want = nil end
+  assert(pc == want, "pipeline_cache_path() " .. tostring(pc))
+else
+  local base = os.getenv("LOCALAPPDATA") or os.getenv("APPDATA")
+  assert(base and pc == base .. "\\kvgen\\pipelines-{device}.bin", "pipeline_cache_path() " .. tostring(pc))
+end
 print("ok " .. kvgen.version .. " " .. #before .. " tokens")
