@@ -58,6 +58,9 @@ struct kvg_gram {
     int32_t *rule_alt;  /* rule r's alternatives: alt_start[rule_alt[r] .. rule_alt[r + 1]) */
     bclass *classes;
     int n_classes;
+    /* loop[e]: e follows x in the first alternative of a repetition's helper (x R or x O_k-1):
+     * an iteration of x that read nothing is not followed there (it adds no text) */
+    uint8_t *loop;
 };
 
 static bool has_byte(const bclass *c, unsigned b) { return (c->bits[b >> 5] >> (b & 31)) & 1u; }
@@ -71,6 +74,7 @@ static void set_range(bclass *c, unsigned lo, unsigned hi) {
 typedef struct palt {
     gel *e;
     int n, cap;
+    bool loop; /* x R / x O_k-1 of a repetition (kvg_gram's loop) */
 } palt;
 
 typedef struct prule {
@@ -560,6 +564,7 @@ static void repeat(parser *P, int r, int a, int from, long m, long n, int owner)
         if (a1 < 0 || a2 < 0) return;
         push_el(P, h, a1, (el_kind)x.kind, x.arg);
         push_el(P, h, a1, E_REF, h);
+        P->rules[h].alts[a1].loop = true;
         push_el(P, r, a, E_REF, h);
         return;
     }
@@ -569,7 +574,10 @@ static void repeat(parser *P, int r, int a, int from, long m, long n, int owner)
         int a1 = h >= 0 ? new_alt(P, h) : -1, a2 = h >= 0 ? new_alt(P, h) : -1;
         if (a1 < 0 || a2 < 0) return;
         push_el(P, h, a1, (el_kind)x.kind, x.arg);
-        if (prev >= 0) push_el(P, h, a1, E_REF, prev);
+        if (prev >= 0) {
+            push_el(P, h, a1, E_REF, prev);
+            P->rules[h].alts[a1].loop = true;
+        }
         prev = h;
     }
     if (prev >= 0) push_el(P, r, a, E_REF, prev);
@@ -996,6 +1004,7 @@ void kvg_gram_free(kvg_gram *g) {
     kvg_free(g->alt_start);
     kvg_free(g->rule_alt);
     kvg_free(g->classes);
+    kvg_free(g->loop);
     kvg_free(g);
 }
 
@@ -1019,8 +1028,9 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
             g->alt_start = kvg_malloc((size_t)(n_alts + 1) * sizeof *g->alt_start);
             g->rule_alt = kvg_malloc((size_t)(P.n_rules + 1) * sizeof *g->rule_alt);
             g->classes = kvg_malloc((size_t)(P.n_cls + 1) * sizeof *g->classes);
+            g->loop = kvg_calloc((size_t)n_el + 1, 1);
         }
-        if (!g || !g->elems || !g->alt_start || !g->rule_alt || !g->classes) {
+        if (!g || !g->elems || !g->alt_start || !g->rule_alt || !g->classes || !g->loop) {
             poom(&P);
         } else {
             int e = 0, al = 0;
@@ -1028,6 +1038,7 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
                 g->rule_alt[r] = al;
                 for (int a = 0; a < P.rules[r].n_alts; a++) {
                     g->alt_start[al++] = e;
+                    if (P.rules[r].alts[a].loop && P.rules[r].alts[a].n == 2) g->loop[e + 1] = 1;
                     if (P.rules[r].alts[a].n > 0) /* an empty alternative has no elements (e is NULL) */
                         memcpy(g->elems + e, P.rules[r].alts[a].e, (size_t)P.rules[r].alts[a].n * sizeof *g->elems);
                     e += P.rules[r].alts[a].n;
@@ -1082,6 +1093,7 @@ struct kvg_gram_match {
     uint8_t accept;
     uint32_t stamp;
     int start, cur;
+    int widest;            /* the most stacks a state has held */
     long steps, max_steps; /* work of this call, and its bound */
     bool oom;              /* a bound was hit or memory ran out: the call stops (fail holds why) */
     kvgen_error fail;
@@ -1106,10 +1118,9 @@ static void mnomem(kvg_gram_match *mt) { mfail(mt, KVGEN_E_NO_MEMORY, "grammar: 
 static bool step(kvg_gram_match *mt) {
     if (++mt->steps <= mt->max_steps) return true;
     mfail(mt, KVGEN_E_UNSUPPORTED,
-          "grammar: one token needs over %ld matcher steps (the grammar's cost here: %d stacks in the state being "
-          "built, %d states, %d nodes); the generation ends: make the grammar less ambiguous or its repetitions "
-          "shorter",
-          mt->max_steps, mt->n_tmp, mt->n_st, mt->n_nodes);
+          "grammar: one token needs over %ld matcher steps (the grammar's cost here: %d states of up to %d stacks, "
+          "%d stack nodes); the generation ends: make the grammar less ambiguous or its repetitions shorter",
+          mt->max_steps, mt->n_st, mt->n_tmp > mt->widest ? mt->n_tmp : mt->widest, mt->n_nodes);
     return false;
 }
 
@@ -1192,30 +1203,42 @@ static bool push_i32(kvg_gram_match *mt, int32_t **v, int *n, int *cap, int32_t 
 
 /* Follows node n until every stack's top is a byte class (into tmp) or the text may end. The
  * nodes still to follow are a list, not the C stack: nested repetitions of text that can be
- * empty reach thousands of rules deep before they read a byte. */
+ * empty reach thousands of rules deep before they read a byte. Each entry is node * 2 + fresh,
+ * fresh when the node's parent was made by entering a rule in this closure, on this path (so
+ * nothing was read since): an iteration of a repetition that ends fresh read nothing and is
+ * not followed on (x{0,n} with an x that can be empty would otherwise hold a stack for every
+ * count of empty iterations). A node is followed once as fresh and once as not (which allows
+ * more), a stamp for each: stamp (not fresh) and stamp + 1 (fresh only). */
 static void closure(kvg_gram_match *mt, int n) {
     const kvg_gram *g = mt->g;
     mt->n_todo = 0;
-    if (n < 0 || !push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, n)) return;
+    if (n < 0 || !push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, n * 2)) return;
     while (mt->n_todo > 0 && !mt->oom) {
-        n = mt->todo[--mt->n_todo];
-        if (mt->nstamp[n] == mt->stamp || !step(mt)) continue;
-        mt->nstamp[n] = mt->stamp;
+        int32_t entry = mt->todo[--mt->n_todo];
+        bool fresh = entry & 1;
+        n = entry >> 1;
+        uint32_t seen = mt->nstamp[n];
+        if (seen == mt->stamp || (fresh && seen == mt->stamp + 1) || !step(mt)) continue;
+        mt->nstamp[n] = fresh ? mt->stamp + 1 : mt->stamp;
         int32_t pos = mt->npos[n], par = mt->npar[n];
         const gel *e = &g->elems[pos];
         if (e->kind == E_CHARS) {
-            push_i32(mt, &mt->tmp, &mt->n_tmp, &mt->cap_tmp, n);
+            if (seen != mt->stamp + 1) push_i32(mt, &mt->tmp, &mt->n_tmp, &mt->cap_tmp, n);
         } else if (e->kind == E_END) {
             if (par < 0) mt->accept = 1;
-            else push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par);
+            else if (!(fresh && g->loop[mt->npos[par]])) /* not followed: an empty iteration */
+                push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par * 2);
         } else {
             /* a reference: each alternative, going on after it (a reference in tail position
-             * goes straight on with the parent: no frame) */
-            int32_t cont = g->elems[pos + 1].kind == E_END ? par : intern_node(mt, pos + 1, par);
+             * goes straight on with the parent: no frame, and the parent stays as fresh as it
+             * was) */
+            bool tail = g->elems[pos + 1].kind == E_END;
+            int32_t cont = tail ? par : intern_node(mt, pos + 1, par);
+            int32_t child_fresh = tail ? fresh : 1;
             int r = e->arg;
             for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !mt->oom; a++) {
                 int c = intern_node(mt, g->alt_start[a], cont);
-                if (c >= 0) push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, c);
+                if (c >= 0) push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, c * 2 + child_fresh);
             }
         }
     }
@@ -1288,6 +1311,7 @@ static int intern_state(kvg_gram_match *mt) {
         mt->cap_tops = cap;
     }
     memcpy(mt->tops + mt->n_tops, mt->tmp, (size_t)mt->n_tmp * sizeof *mt->tmp);
+    if (mt->n_tmp > mt->widest) mt->widest = mt->n_tmp;
     int id = mt->n_st++;
     mt->st[id] = (mstate){(int32_t)mt->n_tops, mt->n_tmp, mt->accept, NULL};
     mt->n_tops += (size_t)mt->n_tmp;
@@ -1299,9 +1323,10 @@ static int intern_state(kvg_gram_match *mt) {
 static void begin_build(kvg_gram_match *mt) {
     mt->n_tmp = 0;
     mt->accept = 0;
-    if (++mt->stamp == 0) { /* wrapped: forget every mark */
+    mt->stamp += 2; /* stamp and stamp + 1 (closure) */
+    if (mt->stamp < 2) { /* wrapped: forget every mark */
         memset(mt->nstamp, 0, (size_t)mt->n_nodes * sizeof *mt->nstamp);
-        mt->stamp = 1;
+        mt->stamp = 2;
     }
 }
 
