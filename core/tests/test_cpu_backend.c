@@ -275,6 +275,65 @@ static void test_kernels(void) {
     free(qk0);
 }
 
+/* The K types' group kernels on a row of 3 K blocks (an odd count) and 1..8-token tiles (as
+ * check_group_kernel: every tile from tokens 0 and 1, 9 tokens), against their row kernels'
+ * bits, at both activation precisions, and each row kernel against the exact dot product of the
+ * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding). */
+static void test_kgroup_shapes(void) {
+    enum { N = 768, NT = 9 };
+    static const uint32_t types[] = {KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K};
+    float *xf = malloc(NT * N * sizeof(float)), *wf = malloc(N * sizeof(float)), *deq = malloc(N * sizeof(float));
+    int8_t *q8 = malloc(NT * N), *qs = malloc(NT * N), *qsh = malloc(NT * N);
+    float d8[NT * N / 32], s8[NT * N / 32], ds[NT * N / 32], ss[NT * N / 32];
+    uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
+    for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
+    int checked = 0;
+    for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
+        if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
+        for (int t = 0; t < NT; t++) {
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32));
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, qs + t * N, qsh + t * N, ds + t * (N / 32),
+                                 ss + t * (N / 32));
+        }
+        kvg_qact a8 = {.n = N, .x = xf, .q8 = q8, .d8 = d8, .s8 = s8};
+        kvg_qact as = {.n = N, .x = xf, .q8 = qs, .q8h = qsh, .d8 = ds, .s8 = ss};
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (int fast = 0; fast < 2; fast++) {
+                const kvg_qdot_kernel *k = fast ? kvg_qdot_kernel_fast((kvg_cpu_isa)isa, types[ti])
+                                                : kvg_qdot_kernel_of((kvg_cpu_isa)isa, types[ti]);
+                if (!k || !k->group) continue;
+                const kvg_qact *ka = k->act == KVG_ACT_QS ? &as : &a8;
+                check_group_kernel(isa, types[ti], k, ka, N, NT);
+                rng_state = 77u + (uint32_t)ti;
+                for (int i = 0; i < N; i++) wf[i] = frand() * 0.5f + 0.1f;
+                kvg_quantize_row(types[ti], wf, w, N);
+                kvg_dequantize_row(types[ti], w, deq, N);
+                for (int t = 0; t < NT; t++) {
+                    float got;
+                    k->dot(w, ka, t, 1, &got, 1);
+                    double exact = 0, mag = 0;
+                    for (int i = 0; i < N; i++) {
+                        int q = ka->q8[t * N + i] + (ka->q8h ? 256 * ka->q8h[t * N + i] : 0);
+                        double av = (double)q * ka->d8[t * (N / 32) + i / 32];
+                        exact += (double)deq[i] * av;
+                        mag += fabs((double)deq[i] * av);
+                    }
+                    CHECKF(fabs(got - exact) <= 1e-5 * mag, "%s %s token %d: %.9g vs exact %.9g",
+                           kvg_type_name(types[ti]), kvg_cpu_isa_name((kvg_cpu_isa)isa), t, got, exact);
+                }
+                checked++;
+            }
+    }
+    printf("kernels: K-type groups on rows of 3 K blocks: %d kernels equal their rows\n", checked);
+    free(xf);
+    free(wf);
+    free(deq);
+    free(q8);
+    free(qs);
+    free(qsh);
+    free(w);
+}
+
 static void test_vec_ops(void) {
     for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
         if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
@@ -530,17 +589,23 @@ static double check_model(const char *label, const char *args, bool threads_too)
 /* The 32-element types with 8-bit activations against the reference, within TOL_REL_8; where
  * the CPU has no 8-bit kernels the option changes nothing (the same bits as 16-bit). */
 static void test_act8(void) {
-    /* the last: an output matrix of 1000 rows, not a multiple of the groups' 16 (its rows run the
-     * row kernel of the group types) */
-    static const char *const types[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_0"};
+    /* an output matrix of 1000 rows, not a multiple of the groups' 16 (its rows run the row
+     * kernel of the group types); the K types with 3 K blocks in a row of w_down, and the Q4_K_M
+     * mix (Q4_K, Q6_K and their groups in one product) */
+    static const char *const types[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_0",
+                                        "Q4_K", "Q5_K", "Q6_K", "Q4_K", "q4_k_m"};
     static const uint32_t ids[] = {KVG_TYPE_Q4_0, KVG_TYPE_Q4_1, KVG_TYPE_Q5_0, KVG_TYPE_Q5_1,
-                                   KVG_TYPE_Q8_0, KVG_TYPE_IQ4_NL, KVG_TYPE_Q4_0};
-    static const char *const extra[] = {"", "", "", "", "", "", " --vocab-size 1000"};
+                                   KVG_TYPE_Q8_0, KVG_TYPE_IQ4_NL, KVG_TYPE_Q4_0, KVG_TYPE_Q4_K,
+                                   KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_Q4_K, KVG_TYPE_Q4_K};
+    static const char *const extra[] = {"", "", "", "", "", "", " --vocab-size 1000", "", "", "",
+                                        " --vocab-size 1000", ""};
     printf("8-bit activations (activation_bits = 8):\n");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        char args[160], file[64];
-        snprintf(args, sizeof args, "--seed %d --layers 2 --type %s --embd 64 --ff 96 --heads 4 --kv-heads 2%s",
-                 70 + (int)i, types[i], extra[i]);
+        char args[200], file[64];
+        bool k = ids[i] == KVG_TYPE_Q4_K || ids[i] == KVG_TYPE_Q5_K || ids[i] == KVG_TYPE_Q6_K;
+        snprintf(args, sizeof args, "--seed %d --layers 2 %s %s %s%s", 70 + (int)i,
+                 strcmp(types[i], "q4_k_m") == 0 ? "--mix" : "--type", types[i],
+                 k ? "--embd 256 --ff 768 --heads 4 --kv-heads 2" : "--embd 64 --ff 96 --heads 4 --kv-heads 2", extra[i]);
         snprintf(file, sizeof file, "cpu8-%s-%zu.gguf", types[i], i);
         char *path = tu_make_model(file, args);
         CHECKF(path != NULL, "%s: kvgen-mkmodel %s", types[i], args);
@@ -965,6 +1030,7 @@ int main(void) {
         CHECKF(strcmp(want, kvg_cpu_isa_name(kvg_cpu_isa_best())) == 0, "detected path %s, expected %s (features: %s)",
                kvg_cpu_isa_name(kvg_cpu_isa_best()), want, have);
     test_kernels();
+    test_kgroup_shapes();
     test_vec_ops();
     /* KVGEN_TEST_ISA_ONLY=1: the kernels and the paths against each other only (the emulated
      * AArch64 stage: the rest checks code that is the same on every path) */
