@@ -194,8 +194,8 @@ static const char *check_cstring(lua_State *L, int idx, int arg, const char *wha
     const char *nul = s ? memchr(s, 0, len) : NULL;
     if (nul)
         arg_error(L, arg,
-                      lua_pushfstring(L, "%s: contains a NUL byte at position %I (not allowed in this string)", what,
-                                      (LUAI_UACINT)(nul - s + 1)));
+                  lua_pushfstring(L, "%s: contains a NUL byte at position %I (not allowed in this string)", what,
+                                  (LUAI_UACINT)(nul - s + 1)));
     return s;
 }
 
@@ -228,8 +228,8 @@ static lua_Unsigned check_sequence(lua_State *L, int idx, int arg, const char *w
         lua_Integer k = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
         if (!isint || k < 1 || (lua_Unsigned)k > n)
             arg_error(L, arg,
-                          lua_pushfstring(L, "%s: a list (keys 1..n) expected, got a table with the key %s", what,
-                                          push_key_text(L, -1)));
+                      lua_pushfstring(L, "%s: a list (keys 1..n) expected, got a table with the key %s", what,
+                                      push_key_text(L, -1)));
     }
     return n;
 }
@@ -550,7 +550,7 @@ static int32_t check_token(lua_State *L, int arg, const char *name, const kvgen_
     int n_vocab = model_info(model).n_vocab;
     if (id < 0 || id >= n_vocab)
         arg_error(L, arg,
-                      lua_pushfstring(L, "%s: %I is outside the vocabulary [0, %d)", name, (LUAI_UACINT)id, n_vocab));
+                  lua_pushfstring(L, "%s: %I is outside the vocabulary [0, %d)", name, (LUAI_UACINT)id, n_vocab));
     return (int32_t)id;
 }
 
@@ -569,12 +569,12 @@ static int32_t *check_ids(lua_State *L, int arg, const char *name, const kvgen_m
         lua_Integer id = to_integer(L, -1, &isint);
         if (!isint)
             arg_error(L, arg,
-                          lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
-                                          push_got(L, -1)));
+                      lua_pushfstring(L, "%s[%I]: integer expected, got %s", name, (LUAI_UACINT)(i + 1),
+                                      push_got(L, -1)));
         if (id < 0 || (n_vocab > 0 && id >= n_vocab)) /* 0: a remote model, whose calls refuse ids */
             arg_error(L, arg,
-                          lua_pushfstring(L, "%s[%I]: %I is outside the vocabulary [0, %d)", name,
-                                          (LUAI_UACINT)(i + 1), (LUAI_UACINT)id, n_vocab));
+                      lua_pushfstring(L, "%s[%I]: %I is outside the vocabulary [0, %d)", name,
+                                      (LUAI_UACINT)(i + 1), (LUAI_UACINT)id, n_vocab));
         ids[i] = (int32_t)id;
         lua_pop(L, 1);
     }
@@ -1494,7 +1494,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
         int t = lua_getfield(L, idx, keys[i]);
         if (t != LUA_TNIL && t != LUA_TSTRING)
             arg_error(L, arg,
-                          lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], push_got(L, -1)));
+                      lua_pushfstring(L, "template.%s: string expected, got %s", keys[i], push_got(L, -1)));
         int vi = lua_gettop(L);
         /* stays valid: the table holds the string */
         *fields[i] = t == LUA_TNIL ? NULL : check_cstring(L, vi, arg, lua_pushfstring(L, "template.%s", keys[i]));
@@ -1503,7 +1503,7 @@ static void read_template(lua_State *L, int idx, int arg, kvgen_chat_template *t
     int t = lua_getfield(L, idx, "system_in_user");
     if (t != LUA_TNIL && t != LUA_TBOOLEAN)
         arg_error(L, arg,
-                      lua_pushfstring(L, "template.system_in_user: boolean expected, got %s", luaL_typename(L, -1)));
+                  lua_pushfstring(L, "template.system_in_user: boolean expected, got %s", luaL_typename(L, -1)));
     tpl->system_in_user = lua_toboolean(L, -1);
     lua_pop(L, 1);
 }
@@ -1552,8 +1552,8 @@ static const char *const *string_list(lua_State *L, int idx, int arg, const char
     for (lua_Unsigned i = 0; i < n; i++) {
         if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TSTRING || lua_rawlen(L, -1) == 0)
             arg_error(L, arg,
-                          lua_pushfstring(L, "%s[%I]: non-empty string expected, got %s", what, (LUAI_UACINT)(i + 1),
-                                          lua_type(L, -1) == LUA_TSTRING ? "an empty string" : push_got(L, -1)));
+                      lua_pushfstring(L, "%s[%I]: non-empty string expected, got %s", what, (LUAI_UACINT)(i + 1),
+                                      lua_type(L, -1) == LUA_TSTRING ? "an empty string" : push_got(L, -1)));
         int vi = lua_gettop(L);
         list[i] = check_cstring(L, vi, arg, lua_pushfstring(L, "%s[%I]", what, (LUAI_UACINT)(i + 1)));
         lua_settop(L, vi);
@@ -1593,8 +1593,8 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
             }
             if (!ok)
                 arg_error(L, arg,
-                              lua_pushfstring(L, "json[%I]: unknown field %s (key, type, values, max_len)", at,
-                                              push_key_text(L, -1)));
+                          lua_pushfstring(L, "json[%I]: unknown field %s (key, type, values, max_len)", at,
+                                          push_key_text(L, -1)));
         }
         if (lua_getfield(L, fi, "key") != LUA_TSTRING)
             arg_error(L, arg, lua_pushfstring(L, "json[%I].key: string expected, got %s", at, push_got(L, -1)));
@@ -1606,15 +1606,15 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
             if (strcmp(type, json_type_names[k]) == 0 && strlen(type) == lua_rawlen(L, -1)) ti = k;
         if (ti < 0)
             arg_error(L, arg,
-                          lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected, got %s", at,
-                                          type ? lua_pushfstring(L, "'%s'", type) : push_got(L, -1)));
+                      lua_pushfstring(L, "json[%I].type: 'string', 'number' or 'enum' expected, got %s", at,
+                                      type ? lua_pushfstring(L, "'%s'", type) : push_got(L, -1)));
         lua_pop(L, 1);
         f[i].type = (kvgen_json_type)(KVGEN_JSON_STRING + ti);
         int t = lua_getfield(L, fi, "values");
         if (f[i].type == KVGEN_JSON_ENUM) {
             if (t != LUA_TTABLE)
                 arg_error(L, arg,
-                              lua_pushfstring(L, "json[%I].values: list of strings expected, got %s", at, push_got(L, -1)));
+                          lua_pushfstring(L, "json[%I].values: list of strings expected, got %s", at, push_got(L, -1)));
             lua_pushfstring(L, "json[%I].values", at);
             f[i].values = string_list(L, fi + 1, arg, lua_tostring(L, -1), anchor, &f[i].n_values);
         } else if (t != LUA_TNIL) {
@@ -1629,7 +1629,7 @@ static const kvgen_json_field *json_fields(lua_State *L, int idx, int arg, int a
             lua_Integer ml = to_integer(L, -1, &isint);
             if (!isint || ml < 0 || ml > INT_MAX)
                 arg_error(L, arg,
-                              lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected, got %s", at, push_got(L, -1)));
+                          lua_pushfstring(L, "json[%I].max_len: integer >= 0 expected, got %s", at, push_got(L, -1)));
             f[i].max_len = (int)ml;
         }
         lua_settop(L, fi - 1);
@@ -1842,7 +1842,8 @@ static void json_table_items(lua_State *L, const opt_ctx *c, int idx, jbuf *b, c
         }
         const char *name = lua_tostring(L, -1);
         if (strlen(name) != lua_rawlen(L, -1))
-            json_error(L, c, path, lua_pushfstring(L, "the key '%s' holds a NUL byte (not allowed in a schema key)", name));
+            json_error(L, c, path,
+                       lua_pushfstring(L, "the key '%s' holds a NUL byte (not allowed in a schema key)", name));
         int seen = 0;
         for (lua_Integer j = 0; j < first; j++) seen |= strcmp(keys[j], name) == 0;
         if (!seen) keys[k++] = name; /* the key stays in the table */
@@ -1875,7 +1876,8 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
     lua_pushvalue(L, idx);
     if (lua_rawget(L, b->seen) == LUA_TSTRING)
         json_error(L, c, path,
-                   lua_pushfstring(L, "a table that contains itself cannot be JSON (the table at schema%s)", lua_tostring(L, -1)));
+                   lua_pushfstring(L, "a table that contains itself cannot be JSON (the table at schema%s)",
+                                   lua_tostring(L, -1)));
     lua_pop(L, 1);
     lua_pushvalue(L, idx);
     lua_pushstring(L, path);
@@ -1889,7 +1891,8 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
 static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
                         int order, int depth) {
     if (depth > JSON_MAX_DEPTH)
-        json_error(L, c, path, lua_pushfstring(L, "nested deeper than %d levels (the most kvgen takes)", JSON_MAX_DEPTH));
+        json_error(L, c, path,
+                   lua_pushfstring(L, "nested deeper than %d levels (the most kvgen takes)", JSON_MAX_DEPTH));
     if (!lua_checkstack(L, 16)) json_error(L, c, path, "nested too deep for the Lua stack");
     switch (lua_type(L, idx)) {
     case LUA_TBOOLEAN: jb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;

@@ -58,15 +58,15 @@ int main(void) {
     lua_createtable(L, 0, 1);
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, "bogus");
-    expect_error(L, call_method(L, m, "session", 1), "bad argument #2 to 'kvgen.Model.session' (unknown option 'bogus')",
-                 1);
+    expect_error(L, call_method(L, m, "session", 1),
+                 "bad argument #2 to 'kvgen.Model.session' (unknown option 'bogus')", 1);
     lua_pop(L, 1);
     /* a bad self */
     lua_pushinteger(L, 42);
     lua_getfield(L, m, "tokenize");
     lua_pushinteger(L, 42);
-    expect_error(L, lua_pcall(L, 1, 0, 0), "bad argument #1 to 'kvgen.Model.tokenize' (kvgen.Model expected, got number)",
-                 1);
+    expect_error(L, lua_pcall(L, 1, 0, 0),
+                 "bad argument #1 to 'kvgen.Model.tokenize' (kvgen.Model expected, got number)", 1);
     lua_settop(L, m);
 
     CHECK(call_method(L, m, "session", 0) == LUA_OK);
