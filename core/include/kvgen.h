@@ -1,10 +1,13 @@
 /*
  * kvgen.h: the one public door into kvgen, an embeddable LLM text-generation engine.
  *
- * kvgen loads llama-family models from GGUF files and runs them either on the CPU
- * reference backend (plain C, the oracle) or on Vulkan compute shaders. A model is
- * loaded once and shared; each session owns its own KV cache, so a game can give
- * every NPC its own conversation.
+ * kvgen loads llama-family models from GGUF files and runs them on one of three backends:
+ * Vulkan compute shaders (the default where a GPU is usable), the fast native CPU backend
+ * `cpu` (quantized dot products, AVX2/AVX-512/NEON; the default without a GPU) or the plain-C
+ * `reference` backend, the oracle the others are tested against (kvgen_backend). It can also
+ * drive a model served by an OpenAI-compatible HTTP server (a URL instead of a path; see
+ * docs/remote.md). A model is loaded once and shared; each session owns its own KV cache, so
+ * a game can give every NPC its own conversation.
  *
  * Conventions
  * - Public names start with kvgen_, private ones with kvg_.
@@ -88,9 +91,10 @@ KVGEN_API const char *kvgen_status_name(kvgen_status status);
 
 /* ---- host hooks: logger and allocator ---------------------------------------------------
  * Process-wide, like the C library's own allocator: set them at start-up, before the first
- * model is loaded. kvgen itself never writes to stdout or stderr; everything it has to say
- * outside an error (a file it ignores, a fallback to another backend, validation messages)
- * goes to the logger. */
+ * model is loaded. kvgen writes to stdout or stderr only through the logger: everything it has
+ * to say outside an error (a file it ignores, a fallback to another backend, validation
+ * messages) goes to the logger, whose default writes warnings and errors to stderr and which
+ * the host replaces with kvgen_set_logger. */
 
 typedef enum kvgen_log_level {
     KVGEN_LOG_ERROR = 1, /* something failed that no call returns (a cache file not written) */
@@ -193,8 +197,8 @@ typedef struct kvgen_model_desc {
      * drivers whose cache holds compiled code. "{device}" in it becomes the device's vendor and
      * device id in hex ("10de-2684"). Read at load when present and valid for this device
      * (anything else, e.g. a stale or damaged file, is ignored: never a load error); written
-     * back atomically, its folder created, when pipelines were compiled that it lacked (write
-     * failures are only reported on stderr). NULL: no cache (the Lua module and the CLI default
+     * back atomically, its folder created, when pipelines were compiled that it lacked (a
+     * failed write is no load error: the logger gets a warning). NULL: no cache (the Lua module and the CLI default
      * to $KVGEN_PIPELINE_CACHE, else a file under $XDG_CACHE_HOME/kvgen). The reference backend
      * ignores it. */
     const char *pipeline_cache_path;
@@ -692,7 +696,7 @@ KVGEN_API kvgen_status kvgen_generate(kvgen_session *session, const kvgen_genera
  * The model's tokenizer.chat_template (Jinja) is run by kvgen's own interpreter with the
  * conversation (role, content), add_generation_prompt, bos_token and eos_token, as Hugging
  * Face's apply_chat_template renders it (default system prompts included). A file without a
- * template, or with one the interpreter rejects (the reason is printed to stderr once), uses a
+ * template, or with one the interpreter rejects (the reason goes to the logger once, as a warning), uses a
  * built-in family: "chatml" (SmolLM2, Qwen), "llama3", "llama2", "zephyr", "gemma", "phi3",
  * recognised from the template's control strings or the vocabulary. Template text is tokenized
  * with KVGEN_TOKENIZE_SPECIAL, message content never is, so a user cannot inject template
