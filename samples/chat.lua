@@ -57,12 +57,12 @@ while true do
   elseif line:match("%S") then
     turns[#turns + 1] = session.length
     local ok, err = pcall(function()
-      local st <close> = session:chat_stream(line, { max_tokens = 256 })
+      local st <close> = session:chat_stream(line, { soft_max_tokens = 200, max_tokens = 256 })
       for piece in st do
         io.write(piece)
         io.flush()
       end
-      if st.finish ~= "stop" then io.write(" [" .. st.finish .. "]") end
+      if st.finish ~= "stop" and st.finish ~= "sentence" then io.write(" [" .. st.finish .. "]") end
     end)
     if not ok then io.write("\n(error: ", tostring(err), ")") end
     io.write("\n")

@@ -35,30 +35,35 @@ static int feed(kvgen_model *model, kvgen_session *s, const char *text, unsigned
     return 0;
 }
 
-/* Samples a reply until an end-of-turn token or max_tokens; the end token stays in the
- * cache so the conversation continues from a well-formed turn. */
-static int reply(kvgen_model *model, npc *who, int max_tokens) {
-    kvgen_detok d;
-    kvgen_detok_init(&d);
-    char piece[256];
+/* Streams a reply: past soft_max_tokens it ends where a sentence ends, max_tokens is the hard
+ * limit, an end-of-turn token ends it earlier. The session then holds the reply; the turn is
+ * closed so the conversation continues from a well-formed one (an end-of-turn token that ended
+ * the reply is in the cache already; a reply ended at a sentence or the limit gets its own). */
+static int reply(kvgen_model *model, npc *who, int soft_max_tokens, int max_tokens) {
     kvgen_error err = {0};
-    printf("%s: ", who->name);
-    for (int i = 0; i < max_tokens; i++) {
-        int32_t t = kvgen_session_sample(who->session);
-        if (kvgen_session_decode(who->session, t, &err) != KVGEN_OK) {
-            fprintf(stderr, "\nerror: %s\n", err.message);
-            return -1;
-        }
-        if (kvgen_token_is_eog(model, t)) break;
-        if (kvgen_detok_push(model, &d, t, 0, piece, sizeof piece)) {
-            fputs(piece, stdout);
-            fflush(stdout);
-        }
+    kvgen_generate_desc gd = {.soft_max_tokens = soft_max_tokens, .max_tokens = max_tokens};
+    kvgen_gen *g = NULL;
+    if (kvgen_gen_begin(who->session, &gd, &g, &err) != KVGEN_OK) {
+        fprintf(stderr, "error: %s\n", err.message);
+        return -1;
     }
-    if (kvgen_detok_flush(&d, piece, sizeof piece)) fputs(piece, stdout);
+    printf("%s: ", who->name);
+    kvgen_gen_step st = {0};
+    while (kvgen_gen_next(g, &st, &err) == KVGEN_OK) {
+        fputs(st.text, stdout); /* complete UTF-8 only; "" while a character is incomplete */
+        fflush(stdout);
+        if (st.finish != KVGEN_FINISH_NONE) break;
+    }
+    kvgen_finish finish = kvgen_gen_finish(g);
+    kvgen_gen_end(g);
+    if (finish == KVGEN_FINISH_ERROR) {
+        fprintf(stderr, "\nerror: %s\n", err.message);
+        return -1;
+    }
+    if (finish == KVGEN_FINISH_LENGTH) fputs(" ...", stdout);
     printf("\n\n");
-    /* close the assistant turn for the next exchange */
-    return feed(model, who->session, "\n", 0);
+    return finish == KVGEN_FINISH_STOP ? feed(model, who->session, "\n", 0)
+                                       : feed(model, who->session, "<|im_end|>\n", KVGEN_TOKENIZE_SPECIAL);
 }
 
 static int say(kvgen_model *model, npc *who, const char *player_line) {
@@ -67,7 +72,7 @@ static int say(kvgen_model *model, npc *who, const char *player_line) {
         feed(model, who->session, player_line, 0) ||
         feed(model, who->session, "<|im_end|>\n<|im_start|>assistant\n", KVGEN_TOKENIZE_SPECIAL))
         return -1;
-    return reply(model, who, 96);
+    return reply(model, who, 32, 96);
 }
 
 int main(int argc, char **argv) {

@@ -51,8 +51,9 @@ for _, line in ipairs(script) do
   print(string.format("Player -> %s: %s", npc.name, line[2]))
   io.write(npc.name, ": ")
   io.flush()
-  -- the reply streams piece by piece (complete UTF-8 only); max_tokens keeps it short on a CPU
-  local st <close> = npc.session:chat_stream(line[2], { max_tokens = 48 })
+  -- the reply streams piece by piece (complete UTF-8 only); past soft_max_tokens it ends where a
+  -- sentence ends (finish "sentence"), and max_tokens is the hard limit that keeps it short on a CPU
+  local st <close> = npc.session:chat_stream(line[2], { soft_max_tokens = 32, max_tokens = 96 })
   for piece in st do
     io.write(piece)
     io.flush()

@@ -25,7 +25,8 @@ end
 local clock, phase, pending = 0, "idle", 0
 local IDLE_SECONDS, TAIL_SECONDS = 2.0, 1.0
 local QUESTION = "Did you see the dragon over the hills this morning?"
-local GEN = { max_tokens = 40, stop = "\n" }
+-- a reply ends at its first sentence end past 24 tokens, at a line end, or at 64 tokens at most
+local GEN = { soft_max_tokens = 24, max_tokens = 64, stop = "\n" }
 local finished_at
 local talkers = {} -- game coroutines, resumed once per frame
 
@@ -47,7 +48,7 @@ end
 
 local function ask_all()
   for i, v in ipairs(villagers) do
-    local opts = { max_tokens = GEN.max_tokens, stop = GEN.stop }
+    local opts = { soft_max_tokens = GEN.soft_max_tokens, max_tokens = GEN.max_tokens, stop = GEN.stop }
     if i == 1 then
       -- the villager the player looks at: first in line, pumped by callbacks in kvgen.poll()
       opts.priority = 5
