@@ -5,6 +5,7 @@
  * Every sampled token is decoded into the session before its step returns, so the session's
  * logits are ready for the next step and, whatever ends the generation, the cache holds
  * exactly the tokens that were sampled. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -69,6 +70,8 @@ struct kvgen_gen {
     kvg_gram_match *gmatch;
     size_t checked; /* bytes of text + pending the matcher has seen */
     int n_events;   /* server events with text so far */
+    kvg_buf ends;   /* where each event of the current step ends (size_t offsets) */
+    size_t hist_len0; /* the history's length when the generation began: a failure goes back to it */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -118,6 +121,7 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->pending.p);
     kvg_free(g->text.p);
     kvg_free(g->step.p);
+    kvg_free(g->ends.p);
     kvg_free(g);
 }
 
@@ -624,6 +628,7 @@ static kvgen_status remote_grammar(const kvgen_constraint *k, char **out, const 
 
 static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
                                   kvgen_error *err) {
+    g->hist_len0 = kvg_rhist_length(g->s->remote);
     g->ignore_eog = d->ignore_eog != 0;
     g->flags = d->flags;
     g->max_tokens = d->max_tokens != 0 ? d->max_tokens : d->constraint ? -1 : DEFAULT_MAX_TOKENS;
@@ -657,8 +662,20 @@ static kvgen_status remote_commit(kvgen_gen *g, const char *stop, size_t stop_le
     return st;
 }
 
+/* A failed generation leaves the session as the call found it: the history goes back to its
+ * length before the prompt (or turn) that began the generation, and no reply joins it. */
+static kvgen_status remote_fail(kvgen_gen *g, kvgen_status failed) {
+    g->finish = KVGEN_FINISH_ERROR;
+    kvg_rstream_free(g->rs);
+    g->rs = NULL;
+    kvg_rhist *h = g->s->remote;
+    size_t len = kvg_rhist_length(h);
+    if (len > g->hist_len0) kvg_rhist_rewind(h, len - g->hist_len0, "generate", NULL);
+    return failed;
+}
+
 /* Ends a remote generation: what was held back is emitted (up to a stop string), the transfer
- * closes, and the reply joins the history. */
+ * closes, and the reply joins the history (a failure: remote_fail). */
 static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status failed, kvgen_error *err) {
     long at = find_stop(g);
     const char *stop = NULL;
@@ -675,13 +692,53 @@ static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status f
         why = KVGEN_FINISH_STOP_STRING;
         failed = KVGEN_OK;
     }
-    if (!emit(g, g->pending.n)) return oom(g, err);
+    if (!emit(g, g->pending.n)) return remote_fail(g, oom(g, err));
+    if (failed != KVGEN_OK) return remote_fail(g, failed);
     g->finish = why;
     kvg_rstream_free(g->rs);
     g->rs = NULL;
-    kvgen_error e2;
-    kvgen_status st = remote_commit(g, stop, stop_len, failed == KVGEN_OK ? err : &e2);
-    return failed != KVGEN_OK ? failed : st;
+    kvgen_status st = remote_commit(g, stop, stop_len, err);
+    return st != KVGEN_OK ? remote_fail(g, st) : st;
+}
+
+/* soft_max_tokens on a reply that arrives as server events, one standing for one token: the
+ * first place in this step's new text (pending from `before` on, `n_events` events whose ends
+ * g->ends holds) where a sentence ends with at least soft_max_tokens events begun before it, the
+ * text after it being what comes next (as a local generation asks before each token). The
+ * place, with *counted set to the new events begun before it; SIZE_MAX when there is none. A
+ * place at the very end of what arrived waits for what follows; one inside an event is taken
+ * too (a server may send many words at once), never one right after whitespace. */
+/* Where event i of this step begins in pending: the first at `before`, each next where the one
+ * before it ends. */
+static size_t event_start(const kvgen_gen *g, size_t before, int i) {
+    if (i == 0) return before;
+    size_t end;
+    if ((size_t)i * sizeof end > g->ends.n) return SIZE_MAX; /* not known: never counted as begun */
+    memcpy(&end, g->ends.p + (size_t)(i - 1) * sizeof end, sizeof end);
+    return before + end;
+}
+
+static size_t soft_cut(const kvgen_gen *g, size_t before, int n_events, int *counted) {
+    *counted = 0;
+    if (g->soft_max_tokens <= 0 || g->pending.n <= before) return SIZE_MAX;
+    int begun = 0;
+    for (size_t p = before; p < g->pending.n; p++) {
+        /* a place after whitespace: the sentence ended before it, where the count was decided */
+        char last = p > 0 ? g->pending.p[p - 1] : g->text.n > 0 ? g->text.p[g->text.n - 1] : 'x';
+        if (last == ' ' || last == '\t' || last == '\n' || last == '\r' || last == '\f' || last == '\v') continue;
+        while (begun < n_events && event_start(g, before, begun) < p) begun++;
+        if (g->n_tokens + begun < g->soft_max_tokens) continue;
+        char tail[KVG_SENTENCE_TAIL];
+        size_t from_pending = p < sizeof tail ? p : sizeof tail;
+        size_t from_text = g->text.n < sizeof tail - from_pending ? g->text.n : sizeof tail - from_pending;
+        memcpy(tail, g->text.p + g->text.n - from_text, from_text);
+        memcpy(tail + from_text, g->pending.p + p - from_pending, from_pending);
+        if (kvg_sentence_ends(tail, from_text + from_pending, g->pending.p + p, g->pending.n - p)) {
+            *counted = begun;
+            return p;
+        }
+    }
+    return SIZE_MAX;
 }
 
 kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
@@ -710,7 +767,7 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
         bool worker = kvg_session_worker_thread != NULL;
         st = kvg_rstream_start(s->model->remote, &q, worker, &g->rs, "kvgen_gen_next", err);
         if (st != KVGEN_OK) {
-            g->finish = KVGEN_FINISH_ERROR;
+            st = remote_fail(g, st);
             fill_step(g, step, -1);
             return st;
         }
@@ -718,23 +775,18 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
     size_t before = g->pending.n;
     kvgen_finish fin = KVGEN_FINISH_NONE;
     kvgen_error serr = {0};
-    kvgen_status sst = kvg_rstream_pump(g->rs, wait_ms, &g->pending, pieces, &fin, &serr);
+    g->ends.n = 0;
+    kvgen_status sst = kvg_rstream_pump(g->rs, wait_ms, &g->pending, &g->ends, pieces, &fin, &serr);
     g->n_events += *pieces;
-    /* past soft_max_tokens, a sentence that ended before this step's text ends the reply there */
-    if (g->soft_max_tokens > 0 && *pieces > 0 && g->n_tokens >= g->soft_max_tokens && before > 0 &&
-        g->pending.n > before) {
-        char tail[KVG_SENTENCE_TAIL];
-        size_t from_pending = before < sizeof tail ? before : sizeof tail;
-        size_t from_text = g->text.n < sizeof tail - from_pending ? g->text.n : sizeof tail - from_pending;
-        memcpy(tail, g->text.p + g->text.n - from_text, from_text);
-        memcpy(tail + from_text, g->pending.p + before - from_pending, from_pending);
-        if (kvg_sentence_ends(tail, from_text + from_pending, g->pending.p + before, g->pending.n - before)) {
-            g->pending.n = before;
-            g->pending.p[before] = 0;
-            st = remote_finish(g, KVGEN_FINISH_SENTENCE, KVGEN_OK, err);
-            fill_step(g, step, -1);
-            return st;
-        }
+    int counted = 0;
+    size_t cut = soft_cut(g, before, *pieces, &counted);
+    if (cut != SIZE_MAX) { /* past soft_max_tokens, a sentence ended: the reply ends there */
+        g->pending.n = cut;
+        g->pending.p[cut] = 0;
+        g->n_tokens += counted;
+        st = remote_finish(g, KVGEN_FINISH_SENTENCE, KVGEN_OK, err);
+        fill_step(g, step, -1);
+        return st;
     }
     g->n_tokens += *pieces;
     if (g->gmatch && g->pending.n > before &&
@@ -777,7 +829,7 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
     } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {
         st = remote_finish(g, KVGEN_FINISH_LENGTH, KVGEN_OK, err);
     } else if (!emit(g, g->pending.n - held_back(g))) {
-        return oom(g, err);
+        return remote_fail(g, oom(g, err));
     }
     fill_step(g, step, *pieces > 0 ? 0 : -1);
     return st;

@@ -676,6 +676,7 @@ static void kvg_worker_session_closing(kvgen_session *s) {
             job_free(j);
         }
     }
+    if (w->m->remote) kvg_cond_signal(&w->wake); /* to close the requests ended here */
     kvg_mutex_unlock(&w->mu);
 }
 
@@ -755,7 +756,8 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
             p->prefill = j;
         }
     }
-    if (!p->prefill && p->n_decode == 0) return false;
+    /* a remote model also steps to close the requests of sessions that closed */
+    if (!p->prefill && p->n_decode == 0) return w->m->remote && kvg_remote_has_freed(w->m->remote);
     w->step_no++;
     if (p->prefill) p->prefill->in_step = true;
     for (int i = 0; i < p->n_decode; i++) p->decode[i]->in_step = true;
@@ -781,8 +783,10 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
     kvgen_session *s = j->s;
     kvgen_gen_end(j->g);
     j->g = NULL;
-    if (j->wn_gen == 0 && (state == KVGEN_JOB_CANCELLED || state == KVGEN_JOB_FAILED)) {
-        /* nothing was generated: take the prompt back, so the session is as it was */
+    if ((j->wn_gen == 0 && state == KVGEN_JOB_CANCELLED) ||
+        (state == KVGEN_JOB_FAILED && (j->wn_gen == 0 || s->remote))) {
+        /* nothing was generated, or a remote request failed (its reply is not kept): take the
+         * prompt back, so the session is as it was */
         size_t len = kvgen_session_length(s);
         if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
         if (j->chat_saved) {

@@ -22,11 +22,15 @@ typedef struct kvg_rstream kvg_rstream; /* one streamed generation request */
 
 /* true when the path names a server (http:// or https://) */
 bool kvg_remote_is_url(const char *path);
-/* Connects (GET <base>/models), checks or picks the model name. Errors name the URL. */
+/* A copy of url (kvg_malloc'd; NULL when out of memory) to show in messages and logs: the
+ * password of its userinfo ("http://user:pw@host") as "***". */
+char *kvg_remote_redact_url(const char *url);
+/* Connects (GET <base>/models), checks or picks the model name, all within remote_timeout_ms
+ * (retries included). Errors name the URL (without its password). */
 kvgen_status kvg_remote_open(const kvgen_model_desc *desc, kvg_remote **out, kvgen_error *err);
 void kvg_remote_close(kvg_remote *r);
 const char *kvg_remote_model_name(const kvg_remote *r);
-const char *kvg_remote_url(const kvg_remote *r);
+const char *kvg_remote_url(const kvg_remote *r); /* as shown: without its password */
 int kvg_remote_max_requests(const kvg_remote *r);
 
 /* ---- history: text (completions) or chat messages (chat completions), never both.
@@ -68,14 +72,19 @@ typedef struct kvg_rrequest {
 kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker, kvg_rstream **out,
                                const char *who, kvgen_error *err);
 /* Takes what arrived (waiting up to wait_ms for something when the stream has its own
- * transfer): new text is appended to `text`, *pieces counts its events; once the reply is
- * over *finish is set (STOP, LENGTH, or ERROR with the error returned). */
-kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *pieces, kvgen_finish *finish,
-                              kvgen_error *err);
-/* Closes the transfer (a cancel: the server sees the connection close). NULL is ignored. */
+ * transfer): new text is appended to `text`, *pieces counts its events, and `ends` (NULL: not
+ * wanted) gets where each event's text ends, as size_t offsets from the start of what was
+ * appended; once the reply is over *finish is set (STOP, LENGTH, or ERROR with the error
+ * returned). Messages show the URL without its password, and never the API key. */
+kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, kvg_buf *ends, int *pieces,
+                              kvgen_finish *finish, kvgen_error *err);
+/* Closes the transfer (a cancel: the server sees the connection close): at once on the thread
+ * that drives its pool, else at that thread's next kvg_remote_drive. NULL is ignored. */
 void kvg_rstream_free(kvg_rstream *st);
 /* The jobs' worker: runs the shared pool's transfers, waiting up to wait_ms for news. */
 void kvg_remote_drive(kvg_remote *r, int wait_ms);
+/* Any thread: whether streams freed off the worker wait for its kvg_remote_drive to close them. */
+bool kvg_remote_has_freed(kvg_remote *r);
 /* Any thread: ends a kvg_remote_drive wait now (new work for the worker). */
 void kvg_remote_wakeup(kvg_remote *r);
 /* Streams of the shared pool that are sending or waiting to retry. */

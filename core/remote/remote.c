@@ -21,9 +21,61 @@ bool kvg_remote_is_url(const char *path) {
     return path && (strncmp(path, "http://", 7) == 0 || strncmp(path, "https://", 8) == 0);
 }
 
+/* Where a URL's password lies ("scheme://user:PASSWORD@host/..."): its offset and length; false
+ * when it has none. */
+static bool url_password(const char *url, size_t *at, size_t *len) {
+    const char *p = strstr(url, "://");
+    if (!p) return false;
+    p += 3;
+    size_t host_end = strcspn(p, "/?#");
+    const char *atsign = NULL;
+    for (size_t i = 0; i < host_end; i++)
+        if (p[i] == '@') atsign = p + i; /* the last '@' ends the userinfo */
+    if (!atsign) return false;
+    const char *colon = memchr(p, ':', (size_t)(atsign - p));
+    if (!colon) return false;
+    *at = (size_t)(colon + 1 - url);
+    *len = (size_t)(atsign - colon - 1);
+    return true;
+}
+
+char *kvg_remote_redact_url(const char *url) {
+    size_t at, len;
+    if (!url) return NULL;
+    if (!url_password(url, &at, &len)) return kvg_strdup(url);
+    size_t n = strlen(url);
+    char *d = kvg_malloc(n - len + 4);
+    if (!d) return NULL;
+    memcpy(d, url, at);
+    memcpy(d + at, "***", 3);
+    memcpy(d + at + 3, url + at + len, n - at - len + 1);
+    return d;
+}
+
 #if defined(KVGEN_HAVE_REMOTE)
 #include <curl/curl.h>
 #include "kvg_remote_json.h"
+
+/* Each occurrence of secret (n bytes) in the message becomes "***" (what would pass the
+ * message's end is dropped). */
+static void scrub(kvgen_error *err, const char *secret, size_t n) {
+    if (!err || !secret || n == 0) return;
+    char out[sizeof err->message];
+    const char *m = err->message;
+    size_t k = 0, len = strlen(m);
+    bool hit = false;
+    for (size_t i = 0; i < len && k + 1 < sizeof out;) {
+        if (i + n <= len && memcmp(m + i, secret, n) == 0) {
+            for (int c = 0; c < 3 && k + 1 < sizeof out; c++) out[k++] = '*';
+            i += n;
+            hit = true;
+        } else {
+            out[k++] = m[i++];
+        }
+    }
+    out[k] = 0;
+    if (hit) memcpy(err->message, out, k + 1);
+}
 
 #define DEFAULT_MAX_REQUESTS 32
 #define DEFAULT_TIMEOUT_MS 60000
@@ -32,7 +84,9 @@ bool kvg_remote_is_url(const char *path) {
 #define CONNECT_TIMEOUT_MS 10000
 
 struct kvg_remote {
-    char *base; /* without a trailing '/' */
+    char *base;  /* without a trailing '/' */
+    char *shown; /* base as messages show it: its password as "***" */
+    char *secret[3]; /* never in a message: the URL's password (as written and decoded), the API key */
     char *model;
     char *auth; /* "Authorization: Bearer ..." or NULL */
     int max_requests, timeout_ms;
@@ -50,6 +104,7 @@ struct kvg_rstream {
     int orphan; /* set by any thread (kvg_rstream_free), read by the worker: atomic */
     struct curl_slist *hdrs;
     char *body, *url;
+    char *shown; /* url as messages show it */
     const char *who;
     bool chat;
     char errbuf[CURL_ERROR_SIZE];
@@ -58,6 +113,7 @@ struct kvg_rstream {
     kvg_buf raw;  /* reply bytes not parsed yet (or the error body) */
     kvg_buf data; /* the current event's data */
     kvg_buf out;  /* text not yet taken */
+    kvg_buf ends; /* where each of its events ends in it: size_t offsets */
     int pieces, pieces_total;
     kvgen_finish finish; /* from finish_reason */
     bool sse_done;
@@ -69,6 +125,16 @@ struct kvg_rstream {
     kvgen_error err;
     kvg_rstream *next_dead;
 };
+
+/* The URL's password and the API key out of a message about r (a server may echo them). */
+static kvgen_status hide(const kvg_remote *r, kvgen_error *err, kvgen_status st) {
+    for (int i = 0; i < 3; i++)
+        if (r->secret[i] && strlen(r->secret[i]) >= 4) scrub(err, r->secret[i], strlen(r->secret[i]));
+    return st;
+}
+
+/* The pool this thread drives (kvg_remote_drive): a stream of it freed here is removed at once. */
+static _Thread_local const kvg_remote *tl_driven;
 
 static kvg_mutex g_init_mu = KVG_MUTEX_INIT;
 static bool g_init;
@@ -179,16 +245,26 @@ static CURL *easy_new(kvg_remote *r, const char *url, const char *body, bool str
     return e;
 }
 
-/* A blocking JSON request (model list, scoring): retried on a refused connection and on 429/503. */
+/* A blocking JSON request (model list, scoring): retried on a refused connection and on 429/503,
+ * all its attempts and their backoffs within remote_timeout_ms (a retry that could not start
+ * before then is not made). */
 static kvgen_status http_json(kvg_remote *r, const char *path, const char *body, cJSON **out, const char *who,
                               kvgen_error *err) {
     *out = NULL;
-    size_t ul = strlen(r->base) + strlen(path) + 1;
-    char *url = kvg_malloc(ul);
-    if (!url) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    size_t ul = strlen(r->base) + strlen(path) + 1, sl = strlen(r->shown) + strlen(path) + 1;
+    char *url = kvg_malloc(ul), *shown = kvg_malloc(sl);
+    if (!url || !shown) {
+        kvg_free(url);
+        kvg_free(shown);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    }
     snprintf(url, ul, "%s%s", r->base, path);
+    snprintf(shown, sl, "%s%s", r->shown, path);
+    const uint64_t ms = 1000000u, deadline = kvg_time_ns() + (uint64_t)r->timeout_ms * ms;
     kvgen_status st = KVGEN_OK;
     for (int attempt = 0;; attempt++) {
+        uint64_t now = kvg_time_ns();
+        long left_ms = now < deadline ? (long)((deadline - now + ms - 1) / ms) : 1;
         char errbuf[CURL_ERROR_SIZE];
         struct curl_slist *h = NULL;
         kvg_buf reply = {0};
@@ -199,43 +275,70 @@ static kvgen_status http_json(kvg_remote *r, const char *path, const char *body,
         }
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, collect);
         curl_easy_setopt(e, CURLOPT_WRITEDATA, &reply);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, left_ms);
+        if (left_ms < CONNECT_TIMEOUT_MS) curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, left_ms);
         CURLcode rc = curl_easy_perform(e);
         long code = 0;
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
         curl_easy_cleanup(e);
         curl_slist_free_all(h);
-        bool again = attempt + 1 < MAX_ATTEMPTS &&
+        uint64_t backoff = (uint64_t)(BACKOFF_MS << attempt) * ms;
+        bool again = attempt + 1 < MAX_ATTEMPTS && kvg_time_ns() + backoff < deadline &&
                      ((rc != CURLE_OK && retryable(rc)) || (rc == CURLE_OK && (code == 429 || code == 503)));
         if (again) {
             kvg_free(reply.p);
-            kvg_sleep_ns((uint64_t)(BACKOFF_MS << attempt) * 1000000u);
+            kvg_sleep_ns(backoff);
             continue;
         }
-        if (rc != CURLE_OK) {
-            st = kvg_fail(err, KVGEN_E_NETWORK, "%s: %s %s: %s", who, body ? "POST" : "GET", url,
+        if (rc == CURLE_OPERATION_TIMEDOUT) {
+            st = kvg_fail(err, KVGEN_E_NETWORK, "%s: %s %s: no complete reply within %d ms (remote_timeout_ms)%s", who,
+                          body ? "POST" : "GET", shown, r->timeout_ms,
+                          attempt > 0 ? ", retries included" : "");
+        } else if (rc != CURLE_OK) {
+            st = kvg_fail(err, KVGEN_E_NETWORK, "%s: %s %s: %s", who, body ? "POST" : "GET", shown,
                           errbuf[0] ? errbuf : curl_easy_strerror(rc));
         } else if (code >= 400) {
-            st = fail_reply(err, code, reply.p ? reply.p : "", reply.n, who, url);
+            st = fail_reply(err, code, reply.p ? reply.p : "", reply.n, who, shown);
         } else if (!(*out = cJSON_ParseWithLength(reply.p ? reply.p : "", reply.n))) {
             char ex[100];
             excerpt(ex, sizeof ex, reply.p ? reply.p : "", reply.n);
-            st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s: the reply is not JSON: %s", who, url, ex);
+            st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s: the reply is not JSON: %s", who, shown, ex);
         }
         kvg_free(reply.p);
         break;
     }
     kvg_free(url);
-    return st;
+    kvg_free(shown);
+    return hide(r, err, st);
 }
 
 /* ---- the model ------------------------------------------------------------------------------ */
 
+static void stream_destroy(kvg_rstream *st);
+static void uncount(kvg_rstream *st);
+
+/* Frees the streams handed over to the pool's thread (kvg_rstream_free). */
+static void reap(kvg_remote *r) {
+    kvg_mutex_lock(&r->mu);
+    kvg_rstream *dead = r->graveyard;
+    r->graveyard = NULL;
+    kvg_mutex_unlock(&r->mu);
+    while (dead) {
+        kvg_rstream *next = dead->next_dead;
+        uncount(dead);
+        stream_destroy(dead);
+        dead = next;
+    }
+}
+
 void kvg_remote_close(kvg_remote *r) {
     if (!r) return;
-    if (r->multi) kvg_remote_drive(r, 0); /* frees the streams handed over */
+    if (r->multi) reap(r); /* frees the streams handed over */
     if (r->multi) curl_multi_cleanup(r->multi);
     kvg_mutex_destroy(&r->mu);
     kvg_free(r->base);
+    kvg_free(r->shown);
+    for (int i = 0; i < 3; i++) kvg_free(r->secret[i]);
     kvg_free(r->model);
     kvg_free(r->auth);
     kvg_free(r);
@@ -264,12 +367,23 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
         size_t n = strlen(r->base);
         while (n > 0 && r->base[n - 1] == '/') r->base[--n] = 0;
     }
+    r->shown = kvg_remote_redact_url(r->base);
+    bool secrets_ok = true;
+    size_t pw_at, pw_len;
+    if (r->base && url_password(r->base, &pw_at, &pw_len) && pw_len > 0) {
+        r->secret[0] = kvg_strndup(r->base + pw_at, pw_len);
+        char *dec = r->secret[0] ? curl_easy_unescape(NULL, r->secret[0], 0, NULL) : NULL;
+        if (dec && strcmp(dec, r->secret[0]) != 0) r->secret[1] = kvg_strdup(dec);
+        curl_free(dec);
+        secrets_ok = r->secret[0] != NULL;
+    }
     if (d->api_key && *d->api_key) {
         size_t n = strlen(d->api_key) + 32;
         if ((r->auth = kvg_malloc(n))) snprintf(r->auth, n, "Authorization: Bearer %s", d->api_key);
+        secrets_ok = secrets_ok && (r->secret[2] = kvg_strdup(d->api_key)) != NULL;
     }
     r->multi = curl_multi_init();
-    if (!r->base || !r->multi || (d->api_key && *d->api_key && !r->auth)) {
+    if (!r->base || !r->shown || !secrets_ok || !r->multi || (d->api_key && *d->api_key && !r->auth)) {
         kvg_remote_close(r);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     }
@@ -280,7 +394,7 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
     st = http_json(r, "/models", NULL, &list, who, err);
     const cJSON *data = list ? cJSON_GetObjectItemCaseSensitive(list, "data") : NULL, *it;
     if (st == KVGEN_OK && !cJSON_IsArray(data))
-        st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models: the reply has no \"data\" list of models", who, r->base);
+        st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models: the reply has no \"data\" list of models", who, r->shown);
     char names[256] = "";
     size_t nl = 0;
     cJSON_ArrayForEach(it, data) {
@@ -295,9 +409,10 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
     if (st == KVGEN_OK && !r->model)
         st = d->remote_model ? kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                                         "%s: %s: desc.remote_model '%s' is not among the models the server lists (%s)",
-                                        who, r->base, d->remote_model, nl ? names : "none")
-                             : kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models lists no model", who, r->base);
+                                        who, r->shown, d->remote_model, nl ? names : "none")
+                             : kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models lists no model", who, r->shown);
     if (st != KVGEN_OK) {
+        hide(r, err, st);
         kvg_remote_close(r);
         return st;
     }
@@ -306,7 +421,7 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
 }
 
 const char *kvg_remote_model_name(const kvg_remote *r) { return r->model; }
-const char *kvg_remote_url(const kvg_remote *r) { return r->base; }
+const char *kvg_remote_url(const kvg_remote *r) { return r->shown; }
 int kvg_remote_max_requests(const kvg_remote *r) { return r->max_requests; }
 int kvg_remote_active(const kvg_remote *r) { return r->active; }
 
@@ -338,7 +453,7 @@ static char *print_free(cJSON *o) {
 static void stream_fail(kvg_rstream *st, kvgen_status status, const char *fmt, const char *detail) {
     st->over = true;
     st->finish = KVGEN_FINISH_ERROR;
-    st->status = kvg_fail(&st->err, status, fmt, st->who, st->url, detail);
+    st->status = hide(st->r, &st->err, kvg_fail(&st->err, status, fmt, st->who, st->shown, detail));
 }
 
 /* SSE: one event's data */
@@ -359,7 +474,7 @@ static void on_event(kvg_rstream *st) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
     if (e && !cJSON_IsNull(e)) {
         char *t = cJSON_PrintUnformatted(o);
-        fail_reply(&st->err, 0, t ? t : "", t ? strlen(t) : 0, st->who, st->url);
+        hide(st->r, &st->err, fail_reply(&st->err, 0, t ? t : "", t ? strlen(t) : 0, st->who, st->shown));
         cJSON_free(t);
         st->status = st->err.status;
         st->over = true;
@@ -371,7 +486,9 @@ static void on_event(kvg_rstream *st) {
     const cJSON *txt = st->chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "delta"), "content")
                                 : cJSON_GetObjectItemCaseSensitive(c, "text");
     if (cJSON_IsString(txt) && txt->valuestring[0]) {
-        if (!kvg_buf_add(&st->out, txt->valuestring, strlen(txt->valuestring))) {
+        size_t end = st->out.n + strlen(txt->valuestring);
+        if (!kvg_buf_add(&st->out, txt->valuestring, strlen(txt->valuestring)) ||
+            !kvg_buf_add(&st->ends, (const char *)&end, sizeof end)) {
             stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
         } else {
             st->pieces++;
@@ -459,7 +576,7 @@ static void transfer_done(kvg_rstream *st, CURLcode rc) {
             stream_fail(st, KVGEN_E_NETWORK, "%s: %s: %s", detail);
         }
     } else if (code >= 400) {
-        fail_reply(&st->err, code, st->raw.p ? st->raw.p : "", st->raw.n, st->who, st->url);
+        hide(st->r, &st->err, fail_reply(&st->err, code, st->raw.p ? st->raw.p : "", st->raw.n, st->who, st->shown));
         st->status = st->err.status;
         st->over = true;
         st->finish = KVGEN_FINISH_ERROR;
@@ -537,17 +654,21 @@ kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker
     char *body = print_free(o);
     const char *path = chat ? "/chat/completions" : "/completions";
     size_t ul = strlen(r->base) + strlen(path) + 1;
-    char *url = kvg_malloc(ul);
-    if (!st || !body || !url) {
+    size_t sl = strlen(r->shown) + strlen(path) + 1;
+    char *url = kvg_malloc(ul), *shown = kvg_malloc(sl);
+    if (!st || !body || !url || !shown) {
         kvg_free(st);
         kvg_free(body);
         kvg_free(url);
+        kvg_free(shown);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the request", who);
     }
     snprintf(url, ul, "%s%s", r->base, path);
+    snprintf(shown, sl, "%s%s", r->shown, path);
     st->r = r;
     st->body = body;
     st->url = url;
+    st->shown = shown;
     st->who = who;
     st->chat = chat;
     st->own = !worker;
@@ -571,8 +692,8 @@ kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker
     return KVGEN_OK;
 }
 
-kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *pieces, kvgen_finish *finish,
-                              kvgen_error *err) {
+kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, kvg_buf *ends, int *pieces,
+                              kvgen_finish *finish, kvgen_error *err) {
     *finish = KVGEN_FINISH_NONE;
     *pieces = 0;
     launch(st);
@@ -593,11 +714,12 @@ kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *
     }
     check_silence(st);
     if (st->out.n > 0) {
-        if (!kvg_buf_add(text, st->out.p, st->out.n)) {
+        if (!kvg_buf_add(text, st->out.p, st->out.n) || (ends && !kvg_buf_add(ends, st->ends.p, st->ends.n))) {
             stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
         } else {
             *pieces = st->pieces;
             st->out.n = 0;
+            st->ends.n = 0;
             st->pieces = 0;
         }
     }
@@ -616,15 +738,18 @@ static void stream_destroy(kvg_rstream *st) {
     curl_slist_free_all(st->hdrs);
     kvg_free(st->body);
     kvg_free(st->url);
+    kvg_free(st->shown);
     kvg_free(st->raw.p);
     kvg_free(st->data.p);
     kvg_free(st->out.p);
+    kvg_free(st->ends.p);
     kvg_free(st);
 }
 
 void kvg_rstream_free(kvg_rstream *st) {
     if (!st) return;
-    if (st->own || !st->m) {
+    if (st->own || !st->m || tl_driven == st->r) { /* the connection closes now, not at a later drive */
+        uncount(st);
         stream_destroy(st);
         return;
     }
@@ -638,21 +763,20 @@ void kvg_rstream_free(kvg_rstream *st) {
     curl_multi_wakeup(r->multi);
 }
 
+bool kvg_remote_has_freed(kvg_remote *r) {
+    kvg_mutex_lock(&r->mu);
+    bool any = r->graveyard != NULL;
+    kvg_mutex_unlock(&r->mu);
+    return any;
+}
+
 void kvg_remote_wakeup(kvg_remote *r) {
     if (r && r->multi) curl_multi_wakeup(r->multi);
 }
 
 void kvg_remote_drive(kvg_remote *r, int wait_ms) {
-    kvg_mutex_lock(&r->mu);
-    kvg_rstream *dead = r->graveyard;
-    r->graveyard = NULL;
-    kvg_mutex_unlock(&r->mu);
-    while (dead) {
-        kvg_rstream *next = dead->next_dead;
-        uncount(dead);
-        stream_destroy(dead);
-        dead = next;
-    }
+    tl_driven = r;
+    reap(r);
     int running = 0;
     curl_multi_perform(r->multi, &running);
     read_done(r->multi);
@@ -701,7 +825,7 @@ static kvgen_status no_echo(const kvg_remote *r, const char *who, kvgen_error *e
     return kvg_fail(err, KVGEN_E_UNSUPPORTED,
                     "%s: %s/completions returns no prompt log-probabilities (echo with logprobs), which choice "
                     "scoring needs",
-                    who, r->base);
+                    who, r->shown);
 }
 
 /* One candidate: the echoed prompt's log-probabilities of the tokens that start at or after
@@ -728,7 +852,7 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
             double at = o1->valuedouble;
             if (at < (double)hl || at >= (double)(hl + cl)) continue;
             if (!cJSON_IsNumber(l1))
-                st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: no log-probability for prompt token %d", who, r->base,
+                st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: no log-probability for prompt token %d", who, r->shown,
                               i);
             else sum += l1->valuedouble, used++;
         }
@@ -736,7 +860,7 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
                           "%s: %s: no echoed token starts inside the candidate '%s' (the server's tokens merge it "
                           "with the text before)",
-                          who, r->base, cand);
+                          who, r->shown, cand);
     }
     cJSON_Delete(rep);
     *lp = sum;
@@ -769,7 +893,7 @@ static kvgen_status probe_alignment(kvg_remote *r, const kvg_rhist *h, const cha
                           "%s: %s: the server's echoed log-probabilities score each token by the distribution after "
                           "it, not before (its greedy token has %.3f where the best at its position is %.3f), so "
                           "choice scoring is refused on it",
-                          who, r->base, last->valuedouble, best);
+                          who, r->shown, last->valuedouble, best);
     }
     cJSON_Delete(rep);
     return st;
@@ -793,9 +917,13 @@ kvgen_status kvg_remote_score(kvg_remote *r, const kvg_rhist *h, const char *con
 
 kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_error *err) {
     *out = NULL;
-    return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                    "kvgen_model_load: %s: this kvgen was built without remote models (they need libcurl and cJSON)",
-                    d->path);
+    char *shown = kvg_remote_redact_url(d->path);
+    kvgen_status st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                               "kvgen_model_load: %s: this kvgen was built without remote models (they need libcurl "
+                               "and cJSON)",
+                               shown ? shown : "(the URL)");
+    kvg_free(shown);
+    return st;
 }
 void kvg_remote_close(kvg_remote *r) { (void)r; }
 const char *kvg_remote_model_name(const kvg_remote *r) { return (void)r, ""; }
@@ -808,9 +936,9 @@ kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker
     *out = NULL;
     return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: no remote models in this build", who);
 }
-kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *pieces, kvgen_finish *finish,
-                              kvgen_error *err) {
-    (void)st, (void)wait_ms, (void)text;
+kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, kvg_buf *ends, int *pieces,
+                              kvgen_finish *finish, kvgen_error *err) {
+    (void)st, (void)wait_ms, (void)text, (void)ends;
     *pieces = 0;
     *finish = KVGEN_FINISH_ERROR;
     return kvg_fail(err, KVGEN_E_UNSUPPORTED, "remote: no remote models in this build");
@@ -818,6 +946,7 @@ kvgen_status kvg_rstream_pump(kvg_rstream *st, int wait_ms, kvg_buf *text, int *
 void kvg_rstream_free(kvg_rstream *st) { (void)st; }
 void kvg_remote_drive(kvg_remote *r, int wait_ms) { (void)r, (void)wait_ms; }
 void kvg_remote_wakeup(kvg_remote *r) { (void)r; }
+bool kvg_remote_has_freed(kvg_remote *r) { return (void)r, false; }
 kvgen_status kvg_remote_score(kvg_remote *r, const kvg_rhist *h, const char *const *cands, size_t n, double *logprob,
                               int *n_tokens, const char *who, kvgen_error *err) {
     (void)r, (void)h, (void)cands, (void)n, (void)logprob, (void)n_tokens;
