@@ -61,6 +61,10 @@ struct kvg_gram {
     /* loop[e]: e follows x in the first alternative of a repetition's helper (x R or x O_k-1):
      * an iteration of x that read nothing is not followed there (it adds no text) */
     uint8_t *loop;
+    /* chain[e], rank[e]: e is at the same place in the x alternative of O_rank of one chain
+     * x{m,n} (O_k ::= x O_k-1 | (empty)); what may follow it grows with the rank (0: no chain) */
+    int32_t *chain, *rank;
+    bool has_chains;
 };
 
 static bool has_byte(const bclass *c, unsigned b) { return (c->bits[b >> 5] >> (b & 31)) & 1u; }
@@ -75,6 +79,7 @@ typedef struct palt {
     gel *e;
     int n, cap;
     bool loop; /* x R / x O_k-1 of a repetition (kvg_gram's loop) */
+    int chain, rank; /* the x alternative of O_rank of a chain (kvg_gram's chain), or 0 */
 } palt;
 
 typedef struct prule {
@@ -96,6 +101,7 @@ typedef struct parser {
     int single[256]; /* class of one byte, or -1 */
     int utf8_rule;   /* one multi-byte UTF-8 character, or -1 */
     int n_elems;
+    int n_chains;
     int depth;       /* groups open around the parser */
     double expanded; /* the rules so far with their repetitions written out (elements) */
     int32_t *names;   /* named rules by name (open addressing, -1 empty) */
@@ -569,6 +575,7 @@ static void repeat(parser *P, int r, int a, int from, long m, long n, int owner)
         return;
     }
     int prev = -1; /* O_k ::= x O_{k-1} | (empty) */
+    int chain = ++P->n_chains;
     for (long k = 0; k < n - m; k++) {
         int h = helper_rule(P, owner, "a repetition");
         int a1 = h >= 0 ? new_alt(P, h) : -1, a2 = h >= 0 ? new_alt(P, h) : -1;
@@ -578,6 +585,8 @@ static void repeat(parser *P, int r, int a, int from, long m, long n, int owner)
             push_el(P, h, a1, E_REF, prev);
             P->rules[h].alts[a1].loop = true;
         }
+        P->rules[h].alts[a1].chain = chain;
+        P->rules[h].alts[a1].rank = (int)k + 1;
         prev = h;
     }
     if (prev >= 0) push_el(P, r, a, E_REF, prev);
@@ -1005,6 +1014,8 @@ void kvg_gram_free(kvg_gram *g) {
     kvg_free(g->rule_alt);
     kvg_free(g->classes);
     kvg_free(g->loop);
+    kvg_free(g->chain);
+    kvg_free(g->rank);
     kvg_free(g);
 }
 
@@ -1029,8 +1040,10 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
             g->rule_alt = kvg_malloc((size_t)(P.n_rules + 1) * sizeof *g->rule_alt);
             g->classes = kvg_malloc((size_t)(P.n_cls + 1) * sizeof *g->classes);
             g->loop = kvg_calloc((size_t)n_el + 1, 1);
+            g->chain = kvg_calloc((size_t)n_el + 1, sizeof *g->chain);
+            g->rank = kvg_calloc((size_t)n_el + 1, sizeof *g->rank);
         }
-        if (!g || !g->elems || !g->alt_start || !g->rule_alt || !g->classes || !g->loop) {
+        if (!g || !g->elems || !g->alt_start || !g->rule_alt || !g->classes || !g->loop || !g->chain || !g->rank) {
             poom(&P);
         } else {
             int e = 0, al = 0;
@@ -1038,7 +1051,13 @@ kvgen_status kvg_gram_parse(const char *text, kvg_gram **out, kvgen_error *err) 
                 g->rule_alt[r] = al;
                 for (int a = 0; a < P.rules[r].n_alts; a++) {
                     g->alt_start[al++] = e;
-                    if (P.rules[r].alts[a].loop && P.rules[r].alts[a].n == 2) g->loop[e + 1] = 1;
+                    const palt *A = &P.rules[r].alts[a];
+                    if (A->loop && A->n == 2) g->loop[e + 1] = 1;
+                    for (int i = 0; A->chain && i < A->n; i++) {
+                        g->chain[e + i] = A->chain * 2 + i; /* x, then the rest of the chain */
+                        g->rank[e + i] = A->rank;
+                        g->has_chains = true;
+                    }
                     if (P.rules[r].alts[a].n > 0) /* an empty alternative has no elements (e is NULL) */
                         memcpy(g->elems + e, P.rules[r].alts[a].e, (size_t)P.rules[r].alts[a].n * sizeof *g->elems);
                     e += P.rules[r].alts[a].n;
@@ -1075,6 +1094,7 @@ struct kvg_gram_match {
     const kvg_gram *g;
     int32_t *npos, *npar; /* node: element position, node to go on with (-1: the end) */
     uint32_t *nstamp;
+    uint32_t *cstamp; /* closure: a frame made in it, by fresh entries only (stamp + 1) or not (stamp) */
     int n_nodes, cap_nodes;
     int32_t *nhash; /* node ids by (pos, parent); -1 empty */
     uint32_t nhash_cap;
@@ -1170,17 +1190,20 @@ static int intern_node(kvg_gram_match *mt, int32_t pos, int32_t par) {
         int32_t *b = a ? kvg_realloc(mt->npar, (size_t)cap * sizeof *b) : NULL;
         if (b) mt->npar = b;
         uint32_t *c = b ? kvg_realloc(mt->nstamp, (size_t)cap * sizeof *c) : NULL;
-        if (!c) {
+        if (c) mt->nstamp = c;
+        uint32_t *d = c ? kvg_realloc(mt->cstamp, (size_t)cap * sizeof *d) : NULL;
+        if (!d) {
             mnomem(mt);
             return -1;
         }
-        mt->nstamp = c;
+        mt->cstamp = d;
         mt->cap_nodes = cap;
     }
     int i = mt->n_nodes++;
     mt->npos[i] = pos;
     mt->npar[i] = par;
     mt->nstamp[i] = 0;
+    mt->cstamp[i] = 0;
     mt->nhash[k] = i;
     if ((uint32_t)mt->n_nodes * 2 > mt->nhash_cap && !node_rehash(mt, mt->nhash_cap * 2)) mnomem(mt);
     return i;
@@ -1208,7 +1231,9 @@ static bool push_i32(kvg_gram_match *mt, int32_t **v, int *n, int *cap, int32_t 
  * nothing was read since): an iteration of a repetition that ends fresh read nothing and is
  * not followed on (x{0,n} with an x that can be empty would otherwise hold a stack for every
  * count of empty iterations). A node is followed once as fresh and once as not (which allows
- * more), a stamp for each: stamp (not fresh) and stamp + 1 (fresh only). */
+ * more), a stamp for each: stamp (not fresh) and stamp + 1 (fresh only). A frame made for a
+ * reference keeps whether the node that made it was fresh (cstamp): a rule that ends fresh
+ * goes on in that frame as fresh as its maker. */
 static void closure(kvg_gram_match *mt, int n) {
     const kvg_gram *g = mt->g;
     mt->n_todo = 0;
@@ -1226,8 +1251,9 @@ static void closure(kvg_gram_match *mt, int n) {
             if (seen != mt->stamp + 1) push_i32(mt, &mt->tmp, &mt->n_tmp, &mt->cap_tmp, n);
         } else if (e->kind == E_END) {
             if (par < 0) mt->accept = 1;
-            else if (!(fresh && g->loop[mt->npos[par]])) /* not followed: an empty iteration */
-                push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par * 2);
+            else if (!fresh) push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par * 2);
+            else if (!g->loop[mt->npos[par]]) /* (a fresh end at a loop: an empty iteration) */
+                push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, par * 2 + (mt->cstamp[par] == mt->stamp + 1));
         } else {
             /* a reference: each alternative, going on after it (a reference in tail position
              * goes straight on with the parent: no frame, and the parent stays as fresh as it
@@ -1235,6 +1261,15 @@ static void closure(kvg_gram_match *mt, int n) {
             bool tail = g->elems[pos + 1].kind == E_END;
             int32_t cont = tail ? par : intern_node(mt, pos + 1, par);
             int32_t child_fresh = tail ? fresh : 1;
+            if (!tail && cont >= 0) {
+                uint32_t made = mt->cstamp[cont];
+                if (made != mt->stamp && made != mt->stamp + 1) {
+                    mt->cstamp[cont] = fresh ? mt->stamp + 1 : mt->stamp;
+                } else if (made == mt->stamp + 1 && !fresh) {
+                    mt->cstamp[cont] = mt->stamp; /* followed on as fresh already: again, as not */
+                    if (mt->nstamp[cont] == mt->stamp + 1) push_i32(mt, &mt->todo, &mt->n_todo, &mt->cap_todo, cont * 2);
+                }
+            }
             int r = e->arg;
             for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !mt->oom; a++) {
                 int c = intern_node(mt, g->alt_start[a], cont);
@@ -1271,9 +1306,41 @@ static bool state_rehash(kvg_gram_match *mt, uint32_t cap) {
     return true;
 }
 
+/* Stack a matches every text stack b matches: as deep, and at each level the same position
+ * or the same place in a chain of a repetition with at least as many iterations left. */
+static bool dominates(const kvg_gram_match *mt, int32_t a, int32_t b) {
+    const kvg_gram *g = mt->g;
+    while (a >= 0 && b >= 0 && a != b) {
+        int32_t pa = mt->npos[a], pb = mt->npos[b];
+        if (pa != pb && !(g->chain[pa] && g->chain[pa] == g->chain[pb] && g->rank[pa] >= g->rank[pb])) return false;
+        a = mt->npar[a];
+        b = mt->npar[b];
+    }
+    return a == b;
+}
+
+/* Drops from tmp each stack another one dominates: the state then allows the same bytes, and
+ * the states after x{0,n} read a few different ways (how many iterations each part took) are
+ * one state, not one per way. Pairs are compared in wide states only up to a bound. */
+#define MAX_PRUNE 256
+static void prune(kvg_gram_match *mt) {
+    int n = mt->n_tmp;
+    if (!mt->g->has_chains || n < 2 || n > MAX_PRUNE) return;
+    uint8_t drop[MAX_PRUNE] = {0};
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n && !drop[i]; j++)
+            if (j != i && step(mt) && dominates(mt, mt->tmp[j], mt->tmp[i])) drop[i] = 1;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!drop[i]) mt->tmp[k++] = mt->tmp[i];
+    mt->n_tmp = k;
+}
+
 /* the state tmp + accept describe: its id, -1 when it is dead (or a bound was hit) */
 static int intern_state(kvg_gram_match *mt) {
     if (mt->oom || (mt->n_tmp == 0 && !mt->accept)) return -1;
+    prune(mt);
+    if (mt->oom) return -1;
     if (mt->n_tmp > 1) qsort(mt->tmp, (size_t)mt->n_tmp, sizeof *mt->tmp, cmp_i32);
     uint32_t mask = mt->shash_cap - 1;
     uint32_t k = state_hash(mt->tmp, mt->n_tmp, mt->accept) & mask;
@@ -1326,6 +1393,7 @@ static void begin_build(kvg_gram_match *mt) {
     mt->stamp += 2; /* stamp and stamp + 1 (closure) */
     if (mt->stamp < 2) { /* wrapped: forget every mark */
         memset(mt->nstamp, 0, (size_t)mt->n_nodes * sizeof *mt->nstamp);
+        memset(mt->cstamp, 0, (size_t)mt->n_nodes * sizeof *mt->cstamp);
         mt->stamp = 2;
     }
 }
@@ -1378,11 +1446,12 @@ static void drop_tables(kvg_gram_match *mt) {
     kvg_free(mt->npos);
     kvg_free(mt->npar);
     kvg_free(mt->nstamp);
+    kvg_free(mt->cstamp);
     kvg_free(mt->nhash);
     mt->st = NULL;
     mt->tops = NULL;
     mt->shash = mt->npos = mt->npar = mt->nhash = NULL;
-    mt->nstamp = NULL;
+    mt->nstamp = mt->cstamp = NULL;
     mt->n_st = mt->n_nodes = 0;
     mt->n_tops = 0;
 }
@@ -1392,11 +1461,12 @@ static bool new_tables(kvg_gram_match *mt) {
     mt->npos = kvg_malloc(1024 * sizeof *mt->npos);
     mt->npar = kvg_malloc(1024 * sizeof *mt->npar);
     mt->nstamp = kvg_malloc(1024 * sizeof *mt->nstamp);
+    mt->cstamp = kvg_malloc(1024 * sizeof *mt->cstamp);
     mt->cap_st = 64;
     mt->st = kvg_malloc(64 * sizeof *mt->st);
     mt->cap_tops = 256;
     mt->tops = kvg_malloc(256 * sizeof *mt->tops);
-    return mt->npos && mt->npar && mt->nstamp && mt->st && mt->tops && node_rehash(mt, 4096) &&
+    return mt->npos && mt->npar && mt->nstamp && mt->cstamp && mt->st && mt->tops && node_rehash(mt, 4096) &&
            state_rehash(mt, 256);
 }
 

@@ -321,28 +321,35 @@ static void check_bounds(void) {
         kvg_gram_match_free(mt);
         kvg_gram_free(g);
     }
-    /* empty iterations are not followed, and that changes no text: the same language as the
-     * repetition written with non-empty pieces, checked on every text over a, b, c up to 8 bytes
-     * (whole and as a prefix) */
+    /* empty iterations are not followed and stacks that others dominate are dropped, and that
+     * changes no text: the same language as the repetition written with non-empty pieces, and
+     * as that one written with nested groups (no repetition at all), checked on every text over
+     * a, b, c up to 8 bytes (whole and as a prefix) */
     kvg_gram *g1 = parse("root ::= ((\"a\"? \"b\"?){0,3}){0,2} \"c\"? (x \"c\")?\nx ::= (\"b\"?){2,3}");
     kvg_gram *g2 = parse("root ::= (\"a\" | \"b\" | \"ab\"){0,6} \"c\"? (\"b\"{0,3} \"c\")?");
+    kvg_gram *g3 = parse("root ::= (p (p (p (p (p p?)?)?)?)?)? \"c\"? ((\"b\" (\"b\" \"b\"?)?)? \"c\")?\n"
+                         "p ::= \"a\" | \"b\" | \"ab\"");
     int differ = 0, texts = 0;
-    for (int len = 0; g1 && g2 && len <= 8; len++) {
+    for (int len = 0; g1 && g2 && g3 && len <= 8; len++) {
         int total = 1;
         for (int i = 0; i < len; i++) total *= 3;
         for (int v = 0; v < total; v++, texts++) {
             char t[9];
             for (int i = 0, x = v; i < len; i++, x /= 3) t[i] = (char)('a' + x % 3);
             t[len] = 0;
-            differ += accepts(g1, t, true) != accepts(g2, t, true);
-            differ += accepts(g1, t, false) != accepts(g2, t, false);
+            for (int whole = 0; whole < 2; whole++) {
+                bool want = accepts(g3, t, whole);
+                differ += accepts(g1, t, whole) != want;
+                differ += accepts(g2, t, whole) != want;
+            }
         }
     }
     CHECKF(differ == 0, "%d of %d texts judged differently", differ, texts);
     kvg_gram_free(g1);
     kvg_gram_free(g2);
-    /* the same with named rules (not multiplied by the parser's bound): a long text in one call
-     * ends at the step bound, with a message; a reset makes the matcher usable again */
+    kvg_gram_free(g3);
+    /* the same with named rules (not multiplied by the parser's bound): a long text in one call,
+     * a few states of a few stacks each (the stacks of other splits of the a's are dominated) */
     if ((g = parse("root ::= x{0,1000} \"!\"\nx ::= (\"a\"?){0,1000}"))) {
         kvg_gram_match *mt = NULL;
         CHECK_OK(kvg_gram_match_new(g, &mt, &err)); /* a million stacks at its start, were empty x followed */
@@ -354,18 +361,13 @@ static void check_bounds(void) {
     if ((g = parse("root ::= x{0,100} \"!\"\nx ::= (\"a\"?){0,100}"))) {
         kvg_gram_match *mt = NULL;
         CHECK_OK(kvg_gram_match_new(g, &mt, &err));
-        char *a = kvg_malloc(3001);
-        if (mt && a) {
-            memset(a, 'a', 3000);
-            a[3000] = 0;
-            CHECK(!kvg_gram_feed(mt, (const unsigned char *)a, 3000));
-            const kvgen_error *f = kvg_gram_match_failure(mt);
-            CHECKF(f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "matcher steps"), "%s",
-                   f ? f->message : "no failure");
-            CHECK(!kvg_gram_feed(mt, (const unsigned char *)"!", 1)); /* failed until a reset */
-            kvg_gram_match_reset(mt);
-            CHECK(!kvg_gram_match_failure(mt) && kvg_gram_feed(mt, (const unsigned char *)"aa!", 3) &&
-                  kvg_gram_done(mt));
+        char *a = kvg_malloc(10001);
+        if (mt && a) { /* at most 100 * 100 a's */
+            memset(a, 'a', 10000);
+            a[10000] = 0;
+            CHECK(kvg_gram_feed(mt, (const unsigned char *)a, 10000) && !kvg_gram_match_failure(mt));
+            CHECK(!kvg_gram_feed(mt, (const unsigned char *)"a", 1) && !kvg_gram_match_failure(mt));
+            CHECK(kvg_gram_feed(mt, (const unsigned char *)"!", 1) && kvg_gram_done(mt));
         }
         kvg_free(a);
         kvg_gram_match_free(mt);
@@ -382,9 +384,11 @@ static void check_bounds(void) {
             const kvgen_error *f = kvg_gram_match_failure(mt);
             printf("test_grammar: ambiguous grammar: %zu bytes of 64 matched%s%s\n", n, f ? ": " : "",
                    f ? f->message : "");
-            CHECKF(n == 64 || (f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "grammar:")),
+            CHECKF(n == 64 || (f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "matcher steps")),
                    "refused at byte %zu without a message", n);
+            if (f) CHECK(!kvg_gram_feed(mt, (const unsigned char *)"!", 1)); /* failed until a reset */
             kvg_gram_match_reset(mt);
+            CHECK(!kvg_gram_match_failure(mt));
             CHECK(kvg_gram_feed(mt, (const unsigned char *)"bb!b!", 5) && kvg_gram_can_end(mt));
         }
         kvg_gram_match_free(mt);
@@ -459,6 +463,40 @@ static void check_costly_mask(void) {
     kvg_gram_match_free(mt);
     kvg_gram_free(g);
     kvg_vocab_trie_free(trie);
+}
+
+/* Costly grammars on a model: each generation of 20 tokens ends with its text or with an
+ * error naming the matcher's bound, never a silent refusal (a dead end); told apart by
+ * behaviour, never by time. */
+static void check_costly_generation(kvgen_model *m, const char *what) {
+    static const char *const grammars[] = {"root ::= ([^x]{0,64} [a-z]{0,64}){0,64}",
+                                           "root ::= ((\"a\"?){0,300}){0,300}",
+                                           "root ::= (\"b\" root \"b\"?)+ \"!\" | \"\""};
+    for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
+        kvgen_session_desc sd = {.n_ctx = 256, .seed = 7, .temperature = 1.0f};
+        kvgen_session *s = NULL;
+        kvgen_error err = {0};
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = grammars[i]};
+        kvgen_generate_desc gd = {.constraint = &c, .max_tokens = 20};
+        int32_t ids[64];
+        size_t n = 0;
+        CHECK_OK(kvgen_tokenize(m, "x", 1, 0, ids, 64, &n, &err));
+        kvgen_gen *g = NULL;
+        if (s) CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &gd, &g, &err));
+        kvgen_gen_step st = {0};
+        kvgen_status rc = KVGEN_OK;
+        int tokens = 0;
+        while (g && (rc = kvgen_gen_next(g, &st, &err)) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) tokens++;
+        kvgen_finish fin = g ? kvgen_gen_finish(g) : KVGEN_FINISH_ERROR;
+        printf("test_grammar: %s: %s: %s after %d tokens%s%s\n", what, grammars[i], kvgen_finish_name(fin), tokens,
+               rc != KVGEN_OK ? ": " : "", rc != KVGEN_OK ? err.message : "");
+        CHECKF(fin == KVGEN_FINISH_STOP || fin == KVGEN_FINISH_LENGTH ||
+                   (fin == KVGEN_FINISH_ERROR && rc == KVGEN_E_UNSUPPORTED && contains(err.message, "matcher steps")),
+               "%s: %s: %s (%s)", what, grammars[i], kvgen_finish_name(fin), err.message);
+        kvgen_gen_end(g);
+        kvgen_session_close(s);
+    }
 }
 
 /* A long generation's caches are forgotten between tokens past the soft bounds: the text goes
@@ -868,6 +906,7 @@ int main(void) {
         if (g) check_mask(m, g, g_npc_prefixes, 6, "random vocabulary, NPC schema");
         kvg_gram_free(g);
         check_generation(m, "reference", 8, true);
+        check_costly_generation(m, "random model");
     }
     kvgen_model_unload(m);
     if ((m = load(path, KVGEN_BACKEND_CPU))) check_generation(m, "cpu", 4, false);
@@ -894,6 +933,7 @@ int main(void) {
             printf("default model: %s\n", texts[s] ? texts[s] : "");
         }
         validate(g_npc, texts, 6, "default model, NPC schema");
+        check_costly_generation(m, "default model");
         for (int s = 0; s < 6; s++) kvg_free(texts[s]);
         bench(m, "cpu");
     }
