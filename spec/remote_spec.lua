@@ -2,6 +2,7 @@
 -- model on 127.0.0.1 (scripts/llama_server.sh: installed by `install`, started and stopped here).
 -- Faults a real server does not produce on demand are core/tests/test_remote.c's (a stub).
 -- Without the server installed the specs are pending, unless KVGEN_TEST_REMOTE=1 asks for them.
+-- No outcome here waits on the clock: a deadline only guards against a hang.
 local support = require("kvgen_support")
 local kvgen = support.kvgen
 local error_of = support.error_of
@@ -91,6 +92,16 @@ describe("a remote model #remote #model", function()
     assert.are.equal(url, info.device)
     assert.matches("SmolLM2", info.name)
     assert.matches("not among the models the server lists", error_of(kvgen.load, url, { model = "no-such-model" }))
+    -- a URL's password is shown as *** in the model's description and in every error
+    local with_pw = "http://user:s3cretpw@127.0.0.1:" .. port .. "/v1"
+    local shown = "http://user:***@127.0.0.1:" .. port .. "/v1"
+    local cm = kvgen.load(with_pw, { api_key = "sk-topsecret-key" })
+    assert.are.equal(shown, cm:info().device)
+    cm:close()
+    local e = error_of(kvgen.load, with_pw, { model = "no-such-model", api_key = "sk-topsecret-key" })
+    assert.is_truthy(e:find(shown, 1, true), e)
+    assert.is_nil(e:find("s3cretpw", 1, true), e)
+    assert.is_nil(e:find("sk-topsecret-key", 1, true), e)
   end)
 
   it("gives the text a plain request gives, and the local model's up to its first near-tie", function()
@@ -158,6 +169,15 @@ describe("a remote model #remote #model", function()
     assert.are.equal(whole:sub(1, whole:find(stop, 1, true) - 1), text)
   end)
 
+  it("ends a reply at the first sentence past soft_max_tokens", function()
+    local whole = m:session():generate("Once upon a time", { max_tokens = 120 })
+    local text, finish = m:session():generate("Once upon a time", { max_tokens = 120, soft_max_tokens = 1 })
+    assert.are.equal("sentence", finish, text)
+    assert.are.equal(text, whole:sub(1, #text)) -- the same greedy reply, cut short
+    assert.is_true(#text < #whole)
+    assert.matches("[%.!?][\"')]*$", text)
+  end)
+
   it("cancels a stream, keeping what arrived", function()
     local s = m:session()
     local st = s:stream("Once upon a time", { max_tokens = 200 })
@@ -222,13 +242,27 @@ describe("a remote model #remote #model", function()
     assert.is_string(value.name)
   end)
 
-  it("maps the server's errors", function()
+  it("maps the server's errors, leaving the session as it was", function()
     local s = m:session()
     local long = string.rep("hello ", 5000)
-    -- llama-cpp-python answers a streamed request over its context with an empty stream
-    assert.matches("without any event", error_of(s.generate, s, long, { max_tokens = 4 }))
-    -- and a plain one with HTTP 400 and its message: context_full (the prompt stayed in the
-    -- history, as a local session keeps a prompt whose generation failed)
+    -- llama-cpp-python answers a streamed request over its context with an empty stream; the
+    -- failed call leaves the session as it was, however often it is retried
+    for _ = 1, 2 do
+      assert.matches("without any event", error_of(s.generate, s, long, { max_tokens = 4 }))
+      assert.are.equal(0, s.length)
+    end
+    local c = m:session { system = "Be brief." }
+    local len = c.length
+    for _ = 1, 2 do
+      assert.is_string(error_of(c.chat, c, long, { max_tokens = 4 }))
+      assert.are.equal(len, c.length)
+      assert.is_string(error_of(function() for _ in c:chat_stream(long, { max_tokens = 4 }) do end end))
+      assert.are.equal(len, c.length)
+    end
+    -- and a plain request with HTTP 400 and its message: context_full (the history holds the
+    -- long text: a stream closed before its first step keeps its prompt, as a local one does)
+    s:stream(long, { max_tokens = 4 }):close()
+    assert.are.equal(#long, s.length)
     local err = error_of(s.choose, s, { " a", " b" })
     assert.matches("HTTP 400", err)
     assert.matches("maximum context length", err)
@@ -237,6 +271,7 @@ describe("a remote model #remote #model", function()
     c:generate("The capital of France is", { max_tokens = 1 })
     assert.matches("distribution after", error_of(c.choose, c, { " Paris", " Rome" }))
     assert.matches("token ids", error_of(function() return m:session():generate({ 1, 2, 3 }) end))
+    assert.are.equal(#long, s.length) -- choice scoring changes nothing, failed or not
   end)
 
   it("runs 32 concurrent sessions as jobs", function()
@@ -264,13 +299,12 @@ describe("a remote model #remote #model", function()
     local out = p:read("a")
     assert(p:close(), out)
     local function p99(what) return tonumber(out:match(what .. "%s+%d+ frames%s+median%s+[%d.]+%s+p99%s+([%d.]+)")) end
-    local busy_update, idle_gap, busy_gap = p99("generating: update"), p99("idle: interval"), p99("generating: interval")
+    local busy_update = p99("generating: update")
     assert.is_number(busy_update, out)
-    -- the frame's own work (update + poll) never waits on the network
-    assert.is_true(busy_update < 2.0, out)
-    -- and frames keep their pace: the interval's p99 within 5 ms of the idle one's (the server
-    -- shares this machine's cores)
-    assert.is_true(busy_gap < idle_gap + 5.0, out)
+    -- the frame's own work (update + poll) never waits on the network: a wait would hold a frame
+    -- for a whole reply (seconds here); the bound is generous, as the server and other work share
+    -- this machine's cores (the figures themselves are the sample's to report, not a test's)
+    assert.is_true(busy_update < 100.0, out)
     assert.matches("aggregate: %d+ tokens", out)
   end)
 end)
@@ -292,7 +326,9 @@ describe("a remote model whose server goes away #remote #model", function()
     assert(server("start", port))
     local m = kvgen.load(url, { timeout_ms = 20000 })
     local a, b = m:session(), m:session()
-    local job = a:submit("Once upon a time", { max_tokens = 400 })
+    -- a reply that cannot end before the kill: no end-of-generation, far more tokens than the
+    -- server makes in the moment between its first piece and the kill
+    local job = a:submit("Once upon a time", { max_tokens = 3000, ignore_eog = true })
     wait_until(function() return #job.text > 0 end)
     assert(server("kill", port))
     local _, finish = poll_to_end(job)
