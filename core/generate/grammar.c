@@ -134,7 +134,7 @@ static void where(parser *P, const char *at, int *line, int *col) {
     P->w_col = *col;
 }
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__) /* mingw checks against msvcrt's printf (no %zu) */
 __attribute__((format(printf, 3, 4)))
 #endif
 static void perr(parser *P, const char *at, const char *fmt, ...) {
@@ -1119,7 +1119,7 @@ struct kvg_gram_match {
     kvgen_error fail;
 };
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__MINGW32__) /* mingw checks against msvcrt's printf (no %zu) */
 __attribute__((format(printf, 3, 4)))
 #endif
 static void mfail(kvg_gram_match *mt, kvgen_status st, const char *fmt, ...) {
