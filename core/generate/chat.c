@@ -57,7 +57,8 @@ static const family FAMILIES[] = {
 typedef struct chat_msg {
     int role; /* ROLE_* */
     char *content;
-    size_t end; /* the cache length once the turn was in: a rewind below it takes the turn back */
+    size_t end; /* the cache length once the turn was in: a rewind below it takes the turn back,
+                 * a context shift moves it down with the tokens (kvg_chat_shifted) */
 } chat_msg;
 
 struct kvg_chat {
@@ -68,9 +69,10 @@ struct kvg_chat {
     int open_reply; /* an assistant header was appended and its turn not closed yet */
     int last_role;  /* ROLE_* of the last complete turn */
     char *jinja;    /* MODE_JINJA: the caller's template */
-    chat_msg *msgs; /* a Jinja template's conversation so far */
+    chat_msg *msgs; /* the conversation so far (kept under every template: a Jinja template
+                     * set later renders it) */
     size_t n_msgs;
-    size_t reply_at; /* open_reply with a Jinja template: where the reply's tokens start */
+    size_t reply_at; /* open_reply: where the reply's tokens start */
     int warned;      /* the model's template was rejected and the reason printed */
 };
 
@@ -279,8 +281,32 @@ static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, 
     return KVGEN_OK;
 }
 
-const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free, kvg_chat_clone, kvg_chat_state_size, kvg_chat_state_save,
-                                         kvg_chat_state_load};
+/* The session shifted its context: tokens [keep, keep + drop) are gone and the rest moved down
+ * by drop. A turn wholly before keep stays where it was, one wholly after the dropped tokens
+ * moves down with them, and one that lost tokens leaves the conversation (the next turn renders
+ * what the cache still holds). An open reply that lost its start keeps the rest, from keep. */
+static void kvg_chat_shifted(kvg_chat *c, size_t keep, size_t drop) {
+    size_t cut = keep + drop, begin = 0, n = 0;
+    for (size_t i = 0; i < c->n_msgs; i++) {
+        chat_msg m = c->msgs[i];
+        size_t start = begin;
+        begin = m.end;
+        if (m.end <= keep) {
+            c->msgs[n++] = m;
+        } else if (start >= cut) {
+            m.end -= drop;
+            c->msgs[n++] = m;
+        } else {
+            kvg_free(m.content);
+        }
+    }
+    c->n_msgs = n;
+    if (c->reply_at >= cut) c->reply_at -= drop;
+    else if (c->reply_at > keep) c->reply_at = keep;
+}
+
+const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free,       kvg_chat_clone,      kvg_chat_state_size,
+                                         kvg_chat_state_save, kvg_chat_state_load, kvg_chat_shifted};
 
 static kvgen_status get_chat(kvgen_session *s, kvg_chat **out, kvgen_error *err) {
     kvg_sampler *sm = kvg_session_sampler(s);
@@ -551,7 +577,8 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     toks tk = {0};
     char *reply = NULL;
     kvgen_status st = KVGEN_OK;
-    size_t n = 0, k = 0;
+    size_t n = 0, k = 0, n_new = 0;
+    chat_msg *new_msgs = NULL;
     int32_t *dropped = NULL; /* [len - k]: the cached tokens a changed prefix rewound */
     bool rewound = false;
     if (!msgs || !jm) {
@@ -569,34 +596,85 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
         msgs[n++] = (chat_msg){ROLE_ASSISTANT, reply, len};
     }
     if (r != ROLE_NONE) msgs[n++] = (chat_msg){r, (char *)text, 0};
-    for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content};
 
     char why[KVGEN_ERROR_MESSAGE_SIZE - 96], bos[128], eos[128];
     token_text(m, kvg_tokenizer_bos(m->tok), bos, sizeof bos);
     token_text(m, kvg_tokenizer_eos(m->tok), eos, sizeof eos);
-    kvg_jinja_input in = {jm, n, begin_reply, bos, eos};
     const char *which = c->mode == MODE_JINJA ? "the session's chat template" : "tokenizer.chat_template";
-    if (!kvg_jinja_parse(ru->jinja, ru->jinja_len, &t, why, sizeof why) ||
-        !kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
+    if (!kvg_jinja_parse(ru->jinja, ru->jinja_len, &t, why, sizeof why)) {
         st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
         goto done;
     }
-    /* the whole rendering at once, control tokens matched in template text only */
-    st = append_rendered(&tk, m, &ro, err);
-    if (st != KVGEN_OK) goto done;
-    if (kvg_tokenizer_add_bos(m->tok)) {
-        int32_t bos_id = kvg_tokenizer_bos(m->tok);
-        if (bos_id >= 0 && (tk.n == 0 || tk.v[0] != bos_id)) {
-            int32_t one = bos_id;
-            toks with = {0};
-            st = append_out(&with, &one, 1, fn, err);
-            if (st == KVGEN_OK) st = append_out(&with, tk.v, tk.n, fn, err);
-            kvg_free(tk.v);
-            tk = with;
-            if (st != KVGEN_OK) goto done;
+    size_t n_system = 0; /* the leading system turns: never dropped to make room */
+    bool thinned = false;
+    while (n_system < n && msgs[n_system].role == ROLE_SYSTEM) n_system++;
+    for (;;) {
+        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content};
+        kvg_jinja_input in = {jm, n, begin_reply, bos, eos};
+        if (!kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
+            st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
+            goto done;
+        }
+        if (ro.len == 0) { /* nothing to generate from, and nothing of the cache to keep */
+            st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s%s%s renders nothing for a conversation of %zu message%s",
+                          fn, which, c->mode == MODE_JINJA ? "" : " of ",
+                          c->mode == MODE_JINJA ? "" : kvg_gguf_path(m->gguf), n, n == 1 ? "" : "s");
+            goto done;
+        }
+        /* the whole rendering at once, control tokens matched in template text only */
+        st = append_rendered(&tk, m, &ro, err);
+        if (st != KVGEN_OK) goto done;
+        if (kvg_tokenizer_add_bos(m->tok)) {
+            int32_t bos_id = kvg_tokenizer_bos(m->tok);
+            if (bos_id >= 0 && (tk.n == 0 || tk.v[0] != bos_id)) {
+                int32_t one = bos_id;
+                toks with = {0};
+                st = append_out(&with, &one, 1, fn, err);
+                if (st == KVGEN_OK) st = append_out(&with, tk.v, tk.n, fn, err);
+                kvg_free(tk.v);
+                tk = with;
+                if (st != KVGEN_OK) goto done;
+            }
+        }
+        k = 0;
+        while (k < len && k < tk.n && have[k] == tk.v[k]) k++;
+        /* A session that shifts: when the tokens past the common prefix cannot go in even by
+         * shifting (after a shift cut a turn, the turns after it run again), the oldest turns
+         * after the system prompt leave the conversation until they can; the newest stays. */
+        size_t kept = (size_t)s->keep < k ? (size_t)s->keep : k;
+        if (s->on_full != KVGEN_ON_FULL_SHIFT || tk.n <= (size_t)s->n_ctx || tk.n - k <= (size_t)s->n_ctx - kept ||
+            n_system + 1 >= n)
+            break;
+        memmove(msgs + n_system, msgs + n_system + 1, (n - n_system - 1) * sizeof *msgs);
+        n--;
+        thinned = true;
+        if (n_system < keep) keep--;
+        kvg_free(ro.text);
+        kvg_free(ro.user);
+        memset(&ro, 0, sizeof ro);
+        tk.n = 0;
+    }
+
+    /* the new conversation, its positions those of the rendering */
+    new_msgs = kvg_calloc(n ? n : 1, sizeof *new_msgs);
+    if (!new_msgs) {
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    for (; n_new < n; n_new++) {
+        const chat_msg *src = &msgs[n_new];
+        new_msgs[n_new].role = src->role;
+        new_msgs[n_new].end = n_new < keep || src->content == reply ? src->end : tk.n;
+        /* after turns left, where an earlier one ends past the common prefix is not known: the
+         * end of the rendering (a rewind into it takes the turn back) */
+        if (thinned && new_msgs[n_new].end > k) new_msgs[n_new].end = tk.n;
+        if (new_msgs[n_new].end > tk.n) new_msgs[n_new].end = tk.n;
+        if (!(new_msgs[n_new].content = dup_str(src->content, strlen(src->content)))) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+            goto done;
         }
     }
-    while (k < len && k < tk.n && have[k] == tk.v[k]) k++;
+
     if (k < len) { /* the rendered prefix changed (or the reply tokenizes differently): reuse what matches */
         /* the tokens given up, so that a turn that fails after the rewind puts them back */
         if (!(dropped = kvg_malloc((len - k) * sizeof *dropped))) {
@@ -608,34 +686,29 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
         if (st != KVGEN_OK) goto done;
         rewound = true;
     }
-    if (out) st = append_out(out, tk.v + k, tk.n - k, fn, err);
-    else if (tk.n > k) st = kvgen_session_prefill(s, tk.v + k, tk.n - k, NULL, err);
-    if (st != KVGEN_OK) goto done;
-
-    /* the new conversation */
-    chat_msg *keep_msgs = kvg_calloc(n ? n : 1, sizeof *keep_msgs);
-    if (!keep_msgs) {
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
-        goto done;
-    }
-    size_t made = 0;
-    for (; made < n; made++) {
-        const chat_msg *src = &msgs[made];
-        keep_msgs[made].role = src->role;
-        keep_msgs[made].end = made < keep || src->content == reply ? src->end : tk.n;
-        if (keep_msgs[made].end > tk.n) keep_msgs[made].end = tk.n;
-        if (!(keep_msgs[made].content = dup_str(src->content, strlen(src->content)))) break;
-    }
-    if (made < n) {
-        free_msgs(keep_msgs, made);
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
-        goto done;
-    }
-    free_msgs(c->msgs, c->n_msgs);
-    c->msgs = keep_msgs;
-    c->n_msgs = n;
+    /* the state is the new one before the tokens go in: a context shift while they do (here, or
+     * in the jobs' worker) moves its positions with the cache */
+    chat_msg *old_msgs = c->msgs;
+    size_t n_old = c->n_msgs, old_reply_at = c->reply_at;
+    int old_open = c->open_reply;
+    c->msgs = new_msgs;
+    c->n_msgs = n_new;
     c->reply_at = tk.n;
     c->open_reply = begin_reply;
+    new_msgs = NULL;
+    n_new = 0;
+    if (out) st = append_out(out, tk.v + k, tk.n - k, fn, err);
+    else if (tk.n > k) st = kvgen_session_prefill(s, tk.v + k, tk.n - k, NULL, err);
+    if (st != KVGEN_OK) { /* back to the conversation as it was */
+        new_msgs = c->msgs;
+        n_new = c->n_msgs;
+        c->msgs = old_msgs;
+        c->n_msgs = n_old;
+        c->reply_at = old_reply_at;
+        c->open_reply = old_open;
+        goto done;
+    }
+    free_msgs(old_msgs, n_old);
     if (r != ROLE_NONE) c->last_role = r;
 done:
     if (st != KVGEN_OK && rewound) {
@@ -645,7 +718,14 @@ done:
         size_t now = kvgen_session_length(s);
         if (now > k) kvgen_session_rewind(s, now - k, &ignored);
         if (kvgen_session_length(s) == k) kvgen_session_prefill(s, dropped, len - k, NULL, &ignored);
+        if (st == KVGEN_E_CONTEXT_FULL && kvgen_session_length(s) == len) /* the numbers of the session as it is */
+            kvg_fail(err, st,
+                     "context full (%zu/%d): cannot append this chat turn: the conversation renders to %zu tokens, "
+                     "the cache holds the first %zu of them and the other %zu do not fit%s",
+                     len, s->n_ctx, tk.n, k, tk.n - k,
+                     s->on_full == KVGEN_ON_FULL_SHIFT ? " even after shifting out all but the kept ones" : "");
     }
+    free_msgs(new_msgs, n_new);
     kvg_free(dropped);
     kvg_jinja_free(t);
     kvg_free(ro.text);
@@ -699,6 +779,20 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     const int32_t *have = kvgen_session_tokens(s);
     toks t = {0};
     int last_role = c->last_role;
+    /* the conversation as the template appends it: the reply being closed and the new message,
+     * each with where its tokens end, so that a Jinja template set later renders them */
+    chat_msg added[2] = {{0}};
+    size_t n_added = 0;
+    if (c->open_reply && c->reply_at < len) {
+        size_t need = kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, NULL, 0);
+        if (!(added[0].content = kvg_malloc(need + 1))) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+            goto fail;
+        }
+        kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, added[0].content, need + 1);
+        added[0].role = ROLE_ASSISTANT;
+        n_added = 1;
+    }
     if (c->open_reply && len > 0) {
         /* close the reply; the end-of-turn token the model generated is already in the cache */
         st = append_text(&t, m, str[S_ASST_SUF], KVGEN_TOKENIZE_SPECIAL, err);
@@ -711,6 +805,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         memmove(t.v, t.v + skip, (t.n - skip) * sizeof *t.v);
         t.n -= skip;
         last_role = ROLE_ASSISTANT;
+        if (n_added) added[0].end = t.n;
     }
     if (st == KVGEN_OK && r != ROLE_NONE) {
         int pre = r == ROLE_SYSTEM ? S_SYS_PRE : r == ROLE_USER ? S_USER_PRE : S_ASST_PRE;
@@ -719,8 +814,14 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         if (st == KVGEN_OK) st = append_text(&t, m, text, 0, err);
         if (st == KVGEN_OK) st = append_text(&t, m, str[pre + 1], KVGEN_TOKENIZE_SPECIAL, err);
         last_role = r;
+        added[n_added].role = r;
+        added[n_added].end = t.n;
+        if (st == KVGEN_OK && !(added[n_added].content = dup_str(text, strlen(text))))
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        n_added++;
     }
     if (st == KVGEN_OK && begin_reply) st = append_text(&t, m, str[S_ASST_PRE], KVGEN_TOKENIZE_SPECIAL, err);
+    size_t bos_added = 0;
     if (st == KVGEN_OK && len == 0 && kvg_tokenizer_add_bos(m->tok)) {
         int32_t bos = kvg_tokenizer_bos(m->tok);
         if (bos >= 0 && (t.n == 0 || t.v[0] != bos)) {
@@ -731,8 +832,32 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
                 v[0] = bos;
                 t.v = v;
                 t.n++;
+                bos_added = 1;
             }
         }
+    }
+    /* room for the turns first: once the tokens are in, nothing is left that can fail */
+    size_t n_keep = 0;
+    while (n_keep < c->n_msgs && c->msgs[n_keep].end <= len) n_keep++; /* a rewind took the rest back */
+    if (st == KVGEN_OK && n_added) {
+        chat_msg *grown = kvg_realloc(c->msgs, (n_keep + n_added) * sizeof *grown);
+        if (!grown) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        else {
+            for (size_t i = n_keep; i < c->n_msgs; i++) kvg_free(c->msgs[i].content);
+            c->msgs = grown;
+            c->n_msgs = n_keep;
+        }
+    }
+    /* the positions in the cache once the turn is in, before a shift its prefill may make moves
+     * them (the state is updated before the prefill for that) */
+    size_t reply_at_before = c->reply_at, n_before = c->n_msgs;
+    if (st == KVGEN_OK) {
+        for (size_t i = 0; i < n_added; i++) {
+            added[i].end += len + bos_added;
+            c->msgs[c->n_msgs++] = added[i];
+            added[i].content = NULL;
+        }
+        c->reply_at = len + t.n;
     }
     if (st == KVGEN_OK && t.n > 0 && !out) st = kvgen_session_prefill(s, t.v, t.n, NULL, err);
     if (st == KVGEN_OK && t.n > 0 && out) {
@@ -750,7 +875,15 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         }
     }
     kvg_free(t.v);
-    if (st != KVGEN_OK) goto fail; /* nothing was appended: the chat state stays as it was */
+    for (size_t i = 0; i < n_added; i++) kvg_free(added[i].content);
+    if (st != KVGEN_OK) { /* nothing was appended: the chat state stays as it was */
+        if (c->n_msgs > n_before) {
+            for (size_t i = n_before; i < c->n_msgs; i++) kvg_free(c->msgs[i].content);
+            c->n_msgs = n_before;
+            c->reply_at = reply_at_before;
+        }
+        goto fail;
+    }
     c->last_role = last_role;
     c->open_reply = begin_reply;
     return KVGEN_OK;

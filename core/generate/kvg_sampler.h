@@ -62,6 +62,8 @@ typedef struct kvg_chat_ops {
     size_t (*state_size)(const kvg_chat *c);
     void (*state_save)(const kvg_chat *c, unsigned char *buf);
     kvgen_status (*state_load)(kvg_chat **c, const unsigned char *buf, size_t size, kvgen_error *err);
+    /* the session shifted its context: tokens [keep, keep + drop) are gone, the rest moved down */
+    void (*shifted)(kvg_chat *c, size_t keep, size_t drop);
 } kvg_chat_ops;
 extern const kvg_chat_ops kvg_chat_state_ops; /* chat.c's */
 

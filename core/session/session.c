@@ -442,7 +442,9 @@ static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
     /* drop at least half of what may go, so shifts stay rare, and enough for the append */
     size_t need = s->n_tokens + n - (size_t)s->n_ctx, drop = (s->n_tokens - keep) / 2;
     if (drop < need) drop = need;
-    return shift(s, keep, drop, err);
+    kvgen_status st = shift(s, keep, drop, err);
+    if (st == KVGEN_OK && s->sampler.chat) s->sampler.chat_ops->shifted(s->sampler.chat, keep, drop);
+    return st;
 }
 
 static kvgen_status prefill_run(kvgen_session *s, const int32_t *tokens, size_t n, float *all_logits,

@@ -5,7 +5,10 @@
  * Jinja template replaces the file's, a greedy reply knows Paris and carries no template text, a stop string
  * cuts it, choice scoring prefers the right answer, and constrained JSON parses. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "testutil.h"
 
 static kvgen_model *m;
@@ -104,6 +107,197 @@ static void templates(void) {
     kvgen_session_close(s);
 }
 
+/* ---- context shifts, template switches, empty renderings (cpu backend) ---- */
+
+/* The user turns "[qNN] ..." the session holds, in order: a run of consecutive ones ending at
+ * `last` (0 when they are not); *first gets the oldest. */
+static int turns_held(kvgen_model *mm, kvgen_session *s, int last, int *first) {
+    static char text[16384];
+    kvgen_detokenize(mm, kvgen_session_tokens(s), kvgen_session_length(s), KVGEN_TOKENIZE_SPECIAL, text, sizeof text);
+    int n = 0, prev = 0;
+    *first = 0;
+    for (const char *p = text; (p = strstr(p, "user\n[q")) != NULL; p++) {
+        int q = atoi(p + 7);
+        if (n > 0 && q != prev + 1) return 0;
+        if (n == 0) *first = q;
+        prev = q;
+        n++;
+    }
+    return n > 0 && prev == last ? n : 0;
+}
+
+static bool job_final(kvgen_job *j) {
+    for (long i = 0; i < 60000000; i++) { /* a generous bound: a hang, not a timing check */
+        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
+        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+/* Many turns at context 128 with the system prompt kept, under a Jinja template (the file's,
+ * or the caller's), through kvgen_chat_begin + kvgen_generate, kvgen_chat_gen_begin, and a
+ * job: each turn renders the conversation the cache still holds (the latest turns, in order,
+ * after the kept system prompt), never turns a shift dropped; a shift in the middle of a reply
+ * keeps the chat usable. */
+static void shifted_chat(kvgen_model *mm, const char *jinja, int entry, int *mid_reply, int *in_prefill) {
+    kvgen_error err = {0};
+    const char *sys_text = "You are Brom, the gate guard of Eastwatch.";
+    kvgen_chat_template tpl = {.jinja = jinja};
+    /* the kept tokens: the system turn as the template renders it */
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(mm, NULL, &s, &err));
+    if (jinja) CHECK_OK(kvgen_chat_set_template(s, &tpl, &err));
+    CHECK_OK(kvgen_chat_add(s, "system", sys_text, &err));
+    int keep = (int)kvgen_session_length(s);
+    kvgen_session_close(s);
+    kvgen_session_desc sd = {.n_ctx = 128, .on_full = KVGEN_ON_FULL_SHIFT, .keep = keep};
+    CHECK_OK(kvgen_session_create(mm, &sd, &s, &err));
+    if (jinja) CHECK_OK(kvgen_chat_set_template(s, &tpl, &err));
+    CHECK_OK(kvgen_chat_add(s, "system", sys_text, &err));
+    kvgen_generate_desc gd = {.max_tokens = 20};
+    int turns = 10, first = 0, dropped_any = 0;
+    for (int q = 1; q <= turns; q++) {
+        char text[128];
+        snprintf(text, sizeof text, "[q%02d] Tell me about the old tower by the river, and the bridge.", q);
+        kvgen_cache_info info;
+        kvgen_session_cache_info(s, &info);
+        size_t shifts0 = info.shifts;
+        kvgen_status st = KVGEN_OK;
+        if (entry == 0) {
+            st = kvgen_chat_begin(s, "user", text, &err);
+            CHECKF(st == KVGEN_OK, "turn %d: %s", q, err.message);
+            if (st != KVGEN_OK) break;
+            CHECKF(turns_held(mm, s, q, &first) > 0, "turn %d: the session holds turns out of order", q);
+            kvgen_session_cache_info(s, &info);
+            size_t shifts1 = info.shifts;
+            *in_prefill += shifts1 > shifts0;
+            char reply[512];
+            kvgen_finish fin;
+            st = kvgen_generate(s, &gd, reply, sizeof reply, NULL, &fin, &err);
+            CHECKF(st == KVGEN_OK, "turn %d reply: %s", q, err.message);
+            kvgen_session_cache_info(s, &info);
+            *mid_reply += info.shifts > shifts1;
+        } else if (entry == 1) {
+            kvgen_gen *g = NULL;
+            st = kvgen_chat_gen_begin(s, "user", text, &gd, &g, &err);
+            CHECKF(st == KVGEN_OK, "turn %d: %s", q, err.message);
+            if (st != KVGEN_OK) break;
+            CHECKF(turns_held(mm, s, q, &first) > 0, "turn %d: the session holds turns out of order", q);
+            kvgen_session_cache_info(s, &info);
+            size_t shifts1 = info.shifts;
+            *in_prefill += shifts1 > shifts0;
+            kvgen_gen_step step;
+            do st = kvgen_gen_next(g, &step, &err);
+            while (st == KVGEN_OK && step.finish == KVGEN_FINISH_NONE);
+            CHECKF(st == KVGEN_OK, "turn %d reply: %s", q, err.message);
+            kvgen_gen_end(g);
+            kvgen_session_cache_info(s, &info);
+            *mid_reply += info.shifts > shifts1;
+        } else {
+            kvgen_job_desc jd = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = text, .gen = gd};
+            kvgen_job *j = NULL;
+            CHECK_OK(kvgen_job_submit(s, &jd, &j, &err));
+            CHECK(j && job_final(j));
+            kvgen_job_info ji;
+            kvgen_job_get_info(j, &ji);
+            CHECKF(ji.state == KVGEN_JOB_DONE, "turn %d: %s %s", q, kvgen_job_state_name(ji.state), ji.error.message);
+            kvgen_job_release(j);
+            if (ji.state != KVGEN_JOB_DONE) break;
+            kvgen_session_cache_info(s, &info);
+            *mid_reply += info.shifts > shifts0;
+            CHECKF(turns_held(mm, s, q, &first) > 0, "turn %d: the session holds turns out of order", q);
+        }
+        dropped_any |= first > 1;
+        /* the system prompt is where it was */
+        CHECKF(strncmp(session_text(s), "<|im_start|>system\nYou are Brom", 31) == 0, "turn %d: \"%.60s\"", q,
+               session_text(s));
+    }
+    kvgen_cache_info info;
+    kvgen_session_cache_info(s, &info);
+    CHECKF(info.shifts >= 3 && dropped_any, "%zu shifts, oldest turn held %d", info.shifts, first);
+    kvgen_session_close(s);
+}
+
+/* A Jinja turn, a family turn, a Jinja turn again: each message stays the role it was sent as. */
+static void switched_templates(kvgen_model *mm) {
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(mm, NULL, &s, &err));
+    char want[8192], reply[512];
+    kvgen_generate_desc gd = {.max_tokens = 12};
+    kvgen_finish fin;
+    CHECK_OK(kvgen_chat_begin(s, "user", "[q01] Who are you?", &err));
+    CHECK_OK(kvgen_generate(s, &gd, reply, sizeof reply, NULL, &fin, &err));
+    snprintf(want, sizeof want,
+             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+             "<|im_start|>user\n[q01] Who are you?<|im_end|>\n<|im_start|>assistant\n%s<|im_end|>\n",
+             reply);
+    kvgen_chat_template fam = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(s, &fam, &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "[q02] Where is the gate?", &err));
+    CHECK_OK(kvgen_generate(s, &gd, reply, sizeof reply, NULL, &fin, &err));
+    size_t k = strlen(want);
+    snprintf(want + k, sizeof want - k, "<|im_start|>user\n[q02] Where is the gate?<|im_end|>\n<|im_start|>assistant\n%s"
+             "<|im_end|>\n", reply);
+    CHECK_OK(kvgen_chat_set_template(s, NULL, &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "[q03] Thanks.", &err));
+    k = strlen(want);
+    snprintf(want + k, sizeof want - k, "<|im_start|>user\n[q03] Thanks.<|im_end|>\n<|im_start|>assistant\n");
+    CHECKF(strcmp(session_text(s), want) == 0, "\"%s\"\nwanted \"%s\"", session_text(s), want);
+    /* and back to the family once more: the Jinja turn's reply is closed, nothing repeated */
+    CHECK_OK(kvgen_generate(s, &gd, reply, sizeof reply, NULL, &fin, &err));
+    k = strlen(want);
+    snprintf(want + k, sizeof want - k, "%s<|im_end|>\n<|im_start|>user\n[q04] Bye.<|im_end|>\n<|im_start|>assistant\n",
+             reply);
+    CHECK_OK(kvgen_chat_set_template(s, &fam, &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "[q04] Bye.", &err));
+    CHECKF(strcmp(session_text(s), want) == 0, "\"%s\"\nwanted \"%s\"", session_text(s), want);
+    kvgen_session_close(s);
+}
+
+/* A template that renders nothing is named in the error; the session is left as it was. */
+static void empty_rendering(kvgen_model *mm) {
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(mm, NULL, &s, &err));
+    kvgen_chat_template none = {.jinja = "{% if false %}x{% endif %}"};
+    CHECK_OK(kvgen_chat_set_template(s, &none, &err));
+    CHECK(kvgen_chat_begin(s, "user", "hi", &err) == KVGEN_E_UNSUPPORTED);
+    CHECKF(strstr(err.message, "kvgen_chat_begin: the session's chat template renders nothing"), "%s", err.message);
+    CHECK(kvgen_session_length(s) == 0);
+    kvgen_gen *g = NULL;
+    CHECK(kvgen_chat_gen_begin(s, "user", "hi", NULL, &g, &err) == KVGEN_E_UNSUPPORTED && !g);
+    CHECKF(strstr(err.message, "renders nothing"), "%s", err.message);
+    kvgen_session_close(s);
+}
+
+static void shifts(const char *path) {
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_CPU};
+    kvgen_error err = {0};
+    kvgen_model *mm = NULL;
+    CHECK_OK(kvgen_model_load(&md, &mm, &err));
+    if (!mm) return;
+    kvgen_model *saved = m;
+    m = mm; /* session_text */
+    const char *given = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    /* the caller's template through every entry point, the file's through one (the same path) */
+    for (int entry = 0; entry < 3; entry++)
+        for (int t = entry == 0 ? 0 : 1; t < 2; t++) {
+            int mid = 0, pre = 0;
+            shifted_chat(mm, t ? given : NULL, entry, &mid, &pre);
+            printf("entry %d, %s template: shifts in %d replies, %d turns' prefills\n", entry, t ? "given" : "file's",
+                   mid, pre);
+            CHECKF(mid > 0, "entry %d template %d: no shift in the middle of a reply", entry, t);
+        }
+    switched_templates(mm);
+    empty_rendering(mm);
+    m = saved;
+    kvgen_model_unload(mm);
+}
+
 int main(void) {
     const char *path = tu_model_path();
     if (!path) tu_skip("default model absent");
@@ -111,6 +305,7 @@ int main(void) {
     kvgen_error err = {0};
     CHECK_OK(kvgen_model_load(&md, &m, &err));
     if (!m) return tu_finish("test_chat");
+    shifts(path);
     kvgen_session *s = NULL;
     CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
     CHECK(strcmp(kvgen_chat_template_name(s, &err), "jinja") == 0);

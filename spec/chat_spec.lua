@@ -1,0 +1,133 @@
+-- Chat turns under Jinja templates: many turns at context 128 with the system prompt kept,
+-- through s:chat, s:chat_stream, s:submit_chat and s:chat_stream_async (each turn holds the
+-- latest turns in order, never ones a shift dropped, and a shift in the middle of a reply
+-- leaves the chat usable); a switch to a family and back; a template that renders nothing;
+-- the numbers of a turn that does not fit. The default model on the cpu backend.
+local support = require("kvgen_support")
+local kvgen = support.kvgen
+local error_of = support.error_of
+
+local GIVEN = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+  .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+local SYSTEM = "You are Brom, the gate guard of Eastwatch."
+
+-- The user turns "[qNN] ..." the session holds, in order, and its text.
+local function turns(m, s)
+  local text = m:detokenize(s:tokens(), { special = true })
+  local got = {}
+  for q in text:gmatch("user\n%[q(%d+)%]") do got[#got + 1] = tonumber(q) end
+  return got, text
+end
+
+-- Spins on job:poll (never blocks) until the job is final; returns text, finish.
+local function poll_to_end(job)
+  local deadline = os.time() + 300
+  local text = {}
+  while true do
+    local piece, done, finish = job:poll()
+    text[#text + 1] = piece
+    if done then return table.concat(text), finish end
+    assert(os.time() < deadline, "the job did not finish")
+  end
+end
+
+local entries = {
+  chat = function(s, msg, opts) return (s:chat(msg, opts)) end,
+  chat_stream = function(s, msg, opts)
+    local t = {}
+    for piece in s:chat_stream(msg, opts) do t[#t + 1] = piece end
+    return table.concat(t)
+  end,
+  submit_chat = function(s, msg, opts)
+    local job <close> = s:submit_chat(msg, opts)
+    local text, finish = poll_to_end(job)
+    assert(finish ~= "error", job.error)
+    return text
+  end,
+  chat_stream_async = function(s, msg, opts)
+    local t = {}
+    for piece in s:chat_stream_async(msg, opts) do t[#t + 1] = piece end
+    return table.concat(t)
+  end,
+}
+
+describe("chat under Jinja templates (default model) #model", function()
+  local m
+  setup(function() m = kvgen.load(support.model_path(), { backend = "cpu" }) end)
+  teardown(function()
+    m:close()
+    collectgarbage()
+  end)
+
+  local function shifted_chat(entry, tpl)
+    local probe <close> = m:session { system = SYSTEM, template = tpl }
+    local keep = probe.length
+    local s <close> = m:session { context = 128, on_full = "shift", keep = keep, system = SYSTEM, template = tpl }
+    local first = 0
+    for q = 1, 8 do
+      local msg = string.format("[q%02d] Tell me about the old tower by the river, and the bridge.", q)
+      local ok, e = pcall(entries[entry], s, msg, { max_tokens = 20 })
+      assert(ok, string.format("turn %d: %s", q, tostring(e)))
+      local held, text = turns(m, s)
+      assert.is_true(#held > 0, text)
+      for i = 2, #held do assert.are.equal(held[i - 1] + 1, held[i], text) end
+      assert.are.equal(q, held[#held], text)
+      assert.are.equal("<|im_start|>system\n" .. SYSTEM .. "<|im_end|>\n", text:sub(1, #SYSTEM + 30))
+      first = held[1]
+    end
+    assert.is_true(s:cache_info().shifts >= 3)
+    assert.is_true(first > 1, "no turn was shifted out")
+  end
+
+  for _, entry in ipairs { "chat", "chat_stream", "submit_chat", "chat_stream_async" } do
+    it(entry .. ": turns survive context shifts (the caller's template)", function()
+      shifted_chat(entry, { jinja = GIVEN })
+    end)
+  end
+  it("chat: turns survive context shifts (the file's template)", function()
+    shifted_chat("chat", nil)
+  end)
+
+  it("a switch to a family and back keeps each message in its role", function()
+    local s <close> = m:session()
+    local r1 = s:chat("[q01] Who are you?", { max_tokens = 12 })
+    s:set_template("chatml")
+    local r2 = s:chat("[q02] Where is the gate?", { max_tokens = 12 })
+    s:set_template(nil)
+    assert.are.equal("jinja", s.template)
+    s:add("user", "[q03] Thanks.")
+    local want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+      .. "<|im_start|>user\n[q01] Who are you?<|im_end|>\n<|im_start|>assistant\n" .. r1 .. "<|im_end|>\n"
+      .. "<|im_start|>user\n[q02] Where is the gate?<|im_end|>\n<|im_start|>assistant\n" .. r2 .. "<|im_end|>\n"
+      .. "<|im_start|>user\n[q03] Thanks.<|im_end|>\n"
+    assert.are.equal(want, m:detokenize(s:tokens(), { special = true }))
+  end)
+
+  it("a template that renders nothing is named in the error", function()
+    local s <close> = m:session { template = { jinja = "{% if false %}x{% endif %}" } }
+    local e = error_of(s.chat, s, "hi")
+    assert.matches("the session's chat template renders nothing", e, 1, true)
+    assert.are.equal(0, s.length)
+    e = error_of(function() for _ in s:chat_stream_async("hi") do end end)
+    assert.matches("renders nothing", e, 1, true)
+    assert.are.equal(0, s.length)
+  end)
+
+  it("a turn that does not fit reports the session's own numbers", function()
+    local s <close> = m:session {
+      context = 64,
+      template = { jinja = "turns {{ messages | length }}\n{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+        .. "{% endfor %}" },
+    }
+    local e
+    for _ = 1, 64 do
+      local ok, err = pcall(s.add, s, "user", "one more line of text")
+      if not ok then
+        e = err
+        break
+      end
+    end
+    assert.is_string(e)
+    assert.matches("^kvgen: context full %(" .. s.length .. "/64%)", e)
+  end)
+end)
