@@ -1137,6 +1137,13 @@ static void mnomem(kvg_gram_match *mt) { mfail(mt, KVGEN_E_NO_MEMORY, "grammar: 
 /* one step of work; false (and the call stops) past the bound */
 static bool step(kvg_gram_match *mt) {
     if (++mt->steps <= mt->max_steps) return true;
+    if (mt->n_st == 0) {
+        mfail(mt, KVGEN_E_UNSUPPORTED,
+              "grammar: its start needs over %ld matcher steps (%d stack nodes): make the grammar less ambiguous or "
+              "its repetitions shorter",
+              mt->max_steps, mt->n_nodes);
+        return false;
+    }
     mfail(mt, KVGEN_E_UNSUPPORTED,
           "grammar: one token needs over %ld matcher steps (the grammar's cost here: %d states of up to %d stacks, "
           "%d stack nodes); the generation ends: make the grammar less ambiguous or its repetitions shorter",

@@ -348,6 +348,14 @@ static void check_bounds(void) {
     kvg_gram_free(g1);
     kvg_gram_free(g2);
     kvg_gram_free(g3);
+    /* copies that must all be passed (not a chain): a million stacks at the start, refused when
+     * the matcher is made (a generation is refused when it begins) */
+    if ((g = parse("root ::= ((\"a\"?){1000}){1000}"))) {
+        kvg_gram_match *mt = NULL;
+        CHECK(kvg_gram_match_new(g, &mt, &err) == KVGEN_E_UNSUPPORTED && !mt);
+        CHECKF(contains(err.message, "grammar: its start needs over 2097152 matcher steps"), "%s", err.message);
+        kvg_gram_free(g);
+    }
     /* the same with named rules (not multiplied by the parser's bound): a long text in one call,
      * a few states of a few stacks each (the stacks of other splits of the a's are dominated) */
     if ((g = parse("root ::= x{0,1000} \"!\"\nx ::= (\"a\"?){0,1000}"))) {
