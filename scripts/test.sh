@@ -86,7 +86,8 @@ fuzz_stage() {
     echo "fuzz: skipped (clang missing)"
     return
   fi
-  if ! CC=clang cmake -S "$here" -B "$dir" -DKVGEN_WERROR=ON -DKVGEN_FUZZ=ON -DKVGEN_VULKAN=OFF -DKVGEN_LUA=OFF          -DKVGEN_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$dir.build.log" 2>&1 ||
+  if ! CC=clang cmake -S "$here" -B "$dir" -DKVGEN_WERROR=ON -DKVGEN_FUZZ=ON -DKVGEN_VULKAN=OFF -DKVGEN_TESTS=OFF \
+         -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$dir.build.log" 2>&1 ||
      ! cmake --build "$dir" -j"$jobs" --target kvgen_fuzz >>"$dir.build.log" 2>&1; then
     cat "$dir.build.log"; echo "fuzz: build failed"; failed=$((failed + 1)); return
   fi
