@@ -31,7 +31,7 @@
  * stack tested against a byte), never in time, so a grammar ends the same way on every
  * machine; its caches are forgotten between tokens past the soft bounds, so only one token's
  * work can reach the hard ones. */
-#define MAX_STEPS (1 << 21)         /* per call: one token's mask, or one feed */
+#define MAX_STEPS (1 << 20)         /* per call: one token's mask, or one feed */
 #define MAX_NODES (1 << 22)         /* matcher stacks (hard) */
 #define SOFT_NODES (1 << 20)
 #define MAX_STATES (1 << 16)        /* matcher states (each keeps a 1 KiB transition table) */
@@ -104,6 +104,8 @@ typedef struct parser {
     int n_chains;
     int depth;       /* groups open around the parser */
     double expanded; /* the rules so far with their repetitions written out (elements) */
+    int32_t *cls_at;  /* classes by content (open addressing, -1 empty) */
+    uint32_t cls_at_cap;
     int32_t *names;   /* named rules by name (open addressing, -1 empty) */
     uint32_t names_cap;
     const char *w_at; /* where() goes on from its last answer: the text is read once */
@@ -153,9 +155,35 @@ static void poom(parser *P) {
     if (P->st == KVGEN_OK) P->st = kvg_fail(P->err, KVGEN_E_NO_MEMORY, "grammar: out of memory");
 }
 
+static uint32_t class_hash(const bclass *c) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 8; i++) h = (h ^ c->bits[i]) * 16777619u;
+    return h ^ (h >> 15);
+}
+
+/* the slot of class c in the table: its index, or the empty slot where it goes */
+static uint32_t class_slot(const parser *P, const bclass *c) {
+    uint32_t mask = P->cls_at_cap - 1, k = class_hash(c) & mask;
+    while (P->cls_at[k] >= 0 && memcmp(&P->cls[P->cls_at[k]], c, sizeof *c) != 0) k = (k + 1) & mask;
+    return k;
+}
+
 static int add_class(parser *P, const bclass *c) {
-    for (int i = 0; i < P->n_cls; i++)
-        if (memcmp(&P->cls[i], c, sizeof *c) == 0) return i;
+    if ((uint32_t)(P->n_cls + 1) * 2 > P->cls_at_cap) {
+        uint32_t cap = P->cls_at_cap ? P->cls_at_cap * 2 : 128;
+        int32_t *t = kvg_malloc((size_t)cap * sizeof *t);
+        if (!t) {
+            poom(P);
+            return -1;
+        }
+        memset(t, 0xff, (size_t)cap * sizeof *t);
+        kvg_free(P->cls_at);
+        P->cls_at = t;
+        P->cls_at_cap = cap;
+        for (int i = 0; i < P->n_cls; i++) P->cls_at[class_slot(P, &P->cls[i])] = i;
+    }
+    uint32_t k = class_slot(P, c);
+    if (P->cls_at[k] >= 0) return P->cls_at[k];
     if (P->n_cls == P->cap_cls) {
         int cap = P->cap_cls ? P->cap_cls * 2 : 64;
         bclass *n = kvg_realloc(P->cls, (size_t)cap * sizeof *n);
@@ -167,6 +195,7 @@ static int add_class(parser *P, const bclass *c) {
         P->cap_cls = cap;
     }
     P->cls[P->n_cls] = *c;
+    P->cls_at[k] = P->n_cls;
     return P->n_cls++;
 }
 
@@ -392,8 +421,9 @@ static long parse_char(parser *P) {
         default: perr(P, at, "unknown escape \\%c", e); return -1;
         }
     }
-    size_t cl, ok;
-    kvg_utf8_scan((const unsigned char *)P->p, strlen(P->p), &cl, &ok);
+    size_t cl, ok, avail = 0;
+    while (avail < 4 && P->p[avail]) avail++; /* one character at most: not the whole text's length */
+    kvg_utf8_scan((const unsigned char *)P->p, avail, &cl, &ok);
     if (ok != cl || cl == 0) {
         perr(P, at, "the grammar text is not valid UTF-8");
         return -1;
@@ -1004,6 +1034,7 @@ static void parser_free(parser *P) {
     }
     kvg_free(P->rules);
     kvg_free(P->cls);
+    kvg_free(P->cls_at);
     kvg_free(P->names);
 }
 
