@@ -15,9 +15,10 @@
  *             but for exp (softmax, SiLU, GELU: avx2's polynomial)
  *   dotprod   every integer type with SDOT; the float types and the vector ops run neon's; the
  *             portable path's bits as neon
- *   avx512vnni the 32-element types in groups of 16 rows (one row per lane, vpdpbusd) against
- *             15-bit activations split into two bytes (KVG_ACT_QS), or 8-bit ones
- *             (KVG_ACT_Q8, kvg_qdot_kernel_fast); the group kernels give the bits of their
+ *   avx512vnni the 32-element types and Q4_K, Q5_K, Q6_K in groups of 16 rows (one row per
+ *             lane, vpdpbusd) against 15-bit activations split into two bytes (KVG_ACT_QS), or
+ *             8-bit ones (KVG_ACT_Q8, kvg_qdot_kernel_fast), in blocks of 32 (the K types' scales
+ *             applied per block of 32 or 16, qdot.c); the group kernels give the bits of their
  *             portable row kernels; the rest runs avx512's and avx2's loops
  *
  * Activations are quantized per block to 16-bit integers, so that a block's products with the
@@ -29,7 +30,7 @@
  * s = d * sum(q) (for the types' minimums); rows for the 256-element K types (Q2_K..Q6_K,
  * Q8_K, IQ4_XS) take blocks of 256 in [-4095, 4095] (so a block's sums cannot overflow int32)
  * with an f32 scale and the 16 sums of 16. F32, F16 and BF16 weights are dotted with the f32
- * activations. The avx512vnni path's 32-element types take bytes (VNNI multiplies bytes):
+ * activations. The avx512vnni path's group types take bytes (VNNI multiplies bytes):
  * 15-bit activations as two byte rows by default, 8-bit ones (ggml's own scheme, faster and
  * coarser) where the model asks for them. */
 #ifndef KVG_QDOT_H

@@ -20,7 +20,8 @@
  * Rows of the 32-element types are regrouped once at load (kvg_qdot_kernel.repack, same size):
  * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
  * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
- * are used as the file stores them.
+ * are used as the file stores them, but on the avx512vnni path, which packs the 32-element
+ * types and Q4_K, Q5_K, Q6_K into groups of 16 rows (below).
  *
  * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
  * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8
@@ -536,20 +537,24 @@ GROUP_PACK(g_q5_1, gb_q5_1, B_Q5_1)
 GROUP_PACK(g_q8_0, gb_q8_0, B_Q8_0)
 GROUP_PACK(g_iq4_nl, gb_iq4_nl, B_IQ4_NL)
 
-/* ---- K types in row groups (Q4_K, Q5_K, Q6_K) -----------------------------------------------------
+/* ---- K types in row groups (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) ---------------------------------
  * Against the byte activations of the 32-element groups (Q8 or split QS blocks of 32: d, s = d *
- * sum(q)), a K block is 8 blocks of 32 with per-row f32 scales formed from its integer ones:
- *   Q4_K, Q5_K (unsigned levels u, a scale and a min per 32): per block of 32, in this order,
- *     acc = fma((float)sum(u q), (d * sc) * da, acc); acc = fma(-(dmin * mn), s, acc)
- *   Q6_K (levels v = u - 32, a signed scale per 16): per half h of the block,
- *     acc = fma((float)sum_h(v q), (d * sc_h) * da, acc), sum_h(v q) = sum_h(u q) - 32 sum_h(q)
- * (d * sc and dmin * mn are exact in f32: an f16 times a 6- or 8-bit integer). The integer sums
- * are exact in every order, so the group kernel (one row per lane, vpdpbusd) gives the bits of
- * the row kernel below, which reads the file's rows (matrices whose rows do not fill groups).
- * With QS activations the blocks of 32 keep 15 bits (finer than one scale per 256); with Q8 ones
- * the arithmetic is that of ggml's 8-bit dot products, with scales per 32. */
-INL bool kg_per16(kq_kind k) { return k == K_Q6; }
-INL int kg_uoffset(kq_kind k) { return k == K_Q6 ? 32 : 0; } /* u = v + offset */
+ * sum(q)), a K block is 8 blocks of 32 with per-row f32 scales formed from its integer ones
+ * (levels v as kq_levels, scales sc and mins mn as kq_header):
+ *   Q4_K, Q5_K, IQ4_XS (a scale per 32; a min for Q4_K and Q5_K): per block of 32, in this order,
+ *     acc = fma((float)sum(v q), (d * sc) * da, acc); acc = fma(-(dmin * mn), s, acc)
+ *   Q2_K, Q3_K, Q6_K (a scale per 16; a min for Q2_K): per half h of the block,
+ *     acc = fma((float)sum_h(v q), (d * sc_h) * da, acc);
+ *     acc = fma(-(dmin * mn_h), da * (float)sum_h(q), acc)
+ * (d * sc and dmin * mn are exact in f32: an f16 times an integer of at most 8 bits). The group
+ * kernels multiply unsigned levels u = v + offset (Q3_K 4, Q6_K 32, IQ4_XS 128) with vpdpbusd
+ * and subtract offset * sum(q) per 32 or 16; integer sums are exact in every order, so the group
+ * kernel (one row per lane) gives the bits of the row kernel below, which reads the file's rows
+ * (matrices whose rows do not fill groups). With QS activations the blocks of 32 keep 15 bits
+ * (finer than one scale per 256); with Q8 ones the arithmetic is that of ggml's 8-bit products,
+ * with scales per 32. */
+INL bool kg_per16(kq_kind k) { return k == K_Q2 || k == K_Q3 || k == K_Q6; }
+INL int kg_uoffset(kq_kind k) { return k == K_Q3 ? 4 : k == K_Q6 ? 32 : k == K_IQ4XS ? 128 : 0; }
 
 INL void kq_q8_portable(kq_kind k, bool split, const uint8_t *w, const kvg_qact *a, int t, int nt, float *out,
                         size_t os) {
@@ -567,17 +572,21 @@ INL void kq_q8_portable(kq_kind k, bool split, const uint8_t *w, const kvg_qact 
                 size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
                 size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
                 float da = a->d8[bi];
-                int32_t half[2] = {0, 0};
+                int32_t half[2] = {0, 0}, qsum[2] = {0, 0};
                 for (int e = 0; e < 32; e++) {
                     int q = a->q8[at + e] + (split ? 256 * a->q8h[at + e] : 0);
                     half[e / 16] += v[32 * j + e] * q;
+                    qsum[e / 16] += q;
                 }
                 if (kg_per16(k)) {
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
                         acc[i] = fma_exact((float)half[h], (d * (float)sc[2 * j + h]) * da, acc[i]);
+                        if (kq_has_min(k))
+                            acc[i] = fma_exact(-(dmin * (float)mn[2 * j + h]), da * (float)qsum[h], acc[i]);
+                    }
                 } else {
                     acc[i] = fma_exact((float)(half[0] + half[1]), (d * (float)sc[2 * j]) * da, acc[i]);
-                    acc[i] = fma_exact(-(dmin * (float)mn[2 * j]), a->s8[bi], acc[i]);
+                    if (kq_has_min(k)) acc[i] = fma_exact(-(dmin * (float)mn[2 * j]), a->s8[bi], acc[i]);
                 }
             }
         }
@@ -585,17 +594,40 @@ INL void kq_q8_portable(kq_kind k, bool split, const uint8_t *w, const kvg_qact 
     for (int i = 0; i < nt; i++) out[i * os] = acc[i];
 }
 
-/* A group of KVG_QDOT_GROUP rows, K block by K block (the same size as the rows); K block b holds
- * its 8 blocks of 32, each as a 32-element group block holds its levels (b32_group_pack: 4
- * chunks of 64 bytes of low nibbles), then Q5_K's 64 bytes of fifth bits as Q5's, or Q6_K's
- * 128 bytes of high pairs (bits 2c..2c+1 of byte 4i + e of the half j / 4 are those of element
- * 4j + e of row i, c = j % 4); then
- *   Q4_K, Q5_K: the low 4 bits of the scales, [4][16] bytes (block 2p in the low nibble of byte
- *     16p + i, block 2p + 1 in its high one), the same of the mins, a dword per row of the high
- *     2 bits (scale of block j at bit 2j, min at 16 + 2j), the 16 rows' f16 d, their f16 dmin;
- *   Q6_K: the scales, [16][16] int8 (sub-block s of row i at 16s + i), the 16 rows' f16 d. */
-INL size_t kg_qblock(kq_kind k) { return k == K_Q6 ? 384 : k == K_Q5 ? 320 : 256; }
+/* A group of KVG_QDOT_GROUP rows, K block by K block, the same size as the rows. K block b holds
+ * its 8 blocks of 32, each as (element 4j + e of row i is in byte 4i + e of a chunk of 64):
+ *   4-bit levels (Q4_K, Q5_K, Q6_K's low 4 bits, IQ4_XS's table index) as a 32-element group
+ *     block holds them (b32_group_pack: chunk j % 4, low nibble for j < 4, else high), then
+ *     Q5_K's 64 bytes of fifth bits (bit j), or Q6_K's two chunks of high pairs (chunk j / 4,
+ *     bits 2(j % 4)..+1);
+ *   2-bit levels (Q2_K, Q3_K's low 2 bits): chunk j / 4, bits 2(j % 4)..+1; then Q3_K's 64
+ *     bytes of third bits (bit j);
+ * then the 16 rows' scales, row i at byte i of each run of 16, and their f16 d (and dmin):
+ *   Q4_K, Q5_K: the scales' low 4 bits [4][16] (block 2p in the low nibble of byte 16p + i,
+ *     2p + 1 in the high one), the mins' the same, a dword per row of the high 2 bits (scale of
+ *     block j at bit 2j, min at 16 + 2j), d, dmin;
+ *   IQ4_XS: the scales + 32 as Q4_K's (low 4 bits [4][16], a 16-bit word of high pairs per
+ *     row), d;
+ *   Q3_K: the scales + 32 per 16, low 4 bits [8][16] (sub-block 2p, 2p + 1 in byte 16p + i),
+ *     a dword of high pairs per row (sub-block s at bit 2s), d;
+ *   Q2_K: the file's scale bytes [16][16] (scale low, min high), d, dmin;
+ *   Q6_K: the scales [16][16] int8, d. */
+INL size_t kg_qblock(kq_kind k) {
+    switch (k) {
+    case K_Q2: return 128;
+    case K_Q3: return 192;
+    case K_Q5: return 320;
+    case K_Q6: return 384;
+    default: return 256;
+    }
+}
 INL size_t kg_block(kq_kind k) { return KVG_QDOT_GROUP * kq_bytes(k); }
+INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
+
+INL void put16(uint8_t *p, unsigned v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
 
 INL void kq_group_pack(kq_kind k, const uint8_t *src, size_t row_bytes, uint8_t *dst, int n) {
     const int nb = n / KVG_QK;
@@ -611,28 +643,56 @@ INL void kq_group_pack(kq_kind k, const uint8_t *src, size_t row_bytes, uint8_t 
             for (int e = 0; e < KVG_QK; e++) {
                 int j = (e % 32) / 4, byte = 4 * i + e % 4, u = v[e] + kg_uoffset(k);
                 uint8_t *qb = sb + kg_qblock(k) * (size_t)(e / 32);
+                if (k == K_IQ4XS)
+                    for (u = 0; u < 15 && IQ4_LEVELS[u] != v[e]; u++) continue; /* the table index */
+                if (kg_2bit(k)) {
+                    qb[64 * (j / 4) + byte] |= (uint8_t)((u & 3) << (2 * (j % 4)));
+                    if (k == K_Q3) qb[128 + byte] |= (uint8_t)(((u >> 2) & 1) << j);
+                    continue;
+                }
                 qb[64 * (j % 4) + byte] |= (uint8_t)((u & 15) << (j < 4 ? 0 : 4));
                 if (k == K_Q5) qb[256 + byte] |= (uint8_t)(((u >> 4) & 1) << j);
                 if (k == K_Q6) qb[256 + 64 * (j / 4) + byte] |= (uint8_t)(((u >> 4) & 3) << (2 * (j % 4)));
             }
-            if (k == K_Q6) {
-                for (int s = 0; s < 16; s++) hdr[16 * s + i] = (uint8_t)sc[s];
-                hdr[256 + 2 * i] = (uint8_t)dh;
-                hdr[256 + 2 * i + 1] = (uint8_t)(dh >> 8);
-                continue;
-            }
             uint32_t high = 0;
-            for (int j = 0; j < 8; j++) {
-                int s = sc[2 * j], m = mn[2 * j];
-                hdr[16 * (j / 2) + i] |= (uint8_t)((s & 15) << (4 * (j % 2)));
-                hdr[64 + 16 * (j / 2) + i] |= (uint8_t)((m & 15) << (4 * (j % 2)));
-                high |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+            switch (k) {
+            case K_Q2:
+                for (int s = 0; s < 16; s++) hdr[16 * s + i] = (uint8_t)(sc[s] | mn[s] << 4);
+                put16(hdr + 256 + 2 * i, dh);
+                put16(hdr + 288 + 2 * i, mh);
+                break;
+            case K_Q3:
+                for (int s = 0; s < 16; s++) {
+                    hdr[16 * (s / 2) + i] |= (uint8_t)(((sc[s] + 32) & 15) << (4 * (s % 2)));
+                    high |= (uint32_t)((sc[s] + 32) >> 4) << (2 * s);
+                }
+                for (int c = 0; c < 4; c++) hdr[128 + 4 * i + c] = (uint8_t)(high >> (8 * c));
+                put16(hdr + 192 + 2 * i, dh);
+                break;
+            case K_Q6:
+                for (int s = 0; s < 16; s++) hdr[16 * s + i] = (uint8_t)sc[s];
+                put16(hdr + 256 + 2 * i, dh);
+                break;
+            case K_IQ4XS:
+                for (int j = 0; j < 8; j++) {
+                    hdr[16 * (j / 2) + i] |= (uint8_t)(((sc[2 * j] + 32) & 15) << (4 * (j % 2)));
+                    high |= (uint32_t)((sc[2 * j] + 32) >> 4) << (2 * j);
+                }
+                put16(hdr + 64 + 2 * i, high);
+                put16(hdr + 96 + 2 * i, dh);
+                break;
+            default: /* Q4_K, Q5_K */
+                for (int j = 0; j < 8; j++) {
+                    int s = sc[2 * j], m = mn[2 * j];
+                    hdr[16 * (j / 2) + i] |= (uint8_t)((s & 15) << (4 * (j % 2)));
+                    hdr[64 + 16 * (j / 2) + i] |= (uint8_t)((m & 15) << (4 * (j % 2)));
+                    high |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+                }
+                for (int c = 0; c < 4; c++) hdr[128 + 4 * i + c] = (uint8_t)(high >> (8 * c));
+                put16(hdr + 192 + 2 * i, dh);
+                put16(hdr + 224 + 2 * i, mh);
+                break;
             }
-            for (int c = 0; c < 4; c++) hdr[128 + 4 * i + c] = (uint8_t)(high >> (8 * c));
-            hdr[192 + 2 * i] = (uint8_t)dh;
-            hdr[192 + 2 * i + 1] = (uint8_t)(dh >> 8);
-            hdr[224 + 2 * i] = (uint8_t)mh;
-            hdr[224 + 2 * i + 1] = (uint8_t)(mh >> 8);
         }
     }
 }
@@ -650,9 +710,12 @@ INL void kq_group_pack(kq_kind k, const uint8_t *src, size_t row_bytes, uint8_t 
         kq_group_pack(kind, src, row_bytes, dst, n);                                                          \
     }                                                                                                         \
     __attribute__((unused)) static size_t gb_##t(int n) { return kg_block(kind) * (size_t)(n / KVG_QK); }
+K_GROUP_ROWS(q2_k, K_Q2)
+K_GROUP_ROWS(q3_k, K_Q3)
 K_GROUP_ROWS(q4_k, K_Q4)
 K_GROUP_ROWS(q5_k, K_Q5)
 K_GROUP_ROWS(q6_k, K_Q6)
+K_GROUP_ROWS(iq4_xs, K_IQ4XS)
 
 /* ================================================================================================
  * x86-64: AVX2 + FMA + F16C
@@ -1244,70 +1307,122 @@ VNNI INL int32_t sum16_i8(const int8_t *p) {
 VNNI INL __m512i field32(__m512i x, int n, int mask) {
     return _mm512_and_si512(_mm512_srl_epi32(x, _mm_cvtsi32_si128(n)), _mm512_set1_epi32(mask));
 }
+VNNI INL __m512i bytes32(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+VNNI INL __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* bit `from` of each byte of h moved to bit `to` (0 elsewhere), by 16-bit shifts: the bits that
+ * cross into a byte from its neighbour are masked off */
+VNNI INL __m512i move_bit(__m512i h, int from, int to, int width) {
+    __m512i m = _mm512_set1_epi8((char)(((1 << width) - 1) << to));
+    __m512i x = from > to ? _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - to))
+                          : _mm512_sll_epi16(h, _mm_cvtsi32_si128(to - from));
+    return _mm512_and_si512(x, m);
+}
+
+/* the unsigned levels of block j of K block sb (kq_group_pack): w[c] holds elements 4c..4c+3 of
+ * each row */
+VNNI INL void kq_group_levels(kq_kind k, const uint8_t *blk, __m512i iq4, __m512i *w) {
+    if (kg_2bit(k)) {
+        for (int p = 0; p < 2; p++) {
+            __m512i x = _mm512_loadu_si512((const void *)(blk + 64 * p));
+            for (int c = 0; c < 4; c++) w[4 * p + c] = move_bit(x, 2 * c, 0, 2);
+        }
+        if (k == K_Q3) {
+            __m512i h = _mm512_loadu_si512((const void *)(blk + 128));
+            for (int j = 0; j < 8; j++) w[j] = _mm512_or_si512(w[j], move_bit(h, j, 2, 1));
+        }
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int c = 0; c < 4; c++) {
+        __m512i x = _mm512_loadu_si512((const void *)(blk + 64 * c));
+        w[c] = _mm512_and_si512(x, m4);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
+    }
+    if (k == K_IQ4XS)
+        for (int j = 0; j < 8; j++) w[j] = _mm512_shuffle_epi8(iq4, w[j]);
+    if (k == K_Q5) {
+        __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
+        for (int j = 0; j < 8; j++) w[j] = _mm512_or_si512(w[j], move_bit(h, j, 4, 1));
+    }
+    if (k == K_Q6)
+        for (int p = 0; p < 2; p++) {
+            __m512i h = _mm512_loadu_si512((const void *)(blk + 256 + 64 * p));
+            for (int c = 0; c < 4; c++) w[4 * p + c] = _mm512_or_si512(w[4 * p + c], move_bit(h, 2 * c, 4, 2));
+        }
+}
 
 /* K blocks of a group (kq_group_pack) against a tile of tokens: per block of 32 the levels are
- * decoded once (as b32_group_vnni's) and the 16 rows' scales formed from their integer fields,
- * then each token's sums of 32 (or two of 16) scale them in the order of kq_q8_portable. */
+ * decoded once and the 16 rows' scales formed from their integer fields, then each token's sums
+ * of 32 (or two of 16) scale them in the order of kq_q8_portable. */
 VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
                             float *out, size_t os) {
-    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB;
-    const __m512i m4 = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16), two4 = _mm512_set1_epi8(0x30);
+    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, off = kg_uoffset(k);
+    const bool per16 = kg_per16(k), has_min = kq_has_min(k);
+    int8_t lv[16];
+    for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
+    const __m512i iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
     __m512 acc[KVG_GROUP_TILE];
     for (int i = 0; i < nt; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
         __m512 d, dmin = _mm512_setzero_ps();
         __m512i high = _mm512_setzero_si512();
-        if (k == K_Q6) {
-            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 256)));
-        } else {
-            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 192)));
-            dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + 224)));
+        switch (k) {
+        case K_Q2: d = f16x16(hdr + 256), dmin = f16x16(hdr + 288); break;
+        case K_Q3: d = f16x16(hdr + 192), high = _mm512_loadu_si512((const void *)(hdr + 128)); break;
+        case K_Q6: d = f16x16(hdr + 256); break;
+        case K_IQ4XS:
+            d = f16x16(hdr + 96);
+            high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(hdr + 64)));
+            break;
+        default:
+            d = f16x16(hdr + 192), dmin = f16x16(hdr + 224);
             high = _mm512_loadu_si512((const void *)(hdr + 128));
+            break;
         }
         for (int j = 0; j < 8; j++) {
             const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
-            for (size_t off = 0; off < kg_qblock(k); off += 64)
-                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + off), _MM_HINT_T0);
+            for (size_t o = 0; o < kg_qblock(k); o += 64)
+                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
             __m512i w[8];
-            for (int c = 0; c < 4; c++) {
-                __m512i x = _mm512_loadu_si512((const void *)(blk + 64 * c));
-                w[c] = _mm512_and_si512(x, m4);
-                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-            }
-            if (k == K_Q5) {
-                __m512i h = _mm512_loadu_si512((const void *)(blk + 256));
-                w[0] = _mm512_or_si512(w[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
-                w[1] = _mm512_or_si512(w[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
-                w[2] = _mm512_or_si512(w[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), bit4));
-                w[3] = _mm512_or_si512(w[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), bit4));
-                w[4] = _mm512_or_si512(w[4], _mm512_and_si512(h, bit4));
-                w[5] = _mm512_or_si512(w[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), bit4));
-                w[6] = _mm512_or_si512(w[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), bit4));
-                w[7] = _mm512_or_si512(w[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), bit4));
-            }
-            if (k == K_Q6)
-                for (int p = 0; p < 2; p++) {
-                    __m512i h = _mm512_loadu_si512((const void *)(blk + 256 + 64 * p));
-                    w[4 * p] = _mm512_or_si512(w[4 * p], _mm512_and_si512(_mm512_slli_epi16(h, 4), two4));
-                    w[4 * p + 1] = _mm512_or_si512(w[4 * p + 1], _mm512_and_si512(_mm512_slli_epi16(h, 2), two4));
-                    w[4 * p + 2] = _mm512_or_si512(w[4 * p + 2], _mm512_and_si512(h, two4));
-                    w[4 * p + 3] = _mm512_or_si512(w[4 * p + 3], _mm512_and_si512(_mm512_srli_epi16(h, 2), two4));
+            kq_group_levels(k, blk, iq4, w);
+            /* per 16 (dw[h], mw[h] for half h) or per 32 (dw[0], mw[0]) */
+            __m512i sc[2], mn[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+            switch (k) {
+            case K_Q2:
+                for (int h = 0; h < 2; h++) {
+                    __m512i x = bytes32(hdr + 16 * (2 * j + h));
+                    sc[h] = _mm512_and_si512(x, _mm512_set1_epi32(15));
+                    mn[h] = _mm512_srli_epi32(x, 4);
                 }
-            __m512 dw0, dw1 = _mm512_setzero_ps(), mw = _mm512_setzero_ps();
-            if (k == K_Q6) {
-                dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                           _mm_loadu_si128((const __m128i *)(hdr + 32 * (size_t)j)))));
-                dw1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                           _mm_loadu_si128((const __m128i *)(hdr + 32 * (size_t)j + 16)))));
-            } else {
-                const int sh = 4 * (j % 2);
-                __m512i s = field32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(hdr + 16 * (j / 2)))), sh, 15);
-                __m512i m = field32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(hdr + 64 + 16 * (j / 2)))), sh, 15);
-                s = _mm512_or_si512(s, _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
-                m = _mm512_or_si512(m, _mm512_slli_epi32(field32(high, 16 + 2 * j, 3), 4));
-                dw0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
-                mw = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
+                break;
+            case K_Q3:
+                for (int h = 0; h < 2; h++) {
+                    __m512i lo = field32(bytes32(hdr + 16 * j), 4 * h, 15);
+                    sc[h] = _mm512_or_si512(lo, _mm512_slli_epi32(field32(high, 2 * (2 * j + h), 3), 4));
+                    sc[h] = _mm512_sub_epi32(sc[h], _mm512_set1_epi32(32));
+                }
+                break;
+            case K_Q6:
+                for (int h = 0; h < 2; h++)
+                    sc[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(hdr + 16 * (2 * j + h))));
+                break;
+            case K_IQ4XS:
+                sc[0] = field32(bytes32(hdr + 16 * (j / 2)), 4 * (j % 2), 15);
+                sc[0] = _mm512_or_si512(sc[0], _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
+                sc[0] = _mm512_sub_epi32(sc[0], _mm512_set1_epi32(32));
+                break;
+            default:
+                sc[0] = field32(bytes32(hdr + 16 * (j / 2)), 4 * (j % 2), 15);
+                mn[0] = field32(bytes32(hdr + 64 + 16 * (j / 2)), 4 * (j % 2), 15);
+                sc[0] = _mm512_or_si512(sc[0], _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
+                mn[0] = _mm512_or_si512(mn[0], _mm512_slli_epi32(field32(high, 16 + 2 * j, 3), 4));
+                break;
+            }
+            __m512 dw[2], mw[2];
+            for (int h = 0; h < (per16 ? 2 : 1); h++) {
+                dw[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc[h]));
+                mw[h] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn[h]));
             }
             for (int i = 0; i < nt; i++) {
                 size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
@@ -1328,21 +1443,28 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
                     s0 = _mm512_add_epi32(s0, _mm512_slli_epi32(h0, 8));
                     s1 = _mm512_add_epi32(s1, _mm512_slli_epi32(h1, 8));
                 }
-                __m512 da = _mm512_set1_ps(a->d8[bi]);
-                if (k == K_Q6) { /* sum(v q) = sum(u q) - 32 sum(q), per half */
-                    int32_t q0 = sum16_i8(qv), q1 = sum16_i8(qv + 16);
+                int32_t q0 = 0, q1 = 0; /* the halves' sums of q, where an offset or a min needs them */
+                if (off || (has_min && per16)) {
+                    q0 = sum16_i8(qv);
+                    q1 = sum16_i8(qv + 16);
                     if (split) {
                         q0 += 256 * sum16_i8(a->q8h + at);
                         q1 += 256 * sum16_i8(a->q8h + at + 16);
                     }
-                    s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(32 * q0));
-                    s1 = _mm512_sub_epi32(s1, _mm512_set1_epi32(32 * q1));
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw0, da), acc[i]);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dw1, da), acc[i]);
+                }
+                float daf = a->d8[bi];
+                __m512 da = _mm512_set1_ps(daf);
+                if (per16) { /* sum(v q) = sum(u q) - offset sum(q), per half */
+                    s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(off * q0));
+                    s1 = _mm512_sub_epi32(s1, _mm512_set1_epi32(off * q1));
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(dw[0], da), acc[i]);
+                    if (has_min) acc[i] = _mm512_fnmadd_ps(mw[0], _mm512_set1_ps(daf * (float)q0), acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(dw[1], da), acc[i]);
+                    if (has_min) acc[i] = _mm512_fnmadd_ps(mw[1], _mm512_set1_ps(daf * (float)q1), acc[i]);
                 } else {
-                    __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                    acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw0, da), acc[i]);
-                    acc[i] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(a->s8[bi]), acc[i]);
+                    __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * (q0 + q1)));
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[0], da), acc[i]);
+                    if (has_min) acc[i] = _mm512_fnmadd_ps(mw[0], _mm512_set1_ps(a->s8[bi]), acc[i]);
                 }
             }
         }
@@ -1363,12 +1485,18 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
         default: kq_group_vnni(kind, split, g, a, t, 8, out, os); break;                              \
         }                                                                                              \
     }
+K_GROUP_KERNEL(gv_q2_k, K_Q2, false)
+K_GROUP_KERNEL(gv_q3_k, K_Q3, false)
 K_GROUP_KERNEL(gv_q4_k, K_Q4, false)
 K_GROUP_KERNEL(gv_q5_k, K_Q5, false)
 K_GROUP_KERNEL(gv_q6_k, K_Q6, false)
+K_GROUP_KERNEL(gv_iq4_xs, K_IQ4XS, false)
+K_GROUP_KERNEL(gs_q2_k, K_Q2, true)
+K_GROUP_KERNEL(gs_q3_k, K_Q3, true)
 K_GROUP_KERNEL(gs_q4_k, K_Q4, true)
 K_GROUP_KERNEL(gs_q5_k, K_Q5, true)
 K_GROUP_KERNEL(gs_q6_k, K_Q6, true)
+K_GROUP_KERNEL(gs_iq4_xs, K_IQ4XS, true)
 #endif /* KVG_X86 */
 
 /* ================================================================================================
@@ -1713,9 +1841,10 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
     {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
      GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
      GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),  \
      K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),  \
-     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
-enum { N_GROUP_KERNELS = 9 };
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
+enum { N_GROUP_KERNELS = 12 };
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
 #endif

@@ -281,7 +281,8 @@ static void test_kernels(void) {
  * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding). */
 static void test_kgroup_shapes(void) {
     enum { N = 768, NT = 9 };
-    static const uint32_t types[] = {KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K};
+    static const uint32_t types[] = {KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_Q4_K,
+                                     KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_IQ4_XS};
     float *xf = malloc(NT * N * sizeof(float)), *wf = malloc(N * sizeof(float)), *deq = malloc(N * sizeof(float));
     int8_t *q8 = malloc(NT * N), *qs = malloc(NT * N), *qsh = malloc(NT * N);
     float d8[NT * N / 32], s8[NT * N / 32], ds[NT * N / 32], ss[NT * N / 32];
@@ -593,16 +594,16 @@ static void test_act8(void) {
      * kernel of the group types); the K types with 3 K blocks in a row of w_down, and the Q4_K_M
      * mix (Q4_K, Q6_K and their groups in one product) */
     static const char *const types[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_0",
-                                        "Q4_K", "Q5_K", "Q6_K", "Q4_K", "q4_k_m"};
-    static const uint32_t ids[] = {KVG_TYPE_Q4_0, KVG_TYPE_Q4_1, KVG_TYPE_Q5_0, KVG_TYPE_Q5_1,
-                                   KVG_TYPE_Q8_0, KVG_TYPE_IQ4_NL, KVG_TYPE_Q4_0, KVG_TYPE_Q4_K,
-                                   KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_Q4_K, KVG_TYPE_Q4_K};
-    static const char *const extra[] = {"", "", "", "", "", "", " --vocab-size 1000", "", "", "",
+                                        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_K", "q4_k_m"};
+    static const uint32_t ids[] = {KVG_TYPE_Q4_0, KVG_TYPE_Q4_1, KVG_TYPE_Q5_0, KVG_TYPE_Q5_1, KVG_TYPE_Q8_0,
+                                   KVG_TYPE_IQ4_NL, KVG_TYPE_Q4_0, KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_Q4_K,
+                                   KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_IQ4_XS, KVG_TYPE_Q4_K, KVG_TYPE_Q4_K};
+    static const char *const extra[] = {"", "", "", "", "", "", " --vocab-size 1000", "", "", "", "", "", "",
                                         " --vocab-size 1000", ""};
     printf("8-bit activations (activation_bits = 8):\n");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         char args[200], file[64];
-        bool k = ids[i] == KVG_TYPE_Q4_K || ids[i] == KVG_TYPE_Q5_K || ids[i] == KVG_TYPE_Q6_K;
+        bool k = kvg_type_block_elems(ids[i]) == 256;
         snprintf(args, sizeof args, "--seed %d --layers 2 %s %s %s%s", 70 + (int)i,
                  strcmp(types[i], "q4_k_m") == 0 ? "--mix" : "--type", types[i],
                  k ? "--embd 256 --ff 768 --heads 4 --kv-heads 2" : "--embd 64 --ff 96 --heads 4 --kv-heads 2", extra[i]);
