@@ -164,7 +164,7 @@ describe("grammars and schemas (random model)", function()
       error_of(function() return s:generate({ 1 }, { schema = '{"properties":{"a":{"const":"\xff"}}}' }) end))
     assert.matches("schema: #: keyword 'enum' value 0 holds a string that is not valid UTF%-8",
       error_of(function() return s:generate({ 1 }, { schema = { enum = { "\xc3" } } }) end))
-    assert.matches("option 'grammar': grammar: its start needs over 1048576 matcher steps",
+    assert.matches("option 'grammar': grammar: its start needs over 2097152 matcher steps",
       error_of(function() return s:generate({ 1 }, { grammar = 'root ::= (("a"?){1000}){1000}' }) end))
     assert.are.equal(0, s.length)
   end)

@@ -31,7 +31,7 @@
  * stack tested against a byte), never in time, so a grammar ends the same way on every
  * machine; its caches are forgotten between tokens past the soft bounds, so only one token's
  * work can reach the hard ones. */
-#define MAX_STEPS (1 << 20)         /* per call: one token's mask, or one feed */
+#define MAX_STEPS (1 << 21)         /* per call: one token's mask, or one feed */
 #define MAX_NODES (1 << 22)         /* matcher stacks (hard) */
 #define SOFT_NODES (1 << 20)
 #define MAX_STATES (1 << 16)        /* matcher states (each keeps a 1 KiB transition table) */
@@ -1365,9 +1365,15 @@ static void prune(kvg_gram_match *mt) {
     int n = mt->n_tmp;
     if (!mt->g->has_chains || n < 2 || n > MAX_PRUNE) return;
     uint8_t drop[MAX_PRUNE] = {0};
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n && !drop[i]; j++)
-            if (j != i && step(mt) && dominates(mt, mt->tmp[j], mt->tmp[i])) drop[i] = 1;
+    const kvg_gram *g = mt->g;
+    for (int i = 0; i < n; i++) {
+        int32_t pi = mt->npos[mt->tmp[i]];
+        for (int j = 0; j < n && !drop[i]; j++) {
+            int32_t pj = mt->npos[mt->tmp[j]];
+            if (j == i || (pi != pj && (!g->chain[pi] || g->chain[pi] != g->chain[pj]))) continue; /* at once */
+            if (step(mt) && dominates(mt, mt->tmp[j], mt->tmp[i])) drop[i] = 1;
+        }
+    }
     int k = 0;
     for (int i = 0; i < n; i++)
         if (!drop[i]) mt->tmp[k++] = mt->tmp[i];

@@ -32,7 +32,7 @@ kvgen_status kvg_schema_to_gbnf(const char *schema, char **gbnf, kvgen_error *er
 kvgen_status kvg_gram_match_new(const kvg_gram *g, kvg_gram_match **out, kvgen_error *err);
 void kvg_gram_match_free(kvg_gram_match *mt);
 void kvg_gram_match_reset(kvg_gram_match *mt); /* back to the start; forgets a failure */
-/* The bound on steps per call (<= 0: the default, 1 << 20); tests set smaller ones. */
+/* The bound on steps per call (<= 0: the default, 1 << 21); tests set smaller ones. */
 void kvg_gram_match_set_max_steps(kvg_gram_match *mt, long max_steps);
 /* Why the matcher stopped (a bound or out of memory); NULL while it has not. */
 const kvgen_error *kvg_gram_match_failure(const kvg_gram_match *mt);

@@ -8,6 +8,7 @@
  * python3-jsonschema (core/tests/validate_json.py). On the default model it prints the mask's
  * share of a decode step and decode time with and without the NPC schema (ratios of one run). */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 #include <pthread.h>
@@ -353,7 +354,7 @@ static void check_bounds(void) {
     if ((g = parse("root ::= ((\"a\"?){1000}){1000}"))) {
         kvg_gram_match *mt = NULL;
         CHECK(kvg_gram_match_new(g, &mt, &err) == KVGEN_E_UNSUPPORTED && !mt);
-        CHECKF(contains(err.message, "grammar: its start needs over 1048576 matcher steps"), "%s", err.message);
+        CHECKF(contains(err.message, "grammar: its start needs over 2097152 matcher steps"), "%s", err.message);
         kvg_gram_free(g);
     }
     /* the same with named rules (not multiplied by the parser's bound): a long text in one call,
@@ -505,6 +506,84 @@ static void check_costly_generation(kvgen_model *m, const char *what) {
         kvgen_gen_end(g);
         kvgen_session_close(s);
     }
+}
+
+/* An ambiguous grammar whose text is held to runs of b (a logit bias bans every other token
+ * and end-of-generation): the generation ends with error at the matcher's step bound and a
+ * message naming it, as a direct generation and as a job, while another session's plain job
+ * on the same worker finishes its 20 tokens. Asserted on what happens, never on time. */
+static void check_bound_generation(kvgen_model *m, const char *what) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    kvgen_logit_bias *bans = kvg_malloc((size_t)info.n_vocab * sizeof *bans);
+    int n_bans = 0, n_b = 0;
+    for (int t = 0; bans && t < info.n_vocab; t++) {
+        char piece[256];
+        size_t len = kvgen_token_piece(m, t, 0, piece, sizeof piece);
+        bool only_b = len > 0 && len < sizeof piece && !kvgen_token_is_eog(m, t);
+        for (size_t i = 0; only_b && i < len; i++) only_b = piece[i] == 'b';
+        if (only_b) n_b++;
+        else bans[n_bans++] = (kvgen_logit_bias){.token = t, .bias = -INFINITY};
+    }
+    if (!bans || n_b == 0) {
+        printf("test_grammar: %s: no token of only b: the bound is not reached in a generation\n", what);
+        kvg_free(bans);
+        return;
+    }
+    kvgen_sampler_desc smp = {.seed = 3, .temperature = 1.0f, .bias = bans, .n_bias = n_bans};
+    kvgen_session_desc sd = {.n_ctx = 512, .sampler = &smp};
+    kvgen_constraint c = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= (\"b\" root \"b\"?)+ \"!\" | \"\""};
+    kvgen_generate_desc gd = {.constraint = &c, .max_tokens = 400};
+    int32_t ids[64];
+    size_t n = 0;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_tokenize(m, "x", 1, 0, ids, 64, &n, &err));
+    kvgen_session *s = NULL, *s2 = NULL;
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    kvgen_gen *g = NULL;
+    if (s) CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &gd, &g, &err));
+    kvgen_gen_step st = {0};
+    kvgen_status rc = KVGEN_OK;
+    int tokens = 0;
+    while (g && (rc = kvgen_gen_next(g, &st, &err)) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) tokens++;
+    printf("test_grammar: %s: runs of b: %s after %d tokens: %s\n", what, kvgen_finish_name(kvgen_gen_finish(g)), tokens,
+           err.message);
+    CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_ERROR && rc == KVGEN_E_UNSUPPORTED &&
+               contains(err.message, "over 2097152 matcher steps") && tokens > 0,
+           "%s: %s after %d tokens (%s)", what, g ? kvgen_finish_name(kvgen_gen_finish(g)) : "-", tokens, err.message);
+    kvgen_gen_end(g);
+    /* the same as a job, beside a plain one */
+    kvgen_session_desc sd2 = {.n_ctx = 512, .seed = 4};
+    CHECK_OK(kvgen_session_create(m, &sd2, &s2, &err));
+    kvgen_job_desc jd = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = ids, .n_tokens = n, .gen = gd};
+    kvgen_job_desc plain = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = ids, .n_tokens = n,
+                            .gen = {.max_tokens = 20, .ignore_eog = 1}};
+    kvgen_job *j = NULL, *j2 = NULL;
+    if (s && s2) {
+        CHECK_OK(kvgen_job_submit(s, &jd, &j, &err));
+        CHECK_OK(kvgen_job_submit(s2, &plain, &j2, &err));
+    }
+    kvgen_job_info a = {0}, b = {0};
+    for (long spin = 0; j && j2 && spin < 600000L; spin++) { /* a hang guard of minutes, not a timing */
+        kvgen_job_state sa = kvgen_job_poll(j, NULL, NULL), sb = kvgen_job_poll(j2, NULL, NULL);
+        if (sa >= KVGEN_JOB_DONE && sb >= KVGEN_JOB_DONE) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (j && j2) {
+        kvgen_job_get_info(j, &a);
+        kvgen_job_get_info(j2, &b);
+        CHECKF(a.state == KVGEN_JOB_FAILED && a.finish == KVGEN_FINISH_ERROR &&
+                   contains(a.error.message, "over 2097152 matcher steps"),
+               "%s: grammar job %d (%s)", what, (int)a.state, a.error.message);
+        CHECKF(b.state == KVGEN_JOB_DONE && b.finish == KVGEN_FINISH_LENGTH, "%s: plain job %d (%s)", what,
+               (int)b.state, b.error.message);
+    }
+    kvgen_job_release(j);
+    kvgen_job_release(j2);
+    kvgen_session_close(s);
+    kvgen_session_close(s2);
+    kvg_free(bans);
 }
 
 /* A long generation's caches are forgotten between tokens past the soft bounds: the text goes
@@ -915,6 +994,7 @@ int main(void) {
         kvg_gram_free(g);
         check_generation(m, "reference", 8, true);
         check_costly_generation(m, "random model");
+        check_bound_generation(m, "random model");
     }
     kvgen_model_unload(m);
     if ((m = load(path, KVGEN_BACKEND_CPU))) check_generation(m, "cpu", 4, false);
@@ -942,6 +1022,7 @@ int main(void) {
         }
         validate(g_npc, texts, 6, "default model, NPC schema");
         check_costly_generation(m, "default model");
+        check_bound_generation(m, "default model");
         for (int s = 0; s < 6; s++) kvg_free(texts[s]);
         bench(m, "cpu");
     }
