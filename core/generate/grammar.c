@@ -14,7 +14,12 @@
  * thus a deterministic automaton built lazily as the text and the mask walk visit it: the mask
  * is one table lookup per trie edge it walks, and a subtree whose first byte is refused is
  * never entered. A reference that is the last element of its alternative does not keep a
- * frame (x* in a rule's tail stays one stack deep however long it repeats). */
+ * frame (x* in a rule's tail stays one stack deep however long it repeats). An iteration of a
+ * repetition that read nothing is not followed on, and a stack that another one dominates (a
+ * chain x{m,n} with more iterations left, the rest equal) is dropped, so nested counted
+ * repetitions keep a few stacks per state. Every routine that would recurse as deep as the
+ * grammar (or a token) is a loop over a list of its own, and the matcher's work is counted in
+ * steps and bounded per call (see the bounds below). */
 #include "kvg_grammar.h"
 #include <stdarg.h>
 #include <stdio.h>
