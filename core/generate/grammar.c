@@ -1401,9 +1401,9 @@ static int intern_state(kvg_gram_match *mt) {
     }
     if (mt->n_st >= MAX_STATES || mt->n_tops + (size_t)mt->n_tmp > MAX_TOPS) {
         mfail(mt, KVGEN_E_UNSUPPORTED,
-              "grammar: the matcher reached %d states or %zu stacks in one token (the grammar is too costly here); "
-              "the generation ends",
-              MAX_STATES, MAX_TOPS);
+              "grammar: the matcher reached %d states or %d listed stacks in one token (the grammar is too costly "
+              "here); the generation ends",
+              MAX_STATES, (int)MAX_TOPS);
         return -1;
     }
     if (mt->n_st == mt->cap_st) {
