@@ -3,13 +3,16 @@
  * kvgen_detok. The vocabulary is the default model's (a byte-level BPE with merges and control
  * tokens: $KVGEN_FUZZ_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf), or, without it,
  * kvgen-mkmodel's synthetic one. Without control tokens, text that is valid UTF-8 must come back
- * byte for byte (a byte-level vocabulary covers every byte), and the streaming detokenizer must
+ * byte for byte (a byte-level vocabulary covers every byte it has a token for; the few it lacks
+ * are dropped, docs/tokenizer.md, and texts holding them are not checked), and the streaming
+ * detokenizer must
  * give what the whole one gives where that is valid UTF-8; a difference aborts. The first
  * byte of an input holds the flags. Seeds: corpus/tokenizer/. */
 #include "fuzz_util.h"
 
 static kvgen_model *g_model;
-static int g_exact; /* the vocabulary round-trips every UTF-8 text (the real model's) */
+static int g_exact;            /* the vocabulary is the real model's: UTF-8 text round-trips */
+static unsigned char g_lost[256]; /* bytes with no token (dropped, docs/tokenizer.md): not checked */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -24,7 +27,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
             exit(1);
         }
         g_exact = 1;
-        fprintf(stderr, "fuzz_tokenizer: the vocabulary of %s\n", path);
+        /* a byte whose GPT-2 character the vocabulary lacks (SmolLM2: 21 of them, such as 0x16)
+         * is dropped; texts holding one are left out of the round-trip check */
+        int n_lost = 0;
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b, back[16];
+            int32_t id[8];
+            size_t n = 0;
+            if (kvgen_tokenize(g_model, &c, 1, 0, id, 8, &n, &err) != KVGEN_OK ||
+                kvgen_detokenize(g_model, id, n, 0, back, sizeof back) != 1 || back[0] != c)
+                g_lost[b] = 1, n_lost++;
+        }
+        fprintf(stderr, "fuzz_tokenizer: the vocabulary of %s (%d bytes without a token)\n", path, n_lost);
     } else {
         g_model = fuzz_random_model(NULL);
         fprintf(stderr, "fuzz_tokenizer: %s not found; kvgen-mkmodel's synthetic vocabulary\n", path);
@@ -88,8 +102,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fprintf(stderr, "fuzz_tokenizer: streamed detokenization (%zu bytes) differs from the whole (%zu)\n", sn, need);
         abort();
     }
-    if (g_exact && !(flags & KVGEN_TOKENIZE_SPECIAL) && !(flags & KVGEN_TOKENIZE_ADD_BOS) && valid_utf8(data + 1, len) &&
-        (need != len || memcmp(back, text, len) != 0)) {
+    int lost = 0;
+    for (size_t i = 0; i < len; i++) lost |= g_lost[data[1 + i]];
+    if (g_exact && !lost && !(flags & KVGEN_TOKENIZE_SPECIAL) && !(flags & KVGEN_TOKENIZE_ADD_BOS) &&
+        valid_utf8(data + 1, len) && (need != len || memcmp(back, text, len) != 0)) {
         fprintf(stderr, "fuzz_tokenizer: %zu bytes of UTF-8 came back as %zu different bytes\n", len, need);
         abort();
     }
