@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: set up (packages, default model), build, and run the NPC dialogue sample
 # (samples/npc_dialogue.lua: three NPCs with their own sessions sharing one model).
-#   KVGEN_BACKEND=reference|vulkan picks the backend (default: Vulkan when a device works).
+#   KVGEN_BACKEND=cpu|reference|vulkan picks the backend (default: Vulkan when a device works, else cpu).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$here/scripts/setup.sh"
