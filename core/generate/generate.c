@@ -653,8 +653,8 @@ static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kv
  * text (what was emitted and a stop string that ended it, as a local session keeps its tokens). */
 static kvgen_status remote_commit(kvgen_gen *g, const char *stop, size_t stop_len, kvgen_error *err) {
     kvg_rhist *h = g->s->remote;
-    if (g->text.n == 0 && stop_len == 0 && (g->finish == KVGEN_FINISH_ERROR || g->finish == KVGEN_FINISH_CANCELLED))
-        return KVGEN_OK; /* nothing came: the history stays as the request found it */
+    if (g->text.n == 0 && stop_len == 0 && g->finish == KVGEN_FINISH_CANCELLED)
+        return KVGEN_OK; /* cancelled before anything came: no empty reply joins it */
     if (kvg_rhist_mode(h) == KVG_RMODE_CHAT)
         return kvg_rhist_add_message(h, "assistant", g->text.p, g->text.n, "generate", err);
     kvgen_status st = kvg_rhist_add_text(h, g->text.p, g->text.n, "generate", err);
@@ -701,13 +701,6 @@ static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status f
     return st != KVGEN_OK ? remote_fail(g, st) : st;
 }
 
-/* soft_max_tokens on a reply that arrives as server events, one standing for one token: the
- * first place in this step's new text (pending from `before` on, `n_events` events whose ends
- * g->ends holds) where a sentence ends with at least soft_max_tokens events begun before it, the
- * text after it being what comes next (as a local generation asks before each token). The
- * place, with *counted set to the new events begun before it; SIZE_MAX when there is none. A
- * place at the very end of what arrived waits for what follows; one inside an event is taken
- * too (a server may send many words at once), never one right after whitespace. */
 /* Where event i of this step begins in pending: the first at `before`, each next where the one
  * before it ends. */
 static size_t event_start(const kvgen_gen *g, size_t before, int i) {
@@ -718,6 +711,13 @@ static size_t event_start(const kvgen_gen *g, size_t before, int i) {
     return before + end;
 }
 
+/* soft_max_tokens on a reply that arrives as server events, one standing for one token: the
+ * first place in this step's new text (pending from `before` on, `n_events` events whose ends
+ * g->ends holds) where a sentence ends with at least soft_max_tokens events begun before it, the
+ * text after it being what comes next (as a local generation asks before each token). The
+ * place, with *counted set to the new events begun before it; SIZE_MAX when there is none. A
+ * place at the very end of what arrived waits for what follows; one inside an event is taken
+ * too (a server may send many words at once), never one right after whitespace. */
 static size_t soft_cut(const kvgen_gen *g, size_t before, int n_events, int *counted) {
     *counted = 0;
     if (g->soft_max_tokens <= 0 || g->pending.n <= before) return SIZE_MAX;
