@@ -228,7 +228,8 @@ typedef struct kvgen_model_desc {
     const char *api_key;       /* sent as "Authorization: Bearer <key>"; NULL: none */
     int remote_max_requests;   /* concurrent requests of the jobs' worker; 0: 32 */
     int remote_timeout_ms;     /* a request that receives nothing for this long fails
-                                  (KVGEN_E_NETWORK); 0: 60000 */
+                                  (KVGEN_E_NETWORK), and the load, retries included, ends
+                                  within it; 0: 60000 */
 } kvgen_model_desc;
 
 typedef enum kvgen_tokenizer_kind {
