@@ -50,7 +50,8 @@ static void usage(FILE *f) {
             "  --backend B          vulkan | cpu | reference (default: $KVGEN_BACKEND, else vulkan on a GPU, else cpu)\n"
             "  --device D           Vulkan device index or name substring\n"
             "  --pipeline-cache F   Vulkan pipeline cache file, or off (default: $KVGEN_PIPELINE_CACHE, else\n"
-            "                       $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else ~/.cache/kvgen/...)\n"
+            "                       $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin, else ~/.cache/kvgen/...;\n"
+            "                       on Windows %%LOCALAPPDATA%%\\kvgen\\pipelines-{device}.bin)\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  cpu backend: activations of 16 bits (default) or 8 (faster prompts)\n"
             "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"
@@ -242,21 +243,31 @@ static int parse_options(int argc, char **argv, options *o) {
 
 /* The Vulkan pipeline cache file: --pipeline-cache, else $KVGEN_PIPELINE_CACHE, else
  * $XDG_CACHE_HOME/kvgen/pipelines-{device}.bin (an absolute XDG_CACHE_HOME only, as the XDG base
- * directory spec says), else $HOME/.cache/kvgen/...; "" or "off": none (NULL). A built path is
+ * directory spec says), else $HOME/.cache/kvgen/...; on Windows %LOCALAPPDATA%\kvgen\..., else
+ * %APPDATA%\kvgen\..., else %USERPROFILE%\AppData\Local\kvgen\...; "" or "off": none (NULL). A built path is
  * malloc'd into *buf for the caller to free. kvgen expands {device} for the device it picks. */
 static const char *pipeline_cache_path(const options *o, char **buf) {
     *buf = NULL;
     const char *p = o->pipeline_cache ? o->pipeline_cache : getenv("KVGEN_PIPELINE_CACHE");
     if (p) return *p && strcmp(p, "off") != 0 ? p : NULL;
-    const char *base = getenv("XDG_CACHE_HOME"), *sub = "kvgen";
+#ifdef _WIN32 /* usually neither XDG_CACHE_HOME nor HOME: the local application data folder */
+    const char *base = getenv("LOCALAPPDATA"), *sub = "kvgen", *sep = "\\";
+    if (!base || !*base) base = getenv("APPDATA");
+    if (!base || !*base) {
+        base = getenv("USERPROFILE");
+        sub = "AppData\\Local\\kvgen";
+    }
+#else
+    const char *base = getenv("XDG_CACHE_HOME"), *sub = "kvgen", *sep = "/";
     if (!base || base[0] != '/') {
         base = getenv("HOME");
         sub = ".cache/kvgen";
     }
+#endif
     if (!base || !*base) return NULL;
     size_t n = strlen(base) + strlen(sub) + 32;
     if (!(*buf = malloc(n))) return NULL;
-    snprintf(*buf, n, "%s/%s/pipelines-{device}.bin", base, sub);
+    snprintf(*buf, n, "%s%s%s%spipelines-{device}.bin", base, sep, sub, sep);
     return *buf;
 }
 
