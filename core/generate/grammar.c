@@ -1487,6 +1487,12 @@ static int start_state(kvg_gram_match *mt) {
     return intern_state(mt);
 }
 
+/* the current state, or NULL where there is none: a rebuild that failed (a reset under a step
+ * bound the start state needs more than, or out of memory) leaves no table and no start */
+static const mstate *cur_state(const kvg_gram_match *mt) {
+    return mt->st && mt->cur >= 0 && mt->cur < mt->n_st ? &mt->st[mt->cur] : NULL;
+}
+
 static void drop_tables(kvg_gram_match *mt) {
     for (int i = 0; i < mt->n_st; i++) kvg_free(mt->st[i].trans);
     kvg_free(mt->st);
@@ -1526,7 +1532,7 @@ static bool rebuild(kvg_gram_match *mt, bool keep_cur) {
     size_t n_chain = 0;
     uint8_t accept = 0;
     int n_top = 0;
-    if (keep_cur && mt->cur != mt->start) {
+    if (keep_cur && mt->cur != mt->start && cur_state(mt)) {
         const mstate *S = &mt->st[mt->cur];
         accept = S->accept;
         n_top = S->n;
@@ -1634,7 +1640,7 @@ void kvg_gram_match_set_max_steps(kvg_gram_match *mt, long max_steps) {
 const kvgen_error *kvg_gram_match_failure(const kvg_gram_match *mt) { return mt->oom ? &mt->fail : NULL; }
 
 bool kvg_gram_feed(kvg_gram_match *mt, const unsigned char *bytes, size_t n) {
-    if (!begin_call(mt)) return false;
+    if (!begin_call(mt) || !cur_state(mt)) return false;
     int s = mt->cur;
     for (size_t i = 0; i < n && s >= 0; i++) {
         if (mt->st[s].n == 0) return false;
@@ -1645,8 +1651,15 @@ bool kvg_gram_feed(kvg_gram_match *mt, const unsigned char *bytes, size_t n) {
     return true;
 }
 
-bool kvg_gram_can_end(const kvg_gram_match *mt) { return mt->st && mt->st[mt->cur].accept != 0; }
-bool kvg_gram_done(const kvg_gram_match *mt) { return mt->st && mt->st[mt->cur].accept && mt->st[mt->cur].n == 0; }
+bool kvg_gram_can_end(const kvg_gram_match *mt) {
+    const mstate *S = cur_state(mt);
+    return S && S->accept != 0;
+}
+
+bool kvg_gram_done(const kvg_gram_match *mt) {
+    const mstate *S = cur_state(mt);
+    return S && S->accept && S->n == 0;
+}
 
 /* ---- the vocabulary trie and the mask ------------------------------------------------------ */
 
@@ -1831,7 +1844,7 @@ int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *t, uint8_t *allowed,
             mnomem(mt);
         }
     }
-    if (!mt->oom && mt->st[mt->cur].n > 0) {
+    if (!mt->oom && cur_state(mt) && cur_state(mt)->n > 0) {
         int32_t *w = mt->walk;
         int top = 0;
         w[0] = 0;
@@ -1870,21 +1883,26 @@ int kvg_gram_mask(kvg_gram_match *mt, const kvg_vocab_trie *t, uint8_t *allowed,
     return count;
 }
 
+/* Each token fed from the current state on its own. The caches are rebuilt (begin_call) once,
+ * before the first: a rebuild between tokens would renumber the state they all start from. */
 int kvg_gram_mask_brute(kvg_gram_match *mt, const kvgen_model *m, uint8_t *allowed) {
     int n = m->w.hp.n_vocab, count = 0;
+    bool live = begin_call(mt) && cur_state(mt);
     bool can_end = kvg_gram_can_end(mt);
     int cur = mt->cur;
     for (int t = 0; t < n; t++) {
         allowed[t] = 0;
         if (kvgen_token_is_eog(m, t)) {
             allowed[t] = can_end;
-        } else {
+        } else if (live && !mt->oom) {
             size_t len = kvgen_token_piece(m, t, 0, NULL, 0);
             unsigned char buf[1024];
             if (len == 0 || len >= sizeof buf) continue;
             kvgen_token_piece(m, t, 0, (char *)buf, sizeof buf);
-            allowed[t] = kvg_gram_feed(mt, buf, len);
-            mt->cur = cur;
+            mt->steps = 0; /* each token is a feed of its own */
+            int s = cur;
+            for (size_t i = 0; i < len && s >= 0; i++) s = mt->st[s].n == 0 ? -1 : advance(mt, s, buf[i]);
+            allowed[t] = s >= 0 && !mt->oom;
         }
         count += allowed[t];
     }

@@ -733,14 +733,12 @@ static int gen_ref(comp *C, const char *ref, const char *path, int depth) {
     return C->st == KVGEN_OK ? r : -1;
 }
 
-static int gen(comp *C, const jval *s, const char *path, int depth) {
-    if (C->st != KVGEN_OK) return -1;
-    if (depth > MAX_DEPTH) return cerr(C, path, "the schema is nested over %d levels", MAX_DEPTH);
-    kvg_buf b = {0};
+/* the rule for schema s, its body built in *bp; gen() frees what is left in *bp on every return */
+static int gen_into(comp *C, const jval *s, const char *path, int depth, kvg_buf *bp) {
     if (s->t == J_BOOL) {
         if (!s->b) return cerr(C, path, "the schema false accepts nothing");
-        add(C, &b, "jvalue");
-        return emit_rule(C, &b);
+        add(C, bp, "jvalue");
+        return emit_rule(C, bp);
     }
     if (s->t != J_OBJ) return cerr(C, path, "a schema must be an object or a boolean");
     for (int i = 0; i < s->n; i++)
@@ -781,59 +779,65 @@ static int gen(comp *C, const jval *s, const char *path, int depth) {
     }
     if (cnst) {
         if (!utf8_value(cnst)) return cerr(C, path, "keyword 'const' holds a string that is not valid UTF-8");
-        json_lit(C, &b, cnst);
-        return emit_rule(C, &b);
+        json_lit(C, bp, cnst);
+        return emit_rule(C, bp);
     }
     if (en) {
         if (en->t != J_ARR || en->n == 0) return cerr(C, path, "keyword 'enum' must be a non-empty array");
-        add(C, &b, "(");
+        add(C, bp, "(");
         for (int i = 0; i < en->n; i++) {
-            if (!utf8_value(&en->items[i])) {
-                kvg_free(b.p);
+            if (!utf8_value(&en->items[i]))
                 return cerr(C, path, "keyword 'enum' value %d holds a string that is not valid UTF-8", i);
-            }
-            if (i) add(C, &b, " | ");
-            json_lit(C, &b, &en->items[i]);
+            if (i) add(C, bp, " | ");
+            json_lit(C, bp, &en->items[i]);
         }
-        add(C, &b, ")");
-        return emit_rule(C, &b);
+        add(C, bp, ")");
+        return emit_rule(C, bp);
     }
     if (any) {
         if (any->t != J_ARR || any->n == 0) return cerr(C, path, "keyword '%s' must be a non-empty array", any_kw);
         int *alts = kvg_malloc((size_t)any->n * sizeof *alts);
-        if (!alts) return cerr(C, path, "out of memory");
+        if (!alts) {
+            C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
+            return -1;
+        }
         for (int i = 0; i < any->n && C->st == KVGEN_OK; i++) {
             char sub[512];
             snprintf(sub, sizeof sub, "%s/%s/%d", path, any_kw, i);
             alts[i] = gen(C, &any->items[i], sub, depth + 1);
         }
-        for (int i = 0; i < any->n && C->st == KVGEN_OK; i++) addf(C, &b, "%sr%d", i ? " | " : "", alts[i]);
+        for (int i = 0; i < any->n && C->st == KVGEN_OK; i++) addf(C, bp, "%sr%d", i ? " | " : "", alts[i]);
         kvg_free(alts);
-        return C->st == KVGEN_OK ? emit_rule(C, &b) : -1;
+        return C->st == KVGEN_OK ? emit_rule(C, bp) : -1;
     }
     if (!type) { /* no type: an object or array by their keywords, else any value */
-        if (jget(s, "properties") || jget(s, "required")) gen_typed(C, s, "object", path, depth, &b);
-        else if (jget(s, "items")) gen_typed(C, s, "array", path, depth, &b);
-        else add(C, &b, "jvalue");
+        if (jget(s, "properties") || jget(s, "required")) gen_typed(C, s, "object", path, depth, bp);
+        else if (jget(s, "items")) gen_typed(C, s, "array", path, depth, bp);
+        else add(C, bp, "jvalue");
     } else if (type->t == J_STR) {
-        gen_typed(C, s, type->s, path, depth, &b);
+        gen_typed(C, s, type->s, path, depth, bp);
     } else if (type->t == J_ARR && type->n > 0) {
-        add(C, &b, "(");
+        add(C, bp, "(");
         for (int i = 0; i < type->n && C->st == KVGEN_OK; i++) {
             if (type->items[i].t != J_STR) return cerr(C, path, "keyword 'type' lists a value that is not a string");
-            if (i) add(C, &b, " | ");
-            gen_typed(C, s, type->items[i].s, path, depth, &b);
+            if (i) add(C, bp, " | ");
+            gen_typed(C, s, type->items[i].s, path, depth, bp);
         }
-        add(C, &b, ")");
+        add(C, bp, ")");
     } else {
-        kvg_free(b.p);
         return cerr(C, path, "keyword 'type' must be a string or a non-empty array of strings");
     }
-    if (C->st != KVGEN_OK) {
-        kvg_free(b.p);
-        return -1;
-    }
-    return emit_rule(C, &b);
+    if (C->st != KVGEN_OK) return -1;
+    return emit_rule(C, bp);
+}
+
+static int gen(comp *C, const jval *s, const char *path, int depth) {
+    if (C->st != KVGEN_OK) return -1;
+    if (depth > MAX_DEPTH) return cerr(C, path, "the schema is nested over %d levels", MAX_DEPTH);
+    kvg_buf b = {0};
+    int r = gen_into(C, s, path, depth, &b);
+    kvg_free(b.p); /* emit_rule took the body when it succeeded; an error leaves it here */
+    return r;
 }
 
 static const char common_rules[] =

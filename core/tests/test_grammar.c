@@ -179,6 +179,15 @@ static void check_schema(void) {
     bad_schema("{\"enum\":[1,2],\"minimum\":0}", "schema: #: keyword 'minimum' beside 'enum' is not supported");
     bad_schema("{\"type\":\"string\",\"enum\":[\"a\",2]}",
                "schema: #: keyword 'enum' holds a value that is not of the schema's 'type'");
+    /* an error after a rule's body was begun frees the body (LeakSanitizer), nested or not */
+    bad_schema("{\"type\":[\"string\",1]}", "schema: #: keyword 'type' lists a value that is not a string");
+    bad_schema("{\"type\":[\"string\",{}]}", "schema: #: keyword 'type' lists a value that is not a string");
+    bad_schema("{\"type\":[\"integer\",\"date\"]}",
+               "schema: #: type 'date' is not supported (object, array, string, integer, number, boolean, null)");
+    bad_schema("{\"anyOf\":[{\"type\":\"null\"},{\"type\":[\"null\",\"boolean\",[]]}]}",
+               "schema: #/anyOf/1: keyword 'type' lists a value that is not a string");
+    bad_schema("{\"type\":\"array\",\"items\":{\"type\":[\"array\",true],\"items\":{\"type\":\"null\"}}}",
+               "schema: #/items: keyword 'type' lists a value that is not a string");
     /* strings that are not UTF-8 (JSON text is): refused by the compiler, naming the path */
     bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\xff\"}}}",
                "schema: #/properties/a: keyword 'const' holds a string that is not valid UTF-8");
@@ -586,6 +595,36 @@ static void check_bound_generation(kvgen_model *m, const char *what) {
     kvg_free(bans);
 }
 
+/* A reset after a failed call rebuilds the caches under the step bound then in force: where the
+ * start state needs more than that bound, the matcher is left with no state at all, and every
+ * call refuses (naming the bound) instead of reading a state that is not there, until a reset
+ * under a larger bound. */
+static void check_reset_under_bound(void) {
+    kvg_gram *g = parse("root ::= (|||||||||||||||||||.||||||||\"ab\" | \"c\"){321} x?\nx ::= \"x\"{5,232} [a-cy]*");
+    kvg_gram_match *mt = NULL;
+    kvgen_error err = {0};
+    if (g) CHECK_OK(kvg_gram_match_new(g, &mt, &err));
+    if (mt) {
+        CHECK(kvg_gram_feed(mt, (const unsigned char *)"ab", 2) && kvg_gram_can_end(mt));
+        kvg_gram_match_set_max_steps(mt, 1000);
+        CHECK(!kvg_gram_feed(mt, (const unsigned char *)"term", 4) && kvg_gram_match_failure(mt));
+        for (int round = 0; round < 2; round++) {
+            kvg_gram_match_reset(mt); /* the start state needs over 1000 steps */
+            const kvgen_error *f = kvg_gram_match_failure(mt);
+            CHECKF(f && f->status == KVGEN_E_UNSUPPORTED && contains(f->message, "start needs over 1000 matcher steps"),
+                   "%s", f ? f->message : "no failure");
+            CHECK(!kvg_gram_can_end(mt) && !kvg_gram_done(mt));
+            CHECK(!kvg_gram_feed(mt, (const unsigned char *)"c", 1) && !kvg_gram_can_end(mt));
+        }
+        kvg_gram_match_set_max_steps(mt, 0);
+        kvg_gram_match_reset(mt);
+        CHECK(!kvg_gram_match_failure(mt) && kvg_gram_can_end(mt));
+        CHECK(kvg_gram_feed(mt, (const unsigned char *)"c.ab", 4) && kvg_gram_can_end(mt));
+    }
+    kvg_gram_match_free(mt);
+    kvg_gram_free(g);
+}
+
 /* A long generation's caches are forgotten between tokens past the soft bounds: the text goes
  * on matching (a counter in the grammar makes every byte a new state). */
 static void check_rebuild(void) {
@@ -970,6 +1009,7 @@ int main(void) {
     check_bounds();
     check_costly_mask();
     check_rebuild();
+    check_reset_under_bound();
     check_mutations();
     check_parser();
     check_schema();
