@@ -51,8 +51,11 @@ windows_stage() {
     echo "windows: skipped (x86_64-w64-mingw32-gcc missing)"
     return
   fi
+  # Wine's Vulkan needs a display: without KVGEN_TEST_WINDOWS_VULKAN=1 (and xvfb-run) the Vulkan
+  # backend is built and linked, and its device tests are left out of the run
+  local skip=(-E '^test_vk_')
   if [ "${KVGEN_TEST_WINDOWS_VULKAN:-0}" = 1 ] && command -v xvfb-run >/dev/null; then
-    wrap=(xvfb-run -a)
+    wrap=(xvfb-run -a); skip=()
   fi
   t0=$(date +%s)
   if ! bash "$here/scripts/mingw-deps.sh" "$here/build-win-deps" >"$log_dir/mingw-deps.log" 2>&1; then
@@ -70,7 +73,7 @@ windows_stage() {
   fi
   # a Wine prefix of its own, inside the build tree (made on first use)
   WINEPREFIX="$dir/wineprefix" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" \
-    "${wrap[@]}" ctest --test-dir "$dir" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest-windows.log"
+    "${wrap[@]}" ctest --test-dir "$dir" --output-on-failure -j"$jobs" "${skip[@]}" 2>&1 | tee "$log_dir/ctest-windows.log"
   count_ctest "$log_dir/ctest-windows.log" "Windows under Wine"
   echo "windows: $(($(date +%s) - t0)) s in all"
 }
