@@ -1271,19 +1271,22 @@ VNNI static void quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, 
     }
 }
 
-#define GROUP_KERNEL(name, kind, split)                                                                \
+/* one kernel per type and activation form: the tile width nt made a constant for each case, so
+   the kernel body's loops over tokens unroll */
+#define TILE_KERNEL(name, body, kind, split)                                                           \
     VNNI static void name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
         switch (nt) {                                                                                  \
-        case 1: b32_group_vnni(kind, split, g, a, t, 1, out, os); break;                              \
-        case 2: b32_group_vnni(kind, split, g, a, t, 2, out, os); break;                              \
-        case 3: b32_group_vnni(kind, split, g, a, t, 3, out, os); break;                              \
-        case 4: b32_group_vnni(kind, split, g, a, t, 4, out, os); break;                              \
-        case 5: b32_group_vnni(kind, split, g, a, t, 5, out, os); break;                              \
-        case 6: b32_group_vnni(kind, split, g, a, t, 6, out, os); break;                              \
-        case 7: b32_group_vnni(kind, split, g, a, t, 7, out, os); break;                              \
-        default: b32_group_vnni(kind, split, g, a, t, 8, out, os); break;                             \
+        case 1: body(kind, split, g, a, t, 1, out, os); break;                                        \
+        case 2: body(kind, split, g, a, t, 2, out, os); break;                                        \
+        case 3: body(kind, split, g, a, t, 3, out, os); break;                                        \
+        case 4: body(kind, split, g, a, t, 4, out, os); break;                                        \
+        case 5: body(kind, split, g, a, t, 5, out, os); break;                                        \
+        case 6: body(kind, split, g, a, t, 6, out, os); break;                                        \
+        case 7: body(kind, split, g, a, t, 7, out, os); break;                                        \
+        default: body(kind, split, g, a, t, 8, out, os); break;                                       \
         }                                                                                              \
     }
+#define GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, b32_group_vnni, kind, split)
 GROUP_KERNEL(gv_q4_0, B_Q4_0, false)
 GROUP_KERNEL(gv_q4_1, B_Q4_1, false)
 GROUP_KERNEL(gv_q5_0, B_Q5_0, false)
@@ -1472,19 +1475,7 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
     for (int i = 0; i < nt; i++) _mm512_storeu_ps(out + (size_t)i * os, acc[i]);
 }
 
-#define K_GROUP_KERNEL(name, kind, split)                                                              \
-    VNNI static void name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
-        switch (nt) {                                                                                  \
-        case 1: kq_group_vnni(kind, split, g, a, t, 1, out, os); break;                               \
-        case 2: kq_group_vnni(kind, split, g, a, t, 2, out, os); break;                               \
-        case 3: kq_group_vnni(kind, split, g, a, t, 3, out, os); break;                               \
-        case 4: kq_group_vnni(kind, split, g, a, t, 4, out, os); break;                               \
-        case 5: kq_group_vnni(kind, split, g, a, t, 5, out, os); break;                               \
-        case 6: kq_group_vnni(kind, split, g, a, t, 6, out, os); break;                               \
-        case 7: kq_group_vnni(kind, split, g, a, t, 7, out, os); break;                               \
-        default: kq_group_vnni(kind, split, g, a, t, 8, out, os); break;                              \
-        }                                                                                              \
-    }
+#define K_GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, kq_group_vnni, kind, split)
 K_GROUP_KERNEL(gv_q2_k, K_Q2, false)
 K_GROUP_KERNEL(gv_q3_k, K_Q3, false)
 K_GROUP_KERNEL(gv_q4_k, K_Q4, false)
