@@ -5,7 +5,8 @@
          (one decode step over the cached prefix: O(N) per token) and without it (every step
          recomputes the whole prefix: O(N^2) per token), per backend; from "no_cache_curve"
          (kvgen bench --no-cache-depth LIST).
-  right: decode tokens/s against cache depth per backend; from "decode" (--depths LIST).
+  right: decode tokens/s against cache depth per backend; from "decode" (--depths LIST), with
+         llama.cpp's CPU figure at the same depths when the run had a peer (--peer llama-bench).
 
 Usage: plot_bench.py BENCH.json -o OUT.png [--note TEXT]
 Needs matplotlib (Debian: python3-matplotlib). Figures from one run are comparable with each
@@ -60,6 +61,16 @@ def main(argv):
         pts = [p for p in pts if p[1]]
         if pts:
             dec.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=name)
+    peer = bench.get("peer") or {}
+    if peer.get("ran"):
+        pts = []
+        for key, v in peer.items():
+            if key.startswith("decode_") and key.endswith("_tok_s") and isinstance(v, (int, float)) and v > 0:
+                pts.append((int(key[len("decode_"):-len("_tok_s")]), v))
+        pts.sort()
+        if pts:
+            dec.plot([p[0] for p in pts], [p[1] for p in pts], "^:", color="black",
+                     label="llama.cpp CPU (%s)" % peer.get("name", "peer"))
     if curves == 0:
         cost.text(0.5, 0.5, "no no_cache_curve in this file\n(kvgen bench --no-cache-depth LIST)",
                   ha="center", va="center", transform=cost.transAxes)
