@@ -20,9 +20,9 @@
 static void model_free(kvgen_model *m) {
     if (!m) return;
     if (m->on_unload) m->on_unload(m); /* first: the worker may still be between steps */
+    kvg_model_detach_all(m);             /* then what the layers above hung on the model */
     kvg_remote_close(m->remote);
     kvg_model_pools_free(m);
-    if (m->vocab_trie) m->vocab_trie_free(m->vocab_trie);
     if (m->ops && m->backend) m->ops->model_free(m);
     kvg_tokenizer_free(m->tok);
     kvg_weights_free(&m->w);

@@ -1809,20 +1809,16 @@ static kvg_vocab_trie *trie_build(const kvgen_model *m) {
     return t;
 }
 
+/* the model's trie, hung on it (kvg_model_attach) when a grammar first needs it */
+static const kvg_attach_key vocab_trie_key = {"vocabulary trie", trie_free};
+
 kvgen_status kvg_vocab_trie_get(const kvgen_model *cm, const kvg_vocab_trie **out, kvgen_error *err) {
     kvgen_model *m = (kvgen_model *)cm; /* the trie is a cache of the model's vocabulary */
-    kvg_vocab_trie *t = __atomic_load_n((kvg_vocab_trie **)&m->vocab_trie, __ATOMIC_ACQUIRE);
+    kvg_vocab_trie *t = kvg_model_attached(m, &vocab_trie_key);
     if (!t) {
         kvg_vocab_trie *mine = trie_build(m);
-        if (!mine) return kvg_fail(err, KVGEN_E_NO_MEMORY, "grammar: out of memory for the vocabulary trie");
-        __atomic_store_n(&m->vocab_trie_free, trie_free, __ATOMIC_RELEASE);
-        void *expected = NULL;
-        if (__atomic_compare_exchange_n(&m->vocab_trie, &expected, mine, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            t = mine;
-        } else { /* another thread built it first */
-            trie_free(mine);
-            t = expected;
-        }
+        if (mine && (t = kvg_model_attach(m, &vocab_trie_key, mine)) != mine) trie_free(mine); /* another thread's won */
+        if (!t) return kvg_fail(err, KVGEN_E_NO_MEMORY, "grammar: out of memory for the vocabulary trie");
     }
     *out = t;
     return KVGEN_OK;

@@ -17,7 +17,7 @@
  * the step that holds the session, release of a job in a step is finished by the commit.
  *
  * Lifetime: a job holds a model reference until released, a session holds one until closed,
- * and the worker holds none, so the model (and with it the worker, see kvg_worker_destroy) is
+ * and the worker holds none, so the model (and with it the worker, see kvg_worker_stop) is
  * freed on a host thread after every job and session is gone.
  *
  * Busy sessions: a session with a job that is not final (released or not) belongs to the
@@ -348,11 +348,17 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
 /* ---- the worker object ------------------------------------------------------------------- */
 
 static void *worker_main(void *arg);
-static void kvg_worker_destroy(kvgen_model *m);
+static void kvg_worker_stop(kvgen_model *m);
 static void kvg_worker_session_closing(kvgen_session *s);
+static void worker_free(void *value);
+
+/* the model's worker, hung on it (kvg_model_attach) at the first submit or configure */
+static const kvg_attach_key worker_key = {"jobs worker", worker_free};
+
+static kvg_worker *model_worker(const kvgen_model *m) { return kvg_model_attached(m, &worker_key); }
 
 static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
-    kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
+    kvg_worker *w = model_worker(m);
     if (w) return w;
     w = kvg_calloc(1, sizeof *w);
     if (!w) {
@@ -363,18 +369,15 @@ static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
     kvg_mutex_init(&w->mu);
     kvg_cond_init(&w->wake);
     kvg_cond_init(&w->stepped);
-    kvg_worker *expected = NULL;
-    if (!__atomic_compare_exchange_n(&m->worker, &expected, w, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        /* another thread created it first */
-        kvg_mutex_destroy(&w->mu);
-        kvg_cond_destroy(&w->wake);
-        kvg_cond_destroy(&w->stepped);
-        kvg_free(w);
-        return expected;
+    kvg_worker *there = kvg_model_attach(m, &worker_key, w);
+    if (there != w) { /* another thread attached one first, or memory ran out */
+        worker_free(w);
+        if (!there) kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen jobs: out of memory");
+        return there;
     }
     /* from now on model_free stops it first, and a session close makes it let go of the session */
     __atomic_store_n(&m->on_session_close, kvg_worker_session_closing, __ATOMIC_RELEASE);
-    __atomic_store_n(&m->on_unload, kvg_worker_destroy, __ATOMIC_RELEASE);
+    __atomic_store_n(&m->on_unload, kvg_worker_stop, __ATOMIC_RELEASE);
     return w;
 }
 
@@ -386,8 +389,10 @@ static void unlink_job(kvg_worker *w, kvgen_job *j) {
     j->prev = j->next = NULL;
 }
 
-static void kvg_worker_destroy(kvgen_model *m) {
-    kvg_worker *w = m->worker;
+/* model_free's first step (on_unload): the thread joined and the jobs left freed, before any
+ * other state of the model goes; worker_free frees the rest with the model's attachments */
+static void kvg_worker_stop(kvgen_model *m) {
+    kvg_worker *w = model_worker(m);
     if (!w) return;
     kvg_mutex_lock(&w->mu);
     w->quit = true;
@@ -400,6 +405,10 @@ static void kvg_worker_destroy(kvgen_model *m) {
         unlink_job(w, j);
         job_free(j);
     }
+}
+
+static void worker_free(void *value) {
+    kvg_worker *w = value;
     kvg_free(w->plan);
     kvg_free(w->flush);
     kvg_free(w->flush_jobs);
@@ -410,7 +419,6 @@ static void kvg_worker_destroy(kvgen_model *m) {
     kvg_cond_destroy(&w->wake);
     kvg_cond_destroy(&w->stepped);
     kvg_free(w);
-    m->worker = NULL;
 }
 
 kvgen_status kvgen_jobs_configure(kvgen_model *m, const kvgen_jobs_desc *desc, kvgen_error *err) {
@@ -432,7 +440,7 @@ kvgen_status kvgen_jobs_configure(kvgen_model *m, const kvgen_jobs_desc *desc, k
 void kvgen_jobs_get_stats(kvgen_model *m, kvgen_jobs_stats *stats) {
     if (!stats) return;
     memset(stats, 0, sizeof *stats);
-    kvg_worker *w = m ? __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE) : NULL;
+    kvg_worker *w = m ? model_worker(m) : NULL;
     if (!w) return;
     kvg_mutex_lock(&w->mu);
     *stats = w->stats;
@@ -632,7 +640,7 @@ void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {
 
 int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) {
     if (!m || !events || cap <= 0) return 0;
-    kvg_worker *w = __atomic_load_n(&m->worker, __ATOMIC_ACQUIRE);
+    kvg_worker *w = model_worker(m);
     if (!w) return 0;
     int n = 0;
     kvg_mutex_lock(&w->mu);
@@ -651,7 +659,7 @@ int kvgen_poll(kvgen_model *m, const void *owner, kvgen_event *events, int cap) 
 }
 
 static void kvg_worker_session_closing(kvgen_session *s) {
-    kvg_worker *w = __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE);
+    kvg_worker *w = model_worker(s->model);
     if (!w) return;
     kvg_mutex_lock(&w->mu);
     for (;;) {
@@ -1006,7 +1014,7 @@ static void commit_step(kvg_worker *w) {
 
 static void *worker_main(void *arg) {
     kvg_worker *w = arg;
-    kvg_session_worker_thread = w; /* its session calls are never refused as busy */
+    kvg_session_worker_thread = w->m; /* its session calls are never refused as busy */
     kvg_mutex_lock(&w->mu);
     int nice_inc = w->cfg.nice == 0 ? DEFAULT_NICE : w->cfg.nice;
     /* per thread (Linux's nice value, Windows' thread priority): only the worker yields to the

@@ -202,6 +202,25 @@ kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops
  * KVGEN_E_UNSUPPORTED naming the file, the architecture, the feature and the backend. */
 kvgen_status kvg_arch_check_backend(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
 
+/* ---- state of the layers above, hung on the model ----
+ * A layer above the model (the jobs' worker, the grammar's vocabulary trie, a remote model's
+ * connection) keeps its per-model state under a key of its own, a static it defines, instead of
+ * in a field of struct kvgen_model. */
+typedef struct kvg_attach_key {
+    const char *name;
+    void (*free_value)(void *value); /* at model free; NULL: nothing to free */
+} kvg_attach_key;
+/* The value hung under key (compared by address), or NULL. Thread-safe. */
+void *kvg_model_attached(const struct kvgen_model *m, const kvg_attach_key *key);
+/* Hangs value under key if nothing is there yet; returns what is there afterwards: value, or
+ * the other thread's value if it won the race (the caller then frees its own), or NULL when
+ * memory runs out (value not hung; the caller frees it). Thread-safe. Values are freed by
+ * key->free_value at model free, last attached first, after the model's on_unload hook and
+ * before anything of the model itself is freed. */
+void *kvg_model_attach(struct kvgen_model *m, const kvg_attach_key *key, void *value);
+/* model free: frees every value, last attached first, and forgets them */
+void kvg_model_detach_all(struct kvgen_model *m);
+
 struct kvgen_model {
     int refcount;
     kvg_gguf *gguf;
@@ -215,16 +234,13 @@ struct kvgen_model {
     kvg_kv_layout kv;      /* K/V pages by layer group */
     struct kvg_pool *pools[KVG_KV_GROUPS]; /* per group, the KV page pool every session's K/V live in */
     int n_sessions;        /* open sessions (atomic) */
-    struct kvg_worker *worker; /* the jobs' worker (worker.c); NULL until the first submit (atomic) */
     /* set by a layer above the model that must let go of it first (the jobs' worker, when it
      * starts); model_free calls it before freeing anything */
     void (*on_unload)(kvgen_model *m);
     /* likewise for a session of the model: kvgen_session_close calls it before freeing it */
     void (*on_session_close)(kvgen_session *s);
-    /* the vocabulary's byte trie for grammar masks (generate/grammar.c): NULL until a grammar
-     * first needs it, then set once (atomic); freed by vocab_trie_free */
-    void *vocab_trie;
-    void (*vocab_trie_free)(void *trie);
+    /* what the layers above hang on the model (kvg_model_attach), newest first (atomic) */
+    struct kvg_attached *attached;
     /* the load's progress callback (kvgen_model_desc.progress); cleared when the load returns */
     kvgen_load_progress_fn progress;
     void *progress_user;

@@ -69,9 +69,9 @@ struct kvgen_session {
     struct kvg_rhist *remote;
 };
 
-/* The worker this thread runs, if it is a model's jobs worker (worker.c sets it once): its
- * calls on the sessions it owns are never refused as busy. */
-extern _Thread_local const struct kvg_worker *kvg_session_worker_thread;
+/* The model whose jobs worker this thread is, if it is one (worker.c sets it once): its calls
+ * on that model's sessions are never refused as busy. */
+extern _Thread_local const struct kvgen_model *kvg_session_worker_thread;
 
 /* s->logits filled from the device when the backend kept them there; KVGEN_E_* when they
  * cannot be (the session then has no logits). */

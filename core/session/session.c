@@ -20,14 +20,14 @@ static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page
 
 /* ---- busy sessions (jobs: worker.c keeps jobs_active) ------------------------------------- */
 
-_Thread_local const struct kvg_worker *kvg_session_worker_thread;
+_Thread_local const struct kvgen_model *kvg_session_worker_thread;
 
 int kvgen_session_busy(const kvgen_session *s) {
     return s && __atomic_load_n(&s->jobs_active, __ATOMIC_ACQUIRE) > 0;
 }
 
 kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvgen_error *err) {
-    if (kvg_session_worker_thread && kvg_session_worker_thread == __atomic_load_n(&s->model->worker, __ATOMIC_ACQUIRE))
+    if (kvg_session_worker_thread && kvg_session_worker_thread == s->model)
         return KVGEN_OK;
     if (!kvgen_session_busy(s)) return KVGEN_OK;
     return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
