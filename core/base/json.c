@@ -332,7 +332,16 @@ static kvg_json *read_value(reader *R, int depth) {
     kvg_json *v = new_value(R, KVG_JSON_NUMBER, at);
     if (!v) return NULL;
     v->number = read_number(R->s + at, R->at - at);
-    if (isnan(v->number)) { /* a JSON number's text reads as NaN only when its copy found no memory */
+    if ((R->flags & KVG_JSON_NUMBER_TEXT) && !isnan(v->number)) {
+        v->len = R->at - at;
+        v->str = kvg_malloc(v->len + 1);
+        if (v->str) {
+            memcpy(v->str, R->s + at, v->len);
+            v->str[v->len] = 0;
+        }
+    }
+    if (isnan(v->number) || ((R->flags & KVG_JSON_NUMBER_TEXT) && !v->str)) {
+        /* (a JSON number's text reads as NaN only when its copy found no memory) */
         kvg_free(v);
         fail_memory(R);
         return NULL;
@@ -510,7 +519,7 @@ int kvg_json_write(kvg_buf *b, const kvg_json *v) {
     case KVG_JSON_NULL: return put(b, "null", 4);
     case KVG_JSON_FALSE: return put(b, "false", 5);
     case KVG_JSON_TRUE: return put(b, "true", 4);
-    case KVG_JSON_NUMBER: return kvg_json_write_number(b, v->number);
+    case KVG_JSON_NUMBER: return v->str ? put(b, v->str, v->len) : kvg_json_write_number(b, v->number);
     case KVG_JSON_STRING: return kvg_json_write_string(b, v->str ? v->str : "", v->str ? v->len : 0);
     case KVG_JSON_ARRAY:
     case KVG_JSON_OBJECT: {

@@ -28,7 +28,8 @@ struct kvg_json {
     kvg_json_type type;
     size_t offset;             /* byte offset of the value in the parsed text (0 for built values) */
     double number;             /* NUMBER */
-    char *str;                 /* STRING: bytes, NUL-terminated, len without the NUL (may contain NUL bytes) */
+    char *str;                 /* STRING: bytes, NUL-terminated, len without the NUL (may contain NUL bytes);
+                                  NUMBER: its text as read under KVG_JSON_NUMBER_TEXT (written as it is), else NULL */
     size_t len;
     char *key;                 /* set when this value is an object member (NUL-terminated, key_len bytes) */
     size_t key_len;
@@ -49,7 +50,8 @@ kvg_json *kvg_json_parse(const char *text, size_t len, int max_depth, size_t *er
 
 /* kvg_json_parse's flags */
 enum {
-    KVG_JSON_ANY_BYTES = 1 /* strings may hold bytes that are not UTF-8 (the caller checks them) */
+    KVG_JSON_ANY_BYTES = 1,  /* strings may hold bytes that are not UTF-8 (the caller checks them) */
+    KVG_JSON_NUMBER_TEXT = 2 /* numbers keep their text (str, len), which the writer writes back */
 };
 /* kvg_json_parse with flags; with end non-NULL, whatever follows the value (spaces included) is
  * left to the caller and *end gets the offset just after the value. */

@@ -1,5 +1,5 @@
 /* schema.c: a JSON schema subset compiled to GBNF (kvg_grammar.h; docs/generation.md,
- * "JSON schemas"). A small JSON reader turns the schema text into values; each schema node
+ * "JSON schemas"). The JSON codec (kvg_json.h) reads the schema text into values; each schema node
  * becomes one rule, and the output is compact JSON (no whitespace) with an object's
  * properties in the schema's order. Anything the compiler cannot guarantee is refused with
  * the schema path and the keyword. */
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_buf.h"
+#include "kvg_json.h"
 #include "kvg_grammar.h"
 #include "kvg_model.h"
 
@@ -17,275 +18,12 @@
 #define MAX_LENGTH 4096
 #define INT_LIMIT 999999999999999LL /* integers without a bound: at most 15 digits */
 
-/* ---- the JSON reader ----------------------------------------------------------------------- */
-
-typedef enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
-
-typedef struct jval {
-    jtype t;
-    bool b;
-    double num;
-    char *s;  /* J_STR: the string (NUL-terminated, may hold NULs: len); J_NUM: its text */
-    size_t len;
-    struct jval *items; /* J_ARR, J_OBJ: n values */
-    char **keys;        /* J_OBJ: n keys */
-    int n;
-} jval;
-
-static void jfree(jval *v) {
-    if (!v) return;
-    kvg_free(v->s);
-    for (int i = 0; i < v->n; i++) {
-        jfree(&v->items[i]);
-        if (v->keys) kvg_free(v->keys[i]);
-    }
-    kvg_free(v->items);
-    kvg_free(v->keys);
-}
-
-typedef struct jreader {
-    const char *src, *p;
-    kvgen_error *err;
-    kvgen_status st;
-} jreader;
-
-static void jerr(jreader *R, const char *what) {
-    if (R->st == KVGEN_OK)
-        R->st = kvg_fail(R->err, KVGEN_E_INVALID_ARGUMENT, "schema: not valid JSON at byte %ld: %s",
-                         (long)(R->p - R->src), what);
-}
-
-static void jspace(jreader *R) {
-    while (*R->p == ' ' || *R->p == '\t' || *R->p == '\n' || *R->p == '\r') R->p++;
-}
-
-static int hex4(const char *p) {
-    int v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p[i];
-        int h = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (h < 0) return -1;
-        v = v * 16 + h;
-    }
-    return v;
-}
-
-static bool jstring(jreader *R, char **out, size_t *len) {
-    R->p++; /* '"' */
-    kvg_buf b = {0};
-    bool ok = kvg_buf_add(&b, "", 0);
-    while (ok && *R->p != '"') {
-        unsigned char c = (unsigned char)*R->p;
-        if (c == 0 || c < 0x20) {
-            jerr(R, "unterminated string or control character in a string");
-            ok = false;
-            break;
-        }
-        if (c != '\\') {
-            ok = kvg_buf_add(&b, R->p++, 1);
-            continue;
-        }
-        char e = R->p[1], ch;
-        R->p += 2;
-        switch (e) {
-        case '"': ch = '"'; break;
-        case '\\': ch = '\\'; break;
-        case '/': ch = '/'; break;
-        case 'b': ch = '\b'; break;
-        case 'f': ch = '\f'; break;
-        case 'n': ch = '\n'; break;
-        case 'r': ch = '\r'; break;
-        case 't': ch = '\t'; break;
-        case 'u': {
-            long v = hex4(R->p);
-            if (v < 0) {
-                jerr(R, "\\u needs 4 hexadecimal digits");
-                ok = false;
-                break;
-            }
-            R->p += 4;
-            if (v >= 0xd800 && v < 0xdc00 && R->p[0] == '\\' && R->p[1] == 'u') {
-                long lo = hex4(R->p + 2);
-                if (lo >= 0xdc00 && lo < 0xe000) {
-                    v = 0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00);
-                    R->p += 6;
-                }
-            }
-            if (v >= 0xd800 && v < 0xe000) {
-                jerr(R, "a lone UTF-16 surrogate");
-                ok = false;
-                break;
-            }
-            char u[4];
-            int n;
-            if (v < 0x80) {
-                u[0] = (char)v;
-                n = 1;
-            } else if (v < 0x800) {
-                u[0] = (char)(0xc0 | (v >> 6));
-                u[1] = (char)(0x80 | (v & 0x3f));
-                n = 2;
-            } else if (v < 0x10000) {
-                u[0] = (char)(0xe0 | (v >> 12));
-                u[1] = (char)(0x80 | ((v >> 6) & 0x3f));
-                u[2] = (char)(0x80 | (v & 0x3f));
-                n = 3;
-            } else {
-                u[0] = (char)(0xf0 | (v >> 18));
-                u[1] = (char)(0x80 | ((v >> 12) & 0x3f));
-                u[2] = (char)(0x80 | ((v >> 6) & 0x3f));
-                u[3] = (char)(0x80 | (v & 0x3f));
-                n = 4;
-            }
-            ok = kvg_buf_add(&b, u, (size_t)n);
-            continue;
-        }
-        default: jerr(R, "unknown escape in a string"); ok = false;
-        }
-        if (ok) ok = kvg_buf_add(&b, &ch, 1);
-    }
-    if (!ok) {
-        if (R->st == KVGEN_OK) R->st = kvg_fail(R->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
-        kvg_free(b.p);
-        return false;
-    }
-    R->p++;
-    *out = b.p;
-    *len = b.n;
-    return true;
-}
-
-static bool jvalue(jreader *R, jval *v, int depth) {
-    memset(v, 0, sizeof *v);
-    jspace(R);
-    if (depth > MAX_DEPTH) {
-        jerr(R, "nested too deeply");
-        return false;
-    }
-    char c = *R->p;
-    if (c == '"') {
-        v->t = J_STR;
-        return jstring(R, &v->s, &v->len);
-    }
-    if (c == '{' || c == '[') {
-        bool obj = c == '{';
-        v->t = obj ? J_OBJ : J_ARR;
-        R->p++;
-        jspace(R);
-        if (*R->p == (obj ? '}' : ']')) {
-            R->p++;
-            return true;
-        }
-        int cap = 0;
-        for (;;) {
-            if (v->n == cap) {
-                cap = cap ? cap * 2 : 4;
-                jval *it = kvg_realloc(v->items, (size_t)cap * sizeof *it);
-                char **ks = obj ? kvg_realloc(v->keys, (size_t)cap * sizeof *ks) : NULL;
-                if (it) v->items = it;
-                if (ks) v->keys = ks;
-                if (!it || (obj && !ks)) {
-                    if (R->st == KVGEN_OK) R->st = kvg_fail(R->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
-                    return false;
-                }
-            }
-            jspace(R);
-            char *key = NULL;
-            size_t klen;
-            if (obj) {
-                if (*R->p != '"') {
-                    jerr(R, "expected a string key");
-                    return false;
-                }
-                if (!jstring(R, &key, &klen)) return false;
-                jspace(R);
-                if (*R->p != ':') {
-                    kvg_free(key);
-                    jerr(R, "expected ':'");
-                    return false;
-                }
-                R->p++;
-                v->keys[v->n] = key;
-            }
-            bool ok = jvalue(R, &v->items[v->n], depth + 1);
-            v->n++;
-            if (!ok) return false;
-            jspace(R);
-            if (*R->p == ',') {
-                R->p++;
-                continue;
-            }
-            if (*R->p == (obj ? '}' : ']')) {
-                R->p++;
-                return true;
-            }
-            jerr(R, obj ? "expected ',' or '}'" : "expected ',' or ']'");
-            return false;
-        }
-    }
-    if (strncmp(R->p, "true", 4) == 0 || strncmp(R->p, "false", 5) == 0) {
-        v->t = J_BOOL;
-        v->b = *R->p == 't';
-        R->p += v->b ? 4 : 5;
-        return true;
-    }
-    if (strncmp(R->p, "null", 4) == 0) {
-        v->t = J_NULL;
-        R->p += 4;
-        return true;
-    }
-    const char *start = R->p;
-    if (*R->p == '-') R->p++;
-    if (*R->p == '0') R->p++;
-    else if (*R->p >= '1' && *R->p <= '9')
-        while (*R->p >= '0' && *R->p <= '9') R->p++;
-    else {
-        jerr(R, "expected a value");
-        return false;
-    }
-    if (*R->p == '.') {
-        R->p++;
-        if (*R->p < '0' || *R->p > '9') {
-            jerr(R, "expected a digit after '.'");
-            return false;
-        }
-        while (*R->p >= '0' && *R->p <= '9') R->p++;
-    }
-    if (*R->p == 'e' || *R->p == 'E') {
-        R->p++;
-        if (*R->p == '+' || *R->p == '-') R->p++;
-        if (*R->p < '0' || *R->p > '9') {
-            jerr(R, "expected a digit in the exponent");
-            return false;
-        }
-        while (*R->p >= '0' && *R->p <= '9') R->p++;
-    }
-    v->t = J_NUM;
-    v->len = (size_t)(R->p - start);
-    v->s = kvg_malloc(v->len + 1);
-    if (!v->s) {
-        if (R->st == KVGEN_OK) R->st = kvg_fail(R->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
-        return false;
-    }
-    memcpy(v->s, start, v->len);
-    v->s[v->len] = 0;
-    v->num = strtod(v->s, NULL);
-    return true;
-}
-
-static const jval *jget(const jval *o, const char *key) {
-    if (!o || o->t != J_OBJ) return NULL;
-    for (int i = 0; i < o->n; i++)
-        if (strcmp(o->keys[i], key) == 0) return &o->items[i];
-    return NULL;
-}
-
 /* ---- the compiler ---------------------------------------------------------------------------- */
 
 typedef struct comp {
     kvg_buf out; /* the grammar */
     int n_rules;
-    const jval *root;
+    const kvg_json *root;
     struct {
         const char *name;
         int rule;
@@ -345,41 +83,9 @@ static void lit(comp *C, kvg_buf *b, const char *s, size_t n) {
     add(C, b, "\"");
 }
 
-/* a value as compact JSON text */
-static void to_json(comp *C, kvg_buf *b, const jval *v) {
-    switch (v->t) {
-    case J_NULL: add(C, b, "null"); break;
-    case J_BOOL: add(C, b, v->b ? "true" : "false"); break;
-    case J_NUM: add(C, b, v->s); break;
-    case J_STR:
-        add(C, b, "\"");
-        for (size_t i = 0; i < v->len; i++) {
-            unsigned char c = (unsigned char)v->s[i];
-            const char *esc = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r" : c == '\b' ? "\\b"
-                              : c == '\f' ? "\\f" : NULL;
-            if (c == '"' || c == '\\') addf(C, b, "\\%c", c);
-            else if (esc) add(C, b, esc);
-            else if (c < 0x20) addf(C, b, "\\u%04x", c);
-            else if (C->st == KVGEN_OK && !kvg_buf_add(b, (const char *)&v->s[i], 1))
-                C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
-        }
-        add(C, b, "\"");
-        break;
-    case J_ARR:
-    case J_OBJ:
-        add(C, b, v->t == J_ARR ? "[" : "{");
-        for (int i = 0; i < v->n; i++) {
-            if (i) add(C, b, ",");
-            if (v->t == J_OBJ) {
-                jval k = {.t = J_STR, .s = v->keys[i], .len = strlen(v->keys[i])};
-                to_json(C, b, &k);
-                add(C, b, ":");
-            }
-            to_json(C, b, &v->items[i]);
-        }
-        add(C, b, v->t == J_ARR ? "]" : "}");
-        break;
-    }
+/* a value as compact JSON text (numbers as the schema wrote them) */
+static void to_json(comp *C, kvg_buf *b, const kvg_json *v) {
+    if (C->st == KVGEN_OK && kvg_json_write(b, v) != 0) C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
 }
 
 static bool utf8_text(const char *s, size_t n) {
@@ -393,15 +99,14 @@ static bool utf8_text(const char *s, size_t n) {
 }
 
 /* every string in v (keys too) is UTF-8: JSON text is, and so must the grammar's text be */
-static bool utf8_value(const jval *v) {
-    if (v->t == J_STR) return utf8_text(v->s, v->len);
-    if (v->t != J_ARR && v->t != J_OBJ) return true;
-    for (int i = 0; i < v->n; i++)
-        if ((v->keys && !utf8_text(v->keys[i], strlen(v->keys[i]))) || !utf8_value(&v->items[i])) return false;
+static bool utf8_value(const kvg_json *v) {
+    if (v->type == KVG_JSON_STRING) return utf8_text(v->str, v->len);
+    for (const kvg_json *c = v->child; c; c = c->next)
+        if ((c->key && !utf8_text(c->key, c->key_len)) || !utf8_value(c)) return false;
     return true;
 }
 
-static void json_lit(comp *C, kvg_buf *b, const jval *v) {
+static void json_lit(comp *C, kvg_buf *b, const kvg_json *v) {
     kvg_buf t = {0};
     to_json(C, &t, v);
     if (C->st == KVGEN_OK) lit(C, b, t.p, t.n);
@@ -490,13 +195,28 @@ static const char *const known_keys[] = {
 static const char *const annotation_keys[] = {"title", "description", "$schema", "$id", "$comment", "default",
                                               "examples", "$defs", "definitions", NULL};
 
-static bool in(const char *const *list, const char *k) {
+/* the member's key is in list */
+static bool in(const char *const *list, const kvg_json *m) {
     for (int i = 0; list[i]; i++)
-        if (strcmp(list[i], k) == 0) return true;
+        if (strlen(list[i]) == m->key_len && memcmp(list[i], m->key, m->key_len) == 0) return true;
     return false;
 }
 
-static int gen(comp *C, const jval *s, const char *path, int depth);
+/* the schema's name of a value's type */
+static const char *type_name(const kvg_json *v) {
+    switch (v->type) {
+    case KVG_JSON_NULL: return "null";
+    case KVG_JSON_FALSE:
+    case KVG_JSON_TRUE: return "boolean";
+    case KVG_JSON_NUMBER: return "number";
+    case KVG_JSON_STRING: return "string";
+    case KVG_JSON_ARRAY: return "array";
+    case KVG_JSON_OBJECT: return "object";
+    }
+    return "";
+}
+
+static int gen(comp *C, const kvg_json *s, const char *path, int depth);
 
 /* a rule with body b (consumed): its number */
 static int emit_rule(comp *C, kvg_buf *body) {
@@ -518,29 +238,29 @@ static void emit_numbered(comp *C, int r, kvg_buf *body) {
     memset(body, 0, sizeof *body);
 }
 
-static bool number_kw(comp *C, const jval *s, const char *kw, const char *path, double *v) {
-    const jval *k = jget(s, kw);
+static bool number_kw(comp *C, const kvg_json *s, const char *kw, const char *path, double *v) {
+    const kvg_json *k = kvg_json_get(s, kw);
     if (!k) return false;
-    if (k->t != J_NUM) {
+    if (k->type != KVG_JSON_NUMBER) {
         cerr(C, path, "keyword '%s' must be a number", kw);
         return false;
     }
-    *v = k->num;
+    *v = k->number;
     return true;
 }
 
-static long long count_kw(comp *C, const jval *s, const char *kw, const char *path, long long dflt, long long max) {
-    const jval *k = jget(s, kw);
+static long long count_kw(comp *C, const kvg_json *s, const char *kw, const char *path, long long dflt, long long max) {
+    const kvg_json *k = kvg_json_get(s, kw);
     if (!k) return dflt;
-    if (k->t != J_NUM || k->num < 0 || k->num != floor(k->num) || k->num > (double)max) {
+    if (k->type != KVG_JSON_NUMBER || k->number < 0 || k->number != floor(k->number) || k->number > (double)max) {
         cerr(C, path, "keyword '%s' must be a whole number in 0..%lld", kw, max);
         return -1;
     }
-    return (long long)k->num;
+    return (long long)k->number;
 }
 
 /* integer bounds: ceil(minimum), floor(maximum), exclusive ones one further in */
-static bool int_bounds(comp *C, const jval *s, const char *path, long long *lo, long long *hi) {
+static bool int_bounds(comp *C, const kvg_json *s, const char *path, long long *lo, long long *hi) {
     double v;
     *lo = -INT_LIMIT;
     *hi = INT_LIMIT;
@@ -558,17 +278,17 @@ static bool int_bounds(comp *C, const jval *s, const char *path, long long *lo, 
     return true;
 }
 
-static void gen_object(comp *C, const jval *s, const char *path, int depth, kvg_buf *b) {
-    const jval *props = jget(s, "properties"), *req = jget(s, "required");
-    if (props && props->t != J_OBJ) {
+static void gen_object(comp *C, const kvg_json *s, const char *path, int depth, kvg_buf *b) {
+    const kvg_json *props = kvg_json_get(s, "properties"), *req = kvg_json_get(s, "required");
+    if (props && props->type != KVG_JSON_OBJECT) {
         cerr(C, path, "keyword 'properties' must be an object");
         return;
     }
-    if (req && req->t != J_ARR) {
+    if (req && req->type != KVG_JSON_ARRAY) {
         cerr(C, path, "keyword 'required' must be an array of property names");
         return;
     }
-    int n = props ? props->n : 0;
+    int n = props ? (int)props->n : 0;
     bool *required = kvg_calloc((size_t)n + 1, sizeof *required);
     int *rule = kvg_calloc((size_t)n + 1, sizeof *rule);
     if (!required || !rule) {
@@ -577,30 +297,33 @@ static void gen_object(comp *C, const jval *s, const char *path, int depth, kvg_
         C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
         return;
     }
-    for (int p = 0; p < n && C->st == KVGEN_OK; p++)
-        if (!utf8_text(props->keys[p], strlen(props->keys[p])))
+    const kvg_json *prop = props ? props->child : NULL;
+    for (int p = 0; p < n && C->st == KVGEN_OK; p++, prop = prop->next)
+        if (!utf8_text(prop->key, prop->key_len))
             cerr(C, path, "keyword 'properties': property name %d is not valid UTF-8", p);
-    for (int i = 0; req && i < req->n && C->st == KVGEN_OK; i++) {
-        const jval *k = &req->items[i];
+    for (const kvg_json *k = req ? req->child : NULL; k && C->st == KVGEN_OK; k = k->next) {
+        bool str = k->type == KVG_JSON_STRING;
         int at = -1;
-        for (int p = 0; k->t == J_STR && p < n; p++)
-            if (strcmp(props->keys[p], k->s) == 0) at = p;
+        prop = props ? props->child : NULL;
+        for (int p = 0; str && p < n; p++, prop = prop->next)
+            if (prop->key_len == k->len && memcmp(prop->key, k->str, k->len) == 0) at = p;
         if (at < 0)
-            cerr(C, path, "keyword 'required' names %s%s%s, which is not in 'properties'", k->t == J_STR ? "'" : "",
-                 k->t == J_STR ? k->s : "a value that is not a string", k->t == J_STR ? "'" : "");
+            cerr(C, path, "keyword 'required' names %s%s%s, which is not in 'properties'", str ? "'" : "",
+                 str ? k->str : "a value that is not a string", str ? "'" : "");
         else
             required[at] = true;
     }
     /* each property: "key":value */
-    for (int p = 0; p < n && C->st == KVGEN_OK; p++) {
+    prop = props ? props->child : NULL;
+    for (int p = 0; p < n && C->st == KVGEN_OK; p++, prop = prop->next) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%s/properties/%s", path, props->keys[p]);
-        int v = gen(C, &props->items[p], sub, depth + 1);
+        snprintf(sub, sizeof sub, "%s/properties/%s", path, prop->key);
+        int v = gen(C, prop, sub, depth + 1);
         if (v < 0) break;
         kvg_buf body = {0};
-        jval key = {.t = J_STR, .s = props->keys[p], .len = strlen(props->keys[p])};
         kvg_buf k = {0};
-        to_json(C, &k, &key);
+        if (C->st == KVGEN_OK && kvg_json_write_string(&k, prop->key, prop->key_len) != 0)
+            C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
         add(C, &k, ":");
         if (C->st == KVGEN_OK) lit(C, &body, k.p, k.n);
         kvg_free(k.p);
@@ -633,12 +356,12 @@ static void gen_object(comp *C, const jval *s, const char *path, int depth, kvg_
     kvg_free(rule);
 }
 
-static void gen_typed(comp *C, const jval *s, const char *type, const char *path, int depth, kvg_buf *b) {
+static void gen_typed(comp *C, const kvg_json *s, const char *type, const char *path, int depth, kvg_buf *b) {
     if (strcmp(type, "object") == 0) {
         gen_object(C, s, path, depth, b);
     } else if (strcmp(type, "array") == 0) {
-        const jval *items = jget(s, "items");
-        if (items && items->t == J_ARR) {
+        const kvg_json *items = kvg_json_get(s, "items");
+        if (items && items->type == KVG_JSON_ARRAY) {
             cerr(C, path, "keyword 'items' as an array (tuples) is not supported");
             return;
         }
@@ -678,7 +401,7 @@ static void gen_typed(comp *C, const jval *s, const char *type, const char *path
             return;
         }
         if (C->st != KVGEN_OK) return;
-        bool bounded = jget(s, "minimum") || jget(s, "maximum");
+        bool bounded = kvg_json_get(s, "minimum") || kvg_json_get(s, "maximum");
         if (!bounded) {
             add(C, b, "jnumber");
             return;
@@ -714,7 +437,7 @@ static int gen_ref(comp *C, const char *ref, const char *path, int depth) {
     const char *name = NULL, *where = NULL;
     if (strncmp(ref, "#/$defs/", 8) == 0) name = ref + 8, where = "$defs";
     else if (strncmp(ref, "#/definitions/", 14) == 0) name = ref + 14, where = "definitions";
-    const jval *def = name ? jget(jget(C->root, where), name) : NULL;
+    const kvg_json *def = name ? kvg_json_get(kvg_json_get(C->root, where), name) : NULL;
     if (!def) return cerr(C, path, "keyword '$ref' \"%s\": only #/$defs/NAME (or #/definitions/NAME) of this schema", ref);
     for (int i = 0; i < C->n_defs; i++)
         if (strcmp(C->defs[i].name, ref) == 0) return C->defs[i].rule;
@@ -734,48 +457,45 @@ static int gen_ref(comp *C, const char *ref, const char *path, int depth) {
 }
 
 /* the rule for schema s, its body built in *bp; gen() frees what is left in *bp on every return */
-static int gen_into(comp *C, const jval *s, const char *path, int depth, kvg_buf *bp) {
-    if (s->t == J_BOOL) {
-        if (!s->b) return cerr(C, path, "the schema false accepts nothing");
+static int gen_into(comp *C, const kvg_json *s, const char *path, int depth, kvg_buf *bp) {
+    if (s->type == KVG_JSON_TRUE || s->type == KVG_JSON_FALSE) {
+        if (s->type == KVG_JSON_FALSE) return cerr(C, path, "the schema false accepts nothing");
         add(C, bp, "jvalue");
         return emit_rule(C, bp);
     }
-    if (s->t != J_OBJ) return cerr(C, path, "a schema must be an object or a boolean");
-    for (int i = 0; i < s->n; i++)
-        if (!in(known_keys, s->keys[i])) return cerr(C, path, "keyword '%s' is not supported", s->keys[i]);
-    const jval *ref = jget(s, "$ref"), *cnst = jget(s, "const"), *en = jget(s, "enum");
-    const jval *any = jget(s, "anyOf") ? jget(s, "anyOf") : jget(s, "oneOf");
-    const char *any_kw = jget(s, "anyOf") ? "anyOf" : "oneOf";
-    const jval *type = jget(s, "type");
-    if (jget(s, "anyOf") && jget(s, "oneOf")) return cerr(C, path, "keywords 'anyOf' and 'oneOf' together are not supported");
+    if (s->type != KVG_JSON_OBJECT) return cerr(C, path, "a schema must be an object or a boolean");
+    for (const kvg_json *m = s->child; m; m = m->next)
+        if (!in(known_keys, m)) return cerr(C, path, "keyword '%s' is not supported", m->key);
+    const kvg_json *ref = kvg_json_get(s, "$ref"), *cnst = kvg_json_get(s, "const"), *en = kvg_json_get(s, "enum");
+    const kvg_json *any = kvg_json_get(s, "anyOf") ? kvg_json_get(s, "anyOf") : kvg_json_get(s, "oneOf");
+    const char *any_kw = kvg_json_get(s, "anyOf") ? "anyOf" : "oneOf";
+    const kvg_json *type = kvg_json_get(s, "type");
+    if (kvg_json_get(s, "anyOf") && kvg_json_get(s, "oneOf")) return cerr(C, path, "keywords 'anyOf' and 'oneOf' together are not supported");
     const char *shape = ref ? "$ref" : cnst ? "const" : en ? "enum" : any ? any_kw : NULL;
     if (shape) { /* these stand alone (const and enum may have a type beside them) */
-        for (int i = 0; i < s->n; i++) {
-            const char *k = s->keys[i];
-            if (in(annotation_keys, k) || strcmp(k, shape) == 0) continue;
+        for (const kvg_json *m = s->child; m; m = m->next) {
+            const char *k = m->key;
+            if (in(annotation_keys, m) || strcmp(k, shape) == 0) continue;
             if (strcmp(k, "type") == 0 && (cnst || en)) continue;
             return cerr(C, path, "keyword '%s' beside '%s' is not supported", k, shape);
         }
     }
     if ((cnst || en) && type) { /* every value must be of the type */
-        const jval *vals = cnst ? cnst : en;
-        int nv = cnst ? 1 : en->t == J_ARR ? en->n : 0;
-        for (int i = 0; i < nv; i++) {
-            const jval *v = cnst ? vals : &vals->items[i];
-            static const char *const names[] = {"null", "boolean", "number", "string", "array", "object"};
+        const kvg_json *v = cnst ? cnst : en->type == KVG_JSON_ARRAY ? en->child : NULL;
+        for (; v; v = cnst ? NULL : v->next) {
             bool fits = false;
-            for (int t = 0; t < (type->t == J_ARR ? type->n : 1); t++) {
-                const jval *tv = type->t == J_ARR ? &type->items[t] : type;
-                if (tv->t != J_STR) return cerr(C, path, "keyword 'type' must be a string or an array of strings");
-                fits |= strcmp(tv->s, names[v->t]) == 0 ||
-                        (v->t == J_NUM && strcmp(tv->s, "integer") == 0 && v->num == floor(v->num));
+            bool list = type->type == KVG_JSON_ARRAY;
+            for (const kvg_json *tv = list ? type->child : type; tv; tv = list ? tv->next : NULL) {
+                if (tv->type != KVG_JSON_STRING) return cerr(C, path, "keyword 'type' must be a string or an array of strings");
+                fits |= strcmp(tv->str, type_name(v)) == 0 ||
+                        (v->type == KVG_JSON_NUMBER && strcmp(tv->str, "integer") == 0 && v->number == floor(v->number));
             }
             if (!fits) return cerr(C, path, "keyword '%s' holds a value that is not of the schema's 'type'", shape);
         }
     }
     if (ref) {
-        if (ref->t != J_STR) return cerr(C, path, "keyword '$ref' must be a string");
-        return gen_ref(C, ref->s, path, depth);
+        if (ref->type != KVG_JSON_STRING) return cerr(C, path, "keyword '$ref' must be a string");
+        return gen_ref(C, ref->str, path, depth);
     }
     if (cnst) {
         if (!utf8_value(cnst)) return cerr(C, path, "keyword 'const' holds a string that is not valid UTF-8");
@@ -783,45 +503,47 @@ static int gen_into(comp *C, const jval *s, const char *path, int depth, kvg_buf
         return emit_rule(C, bp);
     }
     if (en) {
-        if (en->t != J_ARR || en->n == 0) return cerr(C, path, "keyword 'enum' must be a non-empty array");
+        if (en->type != KVG_JSON_ARRAY || en->n == 0) return cerr(C, path, "keyword 'enum' must be a non-empty array");
         add(C, bp, "(");
-        for (int i = 0; i < en->n; i++) {
-            if (!utf8_value(&en->items[i]))
-                return cerr(C, path, "keyword 'enum' value %d holds a string that is not valid UTF-8", i);
+        int i = 0;
+        for (const kvg_json *v = en->child; v; v = v->next, i++) {
+            if (!utf8_value(v)) return cerr(C, path, "keyword 'enum' value %d holds a string that is not valid UTF-8", i);
             if (i) add(C, bp, " | ");
-            json_lit(C, bp, &en->items[i]);
+            json_lit(C, bp, v);
         }
         add(C, bp, ")");
         return emit_rule(C, bp);
     }
     if (any) {
-        if (any->t != J_ARR || any->n == 0) return cerr(C, path, "keyword '%s' must be a non-empty array", any_kw);
-        int *alts = kvg_malloc((size_t)any->n * sizeof *alts);
+        if (any->type != KVG_JSON_ARRAY || any->n == 0) return cerr(C, path, "keyword '%s' must be a non-empty array", any_kw);
+        int n = (int)any->n;
+        int *alts = kvg_malloc((size_t)n * sizeof *alts);
         if (!alts) {
             C->st = kvg_fail(C->err, KVGEN_E_NO_MEMORY, "schema: out of memory");
             return -1;
         }
-        for (int i = 0; i < any->n && C->st == KVGEN_OK; i++) {
+        const kvg_json *alt = any->child;
+        for (int i = 0; i < n && C->st == KVGEN_OK; i++, alt = alt->next) {
             char sub[512];
             snprintf(sub, sizeof sub, "%s/%s/%d", path, any_kw, i);
-            alts[i] = gen(C, &any->items[i], sub, depth + 1);
+            alts[i] = gen(C, alt, sub, depth + 1);
         }
-        for (int i = 0; i < any->n && C->st == KVGEN_OK; i++) addf(C, bp, "%sr%d", i ? " | " : "", alts[i]);
+        for (int i = 0; i < n && C->st == KVGEN_OK; i++) addf(C, bp, "%sr%d", i ? " | " : "", alts[i]);
         kvg_free(alts);
         return C->st == KVGEN_OK ? emit_rule(C, bp) : -1;
     }
     if (!type) { /* no type: an object or array by their keywords, else any value */
-        if (jget(s, "properties") || jget(s, "required")) gen_typed(C, s, "object", path, depth, bp);
-        else if (jget(s, "items")) gen_typed(C, s, "array", path, depth, bp);
+        if (kvg_json_get(s, "properties") || kvg_json_get(s, "required")) gen_typed(C, s, "object", path, depth, bp);
+        else if (kvg_json_get(s, "items")) gen_typed(C, s, "array", path, depth, bp);
         else add(C, bp, "jvalue");
-    } else if (type->t == J_STR) {
-        gen_typed(C, s, type->s, path, depth, bp);
-    } else if (type->t == J_ARR && type->n > 0) {
+    } else if (type->type == KVG_JSON_STRING) {
+        gen_typed(C, s, type->str, path, depth, bp);
+    } else if (type->type == KVG_JSON_ARRAY && type->n > 0) {
         add(C, bp, "(");
-        for (int i = 0; i < type->n && C->st == KVGEN_OK; i++) {
-            if (type->items[i].t != J_STR) return cerr(C, path, "keyword 'type' lists a value that is not a string");
-            if (i) add(C, bp, " | ");
-            gen_typed(C, s, type->items[i].s, path, depth, bp);
+        for (const kvg_json *t = type->child; t && C->st == KVGEN_OK; t = t->next) {
+            if (t->type != KVG_JSON_STRING) return cerr(C, path, "keyword 'type' lists a value that is not a string");
+            if (t != type->child) add(C, bp, " | ");
+            gen_typed(C, s, t->str, path, depth, bp);
         }
         add(C, bp, ")");
     } else {
@@ -831,7 +553,7 @@ static int gen_into(comp *C, const jval *s, const char *path, int depth, kvg_buf
     return emit_rule(C, bp);
 }
 
-static int gen(comp *C, const jval *s, const char *path, int depth) {
+static int gen(comp *C, const kvg_json *s, const char *path, int depth) {
     if (C->st != KVGEN_OK) return -1;
     if (depth > MAX_DEPTH) return cerr(C, path, "the schema is nested over %d levels", MAX_DEPTH);
     kvg_buf b = {0};
@@ -851,22 +573,23 @@ static const char common_rules[] =
 kvgen_status kvg_schema_to_gbnf(const char *text, char **gbnf, kvgen_error *err) {
     *gbnf = NULL;
     if (!text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "schema: the schema text is NULL");
-    jreader R = {text, text, err, KVGEN_OK};
-    jval root;
-    bool ok = jvalue(&R, &root, 0);
-    if (ok) {
-        jspace(&R);
-        if (*R.p) jerr(&R, "text after the schema");
+    /* strings of any bytes: the compiler refuses those that are not UTF-8 naming the schema path */
+    size_t len = strlen(text), end = 0, at = 0;
+    char msg[160];
+    kvg_json *root = kvg_json_parse_ex(text, len, MAX_DEPTH, KVG_JSON_ANY_BYTES | KVG_JSON_NUMBER_TEXT, &end, &at, msg,
+                                       sizeof msg);
+    if (!root && at == KVG_JSON_NO_MEMORY) return kvg_fail(err, KVGEN_E_NO_MEMORY, "schema: out of memory");
+    if (!root) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "schema: %s", msg);
+    end += strspn(text + end, " \t\n\r");
+    if (end < len) {
+        kvg_json_free(root);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "schema: not valid JSON at byte %zu: text after the schema", end);
     }
-    if (R.st != KVGEN_OK) {
-        jfree(&root);
-        return R.st;
-    }
-    comp C = {.root = &root, .err = err, .st = KVGEN_OK};
+    comp C = {.root = root, .err = err, .st = KVGEN_OK};
     add(&C, &C.out, common_rules);
-    int top = gen(&C, &root, "#", 0);
+    int top = gen(&C, root, "#", 0);
     if (top >= 0) addf(&C, &C.out, "root ::= r%d\n", top);
-    jfree(&root);
+    kvg_json_free(root);
     if (C.st != KVGEN_OK) {
         kvg_free(C.out.p);
         return C.st;

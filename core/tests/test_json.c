@@ -233,6 +233,14 @@ static void check_numbers(void) {
         kvg_free(kvg_json_print(v, NULL));
         kvg_json_free(v);
     }
+    /* numbers as written, under KVG_JSON_NUMBER_TEXT */
+    const char *as_written = "[1.0,-0.50,2E+3,1e400]";
+    v = kvg_json_parse_ex(as_written, strlen(as_written), 64, KVG_JSON_NUMBER_TEXT, NULL, NULL, NULL, 0);
+    CHECK(v && v->child->number == 1 && v->child->len == 3 && strcmp(v->child->str, "1.0") == 0);
+    char *t = v ? kvg_json_print(v, NULL) : NULL;
+    CHECKF(t && strcmp(t, as_written) == 0, "%s", t ? t : "(null)");
+    kvg_free(t);
+    kvg_json_free(v);
     v = parse("-0");
     CHECK(v && v->type == KVG_JSON_NUMBER && v->number == 0 && signbit(v->number));
     kvg_json_free(v);
@@ -317,21 +325,25 @@ static void check_out_of_memory(void) {
                        "bytes\",\"list\":[1,2.5,-0,1e300,\"x\",null,true,{\"a\\u0000\":[[]]}],"
                        "\"n\":1234567890123456789012345678901234567890123456789012345678901234567890.5}";
     int parse_ok = 0, build_ok = 0;
-    for (long k = 0; k < 400 && (!parse_ok || !build_ok); k++) {
+    for (long k = 0; k < 800 && (!parse_ok || !build_ok); k++) {
         g_fail_at = k;
         g_allocs = g_live = 0;
-        char err[64] = "";
-        size_t at = 0;
-        kvg_json *v = kvg_json_parse(text, strlen(text), 64, &at, err, sizeof err);
-        if (v) {
-            parse_ok = 1;
-            char *t = kvg_json_print(v, NULL);
-            kvg_free(t);
-            kvg_json_free(v);
-        } else {
-            CHECKF(at == KVG_JSON_NO_MEMORY && strcmp(err, "out of memory") == 0, "allocation %ld failing: %zu '%s'", k,
-                   at, err);
+        int parsed = 0;
+        for (unsigned flags = 0; flags <= KVG_JSON_NUMBER_TEXT; flags += KVG_JSON_NUMBER_TEXT) {
+            char err[64] = "";
+            size_t at = 0;
+            kvg_json *v = kvg_json_parse_ex(text, strlen(text), 64, flags, NULL, &at, err, sizeof err);
+            if (v) {
+                parsed++;
+                char *t = kvg_json_print(v, NULL);
+                kvg_free(t);
+                kvg_json_free(v);
+            } else {
+                CHECKF(at == KVG_JSON_NO_MEMORY && strcmp(err, "out of memory") == 0, "allocation %ld failing: %zu '%s'",
+                       k, at, err);
+            }
         }
+        parse_ok |= parsed == 2;
         kvg_json *o = build();
         if (o) {
             build_ok = 1;

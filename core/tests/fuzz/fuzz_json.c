@@ -1,5 +1,5 @@
 /* fuzz_json: the JSON codec (base/kvg_json.h) over arbitrary bytes, strict (UTF-8) and with
- * KVG_JSON_ANY_BYTES: a refusal must name a byte inside the text; an accepted text is written,
+ * KVG_JSON_ANY_BYTES, numbers as written or not: a refusal must name a byte inside the text; an accepted text is written,
  * the writing read again and written again, and the two writings must be equal (else abort: the
  * writer wrote what the reader reads otherwise, or refuses). Seeds: corpus/json/. */
 #include "fuzz_util.h"
@@ -7,7 +7,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 65536) return 0;
-    for (unsigned flags = 0; flags <= KVG_JSON_ANY_BYTES; flags++) {
+    for (unsigned flags = 0; flags <= (KVG_JSON_ANY_BYTES | KVG_JSON_NUMBER_TEXT); flags++) {
         char err[128] = "";
         size_t at = 0;
         kvg_json *v = kvg_json_parse_ex((const char *)data, size, 64, flags, NULL, &at, err, sizeof err);
