@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Which of libkvgen's source files call which, read from the built object files.
+"""Which of libkvgen's source files (and the command-line tools' files) call which, read from the
+built object files.
 
 A file A depends on B when a symbol A leaves undefined is defined by B. kvgen's rule is that
 calls go down, never up, so this graph must have no cycle. Prints each cycle (a strongly
@@ -66,7 +67,12 @@ def main():
     if not objs:
         print(f"layers: no object files under {build}/core/CMakeFiles/kvgen.dir (build first)", file=sys.stderr)
         return 2
-    name = lambda o: os.path.basename(o)[: -len(".o")]
+    # the command-line tools' files too (those built): they call the library and each other, down only
+    tools = []
+    for target in ("kvgen_cli", "kvgen-mkmodel"):
+        tools += sorted(glob.glob(os.path.join(build, "core", "CMakeFiles", target + ".dir", "tools", "*.o")))
+    objs += tools
+    name = lambda o: ("tools/" if o in tools else "") + os.path.basename(o)[: -len(".o")]
     table = {name(o): symbols(o) for o in objs}
     owner = {}
     for f, (defined, _) in table.items():

@@ -17,11 +17,10 @@
 #if defined(_WIN32)
 #include <fcntl.h>
 #include <io.h>
-#else
-#include <unistd.h>
 #endif
 #include "kvgen.h"
 #include "bench.h"
+#include "progress.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -269,32 +268,6 @@ static const char *pipeline_cache_path(const options *o, char **buf) {
     if (!(*buf = malloc(n))) return NULL;
     snprintf(*buf, n, "%s%s%s%spipelines-{device}.bin", base, sep, sub, sep);
     return *buf;
-}
-
-/* ---- the load-progress line: stderr only, and only a terminal (a log or a pipe keeps just
- * the messages); rewritten in place, cleared when the load returns ---- */
-static int progress_shown;
-
-static int progress_line(void *user, kvgen_load_stage stage, uint64_t done, uint64_t total) {
-    (void)user;
-    static const char *const what[] = {"", "reading the weights", "preparing the weights", "building pipelines"};
-    const char *w = stage >= KVGEN_LOAD_READ && stage <= KVGEN_LOAD_PIPELINES ? what[stage] : "loading";
-    if (stage == KVGEN_LOAD_PIPELINES)
-        fprintf(stderr, "\rkvgen: loading: %s: %llu\033[K", w, (unsigned long long)done);
-    else
-        fprintf(stderr, "\rkvgen: loading: %s: %3.0f%% (%.1f of %.1f MiB)\033[K", w,
-                total ? 100.0 * (double)done / (double)total : 100.0, (double)done / 1048576.0,
-                (double)total / 1048576.0);
-    fflush(stderr);
-    progress_shown = 1;
-    return 1;
-}
-
-kvgen_load_progress_fn kvgen_cli_progress(void) { return isatty(STDERR_FILENO) ? progress_line : NULL; }
-
-void kvgen_cli_progress_end(void) {
-    if (progress_shown) fputs("\r\033[K", stderr);
-    progress_shown = 0;
 }
 
 static kvgen_model *load(const options *o) {
