@@ -119,7 +119,7 @@ static leaf *add_leaf(jreader *r, const char *path, int type) {
     return l;
 }
 
-/* a string without escapes beyond \" and \\ (all the bench writes for these files) */
+/* a string with JSON's escapes (a \u escape reads as '?') */
 static int read_string(jreader *r, char *out, size_t size) {
     if (r->i >= r->n || r->s[r->i] != '"') return 0;
     r->i++;
@@ -133,6 +133,8 @@ static int read_string(jreader *r, char *out, size_t size) {
                 if (r->i + 4 > r->n) return 0;
                 r->i += 4;
                 c = '?';
+            } else if (c == 'n' || c == 't' || c == 'r' || c == 'b' || c == 'f') {
+                c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'b' ? '\b' : '\f';
             } else if (c != '"' && c != '\\' && c != '/') {
                 return 0;
             }

@@ -10,7 +10,8 @@
  * streaming-read bandwidth", a ceiling that means the same on lavapipe and on a GPU; for a
  * host backend (cpu, reference) the bandwidth is a streaming read of host memory by as many
  * threads as the backend runs, the same ceiling for the host's cores (bench_probe.c). Like any
- * host, it uses kvgen.h only: backends are named through kvgen_backends. The table and the JSON
+ * host, it measures through kvgen.h only: backends are named through kvgen_backends (the JSON
+ * files alone are written with kvgen's internal JSON writer, kvg_json.h). The table and the JSON
  * file are bench_report.c's, llama.cpp's figures beside kvgen's bench_peer.c's, and a MODEL
  * that is a server's URL goes to bench_remote.c.
  *

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "kvgen.h"
+#include "kvg_buf.h"
 
 #define BENCH_MAX_REPS 64
 #define BENCH_MAX_SIZES 8
@@ -126,7 +127,20 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
 /* writes o->json; 0, or 1 after printing why not */
 int bench_report_write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
                             const bench_peer *peer, double load0, double load1);
-void bench_json_string(FILE *f, const char *s); /* s quoted and escaped as a JSON string */
+/* A JSON file's text, built in memory (kvg_buf) and written at once; any failure on the way
+ * (out of memory) is kept in `failed` and reported by bench_json_save. */
+typedef struct bench_json {
+    kvg_buf b;
+    int failed;
+} bench_json;
+#if defined(__GNUC__) && !defined(__MINGW32__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void bench_json_text(bench_json *j, const char *fmt, ...); /* JSON text as it is (keys, punctuation) */
+void bench_json_string(bench_json *j, const char *s);      /* s quoted and escaped (kvg_json_write_string) */
+void bench_json_number(bench_json *j, double v);           /* kvg_json_write_number: not finite is null */
+/* writes the text to path and frees it; 0, or 1 after printing why not */
+int bench_json_save(bench_json *j, const char *path);
 
 /* ---- bench_remote.c ---- */
 /* A MODEL that is a server's URL: sessions at once against it (and --peer-remote); the exit status. */

@@ -97,13 +97,13 @@ int bench_remote_run(bench_opts *o) {
     if (o->peer_remote) printf(" %12s %8s", "peer tok/s", "ratio");
     printf("\n");
     int failed = 0;
-    FILE *jf = o->json ? fopen(o->json, "w") : NULL;
+    bench_json json = {{0}, 0}, *jf = o->json ? &json : NULL;
     if (jf) {
-        fprintf(jf, "{\"remote\": ");
+        bench_json_text(jf, "{\"remote\": ");
         bench_json_string(jf, info.device);
-        fprintf(jf, ", \"model\": ");
+        bench_json_text(jf, ", \"model\": ");
         bench_json_string(jf, info.name);
-        fprintf(jf, ", \"tokens_per_session\": %d, \"rows\": [", tokens);
+        bench_json_text(jf, ", \"tokens_per_session\": %d, \"rows\": [", tokens);
     }
     for (int k = 0; k < o->n_sessions; k++) {
         int n = o->sessions[k];
@@ -152,15 +152,22 @@ int bench_remote_run(bench_opts *o) {
             failed = 1;
         }
         printf("\n");
-        if (jf)
-            fprintf(jf, "%s{\"sessions\": %d, \"tokens\": %.0f, \"tok_s\": %.3f, \"host_us_per_token\": %.3f, "
-                        "\"peer_tok_s\": %.3f}",
-                    k ? ", " : "", n, toks, rate, us, peer_rate);
+        if (jf) {
+            bench_json_text(jf, "%s{\"sessions\": %d, \"tokens\": ", k ? ", " : "", n);
+            bench_json_number(jf, toks);
+            bench_json_text(jf, ", \"tok_s\": ");
+            bench_json_number(jf, rate);
+            bench_json_text(jf, ", \"host_us_per_token\": ");
+            bench_json_number(jf, us);
+            bench_json_text(jf, ", \"peer_tok_s\": ");
+            bench_json_number(jf, peer_rate);
+            bench_json_text(jf, "}");
+        }
         fflush(stdout);
     }
     if (jf) {
-        fprintf(jf, "]}\n");
-        fclose(jf);
+        bench_json_text(jf, "]}\n");
+        failed |= bench_json_save(jf, o->json);
     }
     kvgen_model_unload(m);
     return failed;

@@ -4,10 +4,11 @@
  * scripts/plot_bench.py and test_bench read (docs/bench.json is an example). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
-#include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
 #include "bench_internal.h"
+#include "kvg_json.h"
 
 static const bench_result *find(const bench_result *res, int n, kvgen_backend b) {
     for (int i = 0; i < n; i++)
@@ -236,258 +237,275 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
         peer_row("decode at depth %d", o->depths[k], peer->decode[k], res, n, offsetof(bench_result, decode), k);
 }
 
-/* ---- JSON ---- */
+/* ---- JSON: the text goes into a buffer (kvg_json's writers quote strings and write numbers),
+ * then into the file at once ---- */
 
-void bench_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
+void bench_json_text(bench_json *j, const char *fmt, ...) {
+    char t[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t, sizeof t, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof t || !kvg_buf_add(&j->b, t, (size_t)n)) j->failed = 1;
+}
+
+void bench_json_string(bench_json *j, const char *s) {
+    if (kvg_json_write_string(&j->b, s, strlen(s)) != 0) j->failed = 1;
+}
+
+void bench_json_number(bench_json *j, double v) {
+    if (kvg_json_write_number(&j->b, v) != 0) j->failed = 1;
+}
+
+int bench_json_save(bench_json *j, const char *path) {
+    int rc = 0;
+    FILE *f = j->failed ? NULL : fopen(path, "w");
+    if (j->failed) {
+        fprintf(stderr, "kvgen bench: %s: out of memory for the JSON text\n", path);
+        rc = 1;
+    } else if (!f) {
+        fprintf(stderr, "kvgen bench: %s: cannot open for writing: %s\n", path, strerror(errno));
+        rc = 1;
+    } else {
+        size_t n = j->b.n;
+        int bad = n > 0 && fwrite(j->b.p, 1, n, f) != n;
+        if (fclose(f) != 0 || bad) {
+            fprintf(stderr, "kvgen bench: %s: write failed\n", path);
+            rc = 1;
+        }
     }
-    fputc('"', f);
+    kvg_free(j->b.p);
+    *j = (bench_json){{0}, 0};
+    return rc;
 }
 
-/* JSON has no NaN or infinity */
-static void json_number(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, "%.6g", v);
-    else fputs("null", f);
-}
-
-static void json_stats(FILE *f, const bench_stats *s) {
-    fprintf(f, "{\"median\": ");
-    json_number(f, s->median);
-    fprintf(f, ", \"min\": ");
-    json_number(f, s->min);
-    fprintf(f, ", \"max\": ");
-    json_number(f, s->max);
-    fprintf(f, ", \"mean\": ");
-    json_number(f, s->mean);
-    fprintf(f, ", \"stddev\": ");
-    json_number(f, s->stddev);
-    fprintf(f, ", \"samples\": [");
+static void json_stats(bench_json *f, const bench_stats *s) {
+    bench_json_text(f, "{\"median\": ");
+    bench_json_number(f, s->median);
+    bench_json_text(f, ", \"min\": ");
+    bench_json_number(f, s->min);
+    bench_json_text(f, ", \"max\": ");
+    bench_json_number(f, s->max);
+    bench_json_text(f, ", \"mean\": ");
+    bench_json_number(f, s->mean);
+    bench_json_text(f, ", \"stddev\": ");
+    bench_json_number(f, s->stddev);
+    bench_json_text(f, ", \"samples\": [");
     for (int i = 0; i < s->n; i++) {
-        if (i) fputs(", ", f);
-        json_number(f, s->samples[i]);
+        if (i) bench_json_text(f, ", ");
+        bench_json_number(f, s->samples[i]);
     }
-    fprintf(f, "]}");
+    bench_json_text(f, "]}");
 }
 
 int bench_report_write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
                             const bench_peer *peer, double load0, double load1) {
-    FILE *f = fopen(o->json, "w");
-    if (!f) {
-        fprintf(stderr, "kvgen bench: %s: cannot open for writing: %s\n", o->json, strerror(errno));
-        return 1;
-    }
-    fprintf(f, "{\n  \"kvgen_version\": ");
+    bench_json json = {{0}, 0}, *f = &json;
+    bench_json_text(f, "{\n  \"kvgen_version\": ");
     bench_json_string(f, kvgen_version());
-    fprintf(f, ",\n  \"model\": {\"path\": ");
+    bench_json_text(f, ",\n  \"model\": {\"path\": ");
     bench_json_string(f, o->model);
-    fprintf(f, ", \"name\": ");
+    bench_json_text(f, ", \"name\": ");
     bench_json_string(f, bm->name);
-    fprintf(f, ", \"n_params\": %llu, \"weight_bytes\": %llu, \"n_layer\": %d, \"n_embd\": %d, \"n_vocab\": %d},\n",
+    bench_json_text(f, ", \"n_params\": %llu, \"weight_bytes\": %llu, \"n_layer\": %d, \"n_embd\": %d, \"n_vocab\": %d},\n",
             (unsigned long long)bm->n_params, (unsigned long long)bm->weight_bytes, bm->n_layer, bm->n_embd, bm->n_vocab);
-    fprintf(f, "  \"settings\": {\"reps\": %d, \"decode_steps\": %d, \"no_cache_depth\": %d, \"no_cache_steps\": %d, "
+    bench_json_text(f, "  \"settings\": {\"reps\": %d, \"decode_steps\": %d, \"no_cache_depth\": %d, \"no_cache_steps\": %d, "
             "\"quick\": %s, \"vulkan_built\": %s},\n",
             o->reps, o->steps, o->nc_depth, o->nc_steps, o->quick ? "true" : "false",
             bench_backend_info(KVGEN_BACKEND_VULKAN) && bench_backend_info(KVGEN_BACKEND_VULKAN)->available ? "true" : "false");
-    fprintf(f, "  \"load_average\": {\"start\": ");
-    json_number(f, load0);
-    fprintf(f, ", \"end\": ");
-    json_number(f, load1);
-    fprintf(f, "},\n  \"backends\": [");
+    bench_json_text(f, "  \"load_average\": {\"start\": ");
+    bench_json_number(f, load0);
+    bench_json_text(f, ", \"end\": ");
+    bench_json_number(f, load1);
+    bench_json_text(f, "},\n  \"backends\": [");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
-        fprintf(f, "%s\n    {\"backend\": \"%s\", \"ok\": %s, \"seconds\": ", i ? "," : "", r->name, r->ok ? "true" : "false");
-        json_number(f, r->seconds);
+        bench_json_text(f, "%s\n    {\"backend\": ", i ? "," : "");
+        bench_json_string(f, r->name);
+        bench_json_text(f, ", \"ok\": %s, \"seconds\": ", r->ok ? "true" : "false");
+        bench_json_number(f, r->seconds);
         if (!r->ok) {
-            fprintf(f, ", \"error\": ");
+            bench_json_text(f, ", \"error\": ");
             bench_json_string(f, r->error);
-            fprintf(f, "}");
+            bench_json_text(f, "}");
             continue;
         }
-        fprintf(f, ", \"device\": ");
+        bench_json_text(f, ", \"device\": ");
         bench_json_string(f, r->device);
-        fprintf(f, ", \"deepest_cache_restored\": %s", r->filled_by_restore ? "true" : "false");
-        fprintf(f, ",\n     \"prompt\": [");
+        bench_json_text(f, ", \"deepest_cache_restored\": %s", r->filled_by_restore ? "true" : "false");
+        bench_json_text(f, ",\n     \"prompt\": [");
         for (int k = 0; k < o->n_prompts; k++) {
-            fprintf(f, "%s\n       {\"tokens\": %d, \"tok_s\": ", k ? "," : "", o->prompts[k]);
+            bench_json_text(f, "%s\n       {\"tokens\": %d, \"tok_s\": ", k ? "," : "", o->prompts[k]);
             json_stats(f, &r->prompt[k]);
-            fprintf(f, "}");
+            bench_json_text(f, "}");
         }
-        fprintf(f, "],\n     \"decode\": [");
+        bench_json_text(f, "],\n     \"decode\": [");
         for (int k = 0; k < o->n_depths; k++) {
-            fprintf(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->depths[k], o->steps);
+            bench_json_text(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->depths[k], o->steps);
             json_stats(f, &r->decode[k]);
-            fprintf(f, "}");
+            bench_json_text(f, "}");
         }
-        fprintf(f, "]");
+        bench_json_text(f, "]");
         if (o->nc_depth > 0) {
-            fprintf(f, ",\n     \"no_cache\": {\"depth\": %d, \"steps\": %d, \"tok_s\": ", o->nc_depth, o->nc_steps);
+            bench_json_text(f, ",\n     \"no_cache\": {\"depth\": %d, \"steps\": %d, \"tok_s\": ", o->nc_depth, o->nc_steps);
             json_stats(f, &r->nc);
-            fprintf(f, ", \"cached_tok_s\": ");
+            bench_json_text(f, ", \"cached_tok_s\": ");
             json_stats(f, &r->nc_cached);
-            fprintf(f, ", \"cached_over_no_cache\": ");
-            json_number(f, r->nc.median > 0 ? r->nc_cached.median / r->nc.median : 0);
-            fprintf(f, "}");
+            bench_json_text(f, ", \"cached_over_no_cache\": ");
+            bench_json_number(f, r->nc.median > 0 ? r->nc_cached.median / r->nc.median : 0);
+            bench_json_text(f, "}");
             /* every depth: per-token cost with and without the cache against context length */
-            fprintf(f, ",\n     \"no_cache_curve\": [");
+            bench_json_text(f, ",\n     \"no_cache_curve\": [");
             for (int k = 0; k < o->n_nc; k++) {
-                fprintf(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->nc_depths[k],
+                bench_json_text(f, "%s\n       {\"depth\": %d, \"steps\": %d, \"tok_s\": ", k ? "," : "", o->nc_depths[k],
                         o->nc_steps);
                 json_stats(f, &r->nc_curve[k]);
-                fprintf(f, ", \"cached_tok_s\": ");
+                bench_json_text(f, ", \"cached_tok_s\": ");
                 json_stats(f, &r->nc_curve_cached[k]);
-                fprintf(f, "}");
+                bench_json_text(f, "}");
             }
-            fprintf(f, "]");
+            bench_json_text(f, "]");
         }
         if (o->n_sessions) {
             double one = session_base(o, r);
-            fprintf(f, ",\n     \"sessions\": [");
+            bench_json_text(f, ",\n     \"sessions\": [");
             for (int k = 0; k < o->n_sessions; k++) {
-                fprintf(f, "%s\n       {\"sessions\": %d, \"tokens_each\": %d, \"tok_s\": ", k ? "," : "",
+                bench_json_text(f, "%s\n       {\"sessions\": %d, \"tokens_each\": %d, \"tok_s\": ", k ? "," : "",
                         o->sessions[k], o->session_tokens);
                 json_stats(f, &r->sessions[k]);
-                fprintf(f, ", \"ratio_to_1\": ");
-                json_number(f, one > 0 ? r->sessions[k].median / one : 0);
-                fprintf(f, "}");
+                bench_json_text(f, ", \"ratio_to_1\": ");
+                bench_json_number(f, one > 0 ? r->sessions[k].median / one : 0);
+                bench_json_text(f, "}");
             }
-            fprintf(f, "]");
+            bench_json_text(f, "]");
         }
         if (o->forks) {
-            fprintf(f, ",\n     \"forks\": {\"sessions\": %d, \"prompt_tokens\": %d, \"fork_s\": ", o->n_forks,
+            bench_json_text(f, ",\n     \"forks\": {\"sessions\": %d, \"prompt_tokens\": %d, \"fork_s\": ", o->n_forks,
                     o->fork_prompt);
-            json_number(f, r->fork_s);
-            fprintf(f, ", \"pages_used\": %zu, \"scratch_one_s\": ", r->fork_pages);
-            json_number(f, r->scratch_one_s);
-            fprintf(f, ", \"scratch_s_estimated\": ");
-            json_number(f, r->scratch_one_s * o->n_forks);
-            fprintf(f, ", \"scratch_over_fork\": ");
-            json_number(f, r->fork_s > 0 ? r->scratch_one_s * o->n_forks / r->fork_s : 0);
-            fprintf(f, "}");
+            bench_json_number(f, r->fork_s);
+            bench_json_text(f, ", \"pages_used\": %zu, \"scratch_one_s\": ", r->fork_pages);
+            bench_json_number(f, r->scratch_one_s);
+            bench_json_text(f, ", \"scratch_s_estimated\": ");
+            bench_json_number(f, r->scratch_one_s * o->n_forks);
+            bench_json_text(f, ", \"scratch_over_fork\": ");
+            bench_json_number(f, r->fork_s > 0 ? r->scratch_one_s * o->n_forks / r->fork_s : 0);
+            bench_json_text(f, "}");
         }
         {
-            fprintf(f, ",\n     \"probe\": ");
+            bench_json_text(f, ",\n     \"probe\": ");
             if (r->have_probe) {
                 double ceil = ceiling_tok_s(r, bm);
-                fprintf(f, "{\"device\": ");
+                bench_json_text(f, "{\"device\": ");
                 bench_json_string(f, r->probe_device);
-                fprintf(f, ", \"read_gbps\": ");
-                json_number(f, r->probe_gbps);
-                fprintf(f, ", \"read_gbps_runs\": [");
+                bench_json_text(f, ", \"read_gbps\": ");
+                bench_json_number(f, r->probe_gbps);
+                bench_json_text(f, ", \"read_gbps_runs\": [");
                 for (int k = 0; k < r->n_probe_runs; k++) {
-                    if (k) fputs(", ", f);
-                    json_number(f, r->probe_gbps_runs[k]);
+                    if (k) bench_json_text(f, ", ");
+                    bench_json_number(f, r->probe_gbps_runs[k]);
                 }
-                fprintf(f, "]");
+                bench_json_text(f, "]");
                 if (r->uses_device) {
-                    fprintf(f, ", \"dispatch_us\": ");
-                    json_number(f, r->probe_us);
+                    bench_json_text(f, ", \"dispatch_us\": ");
+                    bench_json_number(f, r->probe_us);
                 }
-                fprintf(f, ", \"bytes\": %llu, \"decode_ceiling_tok_s\": ", r->probe_bytes);
-                json_number(f, ceil);
-                fprintf(f, ", \"decode_pct_of_ceiling\": [");
+                bench_json_text(f, ", \"bytes\": %llu, \"decode_ceiling_tok_s\": ", r->probe_bytes);
+                bench_json_number(f, ceil);
+                bench_json_text(f, ", \"decode_pct_of_ceiling\": [");
                 for (int k = 0; k < o->n_depths; k++) {
-                    fprintf(f, "%s{\"depth\": %d, \"pct\": ", k ? ", " : "", o->depths[k]);
-                    json_number(f, ceil > 0 ? 100.0 * r->decode[k].median / ceil : 0);
-                    fprintf(f, "}");
+                    bench_json_text(f, "%s{\"depth\": %d, \"pct\": ", k ? ", " : "", o->depths[k]);
+                    bench_json_number(f, ceil > 0 ? 100.0 * r->decode[k].median / ceil : 0);
+                    bench_json_text(f, "}");
                 }
-                fprintf(f, "]}");
+                bench_json_text(f, "]}");
             } else {
-                fprintf(f, "{\"error\": ");
+                bench_json_text(f, "{\"error\": ");
                 bench_json_string(f, r->probe_note);
-                fprintf(f, "}");
+                bench_json_text(f, "}");
             }
         }
-        fprintf(f, "}");
+        bench_json_text(f, "}");
     }
-    fprintf(f, "\n  ]");
+    bench_json_text(f, "\n  ]");
     const bench_result *ref = find(res, n, KVGEN_BACKEND_REFERENCE);
     for (int i = 0; i < n; i++) {
         const bench_result *vk = &res[i]; /* each other backend over the reference */
         if (!ratio_column(res, n, vk)) continue;
-        fprintf(f, ",\n  \"ratio_%s_over_reference\": {", vk->name);
+        bench_json_text(f, ",\n  \"ratio_%s_over_reference\": {", vk->name);
         for (int k = 0; k < o->n_prompts; k++) {
-            fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
-            json_number(f, ref->prompt[k].median > 0 ? vk->prompt[k].median / ref->prompt[k].median : 0);
+            bench_json_text(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
+            bench_json_number(f, ref->prompt[k].median > 0 ? vk->prompt[k].median / ref->prompt[k].median : 0);
         }
         for (int k = 0; k < o->n_depths; k++) {
-            fprintf(f, ", \"decode_%d\": ", o->depths[k]);
-            json_number(f, ref->decode[k].median > 0 ? vk->decode[k].median / ref->decode[k].median : 0);
+            bench_json_text(f, ", \"decode_%d\": ", o->depths[k]);
+            bench_json_number(f, ref->decode[k].median > 0 ? vk->decode[k].median / ref->decode[k].median : 0);
         }
         if (o->nc_depth > 0) {
-            fprintf(f, ", \"decode_no_cache_%d\": ", o->nc_depth);
-            json_number(f, ref->nc.median > 0 ? vk->nc.median / ref->nc.median : 0);
+            bench_json_text(f, ", \"decode_no_cache_%d\": ", o->nc_depth);
+            bench_json_number(f, ref->nc.median > 0 ? vk->nc.median / ref->nc.median : 0);
         }
-        fprintf(f, "}");
+        bench_json_text(f, "}");
     }
     if (o->peer) {
-        fprintf(f, ",\n  \"peer\": {\"name\": \"llama-bench\", \"path\": ");
+        bench_json_text(f, ",\n  \"peer\": {\"name\": \"llama-bench\", \"path\": ");
         bench_json_string(f, o->peer);
-        fprintf(f, ", \"ran\": %s", peer->ran ? "true" : "false");
+        bench_json_text(f, ", \"ran\": %s", peer->ran ? "true" : "false");
         if (!peer->ran) {
-            fprintf(f, ", \"error\": ");
+            bench_json_text(f, ", \"error\": ");
             bench_json_string(f, peer->error);
         } else {
-            fprintf(f, ", \"seconds\": ");
-            json_number(f, peer->seconds);
+            bench_json_text(f, ", \"seconds\": ");
+            bench_json_number(f, peer->seconds);
             for (int k = 0; k < o->n_prompts; k++) {
-                fprintf(f, ", \"prompt_%d_tok_s\": ", o->prompts[k]);
-                json_number(f, peer->prompt[k]);
+                bench_json_text(f, ", \"prompt_%d_tok_s\": ", o->prompts[k]);
+                bench_json_number(f, peer->prompt[k]);
             }
             for (int k = 0; k < o->n_depths; k++) {
-                fprintf(f, ", \"decode_%d_tok_s\": ", o->depths[k]);
-                json_number(f, peer->decode[k]);
+                bench_json_text(f, ", \"decode_%d_tok_s\": ", o->depths[k]);
+                bench_json_number(f, peer->decode[k]);
             }
             for (int i = 0; i < n; i++) {
                 if (!res[i].ok) continue;
-                fprintf(f, ", \"ratio_%s_over_peer\": {", res[i].name);
+                bench_json_text(f, ", \"ratio_%s_over_peer\": {", res[i].name);
                 for (int k = 0; k < o->n_prompts; k++) {
-                    fprintf(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
-                    json_number(f, peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0);
+                    bench_json_text(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
+                    bench_json_number(f, peer->prompt[k] > 0 ? res[i].prompt[k].median / peer->prompt[k] : 0);
                 }
                 for (int k = 0; k < o->n_depths; k++) {
-                    fprintf(f, ", \"decode_%d\": ", o->depths[k]);
-                    json_number(f, peer->decode[k] > 0 ? res[i].decode[k].median / peer->decode[k] : 0);
+                    bench_json_text(f, ", \"decode_%d\": ", o->depths[k]);
+                    bench_json_number(f, peer->decode[k] > 0 ? res[i].decode[k].median / peer->decode[k] : 0);
                 }
-                fprintf(f, "}");
+                bench_json_text(f, "}");
             }
         }
-        fprintf(f, "}");
+        bench_json_text(f, "}");
     }
     if (o->peer_batched && o->n_sessions > 0) {
-        fprintf(f, ",\n  \"peer_batched\": {\"name\": \"llama-batched-bench\", \"path\": ");
+        bench_json_text(f, ",\n  \"peer_batched\": {\"name\": \"llama-batched-bench\", \"path\": ");
         bench_json_string(f, o->peer_batched);
-        fprintf(f, ", \"ran\": %s", peer->batched_ran ? "true" : "false");
+        bench_json_text(f, ", \"ran\": %s", peer->batched_ran ? "true" : "false");
         if (!peer->batched_ran) {
-            fprintf(f, ", \"error\": ");
+            bench_json_text(f, ", \"error\": ");
             bench_json_string(f, peer->batched_error);
         } else {
-            fprintf(f, ", \"seconds\": ");
-            json_number(f, peer->batched_seconds);
+            bench_json_text(f, ", \"seconds\": ");
+            bench_json_number(f, peer->batched_seconds);
             for (int k = 0; k < o->n_sessions; k++) {
-                fprintf(f, ", \"sessions_%d_tok_s\": ", o->sessions[k]);
-                json_number(f, peer->sessions[k]);
+                bench_json_text(f, ", \"sessions_%d_tok_s\": ", o->sessions[k]);
+                bench_json_number(f, peer->sessions[k]);
             }
             for (int i = 0; i < n; i++) {
                 if (!res[i].ok) continue;
-                fprintf(f, ", \"ratio_%s_over_peer\": {", res[i].name);
+                bench_json_text(f, ", \"ratio_%s_over_peer\": {", res[i].name);
                 for (int k = 0; k < o->n_sessions; k++) {
-                    fprintf(f, "%s\"sessions_%d\": ", k ? ", " : "", o->sessions[k]);
-                    json_number(f, peer->sessions[k] > 0 ? res[i].sessions[k].median / peer->sessions[k] : 0);
+                    bench_json_text(f, "%s\"sessions_%d\": ", k ? ", " : "", o->sessions[k]);
+                    bench_json_number(f, peer->sessions[k] > 0 ? res[i].sessions[k].median / peer->sessions[k] : 0);
                 }
-                fprintf(f, "}");
+                bench_json_text(f, "}");
             }
         }
-        fprintf(f, "}");
+        bench_json_text(f, "}");
     }
-    fprintf(f, "\n}\n");
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        fprintf(stderr, "kvgen bench: %s: write failed\n", o->json);
-        return 1;
-    }
-    return 0;
+    bench_json_text(f, "\n}\n");
+    return bench_json_save(f, o->json);
 }
