@@ -1,7 +1,7 @@
 /* chat.c: chat templates and incremental turns.
  *
  * A Jinja template (the model's tokenizer.chat_template, or the caller's) is rendered by
- * template/jinja.c for the whole conversation, which this state keeps (role, content, where
+ * template/ (kvg_jinja.h) for the whole conversation, which this state keeps (role, content, where
  * its tokens start); the rendering is tokenized and only the tokens past the part the cache
  * already holds are prefilled, so a turn whose rendered prefix is unchanged costs only its
  * own tokens, and one that changes the prefix rewinds to where they differ. Files without a
