@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kvg_model.h"
+#include "kvg_quant.h"
 
 /* ---- instruction sets (cpu_features.c) ------------------------------------------------- */
 
@@ -75,8 +76,8 @@ kvgen_status kvg_cpu_isa_choose(const char *who, kvg_cpu_isa *out, kvgen_error *
 
 /* ---- quantized activations -------------------------------------------------------------- */
 
-#define KVG_QK 256   /* elements of a K-type block */
-#define KVG_QB 32    /* elements of a 32-element block */
+#define KVG_QK KVG_QK_BLOCK /* elements of a K-type block */
+#define KVG_QB KVG_QB_BLOCK /* elements of a 32-element block */
 #define KVG_QDOT_TILE 4 /* activation rows one kernel call dots a weight row with, at most */
 #define KVG_GROUP_TILE 8 /* activation rows one group kernel call takes, at most */
 #define KVG_QB_LEVELS 32767 /* |q| bound of 32-element blocks */

@@ -12,6 +12,17 @@ typedef enum kvg_type {
     KVG_TYPE_BF16 = 30
 } kvg_type;
 
+/* Bytes of one block of each type kvgen computes with (the layouts: quant.c's top comment), the
+ * one place they are written: quant.c's size table and its row functions, and the cpu
+ * backend's kernels, read them from here. Blocks hold KVG_QK_BLOCK or KVG_QB_BLOCK elements. */
+#define KVG_QB_BLOCK 32  /* elements of a block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL */
+#define KVG_QK_BLOCK 256 /* elements of a block of the K types and IQ4_XS */
+enum {
+    KVG_Q4_0_BYTES = 18, KVG_Q4_1_BYTES = 20, KVG_Q5_0_BYTES = 22, KVG_Q5_1_BYTES = 24, KVG_Q8_0_BYTES = 34,
+    KVG_IQ4_NL_BYTES = 18, KVG_Q2_K_BYTES = 84, KVG_Q3_K_BYTES = 110, KVG_Q4_K_BYTES = 144,
+    KVG_Q5_K_BYTES = 176, KVG_Q6_K_BYTES = 210, KVG_Q8_K_BYTES = 292, KVG_IQ4_XS_BYTES = 136
+};
+
 /* What kvgen knows about computing with one tensor type (a row of quant.c's table). Rows are
  * whole rows of a tensor: n elements, a multiple of the type's block size. */
 typedef struct kvg_type_traits {

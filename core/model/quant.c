@@ -56,20 +56,27 @@ typedef struct type_info {
 
 /* Every ggml type number, so a reader can name (and size) what it cannot run. */
 static const type_info TYPES[] = {
-    [0] = {"F32", 1, 4},         [1] = {"F16", 1, 2},         [2] = {"Q4_0", 32, 18},
-    [3] = {"Q4_1", 32, 20},      [4] = {"Q4_2", 0, 0},        [5] = {"Q4_3", 0, 0},
-    [6] = {"Q5_0", 32, 22},      [7] = {"Q5_1", 32, 24},      [8] = {"Q8_0", 32, 34},
-    [9] = {"Q8_1", 32, 36},      [10] = {"Q2_K", 256, 84},    [11] = {"Q3_K", 256, 110},
-    [12] = {"Q4_K", 256, 144},   [13] = {"Q5_K", 256, 176},   [14] = {"Q6_K", 256, 210},
-    [15] = {"Q8_K", 256, 292},   [16] = {"IQ2_XXS", 256, 66}, [17] = {"IQ2_XS", 256, 74},
-    [18] = {"IQ3_XXS", 256, 98}, [19] = {"IQ1_S", 256, 50},   [20] = {"IQ4_NL", 32, 18},
-    [21] = {"IQ3_S", 256, 110},  [22] = {"IQ2_S", 256, 82},   [23] = {"IQ4_XS", 256, 136},
-    [24] = {"I8", 1, 1},         [25] = {"I16", 1, 2},        [26] = {"I32", 1, 4},
-    [27] = {"I64", 1, 8},        [28] = {"F64", 1, 8},        [29] = {"IQ1_M", 256, 56},
-    [30] = {"BF16", 1, 2},       [31] = {"Q4_0_4_4", 0, 0},   [32] = {"Q4_0_4_8", 0, 0},
-    [33] = {"Q4_0_8_8", 0, 0},   [34] = {"TQ1_0", 256, 54},   [35] = {"TQ2_0", 256, 66},
-    [36] = {"IQ4_NL_4_4", 0, 0}, [37] = {"IQ4_NL_4_8", 0, 0}, [38] = {"IQ4_NL_8_8", 0, 0},
-    [39] = {"MXFP4", 32, 17},    [40] = {"NVFP4", 64, 36},    [41] = {"Q1_0", 128, 18},
+    [0] = {"F32", 1, 4},                             [1] = {"F16", 1, 2},
+    [2] = {"Q4_0", KVG_QB_BLOCK, KVG_Q4_0_BYTES},    [3] = {"Q4_1", KVG_QB_BLOCK, KVG_Q4_1_BYTES},
+    [4] = {"Q4_2", 0, 0},                            [5] = {"Q4_3", 0, 0},
+    [6] = {"Q5_0", KVG_QB_BLOCK, KVG_Q5_0_BYTES},    [7] = {"Q5_1", KVG_QB_BLOCK, KVG_Q5_1_BYTES},
+    [8] = {"Q8_0", KVG_QB_BLOCK, KVG_Q8_0_BYTES},    [9] = {"Q8_1", 32, 36},
+    [10] = {"Q2_K", KVG_QK_BLOCK, KVG_Q2_K_BYTES},   [11] = {"Q3_K", KVG_QK_BLOCK, KVG_Q3_K_BYTES},
+    [12] = {"Q4_K", KVG_QK_BLOCK, KVG_Q4_K_BYTES},   [13] = {"Q5_K", KVG_QK_BLOCK, KVG_Q5_K_BYTES},
+    [14] = {"Q6_K", KVG_QK_BLOCK, KVG_Q6_K_BYTES},   [15] = {"Q8_K", KVG_QK_BLOCK, KVG_Q8_K_BYTES},
+    [16] = {"IQ2_XXS", 256, 66},                     [17] = {"IQ2_XS", 256, 74},
+    [18] = {"IQ3_XXS", 256, 98},                     [19] = {"IQ1_S", 256, 50},
+    [20] = {"IQ4_NL", KVG_QB_BLOCK, KVG_IQ4_NL_BYTES}, [21] = {"IQ3_S", 256, 110},
+    [22] = {"IQ2_S", 256, 82},                       [23] = {"IQ4_XS", KVG_QK_BLOCK, KVG_IQ4_XS_BYTES},
+    [24] = {"I8", 1, 1},                             [25] = {"I16", 1, 2},
+    [26] = {"I32", 1, 4},                            [27] = {"I64", 1, 8},
+    [28] = {"F64", 1, 8},                            [29] = {"IQ1_M", 256, 56},
+    [30] = {"BF16", 1, 2},                           [31] = {"Q4_0_4_4", 0, 0},
+    [32] = {"Q4_0_4_8", 0, 0},                       [33] = {"Q4_0_8_8", 0, 0},
+    [34] = {"TQ1_0", 256, 54},                       [35] = {"TQ2_0", 256, 66},
+    [36] = {"IQ4_NL_4_4", 0, 0},                     [37] = {"IQ4_NL_4_8", 0, 0},
+    [38] = {"IQ4_NL_8_8", 0, 0},                     [39] = {"MXFP4", 32, 17},
+    [40] = {"NVFP4", 64, 36},                        [41] = {"Q1_0", 128, 18},
     [42] = {"Q2_0", 64, 18},
 };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
@@ -236,13 +243,13 @@ static void from_float_bf16(const float *src, uint8_t *dst, uint64_t n) {
     for (uint64_t i = 0; i < n; i++) wr16(dst + 2 * i, kvg_f32_to_bf16(src[i]));
 }
 static void from_float_q8_0(const float *src, uint8_t *dst, uint64_t n) {
-    for (uint64_t b = 0; b < n / 32; b++) quantize_q8_0(src + 32 * b, dst + 34 * b);
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q8_0(src + 32 * b, dst + KVG_Q8_0_BYTES * b);
 }
 static void from_float_q4_0(const float *src, uint8_t *dst, uint64_t n) {
-    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_0(src + 32 * b, dst + 18 * b);
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_0(src + 32 * b, dst + KVG_Q4_0_BYTES * b);
 }
 static void from_float_q4_1(const float *src, uint8_t *dst, uint64_t n) {
-    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_1(src + 32 * b, dst + 20 * b);
+    for (uint64_t b = 0; b < n / 32; b++) quantize_q4_1(src + 32 * b, dst + KVG_Q4_1_BYTES * b);
 }
 
 /* ---- dequantize ---- */
@@ -256,7 +263,7 @@ static void to_float_bf16(const uint8_t *src, float *dst, uint64_t n) {
 }
 static void to_float_q8_0(const uint8_t *src, float *dst, uint64_t n) {
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = src + 34 * b;
+        const uint8_t *blk = src + KVG_Q8_0_BYTES * b;
         float d = kvg_f16_to_f32(rd16(blk));
         const int8_t *q = (const int8_t *)(blk + 2);
         for (int i = 0; i < 32; i++) dst[32 * b + i] = (float)q[i] * d;
@@ -264,7 +271,7 @@ static void to_float_q8_0(const uint8_t *src, float *dst, uint64_t n) {
 }
 static void to_float_q4_0(const uint8_t *src, float *dst, uint64_t n) {
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = src + 18 * b;
+        const uint8_t *blk = src + KVG_Q4_0_BYTES * b;
         float d = kvg_f16_to_f32(rd16(blk));
         for (int i = 0; i < 16; i++) {
             dst[32 * b + i] = (float)((blk[2 + i] & 0x0f) - 8) * d;
@@ -274,7 +281,7 @@ static void to_float_q4_0(const uint8_t *src, float *dst, uint64_t n) {
 }
 static void to_float_q4_1(const uint8_t *src, float *dst, uint64_t n) {
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = src + 20 * b;
+        const uint8_t *blk = src + KVG_Q4_1_BYTES * b;
         float d = kvg_f16_to_f32(rd16(blk)), m = kvg_f16_to_f32(rd16(blk + 2));
         for (int i = 0; i < 16; i++) {
             dst[32 * b + i] = (float)(blk[4 + i] & 0x0f) * d + m;
@@ -344,7 +351,7 @@ static float dot32(const float *v, const float *x) {
 static float dot_q8_0(const uint8_t *row, const float *x, uint64_t n) {
     float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 34 * b;
+        const uint8_t *blk = row + KVG_Q8_0_BYTES * b;
         const int8_t *q = (const int8_t *)(blk + 2);
         for (int i = 0; i < 32; i++) v[i] = (float)q[i];
         total += f16_to_f32(rd16(blk)) * dot32(v, x + 32 * b);
@@ -362,7 +369,7 @@ static void unpack_nibbles(const uint8_t *restrict qs, float *restrict v, int of
 static float dot_q4_0(const uint8_t *row, const float *x, uint64_t n) {
     float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 18 * b;
+        const uint8_t *blk = row + KVG_Q4_0_BYTES * b;
         unpack_nibbles(blk + 2, v, 8);
         total += f16_to_f32(rd16(blk)) * dot32(v, x + 32 * b);
     }
@@ -372,7 +379,7 @@ static float dot_q4_0(const uint8_t *row, const float *x, uint64_t n) {
 static float dot_q4_1(const uint8_t *row, const float *x, uint64_t n) {
     float total = 0.0f, v[32];
     for (uint64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = row + 20 * b;
+        const uint8_t *blk = row + KVG_Q4_1_BYTES * b;
         const float *xb = x + 32 * b;
         unpack_nibbles(blk + 4, v, 0);
         float xs[LANES] = {0};
@@ -770,14 +777,14 @@ static void enc_iq4_nl(const float *x, uint8_t *b) {
 
 static void enc_q2_k(const float *x, uint8_t *b) {
     int sc[16], mn[16], q[QK_K];
-    memset(b, 0, 84);
+    memset(b, 0, KVG_Q2_K_BYTES);
     quantize_affine_k(x, 16, 16, 3, 15, b + 80, b + 82, sc, mn, q);
     for (int j = 0; j < 16; j++) b[j] = (uint8_t)(sc[j] | mn[j] << 4);
     for (int e = 0; e < QK_K; e++) put_bits2(b + 16, e, q[e]);
 }
 static void enc_q3_k(const float *x, uint8_t *b) {
     int sc[16], k[QK_K];
-    memset(b, 0, 110);
+    memset(b, 0, KVG_Q3_K_BYTES);
     quantize_sym_k(x, 16, 16, GRID_Q3, 8, -32, 31, b + 108, sc, k);
     for (int j = 0; j < 16; j++) {
         int u = sc[j] + 32;
@@ -791,14 +798,14 @@ static void enc_q3_k(const float *x, uint8_t *b) {
 }
 static void enc_q4_k(const float *x, uint8_t *b) {
     int sc[8], mn[8], q[QK_K];
-    memset(b, 0, 144);
+    memset(b, 0, KVG_Q4_K_BYTES);
     quantize_affine_k(x, 8, 32, 15, 63, b, b + 2, sc, mn, q);
     k_put_scale_min(b + 4, sc, mn);
     for (int e = 0; e < QK_K; e++) b[16 + 32 * (e / 64) + e % 32] |= (uint8_t)(q[e] << (4 * ((e / 32) % 2)));
 }
 static void enc_q5_k(const float *x, uint8_t *b) {
     int sc[8], mn[8], q[QK_K];
-    memset(b, 0, 176);
+    memset(b, 0, KVG_Q5_K_BYTES);
     quantize_affine_k(x, 8, 32, 31, 63, b, b + 2, sc, mn, q);
     k_put_scale_min(b + 4, sc, mn);
     for (int e = 0; e < QK_K; e++) {
@@ -808,7 +815,7 @@ static void enc_q5_k(const float *x, uint8_t *b) {
 }
 static void enc_q6_k(const float *x, uint8_t *b) {
     int sc[16], k[QK_K];
-    memset(b, 0, 210);
+    memset(b, 0, KVG_Q6_K_BYTES);
     quantize_sym_k(x, 16, 16, GRID_Q6, 64, -128, 127, b + 208, sc, k);
     for (int j = 0; j < 16; j++) b[192 + j] = (uint8_t)(int8_t)sc[j];
     for (int e = 0; e < QK_K; e++) { /* level k is q = k - 32 */
@@ -833,7 +840,7 @@ static void enc_q8_k(const float *x, uint8_t *b) {
 }
 static void enc_iq4_xs(const float *x, uint8_t *b) {
     int sc[8], k[QK_K];
-    memset(b, 0, 136);
+    memset(b, 0, KVG_IQ4_XS_BYTES);
     quantize_sym_k(x, 8, 32, KV_IQ4, 16, -32, 31, b, sc, k);
     uint16_t sh = 0;
     for (int j = 0; j < 8; j++) {
@@ -874,16 +881,16 @@ static float dot_blocks(block_dec dec, uint32_t be, uint32_t bb, const uint8_t *
         return dot_blocks(dec_##name, be, bb, row, x, n);                                         \
     }
 
-BLOCK_ROWS(q5_0, 32, 22)
-BLOCK_ROWS(q5_1, 32, 24)
-BLOCK_ROWS(iq4_nl, 32, 18)
-BLOCK_ROWS(q2_k, QK_K, 84)
-BLOCK_ROWS(q3_k, QK_K, 110)
-BLOCK_ROWS(q4_k, QK_K, 144)
-BLOCK_ROWS(q5_k, QK_K, 176)
-BLOCK_ROWS(q6_k, QK_K, 210)
-BLOCK_ROWS(q8_k, QK_K, 292)
-BLOCK_ROWS(iq4_xs, QK_K, 136)
+BLOCK_ROWS(q5_0, 32, KVG_Q5_0_BYTES)
+BLOCK_ROWS(q5_1, 32, KVG_Q5_1_BYTES)
+BLOCK_ROWS(iq4_nl, 32, KVG_IQ4_NL_BYTES)
+BLOCK_ROWS(q2_k, QK_K, KVG_Q2_K_BYTES)
+BLOCK_ROWS(q3_k, QK_K, KVG_Q3_K_BYTES)
+BLOCK_ROWS(q4_k, QK_K, KVG_Q4_K_BYTES)
+BLOCK_ROWS(q5_k, QK_K, KVG_Q5_K_BYTES)
+BLOCK_ROWS(q6_k, QK_K, KVG_Q6_K_BYTES)
+BLOCK_ROWS(q8_k, QK_K, KVG_Q8_K_BYTES)
+BLOCK_ROWS(iq4_xs, QK_K, KVG_IQ4_XS_BYTES)
 
 /* ---- the type-traits table ----
  * One row per type that kvgen computes with: to add a type, write its three row functions and

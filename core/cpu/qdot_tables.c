@@ -1,0 +1,172 @@
+/* qdot_tables.c: the kernel tables, one per path (which kernel dots each weight type, with which
+ * activations), the avx512vnni path's row-group tables (GROUPS_QS, GROUPS_Q8), and the choice of
+ * a path's kernels and quantizers (kvg_qdot.h). */
+#include "qdot_internal.h"
+
+enum { N_KERNELS = 16 };
+/* a row of the tables of the kernels without row groups */
+#define K(t, a, d, r) {.type = t, .act = a, .dot = kvg_qdot_##d, .repack = r}
+
+static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, p_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, p_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, p_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, p_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, p_q4_0, kvg_qdot_r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, p_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, p_q5_0, kvg_qdot_r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, p_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, p_iq4_nl, kvg_qdot_r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, p_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, p_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, p_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL),
+};
+
+#ifdef KVG_X86
+static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, x2_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x2_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x2_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x2_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, x2_q4_0, kvg_qdot_r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, x2_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, x2_q5_0, kvg_qdot_r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, x2_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, x2_iq4_nl, kvg_qdot_r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
+};
+/* the K types keep their AVX2 loops (see the top) */
+static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, x5_q4_0, kvg_qdot_r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, x5_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, x5_q5_0, kvg_qdot_r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, x5_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, x5_iq4_nl, kvg_qdot_r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
+};
+static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, xv_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, xv_q4_0, kvg_qdot_r_q4_0),     K(KVG_TYPE_Q4_1, KVG_ACT_QB, xv_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, xv_q5_0, kvg_qdot_r_q5_0),     K(KVG_TYPE_Q5_1, KVG_ACT_QB, xv_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, xv_iq4_nl, kvg_qdot_r_iq4_nl), K(KVG_TYPE_Q2_K, KVG_ACT_QK, x2_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, x2_q3_k, NULL),     K(KVG_TYPE_Q4_K, KVG_ACT_QK, x2_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
+};
+/* avx512vnni: the 32-element types in row groups, against split 16-bit activations (GROUPS_QS)
+ * or 8-bit ones (GROUPS_Q8, kvg_qdot_kernel_fast); every other type as the avx512 path on a
+ * VNNI CPU */
+#define GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, kvg_qdot_r_##t, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
+/* the K types' rows read the file's layout (no repack) */
+#define K_GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, NULL, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
+#define GROUP_TABLE(act, p, g)                                                                  \
+    {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
+enum { N_GROUP_KERNELS = 12 };
+static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
+static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
+#endif
+
+#ifdef KVG_ARM
+static const kvg_qdot_kernel NEON_TABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, n_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, n_q4_0, kvg_qdot_r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, n_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, n_q5_0, kvg_qdot_r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, n_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, n_iq4_nl, kvg_qdot_r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, n_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, n_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, n_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, n_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, n_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, n_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, n_iq4_xs, NULL),
+};
+/* the float types keep the neon loops (no integer products to dot) */
+static const kvg_qdot_kernel DOTPROD_TABLE[N_KERNELS] = {
+    K(KVG_TYPE_F32, KVG_ACT_F32, n_f32, NULL),       K(KVG_TYPE_F16, KVG_ACT_F32, n_f16, NULL),
+    K(KVG_TYPE_BF16, KVG_ACT_F32, n_bf16, NULL),     K(KVG_TYPE_Q8_0, KVG_ACT_QB, d_q8_0, kvg_qdot_r_q8_0),
+    K(KVG_TYPE_Q4_0, KVG_ACT_QB, d_q4_0, kvg_qdot_r_q4_0),      K(KVG_TYPE_Q4_1, KVG_ACT_QB, d_q4_1, kvg_qdot_r_q4_1),
+    K(KVG_TYPE_Q5_0, KVG_ACT_QB, d_q5_0, kvg_qdot_r_q5_0),      K(KVG_TYPE_Q5_1, KVG_ACT_QB, d_q5_1, kvg_qdot_r_q5_1),
+    K(KVG_TYPE_IQ4_NL, KVG_ACT_QB, d_iq4_nl, kvg_qdot_r_iq4_nl),  K(KVG_TYPE_Q2_K, KVG_ACT_QK, d_q2_k, NULL),
+    K(KVG_TYPE_Q3_K, KVG_ACT_QK, d_q3_k, NULL),      K(KVG_TYPE_Q4_K, KVG_ACT_QK, d_q4_k, NULL),
+    K(KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL),
+    K(KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL),
+};
+#endif
+
+static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512VNNI) return AVX512_VNNI_TABLE; /* the types without groups */
+    if (isa == KVG_ISA_AVX512) return kvg_cpu_features_get()->avx512vnni ? AVX512_VNNI_TABLE : AVX512_TABLE;
+    if (isa == KVG_ISA_AVX2) return AVX2_TABLE;
+#endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_DOTPROD) return DOTPROD_TABLE;
+    if (isa == KVG_ISA_NEON) return NEON_TABLE;
+#endif
+    (void)isa;
+    return PORTABLE;
+}
+
+static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t type) {
+    for (int i = 0; i < n; i++)
+        if (t[i].type == type) return &t[i];
+    return NULL;
+}
+
+const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
+#ifdef KVG_X86
+    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_QS, N_GROUP_KERNELS, type) : NULL;
+    if (g) return g;
+#endif
+    return find(table_of(isa), N_KERNELS, type);
+}
+
+const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
+#ifdef KVG_X86
+    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_Q8, N_GROUP_KERNELS, type) : NULL;
+    if (g) return g;
+#endif
+    return kvg_qdot_kernel_of(isa, type);
+}
+
+void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
+        kvg_qdot_quant_qb_avx2(x, n, q, d, s);
+        return;
+    }
+#endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) {
+        kvg_qdot_quant_qb_neon(x, n, q, d, s);
+        return;
+    }
+#endif
+    kvg_qdot_quant_qb_portable(x, n, q, d, s);
+}
+
+void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
+        kvg_qdot_quant_qk_avx2(x, n, q, d, bsum);
+        return;
+    }
+#endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) {
+        kvg_qdot_quant_qk_neon(x, n, q, d, bsum);
+        return;
+    }
+#endif
+    kvg_qdot_quant_qk_portable(x, n, q, d, bsum);
+}
+
+void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX512VNNI) {
+        kvg_qdot_quant_q8_avx512(x, n, lo, hi, d, s);
+        return;
+    }
+#endif
+    (void)isa;
+    kvg_qdot_quant_q8_portable(x, n, lo, hi, d, s);
+}
