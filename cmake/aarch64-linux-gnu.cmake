@@ -4,7 +4,7 @@
 #         -DKVGEN_VULKAN=OFF -DKVGEN_LUA=OFF
 # PCRE2 comes from the arm64 multiarch package (dpkg --add-architecture arm64;
 # apt-get install libpcre2-dev:arm64). The library itself is built for the AArch64 baseline:
-# the dotprod kernels carry their own target (core/cpu/qdot.c).
+# the dotprod kernels carry their own target (core/cpu/qdot_arm.c).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(KVGEN_CROSS_TRIPLE aarch64-linux-gnu)

@@ -839,7 +839,7 @@ const kvg_backend_ops kvg_cpu_backend = {
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW,
-    .weight_types = kvg_traits_types, /* qdot.c has a kernel for every type of the traits table */
+    .weight_types = kvg_traits_types, /* qdot_tables.c has a kernel for every type of the traits table */
     .model_init = cpu_model_init,
     .model_free = cpu_model_free,
     .session_init = cpu_session_init,

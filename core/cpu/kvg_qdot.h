@@ -1,5 +1,5 @@
 /* kvg_qdot.h: the cpu backend's kernels (private): run-time ISA detection (cpu_features.c),
- * dot products of packed weight rows with quantized activations (qdot.c) and the f32 vector
+ * dot products of packed weight rows with quantized activations (qdot_*.c, tables in qdot_tables.c) and the f32 vector
  * operations of the forward pass (cpu_vec.c).
  *
  * Every kernel exists once per operation, with an inner loop per instruction set: portable C,
@@ -18,7 +18,7 @@
  *   avx512vnni the 32-element types and Q4_K, Q5_K, Q6_K in groups of 16 rows (one row per
  *             lane, vpdpbusd) against 15-bit activations split into two bytes (KVG_ACT_QS), or
  *             8-bit ones (KVG_ACT_Q8, kvg_qdot_kernel_fast), in blocks of 32 (the K types' scales
- *             applied per block of 32 or 16, qdot.c); the group kernels give the bits of their
+ *             applied per block of 32 or 16, qdot_x86.c); the group kernels give the bits of their
  *             portable row kernels; the rest runs avx512's and avx2's loops
  *
  * Activations are quantized per block to 16-bit integers, so that a block's products with the
@@ -136,7 +136,7 @@ typedef struct kvg_qdot_kernel {
     kvg_act_kind act;   /* the activations it takes */
     kvg_qdot_fn dot;
     /* NULL: dot reads rows as the file stores them; else rows must be repacked first (the
-     * 32-element types: their scales grouped, see qdot.c). The same on every path. */
+     * 32-element types: their scales grouped, see qdot_internal.h). The same on every path. */
     kvg_qdot_repack_fn repack;
     /* NULL, or the kernel of KVG_QDOT_GROUP rows at once (rows interleaved so that each vector
      * lane is one row: no horizontal sums), for a matrix whose row count is a multiple of

@@ -1,4 +1,4 @@
-/* test_cpu_backend.c: the cpu backend (fast.c, its kernels qdot.c and cpu_vec.c) against the
+/* test_cpu_backend.c: the cpu backend (fast.c, its kernels qdot_*.c and cpu_vec.c) against the
  * reference backend.
  * - Kernels, for every type of the traits table on every instruction-set path this CPU has: a
  *   weight row (quantized by quant.c) dotted with quantized activation rows equals the double
