@@ -46,6 +46,7 @@
 #define CPU_PREFETCH 8  /* rows ahead a matrix product asks the cache for */
 
 #define WHO "cpu backend"
+#define CPU_KV KVG_CPU_KV_F16 /* the pages' elements (kvg_cpu.h) */
 
 /* ---- per-model and per-session state ---------------------------------------------------------- */
 
@@ -62,14 +63,12 @@ enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, N_MATRICES };
 
 typedef struct cpu_layer {
     cpu_matrix w[N_MATRICES];
-    float *bq, *bk, *bv;         /* [H*hd], [Hkv*hd], [Hkv*hd] or NULL */
-    float *q_norm, *k_norm;      /* [hd] or NULL */
-    float *attn_post, *ffn_post; /* [D] or NULL */
     double *inv_freq;            /* [n_rot/2]: theta_i = pos * inv_freq[i] (scale, base, factors folded in) */
     int rope_group;              /* the first layer with the same RoPE (base and scale) */
 } cpu_layer;
 
 typedef struct cpu_model {
+    kvg_cpu_host host; /* first: the layers' small tensors and RoPE, the pages (cpu_common.c) */
     kvg_cpu_pool *pool;
     kvg_cpu_isa isa;
     bool act8; /* 8-bit activations where the path has such kernels (kvgen_model_desc.activation_bits) */
@@ -77,25 +76,12 @@ typedef struct cpu_model {
     float *attn_norm, *ffn_norm; /* [L][D] */
     float *out_norm;             /* [D] */
     cpu_layer *layers;
-    kvg_ref_rope_params *ropes;  /* [L]: the layers' RoPE, for kv_copy's re-rotation */
-    float *rope_factors;         /* [n_rot/2] or NULL */
     int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
     cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
-    kvg_cpu_pages pages[KVG_KV_GROUPS]; /* per layer group (kvg_model.h) */
 } cpu_model;
 
 struct kvg_backend_session {
-    int n_ctx;
-    int n_threads;
-    /* activations of one block of tokens */
-    float *x;   /* [n][D] residual stream */
-    float *xb;  /* [n][D] a sublayer's normed input, then its output */
-    float *q;   /* [n][H*hd] */
-    float *k;   /* [n][Hkv*hd] */
-    float *v;   /* [n][Hkv*hd] */
-    float *att; /* [n][H*hd] */
-    float *hb;  /* [n][F] gate, then act(gate) * up */
-    float *hb2; /* [n][F] up */
+    kvg_cpu_scratch c; /* first: n_ctx, n_threads and the activations of one block of tokens */
     /* a matrix product's input quantized (kvg_qact), rows of up to max_in */
     int16_t *qb, *qk;
     float *db, *sb, *dk;
@@ -109,38 +95,22 @@ struct kvg_backend_session {
 
 static void cpu_model_free(kvgen_model *m);
 
-static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
-    *out = NULL;
-    if (!t) return true;
-    *out = kvg_malloc(n * sizeof(float));
-    if (!*out) return false;
-    kvg_dequantize_row(t->type, t->data, *out, n);
-    return true;
-}
-
-/* The layers' biases, extra norms and RoPE (as the reference's), and each layer's RoPE
- * frequencies in double: theta_i = pos * scale * base^(-2i/n_rot) / factors[i]. */
-static kvgen_status small_tensors(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
+/* The layers' small tensors and RoPE (as the reference's: kvg_cpu_host_init), and each layer's
+ * RoPE frequencies in double: theta_i = pos * scale * base^(-2i/n_rot) / factors[i]. */
+static kvgen_status layers_init(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
-    size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
-    size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd, half = (size_t)hp->n_rot / 2;
+    size_t L = (size_t)hp->n_layer, half = (size_t)hp->n_rot / 2;
+    kvgen_status st = kvg_cpu_host_init(&cm->host, m, CPU_KV, WHO, err);
+    if (st != KVGEN_OK) return st;
+    const kvg_ref_rope_params *ropes = cm->host.ropes;
     cm->layers = kvg_calloc(L, sizeof *cm->layers);
-    cm->ropes = kvg_calloc(L, sizeof *cm->ropes);
-    bool ok = cm->layers && cm->ropes && to_f32(m->w.rope_freqs, half, &cm->rope_factors);
+    bool ok = cm->layers != NULL;
     for (size_t l = 0; ok && l < L; l++) {
-        const kvg_layer *w = &m->w.layers[l];
         cpu_layer *c = &cm->layers[l];
-        ok = to_f32(w->bq, qd, &c->bq) && to_f32(w->bk, kvd, &c->bk) && to_f32(w->bv, kvd, &c->bv) &&
-             to_f32(w->q_norm, hd, &c->q_norm) && to_f32(w->k_norm, hd, &c->k_norm) &&
-             to_f32(w->attn_post_norm, D, &c->attn_post) && to_f32(w->ffn_post_norm, D, &c->ffn_post);
-        kvg_ref_rope_params r = {.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
-                                 .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
-                                 .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
-                                 .factors = cm->rope_factors, .attn_factor = hp->rope_attn_factor};
-        cm->ropes[l] = r;
+        kvg_ref_rope_params r = ropes[l];
         c->rope_group = (int)l;
         for (size_t e = 0; e < l; e++)
-            if (cm->ropes[e].base == r.base && cm->ropes[e].scale == r.scale) {
+            if (ropes[e].base == r.base && ropes[e].scale == r.scale) {
                 c->rope_group = (int)e;
                 break;
             }
@@ -277,7 +247,7 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
         kvg_dequantize_row(w->ffn_norm->type, w->ffn_norm->data, cm->ffn_norm + l * D, D);
     }
     kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, cm->out_norm, D);
-    st = small_tensors(m, cm, err);
+    st = layers_init(m, cm, err);
     if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, WHO, &cm->pool, err);
     if (st == KVGEN_OK) st = matrices_init(m, cm, err);
     if (st != KVGEN_OK) {
@@ -293,17 +263,14 @@ static void cpu_model_free(kvgen_model *m) {
     cpu_model *cm = m->backend;
     if (!cm) return;
     kvg_cpu_pool_destroy(cm->pool);
-    for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_cpu_pages_free(&cm->pages[g]);
+    kvg_cpu_host_free(&cm->host, m);
     for (int l = 0; cm->layers && l < m->w.hp.n_layer; l++) {
         cpu_layer *c = &cm->layers[l];
-        void *ps[] = {c->bq, c->bk, c->bv, c->q_norm, c->k_norm, c->attn_post, c->ffn_post, c->inv_freq};
-        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
+        kvg_free(c->inv_freq);
         for (int i = 0; i < N_MATRICES; i++) kvg_free(c->w[i].own);
     }
     kvg_free(cm->output.own);
     kvg_free(cm->layers);
-    kvg_free(cm->ropes);
-    kvg_free(cm->rope_factors);
     kvg_free(cm->attn_norm);
     kvg_free(cm->ffn_norm);
     kvg_free(cm->out_norm);
@@ -314,8 +281,8 @@ static void cpu_model_free(kvgen_model *m) {
 static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
-    void *ps[] = {s->x,  s->xb, s->q,  s->k,  s->v,  s->att, s->hb,      s->hb2,    s->qb,
-                  s->qk, s->db, s->sb, s->dk, s->bk, s->q8,  s->q8h, s->d8, s->s8, s->rope_cs, s->scores};
+    kvg_cpu_scratch_free(&s->c);
+    void *ps[] = {s->qb, s->qk, s->db, s->sb, s->dk, s->bk, s->q8, s->q8h, s->d8, s->s8, s->rope_cs, s->scores};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     kvg_free(s);
 }
@@ -326,18 +293,8 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": n_ctx %d must be > 0", n_ctx);
     kvg_backend_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a session");
-    s->n_ctx = n_ctx;
-    s->n_threads = kvg_cpu_pool_threads(cm->pool);
-    size_t B = CPU_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, W = (size_t)cm->max_in;
-    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    s->x = kvg_malloc(B * D * sizeof(float));
-    s->xb = kvg_malloc(B * D * sizeof(float));
-    s->q = kvg_malloc(B * qd * sizeof(float));
-    s->k = kvg_malloc(B * kvd * sizeof(float));
-    s->v = kvg_malloc(B * kvd * sizeof(float));
-    s->att = kvg_malloc(B * qd * sizeof(float));
-    s->hb = kvg_malloc(B * F * sizeof(float));
-    s->hb2 = kvg_malloc(B * F * sizeof(float));
+    kvgen_status st = kvg_cpu_scratch_init(&s->c, hp, CPU_BLOCK, n_ctx, kvg_cpu_pool_threads(cm->pool));
+    size_t B = CPU_BLOCK, W = (size_t)cm->max_in;
     s->qb = kvg_malloc(B * W * sizeof(int16_t));
     s->qk = kvg_malloc(B * W * sizeof(int16_t));
     s->db = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
@@ -350,8 +307,8 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->q8h = kvg_malloc(B * W);
     s->rope_cs = kvg_malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
     size_t group = (size_t)(hp->n_head / hp->n_head_kv);
-    s->scores = kvg_malloc((size_t)s->n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->qb || !s->qk || !s->db ||
+    s->scores = kvg_malloc((size_t)s->c.n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
+    if (st != KVGEN_OK || !s->qb || !s->qk || !s->db ||
         !s->sb || !s->dk || !s->bk || !s->q8 || !s->q8h || !s->d8 || !s->s8 || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %d-token session's scratch", n_ctx);
@@ -515,7 +472,6 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
 /* K/V pages hold f16 (kvg_cpu.h): a decode at depth reads every key and value of its context,
  * and halving their bytes is what speeds it up there; a pool of the same bytes holds twice the
  * tokens. Attention reads them with the vector ops' f16 forms. */
-#define CPU_KV KVG_CPU_KV_F16
 
 typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
@@ -544,7 +500,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
     const kvg_vec_ops *vec = j->cm->vec;
-    const kvg_cpu_pages *pg = &j->cm->pages[j->group];
+    const kvg_cpu_pages *pg = &j->cm->host.pages[j->group];
     int hd = hp->head_dim, l = j->layer, P = pg->page_size, group = j->heads;
     int parts = hp->n_head / hp->n_head_kv / group; /* items per KV head */
     float scale = 1.0f / sqrtf((float)hd);
@@ -552,14 +508,14 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int t = item / (hp->n_head_kv * parts), kvh = item / parts % hp->n_head_kv;
         int h0 = (item % (hp->n_head_kv * parts)) * group; /* its first query head */
         const cpu_slot *slot = &j->slots[t];
-        size_t n_ctx = (size_t)slot->owner->n_ctx;
+        size_t n_ctx = (size_t)slot->owner->c.n_ctx;
         float *scores = slot->owner->scores + (size_t)tid * (size_t)group * (n_ctx + 1); /* [group][n_ctx] */
         float *sum = scores + (size_t)group * n_ctx;                                   /* [group] */
         int pos = slot->pos;
         int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
         int n = pos - first + 1;
-        const float *q = j->s->q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
-        float *o = j->s->att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
+        const float *q = j->s->c.q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
+        float *o = j->s->c.att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
         /* keys: runs of consecutive slots within one page are contiguous */
         for (int p = first; p <= pos;) {
             int run = P - p % P;
@@ -643,7 +599,7 @@ static void residual_add(const cpu_model *cm, float *x, float *f, const float *p
 }
 
 /* Runs one block of n <= CPU_BLOCK tokens through every layer, token t at slots[t], leaving
- * the final residual stream in s->x and their K/V in the pages. */
+ * the final residual stream in s->c.x and their K/V in the pages. */
 static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot *slots, const int32_t *tokens,
                           int n) {
     const kvg_hparams *hp = &m->w.hp;
@@ -658,21 +614,22 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
     size_t emb_row = kvg_row_bytes(emb->type, emb->ne[0]);
     for (int t = 0; t < n; t++)
         kvg_dequantize_row(emb->type, (const unsigned char *)emb->data + (size_t)tokens[t] * emb_row,
-                           s->x + (size_t)t * D, (uint64_t)D);
-    if (m->w.embd_scale != 1.0f) vec->scale(s->x, m->w.embd_scale, n * D);
+                           s->c.x + (size_t)t * D, (uint64_t)D);
+    if (m->w.embd_scale != 1.0f) vec->scale(s->c.x, m->w.embd_scale, n * D);
 
     int angles_of = -1; /* the RoPE group whose angles s->rope_cs holds */
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
         const cpu_layer *C = &cm->layers[l];
+        const kvg_cpu_layer_tensors *T = &cm->host.layers[l];
 
         for (int t = 0; t < n; t++)
-            vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->attn_norm + (size_t)l * D, D, eps);
-        mm_spec qkv[3] = {{&C->w[M_Q], s->q, NULL}, {&C->w[M_K], s->k, NULL}, {&C->w[M_V], s->v, NULL}};
-        matmul(cm, s, s->xb, D, n, 3, qkv);
-        add_bias(vec, s->q, C->bq, n, qd);
-        add_bias(vec, s->k, C->bk, n, kvd);
-        add_bias(vec, s->v, C->bv, n, kvd);
+            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->attn_norm + (size_t)l * D, D, eps);
+        mm_spec qkv[3] = {{&C->w[M_Q], s->c.q, NULL}, {&C->w[M_K], s->c.k, NULL}, {&C->w[M_V], s->c.v, NULL}};
+        matmul(cm, s, s->c.xb, D, n, 3, qkv);
+        add_bias(vec, s->c.q, T->bq, n, qd);
+        add_bias(vec, s->c.k, T->bk, n, kvd);
+        add_bias(vec, s->c.v, T->bv, n, kvd);
 
         /* layers with the same RoPE (usually all, or the local and the global ones) share the
          * angles of the block */
@@ -683,21 +640,21 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
         for (int t = 0; t < n; t++) {
             const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
             for (int h = 0; h < hp->n_head; h++) {
-                float *q = s->q + (size_t)t * qd + (size_t)h * hd;
-                if (C->q_norm) vec->rmsnorm(q, q, C->q_norm, hd, eps);
+                float *q = s->c.q + (size_t)t * qd + (size_t)h * hd;
+                if (T->q_norm) vec->rmsnorm(q, q, T->q_norm, hd, eps);
                 rope_head(q, cs, hp->n_rot, neox);
             }
             for (int h = 0; h < hp->n_head_kv; h++) {
-                float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
-                if (C->k_norm) vec->rmsnorm(k, k, C->k_norm, hd, eps);
+                float *k = s->c.k + (size_t)t * kvd + (size_t)h * hd;
+                if (T->k_norm) vec->rmsnorm(k, k, T->k_norm, hd, eps);
                 rope_head(k, cs, hp->n_rot, neox);
                 /* into the pages as f16: the block's own tokens attend to the stored keys and
                  * values too, so a prefill reads what a decode of the same tokens would */
                 int g = m->kv.group[l];
-                const kvg_cpu_pages *pg = &cm->pages[g];
+                const kvg_cpu_pages *pg = &cm->host.pages[g];
                 kvg_cpu_kv_from_f32(CPU_KV, k, kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 0, h, slots[t].pos),
                                     (size_t)hd);
-                kvg_cpu_kv_from_f32(CPU_KV, s->v + (size_t)t * kvd + (size_t)h * hd,
+                kvg_cpu_kv_from_f32(CPU_KV, s->c.v + (size_t)t * kvd + (size_t)h * hd,
                                     kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 1, h, slots[t].pos), (size_t)hd);
             }
         }
@@ -707,20 +664,20 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
                             .heads = attention_group(hp, n, kvg_cpu_pool_threads(cm->pool))};
         kvg_cpu_pool_run(cm->pool, n * hp->n_head / aj.heads, attention_heads, &aj);
 
-        mm_spec o[1] = {{&C->w[M_O], s->xb, NULL}};
-        matmul(cm, s, s->att, qd, n, 1, o);
-        residual_add(cm, s->x, s->xb, C->attn_post, n, D, eps);
+        mm_spec o[1] = {{&C->w[M_O], s->c.xb, NULL}};
+        matmul(cm, s, s->c.att, qd, n, 1, o);
+        residual_add(cm, s->c.x, s->c.xb, T->attn_post, n, D, eps);
 
         for (int t = 0; t < n; t++)
-            vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, cm->ffn_norm + (size_t)l * D, D, eps);
-        mm_spec gu[2] = {{&C->w[M_GATE], s->hb, NULL}, {&C->w[M_UP], s->hb2, NULL}};
-        matmul(cm, s, s->xb, D, n, 2, gu);
-        if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->hb, s->hb2, n * F);
-        else vec->silu_mul(s->hb, s->hb2, n * F);
+            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->ffn_norm + (size_t)l * D, D, eps);
+        mm_spec gu[2] = {{&C->w[M_GATE], s->c.hb, NULL}, {&C->w[M_UP], s->c.hb2, NULL}};
+        matmul(cm, s, s->c.xb, D, n, 2, gu);
+        if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->c.hb, s->c.hb2, n * F);
+        else vec->silu_mul(s->c.hb, s->c.hb2, n * F);
 
-        mm_spec dn[1] = {{&C->w[M_DOWN], s->xb, NULL}};
-        matmul(cm, s, s->hb, F, n, 1, dn);
-        residual_add(cm, s->x, s->xb, C->ffn_post, n, D, eps);
+        mm_spec dn[1] = {{&C->w[M_DOWN], s->c.xb, NULL}};
+        matmul(cm, s, s->c.hb, F, n, 1, dn);
+        residual_add(cm, s->c.x, s->c.xb, T->ffn_post, n, D, eps);
     }
 }
 
@@ -731,29 +688,12 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, const int *ro
     const cpu_model *cm = m->backend;
     int D = hp->n_embd;
     for (int t = 0; t < count; t++)
-        cm->vec->rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)rows[t] * D, cm->out_norm, D, hp->rms_norm_eps);
+        cm->vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)rows[t] * D, cm->out_norm, D, hp->rms_norm_eps);
     mm_spec out[1] = {{.w = &cm->output, .outs = outs}};
-    matmul(cm, s, s->xb, D, count, 1, out);
+    matmul(cm, s, s->c.xb, D, count, 1, out);
     float cap = hp->final_softcap;
     for (int t = 0; cap > 0.0f && t < count; t++)
         for (size_t i = 0; i < (size_t)hp->n_vocab; i++) outs[t][i] = cap * tanhf(outs[t][i] / cap);
-}
-
-static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
-    const kvg_hparams *hp = &m->w.hp;
-    if (!q->bs || !q->pages[0] || (m->kv.n_groups > 1 && !q->pages[1]) || !q->tokens)
-        return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": batch sequence %d lacks its session, page table or tokens", i);
-    if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": %d tokens at position %d do not fit %d", q->n, q->pos0,
-                        q->bs->n_ctx);
-    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
-        return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": batch sequence %d wants logits but has no buffer", i);
-    if (q->out == KVG_OUT_KEEP) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": logits are host memory, none are kept");
-    for (int t = 0; t < q->n; t++)
-        if (q->tokens[t] < 0 || q->tokens[t] >= hp->n_vocab)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": token id %d out of range [0, %d)", q->tokens[t],
-                            hp->n_vocab);
-    return KVGEN_OK;
 }
 
 /* The batch's tokens in order, CPU_BLOCK at a time, as the reference runs them: a block's
@@ -763,25 +703,17 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     const kvg_hparams *hp = &m->w.hp;
     size_t V = (size_t)hp->n_vocab;
     for (int i = 0; i < b->n_seq; i++) {
-        kvgen_status st = check_seq(m, &b->seq[i], i, err);
+        kvgen_status st = kvg_cpu_check_seq(m, &b->seq[i], i, WHO, err);
         if (st != KVGEN_OK) return st;
     }
     cpu_slot slots[CPU_BLOCK];
     int32_t tokens[CPU_BLOCK];
     int seq_of[CPU_BLOCK], tok_of[CPU_BLOCK];
-    int si = 0, ti = 0;
-    while (si < b->n_seq) {
-        int nb = 0;
-        for (; si < b->n_seq && nb < CPU_BLOCK; nb++) {
-            const kvg_batch_seq *q = &b->seq[si];
-            slots[nb] = (cpu_slot){.pages = {q->pages[0], q->pages[1]}, .owner = q->bs, .pos = q->pos0 + ti};
-            tokens[nb] = q->tokens[ti];
-            seq_of[nb] = si;
-            tok_of[nb] = ti;
-            if (++ti == q->n) {
-                si++;
-                ti = 0;
-            }
+    int si = 0, ti = 0; /* the next token to place: b->seq[si].tokens[ti] */
+    for (int nb; (nb = kvg_cpu_batch_block(b, &si, &ti, CPU_BLOCK, tokens, seq_of, tok_of)) > 0;) {
+        for (int t = 0; t < nb; t++) {
+            const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            slots[t] = (cpu_slot){.pages = {q->pages[0], q->pages[1]}, .owner = q->bs, .pos = q->pos0 + tok_of[t]};
         }
         kvg_backend_session *scratch = slots[0].owner;
         forward_block(m, scratch, slots, tokens, nb);
@@ -801,38 +733,6 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
 
 /* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------------ */
 
-static size_t cpu_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp, CPU_KV); }
-static size_t cpu_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp, CPU_KV); }
-
-static kvgen_status cpu_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
-    cpu_model *cm = m->backend;
-    return kvg_cpu_pages_init(&cm->pages[group], &m->w.hp, cm->ropes, &m->kv, group, page_size, n_pages, CPU_KV, WHO,
-                              err);
-}
-
-static kvgen_status cpu_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
-    cpu_model *cm = m->backend;
-    return kvg_cpu_pages_commit(&cm->pages[group], page, err);
-}
-
-static kvgen_status cpu_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
-                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
-    const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_copy(&cm->pages[group], src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
-}
-
-static kvgen_status cpu_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
-                                float *out, kvgen_error *err) {
-    const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_read(&cm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, out, err);
-}
-
-static kvgen_status cpu_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
-                                 const float *in, kvgen_error *err) {
-    const cpu_model *cm = m->backend;
-    return kvg_cpu_pages_write(&cm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, in, err);
-}
-
 const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
     .kv_groups = true,
@@ -845,11 +745,11 @@ const kvg_backend_ops kvg_cpu_backend = {
     .session_init = cpu_session_init,
     .session_free = cpu_session_free,
     .forward = cpu_forward,
-    .cache_bytes_per_token = cpu_cache_bytes_per_token,
-    .kv_default_pool_bytes = cpu_default_pool_bytes,
-    .kv_pages_init = cpu_kv_pages_init,
-    .kv_page_commit = cpu_kv_page_commit,
-    .kv_copy = cpu_kv_copy,
-    .kv_read = cpu_kv_read,
-    .kv_write = cpu_kv_write,
+    .cache_bytes_per_token = kvg_cpu_host_cache_bytes_per_token, /* cpu_common.c */
+    .kv_default_pool_bytes = kvg_cpu_host_default_pool_bytes,
+    .kv_pages_init = kvg_cpu_host_pages_init,
+    .kv_page_commit = kvg_cpu_host_page_commit,
+    .kv_copy = kvg_cpu_host_kv_copy,
+    .kv_read = kvg_cpu_host_kv_read,
+    .kv_write = kvg_cpu_host_kv_write,
 };

@@ -1,11 +1,13 @@
 /* kvg_cpu.h: helpers any backend that computes on the host's cores can share (private):
  * a persistent thread pool (cpu_pool.c) and KV pages kept in host memory (cpu_pages.c).
- * The reference backend (reference.c) is built on them.
+ * The reference backend (reference.c) and the cpu backend (fast.c) are built on them, and on
+ * what they share around their forward passes (cpu_common.c).
  *
  * Folder core/cpu/ owns the backends that run on the host's cores: the reference backend
  * (reference.c, the readable f32 oracle) and these shared helpers. */
 #ifndef KVG_CPU_H
 #define KVG_CPU_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kvg_model.h"
@@ -131,5 +133,71 @@ kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, in
                                 float *out, kvgen_error *err);
 kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
                                  const float *in, kvgen_error *err);
+
+/* ---- what the reference and cpu backends share (cpu_common.c) -------------------------------- */
+
+/* a small tensor (bias, norm, factors) as n floats in *out, or NULL for none; false: out of memory */
+bool kvg_cpu_tensor_f32(const kvg_tensor *t, size_t n, float **out);
+
+/* A layer's small tensors in f32, NULL where the model has none. */
+typedef struct kvg_cpu_layer_tensors {
+    float *bq, *bk, *bv;         /* [H*hd], [Hkv*hd], [Hkv*hd] */
+    float *q_norm, *k_norm;      /* [hd] */
+    float *attn_post, *ffn_post; /* [D] */
+} kvg_cpu_layer_tensors;
+
+/* What a host backend keeps per model besides its weights: the first member of its model
+ * (m->backend), so the page ops below find it there. */
+typedef struct kvg_cpu_host {
+    kvg_cpu_kv_type kv_type;       /* the pages' elements */
+    const char *who;               /* the backend, in messages ("cpu backend") */
+    kvg_cpu_layer_tensors *layers; /* [n_layer] */
+    struct kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy's re-rotation */
+    float *rope_factors;           /* [n_rot/2] rope_freqs in f32, or NULL */
+    kvg_cpu_pages pages[KVG_KV_GROUPS]; /* the page pools' storage, per layer group (kvg_model.h) */
+} kvg_cpu_host;
+
+/* the layers' small tensors and RoPE; kvg_cpu_host_free frees them (and the pages) also after a
+ * failure; h zero-initialised before */
+kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, kvg_cpu_kv_type kv_type, const char *who,
+                               kvgen_error *err);
+void kvg_cpu_host_free(kvg_cpu_host *h, const kvgen_model *m);
+
+/* A session's scratch for the activations of one block of tokens: the first member of a host
+ * backend's session (kvg_batch_seq.bs), so kvg_cpu_check_seq finds n_ctx there. */
+typedef struct kvg_cpu_scratch {
+    int n_ctx;     /* C: positions the session may reach */
+    int n_threads; /* the model's pool's */
+    float *x;      /* [n][D] residual stream */
+    float *xb;     /* [n][D] a sublayer's normed input (the cpu backend: then its output) */
+    float *q;      /* [n][H*hd] */
+    float *k;      /* [n][Hkv*hd] */
+    float *v;      /* [n][Hkv*hd] */
+    float *att;    /* [n][H*hd] attention output, heads concatenated */
+    float *hb;     /* [n][F] gate, then act(gate) * up */
+    float *hb2;    /* [n][F] up */
+} kvg_cpu_scratch;
+/* KVGEN_E_NO_MEMORY when a buffer could not be had (kvg_cpu_scratch_free frees the rest) */
+kvgen_status kvg_cpu_scratch_init(kvg_cpu_scratch *s, const kvg_hparams *hp, int block, int n_ctx, int n_threads);
+void kvg_cpu_scratch_free(kvg_cpu_scratch *s);
+
+/* batch sequence i checked before a forward: its session, page tables and tokens, and room */
+kvgen_status kvg_cpu_check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, const char *who, kvgen_error *err);
+/* The next block of at most max tokens of the batch in order, from token *ti of sequence *si
+ * (both advanced): token t of the block is tokens[t], token tok_of[t] of sequence seq_of[t].
+ * Returns the block's size, 0 at the batch's end. */
+int kvg_cpu_batch_block(const kvg_batch *b, int *si, int *ti, int max, int32_t *tokens, int *seq_of, int *tok_of);
+
+/* kvg_backend_ops' page ops over m->backend's kvg_cpu_host */
+size_t kvg_cpu_host_cache_bytes_per_token(const kvgen_model *m);
+size_t kvg_cpu_host_default_pool_bytes(const kvgen_model *m);
+kvgen_status kvg_cpu_host_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err);
+kvgen_status kvg_cpu_host_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err);
+kvgen_status kvg_cpu_host_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
+                                  const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
+kvgen_status kvg_cpu_host_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                  float *out, kvgen_error *err);
+kvgen_status kvg_cpu_host_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
+                                   const float *in, kvgen_error *err);
 
 #endif

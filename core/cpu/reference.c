@@ -77,26 +77,13 @@ float kvg_ref_gelu_tanh(float x) {
 
 /* ---- per-model and per-session state ---------------------------------------------------- */
 
-/* A layer's small tensors in f32 (NULL where the model has none) and its RoPE. */
-typedef struct ref_layer {
-    float *bq, *bk, *bv;             /* [H*hd], [Hkv*hd], [Hkv*hd] */
-    float *q_norm, *k_norm;          /* [hd] */
-    float *attn_post, *ffn_post;     /* [D] */
-    kvg_ref_rope_params rope;
-} ref_layer;
-
 typedef struct ref_model {
+    kvg_cpu_host host; /* first: the layers' small tensors and RoPE, the pages (cpu_common.c) */
     kvg_cpu_pool *pool;
     /* norm weights converted to f32 once, whatever type the file stores them in */
     float *attn_norm; /* [n_layer][D] */
     float *ffn_norm;  /* [n_layer][D] */
     float *out_norm;  /* [D] */
-    ref_layer *layers;
-    kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy */
-    float *rope_factors;        /* [n_rot/2] rope_freqs in f32, or NULL */
-    /* the page pools' storage (kv_pages_init), per layer group: page i of group g is
-     * pages[g].data[i], [Lg][2][Hkv][P][hd] f32 */
-    kvg_cpu_pages pages[KVG_KV_GROUPS];
 } ref_model;
 
 /* Where a session's K/V live: per layer group, a page table into the model's pages. */
@@ -107,20 +94,10 @@ typedef struct ref_kv {
 } ref_kv;
 
 struct kvg_backend_session {
-    int n_ctx; /* C: positions the session may reach */
-    /* activations of one block of tokens */
-    float *x;   /* [n][D] residual stream */
-    float *xb;  /* [n][D] normed input of a sublayer */
-    float *q;   /* [n][H*hd] */
-    float *k;   /* [n][Hkv*hd] */
-    float *v;   /* [n][Hkv*hd] */
-    float *att; /* [n][H*hd] attention output, heads concatenated */
-    float *hb;  /* [n][F] gate, then silu(gate) * up */
-    float *hb2; /* [n][F] up */
+    kvg_cpu_scratch c; /* first: n_ctx, n_threads and the activations of one block of tokens */
     float *scores; /* [n_threads][C] attention weights, one row per thread */
     float *row_f32; /* [n_threads][row_stride] a dequantized weight row, one per thread */
     size_t row_stride;
-    int n_threads;
 };
 
 /* The hd floats of layer `layer`'s K (which = 0) or V (which = 1) for kv head h at position pos. */
@@ -130,40 +107,6 @@ static float *kv_at(const ref_kv *kv, int layer, int which, int h, int pos) {
 }
 
 static void ref_model_free(kvgen_model *m);
-
-/* a small tensor (bias, norm, factors) as n floats, or NULL for none; false: out of memory */
-static bool to_f32(const kvg_tensor *t, size_t n, float **out) {
-    *out = NULL;
-    if (!t) return true;
-    *out = kvg_malloc(n * sizeof(float));
-    if (!*out) return false;
-    kvg_dequantize_row(t->type, t->data, *out, n);
-    return true;
-}
-
-/* The layers' biases, extra norms and RoPE parameters (kvg_layer, kvg_weights). */
-static kvgen_status small_tensors(kvgen_model *m, ref_model *rm, kvgen_error *err) {
-    const kvg_hparams *hp = &m->w.hp;
-    size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
-    size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
-    rm->layers = kvg_calloc(L, sizeof *rm->layers);
-    rm->ropes = kvg_calloc(L, sizeof *rm->ropes);
-    bool ok = rm->layers && rm->ropes && to_f32(m->w.rope_freqs, (size_t)hp->n_rot / 2, &rm->rope_factors);
-    for (size_t l = 0; ok && l < L; l++) {
-        const kvg_layer *w = &m->w.layers[l];
-        ref_layer *r = &rm->layers[l];
-        ok = to_f32(w->bq, qd, &r->bq) && to_f32(w->bk, kvd, &r->bk) && to_f32(w->bv, kvd, &r->bv) &&
-             to_f32(w->q_norm, hd, &r->q_norm) && to_f32(w->k_norm, hd, &r->k_norm) &&
-             to_f32(w->attn_post_norm, D, &r->attn_post) && to_f32(w->ffn_post_norm, D, &r->ffn_post);
-        r->rope = (kvg_ref_rope_params){.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
-                                        .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
-                                        .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
-                                        .factors = rm->rope_factors, .attn_factor = hp->rope_attn_factor};
-        rm->ropes[l] = r->rope;
-    }
-    if (!ok) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for the model's small tensors");
-    return KVGEN_OK;
-}
 
 static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     (void)desc;
@@ -213,7 +156,7 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     }
     kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, rm->out_norm, D);
     m->backend = rm; /* from here on, ref_model_free cleans up */
-    kvgen_status st = small_tensors(m, rm, err);
+    kvgen_status st = kvg_cpu_host_init(&rm->host, m, KVG_CPU_KV_F32, "reference backend", err);
     if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
     if (st != KVGEN_OK) {
         ref_model_free(m);
@@ -228,15 +171,7 @@ static void ref_model_free(kvgen_model *m) {
     ref_model *rm = m->backend;
     if (!rm) return;
     kvg_cpu_pool_destroy(rm->pool);
-    for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_cpu_pages_free(&rm->pages[g]);
-    for (int l = 0; rm->layers && l < m->w.hp.n_layer; l++) {
-        ref_layer *L = &rm->layers[l];
-        float *ps[] = {L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post, L->ffn_post};
-        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
-    }
-    kvg_free(rm->layers);
-    kvg_free(rm->ropes);
-    kvg_free(rm->rope_factors);
+    kvg_cpu_host_free(&rm->host, m);
     kvg_free(rm->attn_norm);
     kvg_free(rm->ffn_norm);
     kvg_free(rm->out_norm);
@@ -247,14 +182,7 @@ static void ref_model_free(kvgen_model *m) {
 static void ref_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
-    kvg_free(s->x);
-    kvg_free(s->xb);
-    kvg_free(s->q);
-    kvg_free(s->k);
-    kvg_free(s->v);
-    kvg_free(s->att);
-    kvg_free(s->hb);
-    kvg_free(s->hb2);
+    kvg_cpu_scratch_free(&s->c);
     kvg_free(s->scores);
     kvg_free(s->row_f32);
     kvg_free(s);
@@ -266,24 +194,13 @@ static kvgen_status ref_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     if (n_ctx <= 0) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: n_ctx %d must be > 0", n_ctx);
     kvg_backend_session *s = kvg_calloc(1, sizeof *s);
     if (!s) return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a session");
-    s->n_ctx = n_ctx;
-    s->n_threads = kvg_cpu_pool_threads(rm->pool);
-    size_t B = REF_BLOCK, D = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
-    size_t qd = (size_t)hp->n_head * hp->head_dim, kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    s->x = kvg_malloc(B * D * sizeof(float));
-    s->xb = kvg_malloc(B * D * sizeof(float));
-    s->q = kvg_malloc(B * qd * sizeof(float));
-    s->k = kvg_malloc(B * kvd * sizeof(float));
-    s->v = kvg_malloc(B * kvd * sizeof(float));
-    s->att = kvg_malloc(B * qd * sizeof(float));
-    s->hb = kvg_malloc(B * F * sizeof(float));
-    s->hb2 = kvg_malloc(B * F * sizeof(float));
-    s->scores = kvg_malloc((size_t)s->n_threads * (size_t)n_ctx * sizeof(float));
+    kvgen_status st = kvg_cpu_scratch_init(&s->c, hp, REF_BLOCK, n_ctx, kvg_cpu_pool_threads(rm->pool));
+    size_t D = (size_t)hp->n_embd, F = (size_t)hp->n_ff, qd = (size_t)hp->n_head * hp->head_dim;
+    s->scores = kvg_malloc((size_t)s->c.n_threads * (size_t)n_ctx * sizeof(float));
     s->row_stride = D > F ? D : F;
     if (qd > s->row_stride) s->row_stride = qd;
-    s->row_f32 = kvg_malloc((size_t)s->n_threads * s->row_stride * sizeof(float));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 ||
-        !s->scores || !s->row_f32) {
+    s->row_f32 = kvg_malloc((size_t)s->c.n_threads * s->row_stride * sizeof(float));
+    if (st != KVGEN_OK || !s->scores || !s->row_f32) {
         ref_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "reference backend: out of memory for a %d-token session's scratch",
                         n_ctx);
@@ -388,11 +305,11 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int t = item / hp->n_head, h = item % hp->n_head;
         const ref_slot *slot = &j->slots[t];
         const ref_kv *kv = slot->kv;
-        float *scores = slot->owner->scores + (size_t)tid * slot->owner->n_ctx;
+        float *scores = slot->owner->scores + (size_t)tid * slot->owner->c.n_ctx;
         int pos = slot->pos; /* attends to positions [first, pos] */
         int first = j->window > 0 && pos >= j->window ? pos - j->window + 1 : 0;
         int kvh = h / group;
-        const float *q = j->s->q + ((size_t)t * hp->n_head + h) * hd;
+        const float *q = j->s->c.q + ((size_t)t * hp->n_head + h) * hd;
         for (int p = first; p <= pos; p++) {
             const float *k = kv_at(kv, l, 0, kvh, p);
             float dot = 0.0f;
@@ -402,7 +319,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
             scores[p - first] = sc;
         }
         kvg_ref_softmax(scores, pos - first + 1);
-        float *o = j->s->att + ((size_t)t * hp->n_head + h) * hd;
+        float *o = j->s->c.att + ((size_t)t * hp->n_head + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int p = first; p <= pos; p++) {
             const float *v = kv_at(kv, l, 1, kvh, p);
@@ -444,7 +361,7 @@ static void add_bias(float *y, const float *b, int n, int width) {
 }
 
 /* Runs one block of n <= REF_BLOCK tokens through every layer, token t at slots[t] (its
- * position and cache), leaving the final residual stream in s->x and their K/V in the caches. */
+ * position and cache), leaving the final residual stream in s->c.x and their K/V in the caches. */
 static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot *slots, const int32_t *tokens,
                           int n) {
     const kvg_hparams *hp = &m->w.hp;
@@ -457,25 +374,25 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
     size_t emb_row = kvg_row_bytes(emb->type, emb->ne[0]);
     for (int t = 0; t < n; t++)
         kvg_dequantize_row(emb->type, (const unsigned char *)emb->data + (size_t)tokens[t] * emb_row,
-                           s->x + (size_t)t * D, (uint64_t)D);
+                           s->c.x + (size_t)t * D, (uint64_t)D);
     if (m->w.embd_scale != 1.0f) /* gemma: x * sqrt(n_embd) */
-        for (size_t i = 0; i < (size_t)n * D; i++) s->x[i] *= m->w.embd_scale;
+        for (size_t i = 0; i < (size_t)n * D; i++) s->c.x[i] *= m->w.embd_scale;
 
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
-        const ref_layer *R = &rm->layers[l];
+        const kvg_cpu_layer_tensors *R = &rm->host.layers[l];
 
         /* attention sublayer: xb = rmsnorm(x) * attn_norm                xb: [n][D] */
         for (int t = 0; t < n; t++)
-            kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, rm->attn_norm + (size_t)l * D, D,
+            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->attn_norm + (size_t)l * D, D,
                             hp->rms_norm_eps);
 
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
-        matmul_part qkv[3] = {{L->wq, s->q}, {L->wk, s->k}, {L->wv, s->v}};
-        matmul(rm->pool, s, s->xb, D, n, 3, qkv);
-        add_bias(s->q, R->bq, n, qd); /* qwen2 */
-        add_bias(s->k, R->bk, n, kvd);
-        add_bias(s->v, R->bv, n, kvd);
+        matmul_part qkv[3] = {{L->wq, s->c.q}, {L->wk, s->c.k}, {L->wv, s->c.v}};
+        matmul(rm->pool, s, s->c.xb, D, n, 3, qkv);
+        add_bias(s->c.q, R->bq, n, qd); /* qwen2 */
+        add_bias(s->c.k, R->bk, n, kvd);
+        add_bias(s->c.v, R->bv, n, kvd);
 
         /* per-head RMSNorm of q and k (qwen3, gemma3), RoPE on every head of q and k at the
          * token's position, then append k, v to the cache */
@@ -483,16 +400,16 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
             int pos = slots[t].pos;
             const ref_kv *kv = slots[t].kv;
             for (int h = 0; h < hp->n_head; h++) {
-                float *q = s->q + (size_t)t * qd + (size_t)h * hd;
+                float *q = s->c.q + (size_t)t * qd + (size_t)h * hd;
                 if (R->q_norm) kvg_ref_rmsnorm(q, q, R->q_norm, hd, hp->rms_norm_eps);
-                kvg_ref_rope_apply(&R->rope, q, pos);
+                kvg_ref_rope_apply(&rm->host.ropes[l], q, pos);
             }
             for (int h = 0; h < hp->n_head_kv; h++) {
-                float *k = s->k + (size_t)t * kvd + (size_t)h * hd;
+                float *k = s->c.k + (size_t)t * kvd + (size_t)h * hd;
                 if (R->k_norm) kvg_ref_rmsnorm(k, k, R->k_norm, hd, hp->rms_norm_eps);
-                kvg_ref_rope_apply(&R->rope, k, pos);
+                kvg_ref_rope_apply(&rm->host.ropes[l], k, pos);
                 memcpy(kv_at(kv, l, 0, h, pos), k, (size_t)hd * sizeof(float));
-                memcpy(kv_at(kv, l, 1, h, pos), s->v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
+                memcpy(kv_at(kv, l, 1, h, pos), s->c.v + (size_t)t * kvd + (size_t)h * hd, (size_t)hd * sizeof(float));
             }
         }
 
@@ -503,24 +420,24 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         kvg_cpu_pool_run(rm->pool, n * hp->n_head, attention_heads, &aj);
 
         /* x += att Wo                                                      xb: [n][D] */
-        matmul_part o[1] = {{L->wo, s->xb}};
-        matmul(rm->pool, s, s->att, qd, n, 1, o);
-        residual_add(s->x, s->xb, R->attn_post, n, D, hp->rms_norm_eps); /* gemma: normed first */
+        matmul_part o[1] = {{L->wo, s->c.xb}};
+        matmul(rm->pool, s, s->c.att, qd, n, 1, o);
+        residual_add(s->c.x, s->c.xb, R->attn_post, n, D, hp->rms_norm_eps); /* gemma: normed first */
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
         for (int t = 0; t < n; t++)
-            kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, rm->ffn_norm + (size_t)l * D, D,
+            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->ffn_norm + (size_t)l * D, D,
                             hp->rms_norm_eps);
 
         /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = act(hb) * hb2 (SwiGLU for SiLU) */
-        matmul_part gu[2] = {{L->w_gate, s->hb}, {L->w_up, s->hb2}};
-        matmul(rm->pool, s, s->xb, D, n, 2, gu);
-        ffn_activation(&m->w, s->hb, s->hb2, (size_t)n * F);
+        matmul_part gu[2] = {{L->w_gate, s->c.hb}, {L->w_up, s->c.hb2}};
+        matmul(rm->pool, s, s->c.xb, D, n, 2, gu);
+        ffn_activation(&m->w, s->c.hb, s->c.hb2, (size_t)n * F);
 
         /* x += hb Wdown                                                    xb: [n][D] */
-        matmul_part dn[1] = {{L->w_down, s->xb}};
-        matmul(rm->pool, s, s->hb, F, n, 1, dn);
-        residual_add(s->x, s->xb, R->ffn_post, n, D, hp->rms_norm_eps);
+        matmul_part dn[1] = {{L->w_down, s->c.xb}};
+        matmul(rm->pool, s, s->c.hb, F, n, 1, dn);
+        residual_add(s->c.x, s->c.xb, R->ffn_post, n, D, hp->rms_norm_eps);
     }
 }
 
@@ -530,32 +447,12 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     ref_model *rm = m->backend;
     int D = hp->n_embd;
     for (int t = 0; t < count; t++)
-        kvg_ref_rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
+        kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
     matmul_part out[1] = {{m->w.output, logits}};
-    matmul(rm->pool, s, s->xb, D, count, 1, out);
+    matmul(rm->pool, s, s->c.xb, D, count, 1, out);
     float cap = hp->final_softcap; /* gemma2: cap * tanh(logit / cap) */
     if (cap > 0.0f)
         for (size_t i = 0; i < (size_t)count * hp->n_vocab; i++) logits[i] = cap * tanhf(logits[i] / cap);
-}
-
-static kvgen_status check_seq(const kvgen_model *m, const kvg_batch_seq *q, int i, kvgen_error *err) {
-    const kvg_hparams *hp = &m->w.hp;
-    if (!q->bs || !q->pages[0] || (m->kv.n_groups > 1 && !q->pages[1]) || !q->tokens)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch sequence %d lacks its session, page table "
-                        "or tokens", i);
-    if (q->n <= 0 || q->pos0 < 0 || q->n > q->bs->n_ctx - q->pos0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: %d tokens at position %d do not fit %d",
-                        q->n, q->pos0, q->bs->n_ctx);
-    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: batch sequence %d wants logits but has no buffer",
-                        i);
-    if (q->out == KVG_OUT_KEEP)
-        return kvg_fail(err, KVGEN_E_INTERNAL, "reference backend: logits are host memory, none are kept");
-    for (int t = 0; t < q->n; t++)
-        if (q->tokens[t] < 0 || q->tokens[t] >= hp->n_vocab)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "reference backend: token id %d out of range [0, %d)",
-                            q->tokens[t], hp->n_vocab);
-    return KVGEN_OK;
 }
 
 /* The batch's tokens in order, REF_BLOCK at a time: a block's activations live in the scratch
@@ -568,7 +465,7 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     const ref_model *rm = m->backend;
     size_t V = (size_t)hp->n_vocab;
     for (int i = 0; i < b->n_seq; i++) {
-        kvgen_status st = check_seq(m, &b->seq[i], i, err);
+        kvgen_status st = kvg_cpu_check_seq(m, &b->seq[i], i, "reference backend", err);
         if (st != KVGEN_OK) return st;
     }
     ref_kv kv[REF_BLOCK];
@@ -576,19 +473,11 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     int32_t tokens[REF_BLOCK];
     int seq_of[REF_BLOCK], tok_of[REF_BLOCK];
     int si = 0, ti = 0; /* the next token to place: b->seq[si].tokens[ti] */
-    while (si < b->n_seq) {
-        int nb = 0;
-        for (; si < b->n_seq && nb < REF_BLOCK; nb++) {
-            const kvg_batch_seq *q = &b->seq[si];
-            kv[nb] = (ref_kv){.store = rm->pages, .pages = {q->pages[0], q->pages[1]}, .group = m->kv.group};
-            slots[nb] = (ref_slot){.kv = &kv[nb], .owner = q->bs, .pos = q->pos0 + ti};
-            tokens[nb] = q->tokens[ti];
-            seq_of[nb] = si;
-            tok_of[nb] = ti;
-            if (++ti == q->n) {
-                si++;
-                ti = 0;
-            }
+    for (int nb; (nb = kvg_cpu_batch_block(b, &si, &ti, REF_BLOCK, tokens, seq_of, tok_of)) > 0;) {
+        for (int t = 0; t < nb; t++) {
+            const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            kv[t] = (ref_kv){.store = rm->host.pages, .pages = {q->pages[0], q->pages[1]}, .group = m->kv.group};
+            slots[t] = (ref_slot){.kv = &kv[t], .owner = q->bs, .pos = q->pos0 + tok_of[t]};
         }
         kvg_backend_session *scratch = slots[0].owner;
         forward_block(m, scratch, slots, tokens, nb);
@@ -607,41 +496,6 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     return KVGEN_OK;
 }
 
-static size_t ref_cache_bytes_per_token(const kvgen_model *m) { return kvg_cpu_kv_bytes_per_token(&m->w.hp, KVG_CPU_KV_F32); }
-
-/* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------ */
-
-static size_t ref_default_pool_bytes(const kvgen_model *m) { return kvg_cpu_default_pool_bytes(&m->w.hp, KVG_CPU_KV_F32); }
-
-static kvgen_status ref_kv_pages_init(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err) {
-    ref_model *rm = m->backend;
-    return kvg_cpu_pages_init(&rm->pages[group], &m->w.hp, rm->ropes, &m->kv, group, page_size, n_pages,
-                              KVG_CPU_KV_F32, "reference backend", err);
-}
-
-static kvgen_status ref_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
-    ref_model *rm = m->backend;
-    return kvg_cpu_pages_commit(&rm->pages[group], page, err);
-}
-
-static kvgen_status ref_kv_copy(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
-                                const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
-    const ref_model *rm = m->backend;
-    return kvg_cpu_pages_copy(&rm->pages[group], src_pages, src_pos, dst_pages, dst_pos, n, rope_delta, err);
-}
-
-static kvgen_status ref_kv_read(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
-                                float *out, kvgen_error *err) {
-    const ref_model *rm = m->backend;
-    return kvg_cpu_pages_read(&rm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, out, err);
-}
-
-static kvgen_status ref_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
-                                 const float *in, kvgen_error *err) {
-    const ref_model *rm = m->backend;
-    return kvg_cpu_pages_write(&rm->pages[m->kv.group[layer]], pages, layer, which, pos0, n, in, err);
-}
-
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
     .kv_groups = true,
@@ -656,11 +510,11 @@ const kvg_backend_ops kvg_reference_backend = {
     .session_init = ref_session_init,
     .session_free = ref_session_free,
     .forward = ref_forward,
-    .cache_bytes_per_token = ref_cache_bytes_per_token,
-    .kv_default_pool_bytes = ref_default_pool_bytes,
-    .kv_pages_init = ref_kv_pages_init,
-    .kv_page_commit = ref_kv_page_commit,
-    .kv_copy = ref_kv_copy,
-    .kv_read = ref_kv_read,
-    .kv_write = ref_kv_write,
+    .cache_bytes_per_token = kvg_cpu_host_cache_bytes_per_token, /* cpu_common.c */
+    .kv_default_pool_bytes = kvg_cpu_host_default_pool_bytes,
+    .kv_pages_init = kvg_cpu_host_pages_init,
+    .kv_page_commit = kvg_cpu_host_page_commit,
+    .kv_copy = kvg_cpu_host_kv_copy,
+    .kv_read = kvg_cpu_host_kv_read,
+    .kv_write = kvg_cpu_host_kv_write,
 };
