@@ -745,11 +745,5 @@ const kvg_backend_ops kvg_cpu_backend = {
     .session_init = cpu_session_init,
     .session_free = cpu_session_free,
     .forward = cpu_forward,
-    .cache_bytes_per_token = kvg_cpu_host_cache_bytes_per_token, /* cpu_common.c */
-    .kv_default_pool_bytes = kvg_cpu_host_default_pool_bytes,
-    .kv_pages_init = kvg_cpu_host_pages_init,
-    .kv_page_commit = kvg_cpu_host_page_commit,
-    .kv_copy = kvg_cpu_host_kv_copy,
-    .kv_read = kvg_cpu_host_kv_read,
-    .kv_write = kvg_cpu_host_kv_write,
+    KVG_CPU_HOST_PAGE_OPS, /* cpu_common.c */
 };

@@ -199,5 +199,11 @@ kvgen_status kvg_cpu_host_kv_read(kvgen_model *m, const int32_t *pages, int laye
                                   float *out, kvgen_error *err);
 kvgen_status kvg_cpu_host_kv_write(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
                                    const float *in, kvgen_error *err);
+/* those ops as the designated initializers of a kvg_backend_ops */
+#define KVG_CPU_HOST_PAGE_OPS                                                                                \
+    .cache_bytes_per_token = kvg_cpu_host_cache_bytes_per_token,                                            \
+    .kv_default_pool_bytes = kvg_cpu_host_default_pool_bytes, .kv_pages_init = kvg_cpu_host_pages_init,     \
+    .kv_page_commit = kvg_cpu_host_page_commit, .kv_copy = kvg_cpu_host_kv_copy,                            \
+    .kv_read = kvg_cpu_host_kv_read, .kv_write = kvg_cpu_host_kv_write
 
 #endif
