@@ -10,7 +10,7 @@ if(NOT KVGEN_LUA54_INCLUDE_DIR OR NOT CMAKE_NM OR NOT CMAKE_DLLTOOL)
   return()
 endif()
 
-add_library(kvgen_lua_objects OBJECT kvgen_lua.c)
+add_library(kvgen_lua_objects OBJECT ${KVGEN_LUA_SOURCES})
 target_include_directories(kvgen_lua_objects PUBLIC ${CMAKE_CURRENT_SOURCE_DIR} ${KVGEN_LUA54_INCLUDE_DIR})
 target_link_libraries(kvgen_lua_objects PUBLIC kvgen)
 get_target_property(_kvgen_sources kvgen SOURCES)
