@@ -25,7 +25,7 @@ add_custom_command(OUTPUT ${_implib}
           -DDLLTOOL=${CMAKE_DLLTOOL} -DDEF=${CMAKE_CURRENT_BINARY_DIR}/lua54.def -DOUT=${_implib}
           -P ${CMAKE_CURRENT_SOURCE_DIR}/lua54_implib.cmake
   DEPENDS kvgen_lua_objects $<TARGET_OBJECTS:kvgen_lua_objects> ${CMAKE_CURRENT_SOURCE_DIR}/lua54_implib.cmake
-  COMMAND_EXPAND_LISTS VERBATIM)
+  VERBATIM)
 add_custom_target(kvgen_lua54_implib DEPENDS ${_implib})
 
 # exports: luaopen_kvgen (and kvgen_*, which libkvgen's objects mark dllexport when KVGEN_SHARED)
