@@ -260,6 +260,6 @@ int kvl_set_logger(lua_State *L);
  * the path in the table). */
 void kvl_schema_to_json(const opt_ctx *c);
 /* Pushes the value of a whole JSON text (generated under a schema), or nil. */
-void kvl_push_json_value(lua_State *L, const char *text);
+void kvl_push_json_value(lua_State *L, const char *text, size_t len);
 
 #endif /* KVGEN_LUA_INTERNAL_H */

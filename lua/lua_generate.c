@@ -367,7 +367,7 @@ static int stream_index(lua_State *L) {
         }
     } else if (strcmp(key, "value") == 0) { /* a schema stream's text, parsed, once it completed */
         if (!st->gen && st->schema && st->finish == KVGEN_FINISH_STOP && lua_getiuservalue(L, 1, 2) == LUA_TSTRING)
-            kvl_push_json_value(L, lua_tostring(L, -1));
+            kvl_push_json_value(L, lua_tostring(L, -1), lua_rawlen(L, -1));
         else
             lua_pushnil(L);
     } else if (strcmp(key, "session") == 0) {
@@ -518,7 +518,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
         int n = run_to_end(L, idx, cb);
         if (!o->schema) return n;
         /* with a schema: text, finish, and the text's value (nil unless it is complete) */
-        if (strcmp(lua_tostring(L, -1), "stop") == 0) kvl_push_json_value(L, lua_tostring(L, -2));
+        if (strcmp(lua_tostring(L, -1), "stop") == 0) kvl_push_json_value(L, lua_tostring(L, -2), lua_rawlen(L, -2));
         else lua_pushnil(L);
         return n + 1;
     }

@@ -235,8 +235,10 @@ static int job_index(lua_State *L) {
     } else if (strcmp(key, "error") == 0) {
         push_job_error(L, &info);
     } else if (strcmp(key, "value") == 0) { /* a schema job's text, parsed, once it completed */
+        size_t len = 0;
+        const char *text = kvgen_job_text(j->job, &len);
         if (j->schema && info.state == KVGEN_JOB_DONE && info.finish == KVGEN_FINISH_STOP)
-            kvl_push_json_value(L, kvgen_job_text(j->job, NULL));
+            kvl_push_json_value(L, text, len);
         else
             lua_pushnil(L);
     } else if (strcmp(key, "priority") == 0) {

@@ -1,12 +1,16 @@
 /*
- * lua_json.c: JSON for schemas: a Lua table written as JSON text (key order, kvgen.null, a depth
- * bound and cycle detection), and generated JSON text read back as Lua values.
+ * lua_json.c: JSON for schemas: a Lua table written as JSON text, and generated JSON text read
+ * back as Lua values, both through kvgen's JSON codec (kvg_json.h). What is the module's own:
+ * the walk of the script's table (raw reads only, the key order, kvgen.null, a depth bound, a
+ * table inside itself refused naming both paths, messages naming the option and the path), and
+ * numbers read back as Lua integers where their text is one.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvg_json.h"
 #include "kvgen_lua_internal.h"
 
 /* How deep a schema table may nest, and a JSON value read back: as deep as kvgen takes a schema
@@ -14,42 +18,57 @@
  * writer (checked with lua_checkstack) and one C frame. */
 #define JSON_MAX_DEPTH 64
 
-/* JSON text as pieces in a Lua table (at t), concatenated at the end: the stack stays free for
- * the values being written, and an error leaves nothing to free. `seen` (a table index): the
- * tables being written, each with its path, so that a table inside itself is refused by name. */
+#define JSON_BOX_MT "kvgen.JsonBox"
+
+/* The codec's memory while Lua code may raise (a bad value in the script's table, Lua running
+ * out of memory): held by a userdata whose __gc frees it, so an error leaves nothing behind. */
+typedef struct json_box {
+    kvg_buf text;   /* the JSON text being written */
+    kvg_json *tree; /* the value being read back */
+} json_box;
+
+static void json_box_free(json_box *x) {
+    kvg_free(x->text.p);
+    kvg_json_free(x->tree);
+    memset(x, 0, sizeof *x);
+}
+
+static int json_box_gc(lua_State *L) {
+    json_box_free(lua_touserdata(L, 1));
+    return 0;
+}
+
+static json_box *push_box(lua_State *L) {
+    json_box *x = lua_newuserdatauv(L, sizeof *x, 0);
+    memset(x, 0, sizeof *x);
+    if (luaL_newmetatable(L, JSON_BOX_MT)) {
+        lua_pushcfunction(L, json_box_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    return x;
+}
+
+/* The text being written (in a box on the stack) and `seen` (a table index): the tables being
+ * written, each with its path, so that a table inside itself is refused by name. */
 typedef struct jbuf {
     lua_State *L;
-    int t, seen;
-    lua_Integer n;
+    kvg_buf *out;
+    int seen;
 } jbuf;
 
-static void jb_add(jbuf *b, const char *s, size_t n) {
-    lua_pushlstring(b->L, s, n);
-    lua_rawseti(b->L, b->t, ++b->n);
+/* the codec's writers' status: out of memory raises Lua's memory error */
+static void jb_ok(jbuf *b, int ok) {
+    if (!ok) luaL_error(b->L, "not enough memory");
 }
-static void jb_str(jbuf *b, const char *s) { jb_add(b, s, strlen(s)); }
-static void jb_char(jbuf *b, char ch) { jb_add(b, &ch, 1); }
+static void jb_str(jbuf *b, const char *s) { jb_ok(b, kvg_buf_add(b->out, s, strlen(s))); }
+static void jb_char(jbuf *b, char ch) { jb_ok(b, kvg_buf_add(b->out, &ch, 1)); }
 
 static void json_error(lua_State *L, const opt_ctx *c, const char *path, const char *what) {
     kvl_option_error(L, c->arg, "schema", lua_pushfstring(L, "%s at schema%s", what, path));
 }
 
-static void json_string(jbuf *b, const char *s, size_t n) {
-    jb_char(b, '"');
-    size_t from = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch != '"' && ch != '\\' && ch >= 0x20) continue;
-        jb_add(b, s + from, i - from);
-        char e[8];
-        if (ch < 0x20) snprintf(e, sizeof e, "\\u%04x", ch);
-        else snprintf(e, sizeof e, "\\%c", ch);
-        jb_str(b, e);
-        from = i + 1;
-    }
-    jb_add(b, s + from, n - from);
-    jb_char(b, '"');
-}
+static void json_string(jbuf *b, const char *s, size_t n) { jb_ok(b, kvg_json_write_string(b->out, s, n) == 0); }
 
 /* keys of the table at idx whose values are to be written as an array when the table is empty */
 static int empty_is_array(const char *key) {
@@ -61,9 +80,9 @@ static int empty_is_array(const char *key) {
 
 static int key_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-/* Writes the value at idx as JSON into b (kept at the top of the stack by the caller's
- * luaL_Buffer discipline: values are pushed and popped around each add). `path` names the
- * value in messages; `order` (a table index, or 0): the keys to write first, in its order. */
+/* Writes the value at idx as JSON into b; every level leaves the stack as it found it. `path`
+ * names the value in messages; `order` (a table index, or 0): the keys to write first, in its
+ * order. */
 static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
                         int order, int depth);
 
@@ -181,6 +200,9 @@ static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const 
     switch (lua_type(L, idx)) {
     case LUA_TBOOLEAN: jb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;
     case LUA_TNUMBER:
+        /* Numbers keep their own format, not kvg_json_write_number's: the schema compiler writes
+         * a const's or enum's number as its text, so this text is what the model generates
+         * (0.1 as 0.10000000000000001), and an integer keeps all 64 bits. */
         if (lua_isinteger(L, idx)) {
             char t[32];
             snprintf(t, sizeof t, "%lld", (long long)lua_tointeger(L, idx));
@@ -213,133 +235,61 @@ static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const 
 void kvl_schema_to_json(const opt_ctx *c) {
     lua_State *L = c->L;
     int t = lua_gettop(L);
+    json_box *x = push_box(L);
     lua_newtable(L);
-    lua_newtable(L);
-    jbuf b = {L, t + 1, t + 2, 0};
+    jbuf b = {L, &x->text, t + 2};
     lua_to_json(L, c, t, &b, "", NULL, 0, 0);
-    luaL_Buffer out;
-    luaL_buffinit(L, &out);
-    for (lua_Integer i = 1; i <= b.n; i++) {
-        lua_rawgeti(L, b.t, i);
-        luaL_addvalue(&out);
-    }
-    luaL_pushresult(&out);
+    lua_pushlstring(L, x->text.p, x->text.n);
     lua_replace(L, t);
+    json_box_free(x);
     lua_settop(L, t);
 }
 
 /* ---- JSON text read back ------------------------------------------------------------------ */
 
-/* Pushes the value of the JSON text at *p (generated under a schema: valid); nil when it is
- * not. Objects become tables with string keys, arrays lists, null kvgen.null. */
-static int json_push(lua_State *L, const char **p, int depth) {
-    const char *s = *p;
-    while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
-    if (depth > JSON_MAX_DEPTH || !lua_checkstack(L, 8)) return 0;
-    if (*s == '{' || *s == '[') {
-        int obj = *s == '{';
-        s++;
-        lua_newtable(L);
+/* Pushes the value v (0: the Lua stack is full). Objects become tables with string keys, arrays
+ * lists, null kvgen.null; a number is read from its text as Lua reads one, so "3" is the integer
+ * 3 and "3.0" a float. */
+static int push_value(lua_State *L, const kvg_json *v) {
+    if (!lua_checkstack(L, 8)) return 0;
+    switch (v->type) {
+    case KVG_JSON_NULL: lua_pushlightuserdata(L, NULL); break;
+    case KVG_JSON_FALSE:
+    case KVG_JSON_TRUE: lua_pushboolean(L, v->type == KVG_JSON_TRUE); break;
+    case KVG_JSON_NUMBER: /* the text (KVG_JSON_NUMBER_TEXT); Lua reads at most 200 bytes of one */
+        if (lua_stringtonumber(L, v->str) == 0) lua_pushnumber(L, v->number);
+        break;
+    case KVG_JSON_STRING: lua_pushlstring(L, v->str, v->len); break;
+    case KVG_JSON_ARRAY:
+    case KVG_JSON_OBJECT: {
+        int obj = v->type == KVG_JSON_OBJECT;
+        lua_createtable(L, obj ? 0 : (int)v->n, obj ? (int)v->n : 0);
         lua_Integer i = 0;
-        while (*s == ' ') s++;
-        if (*s == (obj ? '}' : ']')) {
-            *p = s + 1;
-            return 1;
-        }
-        for (;;) {
-            if (obj) {
-                if (!json_push(L, &s, depth + 1) || lua_type(L, -1) != LUA_TSTRING) return 0;
-                while (*s == ' ') s++;
-                if (*s++ != ':') return 0;
-            }
-            if (!json_push(L, &s, depth + 1)) return 0;
+        for (const kvg_json *item = v->child; item; item = item->next) {
+            if (obj) lua_pushlstring(L, item->key, item->key_len);
+            if (!push_value(L, item)) return 0;
             if (obj) lua_rawset(L, -3);
             else lua_rawseti(L, -2, ++i);
-            while (*s == ' ') s++;
-            if (*s == ',') {
-                s++;
-                continue;
-            }
-            if (*s != (obj ? '}' : ']')) return 0;
-            *p = s + 1;
-            return 1;
         }
+        break;
     }
-    if (*s == '"') {
-        luaL_Buffer b;
-        luaL_buffinit(L, &b);
-        for (s++; *s != '"'; s++) {
-            if (!*s) return 0;
-            if (*s != '\\') {
-                luaL_addchar(&b, *s);
-                continue;
-            }
-            s++;
-            switch (*s) {
-            case 'n': luaL_addchar(&b, '\n'); break;
-            case 't': luaL_addchar(&b, '\t'); break;
-            case 'r': luaL_addchar(&b, '\r'); break;
-            case 'b': luaL_addchar(&b, '\b'); break;
-            case 'f': luaL_addchar(&b, '\f'); break;
-            case 'u': {
-                unsigned v = 0;
-                for (int k = 1; k <= 4; k++) {
-                    char h = s[k];
-                    v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                                     : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 0);
-                    if (!h) return 0;
-                }
-                s += 4;
-                char u[4];
-                int n = v < 0x80 ? 1 : v < 0x800 ? 2 : 3;
-                if (n == 1) u[0] = (char)v;
-                else if (n == 2) {
-                    u[0] = (char)(0xc0 | (v >> 6));
-                    u[1] = (char)(0x80 | (v & 0x3f));
-                } else {
-                    u[0] = (char)(0xe0 | (v >> 12));
-                    u[1] = (char)(0x80 | ((v >> 6) & 0x3f));
-                    u[2] = (char)(0x80 | (v & 0x3f));
-                }
-                luaL_addlstring(&b, u, (size_t)n);
-                break;
-            }
-            case 0: return 0;
-            default: luaL_addchar(&b, *s);
-            }
-        }
-        luaL_pushresult(&b);
-        *p = s + 1;
-        return 1;
     }
-    if (strncmp(s, "true", 4) == 0 || strncmp(s, "false", 5) == 0) {
-        lua_pushboolean(L, *s == 't');
-        *p = s + (*s == 't' ? 4 : 5);
-        return 1;
-    }
-    if (strncmp(s, "null", 4) == 0) {
-        lua_pushlightuserdata(L, NULL);
-        *p = s + 4;
-        return 1;
-    }
-    const char *e = s;
-    while (*e == '-' || *e == '+' || *e == '.' || *e == 'e' || *e == 'E' || (*e >= '0' && *e <= '9')) e++;
-    if (e == s || e - s > 64) return 0;
-    char num[80];
-    memcpy(num, s, (size_t)(e - s));
-    num[e - s] = 0;
-    if (lua_stringtonumber(L, num) == 0) return 0;
-    *p = e;
     return 1;
 }
 
-/* Pushes the value of a whole JSON text, or nil. */
-void kvl_push_json_value(lua_State *L, const char *text) {
+/* Pushes the value of the JSON text (generated under a schema: valid, its strings as the model
+ * wrote them), or nil when it is not one. */
+void kvl_push_json_value(lua_State *L, const char *text, size_t len) {
     int top = lua_gettop(L);
-    const char *p = text;
-    if (!json_push(L, &p, 0) || *p) {
+    json_box *x = push_box(L);
+    x->tree = kvg_json_parse_ex(text, len, JSON_MAX_DEPTH, KVG_JSON_ANY_BYTES | KVG_JSON_NUMBER_TEXT, NULL, NULL,
+                                NULL, 0);
+    if (!x->tree || !push_value(L, x->tree)) {
+        json_box_free(x);
         lua_settop(L, top);
         lua_pushnil(L);
+        return;
     }
+    json_box_free(x);
+    lua_replace(L, top + 1);
 }
-
