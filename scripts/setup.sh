@@ -11,7 +11,7 @@ packages=(
   build-essential cmake pkg-config clang libclang-rt-dev
   libvulkan-dev mesa-vulkan-drivers glslc glslang-tools spirv-tools vulkan-validationlayers vulkan-tools
   lua5.4 liblua5.4-dev lua-busted luarocks
-  libpcre2-dev libcurl4-openssl-dev libcjson-dev python3-venv
+  libpcre2-dev libcurl4-openssl-dev python3-venv
   python3-jsonschema
   unzip ca-certificates
   gcc-mingw-w64-x86-64 wine64

@@ -29,7 +29,8 @@ struct kvg_json {
     size_t offset;             /* byte offset of the value in the parsed text (0 for built values) */
     double number;             /* NUMBER */
     char *str;                 /* STRING: bytes, NUL-terminated, len without the NUL (may contain NUL bytes);
-                                  NUMBER: its text as read under KVG_JSON_NUMBER_TEXT (written as it is), else NULL */
+                                  NUMBER: its text as read under KVG_JSON_NUMBER_TEXT, or one a builder set
+                                  (kvg_malloc'd), written as it is; else NULL */
     size_t len;
     char *key;                 /* set when this value is an object member (NUL-terminated, key_len bytes) */
     size_t key_len;

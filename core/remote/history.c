@@ -138,25 +138,35 @@ kvgen_status kvg_rhist_rewind(kvg_rhist *h, size_t n, const char *who, kvgen_err
 
 /* the remote build's JSON parts: request bodies and session files */
 #if defined(KVGEN_HAVE_REMOTE)
-#include <cjson/cJSON.h>
+#include <float.h>
+#include <locale.h>
 #include <math.h>
+#include <stdio.h>
 #include "kvg_remote_json.h"
 
-void kvg_rhist_put(const kvg_rhist *h, cJSON *body) {
-    if (h->mode == KVG_RMODE_CHAT) {
-        cJSON *a = cJSON_AddArrayToObject(body, "messages");
-        for (size_t i = 0; a && i < h->n_msgs; i++) {
-            cJSON *m = cJSON_CreateObject();
-            if (!m) break;
-            cJSON_AddStringToObject(m, "role", h->msgs[i].role);
-            cJSON_AddStringToObject(m, "content", h->msgs[i].text);
-            cJSON_AddItemToArray(a, m);
-        }
-    } else {
-        char *t = kvg_strndup(h->text.p ? h->text.p : "", h->text.n);
-        if (t) cJSON_AddStringToObject(body, "prompt", t);
-        kvg_free(t);
+kvg_json *kvg_rjson_parse(const char *text, size_t len) {
+    size_t end;
+    return kvg_json_parse_ex(text, len, 256, KVG_JSON_ANY_BYTES, &end, NULL, NULL, 0);
+}
+
+bool kvg_rjson_string(kvg_json *o, const char *key, const char *s) {
+    return kvg_json_add(o, key, kvg_json_new_string(s, strlen(s))) != NULL;
+}
+
+bool kvg_rjson_number(kvg_json *o, const char *key, double v) {
+    return kvg_json_add(o, key, kvg_json_new_number(v)) != NULL;
+}
+
+bool kvg_rhist_put(const kvg_rhist *h, kvg_json *body) {
+    if (h->mode != KVG_RMODE_CHAT)
+        return kvg_json_add(body, "prompt", kvg_json_new_string(h->text.p ? h->text.p : "", h->text.n)) != NULL;
+    kvg_json *a = kvg_json_add(body, "messages", kvg_json_new(KVG_JSON_ARRAY));
+    for (size_t i = 0; a && i < h->n_msgs; i++) {
+        kvg_json *m = kvg_json_add(a, NULL, kvg_json_new(KVG_JSON_OBJECT));
+        if (!m || !kvg_rjson_string(m, "role", h->msgs[i].role) || !kvg_rjson_string(m, "content", h->msgs[i].text))
+            return false;
     }
+    return a != NULL;
 }
 
 const char *kvg_rhist_text(const kvg_rhist *h, size_t *len) {
@@ -164,84 +174,90 @@ const char *kvg_rhist_text(const kvg_rhist *h, size_t *len) {
     return h->text.p ? h->text.p : "";
 }
 
+/* A sampler setting in the text session files have always held: a fraction as %.15g
+ * when that reads back within a relative DBL_EPSILON, else %.17g. The codec's own text (the
+ * shortest that reads back exactly) differs in some digits (0.9f: 0.8999999761581421 for
+ * 0.899999976158142), and a saved session's bytes stay the same across versions. Integers and
+ * the rest: the codec's text, which is the same. */
+static bool file_number(kvg_json *o, const char *key, double v) {
+    kvg_json *n = kvg_json_add(o, key, kvg_json_new_number(v));
+    if (!n || !isfinite(v) || (v == floor(v) && fabs(v) < 1e15)) return n != NULL;
+    char t[40];
+    snprintf(t, sizeof t, "%.15g", v);
+    double back = strtod(t, NULL);
+    if (!(fabs(back - v) <= fmax(fabs(back), fabs(v)) * DBL_EPSILON)) snprintf(t, sizeof t, "%.17g", v);
+    const char *point = localeconv()->decimal_point;
+    char *p = point && point[0] && point[0] != '.' ? strchr(t, point[0]) : NULL;
+    if (p) *p = '.';
+    n->len = strlen(t);
+    n->str = kvg_strndup(t, n->len); /* a number's text: the codec writes it as it is */
+    return n->str != NULL;
+}
+
 char *kvg_rhist_to_json(const kvg_rhist *h, const kvgen_sampler_desc *sp, const char *model, size_t *len) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    cJSON_AddStringToObject(o, "format", "kvgen remote session");
-    cJSON_AddNumberToObject(o, "version", 1);
-    cJSON_AddStringToObject(o, "model", model);
-    cJSON_AddStringToObject(o, "mode", h->mode == KVG_RMODE_CHAT ? "chat" : h->mode == KVG_RMODE_TEXT ? "text" : "empty");
-    kvg_rhist_put(h, o);
-    cJSON *s = cJSON_AddObjectToObject(o, "sampler");
-    if (s) {
-        char seed[32];
-        snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed); /* 64 bits: not a double */
-        cJSON_AddStringToObject(s, "seed", seed);
-        cJSON_AddNumberToObject(s, "temperature", sp->temperature);
-        cJSON_AddNumberToObject(s, "top_k", sp->top_k);
-        cJSON_AddNumberToObject(s, "top_p", sp->top_p);
-        cJSON_AddNumberToObject(s, "min_p", sp->min_p);
-        cJSON_AddNumberToObject(s, "repeat_penalty", sp->repeat_penalty);
-        cJSON_AddNumberToObject(s, "frequency_penalty", sp->frequency_penalty);
-        cJSON_AddNumberToObject(s, "presence_penalty", sp->presence_penalty);
-        cJSON_AddNumberToObject(s, "penalty_window", sp->penalty_window);
-    }
-    char *txt = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (!txt) return NULL;
-    size_t n = strlen(txt);
-    char *out = kvg_strndup(txt, n);
-    cJSON_free(txt);
+    kvg_json *o = kvg_json_new(KVG_JSON_OBJECT);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed); /* 64 bits: not a double */
+    kvg_json *s = NULL;
+    bool ok = o && kvg_rjson_string(o, "format", "kvgen remote session") && kvg_rjson_number(o, "version", 1) &&
+              kvg_rjson_string(o, "model", model) &&
+              kvg_rjson_string(o, "mode", h->mode == KVG_RMODE_CHAT ? "chat" : h->mode == KVG_RMODE_TEXT ? "text" : "empty") &&
+              kvg_rhist_put(h, o) && (s = kvg_json_add(o, "sampler", kvg_json_new(KVG_JSON_OBJECT))) &&
+              kvg_rjson_string(s, "seed", seed) && file_number(s, "temperature", sp->temperature) &&
+              file_number(s, "top_k", sp->top_k) && file_number(s, "top_p", sp->top_p) &&
+              file_number(s, "min_p", sp->min_p) && file_number(s, "repeat_penalty", sp->repeat_penalty) &&
+              file_number(s, "frequency_penalty", sp->frequency_penalty) &&
+              file_number(s, "presence_penalty", sp->presence_penalty) &&
+              file_number(s, "penalty_window", sp->penalty_window);
+    size_t n = 0;
+    char *out = ok ? kvg_json_print(o, &n) : NULL;
+    kvg_json_free(o);
     if (out && len) *len = n;
     return out;
 }
 
-static double num(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : 0;
+static double num(const kvg_json *o, const char *key) {
+    const kvg_json *v = kvg_json_get(o, key);
+    return kvg_rjson_is(v, KVG_JSON_NUMBER) && isfinite(v->number) ? v->number : 0;
 }
 
 kvgen_status kvg_rhist_from_json(const char *json, size_t len, kvg_rhist **out, kvgen_sampler_desc *sp,
                                  kvgen_logit_bias **bias, const char *who, kvgen_error *err) {
     *out = NULL;
     if (bias) *bias = NULL;
-    cJSON *o = cJSON_ParseWithLength(json, len);
+    kvg_json *o = kvg_rjson_parse(json, len);
     if (!o) return kvg_fail(err, KVGEN_E_FORMAT, "%s: the remote session's JSON does not parse", who);
     kvgen_status st = KVGEN_OK;
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
-    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    const char *fmt = kvg_json_get_string(o, "format", NULL);
+    const char *mode = kvg_json_get_string(o, "mode", NULL);
     kvg_rhist *h = kvg_rhist_new();
     if (!h) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
-    else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "kvgen remote session") != 0 || !cJSON_IsString(mode))
+    else if (!fmt || strcmp(fmt, "kvgen remote session") != 0 || !mode)
         st = kvg_fail(err, KVGEN_E_FORMAT, "%s: not a remote session", who);
     else if (num(o, "version") > 1)
         st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: remote session version %g is newer than this kvgen reads (1)", who,
                       num(o, "version"));
-    if (st == KVGEN_OK && strcmp(mode->valuestring, "chat") == 0) {
-        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages"), *m;
-        if (!cJSON_IsArray(msgs)) st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a chat without messages", who);
-        cJSON_ArrayForEach(m, msgs) {
-            if (st != KVGEN_OK) break;
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-            const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-            if (!cJSON_IsString(role) || !cJSON_IsString(content))
-                st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a message without role or content", who);
-            else
-                st = kvg_rhist_add_message(h, role->valuestring, content->valuestring, strlen(content->valuestring),
-                                           who, err);
+    if (st == KVGEN_OK && strcmp(mode, "chat") == 0) {
+        const kvg_json *msgs = kvg_json_get(o, "messages");
+        if (!kvg_rjson_is(msgs, KVG_JSON_ARRAY)) st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a chat without messages", who);
+        for (const kvg_json *m = st == KVGEN_OK ? msgs->child : NULL; m && st == KVGEN_OK; m = m->next) {
+            const char *role = kvg_json_get_string(m, "role", NULL);
+            const char *content = kvg_json_get_string(m, "content", NULL);
+            if (!role || !content) st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a message without role or content", who);
+            else st = kvg_rhist_add_message(h, role, content, strlen(content), who, err);
         }
-    } else if (st == KVGEN_OK && strcmp(mode->valuestring, "text") == 0) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-        if (!cJSON_IsString(p)) st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a text session without its text", who);
-        else st = kvg_rhist_add_text(h, p->valuestring, strlen(p->valuestring), who, err);
-    } else if (st == KVGEN_OK && strcmp(mode->valuestring, "empty") != 0) {
-        st = kvg_fail(err, KVGEN_E_FORMAT, "%s: unknown remote session mode '%s'", who, mode->valuestring);
+    } else if (st == KVGEN_OK && strcmp(mode, "text") == 0) {
+        const char *p = kvg_json_get_string(o, "prompt", NULL);
+        if (!p) st = kvg_fail(err, KVGEN_E_FORMAT, "%s: a text session without its text", who);
+        else st = kvg_rhist_add_text(h, p, strlen(p), who, err);
+    } else if (st == KVGEN_OK && strcmp(mode, "empty") != 0) {
+        st = kvg_fail(err, KVGEN_E_FORMAT, "%s: unknown remote session mode '%s'", who, mode);
     }
     if (st == KVGEN_OK && sp) {
-        const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "sampler");
+        const kvg_json *s = kvg_json_get(o, "sampler");
         memset(sp, 0, sizeof *sp);
-        const cJSON *seed = cJSON_GetObjectItemCaseSensitive(s, "seed");
-        if (cJSON_IsString(seed)) sp->seed = strtoull(seed->valuestring, NULL, 10);
+        const char *seed = kvg_json_get_string(s, "seed", NULL);
+        if (seed) sp->seed = strtoull(seed, NULL, 10);
         sp->temperature = (float)num(s, "temperature");
         sp->top_k = (int)num(s, "top_k");
         sp->top_p = (float)num(s, "top_p");
@@ -251,7 +267,7 @@ kvgen_status kvg_rhist_from_json(const char *json, size_t len, kvg_rhist **out, 
         sp->presence_penalty = (float)num(s, "presence_penalty");
         sp->penalty_window = (int)num(s, "penalty_window");
     }
-    cJSON_Delete(o);
+    kvg_json_free(o);
     if (st != KVGEN_OK) {
         kvg_rhist_free(h);
         return st;

@@ -1,13 +1,14 @@
 /* kvg_remote.h: models served by an OpenAI-compatible HTTP server (private; docs/remote.md).
  *
  * Folder core/remote/ owns everything that talks to the server: the connection (libcurl),
- * the requests (JSON through cJSON), the streamed replies (server-sent events, parsed as the
- * bytes arrive) and a remote session's history (its text, or its chat messages), which is
- * what each request sends so that the server's prefix cache finds the part it has seen.
+ * the requests (JSON through the codec, kvg_json.h), the streamed replies (server-sent
+ * events, parsed as the bytes arrive) and a remote session's history (its text, or its chat
+ * messages), which is what each request sends so that the server's prefix cache finds the
+ * part it has seen.
  * Layers above (session/, generate/, jobs/) call down into it; it calls nothing above.
  *
- * Builds without libcurl or cJSON compile stubs: kvg_remote_open refuses with
- * KVGEN_E_UNSUPPORTED, and no remote model can exist, so nothing else is reached. */
+ * Builds without libcurl compile stubs: kvg_remote_open refuses with KVGEN_E_UNSUPPORTED,
+ * and no remote model can exist, so nothing else is reached. */
 #ifndef KVG_REMOTE_H
 #define KVG_REMOTE_H
 #include <stdbool.h>

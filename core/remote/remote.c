@@ -183,23 +183,23 @@ static kvgen_status http_status(long code, const char *msg, const char *errcode)
 static kvgen_status fail_reply(kvgen_error *err, long code, const char *body, size_t n, const char *who,
                                const char *url) {
     char msg[320] = "", errcode[64] = "";
-    cJSON *o = cJSON_ParseWithLength(body, n);
-    const cJSON *e = o ? cJSON_GetObjectItemCaseSensitive(o, "error") : NULL;
-    const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
-    if (!cJSON_IsString(m) && o) m = cJSON_GetObjectItemCaseSensitive(o, "detail");
-    if (!cJSON_IsString(m) && o) m = cJSON_GetObjectItemCaseSensitive(o, "message");
-    const cJSON *c = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "code") : NULL;
-    if (cJSON_IsString(c)) excerpt(errcode, sizeof errcode, c->valuestring, strlen(c->valuestring));
-    if (cJSON_IsString(m)) {
-        excerpt(msg, sizeof msg, m->valuestring, strlen(m->valuestring));
+    kvg_json *o = kvg_rjson_parse(body, n);
+    const kvg_json *e = kvg_json_get(o, "error");
+    const kvg_json *m = kvg_rjson_is(e, KVG_JSON_OBJECT) ? kvg_json_get(e, "message") : e;
+    if (!kvg_rjson_is(m, KVG_JSON_STRING) && o) m = kvg_json_get(o, "detail");
+    if (!kvg_rjson_is(m, KVG_JSON_STRING) && o) m = kvg_json_get(o, "message");
+    const kvg_json *c = kvg_rjson_is(e, KVG_JSON_OBJECT) ? kvg_json_get(e, "code") : NULL;
+    if (kvg_rjson_is(c, KVG_JSON_STRING)) excerpt(errcode, sizeof errcode, c->str, strlen(c->str));
+    if (kvg_rjson_is(m, KVG_JSON_STRING)) {
+        excerpt(msg, sizeof msg, m->str, strlen(m->str));
     } else if (m) {
-        char *t = cJSON_PrintUnformatted(m);
+        char *t = kvg_json_print(m, NULL);
         if (t) excerpt(msg, sizeof msg, t, strlen(t));
-        cJSON_free(t);
+        kvg_free(t);
     } else {
         excerpt(msg, sizeof msg, body, n);
     }
-    cJSON_Delete(o);
+    kvg_json_free(o);
     if (!msg[0]) snprintf(msg, sizeof msg, "(no message)");
     kvgen_status st = http_status(code, msg, errcode);
     if (code > 0) return kvg_fail(err, st, "%s: %s: HTTP %ld: %s", who, url, code, msg);
@@ -248,7 +248,7 @@ static CURL *easy_new(kvg_remote *r, const char *url, const char *body, bool str
 /* A blocking JSON request (model list, scoring): retried on a refused connection and on 429/503,
  * all its attempts and their backoffs within remote_timeout_ms (a retry that could not start
  * before then is not made). */
-static kvgen_status http_json(kvg_remote *r, const char *path, const char *body, cJSON **out, const char *who,
+static kvgen_status http_json(kvg_remote *r, const char *path, const char *body, kvg_json **out, const char *who,
                               kvgen_error *err) {
     *out = NULL;
     size_t ul = strlen(r->base) + strlen(path) + 1, sl = strlen(r->shown) + strlen(path) + 1;
@@ -299,7 +299,7 @@ static kvgen_status http_json(kvg_remote *r, const char *path, const char *body,
                           errbuf[0] ? errbuf : curl_easy_strerror(rc));
         } else if (code >= 400) {
             st = fail_reply(err, code, reply.p ? reply.p : "", reply.n, who, shown);
-        } else if (!(*out = cJSON_ParseWithLength(reply.p ? reply.p : "", reply.n))) {
+        } else if (!(*out = kvg_rjson_parse(reply.p ? reply.p : "", reply.n))) {
             char ex[100];
             excerpt(ex, sizeof ex, reply.p ? reply.p : "", reply.n);
             st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s: the reply is not JSON: %s", who, shown, ex);
@@ -390,22 +390,20 @@ kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_
     curl_multi_setopt(r->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)r->max_requests);
     curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, (long)r->max_requests);
 
-    cJSON *list = NULL;
+    kvg_json *list = NULL;
     st = http_json(r, "/models", NULL, &list, who, err);
-    const cJSON *data = list ? cJSON_GetObjectItemCaseSensitive(list, "data") : NULL, *it;
-    if (st == KVGEN_OK && !cJSON_IsArray(data))
+    const kvg_json *data = kvg_json_get(list, "data");
+    if (st == KVGEN_OK && !kvg_rjson_is(data, KVG_JSON_ARRAY))
         st = kvg_fail(err, KVGEN_E_SERVER, "%s: %s/models: the reply has no \"data\" list of models", who, r->shown);
     char names[256] = "";
     size_t nl = 0;
-    cJSON_ArrayForEach(it, data) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        if (!cJSON_IsString(id)) continue;
-        if (!r->model && (!d->remote_model || strcmp(d->remote_model, id->valuestring) == 0))
-            r->model = kvg_strdup(id->valuestring);
-        if (nl < sizeof names - 1)
-            nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s'%s'", nl ? ", " : "", id->valuestring);
+    for (const kvg_json *it = kvg_rjson_is(data, KVG_JSON_ARRAY) ? data->child : NULL; it; it = it->next) {
+        const char *id = kvg_json_get_string(it, "id", NULL);
+        if (!id) continue;
+        if (!r->model && (!d->remote_model || strcmp(d->remote_model, id) == 0)) r->model = kvg_strdup(id);
+        if (nl < sizeof names - 1) nl += (size_t)snprintf(names + nl, sizeof names - nl, "%s'%s'", nl ? ", " : "", id);
     }
-    cJSON_Delete(list);
+    kvg_json_free(list);
     if (st == KVGEN_OK && !r->model)
         st = d->remote_model ? kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                                         "%s: %s: desc.remote_model '%s' is not among the models the server lists (%s)",
@@ -427,27 +425,25 @@ int kvg_remote_active(const kvg_remote *r) { return r->active; }
 
 /* ---- requests ------------------------------------------------------------------------------- */
 
-static void add_sampler(cJSON *o, const kvgen_sampler_desc *sp) {
+static bool add_sampler(kvg_json *o, const kvgen_sampler_desc *sp) {
     /* every setting is sent, the "off" ones as their neutral values, so that the server's own
      * defaults (top_k 40, ...) never apply in their place */
-    cJSON_AddNumberToObject(o, "temperature", sp->temperature > 0 ? sp->temperature : 0.0);
-    cJSON_AddNumberToObject(o, "top_k", sp->top_k > 0 ? sp->top_k : 0);
-    cJSON_AddNumberToObject(o, "top_p", sp->top_p > 0 && sp->top_p < 1 ? sp->top_p : 1.0);
-    cJSON_AddNumberToObject(o, "min_p", sp->min_p > 0 ? sp->min_p : 0.0);
-    cJSON_AddNumberToObject(o, "repeat_penalty", sp->repeat_penalty > 0 ? sp->repeat_penalty : 1.0);
-    cJSON_AddNumberToObject(o, "frequency_penalty", sp->frequency_penalty);
-    cJSON_AddNumberToObject(o, "presence_penalty", sp->presence_penalty);
-    /* the server's seed is a 32-bit integer in most of them */
-    cJSON_AddNumberToObject(o, "seed", (double)((sp->seed ? sp->seed : 0x5eed) & 0x7fffffffu));
+    return kvg_rjson_number(o, "temperature", sp->temperature > 0 ? sp->temperature : 0.0) &&
+           kvg_rjson_number(o, "top_k", sp->top_k > 0 ? sp->top_k : 0) &&
+           kvg_rjson_number(o, "top_p", sp->top_p > 0 && sp->top_p < 1 ? sp->top_p : 1.0) &&
+           kvg_rjson_number(o, "min_p", sp->min_p > 0 ? sp->min_p : 0.0) &&
+           kvg_rjson_number(o, "repeat_penalty", sp->repeat_penalty > 0 ? sp->repeat_penalty : 1.0) &&
+           kvg_rjson_number(o, "frequency_penalty", sp->frequency_penalty) &&
+           kvg_rjson_number(o, "presence_penalty", sp->presence_penalty) &&
+           /* the server's seed is a 32-bit integer in most of them */
+           kvg_rjson_number(o, "seed", (double)((sp->seed ? sp->seed : 0x5eed) & 0x7fffffffu));
 }
 
-static char *print_free(cJSON *o) {
-    char *t = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    if (!t) return NULL;
-    char *d = kvg_strdup(t);
-    cJSON_free(t);
-    return d;
+/* the request body's text, o freed; NULL when out of memory (ok false: a member was not added) */
+static char *print_free(kvg_json *o, bool ok) {
+    char *t = o && ok ? kvg_json_print(o, NULL) : NULL;
+    kvg_json_free(o);
+    return t;
 }
 
 static void stream_fail(kvg_rstream *st, kvgen_status status, const char *fmt, const char *detail) {
@@ -464,30 +460,30 @@ static void on_event(kvg_rstream *st) {
         st->sse_done = true;
         return;
     }
-    cJSON *o = cJSON_ParseWithLength(d, n);
+    kvg_json *o = kvg_rjson_parse(d, n);
     if (!o) {
         char ex[100];
         excerpt(ex, sizeof ex, d, n);
         stream_fail(st, KVGEN_E_SERVER, "%s: %s: malformed event in the reply: %s", ex);
         return;
     }
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
-    if (e && !cJSON_IsNull(e)) {
-        char *t = cJSON_PrintUnformatted(o);
+    const kvg_json *e = kvg_json_get(o, "error");
+    if (e && e->type != KVG_JSON_NULL) {
+        char *t = kvg_json_print(o, NULL);
         hide(st->r, &st->err, fail_reply(&st->err, 0, t ? t : "", t ? strlen(t) : 0, st->who, st->shown));
-        cJSON_free(t);
+        kvg_free(t);
         st->status = st->err.status;
         st->over = true;
         st->finish = KVGEN_FINISH_ERROR;
-        cJSON_Delete(o);
+        kvg_json_free(o);
         return;
     }
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-    const cJSON *txt = st->chat ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "delta"), "content")
-                                : cJSON_GetObjectItemCaseSensitive(c, "text");
-    if (cJSON_IsString(txt) && txt->valuestring[0]) {
-        size_t end = st->out.n + strlen(txt->valuestring);
-        if (!kvg_buf_add(&st->out, txt->valuestring, strlen(txt->valuestring)) ||
+    const kvg_json *c = kvg_json_item(kvg_json_get(o, "choices"), 0);
+    const char *txt = st->chat ? kvg_json_get_string(kvg_json_get(c, "delta"), "content", NULL)
+                               : kvg_json_get_string(c, "text", NULL);
+    if (txt && txt[0]) {
+        size_t end = st->out.n + strlen(txt);
+        if (!kvg_buf_add(&st->out, txt, strlen(txt)) ||
             !kvg_buf_add(&st->ends, (const char *)&end, sizeof end)) {
             stream_fail(st, KVGEN_E_NO_MEMORY, "%s: %s: out of memory%s", "");
         } else {
@@ -495,9 +491,9 @@ static void on_event(kvg_rstream *st) {
             st->pieces_total++;
         }
     }
-    const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
-    if (cJSON_IsString(fr)) st->finish = strcmp(fr->valuestring, "length") == 0 ? KVGEN_FINISH_LENGTH : KVGEN_FINISH_STOP;
-    cJSON_Delete(o);
+    const char *fr = kvg_json_get_string(c, "finish_reason", NULL);
+    if (fr) st->finish = strcmp(fr, "length") == 0 ? KVGEN_FINISH_LENGTH : KVGEN_FINISH_STOP;
+    kvg_json_free(o);
 }
 
 /* Parses the complete lines of raw: "data:" lines gather into an event, a blank line ends it. */
@@ -639,19 +635,15 @@ kvgen_status kvg_rstream_start(kvg_remote *r, const kvg_rrequest *q, bool worker
                                kvgen_error *err) {
     *out = NULL;
     bool chat = kvg_rhist_mode(q->hist) == KVG_RMODE_CHAT;
-    cJSON *o = cJSON_CreateObject();
-    if (o) {
-        cJSON_AddStringToObject(o, "model", r->model);
-        kvg_rhist_put(q->hist, o);
-        cJSON_AddBoolToObject(o, "stream", 1);
-        if (q->max_tokens >= 0) cJSON_AddNumberToObject(o, "max_tokens", q->max_tokens);
-        add_sampler(o, q->sampler);
-        cJSON_AddBoolToObject(o, "cache_prompt", 1); /* llama.cpp's server: keep the prefix's KV */
-        if (q->ignore_eog) cJSON_AddBoolToObject(o, "ignore_eos", 1);
-        if (q->grammar) cJSON_AddStringToObject(o, "grammar", q->grammar);
-    }
+    kvg_json *o = kvg_json_new(KVG_JSON_OBJECT);
+    bool ok = o && kvg_rjson_string(o, "model", r->model) && kvg_rhist_put(q->hist, o) &&
+              kvg_json_add(o, "stream", kvg_json_new_bool(true)) &&
+              (q->max_tokens < 0 || kvg_rjson_number(o, "max_tokens", q->max_tokens)) && add_sampler(o, q->sampler) &&
+              kvg_json_add(o, "cache_prompt", kvg_json_new_bool(true)) && /* llama.cpp's server: keep the prefix's KV */
+              (!q->ignore_eog || kvg_json_add(o, "ignore_eos", kvg_json_new_bool(true))) &&
+              (!q->grammar || kvg_rjson_string(o, "grammar", q->grammar));
     kvg_rstream *st = kvg_calloc(1, sizeof *st);
-    char *body = print_free(o);
+    char *body = print_free(o, ok);
     const char *path = chat ? "/chat/completions" : "/completions";
     size_t ul = strlen(r->base) + strlen(path) + 1;
     size_t sl = strlen(r->shown) + strlen(path) + 1;
@@ -791,8 +783,8 @@ void kvg_remote_drive(kvg_remote *r, int wait_ms) {
 
 /* A greedy one-token completion of the history followed by `cand`, with the prompt echoed
  * and its log-probabilities: the reply (the caller deletes it) and its "logprobs" object. */
-static kvgen_status echo_request(kvg_remote *r, const kvg_rhist *h, const char *cand, cJSON **rep,
-                                 const cJSON **lps, const char *who, kvgen_error *err) {
+static kvgen_status echo_request(kvg_remote *r, const kvg_rhist *h, const char *cand, kvg_json **rep,
+                                 const kvg_json **lps, const char *who, kvgen_error *err) {
     *rep = NULL;
     size_t hl = 0, cl = strlen(cand);
     const char *ht = kvg_rhist_text(h, &hl);
@@ -800,24 +792,18 @@ static kvgen_status echo_request(kvg_remote *r, const kvg_rhist *h, const char *
     if (!prompt) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     memcpy(prompt, ht, hl);
     memcpy(prompt + hl, cand, cl + 1);
-    cJSON *o = cJSON_CreateObject();
-    if (o) {
-        cJSON_AddStringToObject(o, "model", r->model);
-        cJSON_AddStringToObject(o, "prompt", prompt);
-        cJSON_AddNumberToObject(o, "max_tokens", 1);
-        cJSON_AddNumberToObject(o, "temperature", 0);
-        cJSON_AddBoolToObject(o, "echo", 1);
-        cJSON_AddNumberToObject(o, "logprobs", 1);
-        cJSON_AddBoolToObject(o, "cache_prompt", 1);
-    }
+    kvg_json *o = kvg_json_new(KVG_JSON_OBJECT);
+    bool ok = o && kvg_rjson_string(o, "model", r->model) && kvg_rjson_string(o, "prompt", prompt) &&
+              kvg_rjson_number(o, "max_tokens", 1) && kvg_rjson_number(o, "temperature", 0) &&
+              kvg_json_add(o, "echo", kvg_json_new_bool(true)) && kvg_rjson_number(o, "logprobs", 1) &&
+              kvg_json_add(o, "cache_prompt", kvg_json_new_bool(true));
     kvg_free(prompt);
-    char *body = print_free(o);
+    char *body = print_free(o, ok);
     if (!body) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     kvgen_status st = http_json(r, "/completions", body, rep, who, err);
     kvg_free(body);
     if (st != KVGEN_OK) return st;
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(*rep, "choices"), 0);
-    *lps = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+    *lps = kvg_json_get(kvg_json_item(kvg_json_get(*rep, "choices"), 0), "logprobs");
     return KVGEN_OK;
 }
 
@@ -834,27 +820,26 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
                               const char *who, kvgen_error *err) {
     size_t hl = 0, cl = strlen(cand);
     kvg_rhist_text(h, &hl);
-    cJSON *rep;
-    const cJSON *lps;
+    kvg_json *rep;
+    const kvg_json *lps;
     kvgen_status st = echo_request(r, h, cand, &rep, &lps, who, err);
     if (st != KVGEN_OK) return st;
-    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
-    const cJSON *off = cJSON_GetObjectItemCaseSensitive(lps, "text_offset");
+    const kvg_json *tl = kvg_json_get(lps, "token_logprobs");
+    const kvg_json *off = kvg_json_get(lps, "text_offset");
     double sum = 0;
     int used = 0;
-    if (!cJSON_IsArray(tl) || !cJSON_IsArray(off) || cJSON_GetArraySize(tl) != cJSON_GetArraySize(off)) {
+    if (!kvg_rjson_is(tl, KVG_JSON_ARRAY) || !kvg_rjson_is(off, KVG_JSON_ARRAY) || tl->n != off->n) {
         st = no_echo(r, who, err);
     } else {
-        int n = cJSON_GetArraySize(tl);
-        for (int i = 0; i < n && st == KVGEN_OK; i++) {
-            const cJSON *o1 = cJSON_GetArrayItem(off, i), *l1 = cJSON_GetArrayItem(tl, i);
-            if (!cJSON_IsNumber(o1)) continue;
-            double at = o1->valuedouble;
+        const kvg_json *o1 = off->child, *l1 = tl->child;
+        for (int i = 0; o1 && l1 && st == KVGEN_OK; i++, o1 = o1->next, l1 = l1->next) {
+            if (!kvg_rjson_is(o1, KVG_JSON_NUMBER)) continue;
+            double at = o1->number;
             if (at < (double)hl || at >= (double)(hl + cl)) continue;
-            if (!cJSON_IsNumber(l1))
+            if (!kvg_rjson_is(l1, KVG_JSON_NUMBER))
                 st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: no log-probability for prompt token %d", who, r->shown,
                               i);
-            else sum += l1->valuedouble, used++;
+            else sum += l1->number, used++;
         }
         if (st == KVGEN_OK && used == 0)
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
@@ -862,7 +847,7 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
                           "with the text before)",
                           who, r->shown, cand);
     }
-    cJSON_Delete(rep);
+    kvg_json_free(rep);
     *lp = sum;
     *nt = used;
     return st;
@@ -873,29 +858,30 @@ static kvgen_status score_one(kvg_remote *r, const kvg_rhist *h, const char *can
  * at its own position. A server that scores each token by the distribution after it instead
  * fails this and is refused, since its sums would be wrong. */
 static kvgen_status probe_alignment(kvg_remote *r, const kvg_rhist *h, const char *who, kvgen_error *err) {
-    cJSON *rep;
-    const cJSON *lps;
+    kvg_json *rep;
+    const kvg_json *lps;
     kvgen_status st = echo_request(r, h, "", &rep, &lps, who, err);
     if (st != KVGEN_OK) return st;
     /* with echo, the last entry is the generated (greedy) token: its log-probability must be the
      * best of its position's top list */
-    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(lps, "token_logprobs");
-    const cJSON *top = cJSON_GetObjectItemCaseSensitive(lps, "top_logprobs");
-    int n = cJSON_GetArraySize(tl);
-    const cJSON *last = cJSON_GetArrayItem(tl, n - 1), *tops = cJSON_GetArrayItem(top, n - 1), *it;
-    if (n < 2 || !cJSON_IsNumber(last) || !cJSON_IsObject(tops)) {
+    const kvg_json *tl = kvg_json_get(lps, "token_logprobs");
+    const kvg_json *top = kvg_json_get(lps, "top_logprobs");
+    size_t n = kvg_rjson_is(tl, KVG_JSON_ARRAY) || kvg_rjson_is(tl, KVG_JSON_OBJECT) ? tl->n : 0;
+    const kvg_json *last = n ? kvg_json_item(tl, n - 1) : NULL, *tops = n ? kvg_json_item(top, n - 1) : NULL;
+    if (n < 2 || !kvg_rjson_is(last, KVG_JSON_NUMBER) || !kvg_rjson_is(tops, KVG_JSON_OBJECT)) {
         st = no_echo(r, who, err);
     } else {
         double best = -INFINITY;
-        cJSON_ArrayForEach(it, tops) if (cJSON_IsNumber(it) && it->valuedouble > best) best = it->valuedouble;
-        if (last->valuedouble < best - 1e-3)
+        for (const kvg_json *it = tops->child; it; it = it->next)
+            if (kvg_rjson_is(it, KVG_JSON_NUMBER) && it->number > best) best = it->number;
+        if (last->number < best - 1e-3)
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
                           "%s: %s: the server's echoed log-probabilities score each token by the distribution after "
                           "it, not before (its greedy token has %.3f where the best at its position is %.3f), so "
                           "choice scoring is refused on it",
-                          who, r->shown, last->valuedouble, best);
+                          who, r->shown, last->number, best);
     }
-    cJSON_Delete(rep);
+    kvg_json_free(rep);
     return st;
 }
 
@@ -913,14 +899,13 @@ kvgen_status kvg_remote_score(kvg_remote *r, const kvg_rhist *h, const char *con
     return st;
 }
 
-#else /* no libcurl or cJSON: remote models are refused at load */
+#else /* no libcurl: remote models are refused at load */
 
 kvgen_status kvg_remote_open(const kvgen_model_desc *d, kvg_remote **out, kvgen_error *err) {
     *out = NULL;
     char *shown = kvg_remote_redact_url(d->path);
     kvgen_status st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                               "kvgen_model_load: %s: this kvgen was built without remote models (they need libcurl "
-                               "and cJSON)",
+                               "kvgen_model_load: %s: this kvgen was built without remote models (they need libcurl)",
                                shown ? shown : "(the URL)");
     kvg_free(shown);
     return st;

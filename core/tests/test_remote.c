@@ -19,6 +19,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include "kvg_remote.h"
 #include "testutil.h"
 
 static int contains(const char *s, const char *what) { return s && strstr(s, what) != NULL; }
@@ -294,6 +295,49 @@ static kvgen_status run_gen(kvgen_model *m, const char *prompt, const kvgen_gene
     return st;
 }
 
+/* A remote session file's JSON: the text kvgen has always written (sampler fractions as %.15g
+ * when that reads back within a relative DBL_EPSILON, else %.17g: 0.9f is 0.899999976158142),
+ * and texts written before (raw bytes that are not UTF-8 in a message, text after the value)
+ * restore and write back the same. */
+static void test_session_json(void) {
+    static const char chat[] =
+        "{\"format\":\"kvgen remote session\",\"version\":1,\"model\":\"smol-\\\"model\\\"\",\"mode\":\"chat\","
+        "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\\n\\u0001\"},{\"role\":\"user\",\"content\":"
+        "\"h\xc3\xa9llo \xf0\x9f\x98\x80\"}],\"sampler\":{\"seed\":\"18446744073709551614\",\"temperature\":"
+        "0.10000000149011612,\"top_k\":41,\"top_p\":0.699999988079071,\"min_p\":0.949999988079071,\"repeat_penalty\":"
+        "1.1000000238418579,\"frequency_penalty\":-0.05000000074505806,\"presence_penalty\":1.2999998855178774e-09,"
+        "\"penalty_window\":64}}";
+    kvgen_error err = {0};
+    kvg_rhist *h = kvg_rhist_new();
+    CHECK(h && kvg_rhist_add_message(h, "system", "Be brief.\n\x01", 11, "t", &err) == KVGEN_OK &&
+          kvg_rhist_add_message(h, "user", "h\xc3\xa9llo \xf0\x9f\x98\x80", 11, "t", &err) == KVGEN_OK);
+    kvgen_sampler_desc sp = {.seed = 18446744073709551614ull, .temperature = 0.1f, .top_k = 41, .top_p = 0.7f,
+                             .min_p = 0.95f, .repeat_penalty = 1.1f, .frequency_penalty = -0.05f,
+                             .presence_penalty = 1.3f * 1e-9f, .penalty_window = 64};
+    size_t n = 0;
+    char *t = h ? kvg_rhist_to_json(h, &sp, "smol-\"model\"", &n) : NULL;
+    CHECKF(t && n == strlen(chat) && strcmp(t, chat) == 0, "%s", t ? t : "(null)");
+    kvg_free(t);
+    kvg_rhist_free(h);
+    /* 0.9f and a text session with a byte that is not UTF-8, followed by a NUL the length counts */
+    static const char text[] = "{\"format\":\"kvgen remote session\",\"version\":1,\"model\":\"m\",\"mode\":\"text\","
+                               "\"prompt\":\"caf\xc3\xa9 \xff\",\"sampler\":{\"seed\":\"5\",\"temperature\":"
+                               "0.899999976158142,\"top_k\":0,\"top_p\":1,\"min_p\":0,\"repeat_penalty\":1,"
+                               "\"frequency_penalty\":0,\"presence_penalty\":-0,\"penalty_window\":0}}";
+    kvgen_sampler_desc back;
+    CHECKF(kvg_rhist_from_json(text, sizeof text, &h, &back, NULL, "t", &err) == KVGEN_OK, "%s", err.message);
+    if (h) {
+        CHECK(back.temperature == 0.9f && back.seed == 5 && back.top_p == 1);
+        t = kvg_rhist_to_json(h, &back, "m", &n);
+        CHECKF(t && n == sizeof text - 1 && strcmp(t, text) == 0, "%s", t ? t : "(null)");
+        kvg_free(t);
+        kvg_rhist_free(h);
+    }
+    static const char cut[] = "{\"format\":\"kvgen remote session\",\"mode\":\"chat\"";
+    CHECK(kvg_rhist_from_json(cut, strlen(cut), &h, &back, NULL, "t", &err) == KVGEN_E_FORMAT &&
+          contains(err.message, "does not parse"));
+}
+
 static void test_load_errors(void) {
     kvgen_error err = {0};
     kvgen_model *m = NULL;
@@ -554,6 +598,7 @@ int main(void) {
         return tu_finish("test_remote");
     }
     test_load_errors();
+    test_session_json();
     if (start_stub() != 0) tu_skip("cannot listen on 127.0.0.1");
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/", g_port); /* the trailing '/' is dropped */
