@@ -145,8 +145,8 @@ kvgen_status kvg_rhist_rewind(kvg_rhist *h, size_t n, const char *who, kvgen_err
 #include "kvg_remote_json.h"
 
 kvg_json *kvg_rjson_parse(const char *text, size_t len) {
-    size_t end;
-    return kvg_json_parse_ex(text, len, 256, KVG_JSON_ANY_BYTES, &end, NULL, NULL, 0);
+    size_t end, bom = len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0 ? 3 : 0; /* a UTF-8 byte order mark */
+    return kvg_json_parse_ex(text + bom, len - bom, 256, KVG_JSON_ANY_BYTES, &end, NULL, NULL, 0);
 }
 
 bool kvg_rjson_string(kvg_json *o, const char *key, const char *s) {

@@ -8,8 +8,9 @@
 /* v is a value of type t (false for NULL) */
 static inline bool kvg_rjson_is(const kvg_json *v, kvg_json_type t) { return v && v->type == t; }
 
-/* A server's reply or a session file's JSON: strings of any bytes (the server's text is passed
- * on as it came), what follows the value ignored; NULL when it does not parse. */
+/* A server's reply or a session file's JSON: a leading byte order mark skipped, strings of any
+ * bytes (the server's text is passed on as it came), what follows the value ignored; NULL when
+ * it does not parse. */
 kvg_json *kvg_rjson_parse(const char *text, size_t len);
 /* Adds a member to o; false when out of memory. */
 bool kvg_rjson_string(kvg_json *o, const char *key, const char *s);

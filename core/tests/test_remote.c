@@ -333,6 +333,10 @@ static void test_session_json(void) {
         kvg_free(t);
         kvg_rhist_free(h);
     }
+    char bom[sizeof text + 3] = "\xef\xbb\xbf"; /* a byte order mark before it */
+    memcpy(bom + 3, text, sizeof text);
+    CHECKF(kvg_rhist_from_json(bom, sizeof bom - 1, &h, &back, NULL, "t", &err) == KVGEN_OK, "%s", err.message);
+    kvg_rhist_free(h);
     static const char cut[] = "{\"format\":\"kvgen remote session\",\"mode\":\"chat\"";
     CHECK(kvg_rhist_from_json(cut, strlen(cut), &h, &back, NULL, "t", &err) == KVGEN_E_FORMAT &&
           contains(err.message, "does not parse"));
