@@ -21,7 +21,6 @@ static void model_free(kvgen_model *m) {
     if (!m) return;
     if (m->on_unload) m->on_unload(m); /* first: the worker may still be between steps */
     kvg_model_detach_all(m);             /* then what the layers above hung on the model */
-    kvg_remote_close(m->remote);
     kvg_model_pools_free(m);
     if (m->ops && m->backend) m->ops->model_free(m);
     kvg_tokenizer_free(m->tok);
@@ -253,9 +252,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     kvg_host_model_count(1);
     m->refcount = 1;
     if (kvg_remote_is_url(desc->path)) { /* a server's model: no file, backend or pages here */
-        kvgen_status st = kvg_remote_open(desc, &m->remote, err);
-        if (st == KVGEN_OK && !(m->name = kvg_strdup(kvg_remote_model_name(m->remote))))
-            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
+        kvgen_status st = kvg_remote_load(m, desc, err);
         if (st != KVGEN_OK) {
             model_free(m);
             kvg_host_model_count(-1);
@@ -300,11 +297,9 @@ void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     if (!m) return;
     const kvg_hparams *hp = &m->w.hp;
     info->name = m->name;
-    if (m->remote) {
-        info->architecture = "remote";
-        info->backend = "remote";
-        info->device = kvg_remote_url(m->remote);
-        info->bos = info->eos = info->eot = -1;
+    const kvg_session_kind *kind = kvg_session_kind_of(m);
+    if (kind->model_info) { /* a kind of its own (a remote model): no file, backend or vocabulary here */
+        kind->model_info(m, info);
         return;
     }
     info->architecture = m->w.arch ? m->w.arch->name : "unknown";
@@ -376,9 +371,13 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     const kvg_hparams *hp = &m->w.hp;
 
     tb_printf(&tb, "name:            %s\n", info.name);
-    if (m->remote) {
-        tb_printf(&tb, "server:          %s (OpenAI-compatible; at most %d requests at once)\n", info.device,
-                  kvg_remote_max_requests(m->remote));
+    const kvg_session_kind *kind = kvg_session_kind_of(m);
+    if (kind->describe) {
+        size_t n = kind->describe(m, NULL, 0);
+        char *line = kvg_malloc(n + 1);
+        if (line) kind->describe(m, line, n + 1);
+        tb_printf(&tb, "%s", line ? line : "");
+        kvg_free(line);
         return tb.len;
     }
     tb_printf(&tb, "file:            %s (%.2f MiB, GGUF v%u)\n", kvg_gguf_path(m->gguf),

@@ -407,11 +407,8 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_set_template: session is NULL");
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_set_template", err);
     if (busy_ != KVGEN_OK) return busy_;
-    if (s->remote)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "kvgen_chat_set_template: session %p is on the remote model '%s', whose server renders chats "
-                        "with its own template",
-                        (void *)s, s->model->name);
+    busy_ = kvg_session_can(s->model, s, KVG_CAN_CHAT_TEMPLATE, "kvgen_chat_set_template", err);
+    if (busy_ != KVGEN_OK) return busy_;
     kvg_chat next = {0};
     if (!tpl) {
         next.mode = MODE_MODEL;
@@ -470,7 +467,7 @@ const char *kvgen_chat_template_name(kvgen_session *s, kvgen_error *err) {
         kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_template_name: session is NULL");
         return NULL;
     }
-    if (s->remote) return "server"; /* the server's own */
+    if (s->kind->chat_template_name) return s->kind->chat_template_name; /* a remote session's: its server's */
     kvg_chat *c = NULL;
     if (get_chat(s, &c, err) != KVGEN_OK) return NULL;
     rules ru;
@@ -749,14 +746,9 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role \"%s\" (system, user or assistant)", fn, role);
     if (r != ROLE_NONE && !text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: text is NULL", fn);
     if (r == ROLE_NONE && !begin_reply) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role is NULL", fn);
-    if (s->remote) { /* a message of the history; the server renders the chat with its template */
+    if (s->kind->chat_turn) { /* the kind keeps the chat (a remote session: a message of its history) */
         if (out) out->n = 0;
-        if (r != ROLE_NONE) return kvg_rhist_add_message(s->remote, role, text, strlen(text), fn, err);
-        if (kvg_rhist_mode(s->remote) != KVG_RMODE_CHAT)
-            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                            "%s: this remote session holds no chat to reply to (give a message, or generate from text)",
-                            fn);
-        return KVGEN_OK;
+        return s->kind->chat_turn(s, r != ROLE_NONE ? role : NULL, text, fn, err);
     }
     kvg_chat *c = NULL;
     kvg_sampler *sm = kvg_session_sampler(s);

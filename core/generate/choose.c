@@ -154,11 +154,10 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
     for (size_t i = 0; i < n; i++)
         if (!candidates[i] || !candidates[i][0])
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_choose: candidate %zu is NULL or empty", i);
-    if (s->remote) { /* from the log-probabilities the server echoes for each candidate */
+    if (s->kind->score) { /* the kind's own scores (a remote session: its server's log-probabilities) */
         double *lp = kvg_calloc(n, sizeof *lp);
         int *nt = kvg_calloc(n, sizeof *nt);
-        kvgen_status st = lp && nt ? kvg_remote_score(s->model->remote, s->remote, candidates, n, lp, nt,
-                                                      "kvgen_session_choose", err)
+        kvgen_status st = lp && nt ? s->kind->score(s, candidates, n, lp, nt, "kvgen_session_choose", err)
                                    : kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_choose: out of memory");
         for (size_t i = 0; st == KVGEN_OK && i < n; i++) {
             results[i].logprob = lp[i];

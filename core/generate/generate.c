@@ -62,16 +62,17 @@ struct kvgen_gen {
     int n_tokens;
     kvgen_finish finish;
     int cancel;
-    /* a remote session's generation: the request streaming its reply, the request's grammar
-     * and a local matcher over it that checks the server kept to it */
-    kvg_rstream *rs;
+    /* a generation by a session kind that generates its replies itself (a remote session's
+     * server): the stream of its reply, the grammar it was sent and a local matcher over it
+     * that checks the reply kept to it */
+    void *stream;
     char *grammar;
     kvg_gram *gram;
     kvg_gram_match *gmatch;
     size_t checked; /* bytes of text + pending the matcher has seen */
     int n_events;   /* server events with text so far */
     kvg_buf ends;   /* where each event of the current step ends (size_t offsets) */
-    size_t hist_len0; /* the history's length when the generation began: a failure goes back to it */
+    size_t len0; /* the session's length when the generation began: a failure goes back to it */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -93,11 +94,10 @@ kvgen_status kvgen_session_set_sampler(kvgen_session *s, const kvgen_sampler_des
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_set_sampler: session is NULL");
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_session_set_sampler", err);
     if (busy_ != KVGEN_OK) return busy_;
-    if (s->remote && desc && desc->n_bias > 0)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "kvgen_session_set_sampler: session %p is on the remote model '%s': a logit bias names token "
-                        "ids, which are the server's",
-                        (void *)s, s->model->name);
+    if (desc && desc->n_bias > 0) {
+        kvgen_status can = kvg_session_can(s->model, s, KVG_CAN_BIAS, "kvgen_session_set_sampler", err);
+        if (can != KVGEN_OK) return can;
+    }
     return kvg_sampler_set(kvg_session_sampler(s), desc, false, err);
 }
 
@@ -109,7 +109,7 @@ void kvgen_session_get_sampler(const kvgen_session *s, kvgen_sampler_desc *desc)
 
 void kvgen_gen_end(kvgen_gen *g) {
     if (!g) return;
-    kvg_rstream_free(g->rs);
+    if (g->stream) g->s->kind->reply_free(g->stream);
     kvg_free(g->grammar);
     kvg_gram_match_free(g->gmatch);
     kvg_gram_free(g->gram);
@@ -159,8 +159,8 @@ static kvgen_status init_text(kvgen_gen *g, const char *who, kvgen_error *err) {
     return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
 }
 
-static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
-                                  kvgen_error *err);
+static kvgen_status reply_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
+                                 kvgen_error *err);
 
 static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
                                kvgen_error *err) {
@@ -173,7 +173,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
     if (!g) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     g->s = s;
     g->m = kvg_session_model(s);
-    if (s->remote) return remote_create(g, &d, out, who, err);
+    if (kvg_session_kind_replies(s->kind)) return reply_create(g, &d, out, who, err);
     g->ignore_eog = d.ignore_eog != 0;
     g->flags = d.flags;
     kvgen_status st = kvg_cons_build(d.constraint, &g->cons, err);
@@ -220,7 +220,7 @@ kvgen_status kvgen_gen_begin(kvgen_session *s, const kvgen_generate_desc *desc, 
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin: out is NULL");
-    if (!s->remote && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
+    if (!kvg_session_kind_replies(s->kind) && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin", err);
     return gen_create(s, desc, out, "kvgen_gen_begin", err);
 }
 
@@ -231,8 +231,8 @@ kvgen_status kvgen_gen_begin_prompt(kvgen_session *s, const int32_t *prompt, siz
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_gen_begin_prompt", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: out is NULL");
-    if (s->remote && n > 0) return kvg_session_local_only(s, "kvgen_gen_begin_prompt", err);
-    if (s->remote) return gen_create(s, desc, out, "kvgen_gen_begin_prompt", err);
+    if (n > 0 && (busy_ = kvg_session_local_only(s, "kvgen_gen_begin_prompt", err)) != KVGEN_OK) return busy_;
+    if (kvg_session_kind_replies(s->kind)) return gen_create(s, desc, out, "kvgen_gen_begin_prompt", err);
     if (n > 0 && !prompt) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_begin_prompt: prompt is NULL");
     if (n == 0 && !kvg_session_has_logits(s)) return no_logits("kvgen_gen_begin_prompt", err);
     kvgen_gen *g = NULL;
@@ -257,7 +257,7 @@ kvgen_status kvgen_gen_begin_text(kvgen_session *s, const char *text, size_t len
     if (st != KVGEN_OK) return st;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: out is NULL", who);
     if (len > 0 && !text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: text is NULL", who);
-    if (!s->remote) {
+    if (!s->kind->add_text) {
         /* tokenized as plain text, then all or nothing as kvgen_gen_begin_prompt */
         size_t n = 0;
         int32_t *ids = NULL;
@@ -278,11 +278,11 @@ kvgen_status kvgen_gen_begin_text(kvgen_session *s, const char *text, size_t len
         kvg_free(ids);
         return st;
     }
-    if (len > 0 && kvg_rhist_mode(s->remote) == KVG_RMODE_CHAT)
-        return kvg_rhist_add_text(s->remote, text, len, who, err); /* refused: names the chat */
+    st = s->kind->add_text(s, text, len, true, who, err); /* a refusal (in a chat) comes first */
+    if (st != KVGEN_OK) return st;
     kvgen_gen *g = NULL;
     st = gen_create(s, desc, &g, who, err);
-    if (st == KVGEN_OK) st = kvg_rhist_add_text(s->remote, text, len, who, err);
+    if (st == KVGEN_OK) st = s->kind->add_text(s, text, len, false, who, err);
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;
@@ -442,10 +442,10 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
 }
 
 kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err) {
-    if (g && g->s->remote) { /* waits for the next piece of the reply, or its end */
+    if (g && kvg_session_kind_replies(g->s->kind)) { /* waits for the next piece of the reply, or its end */
         kvgen_status st;
         int pieces = 0;
-        do st = kvg_gen_remote_step(g, 50, step, &pieces, err);
+        do st = kvg_gen_reply_step(g, 50, step, &pieces, err);
         while (st == KVGEN_OK && g->finish == KVGEN_FINISH_NONE && g->step.n == 0);
         return st;
     }
@@ -551,12 +551,12 @@ kvgen_status kvgen_generate(kvgen_session *s, const kvgen_generate_desc *desc, c
     return st;
 }
 
-/* ---- remote sessions ------------------------------------------------------------------------
- * The server samples; kvgen sends the history and the settings, reads the reply as it streams,
+/* ---- replies a session kind generates itself (a remote session's server) ------------------------
+ * The kind samples (the server); kvgen sends the settings, reads the reply as it streams,
  * and applies what it promises itself: stop strings (never sent, so that each is seen and held
  * back here exactly as for a local model), max_tokens, soft_max_tokens, cancel, and a check of
  * constrained output against its grammar. One piece of the reply (one server event) stands for
- * one token. When the generation ends, its text goes into the history. */
+ * one token. When the generation ends, its text joins the session (the history). */
 
 /* a GBNF string literal of s */
 static bool gbnf_literal(kvg_buf *b, const char *s, size_t n) {
@@ -579,7 +579,7 @@ static bool buf_str(kvg_buf *b, const char *s) { return kvg_buf_add(b, s, strlen
 
 /* The constraint as GBNF text: a grammar as given, a schema compiled, choices and JSON fields
  * written as the grammar of exactly what the local constraint accepts. */
-static kvgen_status remote_grammar(const kvgen_constraint *k, char **out, const char *who, kvgen_error *err) {
+static kvgen_status reply_grammar(const kvgen_constraint *k, char **out, const char *who, kvgen_error *err) {
     *out = NULL;
     if (!k || k->kind == KVGEN_CONSTRAIN_NONE) return KVGEN_OK;
     if (k->kind == KVGEN_CONSTRAIN_GRAMMAR) {
@@ -626,9 +626,9 @@ static kvgen_status remote_grammar(const kvgen_constraint *k, char **out, const 
     return KVGEN_OK;
 }
 
-static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
-                                  kvgen_error *err) {
-    g->hist_len0 = kvg_rhist_length(g->s->remote);
+static kvgen_status reply_create(kvgen_gen *g, const kvgen_generate_desc *d, kvgen_gen **out, const char *who,
+                                 kvgen_error *err) {
+    g->len0 = kvgen_session_length(g->s);
     g->ignore_eog = d->ignore_eog != 0;
     g->flags = d->flags;
     g->max_tokens = d->max_tokens != 0 ? d->max_tokens : d->constraint ? -1 : DEFAULT_MAX_TOKENS;
@@ -636,7 +636,7 @@ static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kv
     kvgen_status st = kvg_cons_build(d->constraint, &g->cons, err); /* validates it as locally */
     kvg_cons_free(g->cons);
     g->cons = NULL;
-    if (st == KVGEN_OK) st = remote_grammar(d->constraint, &g->grammar, who, err);
+    if (st == KVGEN_OK) st = reply_grammar(d->constraint, &g->grammar, who, err);
     if (st == KVGEN_OK && g->grammar) st = kvg_gram_parse(g->grammar, &g->gram, err);
     if (st == KVGEN_OK && g->gram) st = kvg_gram_match_new(g->gram, &g->gmatch, err);
     if (st == KVGEN_OK) st = copy_stops(g, d, who, err);
@@ -649,34 +649,29 @@ static kvgen_status remote_create(kvgen_gen *g, const kvgen_generate_desc *d, kv
     return KVGEN_OK;
 }
 
-/* The reply so far goes into the history: a chat's assistant message (what was emitted), or
- * text (what was emitted and a stop string that ended it, as a local session keeps its tokens). */
-static kvgen_status remote_commit(kvgen_gen *g, const char *stop, size_t stop_len, kvgen_error *err) {
-    kvg_rhist *h = g->s->remote;
+/* The reply so far joins the session (the kind's reply_commit: a chat's assistant message, or
+ * the text and the stop string that ended it). */
+static kvgen_status reply_commit(kvgen_gen *g, const char *stop, size_t stop_len, kvgen_error *err) {
     if (g->text.n == 0 && stop_len == 0 && g->finish == KVGEN_FINISH_CANCELLED)
         return KVGEN_OK; /* cancelled before anything came: no empty reply joins it */
-    if (kvg_rhist_mode(h) == KVG_RMODE_CHAT)
-        return kvg_rhist_add_message(h, "assistant", g->text.p, g->text.n, "generate", err);
-    kvgen_status st = kvg_rhist_add_text(h, g->text.p, g->text.n, "generate", err);
-    if (st == KVGEN_OK && stop_len) st = kvg_rhist_add_text(h, stop, stop_len, "generate", err);
-    return st;
+    return g->s->kind->reply_commit(g->s, g->text.p, g->text.n, stop, stop_len, err);
 }
 
-/* A failed generation leaves the session as the call found it: the history goes back to its
- * length before the prompt (or turn) that began the generation, and no reply joins it. */
-static kvgen_status remote_fail(kvgen_gen *g, kvgen_status failed) {
+/* A failed generation leaves the session as the call found it: it goes back to its length
+ * before the prompt (or turn) that began the generation, and no reply joins it. */
+static kvgen_status reply_fail(kvgen_gen *g, kvgen_status failed) {
+    kvgen_session *s = g->s;
     g->finish = KVGEN_FINISH_ERROR;
-    kvg_rstream_free(g->rs);
-    g->rs = NULL;
-    kvg_rhist *h = g->s->remote;
-    size_t len = kvg_rhist_length(h);
-    if (len > g->hist_len0) kvg_rhist_rewind(h, len - g->hist_len0, "generate", NULL);
+    if (g->stream) s->kind->reply_free(g->stream);
+    g->stream = NULL;
+    size_t len = kvgen_session_length(s);
+    if (len > g->len0) s->kind->rewind(s, len - g->len0, NULL);
     return failed;
 }
 
-/* Ends a remote generation: what was held back is emitted (up to a stop string), the transfer
- * closes, and the reply joins the history (a failure: remote_fail). */
-static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status failed, kvgen_error *err) {
+/* Ends the generation of a reply: what was held back is emitted (up to a stop string), the
+ * stream closes, and the reply joins the session (a failure: reply_fail). */
+static kvgen_status reply_finish(kvgen_gen *g, kvgen_finish why, kvgen_status failed, kvgen_error *err) {
     long at = find_stop(g);
     const char *stop = NULL;
     size_t stop_len = 0;
@@ -692,13 +687,13 @@ static kvgen_status remote_finish(kvgen_gen *g, kvgen_finish why, kvgen_status f
         why = KVGEN_FINISH_STOP_STRING;
         failed = KVGEN_OK;
     }
-    if (!emit(g, g->pending.n)) return remote_fail(g, oom(g, err));
-    if (failed != KVGEN_OK) return remote_fail(g, failed);
+    if (!emit(g, g->pending.n)) return reply_fail(g, oom(g, err));
+    if (failed != KVGEN_OK) return reply_fail(g, failed);
     g->finish = why;
-    kvg_rstream_free(g->rs);
-    g->rs = NULL;
-    kvgen_status st = remote_commit(g, stop, stop_len, err);
-    return st != KVGEN_OK ? remote_fail(g, st) : st;
+    if (g->stream) g->s->kind->reply_free(g->stream);
+    g->stream = NULL;
+    kvgen_status st = reply_commit(g, stop, stop_len, err);
+    return st != KVGEN_OK ? reply_fail(g, st) : st;
 }
 
 /* Where event i of this step begins in pending: the first at `before`, each next where the one
@@ -741,7 +736,7 @@ static size_t soft_cut(const kvgen_gen *g, size_t before, int n_events, int *cou
     return SIZE_MAX;
 }
 
-kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
+kvgen_status kvg_gen_reply_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
     *pieces = 0;
     if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
@@ -753,21 +748,20 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
     }
     kvgen_status st = KVGEN_OK;
     if (__atomic_load_n(&g->cancel, __ATOMIC_ACQUIRE)) {
-        st = remote_finish(g, KVGEN_FINISH_CANCELLED, KVGEN_OK, err);
+        st = reply_finish(g, KVGEN_FINISH_CANCELLED, KVGEN_OK, err);
         fill_step(g, step, -1);
         return st;
     }
     kvgen_session *s = g->s;
-    if (!g->rs) {
+    if (!g->stream) {
         kvgen_sampler_desc sp;
         kvgen_session_get_sampler(s, &sp);
-        kvg_rrequest q = {.hist = s->remote, .sampler = &sp, .ignore_eog = g->ignore_eog, .grammar = g->grammar,
-                          .max_tokens = g->max_tokens};
-        /* the remote max_tokens is a ceiling the server applies too; kvgen counts pieces itself */
-        bool worker = kvg_session_worker_thread != NULL;
-        st = kvg_rstream_start(s->model->remote, &q, worker, &g->rs, "kvgen_gen_next", err);
+        /* the request's max_tokens is a ceiling the server applies too; kvgen counts pieces itself */
+        kvg_reply_request q = {.sampler = &sp, .ignore_eog = g->ignore_eog, .grammar = g->grammar,
+                               .max_tokens = g->max_tokens, .worker = kvg_session_worker_thread != NULL};
+        st = s->kind->reply_start(s, &q, &g->stream, "kvgen_gen_next", err);
         if (st != KVGEN_OK) {
-            st = remote_fail(g, st);
+            st = reply_fail(g, st);
             fill_step(g, step, -1);
             return st;
         }
@@ -776,7 +770,7 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
     kvgen_finish fin = KVGEN_FINISH_NONE;
     kvgen_error serr = {0};
     g->ends.n = 0;
-    kvgen_status sst = kvg_rstream_pump(g->rs, wait_ms, &g->pending, &g->ends, pieces, &fin, &serr);
+    kvgen_status sst = s->kind->reply_pump(g->stream, wait_ms, &g->pending, &g->ends, pieces, &fin, &serr);
     g->n_events += *pieces;
     int counted = 0;
     size_t cut = soft_cut(g, before, *pieces, &counted);
@@ -784,7 +778,7 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
         g->pending.n = cut;
         g->pending.p[cut] = 0;
         g->n_tokens += counted;
-        st = remote_finish(g, KVGEN_FINISH_SENTENCE, KVGEN_OK, err);
+        st = reply_finish(g, KVGEN_FINISH_SENTENCE, KVGEN_OK, err);
         fill_step(g, step, -1);
         return st;
     }
@@ -796,7 +790,7 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
         memcpy(ex, g->pending.p + before, n);
         ex[n] = 0;
         g->pending.n = before;
-        st = remote_finish(g, KVGEN_FINISH_ERROR,
+        st = reply_finish(g, KVGEN_FINISH_ERROR,
                            kvg_fail(err, KVGEN_E_UNSUPPORTED,
                                     "kvgen_gen_next: the server's reply leaves the constraint at '%s': it does not "
                                     "apply the grammar it was sent (docs/remote.md)",
@@ -808,28 +802,28 @@ kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step
     if (fin != KVGEN_FINISH_NONE) {
         if (sst != KVGEN_OK) {
             if (err) *err = serr;
-            st = remote_finish(g, KVGEN_FINISH_ERROR, sst, err);
+            st = reply_finish(g, KVGEN_FINISH_ERROR, sst, err);
         } else if (fin == KVGEN_FINISH_STOP && g->gmatch && !kvg_gram_can_end(g->gmatch)) {
-            st = remote_finish(g, KVGEN_FINISH_ERROR,
+            st = reply_finish(g, KVGEN_FINISH_ERROR,
                                kvg_fail(err, KVGEN_E_UNSUPPORTED,
                                         "kvgen_gen_next: the server ended its reply where the constraint is not "
                                         "complete: it does not apply the grammar it was sent (docs/remote.md)"),
                                err);
         } else {
-            st = remote_finish(g, fin, KVGEN_OK, err);
+            st = reply_finish(g, fin, KVGEN_OK, err);
         }
         fill_step(g, step, *pieces > 0 ? 0 : -1);
         return st;
     }
     long at = find_stop(g);
     if (at >= 0) {
-        st = remote_finish(g, KVGEN_FINISH_STOP_STRING, KVGEN_OK, err);
+        st = reply_finish(g, KVGEN_FINISH_STOP_STRING, KVGEN_OK, err);
     } else if (g->gmatch && kvg_gram_done(g->gmatch)) {
-        st = remote_finish(g, KVGEN_FINISH_STOP, KVGEN_OK, err);
+        st = reply_finish(g, KVGEN_FINISH_STOP, KVGEN_OK, err);
     } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {
-        st = remote_finish(g, KVGEN_FINISH_LENGTH, KVGEN_OK, err);
+        st = reply_finish(g, KVGEN_FINISH_LENGTH, KVGEN_OK, err);
     } else if (!emit(g, g->pending.n - held_back(g))) {
-        return remote_fail(g, oom(g, err));
+        return reply_fail(g, oom(g, err));
     }
     fill_step(g, step, *pieces > 0 ? 0 : -1);
     return st;

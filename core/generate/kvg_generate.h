@@ -39,11 +39,11 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
 kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t token, kvgen_status decoded,
                             const kvgen_error *derr, kvgen_error *err);
 
-/* A remote session's generation (kvgen_gen_begin on a remote model's session): takes what
- * the server sent (waiting up to wait_ms for it on a stream of the calling thread's own; the
- * jobs' worker drives the shared pool itself, kvg_remote_drive) and emits it as kvgen_gen_next
- * would, stop strings held back; *pieces is how many reply events came in (tokens, as far as
- * kvgen can tell). A step without news has empty text and token -1. */
-kvgen_status kvg_gen_remote_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err);
+/* A generation on a session whose kind generates its replies itself (kvg_session_kind.h; a
+ * remote session: its server): takes what the reply's stream sent (waiting up to wait_ms for it
+ * on a stream of the calling thread's own; the jobs' worker runs the kind's drive itself) and
+ * emits it as kvgen_gen_next would, stop strings held back; *pieces is how many reply events
+ * came in (tokens, as far as kvgen can tell). A step without news has empty text and token -1. */
+kvgen_status kvg_gen_reply_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err);
 
 #endif

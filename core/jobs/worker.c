@@ -50,7 +50,7 @@ struct kvgen_job {
     /* the request, immutable after submit */
     kvgen_prompt_kind prompt;
     char *text, *role;
-    size_t text_len; /* TEXT on a remote model: text is kept as bytes, not tokenized */
+    size_t text_len; /* TEXT on a model whose sessions take text (a remote model's): kept as bytes, not tokenized */
     int32_t *tokens; /* TEXT (tokenized at submit) and TOKENS */
     size_t n_tokens;
     kvgen_generate_desc gen; /* stop and constraint point into stops / cons_arena */
@@ -97,6 +97,8 @@ struct kvgen_job {
 
 typedef struct kvg_worker {
     kvgen_model *m;
+    const kvg_session_kind *kind; /* of the model's sessions */
+    bool replies;                 /* its sessions generate their replies themselves (kvg_gen_reply_step) */
     kvg_mutex mu;
     kvg_cond wake;    /* worker: work arrived, or quit */
     kvg_cond stepped; /* host: a step was committed (session close waits for it) */
@@ -255,7 +257,8 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_gen
     if (d->constraint) {
         /* validates it, and that the vocabulary spells its choices (without the session, which
          * may be the worker's now) */
-        kvgen_status st = m->remote ? kvgen_generate_check(d, err) : kvg_cons_check(d->constraint, m, err);
+        kvgen_status st = kvg_session_kind_replies(kvg_session_kind_of(m)) ? kvgen_generate_check(d, err)
+                                                                            : kvg_cons_check(d->constraint, m, err);
         if (st != KVGEN_OK) return st;
         j->gen.constraint = copy_constraint(d->constraint, &j->cons_arena);
         if (!j->gen.constraint) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
@@ -279,11 +282,8 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
     switch (d->prompt) {
     case KVGEN_PROMPT_NONE: return KVGEN_OK;
     case KVGEN_PROMPT_TOKENS:
-        if (m->remote)
-            return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                            "kvgen_job_submit: the remote model '%s' takes text, not token ids (its tokenizer is the "
-                            "server's)",
-                            m->name);
+        if (!(kvg_session_kind_of(m)->caps & KVG_CAN_TOKEN_JOBS))
+            return kvg_session_can(m, NULL, KVG_CAN_TOKEN_JOBS, "kvgen_job_submit", err);
         if (d->n_tokens > 0 && !d->tokens)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokens is NULL");
         for (size_t i = 0; i < d->n_tokens; i++)
@@ -303,7 +303,7 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
         if (d->tokenize_flags & ~(unsigned)(KVGEN_TOKENIZE_SPECIAL | KVGEN_TOKENIZE_ADD_BOS))
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokenize_flags 0x%x", d->tokenize_flags);
         size_t len = d->text_len ? d->text_len : strlen(d->text), n = 0;
-        if (m->remote) { /* sent as text */
+        if (kvg_session_kind_of(m)->add_text) { /* sent as text */
             if (!(j->text = dup_n(d->text, len))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
             j->text_len = len;
             return KVGEN_OK;
@@ -366,6 +366,8 @@ static kvg_worker *get_worker(kvgen_model *m, kvgen_error *err) {
         return NULL;
     }
     w->m = m;
+    w->kind = kvg_session_kind_of(m);
+    w->replies = kvg_session_kind_replies(w->kind);
     kvg_mutex_init(&w->mu);
     kvg_cond_init(&w->wake);
     kvg_cond_init(&w->stepped);
@@ -500,7 +502,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     w->tail = j;
     kvg_cond_signal(&w->wake);
     kvg_mutex_unlock(&w->mu);
-    if (m->remote) kvg_remote_wakeup(m->remote); /* the worker may be waiting on the network */
+    if (kvg_session_kind_of(m)->wakeup) kvg_session_kind_of(m)->wakeup(m); /* the worker may be waiting on the network */
     *out = j;
     return KVGEN_OK;
 }
@@ -520,7 +522,7 @@ static void cancel_locked(kvg_worker *w, kvgen_job *j) {
     }
     j->cancel = true;
     kvg_cond_signal(&w->wake);
-    if (w->m->remote) kvg_remote_wakeup(w->m->remote);
+    if (w->kind->wakeup) w->kind->wakeup(w->m);
 }
 
 void kvgen_job_cancel(kvgen_job *j) {
@@ -684,7 +686,7 @@ static void kvg_worker_session_closing(kvgen_session *s) {
             job_free(j);
         }
     }
-    if (w->m->remote) kvg_cond_signal(&w->wake); /* to close the requests ended here */
+    if (w->replies) kvg_cond_signal(&w->wake); /* to close the requests ended here */
     kvg_mutex_unlock(&w->mu);
 }
 
@@ -739,19 +741,20 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
     p->prefill = NULL;
     p->decode = w->plan;
     p->n_decode = 0;
-    /* a remote model's jobs are requests: every running one is stepped (its reply read), and
-     * queued ones start while fewer than remote_max_requests are running */
+    /* the jobs of a model whose sessions generate their replies themselves (a remote model's)
+     * are requests: every running one is stepped (its reply read), and queued ones start while
+     * fewer than its max_requests (remote_max_requests) are running */
     int slots = 0;
-    if (w->m->remote) {
+    if (w->replies) {
         max_batch = INT32_MAX;
-        slots = kvg_remote_max_requests(w->m->remote);
+        slots = w->kind->max_requests(w->m);
         for (kvgen_job *j = w->head; j; j = j->next)
             if (!is_final(j->state) && j->state != KVGEN_JOB_QUEUED) slots--;
     }
     for (kvgen_job *j = w->head; j; j = j->next) {
         if (is_final(j->state) || !j->s || j->detaching || !is_head(j)) continue;
-        if (w->m->remote && j->state == KVGEN_JOB_QUEUED && !j->cancel && slots-- <= 0) continue;
-        if (j->state == KVGEN_JOB_GENERATING || w->m->remote) {
+        if (w->replies && j->state == KVGEN_JOB_QUEUED && !j->cancel && slots-- <= 0) continue;
+        if (j->state == KVGEN_JOB_GENERATING || w->replies) {
             /* insertion into the sorted batch, keeping the best max_batch */
             int at = p->n_decode;
             while (at > 0 && before(j, p->decode[at - 1])) at--;
@@ -764,8 +767,8 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
             p->prefill = j;
         }
     }
-    /* a remote model also steps to close the requests of sessions that closed */
-    if (!p->prefill && p->n_decode == 0) return w->m->remote && kvg_remote_has_freed(w->m->remote);
+    /* such a model also steps to close the requests of sessions that closed */
+    if (!p->prefill && p->n_decode == 0) return w->replies && w->kind->has_freed(w->m);
     w->step_no++;
     if (p->prefill) p->prefill->in_step = true;
     for (int i = 0; i < p->n_decode; i++) p->decode[i]->in_step = true;
@@ -792,8 +795,8 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
     kvgen_gen_end(j->g);
     j->g = NULL;
     if ((j->wn_gen == 0 && state == KVGEN_JOB_CANCELLED) ||
-        (state == KVGEN_JOB_FAILED && (j->wn_gen == 0 || s->remote))) {
-        /* nothing was generated, or a remote request failed (its reply is not kept): take the
+        (state == KVGEN_JOB_FAILED && (j->wn_gen == 0 || kvg_session_kind_replies(s->kind)))) {
+        /* nothing was generated, or a request for a reply failed (its reply is not kept): take the
          * prompt back, so the session is as it was */
         size_t len = kvgen_session_length(s);
         if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
@@ -930,10 +933,11 @@ static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
     }
 }
 
-/* A remote model's step: queued jobs start their requests (the turn or text joins the history),
- * the shared pool runs until news arrives (at most a short wait), and every running job takes
- * its reply's new text. */
-static void remote_step(kvg_worker *w, kvgen_job **jobs, int n) {
+/* The step of a model whose sessions generate their replies themselves (a remote model's):
+ * queued jobs start their requests (the turn or text joins the session), the kind's drive runs
+ * the transfers until news arrives (at most a short wait), and every running job takes its
+ * reply's new text. */
+static void reply_step(kvg_worker *w, kvgen_job **jobs, int n) {
     kvgen_gen_step step[1];
     int started = 0;
     for (int i = 0; i < n; i++) {
@@ -949,7 +953,7 @@ static void remote_step(kvg_worker *w, kvgen_job **jobs, int n) {
         j->len_before = kvgen_session_length(s);
         kvgen_status st = KVGEN_OK;
         if (j->prompt == KVGEN_PROMPT_CHAT) st = kvgen_chat_begin(s, j->role, j->text, &e);
-        else if (j->prompt == KVGEN_PROMPT_TEXT) st = kvg_rhist_add_text(s->remote, j->text, j->text_len, "kvgen job", &e);
+        else if (j->prompt == KVGEN_PROMPT_TEXT) st = s->kind->add_text(s, j->text, j->text_len, false, "kvgen job", &e);
         if (st == KVGEN_OK) st = kvgen_gen_begin(s, &j->gen, &j->g, &e);
         if (st != KVGEN_OK) {
             fail_job(j, &e);
@@ -959,14 +963,14 @@ static void remote_step(kvg_worker *w, kvgen_job **jobs, int n) {
         j->wstate = KVGEN_JOB_GENERATING;
         started++;
     }
-    kvg_remote_drive(w->m->remote, started ? 0 : 50);
+    w->kind->drive(w->m, started ? 0 : 50);
     for (int i = 0; i < n; i++) {
         kvgen_job *j = jobs[i];
         if (j->wstate != KVGEN_JOB_GENERATING || !j->g) continue;
         if (j->wcancel) kvgen_gen_cancel(j->g);
         kvgen_error e = {0};
         int pieces = 0;
-        kvgen_status st = kvg_gen_remote_step(j->g, 0, step, &pieces, &e);
+        kvgen_status st = kvg_gen_reply_step(j->g, 0, step, &pieces, &e);
         if (pieces > 0) {
             double t = now_ms();
             if (j->wn_gen == 0) j->wt_first = t;
@@ -1025,8 +1029,8 @@ static void *worker_main(void *arg) {
         while (!w->quit && !plan_step(w, &p)) kvg_cond_wait(&w->wake, &w->mu);
         if (w->quit) break;
         kvg_mutex_unlock(&w->mu);
-        if (w->m->remote) {
-            remote_step(w, p.decode, p.n_decode);
+        if (w->replies) {
+            reply_step(w, p.decode, p.n_decode);
         } else {
             if (p.prefill) prefill_step(w, p.prefill, p.chunk);
             if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);

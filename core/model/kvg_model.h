@@ -244,8 +244,6 @@ struct kvgen_model {
     /* the load's progress callback (kvgen_model_desc.progress); cleared when the load returns */
     kvgen_load_progress_fn progress;
     void *progress_user;
-    /* a model served over HTTP (core/remote/): no file, weights, tokenizer, backend or pages */
-    struct kvg_remote *remote;
     int progress_stage;       /* the stage of the last report (0: none yet) */
     uint64_t progress_last, progress_total; /* its done and total */
 };

@@ -21,6 +21,9 @@ typedef struct kvg_remote kvg_remote;   /* a server and model: the jobs' connect
 typedef struct kvg_rhist kvg_rhist;     /* one session's history */
 typedef struct kvg_rstream kvg_rstream; /* one streamed generation request */
 
+/* remote_session.c: a model served at desc->path: connects (kvg_remote_open), takes the
+ * server's model name and makes the model's sessions the remote kind (kvg_session_kind.h). */
+kvgen_status kvg_remote_load(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
 /* true when the path names a server (http:// or https://) */
 bool kvg_remote_is_url(const char *path);
 /* A copy of url (kvg_malloc'd; NULL when out of memory) to show in messages and logs: the

@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include "kvg_model.h"
 #include "kvg_pool.h"
-#include "kvg_remote.h"
 #include "kvg_sampler.h"
+#include "kvg_session_kind.h"
 
 /* Sessions beyond this many positions are refused: it keeps every size computation far
  * from overflow and catches a garbage n_ctx before it asks for terabytes. */
@@ -65,8 +65,10 @@ struct kvgen_session {
      * it is not 0 the session belongs to the model's worker (kvgen_session_busy) */
     int jobs_active;
 
-    /* a remote model's session (core/remote/): its history; no tokens, logits or pages here */
-    struct kvg_rhist *remote;
+    /* what the session is (kvg_session_kind.h): the local kind uses the fields above; another
+     * kind keeps its own state here instead (no tokens, logits or pages) */
+    const kvg_session_kind *kind;
+    void *kind_state;
 };
 
 /* The model whose jobs worker this thread is, if it is one (worker.c sets it once): its calls
@@ -94,14 +96,17 @@ kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvge
  * desc unless `sampler_from` is given, which is cloned. Used by create, fork and restore. */
 kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
                              kvgen_session **out, kvgen_error *err);
+/* A new empty session with s's options and a copy of its sampler (a fork's child, before the
+ * kind copies what the session holds). */
+kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err);
 /* Makes `n` positions [n_tokens, n_tokens+n) hold `tokens` with the K/V given per layer by
  * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore): the pages are
  * written. */
 kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
                                  kvgen_error *err);
 
-/* KVGEN_E_UNSUPPORTED naming `fn` when s is a remote model's session (calls on token ids,
- * logits or the cache, which live on the server); else KVGEN_OK. */
+/* KVGEN_E_UNSUPPORTED naming `fn` when s's kind has no token ids, logits or cache of its own
+ * (kvg_session_can, KVG_CAN_TOKENS); else KVGEN_OK. */
 kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err);
 
 /* session_file.c: the identity hash of a model (session files): hyperparameters, tensor names/types/shapes and a

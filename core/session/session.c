@@ -37,12 +37,59 @@ kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvge
 }
 
 kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err) {
-    if (!s->remote) return KVGEN_OK;
-    return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                    "%s: session %p is on the remote model '%s': its token ids, logits and cache are the server's "
-                    "(generate from text or chat instead; docs/remote.md)",
-                    fn, (const void *)s, s->model->name);
+    return kvg_session_can(s->model, s, KVG_CAN_TOKENS, fn, err);
 }
+
+/* ---- session kinds (kvg_session_kind.h) --------------------------------------------------- */
+
+static const kvg_session_kind local_kind;
+
+typedef struct model_kind {
+    const kvg_session_kind *kind;
+    void *state;
+} model_kind;
+
+static void model_kind_free(void *value) {
+    model_kind *mk = value;
+    if (mk->kind->model_free) mk->kind->model_free(mk->state);
+    kvg_free(mk);
+}
+
+static const kvg_attach_key model_kind_key = {"session kind", model_kind_free};
+
+const kvg_session_kind *kvg_session_kind_of(const kvgen_model *m) {
+    const model_kind *mk = kvg_model_attached(m, &model_kind_key);
+    return mk ? mk->kind : &local_kind;
+}
+
+void *kvg_session_kind_state(const kvgen_model *m) {
+    const model_kind *mk = kvg_model_attached(m, &model_kind_key);
+    return mk ? mk->state : NULL;
+}
+
+kvgen_status kvg_session_kind_attach(kvgen_model *m, const kvg_session_kind *kind, void *state, const char *who,
+                                     kvgen_error *err) {
+    model_kind *mk = kvg_malloc(sizeof *mk);
+    if (!mk) {
+        if (kind->model_free) kind->model_free(state);
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    }
+    *mk = (model_kind){kind, state};
+    void *there = kvg_model_attach(m, &model_kind_key, mk);
+    if (there == mk) return KVGEN_OK;
+    model_kind_free(mk);
+    if (!there) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    return KVGEN_OK; /* not reached: a kind is attached once, at load */
+}
+
+kvgen_status kvg_session_can(const kvgen_model *m, const kvgen_session *s, kvg_session_cap cap, const char *fn,
+                             kvgen_error *err) {
+    const kvg_session_kind *k = s ? s->kind : kvg_session_kind_of(m);
+    if (k->caps & cap) return KVGEN_OK;
+    return k->refuse(m, s, cap, fn, err);
+}
+
+bool kvg_session_kind_replies(const kvg_session_kind *k) { return k->reply_start != NULL; }
 
 void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
     if (!info) return;
@@ -223,22 +270,41 @@ static kvgen_status check_desc(const kvgen_model *model, const kvgen_session_des
                         (int)d->on_full);
     if (d->keep < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_create: keep %d is negative", d->keep);
-    if (model->remote && d->sampler && d->sampler->n_bias > 0)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "kvgen_session_create: sampler.bias on the remote model '%s': token ids are the server's",
-                        model->name);
+    if (d->sampler && d->sampler->n_bias > 0) return kvg_session_can(model, NULL, KVG_CAN_BIAS, "kvgen_session_create", err);
     return KVGEN_OK;
 }
 
-static void session_free(kvgen_session *s) {
-    kvg_rhist_free(s->remote);
+/* the local kind's storage: tokens, logits, page tables and the backend's session */
+static void local_free(kvgen_session *s) {
     drop_pages(s, 0);
     if (s->bs) s->model->ops->session_free(s->model, s->bs);
-    kvg_sampler_free(&s->sampler);
     kvg_free(s->tokens);
     kvg_free(s->logits);
     for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_free(s->pages[g]);
     kvg_free(s->page_hash);
+}
+
+static kvgen_status local_init(kvgen_session *s, kvgen_error *err) {
+    kvgen_model *model = s->model;
+    s->tokens = kvg_malloc((size_t)s->n_ctx * sizeof *s->tokens);
+    s->logits = kvg_malloc((size_t)model->w.hp.n_vocab * sizeof *s->logits);
+    if (!s->tokens || !s->logits) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    size_t P = (size_t)kvg_pool_page_size(model->pools[0]), n = ((size_t)s->n_ctx + P - 1) / P;
+    s->n_groups = model->kv.n_groups;
+    bool ok = true;
+    for (int g = 0; g < s->n_groups; g++) {
+        s->pages[g] = kvg_malloc(n * sizeof *s->pages[g]);
+        ok = ok && s->pages[g];
+        for (size_t i = 0; s->pages[g] && i < n; i++) s->pages[g][i] = -1;
+    }
+    s->page_hash = kvg_calloc(n, sizeof *s->page_hash);
+    if (!ok || !s->page_hash) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
+    return model->ops->session_init(model, s->n_ctx, &s->bs, err);
+}
+
+static void session_free(kvgen_session *s) {
+    s->kind->free(s);
+    kvg_sampler_free(&s->sampler);
     kvg_free(s);
 }
 
@@ -261,38 +327,19 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->clean_len = KVG_CLEAN_ALL;
     const char *full = getenv("KVGEN_FULL_LOGITS");
     s->full_logits = full && atoi(full) != 0;
-    kvgen_status st = KVGEN_OK;
-    if (model->remote) { /* a history; the server holds tokens, logits and K/V */
-        if (!(s->remote = kvg_rhist_new())) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    } else {
-        s->tokens = kvg_malloc((size_t)n_ctx * sizeof *s->tokens);
-        s->logits = kvg_malloc((size_t)hp->n_vocab * sizeof *s->logits);
-        if (!s->tokens || !s->logits) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    }
-    if (st == KVGEN_OK && !model->remote) {
-        size_t P = (size_t)kvg_pool_page_size(model->pools[0]), n = ((size_t)n_ctx + P - 1) / P;
-        s->n_groups = model->kv.n_groups;
-        bool ok = true;
-        for (int g = 0; g < s->n_groups; g++) {
-            s->pages[g] = kvg_malloc(n * sizeof *s->pages[g]);
-            ok = ok && s->pages[g];
-            for (size_t i = 0; s->pages[g] && i < n; i++) s->pages[g][i] = -1;
-        }
-        s->page_hash = kvg_calloc(n, sizeof *s->page_hash);
-        if (!ok || !s->page_hash) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_create: out of memory");
-    }
+    s->kind = kvg_session_kind_of(model);
+    kvgen_status st = s->kind->init(s, err);
     if (st == KVGEN_OK) {
         if (sampler_from) {
             st = kvg_sampler_clone(&s->sampler, sampler_from, err);
         } else {
             kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
                                      .top_p = desc->top_p};
-            /* a remote model's ids are the server's: a vocabulary of one, no bias */
-            st = kvg_sampler_init(&s->sampler, &sp, model->remote ? 1 : hp->n_vocab, err);
+            /* a kind without token ids of its own: a vocabulary of one, no bias */
+            st = kvg_sampler_init(&s->sampler, &sp, s->kind->caps & KVG_CAN_TOKENS ? hp->n_vocab : 1, err);
             if (st == KVGEN_OK && desc->sampler) st = kvg_sampler_set(&s->sampler, desc->sampler, true, err);
         }
     }
-    if (st == KVGEN_OK && !model->remote) st = model->ops->session_init(model, n_ctx, &s->bs, err);
     if (st != KVGEN_OK) {
         session_free(s);
         return st;
@@ -467,7 +514,8 @@ kvgen_status kvgen_session_prefill(kvgen_session *s, const int32_t *tokens, size
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_prefill", err);
     if (busy != KVGEN_OK) return busy;
-    if (s->remote) return kvg_session_local_only(s, "kvgen_session_prefill", err);
+    kvgen_status can = kvg_session_local_only(s, "kvgen_session_prefill", err);
+    if (can != KVGEN_OK) return can;
     if (n == 0) return KVGEN_OK;
     if (!tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_prefill: tokens is NULL");
     size_t piece = prefill_piece(s);
@@ -676,20 +724,21 @@ int32_t kvgen_session_sample(kvgen_session *s) {
     return kvg_session_sample_masked(s, NULL);
 }
 
-size_t kvgen_session_length(const kvgen_session *s) {
-    if (!s) return 0;
-    return s->remote ? kvg_rhist_length(s->remote) : s->n_tokens;
-}
+size_t kvgen_session_length(const kvgen_session *s) { return s ? s->kind->length(s) : 0; }
 
-const int32_t *kvgen_session_tokens(const kvgen_session *s) { return s && !s->remote ? s->tokens : NULL; }
+static size_t local_length(const kvgen_session *s) { return s->n_tokens; }
+
+const int32_t *kvgen_session_tokens(const kvgen_session *s) {
+    return s && (s->kind->caps & KVG_CAN_TOKENS) ? s->tokens : NULL;
+}
 
 void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
-    if (s->remote) {
-        kvg_rhist_reset(s->remote);
-        kvg_sampler_reset(&s->sampler);
-        return;
-    }
+    s->kind->reset(s);
+    kvg_sampler_reset(&s->sampler);
+}
+
+static void local_reset(kvgen_session *s) {
     drop_pages(s, 0);
     for (int g = 0; g < KVG_KV_GROUPS; g++) s->lo[g] = 0;
     s->n_tokens = 0;
@@ -698,7 +747,6 @@ void kvgen_session_reset(kvgen_session *s) {
     s->clean_len = KVG_CLEAN_ALL;
     s->tokens_reused = 0;
     s->shifts = 0;
-    kvg_sampler_reset(&s->sampler);
 }
 
 /* ---- rewind and fork -------------------------------------------------------------------------- */
@@ -707,7 +755,10 @@ kvgen_status kvgen_session_rewind(kvgen_session *s, size_t n, kvgen_error *err) 
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_rewind", err);
     if (busy != KVGEN_OK) return busy;
-    if (s->remote) return kvg_rhist_rewind(s->remote, n, "kvgen_session_rewind", err);
+    return s->kind->rewind(s, n, err);
+}
+
+static kvgen_status local_rewind(kvgen_session *s, size_t n, kvgen_error *err) {
     if (n > s->n_tokens)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_rewind: cannot drop %zu tokens of %zu", n,
                         s->n_tokens);
@@ -745,27 +796,22 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
     if (!child) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_fork: child is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_fork", err);
     if (busy != KVGEN_OK) return busy;
-    kvgen_model *m = s->model;
+    return s->kind->fork(s, child, err);
+}
+
+kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err) {
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
                             .no_prefix_reuse = !s->prefix_reuse};
+    return kvg_session_new(s->model, &d, &s->sampler, child, err);
+}
+
+static kvgen_status local_fork(kvgen_session *s, kvgen_session **child, kvgen_error *err) {
+    kvgen_model *m = s->model;
     kvgen_session *c;
-    if (s->remote) { /* the history and the sampler; the server's prefix cache shares the rest */
-        kvgen_status rst = kvg_session_new(m, &d, &s->sampler, &c, err);
-        if (rst != KVGEN_OK) return rst;
-        kvg_rhist *h = kvg_rhist_clone(s->remote);
-        if (!h) {
-            kvgen_session_close(c);
-            return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_fork: out of memory");
-        }
-        kvg_rhist_free(c->remote);
-        c->remote = h;
-        *child = c;
-        return KVGEN_OK;
-    }
     /* the child gets a host copy: device-kept logits are the parent's backend session's */
     kvgen_status st = s->has_logits ? kvg_session_host_logits(s, err) : KVGEN_OK;
     if (st != KVGEN_OK) return st;
-    st = kvg_session_new(m, &d, &s->sampler, &c, err);
+    st = kvg_session_new_like(s, &c, err);
     if (st != KVGEN_OK) return st;
     c->prefix_reuse = s->prefix_reuse;
     size_t len = s->n_tokens;
@@ -853,12 +899,10 @@ kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t
 void kvgen_session_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
     if (!info) return;
     memset(info, 0, sizeof *info);
-    if (!s) return;
-    if (s->remote) {
-        info->length = kvg_rhist_length(s->remote);
-        info->capacity = (size_t)s->n_ctx;
-        return;
-    }
+    if (s) s->kind->cache_info(s, info);
+}
+
+static void local_cache_info(const kvgen_session *s, kvgen_cache_info *info) {
     const kvg_hparams *hp = &s->model->w.hp;
     info->n_layer = hp->n_layer;
     info->n_head_kv = hp->n_head_kv;
@@ -886,7 +930,8 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: session is NULL");
     kvgen_status busy = kvg_session_check_host(s, "kvgen_session_read_cache", err);
     if (busy != KVGEN_OK) return busy;
-    if (s->remote) return kvg_session_local_only(s, "kvgen_session_read_cache", err);
+    kvgen_status can = kvg_session_local_only(s, "kvgen_session_read_cache", err);
+    if (can != KVGEN_OK) return can;
     const kvg_hparams *hp = &s->model->w.hp;
     if (layer < 0 || layer >= hp->n_layer)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_session_read_cache: layer %d is outside [0, %d)", layer,
@@ -920,3 +965,16 @@ kvgen_status kvgen_session_read_cache(const kvgen_session *s, int layer, int whi
 /* private accessors for generate.c / chat.c (kvg_sampler.h) */
 kvg_sampler *kvg_session_sampler(kvgen_session *s) { return &s->sampler; }
 kvgen_model *kvg_session_model(const kvgen_session *s) { return s->model; }
+
+/* The local paged kind: everything is here, so it refuses nothing. */
+static const kvg_session_kind local_kind = {
+    .name = "local",
+    .caps = KVG_CAN_TOKENS | KVG_CAN_TOKEN_JOBS | KVG_CAN_BIAS | KVG_CAN_CHAT_TEMPLATE,
+    .init = local_init,
+    .free = local_free,
+    .length = local_length,
+    .reset = local_reset,
+    .rewind = local_rewind,
+    .fork = local_fork,
+    .cache_info = local_cache_info,
+};

@@ -41,8 +41,9 @@
 #include "kvg_session.h"
 
 #define FILE_MAGIC "KVGSESS"
-/* a remote model's session: "KVGREMOT", u32 version, u32 0, u64 n, n bytes of JSON (the
- * history and sampler settings), u64 checksum of everything before it */
+/* a session of a kind that saves itself (kvg_session_kind.save; the remote kind's: JSON of the
+ * history and sampler settings): "KVGREMOT", u32 version, u32 0, u64 n, n bytes of the kind's,
+ * u64 checksum of everything before it */
 #define REMOTE_MAGIC "KVGREMOT"
 #define REMOTE_HEADER 24
 #define FILE_VERSION 1u
@@ -367,13 +368,12 @@ static kvgen_status temp_commit(file_writer *w, kvgen_status st, char *tmp, cons
     return st;
 }
 
-/* A remote session's file: the header and its history as JSON, saved as atomically. */
-static kvgen_status save_remote(const kvgen_session *s, const char *path, const char *target, const kvg_stat_t *sb,
-                                const char *arrow, const char *shown, kvgen_error *err) {
-    kvgen_sampler_desc sp;
-    kvgen_session_get_sampler(s, &sp);
+/* The file of a session whose kind saves itself: the header and the kind's bytes, saved as
+ * atomically. */
+static kvgen_status save_kind(const kvgen_session *s, const char *path, const char *target, const kvg_stat_t *sb,
+                              const char *arrow, const char *shown, kvgen_error *err) {
     size_t n = 0;
-    char *json = kvg_rhist_to_json(s->remote, &sp, s->model->name, &n);
+    char *json = s->kind->save(s, &n);
     if (!json) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory saving the session", path);
     unsigned char header[REMOTE_HEADER] = {0};
     memcpy(header, REMOTE_MAGIC, 8);
@@ -418,8 +418,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         return st;
     }
 
-    if (s->remote) {
-        st = save_remote(s, path, target, &sb, arrow, shown, err);
+    if (s->kind->save) {
+        st = save_kind(s, path, target, &sb, arrow, shown, err);
         kvg_free(target);
         return st;
     }
@@ -587,9 +587,10 @@ static kvgen_status check_header(const kvgen_model *model, const unsigned char *
     return KVGEN_OK;
 }
 
-/* A remote session's file: checked whole (checksum, sizes, JSON) before the session exists. */
-static kvgen_status restore_remote(kvgen_model *model, int fd, uint64_t size, const char *path, kvgen_session **out,
-                                   kvgen_error *err) {
+/* The file of a session whose kind saves itself: checked whole (checksum, sizes, then the kind
+ * checks its bytes) before the session exists. */
+static kvgen_status restore_kind(kvgen_model *model, int fd, uint64_t size, const char *path, kvgen_session **out,
+                                 kvgen_error *err) {
     *out = NULL;
     if (size < REMOTE_HEADER + 8 || size > ((uint64_t)1 << 31))
         return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: a remote session of %llu bytes is truncated "
@@ -616,25 +617,13 @@ static kvgen_status restore_remote(kvgen_model *model, int fd, uint64_t size, co
         if (hash_final(&hs) != get_u64(buf + size - 8))
             st = kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted (checksum mismatch)", path);
     }
-    kvg_rhist *h = NULL;
-    kvgen_sampler_desc sp;
     char who[300];
     snprintf(who, sizeof who, "kvgen_session_restore: %s", path);
     if (st == KVGEN_OK)
-        st = kvg_rhist_from_json((const char *)buf + REMOTE_HEADER, (size_t)(size - REMOTE_HEADER - 8), &h, &sp, NULL,
-                                 who, err);
+        st = kvg_session_kind_of(model)->restore(model, (const char *)buf + REMOTE_HEADER,
+                                                 (size_t)(size - REMOTE_HEADER - 8), who, out, err);
     kvg_free(buf);
-    kvgen_session *s = NULL;
-    kvgen_session_desc d = {.sampler = &sp};
-    if (st == KVGEN_OK) st = kvg_session_new(model, &d, NULL, &s, err);
-    if (st != KVGEN_OK) {
-        kvg_rhist_free(h);
-        return st;
-    }
-    kvg_rhist_free(s->remote);
-    s->remote = h;
-    *out = s;
-    return KVGEN_OK;
+    return st;
 }
 
 kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err) {
@@ -670,17 +659,17 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     fr_read(&r, h, head);
     if (r.error || r.short_read) READ_FAILED(r);
     if (size >= 8 && memcmp(h, REMOTE_MAGIC, 8) == 0) {
-        if (!model->remote)
+        if (!kvg_session_kind_of(model)->restore)
             REFUSE(KVGEN_E_INVALID_ARGUMENT,
                    "kvgen_session_restore: %s: saved from a remote model's session; restore it on a model loaded from "
                    "its server's URL",
                    path);
-        st = restore_remote(model, fd, size, path, &s, err);
+        st = restore_kind(model, fd, size, path, &s, err);
         goto done;
     }
     if (size < 8 || memcmp(h, FILE_MAGIC, 8) != 0)
         REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: not a kvgen session file (no KVGSESS magic)", path);
-    if (model->remote)
+    if (kvg_session_kind_of(model)->restore)
         REFUSE(KVGEN_E_INVALID_ARGUMENT,
                "kvgen_session_restore: %s: a local session (its cache); restore it on the GGUF model it was saved "
                "from, not the remote model '%s'",
