@@ -30,11 +30,10 @@ static void model_free(kvgen_model *m) {
     kvg_free(m);
 }
 
-static void model_release(kvgen_model *m) {
-    if (m && __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        model_free(m);
-        kvg_host_model_count(-1);
-    }
+/* m->destroy: the last reference went (kvg_model_release) */
+static void model_destroy(kvgen_model *m) {
+    model_free(m);
+    kvg_host_model_count(-1);
 }
 
 static char *dup_range(const char *s, size_t n) {
@@ -251,6 +250,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (!m) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", desc->path);
     kvg_host_model_count(1);
     m->refcount = 1;
+    m->destroy = model_destroy;
     if (kvg_remote_is_url(desc->path)) { /* a server's model: no file, backend or pages here */
         kvgen_status st = kvg_remote_load(m, desc, err);
         if (st != KVGEN_OK) {
@@ -285,7 +285,7 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     return KVGEN_OK;
 }
 
-void kvgen_model_unload(kvgen_model *model) { model_release(model); }
+void kvgen_model_unload(kvgen_model *model) { kvg_model_release(model); }
 
 void kvgen_model_retain(kvgen_model *model) {
     if (model) __atomic_add_fetch(&model->refcount, 1, __ATOMIC_RELAXED);

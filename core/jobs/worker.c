@@ -544,7 +544,7 @@ void kvgen_job_release(kvgen_job *j) {
         job_free(j);
     }
     kvg_mutex_unlock(&w->mu);
-    kvgen_model_unload(m); /* may be the last reference: frees the model and joins the worker */
+    kvg_model_release(m); /* may be the last reference: frees the model and joins the worker */
 }
 
 void kvgen_job_set_priority(kvgen_job *j, int priority) {

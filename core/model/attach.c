@@ -1,6 +1,8 @@
 /* attach.c: per-model state of the layers above the model (the jobs' worker, the grammar's
  * vocabulary trie, a remote model's connection), hung on the model under a key instead of as
  * fields of struct kvgen_model, so the model knows nothing of the layers that use it.
+ * The layers above let go of the model here too (kvg_model_release): the last reference frees
+ * it through the load's destroy hook, so no layer calls up into api.c to free it.
  *
  * The values form a list, newest first, whose head is swapped in with a compare-and-swap: a
  * reader walks it without a lock (a node never changes once it is in the list), and a writer
@@ -51,4 +53,8 @@ void kvg_model_detach_all(struct kvgen_model *m) {
         kvg_free(a);
         a = next;
     }
+}
+
+void kvg_model_release(struct kvgen_model *m) {
+    if (m && __atomic_sub_fetch(&m->refcount, 1, __ATOMIC_ACQ_REL) == 0) m->destroy(m);
 }

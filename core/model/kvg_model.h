@@ -218,11 +218,16 @@ void *kvg_model_attached(const struct kvgen_model *m, const kvg_attach_key *key)
  * key->free_value at model free, last attached first, after the model's on_unload hook and
  * before anything of the model itself is freed. */
 void *kvg_model_attach(struct kvgen_model *m, const kvg_attach_key *key, void *value);
+/* Drops a reference to m (a session's, the jobs worker's, the host's); the last one frees it
+ * through m->destroy, which the load set. NULL is ignored. */
+void kvg_model_release(struct kvgen_model *m);
 /* model free: frees every value, last attached first, and forgets them */
 void kvg_model_detach_all(struct kvgen_model *m);
 
 struct kvgen_model {
     int refcount;
+    /* frees the model when its last reference goes (kvg_model_release); set by the load */
+    void (*destroy)(kvgen_model *m);
     kvg_gguf *gguf;
     kvg_weights w;
     kvg_tokenizer *tok;

@@ -369,7 +369,7 @@ void kvgen_session_close(kvgen_session *s) {
     if (closing) closing(s); /* the worker cancels the session's jobs and lets go of it */
     session_free(s);
     __atomic_sub_fetch(&m->n_sessions, 1, __ATOMIC_RELAXED);
-    kvgen_model_unload(m); /* drops the session's reference */
+    kvg_model_release(m); /* drops the session's reference */
 }
 
 /* ---- running the model ------------------------------------------------------------------------ */
