@@ -44,18 +44,21 @@ typedef struct extra_tensor {
     uint64_t ne0;
 } extra_tensor;
 
-static char *rewrite(const char *src_path, const char *name, const char *arch, const extra_tensor *extra,
-                     int n_extra) {
-    kvg_gguf *src = NULL;
-    kvgen_error err = {0};
-    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
-    kvg_gguf_writer *w = kvg_gguf_writer_new();
+typedef struct arch_edit {
+    const char *arch; /* new general.architecture, or NULL */
+    const extra_tensor *extra;
+    int n_extra;
+} arch_edit;
+
+static void arch_keys(kvg_gguf_writer *w, const kvg_gguf *src, const void *ctx) {
+    const arch_edit *e = ctx;
     for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
-    if (arch) kvg_gguf_set_str(w, "general.architecture", arch);
-    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
-        const kvg_tensor *t = kvg_gguf_tensor(src, i);
-        kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
-    }
+    if (e->arch) kvg_gguf_set_str(w, "general.architecture", e->arch);
+}
+
+/* the extra tensors, one per layer where the pattern has a %d */
+static void arch_extra(kvg_gguf_writer *w, const kvg_gguf *src, const void *ctx) {
+    const arch_edit *e = ctx;
     uint32_t n_layer = 0;
     kvg_str a;
     char key[96];
@@ -63,28 +66,25 @@ static char *rewrite(const char *src_path, const char *name, const char *arch, c
         snprintf(key, sizeof key, "%.*s.block_count", (int)a.len, a.ptr);
         kvg_gguf_get_u32(src, key, &n_layer);
     }
-    for (int e = 0; e < n_extra; e++) {
-        bool per_layer = strstr(extra[e].pattern, "%d") != NULL;
-        float *data = malloc(extra[e].ne0 * sizeof *data);
-        for (uint64_t j = 0; j < extra[e].ne0; j++) data[j] = 1.0f + 0.01f * (float)(j % 7);
+    for (int k = 0; k < e->n_extra; k++) {
+        const extra_tensor *x = &e->extra[k];
+        bool per_layer = strstr(x->pattern, "%d") != NULL;
+        float *data = malloc(x->ne0 * sizeof *data);
+        for (uint64_t j = 0; j < x->ne0; j++) data[j] = 1.0f + 0.01f * (float)(j % 7);
         for (uint32_t l = 0; l < (per_layer ? n_layer : 1); l++) {
             char tname[96];
-            snprintf(tname, sizeof tname, extra[e].pattern, (int)l);
-            uint64_t ne[1] = {extra[e].ne0};
-            kvg_gguf_add_tensor(w, tname, KVG_TYPE_F32, 1, ne, data, extra[e].ne0 * sizeof *data);
+            snprintf(tname, sizeof tname, x->pattern, (int)l);
+            uint64_t ne[1] = {x->ne0};
+            kvg_gguf_add_tensor(w, tname, KVG_TYPE_F32, 1, ne, data, x->ne0 * sizeof *data);
         }
         free(data);
     }
-    char *path = tu_tmpfile(name);
-    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
-    kvg_gguf_writer_free(w);
-    kvg_gguf_close(src);
-    if (st) {
-        fprintf(stderr, "rewrite %s: %s\n", name, err.message);
-        free(path);
-        return NULL;
-    }
-    return path;
+}
+
+static char *rewrite(const char *src_path, const char *name, const char *arch, const extra_tensor *extra,
+                     int n_extra) {
+    arch_edit e = {arch, extra, n_extra};
+    return tu_gguf_rewrite(src_path, name, &(tu_gguf_edit){.keys = arch_keys, .finish = arch_extra, .ctx = &e});
 }
 
 static void test_table(void) {

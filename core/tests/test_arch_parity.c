@@ -45,44 +45,14 @@ static const struct {
                            "--rope-factors --seed 78", 512},
 };
 
-typedef struct fixture {
-    int top_id[N_TOK][TOPK];
-    float top_val[N_TOK][TOPK];
-    int n_pos;
-} fixture;
-
-static bool load_fixture(const char *name, fixture *fx) {
-    const char *d = getenv("KVGEN_FIXTURES");
-    char path[1024], line[4096];
-    snprintf(path, sizeof path, "%s/arch_%s_logits.txt", d ? d : ".", name);
-    FILE *f = fopen(path, "r");
-    CHECKF(f != NULL, "cannot open %s", path);
-    if (!f) return false;
-    memset(fx, 0, sizeof *fx);
-    bool tokens_ok = false;
-    while (fgets(line, sizeof line, f)) {
-        char *p = line;
-        int off = 0, n, pos, k;
-        if (sscanf(p, "tokens %d%n", &n, &off) == 1) {
-            tokens_ok = n == N_TOK;
-            p += off;
-            for (int i = 0; i < n && i < N_TOK; i++) {
-                int id;
-                sscanf(p, "%d%n", &id, &off);
-                p += off;
-                tokens_ok &= id == IDS[i];
-            }
-        } else if (sscanf(p, "pos %d %d%n", &pos, &k, &off) == 2 && pos >= 0 && pos < N_TOK && k == TOPK) {
-            p += off;
-            for (int j = 0; j < TOPK; j++) {
-                sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off);
-                p += off;
-            }
-            if (pos + 1 > fx->n_pos) fx->n_pos = pos + 1;
-        }
-    }
-    fclose(f);
-    CHECKF(tokens_ok && fx->n_pos == N_TOK, "%s: the fixture's tokens or positions do not match", path);
+/* llama.cpp's logits for configuration `name`: the sequence IDS and a row at each position */
+static bool load_fixture(const char *name, tu_oracle *fx) {
+    char file[96];
+    snprintf(file, sizeof file, "arch_%s_logits.txt", name);
+    if (!tu_oracle_load(file, TOPK, fx)) return false;
+    bool tokens_ok = fx->n_tok == N_TOK;
+    for (int i = 0; tokens_ok && i < N_TOK; i++) tokens_ok = fx->tokens[i] == IDS[i];
+    CHECKF(tokens_ok && fx->n_pos == N_TOK, "%s: the fixture's tokens or positions do not match", file);
     return tokens_ok && fx->n_pos == N_TOK;
 }
 
@@ -91,7 +61,7 @@ static void check_config(const char *name, const char *args, int model_ctx) {
     snprintf(file, sizeof file, "ap-%s.gguf", name);
     char *path = tu_make_model(file, args);
     CHECK(path != NULL);
-    static fixture fx;
+    static tu_oracle fx;
     if (!path || !load_fixture(name, &fx)) {
         free(path);
         return;

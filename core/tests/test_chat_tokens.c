@@ -10,29 +10,6 @@
 #include <string.h>
 #include "testutil.h"
 
-typedef struct rec {
-    char head[256];
-    char *body; /* NUL-terminated, NULL when the header has no payload */
-    size_t len;
-} rec;
-
-/* reads "head [LEN]\n" and LEN bytes + "\n" when the header ends in a number (as test_jinja) */
-static int read_rec(FILE *f, rec *r) {
-    if (!fgets(r->head, sizeof r->head, f)) return 0;
-    r->head[strcspn(r->head, "\n")] = 0;
-    r->body = NULL;
-    r->len = 0;
-    char *sp = strrchr(r->head, ' ');
-    if (strncmp(r->head, "case ", 5) == 0 || !sp || strcmp(sp + 1, "error") == 0) return 1;
-    r->len = (size_t)strtoul(sp + 1, NULL, 10);
-    *sp = 0;
-    r->body = malloc(r->len + 1);
-    if (!r->body || fread(r->body, 1, r->len, f) != r->len) return 0;
-    r->body[r->len] = 0;
-    fgetc(f);
-    return 1;
-}
-
 enum { MAX_T = 64, MAX_MSG = 16, MAX_FILES = 4 };
 static char *tnames[MAX_T], *tsrc[MAX_T];
 static int nt;
@@ -122,21 +99,16 @@ int main(void) {
     else snprintf(model_dir, sizeof model_dir, ".");
     const char *dflt_file = slash ? strrchr(dflt, '/') + 1 : dflt;
 
-    const char *dir = getenv("KVGEN_FIXTURES");
-    if (!dir) tu_skip("KVGEN_FIXTURES not set");
-    char path[1200];
-    snprintf(path, sizeof path, "%s/chat_templates.txt", dir);
-    FILE *f = fopen(path, "rb");
-    CHECKF(f != NULL, "%s", path);
+    FILE *f = tu_open_fixture("chat_templates.txt");
     if (!f) return tu_finish("test_chat_tokens");
 
-    rec r;
+    tu_record r;
     int dflt_cases = 0;
     /* a case's records, kept until its ids (if any) arrive */
     char cname[128] = "", tname[64] = "";
     int agp = 0, nmsg = 0;
     char *roles[MAX_MSG] = {0}, *contents[MAX_MSG] = {0};
-    while (read_rec(f, &r)) {
+    while (tu_read_record(f, &r)) {
         if (strncmp(r.head, "template ", 9) == 0 && nt < MAX_T) {
             tnames[nt] = strdup(r.head + 9);
             tsrc[nt++] = r.body;
@@ -152,14 +124,14 @@ int main(void) {
             int n = 0;
             CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &n) == 4);
             nmsg = n < MAX_MSG ? n : MAX_MSG;
-            rec bos, eos;
-            read_rec(f, &bos);
-            read_rec(f, &eos);
+            tu_record bos, eos;
+            tu_read_record(f, &bos);
+            tu_read_record(f, &eos);
             free(bos.body);
             free(eos.body);
             for (int i = 0; i < n; i++) {
-                rec m;
-                read_rec(f, &m);
+                tu_record m;
+                tu_read_record(f, &m);
                 if (i < MAX_MSG) {
                     roles[i] = strdup(m.head + 4);
                     contents[i] = m.body;

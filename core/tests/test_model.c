@@ -244,11 +244,8 @@ typedef struct edit {
     const char *drop_key;
 } edit;
 
-static char *rewrite(const char *src_path, const char *name, const edit *e) {
-    kvg_gguf *src = NULL;
-    kvgen_error err = {0};
-    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
-    kvg_gguf_writer *w = kvg_gguf_writer_new();
+static void edit_keys(kvg_gguf_writer *w, const kvg_gguf *src, const void *ctx) {
+    const edit *e = ctx;
     for (int i = 0; i < kvg_gguf_n_kv(src); i++) {
         const char *key = kvg_gguf_key(src, i);
         if (e->drop_key && strcmp(key, e->drop_key) == 0) continue;
@@ -256,31 +253,26 @@ static char *rewrite(const char *src_path, const char *name, const edit *e) {
     }
     if (e->arch) kvg_gguf_set_str(w, "general.architecture", e->arch);
     if (e->set_key) kvg_gguf_set_u32(w, e->set_key, e->set_value);
-    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
-        const kvg_tensor *t = kvg_gguf_tensor(src, i);
-        if (e->drop_tensor && strcmp(t->name, e->drop_tensor) == 0) continue;
-        if (e->retype_tensor && strcmp(t->name, e->retype_tensor) == 0) {
-            size_t nb = kvg_row_bytes(e->retype, t->n_elements);
-            void *z = calloc(1, nb);
-            kvg_gguf_add_tensor(w, t->name, e->retype, t->n_dims, t->ne, z, nb);
-            free(z);
-        } else if (e->reshape_tensor && strcmp(t->name, e->reshape_tensor) == 0) {
-            uint64_t ne[2] = {t->ne[1], t->ne[0]};
-            kvg_gguf_add_tensor(w, t->name, t->type, 2, ne, t->data, t->nbytes);
-        } else {
-            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
-        }
+}
+
+static void edit_tensor(kvg_gguf_writer *w, const kvg_tensor *t, const void *ctx) {
+    const edit *e = ctx;
+    if (e->drop_tensor && strcmp(t->name, e->drop_tensor) == 0) return;
+    if (e->retype_tensor && strcmp(t->name, e->retype_tensor) == 0) {
+        size_t nb = kvg_row_bytes(e->retype, t->n_elements);
+        void *z = calloc(1, nb);
+        kvg_gguf_add_tensor(w, t->name, e->retype, t->n_dims, t->ne, z, nb);
+        free(z);
+    } else if (e->reshape_tensor && strcmp(t->name, e->reshape_tensor) == 0) {
+        uint64_t ne[2] = {t->ne[1], t->ne[0]};
+        kvg_gguf_add_tensor(w, t->name, t->type, 2, ne, t->data, t->nbytes);
+    } else {
+        kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
     }
-    char *path = tu_tmpfile(name);
-    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
-    kvg_gguf_writer_free(w);
-    kvg_gguf_close(src);
-    if (st) {
-        fprintf(stderr, "rewrite %s: %s\n", name, err.message);
-        free(path);
-        return NULL;
-    }
-    return path;
+}
+
+static char *rewrite(const char *src_path, const char *name, const edit *e) {
+    return tu_gguf_rewrite(src_path, name, &(tu_gguf_edit){.keys = edit_keys, .tensor = edit_tensor, .ctx = e});
 }
 
 static void expect_refusal(const char *src, const char *name, const edit *e, kvgen_status want, const char *phrase) {

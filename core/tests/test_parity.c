@@ -17,51 +17,15 @@ static const char *TEXT =
     "<|im_start|>user\nCan you repair my sword before the festival tomorrow? It cost me 125 gold.<|im_end|>\n"
     "<|im_start|>assistant\nOf course! Bring it to my forge at dawn and it will be sharp by noon.";
 
-typedef struct fixture {
-    int n_tok;
-    int tokens[MAX_TOK];
-    int top_id[MAX_TOK][TOPK];
-    float top_val[MAX_TOK][TOPK];
-    int n_pos;
-} fixture;
-
-static int load_fixture(const char *name, fixture *fx) {
-    const char *d = getenv("KVGEN_FIXTURES");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", d ? d : ".", name);
-    FILE *f = fopen(path, "r");
-    CHECKF(f != NULL, "cannot open %s", path);
-    if (!f) return -1;
-    char line[8192];
-    memset(fx, 0, sizeof *fx);
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#') continue;
-        char *p = line;
-        int off = 0;
-        if (sscanf(p, "tokens %d%n", &fx->n_tok, &off) == 1) {
-            p += off;
-            for (int i = 0; i < fx->n_tok && i < MAX_TOK; i++) {
-                sscanf(p, "%d%n", &fx->tokens[i], &off);
-                p += off;
-            }
-        } else {
-            int pos, k;
-            if (sscanf(p, "pos %d %d%n", &pos, &k, &off) != 2 || pos < 0 || pos >= MAX_TOK || k != TOPK) continue;
-            p += off;
-            for (int j = 0; j < TOPK; j++) {
-                sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off);
-                p += off;
-            }
-            if (pos + 1 > fx->n_pos) fx->n_pos = pos + 1;
-        }
-    }
-    fclose(f);
+/* an oracle fixture of 65 tokens with a row at each position; -1 otherwise */
+static int load_fixture(const char *name, tu_oracle *fx) {
+    if (!tu_oracle_load(name, TOPK, fx)) return -1;
     CHECK(fx->n_tok == 65 && fx->n_pos == fx->n_tok);
     return fx->n_tok == 65 && fx->n_pos == fx->n_tok ? 0 : -1;
 }
 
 /* compares our logits (n_tok x n_vocab) with a fixture; returns top-1 agreements, writes max diff */
-static int compare(const fixture *fx, const float *logits, int n_vocab, double *max_diff, double *mean_diff) {
+static int compare(const tu_oracle *fx, const float *logits, int n_vocab, double *max_diff, double *mean_diff) {
     int top1_same = 0, n_diff = 0;
     double sum = 0;
     *max_diff = 0;
@@ -88,7 +52,7 @@ static int compare(const fixture *fx, const float *logits, int n_vocab, double *
 int main(void) {
     const char *model_path = tu_model_path();
     if (!model_path) tu_skip("default model absent (run scripts/setup.sh)");
-    static fixture exact, native;
+    static tu_oracle exact, native;
     if (load_fixture("smollm2_oracle_logits.txt", &exact) || load_fixture("smollm2_oracle_logits_native.txt", &native))
         return tu_finish("test_parity");
     int n_tok = exact.n_tok;
@@ -119,9 +83,7 @@ int main(void) {
     kvgen_session_desc sd = {0};
     CHECK_OK(kvgen_session_create(model, &sd, &s, &err));
     float *logits = malloc(sizeof(float) * (size_t)n_tok * (size_t)info.n_vocab);
-    int32_t ids[MAX_TOK];
-    for (int i = 0; i < n_tok; i++) ids[i] = exact.tokens[i];
-    CHECK_OK(kvgen_session_prefill(s, ids, (size_t)n_tok, logits, &err));
+    CHECK_OK(kvgen_session_prefill(s, exact.tokens, (size_t)n_tok, logits, &err));
 
     double max_diff, mean_diff;
     int top1 = compare(&exact, logits, info.n_vocab, &max_diff, &mean_diff);

@@ -15,54 +15,12 @@
 #include <string.h>
 #include "testutil.h"
 
-#define MAX_TOK 320
+#define MAX_TOK TU_ORACLE_MAX_TOK
 #define TOPK 20
 
-typedef struct fixture {
-    int n_tok;
-    int tokens[MAX_TOK];
-    int top_id[MAX_TOK][TOPK];
-    float top_val[MAX_TOK][TOPK];
-    int n_pos;
-} fixture;
-
-static char *fixture_path(const char *name) {
-    const char *d = getenv("KVGEN_FIXTURES");
-    char *p = malloc(1024);
-    snprintf(p, 1024, "%s/%s", d ? d : ".", name);
-    return p;
-}
-
-static int load_fixture(const char *name, fixture *fx) {
-    char *path = fixture_path(name);
-    FILE *f = fopen(path, "r");
-    CHECKF(f != NULL, "cannot open %s", path);
-    free(path);
-    if (!f) return -1;
-    static char line[16384];
-    memset(fx, 0, sizeof *fx);
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#') continue;
-        char *p = line;
-        int off = 0;
-        if (sscanf(p, "tokens %d%n", &fx->n_tok, &off) == 1) {
-            p += off;
-            for (int i = 0; i < fx->n_tok && i < MAX_TOK; i++) {
-                sscanf(p, "%d%n", &fx->tokens[i], &off);
-                p += off;
-            }
-        } else {
-            int pos, k;
-            if (sscanf(p, "pos %d %d%n", &pos, &k, &off) != 2 || pos < 0 || pos >= MAX_TOK || k != TOPK) continue;
-            p += off;
-            for (int j = 0; j < TOPK; j++) {
-                sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off);
-                p += off;
-            }
-            if (pos + 1 > fx->n_pos) fx->n_pos = pos + 1;
-        }
-    }
-    fclose(f);
+/* an oracle fixture of more than 100 tokens with a row at each position; -1 otherwise */
+static int load_fixture(const char *name, tu_oracle *fx) {
+    if (!tu_oracle_load(name, TOPK, fx)) return -1;
     bool ok = fx->n_tok > 100 && fx->n_tok <= MAX_TOK && fx->n_pos == fx->n_tok;
     CHECKF(ok, "%s: %d tokens, %d positions", name, fx->n_tok, fx->n_pos);
     return ok ? 0 : -1;
@@ -88,7 +46,7 @@ typedef struct result {
     double max_diff, mean_diff;
 } result;
 
-static result compare(const fixture *fx, const float *logits, int n_vocab, const char *what) {
+static result compare(const tu_oracle *fx, const float *logits, int n_vocab, const char *what) {
     result r = {0};
     double sum = 0;
     int n_diff = 0;
@@ -119,7 +77,7 @@ static result compare(const fixture *fx, const float *logits, int n_vocab, const
 }
 
 static char *read_text(const char *name) {
-    char *path = fixture_path(name);
+    char *path = tu_testdata(name);
     size_t n = 0;
     char *t = tu_read_file(path, &n);
     free(path);
@@ -133,7 +91,7 @@ static void check_file(const char *file, const char *fixture_name, const char *t
         printf("%s: absent (scripts/fetch_model.sh --all fetches it): skipped\n", file);
         return;
     }
-    static fixture fx;
+    static tu_oracle fx;
     if (load_fixture(fixture_name, &fx)) {
         free(path);
         return;
@@ -163,8 +121,7 @@ static void check_file(const char *file, const char *fixture_name, const char *t
         free(text);
     }
 
-    int32_t ids[MAX_TOK];
-    for (int i = 0; i < n; i++) ids[i] = fx.tokens[i];
+    const int32_t *ids = fx.tokens;
     float *logits = malloc(sizeof(float) * (size_t)n * (size_t)V);
     kvgen_session *s = NULL;
     kvgen_session_desc sd = {.n_ctx = 512};
@@ -173,7 +130,8 @@ static void check_file(const char *file, const char *fixture_name, const char *t
     result r = compare(&fx, logits, V, file);
     printf("%s (%s) vs llama.cpp on F32 weights: top-1 identical at %d/%d positions (%d/%d with an oracle margin "
            ">= 0.05); |logit diff| over the oracle's top-%d: max %.4f, mean %.4f\n",
-           file, info.architecture, r.top1, n, r.margin_ok, r.margin_total, TOPK, r.max_diff, r.mean_diff);
+           file, info.architecture, r.top1, n, r.margin_ok, r.margin_total, TOPK, r.max_diff,
+           r.mean_diff);
     CHECKF(r.top1 * 100 >= n * 99, "%s: top-1 agrees at %d of %d positions", file, r.top1, n);
     CHECKF(r.margin_ok == r.margin_total, "%s: top-1 differs at %d positions with a clear margin", file,
            r.margin_total - r.margin_ok);

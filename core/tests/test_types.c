@@ -11,36 +11,6 @@
 #include "kvg_quant.h"
 #include "testutil.h"
 
-/* a copy of src_path with tensor `name` replaced by zeros of `type` (same shape) */
-static char *retype(const char *src_path, const char *out_name, const char *name, uint32_t type) {
-    kvg_gguf *src = NULL;
-    kvgen_error err = {0};
-    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
-    kvg_gguf_writer *w = kvg_gguf_writer_new();
-    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
-    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
-        const kvg_tensor *t = kvg_gguf_tensor(src, i);
-        if (strcmp(t->name, name) == 0) {
-            size_t nb = kvg_row_bytes(type, t->n_elements);
-            void *z = calloc(1, nb);
-            kvg_gguf_add_tensor(w, t->name, type, t->n_dims, t->ne, z, nb);
-            free(z);
-        } else {
-            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
-        }
-    }
-    char *path = tu_tmpfile(out_name);
-    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
-    kvg_gguf_writer_free(w);
-    kvg_gguf_close(src);
-    if (st) {
-        fprintf(stderr, "retype %s: %s\n", out_name, err.message);
-        free(path);
-        return NULL;
-    }
-    return path;
-}
-
 /* "F32, F16, ..." of a backend's table */
 static void backend_list(const kvg_backend_ops *ops, char *buf, size_t size) {
     uint32_t types[64];
@@ -152,8 +122,8 @@ static void test_refusals(void) {
     char *good = tu_make_model("t-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q8_0");
     CHECK(good != NULL);
     if (!good) return;
-    char *iq2 = retype(good, "t-iq2xxs.gguf", "blk.0.attn_q.weight", 16);
-    char *mxfp4 = retype(good, "t-mxfp4.gguf", "blk.1.ffn_down.weight", 39);
+    char *iq2 = tu_retype(good, "t-iq2xxs.gguf", "blk.0.attn_q.weight", 16);
+    char *mxfp4 = tu_retype(good, "t-mxfp4.gguf", "blk.1.ffn_down.weight", 39);
     CHECK(iq2 && mxfp4);
     CHECK(!kvg_type_supported(16) && !kvg_type_supported(39));
     if (iq2 && mxfp4) {

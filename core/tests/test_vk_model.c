@@ -210,38 +210,33 @@ done:
     free(path);
 }
 
+typedef struct requant_ctx {
+    const char *suffix;
+    uint32_t type;
+} requant_ctx;
+
+/* tensors with names ending in the suffix requantized to the type, the rest as they are */
+static void requant_tensor(kvg_gguf_writer *w, const kvg_tensor *t, const void *ctx) {
+    const requant_ctx *r = ctx;
+    size_t n = strlen(t->name), ns = strlen(r->suffix);
+    if (n < ns || strcmp(t->name + n - ns, r->suffix) != 0) {
+        kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+        return;
+    }
+    float *f = malloc(t->n_elements * sizeof *f);
+    size_t nb = kvg_row_bytes(r->type, t->n_elements);
+    void *q = malloc(nb);
+    kvg_dequantize_row(t->type, t->data, f, t->n_elements);
+    kvg_quantize_row(r->type, f, q, t->n_elements);
+    kvg_gguf_add_tensor(w, t->name, r->type, t->n_dims, t->ne, q, nb);
+    free(f);
+    free(q);
+}
+
 /* a copy of `src` whose tensors with names ending in `suffix` are requantized to `type` */
 static char *requant(const char *src_path, const char *out_name, const char *suffix, uint32_t type) {
-    kvg_gguf *src = NULL;
-    kvgen_error err = {0};
-    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
-    kvg_gguf_writer *w = kvg_gguf_writer_new();
-    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
-    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
-        const kvg_tensor *t = kvg_gguf_tensor(src, i);
-        size_t n = strlen(t->name), ns = strlen(suffix);
-        if (n >= ns && strcmp(t->name + n - ns, suffix) == 0) {
-            float *f = malloc(t->n_elements * sizeof *f);
-            size_t nb = kvg_row_bytes(type, t->n_elements);
-            void *q = malloc(nb);
-            kvg_dequantize_row(t->type, t->data, f, t->n_elements);
-            kvg_quantize_row(type, f, q, t->n_elements);
-            kvg_gguf_add_tensor(w, t->name, type, t->n_dims, t->ne, q, nb);
-            free(f);
-            free(q);
-        } else {
-            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
-        }
-    }
-    char *path = tu_tmpfile(out_name);
-    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
-    kvg_gguf_writer_free(w);
-    kvg_gguf_close(src);
-    if (st) {
-        free(path);
-        return NULL;
-    }
-    return path;
+    requant_ctx r = {suffix, type};
+    return tu_gguf_rewrite(src_path, out_name, &(tu_gguf_edit){.tensor = requant_tensor, .ctx = &r});
 }
 
 /* compare_file on a file made by requant() */

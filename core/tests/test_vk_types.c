@@ -158,35 +158,6 @@ static void test_repack_bijective(void) {
     }
 }
 
-/* a copy of src_path with tensor `name` replaced by zeros of `type` (same shape) */
-static char *retype(const char *src_path, const char *out_name, const char *name, uint32_t type) {
-    kvg_gguf *src = NULL;
-    kvgen_error err = {0};
-    if (kvg_gguf_open(src_path, &src, &err)) return NULL;
-    kvg_gguf_writer *w = kvg_gguf_writer_new();
-    for (int i = 0; i < kvg_gguf_n_kv(src); i++) kvg_gguf_copy_kv(w, src, kvg_gguf_key(src, i));
-    for (int i = 0; i < kvg_gguf_n_tensors(src); i++) {
-        const kvg_tensor *t = kvg_gguf_tensor(src, i);
-        if (strcmp(t->name, name) == 0) {
-            size_t nb = kvg_row_bytes(type, t->n_elements);
-            void *z = calloc(1, nb);
-            kvg_gguf_add_tensor(w, t->name, type, t->n_dims, t->ne, z, nb);
-            free(z);
-        } else {
-            kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
-        }
-    }
-    char *path = tu_tmpfile(out_name);
-    kvgen_status st = kvg_gguf_writer_save(w, path, &err);
-    kvg_gguf_writer_free(w);
-    kvg_gguf_close(src);
-    if (st) {
-        free(path);
-        return NULL;
-    }
-    return path;
-}
-
 /* kvg_vulkan_backend.model_init on `good`'s description with tensor `which` taken from `bad`
  * (kvg_weights_describe itself refuses a type outside the traits table, so the model is put
  * together by hand): refused with the table's list, and no device was touched */
@@ -228,9 +199,9 @@ static void test_refusals(void) {
     char *good = tu_make_model("vt-src.gguf", "--layers 2 --embd 256 --heads 4 --kv-heads 2 --ff 256 --type Q4_1");
     CHECK(good != NULL);
     if (!good) return;
-    char *q6k = retype(good, "vt-q8k.gguf", "blk.1.attn_v.weight", KVG_TYPE_Q8_K);
-    char *q50 = retype(good, "vt-q8ke.gguf", "token_embd.weight", KVG_TYPE_Q8_K);
-    char *iq2 = retype(good, "vt-iq2xxs.gguf", "blk.0.ffn_up.weight", 16);
+    char *q6k = tu_retype(good, "vt-q8k.gguf", "blk.1.attn_v.weight", KVG_TYPE_Q8_K);
+    char *q50 = tu_retype(good, "vt-q8ke.gguf", "token_embd.weight", KVG_TYPE_Q8_K);
+    char *iq2 = tu_retype(good, "vt-iq2xxs.gguf", "blk.0.ffn_up.weight", 16);
     CHECK(q6k && q50 && iq2);
     CHECK(kvg_type_supported(KVG_TYPE_Q8_K) && !kvg_type_supported(16));
     if (q6k) expect_refusal(good, q6k, "blk.1.attn_v.weight", KVG_TYPE_Q8_K);

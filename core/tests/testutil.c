@@ -106,6 +106,64 @@ double tu_max_diff(const float *a, const float *b, int n) {
     return d;
 }
 
+FILE *tu_open_fixture(const char *name) {
+    const char *dir = getenv("KVGEN_FIXTURES");
+    if (!dir) tu_skip("KVGEN_FIXTURES not set");
+    char *path = join(dir, name);
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    CHECKF(f != NULL, "%s", path ? path : name);
+    free(path);
+    return f;
+}
+
+int tu_read_record(FILE *f, tu_record *r) {
+    if (!fgets(r->head, sizeof r->head, f)) return 0;
+    r->head[strcspn(r->head, "\n")] = 0;
+    r->body = NULL;
+    r->len = 0;
+    char *sp = strrchr(r->head, ' ');
+    if (strncmp(r->head, "case ", 5) == 0 || !sp || strcmp(sp + 1, "error") == 0) return 1;
+    r->len = (size_t)strtoul(sp + 1, NULL, 10);
+    *sp = 0;
+    r->body = malloc(r->len + 1);
+    if (!r->body || fread(r->body, 1, r->len, f) != r->len) return 0;
+    r->body[r->len] = 0;
+    fgetc(f);
+    return 1;
+}
+
+bool tu_oracle_load(const char *name, int topk, tu_oracle *o) {
+    char *path = tu_testdata(name);
+    FILE *f = fopen(path, "r");
+    CHECKF(f != NULL, "cannot open %s", path);
+    free(path);
+    if (!f) return false;
+    static char line[16384];
+    memset(o, 0, sizeof *o);
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        char *p = line;
+        int off = 0, pos, k;
+        if (sscanf(p, "tokens %d%n", &o->n_tok, &off) == 1) {
+            p += off;
+            for (int i = 0; i < o->n_tok && i < TU_ORACLE_MAX_TOK; i++) {
+                sscanf(p, "%d%n", &o->tokens[i], &off);
+                p += off;
+            }
+        } else if (sscanf(p, "pos %d %d%n", &pos, &k, &off) == 2 && pos >= 0 && pos < TU_ORACLE_MAX_TOK &&
+                   k == topk && k <= TU_ORACLE_MAX_TOPK) {
+            p += off;
+            for (int j = 0; j < k; j++) {
+                sscanf(p, " %d:%f%n", &o->top_id[pos][j], &o->top_val[pos][j], &off);
+                p += off;
+            }
+            if (pos + 1 > o->n_pos) o->n_pos = pos + 1;
+        }
+    }
+    fclose(f);
+    return true;
+}
+
 #if defined(_WIN32)
 /* no fork: the body runs in the test's own process */
 void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg) {

@@ -1,6 +1,8 @@
 /* testutil.h: a tiny test harness for kvgen's C tests (one ctest per file). */
 #ifndef KVGEN_TESTUTIL_H
 #define KVGEN_TESTUTIL_H
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "kvgen.h"
@@ -68,4 +70,53 @@ char *tu_read_file(const char *path, size_t *size);
  * _exit: lavapipe leaves a few bytes at unload that LeakSanitizer cannot attribute, and the
  * test's own process stays leak-checked. */
 void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg);
+
+/* $KVGEN_FIXTURES/<name> opened for reading; skips the test when KVGEN_FIXTURES is unset, and
+ * fails a CHECK naming the path (returning NULL) when the file cannot be opened */
+FILE *tu_open_fixture(const char *name);
+
+/* A record of fixtures/chat_templates.txt (scripts/oracle/chat_templates.py): a header line,
+ * and when it ends in a number LEN (not on a "case" line, nor a header ending in "error"), LEN
+ * bytes of body and a newline; the number is cut off the header. */
+typedef struct tu_record {
+    char head[256];
+    char *body; /* malloc'd, NUL-terminated; NULL when the header has no body */
+    size_t len;
+} tu_record;
+/* reads the next record: 1, or 0 at the end of the file (or a short body) */
+int tu_read_record(FILE *f, tu_record *r);
+
+/* An outside oracle's logits (the fixtures named ..._logits.txt, from scripts/oracle/): a line
+ * "tokens N id ...", then per position a line "pos P K id:logit ..." with its top K logits. */
+enum { TU_ORACLE_MAX_TOK = 320, TU_ORACLE_MAX_TOPK = 20 };
+typedef struct tu_oracle {
+    int n_tok; /* as the tokens line says (ids past TU_ORACLE_MAX_TOK are not kept) */
+    int32_t tokens[TU_ORACLE_MAX_TOK];
+    int n_pos; /* one past the last position read */
+    int top_id[TU_ORACLE_MAX_TOK][TU_ORACLE_MAX_TOPK];
+    float top_val[TU_ORACLE_MAX_TOK][TU_ORACLE_MAX_TOPK];
+} tu_oracle;
+/* Reads tu_testdata(name), keeping the rows of `topk` logits (rows of another K, and lines of
+ * another shape, are passed over); false (and a failed CHECK) when it cannot be opened. */
+bool tu_oracle_load(const char *name, int topk, tu_oracle *o);
+
+/* A rewrite of a GGUF file: its keys, then its tensors one by one, then what finish adds. */
+struct kvg_gguf;
+struct kvg_gguf_writer;
+struct kvg_tensor;
+typedef struct tu_gguf_edit {
+    /* writes src's keys to w (NULL: every key as it is) */
+    void (*keys)(struct kvg_gguf_writer *w, const struct kvg_gguf *src, const void *ctx);
+    /* writes tensor t to w as it is, changed, or not at all (NULL: as it is) */
+    void (*tensor)(struct kvg_gguf_writer *w, const struct kvg_tensor *t, const void *ctx);
+    /* adds to w after the tensors (NULL: nothing) */
+    void (*finish)(struct kvg_gguf_writer *w, const struct kvg_gguf *src, const void *ctx);
+    const void *ctx;
+} tu_gguf_edit;
+/* src_path rewritten by e (NULL: copied) to tu_tmpfile(out_name); malloc'd path, or NULL with a
+ * message on stderr */
+char *tu_gguf_rewrite(const char *src_path, const char *out_name, const tu_gguf_edit *e);
+/* A copy of the GGUF file src_path, written to tu_tmpfile(out_name), with tensor `name` replaced
+ * by zeros of `type` (same shape); malloc'd path, or NULL with a message on stderr. */
+char *tu_retype(const char *src_path, const char *out_name, const char *name, uint32_t type);
 #endif
