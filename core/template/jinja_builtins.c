@@ -7,8 +7,12 @@
 #include <stdlib.h>
 #include <time.h>
 #include "jinja_internal.h"
+#include "kvg_json.h"
 
-/* json.dumps(ensure_ascii=False), as transformers' tojson filter */
+/* json.dumps(ensure_ascii=False), as transformers' tojson filter. Numbers are written here, not
+ * by kvg_json_write_number: Python prints an integral float as 1.0 (the codec: 1), non-finite
+ * ones as NaN and Infinity (the codec: null), and a 64-bit integer exactly (the codec takes a
+ * double). */
 static void tojson(jx *x, sbuf *b, const jv *v, int indent, int level, size_t pos) {
     char num[64];
     if (level > MAX_DEPTH) kvg_jx_fail(x, pos, "tojson: value nested too deeply");
@@ -22,28 +26,22 @@ static void tojson(jx *x, sbuf *b, const jv *v, int indent, int level, size_t po
         kvg_sb_c(x, b, strcmp(num, "nan") == 0 ? "NaN" : strcmp(num, "inf") == 0 ? "Infinity"
                        : strcmp(num, "-inf") == 0 ? "-Infinity" : num);
         break;
-    case V_STR:
+    case V_STR: {
+        /* kvg_json_write_string's escapes are json.dumps's: a run of equally flagged bytes at a
+         * time, so each piece of output keeps the flag of the bytes it stands for */
+        const jstr *s = v->s;
         kvg_sb_c(x, b, "\"");
-        for (size_t i = 0; i < v->s->n; i++) {
-            unsigned char c = (unsigned char)v->s->p[i];
-            int flag = v->s->u ? v->s->u[i] : 0;
-            char e[8];
-            if (c == '"') strcpy(e, "\\\"");
-            else if (c == '\\') strcpy(e, "\\\\");
-            else if (c == '\n') strcpy(e, "\\n");
-            else if (c == '\r') strcpy(e, "\\r");
-            else if (c == '\t') strcpy(e, "\\t");
-            else if (c == '\b') strcpy(e, "\\b");
-            else if (c == '\f') strcpy(e, "\\f");
-            else if (c < 0x20 || c == 0x7f) snprintf(e, sizeof e, "\\u%04x", c);
-            else {
-                e[0] = (char)c;
-                e[1] = 0;
-            }
-            kvg_sb_add(x, b, e, strlen(e), NULL, flag);
+        for (size_t i = 0, k; i < s->n; i = k) {
+            int flag = s->u ? s->u[i] : 0;
+            k = i + 1;
+            while (k < s->n && (s->u ? s->u[k] : 0) == flag) k++;
+            x->scratch.n = 0;
+            if (kvg_json_write_string(&x->scratch, s->p + i, k - i)) kvg_jx_fail(x, x->at, "out of memory");
+            kvg_sb_add(x, b, x->scratch.p + 1, x->scratch.n - 2, NULL, flag); /* without its quotes */
         }
         kvg_sb_c(x, b, "\"");
         break;
+    }
     case V_LIST:
     case V_DICT: {
         int is_list = v->t == V_LIST;

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "kvg_buf.h"
 #include "kvg_jinja.h"
 
 enum {
@@ -50,7 +51,8 @@ typedef struct jx {
     size_t msg_size;
     const char *src; /* for line/column of a position */
     size_t src_len;
-    size_t at; /* the position being parsed or evaluated, for errors without a better one */
+    size_t at;       /* the position being parsed or evaluated, for errors without a better one */
+    kvg_buf scratch; /* tojson's escaped text, one piece at a time */
 } jx;
 
 /* Writes "line L column C: <fmt>" for source position pos and unwinds to the entry point. */
@@ -64,6 +66,8 @@ void kvg_jx_release(jx *x, void *p, size_t n);
 /* Charges n bytes of comparing, searching or copying to the render's work bound. */
 void kvg_jx_charge(jx *x, uint64_t n);
 void kvg_jx_free_all(block *b);
+/* everything x holds: its arena and its scratch buffer */
+void kvg_jx_free(jx *x);
 /* a NUL-terminated copy of n bytes */
 const char *kvg_jx_cstr(jx *x, const char *p, size_t n);
 

@@ -599,8 +599,7 @@ bool kvg_jinja_parse(const char *src, size_t len, kvg_jinja **out, char *msg, si
     copy[len] = 0;
     jx x = {.msg = msg, .msg_size = msg_size, .src = copy, .src_len = len};
     if (setjmp(x.jb)) {
-        kvg_jx_free_all(x.blocks);
-        kvg_jx_free_all(x.bigs);
+        kvg_jx_free(&x);
         kvg_free(copy);
         kvg_free(t);
         return false;

@@ -407,8 +407,7 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
     jx x = {.msg = msg, .msg_size = msg_size, .src = t->src, .src_len = t->src_len};
     rctx r = {.x = &x};
     if (setjmp(x.jb)) {
-        kvg_jx_free_all(x.blocks);
-        kvg_jx_free_all(x.bigs);
+        kvg_jx_free(&x);
         return false;
     }
     scope *g = kvg_jx_alloc(&x, sizeof *g);
@@ -442,8 +441,7 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
         kvg_free(out->user);
         memset(out, 0, sizeof *out);
         snprintf(msg, msg_size, "out of memory for %zu bytes of output", r.out.n);
-        kvg_jx_free_all(x.blocks);
-        kvg_jx_free_all(x.bigs);
+        kvg_jx_free(&x);
         return false;
     }
     if (r.out.n) {
@@ -453,7 +451,6 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
     out->text[r.out.n] = 0;
     out->user[r.out.n] = 0;
     out->len = r.out.n;
-    kvg_jx_free_all(x.blocks);
-    kvg_jx_free_all(x.bigs);
+    kvg_jx_free(&x);
     return true;
 }

@@ -95,6 +95,14 @@ void kvg_jx_free_all(block *b) {
     }
 }
 
+void kvg_jx_free(jx *x) {
+    kvg_jx_free_all(x->blocks);
+    kvg_jx_free_all(x->bigs);
+    kvg_free(x->scratch.p);
+    x->blocks = x->bigs = NULL;
+    x->scratch = (kvg_buf){0};
+}
+
 /* ---- strings, lists, dicts ---------------------------------------------------------------- */
 
 jstr *kvg_jstr_new(jx *x, const char *p, size_t n, const unsigned char *u) {

@@ -197,6 +197,22 @@ static const bound_case BOUNDS[] = {
     {"a string repeated past the output bound", "{% set s = 'xxxxxxxxxxxxxxxx' %}{{ s * 100000000 }}", NULL, ""},
 };
 
+/* src rendered for one user turn of `content` gives `want`, each byte flagged as in flags */
+static void check_flags(const char *src, const char *content, const char *want, const unsigned char *flags) {
+    char msg[256];
+    kvg_jinja *t = NULL;
+    CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
+    kvg_jinja_msg m[1] = {{"user", content}};
+    kvg_jinja_input in = {m, 1, true, "", ""};
+    kvg_jinja_output out = {0};
+    CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
+    CHECKF(out.text && strcmp(out.text, want) == 0, "%s", out.text ? out.text : msg);
+    CHECKF(out.user && memcmp(out.user, flags, strlen(want)) == 0, "%s: content flags", src);
+    free(out.text);
+    free(out.user);
+    kvg_jinja_free(t);
+}
+
 static void bounds(void) {
     char msg[256];
     for (size_t i = 0; i < sizeof BOUNDS / sizeof *BOUNDS; i++) {
@@ -206,20 +222,12 @@ static void bounds(void) {
         else CHECKF(!o && strstr(msg, c->err), "%s: %s", c->what, o ? o : msg);
     }
     /* the content flags follow appended pieces */
-    {
-        kvg_jinja *t = NULL;
-        const char *src = "{% set s = 'a' ~ messages[0].content %}{% set s = s ~ 'b' %}{{ s ~ messages[0].content }}";
-        CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
-        kvg_jinja_msg m[1] = {{"user", "hi"}};
-        kvg_jinja_input in = {m, 1, true, "", ""};
-        kvg_jinja_output out;
-        CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
-        CHECKF(out.text && strcmp(out.text, "ahibhi") == 0, "%s", out.text ? out.text : msg);
-        CHECK(out.user && memcmp(out.user, "\0\1\1\0\1\1", 6) == 0);
-        free(out.text);
-        free(out.user);
-        kvg_jinja_free(t);
-    }
+    check_flags("{% set s = 'a' ~ messages[0].content %}{% set s = s ~ 'b' %}{{ s ~ messages[0].content }}", "hi",
+                "ahibhi", (const unsigned char *)"\0\1\1\0\1\1");
+    /* tojson escapes as json.dumps(ensure_ascii=False) (DEL as it is, other control bytes as
+     * \u00XX), and every byte of an escape keeps its content flag */
+    check_flags("{{ messages[0].content | tojson }}", "a\x7f\x01\"", "\"a\x7f\\u0001\\\"\"",
+                (const unsigned char *)"\0\1\1\1\1\1\1\1\1\1\1\0");
     run("", msg, sizeof msg); /* frees the last output */
 }
 
