@@ -37,6 +37,23 @@ int32_t kvg_token_find(const kvg_tokenizer *t, const char *text);
 /* SentencePiece with add_space_prefix: the first piece of a detokenized text drops its leading space. */
 int kvg_tokenizer_strips_leading_space(const kvg_tokenizer *t);
 
+/* ---- every token's bytes (token_bytes.c) ------------------------------------------------
+ * Token t's bytes are bytes[off[t] .. off[t + 1]): kvg_token_piece's with flags 0 (control and
+ * unknown tokens, and ids past the tokenizer's own, are empty). */
+typedef struct kvg_token_bytes {
+    int n;                /* ids 0 .. n - 1 */
+    uint32_t *off;        /* n + 1 offsets into bytes */
+    unsigned char *bytes; /* off[n] bytes, then a NUL */
+} kvg_token_bytes;
+/* The table of ids 0 .. n_ids - 1 (n_ids: the model's vocabulary size, the same on every call),
+ * built on the first call and kept with the tokenizer until kvg_tokenizer_free. Thread-safe:
+ * threads that build it at once keep the first one stored. NULL when memory runs out (or for
+ * another n_ids than the table's). */
+const kvg_token_bytes *kvg_token_bytes_get(const kvg_tokenizer *t, int n_ids);
+void kvg_token_bytes_free(kvg_token_bytes *b); /* (tokenizer.c's, which frees the table it keeps) */
+/* where the tokenizer keeps that table (NULL until built; token_bytes.c's alone) */
+kvg_token_bytes **kvg_tokenizer_bytes_slot(const kvg_tokenizer *t);
+
 /* UTF-8 at s[0..n) (n >= 1): *len is the length its lead byte announces (1 for a byte that
  * cannot start a character), *ok how many bytes of it are valid. Complete: ok == len;
  * cut off by the end: ok < len && ok == n; invalid: ok < len && ok < n (ok may be 0). */

@@ -54,6 +54,7 @@ struct kvg_tokenizer {
      * maps executable pages itself) */
     pcre2_general_context *re_mem;
     pcre2_compile_context *re_compile;
+    kvg_token_bytes *bytes; /* every token's bytes (token_bytes.c): NULL until first asked, then set once (atomic) */
 };
 
 /* ---- small helpers ------------------------------------------------------------------- */
@@ -549,7 +550,18 @@ void kvg_tokenizer_free(kvg_tokenizer *t) {
     kvg_free(t->text_hash);
     kvg_free(t->merges);
     kvg_free(t->special);
+    kvg_token_bytes_free(t->bytes);
     kvg_free(t);
+}
+
+/* the table of every token's bytes is token_bytes.c's; the tokenizer keeps and frees it */
+kvg_token_bytes **kvg_tokenizer_bytes_slot(const kvg_tokenizer *t) { return &((kvg_tokenizer *)t)->bytes; }
+
+void kvg_token_bytes_free(kvg_token_bytes *b) {
+    if (!b) return;
+    kvg_free(b->off);
+    kvg_free(b->bytes);
+    kvg_free(b);
 }
 
 kvgen_tokenizer_kind kvg_tokenizer_kind(const kvg_tokenizer *t) { return t->kind; }

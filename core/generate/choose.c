@@ -180,7 +180,7 @@ kvgen_status kvgen_session_choose(kvgen_session *s, const char *const *candidate
                                                  "kvgen_session_choose: out of memory for %zu candidates", n);
     /* each candidate as the exact bytes given (the spelling choice generation emits) */
     kvg_speller sp;
-    kvg_speller_init(&sp, kvg_session_model(s), s, NULL);
+    kvg_speller_init(&sp, kvg_session_model(s));
     for (size_t i = 0; i < n && st == KVGEN_OK; i++) {
         kvgen_error e = {0};
         st = kvg_spell(&sp, candidates[i], &spelled[i], &runs[i].nt, &e);

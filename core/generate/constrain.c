@@ -403,7 +403,7 @@ kvgen_status kvg_cons_check(const kvgen_constraint *c, const kvgen_model *m, kvg
     kvgen_status st = kvg_cons_build(c, &k, err);
     if (st != KVGEN_OK || !k) return st;
     kvg_speller sp;
-    kvg_speller_init(&sp, m, NULL, NULL);
+    kvg_speller_init(&sp, m);
     st = kvg_cons_spell(k, &sp, false, err);
     kvg_speller_free(&sp);
     kvg_cons_free(k);
@@ -423,7 +423,7 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
     kvgen_status rc = KVGEN_OK;
     if (!k->toks) {
         kvg_speller sp;
-        kvg_speller_init(&sp, kvg_session_model(s), s, NULL);
+        kvg_speller_init(&sp, kvg_session_model(s));
         rc = kvg_cons_spell(k, &sp, true, err);
         kvg_speller_free(&sp);
         if (rc != KVGEN_OK) return rc;
@@ -495,7 +495,7 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
     return rc;
 }
 
-kvgen_status kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
+kvgen_status kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_token_bytes *p, const kvgen_model *m,
                            uint8_t *allowed, int *n_allowed, kvgen_error *err) {
     *n_allowed = 0;
     if (k->gm) { /* the grammar's matcher walks the vocabulary's trie */

@@ -46,7 +46,9 @@ struct kvgen_gen {
     const kvgen_model *m;
     int max_tokens; /* < 0: no limit */
     int soft_max_tokens; /* > 0: past this many, end where a sentence ends */
-    const kvg_pieces *pieces; /* with soft_max_tokens: the next token's bytes decide */
+    /* every token's bytes: with soft_max_tokens (the next token's bytes decide) or a constraint
+     * (a token's bytes are fed to it) */
+    const kvg_token_bytes *pieces;
     char **stop;
     size_t *stop_len;
     int n_stop;
@@ -183,7 +185,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
      * means at most one context's worth of tokens (finish "length") */
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     g->soft_max_tokens = d.soft_max_tokens;
-    if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_pieces_get(s, &g->pieces, err);
+    if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_vocab_bytes(g->m, &g->pieces, err);
     if (st == KVGEN_OK) st = copy_stops(g, &d, who, err);
     if (st == KVGEN_OK && g->cons) {
         kvg_cons_start(g->cons, &g->cst);
@@ -191,10 +193,9 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
         if (!g->allowed) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     }
     if (st == KVGEN_OK && g->cons) {
-        const kvg_pieces *p;
-        st = kvg_pieces_get(s, &p, err);
+        st = kvg_vocab_bytes(g->m, &g->pieces, err);
         kvg_speller sp; /* a choice the vocabulary cannot spell exactly is refused here */
-        kvg_speller_init(&sp, g->m, s, st == KVGEN_OK ? p : NULL);
+        kvg_speller_init(&sp, g->m);
         if (st == KVGEN_OK) st = kvg_cons_spell(g->cons, &sp, true, err);
         kvg_speller_free(&sp);
     }
@@ -350,7 +351,7 @@ static bool sentence_ended(const kvgen_gen *g, int32_t tok) {
     size_t from_text = g->text.n < sizeof tail - from_pending ? g->text.n : sizeof tail - from_pending;
     memcpy(tail, g->text.p + g->text.n - from_text, from_text);
     memcpy(tail + from_text, g->pending.p + g->pending.n - from_pending, from_pending);
-    const kvg_pieces *p = g->pieces;
+    const kvg_token_bytes *p = g->pieces;
     const char *next = "";
     size_t next_n = 0;
     if (tok < p->n) {
@@ -408,11 +409,9 @@ kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, 
                         "by another call during the generation?)");
     }
     if (g->cons) {
-        const kvg_pieces *p;
-        st = kvg_pieces_get(s, &p, err);
-        if (st == KVGEN_OK) st = kvg_cons_select(g->cons, &g->cst, s, err); /* a choice: picked by its score */
+        st = kvg_cons_select(g->cons, &g->cst, s, err); /* a choice: picked by its score */
         int n_allowed = 0;
-        if (st == KVGEN_OK) st = kvg_cons_mask(g->cons, &g->cst, p, g->m, g->allowed, &n_allowed, err);
+        if (st == KVGEN_OK) st = kvg_cons_mask(g->cons, &g->cst, g->pieces, g->m, g->allowed, &n_allowed, err);
         if (st == KVGEN_OK && n_allowed == 0) {
             /* a dead end: no token continues the text (it is a prefix the constraint accepts) */
             st = finish(g, KVGEN_FINISH_DEAD_END, err);
@@ -460,7 +459,6 @@ kvgen_status kvgen_gen_next(kvgen_gen *g, kvgen_gen_step *step, kvgen_error *err
 kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvgen_status decoded,
                             const kvgen_error *derr, kvgen_error *err) {
     kvgen_status st = decoded;
-    kvg_sampler *sm = kvg_session_sampler(g->s);
     if (st == KVGEN_E_CONTEXT_FULL) {
         st = finish(g, KVGEN_FINISH_CONTEXT_FULL, err); /* the token is dropped, not appended */
         fill_step(g, step, -1);
@@ -480,7 +478,7 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
         return st;
     }
     if (g->cons) {
-        const kvg_pieces *p = sm->pieces;
+        const kvg_token_bytes *p = g->pieces;
         for (uint32_t i = p->off[tok]; i < p->off[tok + 1]; i++) kvg_cons_feed(g->cons, &g->cst, p->bytes[i]);
         /* the accepted bytes are the text, exactly (never U+FFFD) */
         if (!kvg_detok_exact(&g->detok, p->bytes + p->off[tok], p->off[tok + 1] - p->off[tok], &g->pending))

@@ -119,36 +119,15 @@ kvg_vocab_trie *kvg_vocab_trie_build(int n, const uint32_t *off, const unsigned 
 
 void kvg_vocab_trie_free(kvg_vocab_trie *t) { trie_free(t); }
 
-/* every token's bytes (flags 0: control tokens are empty) */
+/* the model's token bytes (kvg_token_bytes_get: control tokens are empty) */
 static kvg_vocab_trie *trie_build(const kvgen_model *m) {
     int n = m->w.hp.n_vocab;
-    uint32_t *off = kvg_malloc(((size_t)n + 1) * sizeof *off);
-    uint8_t *eog = kvg_malloc((size_t)n + 1);
-    unsigned char *bytes = NULL;
-    bool ok = off && eog;
-    size_t total = 0;
-    for (int i = 0; ok && i < n; i++) {
-        off[i] = (uint32_t)total;
-        total += kvgen_token_piece(m, i, 0, NULL, 0);
-        eog[i] = kvgen_token_is_eog(m, i) != 0;
-    }
-    if (ok) {
-        off[n] = (uint32_t)total;
-        ok = total < UINT32_MAX && (bytes = kvg_malloc(total + 1)) != NULL;
-    }
-    for (int i = 0; ok && i < n; i++) {
-        uint32_t len = off[i + 1] - off[i];
-        if (len == 0) continue;
-        char *tmp = kvg_malloc(len + 1);
-        if (!(ok = tmp != NULL)) break;
-        kvgen_token_piece(m, i, 0, tmp, len + 1);
-        memcpy(bytes + off[i], tmp, len);
-        kvg_free(tmp);
-    }
-    kvg_vocab_trie *t = ok ? trie_from(n, off, bytes, eog) : NULL;
-    kvg_free(off);
+    const kvg_token_bytes *tb = kvg_token_bytes_get(m->tok, n);
+    uint8_t *eog = tb ? kvg_malloc((size_t)n + 1) : NULL;
+    if (!eog) return NULL;
+    for (int i = 0; i < n; i++) eog[i] = kvgen_token_is_eog(m, i) != 0;
+    kvg_vocab_trie *t = trie_from(n, tb->off, tb->bytes, eog);
     kvg_free(eog);
-    kvg_free(bytes);
     return t;
 }
 

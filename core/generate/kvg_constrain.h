@@ -35,7 +35,7 @@ bool kvg_cons_done(const kvg_cons *k, const kvg_cons_state *st);
  * tokens when it can end); once a choice is picked (kvg_cons_select), only the next token of
  * its spelling. *n_allowed: how many are allowed. An error when a grammar's matcher reaches
  * one of its bounds (work per token, memory): the generation ends with it. */
-kvgen_status kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_pieces *p, const kvgen_model *m,
+kvgen_status kvg_cons_mask(const kvg_cons *k, const kvg_cons_state *st, const kvg_token_bytes *p, const kvgen_model *m,
                            uint8_t *allowed, int *n_allowed, kvgen_error *err);
 
 /* ---- choices (KVGEN_CONSTRAIN_CHOICE; JSON enum values are only checked) ------------------- */

@@ -51,7 +51,6 @@ typedef struct kvg_candidate {
 } kvg_candidate;
 
 typedef struct kvg_chat kvg_chat;     /* chat.c: template choice and open-reply state */
-typedef struct kvg_pieces kvg_pieces; /* spell.c: every token's bytes, built on first use */
 
 /* The chat state belongs to chat.c, above the sampler: the sampler frees, clones (fork),
  * sizes, saves and loads it only through these, set by chat.c with the state (and by
@@ -75,8 +74,6 @@ typedef struct kvg_sampler {
     int32_t *counts;     /* n_vocab zeros between samples (penalty counting) */
     kvg_chat *chat;      /* NULL until a chat call */
     const kvg_chat_ops *chat_ops; /* set with chat; needed to load a state that holds one */
-    kvg_pieces *pieces;  /* NULL until a constraint needs it */
-    void (*pieces_free)(kvg_pieces *p); /* spell.c's, set with pieces */
 } kvg_sampler;
 
 /* params may be NULL (defaults); params->bias is copied. */

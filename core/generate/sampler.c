@@ -114,13 +114,11 @@ void kvg_sampler_free(kvg_sampler *s) {
     kvg_free(s->cand);
     kvg_free(s->counts);
     if (s->chat) s->chat_ops->free(s->chat);
-    if (s->pieces) s->pieces_free(s->pieces);
     s->params.bias = NULL;
     s->params.n_bias = 0;
     s->cand = NULL;
     s->counts = NULL;
     s->chat = NULL;
-    s->pieces = NULL;
 }
 
 void kvg_sampler_reset(kvg_sampler *s) {

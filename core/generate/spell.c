@@ -1,78 +1,23 @@
-/* spell.c: the session's token-piece table and spelling a string as tokens (kvg_spell.h),
- * shared by choice scoring (choose.c) and constrained output (constrain.c). */
+/* spell.c: the model's token bytes and spelling a string as tokens (kvg_spell.h), shared by
+ * choice scoring (choose.c) and constrained output (constrain.c). */
 #include "kvg_spell.h"
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_model.h"
-#include "kvg_sampler.h"
 
-void kvg_pieces_free(kvg_pieces *p) {
-    if (!p) return;
-    kvg_free(p->off);
-    kvg_free(p->bytes);
-    kvg_free(p);
-}
-
-/* Every token's bytes (flags 0) into one table. */
-static kvgen_status pieces_build(const kvgen_model *m, int n, kvg_pieces **out, kvgen_error *err) {
-    *out = NULL;
-    kvg_pieces *p = kvg_calloc(1, sizeof *p);
-    if (p) p->off = kvg_malloc(((size_t)n + 1) * sizeof *p->off);
-    if (!p || !p->off) {
-        kvg_pieces_free(p);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
-    }
-    size_t total = 0;
-    for (int t = 0; t < n; t++) {
-        p->off[t] = (uint32_t)total;
-        total += kvgen_token_piece(m, t, 0, NULL, 0);
-    }
-    p->off[n] = (uint32_t)total;
-    p->bytes = kvg_malloc(total + 1);
-    if (!p->bytes || total > UINT32_MAX) {
-        kvg_pieces_free(p);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
-    }
-    for (int t = 0; t < n; t++) {
-        size_t len = p->off[t + 1] - p->off[t];
-        if (len) {
-            char *tmp = kvg_malloc(len + 1);
-            if (!tmp) {
-                kvg_pieces_free(p);
-                return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
-            }
-            kvgen_token_piece(m, t, 0, tmp, len + 1);
-            memcpy(p->bytes + p->off[t], tmp, len);
-            kvg_free(tmp);
-        }
-    }
-    p->n = n;
-    *out = p;
-    return KVGEN_OK;
-}
-
-kvgen_status kvg_pieces_get(kvgen_session *s, const kvg_pieces **out, kvgen_error *err) {
-    kvg_sampler *sm = kvg_session_sampler(s);
-    if (!sm->pieces) {
-        kvgen_status st = pieces_build(kvg_session_model(s), sm->n_vocab, &sm->pieces, err);
-        if (st != KVGEN_OK) return st;
-        sm->pieces_free = kvg_pieces_free;
-    }
-    *out = sm->pieces;
-    return KVGEN_OK;
+kvgen_status kvg_vocab_bytes(const kvgen_model *m, const kvg_token_bytes **out, kvgen_error *err) {
+    *out = kvg_token_bytes_get(m->tok, m->w.hp.n_vocab);
+    return *out ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
 }
 
 /* ---- spelling ----------------------------------------------------------------------------- */
 
-void kvg_speller_init(kvg_speller *sp, const kvgen_model *m, kvgen_session *s, const kvg_pieces *p) {
+void kvg_speller_init(kvg_speller *sp, const kvgen_model *m) {
     memset(sp, 0, sizeof *sp);
     sp->m = m;
-    sp->s = s;
-    sp->p = p;
 }
 
 void kvg_speller_free(kvg_speller *sp) {
-    kvg_pieces_free(sp->own);
     kvg_free(sp->by_first);
     memset(sp, 0, sizeof *sp);
 }
@@ -81,14 +26,9 @@ void kvg_speller_free(kvg_speller *sp) {
  * own tokens cannot give needs them). */
 static kvgen_status speller_table(kvg_speller *sp, kvgen_error *err) {
     if (sp->by_first) return KVGEN_OK;
-    kvgen_status st = KVGEN_OK;
-    if (!sp->p && sp->s) st = kvg_pieces_get(sp->s, &sp->p, err);
-    if (st == KVGEN_OK && !sp->p) {
-        st = pieces_build(sp->m, sp->m->w.hp.n_vocab, &sp->own, err);
-        sp->p = sp->own;
-    }
+    kvgen_status st = sp->p ? KVGEN_OK : kvg_vocab_bytes(sp->m, &sp->p, err);
     if (st != KVGEN_OK) return st;
-    const kvg_pieces *p = sp->p;
+    const kvg_token_bytes *p = sp->p;
     sp->by_first = kvg_malloc(((size_t)p->n + 1) * sizeof *sp->by_first);
     if (!sp->by_first) return kvg_fail(err, KVGEN_E_NO_MEMORY, "constraint: out of memory for the token table");
     uint32_t count[257] = {0};
@@ -125,7 +65,7 @@ static kvgen_status spell_exact(kvg_speller *sp, const char *text, size_t len, i
                                 kvgen_error *err) {
     kvgen_status st = speller_table(sp, err);
     if (st != KVGEN_OK) return st;
-    const kvg_pieces *p = sp->p;
+    const kvg_token_bytes *p = sp->p;
     size_t *best = kvg_malloc((len + 1) * sizeof *best);
     int32_t *via = kvg_malloc((len + 1) * sizeof *via);
     if (!best || !via) {

@@ -1,6 +1,7 @@
 /* test_tokenizer.c: the tokenizers against llama.cpp's vocabulary test vectors and the
- * default model's fixture, special-token gating, streaming detokenization and refusal of
- * malformed tokenizer metadata. */
+ * default model's fixture, special-token gating, streaming detokenization, refusal of
+ * malformed tokenizer metadata and the table of every token's bytes. */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -545,6 +546,48 @@ static void check_default_model(void) {
     vocab_close(&v);
 }
 
+typedef struct bytes_race {
+    const kvg_tokenizer *t;
+    int n_ids;
+    const kvg_token_bytes *got;
+} bytes_race;
+
+static void *get_bytes(void *arg) {
+    bytes_race *r = arg;
+    r->got = kvg_token_bytes_get(r->t, r->n_ids);
+    return NULL;
+}
+
+/* Every token's bytes in one table: each id's bytes are its piece (flags 0), ids past the
+ * tokenizer's own are empty, the table is built once (threads asking at once all get the one
+ * kept) and another id count is refused. */
+static void check_token_bytes(const vocab *v, const char *name) {
+    int n_tok = kvg_tokenizer_n_vocab(v->m.tok), n = n_tok + 3;
+    enum { T = 4 };
+    pthread_t th[T];
+    bytes_race r[T];
+    int started = 0;
+    for (int i = 0; i < T; i++) {
+        r[i] = (bytes_race){v->m.tok, n, NULL};
+        if (pthread_create(&th[i], NULL, get_bytes, &r[i]) == 0) started++;
+        else break;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    const kvg_token_bytes *b = kvg_token_bytes_get(v->m.tok, n);
+    CHECKF(b && b->n == n && started == T, "%s: no table of %d ids", name, n);
+    for (int i = 0; i < started; i++) CHECKF(r[i].got == b, "%s: thread %d got another table", name, i);
+    CHECK(kvg_token_bytes_get(v->m.tok, n_tok) == NULL);
+    int wrong = 0;
+    char piece[1024];
+    for (int t = 0; b && t < n; t++) {
+        size_t len = kvgen_token_piece(&v->m, t, 0, piece, sizeof piece);
+        wrong += len >= sizeof piece || b->off[t + 1] - b->off[t] != len ||
+                 memcmp(b->bytes + b->off[t], piece, len) != 0;
+    }
+    CHECKF(wrong == 0, "%s: %d of %d tokens' bytes differ from their pieces", name, wrong, n);
+    CHECK(!b || b->off[n] == b->off[n_tok]); /* ids past the tokenizer's own */
+}
+
 int main(void) {
     check_vectors("gpt-2");
     check_vectors("starcoder");
@@ -563,6 +606,8 @@ int main(void) {
         check_streaming(&gpt2, &spm);
         check_special(&sc, &spm);
         check_arguments(&gpt2);
+        check_token_bytes(&gpt2, "gpt-2");
+        check_token_bytes(&spm, "llama-spm");
     }
     if (a) vocab_close(&gpt2);
     if (b) vocab_close(&spm);
