@@ -82,6 +82,19 @@ static void bad_schema(const char *schema, const char *message) {
            err.message, message);
 }
 
+typedef struct refusal {
+    const char *text, *message; /* a grammar or schema, and the exact message that refuses it */
+} refusal;
+#define COUNT(a) (sizeof (a) / sizeof (a)[0])
+
+static void bad_grammars(const refusal *r, size_t n) {
+    for (size_t i = 0; i < n; i++) bad_grammar(r[i].text, r[i].message);
+}
+
+static void bad_schemas(const refusal *r, size_t n) {
+    for (size_t i = 0; i < n; i++) bad_schema(r[i].text, r[i].message);
+}
+
 /* whether the grammar accepts text as a whole (complete == true) or as a prefix */
 static bool accepts(kvg_gram *g, const char *text, bool complete) {
     kvg_gram_match *mt = NULL;
@@ -104,36 +117,59 @@ static kvg_gram *schema_gram(const char *schema) {
     return g;
 }
 
-static void check_parser(void) {
-    bad_grammar("root ::= foo", "grammar: rule 'foo' is used (line 1 column 10) but never defined");
-    bad_grammar("a ::= \"x\"", "grammar: no rule 'root' (the rule the text must match)");
-    bad_grammar("root ::= \"x\" root", "grammar: rule 'root' (line 1 column 1) never completes: every way through it "
-                                       "needs itself again (the grammar matches no text)");
-    bad_grammar("root ::= \"a\" b\nb ::= \"x\" b | \"y\" c\nc ::= b",
-                "grammar: rule 'b' (line 2 column 1) never completes: every way through it needs itself again (the "
-                "grammar matches no text)");
-    bad_grammar("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"",
-                "grammar: rule 'expr' (line 2 column 1) is left-recursive: it can reach itself without reading a byte");
-    bad_grammar("root ::= (\"a\"?)*", "grammar: rule 'root' (line 1 column 1) is left-recursive: it can reach itself "
-                                      "without reading a byte (in a repetition of text that can be empty)");
-    bad_grammar("root ::= \"abc", "grammar: line 1 column 10: string literal is not closed with '\"'");
-    bad_grammar("root ::= [a-", "grammar: line 1 column 10: character class is not closed with ']'");
-    bad_grammar("root ::= \"x\"{3,1}", "grammar: line 1 column 13: repetition {3,1}: the maximum is below the minimum");
-    bad_grammar("root ::= \"a\"\nroot ::= \"b\"",
-                "grammar: line 2 column 1: rule 'root' is defined twice (first at line 1 column 1)");
-    bad_grammar("root ::= * \"a\"", "grammar: line 1 column 10: '*' follows nothing it could repeat");
-    bad_grammar("root ::= \"\\q\"", "grammar: line 1 column 11: unknown escape \\q");
-    bad_grammar("root ::= []", "grammar: line 1 column 10: empty character class");
-    bad_grammar("root ::= (\"a\"", "grammar: line 1 column 10: group is not closed with ')'");
-    bad_grammar("root = \"a\"", "grammar: line 1 column 6: expected '::=' after rule name 'root'");
-    bad_grammar("root ::= [^\xc3\xa9]", "grammar: line 1 column 10: a negated class may exclude only ASCII characters "
-                                        "(U+00E9)");
+enum { PREFIX = 0, WHOLE = 1 };
+typedef struct judged {
+    const char *text;
+    bool complete; /* WHOLE: accepted as a complete text; PREFIX: as a prefix */
+    bool want;
+} judged;
 
-    kvg_gram *g = parse("root ::= \"a\" [0-9]+ (\"x\" | \"yz\")? \"!\"");
+/* the grammar (or the schema's) judges each text as the table says */
+static void check_judged(const char *grammar, bool schema, const judged *j, size_t n) {
+    kvg_gram *g = schema ? schema_gram(grammar) : parse(grammar);
+    for (size_t i = 0; g && i < n; i++)
+        CHECKF(accepts(g, j[i].text, j[i].complete) == j[i].want, "%s:\n  \"%s\" %s: want %s", grammar, j[i].text,
+               j[i].complete ? "whole" : "as a prefix", j[i].want ? "accepted" : "refused");
+    kvg_gram_free(g);
+}
+
+static void check_parser(void) {
+    static const refusal refused[] = {
+        {"root ::= foo", "grammar: rule 'foo' is used (line 1 column 10) but never defined"},
+        {"a ::= \"x\"", "grammar: no rule 'root' (the rule the text must match)"},
+        {"root ::= \"x\" root", "grammar: rule 'root' (line 1 column 1) never completes: every way through it needs "
+                                "itself again (the grammar matches no text)"},
+        {"root ::= \"a\" b\nb ::= \"x\" b | \"y\" c\nc ::= b",
+         "grammar: rule 'b' (line 2 column 1) never completes: every way through it needs itself again (the grammar "
+         "matches no text)"},
+        {"root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"",
+         "grammar: rule 'expr' (line 2 column 1) is left-recursive: it can reach itself without reading a byte"},
+        {"root ::= (\"a\"?)*", "grammar: rule 'root' (line 1 column 1) is left-recursive: it can reach itself without "
+                               "reading a byte (in a repetition of text that can be empty)"},
+        {"root ::= \"abc", "grammar: line 1 column 10: string literal is not closed with '\"'"},
+        {"root ::= [a-", "grammar: line 1 column 10: character class is not closed with ']'"},
+        {"root ::= \"x\"{3,1}", "grammar: line 1 column 13: repetition {3,1}: the maximum is below the minimum"},
+        {"root ::= \"a\"\nroot ::= \"b\"",
+         "grammar: line 2 column 1: rule 'root' is defined twice (first at line 1 column 1)"},
+        {"root ::= * \"a\"", "grammar: line 1 column 10: '*' follows nothing it could repeat"},
+        {"root ::= \"\\q\"", "grammar: line 1 column 11: unknown escape \\q"},
+        {"root ::= []", "grammar: line 1 column 10: empty character class"},
+        {"root ::= (\"a\"", "grammar: line 1 column 10: group is not closed with ')'"},
+        {"root = \"a\"", "grammar: line 1 column 6: expected '::=' after rule name 'root'"},
+        {"root ::= [^\xc3\xa9]", "grammar: line 1 column 10: a negated class may exclude only ASCII characters "
+                                 "(U+00E9)"},
+    };
+    bad_grammars(refused, COUNT(refused));
+
+    static const char g_abc[] = "root ::= \"a\" [0-9]+ (\"x\" | \"yz\")? \"!\"";
+    static const judged abc[] = {
+        {"a1!", WHOLE, true},  {"a12x!", WHOLE, true}, {"a3yz!", WHOLE, true}, {"a!", PREFIX, false},
+        {"ax!", PREFIX, false}, {"a1y!", PREFIX, false}, {"a1y", PREFIX, true}, {"a1y", WHOLE, false},
+        {"a1!!", PREFIX, false},
+    };
+    check_judged(g_abc, false, abc, COUNT(abc));
+    kvg_gram *g = parse(g_abc);
     if (g) {
-        CHECK(accepts(g, "a1!", true) && accepts(g, "a12x!", true) && accepts(g, "a3yz!", true));
-        CHECK(!accepts(g, "a!", false) && !accepts(g, "ax!", false) && !accepts(g, "a1y!", false));
-        CHECK(accepts(g, "a1y", false) && !accepts(g, "a1y", true) && !accepts(g, "a1!!", false));
         kvg_gram_match *mt = NULL;
         kvgen_error err = {0};
         CHECK_OK(kvg_gram_match_new(g, &mt, &err));
@@ -143,86 +179,92 @@ static void check_parser(void) {
         kvg_gram_match_free(mt);
         kvg_gram_free(g);
     }
-    if ((g = parse(g_list))) {
-        CHECK(accepts(g, "a", true) && accepts(g, "abc,A,\xc3\xa9,-42", true) && accepts(g, "\xe2\x82\xac,7", true));
-        CHECK(!accepts(g, "a,b,c,a,b", false) && !accepts(g, "d", false) && !accepts(g, "01", false));
-        CHECK(accepts(g, "a,\xe2\x82", false) && !accepts(g, "a,\xe2\x82", true)); /* a character cut in two */
-        kvg_gram_free(g);
-    }
-    if ((g = parse(g_dots))) {
-        CHECK(accepts(g, "<ab>", true) && accepts(g, "<\xc3\xa9\xe2\x82\xac>!!", true) && accepts(g, "<a\x01>A", true));
-        CHECK(!accepts(g, "<a>", true) && !accepts(g, "<\xff\xfe>", false) && !accepts(g, "<\xc3\x28", false));
-        CHECK(!accepts(g, "<ab>a", false) && !accepts(g, "<ab>\xed\xa0\x80", false)); /* a surrogate is no character */
-        CHECK(accepts(g, "<ab>\xf0\x9f\x98\x80", true) && !accepts(g, "<ab>\xf4\x90\x80\x80", false));
-        kvg_gram_free(g);
-    }
-    if ((g = parse(g_nest))) {
-        CHECK(accepts(g, "[1,[1,[]],[[1]]]", true) && !accepts(g, "[1,]", false) && !accepts(g, "[1", true));
-        kvg_gram_free(g);
-    }
+    static const judged list[] = {
+        {"a", WHOLE, true},         {"abc,A,\xc3\xa9,-42", WHOLE, true}, {"\xe2\x82\xac,7", WHOLE, true},
+        {"a,b,c,a,b", PREFIX, false}, {"d", PREFIX, false},                {"01", PREFIX, false},
+        {"a,\xe2\x82", PREFIX, true}, {"a,\xe2\x82", WHOLE, false}, /* a character cut in two */
+    };
+    check_judged(g_list, false, list, COUNT(list));
+    static const judged dots[] = {
+        {"<ab>", WHOLE, true},
+        {"<\xc3\xa9\xe2\x82\xac>!!", WHOLE, true},
+        {"<a\x01>A", WHOLE, true},
+        {"<a>", WHOLE, false},
+        {"<\xff\xfe>", PREFIX, false},
+        {"<\xc3\x28", PREFIX, false},
+        {"<ab>a", PREFIX, false},
+        {"<ab>\xed\xa0\x80", PREFIX, false}, /* a surrogate is no character */
+        {"<ab>\xf0\x9f\x98\x80", WHOLE, true},
+        {"<ab>\xf4\x90\x80\x80", PREFIX, false},
+    };
+    check_judged(g_dots, false, dots, COUNT(dots));
+    static const judged nest[] = {{"[1,[1,[]],[[1]]]", WHOLE, true}, {"[1,]", PREFIX, false}, {"[1", WHOLE, false}};
+    check_judged(g_nest, false, nest, COUNT(nest));
 }
 
 static void check_schema(void) {
-    bad_schema("{\"type\":\"string\",\"pattern\":\"a+\"}", "schema: #: keyword 'pattern' is not supported");
-    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
-               "schema: #/properties/a: keyword 'format' is not supported");
-    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"b\"]}",
-               "schema: #: keyword 'required' names 'b', which is not in 'properties'");
-    bad_schema("{\"$ref\":\"#/components/x\"}",
-               "schema: #: keyword '$ref' \"#/components/x\": only #/$defs/NAME (or #/definitions/NAME) of this schema");
-    bad_schema("{\"type\":\"object\"", "schema: not valid JSON at byte 16: expected ',' or '}'");
-    bad_schema("{\"type\":\"integer\",\"minimum\":5,\"maximum\":2}",
-               "schema: #: keywords 'minimum'/'maximum' leave no integer in 5..2");
-    bad_schema("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"date\"}]}}",
-               "schema: #/items/anyOf/1: type 'date' is not supported (object, array, string, integer, number, "
-               "boolean, null)");
-    bad_schema("{\"enum\":[1,2],\"minimum\":0}", "schema: #: keyword 'minimum' beside 'enum' is not supported");
-    bad_schema("{\"type\":\"string\",\"enum\":[\"a\",2]}",
-               "schema: #: keyword 'enum' holds a value that is not of the schema's 'type'");
-    /* an error after a rule's body was begun frees the body (LeakSanitizer), nested or not */
-    bad_schema("{\"type\":[\"string\",1]}", "schema: #: keyword 'type' lists a value that is not a string");
-    bad_schema("{\"type\":[\"string\",{}]}", "schema: #: keyword 'type' lists a value that is not a string");
-    bad_schema("{\"type\":[\"integer\",\"date\"]}",
-               "schema: #: type 'date' is not supported (object, array, string, integer, number, boolean, null)");
-    bad_schema("{\"anyOf\":[{\"type\":\"null\"},{\"type\":[\"null\",\"boolean\",[]]}]}",
-               "schema: #/anyOf/1: keyword 'type' lists a value that is not a string");
-    bad_schema("{\"type\":\"array\",\"items\":{\"type\":[\"array\",true],\"items\":{\"type\":\"null\"}}}",
-               "schema: #/items: keyword 'type' lists a value that is not a string");
-    /* strings that are not UTF-8 (JSON text is): refused by the compiler, naming the path */
-    bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\xff\"}}}",
-               "schema: #/properties/a: keyword 'const' holds a string that is not valid UTF-8");
-    bad_schema("{\"const\":{\"k\":[\"\xc3\"]}}", "schema: #: keyword 'const' holds a string that is not valid UTF-8");
-    bad_schema("{\"enum\":[\"ok\",\"\xed\xa0\x80\"]}",
-               "schema: #: keyword 'enum' value 1 holds a string that is not valid UTF-8");
-    bad_schema("{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"object\",\"properties\":{\"ok\":true,"
-               "\"\xc0\xaf\":true}}}}",
-               "schema: #/properties/b: keyword 'properties': property name 1 is not valid UTF-8");
+    static const refusal refused[] = {
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", "schema: #: keyword 'pattern' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}",
+         "schema: #/properties/a: keyword 'format' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"b\"]}",
+         "schema: #: keyword 'required' names 'b', which is not in 'properties'"},
+        {"{\"$ref\":\"#/components/x\"}",
+         "schema: #: keyword '$ref' \"#/components/x\": only #/$defs/NAME (or #/definitions/NAME) of this schema"},
+        {"{\"type\":\"object\"", "schema: not valid JSON at byte 16: expected ',' or '}'"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":2}",
+         "schema: #: keywords 'minimum'/'maximum' leave no integer in 5..2"},
+        {"{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"date\"}]}}",
+         "schema: #/items/anyOf/1: type 'date' is not supported (object, array, string, integer, number, boolean, "
+         "null)"},
+        {"{\"enum\":[1,2],\"minimum\":0}", "schema: #: keyword 'minimum' beside 'enum' is not supported"},
+        {"{\"type\":\"string\",\"enum\":[\"a\",2]}",
+         "schema: #: keyword 'enum' holds a value that is not of the schema's 'type'"},
+        /* an error after a rule's body was begun frees the body (LeakSanitizer), nested or not */
+        {"{\"type\":[\"string\",1]}", "schema: #: keyword 'type' lists a value that is not a string"},
+        {"{\"type\":[\"string\",{}]}", "schema: #: keyword 'type' lists a value that is not a string"},
+        {"{\"type\":[\"integer\",\"date\"]}",
+         "schema: #: type 'date' is not supported (object, array, string, integer, number, boolean, null)"},
+        {"{\"anyOf\":[{\"type\":\"null\"},{\"type\":[\"null\",\"boolean\",[]]}]}",
+         "schema: #/anyOf/1: keyword 'type' lists a value that is not a string"},
+        {"{\"type\":\"array\",\"items\":{\"type\":[\"array\",true],\"items\":{\"type\":\"null\"}}}",
+         "schema: #/items: keyword 'type' lists a value that is not a string"},
+        /* strings that are not UTF-8 (JSON text is): refused by the compiler, naming the path */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\xff\"}}}",
+         "schema: #/properties/a: keyword 'const' holds a string that is not valid UTF-8"},
+        {"{\"const\":{\"k\":[\"\xc3\"]}}", "schema: #: keyword 'const' holds a string that is not valid UTF-8"},
+        {"{\"enum\":[\"ok\",\"\xed\xa0\x80\"]}",
+         "schema: #: keyword 'enum' value 1 holds a string that is not valid UTF-8"},
+        {"{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"object\",\"properties\":{\"ok\":true,"
+         "\"\xc0\xaf\":true}}}}",
+         "schema: #/properties/b: keyword 'properties': property name 1 is not valid UTF-8"},
+    };
+    bad_schemas(refused, COUNT(refused));
 
-    kvg_gram *g = schema_gram(g_npc);
-    if (g) {
-        CHECK(accepts(g, "{\"line\":\"Take it.\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"sword\","
-                         "\"count\":3}}",
-                      true));
-        CHECK(accepts(g, "{\"line\":\"\\\"\xc3\xa9\\n\",\"mood\":\"angry\",\"action\":{\"type\":\"give\",\"item\":\"\","
-                         "\"count\":5}}",
-                      true));
-        CHECK(!accepts(g, "{\"line\":\"x\",\"mood\":\"happy\"", false));
-        CHECK(!accepts(g, "{\"line\":\"x\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"a\",\"count\":6",
-                       false));
-        CHECK(!accepts(g, "{\"mood\":", false) && !accepts(g, "{ \"line\"", false));
-        kvg_gram_free(g);
-    }
-    if ((g = schema_gram(g_mixed))) {
-        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"]}", true));
-        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\",\"c\\\"q\"],\"ok\":true,\"t\":null}", true));
-        CHECK(accepts(g, "{\"name\":\"ab\",\"tags\":[\"b\"],\"pts\":[{\"x\":-1.5,\"y\":300},{\"x\":2.999}],\"v\":\"x\"}",
-                      true));
-        CHECK(!accepts(g, "{\"name\":\"a\",", false) && !accepts(g, "{\"name\":\"ab\",\"tags\":[]", false));
-        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":3.5", false));
-        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":-2.1", false));
-        CHECK(!accepts(g, "{\"name\":\"ab\",\"tags\":[\"a\"],\"ok\":true,\"pts\"", false)); /* schema order */
-        kvg_gram_free(g);
-    }
+    static const judged npc[] = {
+        {"{\"line\":\"Take it.\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"sword\","
+         "\"count\":3}}",
+         WHOLE, true},
+        {"{\"line\":\"\\\"\xc3\xa9\\n\",\"mood\":\"angry\",\"action\":{\"type\":\"give\",\"item\":\"\",\"count\":5}}",
+         WHOLE, true},
+        {"{\"line\":\"x\",\"mood\":\"happy\"", PREFIX, false},
+        {"{\"line\":\"x\",\"mood\":\"calm\",\"action\":{\"type\":\"give\",\"item\":\"a\",\"count\":6", PREFIX, false},
+        {"{\"mood\":", PREFIX, false},
+        {"{ \"line\"", PREFIX, false},
+    };
+    check_judged(g_npc, true, npc, COUNT(npc));
+    static const judged mixed[] = {
+        {"{\"name\":\"ab\",\"tags\":[\"a\"]}", WHOLE, true},
+        {"{\"name\":\"ab\",\"tags\":[\"a\",\"c\\\"q\"],\"ok\":true,\"t\":null}", WHOLE, true},
+        {"{\"name\":\"ab\",\"tags\":[\"b\"],\"pts\":[{\"x\":-1.5,\"y\":300},{\"x\":2.999}],\"v\":\"x\"}", WHOLE, true},
+        {"{\"name\":\"a\",", PREFIX, false},
+        {"{\"name\":\"ab\",\"tags\":[]", PREFIX, false},
+        {"{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":3.5", PREFIX, false},
+        {"{\"name\":\"ab\",\"tags\":[\"a\"],\"pts\":[{\"x\":-2.1", PREFIX, false},
+        {"{\"name\":\"ab\",\"tags\":[\"a\"],\"ok\":true,\"pts\"", PREFIX, false}, /* schema order */
+    };
+    check_judged(g_mixed, true, mixed, COUNT(mixed));
+    kvg_gram *g;
     /* integer ranges: every number near the bounds, as text */
     static const long long ranges[][2] = {{1, 5},     {0, 0},         {-12, 7},   {15, 1234},   {-1000, -37},
                                           {99, 100},  {-5, -5},       {7, 80000}, {-99999, 99}, {100, 999}};
@@ -309,11 +351,14 @@ static void check_bounds(void) {
         }
     }
     /* an escape cut by the end of the text (bad_grammar's copy is exactly the text's size) */
-    bad_grammar("root ::= \"abc\\", "grammar: line 1 column 14: '\\' at the end of the grammar (byte 13)");
-    bad_grammar("root ::= [\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)");
-    bad_grammar("root ::= [a-\\", "grammar: line 1 column 13: '\\' at the end of the grammar (byte 12)");
-    bad_grammar("root ::= \"\\x4", "grammar: line 1 column 11: \\x needs 2 hexadecimal digits");
-    bad_grammar("root ::= \"\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)");
+    static const refusal cut[] = {
+        {"root ::= \"abc\\", "grammar: line 1 column 14: '\\' at the end of the grammar (byte 13)"},
+        {"root ::= [\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)"},
+        {"root ::= [a-\\", "grammar: line 1 column 13: '\\' at the end of the grammar (byte 12)"},
+        {"root ::= \"\\x4", "grammar: line 1 column 11: \\x needs 2 hexadecimal digits"},
+        {"root ::= \"\\", "grammar: line 1 column 11: '\\' at the end of the grammar (byte 10)"},
+    };
+    bad_grammars(cut, COUNT(cut));
 
     /* nested repetitions of text that can be empty: the closure follows them with a list */
     if ((g = parse("root ::= ((\"a\"?){0,300}){0,300}"))) {
@@ -414,6 +459,24 @@ static void check_bounds(void) {
     }
 }
 
+/* A trie of a vocabulary of its own: token i's bytes are pieces[i] (into off and bytes, which
+ * have room for n + 1 offsets and every piece), token 0 is end-of-generation. */
+static kvg_vocab_trie *small_trie(const char *const *pieces, int n, uint32_t *off, unsigned char *bytes) {
+    uint8_t *eog = kvg_calloc((size_t)n, 1);
+    if (!eog) return NULL;
+    eog[0] = 1;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = (uint32_t)at;
+        memcpy(bytes + at, pieces[i], strlen(pieces[i]));
+        at += strlen(pieces[i]);
+    }
+    off[n] = (uint32_t)at;
+    kvg_vocab_trie *trie = kvg_vocab_trie_build(n, off, bytes, eog);
+    kvg_free(eog);
+    return trie;
+}
+
 /* A costly mask on a small vocabulary: every token's mask stays within the step bound, or the
  * mask fails (-1) with the bound's message; a matcher given a small bound fails the same way
  * at once, and the same text always ends at the same token (no clock involved). */
@@ -423,15 +486,7 @@ static void check_costly_mask(void) {
     enum { N = sizeof pieces / sizeof pieces[0] };
     uint32_t off[N + 1];
     unsigned char bytes[256];
-    uint8_t eog[N] = {1};
-    size_t at = 0;
-    for (int i = 0; i < N; i++) {
-        off[i] = (uint32_t)at;
-        memcpy(bytes + at, pieces[i], strlen(pieces[i]));
-        at += strlen(pieces[i]);
-    }
-    off[N] = (uint32_t)at;
-    kvg_vocab_trie *trie = kvg_vocab_trie_build(N, off, bytes, eog);
+    kvg_vocab_trie *trie = small_trie(pieces, N, off, bytes);
     CHECK(trie != NULL);
     kvg_gram *g = parse("root ::= ([^x]{0,64} [a-z]{0,64}){0,64}");
     int ended[2] = {-1, -1};
@@ -483,6 +538,33 @@ static void check_costly_mask(void) {
     kvg_vocab_trie_free(trie);
 }
 
+/* Generates from the prompt ids until the generation ends: its finish (error when it could not
+ * begin), how many steps gave a token before it, and the last call's status (message in err). */
+static kvgen_finish gen_to_end(kvgen_session *s, const int32_t *ids, size_t n, const kvgen_generate_desc *gd,
+                               int *tokens, kvgen_status *rc, kvgen_error *err) {
+    kvgen_gen *g = NULL;
+    *tokens = 0;
+    *rc = KVGEN_OK;
+    if (s) CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, gd, &g, err));
+    kvgen_gen_step st = {0};
+    while (g && (*rc = kvgen_gen_next(g, &st, err)) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) (*tokens)++;
+    kvgen_finish fin = g ? kvgen_gen_finish(g) : KVGEN_FINISH_ERROR;
+    kvgen_gen_end(g);
+    return fin;
+}
+
+/* Polls the jobs until each is done, cancelled or failed (max_spins polls a millisecond apart:
+ * a hang guard, not a timing). */
+static void wait_jobs(kvgen_job *const *jobs, int n, long max_spins) {
+    for (long spin = 0; spin < max_spins; spin++) {
+        int ended = 0;
+        for (int i = 0; i < n; i++) ended += kvgen_job_poll(jobs[i], NULL, NULL) >= KVGEN_JOB_DONE;
+        if (ended == n) return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Costly grammars on a model: each generation of 20 tokens ends with its text or with an
  * error naming the matcher's bound, never a silent refusal (a dead end); told apart by
  * behaviour, never by time. */
@@ -500,19 +582,14 @@ static void check_costly_generation(kvgen_model *m, const char *what) {
         int32_t ids[64];
         size_t n = 0;
         CHECK_OK(kvgen_tokenize(m, "x", 1, 0, ids, 64, &n, &err));
-        kvgen_gen *g = NULL;
-        if (s) CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &gd, &g, &err));
-        kvgen_gen_step st = {0};
-        kvgen_status rc = KVGEN_OK;
-        int tokens = 0;
-        while (g && (rc = kvgen_gen_next(g, &st, &err)) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) tokens++;
-        kvgen_finish fin = g ? kvgen_gen_finish(g) : KVGEN_FINISH_ERROR;
+        kvgen_status rc;
+        int tokens;
+        kvgen_finish fin = gen_to_end(s, ids, n, &gd, &tokens, &rc, &err);
         printf("test_grammar: %s: %s: %s after %d tokens%s%s\n", what, grammars[i], kvgen_finish_name(fin), tokens,
                rc != KVGEN_OK ? ": " : "", rc != KVGEN_OK ? err.message : "");
         CHECKF(fin == KVGEN_FINISH_STOP || fin == KVGEN_FINISH_LENGTH ||
                    (fin == KVGEN_FINISH_ERROR && rc == KVGEN_E_UNSUPPORTED && contains(err.message, "matcher steps")),
                "%s: %s: %s (%s)", what, grammars[i], kvgen_finish_name(fin), err.message);
-        kvgen_gen_end(g);
         kvgen_session_close(s);
     }
 }
@@ -549,18 +626,13 @@ static void check_bound_generation(kvgen_model *m, const char *what) {
     CHECK_OK(kvgen_tokenize(m, "x", 1, 0, ids, 64, &n, &err));
     kvgen_session *s = NULL, *s2 = NULL;
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    kvgen_gen *g = NULL;
-    if (s) CHECK_OK(kvgen_gen_begin_prompt(s, ids, n, &gd, &g, &err));
-    kvgen_gen_step st = {0};
-    kvgen_status rc = KVGEN_OK;
-    int tokens = 0;
-    while (g && (rc = kvgen_gen_next(g, &st, &err)) == KVGEN_OK && st.finish == KVGEN_FINISH_NONE) tokens++;
-    printf("test_grammar: %s: runs of b: %s after %d tokens: %s\n", what, kvgen_finish_name(kvgen_gen_finish(g)), tokens,
-           err.message);
-    CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_ERROR && rc == KVGEN_E_UNSUPPORTED &&
+    kvgen_status rc;
+    int tokens;
+    kvgen_finish fin = gen_to_end(s, ids, n, &gd, &tokens, &rc, &err);
+    printf("test_grammar: %s: runs of b: %s after %d tokens: %s\n", what, kvgen_finish_name(fin), tokens, err.message);
+    CHECKF(fin == KVGEN_FINISH_ERROR && rc == KVGEN_E_UNSUPPORTED &&
                contains(err.message, "over 2097152 matcher steps") && tokens > 0,
-           "%s: %s after %d tokens (%s)", what, g ? kvgen_finish_name(kvgen_gen_finish(g)) : "-", tokens, err.message);
-    kvgen_gen_end(g);
+           "%s: %s after %d tokens (%s)", what, kvgen_finish_name(fin), tokens, err.message);
     /* the same as a job, beside a plain one */
     kvgen_session_desc sd2 = {.n_ctx = 512, .seed = 4};
     CHECK_OK(kvgen_session_create(m, &sd2, &s2, &err));
@@ -573,13 +645,9 @@ static void check_bound_generation(kvgen_model *m, const char *what) {
         CHECK_OK(kvgen_job_submit(s2, &plain, &j2, &err));
     }
     kvgen_job_info a = {0}, b = {0};
-    for (long spin = 0; j && j2 && spin < 600000L; spin++) { /* a hang guard of minutes, not a timing */
-        kvgen_job_state sa = kvgen_job_poll(j, NULL, NULL), sb = kvgen_job_poll(j2, NULL, NULL);
-        if (sa >= KVGEN_JOB_DONE && sb >= KVGEN_JOB_DONE) break;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
     if (j && j2) {
+        kvgen_job *const both[] = {j, j2};
+        wait_jobs(both, 2, 600000L); /* minutes */
         kvgen_job_get_info(j, &a);
         kvgen_job_get_info(j2, &b);
         CHECKF(a.state == KVGEN_JOB_FAILED && a.finish == KVGEN_FINISH_ERROR &&
@@ -704,13 +772,8 @@ static char *generate(kvgen_model *m, const kvgen_constraint *c, uint64_t seed, 
         kvgen_job *j = NULL;
         CHECK_OK(kvgen_job_submit(s, &jd, &j, &err));
         kvgen_job_info info = {0};
-        for (long spin = 0; j && spin < 2000000000L; spin++) {
-            kvgen_job_state js = kvgen_job_poll(j, NULL, NULL);
-            if (js == KVGEN_JOB_DONE || js == KVGEN_JOB_CANCELLED || js == KVGEN_JOB_FAILED) break;
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
         if (j) {
+            wait_jobs(&j, 1, 2000000000L);
             kvgen_job_get_info(j, &info);
             CHECKF(info.state == KVGEN_JOB_DONE, "job: %s", info.error.message);
             snprintf(out, 8192, "%s", kvgen_job_text(j, NULL));
@@ -789,15 +852,7 @@ static void check_small_vocab(void) {
     enum { N = sizeof pieces / sizeof pieces[0] };
     uint32_t off[N + 1];
     unsigned char bytes[256];
-    uint8_t eog[N] = {1};
-    size_t at = 0;
-    for (int i = 0; i < N; i++) {
-        off[i] = (uint32_t)at;
-        memcpy(bytes + at, pieces[i], strlen(pieces[i]));
-        at += strlen(pieces[i]);
-    }
-    off[N] = (uint32_t)at;
-    kvg_vocab_trie *trie = kvg_vocab_trie_build(N, off, bytes, eog);
+    kvg_vocab_trie *trie = small_trie(pieces, N, off, bytes);
     CHECK(trie != NULL);
     const char *grammars[] = {g_list, g_dots, g_nest, "root ::= \"a\" \"\\x01\" \"b\""};
     uint32_t rng = 12345;
