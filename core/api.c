@@ -8,11 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_quant.h"
 #include "kvg_remote.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
+#include "kvg_str.h"
 #include "kvg_vk_bench.h"
 
 /* ---- models ----------------------------------------------------------------------------- */
@@ -36,20 +37,11 @@ static void model_destroy(kvgen_model *m) {
     kvg_host_model_count(-1);
 }
 
-static char *dup_range(const char *s, size_t n) {
-    char *d = kvg_malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static char *model_name(const kvg_gguf *g, const char *path) {
     kvg_str s;
-    if (kvg_gguf_get_str(g, "general.name", &s) && s.len > 0 && s.len < 4096) return dup_range(s.ptr, (size_t)s.len);
+    if (kvg_gguf_get_str(g, "general.name", &s) && s.len > 0 && s.len < 4096) return kvg_memdup0(s.ptr, (size_t)s.len);
     const char *base = strrchr(path, '/');
-    return dup_range(base ? base + 1 : path, strlen(base ? base + 1 : path));
+    return kvg_memdup0(base ? base + 1 : path, strlen(base ? base + 1 : path));
 }
 
 /* ---- the backend registry ----------------------------------------------------------------

@@ -14,9 +14,7 @@ add_library(kvgen_lua_objects OBJECT ${KVGEN_LUA_SOURCES})
 target_include_directories(kvgen_lua_objects PUBLIC ${CMAKE_CURRENT_SOURCE_DIR} ${KVGEN_LUA54_INCLUDE_DIR})
 target_include_directories(kvgen_lua_objects PRIVATE ${PROJECT_SOURCE_DIR}/core/base) # kvg_json.h
 target_link_libraries(kvgen_lua_objects PUBLIC kvgen)
-get_target_property(_kvgen_sources kvgen SOURCES)
-list(FILTER _kvgen_sources INCLUDE REGEX "vk_device\\.c$")
-if(_kvgen_sources)
+if(TARGET kvgen_shaders) # libkvgen carries the Vulkan backend
   target_compile_definitions(kvgen_lua_objects PRIVATE KVGEN_LUA_HAVE_DEVICES=1)
 endif()
 

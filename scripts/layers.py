@@ -3,10 +3,14 @@
 built object files.
 
 A file A depends on B when a symbol A leaves undefined is defined by B. kvgen's rule is that
-calls go down, never up, so this graph must have no cycle. Prints each cycle (a strongly
-connected group of files) and exits 1 when there is one; --graph prints every edge.
+calls go down, never up: between folders, a file may use what its own folder and the folders
+below it define (core/'s folders are layers, lowest first: --order, as core/CMakeLists.txt gives
+it; api.c above them all, the tools above api.c), and between files the graph has no cycle.
+Prints each upward use and each cycle (a strongly connected group of files) and exits 1 when
+there is one; --graph prints every edge. --allow LOW>HIGH lets folder LOW use folder HIGH (an
+upward use the build still knows of).
 
-    python3 scripts/layers.py [BUILD_DIR] [--graph]
+    python3 scripts/layers.py [BUILD_DIR] [--graph] [--order base|template|...] [--allow LOW>HIGH ...]
 """
 import glob
 import os
@@ -60,34 +64,71 @@ def strongly_connected(nodes, edges):
     return groups
 
 
+# core/'s folders, lowest first (core/CMakeLists.txt's KVGEN_LAYERS)
+ORDER = "base|template|format|model|cpu|vulkan|session|generate|remote|jobs"
+
+
+def options(argv):
+    build, order, allow, graph = None, ORDER, set(), False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--graph":
+            graph = True
+        elif a in ("--order", "--allow") and i + 1 < len(argv):
+            i += 1
+            if a == "--order":
+                order = argv[i]
+            else:
+                allow.add(tuple(argv[i].split(">", 1)))
+        elif not a.startswith("--"):
+            build = a
+        i += 1
+    return build or "build", order.split("|"), allow, graph
+
+
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    build = args[0] if args else "build"
-    objs = sorted(glob.glob(os.path.join(build, "core", "CMakeFiles", "kvgen.dir", "**", "*.o"), recursive=True))
+    build, order, allow, graph = options(sys.argv[1:])
+    core = os.path.join(build, "core", "CMakeFiles")
+    # one object library per folder (kvgen_<folder>.dir/<folder>/*.o), then api.c's (kvgen_api.dir)
+    objs = {}  # object file -> (name, rank)
+    for rank, target in enumerate(order + ["api"]):
+        top = os.path.join(core, f"kvgen_{target}.dir")
+        for o in sorted(glob.glob(os.path.join(top, "**", "*.o"), recursive=True)):
+            objs[o] = (os.path.relpath(o, top)[: -len(".o")], rank)
     if not objs:
-        print(f"layers: no object files under {build}/core/CMakeFiles/kvgen.dir (build first)", file=sys.stderr)
+        print(f"layers: no object files under {core}/kvgen_<folder>.dir (build first)", file=sys.stderr)
         return 2
-    # the command-line tools' files too (those built): they call the library and each other, down only
-    tools = []
+    # the command-line tools' files too (those built): above api.c, they call the library and
+    # each other, down only
     for target in ("kvgen_cli", "kvgen-mkmodel"):
-        tools += sorted(glob.glob(os.path.join(build, "core", "CMakeFiles", target + ".dir", "tools", "*.o")))
-    objs += tools
-    name = lambda o: ("tools/" if o in tools else "") + os.path.basename(o)[: -len(".o")]
-    table = {name(o): symbols(o) for o in objs}
+        for o in sorted(glob.glob(os.path.join(core, target + ".dir", "tools", "*.o"))):
+            objs[o] = ("tools/" + os.path.basename(o)[: -len(".o")], len(order) + 1)
+    folder = lambda name: name.split("/")[0] if "/" in name else name
+    table = {name: symbols(o) for o, (name, _) in objs.items()}
+    rank = {name: r for name, r in objs.values()}
     owner = {}
     for f, (defined, _) in table.items():
         for s in defined:
-            owner[s] = f
+            owner.setdefault(s, f)
     edges = {f: {owner[s] for s in und if s in owner and owner[s] != f} for f, (_, und) in table.items()}
-    if "--graph" in sys.argv:
+    if graph:
         for f in sorted(edges):
             print(f"{f} -> {', '.join(sorted(edges[f])) or '(nothing)'}")
+    upward = []
+    for f in sorted(edges):
+        for g in sorted(edges[f]):
+            if rank[g] > rank[f] and (folder(f), folder(g)) not in allow:
+                used = sorted(s for s in table[f][1] if owner.get(s) == g)
+                upward.append(f"upward: {f} uses {', '.join(used)}, defined in {g} (a folder above it)")
+    for line in upward:
+        print(line)
     cycles = [g for g in strongly_connected(table.keys(), edges) if len(g) > 1]
     for g in cycles:
         print("cycle: " + " <-> ".join(g))
     print(f"layers: {len(table)} files, {sum(len(e) for e in edges.values())} calls between files, "
-          f"{len(cycles)} cycle{'s' if len(cycles) != 1 else ''}")
-    return 1 if cycles else 0
+          f"{len(upward)} upward, {len(cycles)} cycle{'s' if len(cycles) != 1 else ''}")
+    return 1 if cycles or upward else 0
 
 
 if __name__ == "__main__":

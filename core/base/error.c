@@ -1,7 +1,7 @@
 /* error.c: status names, the error helper and the version query. */
 #include <stdarg.h>
 #include <stdio.h>
-#include "kvg_model.h"
+#include "kvg_error.h"
 
 const char *kvgen_version(void) { return KVGEN_VERSION_STRING; }
 

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_error.h"
 #include "kvg_host.h"
-#include "kvg_model.h"
 
 /* ---- logger ---- */
 
@@ -100,16 +100,3 @@ void kvg_free(void *ptr) {
     if (host_alloc.free) host_alloc.free(host_alloc.user, ptr);
     else free(ptr);
 }
-
-char *kvg_strndup(const char *s, size_t n) {
-    size_t len = 0;
-    while (len < n && s[len]) len++;
-    char *d = kvg_malloc(len + 1);
-    if (d) {
-        memcpy(d, s, len);
-        d[len] = 0;
-    }
-    return d;
-}
-
-char *kvg_strdup(const char *s) { return kvg_strndup(s, SIZE_MAX); }

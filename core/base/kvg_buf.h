@@ -1,8 +1,5 @@
 /* kvg_buf.h: a growable byte buffer (private).
- *
- * Folder core/base/ owns what every layer may use and that uses nothing of kvgen: error
- * formatting (error.c, kvg_fail), byte buffers (buf.c), the JSON codec (json.c, kvg_json.h)
- * and the host's hooks, logger and allocator (host.c, kvg_host.h). */
+ * (Folder core/base/: kvg_error.h.) */
 #ifndef KVG_BUF_H
 #define KVG_BUF_H
 #include <stdbool.h>

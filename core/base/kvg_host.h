@@ -18,8 +18,6 @@ void *kvg_malloc(size_t size);
 void *kvg_calloc(size_t n, size_t size);
 void *kvg_realloc(void *ptr, size_t size);
 void kvg_free(void *ptr);
-char *kvg_strdup(const char *s);
-char *kvg_strndup(const char *s, size_t n);
 
 /* Loaded models, counted so that kvgen_set_allocator can refuse to switch under them. */
 void kvg_host_model_count(int delta);

@@ -34,8 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_backend.h"
 #include "kvg_cpu.h"
-#include "kvg_model.h"
 #include "kvg_qdot.h"
 #include "kvg_quant.h"
 #include "kvg_reference.h"

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 
 /* ---- thread pool ----------------------------------------------------------------------- */
 

@@ -22,7 +22,7 @@
  * holds a page table per group, and page p of a group's pool stores per layer of the group K
  * then V as [Hkv][page_size][hd], in host memory kept by cpu_pages.c, reached through kv_at().
  *
- * A batch (kvg_model.h) is flattened into tokens, each with its own position and page table,
+ * A batch (kvg_backend.h) is flattened into tokens, each with its own position and page table,
  * and run in blocks of up to REF_BLOCK tokens whatever sequence they belong to: a block of
  * many sessions' decode tokens reads every weight row once for all of them, exactly as a
  * prompt's block does.
@@ -36,8 +36,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_backend.h"
 #include "kvg_cpu.h"
-#include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_reference.h"
 

@@ -1,49 +1,11 @@
-/* detok.c: the public tokenizer calls (argument checks over kvg_tokenizer) and the
- * streaming detokenizer that only ever hands out complete UTF-8. */
+/* detok.c: token ids back to text: whole sequences, and the streaming detokenizer that only
+ * ever hands out complete UTF-8 (kvgen_detok), also byte-exact for constrained output. */
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_constrain.h"
-#include "kvg_model.h"
+#include "kvg_host.h"
 #include "kvg_tokenizer.h"
 
 #define REPLACEMENT "\xEF\xBF\xBD" /* U+FFFD */
-
-static const kvg_tokenizer *model_tok(const kvgen_model *model) { return model ? model->tok : NULL; }
-
-kvgen_status kvgen_tokenize(const kvgen_model *model, const char *text, size_t len, unsigned flags, int32_t *out,
-                            size_t cap, size_t *n_tokens, kvgen_error *err) {
-    if (n_tokens) *n_tokens = 0;
-    if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: model is NULL");
-    if (!model_tok(model))
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "kvgen_tokenize: model '%s' is remote: its tokenizer is the server's (send text instead)",
-                        model->name);
-    if (!text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: text is NULL");
-    if (!n_tokens) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: n_tokens is NULL");
-    if (!out && cap > 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: out is NULL but cap is %zu", cap);
-    if (flags & ~(unsigned)(KVGEN_TOKENIZE_SPECIAL | KVGEN_TOKENIZE_ADD_BOS))
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_tokenize: unknown flags 0x%x", flags);
-    return kvg_tokenize(model->tok, text, len, flags, out, cap, n_tokens, err);
-}
-
-size_t kvgen_token_piece(const kvgen_model *model, int32_t token, unsigned flags, char *buf, size_t size) {
-    if (!model_tok(model)) return 0;
-    if (!buf) size = 0;
-    return kvg_token_piece(model->tok, token, flags, buf, size);
-}
-
-int kvgen_token_is_eog(const kvgen_model *model, int32_t token) {
-    return model_tok(model) ? kvg_token_is_eog(model->tok, token) : 0;
-}
-
-int kvgen_token_is_control(const kvgen_model *model, int32_t token) {
-    return model_tok(model) ? kvg_token_is_control(model->tok, token) : 0;
-}
-
-int32_t kvgen_token_find(const kvgen_model *model, const char *text) {
-    return model_tok(model) && text ? kvg_token_find(model->tok, text) : -1;
-}
 
 /* Appends src to buf[at..size) (truncating; keeps room for the NUL) and returns the new length. */
 static size_t append(char *buf, size_t size, size_t at, const char *src, size_t n) {
@@ -78,9 +40,8 @@ static size_t piece_of(const kvg_tokenizer *t, int32_t token, unsigned flags, in
     return n;
 }
 
-size_t kvgen_detokenize(const kvgen_model *model, const int32_t *tokens, size_t n, unsigned flags, char *buf,
-                        size_t size) {
-    const kvg_tokenizer *t = model_tok(model);
+size_t kvg_detokenize(const kvg_tokenizer *t, const int32_t *tokens, size_t n, unsigned flags, char *buf,
+                      size_t size) {
     if (!buf) size = 0;
     if (!t || (!tokens && n)) {
         terminate(buf, size, 0);
@@ -126,9 +87,8 @@ static size_t emit_utf8(kvgen_detok *d, const unsigned char *src, size_t n, char
     return len;
 }
 
-size_t kvgen_detok_push(const kvgen_model *model, kvgen_detok *d, int32_t token, unsigned flags, char *buf,
-                        size_t size) {
-    const kvg_tokenizer *t = model_tok(model);
+size_t kvg_detok_push(const kvg_tokenizer *t, kvgen_detok *d, int32_t token, unsigned flags, char *buf,
+                      size_t size) {
     if (!buf) size = 0;
     if (!t || !d) {
         terminate(buf, size, 0);
@@ -169,7 +129,7 @@ size_t kvgen_detok_flush(kvgen_detok *d, char *buf, size_t size) {
     return len;
 }
 
-/* ---- constrained output: exact bytes (kvg_constrain.h) ---- */
+/* ---- constrained output: exact bytes ---- */
 
 bool kvg_detok_exact(kvgen_detok *d, const unsigned char *src, size_t n, kvg_buf *out) {
     if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0;

@@ -14,9 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_error.h"
+#include "kvg_host.h"
 #include "kvg_platform.h"
 #include "kvg_quant.h"
+#include "kvg_str.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_NESTING 8 /* arrays of arrays deeper than this are refused (bounds recursion) */

@@ -1,8 +1,10 @@
 /* kvg_tokenizer.h: byte-level BPE and SentencePiece tokenizers built from GGUF metadata (private). */
 #ifndef KVG_TOKENIZER_H
 #define KVG_TOKENIZER_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kvg_buf.h"
 #include "kvg_gguf.h"
 #include "kvgen.h"
 
@@ -58,5 +60,19 @@ kvg_token_bytes **kvg_tokenizer_bytes_slot(const kvg_tokenizer *t);
  * cannot start a character), *ok how many bytes of it are valid. Complete: ok == len;
  * cut off by the end: ok < len && ok == n; invalid: ok < len && ok < n (ok may be 0). */
 void kvg_utf8_scan(const unsigned char *s, size_t n, size_t *len, size_t *ok);
+
+/* ---- detok.c: token ids back to text ----
+ * Same contract as kvgen_detokenize / kvgen_detok_push in kvgen.h; t NULL (a model without a
+ * tokenizer) gives "". */
+size_t kvg_detokenize(const kvg_tokenizer *t, const int32_t *tokens, size_t n, unsigned flags, char *buf,
+                      size_t size);
+size_t kvg_detok_push(const kvg_tokenizer *t, kvgen_detok *d, int32_t token, unsigned flags, char *buf,
+                      size_t size);
+/* The text of constrained output: the bytes the constraint accepted, exactly, never U+FFFD.
+ * Complete UTF-8 characters go out at once, a valid character cut by the end of the token
+ * waits in d for the next one, and bytes that are not UTF-8 go out as they are. */
+bool kvg_detok_exact(kvgen_detok *d, const unsigned char *bytes, size_t n, kvg_buf *out);
+/* What d still holds, as it is (size >= 8). */
+size_t kvg_detok_flush_exact(kvgen_detok *d, char *buf, size_t size);
 
 #endif

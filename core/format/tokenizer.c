@@ -11,7 +11,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_error.h"
+#include "kvg_host.h"
 #include "kvg_tokenizer.h"
 
 enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };

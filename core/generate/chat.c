@@ -21,6 +21,7 @@
 #include "kvg_model.h"
 #include "kvg_session.h"
 #include "kvg_sampler.h"
+#include "kvg_str.h"
 
 enum { S_SYS_PRE, S_SYS_SUF, S_USER_PRE, S_USER_SUF, S_ASST_PRE, S_ASST_SUF, N_STR };
 enum { ROLE_NONE, ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
@@ -128,15 +129,6 @@ static void kvg_chat_free(kvg_chat *c) {
     kvg_free(c);
 }
 
-static char *dup_str(const char *s, size_t n) {
-    char *d = kvg_malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_error *err) {
     *dst = NULL;
     kvg_chat *c = kvg_calloc(1, sizeof *c);
@@ -147,15 +139,15 @@ static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_er
     c->n_msgs = 0;
     for (int i = 0; i < N_STR; i++) {
         c->str[i] = NULL;
-        if (src->str[i] && !(c->str[i] = dup_str(src->str[i], strlen(src->str[i])))) goto oom;
+        if (src->str[i] && !(c->str[i] = kvg_memdup0(src->str[i], strlen(src->str[i])))) goto oom;
     }
-    if (src->jinja && !(c->jinja = dup_str(src->jinja, strlen(src->jinja)))) goto oom;
+    if (src->jinja && !(c->jinja = kvg_memdup0(src->jinja, strlen(src->jinja)))) goto oom;
     if (src->n_msgs) {
         if (!(c->msgs = kvg_calloc(src->n_msgs, sizeof *c->msgs))) goto oom;
         for (; c->n_msgs < src->n_msgs; c->n_msgs++) {
             const chat_msg *m = &src->msgs[c->n_msgs];
             c->msgs[c->n_msgs] = *m;
-            if (!(c->msgs[c->n_msgs].content = dup_str(m->content, strlen(m->content)))) goto oom;
+            if (!(c->msgs[c->n_msgs].content = kvg_memdup0(m->content, strlen(m->content)))) goto oom;
         }
     }
     *dst = c;
@@ -221,7 +213,7 @@ static char *load_str(const unsigned char *b, size_t size, size_t *off, bool kee
         *bad = true;
         return NULL;
     }
-    char *s = keep ? dup_str((const char *)b + *off, n) : NULL;
+    char *s = keep ? kvg_memdup0((const char *)b + *off, n) : NULL;
     if (keep && !s) *oom = true;
     *off += n;
     return s;
@@ -419,7 +411,7 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_set_template: jinja: %s", why);
         kvg_jinja_free(t);
         next.mode = MODE_JINJA;
-        if (!(next.jinja = dup_str(tpl->jinja, strlen(tpl->jinja))))
+        if (!(next.jinja = kvg_memdup0(tpl->jinja, strlen(tpl->jinja))))
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     } else if (tpl->name) {
         next.family = find_family(tpl->name);
@@ -436,7 +428,7 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
         next.system_in_user = tpl->system_in_user != 0;
         for (int i = 0; i < N_STR; i++) {
             const char *v = in[i] ? in[i] : "";
-            if (!(next.str[i] = dup_str(v, strlen(v)))) {
+            if (!(next.str[i] = kvg_memdup0(v, strlen(v)))) {
                 for (int k = 0; k < i; k++) kvg_free(next.str[k]);
                 return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
             }
@@ -666,7 +658,7 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
          * end of the rendering (a rewind into it takes the turn back) */
         if (thinned && new_msgs[n_new].end > k) new_msgs[n_new].end = tk.n;
         if (new_msgs[n_new].end > tk.n) new_msgs[n_new].end = tk.n;
-        if (!(new_msgs[n_new].content = dup_str(src->content, strlen(src->content)))) {
+        if (!(new_msgs[n_new].content = kvg_memdup0(src->content, strlen(src->content)))) {
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
             goto done;
         }
@@ -808,7 +800,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         last_role = r;
         added[n_added].role = r;
         added[n_added].end = t.n;
-        if (st == KVGEN_OK && !(added[n_added].content = dup_str(text, strlen(text))))
+        if (st == KVGEN_OK && !(added[n_added].content = kvg_memdup0(text, strlen(text))))
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
         n_added++;
     }

@@ -17,6 +17,7 @@
 #include "kvg_sentence.h"
 #include "kvg_session.h"
 #include "kvg_spell.h"
+#include "kvg_str.h"
 
 #define DEFAULT_MAX_TOKENS 256
 

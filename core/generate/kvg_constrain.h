@@ -11,6 +11,7 @@
 #include "kvg_generate.h"
 #include "kvg_sampler.h"
 #include "kvg_spell.h"
+#include "kvg_tokenizer.h" /* kvg_detok_exact: the text of constrained output */
 
 typedef struct kvg_cons kvg_cons;
 
@@ -60,13 +61,5 @@ kvgen_status kvg_cons_select(kvg_cons *k, kvg_cons_state *st, kvgen_session *s, 
  * unchanged). */
 kvgen_status kvg_score_sequences(kvgen_session *s, const int32_t *const *toks, const size_t *n_toks, size_t n,
                                  double *logprob, kvgen_error *err);
-
-/* ---- text of constrained output (detok.c) ------------------------------------------------
- * The bytes the constraint accepted, exactly: never U+FFFD. Complete UTF-8 characters go out
- * at once, a valid character cut by the end of the token waits in d for the next one, and
- * bytes that are not UTF-8 go out as they are. */
-bool kvg_detok_exact(kvgen_detok *d, const unsigned char *bytes, size_t n, kvg_buf *out);
-/* What d still holds, as it is (size >= 8). */
-size_t kvg_detok_flush_exact(kvgen_detok *d, char *buf, size_t size);
 
 #endif

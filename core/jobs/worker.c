@@ -37,6 +37,7 @@
 #include "kvg_generate.h"
 #include "kvg_sampler.h"
 #include "kvg_session.h"
+#include "kvg_str.h"
 
 #define DEFAULT_PREFILL_CHUNK 32
 #define DEFAULT_MAX_BATCH 64
@@ -219,15 +220,6 @@ static kvgen_constraint *copy_constraint(const kvgen_constraint *k, void **arena
     return c;
 }
 
-static char *dup_n(const char *s, size_t n) {
-    char *d = kvg_malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 static void job_free(kvgen_job *j) {
     if (!j) return;
     kvgen_gen_end(j->g);
@@ -267,7 +259,7 @@ static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_gen
         j->stops = kvg_calloc((size_t)d->n_stop, sizeof *j->stops);
         if (!j->stops) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
         for (int i = 0; i < d->n_stop; i++) {
-            j->stops[i] = dup_n(d->stop[i], strlen(d->stop[i]));
+            j->stops[i] = kvg_memdup0(d->stop[i], strlen(d->stop[i]));
             if (!j->stops[i]) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
             j->gen.n_stop = i + 1;
         }
@@ -304,7 +296,7 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: tokenize_flags 0x%x", d->tokenize_flags);
         size_t len = d->text_len ? d->text_len : strlen(d->text), n = 0;
         if (kvg_session_kind_of(m)->add_text) { /* sent as text */
-            if (!(j->text = dup_n(d->text, len))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+            if (!(j->text = kvg_memdup0(d->text, len))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
             j->text_len = len;
             return KVGEN_OK;
         }
@@ -330,13 +322,13 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
                             d->role);
         if (d->role && !d->text)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: a chat turn needs text");
-        if (d->role && !(j->role = dup_n(d->role, strlen(d->role))))
+        if (d->role && !(j->role = kvg_memdup0(d->role, strlen(d->role))))
             return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
         if (d->text) {
             size_t len = d->text_len ? d->text_len : strlen(d->text);
             if (memchr(d->text, 0, len))
                 return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: chat text contains a NUL byte");
-            if (!(j->text = dup_n(d->text, len)))
+            if (!(j->text = kvg_memdup0(d->text, len)))
                 return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
         }
         return KVGEN_OK;

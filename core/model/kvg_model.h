@@ -2,15 +2,20 @@
  *
  * Folder core/model/ owns what a loaded model is, independent of where it runs: the
  * architecture table (arch.c, kvg_arch.h), the tensor type-traits table (quant.c, kvg_quant.h),
- * the model description read from a GGUF (model.c) and the backend interface below (the
- * batch a forward pass runs, the ops every backend implements). Backends sit under it. */
+ * the model description read from a GGUF (model.c: hyperparameters, layers, weights), the
+ * model's KV page pool (kvpool.c, kvg_pool.h), the state the layers above hang on the model
+ * (attach.c), the public token calls over its tokenizer (tokens.c) and the backend interface
+ * (kvg_backend.h: the batch a forward pass runs, the ops every backend implements). The
+ * backends (cpu/, vulkan/) sit above it and implement that interface. */
 #ifndef KVG_MODEL_H
 #define KVG_MODEL_H
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kvg_arch.h"
+#include "kvg_error.h"
 #include "kvg_gguf.h"
+#include "kvg_host.h"
 #include "kvg_tokenizer.h"
 #include "kvgen.h"
 
@@ -82,17 +87,6 @@ typedef struct kvg_tensor_view {
 kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error *err);
 void kvg_weights_free(kvg_weights *w);
 
-/* ---- backends ---- */
-typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-session state (scratch, recorded steps) */
-
-/* What a sequence of a batch wants back from the forward pass. */
-typedef enum kvg_batch_out {
-    KVG_OUT_NONE, /* nothing: its K/V only (a prefill chunk that is not the last) */
-    KVG_OUT_LAST, /* the last token's n_vocab logits into `logits` */
-    KVG_OUT_ALL,  /* every token's logits into `logits`, n * n_vocab floats */
-    KVG_OUT_KEEP  /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
-} kvg_batch_out;
-
 /* K/V pages by layer group (kvgen_model.kv, set when the pool is made): one group of every
  * layer, or, for a model with sliding-window layers on a backend that keeps groups
  * (ops->kv_groups), group 0 the global layers and group 1 the local ones. Each group has its
@@ -107,100 +101,6 @@ typedef struct kvg_kv_layout {
     int *slot;                   /* [n_layer] its index among its group's layers */
     int *layers[KVG_KV_GROUPS];  /* [n_layers[g]] a group's layers, by slot */
 } kvg_kv_layout;
-
-/* One sequence of a batch: n tokens of one session at positions pos0.., K/V read and written
- * through its page tables, one per layer group (position p of a layer of group g is slot
- * p % page_size of page pages[g][p / page_size]); every page of [pos0, pos0 + n) is held by
- * that session alone. A group's entries below its window are -1 and never read. */
-typedef struct kvg_batch_seq {
-    kvg_backend_session *bs;
-    const int32_t *pages[KVG_KV_GROUPS];
-    const int32_t *tokens;
-    int n, pos0;
-    kvg_batch_out out;
-    float *logits;  /* KVG_OUT_LAST / KVG_OUT_ALL */
-    int select_k;   /* KVG_OUT_KEEP: also select the select_k best (0 none, 1 argmax, <= KVG_SAMPLER_MAX_TOP) */
-} kvg_batch_seq;
-
-/* The unit of work of every backend: prefill, decode, many sessions' decodes, choice scoring
- * and chunked prefill are all batches, built by session.c. Sequences belong to distinct
- * sessions of one model. */
-typedef struct kvg_batch {
-    const kvg_batch_seq *seq;
-    int n_seq;
-} kvg_batch;
-
-typedef struct kvg_backend_ops {
-    const char *name;
-    /* The KVG_F_* features (kvg_arch.h) this backend's forward pass runs; model_init refuses a
-     * model needing any other (kvg_arch_check_backend). */
-    uint32_t features;
-    /* true: K/V pages split by layer group (kvg_kv_layout), so sliding-window layers release
-     * what they no longer see; false: one group of every layer */
-    bool kv_groups;
-    /* The weight tensor types this backend runs, from its own table (the reference backend's is
-     * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
-     * model holding any other (kvg_weights_check_types). */
-    size_t (*weight_types)(uint32_t *types, size_t max);
-    /* per-model state (device buffers, ...) */
-    kvgen_status (*model_init)(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
-    void (*model_free)(kvgen_model *m);
-    /* per-session state for sessions of up to n_ctx positions (never the K/V: those are pages) */
-    kvgen_status (*session_init)(kvgen_model *m, int n_ctx, kvg_backend_session **out, kvgen_error *err);
-    void (*session_free)(kvgen_model *m, kvg_backend_session *s);
-
-    /* Runs every sequence of the batch, writing their K/V at their positions and returning
-     * what each asked for. Each sequence's results equal what a batch of it alone gives (the
-     * backend may group, reorder or split the work: several one-token sequences share each
-     * weight read). On failure nothing is returned; K/V at the batch's positions are undefined. */
-    kvgen_status (*forward)(kvgen_model *m, const kvg_batch *b, kvgen_error *err);
-
-    /* ---- KV pages: K/V live in the model's page pools (kvg_pool.h), one per layer group
-     * (m->kv); a page id is an index into its group's pool ---- */
-    size_t (*cache_bytes_per_token)(const kvgen_model *m); /* all layers */
-    /* pool size when the load asked for none (e.g. a share of free device memory) */
-    size_t (*kv_default_pool_bytes)(const kvgen_model *m);
-    /* reserves the page table of storage for n_pages pages of page_size tokens of a group's
-     * layers (no storage yet); called once per group of m->kv */
-    kvgen_status (*kv_pages_init)(kvgen_model *m, int group, int page_size, int32_t n_pages, kvgen_error *err);
-    /* gives one page of a group its storage; called once per page, the first time its pool hands it out */
-    kvgen_status (*kv_page_commit)(kvgen_model *m, int group, int32_t page, kvgen_error *err);
-    /* copies the group's K/V of positions [src_pos, src_pos+n) of one of its tables to
-     * [dst_pos, ..) of another (or the same, dst_pos <= src_pos), re-rotating K by rope_delta
-     * positions (0: plain copy) */
-    kvgen_status (*kv_copy)(kvgen_model *m, int group, const int32_t *src_pages, int src_pos,
-                            const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
-    /* one layer's K (which=0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim),
-     * through `pages`, the table of the layer's group */
-    kvgen_status (*kv_read)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n, float *out,
-                            kvgen_error *err);
-    kvgen_status (*kv_write)(kvgen_model *m, const int32_t *pages, int layer, int which, int pos0, int n,
-                             const float *in, kvgen_error *err);
-
-    /* ---- logits kept on the device (optional: NULL for a backend whose logits are host memory,
-     * which session.c then never asks for KVG_OUT_KEEP) ----
-     * A KVG_OUT_KEEP sequence's logits stay on the device as its session's own (the backend sets
-     * them aside should another step need the space) until that session runs again.
-     * fetch_logits copies them (n_vocab floats); topk gives the k <= select_k best selected
-     * with them (higher logit first, lower id on ties, NaN as -inf), or fails when fewer were. */
-    kvgen_status (*fetch_logits)(kvgen_model *m, kvg_backend_session *s, float *out, kvgen_error *err);
-    kvgen_status (*topk)(kvgen_model *m, kvg_backend_session *s, int k, int32_t *ids, float *vals, kvgen_error *err);
-} kvg_backend_ops;
-
-extern const kvg_backend_ops kvg_reference_backend;
-extern const kvg_backend_ops kvg_cpu_backend;
-extern const kvg_backend_ops kvg_vulkan_backend;
-
-/* whether ops->weight_types lists `type` */
-bool kvg_backend_runs_type(const kvg_backend_ops *ops, uint32_t type);
-/* The check each backend's model_init makes first: every weight tensor of m->w (embeddings,
- * output, norms, each layer's matrices) has a type in ops->weight_types; else
- * KVGEN_E_UNSUPPORTED with a message naming the file, the tensor, its type and the backend,
- * and listing the types that backend runs. */
-kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
-/* The other check of model_init: every feature in m->w.features is in ops->features; else
- * KVGEN_E_UNSUPPORTED naming the file, the architecture, the feature and the backend. */
-kvgen_status kvg_arch_check_backend(const kvgen_model *m, const kvg_backend_ops *ops, kvgen_error *err);
 
 /* ---- state of the layers above, hung on the model ----
  * A layer above the model (the jobs' worker, the grammar's vocabulary trie, a remote model's
@@ -231,7 +131,7 @@ struct kvgen_model {
     kvg_gguf *gguf;
     kvg_weights w;
     kvg_tokenizer *tok;
-    const kvg_backend_ops *ops;
+    const struct kvg_backend_ops *ops; /* kvg_backend.h */
     void *backend;       /* the backend's per-model state */
     char *name;
     char device_name[256];
@@ -261,14 +161,5 @@ kvgen_status kvg_load_progress(kvgen_model *m, kvgen_load_stage stage, uint64_t 
                                kvgen_error *err);
 /* KVGEN_LOAD_READ: reads every tensor's bytes once, in file order (a callback is set) */
 kvgen_status kvg_weights_read(kvgen_model *m, kvgen_error *err);
-
-#include "kvg_host.h"
-
-/* error helper: formats into err (when not NULL) and returns status */
-kvgen_status kvg_fail(kvgen_error *err, kvgen_status status, const char *fmt, ...)
-#if defined(__GNUC__) && !defined(__MINGW32__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 #endif

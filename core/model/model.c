@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_quant.h"
 
 #define MAX_DIM (1 << 20) /* far above any real model; keeps products of dimensions inside int */

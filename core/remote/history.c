@@ -6,6 +6,7 @@
 #include <string.h>
 #include "kvg_model.h"
 #include "kvg_remote.h"
+#include "kvg_str.h"
 
 typedef struct rmsg {
     char *role;

@@ -16,6 +16,7 @@
 #include "kvg_model.h"
 #include "kvg_platform.h"
 #include "kvg_remote.h"
+#include "kvg_str.h"
 
 bool kvg_remote_is_url(const char *path) {
     return path && (strncmp(path, "http://", 7) == 0 || strncmp(path, "https://", 8) == 0);

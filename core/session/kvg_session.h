@@ -1,8 +1,8 @@
 /* kvg_session.h: a session's state, shared by session.c (the public session calls),
  * session_file.c (save/restore) and the generation code (private).
  *
- * Folder core/session/ owns sessions over a loaded model: the page pool their K/V live in
- * (kvpool.c, kvg_pool.h), the public session calls that turn appends, rewinds, forks and
+ * Folder core/session/ owns sessions over a loaded model, whose K/V live in the model's page
+ * pool (model/kvpool.c, kvg_pool.h): the public session calls that turn appends, rewinds, forks and
  * shifts into page-table edits and batches for the backend (session.c), and session files
  * (session_file.c). */
 #ifndef KVG_SESSION_H
@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_pool.h"
 #include "kvg_sampler.h"
 #include "kvg_session_kind.h"

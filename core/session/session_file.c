@@ -39,6 +39,7 @@
 #include <string.h>
 #include "kvg_platform.h"
 #include "kvg_session.h"
+#include "kvg_str.h"
 
 #define FILE_MAGIC "KVGSESS"
 /* a session of a kind that saves itself (kvg_session_kind.save; the remote kind's: JSON of the

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kvg_arch.h"
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_quant.h"
 #include "testutil.h"
 

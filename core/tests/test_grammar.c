@@ -16,6 +16,7 @@
 #include "kvg_grammar.h"
 #include "kvg_host.h"
 #include "kvg_sampler.h"
+#include "kvg_str.h"
 #include "testutil.h"
 
 static const char g_npc[] =

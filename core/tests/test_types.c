@@ -7,7 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 #include <sys/wait.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_quant.h"
 #include "testutil.h"
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_session.h"
 #include "kvg_vk.h"
 #include "testutil.h"

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_quant.h"
 #include "../../shaders/kvg_shaders.h" /* the embedded SPIR-V table (not on the tests' include path) */
 #include "kvg_vk.h"

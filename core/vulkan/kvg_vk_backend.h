@@ -9,7 +9,7 @@
 #ifndef KVG_VK_BACKEND_H
 #define KVG_VK_BACKEND_H
 #include <string.h>
-#include "kvg_model.h"
+#include "kvg_backend.h"
 #include "kvg_vk.h"
 #include "kvg_vk_select.h"
 

@@ -1,9 +1,9 @@
 /* kvpool.c: bookkeeping of the KV page pool (see kvg_pool.h). */
 #define _POSIX_C_SOURCE 200809L
+#include "kvg_backend.h"
 #include "kvg_platform.h"
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_model.h"
 #include "kvg_pool.h"
 
 enum { PAGE_UNTOUCHED = 0, PAGE_FREE, PAGE_USED, PAGE_CACHED };
