@@ -7,6 +7,7 @@
 #include <string.h>
 #include "kvg_remote.h"
 #include "kvg_session.h"
+#include "kvg_str.h"
 
 static kvg_remote *remote_of(const kvgen_model *m) { return kvg_session_kind_state(m); }
 static kvg_rhist *hist_of(const kvgen_session *s) { return s->kind_state; }
