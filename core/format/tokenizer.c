@@ -1,5 +1,6 @@
 /* tokenizer.c: byte-level BPE (tokenizer.ggml.model = gpt2) and SentencePiece-style BPE
- * (tokenizer.ggml.model = llama) built from GGUF metadata.
+ * (tokenizer.ggml.model = llama) built from GGUF metadata. (Over 1,000 lines: the two
+ * algorithms share the vocabulary, merges and special-token tables they are built from.)
  *
  * Semantics follow llama.cpp's reading of the same GGUF keys (so that token ids match the
  * reference tokenizer the vocabulary files were tested with); docs/tokenizer.md lists the

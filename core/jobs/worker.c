@@ -1,5 +1,6 @@
 /* worker.c: the jobs API of kvgen.h: non-blocking generation on one worker thread per model,
- * with continuous batching.
+ * with continuous batching. (Over 1,000 lines: one job state machine whose submit, step,
+ * poll and cancel paths read each other's invariants; split, it would spread one lock's rules.)
  *
  * The host thread only submits, cancels and polls; everything that runs the model happens on
  * the worker. One mutex (kvg_worker.mu) guards the job list and every field the host can see;

@@ -1,5 +1,5 @@
 /* test_grammar.c: GBNF grammars and JSON schemas as constrained output. The parser (good
- * grammars, bad ones with their exact messages), the byte matcher (UTF-8 cut inside a token,
+ * grammars, bad ones with their exact messages; over 1,000 lines of tables of cases), the byte matcher (UTF-8 cut inside a token,
  * can-end and done), integer ranges of the schema compiler checked number by number, the trie
  * mask against the token-by-token reference on a small vocabulary and on the default model's,
  * and generation with temperature (random text forced through the grammar) on a random-weight
