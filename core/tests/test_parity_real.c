@@ -26,20 +26,6 @@ static int load_fixture(const char *name, tu_oracle *fx) {
     return ok ? 0 : -1;
 }
 
-/* the models/ folder beside the default model */
-static char *model_file(const char *name) {
-    const char *def = getenv("KVGEN_DEFAULT_MODEL");
-    char *p = malloc(2048);
-    if (def && strrchr(def, '/')) snprintf(p, 2048, "%.*s/%s", (int)(strrchr(def, '/') - def), def, name);
-    else snprintf(p, 2048, "models/%s", name);
-    FILE *f = fopen(p, "rb");
-    if (!f) {
-        free(p);
-        return NULL;
-    }
-    fclose(f);
-    return p;
-}
 
 typedef struct result {
     int top1, margin_ok, margin_total;
@@ -86,7 +72,7 @@ static char *read_text(const char *name) {
 }
 
 static void check_file(const char *file, const char *fixture_name, const char *text_name) {
-    char *path = model_file(file);
+    char *path = tu_model_file(file);
     if (!path) {
         printf("%s: absent (scripts/fetch_model.sh --all fetches it): skipped\n", file);
         return;

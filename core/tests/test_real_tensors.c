@@ -10,19 +10,6 @@
 #include "kvg_quant.h"
 #include "testutil.h"
 
-static char *model_file(const char *name) {
-    const char *def = getenv("KVGEN_DEFAULT_MODEL");
-    char *p = malloc(2048);
-    if (def && strrchr(def, '/')) snprintf(p, 2048, "%.*s/%s", (int)(strrchr(def, '/') - def), def, name);
-    else snprintf(p, 2048, "models/%s", name);
-    FILE *f = fopen(p, "rb");
-    if (!f) {
-        free(p);
-        return NULL;
-    }
-    fclose(f);
-    return p;
-}
 
 /* sum of bits(x[i]) * (2i + 1), mod 2^64, over the tensor's rows in order */
 static uint64_t tensor_hash(const kvg_tensor *t, float *row) {
@@ -40,7 +27,7 @@ static uint64_t tensor_hash(const kvg_tensor *t, float *row) {
 }
 
 static void check_file(const char *file, const char *fixture) {
-    char *path = model_file(file);
+    char *path = tu_model_file(file);
     if (!path) {
         printf("%s: absent (scripts/fetch_model.sh --all fetches it): skipped\n", file);
         return;

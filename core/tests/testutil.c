@@ -198,3 +198,17 @@ void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg) {
     CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "vulkan %s child: status %d", what, status);
 }
 #endif
+
+char *tu_model_file(const char *name) {
+    const char *def = getenv("KVGEN_DEFAULT_MODEL");
+    char *p = malloc(2048);
+    if (def && strrchr(def, '/')) snprintf(p, 2048, "%.*s/%s", (int)(strrchr(def, '/') - def), def, name);
+    else snprintf(p, 2048, "models/%s", name);
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        free(p);
+        return NULL;
+    }
+    fclose(f);
+    return p;
+}

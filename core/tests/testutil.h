@@ -53,6 +53,9 @@ _Noreturn void tu_skip(const char *why);
 const char *tu_model_path(void);
 /* $KVGEN_TESTDATA/<rel> (static buffer per call site is not needed: returns malloc'd, caller frees) */
 char *tu_testdata(const char *rel);
+/* `name` in the models/ folder beside the default model (KVGEN_DEFAULT_MODEL, else ./models);
+ * NULL when that file is not there; free() it. */
+char *tu_model_file(const char *name);
 /* a scratch directory for this test (created); returns malloc'd "<dir>/<name>" */
 char *tu_tmpfile(const char *name);
 /* builds a random-weight model by running kvgen-mkmodel with `args`; returns malloc'd path or NULL */
