@@ -17,7 +17,7 @@
 #include "kvg_error.h"
 #include "kvg_host.h"
 #include "kvg_platform.h"
-#include "kvg_quant.h"
+#include "kvg_types.h"
 #include "kvg_str.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
