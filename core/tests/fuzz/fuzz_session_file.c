@@ -11,7 +11,7 @@
 
 static kvgen_model *g_model;
 
-/* the checksum of session files (core/session/session_file.c): FNV-1a folded 8 bytes at a time
+/* the checksum of session files (core/generate/session_file.c): FNV-1a folded 8 bytes at a time
  * with a splitmix finaliser, over every byte before the last 8 */
 static uint64_t session_checksum(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull, word = 0;
