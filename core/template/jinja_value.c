@@ -292,17 +292,20 @@ void kvg_jv_fmt_float(char *buf, size_t size, double f) {
     if (!strpbrk(buf, ".en")) strncat(buf, ".0", size - strlen(buf) - 1);
 }
 
-static void repr(jx *x, sbuf *b, const jv *v, int top);
+static void repr(jx *x, sbuf *b, const jv *v, int top, int level);
 
 const jstr *kvg_jv_str(jx *x, const jv *v) {
     if (v->t == V_STR) return v->s;
     sbuf b = {0};
-    repr(x, &b, v, 1);
+    repr(x, &b, v, 1, 0);
     return kvg_sb_done(x, &b);
 }
 
-static void repr(jx *x, sbuf *b, const jv *v, int top) {
+/* A list or dict may hold itself (a namespace attribute set to the namespace): every walk over
+ * a value's members stops at MAX_DEPTH levels with an error instead of recursing forever. */
+static void repr(jx *x, sbuf *b, const jv *v, int top, int level) {
     char num[64];
+    if (level > MAX_DEPTH) kvg_jx_fail(x, x->at, "value nested more than %d deep (or holding itself) cannot be printed", MAX_DEPTH);
     switch (v->t) {
     case V_UNDEF: break;
     case V_NONE: kvg_sb_c(x, b, "None"); break;
@@ -329,7 +332,7 @@ static void repr(jx *x, sbuf *b, const jv *v, int top) {
         kvg_sb_c(x, b, v->l->tuple ? "(" : "[");
         for (size_t i = 0; i < v->l->n; i++) {
             if (i) kvg_sb_c(x, b, ", ");
-            repr(x, b, &v->l->v[i], 0);
+            repr(x, b, &v->l->v[i], 0, level + 1);
         }
         kvg_sb_c(x, b, v->l->tuple ? (v->l->n == 1 ? ",)" : ")") : "]");
         break;
@@ -338,9 +341,9 @@ static void repr(jx *x, sbuf *b, const jv *v, int top) {
         for (size_t i = 0; i < v->d->n; i++) {
             if (i) kvg_sb_c(x, b, ", ");
             jv k = mk_str(v->d->k[i]);
-            repr(x, b, &k, 0);
+            repr(x, b, &k, 0, level + 1);
             kvg_sb_c(x, b, ": ");
-            repr(x, b, &v->d->v[i], 0);
+            repr(x, b, &v->d->v[i], 0, level + 1);
         }
         kvg_sb_c(x, b, "}");
         break;
@@ -349,8 +352,9 @@ static void repr(jx *x, sbuf *b, const jv *v, int top) {
 }
 
 
-int kvg_jv_equal(jx *x, const jv *a, const jv *b) {
+static int equal(jx *x, const jv *a, const jv *b, int level) {
     kvg_jx_charge(x, 1);
+    if (level > MAX_DEPTH) kvg_jx_fail(x, x->at, "values nested more than %d deep (or holding themselves) cannot be compared", MAX_DEPTH);
     if (num(a) && num(b)) {
         if (a->t == V_FLOAT || b->t == V_FLOAT) return as_f(a) == as_f(b);
         return as_i(a) == as_i(b);
@@ -365,13 +369,13 @@ int kvg_jv_equal(jx *x, const jv *a, const jv *b) {
     case V_LIST:
         if (a->l->n != b->l->n) return 0;
         for (size_t i = 0; i < a->l->n; i++)
-            if (!kvg_jv_equal(x, &a->l->v[i], &b->l->v[i])) return 0;
+            if (!equal(x, &a->l->v[i], &b->l->v[i], level + 1)) return 0;
         return 1;
     case V_DICT:
         if (a->d->n != b->d->n) return 0;
         for (size_t i = 0; i < a->d->n; i++) {
             jv *o = kvg_jdict_find(b->d, a->d->k[i]->p, a->d->k[i]->n);
-            if (!o || !kvg_jv_equal(x, &a->d->v[i], o)) return 0;
+            if (!o || !equal(x, &a->d->v[i], o, level + 1)) return 0;
         }
         return 1;
     case V_MACRO: return a->m == b->m;
@@ -379,6 +383,8 @@ int kvg_jv_equal(jx *x, const jv *a, const jv *b) {
     default: return 0;
     }
 }
+
+int kvg_jv_equal(jx *x, const jv *a, const jv *b) { return equal(x, a, b, 0); }
 
 int kvg_jv_compare(jx *x, const jv *a, const jv *b, size_t pos) {
     if (num(a) && num(b)) {

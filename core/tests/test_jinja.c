@@ -194,6 +194,15 @@ static const bound_case BOUNDS[] = {
      "-9223372036854775808 True", NULL},
     /* unbounded output and recursion end with an error */
     {"macro recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, "macro calls nested"},
+    {"a namespace holding itself, printed", "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}", NULL,
+     "holding itself"},
+    {"a namespace holding itself, compared", "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns == ns }}", NULL,
+     "holding themselves"},
+    {"a namespace holding itself, as JSON", "{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns | tojson }}", NULL,
+     "nested too deeply"},
+    {"a list nested past the bound, printed",
+     "{% set ns = namespace(l=[]) %}{% for i in range(300) %}{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l }}", NULL,
+     "nested more than"},
     {"a string repeated past the output bound", "{% set s = 'xxxxxxxxxxxxxxxx' %}{{ s * 100000000 }}", NULL, ""},
 };
 
