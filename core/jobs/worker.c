@@ -6,12 +6,17 @@
  * the worker. One mutex (kvg_worker.mu) guards the job list and every field the host can see;
  * the worker holds it to plan a step and to publish its results, never while the model runs,
  * so a poll waits at most for that bookkeeping. A step:
- *   plan (locked)    pick the jobs to advance: every generating session (up to max_batch) and
- *                    the one prompt that most deserves a prefill chunk; mark them in_step;
- *   run (unlocked)   one prefill chunk; then every generating job samples its token
- *                    (kvg_gen_sample), the tokens are decoded together as one batch
- *                    (kvg_session_decode_batch: one backend forward pass), and each job commits
- *                    its token (kvg_gen_commit: text, stop strings, finish);
+ *   plan (locked)    pick the jobs to advance: every generating session (up to max_batch), the
+ *                    one prompt that most deserves a prefill chunk, and the other waiting
+ *                    prompts (riders); mark them in_step;
+ *   run (unlocked)   the prompts are started (a chat turn rendered); those whose rest fits a
+ *                    page and the step's budget of prefill_chunk prompt tokens ride with the
+ *                    decodes, the chosen one, if longer, runs one prefill chunk on its own; then
+ *                    every generating job samples its token (kvg_gen_sample), the tokens and the
+ *                    riders' prompts run together as one batch (kvg_session_run_batch: one
+ *                    backend forward pass, each weight read once for all), and each job commits
+ *                    its token (kvg_gen_commit: text, stop strings, finish); a rider whose prompt
+ *                    ran begins generating, and samples its first token in the next step;
  *   commit (locked)  text, states and timing become visible; released final jobs are freed.
  * A job is touched by the worker only while in_step, and by the host (close, cancel, release)
  * only while it is not, which is what makes session close and release safe: close waits for
@@ -69,6 +74,7 @@ struct kvgen_job {
     bool cancel;    /* asked for; the worker sees it at the next plan */
     bool detaching; /* its session is closing: never planned again */
     bool released, in_step, final_reported;
+    bool wrider, wserved; /* in this step as a rider; its prompt ran (then it counts as served) */
     kvg_buf out; /* produced, not yet polled */
     size_t prompt_total, prompt_done;
     int n_gen;
@@ -112,11 +118,13 @@ typedef struct kvg_worker {
     kvgen_jobs_stats stats;
     kvgen_jobs_stats wstats; /* the worker's counters, copied into stats at each commit */
     /* the worker's scratch */
-    kvgen_job **plan;
+    kvgen_job **plan, **ride, **ride_now; /* ride_now: the riders of the running step */
     size_t plan_cap;
-    kvgen_session **flush; /* a decode step's sessions, jobs, tokens and outcomes */
+    kvgen_session **flush; /* a batch's sessions, jobs, tokens and outcomes */
     kvgen_job **flush_jobs;
     int32_t *flush_tokens;
+    const int32_t **flush_ptrs;
+    int *flush_counts;
     kvgen_status *flush_status;
     kvgen_error *flush_errs;
 } kvg_worker;
@@ -405,6 +413,10 @@ static void kvg_worker_stop(kvgen_model *m) {
 static void worker_free(void *value) {
     kvg_worker *w = value;
     kvg_free(w->plan);
+    kvg_free(w->ride);
+    kvg_free(w->ride_now);
+    kvg_free(w->flush_ptrs);
+    kvg_free(w->flush_counts);
     kvg_free(w->flush);
     kvg_free(w->flush_jobs);
     kvg_free(w->flush_tokens);
@@ -705,6 +717,8 @@ typedef struct step_plan {
     kvgen_job *prefill;  /* one job to start or prefill a chunk of, or NULL */
     kvgen_job **decode;  /* generating jobs */
     int n_decode;
+    kvgen_job **ride;    /* other waiting prompts, best first: started, and run with the decodes if short */
+    int n_ride;
     int chunk;
 } step_plan;
 
@@ -719,13 +733,21 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
         int32_t *tokens = kvg_realloc(w->flush_tokens, n_jobs * sizeof *tokens);
         kvgen_status *status = kvg_realloc(w->flush_status, n_jobs * sizeof *status);
         kvgen_error *errs = kvg_realloc(w->flush_errs, n_jobs * sizeof *errs);
+        kvgen_job **ride = kvg_realloc(w->ride, n_jobs * sizeof *ride);
+        kvgen_job **ride_now = kvg_realloc(w->ride_now, n_jobs * sizeof *ride_now);
+        if (ride_now) w->ride_now = ride_now;
+        const int32_t **ptrs = kvg_realloc(w->flush_ptrs, n_jobs * sizeof *ptrs);
+        int *counts = kvg_realloc(w->flush_counts, n_jobs * sizeof *counts);
+        if (ride) w->ride = ride;
+        if (ptrs) w->flush_ptrs = ptrs;
+        if (counts) w->flush_counts = counts;
         if (plan) w->plan = plan;
         if (flush) w->flush = flush;
         if (flush_jobs) w->flush_jobs = flush_jobs;
         if (tokens) w->flush_tokens = tokens;
         if (status) w->flush_status = status;
         if (errs) w->flush_errs = errs;
-        if (!plan || !flush || !flush_jobs || !tokens || !status || !errs)
+        if (!plan || !flush || !flush_jobs || !tokens || !status || !errs || !ride || !ride_now || !ptrs || !counts)
             return false; /* retried when the next job arrives */
         w->plan_cap = n_jobs;
     }
@@ -734,6 +756,8 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
     p->prefill = NULL;
     p->decode = w->plan;
     p->n_decode = 0;
+    p->ride = w->ride;
+    p->n_ride = 0;
     /* the jobs of a model whose sessions generate their replies themselves (a remote model's)
      * are requests: every running one is stepped (its reply read), and queued ones start while
      * fewer than its max_requests (remote_max_requests) are running */
@@ -756,15 +780,28 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
             memmove(p->decode + at + 1, p->decode + at, (size_t)(n - at) * sizeof *p->decode);
             p->decode[at] = j;
             if (p->n_decode < max_batch) p->n_decode++;
-        } else if (!p->prefill || before(j, p->prefill)) {
-            p->prefill = j;
+        } else {
+            /* every waiting prompt, sorted; the best is the prefill job */
+            int at = p->n_ride;
+            while (at > 0 && before(j, p->ride[at - 1])) at--;
+            memmove(p->ride + at + 1, p->ride + at, (size_t)(p->n_ride - at) * sizeof *p->ride);
+            p->ride[at] = j;
+            p->n_ride++;
         }
     }
+    if (p->n_ride > 0) {
+        p->prefill = p->ride[0];
+        p->ride++;
+        p->n_ride--;
+    }
+    int room = max_batch - (max_batch < p->n_decode ? max_batch : p->n_decode); /* the batch's rest */
+    if (p->n_ride > room) p->n_ride = room;
     /* such a model also steps to close the requests of sessions that closed */
     if (!p->prefill && p->n_decode == 0) return w->replies && w->kind->has_freed(w->m);
     w->step_no++;
     if (p->prefill) p->prefill->in_step = true;
     for (int i = 0; i < p->n_decode; i++) p->decode[i]->in_step = true;
+    for (int i = 0; i < p->n_ride; i++) p->ride[i]->in_step = p->ride[i]->wrider = true;
     for (kvgen_job *j = w->head; j; j = j->next)
         if (j->in_step) {
             j->wcancel = j->cancel;
@@ -778,7 +815,7 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
             j->wt_first = j->t_first;
             j->wt_last = j->t_last;
             j->wt_end = j->t_end;
-            j->last_served = w->step_no;
+            if (!j->wrider) j->last_served = w->step_no;
         }
     return true;
 }
@@ -841,32 +878,74 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
     return st == KVGEN_OK;
 }
 
-static void prefill_step(kvg_worker *w, kvgen_job *j, int chunk) {
+/* PREFILLING -> GENERATING, once the whole prompt ran */
+static void begin_generating(kvgen_job *j) {
     kvgen_error e = {0};
-    if (j->wcancel) {
-        end_job(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED);
-        return;
-    }
-    if (j->wstate == KVGEN_JOB_QUEUED && !start_job(j, &e)) {
-        fail_job(j, &e);
-        return;
-    }
-    size_t left = j->wprompt_total - j->wprompt_done;
-    if (left > 0) {
-        size_t n = left < (size_t)chunk ? left : (size_t)chunk;
-        if (kvgen_session_prefill(j->s, j->prompt_toks.v + j->wprompt_done, n, NULL, &e) != KVGEN_OK) {
-            fail_job(j, &e);
-            return;
-        }
-        j->wprompt_done += n;
-        w->wstats.prefill_chunks++;
-    }
-    if (j->wprompt_done < j->wprompt_total) return;
     if (kvgen_gen_begin(j->s, &j->gen, &j->g, &e) != KVGEN_OK) {
         fail_job(j, &e);
         return;
     }
     j->wstate = KVGEN_JOB_GENERATING;
+}
+
+/* A waiting job started (a QUEUED one's prompt built): how many prompt tokens it has left to
+ * run, or -1 when it has none (it ended, cancelled or failed, or began generating). */
+static int prompt_left(kvgen_job *j) {
+    kvgen_error e = {0};
+    if (j->wcancel) {
+        end_job(j, KVGEN_JOB_CANCELLED, KVGEN_FINISH_CANCELLED);
+        return -1;
+    }
+    if (j->wstate == KVGEN_JOB_QUEUED && !start_job(j, &e)) {
+        fail_job(j, &e);
+        return -1;
+    }
+    size_t left = j->wprompt_total - j->wprompt_done;
+    if (left == 0) {
+        begin_generating(j);
+        return -1;
+    }
+    return left > (size_t)INT32_MAX ? INT32_MAX : (int)left;
+}
+
+/* One chunk of a started job's prompt on its own (a prompt longer than the step's budget). */
+static void prefill_chunk(kvg_worker *w, kvgen_job *j, int left, int chunk) {
+    kvgen_error e = {0};
+    size_t n = left < chunk ? (size_t)left : (size_t)chunk;
+    if (kvgen_session_prefill(j->s, j->prompt_toks.v + j->wprompt_done, n, NULL, &e) != KVGEN_OK) {
+        fail_job(j, &e);
+        return;
+    }
+    j->wprompt_done += n;
+    w->wstats.prefill_chunks++;
+    if (j->wprompt_done == j->wprompt_total) begin_generating(j);
+}
+
+/* The step's prompts: the chosen one and then the other riders, best first, are started; each
+ * whose rest fits what is left of the budget of `chunk` tokens joins riders[] (its rest runs
+ * in the batch); the chosen one, if longer, runs a chunk on its own. Returns the riders. */
+static int plan_prompts(kvg_worker *w, step_plan *p, kvgen_job **riders) {
+    int budget = p->chunk, nr = 0;
+    if (p->prefill) {
+        int left = prompt_left(p->prefill);
+        if (left > 0 && left <= budget) {
+            riders[nr++] = p->prefill;
+            budget -= left;
+        } else if (left > 0) {
+            prefill_chunk(w, p->prefill, left, p->chunk);
+            budget = 0;
+        }
+    }
+    for (int i = 0; i < p->n_ride; i++) {
+        kvgen_job *j = p->ride[i];
+        if (budget <= 0 && !j->wcancel) continue; /* untouched until a later step */
+        int left = prompt_left(j);
+        if (left > 0 && left <= budget) {
+            riders[nr++] = j;
+            budget -= left;
+        }
+    }
+    return nr;
 }
 
 /* A job's step text: appended to what the host will see at commit. */
@@ -885,8 +964,9 @@ static void add_step_text(kvgen_job *j, kvgen_status st, const kvgen_gen_step *s
     }
 }
 
-/* Every generating job samples; their tokens run as one batch; each commits its own. */
-static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
+/* Every generating job samples; their tokens and the riders' prompts run as one batch; each
+ * generating job commits its token, each rider whose prompt ran begins generating. */
+static void decode_step(kvg_worker *w, kvgen_job **jobs, int n, kvgen_job **riders, int nr) {
     kvgen_gen_step step[1];
     int nb = 0;
     for (int i = 0; i < n; i++) {
@@ -901,9 +981,33 @@ static void decode_step(kvg_worker *w, kvgen_job **jobs, int n) {
         }
         w->flush[nb] = j->s;
         w->flush_jobs[nb] = j;
-        w->flush_tokens[nb++] = tok;
+        w->flush_tokens[nb] = tok;
+        w->flush_ptrs[nb] = &w->flush_tokens[nb];
+        w->flush_counts[nb++] = 1;
     }
-    if (nb > 0) kvg_session_decode_batch(w->flush, w->flush_tokens, nb, false, w->flush_status, w->flush_errs);
+    int nd = nb; /* the decodes, then the riders */
+    for (int i = 0; i < nr; i++) {
+        kvgen_job *j = riders[i];
+        w->flush[nb] = j->s;
+        w->flush_jobs[nb] = j;
+        w->flush_ptrs[nb] = j->prompt_toks.v + j->wprompt_done;
+        w->flush_counts[nb++] = (int)(j->wprompt_total - j->wprompt_done);
+    }
+    if (nb > 0)
+        kvg_session_run_batch(w->flush, w->flush_ptrs, w->flush_counts, nb, false, w->flush_status, w->flush_errs);
+    for (int a = nd; a < nb; a++) {
+        kvgen_job *j = w->flush_jobs[a];
+        j->wserved = true;
+        if (w->flush_status[a] != KVGEN_OK) {
+            fail_job(j, &w->flush_errs[a]);
+            continue;
+        }
+        j->wprompt_done = j->wprompt_total;
+        w->wstats.prefill_chunks++;
+        w->wstats.prompts_batched++;
+        begin_generating(j);
+    }
+    nb = nd;
     int ran = 0;
     for (int a = 0; a < nb; a++) ran += w->flush_status[a] == KVGEN_OK;
     if (ran > 0) {
@@ -985,6 +1089,8 @@ static void commit_step(kvg_worker *w) {
         next = j->next;
         if (!j->in_step) continue;
         j->in_step = false;
+        if (j->wserved) j->last_served = w->step_no;
+        j->wrider = j->wserved = false;
         if (j->wout.n > 0) {
             if (kvg_buf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
         }
@@ -1025,8 +1131,8 @@ static void *worker_main(void *arg) {
         if (w->replies) {
             reply_step(w, p.decode, p.n_decode);
         } else {
-            if (p.prefill) prefill_step(w, p.prefill, p.chunk);
-            if (p.n_decode > 0) decode_step(w, p.decode, p.n_decode);
+            int nr = plan_prompts(w, &p, w->ride_now);
+            if (p.n_decode > 0 || nr > 0) decode_step(w, p.decode, p.n_decode, w->ride_now, nr);
         }
         kvg_mutex_lock(&w->mu);
         commit_step(w);

@@ -87,6 +87,12 @@ kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err);
  * selection, as after a single decode. Returns the first failure, or KVGEN_OK. */
 kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *tokens, int n, bool host_logits,
                                       kvgen_status *status, kvgen_error *errs);
+/* The same with counts[i] > 0 tokens for ss[i] (tokens[i][0..counts[i])): short prompts of many
+ * sessions and their decodes as one batch. Each session ends as kvgen_session_prefill of its
+ * tokens would leave it (a session without a cache, or a sequence longer than a page, which the
+ * prefix cache may serve, runs on its own). */
+kvgen_status kvg_session_run_batch(kvgen_session *const *ss, const int32_t *const *tokens, const int *counts, int n,
+                                   bool host_logits, kvgen_status *status, kvgen_error *errs);
 /* KVGEN_OK unless a job on the session is not final (kvgen_session_busy) and the caller is not
  * the model's worker thread; then KVGEN_E_INVALID_ARGUMENT naming `fn` and the session. The
  * public calls that use a session start with it. */

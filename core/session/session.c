@@ -627,23 +627,25 @@ kvgen_status kvgen_session_decode(kvgen_session *s, int32_t token, kvgen_error *
     return kvgen_session_prefill(s, &token, 1, NULL, err);
 }
 
-/* One decode's checks, room and page (kvg_session_decode_batch): afterwards the token's
- * position n_tokens has a writable page; *held is the page count to go back to. */
-static kvgen_status decode_prepare(kvgen_session *s, int32_t token, size_t *held, kvgen_error *err) {
-    if (token < 0 || token >= s->model->w.hp.n_vocab)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token 0: id %d is outside the vocabulary [0, %d)", (int)token,
-                        s->model->w.hp.n_vocab);
-    kvgen_status st = make_room(s, 1, err);
+/* One sequence's checks, room and pages (kvg_session_run_batch): afterwards positions
+ * [n_tokens, n_tokens + n) have writable pages and hold the tokens; *held is the page count to
+ * go back to. */
+static kvgen_status batch_prepare(kvgen_session *s, const int32_t *tokens, int n, size_t *held, kvgen_error *err) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->model->w.hp.n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %d: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], s->model->w.hp.n_vocab);
+    kvgen_status st = make_room(s, (size_t)n, err);
     if (st != KVGEN_OK) return st;
     *held = s->n_pages;
-    st = reserve(s, s->n_tokens, s->n_tokens + 1, err);
+    st = reserve(s, s->n_tokens, s->n_tokens + (size_t)n, err);
     if (st != KVGEN_OK) return st;
-    s->tokens[s->n_tokens] = token;
+    memcpy(s->tokens + s->n_tokens, tokens, (size_t)n * sizeof *tokens);
     return KVGEN_OK;
 }
 
-kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *tokens, int n, bool host_logits,
-                                      kvgen_status *status, kvgen_error *errs) {
+kvgen_status kvg_session_run_batch(kvgen_session *const *ss, const int32_t *const *tokens, const int *counts, int n,
+                                   bool host_logits, kvgen_status *status, kvgen_error *errs) {
     enum { GROUP = 64 };
     kvgen_status all = KVGEN_OK;
     for (int done = 0; done < n; done += GROUP) {
@@ -656,15 +658,20 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *t
             kvgen_session *s = ss[i];
             kvgen_error *e = &errs[i];
             *e = (kvgen_error){0};
-            if (s->no_cache) { /* the whole sequence runs again: not a one-token sequence */
-                status[i] = kvgen_session_prefill(s, &tokens[i], 1, NULL, e);
+            if (counts[i] <= 0) {
+                status[i] = kvg_fail(e, KVGEN_E_INTERNAL, "a batch sequence of %d tokens", counts[i]);
                 continue;
             }
-            status[i] = decode_prepare(s, tokens[i], &held[nq], e);
+            if (s->no_cache || (size_t)counts[i] > page_size(s)) {
+                /* the whole sequence runs again, or the prefix cache may serve a page: alone */
+                status[i] = kvgen_session_prefill(s, tokens[i], (size_t)counts[i], NULL, e);
+                continue;
+            }
+            status[i] = batch_prepare(s, tokens[i], counts[i], &held[nq], e);
             if (status[i] != KVGEN_OK) continue;
             kvg_batch_seq *q = &seq[nq];
             *q = (kvg_batch_seq){.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = &s->tokens[s->n_tokens],
-                                 .n = 1,
+                                 .n = counts[i],
                                  .pos0 = (int)s->n_tokens};
             q->out = host_logits ? KVG_OUT_LAST : last_out(s, &q->select_k);
             if (q->out == KVG_OUT_LAST) q->logits = s->logits;
@@ -677,19 +684,38 @@ kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *t
         for (int a = 0; a < nq; a++) {
             kvgen_session *s = ss[which[a]];
             if (st != KVGEN_OK) {
-                drop_pages(s, held[a]); /* the reserved page goes back */
+                drop_pages(s, held[a]); /* the reserved pages go back */
                 s->has_logits = false;
                 status[which[a]] = st;
                 errs[which[a]] = ferr;
                 continue;
             }
-            s->n_tokens++;
+            size_t from = s->n_tokens;
+            s->n_tokens += (size_t)seq[a].n;
             s->has_logits = true;
             s->logits_on_device = seq[a].out == KVG_OUT_KEEP;
-            settle(s, s->n_tokens - 1);
+            settle(s, from);
         }
         for (int i = done; i < done + k; i++)
             if (status[i] != KVGEN_OK && all == KVGEN_OK) all = status[i];
+    }
+    return all;
+}
+
+kvgen_status kvg_session_decode_batch(kvgen_session *const *ss, const int32_t *tokens, int n, bool host_logits,
+                                      kvgen_status *status, kvgen_error *errs) {
+    enum { GROUP = 64 };
+    const int32_t *toks[GROUP];
+    int ones[GROUP];
+    kvgen_status all = KVGEN_OK;
+    for (int done = 0; done < n; done += GROUP) {
+        int k = n - done < GROUP ? n - done : GROUP;
+        for (int i = 0; i < k; i++) {
+            toks[i] = &tokens[done + i];
+            ones[i] = 1;
+        }
+        kvgen_status st = kvg_session_run_batch(ss + done, toks, ones, k, host_logits, status + done, errs + done);
+        if (st != KVGEN_OK && all == KVGEN_OK) all = st;
     }
     return all;
 }

@@ -128,7 +128,57 @@ static void test_batched_equals_sequential(kvgen_model *m, const char *what) {
     kvgen_jobs_get_stats(m, &st);
     CHECKF(st.max_batch_seen > 1, "%s: decodes were never batched (max batch %d)", what, st.max_batch_seen);
     CHECK(st.prefill_chunks - before.prefill_chunks >= 130 / 16);
+    /* the prompts of 1, 5 and 3 tokens and the last pieces of the others fit a step's budget */
+    CHECKF(st.prompts_batched - before.prompts_batched == N, "%s: %llu prompts ran with the decodes", what,
+           (unsigned long long)(st.prompts_batched - before.prompts_batched));
     CHECK(st.worker_running && st.jobs_active == 0);
+}
+
+/* Many sessions' one-token prompts (a crowd asked at once): each runs in a batch with the
+ * others' decodes, never a forward pass of its own, and every session ends as if it had been
+ * prefilled and generated alone. */
+static void test_short_prompts_batched(kvgen_model *m, const char *what) {
+    enum { N = 12, GEN = 6 };
+    kvgen_session *a[N], *b[N];
+    kvgen_job *jobs[N];
+    kvgen_error err = {0};
+    kvgen_jobs_desc jd = {0};
+    CHECK_OK(kvgen_jobs_configure(m, &jd, &err));
+    kvgen_jobs_stats before, st;
+    kvgen_jobs_get_stats(m, &before);
+    for (int i = 0; i < N; i++) {
+        kvgen_session_desc sd = {.n_ctx = 64, .no_prefix_reuse = 1, .seed = (uint64_t)i + 1, .temperature = 0.8f};
+        CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
+        CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
+        int32_t tok = (int32_t)(3 + i);
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &tok, .n_tokens = 1,
+                            .gen = {.max_tokens = GEN, .ignore_eog = 1}};
+        CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
+    }
+    for (int i = 0; i < N; i++) CHECK(wait_final(jobs[i]));
+    kvgen_jobs_get_stats(m, &st);
+    CHECKF(st.prompts_batched - before.prompts_batched == N && st.prefill_chunks - before.prefill_chunks == N,
+           "%s: %llu of %d prompts ran with the decodes (%llu pieces)", what,
+           (unsigned long long)(st.prompts_batched - before.prompts_batched), N,
+           (unsigned long long)(st.prefill_chunks - before.prefill_chunks));
+    for (int i = 0; i < N; i++) {
+        int32_t tok = (int32_t)(3 + i);
+        CHECK_OK(kvgen_session_prefill(b[i], &tok, 1, NULL, &err));
+        char text[1024];
+        size_t len = 0;
+        kvgen_finish fin;
+        kvgen_generate_desc gd = {.max_tokens = GEN, .ignore_eog = 1};
+        CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
+        size_t n = kvgen_session_length(a[i]);
+        CHECKF(n == 1 + GEN && n == kvgen_session_length(b[i]) &&
+                   memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
+               "%s session %d: tokens differ from a session alone", what, i);
+        CHECKF(memcmp(kvgen_session_logits(a[i]), kvgen_session_logits(b[i]), (size_t)g_vocab * sizeof(float)) == 0,
+               "%s session %d: logits are not bit-identical", what, i);
+        kvgen_job_release(jobs[i]);
+        kvgen_session_close(a[i]);
+        kvgen_session_close(b[i]);
+    }
 }
 
 /* A long prompt prefilled in chunks of 8 equals one prefill call: K/V and logits bit for bit. */
@@ -838,6 +888,7 @@ int main(void) {
     CHECK(strcmp(kvgen_job_state_name(KVGEN_JOB_PREFILLING), "prefilling") == 0);
 
     test_batched_equals_sequential(g_model, "paged");
+    test_short_prompts_batched(g_model, "reference");
     test_chunked_prefill();
     test_poll_structure();
     test_cancel_rollback();
@@ -847,6 +898,15 @@ int main(void) {
     test_busy_session(path);
     hammer_final_text(g_model, "reference", 200);
     kvgen_model_unload(g_model);
+    kvgen_model_desc cd = {.path = path, .backend = KVGEN_BACKEND_CPU, .n_threads = 2, .kv_pool_tokens = 64 * 1024};
+    kvgen_model *cm = NULL;
+    kvgen_error cerr = {0};
+    CHECK_OK(kvgen_model_load(&cd, &cm, &cerr));
+    if (cm) {
+        test_batched_equals_sequential(cm, "cpu");
+        test_short_prompts_batched(cm, "cpu");
+        kvgen_model_unload(cm);
+    }
     hammer_final_text_vulkan(path);
 
     test_shutdown(path);
