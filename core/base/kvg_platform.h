@@ -33,7 +33,10 @@
  *             fails with EINVAL); kvg_path_last_sep(path) its last '/' (or '\\' on Windows), or
  *             NULL
  *   mapping   kvg_map_file(fd, size): `size` bytes of open file fd read-only, or NULL with errno
- *             set; the mapping outlives the descriptor; kvg_unmap_file(addr, size)
+ *             set; the mapping outlives the descriptor; kvg_unmap_file(addr, size);
+ *             kvg_map_drop(addr, size): the whole pages of that range of a mapping leave the
+ *             process's resident memory (read from the file again if touched; a backend that
+ *             keeps its own copy of some bytes calls it)
  *   loading   kvg_dl_open(name, why, why_size): a shared library's handle, or NULL with a reason
  *             in why; kvg_dl_sym(lib, name) a function (NULL if absent; cast to its real type);
  *             kvg_dl_close(lib)
@@ -106,6 +109,7 @@ typedef struct stat kvg_stat_t;
 #define kvg_remove(path) remove(path)
 #define kvg_mkdir(path, mode) mkdir((path), (mode_t)(mode))
 void kvg_keep_mode(int fd, const kvg_stat_t *st);
+void kvg_map_drop(const void *addr, size_t size);
 
 #define kvg_unmap_file(addr, size) ((void)munmap((void *)(addr), (size)))
 
@@ -168,6 +172,7 @@ int kvg_mkdir(const char *path, int mode);
 #define kvg_keep_mode(fd, st) ((void)(fd), (void)(st))
 
 void kvg_unmap_file(const void *addr, size_t size);
+void kvg_map_drop(const void *addr, size_t size);
 #endif
 
 #endif

@@ -2,6 +2,8 @@
  * memory size, folder sync and dlopen; on Windows everything, on Win32 itself. */
 #if !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE  /* madvise (glibc) */
+#define _DARWIN_C_SOURCE /* madvise (macOS) */
 #endif
 #include "kvg_platform.h"
 #include <string.h>
@@ -10,7 +12,21 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+
+void kvg_map_drop(const void *addr, size_t size) {
+#ifdef MADV_DONTNEED
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || !addr) return;
+    uintptr_t a = ((uintptr_t)addr + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t e = ((uintptr_t)addr + size) / (uintptr_t)page * (uintptr_t)page;
+    if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+#else
+    (void)addr;
+    (void)size;
+#endif
+}
 
 void kvg_sleep_ns(uint64_t ns) {
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
@@ -408,6 +424,11 @@ void *kvg_map_file(int fd, size_t size) {
     if (!view) errno = errno_of(GetLastError());
     CloseHandle(map); /* the view keeps the mapping alive */
     return view;
+}
+
+void kvg_map_drop(const void *addr, size_t size) {
+    /* pages not locked leave the working set (read again from the file when touched) */
+    if (addr && size) (void)VirtualUnlock((void *)addr, size);
 }
 
 void kvg_unmap_file(const void *addr, size_t size) {

@@ -151,8 +151,11 @@ static void pack_groups(void *ctx, int begin, int end, int tid) {
 }
 
 /* t as the kernels of the model's path read it: repacked into memory of the backend's own
- * (the file stays mapped; the copy is the size of the tensor) where the kernel asks for it */
-static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *mx, kvgen_error *err) {
+ * where the kernel asks for it (the copy is the size of the tensor); the file stays mapped,
+ * but its pages of t leave resident memory, so the weights are held once (a later read of the
+ * file's bytes, such as a tied embedding's rows, brings back only what it touches) */
+static kvgen_status matrix_init(const kvgen_model *m, cpu_model *cm, const kvg_tensor *t, cpu_matrix *mx,
+                               kvgen_error *err) {
     *mx = (cpu_matrix){.t = t,
                        .k = cm->act8 ? kvg_qdot_kernel_fast(cm->isa, t->type) : kvg_qdot_kernel_of(cm->isa, t->type),
                        .rows = t->data};
@@ -171,6 +174,7 @@ static kvgen_status matrix_init(cpu_model *cm, const kvg_tensor *t, cpu_matrix *
     if (grouped) kvg_cpu_pool_run(cm->pool, (int)(t->ne[1] / KVG_QDOT_GROUP), pack_groups, &j);
     else kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);
     mx->rows = mx->own;
+    kvg_gguf_drop_bytes(m->gguf, t->data, row_bytes * (size_t)t->ne[1]);
     return KVGEN_OK;
 }
 
@@ -184,14 +188,14 @@ static kvgen_status matrices_init(kvgen_model *m, cpu_model *cm, kvgen_error *er
         const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
         for (int i = 0; i < N_MATRICES; i++) total += matrix_bytes(ts[i]);
     }
-    kvgen_status st = matrix_init(cm, m->w.output, &cm->output, err);
+    kvgen_status st = matrix_init(m, cm, m->w.output, &cm->output, err);
     done += matrix_bytes(m->w.output);
     if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
     for (int l = 0; st == KVGEN_OK && l < m->w.hp.n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
         const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
         for (int i = 0; st == KVGEN_OK && i < N_MATRICES; i++) {
-            st = matrix_init(cm, ts[i], &cm->layers[l].w[i], err);
+            st = matrix_init(m, cm, ts[i], &cm->layers[l].w[i], err);
             done += matrix_bytes(ts[i]);
             if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
         }

@@ -489,6 +489,10 @@ void kvg_gguf_close(kvg_gguf *g) {
 const char *kvg_gguf_path(const kvg_gguf *g) { return g->path; }
 uint32_t kvg_gguf_version(const kvg_gguf *g) { return g->version; }
 size_t kvg_gguf_file_size(const kvg_gguf *g) { return g->size; }
+void kvg_gguf_drop_bytes(const kvg_gguf *g, const void *p, size_t n) {
+    const unsigned char *b = p;
+    if (g && g->map && b >= g->map && n <= g->size && (size_t)(b - g->map) <= g->size - n) kvg_map_drop(p, n);
+}
 uint64_t kvg_gguf_alignment(const kvg_gguf *g) { return g->alignment; }
 const void *kvg_gguf_data_base(const kvg_gguf *g) {
     return g->data_offset <= g->size ? g->map + g->data_offset : NULL;

@@ -38,6 +38,9 @@ void kvg_gguf_close(kvg_gguf *g);
 const char *kvg_gguf_path(const kvg_gguf *g);
 uint32_t kvg_gguf_version(const kvg_gguf *g);
 size_t kvg_gguf_file_size(const kvg_gguf *g);
+/* The caller keeps its own copy of the n bytes at p (tensor data): where they lie in the file's
+ * mapping, its whole pages there leave resident memory (read again from the file if touched). */
+void kvg_gguf_drop_bytes(const kvg_gguf *g, const void *p, size_t n);
 
 /* metadata */
 int kvg_gguf_n_kv(const kvg_gguf *g);

@@ -469,6 +469,16 @@ const char *kvgen_chat_template_name(kvgen_session *s, kvgen_error *err) {
 /* a growable token list */
 typedef kvg_tokens toks;
 
+/* A tokenizer call that asked for `got` places: room for them after t's tokens. */
+static kvgen_status grow_for(toks *t, size_t got, kvgen_error *err) {
+    size_t cap = t->n + got + 64;
+    int32_t *v = kvg_realloc(t->v, cap * sizeof *v);
+    if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory for %zu tokens", cap);
+    t->v = v;
+    t->cap = cap;
+    return KVGEN_OK;
+}
+
 static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text, unsigned flags, kvgen_error *err) {
     size_t len = strlen(text);
     if (len == 0) return KVGEN_OK;
@@ -484,11 +494,8 @@ static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text,
             if (err) *err = e2;
             return st;
         }
-        size_t cap = t->n + got + 64;
-        int32_t *v = kvg_realloc(t->v, cap * sizeof *v);
-        if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory for %zu tokens", cap);
-        t->v = v;
-        t->cap = cap;
+        st = grow_for(t, got, err);
+        if (st != KVGEN_OK) return st;
     }
 }
 
@@ -511,11 +518,8 @@ static kvgen_status append_rendered(toks *t, const kvgen_model *m, const kvg_jin
             if (err) *err = e2;
             return st;
         }
-        size_t cap = t->n + got + 64;
-        int32_t *v = kvg_realloc(t->v, cap * sizeof *v);
-        if (!v) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory for %zu tokens", cap);
-        t->v = v;
-        t->cap = cap;
+        st = grow_for(t, got, err);
+        if (st != KVGEN_OK) return st;
     }
 }
 

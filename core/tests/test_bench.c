@@ -357,6 +357,10 @@ int main(void) {
     CHECKF(strstr(out, "prompt 32 tokens") && strstr(out, "decode at depth 64") && strstr(out, "no cache"),
            "table:\n%s", out);
     CHECKF(!strstr(out, "peer llama-bench"), "a peer figure without --peer:\n%s", out);
+    CHECKF(strstr(out, "reference: load "), "no load time:\n%s", out);
+#if defined(__linux__)
+    CHECKF(strstr(out, "resident memory"), "no resident memory after the load:\n%s", out);
+#endif
     free(out);
     char *text = tu_read_file(json, NULL);
     CHECKF(text != NULL, "%s was not written", json);
@@ -366,6 +370,10 @@ int main(void) {
         check_common(&r);
         check_backend(&r, 0, "reference");
         CHECK(get(&r, "backends[1].backend") == NULL);
+        positive(&r, "backends[0].load_seconds");
+#if defined(__linux__)
+        positive(&r, "backends[0].resident_bytes_after_load");
+#endif
         /* a host backend's probe reads host memory: a bandwidth and a ceiling, no dispatch time */
         positive(&r, "backends[0].probe.read_gbps");
         positive(&r, "backends[0].probe.decode_ceiling_tok_s");

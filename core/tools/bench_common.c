@@ -20,6 +20,17 @@ double bench_now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The process's resident memory in bytes (Linux: /proc/self/statm), or 0 where it is not known. */
+unsigned long long bench_resident_bytes(void) {
+    unsigned long long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%llu %llu", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? resident * (unsigned long long)page : 0;
+}
+
 double bench_load_average(void) {
     FILE *f = fopen("/proc/loadavg", "r");
     double v = -1;

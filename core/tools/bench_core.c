@@ -449,7 +449,11 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
                            .activation_bits = o->activation_bits, .progress = kvgen_cli_progress()};
+    r->rss_before = bench_resident_bytes();
+    double t_load = bench_now_s();
     st = kvgen_model_load(&md, &m, &err);
+    r->load_s = bench_now_s() - t_load;
+    r->rss_after = bench_resident_bytes();
     kvgen_cli_progress_end();
     if (st != KVGEN_OK) goto done;
     kvgen_model_info info;

@@ -62,6 +62,8 @@ typedef struct bench_result {
     double probe_gbps, probe_us;
     unsigned long long probe_bytes;
     double seconds; /* wall time of this backend's whole run */
+    double load_s;  /* kvgen_model_load's wall time */
+    unsigned long long rss_before, rss_after; /* resident bytes around the load (0: not known) */
 } bench_result;
 
 typedef struct bench_model {
@@ -86,6 +88,7 @@ typedef struct bench_peer {
 
 /* ---- bench_common.c ---- */
 double bench_now_s(void); /* a monotonic clock, in seconds */
+unsigned long long bench_resident_bytes(void); /* the process's resident memory; 0: not known */
 /* the 1-minute load average, or -1 where /proc/loadavg is absent: worth printing on a shared machine */
 double bench_load_average(void);
 long bench_online_cpus(void);

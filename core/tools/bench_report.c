@@ -193,6 +193,15 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
         printf("%s: %s%s (%.1f s)%s\n", res[i].name, res[i].ok ? "device " : "error: ",
                res[i].ok ? res[i].device : res[i].error, res[i].seconds,
                res[i].filled_by_restore ? "; deepest cache restored from the reference backend's saved session" : "");
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &res[i];
+        if (!r->ok) continue;
+        printf("%s: load %.2f s", r->name, r->load_s);
+        if (r->rss_after > 0)
+            printf("; resident memory %.1f MB after it (%+.1f MB; weights %.1f MB)", r->rss_after / 1e6,
+                   ((double)r->rss_after - (double)r->rss_before) / 1e6, bm->weight_bytes / 1e6);
+        printf("\n");
+    }
 
     for (int i = 0; i < n; i++) {
         const bench_result *r = &res[i];
@@ -324,6 +333,10 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
         bench_json_string(f, r->name);
         bench_json_text(f, ", \"ok\": %s, \"seconds\": ", r->ok ? "true" : "false");
         bench_json_number(f, r->seconds);
+        bench_json_text(f, ", \"load_seconds\": ");
+        bench_json_number(f, r->load_s);
+        bench_json_text(f, ", \"resident_bytes_after_load\": %llu, \"resident_bytes_before_load\": %llu", r->rss_after,
+                        r->rss_before);
         if (!r->ok) {
             bench_json_text(f, ", \"error\": ");
             bench_json_string(f, r->error);

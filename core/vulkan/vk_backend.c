@@ -348,6 +348,15 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, up_done, up_total, err);
     }
     if (st != KVGEN_OK) goto fail;
+    /* the device holds the matrices now: the file's pages of them leave host memory */
+    kvg_gguf_drop_bytes(m->gguf, w->tok_embd->data, w->tok_embd->nbytes);
+    if (!vm->tied) kvg_gguf_drop_bytes(m->gguf, w->output->data, w->output->nbytes);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const kvg_layer *src = &w->layers[l];
+        const kvg_tensor *ts[] = {src->wq, src->wk, src->wv, src->wo, src->w_gate, src->w_up, src->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i]) kvg_gguf_drop_bytes(m->gguf, ts[i]->data, ts[i]->nbytes);
+    }
 
     /* scratch */
     uint32_t C = vm->chunk;
