@@ -25,7 +25,7 @@
  * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
  * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
  * are used as the file stores them, but on the avx512vnni path, which packs the 32-element
- * types and Q4_K, Q5_K, Q6_K into groups of 16 rows (below).
+ * types and the K types (but Q8_K) into groups of 16 rows (below).
  *
  * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
  * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8
