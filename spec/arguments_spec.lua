@@ -21,22 +21,6 @@ local function many_stops()
 end
 local function bad_json() return { json = { { key = 'a"b', type = "number" } } } end
 
--- Spins on job:poll (it never blocks) until the job is final; gives up after `limit` tokens.
-local function poll_to_end(job, limit)
-  local deadline = os.time() + 120
-  local text = {}
-  while true do
-    local piece, done, finish = job:poll()
-    text[#text + 1] = piece
-    if done then return table.concat(text), finish end
-    if limit and job:info().n_tokens > limit then
-      job:cancel()
-      error("the job ran past " .. limit .. " tokens")
-    end
-    assert(os.time() < deadline, "the job did not finish")
-  end
-end
-
 -- The tokens a session holds after one short chat turn (the chat state shows in them: an open
 -- reply left behind would be closed before the next turn).
 local function after_turn(s)
@@ -226,7 +210,7 @@ describe("arguments (random model)", function()
     it("a job: max_tokens = -1 with on_full = 'shift'", function()
       local t <close> = m:session { context = 32, on_full = "shift" }
       local job <close> = t:submit("a prompt", { max_tokens = -1, ignore_eog = true })
-      local _, finish = poll_to_end(job, 1000)
+      local _, finish = support.poll_to_end(job, { limit = 1000 })
       assert.are.equal("length", finish)
       assert.are.equal(32, job:info().n_tokens)
     end)

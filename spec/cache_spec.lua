@@ -33,10 +33,7 @@ end
 describe("KV cache (random model)", function()
   local m
   setup(function() m = support.random_model() end)
-  teardown(function()
-    m:close()
-    support.cleanup()
-  end)
+  teardown(function() support.release(m) end)
 
   it("prefill of N tokens gives cache length N; each decode adds exactly one", function()
     check_phases(m, "The quick brown fox jumps over the lazy dog", 12)

@@ -19,18 +19,6 @@ local function turns(m, s)
   return got, text
 end
 
--- Spins on job:poll (never blocks) until the job is final; returns text, finish.
-local function poll_to_end(job)
-  local deadline = os.time() + 300
-  local text = {}
-  while true do
-    local piece, done, finish = job:poll()
-    text[#text + 1] = piece
-    if done then return table.concat(text), finish end
-    assert(os.time() < deadline, "the job did not finish")
-  end
-end
-
 local entries = {
   chat = function(s, msg, opts) return (s:chat(msg, opts)) end,
   chat_stream = function(s, msg, opts)
@@ -40,7 +28,7 @@ local entries = {
   end,
   submit_chat = function(s, msg, opts)
     local job <close> = s:submit_chat(msg, opts)
-    local text, finish = poll_to_end(job)
+    local text, finish = support.poll_to_end(job, { seconds = 300 })
     assert(finish ~= "error", job.error)
     return text
   end,

@@ -12,10 +12,7 @@ end
 describe("generation (random model)", function()
   local m, s
   setup(function() m = support.random_model() end)
-  teardown(function()
-    m:close()
-    support.cleanup()
-  end)
+  teardown(function() support.release(m) end)
   before_each(function() s = m:session() end)
   after_each(function() s:close() end)
 

@@ -35,18 +35,6 @@ local function drain(job)
   end
 end
 
--- Spins on job:poll until the job is final; returns text, finish.
-local function poll_to_end(job)
-  local deadline = os.time() + 120
-  local text = {}
-  while true do
-    local piece, done, finish = job:poll()
-    text[#text + 1] = piece
-    if done then return table.concat(text), finish end
-    assert(os.time() < deadline, "the job did not finish")
-  end
-end
-
 local function wait_until(cond)
   local deadline = os.time() + 120
   while not cond() do assert(os.time() < deadline, "timed out") end
@@ -55,11 +43,7 @@ end
 describe("jobs (random model)", function()
   local m
   setup(function() m = support.random_model { threads = 1 } end)
-  teardown(function()
-    m:close()
-    collectgarbage()
-    support.cleanup()
-  end)
+  teardown(function() support.release(m) end)
 
   -- A job that never ends by itself, however slowly the host runs beside the worker: the
   -- context shifts, and max_tokens is explicit (-1 would stop after one context of tokens,
@@ -118,7 +102,7 @@ describe("jobs (random model)", function()
       local want = a:generate("seeded", { max_tokens = 16, ignore_eog = true })
       local b <close> = m:session(opts)
       local job <close> = b:submit("seeded", { max_tokens = 16, ignore_eog = true })
-      assert.are.equal(want, (poll_to_end(job)))
+      assert.are.equal(want, (support.poll_to_end(job)))
     end)
 
     it("honours generation options: stop strings, choices", function()
@@ -205,14 +189,14 @@ describe("jobs (random model)", function()
     it("refuses a closed session and a session with a stream running", function()
       local s = m:session()
       local st = s:stream("x", { max_tokens = 4 })
-      assert.matches("busy: a kvgen.Stream is generating", error_of(s.submit, s, "y"))
-      assert.matches("busy: a kvgen.Stream is generating", error_of(s.submit_chat, s, "y"))
-      assert.matches("busy: a kvgen.Stream is generating", error_of(s.stream_async, s, "y"))
+      for _, name in ipairs { "submit", "submit_chat", "stream_async" } do
+        assert.matches("busy: a kvgen.Stream is generating", error_of(s[name], s, "y"))
+      end
       st:close()
       s:close()
-      assert.matches("attempt to use a closed kvgen.Session", error_of(s.submit, s, "y"))
-      assert.matches("attempt to use a closed kvgen.Session", error_of(s.submit_chat, s, "y"))
-      assert.matches("attempt to use a closed kvgen.Session", error_of(s.chat_stream_async, s, "y"))
+      for _, name in ipairs { "submit", "submit_chat", "chat_stream_async" } do
+        assert.matches("attempt to use a closed kvgen.Session", error_of(s[name], s, "y"))
+      end
     end)
 
     it("a failed job reports its error; the session is as it was", function()
@@ -311,7 +295,7 @@ describe("jobs (random model)", function()
       local a <close> = m:session()
       local want = a:generate("poll me", { max_tokens = 7, ignore_eog = true })
       local job <close> = s:submit("poll me", { max_tokens = 7, ignore_eog = true })
-      local text, finish = poll_to_end(job)
+      local text, finish = support.poll_to_end(job)
       assert.are.equal(want, text)
       assert.are.equal("length", finish)
       assert.are.same({ "", true, "length" }, { job:poll() })
@@ -391,7 +375,7 @@ describe("jobs (random model)", function()
       local q = s:submit_chat("never said", { max_tokens = 3 }) -- queued behind the endless job
       q:cancel()
       assert.are.equal("cancelled", q.state)
-      local text, finish = poll_to_end(q)
+      local text, finish = support.poll_to_end(q)
       assert.are.equal("", text)
       assert.are.equal("cancelled", finish)
       q:close()

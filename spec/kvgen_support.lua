@@ -109,4 +109,31 @@ function support.greedy(session, prompt, n)
   return out
 end
 
+-- Closes the model a describe block's setup loaded (if any), collects the module's garbage and
+-- removes the spec's temporary files: a block's teardown.
+function support.release(m)
+  if m then m:close() end
+  collectgarbage()
+  support.cleanup()
+end
+
+-- Spins on job:poll (it never blocks) until the job is final; returns text, finish. opts.limit:
+-- gives up (cancels the job, raises) after that many tokens; opts.seconds: how long it may take
+-- (120).
+function support.poll_to_end(job, opts)
+  local limit = opts and opts.limit
+  local deadline = os.time() + (opts and opts.seconds or 120)
+  local text = {}
+  while true do
+    local piece, done, finish = job:poll()
+    text[#text + 1] = piece
+    if done then return table.concat(text), finish end
+    if limit and job:info().n_tokens > limit then
+      job:cancel()
+      error("the job ran past " .. limit .. " tokens")
+    end
+    assert(os.time() < deadline, "the job did not finish")
+  end
+end
+
 return support

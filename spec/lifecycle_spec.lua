@@ -6,10 +6,7 @@ local error_of = support.error_of
 describe("session state (random model)", function()
   local m
   setup(function() m = support.random_model() end)
-  teardown(function()
-    m:close()
-    support.cleanup()
-  end)
+  teardown(function() support.release(m) end)
 
   describe("fork", function()
     it("continues from the same tokens, logits and sampler state", function()

@@ -39,11 +39,7 @@ end
 describe("robustness", function()
   local m, s
   setup(function() m = support.random_model { threads = 1 } end)
-  teardown(function()
-    m:close()
-    collectgarbage()
-    support.cleanup()
-  end)
+  teardown(function() support.release(m) end)
   before_each(function() s = m:session { seed = 3, temperature = 1.0 } end)
   after_each(function()
     s:close()
