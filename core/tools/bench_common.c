@@ -22,6 +22,7 @@ double bench_now_s(void) {
 
 /* The process's resident memory in bytes (Linux: /proc/self/statm), or 0 where it is not known. */
 unsigned long long bench_resident_bytes(void) {
+#if defined(__linux__)
     unsigned long long pages = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (!f) return 0;
@@ -29,6 +30,9 @@ unsigned long long bench_resident_bytes(void) {
     fclose(f);
     long page = sysconf(_SC_PAGESIZE);
     return page > 0 ? resident * (unsigned long long)page : 0;
+#else
+    return 0;
+#endif
 }
 
 double bench_load_average(void) {
