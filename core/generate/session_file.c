@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_hash.h"
 #include "kvg_platform.h"
 #include "kvg_session.h"
 #include "kvg_str.h"
@@ -51,74 +52,35 @@
 #define HEADER_BYTES 112
 enum { FLAG_LOGITS = 1, FLAG_NO_CACHE = 2, FLAG_PREFIX_REUSE = 4 };
 
-/* ---- hashing ------------------------------------------------------------------------------ */
-
-/* 64-bit FNV-1a folded 8 bytes at a time, with a splitmix finaliser: fast enough to checksum a
- * few hundred MiB of K/V, and any flipped bit changes the result. Not cryptographic. Bytes
- * are gathered into words across calls, so the result does not depend on how the data was
- * split into calls (save writes in sections, restore hashes the file in one go). */
-typedef struct hash64 {
-    uint64_t h, word;
-    int n; /* bytes in word */
-} hash64;
-
-#define HASH64_INIT {0xcbf29ce484222325ull, 0, 0}
-
-static void hash_bytes(hash64 *st, const void *data, size_t n) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        st->word |= (uint64_t)p[i] << (8 * st->n);
-        if (++st->n == 8) {
-            st->h = (st->h ^ st->word) * 0x100000001b3ull;
-            st->h ^= st->h >> 29;
-            st->word = 0;
-            st->n = 0;
-        }
-    }
-}
-
-static uint64_t hash_final(const hash64 *st) {
-    uint64_t h = (st->h ^ st->word ^ ((uint64_t)st->n << 59)) * 0x100000001b3ull;
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebull;
-    return h ^ (h >> 31);
-}
-
-static void hash_u64(hash64 *st, uint64_t v) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
-    hash_bytes(st, b, 8);
-}
+/* ---- hashing: kvg_hash.h ---------------------------------------------------------------- */
 
 /* Identifies a model's weights without reading all of them: the hyperparameters, every
  * tensor's name, type and shape, and 64 bytes from the start, middle and end of its data.
  * Two random-weight models of one shape differ in those samples. */
 uint64_t kvg_model_identity(const kvgen_model *m) {
-    hash64 st = HASH64_INIT;
+    kvg_hash64 st = KVG_HASH64_INIT;
     const kvg_hparams *hp = &m->w.hp;
     int ints[] = {hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->n_vocab};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) hash_u64(&st, (uint64_t)(uint32_t)ints[i]);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) kvg_hash64_add_u64(&st, (uint64_t)(uint32_t)ints[i]);
     uint32_t fb, fe;
     memcpy(&fb, &hp->rope_freq_base, 4);
     memcpy(&fe, &hp->rms_norm_eps, 4);
-    hash_u64(&st, fb);
-    hash_u64(&st, fe);
+    kvg_hash64_add_u64(&st, fb);
+    kvg_hash64_add_u64(&st, fe);
     int n = kvg_gguf_n_tensors(m->gguf);
     for (int i = 0; i < n; i++) {
         const kvg_tensor *t = kvg_gguf_tensor(m->gguf, i);
-        hash_bytes(&st, t->name, strlen(t->name) + 1);
-        hash_u64(&st, t->type);
-        for (int d = 0; d < 4; d++) hash_u64(&st, t->ne[d]);
+        kvg_hash64_add(&st, t->name, strlen(t->name) + 1);
+        kvg_hash64_add_u64(&st, t->type);
+        for (int d = 0; d < 4; d++) kvg_hash64_add_u64(&st, t->ne[d]);
         size_t sample = t->nbytes < 64 ? t->nbytes : 64;
         const unsigned char *data = t->data;
         if (!data || sample == 0) continue;
-        hash_bytes(&st, data, sample);
-        hash_bytes(&st, data + (t->nbytes - sample) / 2, sample);
-        hash_bytes(&st, data + t->nbytes - sample, sample);
+        kvg_hash64_add(&st, data, sample);
+        kvg_hash64_add(&st, data + (t->nbytes - sample) / 2, sample);
+        kvg_hash64_add(&st, data + t->nbytes - sample, sample);
     }
-    return hash_final(&st);
+    return kvg_hash64_final(&st);
 }
 
 /* ---- little-endian helpers ------------------------------------------------------------------- */
@@ -223,13 +185,13 @@ static size_t read_at(int fd, uint64_t off, void *buf, size_t n, int *error) {
 
 typedef struct file_writer {
     int fd;
-    hash64 sum;
+    kvg_hash64 sum;
     int error; /* errno of the first failed write, 0 while none failed */
 } file_writer;
 
 static void fw_write(file_writer *w, const void *data, size_t n) {
     if (w->error || n == 0) return;
-    hash_bytes(&w->sum, data, n);
+    kvg_hash64_add(&w->sum, data, n);
     const unsigned char *p = data;
     while (n > 0) {
         ssize_t k = write(w->fd, p, n);
@@ -340,14 +302,14 @@ static kvgen_status temp_open(const char *target, const kvg_stat_t *sb, const ch
         return kvg_fail(err, KVGEN_E_IO, "kvgen_session_save: %s%s%s: cannot create a temporary file next to it: %s",
                         path, arrow, shown, strerror(errno));
     if (sb->st_mode != 0) kvg_keep_mode(fd, sb); /* replacing a file: keep its permissions and owner */
-    *w = (file_writer){fd, HASH64_INIT, 0};
+    *w = (file_writer){fd, KVG_HASH64_INIT, 0};
     return KVGEN_OK;
 }
 
 static kvgen_status temp_commit(file_writer *w, kvgen_status st, char *tmp, const char *target, const char *path,
                                 const char *arrow, const char *shown, kvgen_error *err) {
     unsigned char sum[8];
-    put_u64(sum, hash_final(&w->sum));
+    put_u64(sum, kvg_hash64_final(&w->sum));
     fw_write(w, sum, 8);
     if (!w->error && kvg_fsync(w->fd) != 0) w->error = errno;
     if (close(w->fd) != 0 && !w->error) w->error = errno;
@@ -380,7 +342,7 @@ static kvgen_status save_kind(const kvgen_session *s, const char *path, const ch
     memcpy(header, REMOTE_MAGIC, 8);
     put_u32(header + 8, 1);
     put_u64(header + 16, n);
-    file_writer w = {-1, HASH64_INIT, 0};
+    file_writer w = {-1, KVG_HASH64_INIT, 0};
     char *tmp = NULL;
     kvgen_status st = temp_open(target, sb, path, arrow, shown, &w, &tmp, err);
     if (st == KVGEN_OK) {
@@ -466,7 +428,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     kvg_sampler_state_save(&s->sampler, sampler);
 
     char *tmp = NULL;
-    file_writer w = {-1, HASH64_INIT, 0};
+    file_writer w = {-1, KVG_HASH64_INIT, 0};
     st = temp_open(target, &sb, path, arrow, shown, &w, &tmp, err);
     if (st != KVGEN_OK) {
         kvg_free(sampler);
@@ -503,7 +465,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
 typedef struct file_reader {
     int fd;
     uint64_t off;
-    hash64 sum;
+    kvg_hash64 sum;
     int error;  /* errno of a failed read */
     bool short_read; /* the file ended early: it changed since it was measured */
 } file_reader;
@@ -512,7 +474,7 @@ static void fr_read(file_reader *r, void *buf, size_t n) {
     if (r->error || r->short_read || n == 0) return;
     size_t got = read_at(r->fd, r->off, buf, n, &r->error);
     if (!r->error && got < n) r->short_read = true;
-    hash_bytes(&r->sum, buf, got);
+    kvg_hash64_add(&r->sum, buf, got);
     r->off += got;
 }
 
@@ -598,7 +560,7 @@ static kvgen_status restore_kind(kvgen_model *model, int fd, uint64_t size, cons
                         "or too large", path, (unsigned long long)size);
     unsigned char *buf = kvg_malloc((size_t)size);
     if (!buf) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_restore: %s: out of memory", path);
-    file_reader r = {fd, 0, HASH64_INIT, 0, false};
+    file_reader r = {fd, 0, KVG_HASH64_INIT, 0, false};
     if (lseek(fd, 0, SEEK_SET) != 0) r.error = errno;
     if (!r.error) fr_read(&r, buf, (size_t)size);
     kvgen_status st = KVGEN_OK;
@@ -613,9 +575,9 @@ static kvgen_status restore_kind(kvgen_model *model, int fd, uint64_t size, cons
                       "header says %llu", path, (unsigned long long)size,
                       (unsigned long long)(get_u64(buf + 16) + REMOTE_HEADER + 8));
     } else {
-        hash64 hs = HASH64_INIT;
-        hash_bytes(&hs, buf, (size_t)size - 8);
-        if (hash_final(&hs) != get_u64(buf + size - 8))
+        kvg_hash64 hs = KVG_HASH64_INIT;
+        kvg_hash64_add(&hs, buf, (size_t)size - 8);
+        if (kvg_hash64_final(&hs) != get_u64(buf + size - 8))
             st = kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted (checksum mismatch)", path);
     }
     char who[300];
@@ -655,7 +617,7 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     float *kv = NULL, *logits = NULL;
     /* the header first, and nothing past it until its sizes agree with the file's */
     unsigned char h[HEADER_BYTES] = {0};
-    file_reader r = {fd, 0, HASH64_INIT, 0, false};
+    file_reader r = {fd, 0, KVG_HASH64_INIT, 0, false};
     size_t head = size < HEADER_BYTES ? (size_t)size : HEADER_BYTES;
     fr_read(&r, h, head);
     if (r.error || r.short_read) READ_FAILED(r);
@@ -704,10 +666,10 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     if (check_header(model, h, path, &why) != KVGEN_OK) {
         unsigned char stored[8];
         if (!hash_file(&r, file_bytes - 8)) READ_FAILED(r);
-        hash64 body_sum = r.sum;
+        kvg_hash64 body_sum = r.sum;
         fr_read(&r, stored, 8);
         if (r.error || r.short_read) READ_FAILED(r);
-        if (hash_final(&body_sum) != get_u64(stored))
+        if (kvg_hash64_final(&body_sum) != get_u64(stored))
             REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted: checksum mismatch", path);
         REFUSE(why.status, "%s", why.message);
     }
@@ -729,10 +691,10 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     if (flags & FLAG_LOGITS) fr_read(&r, logits, V * 4);
     fr_read(&r, kv, n_kv * 4);
     unsigned char stored[8];
-    hash64 body_sum = r.sum;
+    kvg_hash64 body_sum = r.sum;
     fr_read(&r, stored, 8);
     if (r.error || r.short_read) READ_FAILED(r);
-    if (hash_final(&body_sum) != get_u64(stored))
+    if (kvg_hash64_final(&body_sum) != get_u64(stored))
         REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: corrupted: checksum mismatch", path);
     close(fd);
     fd = -1;

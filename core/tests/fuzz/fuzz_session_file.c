@@ -7,31 +7,10 @@
  * that model with and without logits, shifted, with a sampler; written by this program:
  * KVGEN_FUZZ_WRITE_SEEDS=folder ./fuzz_session_file). */
 #include "fuzz_util.h"
+#include "kvg_hash.h"
 #include <sys/stat.h>
 
 static kvgen_model *g_model;
-
-/* the checksum of session files (core/generate/session_file.c): FNV-1a folded 8 bytes at a time
- * with a splitmix finaliser, over every byte before the last 8 */
-static uint64_t session_checksum(const uint8_t *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull, word = 0;
-    int k = 0;
-    for (size_t i = 0; i < n; i++) {
-        word |= (uint64_t)p[i] << (8 * k);
-        if (++k == 8) {
-            h = (h ^ word) * 0x100000001b3ull;
-            h ^= h >> 29;
-            word = 0;
-            k = 0;
-        }
-    }
-    h = (h ^ word ^ ((uint64_t)k << 59)) * 0x100000001b3ull;
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebull;
-    return h ^ (h >> 31);
-}
 
 static void put_u64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -96,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(buf, data + 1, n);
     if ((data[0] & 1) && n >= HEADER_BYTES + 8) {
         put_u64(buf + FILE_BYTES_AT, n);
-        put_u64(buf + n - 8, session_checksum(buf, n - 8));
+        put_u64(buf + n - 8, kvg_hash64_of(buf, n - 8));
     }
     if (!fuzz_write(path, buf, n)) return 0;
     kvgen_session *s = NULL;
