@@ -865,45 +865,13 @@ static const char *LONG_TEXT =
     "piece and rivet two plates over the weak spots. It will cost you ten gold and a story about where you "
     "got that scar.<|im_end|>\n";
 
-/* test_parity's fixtures: 65 tokens and llama.cpp's top-20 logits at each position */
+/* test_parity's fixtures (tu_oracle_load): 65 tokens and llama.cpp's top-20 logits at each
+ * position */
 #define FX_TOK 65
 #define FX_TOP 20
-typedef struct fixture {
-    int n;
-    int32_t tokens[FX_TOK];
-    int top_id[FX_TOK][FX_TOP];
-    float top_val[FX_TOK][FX_TOP];
-} fixture;
-
-static bool load_fixture(const char *name, fixture *fx) {
-    const char *dir = getenv("KVGEN_FIXTURES");
-    char path[1024], line[8192];
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", name);
-    FILE *f = fopen(path, "r");
-    if (!f) return false;
-    memset(fx, 0, sizeof *fx);
-    int rows = 0;
-    while (fgets(line, sizeof line, f)) {
-        char *p = line;
-        int off = 0, pos, k;
-        if (line[0] == '#') continue;
-        if (sscanf(p, "tokens %d%n", &fx->n, &off) == 1) {
-            p += off;
-            for (int i = 0; i < fx->n && i < FX_TOK && sscanf(p, "%d%n", &fx->tokens[i], &off) == 1; i++) p += off;
-        } else if (sscanf(p, "pos %d %d%n", &pos, &k, &off) == 2 && pos >= 0 && pos < FX_TOK && k == FX_TOP) {
-            p += off;
-            for (int j = 0; j < FX_TOP && sscanf(p, " %d:%f%n", &fx->top_id[pos][j], &fx->top_val[pos][j], &off) == 2;
-                 j++)
-                p += off;
-            rows++;
-        }
-    }
-    fclose(f);
-    return fx->n == FX_TOK && rows == FX_TOK;
-}
 
 /* top-1 agreements with the fixture, and the largest |diff| over its top-20 */
-static int against_fixture(const fixture *fx, const float *logits, int V, double *max_diff) {
+static int against_fixture(const tu_oracle *fx, const float *logits, int V, double *max_diff) {
     int same = 0;
     *max_diff = 0;
     for (int p = 0; p < FX_TOK; p++) {
@@ -915,18 +883,20 @@ static int against_fixture(const fixture *fx, const float *logits, int V, double
 }
 
 /* positions where the top-1 differs from the f32 fixture's */
-static int flips(const fixture *f32, const float *logits, int V) {
+static int flips(const tu_oracle *f32, const float *logits, int V) {
     int n = 0;
     for (int p = 0; p < FX_TOK; p++) n += argmax(logits + (size_t)p * V, V) != f32->top_id[p][0];
     return n;
 }
 
 static void test_llama_cpp(kvgen_model *cpu, kvgen_model *cpu8) {
-    static fixture f32, native;
-    if (!load_fixture("smollm2_oracle_logits.txt", &f32) || !load_fixture("smollm2_oracle_logits_native.txt", &native)) {
-        printf("llama.cpp fixtures absent: not compared\n");
+    static tu_oracle f32, native;
+    if (!tu_oracle_load("smollm2_oracle_logits.txt", FX_TOP, &f32) ||
+        !tu_oracle_load("smollm2_oracle_logits_native.txt", FX_TOP, &native))
         return;
-    }
+    CHECKF(f32.n_tok == FX_TOK && f32.n_pos == FX_TOK && native.n_tok == FX_TOK && native.n_pos == FX_TOK,
+           "llama.cpp fixtures: %d and %d tokens, %d and %d positions", f32.n_tok, native.n_tok, f32.n_pos, native.n_pos);
+    if (f32.n_pos != FX_TOK || native.n_pos != FX_TOK) return;
     kvgen_model_info info;
     kvgen_model_get_info(cpu, &info);
     float *logits = malloc((size_t)FX_TOK * info.n_vocab * sizeof(float));
