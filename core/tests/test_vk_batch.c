@@ -13,6 +13,7 @@
  *   one session at a time, and the worker did batch.
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -146,14 +147,22 @@ static bool wait_final(kvgen_job *j) {
     return false;
 }
 
-/* greedy tokens: jobs (batched by the worker) vs kvgen_generate one session at a time */
+/* greedy tokens: jobs (batched by the worker) vs kvgen_generate one session at a time. A job
+ * that generates without end (its context shifts) until cancelled at the end runs beside them,
+ * so every decode of theirs shares a batch with it, however fast the host submits. */
 static void test_greedy(kvgen_model *m, const char *what) {
     enum { N = 5, GEN = 10 };
     static const size_t lens[N] = {2, 9, 30, 50, 17};
-    kvgen_session *a[N] = {0}, *b[N] = {0};
-    kvgen_job *jobs[N] = {0};
+    kvgen_session *a[N] = {0}, *b[N] = {0}, *gate = NULL;
+    kvgen_job *jobs[N] = {0}, *gate_job = NULL;
     kvgen_error err = {0};
     int32_t prompt[64];
+    kvgen_session_desc gd0 = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(m, &gd0, &gate, &err));
+    tu_fill_tokens(prompt, 3, 299u, n_vocab);
+    kvgen_job_desc endless = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompt, .n_tokens = 3,
+                              .gen = {.max_tokens = INT_MAX, .ignore_eog = 1}};
+    if (gate) CHECK_OK(kvgen_job_submit(gate, &endless, &gate_job, &err));
     for (int i = 0; i < N; i++) {
         kvgen_session_desc sd = {.n_ctx = 128, .no_prefix_reuse = 1};
         CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
@@ -165,6 +174,15 @@ static void test_greedy(kvgen_model *m, const char *what) {
         CHECK_OK(kvgen_session_prefill(b[i], prompt, lens[i], NULL, &err));
     }
     for (int i = 0; i < N; i++) CHECK(jobs[i] && wait_final(jobs[i]));
+    if (gate_job) {
+        kvgen_job_info gi;
+        kvgen_job_get_info(gate_job, &gi);
+        CHECKF(gi.state == KVGEN_JOB_GENERATING, "%s: the endless job is %s", what, kvgen_job_state_name(gi.state));
+        kvgen_job_cancel(gate_job);
+        CHECK(wait_final(gate_job));
+        kvgen_job_release(gate_job);
+    }
+    kvgen_session_close(gate);
     for (int i = 0; i < N; i++) {
         char text[4096];
         size_t len = 0;
