@@ -9,9 +9,10 @@
  *   plan (locked)    pick the jobs to advance: every generating session (up to max_batch), the
  *                    one prompt that most deserves a prefill chunk, and the other waiting
  *                    prompts (riders); mark them in_step;
- *   run (unlocked)   the prompts are started (a chat turn rendered); those whose rest fits a
- *                    page and the step's budget of prefill_chunk prompt tokens ride with the
- *                    decodes, the chosen one, if longer, runs one prefill chunk on its own; then
+ *   run (unlocked)   the prompts are started (a chat turn rendered); those whose rest fits the
+ *                    step's budget of prefill_chunk prompt tokens ride with the decodes (a rest
+ *                    longer than a KV page runs alone, for the prefix cache), the chosen one, if
+ *                    longer than the budget, runs one prefill chunk on its own; then
  *                    every generating job samples its token (kvg_gen_sample), the tokens and the
  *                    riders' prompts run together as one batch (kvg_session_run_batch: one
  *                    backend forward pass, each weight read once for all), and each job commits

@@ -71,6 +71,32 @@ static kvgen_model *load(const char *path) {
     return m;
 }
 
+/* b, a fresh session like a, prefilled with the prompt and generating gen tokens alone, ends
+ * as a did through the worker: the same tokens, bit-identical logits, and (with a job) the
+ * job's text. */
+static void same_as_alone(kvgen_session *a, kvgen_session *b, const int32_t *prompt, size_t n_prompt, int gen,
+                          kvgen_job *job, const char *what, int i) {
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_prefill(b, prompt, n_prompt, NULL, &err));
+    char text[4096];
+    size_t len = 0;
+    kvgen_finish fin;
+    kvgen_generate_desc gd = {.max_tokens = gen, .ignore_eog = 1};
+    CHECK_OK(kvgen_generate(b, &gd, text, sizeof text, &len, &fin, &err));
+    size_t n = kvgen_session_length(a);
+    CHECKF(n == n_prompt + (size_t)gen && n == kvgen_session_length(b) &&
+               memcmp(kvgen_session_tokens(a), kvgen_session_tokens(b), n * sizeof(int32_t)) == 0,
+           "%s session %d: tokens differ from a session alone", what, i);
+    const float *la = kvgen_session_logits(a), *lb = kvgen_session_logits(b);
+    CHECKF(la && lb && memcmp(la, lb, (size_t)g_vocab * sizeof(float)) == 0,
+           "%s session %d: logits are not bit-identical to a session alone", what, i);
+    if (job) {
+        size_t tl;
+        const char *jt = kvgen_job_text(job, &tl);
+        CHECKF(tl == len && memcmp(jt, text, len) == 0, "%s session %d: job text differs", what, i);
+    }
+}
+
 /* Several sessions through the worker (batched decodes, chunked prompts) against the same
  * prompts prefilled in one call and generated sequentially: identical tokens and logits. */
 static void test_batched_equals_sequential(kvgen_model *m, const char *what) {
@@ -119,22 +145,7 @@ static void test_batched_equals_sequential(kvgen_model *m, const char *what) {
         CHECK(ji.n_tokens == 12 + i && ji.prompt_tokens == lens[i] && ji.prompt_done == lens[i]);
         CHECK(ji.queue_ms >= 0 && ji.first_token_ms >= ji.queue_ms && ji.total_ms >= ji.first_token_ms);
 
-        CHECK_OK(kvgen_session_prefill(b[i], prompts[i], lens[i], NULL, &err));
-        char text[4096];
-        size_t len = 0;
-        kvgen_finish fin;
-        kvgen_generate_desc gd = {.max_tokens = 12 + i, .ignore_eog = 1};
-        CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
-        size_t n = kvgen_session_length(a[i]);
-        CHECKF(n == kvgen_session_length(b[i]) &&
-                   memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
-               "%s session %d: batched tokens differ from sequential", what, i);
-        const float *la = kvgen_session_logits(a[i]), *lb = kvgen_session_logits(b[i]);
-        CHECKF(la && lb && memcmp(la, lb, (size_t)g_vocab * sizeof(float)) == 0,
-               "%s session %d: batched logits are not bit-identical", what, i);
-        size_t tl;
-        const char *jt = kvgen_job_text(jobs[i], &tl);
-        CHECKF(tl == len && memcmp(jt, text, len) == 0, "%s session %d: job text differs", what, i);
+        same_as_alone(a[i], b[i], prompts[i], lens[i], 12 + i, jobs[i], what, i);
         kvgen_job_release(jobs[i]);
         kvgen_session_close(a[i]);
         kvgen_session_close(b[i]);
@@ -180,18 +191,7 @@ static void test_short_prompts_batched(kvgen_model *m, const char *what) {
            (unsigned long long)(st.prefill_chunks - before.prefill_chunks));
     for (int i = 0; i < N; i++) {
         int32_t tok = (int32_t)(3 + i);
-        CHECK_OK(kvgen_session_prefill(b[i], &tok, 1, NULL, &err));
-        char text[1024];
-        size_t len = 0;
-        kvgen_finish fin;
-        kvgen_generate_desc gd = {.max_tokens = GEN, .ignore_eog = 1};
-        CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
-        size_t n = kvgen_session_length(a[i]);
-        CHECKF(n == 1 + GEN && n == kvgen_session_length(b[i]) &&
-                   memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
-               "%s session %d: tokens differ from a session alone", what, i);
-        CHECKF(memcmp(kvgen_session_logits(a[i]), kvgen_session_logits(b[i]), (size_t)g_vocab * sizeof(float)) == 0,
-               "%s session %d: logits are not bit-identical", what, i);
+        same_as_alone(a[i], b[i], &tok, 1, GEN, jobs[i], what, i);
         kvgen_job_release(jobs[i]);
         kvgen_session_close(a[i]);
         kvgen_session_close(b[i]);
