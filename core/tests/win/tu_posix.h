@@ -32,9 +32,19 @@ static inline char *tu_cmd_line(const char *cmd) {
     *o = 0;
     return out;
 }
+/* Wine's cmd.exe, starting programs from tests that run side by side, now and then reports a
+ * program that is there as unknown (exit code 9009) without running it. The program never ran,
+ * so starting it again repeats the same request: it is no second chance for a failing tool. */
 static inline int tu_system(const char *cmd) {
     char *c = tu_cmd_line(cmd);
     int rc = c ? system(c) : -1;
+    for (int again = 0; c && rc == 9009 && again < 5; again++) {
+        fprintf(stderr, "cmd.exe did not start the program (9009), starting it again: %s\n", c);
+        int ms = 200 << again;
+        struct timespec pause = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&pause, NULL);
+        rc = system(c);
+    }
     free(c);
     return rc;
 }
