@@ -297,17 +297,61 @@ static void kvg_chat_shifted(kvg_chat *c, size_t keep, size_t drop) {
     else if (c->reply_at > keep) c->reply_at = keep;
 }
 
-const kvg_chat_ops kvg_chat_state_ops = {kvg_chat_free,       kvg_chat_clone,      kvg_chat_state_size,
-                                         kvg_chat_state_save, kvg_chat_state_load, kvg_chat_shifted};
+/* The conversation hangs on its session as the chat layer's state (kvg_session_ext). */
+static void ext_free(void *c) { kvg_chat_free(c); }
+static kvgen_status ext_clone(void **dst, const void *src, kvgen_error *err) {
+    kvg_chat *c = NULL;
+    kvgen_status st = kvg_chat_clone(&c, src, err);
+    *dst = c;
+    return st;
+}
+static void ext_shifted(void *c, size_t keep, size_t drop) { kvg_chat_shifted(c, keep, drop); }
+static const kvg_session_ext_ops chat_ext = {"chat", ext_free, ext_clone, ext_shifted};
 
 static kvgen_status get_chat(kvgen_session *s, kvg_chat **out, kvgen_error *err) {
-    kvg_sampler *sm = kvg_session_sampler(s);
-    if (!sm->chat && !(sm->chat = kvg_calloc(1, sizeof *sm->chat)))
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
-    sm->chat_ops = &kvg_chat_state_ops;
-    *out = sm->chat;
+    kvg_chat *c = kvg_session_ext(s, &chat_ext);
+    if (!c) {
+        if (!(c = kvg_calloc(1, sizeof *c))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
+        kvgen_status st = kvg_session_set_ext(s, &chat_ext, c, err);
+        if (st != KVGEN_OK) {
+            kvg_free(c);
+            return st;
+        }
+    }
+    *out = c;
     return KVGEN_OK;
 }
+
+size_t kvg_chat_saved_size(const kvgen_session *s) {
+    const kvg_chat *c = kvg_session_ext(s, &chat_ext);
+    return c ? kvg_chat_state_size(c) : 0;
+}
+
+void kvg_chat_save(const kvgen_session *s, unsigned char *buf) {
+    const kvg_chat *c = kvg_session_ext(s, &chat_ext);
+    if (c) kvg_chat_state_save(c, buf);
+}
+
+kvgen_status kvg_chat_load(kvgen_session *s, const unsigned char *buf, size_t size, kvgen_error *err) {
+    kvg_chat *c = NULL;
+    kvgen_status st = size ? kvg_chat_state_load(&c, buf, size, err) : KVGEN_OK;
+    if (st == KVGEN_OK) st = kvg_session_set_ext(s, &chat_ext, c, err);
+    if (st != KVGEN_OK) kvg_chat_free(c);
+    return st;
+}
+
+kvgen_status kvg_chat_mark(const kvgen_session *s, kvg_chat **mark, kvgen_error *err) {
+    const kvg_chat *c = kvg_session_ext(s, &chat_ext);
+    *mark = NULL;
+    return c ? kvg_chat_clone(mark, c, err) : KVGEN_OK;
+}
+
+void kvg_chat_return_to(kvgen_session *s, kvg_chat *mark) {
+    kvg_chat_free(kvg_session_take_ext(s, &chat_ext));
+    if (mark && kvg_session_set_ext(s, &chat_ext, mark, NULL) != KVGEN_OK) kvg_chat_free(mark);
+}
+
+void kvg_chat_mark_free(kvg_chat *mark) { kvg_chat_free(mark); }
 
 /* What renders the chat: a Jinja template, or a family's (or the caller's) strings. */
 typedef struct rules {
@@ -747,8 +791,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         return s->kind->chat_turn(s, r != ROLE_NONE ? role : NULL, text, fn, err);
     }
     kvg_chat *c = NULL;
-    kvg_sampler *sm = kvg_session_sampler(s);
-    bool had_chat = sm->chat != NULL;
+    bool had_chat = kvg_session_ext(s, &chat_ext) != NULL;
     kvgen_status st = get_chat(s, &c, err);
     if (st != KVGEN_OK) return st;
     rules ru;
@@ -877,8 +920,7 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     return KVGEN_OK;
 fail:
     if (!had_chat) { /* not even an empty chat state is left behind */
-        kvg_chat_free(sm->chat);
-        sm->chat = NULL;
+        kvg_session_set_ext(s, &chat_ext, NULL, NULL);
     }
     return st;
 }

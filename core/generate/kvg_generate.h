@@ -16,6 +16,22 @@
  * is refused at submit for the same reasons. Messages read "<who>: <field>n_stop ...". */
 kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, const char *field, kvgen_error *err);
 
+/* The chat layer's state of a session (chat.c; kvg_session_ext), for the layers that save,
+ * restore or take back a turn:
+ *   kvg_chat_saved_size / kvg_chat_save  its serialised form (0 bytes: no conversation)
+ *   kvg_chat_load        replaces it by a serialised form (size 0: none); on error the
+ *                        session's is as it was
+ *   kvg_chat_mark        a copy of it as it is now (NULL: no conversation)
+ *   kvg_chat_return_to   puts a mark back in its place (taking it), dropping the present one
+ *   kvg_chat_mark_free   drops a mark not put back (NULL: nothing) */
+typedef struct kvg_chat kvg_chat;
+size_t kvg_chat_saved_size(const kvgen_session *s);
+void kvg_chat_save(const kvgen_session *s, unsigned char *buf);
+kvgen_status kvg_chat_load(kvgen_session *s, const unsigned char *buf, size_t size, kvgen_error *err);
+kvgen_status kvg_chat_mark(const kvgen_session *s, kvg_chat **mark, kvgen_error *err);
+void kvg_chat_return_to(kvgen_session *s, kvg_chat *mark);
+void kvg_chat_mark_free(kvg_chat *mark);
+
 /* kvgen_gen_begin without the logits check (chat.c): checks the desc and builds the generator
  * before the prompt goes in, so that nothing can fail once it is in. Messages name `who`. */
 kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,

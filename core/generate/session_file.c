@@ -10,7 +10,8 @@
  *     n_ctx on_full keep reserved                   u32 x 4
  *     n_tokens clean_len shifts tokens_reused       u64 x 4   (clean_len: UINT64_MAX = all)
  *     sampler_bytes file_bytes                      u64 x 2
- *   sampler state (sampler_bytes: kvg_sampler_state_save)
+ *   sampler state (sampler_bytes in all: kvg_sampler_state_save, then u32 n and n bytes of
+ *     the conversation: kvg_chat_save; n is 0 without one)
  *   token ids                      n_tokens x i32
  *   logits (when flags & 1)        n_vocab x f32
  *   K/V, for each layer: K then V, (n_head_kv, n_tokens, head_dim) f32: the used positions only
@@ -37,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_generate.h"
 #include "kvg_hash.h"
 #include "kvg_platform.h"
 #include "kvg_session.h"
@@ -390,7 +392,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     const kvg_hparams *hp = &m->w.hp;
     size_t n = s->n_tokens, V = (size_t)hp->n_vocab;
     size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim; /* floats per layer per K or V */
-    size_t sampler_bytes = kvg_sampler_state_size(&s->sampler);
+    size_t chat_bytes = kvg_chat_saved_size(s), sampler_bytes = kvg_sampler_state_size(&s->sampler) + 4 + chat_bytes;
     const float *logits = kvgen_session_logits(s); /* fetched when the device kept them */
     uint64_t file_bytes = HEADER_BYTES + sampler_bytes + n * 4 + (logits ? V * 4 : 0) +
                           (uint64_t)hp->n_layer * 2 * per * 4 + 8;
@@ -426,6 +428,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_session_save: %s: out of memory saving the session", path);
     }
     kvg_sampler_state_save(&s->sampler, sampler);
+    put_u32(sampler + sampler_bytes - 4 - chat_bytes, (uint32_t)chat_bytes);
+    kvg_chat_save(s, sampler + sampler_bytes - chat_bytes);
 
     char *tmp = NULL;
     file_writer w = {-1, KVG_HASH64_INIT, 0};
@@ -710,8 +714,13 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
                             .no_prefix_reuse = (flags & FLAG_PREFIX_REUSE) == 0};
     st = kvg_session_new(model, &d, NULL, &s, err);
     if (st != KVGEN_OK) goto done;
-    s->sampler.chat_ops = &kvg_chat_state_ops; /* the blob may hold a chat state */
-    st = kvg_sampler_state_load(&s->sampler, sampler, (size_t)sampler_bytes, &why);
+    size_t used = 0;
+    st = kvg_sampler_state_load(&s->sampler, sampler, (size_t)sampler_bytes, &used, &why);
+    if (st != KVGEN_OK) REFUSE(st, "kvgen_session_restore: %s: %s", path, why.message);
+    if (sampler_bytes - used < 4 || get_u32(sampler + used) != sampler_bytes - used - 4)
+        REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: the conversation after the sampler state is malformed",
+               path);
+    st = kvg_chat_load(s, sampler + used + 4, (size_t)sampler_bytes - used - 4, &why);
     if (st != KVGEN_OK) REFUSE(st, "kvgen_session_restore: %s: %s", path, why.message);
     s->clean_len = clean_len == UINT64_MAX || clean_len > n ? KVG_CLEAN_ALL : (size_t)clean_len;
     st = kvg_session_load_kv(s, tokens, (size_t)n, kv, err);

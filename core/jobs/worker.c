@@ -240,7 +240,7 @@ static void job_free(kvgen_job *j) {
     kvg_free(j->stops);
     kvg_free(j->cons_arena);
     kvg_free(j->prompt_toks.v);
-    kvg_chat_state_ops.free(j->chat_before);
+    kvg_chat_mark_free(j->chat_before);
     kvg_free(j->out.p);
     kvg_free(j->wout.p);
     kvg_free(j->host_text.p);
@@ -832,9 +832,7 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
         size_t len = kvgen_session_length(s);
         if (len > j->len_before) kvgen_session_rewind(s, len - j->len_before, NULL);
         if (j->chat_saved) {
-            kvg_sampler *sm = kvg_session_sampler(s);
-            kvg_chat_state_ops.free(sm->chat);
-            sm->chat = j->chat_before;
+            kvg_chat_return_to(s, j->chat_before);
             j->chat_before = NULL;
             j->chat_saved = false;
         }
@@ -859,8 +857,7 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
     j->prompt_toks.n = 0;
     kvgen_status st = KVGEN_OK;
     if (j->prompt == KVGEN_PROMPT_CHAT) {
-        kvg_sampler *sm = kvg_session_sampler(s);
-        st = sm->chat ? kvg_chat_state_ops.clone(&j->chat_before, sm->chat, e) : KVGEN_OK;
+        st = kvg_chat_mark(s, &j->chat_before, e);
         if (st == KVGEN_OK) {
             j->chat_saved = true;
             st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);

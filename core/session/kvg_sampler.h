@@ -1,5 +1,4 @@
-/* kvg_sampler.h: a session's token sampler, its RNG, and the per-session generation state
- * that travels with it (chat template state, token byte table) (private).
+/* kvg_sampler.h: a session's token sampler and its RNG (private).
  *
  * The chain works on a candidate list (id, logit, p):
  *   mask (constraints) -> logit bias / bans -> repetition, frequency, presence penalties ->
@@ -13,7 +12,7 @@
  * For sessions (fork, save/restore): a forked session calls kvg_sampler_clone; a saved one
  * writes kvg_sampler_state_size() bytes with kvg_sampler_state_save and reads them back with
  * kvg_sampler_state_load into a sampler made by kvg_sampler_init for the same vocabulary. The
- * blob holds the settings, the RNG state and the chat state, little-endian, versioned. */
+ * blob holds the settings and the RNG state, little-endian, versioned. */
 #ifndef KVG_SAMPLER_H
 #define KVG_SAMPLER_H
 #include <stdbool.h>
@@ -50,36 +49,18 @@ typedef struct kvg_candidate {
     float p;
 } kvg_candidate;
 
-typedef struct kvg_chat kvg_chat;     /* chat.c: template choice and open-reply state */
-
-/* The chat state belongs to chat.c, above the sampler: the sampler frees, clones (fork),
- * sizes, saves and loads it only through these, set by chat.c with the state (and by
- * session_file.c before a load). */
-typedef struct kvg_chat_ops {
-    void (*free)(kvg_chat *c);
-    kvgen_status (*clone)(kvg_chat **dst, const kvg_chat *src, kvgen_error *err);
-    size_t (*state_size)(const kvg_chat *c);
-    void (*state_save)(const kvg_chat *c, unsigned char *buf);
-    kvgen_status (*state_load)(kvg_chat **c, const unsigned char *buf, size_t size, kvgen_error *err);
-    /* the session shifted its context: tokens [keep, keep + drop) are gone, the rest moved down */
-    void (*shifted)(kvg_chat *c, size_t keep, size_t drop);
-} kvg_chat_ops;
-extern const kvg_chat_ops kvg_chat_state_ops; /* chat.c's */
-
 typedef struct kvg_sampler {
     kvg_sampler_params params;
     kvg_rng rng;
     int n_vocab;
     kvg_candidate *cand; /* n_vocab scratch entries: no allocation per sample */
     int32_t *counts;     /* n_vocab zeros between samples (penalty counting) */
-    kvg_chat *chat;      /* NULL until a chat call */
-    const kvg_chat_ops *chat_ops; /* set with chat; needed to load a state that holds one */
 } kvg_sampler;
 
 /* params may be NULL (defaults); params->bias is copied. */
 kvgen_status kvg_sampler_init(kvg_sampler *s, const kvg_sampler_params *params, int n_vocab, kvgen_error *err);
 void kvg_sampler_free(kvg_sampler *s);
-void kvg_sampler_reset(kvg_sampler *s); /* re-seeds the RNG; the chat state is forgotten */
+void kvg_sampler_reset(kvg_sampler *s); /* re-seeds the RNG */
 /* Applies a public desc (NULL: all defaults). reseed: always re-seed (creation); otherwise only
  * when desc->seed != 0. Validates every field; on error nothing changes. */
 kvgen_status kvg_sampler_set(kvg_sampler *s, const kvgen_sampler_desc *desc, bool reseed, kvgen_error *err);
@@ -112,10 +93,13 @@ int32_t kvg_argmax(const float *logits, int n);
 
 /* Deep copy into an uninitialised dst (fork). */
 kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_error *err);
-/* Serialised settings + RNG + chat state (save/restore). */
+/* Serialised settings + RNG (save/restore). */
 size_t kvg_sampler_state_size(const kvg_sampler *s);
 void kvg_sampler_state_save(const kvg_sampler *s, void *buf); /* writes exactly state_size bytes */
-kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err);
+/* Loads a state saved by kvg_sampler_state_save from buf[0, size): with `used` NULL the state
+ * must be all of it; otherwise it may be followed by other data and *used is its length. On
+ * error the sampler is as it was. */
+kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, size_t *used, kvgen_error *err);
 
 /* api.c: private accessors into a session (the session struct is api.c's) */
 kvg_sampler *kvg_session_sampler(kvgen_session *s);

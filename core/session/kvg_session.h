@@ -22,6 +22,18 @@
 /* "every position is a fresh computation" (see clean_len) */
 #define KVG_CLEAN_ALL SIZE_MAX
 
+/* State a layer above keeps per session (the chat layer's conversation), hung on the session
+ * under its ops, which are the key: the session frees it (close, reset), clones it (fork) and
+ * tells it of a context shift; the layer that owns it saves and restores it. */
+typedef struct kvg_session_ext_ops {
+    const char *name;
+    void (*free)(void *state);
+    kvgen_status (*clone)(void **dst, const void *src, kvgen_error *err);
+    /* the context shifted: tokens [keep, keep + drop) are gone, the rest moved down by drop */
+    void (*shifted)(void *state, size_t keep, size_t drop);
+} kvg_session_ext_ops;
+#define KVG_SESSION_EXTS 4 /* kinds of state the layers above may hang on one session */
+
 /* a growable token list */
 typedef struct kvg_tokens {
     int32_t *v;
@@ -44,6 +56,11 @@ struct kvgen_session {
     bool logits_on_device;
     bool full_logits; /* KVGEN_FULL_LOGITS=1 at creation: always read the whole vector back (tests, bench) */
     kvg_sampler sampler;
+    /* the layers' state (kvg_session_ext): slots with ops == NULL are free */
+    struct {
+        const kvg_session_ext_ops *ops;
+        void *state;
+    } ext[KVG_SESSION_EXTS];
 
     /* paged KV (the model's pools, one per layer group: m->kv) */
     int n_groups;                        /* m->kv.n_groups */
@@ -99,11 +116,19 @@ kvgen_status kvg_session_run_batch(kvgen_session *const *ss, const int32_t *cons
 kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvgen_error *err);
 
 /* A new empty session with the given (validated) options; the sampler is initialised from
- * desc unless `sampler_from` is given, which is cloned. Used by create, fork and restore. */
-kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
+ * desc unless `like` is given, whose sampler and layers' state are cloned. Used by create,
+ * fork and restore. */
+kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvgen_session *like,
                              kvgen_session **out, kvgen_error *err);
-/* A new empty session with s's options and a copy of its sampler (a fork's child, before the
- * kind copies what the session holds). */
+/* The state hung on s under `ops`, or NULL. */
+void *kvg_session_ext(const kvgen_session *s, const kvg_session_ext_ops *ops);
+/* Hangs `state` on s under `ops`, freeing what was there (state NULL: only frees it).
+ * KVGEN_E_NO_MEMORY, with s as it was and `state` not taken, when every slot is held. */
+kvgen_status kvg_session_set_ext(kvgen_session *s, const kvg_session_ext_ops *ops, void *state, kvgen_error *err);
+/* Takes the state under `ops` off s without freeing it (the caller owns it now), or NULL. */
+void *kvg_session_take_ext(kvgen_session *s, const kvg_session_ext_ops *ops);
+/* A new empty session with s's options and a copy of its sampler and layers' state (a fork's
+ * child, before the kind copies what the session holds). */
 kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err);
 /* Makes `n` positions [n_tokens, n_tokens+n) hold `tokens` with the K/V given per layer by
  * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore): the pages are

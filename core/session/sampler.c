@@ -113,18 +113,14 @@ void kvg_sampler_free(kvg_sampler *s) {
     kvg_free(s->params.bias);
     kvg_free(s->cand);
     kvg_free(s->counts);
-    if (s->chat) s->chat_ops->free(s->chat);
     s->params.bias = NULL;
     s->params.n_bias = 0;
     s->cand = NULL;
     s->counts = NULL;
-    s->chat = NULL;
 }
 
 void kvg_sampler_reset(kvg_sampler *s) {
     kvg_rng_seed(&s->rng, s->params.seed);
-    if (s->chat) s->chat_ops->free(s->chat); /* an empty session has no conversation to continue */
-    s->chat = NULL;
 }
 
 kvgen_status kvg_sampler_set(kvg_sampler *s, const kvgen_sampler_desc *desc, bool reseed, kvgen_error *err) {
@@ -170,12 +166,7 @@ void kvg_sampler_get(const kvg_sampler *s, kvgen_sampler_desc *d) {
 
 kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_error *err) {
     kvgen_status st = kvg_sampler_init(dst, &src->params, src->n_vocab, err);
-    dst->chat_ops = src->chat_ops;
-    if (st == KVGEN_OK && src->chat) st = src->chat_ops->clone(&dst->chat, src->chat, err);
-    if (st != KVGEN_OK) {
-        kvg_sampler_free(dst);
-        return st;
-    }
+    if (st != KVGEN_OK) return st;
     dst->rng = src->rng;
     return KVGEN_OK;
 }
@@ -184,7 +175,7 @@ kvgen_status kvg_sampler_clone(kvg_sampler *dst, const kvg_sampler *src, kvgen_e
 
 #define STATE_MAGIC 0x5347564bu /* "KVGS" */
 #define STATE_VERSION 1u
-#define STATE_HEAD (4 + 4 + 8 + 4 * 9 + 32) /* up to the RNG; then biases, chat size, chat */
+#define STATE_HEAD (4 + 4 + 8 + 4 * 9 + 32) /* up to the RNG; then the biases */
 
 static unsigned char *put_u32(unsigned char *b, uint32_t v) {
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -217,7 +208,7 @@ static float get_f32(const unsigned char *b) {
 }
 
 size_t kvg_sampler_state_size(const kvg_sampler *s) {
-    return STATE_HEAD + (size_t)s->params.n_bias * 8 + 4 + (s->chat ? s->chat_ops->state_size(s->chat) : 0);
+    return STATE_HEAD + (size_t)s->params.n_bias * 8;
 }
 
 void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
@@ -240,14 +231,11 @@ void kvg_sampler_state_save(const kvg_sampler *s, void *buf) {
         b = put_u32(b, (uint32_t)p->bias[i].token);
         b = put_f32(b, p->bias[i].bias);
     }
-    size_t chat = s->chat ? s->chat_ops->state_size(s->chat) : 0;
-    b = put_u32(b, (uint32_t)chat);
-    if (chat) s->chat_ops->state_save(s->chat, b);
 }
 
-kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, kvgen_error *err) {
+kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size, size_t *used, kvgen_error *err) {
     const unsigned char *b = buf;
-    if (size < STATE_HEAD + 4 || get_u32(b) != STATE_MAGIC)
+    if (size < STATE_HEAD || get_u32(b) != STATE_MAGIC)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: not a sampler state (%zu bytes)", size);
     if (get_u32(b + 4) > STATE_VERSION)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "sampler state: version %u is newer than this kvgen's %u",
@@ -266,7 +254,7 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
     kvg_rng rng;
     for (int i = 0; i < 4; i++) rng.s[i] = get_u64(b + 52 + 8 * i);
     size_t off = STATE_HEAD;
-    if (n_bias > (uint32_t)s->n_vocab || (size - off - 4) / 8 < n_bias)
+    if (n_bias > (uint32_t)s->n_vocab || (size - off) / 8 < n_bias)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: %u biases do not fit in %zu bytes", (unsigned)n_bias, size);
     kvgen_logit_bias *bias = NULL;
     if (n_bias) {
@@ -278,30 +266,17 @@ kvgen_status kvg_sampler_state_load(kvg_sampler *s, const void *buf, size_t size
     p.bias = bias;
     p.n_bias = (int)n_bias;
     p.full_sort = s->params.full_sort;
-    uint32_t chat_size = get_u32(b + off);
-    off += 4;
     kvg_sampler_params q;
     kvgen_status st = KVGEN_OK;
-    if (chat_size != size - off)
-        st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: chat state of %u bytes, %zu left", (unsigned)chat_size,
-                      size - off);
-    else if (chat_size && !s->chat_ops)
-        st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: a chat state of %u bytes, and no chat layer to load it",
-                      (unsigned)chat_size);
+    if (!used && off != size)
+        st = kvg_fail(err, KVGEN_E_FORMAT, "sampler state: %zu bytes after the state", size - off);
     if (st == KVGEN_OK) st = copy_params(&q, &p, s->n_vocab, err);
     kvg_free(bias);
     if (st != KVGEN_OK) return st;
-    kvg_chat *chat = NULL;
-    if (chat_size) st = s->chat_ops->state_load(&chat, b + off, chat_size, err);
-    if (st != KVGEN_OK) {
-        kvg_free(q.bias);
-        return st;
-    }
     kvg_free(s->params.bias);
     s->params = q;
     s->rng = rng;
-    if (s->chat) s->chat_ops->free(s->chat);
-    s->chat = chat;
+    if (used) *used = off;
     return KVGEN_OK;
 }
 

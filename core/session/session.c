@@ -302,13 +302,72 @@ static kvgen_status local_init(kvgen_session *s, kvgen_error *err) {
     return model->ops->session_init(model, s->n_ctx, &s->bs, err);
 }
 
+static void ext_free_all(kvgen_session *s) {
+    for (int i = KVG_SESSION_EXTS - 1; i >= 0; i--)
+        if (s->ext[i].ops) {
+            s->ext[i].ops->free(s->ext[i].state);
+            s->ext[i].ops = NULL;
+            s->ext[i].state = NULL;
+        }
+}
+
+void *kvg_session_ext(const kvgen_session *s, const kvg_session_ext_ops *ops) {
+    for (int i = 0; i < KVG_SESSION_EXTS; i++)
+        if (s->ext[i].ops == ops) return s->ext[i].state;
+    return NULL;
+}
+
+void *kvg_session_take_ext(kvgen_session *s, const kvg_session_ext_ops *ops) {
+    for (int i = 0; i < KVG_SESSION_EXTS; i++)
+        if (s->ext[i].ops == ops) {
+            void *state = s->ext[i].state;
+            s->ext[i].ops = NULL;
+            s->ext[i].state = NULL;
+            return state;
+        }
+    return NULL;
+}
+
+kvgen_status kvg_session_set_ext(kvgen_session *s, const kvg_session_ext_ops *ops, void *state, kvgen_error *err) {
+    int at = -1;
+    for (int i = 0; i < KVG_SESSION_EXTS && at < 0; i++)
+        if (s->ext[i].ops == ops) at = i;
+    if (at >= 0) {
+        ops->free(s->ext[at].state);
+        s->ext[at].ops = NULL;
+        s->ext[at].state = NULL;
+    }
+    if (!state) return KVGEN_OK;
+    for (int i = 0; i < KVG_SESSION_EXTS && at < 0; i++)
+        if (!s->ext[i].ops) at = i;
+    if (at < 0)
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "session: no room for the %s state (%d kinds at most)", ops->name,
+                        KVG_SESSION_EXTS);
+    s->ext[at].ops = ops;
+    s->ext[at].state = state;
+    return KVGEN_OK;
+}
+
+static kvgen_status ext_clone_all(kvgen_session *dst, const kvgen_session *src, kvgen_error *err) {
+    for (int i = 0; i < KVG_SESSION_EXTS; i++) {
+        if (!src->ext[i].ops) continue;
+        void *copy = NULL;
+        kvgen_status st = src->ext[i].ops->clone(&copy, src->ext[i].state, err);
+        if (st != KVGEN_OK) return st;
+        dst->ext[i].ops = src->ext[i].ops;
+        dst->ext[i].state = copy;
+    }
+    return KVGEN_OK;
+}
+
 static void session_free(kvgen_session *s) {
     s->kind->free(s);
+    ext_free_all(s);
     kvg_sampler_free(&s->sampler);
     kvg_free(s);
 }
 
-kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvg_sampler *sampler_from,
+kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc, const kvgen_session *like,
                              kvgen_session **out, kvgen_error *err) {
     *out = NULL;
     const kvg_hparams *hp = &model->w.hp;
@@ -330,8 +389,9 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     s->kind = kvg_session_kind_of(model);
     kvgen_status st = s->kind->init(s, err);
     if (st == KVGEN_OK) {
-        if (sampler_from) {
-            st = kvg_sampler_clone(&s->sampler, sampler_from, err);
+        if (like) {
+            st = kvg_sampler_clone(&s->sampler, &like->sampler, err);
+            if (st == KVGEN_OK) st = ext_clone_all(s, like, err);
         } else {
             kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
                                      .top_p = desc->top_p};
@@ -416,7 +476,7 @@ static kvgen_status refill(kvgen_session *s, const int32_t *tokens, size_t n, kv
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = KVGEN_ON_FULL_ERROR,
                             .no_prefix_reuse = !s->prefix_reuse};
     kvgen_session *c;
-    kvgen_status st = kvg_session_new(s->model, &d, &s->sampler, &c, err);
+    kvgen_status st = kvg_session_new(s->model, &d, s, &c, err);
     if (st != KVGEN_OK) return st;
     c->full_logits = true; /* the logits come back to the host: they move to s */
     if (n > 0) st = kvgen_session_prefill(c, tokens, n, NULL, err);
@@ -490,7 +550,8 @@ static kvgen_status make_room(kvgen_session *s, size_t n, kvgen_error *err) {
     size_t need = s->n_tokens + n - (size_t)s->n_ctx, drop = (s->n_tokens - keep) / 2;
     if (drop < need) drop = need;
     kvgen_status st = shift(s, keep, drop, err);
-    if (st == KVGEN_OK && s->sampler.chat) s->sampler.chat_ops->shifted(s->sampler.chat, keep, drop);
+    for (int i = 0; st == KVGEN_OK && i < KVG_SESSION_EXTS; i++)
+        if (s->ext[i].ops && s->ext[i].ops->shifted) s->ext[i].ops->shifted(s->ext[i].state, keep, drop);
     return st;
 }
 
@@ -762,6 +823,7 @@ void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
     s->kind->reset(s);
     kvg_sampler_reset(&s->sampler);
+    ext_free_all(s); /* an empty session has no conversation to continue */
 }
 
 static void local_reset(kvgen_session *s) {
@@ -828,7 +890,7 @@ kvgen_status kvgen_session_fork(kvgen_session *s, kvgen_session **child, kvgen_e
 kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err) {
     kvgen_session_desc d = {.n_ctx = s->n_ctx, .no_cache = s->no_cache, .on_full = s->on_full, .keep = s->keep,
                             .no_prefix_reuse = !s->prefix_reuse};
-    return kvg_session_new(s->model, &d, &s->sampler, child, err);
+    return kvg_session_new(s->model, &d, s, child, err);
 }
 
 static kvgen_status local_fork(kvgen_session *s, kvgen_session **child, kvgen_error *err) {

@@ -202,7 +202,7 @@ static void test_determinism_and_state(void) {
     kvg_sampler_state_save(&a, blob);
     kvg_sampler re;
     CHECK_OK(kvg_sampler_init(&re, NULL, V, &err));
-    CHECK_OK(kvg_sampler_state_load(&re, blob, n, &err));
+    CHECK_OK(kvg_sampler_state_load(&re, blob, n, NULL, &err));
     CHECK(re.params.seed == 1234 && re.params.top_p == 0.95f && re.params.repeat_penalty == 1.1f);
     differ = 0;
     for (int i = 0; i < 100; i++) {
@@ -213,10 +213,18 @@ static void test_determinism_and_state(void) {
     CHECK(differ == 0);
     /* a damaged blob is refused and changes nothing */
     kvg_rng before = re.rng;
-    CHECK(kvg_sampler_state_load(&re, blob, n - 1, &err) == KVGEN_E_FORMAT);
+    CHECK(kvg_sampler_state_load(&re, blob, n - 1, NULL, &err) == KVGEN_E_FORMAT);
+    /* followed by other data: refused as the whole blob, read as a prefix of known length */
+    unsigned char *longer = calloc(n + 3, 1);
+    memcpy(longer, blob, n);
+    size_t used = 0;
+    CHECK(kvg_sampler_state_load(&re, longer, n + 3, NULL, &err) == KVGEN_E_FORMAT);
     blob[0] ^= 0xff;
-    CHECK(kvg_sampler_state_load(&re, blob, n, &err) == KVGEN_E_FORMAT);
+    CHECK(kvg_sampler_state_load(&re, blob, n, NULL, &err) == KVGEN_E_FORMAT);
     CHECK(memcmp(&before, &re.rng, sizeof before) == 0);
+    CHECK_OK(kvg_sampler_state_load(&re, longer, n + 3, &used, &err));
+    CHECK(used == n);
+    free(longer);
     free(blob);
     kvg_sampler_free(&cl);
     kvg_sampler_free(&re);
