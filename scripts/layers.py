@@ -10,6 +10,10 @@ Prints each upward use and each cycle (a strongly connected group of files) and 
 there is one; --graph prints every edge. --allow LOW>HIGH lets folder LOW use folder HIGH (an
 upward use the build still knows of).
 
+A folder's headers named kvg_*.h are what it offers the folders above; a header named
+*_internal.h is its own files' alone: a source file of another folder (core/, lua/) that includes
+one is reported (read from the sources) and fails the check too.
+
     python3 scripts/layers.py [BUILD_DIR] [--graph] [--order base|template|...] [--allow LOW>HIGH ...]
 """
 import glob
@@ -87,6 +91,29 @@ def options(argv):
     return build or "build", order.split("|"), allow, graph
 
 
+def private_includes():
+    """Source files that include another folder's *_internal.h."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    headers = {}  # internal header name -> folder
+    files = []
+    for top in ("core", "lua"):
+        for path in glob.glob(os.path.join(root, top, "**", "*.[ch]"), recursive=True):
+            rel = os.path.relpath(path, root)
+            files.append(rel)
+            if rel.endswith("_internal.h"):
+                headers[os.path.basename(rel)] = os.path.dirname(rel)
+    found = []
+    for rel in sorted(files):
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                words = line.split()
+                if len(words) >= 2 and words[0] == "#include" and words[1].startswith('"'):
+                    name = os.path.basename(words[1].strip('"'))
+                    if name in headers and headers[name] != os.path.dirname(rel):
+                        found.append(f"private: {rel}:{n} includes {headers[name]}/{name}, a header of that folder's own")
+    return found
+
+
 def main():
     build, order, allow, graph = options(sys.argv[1:])
     core = os.path.join(build, "core", "CMakeFiles")
@@ -123,12 +150,16 @@ def main():
                 upward.append(f"upward: {f} uses {', '.join(used)}, defined in {g} (a folder above it)")
     for line in upward:
         print(line)
+    private = private_includes()
+    for line in private:
+        print(line)
     cycles = [g for g in strongly_connected(table.keys(), edges) if len(g) > 1]
     for g in cycles:
         print("cycle: " + " <-> ".join(g))
     print(f"layers: {len(table)} files, {sum(len(e) for e in edges.values())} calls between files, "
-          f"{len(upward)} upward, {len(cycles)} cycle{'s' if len(cycles) != 1 else ''}")
-    return 1 if cycles or upward else 0
+          f"{len(upward)} upward, {len(cycles)} cycle{'s' if len(cycles) != 1 else ''}, "
+          f"{len(private)} private header{'s' if len(private) != 1 else ''} used from outside")
+    return 1 if cycles or upward or private else 0
 
 
 if __name__ == "__main__":
