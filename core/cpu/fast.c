@@ -73,8 +73,6 @@ typedef struct cpu_model {
     kvg_cpu_isa isa;
     bool act8; /* 8-bit activations where the path has such kernels (kvgen_model_desc.activation_bits) */
     const kvg_vec_ops *vec;
-    float *attn_norm, *ffn_norm; /* [L][D] */
-    float *out_norm;             /* [D] */
     cpu_layer *layers;
     int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
     cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
@@ -234,23 +232,9 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     cm->isa = isa;
     cm->act8 = desc && desc->activation_bits == 8;
     cm->vec = kvg_vec_ops_of(isa);
-    size_t D = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
     int qd = hp->n_head * hp->head_dim;
     cm->max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (qd > cm->max_in) cm->max_in = qd;
-    cm->attn_norm = kvg_malloc(L * D * sizeof(float));
-    cm->ffn_norm = kvg_malloc(L * D * sizeof(float));
-    cm->out_norm = kvg_malloc(D * sizeof(float));
-    if (!cm->attn_norm || !cm->ffn_norm || !cm->out_norm) {
-        cpu_model_free(m);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the cpu backend", path);
-    }
-    for (size_t l = 0; l < L; l++) {
-        const kvg_layer *w = &m->w.layers[l];
-        kvg_dequantize_row(w->attn_norm->type, w->attn_norm->data, cm->attn_norm + l * D, D);
-        kvg_dequantize_row(w->ffn_norm->type, w->ffn_norm->data, cm->ffn_norm + l * D, D);
-    }
-    kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, cm->out_norm, D);
     st = layers_init(m, cm, err);
     if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, WHO, &cm->pool, err);
     if (st == KVGEN_OK) st = matrices_init(m, cm, err);
@@ -275,9 +259,6 @@ static void cpu_model_free(kvgen_model *m) {
     }
     kvg_free(cm->output.own);
     kvg_free(cm->layers);
-    kvg_free(cm->attn_norm);
-    kvg_free(cm->ffn_norm);
-    kvg_free(cm->out_norm);
     kvg_free(cm);
     m->backend = NULL;
 }
@@ -628,7 +609,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
         const kvg_cpu_layer_tensors *T = &cm->host.layers[l];
 
         for (int t = 0; t < n; t++)
-            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->attn_norm + (size_t)l * D, D, eps);
+            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].attn_norm, D, eps);
         mm_spec qkv[3] = {{&C->w[M_Q], s->c.q, NULL}, {&C->w[M_K], s->c.k, NULL}, {&C->w[M_V], s->c.v, NULL}};
         matmul(cm, s, s->c.xb, D, n, 3, qkv);
         add_bias(vec, s->c.q, T->bq, n, qd);
@@ -673,7 +654,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
         residual_add(cm, s->c.x, s->c.xb, T->attn_post, n, D, eps);
 
         for (int t = 0; t < n; t++)
-            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->ffn_norm + (size_t)l * D, D, eps);
+            vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].ffn_norm, D, eps);
         mm_spec gu[2] = {{&C->w[M_GATE], s->c.hb, NULL}, {&C->w[M_UP], s->c.hb2, NULL}};
         matmul(cm, s, s->c.xb, D, n, 2, gu);
         if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->c.hb, s->c.hb2, n * F);
@@ -692,7 +673,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, const int *ro
     const cpu_model *cm = m->backend;
     int D = hp->n_embd;
     for (int t = 0; t < count; t++)
-        cm->vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)rows[t] * D, cm->out_norm, D, hp->rms_norm_eps);
+        cm->vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)rows[t] * D, cm->host.out_norm, D, hp->rms_norm_eps);
     mm_spec out[1] = {{.w = &cm->output, .outs = outs}};
     matmul(cm, s, s->c.xb, D, count, 1, out);
     float cap = hp->final_softcap;

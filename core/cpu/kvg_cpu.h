@@ -141,6 +141,7 @@ bool kvg_cpu_tensor_f32(const kvg_tensor *t, size_t n, float **out);
 
 /* A layer's small tensors in f32, NULL where the model has none. */
 typedef struct kvg_cpu_layer_tensors {
+    float *attn_norm, *ffn_norm; /* [D] the sublayers' input norms */
     float *bq, *bk, *bv;         /* [H*hd], [Hkv*hd], [Hkv*hd] */
     float *q_norm, *k_norm;      /* [hd] */
     float *attn_post, *ffn_post; /* [D] */
@@ -154,6 +155,7 @@ typedef struct kvg_cpu_host {
     kvg_cpu_layer_tensors *layers; /* [n_layer] */
     struct kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy's re-rotation */
     float *rope_factors;           /* [n_rot/2] rope_freqs in f32, or NULL */
+    float *out_norm;               /* [D] the final norm, before the logits */
     kvg_cpu_pages pages[KVG_KV_GROUPS]; /* the page pools' storage, per layer group (kvg_model.h) */
 } kvg_cpu_host;
 

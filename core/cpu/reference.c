@@ -81,9 +81,6 @@ typedef struct ref_model {
     kvg_cpu_host host; /* first: the layers' small tensors and RoPE, the pages (cpu_common.c) */
     kvg_cpu_pool *pool;
     /* norm weights converted to f32 once, whatever type the file stores them in */
-    float *attn_norm; /* [n_layer][D] */
-    float *ffn_norm;  /* [n_layer][D] */
-    float *out_norm;  /* [D] */
 } ref_model;
 
 /* Where a session's K/V live: per layer group, a page table into the model's pages. */
@@ -134,27 +131,7 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     m->n_threads = n_threads;
 
     ref_model *rm = kvg_calloc(1, sizeof *rm);
-    size_t D = (size_t)hp->n_embd;
-    if (rm) {
-        rm->attn_norm = kvg_malloc((size_t)hp->n_layer * D * sizeof(float));
-        rm->ffn_norm = kvg_malloc((size_t)hp->n_layer * D * sizeof(float));
-        rm->out_norm = kvg_malloc(D * sizeof(float));
-    }
-    if (!rm || !rm->attn_norm || !rm->ffn_norm || !rm->out_norm) {
-        if (rm) {
-            kvg_free(rm->attn_norm);
-            kvg_free(rm->ffn_norm);
-            kvg_free(rm->out_norm);
-        }
-        kvg_free(rm);
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the reference backend", path);
-    }
-    for (int l = 0; l < hp->n_layer; l++) {
-        const kvg_layer *L = &m->w.layers[l];
-        kvg_dequantize_row(L->attn_norm->type, L->attn_norm->data, rm->attn_norm + l * D, D);
-        kvg_dequantize_row(L->ffn_norm->type, L->ffn_norm->data, rm->ffn_norm + l * D, D);
-    }
-    kvg_dequantize_row(m->w.output_norm->type, m->w.output_norm->data, rm->out_norm, D);
+    if (!rm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the reference backend", path);
     m->backend = rm; /* from here on, ref_model_free cleans up */
     kvgen_status st = kvg_cpu_host_init(&rm->host, m, KVG_CPU_KV_F32, "reference backend", err);
     if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
@@ -172,9 +149,6 @@ static void ref_model_free(kvgen_model *m) {
     if (!rm) return;
     kvg_cpu_pool_destroy(rm->pool);
     kvg_cpu_host_free(&rm->host, m);
-    kvg_free(rm->attn_norm);
-    kvg_free(rm->ffn_norm);
-    kvg_free(rm->out_norm);
     kvg_free(rm);
     m->backend = NULL;
 }
@@ -384,7 +358,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
 
         /* attention sublayer: xb = rmsnorm(x) * attn_norm                xb: [n][D] */
         for (int t = 0; t < n; t++)
-            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->attn_norm + (size_t)l * D, D,
+            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->host.layers[l].attn_norm, D,
                             hp->rms_norm_eps);
 
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
@@ -426,7 +400,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
         for (int t = 0; t < n; t++)
-            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->ffn_norm + (size_t)l * D, D,
+            kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, rm->host.layers[l].ffn_norm, D,
                             hp->rms_norm_eps);
 
         /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = act(hb) * hb2 (SwiGLU for SiLU) */
@@ -447,7 +421,7 @@ static void compute_logits(kvgen_model *m, kvg_backend_session *s, int first, in
     ref_model *rm = m->backend;
     int D = hp->n_embd;
     for (int t = 0; t < count; t++)
-        kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)(first + t) * D, rm->out_norm, D, hp->rms_norm_eps);
+        kvg_ref_rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)(first + t) * D, rm->host.out_norm, D, hp->rms_norm_eps);
     matmul_part out[1] = {{m->w.output, logits}};
     matmul(rm->pool, s, s->c.xb, D, count, 1, out);
     float cap = hp->final_softcap; /* gemma2: cap * tanh(logit / cap) */
