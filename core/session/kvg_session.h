@@ -1,10 +1,10 @@
-/* kvg_session.h: a session's state, shared by session.c (the public session calls),
- * session_file.c (save/restore) and the generation code (private).
+/* kvg_session.h: a session's state, shared by session.c (the public session calls), the
+ * layers above (generation, chat, session files in generate/, the jobs' worker) (private).
  *
  * Folder core/session/ owns sessions over a loaded model, whose K/V live in the model's page
  * pool (model/kvpool.c, kvg_pool.h): the public session calls that turn appends, rewinds, forks and
- * shifts into page-table edits and batches for the backend (session.c), and session files
- * (session_file.c). */
+ * shifts into page-table edits and batches for the backend (session.c), the state the layers
+ * above hang on a session (session_ext.c) and the sampler (sampler.c). */
 #ifndef KVG_SESSION_H
 #define KVG_SESSION_H
 #include <stdbool.h>
@@ -127,6 +127,9 @@ void *kvg_session_ext(const kvgen_session *s, const kvg_session_ext_ops *ops);
 kvgen_status kvg_session_set_ext(kvgen_session *s, const kvg_session_ext_ops *ops, void *state, kvgen_error *err);
 /* Takes the state under `ops` off s without freeing it (the caller owns it now), or NULL. */
 void *kvg_session_take_ext(kvgen_session *s, const kvg_session_ext_ops *ops);
+/* for session.c: frees every state (close, reset); copies src's into an empty dst (fork) */
+void kvg_session_ext_free_all(kvgen_session *s);
+kvgen_status kvg_session_ext_clone_all(kvgen_session *dst, const kvgen_session *src, kvgen_error *err);
 /* A new empty session with s's options and a copy of its sampler and layers' state (a fork's
  * child, before the kind copies what the session holds). */
 kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err);

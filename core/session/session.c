@@ -18,28 +18,6 @@ static kvg_pool *pool_of(const kvgen_session *s, int g) { return s->model->pools
 static size_t window_of(const kvgen_session *s, int g) { return (size_t)s->model->kv.window[g]; }
 static size_t pages_for(const kvgen_session *s, size_t len) { return (len + page_size(s) - 1) / page_size(s); }
 
-/* ---- busy sessions (jobs: worker.c keeps jobs_active) ------------------------------------- */
-
-_Thread_local const struct kvgen_model *kvg_session_worker_thread;
-
-int kvgen_session_busy(const kvgen_session *s) {
-    return s && __atomic_load_n(&s->jobs_active, __ATOMIC_ACQUIRE) > 0;
-}
-
-kvgen_status kvg_session_check_host(const kvgen_session *s, const char *fn, kvgen_error *err) {
-    if (kvg_session_worker_thread && kvg_session_worker_thread == s->model)
-        return KVGEN_OK;
-    if (!kvgen_session_busy(s)) return KVGEN_OK;
-    return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                    "%s: session %p is busy: a job on it is queued or running on the model's worker (poll the job "
-                    "until it is final, or cancel it first; kvgen_session_busy tells when it is free)",
-                    fn, (const void *)s);
-}
-
-kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err) {
-    return kvg_session_can(s->model, s, KVG_CAN_TOKENS, fn, err);
-}
-
 /* ---- session kinds (kvg_session_kind.h) --------------------------------------------------- */
 
 static const kvg_session_kind local_kind;
@@ -90,6 +68,10 @@ kvgen_status kvg_session_can(const kvgen_model *m, const kvgen_session *s, kvg_s
 }
 
 bool kvg_session_kind_replies(const kvg_session_kind *k) { return k->reply_start != NULL; }
+
+kvgen_status kvg_session_local_only(const kvgen_session *s, const char *fn, kvgen_error *err) {
+    return kvg_session_can(s->model, s, KVG_CAN_TOKENS, fn, err);
+}
 
 void kvgen_model_pool_info(const kvgen_model *m, kvgen_pool_info *info) {
     if (!info) return;
@@ -302,67 +284,9 @@ static kvgen_status local_init(kvgen_session *s, kvgen_error *err) {
     return model->ops->session_init(model, s->n_ctx, &s->bs, err);
 }
 
-static void ext_free_all(kvgen_session *s) {
-    for (int i = KVG_SESSION_EXTS - 1; i >= 0; i--)
-        if (s->ext[i].ops) {
-            s->ext[i].ops->free(s->ext[i].state);
-            s->ext[i].ops = NULL;
-            s->ext[i].state = NULL;
-        }
-}
-
-void *kvg_session_ext(const kvgen_session *s, const kvg_session_ext_ops *ops) {
-    for (int i = 0; i < KVG_SESSION_EXTS; i++)
-        if (s->ext[i].ops == ops) return s->ext[i].state;
-    return NULL;
-}
-
-void *kvg_session_take_ext(kvgen_session *s, const kvg_session_ext_ops *ops) {
-    for (int i = 0; i < KVG_SESSION_EXTS; i++)
-        if (s->ext[i].ops == ops) {
-            void *state = s->ext[i].state;
-            s->ext[i].ops = NULL;
-            s->ext[i].state = NULL;
-            return state;
-        }
-    return NULL;
-}
-
-kvgen_status kvg_session_set_ext(kvgen_session *s, const kvg_session_ext_ops *ops, void *state, kvgen_error *err) {
-    int at = -1;
-    for (int i = 0; i < KVG_SESSION_EXTS && at < 0; i++)
-        if (s->ext[i].ops == ops) at = i;
-    if (at >= 0) {
-        ops->free(s->ext[at].state);
-        s->ext[at].ops = NULL;
-        s->ext[at].state = NULL;
-    }
-    if (!state) return KVGEN_OK;
-    for (int i = 0; i < KVG_SESSION_EXTS && at < 0; i++)
-        if (!s->ext[i].ops) at = i;
-    if (at < 0)
-        return kvg_fail(err, KVGEN_E_NO_MEMORY, "session: no room for the %s state (%d kinds at most)", ops->name,
-                        KVG_SESSION_EXTS);
-    s->ext[at].ops = ops;
-    s->ext[at].state = state;
-    return KVGEN_OK;
-}
-
-static kvgen_status ext_clone_all(kvgen_session *dst, const kvgen_session *src, kvgen_error *err) {
-    for (int i = 0; i < KVG_SESSION_EXTS; i++) {
-        if (!src->ext[i].ops) continue;
-        void *copy = NULL;
-        kvgen_status st = src->ext[i].ops->clone(&copy, src->ext[i].state, err);
-        if (st != KVGEN_OK) return st;
-        dst->ext[i].ops = src->ext[i].ops;
-        dst->ext[i].state = copy;
-    }
-    return KVGEN_OK;
-}
-
 static void session_free(kvgen_session *s) {
     s->kind->free(s);
-    ext_free_all(s);
+    kvg_session_ext_free_all(s);
     kvg_sampler_free(&s->sampler);
     kvg_free(s);
 }
@@ -391,7 +315,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
     if (st == KVGEN_OK) {
         if (like) {
             st = kvg_sampler_clone(&s->sampler, &like->sampler, err);
-            if (st == KVGEN_OK) st = ext_clone_all(s, like, err);
+            if (st == KVGEN_OK) st = kvg_session_ext_clone_all(s, like, err);
         } else {
             kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
                                      .top_p = desc->top_p};
@@ -823,7 +747,7 @@ void kvgen_session_reset(kvgen_session *s) {
     if (!s || kvg_session_check_host(s, "kvgen_session_reset", NULL) != KVGEN_OK) return; /* busy: left alone */
     s->kind->reset(s);
     kvg_sampler_reset(&s->sampler);
-    ext_free_all(s); /* an empty session has no conversation to continue */
+    kvg_session_ext_free_all(s); /* an empty session has no conversation to continue */
 }
 
 static void local_reset(kvgen_session *s) {
