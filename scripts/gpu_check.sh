@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The device check: kvgen's Vulkan backend on a real GPU, in one command, on a machine that has
+# no network and receives the working tree plus one folder of built files (at most 64 MiB).
+#
+#   bash scripts/gpu_check.sh prepare   here: builds what the check needs into build-gpu/ (kvgen,
+#                                       kvgen-mkmodel and the Vulkan test programs, without Lua
+#                                       or remote models) and gathers what travels into
+#                                       build-gpu/carry: those programs, stripped, the shared
+#                                       libraries they need beyond the C library, and Debian's
+#                                       Vulkan loader and validation layer (downloaded, extracted,
+#                                       nothing installed). Its last line is that folder's path.
+#   bash scripts/gpu_check.sh run       there, from the repository root, with build-gpu/carry in
+#                                       place: finds the GPU's Vulkan driver, lists the devices,
+#                                       runs the Vulkan parity tests with the validation layer
+#                                       (synchronization validation included), makes
+#                                       random-weight models of the 135M, 1B (q4_k_m) and 3B
+#                                       (q4_k_m) shapes, benchmarks each (prompts 512 and 2048,
+#                                       decode at depths 0, 2048 and 8192, 1 to 32 sessions),
+#                                       logs per-op times (KVGEN_VK_PROFILE), and writes
+#                                       everything to $OUT (else build-gpu/results) and one
+#                                       archive of it, gpu-check.tar.gz.
+#
+# run keeps to a time budget (KVGEN_GPU_CHECK_BUDGET seconds, default 270): the models are made
+# in the background while the tests run, every step has a timeout, and a step that would end
+# past the budget is skipped and named in the summary. A dry run here works the same on
+# lavapipe (KVGEN_GPU_CHECK_QUICK=1 shrinks the models and the benchmark). docs/vulkan.md, "The
+# device check", says how to read the results.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+build="$here/build-gpu"
+carry="$build/carry"
+
+prepare() {
+  local jobs t
+  jobs=$(nproc 2>/dev/null || echo 2)
+  cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGEN_LUA=OFF -DKVGEN_REMOTE=OFF \
+    -DKVGEN_TEST_MODELS=OFF >"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
+  local targets=(kvgen_cli kvgen-mkmodel)
+  for t in "$here"/core/tests/test_vk_*.c; do targets+=("$(basename "$t" .c)"); done
+  cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$build.log" 2>&1 ||
+    { tail -40 "$build.log"; echo "prepare: build failed"; return 1; }
+  rm -rf "$carry"
+  mkdir -p "$carry/bin" "$carry/lib" "$carry/layers"
+  cp "$build/kvgen" "$build/kvgen-mkmodel" "$carry/bin/"
+  cp "$build"/core/test_vk_* "$carry/bin/"
+  strip "$carry"/bin/* 2>/dev/null || true
+  # the shared libraries beyond the C library's own (pcre2 today), found by ldd
+  local lib
+  for lib in $(ldd "$carry"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u); do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*) ;;
+      *) cp -L "$lib" "$carry/lib/" ;;
+    esac
+  done
+  # Debian's Vulkan loader and validation layer: downloaded and extracted, not installed
+  local debs="$build/debs"
+  rm -rf "$debs"; mkdir -p "$debs/x"
+  (cd "$debs" && apt-get download libvulkan1 vulkan-validationlayers >"$debs/download.log" 2>&1) ||
+    { cat "$debs/download.log"; echo "prepare: apt-get download failed (apt-get update first?)"; return 1; }
+  for t in "$debs"/*.deb; do dpkg -x "$t" "$debs/x"; done
+  cp -L "$debs"/x/usr/lib/x86_64-linux-gnu/libvulkan.so.1 "$carry/lib/"
+  cp -L "$debs"/x/usr/lib/x86_64-linux-gnu/libVkLayer_khronos_validation.so "$carry/layers/"
+  strip "$carry/layers/libVkLayer_khronos_validation.so" 2>/dev/null || true
+  # the layer's manifest, pointing at the library beside it (a path relative to the manifest)
+  sed 's#"library_path": *"[^"]*"#"library_path": "./libVkLayer_khronos_validation.so"#' \
+    "$debs"/x/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json >"$carry/layers/VkLayer_khronos_validation.json"
+  local mib
+  mib=$(du -sm "$carry" | awk '{print $1}')
+  echo "prepare: $(ls "$carry/bin" | wc -l) programs, $(ls "$carry/lib" | wc -l) libraries, the validation layer; ${mib} MiB"
+  if [ "$mib" -gt 64 ]; then echo "prepare: ${mib} MiB is over the 64 MiB that may travel"; return 1; fi
+  echo "${carry#$here/}"
+}
+
+run() {
+  local t0 budget quick res
+  t0=$(date +%s)
+  budget=${KVGEN_GPU_CHECK_BUDGET:-270}
+  quick=${KVGEN_GPU_CHECK_QUICK:-0}
+  res=${OUT:-$build/results}
+  [ -d "$carry/bin" ] || { echo "run: $carry is missing (scripts/gpu_check.sh prepare makes it)"; return 1; }
+  mkdir -p "$res/tmp"
+  exec > >(tee "$res/log.txt") 2>&1
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export VK_LAYER_PATH="$carry/layers"
+  export KVGEN_BIN="$carry/bin" KVGEN_FIXTURES="$here/core/tests/fixtures" KVGEN_TEST_TMP="$res/tmp"
+  local skipped=() failed=() passed=0
+  left() { echo $((budget - ($(date +%s) - t0))); }
+  # the GPU's driver: a vendor ICD manifest, else NVIDIA's driver library by name
+  if [ -z "${VK_ICD_FILENAMES:-}" ]; then
+    local icd="" f dirs=(/usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d)
+    for f in "${dirs[@]/%//nvidia*.json}"; do [ -e "$f" ] && icd="${icd:+$icd:}$f"; done
+    if [ -z "$icd" ] && { ldconfig -p 2>/dev/null | grep -q libGLX_nvidia.so.0 || ls /usr/lib/x86_64-linux-gnu/libGLX_nvidia.so.0 >/dev/null 2>&1; }; then
+      icd="$res/nvidia_icd.json"
+      printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3"}}\n' >"$icd"
+    fi
+    if [ -z "$icd" ]; then # another vendor's: every manifest but the CPU driver's
+      for f in "${dirs[@]/%//*.json}"; do
+        case "$f" in *lvp*|*lavapipe*) ;; *) [ -e "$f" ] && icd="${icd:+$icd:}$f" ;; esac
+      done
+    fi
+    if [ -n "$icd" ]; then export VK_ICD_FILENAMES="$icd"; echo "driver manifests: $icd"; else echo "driver manifests: the system's (no GPU driver manifest found)"; fi
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv 2>/dev/null || true
+  "$carry/bin/kvgen" devices
+
+  # the models, made in the background while the tests run
+  local shapes
+  if [ "$quick" = 1 ]; then
+    shapes=("tiny|--layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab-size 2000 --mix q4_k_m")
+  else
+    shapes=("135m|--layers 30 --embd 576 --ff 1536 --heads 9 --kv-heads 3 --vocab-size 49152 --type Q4_1"
+            "1b-q4km|--layers 16 --embd 2048 --ff 8192 --heads 32 --kv-heads 8 --vocab-size 128256 --mix q4_k_m"
+            "3b-q4km|--layers 28 --embd 3072 --ff 8192 --heads 24 --kv-heads 8 --vocab-size 128256 --mix q4_k_m")
+  fi
+  local s name args pids=()
+  for s in "${shapes[@]}"; do
+    name=${s%%|*}; args=${s#*|}
+    # shellcheck disable=SC2086
+    (timeout "$(left)" "$carry/bin/kvgen-mkmodel" -o "$res/tmp/$name.gguf" $args >"$res/mkmodel-$name.log" 2>&1 &&
+       echo done >"$res/tmp/$name.ok") &
+    pids+=($!)
+  done
+
+  # the Vulkan parity tests, with validation; any validation message fails a test (they leave
+  # the benchmarks `reserve` seconds of the budget)
+  local tst out rc reserve=150
+  [ "$quick" = 1 ] && reserve=30
+  for tst in "$carry"/bin/test_vk_*; do
+    name=$(basename "$tst")
+    if [ "$(left)" -lt "$reserve" ]; then skipped+=("$name"); continue; fi
+    out="$res/$name.log"
+    KVGEN_VALIDATE=1 timeout 120 "$tst" >"$out" 2>&1; rc=$?
+    if [ $rc -eq 77 ]; then echo "$name: skipped ($(tail -1 "$out"))"; continue; fi
+    if [ $rc -ne 0 ] || grep -q "kvgen: vulkan validation:" "$out"; then
+      failed+=("$name"); echo "$name: FAILED (exit $rc)"; grep -m5 "vulkan validation:\|CHECK failed" "$out"
+    else
+      passed=$((passed + 1)); echo "$name: passed ($(tail -1 "$out"))"
+    fi
+  done
+
+  # each model as it is ready: the benchmark, then one profiled generation
+  local bargs=(--backend vulkan --prompts 512,2048 --depths 0,2048,8192 --sessions 1,2,4,8,16,32 --reps 2 --steps 16)
+  [ "$quick" = 1 ] && bargs=(--backend vulkan --quick --sessions 1,4)
+  for i in "${!shapes[@]}"; do
+    name=${shapes[$i]%%|*}
+    wait "${pids[$i]}" 2>/dev/null
+    if [ ! -e "$res/tmp/$name.ok" ]; then skipped+=("model $name (not made in time: $(tail -1 "$res/mkmodel-$name.log" 2>/dev/null))"); continue; fi
+    if [ "$(left)" -lt 40 ]; then skipped+=("bench $name"); continue; fi
+    echo "== $name"
+    timeout "$(( $(left) - 20 ))" "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${bargs[@]}" \
+      --json "$res/bench-$name.json" 2>&1 | tee "$res/bench-$name.txt" | tail -40
+    [ "${PIPESTATUS[0]}" -eq 0 ] || skipped+=("bench $name (ended early: timeout or error)")
+    if [ "$(left)" -gt 15 ]; then
+      KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" --backend vulkan \
+        -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name.txt" 2>&1
+      grep -i "ms" "$res/profile-$name.txt" | tail -12
+    fi
+  done
+  rm -f "$res"/tmp/*.gguf
+  echo "== summary: $passed tests passed, ${#failed[@]} failed${failed[*]:+ (${failed[*]})}; $(( $(date +%s) - t0 )) s"
+  for s in "${skipped[@]}"; do echo "skipped: $s"; done
+  local archive
+  archive=$(mktemp)
+  tar czf "$archive" -C "$res" --exclude ./tmp . 2>/dev/null && mv "$archive" "$res/gpu-check.tar.gz"
+  [ ${#failed[@]} -eq 0 ]
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: bash scripts/gpu_check.sh prepare|run"; exit 2 ;;
+esac
