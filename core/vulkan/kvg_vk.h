@@ -81,6 +81,7 @@ typedef struct kvg_vk_ctx {
     bool own_instance, own_device; /* false when the host handed them in */
     VkDebugUtilsMessengerEXT messenger;
     atomic_int validation_messages; /* warnings and errors the validation layer reported */
+    atomic_int split_dispatches;    /* dispatches recorded as several pieces (maxComputeWorkGroupCount) */
 
     kvgen_device_info info;
     VkPhysicalDeviceProperties props;

@@ -956,6 +956,7 @@ void kvg_vk_cmd_dispatch_at(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe
     /* past maxComputeWorkGroupCount: pieces of at most the limit in each dimension, each starting
      * at its base group, so gl_WorkGroupID is the same as in one dispatch (no shader reads
      * gl_NumWorkGroups); a barrier between pieces orders their writes to the same buffers */
+    atomic_fetch_add(&ctx->split_dispatches, 1);
     bool first = true;
     for (uint32_t z = 0; z < gz; z += max[2])
         for (uint32_t y = 0; y < gy; y += max[1])
