@@ -283,6 +283,12 @@ static void limits_model(void) {
         int32_t toks[3] = {1, 2, 3};
         if (s) CHECK_OK(kvgen_session_prefill(s, toks, 3, NULL, &tu_err_));
         CHECKF(ctx && atomic_load(&ctx->split_dispatches) > 0, "limits %d: no dispatch was split", i);
+        int gemm = 0, attn = 0;
+        for (int p = 0; ctx && p < ctx->n_pipes; p++) {
+            gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
+            attn += strcmp(ctx->pipes[p].name, "attn") == 0;
+        }
+        if (layouts[i][0]) CHECKF(gemm > 0 && attn > 0, "limits %d: the cooperative layout was not used", i);
         CHECKF(ctx && ctx->props.limits.maxComputeWorkGroupCount[0] == 3 &&
                    ctx->props.limits.maxComputeSharedMemorySize <= 16384 &&
                    ctx->props.limits.maxComputeWorkGroupInvocations <= 128,
