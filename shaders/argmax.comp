@@ -4,7 +4,8 @@
 // ties, NaN never wins), for greedy decoding so that only one integer is read back.
 // Dispatch: (1, rows, 1): workgroup y takes row y, the n values at x_off + y * n; WG (a power of
 // two, spec constant 0: 256, fewer where the device allows less) invocations each scan n/WG
-// values (n <= 2^24 and WG = 256 keep the trip count within lavapipe's 65,536).
+// values (lavapipe, whose 1,024 invocations always give WG = 256, stops a loop after 65,535
+// trips: vocabularies up to ~16.7M).
 // Bindings: 2 values (float bits), 3 out (word y receives row y's index).
 layout(constant_id = 0) const uint WG = 256;
 layout(local_size_x_id = 0) in;
