@@ -339,7 +339,8 @@ static void test_shader_limits(void) {
             uint32_t len = b->code[w] >> 16, op = b->code[w] & 0xffffu;
             if (len == 0 || w + len > n) break;
             if (op == 16 && len >= 4 && b->code[w + 2] == 17) local_x = b->code[w + 3]; /* ExecutionMode LocalSize */
-            if (op == 71 && len >= 4 && b->code[w + 2] == 1 && b->code[w + 3] == KVG_SPEC_WG) spec_wg = true; /* SpecId */
+            if (op == 71 && len >= 4 && b->code[w + 2] == 1 && b->code[w + 3] == KVG_SPEC_WG) /* Decorate SpecId */
+                spec_wg = true;
             w += len;
         }
         if (inv == 12345)

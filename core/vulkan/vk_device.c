@@ -400,10 +400,12 @@ static kvgen_status env_limit(const char *name, uint32_t *limit, kvgen_error *er
 static kvgen_status lower_limits(kvg_vk_ctx *ctx, kvgen_error *err) {
     VkPhysicalDeviceLimits *l = &ctx->props.limits;
     kvgen_status st = KVGEN_OK;
-    for (int i = 0; i < 3 && st == KVGEN_OK; i++) st = env_limit("KVGEN_VK_MAX_GROUP_COUNT", &l->maxComputeWorkGroupCount[i], err);
+    for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+        st = env_limit("KVGEN_VK_MAX_GROUP_COUNT", &l->maxComputeWorkGroupCount[i], err);
     if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_SHARED", &l->maxComputeSharedMemorySize, err);
     if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupInvocations, err);
-    for (int i = 0; i < 3 && st == KVGEN_OK; i++) st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupSize[i], err);
+    for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+        st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupSize[i], err);
     ctx->info.max_shared_memory = l->maxComputeSharedMemorySize;
     return st;
 }
