@@ -6,14 +6,17 @@
 // (spec constant MODE):
 //   0 (partial): workgroup (g, y) takes values [g*CHUNK, (g+1)*CHUNK) of row y, which starts
 //     at x_off + y * n in binding 2 (float bits); writes its K best as (key, index) pairs to
-//     binding 7 at (y * G + g) * K, G = the dispatch's x size. Dispatch: (ceil(n / CHUNK), rows, 1).
+//     binding 7 at (y * G + g) * K, G = ceil(n / CHUNK). Dispatch: (G, rows, 1).
 //   1 (merge): workgroup y takes the n (key, index) pairs of row y from binding 7 at y * n and
 //     writes the K best to binding 3 at y * K. Dispatch: (1, rows, 1).
 // Each invocation keeps a sorted list of the best of its strided share (most values are
 // rejected by one compare against its K-th); invocation 0 then merges the lists through
 // shared memory. Missing entries are (0, 0xffffffff): key 0 ranks below every real value.
-// Trip counts: CHUNK/WG = 256 values per invocation in pass 0; n/WG pairs in pass 1.
-layout(local_size_x = 32) in;
+// Trip counts: CHUNK/WG values per invocation in pass 0 (256 at WG 32); n/WG pairs in pass 1.
+// WG (spec constant 0): 32 invocations, using 16,512 bytes of shared memory; 16 or fewer where
+// the device has less (16,384 is Vulkan's minimum).
+layout(constant_id = 0) const uint WG = 32;
+layout(local_size_x_id = 0) in;
 layout(constant_id = 3) const uint MODE = 0;
 
 #define KVG_OWN_PC
@@ -21,7 +24,6 @@ layout(constant_id = 3) const uint MODE = 0;
 #include "select.glsl"
 
 #define K 64u
-#define WG 32u
 #define CHUNK 8192u
 
 layout(push_constant) uniform PC { uint n, x_off; } pc;
@@ -71,7 +73,7 @@ void main() {
     if (tid != 0u) return;
     uint head[WG];
     for (uint t = 0u; t < WG; t++) head[t] = 0u;
-    uint base = MODE == 0u ? (row * gl_NumWorkGroups.x + gl_WorkGroupID.x) * K : row * K;
+    uint base = MODE == 0u ? (row * ((pc.n + CHUNK - 1u) / CHUNK) + gl_WorkGroupID.x) * K : row * K;
     for (uint r = 0u; r < K; r++) {
         uint bt = WG, bk = 0u, bid = 0xffffffffu;
         for (uint t = 0u; t < WG; t++) {

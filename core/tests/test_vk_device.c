@@ -56,8 +56,14 @@ static bool host_create(host_vk *h) {
                        VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
         .pfnUserCallback = host_callback,
         .pUserData = h};
+    /* with synchronization validation, as kvgen's own instance under KVGEN_VALIDATE=1 */
+    VkValidationFeatureEnableEXT sync = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT;
+    VkValidationFeaturesEXT vf = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+                                  .enabledValidationFeatureCount = 1,
+                                  .pEnabledValidationFeatures = &sync};
+    dbg.pNext = &vf;
     const char *layers[] = {"VK_LAYER_KHRONOS_validation"};
-    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME};
+    const char *exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
                              .pApplicationName = "test_vk_device host",
                              .apiVersion = VK_API_VERSION_1_1};
@@ -66,7 +72,7 @@ static bool host_create(host_vk *h) {
                                .pApplicationInfo = &app,
                                .enabledLayerCount = validate ? 1 : 0,
                                .ppEnabledLayerNames = layers,
-                               .enabledExtensionCount = validate ? 1 : 0,
+                               .enabledExtensionCount = validate ? 2 : 0,
                                .ppEnabledExtensionNames = exts};
     /* the host reaches Vulkan through kvgen's own run-time loader (libkvgen links no libvulkan)
      * and hands kvgen its vkGetInstanceProcAddr as a host with its own loader would */
@@ -81,6 +87,7 @@ static bool host_create(host_vk *h) {
         PFN_vkCreateDebugUtilsMessengerEXT create =
             (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(h->inst, "vkCreateDebugUtilsMessengerEXT");
         CHECK(create != NULL);
+        dbg.pNext = NULL; /* the validation features belong to the instance */
         if (create) CHECK(create(h->inst, &dbg, NULL, &h->messenger) == VK_SUCCESS);
     }
     uint32_t n = 0;

@@ -252,6 +252,58 @@ static void compare_model(const char *name, const char *args, int force_f32, int
     compare_file(name, tu_make_model(name, args), force_f32, n_prompt, n_decode);
 }
 
+/* The device's compute limits lowered (KVGEN_VK_MAX_*, docs/vulkan.md): at most 3 workgroups
+ * per dispatch dimension, so nearly every dispatch is split into pieces (the 1000-row logits
+ * mat-vec, the prefill's token columns, attention's heads and tokens), 128 invocations and 16 KiB
+ * of shared memory (argmax and topk in their smaller variants); on the lane layout lavapipe
+ * chooses, then on the cooperative mat-vec, GEMM and shared-memory attention. Same tolerance
+ * as above. */
+static void limits_model(void) {
+    static const char *const layouts[][2] = {{NULL, NULL}, {"0", "0"}};
+    setenv("KVGEN_VK_MAX_GROUP_COUNT", "3", 1);
+    setenv("KVGEN_VK_MAX_SHARED", "16384", 1);
+    setenv("KVGEN_VK_MAX_INVOCATIONS", "128", 1);
+    for (int i = 0; i < 2; i++) {
+        if (layouts[i][0]) {
+            setenv("KVGEN_VK_LANE", layouts[i][0], 1);
+            setenv("KVGEN_VK_ATTN_LANE", layouts[i][1], 1);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "vk_limits%d.gguf", i);
+        compare_model(name, "--type Q8_0 --seed 9 --embd 96 --heads 6 --kv-heads 2 --ff 160 --vocab-size 1000", 0, 40,
+                      8);
+        /* the pieces were really there: a model loaded under the same limits splits its steps */
+        char *path = tu_make_model(name, "--type Q8_0 --seed 9 --embd 96 --heads 6 --kv-heads 2 --ff 160 "
+                                         "--vocab-size 1000");
+        kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+        kvg_vk_ctx *ctx = kvg_vk_model_ctx(mv);
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 64};
+        if (mv) CHECK_OK(kvgen_session_create(mv, &sd, &s, &tu_err_));
+        int32_t toks[3] = {1, 2, 3};
+        if (s) CHECK_OK(kvgen_session_prefill(s, toks, 3, NULL, &tu_err_));
+        CHECKF(ctx && atomic_load(&ctx->split_dispatches) > 0, "limits %d: no dispatch was split", i);
+        int gemm = 0, attn = 0;
+        for (int p = 0; ctx && p < ctx->n_pipes; p++) {
+            gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
+            attn += strcmp(ctx->pipes[p].name, "attn") == 0;
+        }
+        if (layouts[i][0]) CHECKF(gemm > 0 && attn > 0, "limits %d: the cooperative layout was not used", i);
+        CHECKF(ctx && ctx->props.limits.maxComputeWorkGroupCount[0] == 3 &&
+                   ctx->props.limits.maxComputeSharedMemorySize <= 16384 &&
+                   ctx->props.limits.maxComputeWorkGroupInvocations <= 128,
+               "limits %d: the environment did not lower the limits", i);
+        kvgen_session_close(s);
+        kvgen_model_unload(mv);
+        free(path);
+    }
+    unsetenv("KVGEN_VK_LANE");
+    unsetenv("KVGEN_VK_ATTN_LANE");
+    unsetenv("KVGEN_VK_MAX_GROUP_COUNT");
+    unsetenv("KVGEN_VK_MAX_SHARED");
+    unsetenv("KVGEN_VK_MAX_INVOCATIONS");
+}
+
 static void default_model(void) {
     const char *path = tu_model_path();
     if (!path) {
@@ -391,6 +443,7 @@ int main(void) {
                   "--mix q4_k_m --seed 34 --embd 256 --ff 512 --heads 4 --kv-heads 2 --layers 2 --untied", 0, 40, 8);
     unsetenv("KVGEN_VK_CHUNK");
     unsetenv("KVGEN_VK_MAX_PART");
+    limits_model();
     default_model();
     return tu_finish("test_vk_model");
 }

@@ -8,7 +8,9 @@
  *  - whole model on Vulkan: greedy and seeded top-k token sequences through the device path
  *    (one id or 64 candidates read back) equal those with the whole vector read back
  *    (KVGEN_FULL_LOGITS=1), also with two sessions interleaving (kept logits set aside), and
- *    the lazily fetched logits equal the full path's; greedy equals the reference backend's.
+ *    the lazily fetched logits equal the full path's; greedy equals the reference backend's;
+ *  - the kernels again under lowered device limits (KVGEN_VK_MAX_*): smaller workgroups and
+ *    dispatches split into pieces, the same exact results.
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -266,6 +268,57 @@ static void test_model(void) {
     free(path);
 }
 
+/* The selection under lowered limits (KVGEN_VK_MAX_*): 16 KiB of shared memory and 128
+ * invocations choose argmax at 128 invocations and topk at 16 (16,256 + 64 bytes), and at most 3
+ * workgroups per dimension split the topk pass over 9 chunks and the 8-row dispatches into pieces;
+ * the results equal the CPU's exactly, as with the device's own limits. A value that is not a
+ * positive integer fails the context, naming the variable. */
+static void test_small_limits(void) {
+    setenv("KVGEN_VK_MAX_GROUP_COUNT", "3", 1);
+    setenv("KVGEN_VK_MAX_SHARED", "16384", 1);
+    setenv("KVGEN_VK_MAX_INVOCATIONS", "128", 1);
+    kvg_vk_ctx_desc d = {0};
+    kvg_vk_ctx *ctx = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    if (ctx) {
+        uint32_t sizes[] = {70000, 1000, 63, 8193};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            for (int ties = 0; ties <= 1; ties++) check_select(ctx, sizes[i], ties);
+        check_select_rows(ctx, 49152, 8);
+        check_select_rows(ctx, 8193, 5);
+        uint32_t spec[KVG_SPEC_COUNT] = {0};
+        spec[KVG_SPEC_WG] = 128;
+        CHECKF(kvg_vk_pipeline_find(ctx, "argmax", spec) != VK_NULL_HANDLE, "argmax did not run at 128 invocations");
+        spec[KVG_SPEC_WG] = 16;
+        CHECKF(kvg_vk_pipeline_find(ctx, "topk", spec) != VK_NULL_HANDLE, "topk did not run at 16 invocations");
+        CHECK(atomic_load(&ctx->split_dispatches) > 0);
+        /* a pipeline past the lowered limits is refused with the shader, need and limit named */
+        spec[KVG_SPEC_WG] = 256;
+        VkPipeline p = VK_NULL_HANDLE;
+        st = kvg_vk_pipeline_get(ctx, "argmax", spec, &p, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "argmax") && strstr(err.message, "256") &&
+                   strstr(err.message, "128"),
+               "argmax at 256 invocations under a limit of 128: status %d, \"%s\"", (int)st, err.message);
+        spec[KVG_SPEC_WG] = 32;
+        st = kvg_vk_pipeline_get(ctx, "topk", spec, &p, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "16512") && strstr(err.message, "16384"),
+               "topk at 32 invocations under 16 KiB: status %d, \"%s\"", (int)st, err.message);
+        CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
+        kvg_vk_ctx_destroy(ctx);
+    }
+    setenv("KVGEN_VK_MAX_SHARED", "16k", 1);
+    ctx = NULL;
+    st = kvg_vk_ctx_create(&d, &ctx, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "KVGEN_VK_MAX_SHARED") && strstr(err.message, "16k"),
+           "KVGEN_VK_MAX_SHARED=16k: status %d, \"%s\"", (int)st, err.message);
+    kvg_vk_ctx_destroy(ctx);
+    unsetenv("KVGEN_VK_MAX_GROUP_COUNT");
+    unsetenv("KVGEN_VK_MAX_SHARED");
+    unsetenv("KVGEN_VK_MAX_INVOCATIONS");
+}
+
 int main(void) {
     test_sampler_bounded();
     int n_dev = 0;
@@ -288,6 +341,7 @@ int main(void) {
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);
     }
+    test_small_limits();
     test_model();
     return tu_finish("test_vk_sample");
 }

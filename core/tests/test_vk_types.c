@@ -12,7 +12,8 @@
  * block's (same count of set bits, and a random block's every bit found by flipping it). A
  * concatenated group of tensors of different types (Q/K/V) keeps each member's type, one part
  * per run of one type (also when the buffer range cuts a run); an interleaved one (gate/up) of
- * different types is uploaded as Q8_0 where that is exact (Q4_0, Q5_0, Q8_0), else as F32. */
+ * different types is uploaded as Q8_0 where that is exact (Q4_0, Q5_0, Q8_0), else as F32. The
+ * device-limits table has an entry for every embedded shader, agreeing with its workgroup size. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,7 +320,44 @@ static void test_upload_refusal(void) {
     kvg_vk_ctx_destroy(ctx);
 }
 
+/* The device-limits table (kvg_vk_shader_limits, vk_device.c) against the embedded SPIR-V: every
+ * shader has an entry; one the table gives a fixed workgroup size has that LocalSize in x, one it
+ * sizes by the WG specialization constant decorates a constant with SpecId 0. */
+static void test_shader_limits(void) {
+    for (size_t i = 0; i < kvg_shader_count(); i++) {
+        const kvg_shader_blob *b = kvg_shader_at(i);
+        uint32_t spec[KVG_SPEC_COUNT] = {0}, inv = 0;
+        uint64_t shared = 0;
+        spec[KVG_SPEC_WG] = 12345; /* a size no shader fixes */
+        spec[KVG_SPEC_GQ] = spec[KVG_SPEC_ROWS] = spec[KVG_SPEC_NCOLS] = 1;
+        kvgen_error err = {0};
+        CHECKF(kvg_vk_shader_limits(b->name, spec, &inv, &shared, &err) == KVGEN_OK, "%s", err.message);
+        uint32_t local_x = 0;
+        bool spec_wg = false;
+        size_t n = b->size / 4;
+        for (size_t w = 5; w < n;) {
+            uint32_t len = b->code[w] >> 16, op = b->code[w] & 0xffffu;
+            if (len == 0 || w + len > n) break;
+            if (op == 16 && len >= 4 && b->code[w + 2] == 17) local_x = b->code[w + 3]; /* ExecutionMode LocalSize */
+            if (op == 71 && len >= 4 && b->code[w + 2] == 1 && b->code[w + 3] == KVG_SPEC_WG) /* Decorate SpecId */
+                spec_wg = true;
+            w += len;
+        }
+        if (inv == 12345)
+            CHECKF(spec_wg, "%s: the limits table sizes it by WG, but it has no specialization constant 0", b->name);
+        else
+            CHECKF(inv == local_x, "%s: the limits table says %u invocations, the SPIR-V LocalSize %u", b->name, inv,
+                   local_x);
+    }
+    kvgen_error err = {0};
+    uint32_t spec[KVG_SPEC_COUNT] = {0}, inv;
+    uint64_t shared;
+    CHECK(kvg_vk_shader_limits("no_such_shader", spec, &inv, &shared, &err) == KVGEN_E_INTERNAL &&
+          strstr(err.message, "no_such_shader"));
+}
+
 int main(void) {
+    test_shader_limits();
     test_table();
     test_repack_bijective();
     test_refusals();

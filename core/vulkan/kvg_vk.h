@@ -81,6 +81,7 @@ typedef struct kvg_vk_ctx {
     bool own_instance, own_device; /* false when the host handed them in */
     VkDebugUtilsMessengerEXT messenger;
     atomic_int validation_messages; /* warnings and errors the validation layer reported */
+    atomic_int split_dispatches;    /* dispatches recorded as several pieces (maxComputeWorkGroupCount) */
 
     kvgen_device_info info;
     VkPhysicalDeviceProperties props;
@@ -145,6 +146,18 @@ kvgen_status kvg_vk_download(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSi
  * cached (never on the per-token path: callers create everything they need at load). */
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
                                  VkPipeline *out, kvgen_error *err);
+/* Pipelines are checked against the device's compute limits (ctx->props.limits, lowered by
+ * KVGEN_VK_MAX_SHARED and KVGEN_VK_MAX_INVOCATIONS; docs/vulkan.md) before they are created.
+ * shader_limits: the workgroup invocations and shared-memory bytes a shader needs with these
+ * specialization constants (a table in vk_device.c; an unknown shader is an error). shader_fits:
+ * KVGEN_OK, or KVGEN_E_UNSUPPORTED naming the shader, what it needs and the limit (err may be
+ * NULL). fit_wg: halves spec[KVG_SPEC_WG] until the shader fits, not below min_wg; false when
+ * it never does (for shaders whose workgroup size is free: argmax, topk). */
+kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SPEC_COUNT], uint32_t *invocations,
+                                  uint64_t *shared, kvgen_error *err);
+kvgen_status kvg_vk_shader_fits(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
+                                kvgen_error *err);
+bool kvg_vk_fit_wg(const kvg_vk_ctx *ctx, const char *shader, uint32_t spec[KVG_SPEC_COUNT], uint32_t min_wg);
 /* Finds an already created pipeline; VK_NULL_HANDLE when absent. */
 VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]);
 
@@ -161,6 +174,9 @@ kvgen_status kvg_vk_cmd_alloc(kvg_vk_ctx *ctx, VkCommandBuffer *out, kvgen_error
 /* one_time: recorded for one submission; else recorded once and replayed */
 kvgen_status kvg_vk_cmd_begin(VkCommandBuffer cb, bool one_time, kvgen_error *err);
 kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err);
+/* Every dispatch goes through these: a grid larger than maxComputeWorkGroupCount (lowered by
+ * KVGEN_VK_MAX_GROUP_COUNT) in any dimension is recorded as several vkCmdDispatchBase pieces
+ * with barriers between them; shaders see the same gl_WorkGroupID either way. */
 void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,
                          uint32_t pc_size, uint32_t gx, uint32_t gy, uint32_t gz);
 /* the same with the dynamic offset (bytes, a multiple of minUniformBufferOffsetAlignment) of
@@ -169,6 +185,9 @@ void kvg_vk_cmd_dispatch_at(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe
                             uint32_t pc_size, uint32_t ubo_offset, uint32_t gx, uint32_t gy, uint32_t gz);
 /* compute writes -> compute reads/writes */
 void kvg_vk_cmd_barrier(VkCommandBuffer cb);
+/* compute or transfer writes -> transfer reads/writes (before a copy or fill of a buffer the
+ * device may have written) */
+void kvg_vk_cmd_transfer_barrier(VkCommandBuffer cb);
 /* compute writes -> host reads (end of a step whose results are read back) */
 void kvg_vk_cmd_host_barrier(VkCommandBuffer cb);
 /* Submits an ended command buffer and waits (caller holds ctx->lock). */

@@ -83,6 +83,7 @@
     X(vkCmdBindDescriptorSets)                                                                      \
     X(vkCmdPushConstants)                                                                           \
     X(vkCmdDispatch)                                                                                \
+    X(vkCmdDispatchBase)                                                                            \
     X(vkCmdPipelineBarrier)                                                                         \
     X(vkCmdCopyBuffer)                                                                              \
     X(vkCmdFillBuffer)                                                                              \
@@ -168,6 +169,7 @@ PFN_vkGetInstanceProcAddr kvg_vk_lib_gipa(void *lib);
 #define vkCmdBindDescriptorSets kvg_vkCmdBindDescriptorSets
 #define vkCmdPushConstants kvg_vkCmdPushConstants
 #define vkCmdDispatch kvg_vkCmdDispatch
+#define vkCmdDispatchBase kvg_vkCmdDispatchBase
 #define vkCmdPipelineBarrier kvg_vkCmdPipelineBarrier
 #define vkCmdCopyBuffer kvg_vkCmdCopyBuffer
 #define vkCmdFillBuffer kvg_vkCmdFillBuffer

@@ -52,13 +52,14 @@ static bool has_layer(const char *name) {
     return found;
 }
 
-static bool has_instance_ext(const char *name) {
+/* layer: NULL for the loader's and drivers' extensions, else that layer's */
+static bool has_instance_ext(const char *layer, const char *name) {
     uint32_t n = 0;
-    if (vkEnumerateInstanceExtensionProperties(NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    if (vkEnumerateInstanceExtensionProperties(layer, &n, NULL) != VK_SUCCESS || n == 0) return false;
     VkExtensionProperties *p = kvg_calloc(n, sizeof *p);
     if (!p) return false;
     bool found = false;
-    if (vkEnumerateInstanceExtensionProperties(NULL, &n, p) == VK_SUCCESS)
+    if (vkEnumerateInstanceExtensionProperties(layer, &n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++)
             if (strcmp(p[i].extensionName, name) == 0) found = true;
     kvg_free(p);
@@ -82,9 +83,9 @@ static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, PFN_vkGetIns
                              .engineVersion = VK_MAKE_API_VERSION(0, KVGEN_VERSION_MAJOR, KVGEN_VERSION_MINOR,
                                                                   KVGEN_VERSION_PATCH),
                              .apiVersion = api >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1};
-    const char *layers[1], *exts[2];
+    const char *layers[1], *exts[3];
     uint32_t n_layers = 0, n_exts = 0;
-    bool portability = has_instance_ext("VK_KHR_portability_enumeration");
+    bool portability = has_instance_ext(NULL, "VK_KHR_portability_enumeration");
     if (portability) exts[n_exts++] = "VK_KHR_portability_enumeration";
     if (validate) {
         if (!has_layer("VK_LAYER_KHRONOS_validation"))
@@ -93,7 +94,19 @@ static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, PFN_vkGetIns
                             "(apt install vulkan-validationlayers)");
         layers[n_layers++] = "VK_LAYER_KHRONOS_validation";
         exts[n_exts++] = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+        if (!has_instance_ext("VK_LAYER_KHRONOS_validation", VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME))
+            return kvg_fail(err, KVGEN_E_DEVICE,
+                            "vulkan: KVGEN_VALIDATE=1 but the validation layer lacks %s (needed for "
+                            "synchronization validation)",
+                            VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME);
+        exts[n_exts++] = VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME;
     }
+    /* validation also checks synchronization: every read after a write (and write after a read
+     * or write) of a buffer needs a barrier between them */
+    VkValidationFeatureEnableEXT features[] = {VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+    VkValidationFeaturesEXT vf = {.sType = VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT,
+                                  .enabledValidationFeatureCount = 1,
+                                  .pEnabledValidationFeatures = features};
     VkDebugUtilsMessengerCreateInfoEXT dbg = {
         .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
         .messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
@@ -101,6 +114,7 @@ static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, PFN_vkGetIns
                        VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
         .pfnUserCallback = debug_callback,
         .pUserData = ctx};
+    dbg.pNext = validate ? &vf : NULL;
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
                                .pNext = validate ? &dbg : NULL,
                                .flags = portability ? VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR : 0,
@@ -120,6 +134,7 @@ static kvgen_status create_instance(kvg_vk_ctx *ctx, bool validate, PFN_vkGetIns
         PFN_vkCreateDebugUtilsMessengerEXT create =
             (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(*out, "vkCreateDebugUtilsMessengerEXT");
         if (!create) return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: vkCreateDebugUtilsMessengerEXT is missing");
+        dbg.pNext = NULL; /* the validation features belong to the instance only */
         VKCHECK(create(*out, &dbg, NULL, &ctx->messenger), "vkCreateDebugUtilsMessengerEXT");
     }
     return KVGEN_OK;
@@ -364,6 +379,37 @@ static void slot_binding(uint32_t slot, uint32_t *binding, uint32_t *element) {
     *element = slot < KVG_VK_LAYOUT_BINDINGS ? 0 : slot - KVG_VK_LAYOUT_BINDINGS + 1;
 }
 
+/* The compute limits kvgen's dispatches and pipelines are checked against (ctx->props.limits),
+ * lowered by the environment so that tests run the small-limit paths on any device:
+ * KVGEN_VK_MAX_GROUP_COUNT (maxComputeWorkGroupCount, every dimension), KVGEN_VK_MAX_SHARED
+ * (maxComputeSharedMemorySize, bytes) and KVGEN_VK_MAX_INVOCATIONS
+ * (maxComputeWorkGroupInvocations and every dimension of maxComputeWorkGroupSize). A value can
+ * only lower a limit; one that is not a positive integer is an error. */
+static kvgen_status env_limit(const char *name, uint32_t *limit, kvgen_error *err) {
+    const char *v = getenv(name);
+    if (!v || !*v) return KVGEN_OK;
+    char *end = NULL;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || x == 0 || x > UINT32_MAX || v[0] == '-')
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: %s=\"%s\" is not a positive integer below 2^32",
+                        name, v);
+    if (x < *limit) *limit = (uint32_t)x;
+    return KVGEN_OK;
+}
+
+static kvgen_status lower_limits(kvg_vk_ctx *ctx, kvgen_error *err) {
+    VkPhysicalDeviceLimits *l = &ctx->props.limits;
+    kvgen_status st = KVGEN_OK;
+    for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+        st = env_limit("KVGEN_VK_MAX_GROUP_COUNT", &l->maxComputeWorkGroupCount[i], err);
+    if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_SHARED", &l->maxComputeSharedMemorySize, err);
+    if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupInvocations, err);
+    for (int i = 0; i < 3 && st == KVGEN_OK; i++)
+        st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupSize[i], err);
+    ctx->info.max_shared_memory = l->maxComputeSharedMemorySize;
+    return st;
+}
+
 static kvgen_status create_common(kvg_vk_ctx *ctx, kvgen_error *err) {
     ctx->ubo_window = ctx->props.limits.maxUniformBufferRange < 65536 ? ctx->props.limits.maxUniformBufferRange : 65536;
     ctx->ubo_window &= ~15u;
@@ -486,7 +532,8 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
     }
     vkGetPhysicalDeviceProperties(ctx->phys, &ctx->props);
     vkGetPhysicalDeviceMemoryProperties(ctx->phys, &ctx->mem_props);
-    st = create_common(ctx, err);
+    st = lower_limits(ctx, err);
+    if (st == KVGEN_OK) st = create_common(ctx, err);
     if (st != KVGEN_OK) goto fail;
     kvg_vk_pcache_open(ctx, desc->pipeline_cache_path); /* never fails: no usable file = empty cache */
     *out = ctx;
@@ -647,6 +694,7 @@ static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDevic
     st = one_off(ctx, &cb, err);
     if (st == KVGEN_OK) {
         VkBufferCopy region = {.srcOffset = to_device ? 0 : offset, .dstOffset = to_device ? offset : 0, .size = size};
+        kvg_vk_cmd_transfer_barrier(cb);
         vkCmdCopyBuffer(cb, to_device ? staging.buf : b->buf, to_device ? b->buf : staging.buf, 1, &region);
         kvg_vk_cmd_barrier(cb);
         kvg_vk_cmd_host_barrier(cb);
@@ -695,10 +743,79 @@ VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const
     return VK_NULL_HANDLE;
 }
 
+/* What each shader asks of the device, mirroring its declarations (shaders/NAME.comp): the
+ * workgroup size (fixed, or 0: the WG specialization constant) and the shared memory, in bytes:
+ * base + per_wg * WG + per_wg_gq * WG * GQ + per_wg_rc * WG * ROWS * NCOLS. A name ending in '_'
+ * stands for every weight type's variant (matvec_q4_0, ...). */
+static const struct shader_needs {
+    const char *name;
+    uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc;
+} shader_needs[] = {
+    {"argmax", 0, 0, 8, 0, 0},                   /* best_k, best_i[WG] */
+    {"topk", 0, 0, 64 * 8 + 4, 0, 0},            /* lk, li[WG * K], lcount[WG]; K = 64 */
+    {"attn", 0, 0, 8, 8, 0},                     /* sc, pr[GQ * WG], v_slab, v_elem[WG] */
+    {"attn_lane", 0, 0, 0, 0, 0},                /* none */
+    {"attn_reduce", 64, 0, 0, 0, 0},             /* none */
+    {"kv_copy", 64, 0, 0, 0, 0},                 /* none */
+    {"rms_norm", 0, 0, 4, 0, 0},                 /* red[WG] */
+    {"embed_", 0, 0, 0, 0, 0},                   /* none */
+    {"matvec_", 0, 0, 0, 0, 4},                  /* red[WG * ROWS * NCOLS] */
+    {"gemm_", 128, 32 * 16 * 16 + 32 * 8 * 16 + 128 * 4 + 32 * 4, 0, 0, 0}, /* ws, xs, ssum, tscale */
+    {"probe_read", 64, 64 * 4, 0, 0, 0},         /* red[64] */
+    {"probe_empty", 1, 0, 0, 0, 0},
+};
+
+kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SPEC_COUNT], uint32_t *invocations,
+                                  uint64_t *shared, kvgen_error *err) {
+    for (size_t i = 0; i < sizeof shader_needs / sizeof shader_needs[0]; i++) {
+        const struct shader_needs *n = &shader_needs[i];
+        size_t len = strlen(n->name);
+        bool family = n->name[len - 1] == '_';
+        if (family ? strncmp(shader, n->name, len) != 0 : strcmp(shader, n->name) != 0) continue;
+        uint64_t wg = n->wg ? n->wg : spec[KVG_SPEC_WG];
+        *invocations = (uint32_t)wg;
+        *shared = n->base + wg * n->per_wg + wg * spec[KVG_SPEC_GQ] * n->per_wg_gq +
+                  wg * (uint64_t)spec[KVG_SPEC_ROWS] * spec[KVG_SPEC_NCOLS] * n->per_wg_rc;
+        return KVGEN_OK;
+    }
+    return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader %s has no entry in the shader limits table", shader);
+}
+
+kvgen_status kvg_vk_shader_fits(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
+                                kvgen_error *err) {
+    uint32_t inv = 0;
+    uint64_t shared = 0;
+    kvgen_status st = kvg_vk_shader_limits(shader, spec, &inv, &shared, err);
+    if (st != KVGEN_OK) return st;
+    const VkPhysicalDeviceLimits *l = &ctx->props.limits;
+    if (inv == 0 || inv > l->maxComputeWorkGroupInvocations || inv > l->maxComputeWorkGroupSize[0])
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: shader %s needs workgroups of %u invocations; device %s allows %u "
+                        "(maxComputeWorkGroupInvocations), %u in x (maxComputeWorkGroupSize)",
+                        shader, inv, ctx->info.name, l->maxComputeWorkGroupInvocations,
+                        l->maxComputeWorkGroupSize[0]);
+    if (shared > l->maxComputeSharedMemorySize)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: shader %s (workgroup size %u) needs %llu bytes of shared memory; device %s allows %u "
+                        "(maxComputeSharedMemorySize)",
+                        shader, inv, (unsigned long long)shared, ctx->info.name, l->maxComputeSharedMemorySize);
+    return KVGEN_OK;
+}
+
+bool kvg_vk_fit_wg(const kvg_vk_ctx *ctx, const char *shader, uint32_t spec[KVG_SPEC_COUNT], uint32_t min_wg) {
+    for (;;) {
+        if (kvg_vk_shader_fits(ctx, shader, spec, NULL) == KVGEN_OK) return true;
+        if (spec[KVG_SPEC_WG] / 2 < min_wg || spec[KVG_SPEC_WG] < 2) return false;
+        spec[KVG_SPEC_WG] /= 2;
+    }
+}
+
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
                                  VkPipeline *out, kvgen_error *err) {
     *out = kvg_vk_pipeline_find(ctx, shader, spec);
     if (*out) return KVGEN_OK;
+    kvgen_status fit = kvg_vk_shader_fits(ctx, shader, spec, err);
+    if (fit != KVGEN_OK) return fit;
     const kvg_shader_blob *blob = kvg_shader_find(shader);
     if (!blob) return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader %s is not embedded", shader);
     if (strlen(shader) >= sizeof ctx->pipes[0].name)
@@ -724,6 +841,7 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                                .pData = spec};
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .flags = VK_PIPELINE_CREATE_DISPATCH_BASE_BIT, /* large dispatches are split (kvg_vk_cmd_dispatch_at) */
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                   .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                   .module = mod,
@@ -832,7 +950,24 @@ void kvg_vk_cmd_dispatch_at(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe
     vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
     vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipe_layout, 0, 1, &set, 1, &ubo_offset);
     if (pc_size) vkCmdPushConstants(cb, ctx->pipe_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, pc_size, pc);
-    vkCmdDispatch(cb, gx, gy, gz);
+    const uint32_t *max = ctx->props.limits.maxComputeWorkGroupCount;
+    if (gx <= max[0] && gy <= max[1] && gz <= max[2]) {
+        vkCmdDispatch(cb, gx, gy, gz);
+        return;
+    }
+    /* past maxComputeWorkGroupCount: pieces of at most the limit in each dimension, each starting
+     * at its base group, so gl_WorkGroupID is the same as in one dispatch (no shader reads
+     * gl_NumWorkGroups); a barrier between pieces orders their writes to the same buffers */
+    atomic_fetch_add(&ctx->split_dispatches, 1);
+    bool first = true;
+    for (uint32_t z = 0; z < gz; z += max[2])
+        for (uint32_t y = 0; y < gy; y += max[1])
+            for (uint32_t x = 0; x < gx; x += max[0]) {
+                if (!first) kvg_vk_cmd_barrier(cb);
+                first = false;
+                vkCmdDispatchBase(cb, x, y, z, gx - x < max[0] ? gx - x : max[0], gy - y < max[1] ? gy - y : max[1],
+                                  gz - z < max[2] ? gz - z : max[2]);
+            }
 }
 
 void kvg_vk_cmd_barrier(VkCommandBuffer cb) {
@@ -841,6 +976,14 @@ void kvg_vk_cmd_barrier(VkCommandBuffer cb) {
                           .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+void kvg_vk_cmd_transfer_barrier(VkCommandBuffer cb) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT};
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
 void kvg_vk_cmd_host_barrier(VkCommandBuffer cb) {

@@ -156,6 +156,7 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
             for (int i = 0; i < m.n_parts && st == KVGEN_OK; i++) {
                 pc_embed pc = {.nrows = m.parts[i].rows, .nb = m.nb, .scale_off = m.parts[i].scale_off, .ncols = n,
                                .ldo = ldo, .row0 = m.parts[i].row0, .embd_scale = scale};
+                if (i > 0) kvg_vk_cmd_barrier(cb); /* the parts write one buffer */
                 kvg_vk_cmd_dispatch(ctx, cb, pipe, sets[i], &pc, sizeof pc, n, 1, 1);
             }
             kvg_vk_cmd_host_barrier(cb);

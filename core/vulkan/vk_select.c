@@ -15,8 +15,14 @@ kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, ui
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: selection over %u rows of %u values", rows, n);
     sel->n = n;
     sel->rows = rows;
+    /* the largest workgroups the device's limits allow (argmax: 256, topk: 32); pipeline_get
+     * reports a device that cannot run even the smallest */
     uint32_t spec[KVG_SPEC_COUNT] = {0};
+    spec[KVG_SPEC_WG] = 256;
+    kvg_vk_fit_wg(ctx, "argmax", spec, 32);
     kvgen_status st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax, err);
+    spec[KVG_SPEC_WG] = 32;
+    kvg_vk_fit_wg(ctx, "topk", spec, 1);
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_part, err);
     spec[KVG_SPEC_MODE] = 1;
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_merge, err);

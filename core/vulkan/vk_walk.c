@@ -93,6 +93,10 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                 st = matmul_pipeline(w, a->m, &a->m->parts[pi], a->epi, a->norm, variants[i], a->ldx, true, &p);
         return st;
     }
+    /* the dispatches of one op (parts, input windows) write one output buffer, each its own rows
+     * or columns; a barrier between them still orders the writes, as the synchronization rules
+     * (and validation) see the whole bound range */
+    int dispatched = 0;
     for (int pi = 0; pi < a->m->n_parts; pi++) {
         const vk_part *part = &a->m->parts[pi];
         int idx = w->cursor++;
@@ -151,9 +155,11 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                 for (uint32_t g = 0; g < gy; g++) {
                     pc.c0 = g * 8;
                     uint32_t off = (a->x_off + pc.c0 * a->ldx) * 4;
+                    if (dispatched++) kvg_vk_cmd_barrier(w->cb);
                     kvg_vk_cmd_dispatch_at(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, off, gx, 1, 1);
                 }
             } else {
+                if (dispatched++) kvg_vk_cmd_barrier(w->cb);
                 kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, gy, 1);
             }
         }
@@ -192,6 +198,7 @@ static kvgen_status op_embed(walk *w) {
             /* embed.comp reads word 9 (eps) as the embedding scale (gemma: sqrt(n_embd)) */
             pc_weights pc = {.nrows = part->rows, .nb = vm->embd.nb, .scale_off = part->scale_off, .ncols = w->n,
                              .ldo = vm->ld_x, .row0 = part->row0, .eps = vm->embd_scale};
+            if (pi > 0) kvg_vk_cmd_barrier(w->cb); /* the parts write one buffer (op_matmul) */
             kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, w->n, 1, 1);
         }
     }
