@@ -180,6 +180,9 @@ static uint32_t str_intern(kvgen_memory *m, const char *s) {
     return m->n_strs - 1;
 }
 
+/* the start of a record's one allocation */
+static void *rec_block(const mem_rec *r) { return r->n_fields ? (void *)r->fields : (void *)r->text; }
+
 /* ---- store -------------------------------------------------------------------------------- */
 
 static kvgen_status new_store(const char *who, int dim, kvgen_memory_storage storage, uint64_t embedding_id,
@@ -234,7 +237,7 @@ kvgen_status kvgen_memory_create(const kvgen_memory_desc *desc, kvgen_memory **o
 
 void kvgen_memory_free(kvgen_memory *m) {
     if (!m) return;
-    for (size_t i = 0; i < m->n; i++) kvg_free(m->recs[i].text);
+    for (size_t i = 0; i < m->n; i++) kvg_free(rec_block(&m->recs[i]));
     for (uint32_t i = 0; i < m->n_strs; i++) kvg_free(m->strs[i]);
     kvg_free(m->strs);
     kvg_free(m->str_map);
@@ -320,9 +323,6 @@ static bool make_rec(kvgen_memory *m, const char *text, size_t tlen, const kvgen
     return true;
 }
 
-static void *rec_block(const mem_rec *r) {
-    return r->n_fields ? (void *)r->fields : (void *)r->text;
-}
 
 static void store_row(kvgen_memory *m, size_t slot, const float *unit) {
     unsigned char *dst = m->vecs + slot * (size_t)m->dim * m->es;
