@@ -101,6 +101,7 @@ static float *check_vector(lua_State *L, int arg, const lmemory *m) {
 
 /* m:add(text, vector [, fields]) -> id; fields: {key = "value", ...} (string or number values) */
 static int memory_add(lua_State *L) {
+    lua_settop(L, 4); /* what the call pushes goes above its arguments */
     lmemory *m = check_memory(L, 1);
     const char *text = kvl_check_cstring_arg(L, 2, "text");
     float *v = check_vector(L, 3, m);
@@ -185,6 +186,7 @@ static void push_entry(lua_State *L, const kvgen_memory_entry *e) {
 
 /* m:get(id) -> {id=, text=, fields=, vector=} or nil */
 static int memory_get(lua_State *L) {
+    lua_settop(L, 2);
     lmemory *m = check_memory(L, 1);
     uint64_t id = check_id(L, 2);
     float *v = lua_newuserdatauv(L, (size_t)m->dim * sizeof *v, 0);
@@ -236,6 +238,7 @@ static const opt_spec search_specs[] = {
 
 /* m:search(vector [, {k = 5, where = {key = value}}]) -> { {id=, text=, score=, fields=}, ... } */
 static int memory_search(lua_State *L) {
+    lua_settop(L, 3);
     lmemory *m = check_memory(L, 1);
     float *q = check_vector(L, 2, m);
     (void)q;
