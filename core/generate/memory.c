@@ -516,12 +516,23 @@ kvgen_status kvgen_memory_search(const kvgen_memory *m, const float *query, size
         }
     } else {
         uint32_t key = str_find(m, where->key), value = str_find(m, where->value);
-        if (key != UINT32_MAX && value != UINT32_MAX)
-            for (size_t s = 0; s < m->n; s++) {
-                if (!rec_matches(&m->recs[s], key, value)) continue;
-                dot_block(m, q, s, 1, scores);
-                topk_offer(&t, m->ids[s], scores[0]);
+        /* per block: the matching rows one by one (only their bytes are read: a large store is
+         * bound by memory bandwidth), or the whole block in one call when most of it matches */
+        unsigned short match[BLOCK];
+        for (size_t s = 0; key != UINT32_MAX && value != UINT32_MAX && s < m->n; s += BLOCK) {
+            int rows = m->n - s < BLOCK ? (int)(m->n - s) : BLOCK, nm = 0;
+            for (int r = 0; r < rows; r++)
+                if (rec_matches(&m->recs[s + (size_t)r], key, value)) match[nm++] = (unsigned short)r;
+            if (nm * 3 >= rows * 2) {
+                dot_block(m, q, s, rows, scores);
+                for (int i = 0; i < nm; i++) topk_offer(&t, m->ids[s + match[i]], scores[match[i]]);
+            } else {
+                for (int i = 0; i < nm; i++) {
+                    dot_block(m, q, s + match[i], 1, scores);
+                    topk_offer(&t, m->ids[s + match[i]], scores[0]);
+                }
             }
+        }
     }
     if (q != qbuf) kvg_free(q);
     /* best first: pop the worst to the back */

@@ -22,7 +22,8 @@ static const char *const TOWNS[] = {"mill", "forge", "inn"};
 
 /* checks one search against the reference: every stored vector (kvgen_memory_get) dotted in
  * double with the normalized query, the filter applied, the k best by (score desc, id asc) */
-static void check_search(kvgen_memory *m, const float *q, int dim, size_t k, const char *town, const char *what) {
+static void check_search_by(kvgen_memory *m, const float *q, int dim, size_t k, const char *key, const char *town,
+                            const char *what) {
     kvgen_memory_info info;
     kvgen_memory_get_info(m, &info);
     double qn = 0;
@@ -39,7 +40,7 @@ static void check_search(kvgen_memory *m, const float *q, int dim, size_t k, con
         if (town) {
             bool match = false;
             for (size_t f = 0; f < e.n_fields; f++)
-                if (!strcmp(e.fields[f].key, "town")) match = !strcmp(e.fields[f].value, town);
+                if (!strcmp(e.fields[f].key, key)) match = !strcmp(e.fields[f].value, town);
             if (!match) continue;
         }
         double s = 0;
@@ -62,7 +63,7 @@ static void check_search(kvgen_memory *m, const float *q, int dim, size_t k, con
     }
     kvgen_memory_hit *hits = malloc((k ? k : 1) * sizeof *hits);
     size_t got = 99;
-    kvgen_memory_field where = {"town", town};
+    kvgen_memory_field where = {key, town};
     kvgen_error err = {0};
     kvgen_status st = kvgen_memory_search(m, q, (size_t)dim, k, town ? &where : NULL, hits, &got, &err);
     CHECKF(st == KVGEN_OK, "%s: %s", what, err.message);
@@ -92,6 +93,10 @@ static void check_search(kvgen_memory *m, const float *q, int dim, size_t k, con
     free(hits);
 }
 
+static void check_search(kvgen_memory *m, const float *q, int dim, size_t k, const char *town, const char *what) {
+    check_search_by(m, q, dim, k, "town", town, what);
+}
+
 static void random_vec(float *v, int dim) {
     for (int i = 0; i < dim; i++) v[i] = (float)(urand() * 2 - 1);
 }
@@ -113,9 +118,9 @@ static void test_search(int dim, kvgen_memory_storage storage) {
         }
         char text[32];
         snprintf(text, sizeof text, "memory %d", i);
-        kvgen_memory_field f[2] = {{"town", TOWNS[i % 3]}, {"mood", i % 2 ? "calm" : "angry"}};
+        kvgen_memory_field f[3] = {{"town", TOWNS[i % 3]}, {"mood", i % 2 ? "calm" : "angry"}, {"kind", "said"}};
         uint64_t id = 0;
-        CHECK_OK(kvgen_memory_add(m, text, f, (size_t)(i % 4 == 3 ? 0 : 2), v, (size_t)dim, &id, NULL));
+        CHECK_OK(kvgen_memory_add(m, text, f, (size_t)(i % 4 == 3 ? 0 : i % 16 == 1 ? 2 : 3), v, (size_t)dim, &id, NULL));
         CHECK(id == (uint64_t)i + 1);
     }
     CHECK(kvgen_memory_count(m) == (size_t)N);
@@ -124,12 +129,14 @@ static void test_search(int dim, kvgen_memory_storage storage) {
         check_search(m, v, dim, 10, NULL, what);
         check_search(m, v, dim, 1, NULL, what);
         check_search(m, v, dim, 5, TOWNS[t], what);
+        check_search_by(m, v, dim, 9, "kind", "said", what); /* most rows match: whole blocks */
+        check_search_by(m, v, dim, 4, "mood", "calm", what);
         check_search(m, v, dim, 2000, NULL, what); /* k past the count: everything, sorted */
     }
     /* the query equal to a stored vector finds it first (score 1) */
     kvgen_memory_entry e;
     CHECK_OK(kvgen_memory_get(m, 102, &e, v, (size_t)dim, NULL));
-    CHECK(!strcmp(e.text, "memory 101") && e.n_fields == 2 && !strcmp(e.fields[0].value, TOWNS[101 % 3]) &&
+    CHECK(!strcmp(e.text, "memory 101") && e.n_fields == 3 && !strcmp(e.fields[0].value, TOWNS[101 % 3]) &&
           !strcmp(e.fields[1].key, "mood") && !strcmp(e.fields[1].value, "calm"));
     CHECK_OK(kvgen_memory_get(m, 100, &e, NULL, 0, NULL));
     CHECK(!strcmp(e.text, "memory 99") && e.n_fields == 0 && e.fields == NULL);
