@@ -3,6 +3,7 @@
  * load round trips, and every refusal (bad arguments, zero and non-finite vectors, wrong dim,
  * truncated and corrupted files, another embedding identity, a save into a missing folder that
  * leaves the old file as it was). */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,15 +325,21 @@ static void test_refusals(void) {
     fclose(fp);
     CHECK(kvgen_memory_load(bad_file, NULL, &l, &err) == KVGEN_E_FORMAT && strstr(err.message, "not a kvgen memory file"));
     CHECK(kvgen_memory_load("/nonexistent/x.kvm", NULL, &l, &err) == KVGEN_E_IO && strstr(err.message, "cannot open"));
+#ifndef _WIN32
     CHECK(kvgen_memory_load("/dev/zero", NULL, &l, &err) == KVGEN_E_IO && strstr(err.message, "not a regular file"));
+#endif
     /* a save into a missing folder, or onto a folder, fails and leaves the old file intact */
     char missing[512];
     snprintf(missing, sizeof missing, "%s.nodir/x.kvm", file);
     CHECK(kvgen_memory_save(m, missing, &err) == KVGEN_E_IO && strstr(err.message, "kvgen_memory_save") &&
           strstr(err.message, "temporary file"));
+#ifndef _WIN32
     CHECK(kvgen_memory_save(m, "/dev/null", &err) == KVGEN_E_IO && strstr(err.message, "not a regular file"));
+#endif
     CHECK_OK(kvgen_memory_add(m, "second", NULL, 0, v, 4, &id, NULL));
-    CHECK(kvgen_memory_save(m, "/proc/kvgen-no/x.kvm", &err) == KVGEN_E_IO);
+    CHECK(kvgen_memory_save(m, bad_file, NULL) == KVGEN_OK); /* another file: the first stays */
+    snprintf(missing, sizeof missing, "%s.nodir/deeper/y.kvm", file);
+    CHECK(kvgen_memory_save(m, missing, &err) == KVGEN_E_IO);
     size_t size2 = 0;
     char *after = tu_read_file(file, &size2);
     CHECK(after && size2 == size && memcmp(after, bytes, size) == 0);
@@ -350,5 +357,25 @@ int main(void) {
         test_search(dims[i], KVGEN_MEMORY_F32);
         test_search(dims[i], KVGEN_MEMORY_F16);
     }
+    /* the portable C path (and avx2 where the best is another) against the same reference */
+    const char *isas[] = {"portable", "avx2"};
+    for (int p = 0; p < 2; p++) {
+        setenv("KVGEN_CPU_ISA", isas[p], 1);
+        kvgen_memory *m = NULL;
+        kvgen_memory_desc d = {.dim = 8};
+        if (kvgen_memory_create(&d, &m, NULL) != KVGEN_OK) continue; /* the CPU lacks it */
+        kvgen_memory_info info;
+        kvgen_memory_get_info(m, &info);
+        CHECK(!strcmp(info.isa, isas[p]));
+        kvgen_memory_free(m);
+        test_search(17, KVGEN_MEMORY_F32);
+        test_search(100, KVGEN_MEMORY_F16);
+    }
+    setenv("KVGEN_CPU_ISA", "sse9", 1);
+    kvgen_memory *m = NULL;
+    kvgen_memory_desc d = {.dim = 8};
+    kvgen_error err = {0};
+    CHECK(kvgen_memory_create(&d, &m, &err) == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "KVGEN_CPU_ISA=sse9"));
+    unsetenv("KVGEN_CPU_ISA");
     return tu_finish("test_memory");
 }
