@@ -9,9 +9,10 @@
  * Layout: rows packed contiguously (`dim` elements each, f32 or IEEE f16) in slot order, with
  * the id and the record (text, fields) of each slot; an open-addressing map id -> slot; removal
  * moves the last row into the freed slot. Field strings are interned (u32 ids), so a search's
- * filter compares integers. A search dots the unit query with blocks of rows (dot_rows /
- * dot_rows_f16) and keeps the k best in a bounded heap (worst at the root; ties: the higher id
- * is worse), sorted at the end: O(n dim + n log k), no full sort.
+ * filter compares integers (the first three fields' ids sit in the packed records themselves).
+ * A search dots the unit query with blocks of rows (dot_rows / dot_rows_f16) and keeps the k
+ * best in a bounded heap (worst at the root; ties: the higher id is worse), sorted at the end:
+ * O(n dim + n log k), no full sort.
  *
  * File layout, version 1, integers little-endian, floats as their IEEE bits:
  *   header (HEADER_BYTES)
@@ -43,12 +44,15 @@
 #define MAX_STRING ((size_t)1 << 16)
 #define MAX_FIELDS 64
 #define BLOCK 256 /* rows dotted per call */
+#define NEAR_FIELDS 3
 
 typedef struct mem_rec {
     char *text;                 /* one allocation: the fields array, the field ids, the strings */
     kvgen_memory_field *fields;
     uint32_t *fid;              /* per field: interned key, interned value */
     uint32_t n_fields;
+    uint32_t near[2 * NEAR_FIELDS]; /* the first fields' ids again, in the packed array of records:
+                                       a filter reads them without touching the allocation */
 } mem_rec;
 
 struct kvgen_memory {
@@ -320,6 +324,10 @@ static bool make_rec(kvgen_memory *m, const char *text, size_t tlen, const kvgen
     r->fields = nf ? fields : NULL;
     r->fid = fid;
     r->n_fields = (uint32_t)nf;
+    for (size_t i = 0; i < nf && i < NEAR_FIELDS; i++) {
+        r->near[2 * i] = fid[2 * i];
+        r->near[2 * i + 1] = fid[2 * i + 1];
+    }
     return true;
 }
 
@@ -483,7 +491,9 @@ static void dot_block(const kvgen_memory *m, const float *q, size_t slot, int ro
 }
 
 static bool rec_matches(const mem_rec *r, uint32_t key, uint32_t value) {
-    for (uint32_t i = 0; i < r->n_fields; i++)
+    for (uint32_t i = 0; i < r->n_fields && i < NEAR_FIELDS; i++)
+        if (r->near[2 * i] == key) return r->near[2 * i + 1] == value;
+    for (uint32_t i = NEAR_FIELDS; i < r->n_fields; i++)
         if (r->fid[2 * i] == key) return r->fid[2 * i + 1] == value;
     return false;
 }

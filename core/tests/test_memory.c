@@ -267,6 +267,18 @@ static void test_refusals(void) {
     w.value = "absent";
     CHECK_OK(kvgen_memory_search(m, v, 4, 2, &w, h, &n, NULL));
     CHECK(n == 0);
+    /* a filter on a memory's fifth field */
+    kvgen_memory_field five[5] = {{"a", "1"}, {"b", "2"}, {"c", "3"}, {"d", "4"}, {"e", "5"}};
+    uint64_t id5 = 0;
+    CHECK_OK(kvgen_memory_add(m, "five", five, 5, v, 4, &id5, NULL));
+    for (int i = 0; i < 5; i++) {
+        CHECK_OK(kvgen_memory_search(m, v, 4, 2, &five[i], h, &n, NULL));
+        CHECK(n == 1 && h[0].id == id5);
+    }
+    w = (kvgen_memory_field){"e", "4"};
+    CHECK_OK(kvgen_memory_search(m, v, 4, 2, &w, h, &n, NULL));
+    CHECK(n == 0);
+    CHECK_OK(kvgen_memory_remove(m, id5, NULL));
     CHECK_OK(kvgen_memory_search(m, v, 4, 0, NULL, NULL, &n, NULL));
     CHECK(n == 0);
     float got[4];
