@@ -21,7 +21,8 @@
  * file it points to is replaced, the link stays), syncs it and renames it over the target, then
  * syncs the folder: the target is always either the previous file or the whole new one, and a
  * failed save removes only its temporary file. A target that exists and is not a regular file
- * (device, FIFO, folder) is refused and left alone.
+ * (device, FIFO, folder) is refused and left alone. The helpers are base/'s (kvg_file.h), shared
+ * with the memory store's files.
  *
  * Restore opens regular files only (a device or FIFO would never end or block), reads the
  * fixed-size header and checks, in this order, so each refusal names its real cause: magic,
@@ -34,12 +35,11 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kvg_generate.h"
 #include "kvg_file.h"
+#include "kvg_generate.h"
 #include "kvg_hash.h"
 #include "kvg_platform.h"
 #include "kvg_session.h"
