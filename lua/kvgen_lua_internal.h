@@ -21,6 +21,7 @@
 #define DETOK_MT "kvgen.Detokenizer"
 #define STREAM_MT "kvgen.Stream"
 #define JOB_MT "kvgen.Job"
+#define MEMORY_MT "kvgen.Memory"
 #define LAST_ERROR_KEY "kvgen.last_error"
 /* per lua_State (registry): a userdata whose address is this state's owner key for kvgen_poll,
  * the open jobs by address (weak values), and the jobs kept alive for their callbacks */
@@ -86,6 +87,9 @@ extern const kvl_type kvl_model_type, kvl_detok_type; /* lua_model.c */
 extern const kvl_type kvl_session_type;               /* lua_session.c */
 extern const kvl_type kvl_stream_type;                /* lua_generate.c */
 extern const kvl_type kvl_job_type;                   /* lua_jobs.c */
+extern const kvl_type kvl_memory_type;                /* lua_memory.c */
+extern const luaL_Reg kvl_memory_functions[];         /* lua_memory.c: kvgen.memory, kvgen.memory_load */
+int kvl_memory_count(lua_State *L);                   /* lua_memory.c: kvgen.Memory's __len */
 extern const luaL_Reg kvl_model_session_methods[];    /* lua_session.c: model:session, model:restore */
 extern const luaL_Reg kvl_session_gen_methods[];      /* lua_generate.c: s:generate, s:chat, ... */
 

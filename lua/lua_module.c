@@ -22,7 +22,8 @@
  * script's arguments and options tables; lua_model.c the model, its tokenizer and kvgen.load;
  * lua_session.c sessions, their sampler and chat template; lua_generate.c generation (prompt,
  * chat, streams, constraints, choose); lua_jobs.c jobs on the worker and kvgen.poll;
- * lua_logger.c kvgen.set_logger; lua_json.c Lua tables to JSON text and back.
+ * lua_logger.c kvgen.set_logger; lua_json.c Lua tables to JSON text and back; lua_memory.c the
+ * memory store (kvgen.memory).
  */
 #include <stddef.h>
 #include <string.h>
@@ -118,6 +119,8 @@ static int l_type(lua_State *L) {
         lua_pushstring(L, ((lstream *)lua_touserdata(L, 1))->gen ? "stream" : "closed stream");
     else if (luaL_testudata(L, 1, JOB_MT))
         lua_pushstring(L, ((ljob *)lua_touserdata(L, 1))->job ? "job" : "closed job");
+    else if (luaL_testudata(L, 1, MEMORY_MT))
+        lua_pushstring(L, *(void **)lua_touserdata(L, 1) ? "memory" : "closed memory");
     else if (luaL_testudata(L, 1, DETOK_MT))
         lua_pushliteral(L, "detokenizer");
     else
@@ -238,6 +241,11 @@ static void register_types(lua_State *L) {
     new_type(L, &kvl_session_type);
     new_type(L, &kvl_detok_type);
     new_type(L, &kvl_stream_type);
+    new_type(L, &kvl_memory_type);
+    luaL_getmetatable(L, MEMORY_MT); /* #store */
+    lua_pushcfunction(L, kvl_memory_count);
+    lua_setfield(L, -2, "__len");
+    lua_pop(L, 1);
     new_type(L, &kvl_job_type); /* last: its metatable says the others are made */
 }
 
@@ -255,7 +263,9 @@ KVGEN_LUA_API int luaopen_kvgen(lua_State *L) {
     luaL_checkversion(L);
     register_types(L);
     name_functions(L, module_functions, "kvgen");
+    name_functions(L, kvl_memory_functions, "kvgen");
     luaL_newlib(L, module_functions);
+    luaL_setfuncs(L, kvl_memory_functions, 0);
     lua_pushstring(L, kvgen_version());
     lua_setfield(L, -2, "version");
     lua_pushlightuserdata(L, NULL); /* JSON null in schema values (and in schema tables) */

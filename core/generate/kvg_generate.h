@@ -3,7 +3,8 @@
  * Folder core/generate/ owns turning logits into text: the sampler (sampler.c), generation
  * with stop strings and finish reasons (generate.c), chat templates and turns (chat.c),
  * constrained output (constrain.c), choice scoring (choose.c) and token pieces (spell.c). It
- * drives sessions and never reaches a backend directly. Folder core/jobs/ (worker.c), above it,
+ * drives sessions and never reaches a backend directly. It also holds the memory store
+ * (memory.c), which uses the cpu layer's vector kernels (kvg_vec_ops) and no session. Folder core/jobs/ (worker.c), above it,
  * runs generations as jobs on one worker thread per model, batching their sessions' steps. */
 #ifndef KVG_GENERATE_H
 #define KVG_GENERATE_H

@@ -916,6 +916,84 @@ typedef struct kvgen_jobs_stats {
 
 KVGEN_API void kvgen_jobs_get_stats(kvgen_model *model, kvgen_jobs_stats *stats);
 
+/* ---- memory store: texts with their embedding vectors, searched by cosine ------------------ */
+
+/* An NPC's memories: each a text, optional string fields (key/value pairs) and an embedding
+ * vector of the store's dimension (computed by the caller). Vectors are normalized when added,
+ * so a search is a dot product over packed rows (the cpu backend's SIMD paths) with a partial
+ * top-k selection. Ids start at 1 and are never reused. A store is used by one thread at a
+ * time (searches may run on several threads at once while nothing changes it). docs/c-api.md,
+ * "Memory store". */
+typedef struct kvgen_memory kvgen_memory;
+
+typedef enum kvgen_memory_storage {
+    KVGEN_MEMORY_F32 = 0, /* 4 bytes per element */
+    KVGEN_MEMORY_F16 = 1  /* IEEE halves: half the memory and bandwidth; scores within ~1e-3 */
+} kvgen_memory_storage;
+
+typedef struct kvgen_memory_desc {
+    int dim;                      /* vector length, 1 .. 65536 (load: 0 accepts the file's) */
+    kvgen_memory_storage storage; /* load: ignored (the file's) */
+    uint64_t embedding_id;        /* opaque identity of the embedding model, saved in the file;
+                                     load: 0 accepts any, else the file's must be equal */
+} kvgen_memory_desc;
+
+typedef struct kvgen_memory_field {
+    const char *key, *value; /* NUL-terminated; keys of one memory distinct, non-empty */
+} kvgen_memory_field;
+
+typedef struct kvgen_memory_entry {
+    uint64_t id;
+    const char *text;
+    const kvgen_memory_field *fields; /* n_fields, in the order they were added */
+    size_t n_fields;
+} kvgen_memory_entry;
+
+typedef struct kvgen_memory_hit {
+    uint64_t id;
+    float score; /* cosine similarity, in [-1, 1] up to rounding */
+} kvgen_memory_hit;
+
+typedef struct kvgen_memory_info {
+    int dim;
+    kvgen_memory_storage storage;
+    uint64_t embedding_id;
+    size_t count;        /* memories held */
+    uint64_t next_id;    /* the id the next add gets */
+    size_t vector_bytes; /* bytes of the packed vectors */
+    const char *isa;     /* the instruction set searches run ("avx2", "portable", ...) */
+} kvgen_memory_info;
+
+KVGEN_API kvgen_status kvgen_memory_create(const kvgen_memory_desc *desc, kvgen_memory **out, kvgen_error *err);
+KVGEN_API void kvgen_memory_free(kvgen_memory *mem);
+KVGEN_API void kvgen_memory_get_info(const kvgen_memory *mem, kvgen_memory_info *info);
+KVGEN_API size_t kvgen_memory_count(const kvgen_memory *mem);
+/* Adds a memory: text (may be ""), n_fields fields (NULL when 0), vec of `dim` floats (finite,
+ * not all zero; normalized, then stored). *id gets its id. Refused: nothing is added. */
+KVGEN_API kvgen_status kvgen_memory_add(kvgen_memory *mem, const char *text, const kvgen_memory_field *fields,
+                                        size_t n_fields, const float *vec, size_t dim, uint64_t *id,
+                                        kvgen_error *err);
+/* KVGEN_E_INVALID_ARGUMENT for an id the store does not hold */
+KVGEN_API kvgen_status kvgen_memory_remove(kvgen_memory *mem, uint64_t id, kvgen_error *err);
+/* The memory `id`: its strings stay valid until the memory is removed or the store freed.
+ * vec (optional, `dim` floats): the stored unit vector (f16 storage: as rounded). */
+KVGEN_API kvgen_status kvgen_memory_get(const kvgen_memory *mem, uint64_t id, kvgen_memory_entry *out, float *vec,
+                                        size_t dim, kvgen_error *err);
+/* The k memories most similar to `query` (dim floats, finite, not all zero) by cosine, best
+ * first, ties by lower id; only those whose field where->key equals where->value when `where`
+ * is not NULL. out holds k hits; *n_out gets how many were found (at most k, count). */
+KVGEN_API kvgen_status kvgen_memory_search(const kvgen_memory *mem, const float *query, size_t dim, size_t k,
+                                           const kvgen_memory_field *where, kvgen_memory_hit *out, size_t *n_out,
+                                           kvgen_error *err);
+/* Atomic save (as kvgen_session_save: a temporary file in the target's folder, synced and
+ * renamed over it; a failed save leaves the old file as it was). */
+KVGEN_API kvgen_status kvgen_memory_save(const kvgen_memory *mem, const char *path, kvgen_error *err);
+/* A store from a file made by kvgen_memory_save. expect (NULL: anything) may require a dim and
+ * an embedding identity. Refused by name: not a memory file, a newer version, truncated,
+ * corrupted (checksum), another dim, another embedding identity. */
+KVGEN_API kvgen_status kvgen_memory_load(const char *path, const kvgen_memory_desc *expect, kvgen_memory **out,
+                                         kvgen_error *err);
+
 #ifdef __cplusplus
 }
 #endif
