@@ -66,6 +66,15 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
 enum { N_GROUP_KERNELS = 12 };
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
+/* avx2 and avx512: the K types but IQ4_XS in row groups of AVX2 (vpmaddubsw), against the same
+ * activations; IQ4_XS and the other types keep their row kernels */
+#define K_GROUP_TABLE_AVX2(act, p, g)                                                             \
+    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
+enum { N_GROUP_KERNELS_AVX2 = 5 };
+static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
+static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
 #endif
 
 #ifdef KVG_ARM
@@ -112,9 +121,19 @@ static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t typ
     return NULL;
 }
 
+#ifdef KVG_X86
+/* the row-group kernel of type on path isa (split or 8-bit activations), or NULL */
+static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8) {
+    if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
+        return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
+    return NULL;
+}
+#endif
+
 const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_QS, N_GROUP_KERNELS, type) : NULL;
+    const kvg_qdot_kernel *g = group_of(isa, type, false);
     if (g) return g;
 #endif
     return find(table_of(isa), N_KERNELS, type);
@@ -122,7 +141,7 @@ const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
 
 const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_Q8, N_GROUP_KERNELS, type) : NULL;
+    const kvg_qdot_kernel *g = group_of(isa, type, true);
     if (g) return g;
 #endif
     return kvg_qdot_kernel_of(isa, type);
