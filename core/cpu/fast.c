@@ -11,7 +11,7 @@
  *   taken 8 at a time against all the block's tiles, so a row is read once per block of up to
  *   CPU_BLOCK tokens (prefill runs as GEMM, a batch of many sessions' decodes shares every row
  *   read); where the path has group kernels (avx512vnni: the 32-element types and the K types
- *   but Q8_K) a matrix of a multiple of 16 rows is packed at load into groups of 16 rows computed
+ *   but Q8_K; avx2 and avx512: the K types but Q8_K and IQ4_XS) a matrix of a multiple of 16 rows is packed at load into groups of 16 rows computed
  *   together, one row per vector lane, each group against tiles of up to 8 tokens;
  * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
  *   computed once per token and layer (shared by the heads), not per element;

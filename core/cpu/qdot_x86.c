@@ -1,7 +1,7 @@
 /* qdot_x86.c: the x86-64 kernels: AVX2 + FMA + F16C, AVX-512 (F, BW, VL, DQ; vpdpwssd with
- * VNNI) and the avx512vnni path's row groups, and the activations' quantization with AVX2 and
- * AVX-512 (layouts: qdot_internal.h). Each function carries its own target attribute, so the
- * file needs no -m flag; it is empty on other machines. */
+ * VNNI), the avx512vnni path's row groups, the K types' row groups of AVX2, and the
+ * activations' quantization with AVX2 and AVX-512 (layouts: qdot_internal.h). Each function
+ * carries its own target attribute, so the file needs no -m flag; it is empty on other machines. */
 #include <string.h>
 #include "qdot_internal.h"
 
@@ -779,18 +779,21 @@ K_GROUP_KERNEL(gs_q6_k, K_Q6, true)
 K_GROUP_KERNEL(gs_iq4_xs, K_IQ4XS, true)
 
 /* ================================================================================================
- * AVX2 row groups of the K types (the avx2 and avx512 paths): the groups of kq_group_pack, each
- * chunk of 64 bytes read as two halves of 8 rows (rows 8h..8h+7 in bytes 32h..32h+31), against
- * the byte activations of the avx512vnni groups. AVX2 has no vpdpbusd: vpmaddubsw multiplies the
+ * AVX2 row groups of the K types (the avx2, avx512 and avxvnni paths): the groups of
+ * kq_group_pack, each chunk of 64 bytes read as two halves of 8 rows (rows 8h..8h+7 in bytes
+ * 32h..32h+31), against the byte activations of the avx512vnni groups. AVX2 has no vpdpbusd: vpmaddubsw multiplies the
  * unsigned levels with the 4 activation bytes broadcast to every lane and adds pairs into int16
  * (saturating), vpmaddwd by ones adds those into the lane's int32. A pair is at most 2 * 128 *
  * umax, umax the largest level (Q2_K 3, Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63), so that cannot
  * saturate, and the pairs of `run` chunks (kg_run16) are added in int16 first without leaving it;
  * the integer sums are exact, so each lane gets the bits of the avx512vnni group and of the
  * portable row kernel. IQ4_XS has no group here: its levels + 128 reach 241 and a pair 61 696.
+ * The avxvnni path (AVX-VNNI, 256-bit) runs the same kernels with vpdpbusd in place of the two
+ * instructions (no int16 step), IQ4_XS included.
  * ================================================================================================ */
 
-/* chunks whose int16 pair sums add up without overflow: 32767 / (256 umax) */
+/* chunks whose int16 pair sums add up without overflow: 32767 / (256 umax) (IQ4_XS runs
+ * vpdpbusd alone) */
 INL int kg_run16(kq_kind k) {
     switch (k) {
     case K_Q2:
@@ -816,7 +819,7 @@ AVX2 INL __m256i field8(__m256i x, int n, int mask) {
 AVX2 INL __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* the unsigned levels of half h of a block of 32 (p: the block + 32 h), as kq_group_levels */
-AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i *w) {
+AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i iq4, __m256i *w) {
     if (kg_2bit(k)) {
         for (int q = 0; q < 2; q++) {
             __m256i x = ld256(p + 64 * q);
@@ -834,6 +837,8 @@ AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i *w) {
         w[c] = _mm256_and_si256(x, m4);
         w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
     }
+    if (k == K_IQ4XS)
+        for (int j = 0; j < 8; j++) w[j] = _mm256_shuffle_epi8(iq4, w[j]);
     if (k == K_Q5) {
         __m256i h = ld256(p + 256);
         for (int j = 0; j < 8; j++) w[j] = _mm256_or_si256(w[j], move_bit8(h, j, 4, 1));
@@ -845,13 +850,25 @@ AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i *w) {
         }
 }
 
-/* per lane, sum over chunks c < nc of w[c]'s 4 levels times the bytes q + 4c: vpdpbusd's sum */
-AVX2 INL __m256i kg_dot_avx2(const __m256i *w, const int8_t *q, int nc, int run) {
+/* AVX-VNNI's vpdpbusd on ymm registers (the VEX form): acc + per lane the sum of the 4 products
+ * of u's unsigned bytes with s's signed ones. Written as an instruction so that one kernel body
+ * serves the avx2 and avxvnni paths (an intrinsic would need the avxvnni target in the body). */
+AVX2 INL __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+}
+/* per lane, sum over chunks c < nc of w[c]'s 4 levels times the bytes q + 4c: vpdpbusd's sum
+ * (vnni), else vpmaddubsw's int16 pairs added `run` chunks at a time and widened by vpmaddwd */
+AVX2 INL __m256i kg_dot_avx2(bool vnni, const __m256i *w, const int8_t *q, int nc, int run) {
     const __m256i one = _mm256_set1_epi16(1);
     __m256i s = _mm256_setzero_si256(), p = _mm256_setzero_si256();
     for (int c = 0; c < nc; c++) {
         int32_t v;
         memcpy(&v, q + 4 * c, 4);
+        if (vnni) {
+            s = dpbusd256(s, w[c], _mm256_set1_epi32(v));
+            continue;
+        }
         __m256i x = _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(v));
         p = c % run == 0 ? x : _mm256_add_epi16(p, x);
         if (c % run == run - 1 || c == nc - 1) s = _mm256_add_epi32(s, _mm256_madd_epi16(p, one));
@@ -859,19 +876,22 @@ AVX2 INL __m256i kg_dot_avx2(const __m256i *w, const int8_t *q, int nc, int run)
     return s;
 }
 /* the same for the 8-bit or split activations at q (hi: the split form's high bytes, or NULL) */
-AVX2 INL __m256i kg_dot_act_avx2(const __m256i *w, const int8_t *q, const int8_t *hi, int nc, int run) {
-    __m256i s = kg_dot_avx2(w, q, nc, run);
-    if (hi) s = _mm256_add_epi32(s, _mm256_slli_epi32(kg_dot_avx2(w, hi, nc, run), 8)); /* 256 sum(u hi) */
+AVX2 INL __m256i kg_dot_act_avx2(bool vnni, const __m256i *w, const int8_t *q, const int8_t *hi, int nc, int run) {
+    __m256i s = kg_dot_avx2(vnni, w, q, nc, run);
+    if (hi) s = _mm256_add_epi32(s, _mm256_slli_epi32(kg_dot_avx2(vnni, w, hi, nc, run), 8)); /* 256 sum(u hi) */
     return s;
 }
 
 /* K blocks of a group against a tile of tokens, in the order of kq_group_vnni per row: per block
  * of 32 and half of the group, the levels decoded once and the 8 rows' scales formed, then each
  * token's sums scale them. */
-AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
-                            float *out, size_t os) {
+AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t,
+                            const int nt, float *out, size_t os) {
     const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, off = kg_uoffset(k), run = kg_run16(k);
     const bool per16 = kg_per16(k), has_min = kq_has_min(k);
+    int8_t lv[16];
+    for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
+    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lv));
     __m256 acc[KVG_GROUP_TILE][2];
     for (int i = 0; i < nt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -882,6 +902,10 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
             case K_Q2: d[h] = f16x8(hdr + 256 + 16 * h), dmin[h] = f16x8(hdr + 288 + 16 * h); break;
             case K_Q3: d[h] = f16x8(hdr + 192 + 16 * h), high[h] = ld256(hdr + 128 + 32 * h); break;
             case K_Q6: d[h] = f16x8(hdr + 256 + 16 * h); break;
+            case K_IQ4XS:
+                d[h] = f16x8(hdr + 96 + 16 * h);
+                high[h] = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(hdr + 64 + 16 * h)));
+                break;
             default: /* Q4_K, Q5_K */
                 d[h] = f16x8(hdr + 192 + 16 * h), dmin[h] = f16x8(hdr + 224 + 16 * h);
                 high[h] = ld256(hdr + 128 + 32 * h);
@@ -906,7 +930,7 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
             }
             for (int h = 0; h < 2; h++) {
                 __m256i w[8];
-                kq_group_levels_avx2(k, blk + 32 * h, w);
+                kq_group_levels_avx2(k, blk + 32 * h, iq4, w);
                 __m256i sc[2], mn[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 switch (k) {
                 case K_Q2:
@@ -927,6 +951,11 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
                     for (int e = 0; e < 2; e++)
                         sc[e] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(hdr + 16 * (2 * j + e) + 8 * h)));
                     break;
+                case K_IQ4XS:
+                    sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
+                    sc[0] = _mm256_or_si256(sc[0], _mm256_slli_epi32(field8(high[h], 2 * j, 3), 4));
+                    sc[0] = _mm256_sub_epi32(sc[0], _mm256_set1_epi32(32));
+                    break;
                 default:
                     sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
                     mn[0] = field8(bytes8u(hdr + 64 + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
@@ -946,8 +975,8 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
                     float daf = a->d8[bi];
                     __m256 da = _mm256_set1_ps(daf), ac = acc[i][h];
                     if (per16) { /* sum(v q) = sum(u q) - offset sum(q), per half */
-                        __m256i s0 = kg_dot_act_avx2(w, qv, hv, 4, run);
-                        __m256i s1 = kg_dot_act_avx2(w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
+                        __m256i s0 = kg_dot_act_avx2(vnni, w, qv, hv, 4, run);
+                        __m256i s1 = kg_dot_act_avx2(vnni, w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
                         s0 = _mm256_sub_epi32(s0, _mm256_set1_epi32(off * qs0[i]));
                         s1 = _mm256_sub_epi32(s1, _mm256_set1_epi32(off * qs1[i]));
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dw[0], da), ac);
@@ -955,7 +984,7 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dw[1], da), ac);
                         if (has_min) ac = _mm256_fnmadd_ps(mw[1], _mm256_set1_ps(daf * (float)qs1[i]), ac);
                     } else {
-                        __m256i s = kg_dot_act_avx2(w, qv, hv, 8, run);
+                        __m256i s = kg_dot_act_avx2(vnni, w, qv, hv, 8, run);
                         s = _mm256_sub_epi32(s, _mm256_set1_epi32(off * (qs0[i] + qs1[i])));
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[0], da), ac);
                         if (has_min) ac = _mm256_fnmadd_ps(mw[0], _mm256_set1_ps(a->s8[bi]), ac);
@@ -971,7 +1000,10 @@ AVX2 INL void kq_group_avx2(kq_kind k, bool split, const uint8_t *g, const kvg_q
     }
 }
 
-#define K_GROUP_KERNEL_AVX2(name, kind, split) TILE_KERNEL(name, AVX2, kq_group_avx2, kind, split)
+#define KQ_GROUP_AVX2(kind, split, ...) kq_group_avx2(false, kind, split, __VA_ARGS__)
+#define KQ_GROUP_AVXVNNI(kind, split, ...) kq_group_avx2(true, kind, split, __VA_ARGS__)
+#define K_GROUP_KERNEL_AVX2(name, kind, split) TILE_KERNEL(name, AVX2, KQ_GROUP_AVX2, kind, split)
+#define K_GROUP_KERNEL_AVXVNNI(name, kind, split) TILE_KERNEL(name, AVX2, KQ_GROUP_AVXVNNI, kind, split)
 K_GROUP_KERNEL_AVX2(av_q2_k, K_Q2, false)
 K_GROUP_KERNEL_AVX2(av_q3_k, K_Q3, false)
 K_GROUP_KERNEL_AVX2(av_q4_k, K_Q4, false)
@@ -982,4 +1014,16 @@ K_GROUP_KERNEL_AVX2(as_q3_k, K_Q3, true)
 K_GROUP_KERNEL_AVX2(as_q4_k, K_Q4, true)
 K_GROUP_KERNEL_AVX2(as_q5_k, K_Q5, true)
 K_GROUP_KERNEL_AVX2(as_q6_k, K_Q6, true)
+K_GROUP_KERNEL_AVXVNNI(yv_q2_k, K_Q2, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q3_k, K_Q3, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q4_k, K_Q4, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q5_k, K_Q5, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q6_k, K_Q6, false)
+K_GROUP_KERNEL_AVXVNNI(yv_iq4_xs, K_IQ4XS, false)
+K_GROUP_KERNEL_AVXVNNI(ys_q2_k, K_Q2, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q3_k, K_Q3, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q4_k, K_Q4, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q5_k, K_Q5, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q6_k, K_Q6, true)
+K_GROUP_KERNEL_AVXVNNI(ys_iq4_xs, K_IQ4XS, true)
 #endif /* KVG_X86 */
