@@ -25,8 +25,9 @@
  * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
  * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
  * are used as the file stores them, but on the avx512vnni path, which packs the 32-element
- * types and the K types (but Q8_K) into groups of 16 rows (below), and on the avx2 and avx512
- * paths, which pack the K types but Q8_K and IQ4_XS into the same groups.
+ * types and the K types (but Q8_K) into groups of 16 rows (below), and on the avx2, avx512 and
+ * avxvnni paths, which pack the K types but Q8_K (and, but on avxvnni, IQ4_XS) into the same
+ * groups.
  *
  * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
  * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8

@@ -9,7 +9,7 @@
  *   are checked against libm and the reference's helpers; a run of keys gives the same bits
  *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
  *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni: the
- *   32-element and K types; avx2 and avx512: the K types but IQ4_XS) give their row kernels' bits on every tile, the K types' also on rows
+ *   32-element and K types; avx2 and avx512: the K types but IQ4_XS; avxvnni: the K types) give their row kernels' bits on every tile, the K types' also on rows
  *   of an odd number of K blocks.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
