@@ -15,7 +15,8 @@
 #include <sys/auxv.h>
 #endif
 
-static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512", "avxvnni", "neon", "dotprod", "avx512vnni"};
+static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2",    "avx512",    "avxvnni",
+                                                     "neon",     "dotprod", "avx512vnni"};
 
 const char *kvg_cpu_isa_name(kvg_cpu_isa isa) {
     return isa >= 0 && isa < KVG_ISA_COUNT ? ISA_NAMES[isa] : "unknown";

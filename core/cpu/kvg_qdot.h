@@ -73,7 +73,8 @@ const kvg_cpu_features *kvg_cpu_features_get(void);
 /* "avx2 fma f16c" (the features above this CPU has) into buf, like snprintf */
 size_t kvg_cpu_features_describe(char *buf, size_t size);
 /* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ; avx512vnni = that
- * and AVX-512 VNNI; avxvnni = avx2's and AVX-VNNI; neon = AArch64 Advanced SIMD; dotprod = that and the dot product instructions */
+ * and AVX-512 VNNI; avxvnni = avx2's and AVX-VNNI; neon = AArch64 Advanced SIMD; dotprod = that
+ * and the dot product instructions */
 bool kvg_cpu_isa_supported(kvg_cpu_isa isa);
 kvg_cpu_isa kvg_cpu_isa_best(void);
 /* "portable", "avx2", "avx512", "avxvnni", "neon", "dotprod", "avx512vnni" */

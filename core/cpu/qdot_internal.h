@@ -324,7 +324,8 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 /* ---- the kernels of the tables (qdot_tables.c) ------------------------------------------------
  * kvg_qdot_<path>_<type>: p portable; p8, ps the 8-bit and split 16-bit row kernels; x2 avx2; x5
  * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); av, as the
- * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod. r: a 32-element type's repacking; g, gb: a group's packing and its size. */
+ * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod.
+ * r: a 32-element type's repacking; g, gb: a group's packing and its size. */
 #define KVG_QDOT_DOT(name) void kvg_qdot_##name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os);
 #define KVG_QDOT_REPACK(name) void kvg_qdot_##name(const uint8_t *src, uint8_t *dst, int n);
 #define KVG_QDOT_GROUP_PACK(name) void kvg_qdot_##name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n);
@@ -349,7 +350,8 @@ void kvg_qdot_quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, f
 KVG_QDOT_B32(KVG_QDOT_DOT, x2) KVG_QDOT_KQ(KVG_QDOT_DOT, x2) KVG_QDOT_FL(KVG_QDOT_DOT, x2)
 KVG_QDOT_B32(KVG_QDOT_DOT, x5) KVG_QDOT_FL(KVG_QDOT_DOT, x5) KVG_QDOT_B32(KVG_QDOT_DOT, xv)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, gv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, gs)
-KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as) KVG_QDOT_KG(KVG_QDOT_DOT, yv) KVG_QDOT_KG(KVG_QDOT_DOT, ys)
+KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as)
+KVG_QDOT_KG(KVG_QDOT_DOT, yv) KVG_QDOT_KG(KVG_QDOT_DOT, ys)
 void kvg_qdot_quant_qb_avx2(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_avx2(const float *x, int n, int16_t *q, float *d, int32_t *bsum);
 void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);

@@ -135,7 +135,8 @@ static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8
     if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
         return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
-    if (isa == KVG_ISA_AVXVNNI) return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS_AVXVNNI, type);
+    if (isa == KVG_ISA_AVXVNNI)
+        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS_AVXVNNI, type);
     return NULL;
 }
 #endif

@@ -949,7 +949,8 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                     break;
                 case K_Q6:
                     for (int e = 0; e < 2; e++)
-                        sc[e] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(hdr + 16 * (2 * j + e) + 8 * h)));
+                        sc[e] = _mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(hdr + 16 * (2 * j + e) + 8 * h)));
                     break;
                 case K_IQ4XS:
                     sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
