@@ -30,7 +30,7 @@ static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
-/* the K types keep their AVX2 loops (see the top) */
+/* the K types keep their AVX2 loops (and the AVX2 groups, group_of) */
 static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
     K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
     K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, kvg_qdot_r_q8_0),
