@@ -15,7 +15,8 @@
 #include <sys/auxv.h>
 #endif
 
-static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2", "avx512", "neon", "dotprod", "avx512vnni"};
+static const char *const ISA_NAMES[KVG_ISA_COUNT] = {"portable", "avx2",    "avx512",    "avxvnni",
+                                                     "neon",     "dotprod", "avx512vnni"};
 
 const char *kvg_cpu_isa_name(kvg_cpu_isa isa) {
     return isa >= 0 && isa < KVG_ISA_COUNT ? ISA_NAMES[isa] : "unknown";
@@ -49,6 +50,8 @@ static kvg_cpu_features detect(void) {
         f.avx512vl = (b >> 31) & 1;
         f.avx512vnni = (c >> 11) & 1;
     }
+    unsigned max7 = a; /* leaf 7's highest subleaf */
+    if (max7 >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = (a >> 4) & 1;
     return f;
 }
 #elif defined(__aarch64__)
@@ -91,6 +94,7 @@ bool kvg_cpu_isa_supported(kvg_cpu_isa isa) {
     case KVG_ISA_AVX2: return avx2;
     case KVG_ISA_AVX512: return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq;
     case KVG_ISA_AVX512VNNI: return avx2 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->avx512vnni;
+    case KVG_ISA_AVXVNNI: return avx2 && f->avxvnni;
     case KVG_ISA_NEON: return f->asimd;
     case KVG_ISA_DOTPROD: return f->asimd && f->asimddp;
     default: return false;
@@ -105,10 +109,10 @@ kvg_cpu_isa kvg_cpu_isa_best(void) {
 
 size_t kvg_cpu_features_describe(char *buf, size_t size) {
     const kvg_cpu_features *f = kvg_cpu_features_get();
-    const char *names[] = {"avx2",     "fma",      "f16c",       "avx512f", "avx512dq",
-                           "avx512bw", "avx512vl", "avx512vnni", "asimd",   "asimddp"};
-    bool has[] = {f->avx2,     f->fma, f->f16c, f->avx512f, f->avx512dq,
-                  f->avx512bw, f->avx512vl, f->avx512vnni, f->asimd, f->asimddp};
+    const char *names[] = {"avx2",     "fma",      "f16c",       "avx512f", "avx512dq", "avx512bw",
+                           "avx512vl", "avx512vnni", "avxvnni", "asimd",   "asimddp"};
+    bool has[] = {f->avx2,       f->fma,        f->f16c,    f->avx512f, f->avx512dq, f->avx512bw,
+                  f->avx512vl, f->avx512vnni, f->avxvnni, f->asimd,   f->asimddp};
     size_t len = 0;
     if (size) buf[0] = 0;
     for (size_t i = 0; i < sizeof has / sizeof has[0]; i++) {

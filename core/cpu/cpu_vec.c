@@ -579,7 +579,8 @@ static const kvg_vec_ops NEON_OPS = {n_dot, n_axpy, n_dot_rows, n_axpy_rows,
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) return &AVX2_OPS;
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_AVX512VNNI)
+        return &AVX2_OPS;
 #endif
 #ifdef KVG_ARM
     if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) return &NEON_OPS;

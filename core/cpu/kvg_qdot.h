@@ -8,8 +8,14 @@
  * target attributes so the library itself needs no -m or -march flag. The path is chosen once
  * per model (kvg_cpu_isa_choose); other hosts run the portable C. Per path:
  *   portable  every type in C; libm's exp and tanh
- *   avx2      every type; the activations' bytes of the portable path, sums in other orders
- *   avx512    the 32-element and float types; the K types and the vector ops run avx2's loops
+ *   avx2      every type; the activations' bytes of the portable path, sums in other orders;
+ *             Q2_K, Q3_K, Q4_K, Q5_K, Q6_K in groups of 16 rows against the byte activations
+ *             of the avx512vnni groups (vpmaddubsw, qdot_x86.c), the bits of their portable
+ *             row kernels
+ *   avx512    the 32-element and float types; the K types (avx2's groups and loops) and the
+ *             vector ops run avx2's code
+ *   avxvnni   avx2's, but the K types' groups (IQ4_XS's too) multiply with AVX-VNNI's 256-bit
+ *             vpdpbusd
  *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the
  *             portable path's bits (exact integer sums, then its f32 operations in its order)
  *             but for exp (softmax, SiLU, GELU: avx2's polynomial)
@@ -30,7 +36,7 @@
  * s = d * sum(q) (for the types' minimums); rows for the 256-element K types (Q2_K..Q6_K,
  * Q8_K, IQ4_XS) take blocks of 256 in [-4095, 4095] (so a block's sums cannot overflow int32)
  * with an f32 scale and the 16 sums of 16. F32, F16 and BF16 weights are dotted with the f32
- * activations. The avx512vnni path's group types take bytes (VNNI multiplies bytes):
+ * activations. The group types take bytes (VNNI and vpmaddubsw multiply bytes):
  * 15-bit activations as two byte rows by default, 8-bit ones (ggml's own scheme, faster and
  * coarser) where the model asks for them. */
 #ifndef KVG_QDOT_H
@@ -48,6 +54,7 @@ typedef enum kvg_cpu_isa {
     KVG_ISA_PORTABLE,
     KVG_ISA_AVX2,
     KVG_ISA_AVX512,
+    KVG_ISA_AVXVNNI,
     KVG_ISA_NEON,
     KVG_ISA_DOTPROD,
     KVG_ISA_AVX512VNNI,
@@ -57,6 +64,7 @@ typedef enum kvg_cpu_isa {
 typedef struct kvg_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512dq, avx512bw, avx512vl, avx512vnni;
+    bool avxvnni; /* AVX-VNNI: vpdpbusd on ymm registers (VEX) */
     bool asimd, asimddp; /* AArch64 Advanced SIMD; its SDOT/UDOT (ARMv8.2 dot product) */
 } kvg_cpu_features;
 
@@ -65,10 +73,11 @@ const kvg_cpu_features *kvg_cpu_features_get(void);
 /* "avx2 fma f16c" (the features above this CPU has) into buf, like snprintf */
 size_t kvg_cpu_features_describe(char *buf, size_t size);
 /* the path needs: avx2 = AVX2+FMA+F16C; avx512 = that and AVX-512 F/BW/VL/DQ; avx512vnni = that
- * and AVX-512 VNNI; neon = AArch64 Advanced SIMD; dotprod = that and the dot product instructions */
+ * and AVX-512 VNNI; avxvnni = avx2's and AVX-VNNI; neon = AArch64 Advanced SIMD; dotprod = that
+ * and the dot product instructions */
 bool kvg_cpu_isa_supported(kvg_cpu_isa isa);
 kvg_cpu_isa kvg_cpu_isa_best(void);
-/* "portable", "avx2", "avx512", "neon", "dotprod", "avx512vnni" */
+/* "portable", "avx2", "avx512", "avxvnni", "neon", "dotprod", "avx512vnni" */
 const char *kvg_cpu_isa_name(kvg_cpu_isa isa);
 /* The path a model runs: KVGEN_CPU_ISA (one of those names) when set, refused with
  * KVGEN_E_UNSUPPORTED when this CPU lacks it, else the best the CPU has. */

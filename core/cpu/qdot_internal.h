@@ -25,7 +25,9 @@
  * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
  * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
  * are used as the file stores them, but on the avx512vnni path, which packs the 32-element
- * types and the K types (but Q8_K) into groups of 16 rows (below).
+ * types and the K types (but Q8_K) into groups of 16 rows (below), and on the avx2, avx512 and
+ * avxvnni paths, which pack the K types but Q8_K (and, but on avxvnni, IQ4_XS) into the same
+ * groups.
  *
  * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
  * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8
@@ -321,8 +323,9 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 
 /* ---- the kernels of the tables (qdot_tables.c) ------------------------------------------------
  * kvg_qdot_<path>_<type>: p portable; p8, ps the 8-bit and split 16-bit row kernels; x2 avx2; x5
- * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); n neon; d
- * dotprod. r: a 32-element type's repacking; g, gb: a group's packing and its size. */
+ * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); av, as the
+ * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod.
+ * r: a 32-element type's repacking; g, gb: a group's packing and its size. */
 #define KVG_QDOT_DOT(name) void kvg_qdot_##name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os);
 #define KVG_QDOT_REPACK(name) void kvg_qdot_##name(const uint8_t *src, uint8_t *dst, int n);
 #define KVG_QDOT_GROUP_PACK(name) void kvg_qdot_##name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n);
@@ -331,6 +334,8 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 #define KVG_QDOT_B32(X, p) X(p##_q4_0) X(p##_q4_1) X(p##_q5_0) X(p##_q5_1) X(p##_q8_0) X(p##_iq4_nl)
 #define KVG_QDOT_KG(X, p) X(p##_q2_k) X(p##_q3_k) X(p##_q4_k) X(p##_q5_k) X(p##_q6_k) X(p##_iq4_xs)
 #define KVG_QDOT_KQ(X, p) KVG_QDOT_KG(X, p) X(p##_q8_k)
+/* the K types with AVX2 groups: not IQ4_XS (vpmaddubsw would saturate, qdot_x86.c) */
+#define KVG_QDOT_KG2(X, p) X(p##_q2_k) X(p##_q3_k) X(p##_q4_k) X(p##_q5_k) X(p##_q6_k)
 #define KVG_QDOT_FL(X, p) X(p##_f32) X(p##_f16) X(p##_bf16)
 #define KVG_QDOT_GROUPED(X, p) KVG_QDOT_B32(X, p) KVG_QDOT_KG(X, p) /* the types with row groups */
 
@@ -345,6 +350,8 @@ void kvg_qdot_quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, f
 KVG_QDOT_B32(KVG_QDOT_DOT, x2) KVG_QDOT_KQ(KVG_QDOT_DOT, x2) KVG_QDOT_FL(KVG_QDOT_DOT, x2)
 KVG_QDOT_B32(KVG_QDOT_DOT, x5) KVG_QDOT_FL(KVG_QDOT_DOT, x5) KVG_QDOT_B32(KVG_QDOT_DOT, xv)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, gv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, gs)
+KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as)
+KVG_QDOT_KG(KVG_QDOT_DOT, yv) KVG_QDOT_KG(KVG_QDOT_DOT, ys)
 void kvg_qdot_quant_qb_avx2(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_avx2(const float *x, int n, int16_t *q, float *d, int32_t *bsum);
 void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);

@@ -1,6 +1,7 @@
 /* qdot_tables.c: the kernel tables, one per path (which kernel dots each weight type, with which
- * activations), the avx512vnni path's row-group tables (GROUPS_QS, GROUPS_Q8), and the choice of
- * a path's kernels and quantizers (kvg_qdot.h). */
+ * activations), the row-group tables (avx512vnni: GROUPS_QS, GROUPS_Q8; avx2 and avx512:
+ * GROUPS_*_AVX2; avxvnni: GROUPS_*_AVXVNNI), and the choice of a path's kernels and quantizers
+ * (kvg_qdot.h). */
 #include "qdot_internal.h"
 
 enum { N_KERNELS = 16 };
@@ -29,7 +30,7 @@ static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
-/* the K types keep their AVX2 loops (see the top) */
+/* the K types keep their AVX2 loops (and the AVX2 groups, group_of) */
 static const kvg_qdot_kernel AVX512_TABLE[N_KERNELS] = {
     K(KVG_TYPE_F32, KVG_ACT_F32, x5_f32, NULL),      K(KVG_TYPE_F16, KVG_ACT_F32, x5_f16, NULL),
     K(KVG_TYPE_BF16, KVG_ACT_F32, x5_bf16, NULL),    K(KVG_TYPE_Q8_0, KVG_ACT_QB, x5_q8_0, kvg_qdot_r_q8_0),
@@ -66,6 +67,22 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
 enum { N_GROUP_KERNELS = 12 };
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
+/* avx2 and avx512: the K types but IQ4_XS in row groups of AVX2 (vpmaddubsw), against the same
+ * activations; IQ4_XS and the other types keep their row kernels */
+#define K_GROUP_TABLE_AVX2(act, p, g)                                                             \
+    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
+enum { N_GROUP_KERNELS_AVX2 = 5, N_GROUP_KERNELS_AVXVNNI = 6 };
+static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
+static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
+/* avxvnni: those groups with vpdpbusd, IQ4_XS's too (no int16 step to saturate) */
+#define K_GROUP_TABLE_AVXVNNI(act, p, g)                                                          \
+    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
+static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_GROUP_KERNELS_AVXVNNI] = K_GROUP_TABLE_AVXVNNI(KVG_ACT_QS, ps, ys);
+static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_GROUP_KERNELS_AVXVNNI] = K_GROUP_TABLE_AVXVNNI(KVG_ACT_Q8, p8, yv);
 #endif
 
 #ifdef KVG_ARM
@@ -96,7 +113,7 @@ static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
 #ifdef KVG_X86
     if (isa == KVG_ISA_AVX512VNNI) return AVX512_VNNI_TABLE; /* the types without groups */
     if (isa == KVG_ISA_AVX512) return kvg_cpu_features_get()->avx512vnni ? AVX512_VNNI_TABLE : AVX512_TABLE;
-    if (isa == KVG_ISA_AVX2) return AVX2_TABLE;
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVXVNNI) return AVX2_TABLE;
 #endif
 #ifdef KVG_ARM
     if (isa == KVG_ISA_DOTPROD) return DOTPROD_TABLE;
@@ -112,9 +129,21 @@ static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t typ
     return NULL;
 }
 
+#ifdef KVG_X86
+/* the row-group kernel of type on path isa (split or 8-bit activations), or NULL */
+static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8) {
+    if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
+        return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
+    if (isa == KVG_ISA_AVXVNNI)
+        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS_AVXVNNI, type);
+    return NULL;
+}
+#endif
+
 const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_QS, N_GROUP_KERNELS, type) : NULL;
+    const kvg_qdot_kernel *g = group_of(isa, type, false);
     if (g) return g;
 #endif
     return find(table_of(isa), N_KERNELS, type);
@@ -122,7 +151,7 @@ const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
 
 const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
 #ifdef KVG_X86
-    const kvg_qdot_kernel *g = isa == KVG_ISA_AVX512VNNI ? find(GROUPS_Q8, N_GROUP_KERNELS, type) : NULL;
+    const kvg_qdot_kernel *g = group_of(isa, type, true);
     if (g) return g;
 #endif
     return kvg_qdot_kernel_of(isa, type);
@@ -130,7 +159,7 @@ const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
 
 void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_AVX512VNNI) {
         kvg_qdot_quant_qb_avx2(x, n, q, d, s);
         return;
     }
@@ -146,7 +175,7 @@ void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, fl
 
 void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum) {
 #ifdef KVG_X86
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVX512VNNI) {
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_AVX512VNNI) {
         kvg_qdot_quant_qk_avx2(x, n, q, d, bsum);
         return;
     }

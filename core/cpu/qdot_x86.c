@@ -1,7 +1,7 @@
 /* qdot_x86.c: the x86-64 kernels: AVX2 + FMA + F16C, AVX-512 (F, BW, VL, DQ; vpdpwssd with
- * VNNI) and the avx512vnni path's row groups, and the activations' quantization with AVX2 and
- * AVX-512 (layouts: qdot_internal.h). Each function carries its own target attribute, so the
- * file needs no -m flag; it is empty on other machines. */
+ * VNNI), the avx512vnni path's row groups, the K types' row groups of AVX2, and the
+ * activations' quantization with AVX2 and AVX-512 (layouts: qdot_internal.h). Each function
+ * carries its own target attribute, so the file needs no -m flag; it is empty on other machines. */
 #include <string.h>
 #include "qdot_internal.h"
 
@@ -38,6 +38,13 @@ AVX2 INL __m256i bits32(uint32_t v) {
 AVX2 INL __m256i iq4_16(__m128i nib) {
     __m128i t = _mm_loadu_si128((const __m128i *)IQ4_LEVELS);
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(t, _mm_and_si128(nib, _mm_set1_epi8(15))));
+}
+
+/* sum of 16 signed bytes */
+AVX2 INL int32_t sum16_i8(const int8_t *p) {
+    __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(-128));
+    __m128i s = _mm_sad_epu8(x, _mm_setzero_si128());
+    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
 }
 
 /* block b's levels as int16: elements 0..15 in *lo, 16..31 in *hi */
@@ -561,8 +568,8 @@ VNNI void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi
 
 /* one kernel per type and activation form: the tile width nt made a constant for each case, so
    the kernel body's loops over tokens unroll */
-#define TILE_KERNEL(name, body, kind, split)                                                           \
-    VNNI void kvg_qdot_##name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+#define TILE_KERNEL(name, target, body, kind, split)                                                   \
+    target void kvg_qdot_##name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
         switch (nt) {                                                                                  \
         case 1: body(kind, split, g, a, t, 1, out, os); break;                                        \
         case 2: body(kind, split, g, a, t, 2, out, os); break;                                        \
@@ -574,7 +581,7 @@ VNNI void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi
         default: body(kind, split, g, a, t, 8, out, os); break;                                       \
         }                                                                                              \
     }
-#define GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, b32_group_vnni, kind, split)
+#define GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, VNNI, b32_group_vnni, kind, split)
 GROUP_KERNEL(gv_q4_0, B_Q4_0, false)
 GROUP_KERNEL(gv_q4_1, B_Q4_1, false)
 GROUP_KERNEL(gv_q5_0, B_Q5_0, false)
@@ -588,12 +595,6 @@ GROUP_KERNEL(gs_q5_1, B_Q5_1, true)
 GROUP_KERNEL(gs_q8_0, B_Q8_0, true)
 GROUP_KERNEL(gs_iq4_nl, B_IQ4_NL, true)
 
-/* sum of 16 signed bytes */
-VNNI INL int32_t sum16_i8(const int8_t *p) {
-    __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(-128));
-    __m128i s = _mm_sad_epu8(x, _mm_setzero_si128());
-    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
-}
 /* (x >> n) & mask per dword lane */
 VNNI INL __m512i field32(__m512i x, int n, int mask) {
     return _mm512_and_si512(_mm512_srl_epi32(x, _mm_cvtsi32_si128(n)), _mm512_set1_epi32(mask));
@@ -763,7 +764,7 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
     for (int i = 0; i < nt; i++) _mm512_storeu_ps(out + (size_t)i * os, acc[i]);
 }
 
-#define K_GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, kq_group_vnni, kind, split)
+#define K_GROUP_KERNEL(name, kind, split) TILE_KERNEL(name, VNNI, kq_group_vnni, kind, split)
 K_GROUP_KERNEL(gv_q2_k, K_Q2, false)
 K_GROUP_KERNEL(gv_q3_k, K_Q3, false)
 K_GROUP_KERNEL(gv_q4_k, K_Q4, false)
@@ -776,4 +777,254 @@ K_GROUP_KERNEL(gs_q4_k, K_Q4, true)
 K_GROUP_KERNEL(gs_q5_k, K_Q5, true)
 K_GROUP_KERNEL(gs_q6_k, K_Q6, true)
 K_GROUP_KERNEL(gs_iq4_xs, K_IQ4XS, true)
+
+/* ================================================================================================
+ * AVX2 row groups of the K types (the avx2, avx512 and avxvnni paths): the groups of
+ * kq_group_pack, each chunk of 64 bytes read as two halves of 8 rows (rows 8h..8h+7 in bytes
+ * 32h..32h+31), against the byte activations of the avx512vnni groups. AVX2 has no vpdpbusd: vpmaddubsw multiplies the
+ * unsigned levels with the 4 activation bytes broadcast to every lane and adds pairs into int16
+ * (saturating), vpmaddwd by ones adds those into the lane's int32. A pair is at most 2 * 128 *
+ * umax, umax the largest level (Q2_K 3, Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63), so that cannot
+ * saturate, and the pairs of `run` chunks (kg_run16) are added in int16 first without leaving it;
+ * the integer sums are exact, so each lane gets the bits of the avx512vnni group and of the
+ * portable row kernel. IQ4_XS has no group here: its levels + 128 reach 241 and a pair 61 696.
+ * The avxvnni path (AVX-VNNI, 256-bit) runs the same kernels with vpdpbusd in place of the two
+ * instructions (no int16 step), IQ4_XS included.
+ * ================================================================================================ */
+
+/* chunks whose int16 pair sums add up without overflow: 32767 / (256 umax) (IQ4_XS runs
+ * vpdpbusd alone) */
+INL int kg_run16(kq_kind k) {
+    switch (k) {
+    case K_Q2:
+    case K_Q3:
+    case K_Q4: return 8;
+    case K_Q5: return 4;
+    default: return 2; /* Q6_K */
+    }
+}
+/* bit `from` of each byte of h moved to bit `to` (as move_bit) */
+AVX2 INL __m256i move_bit8(__m256i h, int from, int to, int width) {
+    __m256i m = _mm256_set1_epi8((char)(((1 << width) - 1) << to));
+    __m256i x = from > to ? _mm256_srl_epi16(h, _mm_cvtsi32_si128(from - to))
+                          : _mm256_sll_epi16(h, _mm_cvtsi32_si128(to - from));
+    return _mm256_and_si256(x, m);
+}
+AVX2 INL __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* the 8 bytes at p as dwords */
+AVX2 INL __m256i bytes8u(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+AVX2 INL __m256i field8(__m256i x, int n, int mask) {
+    return _mm256_and_si256(_mm256_srl_epi32(x, _mm_cvtsi32_si128(n)), _mm256_set1_epi32(mask));
+}
+AVX2 INL __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* the unsigned levels of half h of a block of 32 (p: the block + 32 h), as kq_group_levels */
+AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i iq4, __m256i *w) {
+    if (kg_2bit(k)) {
+        for (int q = 0; q < 2; q++) {
+            __m256i x = ld256(p + 64 * q);
+            for (int c = 0; c < 4; c++) w[4 * q + c] = move_bit8(x, 2 * c, 0, 2);
+        }
+        if (k == K_Q3) {
+            __m256i h = ld256(p + 128);
+            for (int j = 0; j < 8; j++) w[j] = _mm256_or_si256(w[j], move_bit8(h, j, 2, 1));
+        }
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int c = 0; c < 4; c++) {
+        __m256i x = ld256(p + 64 * c);
+        w[c] = _mm256_and_si256(x, m4);
+        w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    }
+    if (k == K_IQ4XS)
+        for (int j = 0; j < 8; j++) w[j] = _mm256_shuffle_epi8(iq4, w[j]);
+    if (k == K_Q5) {
+        __m256i h = ld256(p + 256);
+        for (int j = 0; j < 8; j++) w[j] = _mm256_or_si256(w[j], move_bit8(h, j, 4, 1));
+    }
+    if (k == K_Q6)
+        for (int q = 0; q < 2; q++) {
+            __m256i h = ld256(p + 256 + 64 * q);
+            for (int c = 0; c < 4; c++) w[4 * q + c] = _mm256_or_si256(w[4 * q + c], move_bit8(h, 2 * c, 4, 2));
+        }
+}
+
+/* AVX-VNNI's vpdpbusd on ymm registers (the VEX form): acc + per lane the sum of the 4 products
+ * of u's unsigned bytes with s's signed ones. Written as an instruction so that one kernel body
+ * serves the avx2 and avxvnni paths (an intrinsic would need the avxvnni target in the body). */
+AVX2 INL __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+}
+/* per lane, sum over chunks c < nc of w[c]'s 4 levels times the bytes q + 4c: vpdpbusd's sum
+ * (vnni), else vpmaddubsw's int16 pairs added `run` chunks at a time and widened by vpmaddwd */
+AVX2 INL __m256i kg_dot_avx2(bool vnni, const __m256i *w, const int8_t *q, int nc, int run) {
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256(), p = _mm256_setzero_si256();
+    for (int c = 0; c < nc; c++) {
+        int32_t v;
+        memcpy(&v, q + 4 * c, 4);
+        if (vnni) {
+            s = dpbusd256(s, w[c], _mm256_set1_epi32(v));
+            continue;
+        }
+        __m256i x = _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(v));
+        p = c % run == 0 ? x : _mm256_add_epi16(p, x);
+        if (c % run == run - 1 || c == nc - 1) s = _mm256_add_epi32(s, _mm256_madd_epi16(p, one));
+    }
+    return s;
+}
+/* the same for the 8-bit or split activations at q (hi: the split form's high bytes, or NULL) */
+AVX2 INL __m256i kg_dot_act_avx2(bool vnni, const __m256i *w, const int8_t *q, const int8_t *hi, int nc, int run) {
+    __m256i s = kg_dot_avx2(vnni, w, q, nc, run);
+    if (hi) s = _mm256_add_epi32(s, _mm256_slli_epi32(kg_dot_avx2(vnni, w, hi, nc, run), 8)); /* 256 sum(u hi) */
+    return s;
+}
+
+/* K blocks of a group against a tile of tokens, in the order of kq_group_vnni per row: per block
+ * of 32 and half of the group, the levels decoded once and the 8 rows' scales formed, then each
+ * token's sums scale them. */
+AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t,
+                            const int nt, float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, off = kg_uoffset(k), run = kg_run16(k);
+    const bool per16 = kg_per16(k), has_min = kq_has_min(k);
+    int8_t lv[16];
+    for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
+    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lv));
+    __m256 acc[KVG_GROUP_TILE][2];
+    for (int i = 0; i < nt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+        __m256 d[2], dmin[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int h = 0; h < 2; h++) switch (k) {
+            case K_Q2: d[h] = f16x8(hdr + 256 + 16 * h), dmin[h] = f16x8(hdr + 288 + 16 * h); break;
+            case K_Q3: d[h] = f16x8(hdr + 192 + 16 * h), high[h] = ld256(hdr + 128 + 32 * h); break;
+            case K_Q6: d[h] = f16x8(hdr + 256 + 16 * h); break;
+            case K_IQ4XS:
+                d[h] = f16x8(hdr + 96 + 16 * h);
+                high[h] = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(hdr + 64 + 16 * h)));
+                break;
+            default: /* Q4_K, Q5_K */
+                d[h] = f16x8(hdr + 192 + 16 * h), dmin[h] = f16x8(hdr + 224 + 16 * h);
+                high[h] = ld256(hdr + 128 + 32 * h);
+                break;
+            }
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
+            for (size_t o = 0; o < kg_qblock(k); o += 64)
+                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
+            int32_t qs0[KVG_GROUP_TILE], qs1[KVG_GROUP_TILE]; /* the halves' sums of q, where needed */
+            for (int i = 0; i < nt; i++) {
+                qs0[i] = qs1[i] = 0;
+                if (off || (has_min && per16)) {
+                    size_t at = (size_t)(t + i) * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
+                    qs0[i] = sum16_i8(a->q8 + at);
+                    qs1[i] = sum16_i8(a->q8 + at + 16);
+                    if (split) {
+                        qs0[i] += 256 * sum16_i8(a->q8h + at);
+                        qs1[i] += 256 * sum16_i8(a->q8h + at + 16);
+                    }
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i w[8];
+                kq_group_levels_avx2(k, blk + 32 * h, iq4, w);
+                __m256i sc[2], mn[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                switch (k) {
+                case K_Q2:
+                    for (int e = 0; e < 2; e++) {
+                        __m256i x = bytes8u(hdr + 16 * (2 * j + e) + 8 * h);
+                        sc[e] = _mm256_and_si256(x, _mm256_set1_epi32(15));
+                        mn[e] = _mm256_srli_epi32(x, 4);
+                    }
+                    break;
+                case K_Q3:
+                    for (int e = 0; e < 2; e++) {
+                        __m256i lo = field8(bytes8u(hdr + 16 * j + 8 * h), 4 * e, 15);
+                        sc[e] = _mm256_or_si256(lo, _mm256_slli_epi32(field8(high[h], 2 * (2 * j + e), 3), 4));
+                        sc[e] = _mm256_sub_epi32(sc[e], _mm256_set1_epi32(32));
+                    }
+                    break;
+                case K_Q6:
+                    for (int e = 0; e < 2; e++)
+                        sc[e] = _mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(hdr + 16 * (2 * j + e) + 8 * h)));
+                    break;
+                case K_IQ4XS:
+                    sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
+                    sc[0] = _mm256_or_si256(sc[0], _mm256_slli_epi32(field8(high[h], 2 * j, 3), 4));
+                    sc[0] = _mm256_sub_epi32(sc[0], _mm256_set1_epi32(32));
+                    break;
+                default:
+                    sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
+                    mn[0] = field8(bytes8u(hdr + 64 + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
+                    sc[0] = _mm256_or_si256(sc[0], _mm256_slli_epi32(field8(high[h], 2 * j, 3), 4));
+                    mn[0] = _mm256_or_si256(mn[0], _mm256_slli_epi32(field8(high[h], 16 + 2 * j, 3), 4));
+                    break;
+                }
+                __m256 dw[2], mw[2];
+                for (int e = 0; e < (per16 ? 2 : 1); e++) {
+                    dw[e] = _mm256_mul_ps(d[h], _mm256_cvtepi32_ps(sc[e]));
+                    mw[e] = _mm256_mul_ps(dmin[h], _mm256_cvtepi32_ps(mn[e]));
+                }
+                for (int i = 0; i < nt; i++) {
+                    size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
+                    size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
+                    const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
+                    float daf = a->d8[bi];
+                    __m256 da = _mm256_set1_ps(daf), ac = acc[i][h];
+                    if (per16) { /* sum(v q) = sum(u q) - offset sum(q), per half */
+                        __m256i s0 = kg_dot_act_avx2(vnni, w, qv, hv, 4, run);
+                        __m256i s1 = kg_dot_act_avx2(vnni, w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
+                        s0 = _mm256_sub_epi32(s0, _mm256_set1_epi32(off * qs0[i]));
+                        s1 = _mm256_sub_epi32(s1, _mm256_set1_epi32(off * qs1[i]));
+                        ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dw[0], da), ac);
+                        if (has_min) ac = _mm256_fnmadd_ps(mw[0], _mm256_set1_ps(daf * (float)qs0[i]), ac);
+                        ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dw[1], da), ac);
+                        if (has_min) ac = _mm256_fnmadd_ps(mw[1], _mm256_set1_ps(daf * (float)qs1[i]), ac);
+                    } else {
+                        __m256i s = kg_dot_act_avx2(vnni, w, qv, hv, 8, run);
+                        s = _mm256_sub_epi32(s, _mm256_set1_epi32(off * (qs0[i] + qs1[i])));
+                        ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[0], da), ac);
+                        if (has_min) ac = _mm256_fnmadd_ps(mw[0], _mm256_set1_ps(a->s8[bi]), ac);
+                    }
+                    acc[i][h] = ac;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        _mm256_storeu_ps(out + (size_t)i * os, acc[i][0]);
+        _mm256_storeu_ps(out + (size_t)i * os + 8, acc[i][1]);
+    }
+}
+
+#define KQ_GROUP_AVX2(kind, split, ...) kq_group_avx2(false, kind, split, __VA_ARGS__)
+#define KQ_GROUP_AVXVNNI(kind, split, ...) kq_group_avx2(true, kind, split, __VA_ARGS__)
+#define K_GROUP_KERNEL_AVX2(name, kind, split) TILE_KERNEL(name, AVX2, KQ_GROUP_AVX2, kind, split)
+#define K_GROUP_KERNEL_AVXVNNI(name, kind, split) TILE_KERNEL(name, AVX2, KQ_GROUP_AVXVNNI, kind, split)
+K_GROUP_KERNEL_AVX2(av_q2_k, K_Q2, false)
+K_GROUP_KERNEL_AVX2(av_q3_k, K_Q3, false)
+K_GROUP_KERNEL_AVX2(av_q4_k, K_Q4, false)
+K_GROUP_KERNEL_AVX2(av_q5_k, K_Q5, false)
+K_GROUP_KERNEL_AVX2(av_q6_k, K_Q6, false)
+K_GROUP_KERNEL_AVX2(as_q2_k, K_Q2, true)
+K_GROUP_KERNEL_AVX2(as_q3_k, K_Q3, true)
+K_GROUP_KERNEL_AVX2(as_q4_k, K_Q4, true)
+K_GROUP_KERNEL_AVX2(as_q5_k, K_Q5, true)
+K_GROUP_KERNEL_AVX2(as_q6_k, K_Q6, true)
+K_GROUP_KERNEL_AVXVNNI(yv_q2_k, K_Q2, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q3_k, K_Q3, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q4_k, K_Q4, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q5_k, K_Q5, false)
+K_GROUP_KERNEL_AVXVNNI(yv_q6_k, K_Q6, false)
+K_GROUP_KERNEL_AVXVNNI(yv_iq4_xs, K_IQ4XS, false)
+K_GROUP_KERNEL_AVXVNNI(ys_q2_k, K_Q2, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q3_k, K_Q3, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q4_k, K_Q4, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q5_k, K_Q5, true)
+K_GROUP_KERNEL_AVXVNNI(ys_q6_k, K_Q6, true)
+K_GROUP_KERNEL_AVXVNNI(ys_iq4_xs, K_IQ4XS, true)
 #endif /* KVG_X86 */

@@ -9,8 +9,9 @@
  *   are checked against libm and the reference's helpers; a run of keys gives the same bits
  *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
  *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni: the
- *   32-element and K types) give their row kernels' bits on every tile, the K types' also on rows
- *   of an odd number of K blocks.
+ *   32-element and K types; avx2 and avx512: the K types but IQ4_XS; avxvnni: the K types)
+ *   give their row kernels' bits on every tile, the K types' also on rows of an odd number of
+ *   K blocks; a Q4_K_M model's logits are the same bits on every x86 path with K-type groups.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
  *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
@@ -827,6 +828,24 @@ static void test_isa_paths(void) {
                        memcmp(rn->decode, rd->decode, (size_t)N_DEC * rn->n_vocab * sizeof(float)) == 0,
                    "%s: the dotprod path's logits are not the neon path's bits", p ? "Q5_1" : "q4_k_m");
             printf("  %s: dotprod path: the neon path's bits\n", p ? "Q5_1" : "q4_k_m");
+        }
+        /* the x86 paths run a Q4_K_M model's matrices in K-type groups that give their portable
+         * row kernels' bits, with the same vector ops: the same logits */
+        static const kvg_cpu_isa kgroup_paths[] = {KVG_ISA_AVX2, KVG_ISA_AVX512, KVG_ISA_AVXVNNI, KVG_ISA_AVX512VNNI};
+        const run *first = NULL;
+        for (size_t i = 0; p == 0 && i < sizeof kgroup_paths / sizeof kgroup_paths[0]; i++) {
+            const run *r = &runs[kgroup_paths[i]];
+            if (!r->prefill) continue;
+            if (!first) {
+                first = r;
+                continue;
+            }
+            CHECKF(memcmp(first->prefill, r->prefill, (size_t)N_PROMPT * r->n_vocab * sizeof(float)) == 0 &&
+                       memcmp(first->decode, r->decode, (size_t)N_DEC * r->n_vocab * sizeof(float)) == 0,
+                   "q4_k_m: the %s path's logits are not the bits of the other x86 paths' K-type groups",
+                   kvg_cpu_isa_name(kgroup_paths[i]));
+            printf("  q4_k_m: %s path: the bits of the first x86 path's K-type groups\n",
+                   kvg_cpu_isa_name(kgroup_paths[i]));
         }
         for (int isa = 0; isa < KVG_ISA_COUNT; isa++) run_free(&runs[isa]);
     }
