@@ -366,8 +366,8 @@ typedef struct rules {
 static bool template_usable(const char *src, size_t len, char *why, size_t size) {
     kvg_jinja *t = NULL;
     if (!kvg_jinja_parse(src, len, &t, why, size)) return false;
-    kvg_jinja_msg probe = {"user", "Hello"};
-    kvg_jinja_input in = {&probe, 1, true, "", ""};
+    kvg_jinja_msg probe = {"user", "Hello", NULL};
+    kvg_jinja_input in = {&probe, 1, true, "", "", NULL};
     kvg_jinja_output out;
     bool ok = kvg_jinja_render(t, &in, &out, why, size);
     kvg_jinja_free(t);
@@ -646,8 +646,8 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     bool thinned = false;
     while (n_system < n && msgs[n_system].role == ROLE_SYSTEM) n_system++;
     for (;;) {
-        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content};
-        kvg_jinja_input in = {jm, n, begin_reply, bos, eos};
+        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content, NULL};
+        kvg_jinja_input in = {jm, n, begin_reply, bos, eos, NULL};
         if (!kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
             goto done;

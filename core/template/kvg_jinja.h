@@ -13,7 +13,11 @@
  *
  * Every byte of the rendered text says whether it came from the caller's message content
  * (user[i] = 1): the caller tokenizes those bytes without special-token parsing, so content
- * can never become a control token.
+ * can never become a control token. Every string of the JSON inputs (a message's fields, the
+ * extra variables: tool descriptions, tool calls' arguments) counts as content.
+ *
+ * JSON numbers written without '.', 'e' or 'E' that fit 64 bits are integers, the rest floats
+ * (as Python's json module reads them).
  *
  * Bounded: output size, memory, nesting and loop iterations are limited; a malformed template
  * or a runtime error gives a message with line and column, never a crash. */
@@ -26,6 +30,10 @@ typedef struct kvg_jinja kvg_jinja;
 
 typedef struct kvg_jinja_msg {
     const char *role, *content; /* NUL-terminated */
+    /* NULL, or a JSON object whose members the message also has, as Hugging Face passes them
+     * (tool_calls, tool_call_id, reasoning_content, name, ...); "content" here (null for an
+     * assistant turn of tool calls alone) replaces `content`, "role" is ignored */
+    const char *fields;
 } kvg_jinja_msg;
 
 typedef struct kvg_jinja_input {
@@ -33,6 +41,10 @@ typedef struct kvg_jinja_input {
     size_t n_messages;
     bool add_generation_prompt;
     const char *bos_token, *eos_token; /* NULL: "" */
+    /* NULL, or a JSON object whose members are further variables of the template (tools,
+     * enable_thinking, ...); messages, add_generation_prompt, bos_token and eos_token are
+     * always the ones above */
+    const char *vars;
 } kvg_jinja_input;
 
 typedef struct kvg_jinja_output {

@@ -43,7 +43,7 @@ static void fixtures(void) {
         tu_record bos, eos, m;
         tu_read_record(f, &bos);
         tu_read_record(f, &eos);
-        kvg_jinja_msg msgs[16];
+        kvg_jinja_msg msgs[16] = {{0}};
         char *bodies[16];
         size_t content_bytes = 0;
         for (int i = 0; i < nmsg && i < 16; i++) {
@@ -60,7 +60,7 @@ static void fixtures(void) {
         char msg[256] = "";
         bool ok = ti >= 0 && tpls[ti];
         if (ti >= 0 && !tpls[ti]) snprintf(msg, sizeof msg, "%s", terr[ti]);
-        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body};
+        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body, NULL};
         if (ok) ok = kvg_jinja_render(tpls[ti], &in, &out, msg, sizeof msg);
         if (!ex.body) {
             CHECKF(!ok, "%s: jinja2 fails, kvgen rendered \"%s\"", cname, out.text);
@@ -116,8 +116,8 @@ static bool render(const char *src, char *msg, size_t n, char **text) {
     kvg_jinja *t = NULL;
     *text = NULL;
     if (!kvg_jinja_parse(src, strlen(src), &t, msg, n)) return false;
-    kvg_jinja_msg m[1] = {{"user", "hi"}};
-    kvg_jinja_input in = {m, 1, true, "<s>", "</s>"};
+    kvg_jinja_msg m[1] = {{"user", "hi", NULL}};
+    kvg_jinja_input in = {m, 1, true, "<s>", "</s>", NULL};
     kvg_jinja_output out;
     bool ok = kvg_jinja_render(t, &in, &out, msg, n);
     kvg_jinja_free(t);
@@ -211,8 +211,8 @@ static void check_flags(const char *src, const char *content, const char *want, 
     char msg[256];
     kvg_jinja *t = NULL;
     CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
-    kvg_jinja_msg m[1] = {{"user", content}};
-    kvg_jinja_input in = {m, 1, true, "", ""};
+    kvg_jinja_msg m[1] = {{"user", content, NULL}};
+    kvg_jinja_input in = {m, 1, true, "", "", NULL};
     kvg_jinja_output out = {0};
     CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
     CHECKF(out.text && strcmp(out.text, want) == 0, "%s", out.text ? out.text : msg);
@@ -311,8 +311,8 @@ static void mutations(void) {
         char msg[256];
         if (kvg_jinja_parse(m, len, &t, msg, sizeof msg)) {
             parsed++;
-            kvg_jinja_msg msgs[3] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}};
-            kvg_jinja_input in = {msgs, 3, true, "", ""};
+            kvg_jinja_msg msgs[3] = {{"system", "s", NULL}, {"user", "u", NULL}, {"assistant", "a", NULL}};
+            kvg_jinja_input in = {msgs, 3, true, "", "", NULL};
             kvg_jinja_output out;
             if (kvg_jinja_render(t, &in, &out, msg, sizeof msg)) {
                 free(out.text);
