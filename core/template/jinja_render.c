@@ -468,6 +468,9 @@ static bool render_with(const kvg_jinja *t, const kvg_jinja_input *in, const kvg
     }
     for (size_t i = 0; i < kvg_jinja_n_globals; i++)
         kvg_jdict_setc(&x, g->vars, kvg_jinja_globals[i].name, (jv){.t = V_FUNC, .fn = &kvg_jinja_globals[i]});
+    /* as apply_chat_template: tools and documents are none unless given */
+    kvg_jdict_setc(&x, g->vars, "tools", NONE);
+    kvg_jdict_setc(&x, g->vars, "documents", NONE);
     for (const kvg_json *f = vars ? vars->child : NULL; f; f = f->next) /* over the globals, as jinja2's */
         kvg_jdict_set(&x, g->vars, content_str(&x, f->key, f->key_len), from_json(&x, f));
     kvg_jdict_setc(&x, g->vars, "messages", (jv){.t = V_LIST, .l = msgs});
