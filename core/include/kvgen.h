@@ -739,6 +739,32 @@ KVGEN_API kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role
 KVGEN_API kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 
+/* Tool use, as Hugging Face's apply_chat_template passes it to a template (docs/generation.md,
+ * "Tools"): a message with what tool use adds. Under a Jinja template only: a built-in family
+ * or a remote session gives KVGEN_E_UNSUPPORTED. */
+typedef struct kvgen_chat_message {
+    const char *role;              /* "system", "user", "assistant" or "tool" */
+    const char *content;           /* NULL: "" (with tool_calls: the template sees content none) */
+    const char *tool_calls;        /* assistant: NULL, or a JSON array of {"id": ..., "type": "function",
+                                      "function": {"name": ..., "arguments": {...} or JSON text}} */
+    const char *tool_call_id;      /* tool: NULL, or the id of the call this message answers */
+    const char *reasoning_content; /* assistant: NULL, or its reasoning (Qwen3's templates render it) */
+} kvgen_chat_message;
+
+/* Appends one complete message as kvgen_chat_add does (role "tool": a tool's result; an
+ * assistant message: its tool calls and reasoning), for the template to render. Malformed
+ * tool_calls JSON, or a field on a role it does not belong to, gives KVGEN_E_INVALID_ARGUMENT
+ * naming it and changes nothing. kvgen_chat_add takes role "tool" too (without an id). */
+KVGEN_API kvgen_status kvgen_chat_add_message(kvgen_session *session, const kvgen_chat_message *msg, kvgen_error *err);
+/* The chat template's further variables from now on: a JSON object, such as {"tools": [...],
+ * "enable_thinking": false} ("tools": JSON-schema function descriptions, as Hugging Face
+ * takes them); json NULL or "{}" removes them. Every later rendering of the conversation
+ * passes them (a change that alters text already in the cache rewinds to where it differs);
+ * they are kept by fork and session files. messages, add_generation_prompt, bos_token and
+ * eos_token are the chat's own and refused. Their strings count as message content: never
+ * parsed for control tokens. */
+KVGEN_API kvgen_status kvgen_chat_set_vars(kvgen_session *session, const char *json, kvgen_error *err);
+
 /* ---- choice scoring ---- */
 typedef struct kvgen_choice {
     double logprob;      /* sum of the candidate's token log-probabilities */
