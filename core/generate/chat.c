@@ -1146,3 +1146,8 @@ kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error
     return KVGEN_OK;
 }
 
+
+const char *kvgen_chat_vars(kvgen_session *s) {
+    const kvg_chat *c = s ? kvg_session_ext(s, &chat_ext) : NULL;
+    return c ? c->vars : NULL;
+}

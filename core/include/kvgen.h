@@ -764,6 +764,8 @@ KVGEN_API kvgen_status kvgen_chat_add_message(kvgen_session *session, const kvge
  * eos_token are the chat's own and refused. Their strings count as message content: never
  * parsed for control tokens. */
 KVGEN_API kvgen_status kvgen_chat_set_vars(kvgen_session *session, const char *json, kvgen_error *err);
+/* The variables set, as compact JSON text, or NULL when none are; valid until the next chat call. */
+KVGEN_API const char *kvgen_chat_vars(kvgen_session *session);
 
 /* ---- choice scoring ---- */
 typedef struct kvgen_choice {
