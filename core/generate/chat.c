@@ -937,7 +937,10 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         chat_msg *grown = kvg_realloc(c->msgs, (n_keep + n_added) * sizeof *grown);
         if (!grown) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
         else {
-            for (size_t i = n_keep; i < c->n_msgs; i++) kvg_free(c->msgs[i].content);
+            for (size_t i = n_keep; i < c->n_msgs; i++) {
+                kvg_free(c->msgs[i].content);
+                kvg_free(c->msgs[i].fields);
+            }
             c->msgs = grown;
             c->n_msgs = n_keep;
         }

@@ -720,8 +720,8 @@ KVGEN_API kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvg
  * name ("chatml", ...), "custom"; or NULL with *err set (KVGEN_E_UNSUPPORTED) when the model
  * has no usable template, no family matches and none was set. */
 KVGEN_API const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
-/* Appends one complete turn (role "system", "user" or "assistant") and prefills it; an open
- * assistant reply is closed first. On an empty session the model's BOS comes first.
+/* Appends one complete turn (role "system", "user", "assistant" or, under a Jinja template,
+ * "tool") and prefills it; an open assistant reply is closed first. On an empty session the model's BOS comes first.
  * Under a Jinja template the whole conversation is rendered and only the tokens past what the
  * cache already holds are prefilled; where the rendering changes earlier text (or the reply
  * tokenizes differently than generated) the cache is rewound to the common prefix first. A
@@ -839,7 +839,7 @@ typedef struct kvgen_job_desc {
     const char *text;        /* TEXT, CHAT; copied */
     size_t text_len;         /* 0: strlen(text) */
     unsigned tokenize_flags; /* TEXT: KVGEN_TOKENIZE_SPECIAL / KVGEN_TOKENIZE_ADD_BOS */
-    const char *role;        /* CHAT: "system", "user" or "assistant"; copied */
+    const char *role;        /* CHAT: "system", "user", "assistant" or "tool"; copied */
     const int32_t *tokens;   /* TOKENS; copied */
     size_t n_tokens;
     kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); stop strings and the

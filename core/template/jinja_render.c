@@ -3,6 +3,7 @@
  * through jinja_builtins.c's tables), runs loops and macros, and writes the output with a flag
  * per byte that says whether it came from message content. Bounded by the output size, the
  * nesting of evaluation and of macro calls, and the number of loop iterations. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "jinja_internal.h"
@@ -420,11 +421,16 @@ static jv from_json(jx *x, const kvg_json *j) {
     case KVG_JSON_FALSE: return mk_bool(0);
     case KVG_JSON_TRUE: return mk_bool(1);
     case KVG_JSON_NUMBER: {
-        /* Python's json: an integer unless the text has a fraction or an exponent */
-        int is_int = j->str != NULL && j->len < 20;
+        /* Python's json: an integer unless the text has a fraction or an exponent (one past
+         * 64 bits, which Python would keep whole, is a float here) */
+        int is_int = j->str != NULL;
         for (size_t i = 0; is_int && i < j->len; i++)
             if (j->str[i] == '.' || j->str[i] == 'e' || j->str[i] == 'E') is_int = 0;
-        if (is_int) return mk_int(strtoll(j->str, NULL, 10));
+        if (is_int) {
+            errno = 0;
+            long long v = strtoll(j->str, NULL, 10);
+            if (errno != ERANGE) return mk_int((int64_t)v);
+        }
         return mk_float(j->number);
     }
     case KVG_JSON_STRING: return mk_str(content_str(x, j->str, j->len));
