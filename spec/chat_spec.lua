@@ -160,6 +160,20 @@ describe("chat under Jinja templates (default model) #model", function()
       assert.is_nil(m:detokenize(s:tokens(), { special = true }):find("T:get_price", 1, true))
     end)
 
+    it("submit_chat takes tools and the tool role", function()
+      local s <close> = m:session { template = { jinja = TOOLS_TPL } }
+      s:add("user", "Price of a bow?")
+      s:add("assistant", "", { tool_calls = '[{"id": "c2", "type": "function", '
+        .. '"function": {"name": "get_price", "arguments": "{\\"item\\": \\"bow\\"}"}}]' })
+      local job <close> = s:submit_chat('{"price": 3}', { role = "tool", tools = TOOLS, max_tokens = 1 })
+      local _, finish = support.poll_to_end(job, { seconds = 300 })
+      assert.are_not.equal("error", finish, job.error)
+      local text = m:detokenize(s:tokens(), { special = true })
+      assert.matches('^T:get_price', text)
+      assert.matches('<call c2 get_price "{\\"item\\": \\"bow\\"}"><|im_end|>\n<|im_start|>tool\n{"price": 3}<|im_end|>\n',
+        text, 1, true)
+    end)
+
     it("bad tools, fields and variables name the call and change nothing", function()
       local s <close> = m:session { template = { jinja = TOOLS_TPL } }
       s:add("user", "hi")
