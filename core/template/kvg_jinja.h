@@ -1,15 +1,16 @@
 /* kvg_jinja.h: a small Jinja interpreter for chat templates (private).
  *
- * Folder core/template/ owns the template language and uses nothing of kvgen but libc: it
- * parses a template once (kvg_jinja_parse) and renders it for a conversation
- * (kvg_jinja_render) with the settings Hugging Face's apply_chat_template uses (trim_blocks
+ * Folder core/template/ owns the template language and uses nothing of kvgen but base/ (the
+ * allocator, buffers, the JSON codec for its JSON inputs): it parses a template once
+ * (kvg_jinja_parse) and renders it for a conversation (kvg_jinja_render) with the settings Hugging Face's apply_chat_template uses (trim_blocks
  * and lstrip_blocks on, loop controls, raise_exception, strftime_now, its tojson).
  *
  * The subset: {{ }}, {% if/elif/else %}, {% for %} (loop.*, else, inline if, over lists,
  * strings and dicts), {% set %} (names, tuples, namespace attributes, set blocks), {% macro %},
  * {% break/continue %}, {% generation %}, comments, whitespace control; expressions with
  * literals, arithmetic, ~, comparisons, in, and/or/not, if-else, indexing and slicing,
- * attributes, filters, tests and the string/dict methods templates call.
+ * attributes, filters, tests and the string/dict methods templates call (str.format too);
+ * dict keys may be strings, numbers, booleans or none, as in Python.
  *
  * Every byte of the rendered text says whether it came from the caller's message content
  * (user[i] = 1): the caller tokenizes those bytes without special-token parsing, so content
@@ -42,8 +43,9 @@ typedef struct kvg_jinja_input {
     bool add_generation_prompt;
     const char *bos_token, *eos_token; /* NULL: "" */
     /* NULL, or a JSON object whose members are further variables of the template (tools,
-     * enable_thinking, ...); messages, add_generation_prompt, bos_token and eos_token are
-     * always the ones above */
+     * enable_thinking, ...), over the global functions; tools and documents are none unless
+     * given (as apply_chat_template passes them); messages, add_generation_prompt, bos_token
+     * and eos_token are always the ones above */
     const char *vars;
 } kvg_jinja_input;
 

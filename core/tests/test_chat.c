@@ -3,7 +3,9 @@
  * turn), turns tokenize as the whole rendered conversation does, a new turn prefills only its
  * tokens, a rewind takes turns back, message text never becomes control tokens, the caller's
  * Jinja template replaces the file's, a greedy reply knows Paris and carries no template text, a stop string
- * cuts it, choice scoring prefers the right answer, and constrained JSON parses. */
+ * cuts it, choice scoring prefers the right answer, and constrained JSON parses. Tools, tool
+ * calls and results under Qwen2.5-Coder's template render what jinja2 renders and survive fork
+ * and session files. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdlib.h>

@@ -1,6 +1,7 @@
 /* test_jinja.c: the chat-template interpreter against jinja2 (fixtures from
  * scripts/oracle/chat_templates.py: the model files' templates, published templates of other
- * families, one-feature templates, malformed ones), the content flags that keep message text
+ * families, one-feature templates, malformed ones; from scripts/oracle/chat_tools.py: tools, tool
+ * calls, results, reasoning and extra variables as JSON inputs), the content flags that keep message text
  * away from special-token parsing, and the limits on hostile templates. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
