@@ -1138,6 +1138,7 @@ kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error
         kvg_json_free(j);
         if (st != KVGEN_OK) return st;
     }
+    if (!text && !kvg_session_ext(s, &chat_ext)) return KVGEN_OK; /* nothing to remove */
     kvg_chat *c = NULL;
     st = get_chat(s, &c, err);
     if (st != KVGEN_OK) {
