@@ -236,7 +236,10 @@ lsession *kvl_check_session_open(lua_State *L, int arg);
 lsession *kvl_check_no_stream(lua_State *L, lsession *s);
 /* An open session that no stream or job is generating on (kvgen_gen_begin wants it to itself). */
 lsession *kvl_check_session(lua_State *L, int arg);
-extern const char *const kvl_role_names[]; /* "system", "user", "assistant" */
+extern const char *const kvl_role_names[]; /* "system", "user", "assistant", "tool" */
+/* The value at idx (a table, written as JSON, or JSON text) as JSON text on top of the stack;
+ * anything else raises an error naming `name` at argument c->arg. */
+const char *kvl_json_arg(const opt_ctx *c, int idx, const char *name);
 
 /* ---- lua_generate.c --------------------------------------------------------------------- */
 
@@ -263,6 +266,9 @@ int kvl_set_logger(lua_State *L);
 /* Replaces the table on top of the stack by its JSON text (errors name the option 'schema' and
  * the path in the table). */
 void kvl_schema_to_json(const opt_ctx *c);
+/* The same for any table (tools, template variables, tool calls): errors name `name` (an
+ * option, or with c->table set, an argument) and the path in the table. */
+void kvl_table_to_json(const opt_ctx *c, const char *name);
 /* Pushes the value of a whole JSON text (generated under a schema), or nil. */
 void kvl_push_json_value(lua_State *L, const char *text, size_t len);
 

@@ -6,6 +6,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include "kvg_host.h"
+#include "kvg_json.h"
 #include "kvgen_lua_internal.h"
 
 /* ---- generation options ----------------------------------------------------------------- */
@@ -100,6 +102,7 @@ typedef struct gen_opts {
     int schema;     /* a schema was given: the parsed value is returned too */
     int priority;
     int on_piece, on_done; /* given (the functions stay in the options table) */
+    const char *tools, *template_vars; /* JSON text (anchored), or NULL */
 } gen_opts;
 
 /* stop = a string or a list of strings (KVGEN_MAX_STOPS of at most KVGEN_MAX_STOP_LEN bytes) */
@@ -198,6 +201,12 @@ static void read_schema(const opt_ctx *c, const opt_spec *o, int vi, void *field
     kvl_anchor_top(c);
 }
 
+/* tools = a list of function descriptions, template_vars = a table of variables (or JSON text) */
+static void read_json_opt(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    *(const char **)field = kvl_json_arg(c, vi, o->key);
+    kvl_anchor_top(c);
+}
+
 #define GO(field) .off = offsetof(gen_opts, field)
 static const opt_spec gen_specs[] = {
     {.key = "max_tokens", .type = OPT_INT, GO(gd.max_tokens), .lo = -1, .hi = INT_MAX},
@@ -213,6 +222,8 @@ static const opt_spec gen_specs[] = {
     {.key = "on_piece", .type = OPT_FUNCTION, GO(on_piece), .need = GEN_ON_PIECE},
     {.key = "on_done", .type = OPT_FUNCTION, GO(on_done), .need = GEN_ON_DONE},
     {.key = "role", .type = OPT_CHOICE, GO(role), .names = kvl_role_names, .need = GEN_CHAT},
+    {.key = "tools", .type = OPT_CUSTOM, GO(tools), .read = read_json_opt, .need = GEN_CHAT},
+    {.key = "template_vars", .type = OPT_CUSTOM, GO(template_vars), .read = read_json_opt, .need = GEN_CHAT},
 };
 #undef GO
 
@@ -487,6 +498,63 @@ static void read_gen_prompt(lua_State *L, lsession *s, unsigned mode, const gen_
     }
 }
 
+/* The chat's variables as the options `tools` and `template_vars` make them: template_vars (an
+ * object) with "tools" set to the tools given. Pushes the JSON text. */
+static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
+    char why[160];
+    kvg_json *v = o->template_vars ? kvg_json_parse_ex(o->template_vars, strlen(o->template_vars), 64,
+                                                       KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why)
+                                   : kvg_json_new(KVG_JSON_OBJECT);
+    if (o->template_vars && !v) kvl_option_error(L, 3, "template_vars", why);
+    if (!v) luaL_error(L, "not enough memory");
+    if (v->type != KVG_JSON_OBJECT) {
+        kvg_json_free(v);
+        kvl_option_error(L, 3, "template_vars", "not a table of variables (a JSON object)");
+    }
+    if (o->tools) {
+        kvg_json *t = kvg_json_parse_ex(o->tools, strlen(o->tools), 64, KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why);
+        if (!t || t->type != KVG_JSON_ARRAY) {
+            kvg_json_free(v);
+            kvg_json_free(t);
+            kvl_option_error(L, 3, "tools", t ? "not a list of function descriptions (a JSON array)" : why);
+        }
+        /* "tools" from template_vars gives way to the option */
+        kvg_json **at = &v->child, *prev = NULL;
+        while (*at) {
+            if (strcmp((*at)->key, "tools") == 0) {
+                kvg_json *gone = *at;
+                *at = gone->next;
+                gone->next = NULL;
+                kvg_json_free(gone);
+                v->n--;
+                continue;
+            }
+            prev = *at;
+            at = &(*at)->next;
+        }
+        v->last = prev;
+        if (!kvg_json_add(v, "tools", t)) {
+            kvg_json_free(v);
+            luaL_error(L, "not enough memory");
+        }
+    }
+    size_t n = 0;
+    char *text = kvg_json_print(v, &n);
+    kvg_json_free(v);
+    if (!text) luaL_error(L, "not enough memory");
+    lua_pushlstring(L, text, n);
+    kvg_free(text);
+    return lua_tostring(L, -1);
+}
+
+/* back to the chat's variables before the options changed them (kept in the anchor table) */
+static void restore_vars(lua_State *L, lsession *s) {
+    kvgen_error ignored = {0};
+    lua_getfield(L, 4, "vars_before");
+    kvgen_chat_set_vars(s->session, lua_tostring(L, -1), &ignored);
+    lua_pop(L, 1);
+}
+
 /* s:generate / s:stream / s:chat / s:chat_stream: a kvgen_gen run on this thread. The C call
  * that appends the prompt or chat turn and starts the generation is all or nothing: when it
  * fails, nothing was appended and the chat state is as it was. */
@@ -505,6 +573,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;
+        if (o->tools || o->template_vars) restore_vars(L, s);
         return kvl_raise_status(L, &err);
     }
     stream_attach(L, s, st, idx);
@@ -562,6 +631,19 @@ static int gen_start(lua_State *L, unsigned mode) {
     read_generate(L, 3, mode, 4, &o);
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
+    if (o.tools || o.template_vars) {
+        /* the options' variables are in force for the turn and after it; the chat's variables as
+         * they were go back when the turn is refused */
+        const char *vars = push_chat_vars(L, &o);
+        const char *before = kvgen_chat_vars(s->session);
+        if (before) {
+            lua_pushstring(L, before);
+            lua_setfield(L, 4, "vars_before");
+        }
+        kvgen_error err = {0};
+        if (kvgen_chat_set_vars(s->session, vars, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+        lua_pop(L, 1);
+    }
     return (mode & GEN_JOB) ? start_job(L, s, mode, &o, &p) : start_stream(L, s, mode, &o, &p);
 }
 

@@ -55,6 +55,7 @@ typedef struct jbuf {
     lua_State *L;
     kvg_buf *out;
     int seen;
+    const char *name; /* the option or argument written, for messages */
 } jbuf;
 
 /* the codec's writers' status: out of memory raises Lua's memory error */
@@ -64,8 +65,9 @@ static void jb_ok(jbuf *b, int ok) {
 static void jb_str(jbuf *b, const char *s) { jb_ok(b, kvg_buf_add(b->out, s, strlen(s))); }
 static void jb_char(jbuf *b, char ch) { jb_ok(b, kvg_buf_add(b->out, &ch, 1)); }
 
-static void json_error(lua_State *L, const opt_ctx *c, const char *path, const char *what) {
-    kvl_option_error(L, c->arg, "schema", lua_pushfstring(L, "%s at schema%s", what, path));
+static void json_error(jbuf *b, const opt_ctx *c, const char *path, const char *what) {
+    if (c->table) kvl_arg_error(b->L, c->arg, lua_pushfstring(b->L, "%s at %s%s", what, b->name, path));
+    kvl_option_error(b->L, c->arg, b->name, lua_pushfstring(b->L, "%s at %s%s", what, b->name, path));
 }
 
 static void json_string(jbuf *b, const char *s, size_t n) { jb_ok(b, kvg_json_write_string(b->out, s, n) == 0); }
@@ -98,7 +100,7 @@ static void json_table_items(lua_State *L, const opt_ctx *c, int idx, jbuf *b, c
         if (!lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1 || lua_tointeger(L, -2) > n) is_array = 0;
         else if (lua_type(L, -2) != LUA_TNUMBER) is_array = 0;
         if (lua_type(L, -2) != LUA_TSTRING && !(lua_isinteger(L, -2)))
-            json_error(L, c, path, lua_pushfstring(L, "a %s key cannot be JSON", luaL_typename(L, -2)));
+            json_error(b, c, path, lua_pushfstring(L, "a %s key cannot be JSON", luaL_typename(L, -2)));
         lua_pop(L, 1);
     }
     if (count == 0) is_array = empty_is_array(key);
@@ -141,11 +143,11 @@ static void json_table_items(lua_State *L, const opt_ctx *c, int idx, jbuf *b, c
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING) {
             lua_pop(L, 1);
-            json_error(L, c, path, "a table mixing list items and named keys cannot be JSON");
+            json_error(b, c, path, "a table mixing list items and named keys cannot be JSON");
         }
         const char *name = lua_tostring(L, -1);
         if (strlen(name) != lua_rawlen(L, -1))
-            json_error(L, c, path,
+            json_error(b, c, path,
                        lua_pushfstring(L, "the key '%s' holds a NUL byte (not allowed in a schema key)", name));
         int seen = 0;
         for (lua_Integer j = 0; j < first; j++) seen |= strcmp(keys[j], name) == 0;
@@ -178,7 +180,7 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
                        int order, int depth) {
     lua_pushvalue(L, idx);
     if (lua_rawget(L, b->seen) == LUA_TSTRING)
-        json_error(L, c, path,
+        json_error(b, c, path,
                    lua_pushfstring(L, "a table that contains itself cannot be JSON (the table at schema%s)",
                                    lua_tostring(L, -1)));
     lua_pop(L, 1);
@@ -194,9 +196,9 @@ static void json_table(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const c
 static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const char *path, const char *key,
                         int order, int depth) {
     if (depth > JSON_MAX_DEPTH)
-        json_error(L, c, path,
+        json_error(b, c, path,
                    lua_pushfstring(L, "nested deeper than %d levels (the most kvgen takes)", JSON_MAX_DEPTH));
-    if (!lua_checkstack(L, 16)) json_error(L, c, path, "nested too deep for the Lua stack");
+    if (!lua_checkstack(L, 16)) json_error(b, c, path, "nested too deep for the Lua stack");
     switch (lua_type(L, idx)) {
     case LUA_TBOOLEAN: jb_str(b, lua_toboolean(L, idx) ? "true" : "false"); break;
     case LUA_TNUMBER:
@@ -209,7 +211,7 @@ static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const 
             jb_str(b, t);
         } else {
             double v = lua_tonumber(L, idx);
-            if (v != v || v == HUGE_VAL || v == -HUGE_VAL) json_error(L, c, path, "a NaN or infinity cannot be JSON");
+            if (v != v || v == HUGE_VAL || v == -HUGE_VAL) json_error(b, c, path, "a NaN or infinity cannot be JSON");
             char t[40];
             snprintf(t, sizeof t, "%.17g", v);
             jb_str(b, t);
@@ -228,16 +230,18 @@ static void lua_to_json(lua_State *L, const opt_ctx *c, int idx, jbuf *b, const 
             break;
         }
         /* fall through */
-    default: json_error(L, c, path, lua_pushfstring(L, "a %s cannot be JSON", luaL_typename(L, idx)));
+    default: json_error(b, c, path, lua_pushfstring(L, "a %s cannot be JSON", luaL_typename(L, idx)));
     }
 }
 
-void kvl_schema_to_json(const opt_ctx *c) {
+void kvl_schema_to_json(const opt_ctx *c) { kvl_table_to_json(c, "schema"); }
+
+void kvl_table_to_json(const opt_ctx *c, const char *name) {
     lua_State *L = c->L;
     int t = lua_gettop(L);
     json_box *x = push_box(L);
     lua_newtable(L);
-    jbuf b = {L, &x->text, t + 2};
+    jbuf b = {L, &x->text, t + 2, name};
     lua_to_json(L, c, t, &b, "", NULL, 0, 0);
     lua_pushlstring(L, x->text.p, x->text.n);
     lua_replace(L, t);
@@ -292,4 +296,20 @@ void kvl_push_json_value(lua_State *L, const char *text, size_t len) {
     }
     json_box_free(x);
     lua_replace(L, top + 1);
+}
+
+const char *kvl_json_arg(const opt_ctx *c, int idx, const char *name) {
+    lua_State *L = c->L;
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) == LUA_TTABLE) {
+        lua_pushvalue(L, idx);
+        kvl_table_to_json(c, name);
+    } else if (lua_type(L, idx) == LUA_TSTRING) {
+        lua_pushvalue(L, idx);
+    } else {
+        const char *what = lua_pushfstring(L, "a table or JSON text expected, got %s", kvl_push_got(L, idx));
+        if (c->table) kvl_arg_error(L, c->arg, lua_pushfstring(L, "%s: %s", name, what));
+        kvl_option_error(L, c->arg, name, what);
+    }
+    return kvl_check_cstring(L, -1, c->arg, name);
 }

@@ -518,16 +518,72 @@ static int session_set_template(lua_State *L) {
     return 0;
 }
 
-const char *const kvl_role_names[] = {"system", "user", "assistant", NULL};
+const char *const kvl_role_names[] = {"system", "user", "assistant", "tool", NULL};
 
-/* s:add(role, text): appends one complete chat turn */
+/* a message's fields: tool_calls = a list of calls (or JSON text) */
+static void read_tool_calls(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    (void)o;
+    *(const char **)field = kvl_json_arg(c, vi, "fields.tool_calls");
+    kvl_anchor_top(c);
+}
+#define MF(field) .off = offsetof(kvgen_chat_message, field)
+static const opt_spec message_specs[] = {
+    {.key = "tool_calls", .type = OPT_CUSTOM, MF(tool_calls), .read = read_tool_calls},
+    {.key = "tool_call_id", .type = OPT_STRING, MF(tool_call_id)},
+    {.key = "reasoning_content", .type = OPT_STRING, MF(reasoning_content)},
+};
+#undef MF
+
+/* s:add(role, text [, fields]): appends one complete chat turn; fields: tool_calls (assistant),
+ * tool_call_id (tool), reasoning_content (assistant) */
 static int session_add(lua_State *L) {
     lsession *s = kvl_check_session(L, 1);
+    lua_settop(L, 4);
     if (lua_type(L, 2) == LUA_TSTRING) kvl_check_cstring(L, 2, 2, "role");
-    const char *role = kvl_role_names[kvl_check_option(L, 2, kvl_role_names)];
-    const char *text = kvl_check_cstring_arg(L, 3, "text");
+    kvgen_chat_message msg = {.role = kvl_role_names[kvl_check_option(L, 2, kvl_role_names)]};
+    msg.content = kvl_check_cstring_arg(L, 3, "text");
     kvgen_error err = {0};
-    if (kvgen_chat_add(s->session, role, text, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+    if (lua_isnil(L, 4)) {
+        if (kvgen_chat_add(s->session, msg.role, msg.content, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+        return 0;
+    }
+    if (!lua_istable(L, 4)) kvl_type_error(L, 4, "fields", "table or nil");
+    lua_newtable(L); /* 5: anchor of the JSON text */
+    opt_ctx c = {.L = L, .arg = 4, .anchor = 5, .table = "fields", .list_keys = 1};
+    kvl_read_fields(&c, 4, message_specs, N_SPECS(message_specs), &msg);
+    if (kvgen_chat_add_message(s->session, &msg, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+    return 0;
+}
+
+/* s:add_tool_result(id, result): a tool message answering call `id`; result a string, or a
+ * table written as JSON */
+static int session_add_tool_result(lua_State *L) {
+    lsession *s = kvl_check_session(L, 1);
+    lua_settop(L, 3);
+    kvgen_chat_message msg = {.role = "tool", .tool_call_id = kvl_check_cstring_arg(L, 2, "id")};
+    if (lua_istable(L, 3)) {
+        opt_ctx c = {.L = L, .arg = 3, .table = "result"};
+        msg.content = kvl_json_arg(&c, 3, "result");
+    } else {
+        msg.content = kvl_check_cstring_arg(L, 3, "result");
+    }
+    kvgen_error err = {0};
+    if (kvgen_chat_add_message(s->session, &msg, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+    return 0;
+}
+
+/* s:set_chat_vars(vars | nil): the chat template's further variables (a table or JSON text of
+ * an object: tools, enable_thinking, ...), kept for every later turn */
+static int session_set_chat_vars(lua_State *L) {
+    lsession *s = kvl_check_session(L, 1);
+    lua_settop(L, 2);
+    const char *json = NULL;
+    if (!lua_isnil(L, 2)) {
+        opt_ctx c = {.L = L, .arg = 2, .table = "vars"};
+        json = kvl_json_arg(&c, 2, "vars");
+    }
+    kvgen_error err = {0};
+    if (kvgen_chat_set_vars(s->session, json, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
     return 0;
 }
 
@@ -589,6 +645,8 @@ static const luaL_Reg session_methods[] = {
     {"sampler", session_sampler},
     {"set_template", session_set_template},
     {"add", session_add},
+    {"add_tool_result", session_add_tool_result},
+    {"set_chat_vars", session_set_chat_vars},
     {NULL, NULL},
 };
 

@@ -118,4 +118,98 @@ describe("chat under Jinja templates (default model) #model", function()
     assert.is_string(e)
     assert.matches("^kvgen: context full %(" .. s.length .. "/64%)", e)
   end)
+  describe("tools, tool calls and template variables", function()
+    local TOOLS_TPL = "{% for t in tools or [] %}T:{{ t.function.name }} {{ t.function.parameters | tojson }}\n{% endfor %}"
+      .. "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+      .. "{% for c in m.tool_calls or [] %}<call {{ c.id }} {{ c.function.name }} {{ c.function.arguments | tojson }}>"
+      .. "{% endfor %}{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}"
+      .. "{% if m.reasoning_content %}[{{ m.reasoning_content }}]{% endif %}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant\n"
+      .. "{% if enable_thinking is false %}<think></think>{% endif %}{% endif %}{{ npc | default('') }}"
+    local TOOLS = {
+      { type = "function", ["function"] = { name = "get_price", description = "Price in gold.",
+        parameters = { type = "object", properties = { item = { type = "string" } }, required = { "item" } } } },
+    }
+
+    it("s:chat takes tools and template_vars; s:add takes tool calls; s:add_tool_result a result", function()
+      local s <close> = m:session { template = { jinja = TOOLS_TPL } }
+      s:add("user", "How much is a sword?")
+      s:add("assistant", "", { tool_calls = { { id = "c1", type = "function",
+        ["function"] = { name = "get_price", arguments = { item = "sword" } } } }, reasoning_content = "look it up" })
+      s:add_tool_result("c1", { price = 12 })
+      s:chat(nil, { tools = TOOLS, template_vars = { enable_thinking = false, npc = "" }, max_tokens = 1 })
+      local text = m:detokenize(s:tokens(), { special = true })
+      -- a table's keys in order (a schema's properties in its required order first), as for schemas
+      local want = 'T:get_price {"properties": {"item": {"type": "string"}}, "required": ["item"], "type": "object"}\n'
+        .. "<|im_start|>user\nHow much is a sword?<|im_end|>\n"
+        .. '<|im_start|>assistant\n<call c1 get_price {"item": "sword"}>[look it up]<|im_end|>\n'
+        .. '<|im_start|>tool\n{"price":12}#c1<|im_end|>\n<|im_start|>assistant\n<think></think>'
+      assert.are.equal(want, text:sub(1, #want))
+      -- the variables stay for later turns, and a session file keeps them with the fields
+      local path = os.tmpname()
+      s:save(path)
+      local r <close> = m:restore(path)
+      os.remove(path)
+      local kept = want:sub(1, #want - #"<think></think>") -- the reply is a message now
+      for _, x in ipairs { s, r } do
+        x:add("user", "Thanks")
+        assert.are.equal(kept, m:detokenize(x:tokens(), { special = true }):sub(1, #kept))
+      end
+      s:set_chat_vars(nil)
+      s:add("user", "Bye")
+      assert.is_nil(m:detokenize(s:tokens(), { special = true }):find("T:get_price", 1, true))
+    end)
+
+    it("submit_chat takes tools and the tool role", function()
+      local s <close> = m:session { template = { jinja = TOOLS_TPL } }
+      s:add("user", "Price of a bow?")
+      s:add("assistant", "", { tool_calls = '[{"id": "c2", "type": "function", '
+        .. '"function": {"name": "get_price", "arguments": "{\\"item\\": \\"bow\\"}"}}]' })
+      local job <close> = s:submit_chat('{"price": 3}', { role = "tool", tools = TOOLS, max_tokens = 1 })
+      local _, finish = support.poll_to_end(job, { seconds = 300 })
+      assert.are_not.equal("error", finish, job.error)
+      local text = m:detokenize(s:tokens(), { special = true })
+      assert.matches('^T:get_price', text)
+      assert.matches('<call c2 get_price "{\\"item\\": \\"bow\\"}"><|im_end|>\n<|im_start|>tool\n{"price": 3}<|im_end|>\n',
+        text, 1, true)
+    end)
+
+    it("bad tools, fields and variables name the call and change nothing", function()
+      local s <close> = m:session { template = { jinja = TOOLS_TPL } }
+      s:add("user", "hi")
+      local len = s.length
+      local e = error_of(s.chat, s, "x", { tools = 5 })
+      assert.matches("option 'tools': a table or JSON text expected, got number", e, 1, true)
+      e = error_of(s.chat, s, "x", { tools = "[1," })
+      assert.matches("option 'tools'", e, 1, true)
+      e = error_of(s.chat, s, "x", { tools = { print } })
+      assert.matches("a function cannot be JSON at tools[1]", e, 1, true)
+      e = error_of(s.add, s, "assistant", "", { tool_calls = "{" })
+      assert.matches("kvgen_chat_add_message: tool_calls: not valid JSON", e, 1, true)
+      e = error_of(s.add, s, "assistant", "", { tool_calls = { { id = "c1" } } })
+      assert.matches("tool_calls[0]: not", e, 1, true)
+      e = error_of(s.add, s, "assistant", "", { tool_id = "c1" })
+      assert.matches("tool_id", e, 1, true)
+      e = error_of(s.add_tool_result, s, 5, "x")
+      assert.matches("id: string expected, got number", e, 1, true)
+      e = error_of(s.set_chat_vars, s, "[1]")
+      assert.matches("kvgen_chat_set_vars: json: not a JSON object", e, 1, true)
+      e = error_of(s.set_chat_vars, s, { messages = {} })
+      assert.matches("\"messages\" is the chat's own variable", e, 1, true)
+      assert.are.equal(len, s.length)
+      -- a turn refused after the options' variables were set puts the old ones back
+      local small <close> = m:session { template = { jinja = TOOLS_TPL }, context = 48 }
+      small:set_chat_vars { npc = "A" }
+      e = error_of(small.chat, small, string.rep("word ", 60), { template_vars = { npc = "B" } })
+      assert.matches("context full", e, 1, true)
+      assert.are.equal(0, small.length)
+      small:add("user", "x")
+      assert.matches("A$", m:detokenize(small:tokens(), { special = true }))
+      -- a built-in family has no place for tool messages
+      local f <close> = m:session { template = "chatml" }
+      e = error_of(s.add_tool_result, f, "c1", "12")
+      assert.matches("need a Jinja chat template", e, 1, true)
+      assert.are.equal(0, f.length)
+    end)
+  end)
 end)

@@ -18,13 +18,14 @@
 #include <string.h>
 #include "kvg_generate.h"
 #include "kvg_jinja.h"
+#include "kvg_json.h"
 #include "kvg_model.h"
 #include "kvg_session.h"
 #include "kvg_sampler.h"
 #include "kvg_str.h"
 
 enum { S_SYS_PRE, S_SYS_SUF, S_USER_PRE, S_USER_SUF, S_ASST_PRE, S_ASST_SUF, N_STR };
-enum { ROLE_NONE, ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+enum { ROLE_NONE, ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
 enum { MODE_MODEL, MODE_BUILTIN, MODE_CUSTOM, MODE_JINJA };
 
 typedef struct family {
@@ -58,6 +59,8 @@ static const family FAMILIES[] = {
 typedef struct chat_msg {
     int role; /* ROLE_* */
     char *content;
+    char *fields; /* NULL, or the message's further fields as a compact JSON object (tool_calls,
+                   * tool_call_id, reasoning_content; "content": null for tool calls alone) */
     size_t end; /* the cache length once the turn was in: a rewind below it takes the turn back,
                  * a context shift moves it down with the tokens (kvg_chat_shifted) */
 } chat_msg;
@@ -70,6 +73,7 @@ struct kvg_chat {
     int open_reply; /* an assistant header was appended and its turn not closed yet */
     int last_role;  /* ROLE_* of the last complete turn */
     char *jinja;    /* MODE_JINJA: the caller's template */
+    char *vars;     /* NULL, or the template's extra variables as a compact JSON object */
     chat_msg *msgs; /* the conversation so far (kept under every template: a Jinja template
                      * set later renders it) */
     size_t n_msgs;
@@ -77,7 +81,7 @@ struct kvg_chat {
     int warned;      /* the model's template was rejected and the reason printed */
 };
 
-static const char *const ROLE_NAMES[] = {"", "system", "user", "assistant"};
+static const char *const ROLE_NAMES[] = {"", "system", "user", "assistant", "tool"};
 
 static int find_family(const char *name) {
     for (int i = 0; i < N_FAMILIES; i++)
@@ -117,7 +121,10 @@ static int family_from_vocab(const kvg_tokenizer *tok) {
 }
 
 static void free_msgs(chat_msg *m, size_t n) {
-    for (size_t i = 0; i < n; i++) kvg_free(m[i].content);
+    for (size_t i = 0; i < n; i++) {
+        kvg_free(m[i].content);
+        kvg_free(m[i].fields);
+    }
     kvg_free(m);
 }
 
@@ -125,6 +132,7 @@ static void kvg_chat_free(kvg_chat *c) {
     if (!c) return;
     for (int i = 0; i < N_STR; i++) kvg_free(c->str[i]);
     kvg_free(c->jinja);
+    kvg_free(c->vars);
     free_msgs(c->msgs, c->n_msgs);
     kvg_free(c);
 }
@@ -135,6 +143,7 @@ static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_er
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
     *c = *src;
     c->jinja = NULL;
+    c->vars = NULL;
     c->msgs = NULL;
     c->n_msgs = 0;
     for (int i = 0; i < N_STR; i++) {
@@ -142,12 +151,15 @@ static kvgen_status kvg_chat_clone(kvg_chat **dst, const kvg_chat *src, kvgen_er
         if (src->str[i] && !(c->str[i] = kvg_memdup0(src->str[i], strlen(src->str[i])))) goto oom;
     }
     if (src->jinja && !(c->jinja = kvg_memdup0(src->jinja, strlen(src->jinja)))) goto oom;
+    if (src->vars && !(c->vars = kvg_memdup0(src->vars, strlen(src->vars)))) goto oom;
     if (src->n_msgs) {
         if (!(c->msgs = kvg_calloc(src->n_msgs, sizeof *c->msgs))) goto oom;
         for (; c->n_msgs < src->n_msgs; c->n_msgs++) {
             const chat_msg *m = &src->msgs[c->n_msgs];
             c->msgs[c->n_msgs] = *m;
+            c->msgs[c->n_msgs].fields = NULL;
             if (!(c->msgs[c->n_msgs].content = kvg_memdup0(m->content, strlen(m->content)))) goto oom;
+            if (m->fields && !(c->msgs[c->n_msgs].fields = kvg_memdup0(m->fields, strlen(m->fields)))) goto oom;
         }
     }
     *dst = c;
@@ -159,12 +171,24 @@ oom:
 
 /* state: u8 mode, family, open_reply, last_role, system_in_user; then N_STR x (u32 len, bytes);
  * then (absent in states written before templates ran) u32 len + the Jinja template, u64
- * reply_at, u32 message count and per message u8 role, u64 end, u32 len, bytes */
+ * reply_at, u32 message count and per message u8 role, u64 end, u32 len, bytes; then (only
+ * when the chat has template variables or a message has further fields, so that other states
+ * keep their bytes) u32 len + the variables' JSON and per message u32 len + its fields' JSON
+ * (0: none) */
+static bool has_json(const kvg_chat *c) {
+    bool any = c->vars != NULL;
+    for (size_t i = 0; i < c->n_msgs; i++) any |= c->msgs[i].fields != NULL;
+    return any;
+}
 static size_t kvg_chat_state_size(const kvg_chat *c) {
     size_t n = 5;
     for (int i = 0; i < N_STR; i++) n += 4 + (c->str[i] ? strlen(c->str[i]) : 0);
     n += 4 + (c->jinja ? strlen(c->jinja) : 0) + 8 + 4;
     for (size_t i = 0; i < c->n_msgs; i++) n += 1 + 8 + 4 + strlen(c->msgs[i].content);
+    if (has_json(c)) {
+        n += 4 + (c->vars ? strlen(c->vars) : 0);
+        for (size_t i = 0; i < c->n_msgs; i++) n += 4 + (c->msgs[i].fields ? strlen(c->msgs[i].fields) : 0);
+    }
     return n;
 }
 
@@ -199,6 +223,24 @@ static void kvg_chat_state_save(const kvg_chat *c, unsigned char *b) {
         b = put_u(b, c->msgs[i].end, 8);
         b = put_str(b, c->msgs[i].content);
     }
+    if (has_json(c)) {
+        b = put_str(b, c->vars);
+        for (size_t i = 0; i < c->n_msgs; i++) b = put_str(b, c->msgs[i].fields);
+    }
+}
+
+/* a saved JSON object: NULL when empty; bad when it does not read as one */
+static char *json_or_null(char *s, bool *bad) {
+    if (s && !s[0]) {
+        kvg_free(s);
+        return NULL;
+    }
+    if (s) {
+        kvg_json *j = kvg_json_parse(s, strlen(s), 64, NULL, NULL, 0);
+        if (!j || j->type != KVG_JSON_OBJECT) *bad = true;
+        kvg_json_free(j);
+    }
+    return s;
 }
 
 /* a length-prefixed string at b[*off..size); NULL with *bad set when it does not fit */
@@ -221,7 +263,7 @@ static char *load_str(const unsigned char *b, size_t size, size_t *off, bool kee
 
 static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, size_t size, kvgen_error *err) {
     *out = NULL;
-    if (size < 5 || b[0] > MODE_JINJA || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_ASSISTANT || b[4] > 1)
+    if (size < 5 || b[0] > MODE_JINJA || b[1] >= N_FAMILIES || b[2] > 1 || b[3] > ROLE_TOOL || b[4] > 1)
         return kvg_fail(err, KVGEN_E_FORMAT, "sampler state: malformed chat state");
     kvg_chat *c = kvg_calloc(1, sizeof *c);
     if (!c) return kvg_fail(err, KVGEN_E_NO_MEMORY, "chat: out of memory");
@@ -248,7 +290,7 @@ static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, 
             else if (n && !(c->msgs = kvg_calloc((size_t)n, sizeof *c->msgs))) oom = true;
             for (; !bad && !oom && c->n_msgs < n; c->n_msgs++) {
                 chat_msg *m = &c->msgs[c->n_msgs];
-                if (size - off < 9 || b[off] < ROLE_SYSTEM || b[off] > ROLE_ASSISTANT) {
+                if (size - off < 9 || b[off] < ROLE_SYSTEM || b[off] > ROLE_TOOL) {
                     bad = true;
                     break;
                 }
@@ -257,6 +299,11 @@ static kvgen_status kvg_chat_state_load(kvg_chat **out, const unsigned char *b, 
                 off += 9;
                 m->content = load_str(b, size, &off, true, &bad, &oom);
                 if (!m->content) break;
+            }
+            if (!bad && !oom && off < size) { /* template variables and messages' fields */
+                c->vars = json_or_null(load_str(b, size, &off, true, &bad, &oom), &bad);
+                for (size_t i = 0; i < c->n_msgs && !bad && !oom; i++)
+                    c->msgs[i].fields = json_or_null(load_str(b, size, &off, true, &bad, &oom), &bad);
             }
         }
     }
@@ -290,6 +337,7 @@ static void kvg_chat_shifted(kvg_chat *c, size_t keep, size_t drop) {
             c->msgs[n++] = m;
         } else {
             kvg_free(m.content);
+            kvg_free(m.fields);
         }
     }
     c->n_msgs = n;
@@ -366,8 +414,8 @@ typedef struct rules {
 static bool template_usable(const char *src, size_t len, char *why, size_t size) {
     kvg_jinja *t = NULL;
     if (!kvg_jinja_parse(src, len, &t, why, size)) return false;
-    kvg_jinja_msg probe = {"user", "Hello"};
-    kvg_jinja_input in = {&probe, 1, true, "", ""};
+    kvg_jinja_msg probe = {"user", "Hello", NULL};
+    kvg_jinja_input in = {&probe, 1, true, "", "", NULL};
     kvg_jinja_output out;
     bool ok = kvg_jinja_render(t, &in, &out, why, size);
     kvg_jinja_free(t);
@@ -492,6 +540,7 @@ kvgen_status kvgen_chat_set_template(kvgen_session *s, const kvgen_chat_template
     next.last_role = c->last_role;
     next.msgs = c->msgs;
     next.n_msgs = c->n_msgs;
+    next.vars = c->vars;
     next.reply_at = c->reply_at;
     next.warned = c->warned;
     *c = next;
@@ -572,6 +621,7 @@ static int parse_role(const char *role) {
     if (strcmp(role, "system") == 0) return ROLE_SYSTEM;
     if (strcmp(role, "user") == 0) return ROLE_USER;
     if (strcmp(role, "assistant") == 0) return ROLE_ASSISTANT;
+    if (strcmp(role, "tool") == 0) return ROLE_TOOL;
     return -1;
 }
 
@@ -601,7 +651,8 @@ static void token_text(const kvgen_model *m, int32_t id, char *buf, size_t size)
  * template text with special tokens, content without; the cache keeps its longest common
  * prefix with that and the rest is prefilled (or handed to the jobs' worker in `out`). */
 static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru, int r, const char *text,
-                                  bool begin_reply, const char *fn, kvg_tokens *out, kvgen_error *err) {
+                                  const char *fields, bool begin_reply, const char *fn, kvg_tokens *out,
+                                  kvgen_error *err) {
     const kvgen_model *m = kvg_session_model(s);
     size_t len = kvgen_session_length(s);
     const int32_t *have = kvgen_session_tokens(s);
@@ -630,9 +681,9 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
             goto done;
         }
         kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, reply, need + 1);
-        msgs[n++] = (chat_msg){ROLE_ASSISTANT, reply, len};
+        msgs[n++] = (chat_msg){ROLE_ASSISTANT, reply, NULL, len};
     }
-    if (r != ROLE_NONE) msgs[n++] = (chat_msg){r, (char *)text, 0};
+    if (r != ROLE_NONE) msgs[n++] = (chat_msg){r, (char *)text, (char *)fields, 0};
 
     char why[KVGEN_ERROR_MESSAGE_SIZE - 96], bos[128], eos[128];
     token_text(m, kvg_tokenizer_bos(m->tok), bos, sizeof bos);
@@ -646,8 +697,8 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     bool thinned = false;
     while (n_system < n && msgs[n_system].role == ROLE_SYSTEM) n_system++;
     for (;;) {
-        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content};
-        kvg_jinja_input in = {jm, n, begin_reply, bos, eos};
+        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content, msgs[i].fields};
+        kvg_jinja_input in = {jm, n, begin_reply, bos, eos, c->vars};
         if (!kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
             goto done;
@@ -706,7 +757,9 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
          * end of the rendering (a rewind into it takes the turn back) */
         if (thinned && new_msgs[n_new].end > k) new_msgs[n_new].end = tk.n;
         if (new_msgs[n_new].end > tk.n) new_msgs[n_new].end = tk.n;
-        if (!(new_msgs[n_new].content = kvg_memdup0(src->content, strlen(src->content)))) {
+        if (!(new_msgs[n_new].content = kvg_memdup0(src->content, strlen(src->content))) ||
+            (src->fields && !(new_msgs[n_new].fields = kvg_memdup0(src->fields, strlen(src->fields))))) {
+            n_new++; /* freed with the others */
             st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
             goto done;
         }
@@ -776,16 +829,19 @@ done:
 
 /* One turn: its tokens are prefilled, or with `out` appended there for the caller to prefill
  * (the jobs' worker, in chunks); the chat state changes only when that succeeded. */
-static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *text, bool begin_reply,
-                              const char *fn, kvg_tokens *out, kvgen_error *err) {
+static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *text, const char *fields,
+                              bool begin_reply, const char *fn, kvg_tokens *out, kvgen_error *err) {
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
     kvgen_status busy_ = kvg_session_check_host(s, fn, err);
     if (busy_ != KVGEN_OK) return busy_;
     int r = parse_role(role);
     if (r < 0)
-        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role \"%s\" (system, user or assistant)", fn, role);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role \"%s\" (system, user, assistant or tool)", fn, role);
     if (r != ROLE_NONE && !text) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: text is NULL", fn);
     if (r == ROLE_NONE && !begin_reply) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role is NULL", fn);
+    if (s->kind->chat_turn && (r == ROLE_TOOL || fields))
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: tool messages and tool calls are not supported on a remote session",
+                        fn);
     if (s->kind->chat_turn) { /* the kind keeps the chat (a remote session: a message of its history) */
         if (out) out->n = 0;
         return s->kind->chat_turn(s, r != ROLE_NONE ? role : NULL, text, fn, err);
@@ -798,9 +854,16 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     st = resolve(s, c, &ru, err);
     if (st != KVGEN_OK) goto fail;
     if (ru.jinja) {
-        st = template_turn(s, c, &ru, r, text, begin_reply, fn, out, err);
+        st = template_turn(s, c, &ru, r, text, fields, begin_reply, fn, out, err);
         if (st != KVGEN_OK) goto fail;
         return KVGEN_OK;
+    }
+    if (r == ROLE_TOOL || fields) {
+        st = kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                      "%s: tool messages, tool calls and reasoning need a Jinja chat template; the session's chat "
+                      "renders with the built-in strings of \"%s\"",
+                      fn, ru.name);
+        goto fail;
     }
     const char **str = ru.str;
     int system_in_user = ru.system_in_user;
@@ -874,7 +937,10 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
         chat_msg *grown = kvg_realloc(c->msgs, (n_keep + n_added) * sizeof *grown);
         if (!grown) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
         else {
-            for (size_t i = n_keep; i < c->n_msgs; i++) kvg_free(c->msgs[i].content);
+            for (size_t i = n_keep; i < c->n_msgs; i++) {
+                kvg_free(c->msgs[i].content);
+                kvg_free(c->msgs[i].fields);
+            }
             c->msgs = grown;
             c->n_msgs = n_keep;
         }
@@ -926,16 +992,16 @@ fail:
 }
 
 kvgen_status kvgen_chat_add(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
-    return chat_turn(s, role, text, false, "kvgen_chat_add", NULL, err);
+    return chat_turn(s, role, text, NULL, false, "kvgen_chat_add", NULL, err);
 }
 
 kvgen_status kvgen_chat_begin(kvgen_session *s, const char *role, const char *text, kvgen_error *err) {
-    return chat_turn(s, role, text, true, "kvgen_chat_begin", NULL, err);
+    return chat_turn(s, role, text, NULL, true, "kvgen_chat_begin", NULL, err);
 }
 
 kvgen_status kvg_chat_begin_tokens(kvgen_session *s, const char *role, const char *text, kvg_tokens *out,
                                    kvgen_error *err) {
-    return chat_turn(s, role, text, true, "kvgen_chat_begin", out, err);
+    return chat_turn(s, role, text, NULL, true, "kvgen_chat_begin", out, err);
 }
 
 kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
@@ -949,11 +1015,143 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
     kvgen_gen *g = NULL;
     kvgen_status st = kvg_gen_create(s, desc, &g, "kvgen_chat_gen_begin", err);
     if (st != KVGEN_OK) return st;
-    st = chat_turn(s, role, text, true, "kvgen_chat_gen_begin", NULL, err); /* all or nothing */
+    st = chat_turn(s, role, text, NULL, true, "kvgen_chat_gen_begin", NULL, err); /* all or nothing */
     if (st != KVGEN_OK) {
         kvgen_gen_end(g);
         return st;
     }
     *out = g;
     return KVGEN_OK;
+}
+
+/* ---- tool use: messages with further fields, template variables ---------------------------- */
+
+enum { JSON_DEPTH = 64 }; /* as deep as the template interpreter reads */
+
+/* text as JSON (what names it in errors): the parsed tree, or NULL with *st set */
+static kvg_json *read_json(const char *text, const char *fn, const char *what, kvgen_status *st, kvgen_error *err) {
+    char why[128];
+    size_t at = 0;
+    kvg_json *j = kvg_json_parse_ex(text, strlen(text), JSON_DEPTH, KVG_JSON_NUMBER_TEXT, NULL, &at, why, sizeof why);
+    if (!j)
+        *st = at == KVG_JSON_NO_MEMORY ? kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn)
+                                       : kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %s: %s", fn, what, why);
+    return j;
+}
+
+/* A message's further fields as compact JSON text (NULL when it has none), checked: tool calls
+ * an array of objects whose "function" has a string "name" (and "arguments"), on an assistant
+ * message; tool_call_id on a tool message. */
+static kvgen_status message_fields(const kvgen_chat_message *m, int r, const char *fn, char **out, kvgen_error *err) {
+    *out = NULL;
+    if (!m->tool_calls && !m->tool_call_id && !m->reasoning_content) return KVGEN_OK;
+    if ((m->tool_calls || m->reasoning_content) && r != ROLE_ASSISTANT)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %s belongs to an assistant message, not to role \"%s\"",
+                        fn, m->tool_calls ? "tool_calls" : "reasoning_content", m->role);
+    if (m->tool_call_id && r != ROLE_TOOL)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tool_call_id belongs to a tool message, not to role \"%s\"",
+                        fn, m->role);
+    kvgen_status st = KVGEN_OK;
+    kvg_json *o = kvg_json_new(KVG_JSON_OBJECT);
+    if (!o) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    if (m->tool_calls) {
+        kvg_json *calls = read_json(m->tool_calls, fn, "tool_calls", &st, err);
+        if (!calls) goto done;
+        size_t i = 0;
+        for (const kvg_json *c = calls->type == KVG_JSON_ARRAY ? calls->child : NULL; c; c = c->next, i++) {
+            const kvg_json *f = kvg_json_get(c, "function");
+            const kvg_json *name = kvg_json_get(f, "name");
+            if (!f || f->type != KVG_JSON_OBJECT || !name || name->type != KVG_JSON_STRING ||
+                !kvg_json_get(f, "arguments")) {
+                st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                              "%s: tool_calls[%zu]: not {\"id\": ..., \"type\": \"function\", \"function\": "
+                              "{\"name\": string, \"arguments\": object or JSON text}}",
+                              fn, i);
+                break;
+            }
+        }
+        if (st == KVGEN_OK && calls->type != KVG_JSON_ARRAY)
+            st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tool_calls: not a JSON array", fn);
+        if (st != KVGEN_OK) {
+            kvg_json_free(calls);
+            goto done;
+        }
+        if (!m->content && !kvg_json_add(o, "content", kvg_json_new(KVG_JSON_NULL))) goto oom;
+        if (!kvg_json_add(o, "tool_calls", calls)) goto oom;
+    }
+    if (m->tool_call_id && !kvg_json_add(o, "tool_call_id", kvg_json_new_string(m->tool_call_id, strlen(m->tool_call_id))))
+        goto oom;
+    if (m->reasoning_content &&
+        !kvg_json_add(o, "reasoning_content", kvg_json_new_string(m->reasoning_content, strlen(m->reasoning_content))))
+        goto oom;
+    if (!(*out = kvg_json_print(o, NULL))) goto oom;
+done:
+    kvg_json_free(o);
+    return st;
+oom:
+    kvg_json_free(o);
+    return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+}
+
+kvgen_status kvgen_chat_add_message(kvgen_session *s, const kvgen_chat_message *msg, kvgen_error *err) {
+    const char *fn = "kvgen_chat_add_message";
+    if (!msg) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: msg is NULL", fn);
+    if (!msg->role) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role is NULL", fn);
+    int r = parse_role(msg->role);
+    if (r < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: role \"%s\" (system, user, assistant or tool)", fn,
+                        msg->role);
+    char *fields = NULL;
+    kvgen_status st = message_fields(msg, r, fn, &fields, err);
+    if (st != KVGEN_OK) return st;
+    st = chat_turn(s, msg->role, msg->content ? msg->content : "", fields, false, fn, NULL, err);
+    kvg_free(fields);
+    return st;
+}
+
+static bool reserved_var(const kvg_json *m) {
+    static const char *const names[] = {"messages", "add_generation_prompt", "bos_token", "eos_token"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (m->key_len == strlen(names[i]) && memcmp(m->key, names[i], m->key_len) == 0) return true;
+    return false;
+}
+
+kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error *err) {
+    const char *fn = "kvgen_chat_set_vars";
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    kvgen_status st = kvg_session_check_host(s, fn, err);
+    if (st != KVGEN_OK) return st;
+    st = kvg_session_can(s->model, s, KVG_CAN_CHAT_TEMPLATE, fn, err);
+    if (st != KVGEN_OK) return st;
+    char *text = NULL;
+    if (json) {
+        kvg_json *j = read_json(json, fn, "json", &st, err);
+        if (!j) return st;
+        if (j->type != KVG_JSON_OBJECT)
+            st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: json: not a JSON object: %.60s", fn, json);
+        for (const kvg_json *m = j->type == KVG_JSON_OBJECT ? j->child : NULL; m && st == KVGEN_OK; m = m->next)
+            if (reserved_var(m))
+                st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                              "%s: json: \"%s\" is the chat's own variable and cannot be set", fn, m->key);
+        if (st == KVGEN_OK && j->n && !(text = kvg_json_print(j, NULL)))
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        kvg_json_free(j);
+        if (st != KVGEN_OK) return st;
+    }
+    if (!text && !kvg_session_ext(s, &chat_ext)) return KVGEN_OK; /* nothing to remove */
+    kvg_chat *c = NULL;
+    st = get_chat(s, &c, err);
+    if (st != KVGEN_OK) {
+        kvg_free(text);
+        return st;
+    }
+    kvg_free(c->vars);
+    c->vars = text;
+    return KVGEN_OK;
+}
+
+
+const char *kvgen_chat_vars(kvgen_session *s) {
+    const kvg_chat *c = s ? kvg_session_ext(s, &chat_ext) : NULL;
+    return c ? c->vars : NULL;
 }

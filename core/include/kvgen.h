@@ -720,8 +720,8 @@ KVGEN_API kvgen_status kvgen_chat_set_template(kvgen_session *session, const kvg
  * name ("chatml", ...), "custom"; or NULL with *err set (KVGEN_E_UNSUPPORTED) when the model
  * has no usable template, no family matches and none was set. */
 KVGEN_API const char *kvgen_chat_template_name(kvgen_session *session, kvgen_error *err);
-/* Appends one complete turn (role "system", "user" or "assistant") and prefills it; an open
- * assistant reply is closed first. On an empty session the model's BOS comes first.
+/* Appends one complete turn (role "system", "user", "assistant" or, under a Jinja template,
+ * "tool") and prefills it; an open assistant reply is closed first. On an empty session the model's BOS comes first.
  * Under a Jinja template the whole conversation is rendered and only the tokens past what the
  * cache already holds are prefilled; where the rendering changes earlier text (or the reply
  * tokenizes differently than generated) the cache is rewound to the common prefix first. A
@@ -738,6 +738,34 @@ KVGEN_API kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role
  * that fail on their own (kvgen_chat_add, kvgen_chat_begin) change nothing either. */
 KVGEN_API kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
+
+/* Tool use, as Hugging Face's apply_chat_template passes it to a template (docs/generation.md,
+ * "Tools"): a message with what tool use adds. Under a Jinja template only: a built-in family
+ * or a remote session gives KVGEN_E_UNSUPPORTED. */
+typedef struct kvgen_chat_message {
+    const char *role;              /* "system", "user", "assistant" or "tool" */
+    const char *content;           /* NULL: "" (with tool_calls: the template sees content none) */
+    const char *tool_calls;        /* assistant: NULL, or a JSON array of {"id": ..., "type": "function",
+                                      "function": {"name": ..., "arguments": {...} or JSON text}} */
+    const char *tool_call_id;      /* tool: NULL, or the id of the call this message answers */
+    const char *reasoning_content; /* assistant: NULL, or its reasoning (Qwen3's templates render it) */
+} kvgen_chat_message;
+
+/* Appends one complete message as kvgen_chat_add does (role "tool": a tool's result; an
+ * assistant message: its tool calls and reasoning), for the template to render. Malformed
+ * tool_calls JSON, or a field on a role it does not belong to, gives KVGEN_E_INVALID_ARGUMENT
+ * naming it and changes nothing. kvgen_chat_add takes role "tool" too (without an id). */
+KVGEN_API kvgen_status kvgen_chat_add_message(kvgen_session *session, const kvgen_chat_message *msg, kvgen_error *err);
+/* The chat template's further variables from now on: a JSON object, such as {"tools": [...],
+ * "enable_thinking": false} ("tools": JSON-schema function descriptions, as Hugging Face
+ * takes them); json NULL or "{}" removes them. Every later rendering of the conversation
+ * passes them (a change that alters text already in the cache rewinds to where it differs);
+ * they are kept by fork and session files. messages, add_generation_prompt, bos_token and
+ * eos_token are the chat's own and refused. Their strings count as message content: never
+ * parsed for control tokens. */
+KVGEN_API kvgen_status kvgen_chat_set_vars(kvgen_session *session, const char *json, kvgen_error *err);
+/* The variables set, as compact JSON text, or NULL when none are; valid until the next chat call. */
+KVGEN_API const char *kvgen_chat_vars(kvgen_session *session);
 
 /* ---- choice scoring ---- */
 typedef struct kvgen_choice {
@@ -811,7 +839,7 @@ typedef struct kvgen_job_desc {
     const char *text;        /* TEXT, CHAT; copied */
     size_t text_len;         /* 0: strlen(text) */
     unsigned tokenize_flags; /* TEXT: KVGEN_TOKENIZE_SPECIAL / KVGEN_TOKENIZE_ADD_BOS */
-    const char *role;        /* CHAT: "system", "user" or "assistant"; copied */
+    const char *role;        /* CHAT: "system", "user", "assistant" or "tool"; copied */
     const int32_t *tokens;   /* TOKENS; copied */
     size_t n_tokens;
     kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); stop strings and the

@@ -326,9 +326,10 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
     }
     case KVGEN_PROMPT_CHAT:
         if (d->role && strcmp(d->role, "system") != 0 && strcmp(d->role, "user") != 0 &&
-            strcmp(d->role, "assistant") != 0)
+            strcmp(d->role, "assistant") != 0 && strcmp(d->role, "tool") != 0)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                            "kvgen_job_submit: role \"%s\" (system, user or assistant; NULL: only open the reply)",
+                            "kvgen_job_submit: role \"%s\" (system, user, assistant or tool; NULL: only open the "
+                            "reply)",
                             d->role);
         if (d->role && !d->text)
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: a chat turn needs text");

@@ -54,7 +54,12 @@ static void tojson(jx *x, sbuf *b, const jv *v, int indent, int level, size_t po
                 for (int k = 0; k < indent * (level + 1); k++) kvg_sb_c(x, b, " ");
             }
             if (!is_list) {
-                jv k = mk_str(v->d->k[i]);
+                /* json.dumps writes other keys as the strings of their JSON text */
+                const jv *key = &v->d->k[i];
+                jv k = key->t == V_STR    ? *key
+                       : key->t == V_NONE ? mk_str(kvg_jstr_c(x, "null"))
+                       : key->t == V_BOOL ? mk_str(kvg_jstr_c(x, key->b ? "true" : "false"))
+                                          : mk_str(kvg_jv_str(x, key));
                 tojson(x, b, &k, indent, level + 1, pos);
                 kvg_sb_c(x, b, ": ");
             }
@@ -285,7 +290,7 @@ static jv m_dict_list(jx *x, const jv *obj, const args *a, size_t pos, int mode)
     (void)a, (void)pos;
     jlist *l = kvg_jlist_new(x);
     for (size_t i = 0; i < obj->d->n; i++) {
-        jv k = mk_str(obj->d->k[i]);
+        jv k = obj->d->k[i];
         if (mode == DICT_ITEMS) {
             jlist *pair = kvg_jlist_new(x);
             pair->tuple = 1;
@@ -297,6 +302,100 @@ static jv m_dict_list(jx *x, const jv *obj, const args *a, size_t pos, int mode)
         }
     }
     return mk_list(l);
+}
+/* Python's str.format: "{}" (the next positional argument), "{0}", "{name}" (a keyword
+ * argument), each optionally followed by .attribute or [index] lookups and !s; "{{" and "}}"
+ * are braces. Values are written as str() writes them. Format specifications (":>5") and !r
+ * are refused, as is mixing "{}" with "{0}". */
+static jv m_format(jx *x, const jv *obj, const args *a, size_t pos, int mode) {
+    (void)mode;
+    const jstr *f = obj->s;
+    sbuf b = {0};
+    int next = 0, manual = -1; /* -1: not known yet, 0: "{}" seen, 1: "{0}" seen */
+    for (size_t i = 0; i < f->n;) {
+        char c = f->p[i];
+        if (c == '}') {
+            if (i + 1 < f->n && f->p[i + 1] == '}') {
+                kvg_sb_add(x, &b, "}", 1, NULL, 0);
+                i += 2;
+                continue;
+            }
+            kvg_jx_fail(x, pos, "format: single '}' in the format string");
+        }
+        if (c != '{') {
+            size_t k = i;
+            while (k < f->n && f->p[k] != '{' && f->p[k] != '}') k++;
+            kvg_sb_add(x, &b, f->p + i, k - i, f->u ? f->u + i : NULL, 0);
+            i = k;
+            continue;
+        }
+        if (i + 1 < f->n && f->p[i + 1] == '{') {
+            kvg_sb_add(x, &b, "{", 1, NULL, 0);
+            i += 2;
+            continue;
+        }
+        size_t k = ++i;
+        while (k < f->n && f->p[k] != '}' && f->p[k] != '{') k++;
+        if (k >= f->n || f->p[k] != '}') kvg_jx_fail(x, pos, "format: single '{' in the format string");
+        /* the field: name, then lookups, then !conversion / :spec */
+        size_t e = i;
+        while (e < k && f->p[e] != '.' && f->p[e] != '[' && f->p[e] != '!' && f->p[e] != ':') e++;
+        jv v = UNDEF;
+        if (e == i) {
+            if (manual == 1) kvg_jx_fail(x, pos, "format: cannot switch from numbered fields to automatic numbering");
+            manual = 0;
+            if (next >= a->n) kvg_jx_fail(x, pos, "format: no positional argument %d", next);
+            v = a->v[next++];
+        } else if (f->p[i] >= '0' && f->p[i] <= '9') {
+            if (manual == 0) kvg_jx_fail(x, pos, "format: cannot switch from automatic numbering to numbered fields");
+            manual = 1;
+            int64_t n = 0;
+            for (size_t d = i; d < e; d++) {
+                if (f->p[d] < '0' || f->p[d] > '9' || n > 1000000)
+                    kvg_jx_fail(x, pos, "format: bad field \"%.*s\"", (int)(k - i), f->p + i);
+                n = n * 10 + (f->p[d] - '0');
+            }
+            if (n >= a->n) kvg_jx_fail(x, pos, "format: no positional argument %lld", (long long)n);
+            v = a->v[n];
+        } else {
+            const char *name = kvg_jx_cstr(x, f->p + i, e - i);
+            int found = 0;
+            for (int q = 0; q < a->nkw; q++)
+                if (strcmp(a->kwn[q], name) == 0) {
+                    v = a->kwv[q];
+                    found = 1;
+                }
+            if (!found) kvg_jx_fail(x, pos, "format: no keyword argument '%s'", name);
+        }
+        while (e < k && (f->p[e] == '.' || f->p[e] == '[')) {
+            if (f->p[e] == '.') {
+                size_t s0 = ++e;
+                while (e < k && f->p[e] != '.' && f->p[e] != '[' && f->p[e] != '!' && f->p[e] != ':') e++;
+                v = kvg_jv_attr(x, &v, kvg_jx_cstr(x, f->p + s0, e - s0), pos);
+            } else {
+                size_t s0 = ++e;
+                while (e < k && f->p[e] != ']') e++;
+                if (e >= k) kvg_jx_fail(x, pos, "format: missing ']' in the format string");
+                int digits = e > s0;
+                int64_t n = 0;
+                for (size_t d = s0; d < e && digits; d++) {
+                    if (f->p[d] < '0' || f->p[d] > '9' || n > 1000000) digits = 0;
+                    else n = n * 10 + (f->p[d] - '0');
+                }
+                jv key = digits ? mk_int(n) : mk_str(kvg_jstr_new(x, f->p + s0, e - s0, NULL));
+                v = kvg_jv_item(x, &v, &key, pos);
+                e++;
+            }
+            if (v.t == V_UNDEF) kvg_jx_fail(x, pos, "format: \"%.*s\" is not there", (int)(k - i), f->p + i);
+        }
+        if (e + 2 == k && f->p[e] == '!' && f->p[e + 1] == 's') e = k;
+        if (e != k)
+            kvg_jx_fail(x, pos, "format: \"%.*s\": conversions and format specifications are not supported",
+                        (int)(k - i), f->p + i);
+        kvg_sb_str(x, &b, kvg_jv_str(x, &v));
+        i = k + 1;
+    }
+    return mk_str(kvg_sb_done(x, &b));
 }
 static jv m_get(jx *x, const jv *obj, const args *a, size_t pos, int mode) {
     (void)mode;
@@ -323,6 +422,7 @@ static const jmethod methods[] = {
     {"replace", V_STR, m_replace, 0},
     {"find", V_STR, m_find, 0},
     {"count", V_STR, m_count, 0},
+    {"format", V_STR, m_format, 0},
     {"items", V_DICT, m_dict_list, DICT_ITEMS},
     {"keys", V_DICT, m_dict_list, DICT_KEYS},
     {"values", V_DICT, m_dict_list, DICT_VALUES},
@@ -577,6 +677,7 @@ enum { SELECT_ON_ATTR = 1, SELECT_KEEP = 2 };
 static jv f_select(jx *x, const jv *v, const args *a, size_t pos, const jfilter *self) {
     const char *name = self->name;
     int on_attr = (self->mode & SELECT_ON_ATTR) != 0, keep = (self->mode & SELECT_KEEP) != 0;
+    if (v->t == V_NONE || v->t == V_UNDEF) return mk_list(kvg_jlist_new(x)); /* as jinja2: nothing to select */
     jlist *in = kvg_jv_items(x, v, pos), *outl = kvg_jlist_new(x);
     int base = on_attr ? 1 : 0;
     jv tn = arg(a, base, NULL);
@@ -596,6 +697,7 @@ static jv f_select(jx *x, const jv *v, const args *a, size_t pos, const jfilter 
 static jv f_map(jx *x, const jv *v, const args *a, size_t pos, const jfilter *self) {
     (void)self;
     jv at = arg(a, -1, "attribute");
+    if (v->t == V_NONE || v->t == V_UNDEF) return mk_list(kvg_jlist_new(x)); /* as jinja2: nothing to map */
     jlist *in = kvg_jv_items(x, v, pos), *outl = kvg_jlist_new(x);
     if (at.t == V_STR) {
         const char *an = kvg_jx_cstr(x, at.s->p, at.s->n);
@@ -713,7 +815,7 @@ static jv g_dict(jx *x, const args *a, size_t pos, int ns) {
     d->ns = ns;
     jv init = arg(a, 0, NULL);
     if (init.t == V_DICT)
-        for (size_t i = 0; i < init.d->n; i++) kvg_jdict_set(x, d, init.d->k[i], init.d->v[i]);
+        for (size_t i = 0; i < init.d->n; i++) kvg_jdict_put(x, d, init.d->k[i], init.d->v[i], pos);
     for (int i = 0; i < a->nkw; i++) kvg_jdict_setc(x, d, a->kwn[i], a->kwv[i]);
     return (jv){.t = V_DICT, .d = d};
 }

@@ -116,7 +116,7 @@ struct jlist {
 };
 struct jdict {
     size_t n, cap;
-    const jstr **k;
+    jv *k; /* strings, or (dict literals, dict()) other hashable values: numbers, booleans, none */
     jv *v;
     int ns; /* a namespace(): its attributes may be assigned */
 };
@@ -170,6 +170,11 @@ void kvg_jlist_push(jx *x, jlist *l, jv v);
 jdict *kvg_jdict_new(jx *x);
 jv *kvg_jdict_find(const jdict *d, const char *k, size_t n);
 void kvg_jdict_set(jx *x, jdict *d, const jstr *k, jv v);
+/* d[k] = v for any key Python can hash here (a string, number, boolean or none; 1, 1.0 and true
+ * are one key); others fail */
+void kvg_jdict_put(jx *x, jdict *d, jv k, jv v, size_t pos);
+/* d[k], NULL when absent */
+jv *kvg_jdict_lookup(jx *x, const jdict *d, const jv *k);
 void kvg_jdict_setc(jx *x, jdict *d, const char *k, jv v);
 
 const char *kvg_jv_type_name(const jv *v);

@@ -3,9 +3,12 @@
  * through jinja_builtins.c's tables), runs loops and macros, and writes the output with a flag
  * per byte that says whether it came from message content. Bounded by the output size, the
  * nesting of evaluation and of macro calls, and the number of loop iterations. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include "jinja_internal.h"
 #include "kvg_host.h"
+#include "kvg_json.h"
 
 typedef struct scope {
     struct scope *parent;
@@ -267,9 +270,7 @@ static jv eval(rctx *r, scope *s, const node *n) {
         jdict *d = kvg_jdict_new(x);
         for (int i = 0; i < n->kids.n; i++) {
             jv k = eval(r, s, n->kids.v[i]->a);
-            if (k.t != V_STR)
-                kvg_jx_fail(x, n->kids.v[i]->pos, "dict keys must be strings, got a %s", kvg_jv_type_name(&k));
-            kvg_jdict_set(x, d, k.s, eval(r, s, n->kids.v[i]->b));
+            kvg_jdict_put(x, d, k, eval(r, s, n->kids.v[i]->b), n->kids.v[i]->pos);
         }
         v = (jv){.t = V_DICT, .d = d};
         break;
@@ -401,9 +402,55 @@ static void exec_body(rctx *r, scope *s, const nlist *body) {
     r->depth--;
 }
 
-bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_output *out, char *msg,
-                      size_t msg_size) {
-    memset(out, 0, sizeof *out);
+/* ---- the JSON inputs ----------------------------------------------------------------------- */
+
+/* a string of the caller's data: every byte flagged as content */
+static jstr *content_str(jx *x, const char *p, size_t n) {
+    jstr *c = kvg_jstr_new(x, p, n, NULL);
+    if (n) {
+        unsigned char *u = kvg_jx_alloc(x, n);
+        memset(u, 1, n);
+        c->u = u;
+    }
+    return c;
+}
+
+static jv from_json(jx *x, const kvg_json *j) {
+    switch (j->type) {
+    case KVG_JSON_NULL: return NONE;
+    case KVG_JSON_FALSE: return mk_bool(0);
+    case KVG_JSON_TRUE: return mk_bool(1);
+    case KVG_JSON_NUMBER: {
+        /* Python's json: an integer unless the text has a fraction or an exponent (one past
+         * 64 bits, which Python would keep whole, is a float here) */
+        int is_int = j->str != NULL;
+        for (size_t i = 0; is_int && i < j->len; i++)
+            if (j->str[i] == '.' || j->str[i] == 'e' || j->str[i] == 'E') is_int = 0;
+        if (is_int) {
+            errno = 0;
+            long long v = strtoll(j->str, NULL, 10);
+            if (errno != ERANGE) return mk_int((int64_t)v);
+        }
+        return mk_float(j->number);
+    }
+    case KVG_JSON_STRING: return mk_str(content_str(x, j->str, j->len));
+    case KVG_JSON_ARRAY: {
+        jlist *l = kvg_jlist_new(x);
+        for (const kvg_json *c = j->child; c; c = c->next) kvg_jlist_push(x, l, from_json(x, c));
+        return mk_list(l);
+    }
+    case KVG_JSON_OBJECT: {
+        jdict *d = kvg_jdict_new(x);
+        for (const kvg_json *c = j->child; c; c = c->next) /* a duplicate key: its last value, as Python's json */
+            kvg_jdict_set(x, d, content_str(x, c->key, c->key_len), from_json(x, c));
+        return (jv){.t = V_DICT, .d = d};
+    }
+    }
+    return NONE;
+}
+
+static bool render_with(const kvg_jinja *t, const kvg_jinja_input *in, const kvg_json *vars, kvg_json *const *fields,
+                        kvg_jinja_output *out, char *msg, size_t msg_size) {
     jx x = {.msg = msg, .msg_size = msg_size, .src = t->src, .src_len = t->src_len};
     rctx r = {.x = &x};
     if (setjmp(x.jb)) {
@@ -418,21 +465,24 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
         jdict *m = kvg_jdict_new(&x);
         const char *role = in->messages[i].role ? in->messages[i].role : "";
         const char *content = in->messages[i].content ? in->messages[i].content : "";
-        size_t cn = strlen(content);
-        jstr *c = kvg_jstr_new(&x, content, cn, NULL);
-        unsigned char *u = kvg_jx_alloc(&x, cn + 1);
-        memset(u, 1, cn);
-        c->u = cn ? u : NULL;
         kvg_jdict_setc(&x, m, "role", mk_str(kvg_jstr_c(&x, role)));
-        kvg_jdict_setc(&x, m, "content", mk_str(c));
+        kvg_jdict_setc(&x, m, "content", mk_str(content_str(&x, content, strlen(content))));
+        for (const kvg_json *f = fields && fields[i] ? fields[i]->child : NULL; f; f = f->next)
+            if (!(f->key_len == 4 && memcmp(f->key, "role", 4) == 0))
+                kvg_jdict_set(&x, m, content_str(&x, f->key, f->key_len), from_json(&x, f));
         kvg_jlist_push(&x, msgs, (jv){.t = V_DICT, .d = m});
     }
+    for (size_t i = 0; i < kvg_jinja_n_globals; i++)
+        kvg_jdict_setc(&x, g->vars, kvg_jinja_globals[i].name, (jv){.t = V_FUNC, .fn = &kvg_jinja_globals[i]});
+    /* as apply_chat_template: tools and documents are none unless given */
+    kvg_jdict_setc(&x, g->vars, "tools", NONE);
+    kvg_jdict_setc(&x, g->vars, "documents", NONE);
+    for (const kvg_json *f = vars ? vars->child : NULL; f; f = f->next) /* over the globals, as jinja2's */
+        kvg_jdict_set(&x, g->vars, content_str(&x, f->key, f->key_len), from_json(&x, f));
     kvg_jdict_setc(&x, g->vars, "messages", (jv){.t = V_LIST, .l = msgs});
     kvg_jdict_setc(&x, g->vars, "add_generation_prompt", mk_bool(in->add_generation_prompt));
     kvg_jdict_setc(&x, g->vars, "bos_token", mk_str(kvg_jstr_c(&x, in->bos_token ? in->bos_token : "")));
     kvg_jdict_setc(&x, g->vars, "eos_token", mk_str(kvg_jstr_c(&x, in->eos_token ? in->eos_token : "")));
-    for (size_t i = 0; i < kvg_jinja_n_globals; i++)
-        kvg_jdict_setc(&x, g->vars, kvg_jinja_globals[i].name, (jv){.t = V_FUNC, .fn = &kvg_jinja_globals[i]});
     exec_body(&r, g, &t->root->kids);
     out->text = kvg_malloc(r.out.n + 1);
     out->user = kvg_malloc(r.out.n + 1);
@@ -453,4 +503,61 @@ bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_o
     out->len = r.out.n;
     kvg_jx_free(&x);
     return true;
+}
+
+enum { JSON_DEPTH = 64 };
+
+/* A JSON object input (what: its name for a message): NULL when text is NULL; false with msg
+ * written when it is not a JSON object. */
+static bool parse_object(const char *text, const char *what, kvg_json **out, char *msg, size_t msg_size) {
+    *out = NULL;
+    if (!text) return true;
+    char why[160];
+    size_t at = 0;
+    kvg_json *j = kvg_json_parse_ex(text, strlen(text), JSON_DEPTH, KVG_JSON_NUMBER_TEXT, NULL, &at, why, sizeof why);
+    if (!j) {
+        snprintf(msg, msg_size, "%s: %s", what, why);
+        return false;
+    }
+    if (j->type != KVG_JSON_OBJECT) {
+        kvg_json_free(j);
+        snprintf(msg, msg_size, "%s: not a JSON object", what);
+        return false;
+    }
+    *out = j;
+    return true;
+}
+
+static void free_inputs(kvg_json *vars, kvg_json **fields, size_t n) {
+    kvg_json_free(vars);
+    for (size_t i = 0; fields && i < n; i++) kvg_json_free(fields[i]);
+    kvg_free(fields);
+}
+
+bool kvg_jinja_render(const kvg_jinja *t, const kvg_jinja_input *in, kvg_jinja_output *out, char *msg,
+                      size_t msg_size) {
+    memset(out, 0, sizeof *out);
+    /* the JSON inputs are read before the arena's failure path exists, and freed after it */
+    kvg_json *vars = NULL, **fields = NULL;
+    if (!parse_object(in->vars, "template variables", &vars, msg, msg_size)) return false;
+    bool any_fields = false;
+    for (size_t i = 0; i < in->n_messages; i++) any_fields |= in->messages[i].fields != NULL;
+    if (any_fields) {
+        if (!(fields = kvg_calloc(in->n_messages, sizeof *fields))) {
+            kvg_json_free(vars);
+            snprintf(msg, msg_size, "out of memory");
+            return false;
+        }
+        for (size_t i = 0; i < in->n_messages; i++) {
+            char what[48];
+            snprintf(what, sizeof what, "message %zu's fields", i + 1);
+            if (!parse_object(in->messages[i].fields, what, &fields[i], msg, msg_size)) {
+                free_inputs(vars, fields, in->n_messages);
+                return false;
+            }
+        }
+    }
+    bool ok = render_with(t, in, vars, fields, out, msg, msg_size);
+    free_inputs(vars, fields, in->n_messages);
+    return ok;
 }

@@ -210,18 +210,19 @@ int kvg_jstr_eq(const jstr *a, const char *p, size_t n) { return a->n == n && me
 jdict *kvg_jdict_new(jx *x) { return kvg_jx_alloc(x, sizeof(jdict)); }
 jv *kvg_jdict_find(const jdict *d, const char *k, size_t n) {
     for (size_t i = 0; i < d->n; i++)
-        if (kvg_jstr_eq(d->k[i], k, n)) return &d->v[i];
+        if (d->k[i].t == V_STR && kvg_jstr_eq(d->k[i].s, k, n)) return &d->v[i];
     return NULL;
 }
-void kvg_jdict_set(jx *x, jdict *d, const jstr *k, jv v) {
-    jv *have = kvg_jdict_find(d, k->p, k->n);
-    if (have) {
-        *have = v;
-        return;
-    }
+jv *kvg_jdict_lookup(jx *x, const jdict *d, const jv *k) {
+    if (k->t == V_STR) return kvg_jdict_find(d, k->s->p, k->s->n);
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t != V_STR && kvg_jv_equal(x, &d->k[i], k)) return &d->v[i];
+    return NULL;
+}
+static void dict_append(jx *x, jdict *d, jv k, jv v) {
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        const jstr **nk = kvg_jx_alloc(x, cap * sizeof *nk);
+        jv *nk = kvg_jx_alloc(x, cap * sizeof *nk);
         jv *nv = kvg_jx_alloc(x, cap * sizeof *nv);
         if (d->n) {
             memcpy(nk, d->k, d->n * sizeof *nk);
@@ -236,6 +237,18 @@ void kvg_jdict_set(jx *x, jdict *d, const jstr *k, jv v) {
     d->k[d->n] = k;
     d->v[d->n++] = v;
 }
+void kvg_jdict_set(jx *x, jdict *d, const jstr *k, jv v) {
+    jv *have = kvg_jdict_find(d, k->p, k->n);
+    if (have) *have = v;
+    else dict_append(x, d, mk_str(k), v);
+}
+void kvg_jdict_put(jx *x, jdict *d, jv k, jv v, size_t pos) {
+    if (k.t != V_STR && k.t != V_INT && k.t != V_FLOAT && k.t != V_BOOL && k.t != V_NONE)
+        kvg_jx_fail(x, pos, "a %s cannot be a dict key", kvg_jv_type_name(&k));
+    jv *have = kvg_jdict_lookup(x, d, &k);
+    if (have) *have = v;
+    else dict_append(x, d, k, v);
+}
 void kvg_jdict_setc(jx *x, jdict *d, const char *k, jv v) {
     size_t n = strlen(k);
     jv *have = kvg_jdict_find(d, k, n);
@@ -244,7 +257,8 @@ void kvg_jdict_setc(jx *x, jdict *d, const char *k, jv v) {
         return;
     }
     /* a slot emptied by a reset (a loop's scope, every iteration) still holds its key */
-    const jstr *key = d->n < d->cap && d->k[d->n] && kvg_jstr_eq(d->k[d->n], k, n) ? d->k[d->n] : kvg_jstr_c(x, k);
+    const jstr *key = d->n < d->cap && d->k[d->n].t == V_STR && kvg_jstr_eq(d->k[d->n].s, k, n) ? d->k[d->n].s
+                                                                                                : kvg_jstr_c(x, k);
     kvg_jdict_set(x, d, key, v);
 }
 
@@ -340,8 +354,7 @@ static void repr(jx *x, sbuf *b, const jv *v, int top, int level) {
         kvg_sb_c(x, b, "{");
         for (size_t i = 0; i < v->d->n; i++) {
             if (i) kvg_sb_c(x, b, ", ");
-            jv k = mk_str(v->d->k[i]);
-            repr(x, b, &k, 0, level + 1);
+            repr(x, b, &v->d->k[i], 0, level + 1);
             kvg_sb_c(x, b, ": ");
             repr(x, b, &v->d->v[i], 0, level + 1);
         }
@@ -374,7 +387,7 @@ static int equal(jx *x, const jv *a, const jv *b, int level) {
     case V_DICT:
         if (a->d->n != b->d->n) return 0;
         for (size_t i = 0; i < a->d->n; i++) {
-            jv *o = kvg_jdict_find(b->d, a->d->k[i]->p, a->d->k[i]->n);
+            jv *o = kvg_jdict_lookup(x, b->d, &a->d->k[i]);
             if (!o || !equal(x, &a->d->v[i], o, level + 1)) return 0;
         }
         return 1;
@@ -417,7 +430,8 @@ int kvg_jv_contains(jx *x, const jv *hay, const jv *needle, size_t pos) {
             if (kvg_jv_equal(x, &hay->l->v[i], needle)) return 1;
         return 0;
     }
-    if (hay->t == V_DICT) return needle->t == V_STR && kvg_jdict_find(hay->d, needle->s->p, needle->s->n) != NULL;
+    if (hay->t == V_DICT) return kvg_jdict_lookup(x, hay->d, needle) != NULL;
+    if (hay->t == V_UNDEF) return 0; /* jinja2's Undefined is an empty container */
     kvg_jx_fail(x, pos, "'in' needs a string, list or dict on its right, got a %s", kvg_jv_type_name(hay));
 }
 
@@ -425,7 +439,7 @@ jlist *kvg_jv_items(jx *x, const jv *v, size_t pos) {
     if (v->t == V_LIST) return v->l;
     jlist *l = kvg_jlist_new(x);
     if (v->t == V_DICT) {
-        for (size_t i = 0; i < v->d->n; i++) kvg_jlist_push(x, l, mk_str(v->d->k[i]));
+        for (size_t i = 0; i < v->d->n; i++) kvg_jlist_push(x, l, v->d->k[i]);
     } else if (v->t == V_STR) {
         for (size_t i = 0; i < v->s->n;) {
             size_t k = i + 1;
@@ -443,8 +457,7 @@ jlist *kvg_jv_items(jx *x, const jv *v, size_t pos) {
 
 jv kvg_jv_item(jx *x, const jv *obj, const jv *key, size_t pos) {
     if (obj->t == V_DICT) {
-        if (key->t != V_STR) return UNDEF;
-        jv *v = kvg_jdict_find(obj->d, key->s->p, key->s->n);
+        jv *v = kvg_jdict_lookup(x, obj->d, key);
         return v ? *v : UNDEF;
     }
     if ((obj->t == V_LIST || obj->t == V_STR) && (key->t == V_INT || key->t == V_BOOL)) {

@@ -3,7 +3,9 @@
  * turn), turns tokenize as the whole rendered conversation does, a new turn prefills only its
  * tokens, a rewind takes turns back, message text never becomes control tokens, the caller's
  * Jinja template replaces the file's, a greedy reply knows Paris and carries no template text, a stop string
- * cuts it, choice scoring prefers the right answer, and constrained JSON parses. */
+ * cuts it, choice scoring prefers the right answer, and constrained JSON parses. Tools, tool
+ * calls and results under Qwen2.5-Coder's template render what jinja2 renders and survive fork
+ * and session files. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
 #include <stdlib.h>
@@ -302,6 +304,120 @@ static void shifts(const char *path) {
     kvgen_model_unload(mm);
 }
 
+/* chat_tools.txt's template `tname` and, for case `cname`, its variables and jinja2's text */
+static bool tool_case(const char *tname, const char *cname, char **tpl, char **vars, char **expect) {
+    FILE *f = tu_open_fixture("chat_tools.txt");
+    *tpl = *vars = *expect = NULL;
+    if (!f) return false;
+    tu_record r;
+    char head[256];
+    snprintf(head, sizeof head, "template %s", tname);
+    bool in_case = false;
+    while (tu_read_record(f, &r)) {
+        if (strcmp(r.head, head) == 0 && !*tpl) {
+            *tpl = r.body;
+            continue;
+        }
+        if (strncmp(r.head, "case ", 5) == 0) in_case = strncmp(r.head + 5, cname, strlen(cname)) == 0 &&
+                                                     r.head[5 + strlen(cname)] == ' ';
+        else if (in_case && strcmp(r.head, "vars") == 0 && !*vars) {
+            *vars = r.body;
+            continue;
+        } else if (in_case && strcmp(r.head, "expect") == 0 && !*expect) {
+            *expect = r.body;
+            continue;
+        }
+        free(r.body);
+    }
+    fclose(f);
+    return *tpl && *vars && *expect;
+}
+
+/* Qwen2.5-Coder's template with tools, a tool call and its result, through the public calls
+ * turn by turn, renders what jinja2 renders (SmolLM2's vocabulary has ChatML's control tokens);
+ * fork and session files keep the tools and the messages' fields; bad input changes nothing. */
+static void tools(void) {
+    char *tpl, *vars, *expect;
+    CHECK(tool_case("qwen25_coder", "qwen25_coder/tool_call/tools/1", &tpl, &vars, &expect));
+    if (!expect) return;
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    kvgen_chat_template t = {.jinja = tpl};
+    CHECK_OK(kvgen_chat_set_template(s, &t, &err));
+    CHECK_OK(kvgen_chat_set_vars(s, vars, &err));
+    CHECK_OK(kvgen_chat_add(s, "system", "You are Mira, the village blacksmith.", &err));
+    CHECK_OK(kvgen_chat_add(s, "user", "How much is a sword?", &err));
+    kvgen_chat_message call = {
+        .role = "assistant",
+        .content = "",
+        .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_price\", "
+                      "\"arguments\": {\"item\": \"sword\", \"quantity\": 1}}}]"};
+    CHECK_OK(kvgen_chat_add_message(s, &call, &err));
+    size_t len = kvgen_session_length(s);
+    /* bad input: an error naming what is wrong, and the session as it was */
+    kvgen_chat_message bad = call;
+    bad.tool_calls = "[{\"id\": 1, \"function\": {\"name\": \"x\"}}]";
+    CHECK(kvgen_chat_add_message(s, &bad, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "kvgen_chat_add_message: tool_calls[0]"), "%s", err.message);
+    bad.tool_calls = "[{\"id\": 1,";
+    CHECK(kvgen_chat_add_message(s, &bad, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "kvgen_chat_add_message: tool_calls: not valid JSON at byte"), "%s", err.message);
+    bad = (kvgen_chat_message){.role = "user", .content = "x", .tool_call_id = "call_1"};
+    CHECK(kvgen_chat_add_message(s, &bad, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "tool_call_id belongs to a tool message"), "%s", err.message);
+    CHECK(kvgen_chat_set_vars(s, "[1]", &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "kvgen_chat_set_vars: json: not a JSON object"), "%s", err.message);
+    CHECK(kvgen_chat_set_vars(s, "{\"messages\": []}", &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(strstr(err.message, "\"messages\" is the chat's own variable"), "%s", err.message);
+    CHECK(kvgen_chat_set_vars(s, "{\"tools\": [}", &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECK(kvgen_session_length(s) == len);
+
+    kvgen_chat_message result = {.role = "tool", .content = "{\"price\": 12}", .tool_call_id = "call_1"};
+    CHECK_OK(kvgen_chat_add_message(s, &result, &err));
+    CHECK_OK(kvgen_chat_begin(s, NULL, NULL, &err));
+    CHECKF(strcmp(session_text(s), expect) == 0, "\n--- jinja2\n%s\n--- kvgen\n%s\n---", expect, session_text(s));
+
+    /* a fork and a session file keep the variables and the fields: the next turn renders on */
+    char *path = tu_tmpfile("tools.kvgs");
+    CHECK_OK(kvgen_session_save(s, path, &err));
+    kvgen_session *r = NULL, *fk = NULL;
+    CHECK_OK(kvgen_session_restore(m, path, &r, &err));
+    CHECK_OK(kvgen_session_fork(s, &fk, &err));
+    kvgen_session *each[3] = {s, r, fk};
+    char first[8192] = "";
+    for (int i = 0; i < 3; i++) {
+        if (!each[i]) continue;
+        size_t before = kvgen_session_length(each[i]);
+        CHECK_OK(kvgen_chat_add(each[i], "assistant", "A sword is 12 gold.", &err));
+        CHECK_OK(kvgen_chat_begin(each[i], "user", "Thanks!", &err));
+        CHECKF(kvgen_session_length(each[i]) > before && strncmp(session_text(each[i]), expect, strlen(expect)) == 0,
+               "session %d: \"%s\"", i, session_text(each[i]));
+        if (i == 0) snprintf(first, sizeof first, "%s", session_text(each[i]));
+        else CHECKF(strcmp(first, session_text(each[i])) == 0, "session %d differs", i);
+    }
+    /* removing the tools changes the system prompt: the cache rewinds to where it differs */
+    CHECK_OK(kvgen_chat_set_vars(s, NULL, &err));
+    CHECK_OK(kvgen_chat_begin(s, "user", "Bye", &err));
+    CHECKF(!strstr(session_text(s), "# Tools") && strstr(session_text(s), "<tool_call>\n{\"name\": \"get_price\""),
+           "\"%s\"", session_text(s));
+    /* a built-in family has no place for tool messages */
+    kvgen_chat_template fam = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(r, &fam, &err));
+    len = kvgen_session_length(r);
+    CHECK(kvgen_chat_add(r, "tool", "12", &err) == KVGEN_E_UNSUPPORTED);
+    CHECKF(strstr(err.message, "need a Jinja chat template"), "%s", err.message);
+    CHECK(kvgen_session_length(r) == len);
+    kvgen_session_close(s);
+    kvgen_session_close(r);
+    kvgen_session_close(fk);
+    remove(path);
+    free(path);
+    free(tpl);
+    free(vars);
+    free(expect);
+}
+
 int main(void) {
     const char *path = tu_model_path();
     if (!path) tu_skip("default model absent");
@@ -310,6 +426,7 @@ int main(void) {
     CHECK_OK(kvgen_model_load(&md, &m, &err));
     if (!m) return tu_finish("test_chat");
     shifts(path);
+    tools();
     kvgen_session *s = NULL;
     CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
     CHECK(strcmp(kvgen_chat_template_name(s, &err), "jinja") == 0);

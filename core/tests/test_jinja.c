@@ -1,6 +1,7 @@
 /* test_jinja.c: the chat-template interpreter against jinja2 (fixtures from
  * scripts/oracle/chat_templates.py: the model files' templates, published templates of other
- * families, one-feature templates, malformed ones), the content flags that keep message text
+ * families, one-feature templates, malformed ones; from scripts/oracle/chat_tools.py: tools, tool
+ * calls, results, reasoning and extra variables as JSON inputs), the content flags that keep message text
  * away from special-token parsing, and the limits on hostile templates. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -43,7 +44,7 @@ static void fixtures(void) {
         tu_record bos, eos, m;
         tu_read_record(f, &bos);
         tu_read_record(f, &eos);
-        kvg_jinja_msg msgs[16];
+        kvg_jinja_msg msgs[16] = {{0}};
         char *bodies[16];
         size_t content_bytes = 0;
         for (int i = 0; i < nmsg && i < 16; i++) {
@@ -60,7 +61,7 @@ static void fixtures(void) {
         char msg[256] = "";
         bool ok = ti >= 0 && tpls[ti];
         if (ti >= 0 && !tpls[ti]) snprintf(msg, sizeof msg, "%s", terr[ti]);
-        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body};
+        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body, NULL};
         if (ok) ok = kvg_jinja_render(tpls[ti], &in, &out, msg, sizeof msg);
         if (!ex.body) {
             CHECKF(!ok, "%s: jinja2 fails, kvgen rendered \"%s\"", cname, out.text);
@@ -98,6 +99,120 @@ static void fixtures(void) {
     CHECKF(cases >= 100 && errors > 0, "%d cases, %d errors", cases, errors);
 }
 
+/* chat_tools.txt (scripts/oracle/chat_tools.py): tools, tool calls and results, reasoning and
+ * extra variables as JSON inputs, and the interpreter's Python details, against jinja2 */
+static void tool_fixtures(void) {
+    FILE *f = tu_open_fixture("chat_tools.txt");
+    if (!f) return;
+    enum { N = 16 };
+    char *names[N];
+    kvg_jinja *tp[N];
+    int n = 0, cases = 0, errors = 0, with_fields = 0;
+    tu_record r;
+    while (tu_read_record(f, &r)) {
+        if (strncmp(r.head, "template ", 9) == 0) {
+            CHECK(n < N);
+            if (n < N) {
+                char msg[256];
+                names[n] = strdup(r.head + 9);
+                if (!kvg_jinja_parse(r.body, r.len, &tp[n], msg, sizeof msg)) tp[n] = NULL;
+                n++;
+            }
+            free(r.body);
+            continue;
+        }
+        CHECKF(strncmp(r.head, "case ", 5) == 0, "unexpected record %s", r.head);
+        char cname[128], tname[64];
+        int agp = 0, nmsg = 0;
+        CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &nmsg) == 4 && nmsg <= 8);
+        free(r.body);
+        tu_record bos, eos, body[8], fields[8], vars, ex;
+        kvg_jinja_msg msgs[8] = {{0}};
+        tu_read_record(f, &bos);
+        tu_read_record(f, &eos);
+        for (int i = 0; i < nmsg && i < 8; i++) {
+            tu_read_record(f, &body[i]);
+            tu_read_record(f, &fields[i]);
+            msgs[i].role = body[i].head + 4;
+            msgs[i].content = body[i].body;
+            msgs[i].fields = strcmp(fields[i].body, "null") ? fields[i].body : NULL;
+            with_fields += msgs[i].fields != NULL;
+        }
+        tu_read_record(f, &vars);
+        tu_read_record(f, &ex);
+        int ti = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(names[i], tname) == 0) ti = i;
+        CHECKF(ti >= 0, "%s: no template %s", cname, tname);
+        char msg[256] = "";
+        kvg_jinja_output out = {0};
+        kvg_jinja_input in = {msgs, (size_t)nmsg, agp != 0, bos.body, eos.body,
+                              strcmp(vars.body, "null") ? vars.body : NULL};
+        bool ok = ti >= 0 && tp[ti] && kvg_jinja_render(tp[ti], &in, &out, msg, sizeof msg);
+        if (!ex.body) {
+            CHECKF(!ok, "%s: jinja2 fails, kvgen rendered \"%s\"", cname, out.text);
+            CHECKF(strncmp(msg, "line ", 5) == 0, "%s: error without a position: %s", cname, msg);
+            errors++;
+        } else {
+            CHECKF(ok, "%s: %s", cname, msg);
+            CHECKF(ok && out.len == ex.len && memcmp(out.text, ex.body, ex.len) == 0,
+                   "%s:\n--- jinja2\n%s\n--- kvgen\n%s\n---", cname, ex.body, ok ? out.text : "");
+        }
+        if (ok && strncmp(tname, "qwen", 4) == 0 && in.vars && strstr(in.vars, "\"tools\"")) {
+            /* the tool descriptions are the caller's data: flagged, never control tokens */
+            const char *p = strstr(out.text, "\"get_price\"");
+            CHECKF(p && out.user[p + 1 - out.text] == 1, "%s: a tool's name is not flagged as content", cname);
+            const char *im = strstr(out.text, "<|im_start|>");
+            CHECKF(im && out.user[im - out.text] == 0, "%s: template text flagged", cname);
+        }
+        cases++;
+        free(out.text);
+        free(out.user);
+        free(bos.body);
+        free(eos.body);
+        free(vars.body);
+        free(ex.body);
+        for (int i = 0; i < nmsg && i < 8; i++) {
+            free(body[i].body);
+            free(fields[i].body);
+        }
+    }
+    fclose(f);
+    for (int i = 0; i < n; i++) {
+        kvg_jinja_free(tp[i]);
+        free(names[i]);
+    }
+    CHECKF(cases >= 38 && errors >= 10 && with_fields > 0, "%d cases, %d errors", cases, errors);
+
+    /* malformed JSON inputs: an error naming the input, nothing rendered */
+    kvg_jinja *t = NULL;
+    char msg[256];
+    CHECK(kvg_jinja_parse("{{ tools }}", 11, &t, msg, sizeof msg));
+    if (!t) return;
+    kvg_jinja_msg m[1] = {{"user", "hi", "{\"tool_calls\": [1,"}};
+    kvg_jinja_input in = {m, 1, false, "", "", NULL};
+    kvg_jinja_output out;
+    CHECK(!kvg_jinja_render(t, &in, &out, msg, sizeof msg) && out.text == NULL);
+    CHECKF(strstr(msg, "message 1's fields: not valid JSON at byte"), "%s", msg);
+    m[0].fields = "[]";
+    CHECK(!kvg_jinja_render(t, &in, &out, msg, sizeof msg));
+    CHECKF(strstr(msg, "message 1's fields: not a JSON object"), "%s", msg);
+    m[0].fields = NULL;
+    in.vars = "{\"tools\": }";
+    CHECK(!kvg_jinja_render(t, &in, &out, msg, sizeof msg));
+    CHECKF(strstr(msg, "template variables: not valid JSON"), "%s", msg);
+    /* the conversation's own variables stay the caller's */
+    in.vars = "{\"tools\": [1], \"messages\": 5, \"bos_token\": \"X\"}";
+    kvg_jinja_free(t);
+    const char *src = "{{ tools }} {{ messages | length }}{{ bos_token }}";
+    CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
+    CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
+    CHECKF(out.text && strcmp(out.text, "[1] 1") == 0, "%s", out.text ? out.text : msg);
+    free(out.text);
+    free(out.user);
+    kvg_jinja_free(t);
+}
+
 static void free_templates(void) {
     for (int i = 0; i < nt; i++) {
         kvg_jinja_free(tpls[i]);
@@ -116,8 +231,8 @@ static bool render(const char *src, char *msg, size_t n, char **text) {
     kvg_jinja *t = NULL;
     *text = NULL;
     if (!kvg_jinja_parse(src, strlen(src), &t, msg, n)) return false;
-    kvg_jinja_msg m[1] = {{"user", "hi"}};
-    kvg_jinja_input in = {m, 1, true, "<s>", "</s>"};
+    kvg_jinja_msg m[1] = {{"user", "hi", NULL}};
+    kvg_jinja_input in = {m, 1, true, "<s>", "</s>", NULL};
     kvg_jinja_output out;
     bool ok = kvg_jinja_render(t, &in, &out, msg, n);
     kvg_jinja_free(t);
@@ -211,8 +326,8 @@ static void check_flags(const char *src, const char *content, const char *want, 
     char msg[256];
     kvg_jinja *t = NULL;
     CHECK(kvg_jinja_parse(src, strlen(src), &t, msg, sizeof msg));
-    kvg_jinja_msg m[1] = {{"user", content}};
-    kvg_jinja_input in = {m, 1, true, "", ""};
+    kvg_jinja_msg m[1] = {{"user", content, NULL}};
+    kvg_jinja_input in = {m, 1, true, "", "", NULL};
     kvg_jinja_output out = {0};
     CHECK(t && kvg_jinja_render(t, &in, &out, msg, sizeof msg));
     CHECKF(out.text && strcmp(out.text, want) == 0, "%s", out.text ? out.text : msg);
@@ -311,8 +426,8 @@ static void mutations(void) {
         char msg[256];
         if (kvg_jinja_parse(m, len, &t, msg, sizeof msg)) {
             parsed++;
-            kvg_jinja_msg msgs[3] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}};
-            kvg_jinja_input in = {msgs, 3, true, "", ""};
+            kvg_jinja_msg msgs[3] = {{"system", "s", NULL}, {"user", "u", NULL}, {"assistant", "a", NULL}};
+            kvg_jinja_input in = {msgs, 3, true, "", "", NULL};
             kvg_jinja_output out;
             if (kvg_jinja_render(t, &in, &out, msg, sizeof msg)) {
                 free(out.text);
@@ -332,6 +447,7 @@ static void mutations(void) {
 
 int main(void) {
     fixtures_and_mutations();
+    tool_fixtures();
     limits();
     bounds();
     return tu_finish("test_jinja");

@@ -25,8 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         content[i] = p;
         p += strlen(p) + 1;
     }
-    kvg_jinja_msg msgs[4] = {{"system", content[0]}, {"user", content[1]}, {"assistant", content[2]},
-                             {"user", content[3]}};
+    kvg_jinja_msg msgs[4] = {{"system", content[0], NULL}, {"user", content[1], NULL},
+                             {"assistant", content[2], NULL}, {"user", content[3], NULL}};
     for (int gen = 0; gen < 2; gen++) {
         kvg_jinja_input in = {.messages = msgs + gen, .n_messages = 4 - (size_t)gen, .add_generation_prompt = gen == 0,
                               .bos_token = "<s>", .eos_token = "</s>"};

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Chat-template fixtures with tools, tool calls, tool results, reasoning and extra template
+variables, rendered by jinja2 the way Hugging Face's apply_chat_template renders them: the same
+environment as chat_templates.py, and render(messages=..., tools=..., documents=None,
+add_generation_prompt=..., bos_token=..., eos_token=..., **extra variables) (tools None when
+not given).
+
+    python3 scripts/oracle/chat_tools.py > core/tests/fixtures/chat_tools.txt
+
+Templates: Qwen2.5-Coder-0.5B-Instruct's own (read from models/ with gguf-py; without gguf-py or
+the file, the copy in core/tests/fixtures/chat_templates.txt), the published Qwen3 template of
+chat_templates.py, and one-feature templates for the interpreter's Python details (dicts with
+keys that are not strings, str.format, filters of none, 'in' an undefined value).
+
+Records as in chat_templates.py (lengths in bytes, payload on the following line):
+    template NAME LEN          then the template source
+    case NAME TEMPLATE AGP N   then:
+    bos LEN / eos LEN          the special tokens' text
+    msg ROLE LEN               a message's content, followed by
+    fields LEN                 its further fields as a JSON object ("null": none)
+    vars LEN                   the extra template variables as a JSON object ("null": none)
+    expect LEN | expect error  the rendered text, or a template error
+"""
+import json
+import os
+import sys
+
+import jinja2
+
+sys.path.insert(0, os.path.dirname(__file__))
+from chat_templates import QWEN3, ROOT, env, record  # noqa: E402
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_price", "description": "The price of an item in the village shop, in gold coins.",
+        "parameters": {"type": "object", "properties": {
+            "item": {"type": "string", "description": "what to buy"},
+            "quantity": {"type": "integer", "minimum": 1}}, "required": ["item"]}}},
+    {"type": "function", "function": {
+        "name": "give_item", "description": "Hand an item to the player (\"é\" <ok>).",
+        "parameters": {"type": "object", "properties": {"item": {"type": "string"}, "weight": {"type": "number"}},
+                       "required": ["item"]}}},
+]
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_price", "arguments": {"item": "sword", "quantity": 1}}}
+CALL2 = {"id": "call_2", "type": "function",
+         "function": {"name": "give_item", "arguments": {"item": "shield", "weight": 2.5, "note": None, "ok": True}}}
+CALL_STR = {"id": "call_3", "type": "function", "function": {"name": "get_price", "arguments": "{\"item\": \"bow\"}"}}
+
+# (role, content, further fields or None)
+CONVERSATIONS = {
+    "tool_call": [("system", "You are Mira, the village blacksmith.", None),
+                  ("user", "How much is a sword?", None),
+                  ("assistant", "", {"tool_calls": [CALL]}),
+                  ("tool", "{\"price\": 12}", {"tool_call_id": "call_1"})],
+    "two_calls": [("user", "Price a sword and give me a shield.", None),
+                  ("assistant", "Let me check.", {"tool_calls": [CALL, CALL2]}),
+                  ("tool", "12", {"tool_call_id": "call_1"}),
+                  ("tool", "done", {"tool_call_id": "call_2", "name": "give_item"}),
+                  ("assistant", "A sword is 12 gold; here is your shield.", None),
+                  ("user", "And a bow?", None),
+                  ("assistant", "", {"content": None, "tool_calls": [CALL_STR]})],
+    "reasoning": [("user", "2+2?", None),
+                  ("assistant", "4", {"reasoning_content": "two and two\n"}),
+                  ("user", "and 3+3?", None)],
+    "plain": [("user", "Hello! Who are you?", None)],
+}
+
+VARS = {
+    "none": None,
+    "tools": {"tools": TOOLS},
+    "tools_nothink": {"tools": TOOLS, "enable_thinking": False},
+    "think": {"enable_thinking": True},
+    "nothink": {"enable_thinking": False},
+}
+
+# (template, conversation, variables) cases
+CASES = [
+    ("qwen25_coder", "tool_call", "tools"), ("qwen25_coder", "two_calls", "tools"),
+    ("qwen25_coder", "tool_call", "none"), ("qwen25_coder", "plain", "tools"),
+    ("qwen3", "tool_call", "tools"), ("qwen3", "two_calls", "tools_nothink"), ("qwen3", "reasoning", "think"),
+    ("qwen3", "reasoning", "nothink"), ("qwen3", "plain", "nothink"), ("qwen3", "two_calls", "none"),
+    ("feat_tools", "two_calls", "tools_nothink"), ("feat_tools", "reasoning", "none"),
+    ("feat_gaps", "plain", "none"),
+    ("feat_vars", "plain", "none"),
+]
+
+FEATURES = {
+    "feat_tools": "{% for t in tools or [] %}{{ t.function.name }}: {{ t | tojson }}\n{% endfor %}"
+                  "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+                  "{% for c in m.tool_calls or [] %} <{{ c.id }} {{ c.function.name }} {{ c.function.arguments | tojson }}>"
+                  "{% endfor %}{% if m.tool_call_id is defined %} #{{ m.tool_call_id }}{% endif %}"
+                  "{% if m.name is defined %} @{{ m.name }}{% endif %}"
+                  "{% if m.reasoning_content %} [{{ m.reasoning_content | trim }}]{% endif %}\n{% endfor %}"
+                  "{{ enable_thinking is defined }} {{ enable_thinking }} {{ tools is none }} {{ documents is none }}",
+    "feat_gaps": "{{ none | selectattr('a') | list }}|{{ none | rejectattr('a', 'equalto', 1) | list }}|"
+                 "{{ none | select | list }}|{{ none | reject('none') | list }}|{{ none | map(attribute='a') | list }}|"
+                 "{{ none | map('upper') | list }}|{{ nothing | selectattr('role') | list }}|"
+                 "{{ 'a' in nothing }} {{ 'a' not in nothing }} {{ nothing in [1] }}|"
+                 "{% set d = {1: 'one', 2: 'two', 'k': 3, none: 'n', 1.5: 'f', true: 't'} %}"
+                 "{{ d[1] }} {{ d[2] }} {{ d.k }} {{ d[none] }} {{ d[1.5] }} {{ d['1'] is defined }} {{ d }} "
+                 "{{ d | tojson }} {{ 2 in d }} {{ '2' in d }} {{ d.get(2) }}"
+                 "{% for k, v in d.items() %}[{{ k }}={{ v }}]{% endfor %}{{ {0: 'z'} == {0.0: 'z'} }}|"
+                 "{{ '{} {}'.format('a', 1) }} {{ '{0}-{1}-{0}'.format('x', 2.5) }} "
+                 "{{ '{name}!'.format(name=messages[0].role) }} {{ '{{}} {}'.format(none) }} "
+                 "{{ '{0[0]} {0[1]}'.format([1, 'b']) }} {{ '{m.role}: {m[content]}'.format(m=messages[0]) }} "
+                 "{{ '{}'.format(true) }} {{ '{!s}'.format([1, 'a']) }} {{ 'x'.format(1) }}",
+    "feat_vars": "{{ npc_name }} {{ mood | default('calm') }} {{ level + 1 }} {{ items | join(',') }} "
+                 "{{ stats.hp }} {{ stats.tags[1] }} {{ big }} {{ ratio }} {{ flag }} {{ missing is none }}",
+}
+FEATURE_VARS = {
+    "feat_vars": {"npc_name": "Mira", "level": 41, "items": ["sword", "shield"], "stats": {"hp": 9, "tags": ["a", "b"]},
+                  "big": 9007199254740993, "ratio": 0.25, "flag": True, "missing": None},
+}
+
+BAD = {
+    "bad_format_mixed": "{{ '{} {1}'.format('a', 'b') }}",
+    "bad_format_missing": "{{ '{}'.format() }}",
+    "bad_format_brace": "{{ '{'.format(1) }}",
+    "bad_in_none": "{{ 'a' in none }}",
+    "bad_dict_key": "{{ {[1]: 2} }}",
+}
+
+
+def qwen25_template():
+    path = os.path.join(ROOT, "models", "qwen2.5-coder-0.5b-instruct.gguf")
+    try:
+        from chat_templates import gguf_template
+        if os.path.exists(path):
+            return gguf_template(path)
+    except ImportError:
+        pass
+    # the copy chat_templates.py took from the same file
+    with open(os.path.join(ROOT, "core", "tests", "fixtures", "chat_templates.txt"), "rb") as f:
+        while True:
+            head = f.readline().decode()
+            if not head:
+                raise SystemExit("no qwen25_coder template")
+            name, n = head.rsplit(" ", 1)
+            body = f.read(int(n))
+            f.readline()
+            if name == "template qwen25_coder":
+                return body.decode("utf-8")
+
+
+def main():
+    templates = {"qwen25_coder": qwen25_template(), "qwen3": QWEN3}
+    templates.update(FEATURES)
+    templates.update(BAD)
+    e = env()
+    out = sys.stdout.buffer
+    for name, src in templates.items():
+        record(out, f"template {name}", src)
+    cases = list(CASES) + [(name, "plain", "none") for name in BAD]
+    for tname, cname, vname in cases:
+        msgs = CONVERSATIONS[cname]
+        variables = FEATURE_VARS.get(tname, VARS[vname])
+        for agp in (False, True):
+            bos, eos = ("", "<|im_end|>")
+            out.write(f"case {tname}/{cname}/{vname}/{int(agp)} {tname} {int(agp)} {len(msgs)}\n".encode())
+            record(out, "bos", bos)
+            record(out, "eos", eos)
+            messages = []
+            for role, content, fields in msgs:
+                record(out, f"msg {role}", content)
+                record(out, "fields", json.dumps(fields, ensure_ascii=False))
+                m = {"role": role, "content": content}
+                m.update(fields or {})
+                messages.append(m)
+            record(out, "vars", json.dumps(variables, ensure_ascii=False))
+            kw = dict(variables or {})
+            tools = kw.pop("tools", None)
+            try:
+                text = e.from_string(templates[tname]).render(messages=messages, tools=tools, documents=None,
+                                                              add_generation_prompt=agp, bos_token=bos,
+                                                              eos_token=eos, **kw)
+                record(out, "expect", text)
+            except (jinja2.TemplateError, TypeError, ValueError, IndexError, KeyError):
+                out.write(b"expect error\n")
+
+
+if __name__ == "__main__":
+    main()
