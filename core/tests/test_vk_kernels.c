@@ -48,6 +48,17 @@ static double now_s(void) {
         if (trace_on()) fprintf(stderr, " %.2f s\n", now_s() - trace_t0);                                             \
     } while (0)
 
+/* KVGEN_TEST_TYPES=F32,Q4_K: only those weight types' mat-mul and embedding cases (a first
+ * look on a driver that compiles slowly); unset: every type */
+static int type_wanted(uint32_t type) {
+    const char *list = getenv("KVGEN_TEST_TYPES"), *name = kvg_type_name(type);
+    if (!list || !*list) return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+
 static float frand(void) { /* uniform in [-1, 1) */
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
@@ -68,6 +79,7 @@ static int type_index(uint32_t type) {
 /* tolerance: f32 accumulation over K terms, relative to sum |w x| */
 static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, uint32_t ncols, bool norm, int epi,
                          int lane) {
+    if (!type_wanted(type)) return;
     size_t rb = kvg_row_bytes(type, K);
     uint8_t *w = malloc(rb * rows);
     float *row = malloc(sizeof(float) * K), *x = malloc(sizeof(float) * K * ncols), *g = malloc(sizeof(float) * K);
@@ -139,6 +151,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
  * dequantization; the matrix split into parts of `part` bytes (0: one part) */
 static double worst_embed;
 static void check_embed(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, float scale, size_t part) {
+    if (!type_wanted(type)) return;
     size_t rb = kvg_row_bytes(type, K);
     uint8_t *w = malloc(rb * rows);
     float *row = malloc(sizeof(float) * K), *deq = malloc(sizeof(float) * K * rows);
