@@ -169,9 +169,29 @@ consumer_check() {
   echo "consumer: $p passed, $f failed"
 }
 
+# lavapipe at subgroups of 4 (scripts/vk_drivers.sh sg4; docs/vulkan.md, "Drivers and
+# configurations"): test_vk_kernels on the default model's weight type and a K type, all of its
+# attention cases, validation on. Its own Mesa shader cache in build/vk-drivers keeps later runs
+# short. KVGEN_TEST_VK_SG4=0 skips it; the other configurations (subgroups of 16, Mesa 25.0) are
+# the script's alone.
+vk_sg4_stage() {
+  local out last
+  if [ "${KVGEN_TEST_VK_SG4:-1}" != 1 ]; then echo "vulkan sg4: skipped (KVGEN_TEST_VK_SG4=0)"; return; fi
+  out=$(KVGEN_TEST_TYPES=Q4_1,Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900 \
+        bash "$here/scripts/vk_drivers.sh" sg4 2>&1)
+  echo "$out" | tee "$log_dir/vk-sg4.log"
+  last=$(echo "$out" | tail -n 1)
+  if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1))
+  fi
+}
+
 if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
+  vk_sg4_stage
   consumer_check
   aarch64_check
 else

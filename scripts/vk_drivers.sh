@@ -14,6 +14,9 @@
 #   KVGEN_VK_DRIVER_TESTS    ctest -R regex (default '^test_vk_(kernels|arch)$'; '^test_vk_'
 #                            runs every Vulkan test)
 #   KVGEN_VK_DRIVER_TIMEOUT  seconds per test (default 1800)
+#   KVGEN_TEST_TYPES         passed on to test_vk_kernels: only these weight types' mat-mul and
+#                            embedding cases (e.g. Q4_1,Q4_K); attention always runs
+# A test that skips (no Vulkan device) counts as neither passed nor failed.
 # Every configuration keeps its own Mesa shader cache in build/vk-drivers/cache-<config>: the
 # first run compiles every pipeline (minutes: lavapipe compiles at the first dispatch), later
 # runs only the shaders that changed. The validation layer is on (KVGEN_VALIDATE=1).
@@ -75,7 +78,7 @@ run_config() { # name, env (VAR=value ...)
   f=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run)' "$log")
   [ "$f" -eq 0 ] || cat "$log"
   grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log"
-  if [ "$((p + f))" -eq 0 ]; then cat "$log"; echo "$name: no test matched '$tests'"; f=1; fi
+  if ! grep -qE '^ *[0-9]+/[0-9]+ Test +#' "$log"; then cat "$log"; echo "$name: no test matched '$tests'"; f=1; fi
   passed=$((passed + p)); failed=$((failed + f))
   echo "$name: $p passed, $f failed ($(($(date +%s) - start)) s)"
 }
