@@ -13,7 +13,8 @@
 # Arguments: the configurations to run (default: all four).
 #   KVGEN_VK_DRIVER_TESTS    ctest -R regex (default '^test_vk_(kernels|arch)$'; '^test_vk_'
 #                            runs every Vulkan test)
-#   KVGEN_VK_DRIVER_TIMEOUT  seconds per test (default 1800)
+#   KVGEN_VK_DRIVER_TIMEOUT  ctest --timeout (default 1800): only for tests without a TIMEOUT of
+#                            their own; core/CMakeLists.txt gives the C tests 1500 s each
 #   KVGEN_TEST_TYPES         passed on to test_vk_kernels: only these weight types' mat-mul and
 #                            embedding cases (e.g. Q4_1,Q4_K); attention always runs
 # A test that skips (no Vulkan device) counts as neither passed nor failed.
