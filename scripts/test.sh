@@ -9,6 +9,7 @@
 # The last line is "N passed, N failed" over everything that ran.
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 #   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
+#   KVGEN_TEST_VK_SG4=1  also run test_vk_kernels on lavapipe at subgroups of 4 (scripts/vk_drivers.sh)
 #   KVGEN_TEST_REMOTE=0  skip the remote-model specs (spec/remote_spec.lua): by default their server,
 #                        llama-cpp-python's (scripts/llama_server.sh), is installed first (built once,
 #                        a few minutes; then cached) and the specs must run
@@ -169,9 +170,30 @@ consumer_check() {
   echo "consumer: $p passed, $f failed"
 }
 
+# lavapipe at subgroups of 4 (scripts/vk_drivers.sh sg4; docs/vulkan.md, "Drivers and
+# configurations"): test_vk_kernels on the default model's weight type and a K type, all of its
+# attention cases, validation on. Opt-in (KVGEN_TEST_VK_SG4=1): a first run compiles every
+# pipeline it uses (well over 3 minutes on 2 shared cores); its own Mesa shader cache in
+# build/vk-drivers keeps later runs short. The other configurations (subgroups of 16, Mesa 25.0)
+# are the script's alone.
+vk_sg4_stage() {
+  local out last
+  if [ "${KVGEN_TEST_VK_SG4:-0}" != 1 ]; then echo "vulkan sg4: skipped (KVGEN_TEST_VK_SG4=1 runs it)"; return; fi
+  out=$(KVGEN_TEST_TYPES=Q4_1,Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900 \
+        bash "$here/scripts/vk_drivers.sh" sg4 2>&1)
+  echo "$out" | tee "$log_dir/vk-sg4.log"
+  last=$(echo "$out" | tail -n 1)
+  if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1))
+  fi
+}
+
 if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
+  vk_sg4_stage
   consumer_check
   aarch64_check
 else

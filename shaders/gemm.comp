@@ -7,8 +7,12 @@
 // (RMS-normalised when NORM) are loaded beside them; each invocation owns a 4x4 micro-tile.
 // Dispatch: (ceil(nrows / 64), ceil(ncols / 32), 1) with 128 invocations.
 // Bindings as matvec.comp: 0 params, 1 weights part, 2 x, 3 out, 4 norm weight, 5/6/7 epilogue.
-// Trip counts: nb block steps per invocation; lavapipe's 65,535 limit counts all loop iterations
-// of an invocation together, so every inner loop is unrolled (rows < 2M elements).
+// Trip counts: 5 per block step (the step, and the k loop's 4 rounds of 8 unrolled products);
+// lavapipe's 65,535 limit counts all loop iterations of an invocation together, so rows stay
+// below 400K elements. The k loop is not unrolled whole on purpose: the barriers make lavapipe
+// (Mesa 25) compile the shader as an LLVM coroutine, whose frame analysis grows with the square
+// of the basic blocks, and each shared-memory access there is several (the whole unroll compiled
+// 4-6x slower than Mesa 22.3 did; this way about 1.5-2x).
 layout(constant_id = 3) const uint MODE = 0;
 layout(constant_id = 4) const uint NORM = 0;
 layout(constant_id = 5) const uint KV_F16 = 1;
@@ -80,11 +84,12 @@ void main() {
             [[unroll]] for (uint e = 0u; e < 4u; e++) xs[k4 * 4u + e][tt / 4u][tt % 4u] = v[e];
         }
         barrier();
-        [[unroll]] for (uint k = 0u; k < 32u; k++) {
-            vec4 a = ws[k][tx];
-            vec4 x = xs[k][ty];
-            [[unroll]] for (uint i = 0u; i < 4u; i++) acc[i] += a[i] * x;
-        }
+        for (uint k0 = 0u; k0 < 32u; k0 += 8u)
+            [[unroll]] for (uint k = k0; k < k0 + 8u; k++) {
+                vec4 a = ws[k][tx];
+                vec4 x = xs[k][ty];
+                [[unroll]] for (uint i = 0u; i < 4u; i++) acc[i] += a[i] * x;
+            }
         barrier();
     }
     [[unroll]] for (uint i = 0u; i < 4u; i += 2u) {

@@ -51,11 +51,18 @@ vec4 lane_g(uint k4) { return UBO != 0u ? gu[k4] : gnorm[k4]; }
 
 shared float red[WG * ROWS * NCOLS];
 
+// red[i * WG + 0 .. WG) summed into red[i * WG] for every i < n: a tree over WG, each level's
+// n * s additions spread over the whole workgroup by a plain (not unrolled) loop. The code stays
+// small on purpose: a shader with barriers is compiled by lavapipe (Mesa 25) as a coroutine, and
+// LLVM's coroutine frame analysis grows with the square of the basic blocks, of which every
+// shared-memory access there makes several (an unrolled 32 x 6 tree took 30 s to compile).
 void reduce_all(uint tid, uint n) {
     for (uint s = WG >> 1; s > 0u; s >>= 1) {
         barrier();
-        if (tid < s)
-            [[unroll]] for (uint i = 0u; i < n; i++) red[i * WG + tid] += red[i * WG + tid + s];
+        for (uint k = tid; k < n * s; k += WG) {
+            uint i = k / s, j = k % s;
+            red[i * WG + j] += red[i * WG + j + s];
+        }
     }
     barrier();
 }
@@ -66,20 +73,7 @@ void main() {
     uint nq4 = pc.nb * 4u;
     float scale[NCOLS];
     [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = 1.0;
-    if (NORM != 0u && LANE != 0u && UBO != 0u) {
-        // every invocation sums the squares itself from uniform loads: no barrier
-        uint c0 = pc.c0 + gl_WorkGroupID.y * NCOLS;
-        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-            float ss = 0.0;
-            if (c0 + c < pc.ncols)
-                for (uint b = 0u; b < pc.nb; b++)
-                    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                        vec4 v = lane_x(c0, c, b * 8u + i);
-                        ss += dot(v, v);
-                    }
-            scale[c] = inversesqrt(ss / float(pc.kreal) + pc.eps);
-        }
-    } else if (NORM != 0u) {
+    if (NORM != 0u && LANE == 0u) {
         [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
             float ss = 0.0;
             if (pc.c0 + gl_WorkGroupID.y * NCOLS + c < pc.ncols)
@@ -100,8 +94,9 @@ void main() {
         uint r0 = (gl_WorkGroupID.x * WG + tid) * ROWS;
         uint c0 = pc.c0 + gl_WorkGroupID.y * NCOLS;
         if (r0 >= pc.nrows) return;
-        float acc[ROWS * NCOLS];
+        float acc[ROWS * NCOLS], ss[NCOLS]; // ss: each token's sum of squares (NORM)
         [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++) ss[c] = 0.0;
         uint ng = pc.nb / GROUP; // stored blocks per row
         for (uint gi = 0u; gi < ng; gi++) {
             // each row's block header (scales) once per stored block, kept over its GROUP
@@ -128,7 +123,10 @@ void main() {
                     if (c0 + c < pc.ncols) {
                         [[unroll]] for (uint i = 0u; i < 8u; i++) {
                             vec4 v = lane_x(c0, c, b * 8u + i);
-                            if (NORM != 0u) v *= g[i];
+                            if (NORM != 0u) {
+                                ss[c] += dot(v, v);
+                                v *= g[i];
+                            }
                             xb[c * 8u + i] = v;
 #ifdef WT_SPLIT
                             if (i < 4u) xs[c] += dot(v, vec4(1.0));
@@ -162,6 +160,8 @@ void main() {
                 }
             }
         }
+        if (NORM != 0u)
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = inversesqrt(ss[c] / float(pc.kreal) + pc.eps);
         [[unroll]] for (uint r = 0u; r < ROWS; r += 2u) {
             uint r1 = r0 + r;
             if (r1 >= pc.nrows) continue;

@@ -15,12 +15,50 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_vk.h"
 #include "testutil.h"
 
 static uint64_t rng = 0x12345678ull;
+/* KVGEN_TEST_TRACE=1: each case is named on stderr before it runs and timed after, so a case
+ * that never finishes (a driver spinning in a dispatch or a compile) is the last line */
+static double trace_t0;
+static int trace_on(void) {
+    static int on = -1;
+    if (on < 0) on = getenv("KVGEN_TEST_TRACE") && *getenv("KVGEN_TEST_TRACE") && strcmp(getenv("KVGEN_TEST_TRACE"), "0");
+    return on;
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+#define TRACE_BEGIN(...)                                                                                               \
+    do {                                                                                                               \
+        if (trace_on()) {                                                                                              \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fflush(stderr);                                                                                            \
+            trace_t0 = now_s();                                                                                        \
+        }                                                                                                              \
+    } while (0)
+#define TRACE_END()                                                                                                    \
+    do {                                                                                                               \
+        if (trace_on()) fprintf(stderr, " %.2f s\n", now_s() - trace_t0);                                             \
+    } while (0)
+
+/* KVGEN_TEST_TYPES=F32,Q4_K: only those weight types' mat-mul and embedding cases (a first
+ * look on a driver that compiles slowly); unset: every type */
+static int type_wanted(uint32_t type) {
+    const char *list = getenv("KVGEN_TEST_TYPES"), *name = kvg_type_name(type);
+    if (!list || !*list) return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+
 static float frand(void) { /* uniform in [-1, 1) */
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
@@ -41,6 +79,7 @@ static int type_index(uint32_t type) {
 /* tolerance: f32 accumulation over K terms, relative to sum |w x| */
 static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, uint32_t ncols, bool norm, int epi,
                          int lane) {
+    if (!type_wanted(type)) return;
     size_t rb = kvg_row_bytes(type, K);
     uint8_t *w = malloc(rb * rows);
     float *row = malloc(sizeof(float) * K), *x = malloc(sizeof(float) * K * ncols), *g = malloc(sizeof(float) * K);
@@ -56,7 +95,10 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     for (uint32_t k = 0; k < K; k++) g[k] = 0.5f + frand() * 0.25f;
     for (size_t i = 0; i < (size_t)out_rows * ncols; i++) y[i] = y0[i] = frand();
     kvgen_error err = {0};
+    TRACE_BEGIN("matmul %s rows %u K %u ncols %u norm %d epi %d lane %d:", kvg_type_name(type), rows, K, ncols, norm,
+                epi, lane);
     kvgen_status st = kvg_vk_test_matmul(ctx, type, w, rows, K, x, ncols, norm ? g : NULL, 1e-5f, epi, lane, y, &err);
+    TRACE_END();
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
@@ -109,6 +151,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
  * dequantization; the matrix split into parts of `part` bytes (0: one part) */
 static double worst_embed;
 static void check_embed(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, float scale, size_t part) {
+    if (!type_wanted(type)) return;
     size_t rb = kvg_row_bytes(type, K);
     uint8_t *w = malloc(rb * rows);
     float *row = malloc(sizeof(float) * K), *deq = malloc(sizeof(float) * K * rows);
@@ -127,7 +170,9 @@ static void check_embed(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t 
         setenv("KVGEN_VK_MAX_PART", env, 1);
     }
     kvgen_error err = {0};
+    TRACE_BEGIN("embed %s rows %u K %u part %zu:", kvg_type_name(type), rows, K, part);
     kvgen_status st = kvg_vk_test_embed(ctx, type, w, rows, K, tok, n, scale, out, &err);
+    TRACE_END();
     if (part) unsetenv("KVGEN_VK_MAX_PART");
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
@@ -177,8 +222,11 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     }
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 2.0f;
     kvgen_error err = {0};
+    TRACE_BEGIN("attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d:", n_head, n_kv, hd, pos0,
+                ncols, nsplit, lane, page);
     kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle, q, k,
                                             v, out, &err);
+    TRACE_END();
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
