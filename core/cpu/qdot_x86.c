@@ -1,7 +1,9 @@
 /* qdot_x86.c: the x86-64 kernels: AVX2 + FMA + F16C, AVX-512 (F, BW, VL, DQ; vpdpwssd with
  * VNNI), the avx512vnni path's row groups, the K types' row groups of AVX2, and the
  * activations' quantization with AVX2 and AVX-512 (layouts: qdot_internal.h). Each function
- * carries its own target attribute, so the file needs no -m flag; it is empty on other machines. */
+ * carries its own target attribute, so the file needs no -m flag; it is empty on other machines.
+ * (Over 1,000 lines: one instruction set family whose paths share their inline helpers; split by
+ * path, each file would repeat them.) */
 #include <string.h>
 #include "qdot_internal.h"
 

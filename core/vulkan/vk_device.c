@@ -1,6 +1,8 @@
 /* vk_device.c: Vulkan instance and device set-up, feature detection, buffers, pipelines and
  * submission for the Vulkan backend. Nothing here runs before the host calls kvgen: a context
- * is created per loaded model (or a device list query) and destroyed with it. */
+ * is created per loaded model (or a device list query) and destroyed with it. (About 1,000
+ * lines: the device's limits are read here once and every later step checks against them, so
+ * set-up, the limit table and the pipelines that obey it stay together.) */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
