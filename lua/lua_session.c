@@ -538,10 +538,10 @@ static const opt_spec message_specs[] = {
  * tool_call_id (tool), reasoning_content (assistant) */
 static int session_add(lua_State *L) {
     lsession *s = kvl_check_session(L, 1);
-    lua_settop(L, 4);
     if (lua_type(L, 2) == LUA_TSTRING) kvl_check_cstring(L, 2, 2, "role");
     kvgen_chat_message msg = {.role = kvl_role_names[kvl_check_option(L, 2, kvl_role_names)]};
-    msg.content = kvl_check_cstring_arg(L, 3, "text");
+    msg.content = kvl_check_cstring_arg(L, 3, "text"); /* before settop: a missing text is "no value" */
+    lua_settop(L, 4);
     kvgen_error err = {0};
     if (lua_isnil(L, 4)) {
         if (kvgen_chat_add(s->session, msg.role, msg.content, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
