@@ -305,6 +305,7 @@ void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     info->architecture = m->w.arch ? m->w.arch->name : "unknown";
     info->backend = m->ops->name;
     info->device = m->device_name;
+    info->kv_type = kvg_kv_type_name(m->kv_type);
     info->n_layer = hp->n_layer;
     info->n_embd = hp->n_embd;
     info->n_ff = hp->n_ff;

@@ -262,6 +262,7 @@ typedef struct kvgen_model_info {
     int32_t bos, eos, eot;     /* -1 where the model has none */
     uint64_t n_params;
     uint64_t weight_bytes;     /* bytes of all tensors as stored */
+    const char *kv_type;       /* what its K/V pages hold: "f16", "q8_0", "q4_0", "f32" (NULL: a remote model) */
 } kvgen_model_info;
 
 KVGEN_API kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err);
