@@ -76,6 +76,8 @@ static void bench_usage(FILE *f) {
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  cpu backend: 16 (default) or 8 (as llama.cpp's CPU backend)\n"
+            "  --kv-type T          what K/V pages hold: f16, q8_0 or q4_0 (cpu backend); default: each\n"
+            "                       backend's own (f16); the reference backend keeps f32\n"
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
@@ -184,6 +186,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
+                          strcmp(a, "--kv-type") == 0 ||
                           strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
@@ -245,6 +248,8 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             o->peer_remote = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "--kv-type") == 0) {
+            o->kv_type = val;
         } else if (strcmp(a, "--activation-bits") == 0) {
             if (!parse_int(val, 8, 16, &o->activation_bits) || (o->activation_bits != 8 && o->activation_bits != 16))
                 return bench_usage_error("--activation-bits: expected 8 or 16, got '%s'", val);
@@ -446,9 +451,14 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     const kvgen_backend_info *bi = bench_backend_info(r->backend);
     r->name = bi ? bi->name : "?";
     r->uses_device = bi && bi->uses_device;
-    fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
+    fprintf(stderr, "kvgen bench: %s: loading %s%s%s\n", r->name, o->model,
+            o->kv_type && r->backend != KVGEN_BACKEND_REFERENCE ? ", K/V pages " : "",
+            o->kv_type && r->backend != KVGEN_BACKEND_REFERENCE ? o->kv_type : "");
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
-                           .activation_bits = o->activation_bits, .progress = kvgen_cli_progress()};
+                           .activation_bits = o->activation_bits,
+                           /* the reference keeps its f32 pages: the oracle the others are measured by */
+                           .kv_type = r->backend == KVGEN_BACKEND_REFERENCE ? NULL : o->kv_type,
+                           .progress = kvgen_cli_progress()};
     r->rss_before = bench_resident_bytes();
     double t_load = bench_now_s();
     st = kvgen_model_load(&md, &m, &err);

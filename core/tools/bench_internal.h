@@ -28,6 +28,7 @@ typedef struct bench_opts {
     int n_backends;
     int reps, steps, quick, threads;
     int activation_bits; /* kvgen_model_desc.activation_bits of the cpu backend (0: default) */
+    const char *kv_type; /* kvgen_model_desc.kv_type (NULL: each backend's default) */
     int prompts[BENCH_MAX_SIZES], n_prompts;
     int depths[BENCH_MAX_SIZES], n_depths;
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
