@@ -503,11 +503,7 @@ AVX2 INL __m256 x_i8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi
 
 /* a block's elements as four vectors of 8 floats (before the scale) */
 AVX2 INL void x_q8_0_block(const unsigned char *blk, __m256 *e) {
-    __m128i lo = _mm_loadu_si128((const __m128i *)(blk + 2)), hi = _mm_loadu_si128((const __m128i *)(blk + 18));
-    e[0] = x_i8x8(lo);
-    e[1] = x_i8x8(_mm_srli_si128(lo, 8));
-    e[2] = x_i8x8(hi);
-    e[3] = x_i8x8(_mm_srli_si128(hi, 8));
+    for (int j = 0; j < 4; j++) e[j] = x_i8x8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
 }
 
 AVX2 INL void x_q4_0_block(const unsigned char *blk, __m256 *e) {
@@ -520,31 +516,69 @@ AVX2 INL void x_q4_0_block(const unsigned char *blk, __m256 *e) {
     e[3] = x_i8x8(_mm_srli_si128(hi, 8));
 }
 
-/* two rows at a time: two chains of scaled block sums */
+/* q·k in integers: q is quantized once per call to 8 bits per block of 32 (its own scale,
+ * d = amax / 127, as a q8_0 block in f32), and each key block's 32 signed bytes are multiplied
+ * with it by maddubs (|k| times q with k's sign: pairs of products of at most 2 * 127 * 127 fit
+ * 16 bits), summed to 8 int32, and scaled once by d_q * d_k. The rounding of q adds at most
+ * d_q / 2 per element to an f32 dot: well below what the pages' own quantization moved. */
+#define KV_MAX_BLOCKS 16 /* head_dim up to 512 in integers; wider rows take the float loop */
+
+AVX2 INL __m256i x_q8_0_ints(const unsigned char *blk) { return _mm256_loadu_si256((const __m256i *)(blk + 2)); }
+
+AVX2 INL __m256i x_q4_0_ints(const unsigned char *blk) {
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 2)), mask = _mm_set1_epi8(0x0f);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), mask), _mm_and_si128(qs, mask));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* q's n floats as 8-bit blocks: qq[b] the 32 int8 of block b, dq[b] its scale */
+AVX2 INL void x_quantize_q(const float *q, int nb, __m256i *qq, float *dq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b++) {
+        __m256 v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(q + b * KV_BLOCK + 8 * j);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        dq[b] = amax / 127.0f;
+        __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)); /* to nearest, even */
+        /* packs work within 128-bit lanes: the permutation puts the 8 groups of 4 back in order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        qq[b] = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
+}
+
+/* the 8 int32 partial sums of a key block's products with q's block */
+AVX2 INL __m256 x_block_dot(__m256i k, __m256i qb) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(qb, k));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
 AVX2 INL void x_kv_dot_blocks(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out, bool q4) {
     size_t bb = q4 ? KVG_Q4_0_BYTES : KVG_Q8_0_BYTES;
     int nb = n / KV_BLOCK, r = 0;
+    if (nb > KV_MAX_BLOCKS) {
+        if (q4) p_kv_dot_q4_0(q, k, row_bytes, rows, n, out);
+        else p_kv_dot_q8_0(q, k, row_bytes, rows, n, out);
+        return;
+    }
+    __m256i qq[KV_MAX_BLOCKS];
+    float dq[KV_MAX_BLOCKS];
+    x_quantize_q(q, nb, qq, dq);
     for (; r + 2 <= rows; r += 2) {
         const unsigned char *r0 = (const unsigned char *)k + (size_t)r * row_bytes, *r1 = r0 + row_bytes;
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const float *qb = q + b * KV_BLOCK;
-            __m256 qv[4] = {_mm256_loadu_ps(qb), _mm256_loadu_ps(qb + 8), _mm256_loadu_ps(qb + 16),
-                            _mm256_loadu_ps(qb + 24)};
-            __m256 e0[4], e1[4];
-            if (q4) {
-                x_q4_0_block(r0 + (size_t)b * bb, e0);
-                x_q4_0_block(r1 + (size_t)b * bb, e1);
-            } else {
-                x_q8_0_block(r0 + (size_t)b * bb, e0);
-                x_q8_0_block(r1 + (size_t)b * bb, e1);
-            }
-            __m256 s0 = _mm256_add_ps(_mm256_fmadd_ps(qv[1], e0[1], _mm256_mul_ps(qv[0], e0[0])),
-                                      _mm256_fmadd_ps(qv[3], e0[3], _mm256_mul_ps(qv[2], e0[2])));
-            __m256 s1 = _mm256_add_ps(_mm256_fmadd_ps(qv[1], e1[1], _mm256_mul_ps(qv[0], e1[0])),
-                                      _mm256_fmadd_ps(qv[3], e1[3], _mm256_mul_ps(qv[2], e1[2])));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(r0 + (size_t)b * bb)), s0, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(r1 + (size_t)b * bb)), s1, acc1);
+            const unsigned char *b0 = r0 + (size_t)b * bb, *b1 = r1 + (size_t)b * bb;
+            __m256 s0 = x_block_dot(q4 ? x_q4_0_ints(b0) : x_q8_0_ints(b0), qq[b]);
+            __m256 s1 = x_block_dot(q4 ? x_q4_0_ints(b1) : x_q8_0_ints(b1), qq[b]);
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b0) * dq[b]), s0, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b1) * dq[b]), s1, acc1);
         }
         out[r] = hsum8(acc0);
         out[r + 1] = hsum8(acc1);
@@ -553,14 +587,9 @@ AVX2 INL void x_kv_dot_blocks(const float *q, const void *k, size_t row_bytes, i
         const unsigned char *r0 = (const unsigned char *)k + (size_t)r * row_bytes;
         __m256 acc0 = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const float *qb = q + b * KV_BLOCK;
-            __m256 e0[4];
-            if (q4) x_q4_0_block(r0 + (size_t)b * bb, e0);
-            else x_q8_0_block(r0 + (size_t)b * bb, e0);
-            __m256 s0 = _mm256_add_ps(_mm256_fmadd_ps(_mm256_loadu_ps(qb + 8), e0[1], _mm256_mul_ps(_mm256_loadu_ps(qb), e0[0])),
-                                      _mm256_fmadd_ps(_mm256_loadu_ps(qb + 24), e0[3],
-                                                      _mm256_mul_ps(_mm256_loadu_ps(qb + 16), e0[2])));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(r0 + (size_t)b * bb)), s0, acc0);
+            const unsigned char *b0 = r0 + (size_t)b * bb;
+            __m256 s0 = x_block_dot(q4 ? x_q4_0_ints(b0) : x_q8_0_ints(b0), qq[b]);
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b0) * dq[b]), s0, acc0);
         }
         out[r] = hsum8(acc0);
     }

@@ -323,6 +323,7 @@ static void expect_refused(const char *path, kvgen_backend backend, const char *
     kvgen_model *m = NULL;
     kvgen_error err = {0};
     kvgen_status st = kvgen_model_load(&md, &m, &err);
+    if (st == KVGEN_E_UNSUPPORTED && strstr(err.message, "built without")) return; /* no such backend here */
     CHECKF(st == want && m == NULL, "kv_type %s: %s (%s)", kv_type, kvgen_status_name(st), err.message);
     CHECKF(strstr(err.message, "kvgen_model_load") && strstr(err.message, "kv_type") &&
                strstr(err.message, kv_type) && strstr(err.message, must_say),
