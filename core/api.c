@@ -389,6 +389,7 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
         if (backend_table[i].ops == m->ops && backend_table[i].uses_threads)
             tb_printf(&tb, ", %d threads", m->n_threads);
     tb_printf(&tb, ")\n");
+    tb_printf(&tb, "K/V pages:       %s (%zu bytes a token)\n", info.kv_type, m->ops->cache_bytes_per_token(m));
     tb_printf(&tb, "layers:          %d\n", hp->n_layer);
     tb_printf(&tb, "n_embd:          %d\n", hp->n_embd);
     tb_printf(&tb, "n_ff:            %d\n", hp->n_ff);
