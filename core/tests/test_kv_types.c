@@ -315,6 +315,45 @@ static void test_save_restore(kvgen_model *const *models, const char *const *nam
     free(file);
 }
 
+/* Across backends: the reference's f32 pages saved, restored into the cpu backend's q8_0 and
+ * q4_0 pages, and those saved and restored into the reference; the next logits within the
+ * block type's tolerance (plus the backends' own difference, far smaller on f32 weights) of
+ * the session that saved. */
+static void test_save_restore_backends(const char *path) {
+    kvgen_model *ref = load(path, NULL, KVGEN_BACKEND_REFERENCE);
+    kvgen_model *q[2] = {load(path, "q8_0", KVGEN_BACKEND_CPU), load(path, "q4_0", KVGEN_BACKEND_CPU)};
+    char *file = tu_tmpfile("kv_backends.session");
+    if (!ref || !q[0] || !q[1] || !file) goto done;
+    kvgen_error err = {0};
+    int V = vocab_of(ref);
+    int32_t t[70];
+    tu_fill_tokens(t, 70, 19, V);
+    for (int k = 0; k < 2; k++)
+        for (int dir = 0; dir < 2; dir++) { /* 0: reference -> cpu; 1: cpu -> reference */
+            kvgen_model *from = dir ? q[k] : ref, *to = dir ? ref : q[k];
+            kvgen_session *s = open_session(from, NULL), *r = NULL;
+            if (!s) continue;
+            CHECK_OK(kvgen_session_prefill(s, t, 60, NULL, &err));
+            CHECK_OK(kvgen_session_save(s, file, &err));
+            CHECK_OK(kvgen_session_decode(s, t[60], &err));
+            CHECK_OK(kvgen_session_restore(to, file, &r, &err));
+            if (r) {
+                CHECK_OK(kvgen_session_decode(r, t[60], &err));
+                double d = rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
+                printf("saved on the %s backend, restored into the %s one (%s): next logits within %.4f\n",
+                       dir ? "cpu" : "reference", dir ? "reference" : "cpu", QTYPES[k], d);
+                CHECKF(d <= TOL[k] + 0.01, "%s across backends (%d): %.4g of the range", QTYPES[k], dir, d);
+            }
+            kvgen_session_close(r);
+            kvgen_session_close(s);
+        }
+done:
+    free(file);
+    kvgen_model_unload(ref);
+    kvgen_model_unload(q[0]);
+    kvgen_model_unload(q[1]);
+}
+
 /* ---- refusals ------------------------------------------------------------------------------- */
 
 static void expect_refused(const char *path, kvgen_backend backend, const char *kv_type, kvgen_status want,
@@ -373,6 +412,7 @@ int main(void) {
         test_save_restore(models, names, 3);
     }
     for (int i = 0; i < 3; i++) kvgen_model_unload(models[i]);
+    test_save_restore_backends(gqa);
     test_refusals(gqa, narrow);
     free(gqa);
     free(swa);
