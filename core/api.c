@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_backend.h"
+#include "kvg_pool.h"
 #include "kvg_quant.h"
 #include "kvg_remote.h"
 #include "kvg_sampler.h"
@@ -156,7 +157,8 @@ static kvgen_status start_backend(kvgen_model *m, const backend_row *r, const kv
                                   kvgen_error *err) {
     m->ops = r->ops;
     m->progress_stage = 0; /* a backend tried after another one reports its stages afresh */
-    kvgen_status st = m->ops->model_init(m, desc, err);
+    kvgen_status st = kvg_model_kv_type_choose(m, desc->kv_type, err);
+    if (st == KVGEN_OK) st = m->ops->model_init(m, desc, err);
     if (st != KVGEN_OK) {
         m->ops = NULL;
         m->backend = NULL;
@@ -234,6 +236,12 @@ kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, k
     if (desc->n_ctx < 0 || desc->n_ctx > KVG_MAX_CTX)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.n_ctx %d is outside [0, %d]",
                         desc->n_ctx, KVG_MAX_CTX);
+    if (desc->kv_type && *desc->kv_type && !kvg_kv_type_named(desc->kv_type)) {
+        char list[128];
+        kvg_kv_type_names(NULL, 0, list, sizeof list);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.kv_type \"%s\" is not a KV type (%s)",
+                        desc->kv_type, list);
+    }
     if (desc->activation_bits != 0 && desc->activation_bits != 8 && desc->activation_bits != 16)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.activation_bits %d is not 0, 8 or 16",
                         desc->activation_bits);
@@ -297,6 +305,7 @@ void kvgen_model_get_info(const kvgen_model *m, kvgen_model_info *info) {
     info->architecture = m->w.arch ? m->w.arch->name : "unknown";
     info->backend = m->ops->name;
     info->device = m->device_name;
+    info->kv_type = kvg_kv_type_name(m->kv_type);
     info->n_layer = hp->n_layer;
     info->n_embd = hp->n_embd;
     info->n_ff = hp->n_ff;
@@ -380,6 +389,7 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
         if (backend_table[i].ops == m->ops && backend_table[i].uses_threads)
             tb_printf(&tb, ", %d threads", m->n_threads);
     tb_printf(&tb, ")\n");
+    tb_printf(&tb, "K/V pages:       %s (%zu bytes a token)\n", info.kv_type, m->ops->cache_bytes_per_token(m));
     tb_printf(&tb, "layers:          %d\n", hp->n_layer);
     tb_printf(&tb, "n_embd:          %d\n", hp->n_embd);
     tb_printf(&tb, "n_ff:            %d\n", hp->n_ff);

@@ -151,6 +151,7 @@ static const opt_spec load_specs[] = {
     {.key = "pool_tokens", .type = OPT_SIZE, .off = offsetof(load_opts, d.kv_pool_tokens), .lo = 0, .hi = LUA_MAXINTEGER},
     {.key = "page_size", .type = OPT_INT, .off = offsetof(load_opts, d.kv_page_size), .lo = 0, .hi = INT_MAX},
     {.key = "context", .type = OPT_INT, .off = offsetof(load_opts, d.n_ctx), .lo = 0, .hi = INT_MAX},
+    {.key = "kv_type", .type = OPT_STRING, .off = offsetof(load_opts, d.kv_type)},
     {.key = "activation_bits", .type = OPT_INT, .off = offsetof(load_opts, d.activation_bits), .lo = 0, .hi = 16},
     {.key = "pipeline_cache", .type = OPT_CUSTOM, .read = read_pipeline_cache},
     /* remote models (path "http://..."): docs/remote.md */
@@ -326,6 +327,7 @@ static const out_field model_info_fields[] = {
     MI("architecture", F_STR, i.architecture),
     MI("backend", F_STR, i.backend),
     MI("device", F_STR, i.device),
+    MI("kv_type", F_STR, i.kv_type),
     MI("n_layer", F_INT, i.n_layer),
     MI("n_embd", F_INT, i.n_embd),
     MI("n_ff", F_INT, i.n_ff),

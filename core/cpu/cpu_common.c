@@ -16,12 +16,11 @@ bool kvg_cpu_tensor_f32(const kvg_tensor *t, size_t n, float **out) {
     return true;
 }
 
-kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, kvg_cpu_kv_type kv_type, const char *who,
-                               kvgen_error *err) {
+kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, const char *who, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     size_t L = (size_t)hp->n_layer, hd = (size_t)hp->head_dim, D = (size_t)hp->n_embd;
     size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
-    h->kv_type = kv_type;
+    h->kv_type = m->kv_type;
     h->who = who;
     h->layers = kvg_calloc(L, sizeof *h->layers);
     h->ropes = kvg_calloc(L, sizeof *h->ropes);

@@ -38,26 +38,62 @@ uint16_t kvg_cpu_f32_to_kv_f16(float f) {
     return kvg_f32_to_f16(f);
 }
 
-void kvg_cpu_kv_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n) {
-    if (type == KVG_CPU_KV_F32) {
-        memmove(dst, src, n * sizeof(float));
-        return;
-    }
+/* ---- what host pages hold: one row per type (kvg_cpu.h) ---------------------------------- */
+
+static void f32_to_f32(const void *src, float *dst, size_t n) { memmove(dst, src, n * sizeof(float)); }
+static void f32_from_f32(const float *src, void *dst, size_t n) { memmove(dst, src, n * sizeof(float)); }
+static void f16_to_f32(const void *src, float *dst, size_t n) {
     const uint16_t *h = src;
     for (size_t i = 0; i < n; i++) dst[i] = kvg_f16_to_f32(h[i]);
 }
-
-void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n) {
-    if (type == KVG_CPU_KV_F32) {
-        memmove(dst, src, n * sizeof(float));
-        return;
-    }
+static void f16_from_f32(const float *src, void *dst, size_t n) {
     uint16_t *h = dst;
     for (size_t i = 0; i < n; i++) h[i] = kvg_cpu_f32_to_kv_f16(src[i]);
 }
+/* the block types: kvg_quant.h's quantizer and dequantizer (blocks of 32, the scale in f16) */
+static void blocks_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n) {
+    kvg_dequantize_row(type, src, dst, (uint64_t)n);
+}
+static void blocks_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n) {
+    kvg_quantize_row(type, src, dst, (uint64_t)n);
+}
+static void q8_0_to_f32(const void *src, float *dst, size_t n) { blocks_to_f32(KVG_TYPE_Q8_0, src, dst, n); }
+static void q8_0_from_f32(const float *src, void *dst, size_t n) { blocks_from_f32(KVG_TYPE_Q8_0, src, dst, n); }
+static void q4_0_to_f32(const void *src, float *dst, size_t n) { blocks_to_f32(KVG_TYPE_Q4_0, src, dst, n); }
+static void q4_0_from_f32(const float *src, void *dst, size_t n) { blocks_from_f32(KVG_TYPE_Q4_0, src, dst, n); }
+
+typedef struct kv_row {
+    kvg_cpu_kv_type type;
+    void (*to_f32)(const void *src, float *dst, size_t n);
+    void (*from_f32)(const float *src, void *dst, size_t n);
+} kv_row;
+
+static const kv_row kv_rows[] = {
+    {KVG_TYPE_F32, f32_to_f32, f32_from_f32},
+    {KVG_TYPE_F16, f16_to_f32, f16_from_f32},
+    {KVG_TYPE_Q8_0, q8_0_to_f32, q8_0_from_f32},
+    {KVG_TYPE_Q4_0, q4_0_to_f32, q4_0_from_f32},
+};
+
+static const kv_row *kv_row_of(kvg_cpu_kv_type type) {
+    for (size_t i = 0; i < sizeof kv_rows / sizeof kv_rows[0]; i++)
+        if (kv_rows[i].type == type) return &kv_rows[i];
+    return NULL;
+}
+
+bool kvg_cpu_kv_type_known(kvg_cpu_kv_type type) { return kv_row_of(type) != NULL; }
+
+size_t kvg_cpu_kv_row_bytes(kvg_cpu_kv_type type, size_t n) { return kvg_row_bytes(type, (uint64_t)n); }
+
+/* the callers made the pages of a type of the table (kvg_cpu_pages_init checks it) */
+void kvg_cpu_kv_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n) { kv_row_of(type)->to_f32(src, dst, n); }
+
+void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n) {
+    kv_row_of(type)->from_f32(src, dst, n);
+}
 
 size_t kvg_cpu_kv_bytes_per_token(const kvg_hparams *hp, kvg_cpu_kv_type type) {
-    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim * kvg_cpu_kv_type_size(type);
+    return 2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * kvg_cpu_kv_row_bytes(type, (size_t)hp->head_dim);
 }
 
 size_t kvg_cpu_default_pool_bytes(const kvg_hparams *hp, kvg_cpu_kv_type type) {
@@ -76,6 +112,9 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
                                 kvg_cpu_kv_type type, const char *who, kvgen_error *err) {
     memset(p, 0, sizeof *p);
     p->who = who ? who : "host KV pages";
+    if (!kvg_cpu_kv_type_known(type) || hp->head_dim % (int)kvg_type_block_elems(type) != 0)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "%s: no pages of %s for head_dim %d", p->who, kvg_type_name(type),
+                        hp->head_dim);
     if (page_size <= 0 || n_pages <= 0)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: %d pages of %d tokens", p->who, (int)n_pages, page_size);
     p->data = kvg_calloc((size_t)n_pages, sizeof *p->data);
@@ -88,6 +127,7 @@ kvgen_status kvg_cpu_pages_init(kvg_cpu_pages *p, const kvg_hparams *hp, const k
     p->page_size = page_size;
     p->n_pages = n_pages;
     p->type = type;
+    p->row_bytes = kvg_cpu_kv_row_bytes(type, (size_t)hp->head_dim);
     return KVGEN_OK;
 }
 
@@ -111,11 +151,12 @@ kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *e
 /* Moves token slots ascending, so a move towards the start of one table never reads a slot it
  * has already overwritten. Re-rotating K by delta is RoPE's addition law: rotating by pos then
  * by delta is rotating by pos + delta, up to rounding; it is done on the key in f32 (exact from
- * either type) and stored back in the pages' type, so f16 pages round once per shift. */
+ * every type) and stored back in the pages' type, so f16 pages round once per shift, and
+ * quantized ones requantize each block with a fresh scale (dequantize, rotate, quantize). */
 kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
                                 const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err) {
     const kvg_hparams *hp = &p->hp;
-    size_t hd = (size_t)hp->head_dim, bytes = hd * kvg_cpu_kv_type_size(p->type);
+    size_t hd = (size_t)hp->head_dim, bytes = p->row_bytes;
     float *key = NULL; /* one key in f32 while it is re-rotated */
     if (rope_delta != 0 && !(key = kvg_malloc(hd * sizeof(float))))
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory re-rotating keys", p->who);

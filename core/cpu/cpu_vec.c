@@ -6,9 +6,12 @@
  * dotprod paths share one Advanced SIMD set (the portable bits but for exp, see below).
  * Attention's runs of keys and values come as f32 rows or as rows of IEEE halves (the cpu
  * backend's f16 KV pages): each path has one loop for both, the halves converted exactly to f32
- * as they are loaded, so the f16 forms give the f32 forms' bits on the converted rows. */
+ * as they are loaded, so the f16 forms give the f32 forms' bits on the converted rows. Rows of
+ * the block types (q8_0, q4_0 pages) are read in place, a block widened to floats in registers;
+ * each path's KV table (kvg_vec_kv_of) holds the kernels of every type pages may hold. */
 #include <stdbool.h>
 #include <math.h>
+#include <string.h>
 #include "kvg_qdot.h"
 #include "kvg_quant.h"
 
@@ -133,6 +136,94 @@ static const kvg_vec_ops PORTABLE = {p_dot, p_axpy, p_dot_rows, p_axpy_rows,
                                      p_dot_rows_f16, p_axpy_rows_f16,
                                      p_scale, p_exp_sum, p_max, p_rmsnorm,
                                      p_silu_mul, p_gelu_mul, p_add};
+
+/* ---- KV rows (kvg_vec_kv): f32 and f16 are the forms above with the stride in elements; the
+ * block types (q8_0: f16 d, int8 q[32]; q4_0: f16 d, then byte i holds element i in its low
+ * nibble and element i + 16 in its high one, each minus 8) sum a block's products of the
+ * integers first and scale that sum by d once ---- */
+
+#define KV_BLOCK 32
+
+static inline float block_d(const unsigned char *blk) {
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return kvg_f16_to_f32(h);
+}
+
+/* element i (0..31) of a q4_0 block's 16 bytes of nibbles, minus 8 */
+static inline int q4_elem(const unsigned char *qs, int i) { return i < 16 ? (qs[i] & 0x0f) - 8 : (qs[i - 16] >> 4) - 8; }
+
+static float p_dot_q8_0_row(const float *q, const unsigned char *row, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / KV_BLOCK; b++) {
+        const unsigned char *blk = row + (size_t)b * KVG_Q8_0_BYTES;
+        const int8_t *k = (const int8_t *)(blk + 2);
+        const float *qb = q + b * KV_BLOCK;
+        float bs = 0.0f;
+        for (int i = 0; i < KV_BLOCK; i++) bs += qb[i] * (float)k[i];
+        s += block_d(blk) * bs;
+    }
+    return s;
+}
+
+static float p_dot_q4_0_row(const float *q, const unsigned char *row, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / KV_BLOCK; b++) {
+        const unsigned char *blk = row + (size_t)b * KVG_Q4_0_BYTES;
+        const float *qb = q + b * KV_BLOCK;
+        float bs = 0.0f;
+        for (int i = 0; i < KV_BLOCK; i++) bs += qb[i] * (float)q4_elem(blk + 2, i);
+        s += block_d(blk) * bs;
+    }
+    return s;
+}
+
+static void p_kv_dot_f32(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    p_dot_rows(q, k, row_bytes / sizeof(float), rows, n, out);
+}
+static void p_kv_axpy_f32(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    p_axpy_rows(y, a, x, row_bytes / sizeof(float), rows, n);
+}
+static void p_kv_dot_f16(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    p_dot_rows_f16(q, k, row_bytes / sizeof(uint16_t), rows, n, out);
+}
+static void p_kv_axpy_f16(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    p_axpy_rows_f16(y, a, x, row_bytes / sizeof(uint16_t), rows, n);
+}
+static void p_kv_dot_q8_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = p_dot_q8_0_row(q, (const unsigned char *)k + (size_t)r * row_bytes, n);
+}
+static void p_kv_dot_q4_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = p_dot_q4_0_row(q, (const unsigned char *)k + (size_t)r * row_bytes, n);
+}
+static void p_kv_axpy_q8_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    for (int r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)x + (size_t)r * row_bytes;
+        for (int b = 0; b < n / KV_BLOCK; b++) {
+            const unsigned char *blk = row + (size_t)b * KVG_Q8_0_BYTES;
+            const int8_t *k = (const int8_t *)(blk + 2);
+            float c = a[r] * block_d(blk);
+            for (int i = 0; i < KV_BLOCK; i++) y[b * KV_BLOCK + i] += c * (float)k[i];
+        }
+    }
+}
+static void p_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    for (int r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)x + (size_t)r * row_bytes;
+        for (int b = 0; b < n / KV_BLOCK; b++) {
+            const unsigned char *blk = row + (size_t)b * KVG_Q4_0_BYTES;
+            float c = a[r] * block_d(blk);
+            for (int i = 0; i < KV_BLOCK; i++) y[b * KV_BLOCK + i] += c * (float)q4_elem(blk + 2, i);
+        }
+    }
+}
+
+static const kvg_vec_kv PORTABLE_KV[] = {
+    {KVG_TYPE_F32, p_kv_dot_f32, p_kv_axpy_f32},
+    {KVG_TYPE_F16, p_kv_dot_f16, p_kv_axpy_f16},
+    {KVG_TYPE_Q8_0, p_kv_dot_q8_0, p_kv_axpy_q8_0},
+    {KVG_TYPE_Q4_0, p_kv_dot_q4_0, p_kv_axpy_q4_0},
+};
 
 /* ---- AVX2 + FMA ---- */
 #ifdef KVG_X86
@@ -400,6 +491,160 @@ static const kvg_vec_ops AVX2_OPS = {x_dot, x_axpy, x_dot_rows, x_axpy_rows,
                                      x_dot_rows_f16, x_axpy_rows_f16,
                                      x_scale, x_exp_sum, x_max, x_rmsnorm,
                                      x_silu_mul, x_gelu_mul, x_add};
+
+/* KV rows: a block's 32 integers widened to four vectors of 8 floats in registers */
+AVX2 INL float x_block_d(const unsigned char *blk) {
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+AVX2 INL __m256 x_i8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* a block's elements as four vectors of 8 floats (before the scale) */
+AVX2 INL void x_q8_0_block(const unsigned char *blk, __m256 *e) {
+    for (int j = 0; j < 4; j++) e[j] = x_i8x8(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
+}
+
+AVX2 INL void x_q4_0_block(const unsigned char *blk, __m256 *e) {
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 2)), mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m128i lo = _mm_sub_epi8(_mm_and_si128(qs, mask), eight);
+    __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), mask), eight);
+    e[0] = x_i8x8(lo);
+    e[1] = x_i8x8(_mm_srli_si128(lo, 8));
+    e[2] = x_i8x8(hi);
+    e[3] = x_i8x8(_mm_srli_si128(hi, 8));
+}
+
+/* q·k in integers: q is quantized once per call to 8 bits per block of 32 (its own scale,
+ * d = amax / 127, as a q8_0 block in f32), and each key block's 32 signed bytes are multiplied
+ * with it by maddubs (|k| times q with k's sign: pairs of products of at most 2 * 127 * 127 fit
+ * 16 bits), summed to 8 int32, and scaled once by d_q * d_k. The rounding of q adds at most
+ * d_q / 2 per element to an f32 dot: well below what the pages' own quantization moved. */
+#define KV_MAX_BLOCKS 16 /* head_dim up to 512 in integers; wider rows take the float loop */
+
+AVX2 INL __m256i x_q8_0_ints(const unsigned char *blk) { return _mm256_loadu_si256((const __m256i *)(blk + 2)); }
+
+AVX2 INL __m256i x_q4_0_ints(const unsigned char *blk) {
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 2)), mask = _mm_set1_epi8(0x0f);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), mask), _mm_and_si128(qs, mask));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* q's n floats as 8-bit blocks: qq[b] the 32 int8 of block b, dq[b] its scale */
+AVX2 INL void x_quantize_q(const float *q, int nb, __m256i *qq, float *dq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < nb; b++) {
+        __m256 v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(q + b * KV_BLOCK + 8 * j);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        dq[b] = amax / 127.0f;
+        __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)); /* to nearest, even */
+        /* packs work within 128-bit lanes: the permutation puts the 8 groups of 4 back in order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        qq[b] = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    }
+}
+
+/* the 8 int32 partial sums of a key block's products with q's block */
+AVX2 INL __m256 x_block_dot(__m256i k, __m256i qb) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(qb, k));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+AVX2 INL void x_kv_dot_blocks(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out, bool q4) {
+    size_t bb = q4 ? KVG_Q4_0_BYTES : KVG_Q8_0_BYTES;
+    int nb = n / KV_BLOCK, r = 0;
+    if (nb > KV_MAX_BLOCKS) {
+        if (q4) p_kv_dot_q4_0(q, k, row_bytes, rows, n, out);
+        else p_kv_dot_q8_0(q, k, row_bytes, rows, n, out);
+        return;
+    }
+    __m256i qq[KV_MAX_BLOCKS];
+    float dq[KV_MAX_BLOCKS];
+    x_quantize_q(q, nb, qq, dq);
+    for (; r + 2 <= rows; r += 2) {
+        const unsigned char *r0 = (const unsigned char *)k + (size_t)r * row_bytes, *r1 = r0 + row_bytes;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const unsigned char *b0 = r0 + (size_t)b * bb, *b1 = r1 + (size_t)b * bb;
+            __m256 s0 = x_block_dot(q4 ? x_q4_0_ints(b0) : x_q8_0_ints(b0), qq[b]);
+            __m256 s1 = x_block_dot(q4 ? x_q4_0_ints(b1) : x_q8_0_ints(b1), qq[b]);
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b0) * dq[b]), s0, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b1) * dq[b]), s1, acc1);
+        }
+        out[r] = hsum8(acc0);
+        out[r + 1] = hsum8(acc1);
+    }
+    for (; r < rows; r++) {
+        const unsigned char *r0 = (const unsigned char *)k + (size_t)r * row_bytes;
+        __m256 acc0 = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const unsigned char *b0 = r0 + (size_t)b * bb;
+            __m256 s0 = x_block_dot(q4 ? x_q4_0_ints(b0) : x_q8_0_ints(b0), qq[b]);
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(x_block_d(b0) * dq[b]), s0, acc0);
+        }
+        out[r] = hsum8(acc0);
+    }
+}
+
+/* y's block of 32 floats stays in registers over every row */
+AVX2 INL void x_kv_axpy_blocks(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n, bool q4) {
+    size_t bb = q4 ? KVG_Q4_0_BYTES : KVG_Q8_0_BYTES;
+    for (int b = 0; b < n / KV_BLOCK; b++) {
+        float *yb = y + b * KV_BLOCK;
+        __m256 acc[4] = {_mm256_loadu_ps(yb), _mm256_loadu_ps(yb + 8), _mm256_loadu_ps(yb + 16),
+                         _mm256_loadu_ps(yb + 24)};
+        const unsigned char *blk = (const unsigned char *)x + (size_t)b * bb;
+        for (int r = 0; r < rows; r++, blk += row_bytes) {
+            __m256 e[4];
+            if (q4) x_q4_0_block(blk, e);
+            else x_q8_0_block(blk, e);
+            __m256 c = _mm256_set1_ps(a[r] * x_block_d(blk));
+            for (int j = 0; j < 4; j++) acc[j] = _mm256_fmadd_ps(c, e[j], acc[j]);
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(yb + 8 * j, acc[j]);
+    }
+}
+
+AVX2 static void x_kv_dot_f32(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    x_dot_rows_of(q, k, row_bytes / sizeof(float), rows, n, out, false);
+}
+AVX2 static void x_kv_axpy_f32(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    x_axpy_rows_of(y, a, x, row_bytes / sizeof(float), rows, n, false);
+}
+AVX2 static void x_kv_dot_f16(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    x_dot_rows_of(q, k, row_bytes / sizeof(uint16_t), rows, n, out, true);
+}
+AVX2 static void x_kv_axpy_f16(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    x_axpy_rows_of(y, a, x, row_bytes / sizeof(uint16_t), rows, n, true);
+}
+AVX2 static void x_kv_dot_q8_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    x_kv_dot_blocks(q, k, row_bytes, rows, n, out, false);
+}
+AVX2 static void x_kv_axpy_q8_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    x_kv_axpy_blocks(y, a, x, row_bytes, rows, n, false);
+}
+AVX2 static void x_kv_dot_q4_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    x_kv_dot_blocks(q, k, row_bytes, rows, n, out, true);
+}
+AVX2 static void x_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    x_kv_axpy_blocks(y, a, x, row_bytes, rows, n, true);
+}
+
+static const kvg_vec_kv AVX2_KV[] = {
+    {KVG_TYPE_F32, x_kv_dot_f32, x_kv_axpy_f32},
+    {KVG_TYPE_F16, x_kv_dot_f16, x_kv_axpy_f16},
+    {KVG_TYPE_Q8_0, x_kv_dot_q8_0, x_kv_axpy_q8_0},
+    {KVG_TYPE_Q4_0, x_kv_dot_q4_0, x_kv_axpy_q4_0},
+};
 #endif
 
 
@@ -575,6 +820,27 @@ static const kvg_vec_ops NEON_OPS = {n_dot, n_axpy, n_dot_rows, n_axpy_rows,
                                      n_dot_rows_f16, n_axpy_rows_f16,
                                      n_scale, n_exp_sum, n_max, n_rmsnorm,
                                      n_silu_mul, n_gelu_mul, n_add};
+
+static void n_kv_dot_f32(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    n_dot_rows(q, k, row_bytes / sizeof(float), rows, n, out);
+}
+static void n_kv_axpy_f32(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    n_axpy_rows(y, a, x, row_bytes / sizeof(float), rows, n);
+}
+static void n_kv_dot_f16(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    n_dot_rows_f16(q, k, row_bytes / sizeof(uint16_t), rows, n, out);
+}
+static void n_kv_axpy_f16(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    n_axpy_rows_f16(y, a, x, row_bytes / sizeof(uint16_t), rows, n);
+}
+
+/* the block types: the portable loops (no Advanced SIMD forms yet) */
+static const kvg_vec_kv NEON_KV[] = {
+    {KVG_TYPE_F32, n_kv_dot_f32, n_kv_axpy_f32},
+    {KVG_TYPE_F16, n_kv_dot_f16, n_kv_axpy_f16},
+    {KVG_TYPE_Q8_0, p_kv_dot_q8_0, p_kv_axpy_q8_0},
+    {KVG_TYPE_Q4_0, p_kv_dot_q4_0, p_kv_axpy_q4_0},
+};
 #endif
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {
@@ -587,4 +853,24 @@ const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa) {
 #endif
     (void)isa;
     return &PORTABLE;
+}
+
+static const kvg_vec_kv *kv_row_in(const kvg_vec_kv *rows, size_t n, uint32_t type) {
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].type == type) return &rows[i];
+    return NULL;
+}
+
+const kvg_vec_kv *kvg_vec_kv_of(kvg_cpu_isa isa, uint32_t type) {
+#define KV_ROWS(t) kv_row_in(t, sizeof t / sizeof t[0], type)
+#ifdef KVG_X86
+    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512 || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_AVX512VNNI)
+        return KV_ROWS(AVX2_KV);
+#endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) return KV_ROWS(NEON_KV);
+#endif
+    (void)isa;
+    return KV_ROWS(PORTABLE_KV);
+#undef KV_ROWS
 }

@@ -47,7 +47,6 @@
 #define CPU_PREFETCH 8  /* rows ahead a matrix product asks the cache for */
 
 #define WHO "cpu backend"
-#define CPU_KV KVG_CPU_KV_F16 /* the pages' elements (kvg_cpu.h) */
 
 /* ---- per-model and per-session state ---------------------------------------------------------- */
 
@@ -74,6 +73,7 @@ typedef struct cpu_model {
     kvg_cpu_isa isa;
     bool act8; /* 8-bit activations where the path has such kernels (kvgen_model_desc.activation_bits) */
     const kvg_vec_ops *vec;
+    const kvg_vec_kv *kv; /* attention's kernels for the pages' type */
     cpu_layer *layers;
     int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
     cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
@@ -99,7 +99,7 @@ static void cpu_model_free(kvgen_model *m);
 static kvgen_status layers_init(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
     const kvg_hparams *hp = &m->w.hp;
     size_t L = (size_t)hp->n_layer, half = (size_t)hp->n_rot / 2;
-    kvgen_status st = kvg_cpu_host_init(&cm->host, m, CPU_KV, WHO, err);
+    kvgen_status st = kvg_cpu_host_init(&cm->host, m, WHO, err);
     if (st != KVGEN_OK) return st;
     const kvg_ref_rope_params *ropes = cm->host.ropes;
     cm->layers = kvg_calloc(L, sizeof *cm->layers);
@@ -233,6 +233,11 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     cm->isa = isa;
     cm->act8 = desc && desc->activation_bits == 8;
     cm->vec = kvg_vec_ops_of(isa);
+    cm->kv = kvg_vec_kv_of(isa, m->kv_type);
+    if (!cm->kv) {
+        cpu_model_free(m);
+        return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no attention kernels for %s K/V pages", kvg_type_name(m->kv_type));
+    }
     int qd = hp->n_head * hp->head_dim;
     cm->max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
     if (qd > cm->max_in) cm->max_in = qd;
@@ -455,9 +460,10 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
 
 /* ---- attention ------------------------------------------------------------------------------------- */
 
-/* K/V pages hold f16 (kvg_cpu.h): a decode at depth reads every key and value of its context,
- * and halving their bytes is what speeds it up there; a pool of the same bytes holds twice the
- * tokens. Attention reads them with the vector ops' f16 forms. */
+/* K/V pages hold f16 by default, or blocks of q8_0 / q4_0 (kvg_cpu.h): a decode at depth reads
+ * every key and value of its context, and fewer bytes is what speeds it up there; a pool of the
+ * same bytes holds more tokens. Attention reads the pages in place with the kernels of their
+ * type (cm->kv, cpu_vec.c's KV tables). */
 
 typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
@@ -486,6 +492,7 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
     const attention_job *j = ctx;
     const kvg_hparams *hp = j->hp;
     const kvg_vec_ops *vec = j->cm->vec;
+    const kvg_vec_kv *kv = j->cm->kv;
     const kvg_cpu_pages *pg = &j->cm->host.pages[j->group];
     int hd = hp->head_dim, l = j->layer, P = pg->page_size, group = j->heads;
     int parts = hp->n_head / hp->n_head_kv / group; /* items per KV head */
@@ -506,10 +513,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const uint16_t *k = kvg_cpu_pages_f16(pg, slot->pages[j->group], l, 0, kvh, p);
+            const void *k = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p);
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)g * n_ctx + (p - first);
-                vec->dot_rows_f16(q + (size_t)g * hd, k, (size_t)hd, run, hd, sc);
+                kv->dot_rows(q + (size_t)g * hd, k, pg->row_bytes, run, hd, sc);
                 for (int r = 0; r < run; r++) {
                     sc[r] *= scale;
                     if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
@@ -525,10 +532,9 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
-            const uint16_t *v = kvg_cpu_pages_f16(pg, slot->pages[j->group], l, 1, kvh, p);
+            const void *v = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p);
             for (int g = 0; g < group; g++)
-                vec->axpy_rows_f16(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, (size_t)hd, run,
-                                   hd);
+                kv->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, pg->row_bytes, run, hd);
             p += run;
         }
         for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);
@@ -634,14 +640,14 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
                 float *k = s->c.k + (size_t)t * kvd + (size_t)h * hd;
                 if (T->k_norm) vec->rmsnorm(k, k, T->k_norm, hd, eps);
                 rope_head(k, cs, hp->n_rot, neox);
-                /* into the pages as f16: the block's own tokens attend to the stored keys and
-                 * values too, so a prefill reads what a decode of the same tokens would */
+                /* into the pages in their type: the block's own tokens attend to the stored keys
+                 * and values too, so a prefill reads what a decode of the same tokens would */
                 int g = m->kv.group[l];
                 const kvg_cpu_pages *pg = &cm->host.pages[g];
-                kvg_cpu_kv_from_f32(CPU_KV, k, kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 0, h, slots[t].pos),
+                kvg_cpu_kv_from_f32(pg->type, k, kvg_cpu_pages_at(pg, slots[t].pages[g], l, 0, h, slots[t].pos),
                                     (size_t)hd);
-                kvg_cpu_kv_from_f32(CPU_KV, s->c.v + (size_t)t * kvd + (size_t)h * hd,
-                                    kvg_cpu_pages_f16(pg, slots[t].pages[g], l, 1, h, slots[t].pos), (size_t)hd);
+                kvg_cpu_kv_from_f32(pg->type, s->c.v + (size_t)t * kvd + (size_t)h * hd,
+                                    kvg_cpu_pages_at(pg, slots[t].pages[g], l, 1, h, slots[t].pos), (size_t)hd);
             }
         }
 
@@ -726,6 +732,10 @@ const kvg_backend_ops kvg_cpu_backend = {
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_traits_types, /* qdot_tables.c has a kernel for every type of the traits table */
+    /* f16 by default; the block types for more tokens per byte (cpu_vec.c's KV tables hold
+     * attention's kernels for each) */
+    .kv_types = (const uint32_t[]){KVG_TYPE_F16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0},
+    .n_kv_types = 3,
     .model_init = cpu_model_init,
     .model_free = cpu_model_free,
     .session_init = cpu_session_init,

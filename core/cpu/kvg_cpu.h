@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kvg_backend.h"
+#include "kvg_types.h" /* the KVG_TYPE_* numbers of the pages' types */
 
 /* ---- thread pool ----------------------------------------------------------------------- */
 
@@ -46,17 +47,23 @@ void kvg_cpu_pool_run(kvg_cpu_pool *p, int n_items, kvg_cpu_job_fn fn, void *ctx
 
 /* ---- KV pages in host memory ------------------------------------------------------------ */
 
-/* The element type of host KV pages, chosen when a pool is made: f32 for the reference backend
- * (the oracle keeps K/V as it computed them), IEEE f16 for the cpu backend (half the memory,
- * and half the bytes a decode at depth reads, which is what bounds it there). */
-typedef enum kvg_cpu_kv_type { KVG_CPU_KV_F32, KVG_CPU_KV_F16 } kvg_cpu_kv_type;
+/* The element type of host KV pages: a KVG_TYPE_* of the model's KV type table (kvg_pool.h),
+ * m->kv_type, chosen at load: f32 for the reference backend (the oracle keeps K/V as it computed
+ * them), IEEE f16 by default for the cpu backend (half the memory, and half the bytes a decode at
+ * depth reads, which is what bounds it there), or blocks of 32 with an f16 scale (q8_0, q4_0).
+ * cpu_pages.c's table converts each type to and from f32; cpu_vec.c's tables run attention on
+ * it (kvg_vec_kv_of). */
+typedef uint32_t kvg_cpu_kv_type;
 
-/* bytes of one element: 4 or 2 */
-static inline size_t kvg_cpu_kv_type_size(kvg_cpu_kv_type type) { return type == KVG_CPU_KV_F16 ? 2 : 4; }
+/* bytes of a page row of n elements of `type` (n whole blocks) */
+size_t kvg_cpu_kv_row_bytes(kvg_cpu_kv_type type, size_t n);
+/* whether cpu_pages.c's table converts `type` */
+bool kvg_cpu_kv_type_known(kvg_cpu_kv_type type);
 
 /* The storage of one layer group's KV page pool (kvg_pool.h does the bookkeeping, kvg_model.h
  * the groups): page i holds, for every layer of the group, K then V as elements of `type`
- * [Hkv][page_size][head_dim], i.e. [Lg][2][Hkv][P][hd] with layers at their slot in the group.
+ * [Hkv][page_size][head_dim], i.e. [Lg][2][Hkv][P][hd] with layers at their slot in the group;
+ * a row of hd elements is row_bytes (quantized types: hd / 32 blocks).
  * Storage is allocated when the pool first hands a page out (kvg_cpu_pages_commit) and kept
  * until free. A page table `pages` (a session's, of this group) maps position p to page
  * pages[p / page_size]. */
@@ -70,6 +77,7 @@ typedef struct kvg_cpu_pages {
     int page_size;
     int32_t n_pages;
     kvg_cpu_kv_type type; /* the elements' type */
+    size_t row_bytes;     /* one head's row of head_dim elements of `type` */
     unsigned char **data; /* n_pages entries, NULL until committed */
     const char *who;      /* the owner, in error messages */
 } kvg_cpu_pages;
@@ -96,28 +104,24 @@ kvgen_status kvg_cpu_pages_commit(kvg_cpu_pages *p, int32_t page, kvgen_error *e
  * typed forms below say which type the caller expects. */
 static inline void *kvg_cpu_pages_at(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
                                      int pos) {
-    size_t P = (size_t)p->page_size, hd = (size_t)p->hp.head_dim, Hkv = (size_t)p->hp.n_head_kv;
+    size_t P = (size_t)p->page_size, Hkv = (size_t)p->hp.n_head_kv;
     unsigned char *page = p->data[pages[pos / p->page_size]];
     size_t slot = (size_t)p->slot[layer];
-    size_t elem = (((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size)) * hd;
-    return page + elem * kvg_cpu_kv_type_size(p->type);
+    size_t row = ((slot * 2 + (size_t)which) * Hkv + (size_t)h) * P + (size_t)(pos % p->page_size);
+    return page + row * p->row_bytes;
 }
 /* kvg_cpu_pages_at of f32 pages */
 static inline float *kvg_cpu_pages_f32(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
                                        int pos) {
     return (float *)kvg_cpu_pages_at(p, pages, layer, which, h, pos);
 }
-/* kvg_cpu_pages_at of f16 pages: IEEE halves as their bits */
-static inline uint16_t *kvg_cpu_pages_f16(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int h,
-                                          int pos) {
-    return (uint16_t *)kvg_cpu_pages_at(p, pages, layer, which, h, pos);
-}
 
 /* f32 into a page's f16: rounded to nearest, ties to even; finite values beyond the half range
  * saturate to +-65504 (a key or value that large is already wrong, but an infinity would make
  * the softmax NaN for every later token); infinities and NaN stay what they are. */
 uint16_t kvg_cpu_f32_to_kv_f16(float f);
-/* n elements of `type` at src as f32 (exact), or f32 into n elements at dst (f16: as above) */
+/* n elements of `type` at src as f32 (exact), or f32 into n elements at dst (f16: as above;
+ * q8_0, q4_0: each block of 32 quantized with its own scale, kvg_quant.h) */
 void kvg_cpu_kv_to_f32(kvg_cpu_kv_type type, const void *src, float *dst, size_t n);
 void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size_t n);
 
@@ -128,7 +132,8 @@ void kvg_cpu_kv_from_f32(kvg_cpu_kv_type type, const float *src, void *dst, size
 kvgen_status kvg_cpu_pages_copy(const kvg_cpu_pages *p, const int32_t *src_pages, int src_pos,
                                 const int32_t *dst_pages, int dst_pos, int n, int rope_delta, kvgen_error *err);
 /* One layer's K (which = 0) or V of positions [pos0, pos0+n) as f32 (kv_heads, n, head_dim);
- * write stores f32 in the pages' type (kvg_cpu_kv_from_f32), read converts back exactly. */
+ * write stores f32 in the pages' type (kvg_cpu_kv_from_f32), read converts back exactly (what
+ * the pages hold: a quantized type's write then read is its rounding of the input). */
 kvgen_status kvg_cpu_pages_read(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
                                 float *out, kvgen_error *err);
 kvgen_status kvg_cpu_pages_write(const kvg_cpu_pages *p, const int32_t *pages, int layer, int which, int pos0, int n,
@@ -159,10 +164,9 @@ typedef struct kvg_cpu_host {
     kvg_cpu_pages pages[KVG_KV_GROUPS]; /* the page pools' storage, per layer group (kvg_model.h) */
 } kvg_cpu_host;
 
-/* the layers' small tensors and RoPE; kvg_cpu_host_free frees them (and the pages) also after a
- * failure; h zero-initialised before */
-kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, kvg_cpu_kv_type kv_type, const char *who,
-                               kvgen_error *err);
+/* the layers' small tensors and RoPE, and pages of m->kv_type; kvg_cpu_host_free frees them (and
+ * the pages) also after a failure; h zero-initialised before */
+kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, const char *who, kvgen_error *err);
 void kvg_cpu_host_free(kvg_cpu_host *h, const kvgen_model *m);
 
 /* A session's scratch for the activations of one block of tokens: the first member of a host

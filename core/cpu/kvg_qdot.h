@@ -196,4 +196,19 @@ typedef struct kvg_vec_ops {
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa);
 
+/* Attention over a run of `rows` rows of KV pages of one type (kvg_cpu.h), row_bytes apart, each
+ * of n elements (whole blocks for a block type): out[r] = dot(q, row r); y += sum_r a[r] row r.
+ * One row per type in each path's table; a block type's kernels read the pages as they are,
+ * never into a copy of the run: the values' kernel widens one block to floats in registers
+ * and scales each row's weight by the block's d; the keys' kernel (AVX2) rounds q to 8 bits
+ * per block of 32 once per call and dots each key block in integers, scaled once by both
+ * blocks' d (portable: in f32, the block's products summed and then scaled). */
+typedef struct kvg_vec_kv {
+    uint32_t type; /* KVG_TYPE_* */
+    void (*dot_rows)(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out);
+    void (*axpy_rows)(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n);
+} kvg_vec_kv;
+/* the path's row for KV type `type`; NULL when it has none */
+const kvg_vec_kv *kvg_vec_kv_of(kvg_cpu_isa isa, uint32_t type);
+
 #endif

@@ -133,7 +133,7 @@ static kvgen_status ref_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     ref_model *rm = kvg_calloc(1, sizeof *rm);
     if (!rm) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for the reference backend", path);
     m->backend = rm; /* from here on, ref_model_free cleans up */
-    kvgen_status st = kvg_cpu_host_init(&rm->host, m, KVG_CPU_KV_F32, "reference backend", err);
+    kvgen_status st = kvg_cpu_host_init(&rm->host, m, "reference backend", err);
     if (st == KVGEN_OK) st = kvg_cpu_pool_create(n_threads, "reference backend", &rm->pool, err);
     if (st != KVGEN_OK) {
         ref_model_free(m);
@@ -479,6 +479,10 @@ const kvg_backend_ops kvg_reference_backend = {
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW,
     .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
+    /* the oracle keeps K/V as it computed them: the other types are the device backends'
+     * approximations, which the tests measure against these pages */
+    .kv_types = (const uint32_t[]){KVG_TYPE_F32},
+    .n_kv_types = 1,
     .model_init = ref_model_init,
     .model_free = ref_model_free,
     .session_init = ref_session_init,

@@ -180,6 +180,16 @@ typedef struct kvgen_model_desc {
     size_t kv_pool_bytes;  /* pool size in bytes (rounded down to whole pages) */
     size_t kv_pool_tokens; /* pool size in tokens (rounded up to whole pages) */
     int kv_page_size;      /* tokens per page: a power of two in [16, 256]; 0: 32 */
+    /* What the pages hold, by name; NULL or "": the backend's default. "f16" (the cpu and
+     * Vulkan default); "q8_0" or "q4_0" (cpu backend): each head's row of keys and values in
+     * blocks of 32 with one f16 scale, 0.53x and 0.28x the bytes of f16, so a pool of the same
+     * bytes holds about 1.9x and 3.6x the tokens (logits move slightly: docs/architecture.md);
+     * "f32": the reference backend's only type (the oracle keeps K/V as it computed them). A
+     * name no backend knows: KVGEN_E_INVALID_ARGUMENT; one the backend does not store, or a
+     * quantized type on a model whose head_dim is not a multiple of 32: KVGEN_E_UNSUPPORTED.
+     * Sessions, forks, the prefix cache and saved sessions (kvgen_session_save stores f32, so a
+     * file loads into pages of any type) work alike on every type. */
+    const char *kv_type;
     /* Vulkan: run on a device the host already owns (a game's). Give all four handles
      * (VkInstance, VkPhysicalDevice, VkDevice, VkQueue cast to void*) and the queue's family,
      * which must support compute; kvgen then creates and destroys no instance or device, needs
@@ -252,6 +262,7 @@ typedef struct kvgen_model_info {
     int32_t bos, eos, eot;     /* -1 where the model has none */
     uint64_t n_params;
     uint64_t weight_bytes;     /* bytes of all tensors as stored */
+    const char *kv_type;       /* what its K/V pages hold: "f16", "q8_0", "q4_0", "f32" (NULL: a remote model) */
 } kvgen_model_info;
 
 KVGEN_API kvgen_status kvgen_model_load(const kvgen_model_desc *desc, kvgen_model **out, kvgen_error *err);

@@ -52,6 +52,11 @@ typedef struct kvg_backend_ops {
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */
     size_t (*weight_types)(uint32_t *types, size_t max);
+    /* The types its K/V pages may hold (KVG_TYPE_* rows of kvg_pool.h's KV type table), the
+     * default first; the load refuses any other kvgen_model_desc.kv_type and sets m->kv_type
+     * (kvg_model_kv_type_choose) before model_init. */
+    const uint32_t *kv_types;
+    size_t n_kv_types;
     /* per-model state (device buffers, ...) */
     kvgen_status (*model_init)(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);
     void (*model_free)(kvgen_model *m);

@@ -136,6 +136,7 @@ struct kvgen_model {
     char *name;
     char device_name[256];
     int n_threads;
+    uint32_t kv_type;      /* what K/V pages hold (kvg_pool.h's KV type table): KVG_TYPE_* */
     kvg_kv_layout kv;      /* K/V pages by layer group */
     struct kvg_pool *pools[KVG_KV_GROUPS]; /* per group, the KV page pool every session's K/V live in */
     int n_sessions;        /* open sessions (atomic) */

@@ -61,6 +61,28 @@ typedef struct kvg_pool_stats {
 } kvg_pool_stats;
 void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st);
 
+/* ---- what K/V pages hold -------------------------------------------------------------------
+ * One row per type a KV page may hold (kvpool.c's table): its name (kvgen_model_desc.kv_type)
+ * and the tensor type of its elements, whose block layout, quantizer and dequantizer are
+ * kvg_quant.h's. A page row of head_dim elements is whole blocks of that type. A backend lists
+ * the types it stores (kvg_backend_ops.kv_types, its default first); nothing else switches on
+ * a KV type outside the backends' own tables. */
+typedef struct kvg_kv_type_row {
+    const char *name; /* "f16", "q8_0", ... */
+    uint32_t type;    /* KVG_TYPE_* */
+} kvg_kv_type_row;
+/* the row named `name`, NULL when there is none */
+const kvg_kv_type_row *kvg_kv_type_named(const char *name);
+/* the name of KV type `type` ("f16"), or "?" when no row holds it */
+const char *kvg_kv_type_name(uint32_t type);
+/* "f16, q8_0, q4_0" into buf: the names of n types, or of every row when types is NULL */
+void kvg_kv_type_names(const uint32_t *types, size_t n, char *buf, size_t size);
+/* The type m's pages hold, into m->kv_type, as the load asked (name; NULL or "": the backend's
+ * default). KVGEN_E_INVALID_ARGUMENT for a name no row has; KVGEN_E_UNSUPPORTED for one the
+ * backend does not store, or whose blocks do not tile head_dim: each names the function, the
+ * argument and the value. Called by the load before the backend's model_init. */
+kvgen_status kvg_model_kv_type_choose(kvgen_model *m, const char *name, kvgen_error *err);
+
 /* Sets the model's layer groups (m->kv) and creates one page pool per group (m->pools);
  * called by kvgen_model_load after the backend started. */
 kvgen_status kvg_model_pool_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err);

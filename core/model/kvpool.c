@@ -2,9 +2,11 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kvg_backend.h"
 #include "kvg_platform.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_pool.h"
+#include "kvg_types.h"
 
 enum { PAGE_UNTOUCHED = 0, PAGE_FREE, PAGE_USED, PAGE_CACHED };
 
@@ -264,6 +266,75 @@ void kvg_pool_get_stats(kvg_pool *p, kvg_pool_stats *st) {
     st->free = p->n_pages - p->n_used;
     st->committed = p->n_touched;
     kvg_mutex_unlock(&p->mu);
+}
+
+/* ---- what pages hold ------------------------------------------------------------------------ */
+
+/* f32 is the reference backend's (the oracle keeps K/V as it computed them); f16 halves the
+ * bytes a decode at depth reads; q8_0 and q4_0 store each run of 32 elements of a head's row
+ * with one f16 scale (34 and 18 bytes per 32: 0.53x and 0.28x of f16). */
+static const kvg_kv_type_row kv_type_rows[] = {
+    {"f16", KVG_TYPE_F16},
+    {"q8_0", KVG_TYPE_Q8_0},
+    {"q4_0", KVG_TYPE_Q4_0},
+    {"f32", KVG_TYPE_F32},
+};
+#define N_KV_TYPE_ROWS (sizeof kv_type_rows / sizeof kv_type_rows[0])
+
+const kvg_kv_type_row *kvg_kv_type_named(const char *name) {
+    for (size_t i = 0; name && i < N_KV_TYPE_ROWS; i++)
+        if (strcmp(kv_type_rows[i].name, name) == 0) return &kv_type_rows[i];
+    return NULL;
+}
+
+const char *kvg_kv_type_name(uint32_t type) {
+    for (size_t i = 0; i < N_KV_TYPE_ROWS; i++)
+        if (kv_type_rows[i].type == type) return kv_type_rows[i].name;
+    return "?";
+}
+
+void kvg_kv_type_names(const uint32_t *types, size_t n, char *buf, size_t size) {
+    if (!types) n = N_KV_TYPE_ROWS;
+    size_t len = 0;
+    if (size) buf[0] = 0;
+    for (size_t i = 0; i < n && len < size; i++) {
+        int w = snprintf(buf + len, size - len, "%s%s", i ? ", " : "",
+                         types ? kvg_kv_type_name(types[i]) : kv_type_rows[i].name);
+        if (w < 0) break;
+        len += (size_t)w;
+    }
+}
+
+kvgen_status kvg_model_kv_type_choose(kvgen_model *m, const char *name, kvgen_error *err) {
+    const kvg_backend_ops *ops = m->ops;
+    char list[128];
+    if (!ops->kv_types || ops->n_kv_types == 0)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "kvgen_model_load: backend %s lists no KV page type", ops->name);
+    if (!name || !*name) {
+        m->kv_type = ops->kv_types[0];
+        return KVGEN_OK;
+    }
+    const kvg_kv_type_row *row = kvg_kv_type_named(name);
+    if (!row) {
+        kvg_kv_type_names(NULL, 0, list, sizeof list);
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_model_load: desc.kv_type \"%s\" is not a KV type (%s)",
+                        name, list);
+    }
+    bool stored = false;
+    for (size_t i = 0; i < ops->n_kv_types; i++) stored |= ops->kv_types[i] == row->type;
+    if (!stored) {
+        kvg_kv_type_names(ops->kv_types, ops->n_kv_types, list, sizeof list);
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "kvgen_model_load: desc.kv_type \"%s\": the %s backend stores K/V pages as %s only", name,
+                        ops->name, list);
+    }
+    uint32_t block = kvg_type_block_elems(row->type);
+    if (m->w.hp.head_dim % (int)block != 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "kvgen_model_load: desc.kv_type \"%s\" stores blocks of %u elements; head_dim %d of %s is not "
+                        "a multiple", name, block, m->w.hp.head_dim, m->name ? m->name : "the model");
+    m->kv_type = row->type;
+    return KVGEN_OK;
 }
 
 /* ---- a model's pool ----------------------------------------------------------------------- */

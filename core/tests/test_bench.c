@@ -534,6 +534,43 @@ int main(void) {
     }
     snprintf(args, sizeof args, "bench %s --no-cache-depth 8,8", model);
     CHECK(run(args, NULL) == 2);
+
+    /* --kv-type: the reference once (its f32 pages), the cpu backend once per type, each later
+     * type with its ratio to the first, in the table and the JSON (head_dim 32: whole blocks) */
+    char *kvm = tu_make_model("bench-kv.gguf", "--seed 6 --layers 2 --embd 128 --heads 4 --kv-heads 2 --type Q8_0");
+    CHECK(kvm != NULL);
+    if (kvm) {
+        remove(json);
+        snprintf(args, sizeof args, "bench %s --quick --backend reference,cpu --threads 2 --kv-type f16,q8_0 --json %s",
+                 kvm, json);
+        rc = run(args, &out);
+        CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+        CHECKF(strstr(out, "cpu:f16/reference") && strstr(out, "cpu:q8_0/reference") &&
+                   strstr(out, "cpu:q8_0/cpu:f16"),
+               "table:\n%s", out);
+        free(out);
+        text = tu_read_file(json, NULL);
+        CHECKF(text != NULL, "%s was not written", json);
+        if (text) {
+            CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
+            check_backend(&r, 0, "reference");
+            CHECK(get(&r, "backends[0].kv_type") == NULL);
+            check_backend(&r, 1, "cpu:f16");
+            expect_str(&r, "backends[1].kv_type", "f16");
+            check_backend(&r, 2, "cpu:q8_0");
+            expect_str(&r, "backends[2].kv_type", "q8_0");
+            positive(&r, "ratio_cpu:q8_0_over_cpu:f16.decode_64");
+            positive(&r, "ratio_cpu:q8_0_over_reference.decode_64");
+            free(r.leaves);
+            free(text);
+        }
+        snprintf(args, sizeof args, "bench %s --quick --backend cpu --kv-type f16,,q8_0", kvm);
+        CHECK(run(args, NULL) == 2);
+        /* a type the backend does not store: that run fails, naming it */
+        snprintf(args, sizeof args, "bench %s --quick --backend cpu --kv-type q5_1", kvm);
+        CHECK(run(args, NULL) == 1);
+        free(kvm);
+    }
     snprintf(args, sizeof args, "bench %s --no-cache-depth 0,8", model);
     CHECK(run(args, NULL) == 2);
 

@@ -142,6 +142,25 @@ int main(void) {
     CHECKF(strstr(out, "backend:         cpu (device cpu (") && strstr(out, "2 threads)") &&
                strstr(out, "cpu: yes, reference: yes"),
            "info --backend cpu:\n%s", out);
+    CHECKF(strstr(out, "K/V pages:       f16 ("), "info --backend cpu:\n%s", out);
+    free(out);
+    /* --kv-type: the pages' type, or the library's refusal naming it (this model's head_dim is
+     * 16: no whole blocks of 32) */
+    snprintf(args, sizeof args, "info %s --backend reference --kv-type f32", model);
+    CHECK(run(args, NULL, &out) == 0);
+    CHECKF(strstr(out, "K/V pages:       f32 ("), "info --kv-type f32:\n%s", out);
+    free(out);
+    snprintf(args, sizeof args, "info %s --backend cpu --kv-type q5_1", model);
+    CHECK(run(args, NULL, &out) != 0);
+    free(out);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s info %s --backend cpu --kv-type q5_1 2>&1 >/dev/null", bin, model);
+    out = capture(cmd);
+    CHECKF(strstr(out, "desc.kv_type \"q5_1\" is not a KV type"), "info --kv-type q5_1:\n%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s info %s --backend cpu --kv-type q8_0 2>&1 >/dev/null", bin, model);
+    out = capture(cmd);
+    CHECKF(strstr(out, "desc.kv_type \"q8_0\"") && strstr(out, "head_dim 16"), "info --kv-type q8_0:\n%s", out);
     free(out);
 
     /* tokenize: the same ids the library gives, one line */

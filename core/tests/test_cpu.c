@@ -160,7 +160,10 @@ static void test_thread_count(void) {
 
 static int same_floats(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
-static const char *type_name(kvg_cpu_kv_type type) { return type == KVG_CPU_KV_F16 ? "f16" : "f32"; }
+static const char *type_name(kvg_cpu_kv_type type) { return kvg_type_name(type); }
+
+/* the block types keep an approximation of what they are given */
+static int exact_type(kvg_cpu_kv_type type) { return type == KVG_TYPE_F32 || type == KVG_TYPE_F16; }
 
 /* the head_dim elements at (l, which, h, p) of table t as f32 */
 static void row_f32(const kvg_cpu_pages *pg, const int32_t *t, int l, int which, int h, int p, float *out) {
@@ -169,16 +172,28 @@ static void row_f32(const kvg_cpu_pages *pg, const int32_t *t, int l, int which,
 
 /* the stored bytes of two rows are the same */
 static int same_rows(const kvg_cpu_pages *pg, const void *x, const void *y) {
-    return memcmp(x, y, (size_t)pg->hp.head_dim * kvg_cpu_kv_type_size(pg->type)) == 0;
+    return memcmp(x, y, pg->row_bytes) == 0;
 }
 
-static void test_pages(kvg_cpu_kv_type type) {
+/* a row of the pages' type holds what its quantizer makes of `in`: want, as f32 */
+static void stored_f32(kvg_cpu_kv_type type, const float *in, float *want, size_t n) {
+    unsigned char bytes[64 * 4];
+    kvg_cpu_kv_from_f32(type, in, bytes, n);
+    kvg_cpu_kv_to_f32(type, bytes, want, n);
+}
+
+static void test_pages(kvg_cpu_kv_type type, int head_dim) {
     const char *tn = type_name(type);
-    kvg_hparams hp = {.n_layer = 2, .n_embd = 32, .n_ff = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 8, .n_rot = 8,
-                      .n_ctx_train = 256, .n_vocab = 100, .rope_freq_base = 10000.0f, .rms_norm_eps = 1e-5f};
-    size_t esz = kvg_cpu_kv_type_size(type);
-    CHECK(esz == (type == KVG_CPU_KV_F16 ? 2 : 4));
-    CHECK(kvg_cpu_kv_bytes_per_token(&hp, type) == 2 * 2 * 2 * 8 * esz);
+    kvg_hparams hp = {.n_layer = 2, .n_embd = 32, .n_ff = 64, .n_head = 4, .n_head_kv = 2, .head_dim = head_dim,
+                      .n_rot = 8, .n_ctx_train = 256, .n_vocab = 100, .rope_freq_base = 10000.0f,
+                      .rms_norm_eps = 1e-5f};
+    size_t rb = kvg_cpu_kv_row_bytes(type, (size_t)head_dim);
+    size_t want_rb = type == KVG_TYPE_F32    ? 4 * (size_t)head_dim
+                     : type == KVG_TYPE_F16  ? 2 * (size_t)head_dim
+                     : type == KVG_TYPE_Q8_0 ? 34 * (size_t)head_dim / 32
+                                             : 18 * (size_t)head_dim / 32;
+    CHECKF(rb == want_rb, "%s: a row of %d is %zu bytes", tn, head_dim, rb);
+    CHECK(kvg_cpu_kv_bytes_per_token(&hp, type) == 2 * 2 * 2 * rb);
     size_t dflt = kvg_cpu_default_pool_bytes(&hp, type);
     CHECK(dflt > 0 && dflt <= 16 * 256 * kvg_cpu_kv_bytes_per_token(&hp, type));
 
@@ -191,7 +206,7 @@ static void test_pages(kvg_cpu_kv_type type) {
     CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, 0, type, "test pages", &err) != KVGEN_OK);
     kvg_cpu_pages_free(&pg);
     CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, P, n_pages, type, "test pages", &err) == KVGEN_OK);
-    CHECK(pg.type == type);
+    CHECK(pg.type == type && pg.row_bytes == rb);
     CHECK(kvg_cpu_pages_commit(&pg, -1, &err) == KVGEN_E_INTERNAL && strstr(err.message, "test pages"));
     CHECK(kvg_cpu_pages_commit(&pg, n_pages, &err) == KVGEN_E_INTERNAL);
     for (int32_t i = 0; i < n_pages; i++) CHECK(kvg_cpu_pages_commit(&pg, i, &err) == KVGEN_OK);
@@ -200,14 +215,14 @@ static void test_pages(kvg_cpu_kv_type type) {
     /* rows are head_dim elements of the type apart */
     const int32_t one[1] = {0};
     CHECK((unsigned char *)kvg_cpu_pages_at(&pg, one, 0, 0, 0, 1) - (unsigned char *)kvg_cpu_pages_at(&pg, one, 0, 0, 0, 0) ==
-          (ptrdiff_t)(8 * esz));
+          (ptrdiff_t)rb);
 
     /* two tables of 3 pages each, deliberately out of order: 12 positions apiece */
     const int32_t a[3] = {5, 0, 6}, b[3] = {2, 7, 1};
     const int n = 12, Hkv = hp.n_head_kv, hd = hp.head_dim;
     size_t per = (size_t)Hkv * n * hd;
     float *in = malloc(per * sizeof *in), *got = malloc(per * sizeof *got);
-    float row[64], k[64];
+    float row[64], k[64], held[64];
     unsigned char want[64 * 4];
     CHECK(in && got);
     if (!in || !got) goto done;
@@ -217,12 +232,28 @@ static void test_pages(kvg_cpu_kv_type type) {
             for (size_t i = 0; i < per; i++) in[i] = (float)(l * 64 + which * 32) + (float)i * 0.25f;
             CHECK(kvg_cpu_pages_write(&pg, a, l, which, 0, n, in, &err) == KVGEN_OK);
             CHECK(kvg_cpu_pages_read(&pg, a, l, which, 0, n, got, &err) == KVGEN_OK);
-            CHECKF(same_floats(in, got, per), "%s layer %d which %d: write/read round trip", tn, l, which);
-            /* element (h, p) lives where kvg_cpu_pages_at says */
+            CHECKF(!exact_type(type) || same_floats(in, got, per), "%s layer %d which %d: write/read round trip", tn, l,
+                   which);
+            /* element (h, p) lives where kvg_cpu_pages_at says, as the type's quantizer left it
+             * (within half a step of the block's scale: amax / 127 for q8_0, amax / 8 for q4_0) */
             for (int h = 0; h < Hkv; h++)
                 for (int p = 0; p < n; p++) {
+                    const float *src = in + ((size_t)h * n + p) * hd;
                     row_f32(&pg, a, l, which, h, p, row);
-                    CHECK(same_floats(row, in + ((size_t)h * n + p) * hd, (size_t)hd));
+                    stored_f32(type, src, held, (size_t)hd);
+                    CHECK(same_floats(row, held, (size_t)hd));
+                    CHECK(same_floats(got + ((size_t)h * n + p) * hd, held, (size_t)hd));
+                    for (int b = 0; b < hd; b += 32 < hd ? 32 : hd) {
+                        int bn = 32 < hd ? 32 : hd;
+                        float amax = 0.0f, err_max = 0.0f;
+                        for (int i = b; i < b + bn; i++) {
+                            amax = fmaxf(amax, fabsf(src[i]));
+                            err_max = fmaxf(err_max, fabsf(row[i] - src[i]));
+                        }
+                        float step = type == KVG_TYPE_Q8_0 ? amax / 127.0f : type == KVG_TYPE_Q4_0 ? amax / 8.0f : 0.0f;
+                        CHECKF(err_max <= 0.5f * step * 1.01f + amax * 0x1p-10f, "%s: block error %g, step %g", tn,
+                               (double)err_max, (double)step);
+                    }
                 }
         }
     /* a partial read at an offset */
@@ -261,7 +292,7 @@ static void test_pages(kvg_cpu_kv_type type) {
                 rounded += !same_floats(row, k, (size_t)hd);
                 CHECK(same_rows(&pg, kvg_cpu_pages_at(&pg, b, l, 1, h, i), kvg_cpu_pages_at(&pg, a, l, 1, h, i)));
             }
-    CHECKF(type == KVG_CPU_KV_F16 ? rounded > 0 : rounded == 0, "%s: %d rotated keys rounded", tn, rounded);
+    CHECKF(type != KVG_TYPE_F32 ? rounded > 0 : rounded == 0, "%s: %d rotated keys rounded", tn, rounded);
 
     /* a move towards the start of the same table (a context shift): b[6..12) -> b[2..8) */
     float *snap = malloc((size_t)hp.n_layer * 2 * per * sizeof *snap);
@@ -288,6 +319,20 @@ done:
     free(got);
     kvg_cpu_pages_free(&pg);
     kvg_cpu_pages_free(&pg); /* idempotent */
+}
+
+/* a block type's rows are whole blocks: pages of head_dim 8 are refused, naming the type */
+static void test_pages_blocks_refused(void) {
+    kvg_hparams hp = {.n_layer = 1, .n_embd = 16, .n_ff = 32, .n_head = 2, .n_head_kv = 2, .head_dim = 8, .n_rot = 8,
+                      .n_ctx_train = 64, .n_vocab = 10, .rope_freq_base = 10000.0f, .rms_norm_eps = 1e-5f};
+    int group[1] = {0}, slot[1] = {0}, layers[1] = {0};
+    kvg_kv_layout kv = {.n_groups = 1, .n_layers = {1, 0}, .group = group, .slot = slot, .layers = {layers, NULL}};
+    kvgen_error err = {0};
+    kvg_cpu_pages pg;
+    CHECK(kvg_cpu_pages_init(&pg, &hp, NULL, &kv, 0, 4, 1, KVG_TYPE_Q8_0, "test pages", &err) == KVGEN_E_INTERNAL);
+    CHECKF(strstr(err.message, "Q8_0") && strstr(err.message, "head_dim 8"), "%s", err.message);
+    kvg_cpu_pages_free(&pg);
+    CHECK(!kvg_cpu_kv_type_known(KVG_TYPE_Q4_1));
 }
 
 static uint32_t bits_of(float f) {
@@ -325,7 +370,7 @@ static void test_pages_rounding(void) {
     float in[17], got[17];
     for (int i = 0; i < 16; i++) in[i] = cases[i][0];
     for (int t = 0; t < 2; t++) {
-        kvg_cpu_kv_type type = t ? KVG_CPU_KV_F16 : KVG_CPU_KV_F32;
+        kvg_cpu_kv_type type = t ? KVG_TYPE_F16 : KVG_TYPE_F32;
         kvgen_error err = {0};
         kvg_cpu_pages pg;
         const int32_t table[1] = {0};
@@ -358,8 +403,13 @@ int main(void) {
     test_thread_count();
     test_pool_coverage();
     test_pool_concurrent();
-    test_pages(KVG_CPU_KV_F32);
-    test_pages(KVG_CPU_KV_F16);
+    test_pages(KVG_TYPE_F32, 8);
+    test_pages(KVG_TYPE_F16, 8);
+    test_pages(KVG_TYPE_F32, 64);
+    test_pages(KVG_TYPE_F16, 64);
+    test_pages(KVG_TYPE_Q8_0, 64);
+    test_pages(KVG_TYPE_Q4_0, 64);
+    test_pages_blocks_refused();
     test_pages_rounding();
     return tu_finish("test_cpu");
 }

@@ -338,6 +338,8 @@ static void test_kgroup_shapes(void) {
     free(w);
 }
 
+static void test_vec_kv(kvg_cpu_isa isa);
+
 static void test_vec_ops(void) {
     for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
         if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
@@ -448,6 +450,76 @@ static void test_vec_ops(void) {
                 p->axpy_rows_f16(yp, one, keys16, HD, ROWS, len);
                 CHECKF(memcmp(y16, yp, sizeof y16) == 0, "%s axpy_rows_f16: not the portable bits", name);
             }
+        }
+        test_vec_kv((kvg_cpu_isa)isa);
+    }
+}
+
+/* The KV tables (kvg_vec_kv_of): every type pages may hold has its row on every path, and its
+ * kernels, reading rows as the pages store them (row_bytes apart), give the dots and weighted
+ * sums of the rows' f32 values (kvg_dequantize_row) within f32 rounding, the same bits however
+ * a run is split. A block type's dot may round q to 8 bits per block of 32 first (the AVX2
+ * path dots in integers): then within half a step of q's block scale (amax / 127) times the
+ * key's absolute sum. */
+static void test_vec_kv(kvg_cpu_isa isa) {
+    enum { KHD = 96, KROWS = 7 }; /* three blocks a row; an odd number of rows */
+    static const uint32_t types[4] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0};
+    const char *name = kvg_cpu_isa_name(isa);
+    float src[KROWS * KHD], deq[KROWS * KHD], qv[KHD], a[KROWS];
+    unsigned char rows[KROWS * KHD * 4];
+    for (int i = 0; i < KROWS * KHD; i++) src[i] = frand() * 2.0f;
+    for (int i = 0; i < KHD; i++) qv[i] = frand();
+    for (int r = 0; r < KROWS; r++) a[r] = frand();
+    CHECK(kvg_vec_kv_of(isa, KVG_TYPE_Q4_1) == NULL);
+    for (int ti = 0; ti < 4; ti++) {
+        uint32_t type = types[ti];
+        const kvg_vec_kv *kv = kvg_vec_kv_of(isa, type), *pk = kvg_vec_kv_of(KVG_ISA_PORTABLE, type);
+        CHECKF(kv && pk && kv->type == type, "%s: no KV row for %s", name, kvg_type_name(type));
+        if (!kv || !pk) continue;
+        size_t rb = kvg_row_bytes(type, KHD);
+        for (int r = 0; r < KROWS; r++) {
+            kvg_quantize_row(type, src + r * KHD, rows + (size_t)r * rb, KHD);
+            kvg_dequantize_row(type, rows + (size_t)r * rb, deq + r * KHD, KHD);
+        }
+        float dot[KROWS], split[KROWS], pdot[KROWS], y[KHD], ys[KHD], py[KHD];
+        kv->dot_rows(qv, rows, rb, KROWS, KHD, dot);
+        kv->dot_rows(qv, rows, rb, 3, KHD, split);
+        kv->dot_rows(qv, rows + 3 * rb, rb, KROWS - 3, KHD, split + 3);
+        CHECKF(memcmp(dot, split, sizeof dot) == 0, "%s %s dot_rows: split", name, kvg_type_name(type));
+        pk->dot_rows(qv, rows, rb, KROWS, KHD, pdot);
+        int blocks = type == KVG_TYPE_Q8_0 || type == KVG_TYPE_Q4_0;
+        for (int r = 0; r < KROWS; r++) {
+            double e = 0.0, mag = 0.0, q8 = 0.0;
+            for (int i = 0; i < KHD; i++) {
+                e += (double)qv[i] * deq[r * KHD + i];
+                mag += fabs((double)qv[i] * deq[r * KHD + i]);
+                float amax = 0.0f;
+                for (int j = i / 32 * 32; j < i / 32 * 32 + 32; j++) amax = fmaxf(amax, fabsf(qv[j]));
+                q8 += fabs((double)deq[r * KHD + i]) * amax / 127.0 / 2.0;
+            }
+            double tol = 1e-5 * mag + 1e-6 + (blocks ? q8 : 0.0);
+            CHECKF(fabs(dot[r] - e) <= tol, "%s %s dot_rows row %d: %g, want %g", name, kvg_type_name(type), r,
+                   (double)dot[r], e);
+            CHECKF(fabs(dot[r] - pdot[r]) <= tol, "%s %s dot_rows: %g, portable %g", name, kvg_type_name(type),
+                   (double)dot[r], (double)pdot[r]);
+            CHECKF(!blocks || fabs(dot[r] - e) <= 0.05 * mag, "%s %s dot_rows row %d: %g, want %g (%g)", name,
+                   kvg_type_name(type), r, (double)dot[r], e, mag);
+        }
+        for (int i = 0; i < KHD; i++) y[i] = ys[i] = py[i] = qv[i];
+        kv->axpy_rows(y, a, rows, rb, KROWS, KHD);
+        kv->axpy_rows(ys, a, rows, rb, 2, KHD);
+        kv->axpy_rows(ys, a + 2, rows + 2 * rb, rb, KROWS - 2, KHD);
+        pk->axpy_rows(py, a, rows, rb, KROWS, KHD);
+        for (int i = 0; i < KHD; i++) {
+            double e = qv[i], mag = fabs(qv[i]);
+            for (int r = 0; r < KROWS; r++) {
+                e += (double)a[r] * deq[r * KHD + i];
+                mag += fabs((double)a[r] * deq[r * KHD + i]);
+            }
+            CHECKF(fabs(y[i] - e) <= 1e-5 * mag + 1e-6, "%s %s axpy_rows [%d]: %g, want %g", name, kvg_type_name(type),
+                   i, (double)y[i], e);
+            CHECKF(fabs(y[i] - ys[i]) <= 1e-5 * mag + 1e-6 && fabs(y[i] - py[i]) <= 1e-5 * mag + 1e-6,
+                   "%s %s axpy_rows [%d]: split or portable differ", name, kvg_type_name(type), i);
         }
     }
 }

@@ -76,6 +76,9 @@ static void bench_usage(FILE *f) {
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  cpu backend: 16 (default) or 8 (as llama.cpp's CPU backend)\n"
+            "  --kv-type LIST       what K/V pages hold: some of f16,q8_0,q4_0 (q8_0, q4_0: cpu backend);\n"
+            "                       each backend but the reference (which keeps f32) runs once per type,\n"
+            "                       and each type after the first gets a ratio to the first\n"
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
@@ -184,6 +187,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
+                          strcmp(a, "--kv-type") == 0 ||
                           strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
@@ -245,6 +249,17 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
             o->peer_remote = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "--kv-type") == 0) {
+            if (strlen(val) >= sizeof o->kv_list) return bench_usage_error("--kv-type: list too long '%s'", val);
+            memcpy(o->kv_list, val, strlen(val) + 1);
+            o->n_kv_types = 0;
+            for (char *p = o->kv_list, *end; p; p = end) {
+                end = strchr(p, ',');
+                if (end) *end++ = 0;
+                if (!*p || o->n_kv_types == (int)(sizeof o->kv_types / sizeof o->kv_types[0]))
+                    return bench_usage_error("--kv-type: expected up to 4 names (f16,q8_0,...), got '%s'", val);
+                o->kv_types[o->n_kv_types++] = p;
+            }
         } else if (strcmp(a, "--activation-bits") == 0) {
             if (!parse_int(val, 8, 16, &o->activation_bits) || (o->activation_bits != 8 && o->activation_bits != 16))
                 return bench_usage_error("--activation-bits: expected 8 or 16, got '%s'", val);
@@ -445,10 +460,15 @@ static int run_backend(const bench_opts *o, bench_result *r, bench_model *bm, be
     kvgen_status st;
     const kvgen_backend_info *bi = bench_backend_info(r->backend);
     r->name = bi ? bi->name : "?";
+    if (r->kv_type) {
+        snprintf(r->label, sizeof r->label, "%s:%s", r->name, r->kv_type);
+        r->name = r->label;
+    }
     r->uses_device = bi && bi->uses_device;
     fprintf(stderr, "kvgen bench: %s: loading %s\n", r->name, o->model);
     kvgen_model_desc md = {.path = o->model, .backend = r->backend, .device = o->device, .n_threads = o->threads,
-                           .activation_bits = o->activation_bits, .progress = kvgen_cli_progress()};
+                           .activation_bits = o->activation_bits, .kv_type = r->kv_type,
+                           .progress = kvgen_cli_progress()};
     r->rss_before = bench_resident_bytes();
     double t_load = bench_now_s();
     st = kvgen_model_load(&md, &m, &err);
@@ -591,10 +611,26 @@ int kvgen_cli_bench(int argc, char **argv) {
             memmove(&o.backends[1], &o.backends[0], (size_t)i * sizeof o.backends[0]);
             o.backends[0] = KVGEN_BACKEND_REFERENCE;
         }
+    /* a run per backend, and per --kv-type but on the reference (its f32 pages are the oracle
+     * the others are measured by) */
+    int n = 0;
     for (int i = 0; i < o.n_backends; i++) {
-        res[i].backend = o.backends[i];
-        failed |= run_backend(&o, &res[i], &bm, &fill, i == o.n_backends - 1);
+        int types = o.backends[i] == KVGEN_BACKEND_REFERENCE || o.n_kv_types == 0 ? 1 : o.n_kv_types;
+        for (int k = 0; k < types; k++) {
+            if (n == BENCH_MAX_BACKENDS) {
+                char max[16];
+                snprintf(max, sizeof max, "%d", BENCH_MAX_BACKENDS);
+                return bench_usage_error("--kv-type: more runs of backends and types than %s", max);
+            }
+            res[n].backend = o.backends[i];
+            res[n].kv_type = types > 1 || (o.n_kv_types > 0 && o.backends[i] != KVGEN_BACKEND_REFERENCE)
+                                 ? o.kv_types[k]
+                                 : NULL;
+            res[n].kv_base = k > 0 ? n - k : -1;
+            n++;
+        }
     }
+    for (int i = 0; i < n; i++) failed |= run_backend(&o, &res[i], &bm, &fill, i == n - 1);
     if (fill.depth) remove(fill.path);
     bench_peer peer;
     memset(&peer, 0, sizeof peer);
@@ -607,7 +643,7 @@ int kvgen_cli_bench(int argc, char **argv) {
         if (!peer.batched_ran) failed = 1;
     }
     double load1 = bench_load_average();
-    bench_report_print(&o, res, o.n_backends, &bm, &peer, load0, load1);
-    if (o.json) failed |= bench_report_write_json(&o, res, o.n_backends, &bm, &peer, load0, load1);
+    bench_report_print(&o, res, n, &bm, &peer, load0, load1);
+    if (o.json) failed |= bench_report_write_json(&o, res, n, &bm, &peer, load0, load1);
     return failed ? 1 : 0;
 }

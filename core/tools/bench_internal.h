@@ -28,6 +28,11 @@ typedef struct bench_opts {
     int n_backends;
     int reps, steps, quick, threads;
     int activation_bits; /* kvgen_model_desc.activation_bits of the cpu backend (0: default) */
+    /* --kv-type: kvgen_model_desc.kv_type of each of the non-reference backends' runs, one run
+     * (one column) per type; none: one run with each backend's default */
+    const char *kv_types[4];
+    int n_kv_types;
+    char kv_list[64]; /* the option's value, split in place */
     int prompts[BENCH_MAX_SIZES], n_prompts;
     int depths[BENCH_MAX_SIZES], n_depths;
     int nc_depth, nc_steps; /* no-cache comparison; nc_depth 0: skipped */
@@ -43,6 +48,9 @@ typedef struct bench_opts {
 typedef struct bench_result {
     kvgen_backend backend;
     const char *name;
+    const char *kv_type; /* what its K/V pages hold (--kv-type), NULL: the backend's default */
+    int kv_base;         /* >= 0: the result of the same backend with the first --kv-type */
+    char label[40];      /* "cpu:q8_0", the name of a run with a kv_type */
     int uses_device; /* probed with kvgen_device_probe */
     int ok;
     char error[KVGEN_ERROR_MESSAGE_SIZE];

@@ -57,6 +57,15 @@ static void print_row(const char *label, const bench_result *res, int n, const b
         else
             printf("  -");
     }
+    /* each later --kv-type over the first, on the same backend */
+    for (int i = 0; i < n; i++) {
+        const bench_result *b = &res[i], *base = b->kv_base >= 0 ? &res[b->kv_base] : NULL;
+        if (!base) continue;
+        if (b->ok && base->ok && pick(b, arg)->n && pick(base, arg)->n && pick(base, arg)->median > 0)
+            printf("  %.2fx", pick(b, arg)->median / pick(base, arg)->median);
+        else
+            printf("  -");
+    }
     printf("\n");
 }
 
@@ -136,6 +145,8 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
     }
     for (int i = 0; i < n; i++)
         if (ratio_column(res, n, &res[i])) printf("  %s/reference", res[i].name);
+    for (int i = 0; i < n; i++)
+        if (res[i].kv_base >= 0) printf("  %s/%s", res[i].name, res[res[i].kv_base].name);
     printf("\n");
     char label[64];
     for (int i = 0; i < o->n_prompts; i++) {
@@ -331,6 +342,10 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
         const bench_result *r = &res[i];
         bench_json_text(f, "%s\n    {\"backend\": ", i ? "," : "");
         bench_json_string(f, r->name);
+        if (r->kv_type) {
+            bench_json_text(f, ", \"kv_type\": ");
+            bench_json_string(f, r->kv_type);
+        }
         bench_json_text(f, ", \"ok\": %s, \"seconds\": ", r->ok ? "true" : "false");
         bench_json_number(f, r->seconds);
         bench_json_text(f, ", \"load_seconds\": ");
@@ -456,6 +471,20 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
         if (o->nc_depth > 0) {
             bench_json_text(f, ", \"decode_no_cache_%d\": ", o->nc_depth);
             bench_json_number(f, ref->nc.median > 0 ? vk->nc.median / ref->nc.median : 0);
+        }
+        bench_json_text(f, "}");
+    }
+    for (int i = 0; i < n; i++) { /* each later --kv-type over the first, on the same backend */
+        const bench_result *r = &res[i], *base = r->kv_base >= 0 ? &res[r->kv_base] : NULL;
+        if (!base || !r->ok || !base->ok) continue;
+        bench_json_text(f, ",\n  \"ratio_%s_over_%s\": {", r->name, base->name);
+        for (int k = 0; k < o->n_prompts; k++) {
+            bench_json_text(f, "%s\"prompt_%d\": ", k ? ", " : "", o->prompts[k]);
+            bench_json_number(f, base->prompt[k].median > 0 ? r->prompt[k].median / base->prompt[k].median : 0);
+        }
+        for (int k = 0; k < o->n_depths; k++) {
+            bench_json_text(f, ", \"decode_%d\": ", o->depths[k]);
+            bench_json_number(f, base->decode[k].median > 0 ? r->decode[k].median / base->decode[k].median : 0);
         }
         bench_json_text(f, "}");
     }

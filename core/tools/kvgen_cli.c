@@ -53,6 +53,8 @@ static void usage(FILE *f) {
             "                       on Windows %%LOCALAPPDATA%%\\kvgen\\pipelines-{device}.bin)\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  cpu backend: activations of 16 bits (default) or 8 (faster prompts)\n"
+            "  --kv-type T          what K/V pages hold: f16 (default), q8_0 or q4_0 (cpu backend: 0.53x and\n"
+            "                       0.28x the bytes a token)\n"
             "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"
             "  --special            parse control tokens such as <|im_start|> in the prompt and print them\n"
             "  --ids                print the generated token ids instead of text\n"
@@ -125,6 +127,7 @@ typedef struct options {
     const char *pipeline_cache; /* --pipeline-cache; NULL: the default */
     kvgen_backend backend;
     long n_predict, soft_max, ctx, threads, activation_bits;
+    const char *kv_type; /* NULL: the backend's default */
     uint64_t seed;
     float temp, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
     long top_k, penalty_window;
@@ -193,6 +196,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             NEED_VALUE();
             if (!parse_long(val, 1, 1024, &o->threads)) return usage_error("--threads: bad thread count '%s'", val);
+        } else if (strcmp(a, "--kv-type") == 0) {
+            NEED_VALUE();
+            o->kv_type = val;
         } else if (strcmp(a, "--activation-bits") == 0) {
             NEED_VALUE();
             if (!parse_long(val, 8, 16, &o->activation_bits) || (o->activation_bits != 8 && o->activation_bits != 16))
@@ -274,7 +280,7 @@ static kvgen_model *load(const options *o) {
     char *cache_buf = NULL;
     /* the one session's context is the model's too (a phi3 file's long RoPE factors past its original one) */
     kvgen_model_desc md = {.path = o->model, .backend = o->backend, .device = o->device, .n_threads = (int)o->threads,
-                           .n_ctx = (int)o->ctx, .activation_bits = (int)o->activation_bits,
+                           .n_ctx = (int)o->ctx, .activation_bits = (int)o->activation_bits, .kv_type = o->kv_type,
                            .pipeline_cache_path = pipeline_cache_path(o, &cache_buf),
                            .progress = kvgen_cli_progress()};
     kvgen_model *m = NULL;

@@ -838,6 +838,10 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, i
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
     .kv_groups = true,
+    /* the attention shaders read f16 pages (f32 on a device without 16-bit storage, or with
+     * force_f32): no block type */
+    .kv_types = (const uint32_t[]){KVG_TYPE_F16},
+    .n_kv_types = 1,
     /* every feature of the architecture table, as data of the one step walk: Q and the attention
      * output have their own stride (ld_q), so heads x head_dim may differ from n_embd; biases in
      * the QKV epilogue (binding 6); Q/K head norms by rms_norm.comp after a raw QKV epilogue;
