@@ -424,7 +424,7 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     if (other) tb_printf(&tb, "  %-15s%d tensor%s\n", "other:", other, other == 1 ? "" : "s");
 
     tb_printf(&tb, "tokenizer:       %s (pre %s, %d tokens%s)\n",
-              info.tokenizer == KVGEN_TOKENIZER_SPM ? "spm" : "bpe", info.tokenizer_pre ? info.tokenizer_pre : "?",
+              info.tokenizer == KVGEN_TOKENIZER_SPM ? "spm" : info.tokenizer == KVGEN_TOKENIZER_WPM ? "wpm" : "bpe", info.tokenizer_pre ? info.tokenizer_pre : "?",
               (int)kvg_tokenizer_n_vocab(m->tok), kvg_tokenizer_add_bos(m->tok) ? ", adds BOS" : "");
     tb_printf(&tb, "special tokens: ");
     tb_token(&tb, m, "bos", info.bos);

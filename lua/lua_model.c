@@ -305,7 +305,8 @@ static int model_tostring(lua_State *L) {
 }
 
 static const char *tokenizer_name(kvgen_tokenizer_kind k) {
-    return k == KVGEN_TOKENIZER_BPE ? "bpe" : k == KVGEN_TOKENIZER_SPM ? "spm" : "unknown";
+    return k == KVGEN_TOKENIZER_BPE ? "bpe" : k == KVGEN_TOKENIZER_SPM ? "spm" : k == KVGEN_TOKENIZER_WPM ? "wpm"
+                                                                                                   : "unknown";
 }
 
 /* model.<field> and model:info(): kvgen_model_info with the tokenizer kind as its name */

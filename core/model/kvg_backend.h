@@ -40,6 +40,15 @@ typedef struct kvg_batch {
     int n_seq;
 } kvg_batch;
 
+/* An encoder's batch (kvg_arch.encoder): n_seq texts' tokens back to back, each text attended
+ * over as a whole, both ways, without a cache. */
+typedef struct kvg_encode_batch {
+    const int32_t *tokens; /* sum of n_tokens ids */
+    const int *n_tokens;   /* [n_seq] each text's count, 1 to the model's n_ctx_train */
+    int n_seq;
+    float *hidden;         /* [sum of n_tokens][n_embd]: each token's output of the last block */
+} kvg_encode_batch;
+
 typedef struct kvg_backend_ops {
     const char *name;
     /* The KVG_F_* features (kvg_arch.h) this backend's forward pass runs; model_init refuses a
@@ -64,6 +73,10 @@ typedef struct kvg_backend_ops {
      * backend may group, reorder or split the work: several one-token sequences share each
      * weight read). On failure nothing is returned; K/V at the batch's positions are undefined. */
     kvgen_status (*forward)(kvgen_model *m, const kvg_batch *b, kvgen_error *err);
+
+    /* An encoder's forward pass (optional: NULL for a backend that runs none; a backend that
+     * lists KVG_F_ENCODER in features has it). */
+    kvgen_status (*encode)(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err);
 
     /* ---- KV pages: K/V live in the model's page pools (kvg_pool.h), one per layer group
      * (m->kv); a page id is an index into its group's pool ---- */

@@ -295,6 +295,10 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
                              kvgen_session **out, kvgen_error *err) {
     *out = NULL;
     const kvg_hparams *hp = &model->w.hp;
+    if (model->w.arch && model->w.arch->encoder)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_create: %s is an encoder (%s): it embeds text "
+                        "(kvgen_embed) and has no session to generate with", model->name ? model->name : "the model",
+                        model->w.arch->name);
     int n_ctx = desc->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
     if (desc->n_ctx == 0 && hp->n_ctx_rope > 0 && n_ctx > hp->n_ctx_rope) n_ctx = hp->n_ctx_rope;
