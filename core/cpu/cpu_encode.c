@@ -18,7 +18,6 @@
 #include <string.h>
 #include "kvg_cpu.h"
 #include "kvg_quant.h"
-#include "kvg_reference.h"
 
 void kvg_cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
     double sum = 0.0, sq = 0.0; /* double: the oracle should not lose bits over hundreds of elements */
@@ -27,6 +26,15 @@ void kvg_cpu_layernorm(float *out, const float *x, const float *w, const float *
     for (int i = 0; i < n; i++) sq += ((double)x[i] - mean) * ((double)x[i] - mean);
     float scale = (float)(1.0 / sqrt(sq / n + eps));
     for (int i = 0; i < n; i++) out[i] = (float)((x[i] - mean) * scale) * w[i] + (b ? b[i] : 0.0f);
+}
+
+/* softmax over x[0..n) in place (the reference's form; here too, so this file depends on no backend) */
+static void softmax(float *x, int n) {
+    float max = x[0], sum = 0.0f;
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    for (int i = 0; i < n; i++) sum += x[i] = expf(x[i] - max);
+    for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
 float kvg_cpu_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -56,7 +64,7 @@ static void attention_items(void *ctx, int begin, int end, int tid) {
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
             scores[u] = dot * scale;
         }
-        kvg_ref_softmax(scores, n);
+        softmax(scores, n);
         float *o = j->att + (size_t)t * W + (size_t)h * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int u = 0; u < n; u++) {

@@ -101,16 +101,22 @@ static size_t utf8_encode(uint32_t c, char *o) {
     return 4;
 }
 
-/* the next code point of s[*i..n) (U+FFFD for a byte that does not start valid UTF-8) */
+/* the next code point of s[*i..n) (U+FFFD for bytes that are not valid UTF-8: overlong forms,
+ * surrogates and cut sequences included, one byte at a time) */
 static uint32_t next_cp(const unsigned char *s, size_t n, size_t *i) {
-    size_t len, ok;
-    kvg_utf8_scan(s + *i, n - *i, &len, &ok);
-    if (ok != len || len == 0) {
+    unsigned b = s[*i];
+    size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+    uint32_t c = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+    bool ok = len > 0 && *i + len <= n;
+    for (size_t k = 1; ok && k < len; k++) {
+        ok = (s[*i + k] & 0xC0) == 0x80;
+        c = c << 6 | (s[*i + k] & 0x3F);
+    }
+    static const uint32_t min_of[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (!ok || c < min_of[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
         (*i)++;
         return 0xFFFD;
     }
-    uint32_t c = len == 1 ? s[*i] : (uint32_t)(s[*i] & (0xFF >> (len + 1)));
-    for (size_t k = 1; k < len; k++) c = c << 6 | (s[*i + k] & 0x3F);
     *i += len;
     return c;
 }
