@@ -2,6 +2,7 @@
  * `generate --ids` against the library called directly; `info --backend cpu`; `info` on a model of
  * K types, which every backend runs. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include "testutil.h"
