@@ -15,8 +15,9 @@
  *
  * Unicode coverage is what BERT vocabularies meet in practice, from small tables rather than
  * the full Unicode database: lower-casing of Latin-1, Latin Extended-A, Greek and Cyrillic;
- * accent stripping of those letters, combining marks U+0300-U+036F and Hangul syllables
- * (decomposed into their jamo, as NFD does); docs/tokenizer.md says where this stops. */
+ * accent stripping of those letters, of kana with sound marks, combining marks U+0300-U+036F
+ * and Hangul syllables (decomposed into their jamo, as NFD does); docs/tokenizer.md says where
+ * this stops. */
 #include <string.h>
 #include "kvg_host.h"
 #include "kvg_tokenizer.h"
@@ -86,6 +87,16 @@ static uint32_t strip_accent(uint32_t c) {
                                         {0x439, 0x438}};
     for (size_t i = 0; i < sizeof greek / sizeof greek[0]; i++)
         if (greek[i][0] == c) return greek[i][1];
+    /* kana with a (semi-)voiced sound mark: the mark is a combining character after decomposition */
+    if (c >= 0x3040 && c <= 0x30FF) {
+        uint32_t off = c >= 0x30A0 ? 0x60 : 0, k = c - off;
+        if (k >= 0x304C && k <= 0x3062 && (k - 0x304C) % 2 == 0) return c - 1;
+        if (k == 0x3065 || k == 0x3067 || k == 0x3069) return c - 1;
+        if (k >= 0x3070 && k <= 0x307D && (k - 0x3070) % 3 != 2) return c - 1 - (k - 0x3070) % 3;
+        if (k == 0x3094) return 0x3046 + off;
+        if (k == 0x309E) return c - 1;
+        if (off && c >= 0x30F7 && c <= 0x30FA) return c - 8;
+    }
     return c;
 }
 
@@ -195,7 +206,7 @@ bool kvg_wordpiece_encode(const kvg_wordpiece *wp, const char *text, size_t len,
         }
         if (wp->lowercase) {
             c = to_lower(c);
-            if (c >= 0x300 && c <= 0x36F) continue; /* a combining mark: an accent */
+            if ((c >= 0x300 && c <= 0x36F) || c == 0x3099 || c == 0x309A) continue; /* a combining mark */
             if (c >= 0xAC00 && c <= 0xD7A3) {      /* a Hangul syllable: its jamo */
                 uint32_t k = c - 0xAC00;
                 word_add(&w, 0x1100 + k / 588);

@@ -173,6 +173,9 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
             (!kvg_gguf_get_bool(c->g, K(c, "attention.causal"), &causal) || causal))
             return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: %s must be false: kvgen runs %s as a bidirectional "
                             "encoder", c->path, K(c, "attention.causal"), c->arch->name);
+        if (hp->n_head_kv != hp->n_head)
+            return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: %s = %d differs from head_count %d (an encoder has one K/V "
+                            "head per query head)", c->path, K(c, "attention.head_count_kv"), hp->n_head_kv, hp->n_head);
         *features |= KVG_F_ENCODER;
     }
     return KVGEN_OK;
@@ -398,8 +401,7 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
 #define OPT(role) ((arch->required & KVG_T_BIT(KVG_T_##role)) == 0)
     if ((st = get_tensor(&c, "token_embd.weight", embd, vocab, false, false, &w->tok_embd)) ||
         (HAS(OUTPUT_NORM) && (st = get_tensor(&c, "output_norm.weight", embd, 0, true, false, &w->output_norm))) ||
-        (HAS(POS_EMBD) && (st = get_tensor(&c, "position_embd.weight", embd, (uint64_t)hp->n_ctx_train, false,
-                                           OPT(POS_EMBD), &w->pos_embd))) ||
+        (HAS(POS_EMBD) && (st = get_tensor_rows(&c, "position_embd.weight", embd, OPT(POS_EMBD), &w->pos_embd))) ||
         (HAS(TOKEN_TYPES) && (st = get_tensor_rows(&c, "token_types.weight", embd, OPT(TOKEN_TYPES), &w->tok_types))) ||
         (HAS(TOKEN_EMBD_NORM) &&
          (st = get_tensor(&c, "token_embd_norm.weight", embd, 0, true, OPT(TOKEN_EMBD_NORM), &w->embd_norm))) ||
@@ -417,6 +419,11 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
          (st = get_tensor(&c, "rope_factors_long.weight", (uint64_t)hp->n_rot / 2, 0, true, true,
                           &w->rope_factors_long))))
         return st;
+    /* an encoder's positions: at least its context (a file may hold more, the context being what it
+     * was trained to embed) */
+    if (w->pos_embd && w->pos_embd->ne[1] < (uint64_t)hp->n_ctx_train)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: position_embd.weight has %" PRIu64 " positions, fewer than %s = %d",
+                        c.path, w->pos_embd->ne[1], K(&c, "context_length"), hp->n_ctx_train);
     if (w->rope_factors_long) w->hp.n_ctx_rope = hp->n_ctx_orig > 0 ? hp->n_ctx_orig : hp->n_ctx_train;
     if (w->rope_freqs) features |= KVG_F_ROPE_FREQS;
     w->tied = w->output == NULL;

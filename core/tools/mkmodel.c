@@ -695,6 +695,7 @@ int main(int argc, char **argv) {
     if (!w) goto done;
     kvg_gguf_set_str(w, "general.architecture", o.arch);
     int encoder = o.row && o.row->encoder;
+    if (encoder) o.kv_heads = o.heads; /* bert's attention has as many K/V heads as query heads */
     kvg_gguf_set_str(w, "general.name", encoder ? "kvgen-mkmodel random bert" : "kvgen-mkmodel random llama");
     int n_vocab;
     if (o.vocab_path) {
