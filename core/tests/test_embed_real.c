@@ -1,5 +1,6 @@
-/* test_embed_real.c: all-MiniLM-L6-v2 (models/all-MiniLM-L6-v2.gguf, made by
- * scripts/fetch_model.sh --minilm; skipped when absent) against its oracles
+/* test_embed_real.c: all-MiniLM-L6-v2 (models/all-MiniLM-L6-v2.gguf, F16, and
+ * all-MiniLM-L6-v2-f32.gguf, made by scripts/fetch_model.sh --minilm / --minilm-f32; skipped
+ * when neither is there) against its oracles
  * (scripts/oracle/minilm_fixture.py): the WordPiece ids of every string of
  * fixtures/minilm_wordpiece.txt equal Hugging Face's, and on every backend that loads it the
  * embedding of every text of fixtures/minilm_embed.txt (the empty text and texts past the
@@ -114,16 +115,22 @@ static void test_embeddings(const char *path, kvgen_backend backend, const char 
 }
 
 int main(void) {
-    char *path = tu_model_file("all-MiniLM-L6-v2.gguf");
-    if (!path) tu_skip("models/all-MiniLM-L6-v2.gguf absent (scripts/fetch_model.sh --minilm)");
-    kvgen_model *m = NULL;
-    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_REFERENCE};
-    CHECK_OK(kvgen_model_load(&d, &m, NULL));
-    if (m) test_wordpiece(m);
-    kvgen_model_unload(m);
-    test_embeddings(path, KVGEN_BACKEND_REFERENCE, "reference");
-    test_embeddings(path, KVGEN_BACKEND_CPU, "cpu");
-    test_embeddings(path, KVGEN_BACKEND_VULKAN, "vulkan");
+    char *path = tu_model_file("all-MiniLM-L6-v2.gguf"), *f32 = tu_model_file("all-MiniLM-L6-v2-f32.gguf");
+    if (!path && !f32) tu_skip("models/all-MiniLM-L6-v2.gguf absent (scripts/fetch_model.sh --minilm)");
+    const char *files[] = {path, f32};
+    for (int i = 0; i < 2; i++) {
+        if (!files[i]) continue;
+        printf("%s\n", files[i]);
+        kvgen_model *m = NULL;
+        kvgen_model_desc d = {.path = files[i], .backend = KVGEN_BACKEND_REFERENCE};
+        CHECK_OK(kvgen_model_load(&d, &m, NULL));
+        if (m) test_wordpiece(m);
+        kvgen_model_unload(m);
+        test_embeddings(files[i], KVGEN_BACKEND_REFERENCE, "reference");
+        test_embeddings(files[i], KVGEN_BACKEND_CPU, "cpu");
+        test_embeddings(files[i], KVGEN_BACKEND_VULKAN, "vulkan");
+    }
     free(path);
+    free(f32);
     return tu_finish("test_embed_real");
 }
