@@ -95,7 +95,7 @@ kvgen_status kvg_cpu_check_seq(const kvgen_model *m, const kvg_batch_seq *q, int
     if (q->n <= 0 || q->pos0 < 0 || q->n > n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %d tokens at position %d do not fit %d", who, q->n, q->pos0,
                         n_ctx);
-    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL || q->out == KVG_OUT_HIDDEN) && !q->logits)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: batch sequence %d wants logits but has no buffer", who, i);
     if (q->out == KVG_OUT_KEEP) return kvg_fail(err, KVGEN_E_INTERNAL, "%s: logits are host memory, none are kept", who);
     for (int t = 0; t < q->n; t++)

@@ -715,6 +715,12 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         float *outs[CPU_BLOCK];
         for (int t = 0; t < nb; t++) {
             const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            if (q->out == KVG_OUT_HIDDEN) { /* rmsnorm(x) * out_norm, the logits' input */
+                const cpu_model *cm = m->backend;
+                cm->vec->rmsnorm(q->logits + (size_t)tok_of[t] * hp->n_embd, scratch->c.x + (size_t)t * hp->n_embd,
+                                 cm->host.out_norm, hp->n_embd, hp->rms_norm_eps);
+                continue;
+            }
             if (q->out == KVG_OUT_ALL) outs[count] = q->logits + (size_t)tok_of[t] * V;
             else if (q->out == KVG_OUT_LAST && tok_of[t] == q->n - 1) outs[count] = q->logits;
             else continue;
@@ -760,6 +766,7 @@ static kvgen_status cpu_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_
 const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
     .kv_groups = true,
+    .hidden_out = true,
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW | KVG_F_ENCODER,

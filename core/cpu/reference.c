@@ -461,7 +461,12 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
             int run = 1;
             while (t + run < nb && seq_of[t + run] == seq_of[t]) run++;
             int last = tok_of[t + run - 1];
-            if (q->out == KVG_OUT_ALL)
+            if (q->out == KVG_OUT_HIDDEN) /* rmsnorm(x) * out_norm, the logits' input       [run][D] */
+                for (int r = 0; r < run; r++)
+                    kvg_ref_rmsnorm(q->logits + (size_t)(tok_of[t] + r) * hp->n_embd,
+                                    scratch->c.x + (size_t)(t + r) * hp->n_embd, rm->host.out_norm, hp->n_embd,
+                                    hp->rms_norm_eps);
+            else if (q->out == KVG_OUT_ALL)
                 compute_logits(m, scratch, t, run, q->logits + (size_t)tok_of[t] * V);
             else if (q->out == KVG_OUT_LAST && last == q->n - 1)
                 compute_logits(m, scratch, t + run - 1, 1, q->logits);
@@ -515,6 +520,7 @@ static kvgen_status ref_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
     .kv_groups = true,
+    .hidden_out = true,
     /* every feature of the architecture table; Q and the attention output are n_head*head_dim
      * wide throughout, whatever n_embd is */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |

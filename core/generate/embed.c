@@ -5,12 +5,18 @@
  * EMBED_BATCH_TOKENS tokens, so a weight row is read once for many texts. The per-token hidden
  * states come back and are pooled here (mean, first or last token), then L2-normalized.
  *
+ * A decoder (llama, qwen, ...) runs each text through a fresh session of its own, sized to the
+ * text, whose forward pass returns every token's final hidden state (after the output norm, the
+ * logits' input: kvg_session_hidden) instead of logits; those are pooled the same way. Causal
+ * attention makes the last token the one that has read the whole text, hence its default.
+ *
  * Why here: pooling needs the tokenizer (format/) and a forward pass (model/'s backend ops);
  * generate/ is the layer that already turns forward passes into answers for callers. */
 #include <math.h>
 #include <string.h>
 #include "kvg_backend.h"
 #include "kvg_generate.h"
+#include "kvg_session.h"
 
 /* tokens per encode call: bounds the activations of one batch (a few MB for small encoders) */
 #define EMBED_BATCH_TOKENS 4096
@@ -87,6 +93,37 @@ static kvgen_status run_batch(kvgen_model *m, const int32_t *tokens, const int *
     return st;
 }
 
+/* a decoder: each text through a session of its own (kvg_session_hidden) */
+static kvgen_status embed_decoder(kvgen_model *m, const char *const *texts, const size_t *lens, size_t n, int max,
+                                  kvgen_pooling how, bool normalize, float *out, kvgen_error *err) {
+    size_t D = (size_t)m->w.hp.n_embd, cap = 0;
+    int32_t *tokens = NULL;
+    float *hidden = NULL;
+    kvgen_status st = KVGEN_OK;
+    for (size_t i = 0; st == KVGEN_OK && i < n; i++) {
+        size_t nt = 0;
+        st = tokenize_text(m, texts[i], lens ? lens[i] : strlen(texts[i]), i, max, &tokens, &cap, &nt, err);
+        if (st != KVGEN_OK) break;
+        float *h = kvg_realloc(hidden, nt * D * sizeof *h);
+        if (!h) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for text %zu's %zu hidden states", i, nt);
+            break;
+        }
+        hidden = h;
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = (int)nt};
+        kvgen_error e = {0};
+        st = kvgen_session_create(m, &sd, &s, &e);
+        if (st == KVGEN_OK) st = kvg_session_hidden(s, tokens, nt, hidden, &e);
+        kvgen_session_close(s);
+        if (st != KVGEN_OK) st = kvg_fail(err, st, WHO ": text %zu: %s", i, e.message);
+        else pool(hidden, (int)nt, (int)D, how, normalize, out + i * D);
+    }
+    kvg_free(tokens);
+    kvg_free(hidden);
+    return st;
+}
+
 kvgen_status kvgen_embed(kvgen_model *model, const char *const *texts, const size_t *lens, size_t n,
                          const kvgen_embed_desc *desc, float *out, size_t out_floats, kvgen_error *err) {
     if (!model) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": model is NULL");
@@ -107,15 +144,17 @@ kvgen_status kvgen_embed(kvgen_model *model, const char *const *texts, const siz
                         out_floats, n, n * D, D);
     for (size_t i = 0; i < n; i++)
         if (!texts[i]) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": text %zu is NULL", i);
-    if (!model->w.arch->encoder || !model->ops->encode)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, WHO ": %s (%s) is not an encoder the %s backend runs; kvgen "
-                        "embeds with encoders (bert) on the reference and cpu backends",
-                        model->name ? model->name : "the model", model->w.arch->name, model->ops->name);
-    int max = hp->n_ctx_train;
+    bool encoder = model->w.arch->encoder;
+    if ((encoder && !model->ops->encode) || (!encoder && !model->ops->hidden_out))
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, WHO ": the %s backend does not embed with %s (%s); the reference "
+                        "and cpu backends do", model->ops->name, model->name ? model->name : "the model",
+                        model->w.arch->name);
+    int max = hp->n_ctx_rope > 0 && hp->n_ctx_rope < hp->n_ctx_train ? hp->n_ctx_rope : hp->n_ctx_train;
     if (d.max_tokens > 0 && d.max_tokens < max) max = d.max_tokens;
     if (max < 2) max = 2; /* room for [CLS] and [SEP] */
     kvgen_pooling how = pooling_of(model, &d);
     bool normalize = !d.no_normalize;
+    if (!encoder) return embed_decoder(model, texts, lens, n, max, how, normalize, out, err);
 
     int32_t *one = NULL, *batch = kvg_malloc((size_t)(EMBED_BATCH_TOKENS + max) * sizeof *batch);
     int *n_tok = kvg_malloc((n ? n : 1) * sizeof *n_tok);

@@ -64,7 +64,7 @@ static const char *const feature_names[KVG_F_COUNT] = {
     "sliding-window attention (attention.sliding_window)",
     "head_count x head size different from embedding_length (attention.key_length)",
     "RoPE with an attention factor (rope.scaling.attn_factor)",
-    "a bidirectional encoder without a cache (bert's post-LayerNorm blocks, learned positions)",
+    "the encoder forward pass (bidirectional attention without a cache, post-LayerNorm blocks, learned positions)",
 };
 
 const char *kvg_feature_name(uint32_t feature) {

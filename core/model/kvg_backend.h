@@ -15,7 +15,9 @@ typedef enum kvg_batch_out {
     KVG_OUT_NONE, /* nothing: its K/V only (a prefill chunk that is not the last) */
     KVG_OUT_LAST, /* the last token's n_vocab logits into `logits` */
     KVG_OUT_ALL,  /* every token's logits into `logits`, n * n_vocab floats */
-    KVG_OUT_KEEP  /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
+    KVG_OUT_KEEP, /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
+    KVG_OUT_HIDDEN /* every token's final hidden state (after the output norm) into `logits`, n * n_embd
+                      floats, and no logits: a decoder's embedding (backends with ops->hidden_out) */
 } kvg_batch_out;
 
 /* One sequence of a batch: n tokens of one session at positions pos0.., K/V read and written
@@ -57,6 +59,8 @@ typedef struct kvg_backend_ops {
     /* true: K/V pages split by layer group (kvg_kv_layout), so sliding-window layers release
      * what they no longer see; false: one group of every layer */
     bool kv_groups;
+    /* true: forward answers KVG_OUT_HIDDEN */
+    bool hidden_out;
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */

@@ -387,6 +387,24 @@ static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, s
     return st;
 }
 
+kvgen_status kvg_session_hidden(kvgen_session *s, const int32_t *tokens, size_t n, float *hidden, kvgen_error *err) {
+    kvgen_model *m = s->model;
+    if (!m->ops->hidden_out)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "the %s backend does not return hidden states (the reference and "
+                        "cpu backends do)", m->ops->name);
+    if (s->n_tokens != 0 || n == 0 || n > (size_t)s->n_ctx)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "hidden states of %zu tokens need a fresh session of room "
+                        "for them (it holds %zu of %d)", n, s->n_tokens, s->n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->w.hp.n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], m->w.hp.n_vocab);
+    kvgen_status st = reserve(s, 0, n, err);
+    if (st == KVGEN_OK) st = run_one(s, tokens, n, 0, KVG_OUT_HIDDEN, hidden, err);
+    s->has_logits = false;
+    return st;
+}
+
 kvgen_status kvg_session_host_logits(kvgen_session *s, kvgen_error *err) {
     if (!s->has_logits) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "the session has no logits");
     if (!s->logits_on_device) return KVGEN_OK;

@@ -3,13 +3,15 @@
  * (F32 weights: max |difference| of unit vectors <= 1e-4, the products being f32 on both; Q8_0:
  * cosine >= 0.999, the cpu backend quantizing activations), a text alone against the same text
  * in a batch (the same bits on the reference), pooling and normalization, truncation, NUL
- * bytes, a file without pooling metadata, and every refusal (bad arguments, a decoder model,
- * a session on an encoder). */
+ * bytes, a file without pooling metadata, every refusal (bad arguments, a session on an
+ * encoder), and a decoder's embedding (its last hidden state is what its logits are made of). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kvg_gguf.h"
+#include "kvg_types.h"
 #include "kvgen.h"
 #include "testutil.h"
 
@@ -220,18 +222,65 @@ static void test_inputs(const char *path, const char *nopool_path) {
     free(w);
 }
 
-static void test_decoder_refused(void) {
-    char *path = tu_make_model("e-llama.gguf", "--layers 1");
-    kvgen_model *m = path ? load(path, KVGEN_BACKEND_REFERENCE) : NULL;
-    CHECK(m != NULL);
-    if (m) {
+/* A decoder: each text's final hidden states (after the output norm) pooled. Unnormalized with
+ * last-token pooling, the vector is what the logits are made from: logits[v] = token_embd[v] . h
+ * (tied, F32), against a session's prefill; cpu against reference; default pooling is last;
+ * an empty text without BOS is refused by index. */
+static void test_decoder(void) {
+    char *path = tu_make_model("e-llama.gguf", "--layers 2");
+    kvgen_model *ref = path ? load(path, KVGEN_BACKEND_REFERENCE) : NULL, *cpu = path ? load(path, KVGEN_BACKEND_CPU) : NULL;
+    CHECK(ref && cpu);
+    if (ref && cpu) {
+        kvgen_model_info info;
+        kvgen_model_get_info(ref, &info);
+        int D = info.n_embd, V = info.n_vocab;
         kvgen_error err = {0};
-        const char *one[] = {"hello"};
-        float v[64];
-        kvgen_status st = kvgen_embed(m, one, NULL, 1, NULL, v, 64, &err);
-        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "llama"), "%s", err.message);
+        const char *texts[] = {"the world", "hello there, the end"};
+        float h[2 * 64], c[2 * 64], lastn[2 * 64];
+        kvgen_embed_desc raw = {.pooling = KVGEN_POOLING_LAST, .no_normalize = 1}, last = {.pooling = KVGEN_POOLING_LAST};
+        CHECK(D == 64);
+        CHECK_OK(kvgen_embed(ref, texts, NULL, 2, &raw, h, 128, &err));
+        /* the prefill's last logits against token_embd . h */
+        int32_t ids[64];
+        size_t n = 0;
+        CHECK_OK(kvgen_tokenize(ref, texts[1], strlen(texts[1]), KVGEN_TOKENIZE_ADD_BOS, ids, 64, &n, NULL));
+        kvgen_session *s = NULL;
+        float *logits = malloc((size_t)V * n * sizeof *logits);
+        CHECK_OK(kvgen_session_create(ref, NULL, &s, NULL));
+        if (s) CHECK_OK(kvgen_session_prefill(s, ids, n, logits, NULL));
+        kvgen_session_close(s);
+        kvg_gguf *g = NULL;
+        CHECK_OK(kvg_gguf_open(path, &g, NULL));
+        const kvg_tensor *te = g ? kvg_gguf_find_tensor(g, "token_embd.weight") : NULL;
+        CHECK(te && te->type == KVG_TYPE_F32);
+        double worst = 0;
+        for (int v = 0; te && v < V; v++) {
+            const float *row = (const float *)te->data + (size_t)v * D;
+            double dot = 0;
+            for (int k = 0; k < D; k++) dot += (double)row[k] * h[D + k];
+            worst = fmax(worst, fabs(dot - logits[(n - 1) * (size_t)V + v]));
+        }
+        CHECKF(worst < 1e-3, "token_embd . h differs from the logits by %g", worst);
+        printf("decoder: last hidden state against the logits, max |difference| %.3g\n", worst);
+        kvg_gguf_close(g);
+        free(logits);
+        /* the default is last-token pooling, normalized; cpu agrees with the reference */
+        CHECK_OK(kvgen_embed(ref, texts, NULL, 2, NULL, lastn, 128, &err));
+        CHECK_OK(kvgen_embed(ref, texts, NULL, 2, &last, c, 128, &err));
+        CHECK(memcmp(lastn, c, sizeof c) == 0 && fabs(norm(lastn, D) - 1.0) < 1e-5);
+        CHECK_OK(kvgen_embed(cpu, texts, NULL, 2, NULL, c, 128, &err));
+        for (int i = 0; i < 2; i++)
+            CHECKF(cosine(lastn + i * D, c + i * D, D) > 0.999, "text %d: cpu cosine %g", i,
+                   cosine(lastn + i * D, c + i * D, D));
+        kvgen_embed_desc mean = {.pooling = KVGEN_POOLING_MEAN};
+        CHECK_OK(kvgen_embed(ref, texts, NULL, 2, &mean, c, 128, &err));
+        CHECK(cosine(lastn, c, D) < 0.9999);
+        const char *empty[] = {"a", ""};
+        kvgen_status st = kvgen_embed(ref, empty, NULL, 2, NULL, c, 128, &err);
+        CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "text 1 has no tokens"), "%s", err.message);
     }
-    kvgen_model_unload(m);
+    kvgen_model_unload(ref);
+    kvgen_model_unload(cpu);
     free(path);
 }
 
@@ -251,7 +300,7 @@ int main(void) {
         test_backends(q8, 0.999, true);
         test_inputs(f32, nopool);
     }
-    test_decoder_refused();
+    test_decoder();
     free(f32);
     free(q8);
     free(nopool);
