@@ -58,6 +58,10 @@ static void test_wordpiece(kvgen_model *m) {
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);
     CHECK(info.tokenizer == KVGEN_TOKENIZER_WPM && strcmp(info.architecture, "bert") == 0);
+    char desc[4096];
+    kvgen_model_describe(m, desc, sizeof desc);
+    CHECKF(strstr(desc, "encoder:         bidirectional") && strstr(desc, "pooling mean") && !strstr(desc, "rope_freq_base"),
+           "%s", desc);
     struct { const char *text, *want; } cases[] = {
         {"", "[CLS]|[SEP]"},
         {"Hello, world!", "[CLS]| hello| ,| world| !|[SEP]"},
