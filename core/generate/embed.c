@@ -10,16 +10,18 @@
  * logits' input: kvg_session_hidden) instead of logits; those are pooled the same way. Causal
  * attention makes the last token the one that has read the whole text, hence its default.
  *
- * Why here: pooling needs the tokenizer (format/) and a forward pass (model/'s backend ops);
- * generate/ is the layer that already turns forward passes into answers for callers. */
+ * Why here: pooling needs the tokenizer (format/), a forward pass (model/'s backend ops) and, for
+ * a decoder, sessions (session/); generate/ is the layer above them that already turns forward
+ * passes into answers for callers. */
 #include <math.h>
 #include <string.h>
 #include "kvg_backend.h"
 #include "kvg_generate.h"
 #include "kvg_session.h"
 
-/* tokens per encode call: bounds the activations of one batch (a few MB for small encoders) */
-#define EMBED_BATCH_TOKENS 4096
+/* tokens per encode call: bounds one batch's activations, about EMBED_BATCH_TOKENS x (6 n_embd +
+ * n_ff) floats (30 MiB for all-MiniLM-L6-v2), while a weight row is still read for 8 full texts */
+#define EMBED_BATCH_TOKENS 2048
 #define WHO "kvgen_embed"
 
 /* the pooling the caller asked for, else the file's, else the architecture's natural one */

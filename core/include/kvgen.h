@@ -21,7 +21,7 @@
  *   A session keeps a reference to its model: a model may be unloaded while sessions
  *   are open; it is freed when the last session closes.
  * - Threads: a model may be used from several threads for read-only queries
- *   (tokenize, info). A session must be used by one thread at a time.
+ *   (tokenize, info) and kvgen_embed. A session must be used by one thread at a time.
  * - Nothing happens before the host calls kvgen: no static constructors.
  */
 #ifndef KVGEN_H
