@@ -103,3 +103,31 @@ describe("model:embed", function()
   end)
 
 end)
+
+-- all-MiniLM-L6-v2 (scripts/fetch_model.sh --minilm); pending without the file
+describe("model:embed (all-MiniLM-L6-v2) #model", function()
+  local path = "models/all-MiniLM-L6-v2.gguf"
+  if not support.exists(path) then
+    pending("models/all-MiniLM-L6-v2.gguf absent (scripts/fetch_model.sh --minilm)")
+    return
+  end
+
+  it("puts a question nearest the fact that answers it", function()
+    local minilm <close> = kvgen.load(path, { backend = "cpu" })
+    assert.are.equal(384, minilm.n_embd)
+    local facts = {
+      "The blacksmith sells swords and shields.",
+      "Wolves howl in the forest at night.",
+      "The innkeeper serves warm stew every evening.",
+    }
+    local mem <close> = kvgen.memory { dim = minilm.n_embd }
+    local vs = minilm:embed(facts)
+    for i, f in ipairs(facts) do mem:add(f, vs[i]) end
+    local questions = { "Where can I buy a sword?", "Is it dangerous in the woods after dark?", "What's for dinner?" }
+    for i, q in ipairs(questions) do
+      local hits = mem:search(minilm:embed(q), { k = 3 })
+      assert.are.equal(facts[i], hits[1].text)
+      assert.is_true(hits[1].score > hits[2].score + 0.1)
+    end
+  end)
+end)
