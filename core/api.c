@@ -393,19 +393,29 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     tb_printf(&tb, "layers:          %d\n", hp->n_layer);
     tb_printf(&tb, "n_embd:          %d\n", hp->n_embd);
     tb_printf(&tb, "n_ff:            %d\n", hp->n_ff);
-    tb_printf(&tb, "heads:           %d (kv heads %d, head_dim %d, rope dims %d)\n", hp->n_head, hp->n_head_kv,
-              hp->head_dim, hp->n_rot);
-    tb_printf(&tb, "context_length:  %d\n", hp->n_ctx_train);
-    tb_printf(&tb, "vocab:           %d\n", hp->n_vocab);
-    tb_printf(&tb, "rope_freq_base:  %g\n", (double)hp->rope_freq_base);
-    if (m->w.rope_freqs || hp->rope_attn_factor != 1.0f) {
-        tb_printf(&tb, "rope factors:    %s, attn_factor %g", m->w.rope_freqs ? m->w.rope_freqs->name : "none",
-                  (double)hp->rope_attn_factor);
-        if (hp->n_ctx_rope > 0) tb_printf(&tb, " (sessions up to %d positions)", hp->n_ctx_rope);
-        tb_printf(&tb, "\n");
+    bool encoder = m->w.arch && m->w.arch->encoder;
+    if (encoder) {
+        static const char *const pooling[] = {"none (kvgen_embed: mean)", "mean", "cls", "last"};
+        tb_printf(&tb, "heads:           %d (head_dim %d)\n", hp->n_head, hp->head_dim);
+        tb_printf(&tb, "context_length:  %d (texts are cut there)\n", hp->n_ctx_train);
+        tb_printf(&tb, "vocab:           %d\n", hp->n_vocab);
+        tb_printf(&tb, "encoder:         bidirectional, learned positions, layer_norm_eps %g, pooling %s\n",
+                  (double)hp->layer_norm_eps, pooling[hp->pooling >= 0 && hp->pooling <= 3 ? hp->pooling : 0]);
+    } else {
+        tb_printf(&tb, "heads:           %d (kv heads %d, head_dim %d, rope dims %d)\n", hp->n_head, hp->n_head_kv,
+                  hp->head_dim, hp->n_rot);
+        tb_printf(&tb, "context_length:  %d\n", hp->n_ctx_train);
+        tb_printf(&tb, "vocab:           %d\n", hp->n_vocab);
+        tb_printf(&tb, "rope_freq_base:  %g\n", (double)hp->rope_freq_base);
+        if (m->w.rope_freqs || hp->rope_attn_factor != 1.0f) {
+            tb_printf(&tb, "rope factors:    %s, attn_factor %g", m->w.rope_freqs ? m->w.rope_freqs->name : "none",
+                      (double)hp->rope_attn_factor);
+            if (hp->n_ctx_rope > 0) tb_printf(&tb, " (sessions up to %d positions)", hp->n_ctx_rope);
+            tb_printf(&tb, "\n");
+        }
+        tb_printf(&tb, "rms_norm_eps:    %g\n", (double)hp->rms_norm_eps);
+        tb_printf(&tb, "embeddings:      %s\n", m->w.tied ? "tied (logits use token_embd)" : "separate output.weight");
     }
-    tb_printf(&tb, "rms_norm_eps:    %g\n", (double)hp->rms_norm_eps);
-    tb_printf(&tb, "embeddings:      %s\n", m->w.tied ? "tied (logits use token_embd)" : "separate output.weight");
 
     /* tensor types, in ggml numbering order, and which backend runs each (their own tables) */
     enum { N_TYPES = 64 };
@@ -434,7 +444,7 @@ size_t kvgen_model_describe(const kvgen_model *m, char *buf, size_t size) {
     if (other) tb_printf(&tb, "  %-15s%d tensor%s\n", "other:", other, other == 1 ? "" : "s");
 
     tb_printf(&tb, "tokenizer:       %s (pre %s, %d tokens%s)\n",
-              info.tokenizer == KVGEN_TOKENIZER_SPM ? "spm" : "bpe", info.tokenizer_pre ? info.tokenizer_pre : "?",
+              info.tokenizer == KVGEN_TOKENIZER_SPM ? "spm" : info.tokenizer == KVGEN_TOKENIZER_WPM ? "wpm" : "bpe", info.tokenizer_pre ? info.tokenizer_pre : "?",
               (int)kvg_tokenizer_n_vocab(m->tok), kvg_tokenizer_add_bos(m->tok) ? ", adds BOS" : "");
     tb_printf(&tb, "special tokens: ");
     tb_token(&tb, m, "bos", info.bos);

@@ -1,6 +1,7 @@
 /*
  * lua_model.c: kvgen.load and kvgen.Model: the model's fields, its tokenizer (tokenize,
- * detokenize, pieces, the streaming detokenizer) and the token arrays every call reads.
+ * detokenize, pieces, the streaming detokenizer), embeddings (embed) and the token arrays every
+ * call reads.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -306,7 +307,8 @@ static int model_tostring(lua_State *L) {
 }
 
 static const char *tokenizer_name(kvgen_tokenizer_kind k) {
-    return k == KVGEN_TOKENIZER_BPE ? "bpe" : k == KVGEN_TOKENIZER_SPM ? "spm" : "unknown";
+    return k == KVGEN_TOKENIZER_BPE ? "bpe" : k == KVGEN_TOKENIZER_SPM ? "spm" : k == KVGEN_TOKENIZER_WPM ? "wpm"
+                                                                                                   : "unknown";
 }
 
 /* model.<field> and model:info(): kvgen_model_info with the tokenizer kind as its name */
@@ -393,6 +395,70 @@ static int model_tokenize(lua_State *L) {
     size_t n = 0;
     const int32_t *ids = kvl_tokenize(L, m->model, text, len, flags, &n);
     kvl_push_ids(L, ids, n);
+    return 1;
+}
+
+/* ---- embeddings ---------------------------------------------------------------------------- */
+
+typedef struct embed_opts {
+    int pooling;   /* KVGEN_POOLING_* (OPT_CHOICE index = the enum's value) */
+    int normalize; /* 1 unless {normalize = false} */
+    int max_tokens;
+} embed_opts;
+
+static const char *const pooling_names[] = {"default", "mean", "cls", "last", NULL}; /* kvgen_pooling order */
+
+static const opt_spec embed_specs[] = {
+    {.key = "pooling", .type = OPT_CHOICE, .off = offsetof(embed_opts, pooling), .names = pooling_names},
+    {.key = "normalize", .type = OPT_BOOL, .off = offsetof(embed_opts, normalize)},
+    {.key = "max_tokens", .type = OPT_INT, .off = offsetof(embed_opts, max_tokens), .lo = 0, .hi = INT_MAX},
+};
+
+/* model:embed(text [, opts]) -> {numbers}; model:embed({texts} [, opts]) -> { {numbers}, ... }.
+ * opts: {pooling = "mean"|"cls"|"last", normalize = true, max_tokens = N}. Vectors are plain
+ * lists of numbers: what memory:add and memory:search take, what game code indexes and saves;
+ * a vector object would only save the table, and an embedding is computed far less often than
+ * it is searched with. All texts of a list run in one batched kvgen_embed call. */
+static int model_embed(lua_State *L) {
+    lmodel *m = kvl_check_model(L, 1);
+    int list = lua_type(L, 2) == LUA_TTABLE;
+    if (!list && lua_type(L, 2) != LUA_TSTRING) kvl_type_error(L, 2, "text", "string or list of strings");
+    embed_opts o = {.normalize = 1};
+    kvl_read_options(L, 3, embed_specs, N_SPECS(embed_specs), 0, &o, 0, NULL);
+    lua_Unsigned n = list ? kvl_check_sequence(L, 2, 2, "texts") : 1;
+    if (n > (lua_Unsigned)(INT_MAX / 2)) kvl_arg_error(L, 2, "texts: too many");
+    const char **texts = lua_newuserdatauv(L, (n ? n : 1) * sizeof *texts, 0);
+    size_t *lens = lua_newuserdatauv(L, (n ? n : 1) * sizeof *lens, 0);
+    for (lua_Unsigned i = 0; i < n; i++) {
+        if (list) {
+            lua_rawgeti(L, 2, (lua_Integer)i + 1);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                kvl_arg_error(L, 2, lua_pushfstring(L, "texts[%d]: string expected, got %s", (int)i + 1,
+                                                    kvl_push_got(L, -1)));
+            texts[i] = lua_tolstring(L, -1, &lens[i]); /* the list holds the string */
+            lua_pop(L, 1);
+        } else {
+            texts[i] = lua_tolstring(L, 2, &lens[i]);
+        }
+    }
+    kvgen_model_info info;
+    kvgen_model_get_info(m->model, &info);
+    size_t D = info.n_embd > 0 ? (size_t)info.n_embd : 1;
+    float *out = lua_newuserdatauv(L, (n ? n : 1) * D * sizeof *out, 0);
+    kvgen_embed_desc d = {.pooling = (kvgen_pooling)o.pooling, .no_normalize = !o.normalize,
+                          .max_tokens = o.max_tokens};
+    kvgen_error err = {0};
+    if (kvgen_embed(m->model, texts, lens, (size_t)n, &d, out, (size_t)n * D, &err) != KVGEN_OK)
+        kvl_raise_status(L, &err);
+    if (list) lua_createtable(L, (int)n, 0);
+    for (lua_Unsigned i = 0; i < n; i++) {
+        lua_createtable(L, (int)D, 0);
+        for (size_t k = 0; k < D; k++) {
+            lua_pushnumber(L, (lua_Number)out[i * D + k]);
+            lua_rawseti(L, -2, (lua_Integer)k + 1);
+        }
+        if (list) lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
     return 1;
 }
 
@@ -518,6 +584,7 @@ static const luaL_Reg model_methods[] = {
     {"info", model_info_table},
     {"describe", model_describe},
     {"tokenize", model_tokenize},
+    {"embed", model_embed},
     {"detokenize", model_detokenize},
     {"piece", model_piece},
     {"is_eog", model_is_eog},

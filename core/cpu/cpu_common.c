@@ -25,7 +25,9 @@ kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, const char
     h->layers = kvg_calloc(L, sizeof *h->layers);
     h->ropes = kvg_calloc(L, sizeof *h->ropes);
     bool ok = h->layers && h->ropes && kvg_cpu_tensor_f32(m->w.rope_freqs, (size_t)hp->n_rot / 2, &h->rope_factors) &&
-              kvg_cpu_tensor_f32(m->w.output_norm, D, &h->out_norm);
+              kvg_cpu_tensor_f32(m->w.output_norm, D, &h->out_norm) &&
+              kvg_cpu_tensor_f32(m->w.embd_norm, D, &h->embd_norm) && kvg_cpu_tensor_f32(m->w.embd_norm_b, D, &h->embd_norm_b);
+    size_t F = (size_t)hp->n_ff;
     for (size_t l = 0; ok && l < L; l++) {
         const kvg_layer *w = &m->w.layers[l];
         kvg_cpu_layer_tensors *t = &h->layers[l];
@@ -33,7 +35,10 @@ kvgen_status kvg_cpu_host_init(kvg_cpu_host *h, const kvgen_model *m, const char
              kvg_cpu_tensor_f32(w->bq, qd, &t->bq) && kvg_cpu_tensor_f32(w->bk, kvd, &t->bk) &&
              kvg_cpu_tensor_f32(w->bv, kvd, &t->bv) && kvg_cpu_tensor_f32(w->q_norm, hd, &t->q_norm) &&
              kvg_cpu_tensor_f32(w->k_norm, hd, &t->k_norm) && kvg_cpu_tensor_f32(w->attn_post_norm, D, &t->attn_post) &&
-             kvg_cpu_tensor_f32(w->ffn_post_norm, D, &t->ffn_post);
+             kvg_cpu_tensor_f32(w->ffn_post_norm, D, &t->ffn_post) && kvg_cpu_tensor_f32(w->bo, D, &t->bo) &&
+             kvg_cpu_tensor_f32(w->attn_out_norm, D, &t->ln1_w) && kvg_cpu_tensor_f32(w->attn_out_norm_b, D, &t->ln1_b) &&
+             kvg_cpu_tensor_f32(w->b_up, F, &t->b_up) && kvg_cpu_tensor_f32(w->b_down, D, &t->b_down) &&
+             kvg_cpu_tensor_f32(w->out_norm, D, &t->ln2_w) && kvg_cpu_tensor_f32(w->out_norm_b, D, &t->ln2_b);
         h->ropes[l] = (kvg_ref_rope_params){.n_rot = hp->n_rot, .neox = m->w.rope == KVG_ROPE_NEOX,
                                             .base = w->rope_base > 0.0f ? w->rope_base : hp->rope_freq_base,
                                             .scale = w->rope_scale > 0.0f ? w->rope_scale : 1.0f,
@@ -47,13 +52,16 @@ void kvg_cpu_host_free(kvg_cpu_host *h, const kvgen_model *m) {
     for (int g = 0; g < KVG_KV_GROUPS; g++) kvg_cpu_pages_free(&h->pages[g]);
     for (int l = 0; h->layers && l < m->w.hp.n_layer; l++) {
         kvg_cpu_layer_tensors *t = &h->layers[l];
-        float *ps[] = {t->attn_norm, t->ffn_norm, t->bq, t->bk, t->bv, t->q_norm, t->k_norm, t->attn_post, t->ffn_post};
+        float *ps[] = {t->attn_norm, t->ffn_norm, t->bq,    t->bk,    t->bv,   t->q_norm, t->k_norm, t->attn_post,
+                       t->ffn_post,  t->bo,       t->ln1_w, t->ln1_b, t->b_up, t->b_down, t->ln2_w,  t->ln2_b};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     }
     kvg_free(h->layers);
     kvg_free(h->ropes);
     kvg_free(h->rope_factors);
     kvg_free(h->out_norm);
+    kvg_free(h->embd_norm);
+    kvg_free(h->embd_norm_b);
 }
 
 kvgen_status kvg_cpu_scratch_init(kvg_cpu_scratch *a, const kvg_hparams *hp, int block, int n_ctx, int n_threads) {
@@ -86,7 +94,7 @@ kvgen_status kvg_cpu_check_seq(const kvgen_model *m, const kvg_batch_seq *q, int
     if (q->n <= 0 || q->pos0 < 0 || q->n > n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %d tokens at position %d do not fit %d", who, q->n, q->pos0,
                         n_ctx);
-    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL || q->out == KVG_OUT_HIDDEN) && !q->logits)
         return kvg_fail(err, KVGEN_E_INTERNAL, "%s: batch sequence %d wants logits but has no buffer", who, i);
     if (q->out == KVG_OUT_KEEP) return kvg_fail(err, KVGEN_E_INTERNAL, "%s: logits are host memory, none are kept", who);
     for (int t = 0; t < q->n; t++)

@@ -28,6 +28,8 @@
  * the f16 K/V (test_cpu_backend states and measures the tolerance). Nothing is allocated per
  * token.
  *
+ * An encoder (bert) runs the graph of cpu_encode.c with these matrix products (cpu_encode).
+ *
  * Shapes in comments: n = tokens in the block, D = n_embd, F = n_ff, H = n_head, Hkv =
  * n_head_kv, hd = head_dim, V = n_vocab. */
 #define _POSIX_C_SOURCE 200809L
@@ -181,19 +183,25 @@ static uint64_t matrix_bytes(const kvg_tensor *t) { return (uint64_t)kvg_row_byt
 
 /* the load's KVGEN_LOAD_UPLOAD stage: bytes of the matrices made ready, one report per matrix */
 static kvgen_status matrices_init(kvgen_model *m, cpu_model *cm, kvgen_error *err) {
-    uint64_t total = matrix_bytes(m->w.output), done = 0;
+    /* an encoder has no logits: its token_embd stays as the file has it, read row by row */
+    const kvg_tensor *output = m->w.arch && m->w.arch->encoder ? NULL : m->w.output;
+    uint64_t total = output ? matrix_bytes(output) : 0, done = 0;
     for (int l = 0; l < m->w.hp.n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
         const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
-        for (int i = 0; i < N_MATRICES; i++) total += matrix_bytes(ts[i]);
+        for (int i = 0; i < N_MATRICES; i++) total += ts[i] ? matrix_bytes(ts[i]) : 0;
     }
-    kvgen_status st = matrix_init(m, cm, m->w.output, &cm->output, err);
-    done += matrix_bytes(m->w.output);
-    if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
+    kvgen_status st = KVGEN_OK;
+    if (output) {
+        st = matrix_init(m, cm, output, &cm->output, err);
+        done += matrix_bytes(output);
+        if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
+    }
     for (int l = 0; st == KVGEN_OK && l < m->w.hp.n_layer; l++) {
         const kvg_layer *L = &m->w.layers[l];
         const kvg_tensor *ts[N_MATRICES] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
         for (int i = 0; st == KVGEN_OK && i < N_MATRICES; i++) {
+            if (!ts[i]) continue; /* an encoder's ungated feed-forward has no ffn_gate */
             st = matrix_init(m, cm, ts[i], &cm->layers[l].w[i], err);
             done += matrix_bytes(ts[i]);
             if (st == KVGEN_OK) st = kvg_load_progress(m, KVGEN_LOAD_UPLOAD, done, total, err);
@@ -713,6 +721,12 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         float *outs[CPU_BLOCK];
         for (int t = 0; t < nb; t++) {
             const kvg_batch_seq *q = &b->seq[seq_of[t]];
+            if (q->out == KVG_OUT_HIDDEN) { /* rmsnorm(x) * out_norm, the logits' input */
+                const cpu_model *cm = m->backend;
+                cm->vec->rmsnorm(q->logits + (size_t)tok_of[t] * hp->n_embd, scratch->c.x + (size_t)t * hp->n_embd,
+                                 cm->host.out_norm, hp->n_embd, hp->rms_norm_eps);
+                continue;
+            }
             if (q->out == KVG_OUT_ALL) outs[count] = q->logits + (size_t)tok_of[t] * V;
             else if (q->out == KVG_OUT_LAST && tok_of[t] == q->n - 1) outs[count] = q->logits;
             else continue;
@@ -725,12 +739,43 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
 
 /* ---- the page pool's storage: host pages (cpu_pages.c) ------------------------------------------ */
 
+/* ---- an encoder ------------------------------------------------------------------------------------ */
+
+typedef struct cpu_encode_ctx {
+    const cpu_model *cm;
+    kvg_backend_session *s;
+} cpu_encode_ctx;
+
+static void cpu_encode_mm(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out) {
+    cpu_encode_ctx *c = ctx;
+    int which = role == KVG_T_ATTN_Q ? M_Q : role == KVG_T_ATTN_K ? M_K : role == KVG_T_ATTN_V ? M_V
+              : role == KVG_T_ATTN_OUT ? M_O : role == KVG_T_FFN_UP ? M_UP : M_DOWN;
+    mm_spec spec[1] = {{.w = &c->cm->layers[layer].w[which], .out = out}};
+    matmul(c->cm, c->s, in, in_dim, n, 1, spec);
+}
+
+/* The shared encoder graph (cpu_encode.c) with this file's products (activations quantized as
+ * for a prompt); a session's scratch (one block) holds the quantized activations. */
+static kvgen_status cpu_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err) {
+    cpu_model *cm = m->backend;
+    kvg_backend_session *s = NULL;
+    kvgen_status st = cpu_session_init(m, 1, &s, err);
+    if (st != KVGEN_OK) return st;
+    cpu_encode_ctx c = {cm, s};
+    kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = CPU_BLOCK, .mm = cpu_encode_mm,
+                         .mm_ctx = &c};
+    st = kvg_cpu_encode(&e, b, err);
+    cpu_session_free(m, s);
+    return st;
+}
+
 const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
     .kv_groups = true,
+    .hidden_out = true,
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
-                KVG_F_SLIDING_WINDOW,
+                KVG_F_SLIDING_WINDOW | KVG_F_ENCODER,
     .weight_types = kvg_traits_types, /* qdot_tables.c has a kernel for every type of the traits table */
     /* f16 by default; the block types for more tokens per byte (cpu_vec.c's KV tables hold
      * attention's kernels for each) */
@@ -741,5 +786,6 @@ const kvg_backend_ops kvg_cpu_backend = {
     .session_init = cpu_session_init,
     .session_free = cpu_session_free,
     .forward = cpu_forward,
+    .encode = cpu_encode,
     KVG_CPU_HOST_PAGE_OPS, /* cpu_common.c */
 };

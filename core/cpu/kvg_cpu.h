@@ -150,6 +150,11 @@ typedef struct kvg_cpu_layer_tensors {
     float *bq, *bk, *bv;         /* [H*hd], [Hkv*hd], [Hkv*hd] */
     float *q_norm, *k_norm;      /* [hd] */
     float *attn_post, *ffn_post; /* [D] */
+    /* an encoder's post-norm block (bert) */
+    float *bo;                   /* [D] attn_output bias */
+    float *ln1_w, *ln1_b;        /* [D] attn_output_norm */
+    float *b_up, *b_down;        /* [F], [D] */
+    float *ln2_w, *ln2_b;        /* [D] layer_output_norm */
 } kvg_cpu_layer_tensors;
 
 /* What a host backend keeps per model besides its weights: the first member of its model
@@ -161,6 +166,7 @@ typedef struct kvg_cpu_host {
     struct kvg_ref_rope_params *ropes; /* [n_layer]: the layers' RoPE, also for kv_copy's re-rotation */
     float *rope_factors;           /* [n_rot/2] rope_freqs in f32, or NULL */
     float *out_norm;               /* [D] the final norm, before the logits */
+    float *embd_norm, *embd_norm_b; /* [D] an encoder's embedding LayerNorm */
     kvg_cpu_pages pages[KVG_KV_GROUPS]; /* the page pools' storage, per layer group (kvg_model.h) */
 } kvg_cpu_host;
 
@@ -193,6 +199,27 @@ kvgen_status kvg_cpu_check_seq(const kvgen_model *m, const kvg_batch_seq *q, int
  * (both advanced): token t of the block is tokens[t], token tok_of[t] of sequence seq_of[t].
  * Returns the block's size, 0 at the batch's end. */
 int kvg_cpu_batch_block(const kvg_batch *b, int *si, int *ti, int max, int32_t *tokens, int *seq_of, int *tok_of);
+
+/* ---- an encoder's forward pass (cpu_encode.c) ----
+ * The reference and cpu backends run an encoder (kvg_arch.encoder: bert) through this one
+ * graph and differ only in their matrix products: mm computes out[t] = in[t] W for n <= block
+ * rows of in, W the matrix of `role` in layer `layer`. Every sequence of the batch is run at
+ * once, layer by layer (a weight row is read once per block of tokens of all the texts),
+ * attention within each sequence, both ways, without a cache. */
+typedef void (*kvg_cpu_matmul_fn)(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out);
+typedef struct kvg_cpu_encoder {
+    const kvgen_model *m;
+    const kvg_cpu_host *host;
+    kvg_cpu_pool *pool;
+    int block;                /* rows per call of mm */
+    kvg_cpu_matmul_fn mm;
+    void *mm_ctx;
+} kvg_cpu_encoder;
+kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err);
+/* out = (x - mean) / sqrt(var + eps) * w + b over n elements (out may alias x) */
+void kvg_cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+/* the exact GELU, 0.5 x (1 + erf(x / sqrt 2)) */
+float kvg_cpu_gelu(float x);
 
 /* kvg_backend_ops' page ops over m->backend's kvg_cpu_host */
 size_t kvg_cpu_host_cache_bytes_per_token(const kvgen_model *m);

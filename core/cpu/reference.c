@@ -5,7 +5,8 @@
  *
  * Every architecture of the table runs here: biases, Q/K head norms, post norms, NEOX or
  * adjacent RoPE with per-layer base and frequency factors, GELU or SiLU gating, embedding
- * scale, soft-capping and sliding-window layers are data of the model description.
+ * scale, soft-capping and sliding-window layers are data of the model description. An encoder
+ * (bert) runs the graph of cpu_encode.c with this file's matrix products (ref_encode).
  *
  * This is the oracle every shader is tested against, so it favours being obviously right
  * over being fast: weights stay in their GGUF encoding, and each output element is one f32
@@ -460,7 +461,12 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
             int run = 1;
             while (t + run < nb && seq_of[t + run] == seq_of[t]) run++;
             int last = tok_of[t + run - 1];
-            if (q->out == KVG_OUT_ALL)
+            if (q->out == KVG_OUT_HIDDEN) /* rmsnorm(x) * out_norm, the logits' input       [run][D] */
+                for (int r = 0; r < run; r++)
+                    kvg_ref_rmsnorm(q->logits + (size_t)(tok_of[t] + r) * hp->n_embd,
+                                    scratch->c.x + (size_t)(t + r) * hp->n_embd, rm->host.out_norm, hp->n_embd,
+                                    hp->rms_norm_eps);
+            else if (q->out == KVG_OUT_ALL)
                 compute_logits(m, scratch, t, run, q->logits + (size_t)tok_of[t] * V);
             else if (q->out == KVG_OUT_LAST && last == q->n - 1)
                 compute_logits(m, scratch, t + run - 1, 1, q->logits);
@@ -470,14 +476,56 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     return KVGEN_OK;
 }
 
+/* ---- an encoder ----------------------------------------------------------------------- */
+
+/* the weight of `role` in layer l of an encoder (cpu_encode.c asks by role) */
+static const kvg_tensor *encoder_matrix(const kvg_layer *L, int role) {
+    switch (role) {
+    case KVG_T_ATTN_Q: return L->wq;
+    case KVG_T_ATTN_K: return L->wk;
+    case KVG_T_ATTN_V: return L->wv;
+    case KVG_T_ATTN_OUT: return L->wo;
+    case KVG_T_FFN_UP: return L->w_up;
+    default: return L->w_down;
+    }
+}
+
+typedef struct ref_encode_ctx {
+    kvgen_model *m;
+    kvg_backend_session *s;
+} ref_encode_ctx;
+
+static void ref_encode_mm(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out) {
+    ref_encode_ctx *c = ctx;
+    ref_model *rm = c->m->backend;
+    matmul_part p[1] = {{encoder_matrix(&c->m->w.layers[layer], role), out}};
+    matmul(rm->pool, c->s, in, in_dim, n, 1, p);
+}
+
+/* The shared encoder graph (cpu_encode.c) with this file's products: each row dequantized to
+ * f32 and dotted in f32. A session's scratch (one block) holds the dequantized rows. */
+static kvgen_status ref_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err) {
+    ref_model *rm = m->backend;
+    kvg_backend_session *s = NULL;
+    kvgen_status st = ref_session_init(m, 1, &s, err);
+    if (st != KVGEN_OK) return st;
+    ref_encode_ctx c = {m, s};
+    kvg_cpu_encoder e = {.m = m, .host = &rm->host, .pool = rm->pool, .block = REF_BLOCK, .mm = ref_encode_mm,
+                         .mm_ctx = &c};
+    st = kvg_cpu_encode(&e, b, err);
+    ref_session_free(m, s);
+    return st;
+}
+
 const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
     .kv_groups = true,
+    .hidden_out = true,
     /* every feature of the architecture table; Q and the attention output are n_head*head_dim
      * wide throughout, whatever n_embd is */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
-                KVG_F_SLIDING_WINDOW,
+                KVG_F_SLIDING_WINDOW | KVG_F_ENCODER,
     .weight_types = kvg_traits_types, /* every type quant.c can dequantize: rows are dotted in f32 */
     /* the oracle keeps K/V as it computed them: the other types are the device backends'
      * approximations, which the tests measure against these pages */
@@ -488,5 +536,6 @@ const kvg_backend_ops kvg_reference_backend = {
     .session_init = ref_session_init,
     .session_free = ref_session_free,
     .forward = ref_forward,
+    .encode = ref_encode,
     KVG_CPU_HOST_PAGE_OPS, /* cpu_common.c */
 };

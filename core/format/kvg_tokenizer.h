@@ -1,4 +1,4 @@
-/* kvg_tokenizer.h: byte-level BPE and SentencePiece tokenizers built from GGUF metadata (private). */
+/* kvg_tokenizer.h: byte-level BPE, SentencePiece and WordPiece tokenizers built from GGUF metadata (private). */
 #ifndef KVG_TOKENIZER_H
 #define KVG_TOKENIZER_H
 #include <stdbool.h>
@@ -38,6 +38,19 @@ int kvg_token_is_control(const kvg_tokenizer *t, int32_t token);
 int32_t kvg_token_find(const kvg_tokenizer *t, const char *text);
 /* SentencePiece with add_space_prefix: the first piece of a detokenized text drops its leading space. */
 int kvg_tokenizer_strips_leading_space(const kvg_tokenizer *t);
+
+/* ---- wordpiece.c: BERT's WordPiece over a fragment of text ----
+ * Emits the ids of text[0..len) through emit; false when memory ran out. */
+typedef struct kvg_wordpiece {
+    bool lowercase; /* lower-case and strip accents first (an uncased vocabulary) */
+    bool phantom;   /* word starts are "\u2581piece" and continuations "piece" (llama.cpp's converter),
+                       else starts "piece" and continuations "##piece" (Hugging Face's) */
+    int32_t unk;    /* the id of a word no pieces make */
+    int32_t (*find)(const void *ctx, const char *s, size_t n); /* a piece's id, -1 when absent */
+    const void *ctx;
+} kvg_wordpiece;
+bool kvg_wordpiece_encode(const kvg_wordpiece *wp, const char *text, size_t len, void (*emit)(void *, int32_t),
+                          void *ectx);
 
 /* ---- every token's bytes (token_bytes.c) ------------------------------------------------
  * Token t's bytes are bytes[off[t] .. off[t + 1]): kvg_token_piece's with flags 0 (control and

@@ -1,6 +1,7 @@
-/* tokenizer.c: byte-level BPE (tokenizer.ggml.model = gpt2) and SentencePiece-style BPE
- * (tokenizer.ggml.model = llama) built from GGUF metadata. (Over 1,000 lines: the two
- * algorithms share the vocabulary, merges and special-token tables they are built from.)
+/* tokenizer.c: byte-level BPE (tokenizer.ggml.model = gpt2), SentencePiece-style BPE
+ * (tokenizer.ggml.model = llama) and the vocabulary side of BERT's WordPiece (bert; the
+ * algorithm is wordpiece.c's) built from GGUF metadata. (Over 1,000 lines: the algorithms share
+ * the vocabulary, merges and special-token tables they are built from.)
  *
  * Semantics follow llama.cpp's reading of the same GGUF keys (so that token ids match the
  * reference tokenizer the vocabulary files were tested with); docs/tokenizer.md lists the
@@ -50,6 +51,8 @@ struct kvg_tokenizer {
     int32_t eog[MAX_EOG];
     int n_eog;
     bool add_bos, add_space_prefix, ignore_merges;
+    bool add_sep;        /* WordPiece: [SEP] closes what [CLS] opened (KVGEN_TOKENIZE_ADD_BOS) */
+    kvg_wordpiece wpm;   /* WordPiece: how this vocabulary spells its pieces */
     pcre2_code *re[MAX_REGEX];
     int n_re;
     /* PCRE2's memory comes from the host's allocator through these (JIT code excepted: PCRE2
@@ -430,6 +433,52 @@ static kvgen_status compile_regexes(kvg_tokenizer *t, const pre_def *d, const ch
     return KVGEN_OK;
 }
 
+/* ---- WordPiece's vocabulary ---- */
+
+static int32_t wpm_find(const void *ctx, const char *s, size_t n) { return find_text(ctx, s, n); }
+
+/* How the vocabulary spells pieces: llama.cpp's converter marks word starts with U+2581 and
+ * leaves continuations bare; Hugging Face's files mark continuations with "##". An uncased
+ * vocabulary (no upper-case ASCII letter in any ordinary piece) asks for lower-cased text. */
+static kvgen_status wordpiece_setup(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error *err) {
+    (void)g;
+    (void)err;
+    bool upper = false, phantom = false;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        if (t->type[i] != TT_NORMAL) continue;
+        const char *s = tok_text(t, i);
+        uint32_t n = t->text_len[i];
+        if (n >= 3 && memcmp(s, SPM_SPACE, 3) == 0) phantom = true;
+        for (uint32_t k = 0; k < n && !upper; k++) upper = s[k] >= 'A' && s[k] <= 'Z';
+    }
+    t->wpm = (kvg_wordpiece){.lowercase = !upper, .phantom = phantom, .unk = -1, .find = wpm_find, .ctx = t};
+    t->add_bos = true; /* [CLS] ... [SEP], as BERT was trained */
+    t->add_sep = true;
+    return KVGEN_OK;
+}
+
+/* [CLS], [SEP] and [UNK]: the file's ids (cls_token_id, seperator_token_id as llama.cpp spells
+ * it, unknown_token_id), else the pieces of those names */
+static kvgen_status wordpiece_ids(kvg_tokenizer *t, const kvg_gguf *g, kvgen_error *err) {
+    const char *path = kvg_gguf_path(g);
+    kvgen_status st;
+    int32_t cls = -1, sep = -1;
+    if ((st = read_id(g, "tokenizer.ggml.cls_token_id", t->n_vocab, &cls, err)) != KVGEN_OK ||
+        (st = read_id(g, "tokenizer.ggml.seperator_token_id", t->n_vocab, &sep, err)) != KVGEN_OK)
+        return st;
+    if (cls < 0) cls = t->bos >= 0 ? t->bos : find_text(t, "[CLS]", 5);
+    if (sep < 0) sep = t->eos >= 0 ? t->eos : find_text(t, "[SEP]", 5);
+    if (t->unk < 0) t->unk = find_text(t, "[UNK]", 5);
+    if (t->unk < 0)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: a WordPiece vocabulary needs an unknown token "
+                        "(tokenizer.ggml.unknown_token_id or a piece [UNK])", path);
+    t->bos = cls;
+    t->eos = sep;
+    t->wpm.unk = t->unk;
+    if (cls < 0 || sep < 0) t->add_sep = false;
+    return KVGEN_OK;
+}
+
 kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_error *err) {
     *out = NULL;
     const char *path = kvg_gguf_path(g);
@@ -438,12 +487,16 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: tokenizer.ggml.model is missing (the file has no tokenizer)", path);
     if (!kvg_gguf_get_str(g, "tokenizer.ggml.model", &model))
         return kvg_fail(err, KVGEN_E_FORMAT, "%s: tokenizer.ggml.model is not a string", path);
-    kvgen_tokenizer_kind kind;
-    if (model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0) kind = KVGEN_TOKENIZER_BPE;
-    else if (model.len == 5 && memcmp(model.ptr, "llama", 5) == 0) kind = KVGEN_TOKENIZER_SPM;
-    else
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (kvgen reads 'gpt2' "
-                        "and 'llama')", path, model.len > 64 ? 64 : (int)model.len, model.ptr);
+    /* the tokenizer table: tokenizer.ggml.model -> the algorithm */
+    static const struct { const char *name; kvgen_tokenizer_kind kind; } models[] = {
+        {"gpt2", KVGEN_TOKENIZER_BPE}, {"llama", KVGEN_TOKENIZER_SPM}, {"bert", KVGEN_TOKENIZER_WPM}};
+    kvgen_tokenizer_kind kind = 0;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        if (model.len == strlen(models[i].name) && memcmp(model.ptr, models[i].name, model.len) == 0)
+            kind = models[i].kind;
+    if (!kind)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (kvgen reads 'gpt2', "
+                        "'llama' and 'bert')", path, model.len > 64 ? 64 : (int)model.len, model.ptr);
 
     kvg_str pre = {"default", 7};
     if (kvg_gguf_find_key(g, "tokenizer.ggml.pre") >= 0 && !kvg_gguf_get_str(g, "tokenizer.ggml.pre", &pre))
@@ -478,6 +531,8 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
             t->byte_tok[b] = find_text(t, u, utf8_put(u, cp));
             t->cp_to_byte[cp] = (uint16_t)(b + 1);
         }
+    } else if (kind == KVGEN_TOKENIZER_WPM) {
+        if ((st = wordpiece_setup(t, g, err)) != KVGEN_OK) goto fail;
     } else {
         t->add_bos = true;
         t->add_space_prefix = true;
@@ -502,6 +557,7 @@ kvgen_status kvg_tokenizer_load(const kvg_gguf *g, kvg_tokenizer **out, kvgen_er
     if ((st = read_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot, err)) != KVGEN_OK) goto fail;
     if ((st = read_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &t->eom, err)) != KVGEN_OK) goto fail;
     if ((st = read_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err)) != KVGEN_OK) goto fail;
+    if (kind == KVGEN_TOKENIZER_WPM && (st = wordpiece_ids(t, g, err)) != KVGEN_OK) goto fail;
     if (t->add_bos && t->bos < 0) t->add_bos = false;
 
     /* control-token texts that end a turn; also names the EOT token when the file does not */
@@ -574,7 +630,7 @@ int32_t kvg_tokenizer_eos(const kvg_tokenizer *t) { return t->eos; }
 int32_t kvg_tokenizer_eot(const kvg_tokenizer *t) { return t->eot; }
 int kvg_tokenizer_add_bos(const kvg_tokenizer *t) { return t->add_bos; }
 int kvg_tokenizer_strips_leading_space(const kvg_tokenizer *t) {
-    return t->kind == KVGEN_TOKENIZER_SPM && t->add_space_prefix;
+    return (t->kind == KVGEN_TOKENIZER_SPM && t->add_space_prefix) || t->kind == KVGEN_TOKENIZER_WPM;
 }
 
 int kvg_token_is_eog(const kvg_tokenizer *t, int32_t token) {
@@ -625,7 +681,11 @@ size_t kvg_token_piece(const kvg_tokenizer *t, int32_t token, unsigned flags, ch
             } else {
                 len = put_bytes(buf, size, 0, s, n);
             }
-        } else if (t->kind == KVGEN_TOKENIZER_SPM) {
+        } else if (t->kind == KVGEN_TOKENIZER_WPM && !t->wpm.phantom) {
+            /* Hugging Face's spelling: a continuation joins its word, a start begins a new one */
+            if (n >= 2 && memcmp(s, "##", 2) == 0) len = put_bytes(buf, size, 0, s + 2, n - 2);
+            else len = put_bytes(buf, size, put_bytes(buf, size, 0, " ", 1), s, n);
+        } else if (t->kind == KVGEN_TOKENIZER_SPM || t->kind == KVGEN_TOKENIZER_WPM) {
             for (size_t i = 0; i < n;) {
                 if (n - i >= 3 && memcmp(s + i, SPM_SPACE, 3) == 0) {
                     len = put_bytes(buf, size, len, " ", 1);
@@ -685,6 +745,8 @@ static void emit(enc *e, int32_t id) {
     if (e->n < e->cap) e->out[e->n] = id;
     e->n++;
 }
+
+static void wpm_emit(void *e, int32_t id) { emit(e, id); }
 
 static bool enc_reserve(enc *e, size_t n_syms, size_t n_buf) {
     if (n_syms > e->syms_cap) {
@@ -1031,11 +1093,15 @@ kvgen_status kvg_tokenize_marked(const kvg_tokenizer *t, const char *text, size_
             prev_special = true;
         } else if (t->kind == KVGEN_TOKENIZER_BPE) {
             bpe_fragment(&e, text + frags[i].off, frags[i].len);
+        } else if (t->kind == KVGEN_TOKENIZER_WPM) {
+            if (!kvg_wordpiece_encode(&t->wpm, text + frags[i].off, frags[i].len, wpm_emit, &e))
+                e.st = KVGEN_E_NO_MEMORY;
         } else {
             spm_fragment(&e, text + frags[i].off, frags[i].len, t->add_space_prefix && prev_special);
             prev_special = false;
         }
     }
+    if ((flags & KVGEN_TOKENIZE_ADD_BOS) && t->add_bos && t->add_sep && t->eos >= 0) emit(&e, t->eos);
     if (frags != &one) kvg_free(frags);
     pcre2_match_data_free(e.md);
     kvg_free(e.syms);

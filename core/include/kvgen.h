@@ -21,7 +21,7 @@
  *   A session keeps a reference to its model: a model may be unloaded while sessions
  *   are open; it is freed when the last session closes.
  * - Threads: a model may be used from several threads for read-only queries
- *   (tokenize, info). A session must be used by one thread at a time.
+ *   (tokenize, info) and kvgen_embed. A session must be used by one thread at a time.
  * - Nothing happens before the host calls kvgen: no static constructors.
  */
 #ifndef KVGEN_H
@@ -244,7 +244,8 @@ typedef struct kvgen_model_desc {
 
 typedef enum kvgen_tokenizer_kind {
     KVGEN_TOKENIZER_BPE = 1, /* byte-level BPE (tokenizer.ggml.model = gpt2) */
-    KVGEN_TOKENIZER_SPM = 2  /* SentencePiece-style (tokenizer.ggml.model = llama) */
+    KVGEN_TOKENIZER_SPM = 2, /* SentencePiece-style (tokenizer.ggml.model = llama) */
+    KVGEN_TOKENIZER_WPM = 3  /* BERT's WordPiece (tokenizer.ggml.model = bert) */
 } kvgen_tokenizer_kind;
 
 typedef struct kvgen_model_info {
@@ -954,6 +955,36 @@ typedef struct kvgen_jobs_stats {
 } kvgen_jobs_stats;
 
 KVGEN_API void kvgen_jobs_get_stats(kvgen_model *model, kvgen_jobs_stats *stats);
+
+/* ---- embeddings: a vector per text ------------------------------------------------------------ */
+
+/* How a text's per-token hidden states become one vector. */
+typedef enum kvgen_pooling {
+    KVGEN_POOLING_DEFAULT = 0, /* the model's <arch>.pooling_type; where the file has none: mean for an
+                                  encoder (bert), last for a decoder (its last token has read the whole text) */
+    KVGEN_POOLING_MEAN = 1,    /* the average over every token ([CLS] and [SEP] included, as sentence-transformers) */
+    KVGEN_POOLING_CLS = 2,     /* the first token's */
+    KVGEN_POOLING_LAST = 3     /* the last token's */
+} kvgen_pooling;
+
+typedef struct kvgen_embed_desc {
+    kvgen_pooling pooling;
+    int no_normalize; /* 0: vectors of length 1 (L2); else as pooled */
+    int max_tokens;   /* texts longer are cut to their first max_tokens tokens (an encoder keeps its closing
+                         [SEP]); 0 or above the model's: the model's n_ctx_train (kvgen_model_info) */
+} kvgen_embed_desc;
+
+/* Embeds n texts in one call: out gets n vectors of kvgen_model_info.n_embd floats, text i's at
+ * out + i * n_embd (out_floats must be at least n * n_embd). lens[i] is text i's length in bytes
+ * (lens NULL: NUL-terminated); a text may be empty or hold NUL bytes (dropped, as control
+ * characters are) and is tokenized as plain text (control-token names are not matched). desc
+ * NULL: all defaults. An encoder runs the texts batched (every weight read once per batch of
+ * texts); a decoder (llama, qwen, ...) runs each text through a session of its own on the
+ * reference and cpu backends and returns its final hidden states (after the output norm)
+ * pooled. A text that has no token (a decoder without BOS given "") is refused, naming it. The
+ * model's tokenizer adds [CLS]/[SEP] or BOS as it asks. Thread-safe as kvgen_tokenize is. */
+KVGEN_API kvgen_status kvgen_embed(kvgen_model *model, const char *const *texts, const size_t *lens, size_t n,
+                                   const kvgen_embed_desc *desc, float *out, size_t out_floats, kvgen_error *err);
 
 /* ---- memory store: texts with their embedding vectors, searched by cosine ------------------ */
 

@@ -14,6 +14,10 @@ static const struct {
     [KVG_T_ROPE_FREQS] = {"rope_freqs.weight", "rope_freqs"},
     [KVG_T_ROPE_FACTORS_LONG] = {"rope_factors_long.weight", "rope_factors_long"},
     [KVG_T_ROPE_FACTORS_SHORT] = {"rope_factors_short.weight", "rope_factors_short"},
+    [KVG_T_POS_EMBD] = {"position_embd.weight", "position_embd"},
+    [KVG_T_TOKEN_TYPES] = {"token_types.weight", "token_types"},
+    [KVG_T_TOKEN_EMBD_NORM] = {"token_embd_norm.weight", "token_embd_norm"},
+    [KVG_T_TOKEN_EMBD_NORM_BIAS] = {"token_embd_norm.bias", "token_embd_norm.bias"},
     [KVG_T_ATTN_NORM] = {"blk.%d.attn_norm.weight", "attn_norm"},
     [KVG_T_ATTN_Q] = {"blk.%d.attn_q.weight", "attn_q"},
     [KVG_T_ATTN_K] = {"blk.%d.attn_k.weight", "attn_k"},
@@ -31,6 +35,13 @@ static const struct {
     [KVG_T_FFN_UP] = {"blk.%d.ffn_up.weight", "ffn_up"},
     [KVG_T_FFN_DOWN] = {"blk.%d.ffn_down.weight", "ffn_down"},
     [KVG_T_FFN_POST_NORM] = {"blk.%d.post_ffw_norm.weight", "post_ffw_norm"},
+    [KVG_T_ATTN_OUT_BIAS] = {"blk.%d.attn_output.bias", "attn_output.bias"},
+    [KVG_T_ATTN_OUT_NORM] = {"blk.%d.attn_output_norm.weight", "attn_output_norm"},
+    [KVG_T_ATTN_OUT_NORM_BIAS] = {"blk.%d.attn_output_norm.bias", "attn_output_norm.bias"},
+    [KVG_T_FFN_UP_BIAS] = {"blk.%d.ffn_up.bias", "ffn_up.bias"},
+    [KVG_T_FFN_DOWN_BIAS] = {"blk.%d.ffn_down.bias", "ffn_down.bias"},
+    [KVG_T_LAYER_OUT_NORM] = {"blk.%d.layer_output_norm.weight", "layer_output_norm"},
+    [KVG_T_LAYER_OUT_NORM_BIAS] = {"blk.%d.layer_output_norm.bias", "layer_output_norm.bias"},
 };
 
 const char *kvg_tensor_pattern(kvg_tensor_role role) {
@@ -53,6 +64,7 @@ static const char *const feature_names[KVG_F_COUNT] = {
     "sliding-window attention (attention.sliding_window)",
     "head_count x head size different from embedding_length (attention.key_length)",
     "RoPE with an attention factor (rope.scaling.attn_factor)",
+    "the encoder forward pass (bidirectional attention without a cache, post-LayerNorm blocks, learned positions)",
 };
 
 const char *kvg_feature_name(uint32_t feature) {
@@ -102,6 +114,14 @@ static const kvg_arch rows[] = {
      .optional = B(OUTPUT) | B(ROPE_FACTORS_LONG) | B(ROPE_FACTORS_SHORT), .rope = KVG_ROPE_NEOX,
      .act = KVG_ACT_SILU_GATED, .fused = KVG_FUSED_QKV | KVG_FUSED_GATE_UP, .rope_factors = true,
      .complete = true},
+    /* bert, as llama.cpp's converter writes it: no output norm or logits (an encoder embeds);
+     * bert.pooling_type says how its hidden states become one vector (kvgen_embed) */
+    {.name = "bert", .prefix = "bert",
+     .required = B(TOKEN_EMBD) | B(POS_EMBD) | B(TOKEN_EMBD_NORM) | B(TOKEN_EMBD_NORM_BIAS) | B(ATTN_Q) |
+                 B(ATTN_K) | B(ATTN_V) | B(ATTN_Q_BIAS) | B(ATTN_K_BIAS) | B(ATTN_V_BIAS) | B(ATTN_OUT) |
+                 B(ATTN_OUT_BIAS) | B(ATTN_OUT_NORM) | B(ATTN_OUT_NORM_BIAS) | B(FFN_UP) | B(FFN_UP_BIAS) |
+                 B(FFN_DOWN) | B(FFN_DOWN_BIAS) | B(LAYER_OUT_NORM) | B(LAYER_OUT_NORM_BIAS),
+     .optional = B(TOKEN_TYPES), .act = KVG_ACT_GELU, .encoder = true, .complete = true},
 };
 #undef B
 

@@ -16,6 +16,10 @@ typedef enum kvg_tensor_role {
     KVG_T_ROPE_FREQS,
     KVG_T_ROPE_FACTORS_LONG,
     KVG_T_ROPE_FACTORS_SHORT,
+    KVG_T_POS_EMBD,             /* learned absolute positions (bert) */
+    KVG_T_TOKEN_TYPES,          /* token-type (segment) embeddings (bert) */
+    KVG_T_TOKEN_EMBD_NORM,      /* LayerNorm of the summed embeddings (bert) */
+    KVG_T_TOKEN_EMBD_NORM_BIAS,
     KVG_T_ATTN_NORM,
     KVG_T_ATTN_Q,
     KVG_T_ATTN_K,
@@ -33,10 +37,17 @@ typedef enum kvg_tensor_role {
     KVG_T_FFN_UP,
     KVG_T_FFN_DOWN,
     KVG_T_FFN_POST_NORM,
+    KVG_T_ATTN_OUT_BIAS,        /* the post-norm encoder block (bert): biases of attn_output, */
+    KVG_T_ATTN_OUT_NORM,        /* LayerNorm of x + attention, */
+    KVG_T_ATTN_OUT_NORM_BIAS,
+    KVG_T_FFN_UP_BIAS,          /* biases of the ungated feed-forward, */
+    KVG_T_FFN_DOWN_BIAS,
+    KVG_T_LAYER_OUT_NORM,       /* LayerNorm of x + feed-forward */
+    KVG_T_LAYER_OUT_NORM_BIAS,
     KVG_T_COUNT
 } kvg_tensor_role;
 
-#define KVG_T_BIT(role) (1u << (role))
+#define KVG_T_BIT(role) ((uint64_t)1 << (role)) /* KVG_T_COUNT is above 32 */
 #define KVG_T_FIRST_LAYER_ROLE KVG_T_ATTN_NORM /* roles from here on are per layer */
 
 /* the GGUF name pattern of a role ("blk.%d.attn_q.weight"), the same for every architecture
@@ -51,7 +62,8 @@ typedef enum kvg_rope_style {
 
 typedef enum kvg_activation {
     KVG_ACT_SILU_GATED = 0, /* silu(gate) * up (SwiGLU) */
-    KVG_ACT_GELU_TANH_GATED /* gelu_tanh(gate) * up (GeGLU) */
+    KVG_ACT_GELU_TANH_GATED, /* gelu_tanh(gate) * up (GeGLU) */
+    KVG_ACT_GELU             /* gelu(up), the exact (erf) GELU, no gate: bert */
 } kvg_activation;
 
 /* Features of a forward pass beyond the plain llama one. A model's set (kvg_weights.features)
@@ -69,8 +81,9 @@ enum {
     KVG_F_SLIDING_WINDOW = 1u << 8, /* sliding-window attention on some layers */
     KVG_F_WIDE_HEADS = 1u << 9,     /* n_head * head_dim != n_embd */
     KVG_F_ROPE_ATTN_FACTOR = 1u << 10, /* the rotated dimensions scaled by rope.scaling.attn_factor */
+    KVG_F_ENCODER = 1u << 11,       /* a bidirectional encoder without a cache (kvg_arch.encoder) */
 };
-#define KVG_F_COUNT 11
+#define KVG_F_COUNT 12
 
 /* A fused matrix: one tensor of the file whose rows are those of several roles, one after
  * another (ne[0] the same). The description presents each part as a view (a row range of the
@@ -97,8 +110,8 @@ const char *kvg_feature_name(uint32_t feature);
 typedef struct kvg_arch {
     const char *name;    /* general.architecture */
     const char *prefix;  /* metadata keys are "<prefix>.block_count", ... */
-    uint32_t required;   /* KVG_T_BIT of the tensors every file of it has */
-    uint32_t optional;   /* ... and of those it may have (output: untied; biases; ...) */
+    uint64_t required;   /* KVG_T_BIT of the tensors every file of it has */
+    uint64_t optional;   /* ... and of those it may have (output: untied; biases; ...) */
     kvg_rope_style rope;
     kvg_activation act;
     bool embd_scale;     /* x = embedding * sqrt(n_embd) */
@@ -110,6 +123,11 @@ typedef struct kvg_arch {
     uint32_t fused;      /* KVG_FUSED_* bits: matrices the file stores fused (parts as views) */
     bool rope_factors;   /* reads rope_factors_long/short, rope.scaling.attn_factor and
                             rope.scaling.original_context_length (Phi-3's LongRoPE) */
+    /* An encoder (bert): learned positions and token types summed into the embedding and
+     * LayerNormed, then post-LayerNorm blocks (x = LN(x + attention), x = LN(x + FFN)) with
+     * biases everywhere, an ungated GELU feed-forward, attention over the whole text both
+     * ways, no cache, no logits: it only embeds (kvg_backend_ops.encode). */
+    bool encoder;
     bool complete;       /* kvgen runs it: its facts are all implemented by some backend */
 } kvg_arch;
 

@@ -15,7 +15,9 @@ typedef enum kvg_batch_out {
     KVG_OUT_NONE, /* nothing: its K/V only (a prefill chunk that is not the last) */
     KVG_OUT_LAST, /* the last token's n_vocab logits into `logits` */
     KVG_OUT_ALL,  /* every token's logits into `logits`, n * n_vocab floats */
-    KVG_OUT_KEEP  /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
+    KVG_OUT_KEEP, /* the last token's logits stay on the device (ops->fetch_logits, ops->topk) */
+    KVG_OUT_HIDDEN /* every token's final hidden state (after the output norm) into `logits`, n * n_embd
+                      floats, and no logits: a decoder's embedding (backends with ops->hidden_out) */
 } kvg_batch_out;
 
 /* One sequence of a batch: n tokens of one session at positions pos0.., K/V read and written
@@ -40,6 +42,15 @@ typedef struct kvg_batch {
     int n_seq;
 } kvg_batch;
 
+/* An encoder's batch (kvg_arch.encoder): n_seq texts' tokens back to back, each text attended
+ * over as a whole, both ways, without a cache. */
+typedef struct kvg_encode_batch {
+    const int32_t *tokens; /* sum of n_tokens ids */
+    const int *n_tokens;   /* [n_seq] each text's count, 1 to the model's n_ctx_train */
+    int n_seq;
+    float *hidden;         /* [sum of n_tokens][n_embd]: each token's output of the last block */
+} kvg_encode_batch;
+
 typedef struct kvg_backend_ops {
     const char *name;
     /* The KVG_F_* features (kvg_arch.h) this backend's forward pass runs; model_init refuses a
@@ -48,6 +59,8 @@ typedef struct kvg_backend_ops {
     /* true: K/V pages split by layer group (kvg_kv_layout), so sliding-window layers release
      * what they no longer see; false: one group of every layer */
     bool kv_groups;
+    /* true: forward answers KVG_OUT_HIDDEN */
+    bool hidden_out;
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */
@@ -69,6 +82,10 @@ typedef struct kvg_backend_ops {
      * backend may group, reorder or split the work: several one-token sequences share each
      * weight read). On failure nothing is returned; K/V at the batch's positions are undefined. */
     kvgen_status (*forward)(kvgen_model *m, const kvg_batch *b, kvgen_error *err);
+
+    /* An encoder's forward pass (optional: NULL for a backend that runs none; a backend that
+     * lists KVG_F_ENCODER in features has it). */
+    kvgen_status (*encode)(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err);
 
     /* ---- KV pages: K/V live in the model's page pools (kvg_pool.h), one per layer group
      * (m->kv); a page id is an index into its group's pool ---- */

@@ -32,7 +32,14 @@ typedef struct kvg_hparams {
     /* attention variants, 0 when the architecture or the file has none */
     float attn_softcap, final_softcap; /* <prefix>.attn_logit_softcapping, final_logit_softcapping */
     int n_swa;                         /* <prefix>.attention.sliding_window (0: none) */
+    /* an encoder's (kvg_arch.encoder) */
+    float layer_norm_eps;              /* <prefix>.attention.layer_norm_epsilon (1e-12 when absent) */
+    int pooling;                       /* <prefix>.pooling_type as GGUF numbers it (KVG_POOLING_*); absent:
+                                          KVG_POOLING_NONE (the caller's or kvgen_embed's default decides) */
 } kvg_hparams;
+
+/* pooling_type values, as llama.cpp's converter writes them */
+enum { KVG_POOLING_NONE = 0, KVG_POOLING_MEAN = 1, KVG_POOLING_CLS = 2, KVG_POOLING_LAST = 3 };
 
 /* Weights of one transformer block; shapes as GGUF stores them (ne[0] = input width). */
 typedef struct kvg_layer {
@@ -50,6 +57,11 @@ typedef struct kvg_layer {
     const kvg_tensor *q_norm, *k_norm;  /* [head_dim] f32 */
     const kvg_tensor *attn_post_norm;   /* [n_embd] f32 */
     const kvg_tensor *ffn_post_norm;    /* [n_embd] f32 */
+    /* an encoder's post-norm block (bert); NULL for the others */
+    const kvg_tensor *bo;                          /* [n_embd] f32 attn_output bias */
+    const kvg_tensor *attn_out_norm, *attn_out_norm_b; /* [n_embd] LayerNorm of x + attention */
+    const kvg_tensor *b_up, *b_down;               /* [n_ff], [n_embd] the feed-forward's biases */
+    const kvg_tensor *out_norm, *out_norm_b;       /* [n_embd] LayerNorm of x + feed-forward */
     /* the layer's attention facts (from the row and the file) */
     bool swa;                           /* sliding-window layer: attends to the last n_swa positions */
     float rope_base, rope_scale;        /* its RoPE base and position scale */
@@ -68,7 +80,11 @@ typedef struct kvg_weights {
     uint32_t features;             /* KVG_F_* this model needs beyond the plain llama forward pass */
     const kvg_tensor *rope_freqs;  /* [n_rot/2] f32, NULL when absent */
     const kvg_tensor *tok_embd;    /* [n_embd] x n_vocab */
-    const kvg_tensor *output_norm; /* [n_embd] f32 */
+    const kvg_tensor *output_norm; /* [n_embd] f32; NULL for an encoder */
+    /* an encoder's embedding (bert): x = tok_embd[t] + token_types[0] + pos_embd[pos], LayerNormed */
+    const kvg_tensor *pos_embd;    /* [n_embd] x n_ctx_train */
+    const kvg_tensor *tok_types;   /* [n_embd] x types, NULL when absent */
+    const kvg_tensor *embd_norm, *embd_norm_b; /* [n_embd] f32 */
     const kvg_tensor *output;      /* [n_embd] x n_vocab; == tok_embd when tied */
     bool tied;
     const kvg_tensor *rope_factors_long; /* [n_rot/2] f32: Phi-3's factors past n_ctx_orig (rope_freqs when the model's n_ctx is longer) */

@@ -159,6 +159,25 @@ static kvgen_status read_hparams(ctx *c, kvg_hparams *hp, uint32_t *features) {
                         c->path, hp->n_rot, hp->head_dim);
     if (hp->attn_softcap > 0.0f || hp->final_softcap > 0.0f) *features |= KVG_F_SOFTCAP;
     if (hp->n_swa > 0) *features |= KVG_F_SLIDING_WINDOW;
+    if (c->arch->encoder) {
+        hp->layer_norm_eps = 1e-12f;
+        if ((st = get_float(c, K(c, "attention.layer_norm_epsilon"), &hp->layer_norm_eps))) return st;
+        int64_t pooling = 0;
+        if (kvg_gguf_find_key(c->g, K(c, "pooling_type")) >= 0 &&
+            (!kvg_gguf_get_i64(c->g, K(c, "pooling_type"), &pooling) || pooling < 0 || pooling > KVG_POOLING_LAST))
+            return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: %s must be 0 (none), 1 (mean), 2 (cls) or 3 (last)",
+                            c->path, K(c, "pooling_type"));
+        hp->pooling = (int)pooling;
+        bool causal = false;
+        if (kvg_gguf_find_key(c->g, K(c, "attention.causal")) >= 0 &&
+            (!kvg_gguf_get_bool(c->g, K(c, "attention.causal"), &causal) || causal))
+            return kvg_fail(c->err, KVGEN_E_UNSUPPORTED, "%s: %s must be false: kvgen runs %s as a bidirectional "
+                            "encoder", c->path, K(c, "attention.causal"), c->arch->name);
+        if (hp->n_head_kv != hp->n_head)
+            return kvg_fail(c->err, KVGEN_E_FORMAT, "%s: %s = %d differs from head_count %d (an encoder has one K/V "
+                            "head per query head)", c->path, K(c, "attention.head_count_kv"), hp->n_head_kv, hp->n_head);
+        *features |= KVG_F_ENCODER;
+    }
     return KVGEN_OK;
 }
 
@@ -197,6 +216,13 @@ static kvgen_status get_tensor(ctx *c, const char *name, uint64_t ne0, uint64_t 
                         shape, ne0);
     }
     return KVGEN_OK;
+}
+
+/* a 2-D tensor of rows ne0 wide, however many (token_types: one row per type) */
+static kvgen_status get_tensor_rows(ctx *c, const char *name, uint64_t ne0, bool optional, const kvg_tensor **out) {
+    const kvg_tensor *t = kvg_gguf_find_tensor(c->g, name);
+    uint64_t rows = t && t->n_dims == 2 && t->ne[1] > 0 && t->ne[1] <= MAX_DIM ? t->ne[1] : 1;
+    return get_tensor(c, name, ne0, rows, false, optional, out);
 }
 
 /* ---- tensors the row does not use ---- */
@@ -239,10 +265,11 @@ static void list_add(char *buf, size_t size, int *count, const char *name) {
  * would change the math, or one warning (the logger) listing the others. */
 static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
     int n_t = kvg_gguf_n_tensors(c->g);
-    size_t n_used = 0, cap = 5 + (size_t)w->hp.n_layer * KVG_T_COUNT + (size_t)w->n_views;
+    size_t n_used = 0, cap = 9 + (size_t)w->hp.n_layer * KVG_T_COUNT + (size_t)w->n_views;
     const void **used = kvg_malloc(cap * sizeof *used);
     if (!used) return kvg_fail(c->err, KVGEN_E_NO_MEMORY, "%s: out of memory", c->path);
-    const kvg_tensor *top[] = {w->tok_embd, w->output_norm, w->output, w->rope_freqs, w->rope_factors_long};
+    const kvg_tensor *top[] = {w->tok_embd,  w->output_norm, w->output,      w->rope_freqs, w->rope_factors_long,
+                               w->pos_embd,  w->tok_types,   w->embd_norm,   w->embd_norm_b};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]) used[n_used++] = top[i];
     for (int i = 0; i < w->n_views; i++) used[n_used++] = w->views[i].whole;
@@ -250,7 +277,8 @@ static kvgen_status check_unused(ctx *c, const kvg_weights *w) {
         const kvg_layer *L = &w->layers[l];
         const kvg_tensor *ts[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up,
                                   L->w_down, L->bq, L->bk, L->bv, L->q_norm, L->k_norm, L->attn_post_norm,
-                                  L->ffn_post_norm};
+                                  L->ffn_post_norm, L->bo, L->attn_out_norm, L->attn_out_norm_b, L->b_up,
+                                  L->b_down, L->out_norm, L->out_norm_b};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             if (ts[i] && n_used < cap) used[n_used++] = ts[i];
     }
@@ -368,11 +396,17 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
     uint64_t q_dim = (uint64_t)hp->n_head * (uint64_t)hp->head_dim;
     uint64_t kv_dim = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
     uint64_t hd = (uint64_t)hp->head_dim;
-    uint32_t want = arch->required | arch->optional;
+    uint64_t want = arch->required | arch->optional;
 #define HAS(role) (want & KVG_T_BIT(KVG_T_##role))
 #define OPT(role) ((arch->required & KVG_T_BIT(KVG_T_##role)) == 0)
     if ((st = get_tensor(&c, "token_embd.weight", embd, vocab, false, false, &w->tok_embd)) ||
-        (st = get_tensor(&c, "output_norm.weight", embd, 0, true, false, &w->output_norm)) ||
+        (HAS(OUTPUT_NORM) && (st = get_tensor(&c, "output_norm.weight", embd, 0, true, false, &w->output_norm))) ||
+        (HAS(POS_EMBD) && (st = get_tensor_rows(&c, "position_embd.weight", embd, OPT(POS_EMBD), &w->pos_embd))) ||
+        (HAS(TOKEN_TYPES) && (st = get_tensor_rows(&c, "token_types.weight", embd, OPT(TOKEN_TYPES), &w->tok_types))) ||
+        (HAS(TOKEN_EMBD_NORM) &&
+         (st = get_tensor(&c, "token_embd_norm.weight", embd, 0, true, OPT(TOKEN_EMBD_NORM), &w->embd_norm))) ||
+        (HAS(TOKEN_EMBD_NORM_BIAS) &&
+         (st = get_tensor(&c, "token_embd_norm.bias", embd, 0, true, OPT(TOKEN_EMBD_NORM_BIAS), &w->embd_norm_b))) ||
         (HAS(OUTPUT) && (st = get_tensor(&c, "output.weight", embd, vocab, false, OPT(OUTPUT), &w->output))) ||
         (HAS(ROPE_FREQS) && (st = get_tensor(&c, "rope_freqs.weight", (uint64_t)hp->n_rot / 2, 0, true,
                                              OPT(ROPE_FREQS), &w->rope_freqs))))
@@ -385,13 +419,18 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
          (st = get_tensor(&c, "rope_factors_long.weight", (uint64_t)hp->n_rot / 2, 0, true, true,
                           &w->rope_factors_long))))
         return st;
+    /* an encoder's positions: at least its context (a file may hold more, the context being what it
+     * was trained to embed) */
+    if (w->pos_embd && w->pos_embd->ne[1] < (uint64_t)hp->n_ctx_train)
+        return kvg_fail(err, KVGEN_E_FORMAT, "%s: position_embd.weight has %" PRIu64 " positions, fewer than %s = %d",
+                        c.path, w->pos_embd->ne[1], K(&c, "context_length"), hp->n_ctx_train);
     if (w->rope_factors_long) w->hp.n_ctx_rope = hp->n_ctx_orig > 0 ? hp->n_ctx_orig : hp->n_ctx_train;
     if (w->rope_freqs) features |= KVG_F_ROPE_FREQS;
     w->tied = w->output == NULL;
     if (w->tied) w->output = w->tok_embd;
     w->layers = kvg_calloc((size_t)hp->n_layer, sizeof *w->layers);
     if (!w->layers) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", c.path);
-    uint32_t fused_parts = 0; /* roles the views of fused matrices fill */
+    uint64_t fused_parts = 0; /* roles the views of fused matrices fill */
     int views_per_layer = 0;
     for (uint32_t k = 1; k && k <= arch->fused; k <<= 1) {
         const kvg_fused *f = (arch->fused & k) ? kvg_fused_layout(k) : NULL;
@@ -431,6 +470,13 @@ kvgen_status kvg_weights_describe(const kvg_gguf *g, kvg_weights *w, kvgen_error
         LAYER_TENSOR(w_up, FFN_UP, embd, ff, false)
         LAYER_TENSOR(w_down, FFN_DOWN, ff, embd, false)
         LAYER_TENSOR(ffn_post_norm, FFN_POST_NORM, embd, 0, true)
+        LAYER_TENSOR(bo, ATTN_OUT_BIAS, embd, 0, true)
+        LAYER_TENSOR(attn_out_norm, ATTN_OUT_NORM, embd, 0, true)
+        LAYER_TENSOR(attn_out_norm_b, ATTN_OUT_NORM_BIAS, embd, 0, true)
+        LAYER_TENSOR(b_up, FFN_UP_BIAS, ff, 0, true)
+        LAYER_TENSOR(b_down, FFN_DOWN_BIAS, embd, 0, true)
+        LAYER_TENSOR(out_norm, LAYER_OUT_NORM, embd, 0, true)
+        LAYER_TENSOR(out_norm_b, LAYER_OUT_NORM_BIAS, embd, 0, true)
 #undef LAYER_TENSOR
         /* attention facts: local (sliding-window) layers by the row's pattern, with their own RoPE
          * base (the file's <prefix>.rope.freq_base_swa, else the row's) and no position scaling */
@@ -550,14 +596,16 @@ kvgen_status kvg_weights_check_types(const kvgen_model *m, const kvg_backend_ops
     if (n > MAX_BACKEND_TYPES) n = MAX_BACKEND_TYPES;
     const kvg_weights *w = &m->w;
     kvgen_status st = KVGEN_OK;
-    const kvg_tensor *top[] = {w->tok_embd, w->output, w->output_norm};
+    const kvg_tensor *top[] = {w->tok_embd, w->output, w->output_norm, w->pos_embd, w->tok_types, w->embd_norm,
+                               w->embd_norm_b};
     for (size_t i = 0; i < sizeof top / sizeof top[0] && st == KVGEN_OK; i++)
         st = check_tensor_type(path, top[i], ops, types, n, err);
     for (int l = 0; w->layers && l < w->hp.n_layer && st == KVGEN_OK; l++) {
         const kvg_layer *L = &w->layers[l];
         const kvg_tensor *ts[] = {L->attn_norm, L->wq,     L->wk, L->wv, L->wo,     L->ffn_norm,       L->w_gate,
                                   L->w_up,      L->w_down, L->bq, L->bk, L->bv,     L->q_norm,         L->k_norm,
-                                  L->attn_post_norm, L->ffn_post_norm};
+                                  L->attn_post_norm, L->ffn_post_norm, L->bo, L->attn_out_norm,
+                                  L->attn_out_norm_b, L->b_up, L->b_down, L->out_norm, L->out_norm_b};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0] && st == KVGEN_OK; i++)
             st = check_tensor_type(path, ts[i], ops, types, n, err);
     }

@@ -132,6 +132,11 @@ void kvg_session_ext_free_all(kvgen_session *s);
 kvgen_status kvg_session_ext_clone_all(kvgen_session *dst, const kvgen_session *src, kvgen_error *err);
 /* A new empty session with s's options and a copy of its sampler and layers' state (a fork's
  * child, before the kind copies what the session holds). */
+/* Runs tokens[0, n) through a fresh session (nothing run yet) at positions 0.. and writes each
+ * token's final hidden state after the output norm (n * n_embd floats) into hidden instead of
+ * logits: a decoder's embedding (kvgen_embed). The session then has no logits; close it.
+ * KVGEN_E_UNSUPPORTED on a backend without ops->hidden_out. */
+kvgen_status kvg_session_hidden(kvgen_session *s, const int32_t *tokens, size_t n, float *hidden, kvgen_error *err);
 kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen_error *err);
 /* Makes `n` positions [n_tokens, n_tokens+n) hold `tokens` with the K/V given per layer by
  * `kv` ([layer][K|V][Hkv][n][hd] f32), without running the model (restore): the pages are

@@ -295,6 +295,10 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
                              kvgen_session **out, kvgen_error *err) {
     *out = NULL;
     const kvg_hparams *hp = &model->w.hp;
+    if (model->w.arch && model->w.arch->encoder)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_session_create: %s is an encoder (%s): it embeds text "
+                        "(kvgen_embed) and has no session to generate with", model->name ? model->name : "the model",
+                        model->w.arch->name);
     int n_ctx = desc->n_ctx;
     if (n_ctx == 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < KVG_DEFAULT_CTX ? hp->n_ctx_train : KVG_DEFAULT_CTX;
     if (desc->n_ctx == 0 && hp->n_ctx_rope > 0 && n_ctx > hp->n_ctx_rope) n_ctx = hp->n_ctx_rope;
@@ -380,6 +384,24 @@ static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, s
     kvgen_status st = s->model->ops->forward(s->model, &b, err);
     if (st == KVGEN_OK) s->logits_on_device = q.out == KVG_OUT_KEEP;
     else s->has_logits = false; /* a failed pass may have overwritten them */
+    return st;
+}
+
+kvgen_status kvg_session_hidden(kvgen_session *s, const int32_t *tokens, size_t n, float *hidden, kvgen_error *err) {
+    kvgen_model *m = s->model;
+    if (!m->ops->hidden_out)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "the %s backend does not return hidden states (the reference and "
+                        "cpu backends do)", m->ops->name);
+    if (s->n_tokens != 0 || n == 0 || n > (size_t)s->n_ctx)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "hidden states of %zu tokens need a fresh session of room "
+                        "for them (it holds %zu of %d)", n, s->n_tokens, s->n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->w.hp.n_vocab)
+            return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "token %zu: id %d is outside the vocabulary [0, %d)", i,
+                            (int)tokens[i], m->w.hp.n_vocab);
+    kvgen_status st = reserve(s, 0, n, err);
+    if (st == KVGEN_OK) st = run_one(s, tokens, n, 0, KVG_OUT_HIDDEN, hidden, err);
+    s->has_logits = false;
     return st;
 }
 

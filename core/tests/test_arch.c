@@ -99,7 +99,7 @@ static void test_table(void) {
         CHECKF((rows[i].required & rows[i].optional) == 0, "%s: a tensor both required and optional", rows[i].name);
         complete += rows[i].complete;
     }
-    CHECK(complete == 6); /* llama, qwen2, qwen3, gemma2, gemma3, phi3 */
+    CHECK(complete == 7); /* llama, qwen2, qwen3, gemma2, gemma3, phi3, bert */
     const kvg_arch *l = kvg_arch_find("llama", 5);
     CHECK(l && l->complete && strcmp(l->prefix, "llama") == 0);
     if (l) {
@@ -125,7 +125,7 @@ static void test_table(void) {
     CHECK(strstr(kvg_feature_name(KVG_F_ATTN_BIAS), "attn_q.bias") != NULL);
     char list[256];
     kvg_arch_list(true, list, sizeof list);
-    CHECKF(strcmp(list, "llama, qwen2, qwen3, gemma2, gemma3, phi3") == 0, "%s", list);
+    CHECKF(strcmp(list, "llama, qwen2, qwen3, gemma2, gemma3, phi3, bert") == 0, "%s", list);
 }
 
 /* the llama row describes and runs a llama file as it always did */
@@ -350,7 +350,7 @@ static void test_unknown(const char *llama_path) {
     kvgen_status st = open_describe(p, &g, &w, &err);
     CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, p) &&
                strstr(err.message, "architecture 'gpt2' is not supported (kvgen runs: llama, qwen2, qwen3, gemma2, "
-                                   "gemma3, phi3)"),
+                                   "gemma3, phi3, bert)"),
            "%s", err.message);
     size_t n = 0;
     const kvg_arch *rows = kvg_arch_rows(&n);
@@ -415,7 +415,7 @@ static void test_unused(const char *llama_path) {
     }
     free(n);
     /* a tensor that changes nothing kvgen computes: loads, with one warning line naming it */
-    extra_tensor odd[1] = {{"token_types.weight", 4}};
+    extra_tensor odd[1] = {{"training_stats.weight", 4}};
     char *o = rewrite(llama_path, "a-llama-extra.gguf", NULL, odd, 1);
     CHECK(o != NULL);
     if (o) {
@@ -423,7 +423,7 @@ static void test_unused(const char *llama_path) {
         kvgen_error err = {0};
         kvgen_status st = describe_capturing(o, out, sizeof out, &err);
         CHECKF(st == KVGEN_OK, "%s", err.message);
-        CHECKF(strstr(out, "token_types.weight") && strstr(out, o) && strchr(out, '\n') == out + strlen(out) - 1,
+        CHECKF(strstr(out, "training_stats.weight") && strstr(out, o) && strchr(out, '\n') == out + strlen(out) - 1,
                "stderr: %s", out);
     }
     free(o);

@@ -2,6 +2,7 @@
  * `generate --ids` against the library called directly; `info --backend cpu`; `info` on a model of
  * K types, which every backend runs. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 #include "testutil.h"
@@ -74,6 +75,52 @@ static void expect_status(const char *args, int want) {
     int rc = run(args, NULL, &out);
     CHECKF(rc == want, "kvgen %s: exit %d, want %d", args, rc, want);
     free(out);
+}
+
+/* kvgen embed: a line in, a line of n_embd floats out, unit vectors unless --no-normalize, the
+ * same numbers as kvgen_embed; a decoder model and a bad --pooling are refused */
+static void test_embed_command(void) {
+    char *bert = tu_make_model("cli-bert.gguf", "--arch bert --layers 1 --embd 32 --ff 64 --heads 2 --ctx 32");
+    CHECK(bert != NULL);
+    if (!bert) return;
+    char args[1200], *out = NULL;
+    snprintf(args, sizeof args, "embed %s --backend reference", bert);
+    CHECK(run(args, "hello world\n\nthe sword\r\nplaying", &out) == 0);
+    int lines = 0;
+    for (char *line = out, *next; line && *line; line = next, lines++) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        double ss = 0, got[32] = {0};
+        int n = 0;
+        for (char *tok = strtok(line, " "); tok; tok = strtok(NULL, " "), n++) {
+            if (n < 32) got[n] = atof(tok);
+            ss += atof(tok) * atof(tok);
+        }
+        CHECKF(n == 32 && fabs(ss - 1.0) < 1e-5, "line %d: %d floats, squared norm %g", lines, n, ss);
+        if (lines == 2) { /* "the sword" as kvgen_embed gives it ("\r" is not the text's) */
+            kvgen_model *m = NULL;
+            kvgen_model_desc d = {.path = bert, .backend = KVGEN_BACKEND_REFERENCE};
+            float v[32] = {0};
+            const char *t[] = {"the sword"};
+            CHECK_OK(kvgen_model_load(&d, &m, NULL));
+            if (m) CHECK_OK(kvgen_embed(m, t, NULL, 1, NULL, v, 32, NULL));
+            kvgen_model_unload(m);
+            double worst = 0;
+            for (int k = 0; k < 32; k++) worst = fmax(worst, fabs(got[k] - v[k]));
+            CHECKF(worst < 1e-7, "kvgen embed and kvgen_embed differ by %g", worst);
+        }
+    }
+    CHECKF(lines == 4, "%d lines:\n%s", lines, out);
+    free(out);
+    snprintf(args, sizeof args, "embed %s --backend reference --no-normalize", bert);
+    CHECK(run(args, "hello world\n", &out) == 0);
+    double ss = 0;
+    for (char *tok = strtok(out, " \n"); tok; tok = strtok(NULL, " \n")) ss += atof(tok) * atof(tok);
+    CHECKF(fabs(ss - 1.0) > 1e-3, "--no-normalize: squared norm %g", ss);
+    free(out);
+    snprintf(args, sizeof args, "embed %s --pooling median", bert);
+    expect_status(args, 2);
+    free(bert);
 }
 
 int main(void) {
@@ -274,5 +321,6 @@ int main(void) {
     kvgen_model_unload(m);
     test_progress_line(model);
     free(model);
+    test_embed_command();
     return tu_finish("test_cli");
 }

@@ -297,7 +297,7 @@ static void test_refusals(void) {
     if (!src) return;
     expect_refusal(src, "r-same.gguf", &(edit){0}, KVGEN_OK, NULL);
     expect_refusal(src, "r-arch.gguf", &(edit){.arch = "gpt2"}, KVGEN_E_UNSUPPORTED,
-                   "architecture 'gpt2' is not supported (kvgen runs: llama, qwen2, qwen3, gemma2, gemma3, phi3)");
+                   "architecture 'gpt2' is not supported (kvgen runs: llama, qwen2, qwen3, gemma2, gemma3, phi3, bert)");
     expect_refusal(src, "r-no-arch.gguf", &(edit){.drop_key = "general.architecture"}, KVGEN_E_FORMAT,
                    "general.architecture");
     expect_refusal(src, "r-missing.gguf", &(edit){.drop_tensor = "blk.1.ffn_up.weight"}, KVGEN_E_FORMAT,

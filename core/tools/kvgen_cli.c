@@ -3,6 +3,7 @@
  *
  *   kvgen info MODEL
  *   kvgen tokenize MODEL [--special]                 (text on stdin, ids on stdout)
+ *   kvgen embed MODEL [--no-normalize] [--pooling P] (texts on stdin, one per line; a vector per line out)
  *   kvgen generate MODEL -p PROMPT [-n N] [options]  (see usage())
  *
  * Exit status: 0 on success, 1 when kvgen reports an error, 2 on a usage error. */
@@ -26,6 +27,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kvgen info MODEL [--backend B] [--device D] [--pipeline-cache F]\n"
             "       kvgen tokenize MODEL [--special]        (reads text from stdin)\n"
+            "       kvgen embed MODEL [--no-normalize] [--pooling mean|cls|last]\n"
+            "                                             (a text per line of stdin; prints a vector per line)\n"
             "       kvgen generate MODEL -p PROMPT [options]\n"
             "       kvgen bench MODEL [options]            (kvgen bench --help)\n"
             "       kvgen devices\n"
@@ -136,6 +139,8 @@ typedef struct options {
     const char *system;
     const char *grammar, *schema; /* files */
     int temp_set, sampling_opt, special, ids, no_cache, ignore_eos, chat;
+    int no_normalize;      /* embed */
+    kvgen_pooling pooling; /* embed */
 } options;
 
 /* Parses argv[2..]: the first non-option is MODEL. Returns 0, or 2 after printing a usage error. */
@@ -154,6 +159,15 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (strcmp(a, "--no-cache") == 0) o->no_cache = 1;
         else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
         else if (strcmp(a, "--chat") == 0) o->chat = 1;
+        else if (strcmp(a, "--no-normalize") == 0) o->no_normalize = 1;
+        else if (strcmp(a, "--pooling") == 0) {
+            NEED_VALUE();
+            o->pooling = strcmp(val, "mean") == 0   ? KVGEN_POOLING_MEAN
+                         : strcmp(val, "cls") == 0  ? KVGEN_POOLING_CLS
+                         : strcmp(val, "last") == 0 ? KVGEN_POOLING_LAST
+                                                    : (kvgen_pooling)-1;
+            if ((int)o->pooling < 0) return usage_error("--pooling: expected mean, cls or last, got '%s'", val);
+        }
         else if (strcmp(a, "--system") == 0) {
             NEED_VALUE();
             o->system = val;
@@ -336,13 +350,15 @@ static int32_t *tokenize(kvgen_model *m, const char *text, size_t len, unsigned 
     return ids;
 }
 
-static int cmd_tokenize(const options *o) {
-    size_t cap = 4096, len = 0;
+/* all of stdin, malloc'd (*len bytes); NULL after printing an error */
+static char *read_stdin(size_t *len) {
+    size_t cap = 4096;
+    *len = 0;
     char *text = malloc(cap);
     while (text) {
-        size_t got = fread(text + len, 1, cap - len, stdin);
-        len += got;
-        if (len < cap) break;
+        size_t got = fread(text + *len, 1, cap - *len, stdin);
+        *len += got;
+        if (*len < cap) break;
         char *bigger = realloc(text, cap * 2);
         if (!bigger) {
             free(text);
@@ -355,8 +371,15 @@ static int cmd_tokenize(const options *o) {
     if (!text || ferror(stdin)) {
         fprintf(stderr, "kvgen: cannot read stdin\n");
         free(text);
-        return 1;
+        return NULL;
     }
+    return text;
+}
+
+static int cmd_tokenize(const options *o) {
+    size_t len = 0;
+    char *text = read_stdin(&len);
+    if (!text) return 1;
     kvgen_model *m = load(o);
     if (!m) {
         free(text);
@@ -371,6 +394,53 @@ static int cmd_tokenize(const options *o) {
         rc = 0;
     }
     free(ids);
+    free(text);
+    kvgen_model_unload(m);
+    return rc;
+}
+
+/* A text per line of stdin ("\n" or "\r\n" ends a line; an empty line is the empty text), all
+ * embedded in one kvgen_embed call, a vector per line out: n_embd floats separated by spaces. */
+static int cmd_embed(const options *o) {
+    size_t len = 0;
+    char *text = read_stdin(&len);
+    if (!text) return 1;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += text[i] == '\n';
+    if (len && text[len - 1] != '\n') n++; /* a last line without its newline */
+    const char **lines = malloc((n ? n : 1) * sizeof *lines);
+    size_t *lens = malloc((n ? n : 1) * sizeof *lens);
+    kvgen_model *m = lines && lens ? load(o) : NULL;
+    float *out = NULL;
+    int rc = 1;
+    if (!m) goto done;
+    for (size_t i = 0, at = 0; i < n; i++) {
+        size_t end = at;
+        while (end < len && text[end] != '\n') end++;
+        lines[i] = text + at;
+        lens[i] = end - at - (end > at && text[end - 1] == '\r');
+        at = end + 1;
+    }
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    size_t D = (size_t)info.n_embd;
+    out = malloc((n ? n : 1) * D * sizeof *out);
+    kvgen_error err = {0};
+    kvgen_embed_desc d = {.pooling = o->pooling, .no_normalize = o->no_normalize};
+    kvgen_status st = out ? kvgen_embed(m, lines, lens, n, &d, out, n * D, &err) : KVGEN_E_NO_MEMORY;
+    if (st != KVGEN_OK) {
+        fprintf(stderr, "kvgen: %s\n", out ? err.message : "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (size_t k = 0; k < D; k++) printf(k ? " %.9g" : "%.9g", (double)out[i * D + k]);
+        printf("\n");
+    }
+    rc = 0;
+done:
+    free(out);
+    free(lines);
+    free(lens);
     free(text);
     kvgen_model_unload(m);
     return rc;
@@ -530,12 +600,13 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "bench") == 0) return kvgen_cli_bench(argc, argv);
     if (strcmp(cmd, "devices") == 0) return kvgen_cli_devices(argc, argv);
-    if (strcmp(cmd, "info") && strcmp(cmd, "tokenize") && strcmp(cmd, "generate"))
+    if (strcmp(cmd, "info") && strcmp(cmd, "tokenize") && strcmp(cmd, "generate") && strcmp(cmd, "embed"))
         return usage_error("unknown command '%s'", cmd);
     options o;
     int rc = parse_options(argc, argv, &o);
     if (rc) return rc;
     if (strcmp(cmd, "info") == 0) return cmd_info(&o);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(&o);
+    if (strcmp(cmd, "embed") == 0) return cmd_embed(&o);
     return cmd_generate(&o);
 }

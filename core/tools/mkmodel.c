@@ -14,6 +14,12 @@
  * attention.sliding_window and --softcap A,F the attention/final logit soft-capping (gemma2).
  * --rope-dim N writes rope.dimension_count (partial rotary; default the head size).
  *
+ * --arch bert writes an encoder as llama.cpp's converter writes BERT: token, position (--ctx of
+ * them) and token-type embeddings with their LayerNorm, post-LayerNorm blocks with biases and an
+ * ungated feed-forward, bert.attention.layer_norm_epsilon, bert.attention.causal = false and
+ * bert.pooling_type (--pooling mean|cls|last|none, default mean; none leaves the key out), and a
+ * synthetic uncased WordPiece vocabulary (tokenizer.ggml.model = bert) in the converter's spelling.
+ *
  * A row of the architecture table that stores matrices fused (kvg_arch.h: phi3's attn_qkv with
  * the rows of Q, K, V and ffn_up with the rows of gate then up) gets them fused, and a row with
  * LongRoPE factors (phi3) gets its metadata as llama.cpp's converter writes it:
@@ -58,6 +64,7 @@ typedef struct options {
     const kvg_arch *row;     /* the table's row for --arch, NULL for a name it lacks */
     float softcap_attn, softcap_final;
     int mix, embd_type_set; /* mix: MIX_NONE or MIX_Q4_K_M */
+    int pooling;            /* an encoder's <arch>.pooling_type; -1: the key left out */
 } options;
 
 enum { MIX_NONE, MIX_Q4_K_M };
@@ -111,7 +118,7 @@ static void usage(void) {
             "usage: kvgen-mkmodel -o OUT.gguf [--seed S] [--layers N] [--embd N] [--ff N] [--heads N]\n"
             "                     [--kv-heads N] [--ctx N] [--rope-base F] [--type %s]\n"
             "                     [--mix q4_k_m] [--embd-type T] [--untied] [--vocab VOCAB.gguf] [--vocab-size N]\n"
-            "                     [--head-dim N] [--arch NAME] [--qkv-bias] [--qk-norm] [--post-norms]\n"
+            "                     [--head-dim N] [--arch NAME] [--qkv-bias] [--qk-norm] [--post-norms] [--pooling P]\n"
             "                     [--rope-freqs] [--swa N] [--softcap ATTN,FINAL] [--rope-dim N]\n"
             "                     [--orig-ctx N] [--rope-factors]\n"
             "  --type T       every 2-D matrix as T (default F32; norms and biases stay F32)\n"
@@ -159,6 +166,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->ctx = 512;
     o->rope_base = 10000.0f;
     o->type = KVG_TYPE_F32;
+    o->pooling = 1;
     int type_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -208,6 +216,14 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--kv-heads") == 0) rc = parse_int(a, v, &o->kv_heads);
         else if (strcmp(a, "--ctx") == 0) rc = parse_int(a, v, &o->ctx);
         else if (strcmp(a, "--vocab-size") == 0) rc = parse_int(a, v, &o->vocab_size);
+        else if (strcmp(a, "--pooling") == 0) {
+            o->pooling = strcmp(v, "none") == 0 ? -1 : strcmp(v, "mean") == 0 ? 1 : strcmp(v, "cls") == 0 ? 2
+                       : strcmp(v, "last") == 0 ? 3 : -2;
+            if (o->pooling == -2) {
+                fprintf(stderr, "kvgen-mkmodel: --pooling takes mean, cls, last or none (no key), not %s\n", v);
+                rc = -1;
+            }
+        }
         else if (strcmp(a, "--vocab") == 0) o->vocab_path = v;
         else if (strcmp(a, "--head-dim") == 0) rc = parse_int(a, v, &o->head_dim);
         else if (strcmp(a, "--swa") == 0) rc = parse_int(a, v, &o->swa);
@@ -381,6 +397,56 @@ static int make_synthetic_vocab(vocab *v, int want) {
     return 0;
 }
 
+/* A WordPiece vocabulary as llama.cpp's converter writes one: word starts carry U+2581, continuations
+ * are bare; lower-case only (an uncased vocabulary). [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. */
+static int make_wordpiece_vocab(vocab *v, int want) {
+    static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+    for (int i = 0; i < 5; i++)
+        if (vocab_add(v, specials[i], i == 1 ? 2 : 3) < 0) return -1;
+    char t[32];
+    for (int c = 33; c < 127; c++) { /* every printable ASCII character, as a start and as a continuation */
+        if (c >= 'A' && c <= 'Z') continue;
+        snprintf(t, sizeof t, "\xE2\x96\x81%c", c);
+        if (vocab_add(v, t, 1) < 0) return -1;
+        snprintf(t, sizeof t, "%c", c);
+        if (vocab_add(v, t, 1) < 0) return -1;
+    }
+    static const char *const words[] = {"the", "hello", "world", "sword", "shop", "play", "cat", "dog", "memory"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        snprintf(t, sizeof t, "\xE2\x96\x81%s", words[i]);
+        if (vocab_add(v, t, 1) < 0) return -1;
+    }
+    static const char *const tails[] = {"ing", "ed", "er", "s"};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++)
+        if (vocab_add(v, tails[i], 1) < 0) return -1;
+    if (want && want < v->n) {
+        fprintf(stderr, "kvgen-mkmodel: --vocab-size %d is below the %d tokens of the synthetic vocabulary\n", want,
+                v->n);
+        return -2;
+    }
+    for (int i = 0; v->n < want; i++) {
+        snprintf(t, sizeof t, "\xE2\x96\x81tok%d", i);
+        if (vocab_add(v, t, 1) < 0) return -1;
+    }
+    return 0;
+}
+
+static int write_wordpiece_tokenizer(kvg_gguf_writer *w, vocab *v) {
+    kvg_str *s = malloc((size_t)v->n * sizeof *s);
+    if (!s) return -1;
+    for (int i = 0; i < v->n; i++) s[i] = (kvg_str){v->text[i], strlen(v->text[i])};
+    kvg_gguf_set_str(w, "tokenizer.ggml.model", "bert");
+    kvg_gguf_set_arr_str(w, "tokenizer.ggml.tokens", s, (uint64_t)v->n);
+    kvg_gguf_set_arr_num(w, "tokenizer.ggml.token_type", KVG_GGUF_INT32, v->type, (uint64_t)v->n);
+    free(s);
+    kvg_gguf_set_u32(w, "tokenizer.ggml.padding_token_id", 0);
+    kvg_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 1);
+    kvg_gguf_set_u32(w, "tokenizer.ggml.cls_token_id", 2);
+    kvg_gguf_set_u32(w, "tokenizer.ggml.seperator_token_id", 3); /* llama.cpp's spelling */
+    kvg_gguf_set_u32(w, "tokenizer.ggml.mask_token_id", 4);
+    return 0;
+}
+
 static void vocab_free(vocab *v) {
     for (int i = 0; i < v->n; i++) free(v->text[i]);
     for (int i = 0; i < v->n_merges; i++) free(v->merges[i]);
@@ -501,8 +567,48 @@ static float matrix_std(int n_in) {
     return s < 0.02f ? 0.02f : s > 0.08f ? 0.08f : s;
 }
 
+/* An encoder's tensors (bert), named as llama.cpp's converter names them: embeddings of tokens,
+ * positions and two token types with their LayerNorm, then per layer Q/K/V and the attention
+ * output with biases, its LayerNorm, the ungated feed-forward with biases and its LayerNorm. */
+static int write_encoder_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_vocab) {
+    int err = add_matrix(w, r, "token_embd.weight", matrix_type(o, "token_embd", 0), o->embd, n_vocab, 0.0f, 0.08f,
+                         "--embd");
+    if (!err) err = add_matrix(w, r, "token_types.weight", KVG_TYPE_F32, o->embd, 2, 0.0f, 0.05f, "--embd");
+    if (!err) err = add_matrix(w, r, "position_embd.weight", matrix_type(o, "token_embd", 0), o->embd, o->ctx, 0.0f,
+                               0.05f, "--embd");
+    if (!err) err = add_matrix(w, r, "token_embd_norm.weight", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd");
+    if (!err) err = add_matrix(w, r, "token_embd_norm.bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.02f, "--embd");
+    for (int l = 0; l < o->layers && !err; l++) {
+        char name[64];
+        float se = matrix_std(o->embd), sf = matrix_std(o->ff);
+#define M(suffix, kind, type, cols, rows, mean, std, width)                                          \
+    if (!err) {                                                                                      \
+        snprintf(name, sizeof name, "blk.%d.%s.%s", l, suffix, kind);                                \
+        err = add_matrix(w, r, name, type, cols, rows, mean, std, width);                            \
+    }
+        const char *parts[] = {"attn_q", "attn_k", "attn_v"};
+        for (int p = 0; p < 3; p++) {
+            M(parts[p], "weight", matrix_type(o, parts[p], l), o->embd, o->embd, 0.0f, se, "--embd")
+            M(parts[p], "bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.05f, "--embd")
+        }
+        M("attn_output", "weight", matrix_type(o, "attn_output", l), o->embd, o->embd, 0.0f, se, "--embd")
+        M("attn_output", "bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.05f, "--embd")
+        M("attn_output_norm", "weight", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
+        M("attn_output_norm", "bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.02f, "--embd")
+        M("ffn_up", "weight", matrix_type(o, "ffn_up", l), o->embd, o->ff, 0.0f, se, "--embd")
+        M("ffn_up", "bias", KVG_TYPE_F32, o->ff, 1, 0.0f, 0.05f, "--ff")
+        M("ffn_down", "weight", matrix_type(o, "ffn_down", l), o->ff, o->embd, 0.0f, sf, "--ff")
+        M("ffn_down", "bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.05f, "--embd")
+        M("layer_output_norm", "weight", KVG_TYPE_F32, o->embd, 1, 1.0f, 0.05f, "--embd")
+        M("layer_output_norm", "bias", KVG_TYPE_F32, o->embd, 1, 0.0f, 0.02f, "--embd")
+#undef M
+    }
+    return err;
+}
+
 /* Every tensor, in file order. With w NULL: only checks every row width (no weights drawn). */
 static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_vocab) {
+    if (o->row && o->row->encoder) return write_encoder_weights(w, o, r, n_vocab);
     int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
     int kv_dim = o->kv_heads * head_dim, q_dim = o->heads * head_dim;
     uint32_t fused = o->row ? o->row->fused : 0;
@@ -588,7 +694,9 @@ int main(int argc, char **argv) {
     int rc = 1;
     if (!w) goto done;
     kvg_gguf_set_str(w, "general.architecture", o.arch);
-    kvg_gguf_set_str(w, "general.name", "kvgen-mkmodel random llama");
+    int encoder = o.row && o.row->encoder;
+    if (encoder) o.kv_heads = o.heads; /* bert's attention has as many K/V heads as query heads */
+    kvg_gguf_set_str(w, "general.name", encoder ? "kvgen-mkmodel random bert" : "kvgen-mkmodel random llama");
     int n_vocab;
     if (o.vocab_path) {
         n_vocab = copy_tokenizer(w, o.vocab_path);
@@ -598,6 +706,11 @@ int main(int argc, char **argv) {
                     o.vocab_path);
             goto done;
         }
+    } else if (encoder) {
+        int vr = make_wordpiece_vocab(&v, o.vocab_size);
+        if (vr == -1) fprintf(stderr, "kvgen-mkmodel: out of memory\n");
+        if (vr != 0 || write_wordpiece_tokenizer(w, &v) != 0) goto done;
+        n_vocab = v.n;
     } else {
         int vr = make_synthetic_vocab(&v, o.vocab_size);
         if (vr == -1) fprintf(stderr, "kvgen-mkmodel: out of memory\n");
@@ -613,9 +726,15 @@ int main(int argc, char **argv) {
     kvg_gguf_set_u32(w, KEY("feed_forward_length"), (uint32_t)o.ff);
     kvg_gguf_set_u32(w, KEY("attention.head_count"), (uint32_t)o.heads);
     kvg_gguf_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o.kv_heads);
-    kvg_gguf_set_f32(w, KEY("rope.freq_base"), o.rope_base);
-    kvg_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
-    kvg_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)o.rope_dim);
+    if (encoder) { /* as llama.cpp's converter writes bert: no RoPE, LayerNorm's epsilon, pooling */
+        kvg_gguf_set_f32(w, KEY("attention.layer_norm_epsilon"), 1e-12f);
+        kvg_gguf_set_bool(w, KEY("attention.causal"), false);
+        if (o.pooling >= 0) kvg_gguf_set_u32(w, KEY("pooling_type"), (uint32_t)o.pooling);
+    } else {
+        kvg_gguf_set_f32(w, KEY("rope.freq_base"), o.rope_base);
+        kvg_gguf_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+        kvg_gguf_set_u32(w, KEY("rope.dimension_count"), (uint32_t)o.rope_dim);
+    }
     int longrope = o.row && o.row->rope_factors; /* as llama.cpp's converter writes phi3 files */
     if (longrope) {
         kvg_gguf_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)o.orig_ctx);
