@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# kvgen set-up: installs the Debian packages kvgen needs and fetches the default model.
+# kvgen set-up: installs the Debian packages kvgen needs and fetches the default model and the
+# sentence-embedding model all-MiniLM-L6-v2 (its tests skip where that fetch fails).
 # Idempotent: skips what is already there. Run as root (or with sudo available).
 #   KVGEN_MODEL=/path/to.gguf   use another model (nothing is downloaded then)
 #   KVGEN_SKIP_PACKAGES=1       do not touch system packages
-#   KVGEN_SKIP_MODEL=1          do not fetch the default model
+#   KVGEN_SKIP_MODEL=1          do not fetch the models
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -49,3 +50,8 @@ if ! python3 -m pip --version >/dev/null 2>&1; then
   [ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages
 fi
 [ "${KVGEN_SKIP_MODEL:-0}" = 1 ] || [ -n "${KVGEN_MODEL:-}" ] || "$here/scripts/fetch_model.sh"
+# the sentence-embedding model (all-MiniLM-L6-v2, converted to GGUF) for the embedding tests and
+# samples/npc_memory.lua; without it those skip, so a failed fetch does not stop the set-up
+if [ "${KVGEN_SKIP_MODEL:-0}" != 1 ] && [ -z "${KVGEN_MODEL:-}" ]; then
+  "$here/scripts/fetch_model.sh" --minilm || echo "setup: all-MiniLM-L6-v2 not fetched: the embedding model's tests skip"
+fi
