@@ -2,7 +2,9 @@
  * every figure is present and positive (no timing is asserted: the machine is shared), for the
  * reference backend and, where a Vulkan device exists, for both backends with the probe;
  * `kvgen devices` lists what kvgen_devices reports; usage and load errors give exit 2 and 1; the
- * optional sections (--sessions, --forks) write their keys. */
+ * optional sections (--sessions, --forks) write their keys; --embed (sentence embeddings on a
+ * random bert model) prints a row per --batch, and its peer's arguments, its ratio and a missing
+ * peer's message are checked with a stand-in for llama-embedding. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <math.h>
@@ -328,6 +330,64 @@ static void check_common(const jreader *r) {
     CHECK(get(r, "peer") == NULL); /* a peer appears only when one was run */
 }
 
+/* --embed: its options, its table, and its peer (a stand-in for llama-embedding that takes longer
+ * for more texts, so the difference of its two runs is positive) */
+static void test_embed_mode(void) {
+    char *bert = tu_make_model("bench-bert.gguf", "--arch bert --layers 1 --embd 32 --ff 64 --heads 2 --ctx 64");
+    CHECK(bert != NULL);
+    if (!bert) return;
+    char args[4096], *out = NULL;
+    snprintf(args, sizeof args, "bench %s --batch 4", bert);
+    CHECK(run(args, NULL) == 2); /* --batch without --embed */
+    snprintf(args, sizeof args, "bench %s --embed --batch 0", bert);
+    CHECK(run(args, NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --embed --batch 1,65", bert);
+    CHECK(run(args, NULL) == 2);
+    snprintf(args, sizeof args, "bench %s --embed --reps 1 --threads 1", bert);
+    int rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(out && strstr(out, "texts/call") && strstr(out, "kvgen texts/s") && strstr(out, "\n1 ") &&
+               strstr(out, "\n64 ") && !strstr(out, "llama-embedding"),
+           "embed table:\n%s", out ? out : "");
+    free(out);
+    /* a peer that is not there: a clear message, exit 1, kvgen's figures still printed */
+    snprintf(args, sizeof args, "bench %s --embed --reps 1 --batch 8 --peer-embedding /nonexistent/llama-embedding",
+             bert);
+    rc = run(args, &out);
+    CHECKF(rc == 1, "kvgen %s: exit %d", args, rc);
+    CHECKF(out && strstr(out, "not found or not executable") && strstr(out, "\n8 "), "missing peer:\n%s",
+           out ? out : "");
+    free(out);
+    char *peer = tu_tmpfile("peer-embedding.sh"), *peer_args = tu_tmpfile("peer-embedding-args.txt");
+    FILE *pf = fopen(peer, "w");
+    CHECK(pf != NULL);
+    if (pf) {
+        fprintf(pf, "#!/bin/sh\necho \"$@\" >> '%s'\nn=$(wc -l < \"$4\")\n[ \"$n\" -gt 1 ] && sleep 0.2\n"
+                    "i=0\nwhile [ $i -lt $n ]; do echo '{\"object\": \"embedding\", \"embedding\": [0.5,0.5]}'; "
+                    "i=$((i+1)); done\n",
+                peer_args);
+        fclose(pf);
+        chmod(peer, 0755);
+    }
+    remove(peer_args);
+    snprintf(args, sizeof args, "bench %s --embed --reps 1 --threads 1 --batch 1,64 --peer-embedding %s", bert, peer);
+    rc = run(args, &out);
+    CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
+    CHECKF(out && strstr(out, "llama-embedding") && strstr(out, "kvgen/peer") && strstr(out, "x\n"), "peer table:\n%s",
+           out ? out : "");
+    free(out);
+    char *given = tu_read_file(peer_args, NULL);
+    char want[2048];
+    snprintf(want, sizeof want, "-m %s -f ", bert);
+    CHECKF(given && strstr(given, want) && strstr(given, "-t 1 --pooling mean --embd-normalize 2") &&
+               strstr(given, "-np 64"),
+           "peer arguments: %s", given ? given : "(none)");
+    free(given);
+    free(peer);
+    free(peer_args);
+    free(bert);
+}
+
 int main(void) {
     const char *dir = getenv("KVGEN_BIN");
     snprintf(bin, sizeof bin, "%s/kvgen", dir && *dir ? dir : ".");
@@ -627,6 +687,7 @@ int main(void) {
             free(text);
         }
     }
+    test_embed_mode();
     free(json);
     free(model);
     return tu_finish("test_bench");

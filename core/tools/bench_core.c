@@ -91,6 +91,11 @@ static void bench_usage(FILE *f) {
             "  --peer-batched PATH  with --sessions: also run llama.cpp's llama-batched-bench (PATH) with that\n"
             "                       many parallel sequences (1-token prompts, --session-tokens generated)\n"
             "                       and print the aggregate decode ratios\n"
+            "  --embed              sentence embeddings instead: texts/s of kvgen_embed on 64 fixed texts\n"
+            "                       (cpu backend where it is in --backend), --reps times\n"
+            "  --batch LIST         with --embed: texts per kvgen_embed call, up to 64 (default 1,64)\n"
+            "  --peer-embedding PATH  with --embed: also run llama.cpp's llama-embedding (PATH) on the same\n"
+            "                       file and texts, as many per batch and threads, and print kvgen/peer\n"
             "A MODEL that is a server's URL (http://127.0.0.1:8080/v1) measures remote sessions: for each\n"
             "--sessions count (default 1,8,32), that many jobs at once, each --session-tokens long, their\n"
             "aggregate tokens/s and kvgen's time on the host thread per token; with\n"
@@ -188,7 +193,8 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
                           strcmp(a, "--kv-type") == 0 ||
-                          strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0;
+                          strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0 ||
+                          strcmp(a, "--batch") == 0 || strcmp(a, "--peer-embedding") == 0;
         if (takes_value) {
             if (!val) return bench_usage_error("option %s needs a value", a);
             i++;
@@ -247,6 +253,16 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         } else if (strcmp(a, "--peer-remote") == 0) {
             if (!*val) return bench_usage_error("--peer-remote: expected the path of a client program, got '%s'", val);
             o->peer_remote = val;
+        } else if (strcmp(a, "--embed") == 0) {
+            o->embed = 1;
+        } else if (strcmp(a, "--batch") == 0) {
+            if (!parse_int_list(val, 1, o->batches, &o->n_batches))
+                return bench_usage_error("--batch: expected up to 8 comma-separated counts >= 1, got '%s'", val);
+            for (int k = 0; k < o->n_batches; k++)
+                if (o->batches[k] > 64) return bench_usage_error("--batch: a count is over 64, got '%s'", val);
+        } else if (strcmp(a, "--peer-embedding") == 0) {
+            if (!*val) return bench_usage_error("--peer-embedding: expected the path of llama-embedding, got '%s'", val);
+            o->peer_embedding = val;
         } else if (strcmp(a, "--threads") == 0 || strcmp(a, "-t") == 0) {
             if (!parse_int(val, 1, 1024, &o->threads)) return bench_usage_error("--threads: bad thread count '%s'", val);
         } else if (strcmp(a, "--kv-type") == 0) {
@@ -275,6 +291,13 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
         }
     }
     if (!o->model) return bench_usage_error("%s", "MODEL is required");
+    if ((o->n_batches || o->peer_embedding) && !o->embed)
+        return bench_usage_error("%s", "--batch and --peer-embedding go with --embed");
+    if (o->embed && !o->n_batches) {
+        o->batches[0] = 1;
+        o->batches[1] = 64;
+        o->n_batches = 2;
+    }
     qsort(o->prompts, (size_t)o->n_prompts, sizeof(int), cmp_int);
     qsort(o->depths, (size_t)o->n_depths, sizeof(int), cmp_int);
     for (int i = 1; i < o->n_prompts; i++)
@@ -596,6 +619,7 @@ int kvgen_cli_bench(int argc, char **argv) {
     bench_opts o;
     int rc = parse_bench_options(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
+    if (o.embed) return bench_embed_run(&o);
     if (strncmp(o.model, "http://", 7) == 0 || strncmp(o.model, "https://", 8) == 0) return bench_remote_run(&o);
     bench_result res[BENCH_MAX_BACKENDS];
     memset(res, 0, sizeof res);

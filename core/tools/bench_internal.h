@@ -1,7 +1,8 @@
 /* bench_internal.h: what the files of `kvgen bench` share (private to core/tools/bench_*.c).
  *
  * Calls go down this list, never up: bench_core.c (the options and the timing loop over the
- * backends) > bench_remote.c (a remote model's bench) > bench_peer.c (llama.cpp's programs on the
+ * backends) > bench_remote.c (a remote model's bench), bench_embed.c
+ * (sentence embeddings) > bench_peer.c (llama.cpp's programs on the
  * same file), bench_probe.c (the bandwidth ceiling's probes), bench_report.c (the table and the
  * JSON file) > bench_common.c (clock, statistics, the backend list). */
 #ifndef KVGEN_BENCH_INTERNAL_H
@@ -43,6 +44,9 @@ typedef struct bench_opts {
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
     const char *peer_batched;                   /* llama-batched-bench for --sessions; NULL: none */
     const char *peer_remote;                    /* a remote model's plain client (--peer-remote) */
+    int embed;                                  /* --embed: sentence embeddings instead (bench_embed.c) */
+    int batches[BENCH_MAX_SIZES], n_batches;    /* --batch: texts per kvgen_embed call */
+    const char *peer_embedding;                 /* llama-embedding to run on the same file; NULL: none */
 } bench_opts;
 
 typedef struct bench_result {
@@ -152,6 +156,10 @@ void bench_json_string(bench_json *j, const char *s);      /* s quoted and escap
 void bench_json_number(bench_json *j, double v);           /* kvg_json_write_number: not finite is null */
 /* writes the text to path and frees it; 0, or 1 after printing why not */
 int bench_json_save(bench_json *j, const char *path);
+
+/* ---- bench_embed.c ---- */
+/* --embed: texts/s of kvgen_embed at each --batch, and llama-embedding's (--peer-embedding); the exit status. */
+int bench_embed_run(const bench_opts *o);
 
 /* ---- bench_remote.c ---- */
 /* A MODEL that is a server's URL: sessions at once against it (and --peer-remote); the exit status. */
