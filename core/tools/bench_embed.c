@@ -11,7 +11,8 @@
  * the context's creation and the process's start and exit. Its batch size is its context and
  * batch size (-c, -b, -ub, all the same for an encoder): the most tokens of --batch consecutive
  * texts (tokenized by kvgen with the same vocabulary, plus 2 per text), so each of its batches
- * holds --batch texts as kvgen's calls do. */
+ * holds --batch texts as kvgen's calls do; -np is the batch and -kvu (one context for all the
+ * sequences) lets any text use the whole -c. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,7 @@ static int embed_peer_once(const bench_opts *o, const char *file, int ctx, int b
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
     snprintf(np, sizeof np, "%d", batch > 1 ? batch : 2);
     char *argv[] = {(char *)o->peer_embedding, "-m", (char *)o->model, "-f", (char *)file, "-c", cs, "-b", cs,
-                    "-ub", cs, "-np", np, "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
+                    "-ub", cs, "-np", np, "-kvu", "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
                     "--embd-output-format", "json", NULL};
     bench_peer pr;
     memset(&pr, 0, sizeof pr);
