@@ -63,7 +63,7 @@ static int embed_peer_once(const bench_opts *o, const char *file, int ctx, int b
     long nt = o->threads ? o->threads : bench_online_cpus();
     snprintf(cs, sizeof cs, "%d", ctx);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
-    snprintf(np, sizeof np, "%d", batch > 1 ? batch : 2);
+    snprintf(np, sizeof np, "%d", batch);
     char *argv[] = {(char *)o->peer_embedding, "-m", (char *)o->model, "-f", (char *)file, "-c", cs, "-b", cs,
                     "-ub", cs, "-np", np, "-kvu", "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
                     "--embd-output-format", "json", NULL};
