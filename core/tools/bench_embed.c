@@ -11,8 +11,8 @@
  * the context's creation and the process's start and exit. Its batch size is its context and
  * batch size (-c, -b, -ub, all the same for an encoder): the most tokens of --batch consecutive
  * texts (tokenized by kvgen with the same vocabulary, plus 2 per text), so each of its batches
- * holds --batch texts as kvgen's calls do; -np is the batch and -kvu (one context for all the
- * sequences) lets any text use the whole -c. */
+ * holds --batch texts as kvgen's calls do (no -np: llama-embedding then shares one context
+ * among all the sequences, so any text may use the whole -c). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
@@ -57,15 +57,14 @@ static int embed_peer_parse(const char *text, const bench_opts *o, bench_peer *p
 }
 
 /* one run of llama-embedding on the first n texts (in file, one a line) with context/batch ctx */
-static int embed_peer_once(const bench_opts *o, const char *file, int ctx, int batch, char *error, size_t size,
+static int embed_peer_once(const bench_opts *o, const char *file, int ctx, char *error, size_t size,
                            double *seconds) {
-    char cs[24], threads[24], np[24];
+    char cs[24], threads[24];
     long nt = o->threads ? o->threads : bench_online_cpus();
     snprintf(cs, sizeof cs, "%d", ctx);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
-    snprintf(np, sizeof np, "%d", batch);
     char *argv[] = {(char *)o->peer_embedding, "-m", (char *)o->model, "-f", (char *)file, "-c", cs, "-b", cs,
-                    "-ub", cs, "-np", np, "-kvu", "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
+                    "-ub", cs, "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
                     "--embd-output-format", "json", NULL};
     bench_peer pr;
     memset(&pr, 0, sizeof pr);
@@ -176,8 +175,8 @@ int bench_embed_run(const bench_opts *o) {
                 double samples[BENCH_MAX_REPS];
                 for (int r = 0; r < o->reps && !peer_error[0]; r++) {
                     double t_all = 0, t_one = 0;
-                    if (embed_peer_once(o, all, ctx, bs, peer_error, sizeof peer_error, &t_all) != 0 ||
-                        embed_peer_once(o, one, ctx, bs, peer_error, sizeof peer_error, &t_one) != 0)
+                    if (embed_peer_once(o, all, ctx, peer_error, sizeof peer_error, &t_all) != 0 ||
+                        embed_peer_once(o, one, ctx, peer_error, sizeof peer_error, &t_one) != 0)
                         break;
                     samples[r] = t_all > t_one ? (n - 1) / (t_all - t_one) : 0;
                 }
