@@ -64,7 +64,7 @@ static int embed_peer_once(const bench_opts *o, const char *file, int ctx, char 
     snprintf(cs, sizeof cs, "%d", ctx);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
     char *argv[] = {(char *)o->peer_embedding, "-m", (char *)o->model, "-f", (char *)file, "-c", cs, "-b", cs,
-                    "-ub", cs, "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
+                    "-ub", cs, "-fit", "off", "-t", threads, "--pooling", "mean", "--embd-normalize", "2",
                     "--embd-output-format", "json", NULL};
     bench_peer pr;
     memset(&pr, 0, sizeof pr);
