@@ -10,9 +10,9 @@
  * is (texts - 1) / (seconds of the first - seconds of the second), which leaves out the load,
  * the context's creation and the process's start and exit. Its batch size is its context and
  * batch size (-c, -b, -ub, all the same for an encoder): the most tokens of --batch consecutive
- * texts (tokenized by kvgen with the same vocabulary, plus 2 per text), so each of its batches
- * holds --batch texts as kvgen's calls do (no -np: llama-embedding then shares one context
- * among all the sequences, so any text may use the whole -c). */
+ * texts (tokenized by kvgen with the same vocabulary, plus 2 per text) rounded up to a multiple
+ * of 256, so each of its batches holds at least --batch texts (no -np: llama-embedding then
+ * shares one context among all the sequences, so any text may use the whole -c). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
