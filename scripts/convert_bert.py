@@ -109,6 +109,8 @@ def main(argv):
     w.add_string("tokenizer.ggml.model", "bert")
     w.add_array("tokenizer.ggml.tokens", tokens)
     w.add_array("tokenizer.ggml.token_type", types)
+    # the rows of token_types.weight, as llama.cpp's converter records them (its loader needs it)
+    w.add_uint32("tokenizer.ggml.token_type_count", cfg.get("type_vocab_size", 2))
     for key, name in (("cls_token_id", "[CLS]"), ("seperator_token_id", "[SEP]"), ("unknown_token_id", "[UNK]"),
                       ("padding_token_id", "[PAD]"), ("mask_token_id", "[MASK]")):
         if ids[name] >= 0:
@@ -123,12 +125,16 @@ def main(argv):
             sys.exit(f"convert_bert.py: tensor {base + name} is missing")
         return weights.get_tensor(base + name).astype(np.float32)
 
-    def add(gguf_name, hf_name, matrix):
+    def add(gguf_name, hf_name, matrix, rows=None):
         t = get(hf_name)
+        if rows is not None:
+            t = np.ascontiguousarray(t[:rows])
         w.add_tensor(gguf_name, t if (f32 or not matrix) else t.astype(np.float16))
 
     add("token_embd.weight", "embeddings.word_embeddings.weight", True)
-    add("position_embd.weight", "embeddings.position_embeddings.weight", True)
+    # the positions past the truncation length are never used: the table keeps context_length
+    # rows, as llama.cpp's loader expects of a file's position embeddings
+    add("position_embd.weight", "embeddings.position_embeddings.weight", True, ctx)
     add("token_types.weight", "embeddings.token_type_embeddings.weight", False)
     add("token_embd_norm.weight", "embeddings.LayerNorm.weight", False)
     add("token_embd_norm.bias", "embeddings.LayerNorm.bias", False)
