@@ -237,6 +237,280 @@ ARM_KERNEL(d_q6_k, DOTPROD, kq_arm, K_Q6, true)
 ARM_KERNEL(d_iq4_xs, DOTPROD, kq_arm, K_IQ4XS, true)
 ARM_KERNEL(d_q8_k, DOTPROD, kq_arm, K_Q8, true)
 
+/* ---- row groups of the K types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) ---------------------------
+ * The groups of kq_group_pack (the x86 paths' layout) against the byte activations of the x86
+ * groups (8-bit, or 15-bit split into two bytes: sum(v q) = sum(v lo) + 256 sum(v hi)). A chunk
+ * of 64 bytes (elements 4c..4c+3 of a block of 32, for the 16 rows) is 4 registers of 4 rows;
+ * the kernel runs the group a quarter at a time (rows 4r..4r+3: bytes 16r..16r+15 of every
+ * chunk) over the whole row, so that a vector's 4 lanes are the quarter's rows and a tile of 8
+ * tokens keeps its accumulators in registers. The levels are decoded signed (kq_levels' v:
+ * Q3_K's and Q6_K's offsets subtracted in bytes, IQ4_XS's table values), so no offset times
+ * sum(q) is subtracted after. dotprod: SDOT by element multiplies each lane's 4 levels with 4
+ * activation bytes (one 32-bit lane of the activations' register). neon: widening multiplies
+ * (int8 by int8 to int16, |v q| <= 127 * 128), the products of kg_run_neon chunks added in int16,
+ * which cannot overflow, then pairwise into int32 (vpadal) and each row's two pairs added
+ * (vpadd). The integer sums are exact, and each row's f32 scaling is kq_q8_portable's
+ * arithmetic in its order (fused multiply-adds, as its fma_exact), so every lane gives the bits
+ * of the portable row kernel (used where a matrix's rows do not fill groups), as on x86. */
+
+/* SDOT by element: acc + per lane the 4 products of w's bytes with bytes 4l..4l+3 of q (the
+ * lane a constant of each instruction) */
+#ifdef __clang__
+#define SDOT_LANE_ASM(l) "sdot %0.4s, %1.16b, %2.4b[" #l "]"
+#else
+#define SDOT_LANE_ASM(l) ".arch_extension dotprod\n\tsdot %0.4s, %1.16b, %2.4b[" #l "]"
+#endif
+INL int32x4_t sdot_lane(int32x4_t acc, int8x16_t w, int8x16_t q, int l) {
+    switch (l) {
+    case 0: __asm__(SDOT_LANE_ASM(0) : "+w"(acc) : "w"(w), "w"(q)); break;
+    case 1: __asm__(SDOT_LANE_ASM(1) : "+w"(acc) : "w"(w), "w"(q)); break;
+    case 2: __asm__(SDOT_LANE_ASM(2) : "+w"(acc) : "w"(w), "w"(q)); break;
+    default: __asm__(SDOT_LANE_ASM(3) : "+w"(acc) : "w"(w), "w"(q)); break;
+    }
+    return acc;
+}
+/* 32-bit lane l of q in every lane */
+INL int8x16_t lane4(int8x16_t q, int l) {
+    int32x4_t x = vreinterpretq_s32_s8(q);
+    switch (l) {
+    case 0: return vreinterpretq_s8_s32(vdupq_laneq_s32(x, 0));
+    case 1: return vreinterpretq_s8_s32(vdupq_laneq_s32(x, 1));
+    case 2: return vreinterpretq_s8_s32(vdupq_laneq_s32(x, 2));
+    default: return vreinterpretq_s8_s32(vdupq_laneq_s32(x, 3));
+    }
+}
+
+/* neon: chunks whose int16 products add up without overflow, 32767 / (128 max|v|) (Q2_K 3,
+ * Q3_K 4, Q4_K 15, Q5_K 31, Q6_K 32, IQ4_XS 127) */
+INL int kg_run_neon(kq_kind k) { return k == K_IQ4XS ? 2 : k == K_Q6 ? 4 : 8; }
+
+/* per lane (row of the quarter), sum over chunks c < nc (4 or 8) of w[c]'s 4 levels times the
+ * activation bytes q + 4c */
+INL int32x4_t kg_dot_arm(bool dp, const int8x16_t *w, const int8_t *q, int nc, int run) {
+    const int8x16_t qv[2] = {vld1q_s8(q), nc > 4 ? vld1q_s8(q + 16) : vdupq_n_s8(0)};
+    if (dp) { /* two chains of SDOTs */
+        int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+        for (int c = 0; c < nc; c += 2) {
+            s0 = sdot_lane(s0, w[c], qv[c / 4], c % 4);
+            s1 = sdot_lane(s1, w[c + 1], qv[c / 4], c % 4 + 1);
+        }
+        return vaddq_s32(s0, s1);
+    }
+    int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0); /* rows 0, 1 and rows 2, 3: pairs of products */
+    int16x8_t pl = vdupq_n_s16(0), ph = vdupq_n_s16(0);
+    for (int c = 0; c < nc; c++) {
+        int8x16_t b = lane4(qv[c / 4], c % 4);
+        if (c % run == 0) {
+            pl = vmull_s8(vget_low_s8(w[c]), vget_low_s8(b));
+            ph = vmull_high_s8(w[c], b);
+        } else {
+            pl = vmlal_s8(pl, vget_low_s8(w[c]), vget_low_s8(b));
+            ph = vmlal_high_s8(ph, w[c], b);
+        }
+        if (c % run == run - 1 || c == nc - 1) {
+            lo = vpadalq_s16(lo, pl);
+            hi = vpadalq_s16(hi, ph);
+        }
+    }
+    return vpaddq_s32(lo, hi);
+}
+/* the same for the 8-bit or split activations at q (hi: the split form's high bytes, or NULL) */
+INL int32x4_t kg_dot_act_arm(bool dp, const int8x16_t *w, const int8_t *q, const int8_t *hi, int nc, int run) {
+    int32x4_t s = kg_dot_arm(dp, w, q, nc, run);
+    if (hi) s = vaddq_s32(s, vshlq_n_s32(kg_dot_arm(dp, w, hi, nc, run), 8)); /* 256 sum(v hi) */
+    return s;
+}
+
+/* the signed levels of a quarter of a block of 32 (p: the block + 16 r): w[c] holds elements
+ * 4c..4c+3 of each of its 4 rows (kq_group_pack's fields, kq_levels' values) */
+INL void kg_levels_arm(kq_kind k, const uint8_t *p, int8x16_t *w) {
+    const uint8x16_t m1 = vdupq_n_u8(1), m2 = vdupq_n_u8(3), m4 = vdupq_n_u8(15);
+    uint8x16_t u[8];
+    if (kg_2bit(k)) {
+        for (int q = 0; q < 2; q++) {
+            uint8x16_t x = vld1q_u8(p + 64 * q);
+            for (int c = 0; c < 4; c++) u[4 * q + c] = vandq_u8(shr8(x, 2 * c), m2);
+        }
+        if (k == K_Q3) {
+            uint8x16_t h = vld1q_u8(p + 128);
+            for (int c = 0; c < 8; c++) u[c] = vorrq_u8(u[c], vshlq_n_u8(vandq_u8(shr8(h, c), m1), 2));
+        }
+    } else {
+        for (int c = 0; c < 4; c++) {
+            uint8x16_t x = vld1q_u8(p + 64 * c);
+            u[c] = vandq_u8(x, m4);
+            u[c + 4] = vshrq_n_u8(x, 4);
+        }
+        if (k == K_IQ4XS) {
+            const int8x16_t t = vld1q_s8(IQ4_LEVELS);
+            for (int c = 0; c < 8; c++) w[c] = vqtbl1q_s8(t, u[c]);
+            return;
+        }
+        if (k == K_Q5) {
+            uint8x16_t h = vld1q_u8(p + 256);
+            for (int c = 0; c < 8; c++) u[c] = vorrq_u8(u[c], vshlq_n_u8(vandq_u8(shr8(h, c), m1), 4));
+        }
+        if (k == K_Q6)
+            for (int q = 0; q < 2; q++) {
+                uint8x16_t h = vld1q_u8(p + 256 + 64 * q);
+                for (int c = 0; c < 4; c++)
+                    u[4 * q + c] = vorrq_u8(u[4 * q + c], vshlq_n_u8(vandq_u8(shr8(h, 2 * c), m2), 4));
+            }
+    }
+    for (int c = 0; c < 8; c++) w[c] = vsubq_s8(s8(u[c]), vdupq_n_s8((int8_t)kg_uoffset(k)));
+}
+
+/* the 4 bytes at p as lanes; (x >> n) & mask per lane; 4 f16 at p as f32 */
+INL uint32x4_t bytes4(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(x)))));
+}
+INL uint32x4_t field4(uint32x4_t x, int n, unsigned mask) {
+    return vandq_u32(vshlq_u32(x, vdupq_n_s32(-n)), vdupq_n_u32(mask));
+}
+INL float32x4_t f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
+INL int32x4_t s32(uint32x4_t x) { return vreinterpretq_s32_u32(x); }
+
+/* K blocks of a group against a tile of tokens, a quarter of the rows at a time: per block of
+ * 32 the quarter's levels decoded once and its 4 rows' scales formed from their integer fields
+ * (kq_group_pack's header), then each token's sums of 32 (or two of 16) scale them in the order
+ * of kq_q8_portable. */
+INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
+                      float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, run = kg_run_neon(k);
+    const bool per16 = kg_per16(k), has_min = kq_has_min(k);
+    for (int r = 0; r < 4; r++) {
+        float32x4_t acc[KVG_GROUP_TILE];
+        for (int i = 0; i < nt; i++) acc[i] = vdupq_n_f32(0.0f);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+            float32x4_t d, dmin = vdupq_n_f32(0.0f);
+            uint32x4_t high = vdupq_n_u32(0); /* a word per row of the scales' (and mins') high bits */
+            switch (k) {
+            case K_Q2: d = f16x4(hdr + 256 + 8 * r), dmin = f16x4(hdr + 288 + 8 * r); break;
+            case K_Q3:
+                d = f16x4(hdr + 192 + 8 * r);
+                high = vreinterpretq_u32_u8(vld1q_u8(hdr + 128 + 16 * r));
+                break;
+            case K_Q6: d = f16x4(hdr + 256 + 8 * r); break;
+            case K_IQ4XS:
+                d = f16x4(hdr + 96 + 8 * r);
+                high = vmovl_u16(vreinterpret_u16_u8(vld1_u8(hdr + 64 + 8 * r)));
+                break;
+            default: /* Q4_K, Q5_K */
+                d = f16x4(hdr + 192 + 8 * r), dmin = f16x4(hdr + 224 + 8 * r);
+                high = vreinterpretq_u32_u8(vld1q_u8(hdr + 128 + 16 * r));
+                break;
+            }
+            for (int j = 0; j < 8; j++) {
+                int8x16_t w[8];
+                kg_levels_arm(k, sb + kg_qblock(k) * (size_t)j + 16 * (size_t)r, w);
+                /* per 16 (sc[h], mn[h] for half h) or per 32 (sc[0], mn[0]) */
+                int32x4_t sc[2], mn[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
+                switch (k) {
+                case K_Q2:
+                    for (int h = 0; h < 2; h++) {
+                        uint32x4_t x = bytes4(hdr + 16 * (2 * j + h) + 4 * r);
+                        sc[h] = s32(field4(x, 0, 15));
+                        mn[h] = s32(field4(x, 4, 15));
+                    }
+                    break;
+                case K_Q3:
+                    for (int h = 0; h < 2; h++) {
+                        uint32x4_t lo = field4(bytes4(hdr + 16 * j + 4 * r), 4 * h, 15);
+                        sc[h] = s32(vorrq_u32(lo, vshlq_n_u32(field4(high, 2 * (2 * j + h), 3), 4)));
+                        sc[h] = vsubq_s32(sc[h], vdupq_n_s32(32));
+                    }
+                    break;
+                case K_Q6:
+                    for (int h = 0; h < 2; h++) {
+                        int32_t x;
+                        memcpy(&x, hdr + 16 * (2 * j + h) + 4 * r, 4);
+                        sc[h] = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(x)))));
+                    }
+                    break;
+                case K_IQ4XS: {
+                    uint32x4_t lo = field4(bytes4(hdr + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
+                    sc[0] = vsubq_s32(s32(vorrq_u32(lo, vshlq_n_u32(field4(high, 2 * j, 3), 4))), vdupq_n_s32(32));
+                    break;
+                }
+                default: {
+                    uint32x4_t ls = field4(bytes4(hdr + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
+                    uint32x4_t lm = field4(bytes4(hdr + 64 + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
+                    sc[0] = s32(vorrq_u32(ls, vshlq_n_u32(field4(high, 2 * j, 3), 4)));
+                    mn[0] = s32(vorrq_u32(lm, vshlq_n_u32(field4(high, 16 + 2 * j, 3), 4)));
+                    break;
+                }
+                }
+                float32x4_t dw[2], mw[2];
+                for (int h = 0; h < (per16 ? 2 : 1); h++) {
+                    dw[h] = vmulq_f32(d, vcvtq_f32_s32(sc[h]));
+                    mw[h] = vmulq_f32(dmin, vcvtq_f32_s32(mn[h]));
+                }
+                for (int i = 0; i < nt; i++) {
+                    size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
+                    size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
+                    const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
+                    float daf = a->d8[bi];
+                    float32x4_t da = vdupq_n_f32(daf), ac = acc[i];
+                    if (per16) {
+                        int32x4_t s0 = kg_dot_act_arm(dp, w, qv, hv, 4, run);
+                        int32x4_t s1 = kg_dot_act_arm(dp, w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
+                        int32_t q0 = 0, q1 = 0; /* the halves' sums of q, for the mins */
+                        if (has_min) {
+                            q0 = vaddlvq_s8(vld1q_s8(qv));
+                            q1 = vaddlvq_s8(vld1q_s8(qv + 16));
+                            if (split) {
+                                q0 += 256 * vaddlvq_s8(vld1q_s8(hv));
+                                q1 += 256 * vaddlvq_s8(vld1q_s8(hv + 16));
+                            }
+                        }
+                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s0), vmulq_f32(dw[0], da));
+                        if (has_min) ac = vfmsq_f32(ac, mw[0], vdupq_n_f32(daf * (float)q0));
+                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s1), vmulq_f32(dw[1], da));
+                        if (has_min) ac = vfmsq_f32(ac, mw[1], vdupq_n_f32(daf * (float)q1));
+                    } else {
+                        int32x4_t s = kg_dot_act_arm(dp, w, qv, hv, 8, run);
+                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s), vmulq_f32(dw[0], da));
+                        if (has_min) ac = vfmsq_f32(ac, mw[0], vdupq_n_f32(a->s8[bi]));
+                    }
+                    acc[i] = ac;
+                }
+            }
+        }
+        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[i]);
+    }
+}
+
+/* one group kernel per type, path and activation form: the tile width nt made a constant for
+ * each case, so the loops over tokens unroll */
+#define ARM_GROUP_KERNEL(name, target, kind, dp, split)                                                 \
+    target void kvg_qdot_##name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
+        switch (nt) {                                                                                  \
+        case 1: kq_group_arm(kind, dp, split, g, a, t, 1, out, os); break;                             \
+        case 2: kq_group_arm(kind, dp, split, g, a, t, 2, out, os); break;                             \
+        case 3: kq_group_arm(kind, dp, split, g, a, t, 3, out, os); break;                             \
+        case 4: kq_group_arm(kind, dp, split, g, a, t, 4, out, os); break;                             \
+        case 5: kq_group_arm(kind, dp, split, g, a, t, 5, out, os); break;                             \
+        case 6: kq_group_arm(kind, dp, split, g, a, t, 6, out, os); break;                             \
+        case 7: kq_group_arm(kind, dp, split, g, a, t, 7, out, os); break;                             \
+        default: kq_group_arm(kind, dp, split, g, a, t, 8, out, os); break;                            \
+        }                                                                                              \
+    }
+/* nv, ns: neon (8-bit, split activations); dv, ds: dotprod */
+#define ARM_GROUP_KERNELS(t, kind)                                 \
+    ARM_GROUP_KERNEL(nv_##t, NEON_TARGET, kind, false, false)      \
+    ARM_GROUP_KERNEL(ns_##t, NEON_TARGET, kind, false, true)       \
+    ARM_GROUP_KERNEL(dv_##t, DOTPROD, kind, true, false)           \
+    ARM_GROUP_KERNEL(ds_##t, DOTPROD, kind, true, true)
+ARM_GROUP_KERNELS(q2_k, K_Q2)
+ARM_GROUP_KERNELS(q3_k, K_Q3)
+ARM_GROUP_KERNELS(q4_k, K_Q4)
+ARM_GROUP_KERNELS(q5_k, K_Q5)
+ARM_GROUP_KERNELS(q6_k, K_Q6)
+ARM_GROUP_KERNELS(iq4_xs, K_IQ4XS)
+
 INL float amax_neon(const float *x, int n) {
     float32x4_t m = vdupq_n_f32(0.0f);
     for (int i = 0; i < n; i += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + i)));

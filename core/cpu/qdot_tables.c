@@ -1,7 +1,7 @@
 /* qdot_tables.c: the kernel tables, one per path (which kernel dots each weight type, with which
  * activations), the row-group tables (avx512vnni: GROUPS_QS, GROUPS_Q8; avx2 and avx512:
- * GROUPS_*_AVX2; avxvnni: GROUPS_*_AVXVNNI), and the choice of a path's kernels and quantizers
- * (kvg_qdot.h). */
+ * GROUPS_*_AVX2; avxvnni: GROUPS_*_AVXVNNI; neon, dotprod: GROUPS_*_NEON, GROUPS_*_DOTPROD),
+ * and the choice of a path's kernels and quantizers (kvg_qdot.h). */
 #include "qdot_internal.h"
 
 enum { N_KERNELS = 16 };
@@ -18,6 +18,20 @@ static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, p_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, p_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, p_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, p_iq4_xs, NULL),
 };
+
+#if defined(KVG_X86) || defined(KVG_ARM)
+/* a row of the group tables: the row kernel (for a matrix whose rows do not fill groups), its
+ * repacking, the group kernel, its packing and size */
+#define GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, kvg_qdot_r_##t, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
+/* the K types' rows read the file's layout (no repack) */
+#define K_GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, NULL, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
+/* the K types but Q8_K */
+#define K_GROUP_TABLE(act, p, g)                                                                  \
+    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
+enum { N_K_GROUP_KERNELS = 6 };
+#endif
 
 #ifdef KVG_X86
 static const kvg_qdot_kernel AVX2_TABLE[N_KERNELS] = {
@@ -54,9 +68,6 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
 /* avx512vnni: the 32-element types in row groups, against split 16-bit activations (GROUPS_QS)
  * or 8-bit ones (GROUPS_Q8, kvg_qdot_kernel_fast); every other type as the avx512 path on a
  * VNNI CPU */
-#define GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, kvg_qdot_r_##t, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
-/* the K types' rows read the file's layout (no repack) */
-#define K_GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, NULL, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
 #define GROUP_TABLE(act, p, g)                                                                  \
     {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
      GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
@@ -73,16 +84,12 @@ static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8
     {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
      K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
      K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
-enum { N_GROUP_KERNELS_AVX2 = 5, N_GROUP_KERNELS_AVXVNNI = 6 };
+enum { N_GROUP_KERNELS_AVX2 = 5 };
 static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
 static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
 /* avxvnni: those groups with vpdpbusd, IQ4_XS's too (no int16 step to saturate) */
-#define K_GROUP_TABLE_AVXVNNI(act, p, g)                                                          \
-    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
-static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_GROUP_KERNELS_AVXVNNI] = K_GROUP_TABLE_AVXVNNI(KVG_ACT_QS, ps, ys);
-static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_GROUP_KERNELS_AVXVNNI] = K_GROUP_TABLE_AVXVNNI(KVG_ACT_Q8, p8, yv);
+static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ys);
+static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, yv);
 #endif
 
 #ifdef KVG_ARM
@@ -107,6 +114,12 @@ static const kvg_qdot_kernel DOTPROD_TABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL),
 };
+/* neon and dotprod: the K types but Q8_K in row groups (widening multiply-adds, SDOT), against
+ * the x86 groups' activations; the other types keep their row kernels above */
+static const kvg_qdot_kernel GROUPS_QS_NEON[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ns);
+static const kvg_qdot_kernel GROUPS_Q8_NEON[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, nv);
+static const kvg_qdot_kernel GROUPS_QS_DOTPROD[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ds);
+static const kvg_qdot_kernel GROUPS_Q8_DOTPROD[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, dv);
 #endif
 
 static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
@@ -129,31 +142,32 @@ static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t typ
     return NULL;
 }
 
-#ifdef KVG_X86
 /* the row-group kernel of type on path isa (split or 8-bit activations), or NULL */
 static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8) {
+#ifdef KVG_X86
     if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
         return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
     if (isa == KVG_ISA_AVXVNNI)
-        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS_AVXVNNI, type);
+        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_K_GROUP_KERNELS, type);
+#endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON) return find(act8 ? GROUPS_Q8_NEON : GROUPS_QS_NEON, N_K_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_DOTPROD) return find(act8 ? GROUPS_Q8_DOTPROD : GROUPS_QS_DOTPROD, N_K_GROUP_KERNELS, type);
+#endif
+    (void)isa, (void)type, (void)act8;
     return NULL;
 }
-#endif
 
 const kvg_qdot_kernel *kvg_qdot_kernel_of(kvg_cpu_isa isa, uint32_t type) {
-#ifdef KVG_X86
     const kvg_qdot_kernel *g = group_of(isa, type, false);
     if (g) return g;
-#endif
     return find(table_of(isa), N_KERNELS, type);
 }
 
 const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type) {
-#ifdef KVG_X86
     const kvg_qdot_kernel *g = group_of(isa, type, true);
     if (g) return g;
-#endif
     return kvg_qdot_kernel_of(isa, type);
 }
 
