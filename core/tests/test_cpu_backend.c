@@ -9,9 +9,12 @@
  *   are checked against libm and the reference's helpers; a run of keys gives the same bits
  *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
  *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni: the
- *   32-element and K types; avx2 and avx512: the K types but IQ4_XS; avxvnni: the K types)
- *   give their row kernels' bits on every tile, the K types' also on rows of an odd number of
- *   K blocks; a Q4_K_M model's logits are the same bits on every x86 path with K-type groups.
+ *   32-element and K types; avx2 and avx512: the K types but IQ4_XS; avxvnni, neon, dotprod:
+ *   the K types) give their row kernels' bits on every tile, the K types' also on rows of an odd
+ *   number of K blocks and on levels and activation bytes at the ends of their ranges; each of
+ *   those paths has them in its tables at both activation precisions; Q4_K_M models' logits
+ *   (also with rows of 3 K blocks, an output matrix that does not fill groups, and 8-bit
+ *   activations) are the same bits on every x86 path with K-type groups.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
  *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
@@ -70,8 +73,10 @@ static char isa_env_saved[64]; /* KVGEN_CPU_ISA as the test found it */
 static bool same_bits_as_portable(int isa) { return isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD; }
 
 /* A group kernel (KVG_QDOT_GROUP rows at once, one per lane) gives, for every row and every
- * tile, the bits of the kernel's row-by-row dot on the same rows. */
-static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k, const kvg_qact *a, int n, int nt) {
+ * tile, the bits of the kernel's row-by-row dot on the same rows: random rows, or the
+ * KVG_QDOT_GROUP rows `given` (in the file's layout). */
+static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k, const kvg_qact *a, int n, int nt,
+                               const uint8_t *given) {
     enum { G = KVG_QDOT_GROUP };
     size_t rb = kvg_row_bytes(type, (uint64_t)n);
     float *wf = malloc((size_t)n * sizeof(float));
@@ -83,6 +88,7 @@ static void check_group_kernel(int isa, uint32_t type, const kvg_qdot_kernel *k,
         for (int i = 0; i < n; i++) wf[i] = frand() * amp + (r % 4 == 3 ? 0.3f * amp : 0.0f);
         kvg_quantize_row(type, wf, rows + rb * (size_t)r, (uint64_t)n);
     }
+    if (given) memcpy(rows, given, rb * G);
     k->group_pack(rows, rb, group, n);
     for (int r = 0; r < G; r++) {
         memcpy(row, rows + rb * (size_t)r, rb);
@@ -259,7 +265,7 @@ static void test_kernels(void) {
                 }
             }
             if (k->group) {
-                check_group_kernel(isa, type, k, ka, N, NT);
+                check_group_kernel(isa, type, k, ka, N, NT, NULL);
                 n_group++;
             }
         }
@@ -278,10 +284,52 @@ static void test_kernels(void) {
     free(qk0);
 }
 
+/* whether path isa runs the matrices of K type `type` in row groups (kvg_qdot.h), at both
+ * activation precisions */
+static bool expect_kgroup(int isa, uint32_t type) {
+    switch (isa) {
+    case KVG_ISA_AVX2:
+    case KVG_ISA_AVX512: return type != KVG_TYPE_IQ4_XS;
+    case KVG_ISA_AVXVNNI:
+    case KVG_ISA_AVX512VNNI:
+    case KVG_ISA_NEON:
+    case KVG_ISA_DOTPROD: return true;
+    default: return false;
+    }
+}
+
+/* KVG_QDOT_GROUP rows of n elements of K type `type` whose levels are all at one end of the
+ * type's range (fill 0x00 or 0xff over the block, then d and dmin 1, Q6_K's scales 1): Q2_K 3,
+ * Q3_K -4, Q4_K 15, Q5_K 31, Q6_K -32, IQ4_XS -127 at the ends that reach them; the bounds of
+ * the kernels' narrow intermediate sums (int16 on AVX2 and neon) */
+static void kquant_extreme_rows(uint32_t type, int n, uint8_t fill, uint8_t *rows) {
+    size_t bb = kvg_row_bytes(type, KVG_QK), nb = (size_t)n / KVG_QK;
+    memset(rows, fill, bb * nb * KVG_QDOT_GROUP);
+    for (size_t b = 0; b < nb * KVG_QDOT_GROUP; b++) {
+        uint8_t *blk = rows + bb * b;
+        size_t d = 0, dmin = SIZE_MAX; /* where the type keeps its f16 d and dmin */
+        switch (type) {
+        case KVG_TYPE_Q2_K: d = 80, dmin = 82; break;
+        case KVG_TYPE_Q3_K: d = 108; break;
+        case KVG_TYPE_Q4_K:
+        case KVG_TYPE_Q5_K: d = 0, dmin = 2; break;
+        case KVG_TYPE_Q6_K:
+            d = 208;
+            memset(blk + 192, 1, 16);
+            break;
+        default: d = 0; break; /* IQ4_XS */
+        }
+        blk[d] = 0x00, blk[d + 1] = 0x3c;
+        if (dmin != SIZE_MAX) blk[dmin] = 0x00, blk[dmin + 1] = 0x3c;
+    }
+}
+
 /* The K types' group kernels on a row of 3 K blocks (an odd count) and 1..8-token tiles (as
  * check_group_kernel: every tile from tokens 0 and 1, 9 tokens), against their row kernels'
  * bits, at both activation precisions, and each row kernel against the exact dot product of the
- * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding). */
+ * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding).
+ * Also rows of extreme levels against activation bytes at their ends, and every path that
+ * should run K-type groups (expect_kgroup) has them in its tables. */
 static void test_kgroup_shapes(void) {
     enum { N = 768, NT = 9 };
     static const uint32_t types[] = {KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_Q4_K,
@@ -290,7 +338,31 @@ static void test_kgroup_shapes(void) {
     int8_t *q8 = malloc(NT * N), *qs = malloc(NT * N), *qsh = malloc(NT * N);
     float d8[NT * N / 32], s8[NT * N / 32], ds[NT * N / 32], ss[NT * N / 32];
     uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
+    uint8_t *xrows = malloc(kvg_row_bytes(KVG_TYPE_F32, N) * KVG_QDOT_GROUP); /* more than any K type's */
     for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
+    /* activation bytes at the ends of their ranges, by token: Q8 -127 or 127; QS lo -128 or 127
+     * with hi -63 or 63 (q = 256 hi + lo within +-16383) */
+    int8_t *e8 = malloc(NT * N), *el = malloc(NT * N), *eh = malloc(NT * N);
+    float ed[NT * N / 32], es8[NT * N / 32], ess[NT * N / 32];
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < N; i++) {
+            bool neg = (t + i / 64) % 2 == 0;
+            e8[t * N + i] = (int8_t)(neg ? -127 : 127);
+            el[t * N + i] = (int8_t)(neg ? -128 : 127);
+            eh[t * N + i] = (int8_t)(neg ? -63 : 63);
+        }
+    for (int b = 0; b < NT * N / 32; b++) {
+        int s8sum = 0, sssum = 0;
+        for (int i = 0; i < 32; i++) {
+            s8sum += e8[32 * b + i];
+            sssum += 256 * eh[32 * b + i] + el[32 * b + i];
+        }
+        ed[b] = 0.001f * (float)(1 + b % 7);
+        es8[b] = ed[b] * (float)s8sum;
+        ess[b] = ed[b] * (float)sssum;
+    }
+    kvg_qact x8 = {.n = N, .x = xf, .q8 = e8, .d8 = ed, .s8 = es8};
+    kvg_qact xs = {.n = N, .x = xf, .q8 = el, .q8h = eh, .d8 = ed, .s8 = ess};
     int checked = 0;
     for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
         if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
@@ -305,9 +377,18 @@ static void test_kgroup_shapes(void) {
             for (int fast = 0; fast < 2; fast++) {
                 const kvg_qdot_kernel *k = fast ? kvg_qdot_kernel_fast((kvg_cpu_isa)isa, types[ti])
                                                 : kvg_qdot_kernel_of((kvg_cpu_isa)isa, types[ti]);
+                bool want = expect_kgroup(isa, types[ti]);
+                CHECKF(k && (k->group != NULL) == want && (!want || k->act == (fast ? KVG_ACT_Q8 : KVG_ACT_QS)),
+                       "%s %s (%s activations): %s row groups", kvg_type_name(types[ti]),
+                       kvg_cpu_isa_name((kvg_cpu_isa)isa), fast ? "8-bit" : "15-bit",
+                       want ? "no" : "unexpected");
                 if (!k || !k->group) continue;
                 const kvg_qact *ka = k->act == KVG_ACT_QS ? &as : &a8;
-                check_group_kernel(isa, types[ti], k, ka, N, NT);
+                check_group_kernel(isa, types[ti], k, ka, N, NT, NULL);
+                for (int fill = 0; fill < 2; fill++) { /* extreme levels against extreme bytes */
+                    kquant_extreme_rows(types[ti], N, fill ? 0xff : 0x00, xrows);
+                    check_group_kernel(isa, types[ti], k, fast ? &x8 : &xs, N, NT, xrows);
+                }
                 rng_state = 77u + (uint32_t)ti;
                 for (int i = 0; i < N; i++) wf[i] = frand() * 0.5f + 0.1f;
                 kvg_quantize_row(types[ti], wf, w, N);
@@ -328,7 +409,12 @@ static void test_kgroup_shapes(void) {
                 checked++;
             }
     }
-    printf("kernels: K-type groups on rows of 3 K blocks: %d kernels equal their rows\n", checked);
+    printf("kernels: K-type groups on rows of 3 K blocks (random and extreme levels): %d kernels equal their rows\n",
+           checked);
+    free(xrows);
+    free(e8);
+    free(el);
+    free(eh);
     free(xf);
     free(wf);
     free(deq);
@@ -864,16 +950,29 @@ static void test_isa_paths(void) {
                                "--mix q4_k_m");
     char *path32 = tu_make_model("cpu-isa32.gguf", "--seed 9 --layers 2 --embd 96 --ff 160 --heads 3 --kv-heads 1 "
                                  "--type Q5_1");
-    const char *paths[2] = {path, path32};
+    /* the K types' groups on rows of 3 and 5 K blocks, and an output matrix of 1000 rows (not a
+     * multiple of the groups' 16: the row kernels), at both activation precisions */
+    char *pathk = tu_make_model("cpu-isa-k.gguf", "--seed 10 --layers 2 --embd 768 --ff 1280 --heads 6 --kv-heads 2 "
+                                "--mix q4_k_m --vocab-size 1000");
+    static const struct {
+        const char *label;
+        int file, act_bits; /* file: path, path32, pathk */
+        bool kgroups;       /* K types: the paths with K-type groups give each other's bits */
+    } models[] = {{"q4_k_m", 0, 0, true}, {"Q5_1", 1, 0, false}, {"q4_k_m 768x1000", 2, 0, true},
+                  {"q4_k_m 768x1000 8-bit", 2, 8, true}};
+    const char *paths[3] = {path, path32, pathk};
     kvgen_error err = {0};
-    for (int p = 0; p < 2; p++) {
-        if (!paths[p]) continue;
+    for (size_t p = 0; p < sizeof models / sizeof models[0]; p++) {
+        const char *label = models[p].label;
+        if (!paths[models[p].file]) continue;
         run runs[KVG_ISA_COUNT] = {{0}};
         int32_t tokens[N_PROMPT + N_DEC];
         for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
             if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
             setenv("KVGEN_CPU_ISA", kvg_cpu_isa_name((kvg_cpu_isa)isa), 1);
-            kvgen_model *m = load(paths[p], KVGEN_BACKEND_CPU, isa_threads);
+            kvgen_model_desc md = {.path = paths[models[p].file], .backend = KVGEN_BACKEND_CPU,
+                                   .n_threads = isa_threads, .activation_bits = models[p].act_bits};
+            kvgen_model *m = tu_load(&md);
             if (!m) continue;
             kvgen_model_info info;
             kvgen_model_get_info(m, &info);
@@ -884,39 +983,36 @@ static void test_isa_paths(void) {
         }
         unsetenv("KVGEN_CPU_ISA");
         kvg_cpu_isa best = kvg_cpu_isa_best();
+        /* 8-bit activations: the portable path has no 8-bit kernels (its 16-bit logits) */
+        double tol = models[p].act_bits == 8 ? TOL_REL_8 : TOL_REL;
         for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
             if (!runs[isa].prefill || isa == (int)best) continue;
             diff d = compare_runs(&runs[best], &runs[isa]);
             diff dp = compare_runs(&runs[KVG_ISA_PORTABLE], &runs[isa]);
-            printf("  %s: %s path vs %s: max diff / range %.2e (vs portable %.2e), top-1 same %d/%d\n",
-                   p ? "Q5_1" : "q4_k_m", kvg_cpu_isa_name((kvg_cpu_isa)isa), kvg_cpu_isa_name(best), d.rel, dp.rel,
-                   d.top1, d.n);
-            CHECKF(d.rel <= TOL_REL && dp.rel <= TOL_REL, "%s path: %.4f", kvg_cpu_isa_name((kvg_cpu_isa)isa), d.rel);
+            printf("  %s: %s path vs %s: max diff / range %.2e (vs portable %.2e), top-1 same %d/%d\n", label,
+                   kvg_cpu_isa_name((kvg_cpu_isa)isa), kvg_cpu_isa_name(best), d.rel, dp.rel, d.top1, d.n);
+            CHECKF(d.rel <= tol && dp.rel <= tol, "%s: %s path: %.4f", label, kvg_cpu_isa_name((kvg_cpu_isa)isa), d.rel);
         }
         /* neon and dotprod share the vector ops, and their kernels give the same bits */
         if (runs[KVG_ISA_NEON].prefill && runs[KVG_ISA_DOTPROD].prefill) {
-            const run *rn = &runs[KVG_ISA_NEON], *rd = &runs[KVG_ISA_DOTPROD];
-            CHECKF(memcmp(rn->prefill, rd->prefill, (size_t)N_PROMPT * rn->n_vocab * sizeof(float)) == 0 &&
-                       memcmp(rn->decode, rd->decode, (size_t)N_DEC * rn->n_vocab * sizeof(float)) == 0,
-                   "%s: the dotprod path's logits are not the neon path's bits", p ? "Q5_1" : "q4_k_m");
-            printf("  %s: dotprod path: the neon path's bits\n", p ? "Q5_1" : "q4_k_m");
+            CHECKF(same_run(&runs[KVG_ISA_NEON], &runs[KVG_ISA_DOTPROD]),
+                   "%s: the dotprod path's logits are not the neon path's bits", label);
+            printf("  %s: dotprod path: the neon path's bits\n", label);
         }
-        /* the x86 paths run a Q4_K_M model's matrices in K-type groups that give their portable
-         * row kernels' bits, with the same vector ops: the same logits */
+        /* the x86 paths run the K types' matrices in groups that give their portable row
+         * kernels' bits, with the same vector ops: the same logits */
         static const kvg_cpu_isa kgroup_paths[] = {KVG_ISA_AVX2, KVG_ISA_AVX512, KVG_ISA_AVXVNNI, KVG_ISA_AVX512VNNI};
         const run *first = NULL;
-        for (size_t i = 0; p == 0 && i < sizeof kgroup_paths / sizeof kgroup_paths[0]; i++) {
+        for (size_t i = 0; models[p].kgroups && i < sizeof kgroup_paths / sizeof kgroup_paths[0]; i++) {
             const run *r = &runs[kgroup_paths[i]];
             if (!r->prefill) continue;
             if (!first) {
                 first = r;
                 continue;
             }
-            CHECKF(memcmp(first->prefill, r->prefill, (size_t)N_PROMPT * r->n_vocab * sizeof(float)) == 0 &&
-                       memcmp(first->decode, r->decode, (size_t)N_DEC * r->n_vocab * sizeof(float)) == 0,
-                   "q4_k_m: the %s path's logits are not the bits of the other x86 paths' K-type groups",
-                   kvg_cpu_isa_name(kgroup_paths[i]));
-            printf("  q4_k_m: %s path: the bits of the first x86 path's K-type groups\n",
+            CHECKF(same_run(first, r), "%s: the %s path's logits are not the bits of the other x86 paths' K-type groups",
+                   label, kvg_cpu_isa_name(kgroup_paths[i]));
+            printf("  %s: %s path: the bits of the first x86 path's K-type groups\n", label,
                    kvg_cpu_isa_name(kgroup_paths[i]));
         }
         for (int isa = 0; isa < KVG_ISA_COUNT; isa++) run_free(&runs[isa]);
@@ -938,6 +1034,7 @@ static void test_isa_paths(void) {
     if (*isa_env_saved) setenv("KVGEN_CPU_ISA", isa_env_saved, 1);
     free(path);
     free(path32);
+    free(pathk);
 }
 
 /* ---- the default model ---- */
