@@ -483,33 +483,108 @@ INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kv
     }
 }
 
+/* ---- row groups of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) -----------------
+ * The groups of b32_group_pack against the same byte activations, a quarter of the rows at a
+ * time as the K types'. b32_q8_portable scales sum(u q) of the unsigned levels u: Q4 and Q5's
+ * fit a signed byte as they are; Q8_0's (q + 128) and IQ4_NL's (level + 128) are multiplied as
+ * v = u - 128 (Q8_0's q, IQ4_NL's level) and sum(u q) = sum(v q) + 128 sum(q), exact. neon adds
+ * kg_run_b32 chunks of products in int16: 32767 / (128 max|v|) (Q4 15, Q5 31; IQ4_NL 127: 2;
+ * Q8_0 up to 128: 1). */
+INL int kg_run_b32(b32_kind k) { return k == B_Q8_0 ? 1 : k == B_IQ4_NL ? 2 : 8; }
+
+/* the levels of a quarter of group block blk (p: blk + 16 r) as multiplied (above): w[c] holds
+ * elements 4c..4c+3 of each of its 4 rows */
+INL void b32_group_levels_arm(b32_kind k, const uint8_t *p, int8x16_t *w) {
+    if (k == B_Q8_0) {
+        for (int c = 0; c < 8; c++) w[c] = s8(veorq_u8(vld1q_u8(p + 64 * c), vdupq_n_u8(128)));
+        return;
+    }
+    const uint8x16_t m1 = vdupq_n_u8(1), m4 = vdupq_n_u8(15);
+    uint8x16_t u[8];
+    for (int c = 0; c < 4; c++) {
+        uint8x16_t x = vld1q_u8(p + 64 * c);
+        u[c] = vandq_u8(x, m4);
+        u[c + 4] = vshrq_n_u8(x, 4);
+    }
+    if (k == B_IQ4_NL) {
+        const int8x16_t t = vld1q_s8(IQ4_LEVELS);
+        for (int c = 0; c < 8; c++) w[c] = vqtbl1q_s8(t, u[c]);
+        return;
+    }
+    if (b32_has_qh(k)) {
+        uint8x16_t h = vld1q_u8(p + 256);
+        for (int c = 0; c < 8; c++) u[c] = vorrq_u8(u[c], vshlq_n_u8(vandq_u8(shr8(h, c), m1), 4));
+    }
+    for (int c = 0; c < 8; c++) w[c] = s8(u[c]);
+}
+
+/* blocks of a group (b32_group_pack) against a tile of tokens, in the order of b32_q8_portable
+ * per row: acc = fma(sum(u q), dw * da, acc), then fma(m', s, acc) */
+INL void b32_group_arm(b32_kind k, bool dp, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
+                       float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QB, run = kg_run_b32(k);
+    const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
+    const bool signed128 = k == B_Q8_0 || k == B_IQ4_NL; /* v = u - 128 multiplied */
+    for (int r = 0; r < 4; r++) {
+        float32x4_t acc[KVG_GROUP_TILE];
+        for (int i = 0; i < nt; i++) acc[i] = vdupq_n_f32(0.0f);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
+            int8x16_t w[8];
+            b32_group_levels_arm(k, blk + 16 * (size_t)r, w);
+            float32x4_t dw = f16x4(blk + qbytes + 8 * (size_t)r);
+            float32x4_t mw = b32_has_min(k) ? f16x4(blk + qbytes + 32 + 8 * (size_t)r)
+                                            : vmulq_f32(dw, vdupq_n_f32((float)-b32_uoffset(k)));
+            for (int i = 0; i < nt; i++) {
+                size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
+                const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
+                int32x4_t isum = kg_dot_act_arm(dp, w, qv, hv, 8, run);
+                if (signed128) { /* + 128 sum(q) */
+                    int32_t qs = vaddlvq_s8(vld1q_s8(qv)) + vaddlvq_s8(vld1q_s8(qv + 16));
+                    if (split) qs += 256 * (vaddlvq_s8(vld1q_s8(hv)) + vaddlvq_s8(vld1q_s8(hv + 16)));
+                    isum = vaddq_s32(isum, vdupq_n_s32(128 * qs));
+                }
+                acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(isum), vmulq_f32(dw, vdupq_n_f32(a->d8[row * nb + b])));
+                acc[i] = vfmaq_f32(acc[i], mw, vdupq_n_f32(a->s8[row * nb + b]));
+            }
+        }
+        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[i]);
+    }
+}
+
 /* one group kernel per type, path and activation form: the tile width nt made a constant for
  * each case, so the loops over tokens unroll */
-#define ARM_GROUP_KERNEL(name, target, kind, dp, split)                                                 \
+#define ARM_GROUP_KERNEL(name, target, body, kind, dp, split)                                           \
     target void kvg_qdot_##name(const uint8_t *g, const kvg_qact *a, int t, int nt, float *out, size_t os) { \
         switch (nt) {                                                                                  \
-        case 1: kq_group_arm(kind, dp, split, g, a, t, 1, out, os); break;                             \
-        case 2: kq_group_arm(kind, dp, split, g, a, t, 2, out, os); break;                             \
-        case 3: kq_group_arm(kind, dp, split, g, a, t, 3, out, os); break;                             \
-        case 4: kq_group_arm(kind, dp, split, g, a, t, 4, out, os); break;                             \
-        case 5: kq_group_arm(kind, dp, split, g, a, t, 5, out, os); break;                             \
-        case 6: kq_group_arm(kind, dp, split, g, a, t, 6, out, os); break;                             \
-        case 7: kq_group_arm(kind, dp, split, g, a, t, 7, out, os); break;                             \
-        default: kq_group_arm(kind, dp, split, g, a, t, 8, out, os); break;                            \
+        case 1: body(kind, dp, split, g, a, t, 1, out, os); break;                                     \
+        case 2: body(kind, dp, split, g, a, t, 2, out, os); break;                                     \
+        case 3: body(kind, dp, split, g, a, t, 3, out, os); break;                                     \
+        case 4: body(kind, dp, split, g, a, t, 4, out, os); break;                                     \
+        case 5: body(kind, dp, split, g, a, t, 5, out, os); break;                                     \
+        case 6: body(kind, dp, split, g, a, t, 6, out, os); break;                                     \
+        case 7: body(kind, dp, split, g, a, t, 7, out, os); break;                                     \
+        default: body(kind, dp, split, g, a, t, 8, out, os); break;                                    \
         }                                                                                              \
     }
 /* nv, ns: neon (8-bit, split activations); dv, ds: dotprod */
-#define ARM_GROUP_KERNELS(t, kind)                                 \
-    ARM_GROUP_KERNEL(nv_##t, NEON_TARGET, kind, false, false)      \
-    ARM_GROUP_KERNEL(ns_##t, NEON_TARGET, kind, false, true)       \
-    ARM_GROUP_KERNEL(dv_##t, DOTPROD, kind, true, false)           \
-    ARM_GROUP_KERNEL(ds_##t, DOTPROD, kind, true, true)
-ARM_GROUP_KERNELS(q2_k, K_Q2)
-ARM_GROUP_KERNELS(q3_k, K_Q3)
-ARM_GROUP_KERNELS(q4_k, K_Q4)
-ARM_GROUP_KERNELS(q5_k, K_Q5)
-ARM_GROUP_KERNELS(q6_k, K_Q6)
-ARM_GROUP_KERNELS(iq4_xs, K_IQ4XS)
+#define ARM_GROUP_KERNELS(t, body, kind)                                 \
+    ARM_GROUP_KERNEL(nv_##t, NEON_TARGET, body, kind, false, false)      \
+    ARM_GROUP_KERNEL(ns_##t, NEON_TARGET, body, kind, false, true)       \
+    ARM_GROUP_KERNEL(dv_##t, DOTPROD, body, kind, true, false)           \
+    ARM_GROUP_KERNEL(ds_##t, DOTPROD, body, kind, true, true)
+ARM_GROUP_KERNELS(q4_0, b32_group_arm, B_Q4_0)
+ARM_GROUP_KERNELS(q4_1, b32_group_arm, B_Q4_1)
+ARM_GROUP_KERNELS(q5_0, b32_group_arm, B_Q5_0)
+ARM_GROUP_KERNELS(q5_1, b32_group_arm, B_Q5_1)
+ARM_GROUP_KERNELS(q8_0, b32_group_arm, B_Q8_0)
+ARM_GROUP_KERNELS(iq4_nl, b32_group_arm, B_IQ4_NL)
+ARM_GROUP_KERNELS(q2_k, kq_group_arm, K_Q2)
+ARM_GROUP_KERNELS(q3_k, kq_group_arm, K_Q3)
+ARM_GROUP_KERNELS(q4_k, kq_group_arm, K_Q4)
+ARM_GROUP_KERNELS(q5_k, kq_group_arm, K_Q5)
+ARM_GROUP_KERNELS(q6_k, kq_group_arm, K_Q6)
+ARM_GROUP_KERNELS(iq4_xs, kq_group_arm, K_IQ4XS)
 
 INL float amax_neon(const float *x, int n) {
     float32x4_t m = vdupq_n_f32(0.0f);

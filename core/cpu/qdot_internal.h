@@ -359,7 +359,8 @@ void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, flo
 #ifdef KVG_ARM
 KVG_QDOT_B32(KVG_QDOT_DOT, n) KVG_QDOT_KQ(KVG_QDOT_DOT, n) KVG_QDOT_FL(KVG_QDOT_DOT, n)
 KVG_QDOT_B32(KVG_QDOT_DOT, d) KVG_QDOT_KQ(KVG_QDOT_DOT, d)
-KVG_QDOT_KG(KVG_QDOT_DOT, nv) KVG_QDOT_KG(KVG_QDOT_DOT, ns) KVG_QDOT_KG(KVG_QDOT_DOT, dv) KVG_QDOT_KG(KVG_QDOT_DOT, ds)
+KVG_QDOT_GROUPED(KVG_QDOT_DOT, nv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, ns)
+KVG_QDOT_GROUPED(KVG_QDOT_DOT, dv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, ds)
 void kvg_qdot_quant_qb_neon(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_neon(const float *x, int n, int16_t *q, float *d, int32_t *bsum);
 #endif

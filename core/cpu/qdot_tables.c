@@ -31,6 +31,15 @@ static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
      K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
      K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
 enum { N_K_GROUP_KERNELS = 6 };
+/* the 32-element types and the K types but Q8_K */
+#define GROUP_TABLE(act, p, g)                                                                  \
+    {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),  \
+     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
+enum { N_GROUP_KERNELS = 12 };
 #endif
 
 #ifdef KVG_X86
@@ -65,17 +74,9 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, x2_q5_k, NULL),     K(KVG_TYPE_Q6_K, KVG_ACT_QK, x2_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, x2_q8_k, NULL),     K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, x2_iq4_xs, NULL),
 };
-/* avx512vnni: the 32-element types in row groups, against split 16-bit activations (GROUPS_QS)
+/* avx512vnni: the 32-element and K types in row groups, against split 16-bit activations (GROUPS_QS)
  * or 8-bit ones (GROUPS_Q8, kvg_qdot_kernel_fast); every other type as the avx512 path on a
  * VNNI CPU */
-#define GROUP_TABLE(act, p, g)                                                                  \
-    {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
-     GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g), GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g),      \
-     GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g), GROUP_ROW(KVG_TYPE_IQ4_NL, iq4_nl, act, p, g),  \
-     K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),  \
-     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),  \
-     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
-enum { N_GROUP_KERNELS = 12 };
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
 /* avx2 and avx512: the K types but IQ4_XS in row groups of AVX2 (vpmaddubsw), against the same
@@ -114,12 +115,13 @@ static const kvg_qdot_kernel DOTPROD_TABLE[N_KERNELS] = {
     K(KVG_TYPE_Q5_K, KVG_ACT_QK, d_q5_k, NULL),      K(KVG_TYPE_Q6_K, KVG_ACT_QK, d_q6_k, NULL),
     K(KVG_TYPE_Q8_K, KVG_ACT_QK, d_q8_k, NULL),      K(KVG_TYPE_IQ4_XS, KVG_ACT_QK, d_iq4_xs, NULL),
 };
-/* neon and dotprod: the K types but Q8_K in row groups (widening multiply-adds, SDOT), against
- * the x86 groups' activations; the other types keep their row kernels above */
-static const kvg_qdot_kernel GROUPS_QS_NEON[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ns);
-static const kvg_qdot_kernel GROUPS_Q8_NEON[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, nv);
-static const kvg_qdot_kernel GROUPS_QS_DOTPROD[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ds);
-static const kvg_qdot_kernel GROUPS_Q8_DOTPROD[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, dv);
+/* neon and dotprod: the 32-element types and the K types but Q8_K in row groups (widening
+ * multiply-adds, SDOT), against the avx512vnni groups' activations; Q8_K and the float types
+ * keep their kernels above */
+static const kvg_qdot_kernel GROUPS_QS_NEON[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, ns);
+static const kvg_qdot_kernel GROUPS_Q8_NEON[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, nv);
+static const kvg_qdot_kernel GROUPS_QS_DOTPROD[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, ds);
+static const kvg_qdot_kernel GROUPS_Q8_DOTPROD[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, dv);
 #endif
 
 static const kvg_qdot_kernel *table_of(kvg_cpu_isa isa) {
@@ -152,8 +154,8 @@ static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8
         return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_K_GROUP_KERNELS, type);
 #endif
 #ifdef KVG_ARM
-    if (isa == KVG_ISA_NEON) return find(act8 ? GROUPS_Q8_NEON : GROUPS_QS_NEON, N_K_GROUP_KERNELS, type);
-    if (isa == KVG_ISA_DOTPROD) return find(act8 ? GROUPS_Q8_DOTPROD : GROUPS_QS_DOTPROD, N_K_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_NEON) return find(act8 ? GROUPS_Q8_NEON : GROUPS_QS_NEON, N_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_DOTPROD) return find(act8 ? GROUPS_Q8_DOTPROD : GROUPS_QS_DOTPROD, N_GROUP_KERNELS, type);
 #endif
     (void)isa, (void)type, (void)act8;
     return NULL;

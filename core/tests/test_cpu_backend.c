@@ -284,9 +284,10 @@ static void test_kernels(void) {
     free(qk0);
 }
 
-/* whether path isa runs the matrices of K type `type` in row groups (kvg_qdot.h), at both
- * activation precisions */
-static bool expect_kgroup(int isa, uint32_t type) {
+/* whether path isa runs the matrices of a 32-element or K type in row groups (kvg_qdot.h), at
+ * both activation precisions */
+static bool expect_group(int isa, uint32_t type) {
+    if (kvg_type_block_elems(type) == KVG_QB) return isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD;
     switch (isa) {
     case KVG_ISA_AVX2:
     case KVG_ISA_AVX512: return type != KVG_TYPE_IQ4_XS;
@@ -298,17 +299,21 @@ static bool expect_kgroup(int isa, uint32_t type) {
     }
 }
 
-/* KVG_QDOT_GROUP rows of n elements of K type `type` whose levels are all at one end of the
- * type's range (fill 0x00 or 0xff over the block, then d and dmin 1, Q6_K's scales 1): Q2_K 3,
- * Q3_K -4, Q4_K 15, Q5_K 31, Q6_K -32, IQ4_XS -127 at the ends that reach them; the bounds of
- * the kernels' narrow intermediate sums (int16 on AVX2 and neon) */
-static void kquant_extreme_rows(uint32_t type, int n, uint8_t fill, uint8_t *rows) {
-    size_t bb = kvg_row_bytes(type, KVG_QK), nb = (size_t)n / KVG_QK;
+/* KVG_QDOT_GROUP rows of n elements of a 32-element or K type whose levels are all alike: the
+ * block filled with one byte, then d and dmin (or the min) 1, Q6_K's scales 1. Fills 0x00, 0xff
+ * and 0x80 reach the ends of the types' ranges: Q2_K 3, Q3_K -4, Q4_K and Q4 15, Q5_K and Q5
+ * 31, Q6_K -32, IQ4_XS and IQ4_NL -127, Q8_0 -128 and -1: the bounds of the kernels' narrow
+ * intermediate sums (int16 on AVX2 and neon) */
+static void extreme_rows(uint32_t type, int n, uint8_t fill, uint8_t *rows) {
+    uint32_t be = kvg_type_block_elems(type);
+    size_t bb = kvg_row_bytes(type, be), nb = (size_t)n / be;
     memset(rows, fill, bb * nb * KVG_QDOT_GROUP);
     for (size_t b = 0; b < nb * KVG_QDOT_GROUP; b++) {
         uint8_t *blk = rows + bb * b;
         size_t d = 0, dmin = SIZE_MAX; /* where the type keeps its f16 d and dmin */
         switch (type) {
+        case KVG_TYPE_Q4_1:
+        case KVG_TYPE_Q5_1: dmin = 2; break;
         case KVG_TYPE_Q2_K: d = 80, dmin = 82; break;
         case KVG_TYPE_Q3_K: d = 108; break;
         case KVG_TYPE_Q4_K:
@@ -317,28 +322,29 @@ static void kquant_extreme_rows(uint32_t type, int n, uint8_t fill, uint8_t *row
             d = 208;
             memset(blk + 192, 1, 16);
             break;
-        default: d = 0; break; /* IQ4_XS */
+        default: break; /* IQ4_XS and the 32-element types: d first */
         }
         blk[d] = 0x00, blk[d + 1] = 0x3c;
         if (dmin != SIZE_MAX) blk[dmin] = 0x00, blk[dmin + 1] = 0x3c;
     }
 }
 
-/* The K types' group kernels on a row of 3 K blocks (an odd count) and 1..8-token tiles (as
- * check_group_kernel: every tile from tokens 0 and 1, 9 tokens), against their row kernels'
+/* The group kernels on a row of 3 K blocks (an odd count for the K types) and 1..8-token tiles
+ * (as check_group_kernel: every tile from tokens 0 and 1, 9 tokens), against their row kernels'
  * bits, at both activation precisions, and each row kernel against the exact dot product of the
  * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding).
  * Also rows of extreme levels against activation bytes at their ends, and every path that
- * should run K-type groups (expect_kgroup) has them in its tables. */
-static void test_kgroup_shapes(void) {
+ * should run a type in groups (expect_group) has them in its tables. */
+static void test_group_shapes(void) {
     enum { N = 768, NT = 9 };
-    static const uint32_t types[] = {KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_Q4_K,
-                                     KVG_TYPE_Q5_K, KVG_TYPE_Q6_K, KVG_TYPE_IQ4_XS};
+    static const uint32_t types[] = {KVG_TYPE_Q2_K,  KVG_TYPE_Q3_K, KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K,
+                                     KVG_TYPE_IQ4_XS, KVG_TYPE_Q4_0, KVG_TYPE_Q4_1, KVG_TYPE_Q5_0, KVG_TYPE_Q5_1,
+                                     KVG_TYPE_Q8_0,  KVG_TYPE_IQ4_NL};
     float *xf = malloc(NT * N * sizeof(float)), *wf = malloc(N * sizeof(float)), *deq = malloc(N * sizeof(float));
     int8_t *q8 = malloc(NT * N), *qs = malloc(NT * N), *qsh = malloc(NT * N);
     float d8[NT * N / 32], s8[NT * N / 32], ds[NT * N / 32], ss[NT * N / 32];
-    uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
-    uint8_t *xrows = malloc(kvg_row_bytes(KVG_TYPE_F32, N) * KVG_QDOT_GROUP); /* more than any K type's */
+    uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N)), *packed = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
+    uint8_t *xrows = malloc(kvg_row_bytes(KVG_TYPE_F32, N) * KVG_QDOT_GROUP); /* more than any quantized type's */
     for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
     /* activation bytes at the ends of their ranges, by token: Q8 -127 or 127; QS lo -128 or 127
      * with hi -63 or 63 (q = 256 hi + lo within +-16383) */
@@ -377,7 +383,7 @@ static void test_kgroup_shapes(void) {
             for (int fast = 0; fast < 2; fast++) {
                 const kvg_qdot_kernel *k = fast ? kvg_qdot_kernel_fast((kvg_cpu_isa)isa, types[ti])
                                                 : kvg_qdot_kernel_of((kvg_cpu_isa)isa, types[ti]);
-                bool want = expect_kgroup(isa, types[ti]);
+                bool want = expect_group(isa, types[ti]);
                 CHECKF(k && (k->group != NULL) == want && (!want || k->act == (fast ? KVG_ACT_Q8 : KVG_ACT_QS)),
                        "%s %s (%s activations): %s row groups", kvg_type_name(types[ti]),
                        kvg_cpu_isa_name((kvg_cpu_isa)isa), fast ? "8-bit" : "15-bit",
@@ -385,14 +391,19 @@ static void test_kgroup_shapes(void) {
                 if (!k || !k->group) continue;
                 const kvg_qact *ka = k->act == KVG_ACT_QS ? &as : &a8;
                 check_group_kernel(isa, types[ti], k, ka, N, NT, NULL);
-                for (int fill = 0; fill < 2; fill++) { /* extreme levels against extreme bytes */
-                    kquant_extreme_rows(types[ti], N, fill ? 0xff : 0x00, xrows);
+                static const uint8_t fills[] = {0x00, 0xff, 0x80};
+                for (int f = 0; f < 3; f++) { /* extreme levels against extreme bytes */
+                    extreme_rows(types[ti], N, fills[f], xrows);
                     check_group_kernel(isa, types[ti], k, fast ? &x8 : &xs, N, NT, xrows);
                 }
                 rng_state = 77u + (uint32_t)ti;
                 for (int i = 0; i < N; i++) wf[i] = frand() * 0.5f + 0.1f;
                 kvg_quantize_row(types[ti], wf, w, N);
                 kvg_dequantize_row(types[ti], w, deq, N);
+                if (k->repack) { /* the row kernel's own layout */
+                    memcpy(packed, w, kvg_row_bytes(types[ti], N));
+                    k->repack(packed, w, N);
+                }
                 for (int t = 0; t < NT; t++) {
                     float got;
                     k->dot(w, ka, t, 1, &got, 1);
@@ -409,8 +420,8 @@ static void test_kgroup_shapes(void) {
                 checked++;
             }
     }
-    printf("kernels: K-type groups on rows of 3 K blocks (random and extreme levels): %d kernels equal their rows\n",
-           checked);
+    printf("kernels: groups on rows of 3 K blocks (random and extreme levels): %d kernels equal their rows\n", checked);
+    free(packed);
     free(xrows);
     free(e8);
     free(el);
@@ -1191,7 +1202,7 @@ int main(void) {
         CHECKF(strcmp(want, kvg_cpu_isa_name(kvg_cpu_isa_best())) == 0, "detected path %s, expected %s (features: %s)",
                kvg_cpu_isa_name(kvg_cpu_isa_best()), want, have);
     test_kernels();
-    test_kgroup_shapes();
+    test_group_shapes();
     test_vec_ops();
     /* KVGEN_TEST_ISA_ONLY=1: the kernels and the paths against each other only (the emulated
      * AArch64 stage: the rest checks code that is the same on every path) */
