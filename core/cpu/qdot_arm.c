@@ -625,4 +625,25 @@ void kvg_qdot_quant_qk_neon(const float *x, int n, int16_t *q, float *d, int32_t
             bsum[16 * b + j] = q16x16_neon(xb + 16 * j, id, (float)KVG_QK_LEVELS, q + KVG_QK * b + 16 * j);
     }
 }
+
+/* quant_q8_portable's bytes: q as q16x16_neon's (the same bound), lo its low byte (signed), hi
+ * (q - lo) / 256 */
+void kvg_qdot_quant_q8_neon(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+    const int levels = hi ? KVG_QS_LEVELS : KVG_Q8_LEVELS;
+    for (int b = 0; b < n / KVG_QB; b++) {
+        const float *xb = x + KVG_QB * b;
+        float amax = amax_neon(xb, KVG_QB);
+        float id = amax > 0.0f ? (float)levels / amax : 0.0f;
+        d[b] = amax / (float)levels;
+        int16_t q[KVG_QB];
+        int32_t sum = q16x16_neon(xb, id, (float)levels, q) + q16x16_neon(xb + 16, id, (float)levels, q + 16);
+        s[b] = d[b] * (float)sum;
+        for (int h = 0; h < KVG_QB; h += 8) {
+            int16x8_t v = vld1q_s16(q + h);
+            int8x8_t l = vmovn_s16(v);
+            vst1_s8(lo + KVG_QB * b + h, l);
+            if (hi) vst1_s8(hi + KVG_QB * b + h, vmovn_s16(vshrq_n_s16(vsubq_s16(v, vmovl_s8(l)), 8)));
+        }
+    }
+}
 #endif /* KVG_ARM */

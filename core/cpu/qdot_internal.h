@@ -363,6 +363,7 @@ KVG_QDOT_GROUPED(KVG_QDOT_DOT, nv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, ns)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, dv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, ds)
 void kvg_qdot_quant_qb_neon(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_neon(const float *x, int n, int16_t *q, float *d, int32_t *bsum);
+void kvg_qdot_quant_q8_neon(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);
 #endif
 
 #endif

@@ -212,6 +212,12 @@ void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, in
         return;
     }
 #endif
+#ifdef KVG_ARM
+    if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) {
+        kvg_qdot_quant_q8_neon(x, n, lo, hi, d, s);
+        return;
+    }
+#endif
     (void)isa;
     kvg_qdot_quant_q8_portable(x, n, lo, hi, d, s);
 }
