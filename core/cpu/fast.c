@@ -10,16 +10,16 @@
  *   summed in integers; a weight row is decoded once per tile of KVG_QDOT_TILE tokens, rows are
  *   taken 8 at a time against all the block's tiles, so a row is read once per block of up to
  *   CPU_BLOCK tokens (prefill runs as GEMM, a batch of many sessions' decodes shares every row
- *   read); where the path has group kernels (avx512vnni: the 32-element types and the K types
- *   but Q8_K; avx2 and avx512: the K types but Q8_K and IQ4_XS; avxvnni: the K types but Q8_K)
- *   a matrix of a multiple of 16 rows is packed at load into groups of 16 rows computed
- *   together, one row per vector lane, each group against tiles of up to 8 tokens;
+ *   read); where the path has group kernels (avx512vnni, neon, dotprod: the 32-element types
+ *   and the K types but Q8_K; avx2 and avx512: the K types but Q8_K and IQ4_XS; avxvnni: the K
+ *   types but Q8_K) a matrix of a multiple of 16 rows is packed at load into groups of 16 rows
+ *   computed together, one row per vector lane, each group against tiles of up to 8 tokens;
  * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
  *   computed once per token and layer (shared by the heads), not per element;
  * - K/V pages hold IEEE f16, not f32 (half the bytes a decode at depth reads); keys and values
  *   are rounded once as they are stored, and attention converts them back as it loads them;
  * - the kernels are those of the instruction set chosen at load (portable C, AVX2, AVX-512,
- *   AVX-VNNI; KVGEN_CPU_ISA forces one), on a thread pool that polls between the jobs of a
+ *   AVX-VNNI, AArch64 NEON and dotprod; KVGEN_CPU_ISA forces one), on a thread pool that polls between the jobs of a
  *   step instead of sleeping (kvg_cpu_pool_set_spin).
  * Work is split by output rows, attention (token, KV head) pairs and tokens, each computed by one
  * thread in an order that depends on it alone: results do not depend on the thread count, and

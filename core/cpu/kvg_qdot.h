@@ -18,10 +18,12 @@
  *             vpdpbusd
  *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the
  *             portable path's bits (exact integer sums, then its f32 operations in its order)
- *             but for exp (softmax, SiLU, GELU: avx2's polynomial)
- *   dotprod   every integer type with SDOT; the float types and the vector ops run neon's; the
- *             portable path's bits as neon
- *   avx512vnni the 32-element types and Q4_K, Q5_K, Q6_K in groups of 16 rows (one row per
+ *             but for exp (softmax, SiLU, GELU: avx2's polynomial); the 32-element types and
+ *             the K types but Q8_K in the avx512vnni path's groups of 16 rows against the same
+ *             byte activations (qdot_arm.c), the bits of their portable row kernels
+ *   dotprod   every integer type with SDOT (the groups too, by element); the float types and
+ *             the vector ops run neon's; the portable path's bits as neon
+ *   avx512vnni the 32-element types and the K types but Q8_K in groups of 16 rows (one row per
  *             lane, vpdpbusd) against 15-bit activations split into two bytes (KVG_ACT_QS), or
  *             8-bit ones (KVG_ACT_Q8, kvg_qdot_kernel_fast), in blocks of 32 (the K types' scales
  *             applied per block of 32 or 16, qdot_x86.c); the group kernels give the bits of their
@@ -36,7 +38,7 @@
  * s = d * sum(q) (for the types' minimums); rows for the 256-element K types (Q2_K..Q6_K,
  * Q8_K, IQ4_XS) take blocks of 256 in [-4095, 4095] (so a block's sums cannot overflow int32)
  * with an f32 scale and the 16 sums of 16. F32, F16 and BF16 weights are dotted with the f32
- * activations. The group types take bytes (VNNI and vpmaddubsw multiply bytes):
+ * activations. The group types take bytes (VNNI, vpmaddubsw and SDOT multiply bytes):
  * 15-bit activations as two byte rows by default, 8-bit ones (ggml's own scheme, faster and
  * coarser) where the model asks for them. */
 #ifndef KVG_QDOT_H

@@ -1,6 +1,7 @@
 /* qdot_arm.c: the AArch64 kernels: Advanced SIMD (neon, the AArch64 baseline) and the ARMv8.2
- * dot product (dotprod, its own function target), and the activations' quantization with neon
- * (layouts: qdot_internal.h). Empty on other machines. */
+ * dot product (dotprod, its own function target): the row kernels of every type, the row groups
+ * of the 32-element and K types (the x86 paths' groups), and the activations' quantization with
+ * neon (layouts: qdot_internal.h). Empty on other machines. */
 #include <string.h>
 #include "qdot_internal.h"
 
@@ -14,7 +15,10 @@
  * integer sums are exact, so a block's sum is the portable path's, and the scaling is the
  * portable path's f32 arithmetic in the same order: these paths give the portable path's bits.
  * The K types scale each group's lanes by its sub-block scale in int32 (a lane sums 64 products
- * of a block, < 2^31 as on x86). */
+ * of a block, < 2^31 as on x86). Q8_K and the float types run these row kernels; the other
+ * types run in row groups (below) against the byte activations, or, in a matrix whose rows do
+ * not fill groups of 16, the portable row kernels of the groups' arithmetic (qdot_tables.c:
+ * their row kernels here stay in the paths' tables, as the avx512vnni path's do). */
 #ifdef KVG_ARM
 
 /* 16 bytes: byte i is 0xff where bit i of v is set, else 0 */

@@ -24,18 +24,22 @@
  * Rows of the 32-element types are regrouped once at load (kvg_qdot_kernel.repack, same size):
  * every block's quants first, then Q5's high bits, then the f16 scales, then the f16 mins, so
  * that the scales of 8 consecutive blocks are one 16-byte load. The K types and the float types
- * are used as the file stores them, but on the avx512vnni path, which packs the 32-element
- * types and the K types (but Q8_K) into groups of 16 rows (below), and on the avx2, avx512 and
- * avxvnni paths, which pack the K types but Q8_K (and, but on avxvnni, IQ4_XS) into the same
- * groups.
+ * are used as the file stores them, but on the paths with row groups, which pack a matrix of a
+ * multiple of 16 rows into groups of 16 rows (below, the same layout on every path): the
+ * avx512vnni, neon and dotprod paths the 32-element types and the K types but Q8_K; the avx2,
+ * avx512 and avxvnni paths the K types but Q8_K (and, but on avxvnni, IQ4_XS).
  *
  * Inner loops per instruction set: portable C (the levels decoded to arrays); AVX2 (a 32-element
  * block or K group as two registers of 16 int16; the 32-element types reduce the 8 lanes of 8
  * consecutive blocks with one tree of vphaddd and scale them with one vector of the 8 blocks'
  * scales, the last nb % 8 blocks one by one; the K types scale once per 256); AVX-512 (a
  * 32-element block per register, vpdpwssd where the CPU has VNNI; the K types run the AVX2
- * loops). One kernel serves up to KVG_QDOT_TILE activation rows, each weight block decoded once
- * for all of them; each row's sums are formed in the same order whatever their number. */
+ * loops); neon and dotprod (levels as int8, widening multiply-adds or SDOT, qdot_arm.c). One
+ * kernel serves up to KVG_QDOT_TILE activation rows, each weight block decoded once for all of
+ * them; each row's sums are formed in the same order whatever their number. The group kernels
+ * (one row per vector lane: vpdpbusd, vpmaddubsw, SDOT by element, widening multiplies) serve up
+ * to KVG_GROUP_TILE rows of the byte activations and give the bits of the portable row kernels
+ * of the same activations (qdot_portable.c), on every path. */
 #ifndef KVG_QDOT_INTERNAL_H
 #define KVG_QDOT_INTERNAL_H
 #include <math.h>
@@ -281,11 +285,12 @@ INL float fl_at(fl_kind k, const uint8_t *w, int i) {
  *   Q2_K, Q3_K, Q6_K (a scale per 16; a min for Q2_K): per half h of the block,
  *     acc = fma((float)sum_h(v q), (d * sc_h) * da, acc);
  *     acc = fma(-(dmin * mn_h), da * (float)sum_h(q), acc)
- * (d * sc and dmin * mn are exact in f32: an f16 times an integer of at most 8 bits). The group
- * kernels multiply unsigned levels u = v + offset (Q3_K 4, Q6_K 32, IQ4_XS 128) with vpdpbusd
- * and subtract offset * sum(q) per 32 or 16; integer sums are exact in every order, so the group
- * kernel (one row per lane) gives the bits of the row kernel below, which reads the file's rows
- * (matrices whose rows do not fill groups). With QS activations the blocks of 32 keep 15 bits
+ * (d * sc and dmin * mn are exact in f32: an f16 times an integer of at most 8 bits). The x86
+ * group kernels multiply unsigned levels u = v + offset (Q3_K 4, Q6_K 32, IQ4_XS 128) with
+ * vpdpbusd and subtract offset * sum(q) per 32 or 16, the AArch64 ones multiply the signed
+ * levels v; integer sums are exact in every order, so the group kernel (one row per lane) gives
+ * the bits of the row kernel below, which reads the file's rows (matrices whose rows do not fill
+ * groups). With QS activations the blocks of 32 keep 15 bits
  * (finer than one scale per 256); with Q8 ones the arithmetic is that of ggml's 8-bit products,
  * with scales per 32. */
 INL bool kg_per16(kq_kind k) { return k == K_Q2 || k == K_Q3 || k == K_Q6; }
@@ -324,8 +329,9 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 /* ---- the kernels of the tables (qdot_tables.c) ------------------------------------------------
  * kvg_qdot_<path>_<type>: p portable; p8, ps the 8-bit and split 16-bit row kernels; x2 avx2; x5
  * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); av, as the
- * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod.
- * r: a 32-element type's repacking; g, gb: a group's packing and its size. */
+ * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod;
+ * nv, ns and dv, ds the neon and dotprod group kernels (8-bit, split). r: a 32-element type's
+ * repacking; g, gb: a group's packing and its size. */
 #define KVG_QDOT_DOT(name) void kvg_qdot_##name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os);
 #define KVG_QDOT_REPACK(name) void kvg_qdot_##name(const uint8_t *src, uint8_t *dst, int n);
 #define KVG_QDOT_GROUP_PACK(name) void kvg_qdot_##name(const uint8_t *src, size_t row_bytes, uint8_t *dst, int n);

@@ -1,6 +1,7 @@
 /* qdot_portable.c: the portable C kernels of every type (the reference of every other path's
- * bits), the 8-bit row kernels and the packing of the avx512vnni path's row groups, the 32-element
- * types' repacking, and the activations' quantization in portable C (layouts: qdot_internal.h). */
+ * bits), the 8-bit and split row kernels and the packing of the row groups (every path's with
+ * groups), the 32-element types' repacking, and the activations' quantization in portable C
+ * (layouts: qdot_internal.h). */
 #include <math.h>
 #include <string.h>
 #include "qdot_internal.h"
@@ -144,14 +145,15 @@ void kvg_qdot_quant_qk_portable(const float *x, int n, int16_t *q, float *d, int
     }
 }
 
-/* ---- 8-bit activations and row groups (the avx512vnni path's 32-element types) --------------------
+/* ---- 8-bit activations and row groups (the 32-element types: avx512vnni, neon, dotprod) ----------
  * With int8 activations a block's products are those of unsigned weight levels u in [0, 255]
  * with signed bytes (the operands of VNNI's vpdpbusd): x = dw * u + m', where Q4_0 u = nibble,
  * m' = -8 dw; Q4_1 u = nibble, m' = its min; Q5_0 u = 5 bits, m' = -16 dw; Q5_1 u = 5 bits, m' =
  * its min; Q8_0 u = q + 128, m' = -128 dw; IQ4_NL u = its level + 128, m' = -128 dw. Per block,
  * in this order (fused multiply-adds, as the vector loop):
  *   acc = fma((float)sum(u q), dw * da, acc); acc = fma(m', s, acc)   with s = da * sum(q)
- * so the group kernel (one row per lane) gives these bits exactly. */
+ * so the group kernel (one row per lane) gives these bits exactly (AArch64's multiplies Q8_0's
+ * and IQ4_NL's u - 128 and adds 128 sum(q): the same integer). */
 
 /* a * b + c rounded once, as the vector loops' fused multiply-add, without the C library's fmaf
  * (some libraries compute it with two roundings): the product is exact in double; the sum is
@@ -257,7 +259,7 @@ void kvg_qdot_quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, f
     }
 }
 
-/* the tables of the paths with group kernels use these (x86-64 only, so far) */
+/* the tables of the paths with group kernels use these (x86-64 and AArch64) */
 #define PORTABLE_KERNEL8(name, kind, split)                                                             \
     void kvg_qdot_##name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os) {       \
         b32_q8_portable(kind, split, w, a, t, nt, out, os);                                             \

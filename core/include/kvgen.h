@@ -224,11 +224,12 @@ typedef struct kvgen_model_desc {
      * files ignore it. At most 1 << 20 (KVGEN_E_INVALID_ARGUMENT past that or below 0). */
     int n_ctx;
     /* cpu backend: the precision of the activations its quantized matrix products take. 0 or
-     * 16: 16-bit (15 bits for the 32-element types on AVX-512 VNNI), within ~0.2% of the
-     * reference's logit range (the default); 8: 8-bit, as llama.cpp's CPU backend, where the
-     * path has such kernels (AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), about twice the
-     * prompt speed there and ~1-4% of the logit range from the reference (near-tied top-1 choices
-     * flip). Other values: KVGEN_E_INVALID_ARGUMENT. Other backends ignore it. */
+     * 16: 16-bit (15 bits for the types the path runs in row groups: docs/c-api.md), within
+     * ~0.2% of the reference's logit range (the default); 8: 8-bit, as llama.cpp's CPU backend,
+     * where the path has such kernels (its row groups: the 32-element and K types on AVX-512
+     * VNNI and AArch64, the K types on AVX2), about twice the prompt speed on AVX-512 VNNI and
+     * ~1-4% of the logit range from the reference (near-tied top-1 choices flip). Other values:
+     * KVGEN_E_INVALID_ARGUMENT. Other backends ignore it. */
     int activation_bits;
     /* ---- remote models (docs/remote.md): a path that starts with http:// or https:// is the
      * base URL of an OpenAI-compatible server ("http://127.0.0.1:8080/v1"); the fields above

@@ -8,13 +8,13 @@
  *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU, attention's runs of keys)
  *   are checked against libm and the reference's helpers; a run of keys gives the same bits
  *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
- *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni: the
- *   32-element and K types; avx2 and avx512: the K types but IQ4_XS; avxvnni, neon, dotprod:
- *   the K types) give their row kernels' bits on every tile, the K types' also on rows of an odd
- *   number of K blocks and on levels and activation bytes at the ends of their ranges; each of
- *   those paths has them in its tables at both activation precisions; Q4_K_M models' logits
- *   (also with rows of 3 K blocks, an output matrix that does not fill groups, and 8-bit
- *   activations) are the same bits on every x86 path with K-type groups.
+ *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni,
+ *   neon, dotprod: the 32-element and K types; avx2 and avx512: the K types but IQ4_XS;
+ *   avxvnni: the K types) give their row kernels' bits on every tile, also on rows of 3 K blocks
+ *   (an odd number for the K types) and on levels and activation bytes at the ends of their
+ *   ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
+ *   models' logits (also with rows of 3 K blocks, an output matrix that does not fill groups,
+ *   and 8-bit activations) are the same bits on every x86 path with K-type groups.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
  *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
@@ -26,12 +26,14 @@
  *   equals each decoded alone; a fork continues as a fresh session of the same text; a session
  *   saved and restored continues as the original; a context shift matches the reference's
  *   within the tolerance.
- * - Each instruction-set path against the best one and the portable one (within TOL_REL; the x86
- *   paths sum in different orders); the AArch64 paths (neon, dotprod) give the portable path's
- *   bits in every kernel, in dot, axpy and RMSNorm, and each other's bits in the models' logits
- *   (they share the vector ops, whose exp is not libm's); KVGEN_CPU_ISA refuses
- *   a bad name and a path this CPU lacks. KVGEN_TEST_EXPECT_ISA, when set, is the path the run-time
- *   detection must pick (the AArch64 stage runs under qemu with and without the dot product).
+ * - Each instruction-set path against the best one and the portable one (within TOL_REL, with
+ *   8-bit activations TOL_REL_8; the x86 paths sum in different orders); the AArch64 paths
+ *   (neon, dotprod) give the portable path's bits in every row kernel (their groups those of the
+ *   portable row kernels of the byte activations), in dot, axpy and RMSNorm, and each other's
+ *   bits in the models' logits (they share the vector ops, whose exp is not libm's);
+ *   KVGEN_CPU_ISA refuses a bad name and a path this CPU lacks. KVGEN_TEST_EXPECT_ISA, when
+ *   set, is the path the run-time detection must pick (the AArch64 stage runs under qemu with
+ *   and without the dot product).
  * - The default model (when present): top-1 agreement with the reference at >= 99% of the
  *   positions of a ~256-token teacher-forced text; against llama.cpp on the same weights in f32
  *   (test_parity's fixture: the reference's bounds, top-1 everywhere and logits within 0.1),
