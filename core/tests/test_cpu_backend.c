@@ -964,14 +964,18 @@ static void test_isa_paths(void) {
     char *path32 = tu_make_model("cpu-isa32.gguf", "--seed 9 --layers 2 --embd 96 --ff 160 --heads 3 --kv-heads 1 "
                                  "--type Q5_1");
     /* the K types' groups on rows of 3 and 5 K blocks, and an output matrix of 1000 rows (not a
-     * multiple of the groups' 16: the row kernels), at both activation precisions */
+     * multiple of the groups' 16: the row kernels), at both activation precisions (and the
+     * 32-element types' groups at 8 bits, on the paths that have them) */
     char *pathk = tu_make_model("cpu-isa-k.gguf", "--seed 10 --layers 2 --embd 768 --ff 1280 --heads 6 --kv-heads 2 "
                                 "--mix q4_k_m --vocab-size 1000");
     static const struct {
         const char *label;
         int file, act_bits; /* file: path, path32, pathk */
         bool kgroups;       /* K types: the paths with K-type groups give each other's bits */
-    } models[] = {{"q4_k_m", 0, 0, true}, {"Q5_1", 1, 0, false}, {"q4_k_m 768x1000", 2, 0, true},
+    } models[] = {{"q4_k_m", 0, 0, true},
+                  {"Q5_1", 1, 0, false},
+                  {"Q5_1 8-bit", 1, 8, false},
+                  {"q4_k_m 768x1000", 2, 0, true},
                   {"q4_k_m 768x1000 8-bit", 2, 8, true}};
     const char *paths[3] = {path, path32, pathk};
     kvgen_error err = {0};
