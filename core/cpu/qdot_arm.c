@@ -245,9 +245,9 @@ ARM_KERNEL(d_q8_k, DOTPROD, kq_arm, K_Q8, true)
  * The groups of kq_group_pack (the x86 paths' layout) against the byte activations of the x86
  * groups (8-bit, or 15-bit split into two bytes: sum(v q) = sum(v lo) + 256 sum(v hi)). A chunk
  * of 64 bytes (elements 4c..4c+3 of a block of 32, for the 16 rows) is 4 registers of 4 rows;
- * the kernel runs the group a quarter at a time (rows 4r..4r+3: bytes 16r..16r+15 of every
- * chunk) over the whole row, so that a vector's 4 lanes are the quarter's rows and a tile of 8
- * tokens keeps its accumulators in registers. The levels are decoded signed (kq_levels' v:
+ * the kernel runs each K block a quarter of the rows at a time (rows 4r..4r+3: bytes
+ * 16r..16r+15 of every chunk), so that a vector's 4 lanes are the quarter's rows and a tile of
+ * 8 tokens keeps the quarter's accumulators in registers through the K block. The levels are decoded signed (kq_levels' v:
  * Q3_K's and Q6_K's offsets subtracted in bytes, IQ4_XS's table values), so no offset times
  * sum(q) is subtracted after. dotprod: SDOT by element multiplies each lane's 4 levels with 4
  * activation bytes (one 32-bit lane of the activations' register). neon: widening multiplies
@@ -376,19 +376,22 @@ INL uint32x4_t field4(uint32x4_t x, int n, unsigned mask) {
 INL float32x4_t f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
 INL int32x4_t s32(uint32x4_t x) { return vreinterpretq_s32_u32(x); }
 
-/* K blocks of a group against a tile of tokens, a quarter of the rows at a time: per block of
- * 32 the quarter's levels decoded once and its 4 rows' scales formed from their integer fields
- * (kq_group_pack's header), then each token's sums of 32 (or two of 16) scale them in the order
- * of kq_q8_portable. */
+/* K blocks of a group against a tile of tokens, each a quarter of the rows at a time: per block
+ * of 32 the quarter's levels decoded once and its 4 rows' scales formed from their integer
+ * fields (kq_group_pack's header), then each token's sums of 32 (or two of 16) scale them in the
+ * order of kq_q8_portable. */
 INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
                       float *out, size_t os) {
     const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, run = kg_run_neon(k);
     const bool per16 = kg_per16(k), has_min = kq_has_min(k);
-    for (int r = 0; r < 4; r++) {
-        float32x4_t acc[KVG_GROUP_TILE];
-        for (int i = 0; i < nt; i++) acc[i] = vdupq_n_f32(0.0f);
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+    float32x4_t acc[4][KVG_GROUP_TILE]; /* quarter r, token i */
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < nt; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *sb = g + kg_block(k) * (size_t)b, *hdr = sb + 8 * kg_qblock(k);
+        for (int r = 0; r < 4; r++) {
+            float32x4_t ac[KVG_GROUP_TILE]; /* the quarter's accumulators, in registers for the K block */
+            for (int i = 0; i < nt; i++) ac[i] = acc[r][i];
             float32x4_t d, dmin = vdupq_n_f32(0.0f);
             uint32x4_t high = vdupq_n_u32(0); /* a word per row of the scales' (and mins') high bits */
             switch (k) {
@@ -457,7 +460,7 @@ INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kv
                     size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
                     const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
                     float daf = a->d8[bi];
-                    float32x4_t da = vdupq_n_f32(daf), ac = acc[i];
+                    float32x4_t da = vdupq_n_f32(daf);
                     if (per16) {
                         int32x4_t s0 = kg_dot_act_arm(dp, w, qv, hv, 4, run);
                         int32x4_t s1 = kg_dot_act_arm(dp, w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
@@ -470,26 +473,27 @@ INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kv
                                 q1 += 256 * vaddlvq_s8(vld1q_s8(hv + 16));
                             }
                         }
-                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s0), vmulq_f32(dw[0], da));
-                        if (has_min) ac = vfmsq_f32(ac, mw[0], vdupq_n_f32(daf * (float)q0));
-                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s1), vmulq_f32(dw[1], da));
-                        if (has_min) ac = vfmsq_f32(ac, mw[1], vdupq_n_f32(daf * (float)q1));
+                        ac[i] = vfmaq_f32(ac[i], vcvtq_f32_s32(s0), vmulq_f32(dw[0], da));
+                        if (has_min) ac[i] = vfmsq_f32(ac[i], mw[0], vdupq_n_f32(daf * (float)q0));
+                        ac[i] = vfmaq_f32(ac[i], vcvtq_f32_s32(s1), vmulq_f32(dw[1], da));
+                        if (has_min) ac[i] = vfmsq_f32(ac[i], mw[1], vdupq_n_f32(daf * (float)q1));
                     } else {
                         int32x4_t s = kg_dot_act_arm(dp, w, qv, hv, 8, run);
-                        ac = vfmaq_f32(ac, vcvtq_f32_s32(s), vmulq_f32(dw[0], da));
-                        if (has_min) ac = vfmsq_f32(ac, mw[0], vdupq_n_f32(a->s8[bi]));
+                        ac[i] = vfmaq_f32(ac[i], vcvtq_f32_s32(s), vmulq_f32(dw[0], da));
+                        if (has_min) ac[i] = vfmsq_f32(ac[i], mw[0], vdupq_n_f32(a->s8[bi]));
                     }
-                    acc[i] = ac;
                 }
             }
+            for (int i = 0; i < nt; i++) acc[r][i] = ac[i];
         }
-        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[i]);
     }
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[r][i]);
 }
 
 /* ---- row groups of the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) -----------------
  * The groups of b32_group_pack against the same byte activations, a quarter of the rows at a
- * time as the K types'. b32_q8_portable scales sum(u q) of the unsigned levels u: Q4 and Q5's
+ * time as the K types' (runs of 8 blocks, 256 elements, as a K block). b32_q8_portable scales sum(u q) of the unsigned levels u: Q4 and Q5's
  * fit a signed byte as they are; Q8_0's (q + 128) and IQ4_NL's (level + 128) are multiplied as
  * v = u - 128 (Q8_0's q, IQ4_NL's level) and sum(u q) = sum(v q) + 128 sum(q), exact. neon adds
  * kg_run_b32 chunks of products in int16: 32767 / (128 max|v|) (Q4 15, Q5 31; IQ4_NL 127: 2;
@@ -529,31 +533,37 @@ INL void b32_group_arm(b32_kind k, bool dp, bool split, const uint8_t *g, const 
     const int n = a->n, nb = n / KVG_QB, run = kg_run_b32(k);
     const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
     const bool signed128 = k == B_Q8_0 || k == B_IQ4_NL; /* v = u - 128 multiplied */
-    for (int r = 0; r < 4; r++) {
-        float32x4_t acc[KVG_GROUP_TILE];
-        for (int i = 0; i < nt; i++) acc[i] = vdupq_n_f32(0.0f);
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
-            int8x16_t w[8];
-            b32_group_levels_arm(k, blk + 16 * (size_t)r, w);
-            float32x4_t dw = f16x4(blk + qbytes + 8 * (size_t)r);
-            float32x4_t mw = b32_has_min(k) ? f16x4(blk + qbytes + 32 + 8 * (size_t)r)
-                                            : vmulq_f32(dw, vdupq_n_f32((float)-b32_uoffset(k)));
-            for (int i = 0; i < nt; i++) {
-                size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
-                const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
-                int32x4_t isum = kg_dot_act_arm(dp, w, qv, hv, 8, run);
-                if (signed128) { /* + 128 sum(q) */
-                    int32_t qs = vaddlvq_s8(vld1q_s8(qv)) + vaddlvq_s8(vld1q_s8(qv + 16));
-                    if (split) qs += 256 * (vaddlvq_s8(vld1q_s8(hv)) + vaddlvq_s8(vld1q_s8(hv + 16)));
-                    isum = vaddq_s32(isum, vdupq_n_s32(128 * qs));
+    float32x4_t acc[4][KVG_GROUP_TILE]; /* quarter r, token i */
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < nt; i++) acc[r][i] = vdupq_n_f32(0.0f);
+    for (int b0 = 0; b0 < nb; b0 += 8) /* runs of 8 blocks, a quarter at a time */
+        for (int r = 0; r < 4; r++) {
+            float32x4_t ac[KVG_GROUP_TILE]; /* the quarter's accumulators, in registers for the run */
+            for (int i = 0; i < nt; i++) ac[i] = acc[r][i];
+            for (int b = b0; b < nb && b < b0 + 8; b++) {
+                const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
+                int8x16_t w[8];
+                b32_group_levels_arm(k, blk + 16 * (size_t)r, w);
+                float32x4_t dw = f16x4(blk + qbytes + 8 * (size_t)r);
+                float32x4_t mw = b32_has_min(k) ? f16x4(blk + qbytes + 32 + 8 * (size_t)r)
+                                                : vmulq_f32(dw, vdupq_n_f32((float)-b32_uoffset(k)));
+                for (int i = 0; i < nt; i++) {
+                    size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
+                    const int8_t *qv = a->q8 + at, *hv = split ? a->q8h + at : NULL;
+                    int32x4_t isum = kg_dot_act_arm(dp, w, qv, hv, 8, run);
+                    if (signed128) { /* + 128 sum(q) */
+                        int32_t qs = vaddlvq_s8(vld1q_s8(qv)) + vaddlvq_s8(vld1q_s8(qv + 16));
+                        if (split) qs += 256 * (vaddlvq_s8(vld1q_s8(hv)) + vaddlvq_s8(vld1q_s8(hv + 16)));
+                        isum = vaddq_s32(isum, vdupq_n_s32(128 * qs));
+                    }
+                    ac[i] = vfmaq_f32(ac[i], vcvtq_f32_s32(isum), vmulq_f32(dw, vdupq_n_f32(a->d8[row * nb + b])));
+                    ac[i] = vfmaq_f32(ac[i], mw, vdupq_n_f32(a->s8[row * nb + b]));
                 }
-                acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(isum), vmulq_f32(dw, vdupq_n_f32(a->d8[row * nb + b])));
-                acc[i] = vfmaq_f32(acc[i], mw, vdupq_n_f32(a->s8[row * nb + b]));
             }
+            for (int i = 0; i < nt; i++) acc[r][i] = ac[i];
         }
-        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[i]);
-    }
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < nt; i++) vst1q_f32(out + (size_t)i * os + 4 * (size_t)r, acc[r][i]);
 }
 
 /* one group kernel per type, path and activation form: the tile width nt made a constant for

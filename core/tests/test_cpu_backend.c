@@ -331,12 +331,13 @@ static void extreme_rows(uint32_t type, int n, uint8_t fill, uint8_t *rows) {
     }
 }
 
-/* The group kernels on a row of 3 K blocks (an odd count for the K types) and 1..8-token tiles
- * (as check_group_kernel: every tile from tokens 0 and 1, 9 tokens), against their row kernels'
- * bits, at both activation precisions, and each row kernel against the exact dot product of the
- * dequantized row with the dequantized activations (within 1e-5 of sum |w a|: f32 rounding).
- * Also rows of extreme levels against activation bytes at their ends, and every path that
- * should run a type in groups (expect_group) has them in its tables. */
+/* The group kernels on a row of 3 K blocks (an odd count for the K types; the 32-element types
+ * also on rows of 21 blocks) and 1..8-token tiles (as check_group_kernel: every tile from
+ * tokens 0 and 1, 9 tokens), against their row kernels' bits, at both activation precisions,
+ * and each row kernel against the exact dot product of the dequantized row with the
+ * dequantized activations (within 1e-5 of sum |w a|: f32 rounding). Also rows of extreme
+ * levels against activation bytes at their ends, and every path that should run a type in
+ * groups (expect_group) has them in its tables. */
 static void test_group_shapes(void) {
     enum { N = 768, NT = 9 };
     static const uint32_t types[] = {KVG_TYPE_Q2_K,  KVG_TYPE_Q3_K, KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K,
@@ -393,6 +394,11 @@ static void test_group_shapes(void) {
                 if (!k || !k->group) continue;
                 const kvg_qact *ka = k->act == KVG_ACT_QS ? &as : &a8;
                 check_group_kernel(isa, types[ti], k, ka, N, NT, NULL);
+                if (kvg_type_block_elems(types[ti]) == KVG_QB) { /* 21 blocks: not a multiple of 8 either */
+                    kvg_qact odd = *ka;
+                    odd.n = N - 3 * KVG_QB;
+                    check_group_kernel(isa, types[ti], k, &odd, odd.n, NT, NULL);
+                }
                 static const uint8_t fills[] = {0x00, 0xff, 0x80};
                 for (int f = 0; f < 3; f++) { /* extreme levels against extreme bytes */
                     extreme_rows(types[ti], N, fills[f], xrows);
