@@ -587,6 +587,83 @@ static int session_set_chat_vars(lua_State *L) {
     return 0;
 }
 
+/* The messages of kvgen_chat_messages, held by a userdata whose __gc frees them, so that an
+ * error while they are read leaves nothing behind. */
+#define MESSAGES_BOX_MT "kvgen.MessagesBox"
+typedef struct messages_box {
+    kvgen_chat_message *msgs;
+    size_t n;
+} messages_box;
+
+static int messages_box_gc(lua_State *L) {
+    messages_box *b = lua_touserdata(L, 1);
+    kvgen_chat_messages_free(b->msgs);
+    b->msgs = NULL;
+    b->n = 0;
+    return 0;
+}
+
+/* pushes the box, with the session's messages in it (errors raised) */
+static messages_box *push_messages(lua_State *L, lsession *s) {
+    messages_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+    memset(b, 0, sizeof *b);
+    if (luaL_newmetatable(L, MESSAGES_BOX_MT)) {
+        lua_pushcfunction(L, messages_box_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    kvgen_error err = {0};
+    if (kvgen_chat_messages(s->session, &b->msgs, &b->n, &err) != KVGEN_OK) kvl_raise_status(L, &err);
+    return b;
+}
+
+/* s:messages() -> {{role=, content=, tool_calls=, tool_call_id=, reasoning_content=}, ...}: the
+ * conversation, the reply generated since the last turn last (absent fields are nil;
+ * tool_calls a list of tables) */
+static int session_messages(lua_State *L) {
+    lsession *s = check_session_read(L, 1);
+    messages_box *b = push_messages(L, s);
+    lua_createtable(L, b->n < INT_MAX ? (int)b->n : 0, 0);
+    for (size_t i = 0; i < b->n; i++) {
+        const kvgen_chat_message *m = &b->msgs[i];
+        lua_createtable(L, 0, 5);
+        lua_pushstring(L, m->role);
+        lua_setfield(L, -2, "role");
+        const char *const text[][2] = {
+            {"content", m->content}, {"tool_call_id", m->tool_call_id}, {"reasoning_content", m->reasoning_content}};
+        for (size_t k = 0; k < sizeof text / sizeof text[0]; k++) {
+            if (!text[k][1]) continue;
+            lua_pushstring(L, text[k][1]);
+            lua_setfield(L, -2, text[k][0]);
+        }
+        if (m->tool_calls) {
+            kvl_push_json_value(L, m->tool_calls, strlen(m->tool_calls));
+            lua_setfield(L, -2, "tool_calls");
+        }
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    return 1;
+}
+
+/* s:undo([n]): takes the last n messages (default 1) out of the conversation, rewinding the
+ * cache to where the first of them starts */
+static int session_undo(lua_State *L) {
+    lsession *s = kvl_check_session(L, 1);
+    lua_Integer n = 1;
+    if (!lua_isnoneornil(L, 2)) {
+        int isint = 0;
+        n = kvl_to_integer(L, 2, &isint);
+        if (!isint) kvl_type_error(L, 2, "n", "integer");
+    }
+    messages_box *b = push_messages(L, s); /* the count, for the range */
+    if (n < 0 || (lua_Unsigned)n > b->n)
+        kvl_arg_error(L, 2, lua_pushfstring(L, "n: %I is out of range [0, %I] (the messages held)", (LUAI_UACINT)n,
+                                            (LUAI_UACINT)b->n));
+    kvgen_error err = {0};
+    if (kvgen_chat_undo(s->session, (int)n, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
+    return 0;
+}
+
 /* s.template -> "jinja" (a Jinja template runs), the family in use, "custom", or nil when the
  * model has no usable template */
 static void push_template_name(lua_State *L, lsession *s) {
@@ -647,6 +724,8 @@ static const luaL_Reg session_methods[] = {
     {"add", session_add},
     {"add_tool_result", session_add_tool_result},
     {"set_chat_vars", session_set_chat_vars},
+    {"messages", session_messages},
+    {"undo", session_undo},
     {NULL, NULL},
 };
 

@@ -213,3 +213,109 @@ describe("chat under Jinja templates (default model) #model", function()
     end)
   end)
 end)
+
+describe("the conversation read back and undone (random model)", function()
+  local m
+  setup(function() m = support.random_model() end)
+  teardown(function() support.release(m) end)
+
+  local SYSTEM_MSG = { role = "system", content = "You keep a shop." }
+  local USERS = { "Hello there", "A sword, please", "Goodbye" }
+  local ANSWERS = { "Welcome!", "A sword is 12 gold." }
+
+  -- A system prompt and n user turns, each answered with a choice (so the reply is known);
+  -- returns the session and the messages it should hold.
+  local function converse(n, tpl)
+    local s = m:session { system = SYSTEM_MSG.content, template = tpl or { jinja = GIVEN } }
+    local want = { SYSTEM_MSG }
+    for i = 1, n do
+      assert.are.equal(ANSWERS[i], (s:chat(USERS[i], { choices = { ANSWERS[i] } })))
+      want[#want + 1] = { role = "user", content = USERS[i] }
+      want[#want + 1] = { role = "assistant", content = ANSWERS[i] }
+    end
+    return s, want
+  end
+
+  local function first(t, n) return table.move(t, 1, n, 1, {}) end
+
+  it("s:messages() gives what was added and generated, in order", function()
+    local s <close>, want = converse(2)
+    assert.are.same(want, s:messages())
+    local none <close> = m:session()
+    assert.are.same({}, none:messages())
+    -- the reply being generated is the last message while the stream runs
+    local st <close> = m:session { template = { jinja = GIVEN } }
+    local stream = st:chat_stream(USERS[1], { choices = { ANSWERS[1] } })
+    local text = {}
+    for piece in stream do
+      text[#text + 1] = piece
+      local now = st:messages()
+      assert.are.same({ role = "assistant", content = table.concat(text) }, now[2])
+    end
+    assert.are.equal(ANSWERS[1], table.concat(text))
+    assert.are.same({ { role = "user", content = USERS[1] }, { role = "assistant", content = table.concat(text) } },
+      st:messages())
+  end)
+
+  for _, case in ipairs { { "a Jinja template", { jinja = GIVEN } }, { "a built-in family", "chatml" } } do
+    it("s:undo(n) under " .. case[1] .. ": the next turn is as on a session that never had the messages",
+      function()
+        local s <close>, want = converse(2, case[2])
+        local ref <close> = converse(1, case[2])
+        s:undo()     -- the second reply
+        assert.are.same(first(want, 4), s:messages())
+        s:undo(1)    -- the second user turn
+        assert.are.same(first(want, 3), s:messages())
+        assert.are.same(ref:messages(), s:messages())
+        if case[2] ~= "chatml" then -- (a family keeps the closed reply's end of turn in the cache)
+          assert.are.same(ref:tokens(), s:tokens())
+        end
+        local a = s:chat(USERS[3], { max_tokens = 4, ignore_eog = true })
+        local b = ref:chat(USERS[3], { max_tokens = 4, ignore_eog = true })
+        assert.are.equal(b, a)
+        assert.are.same(ref:tokens(), s:tokens())
+        assert.are.same(ref:logits(5), s:logits(5))
+      end)
+  end
+
+  it("s:undo takes the system prompt too when n reaches it", function()
+    local s <close>, want = converse(1)
+    s:undo(#want)
+    assert.are.equal(0, s.length)
+    assert.are.same({}, s:messages())
+    s:chat(USERS[1], { choices = { ANSWERS[1] } })
+    assert.are.same({ { role = "user", content = USERS[1] }, { role = "assistant", content = ANSWERS[1] } },
+      s:messages())
+  end)
+
+  it("tool calls, results and reasoning read back as given", function()
+    local s <close> = m:session { template = { jinja = GIVEN } }
+    local calls = { { id = "c1", type = "function", ["function"] = { name = "get_price", arguments = { item = "sword" } } } }
+    s:add("user", "How much is a sword?")
+    s:add("assistant", "", { tool_calls = calls, reasoning_content = "look it up" })
+    s:add_tool_result("c1", "12")
+    assert.are.same({
+      { role = "user", content = "How much is a sword?" },
+      { role = "assistant", content = "", tool_calls = calls, reasoning_content = "look it up" },
+      { role = "tool", content = "12", tool_call_id = "c1" },
+    }, s:messages())
+    s:undo(2)
+    assert.are.same({ { role = "user", content = "How much is a sword?" } }, s:messages())
+  end)
+
+  it("bad n names the call, the argument and the value, and changes nothing", function()
+    local s <close>, want = converse(2)
+    local tokens = s:tokens()
+    local function undo(n) return error_of(function() s:undo(n) end) end
+    assert.matches("bad argument #1 to 'undo' (n: -1 is out of range [0, 5] (the messages held))", undo(-1), 1, true)
+    assert.matches("bad argument #1 to 'undo' (n: 6 is out of range [0, 5]", undo(6), 1, true)
+    assert.matches("bad argument #1 to 'undo' (n: integer expected, got number 1.5)", undo(1.5), 1, true)
+    assert.matches("bad argument #1 to 'undo' (n: integer expected, got string", undo("1"), 1, true)
+    assert.are.same(tokens, s:tokens())
+    assert.are.same(want, s:messages())
+    s:undo(0)
+    assert.are.same(want, s:messages())
+    s:close()
+    assert.matches("closed", error_of(function() return s:messages() end), 1, true)
+  end)
+end)

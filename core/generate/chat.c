@@ -12,7 +12,11 @@
  * text: "<|im_end|>" typed by a player stays plain text, never a control token, and the rest
  * tokenizes as the whole string does (the ids Hugging Face's apply_chat_template gives). The
  * built-in families tokenize their strings with KVGEN_TOKENIZE_SPECIAL and content without it,
- * each piece on its own. */
+ * each piece on its own.
+ *
+ * The conversation reads back as the messages still in the cache (and the reply generated since
+ * the last turn), and an undo takes whole messages back by rewinding to where the first of them
+ * starts, which is where the message before it ends. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1154,4 +1158,151 @@ kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error
 const char *kvgen_chat_vars(kvgen_session *s) {
     const kvg_chat *c = s ? kvg_session_ext(s, &chat_ext) : NULL;
     return c ? c->vars : NULL;
+}
+
+/* ---- the conversation read back, and undone ------------------------------------------------ */
+
+/* How many of c's complete messages the cache still holds (a rewind or a shift took the rest). */
+static size_t held_msgs(const kvg_chat *c, size_t len) {
+    size_t k = 0;
+    while (k < c->n_msgs && c->msgs[k].end <= len) k++;
+    return k;
+}
+
+/* whether a reply was generated since the last turn (it counts as the last message) */
+static bool reply_held(const kvg_chat *c, size_t len) { return c->open_reply && c->reply_at < len; }
+
+/* The messages a kind that keeps its own chat holds (role NULL past the last). */
+static size_t kind_count(const kvgen_session *s) {
+    size_t n = 0;
+    const char *content = NULL;
+    while (s->kind->chat_message(s, n, &content)) n++;
+    return n;
+}
+
+enum { F_ROLE, F_CONTENT, F_CALLS, F_ID, F_REASONING, N_F };
+
+/* One message's strings (NULL: absent), from its stored fields (parsed into *tree). */
+static kvgen_status message_strings(const chat_msg *m, const char *content, const char **f, char **calls,
+                                    kvg_json **tree, const char *fn, kvgen_error *err) {
+    f[F_ROLE] = ROLE_NAMES[m->role];
+    f[F_CONTENT] = content;
+    if (!m->fields) return KVGEN_OK;
+    kvgen_status st = KVGEN_OK;
+    if (!(*tree = read_json(m->fields, fn, "stored fields", &st, err))) return st;
+    const kvg_json *c = kvg_json_get(*tree, "content");
+    if (c && c->type == KVG_JSON_NULL) f[F_CONTENT] = NULL; /* tool calls alone, as they were given */
+    const kvg_json *tc = kvg_json_get(*tree, "tool_calls");
+    if (tc && !(*calls = kvg_json_print(tc, NULL))) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    f[F_CALLS] = *calls;
+    f[F_ID] = kvg_json_get_string(*tree, "tool_call_id", NULL);
+    f[F_REASONING] = kvg_json_get_string(*tree, "reasoning_content", NULL);
+    return KVGEN_OK;
+}
+
+kvgen_status kvgen_chat_messages(kvgen_session *s, kvgen_chat_message **out, size_t *n, kvgen_error *err) {
+    const char *fn = "kvgen_chat_messages";
+    if (out) *out = NULL;
+    if (n) *n = 0;
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    if (!out || !n) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %s is NULL", fn, !out ? "out" : "n");
+    kvgen_status st = kvg_session_check_host(s, fn, err);
+    if (st != KVGEN_OK) return st;
+    const kvg_chat *c = s->kind->chat_message ? NULL : kvg_session_ext(s, &chat_ext);
+    size_t len = kvgen_session_length(s);
+    size_t n_msgs = s->kind->chat_message ? kind_count(s) : c ? held_msgs(c, len) : 0;
+    bool reply = c && reply_held(c, len);
+    size_t count = n_msgs + reply;
+    if (count == 0) return KVGEN_OK;
+    /* each message's strings first (parsed fields, the reply's text), then one block for all */
+    const char **f = kvg_calloc(count * N_F, sizeof *f);
+    char **calls = kvg_calloc(count, sizeof *calls);
+    kvg_json **trees = kvg_calloc(count, sizeof *trees);
+    char *reply_text = NULL;
+    if (!f || !calls || !trees) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    for (size_t i = 0; st == KVGEN_OK && i < n_msgs; i++) {
+        if (s->kind->chat_message) f[i * N_F + F_ROLE] = s->kind->chat_message(s, i, &f[i * N_F + F_CONTENT]);
+        else st = message_strings(&c->msgs[i], c->msgs[i].content, f + i * N_F, &calls[i], &trees[i], fn, err);
+    }
+    if (st == KVGEN_OK && reply) { /* the reply as generated, control tokens left out */
+        const kvgen_model *m = kvg_session_model(s);
+        const int32_t *have = kvgen_session_tokens(s);
+        size_t need = kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, NULL, 0);
+        if (!(reply_text = kvg_malloc(need + 1))) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        else {
+            kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, reply_text, need + 1);
+            f[n_msgs * N_F + F_ROLE] = ROLE_NAMES[ROLE_ASSISTANT];
+            f[n_msgs * N_F + F_CONTENT] = reply_text;
+        }
+    }
+    kvgen_chat_message *msgs = NULL;
+    if (st == KVGEN_OK) {
+        size_t bytes = count * sizeof *msgs;
+        for (size_t i = 0; i < count * N_F; i++) bytes += f[i] ? strlen(f[i]) + 1 : 0;
+        if (!(msgs = kvg_malloc(bytes))) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    }
+    if (st == KVGEN_OK) {
+        char *p = (char *)(msgs + count);
+        for (size_t i = 0; i < count; i++) {
+            const char *copy[N_F];
+            for (int k = 0; k < N_F; k++) {
+                const char *v = f[i * N_F + k];
+                copy[k] = NULL;
+                if (!v) continue;
+                size_t l = strlen(v) + 1;
+                memcpy(p, v, l);
+                copy[k] = p;
+                p += l;
+            }
+            msgs[i] = (kvgen_chat_message){copy[F_ROLE], copy[F_CONTENT], copy[F_CALLS], copy[F_ID], copy[F_REASONING]};
+        }
+        *out = msgs;
+        *n = count;
+    }
+    for (size_t i = 0; calls && trees && i < count; i++) {
+        kvg_free(calls[i]);
+        kvg_json_free(trees[i]);
+    }
+    kvg_free(f);
+    kvg_free(calls);
+    kvg_free(trees);
+    kvg_free(reply_text);
+    return st;
+}
+
+void kvgen_chat_messages_free(kvgen_chat_message *msgs) { kvg_free(msgs); }
+
+kvgen_status kvgen_chat_undo(kvgen_session *s, int n, kvgen_error *err) {
+    const char *fn = "kvgen_chat_undo";
+    if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    kvgen_status st = kvg_session_check_host(s, fn, err);
+    if (st != KVGEN_OK) return st;
+    kvg_chat *c = s->kind->chat_message ? NULL : kvg_session_ext(s, &chat_ext);
+    size_t len = kvgen_session_length(s);
+    size_t n_msgs = s->kind->chat_message ? kind_count(s) : c ? held_msgs(c, len) : 0;
+    size_t count = n_msgs + (c && reply_held(c, len));
+    if (n < 0 || (size_t)n > count)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
+                        "%s: n %d is out of range [0, %zu]: the session's chat holds %zu message%s", fn, n, count,
+                        count, count == 1 ? "" : "s");
+    if (n == 0) return KVGEN_OK;
+    if (s->kind->chat_message) { /* the kind keeps the chat (a remote session: its history) */
+        s->kind->chat_undo(s, (size_t)n);
+        return KVGEN_OK;
+    }
+    size_t left = count - (size_t)n; /* the messages that stay: all complete ones (left <= n_msgs) */
+    size_t to = left ? c->msgs[left - 1].end : 0;
+    if (len > to) {
+        st = kvgen_session_rewind(s, len - to, err);
+        if (st != KVGEN_OK) return st;
+    }
+    for (size_t i = left; i < c->n_msgs; i++) {
+        kvg_free(c->msgs[i].content);
+        kvg_free(c->msgs[i].fields);
+    }
+    c->n_msgs = left;
+    c->open_reply = 0;
+    c->reply_at = to;
+    c->last_role = left ? c->msgs[left - 1].role : ROLE_NONE;
+    return KVGEN_OK;
 }

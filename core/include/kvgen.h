@@ -780,6 +780,27 @@ KVGEN_API kvgen_status kvgen_chat_set_vars(kvgen_session *session, const char *j
 /* The variables set, as compact JSON text, or NULL when none are; valid until the next chat call. */
 KVGEN_API const char *kvgen_chat_vars(kvgen_session *session);
 
+/* The conversation read back: the session's messages in order, as kvgen_chat_message values
+ * (role, content, tool_calls as compact JSON text, tool_call_id, reasoning_content; NULL where a
+ * message has none; content NULL only where tool calls were given without it). A system prompt
+ * given as a turn is a message (a template's default system prompt is not); a reply generated
+ * since the last turn is the last message (assistant, its text without control tokens); a
+ * message whose tokens a rewind or a context shift took out is not there. *out is one
+ * allocation, the array and its strings together, a copy the caller frees with
+ * kvgen_chat_messages_free; no messages: *out NULL and *n 0. On a remote session: the messages
+ * of its history (role and content). */
+KVGEN_API kvgen_status kvgen_chat_messages(kvgen_session *session, kvgen_chat_message **out, size_t *n,
+                                           kvgen_error *err);
+KVGEN_API void kvgen_chat_messages_free(kvgen_chat_message *msgs); /* NULL is ignored */
+/* Takes the last n messages, as kvgen_chat_messages counts them, out of the conversation, the
+ * system prompt too when n reaches it, and rewinds the cache to where the first of them starts:
+ * the end of the message before it (all of them: an empty session). No reply is open after it;
+ * the next turn renders the conversation and prefills only what differs from the cache. n 0
+ * changes nothing; n < 0 or more than the messages held gives KVGEN_E_INVALID_ARGUMENT naming
+ * n and the count, and changes nothing. On a remote session the history loses its last n
+ * messages. */
+KVGEN_API kvgen_status kvgen_chat_undo(kvgen_session *session, int n, kvgen_error *err);
+
 /* ---- choice scoring ---- */
 typedef struct kvgen_choice {
     double logprob;      /* sum of the candidate's token log-probabilities */
@@ -812,8 +833,8 @@ KVGEN_API kvgen_status kvgen_session_choose(kvgen_session *session, const char *
  *   order) and kvgen_session_close, which cancels its jobs safely (it waits for at most the
  *   one worker step that may be using the session). Refused from any thread but the worker:
  *   kvgen_session_prefill, _decode, _rewind, _fork, _read_cache, _set_sampler, _choose and
- *   _save, kvgen_chat_add, _begin, _gen_begin and _set_template, kvgen_gen_begin and
- *   _begin_prompt fail with KVGEN_E_INVALID_ARGUMENT ("kvgen_session_prefill: session 0x...
+ *   _save, kvgen_chat_add, _begin, _gen_begin, _set_template, _messages and _undo,
+ *   kvgen_gen_begin and _begin_prompt fail with KVGEN_E_INVALID_ARGUMENT ("kvgen_session_prefill: session 0x...
  *   is busy: a job on it is queued or running ...") and change nothing;
  *   kvgen_session_sample returns -1 and kvgen_session_reset does nothing. The getters answer,
  *   but their answers are stale at once: check kvgen_session_busy first.

@@ -80,6 +80,21 @@ kvg_rmode kvg_rhist_mode(const kvg_rhist *h) { return h->mode; }
 
 size_t kvg_rhist_n_messages(const kvg_rhist *h) { return h->n_msgs; }
 
+const char *kvg_rhist_message(const kvg_rhist *h, size_t i, const char **content) {
+    if (i >= h->n_msgs) return NULL;
+    *content = h->msgs[i].text;
+    return h->msgs[i].role;
+}
+
+void kvg_rhist_drop(kvg_rhist *h, size_t n) {
+    while (n-- > 0 && h->n_msgs > 0) {
+        h->n_msgs--;
+        kvg_free(h->msgs[h->n_msgs].role);
+        kvg_free(h->msgs[h->n_msgs].text);
+    }
+    if (h->n_msgs == 0 && h->mode == KVG_RMODE_CHAT) h->mode = KVG_RMODE_EMPTY;
+}
+
 size_t kvg_rhist_length(const kvg_rhist *h) {
     if (h->mode == KVG_RMODE_TEXT) return h->text.n;
     size_t n = 0;

@@ -56,6 +56,10 @@ kvgen_status kvg_rhist_add_message(kvg_rhist *h, const char *role, const char *t
  * message boundary, else KVGEN_E_INVALID_ARGUMENT naming the lengths). */
 kvgen_status kvg_rhist_rewind(kvg_rhist *h, size_t n, const char *who, kvgen_error *err);
 size_t kvg_rhist_n_messages(const kvg_rhist *h);
+/* Message i's role (NULL past the last) and its content. */
+const char *kvg_rhist_message(const kvg_rhist *h, size_t i, const char **content);
+/* Removes the last n messages (n at most their count). */
+void kvg_rhist_drop(kvg_rhist *h, size_t n);
 /* The whole history as JSON text (malloc'd by kvg_malloc), and back. */
 char *kvg_rhist_to_json(const kvg_rhist *h, const kvgen_sampler_desc *sampler, const char *model, size_t *len);
 kvgen_status kvg_rhist_from_json(const char *json, size_t len, kvg_rhist **out, kvgen_sampler_desc *sampler,

@@ -138,6 +138,13 @@ static kvgen_status chat_turn(kvgen_session *s, const char *role, const char *te
     return KVGEN_OK;
 }
 
+/* the chat read back from the history, and its last messages taken out */
+static const char *chat_message(const kvgen_session *s, size_t i, const char **content) {
+    return kvg_rhist_message(hist_of(s), i, content);
+}
+
+static void chat_undo(kvgen_session *s, size_t n) { kvg_rhist_drop(hist_of(s), n); }
+
 static kvgen_status add_text(kvgen_session *s, const char *text, size_t len, bool check_only, const char *who,
                              kvgen_error *err) {
     kvg_rhist *h = hist_of(s);
@@ -197,6 +204,8 @@ static const kvg_session_kind remote_kind = {
     .score = score,
     .chat_turn = chat_turn,
     .chat_template_name = "server",
+    .chat_message = chat_message,
+    .chat_undo = chat_undo,
     .add_text = add_text,
     .reply_start = reply_start,
     .reply_pump = reply_pump,

@@ -70,6 +70,10 @@ typedef struct kvg_session_kind {
     kvgen_status (*chat_turn)(kvgen_session *s, const char *role, const char *text, const char *fn,
                               kvgen_error *err);
     const char *chat_template_name;
+    /* the chat read back: message i's role (NULL past the last) and content; and undone: the
+     * last n messages (1 <= n <= their count) leave the session */
+    const char *(*chat_message)(const kvgen_session *s, size_t i, const char **content);
+    void (*chat_undo)(kvgen_session *s, size_t n);
     /* generation from text: the text joins the session (check_only: only the refusal, if any) */
     kvgen_status (*add_text)(kvgen_session *s, const char *text, size_t len, bool check_only, const char *who,
                              kvgen_error *err);

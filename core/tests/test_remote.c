@@ -499,6 +499,41 @@ static void test_failures_leave_session(kvgen_model *m) {
     kvgen_session_close(c);
 }
 
+/* the chat read back from a remote session's history, and its last messages undone */
+static void test_chat_readback(kvgen_model *m) {
+    kvgen_error err = {0};
+    kvgen_session *c = NULL;
+    CHECK_OK(kvgen_session_create(m, NULL, &c, &err));
+    if (!c) return;
+    g_mode = M_OK;
+    char text[256];
+    kvgen_finish fin;
+    CHECK_OK(kvgen_chat_add(c, "system", "Be brief.", &err));
+    CHECK_OK(kvgen_chat_begin(c, "user", "Hello", &err));
+    CHECK_OK(kvgen_generate(c, NULL, text, sizeof text, NULL, &fin, &err));
+    kvgen_chat_message *msgs = NULL;
+    size_t n = 0;
+    CHECK_OK(kvgen_chat_messages(c, &msgs, &n, &err));
+    CHECKF(n == 3 && strcmp(msgs[0].role, "system") == 0 && strcmp(msgs[0].content, "Be brief.") == 0 &&
+               strcmp(msgs[1].role, "user") == 0 && strcmp(msgs[1].content, "Hello") == 0 &&
+               strcmp(msgs[2].role, "assistant") == 0 && strcmp(msgs[2].content, text) == 0 && !msgs[2].tool_calls,
+           "%zu messages", n);
+    kvgen_chat_messages_free(msgs);
+    size_t len = kvgen_session_length(c);
+    CHECK(kvgen_chat_undo(c, 4, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECKF(contains(err.message, "kvgen_chat_undo: n 4 is out of range [0, 3]"), "%s", err.message);
+    CHECK(kvgen_session_length(c) == len);
+    CHECK_OK(kvgen_chat_undo(c, 1, &err));
+    CHECKF(kvgen_session_length(c) == 10 + 6, "length %zu", kvgen_session_length(c));
+    CHECK_OK(kvgen_chat_undo(c, 2, &err));
+    CHECK_OK(kvgen_chat_messages(c, &msgs, &n, &err));
+    CHECK(n == 0 && !msgs && kvgen_session_length(c) == 0);
+    /* a text session holds no messages */
+    CHECK_OK(gen_on(c, "Say", NULL, text, sizeof text, &fin, &err));
+    CHECK(kvgen_chat_undo(c, 1, &err) == KVGEN_E_INVALID_ARGUMENT);
+    kvgen_session_close(c);
+}
+
 /* soft_max_tokens on a remote reply, one server event standing for one token: past the limit,
  * the reply ends at the first sentence end, as a local generation ends it */
 static void test_soft_max(kvgen_model *m) {
@@ -730,6 +765,7 @@ int main(void) {
     CHECK(wait_count(&g_long_closed, closed + 2));
 
     test_failures_leave_session(m);
+    test_chat_readback(m);
     test_soft_max(m);
 
     /* choice scoring from echoed log-probabilities: the tokens from the history's end on (a
