@@ -563,6 +563,23 @@ const char *kvgen_chat_template_name(kvgen_session *s, kvgen_error *err) {
     return resolve(s, c, &ru, err) == KVGEN_OK ? ru.name : NULL;
 }
 
+kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char **src, size_t *len,
+                                   kvgen_error *err) {
+    kvgen_status st = kvg_session_can(s->model, s, KVG_CAN_CHAT_TEMPLATE, who, err);
+    kvg_chat *c = NULL;
+    if (st == KVGEN_OK) st = get_chat(s, &c, err);
+    rules ru;
+    if (st == KVGEN_OK) st = resolve(s, c, &ru, err);
+    if (st != KVGEN_OK) return st;
+    if (!ru.jinja)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "%s: tools need a Jinja chat template (the chat is rendered by the built-in '%s' strings)",
+                        who, ru.name);
+    *src = ru.jinja;
+    *len = ru.jinja_len;
+    return KVGEN_OK;
+}
+
 /* a growable token list */
 typedef kvg_tokens toks;
 
@@ -1015,6 +1032,7 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_gen_begin", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: out is NULL");
+    if (desc && desc->tools) return kvg_chat_tools_gen_begin(s, role, text, desc, out, err); /* chat_tools.c */
     /* the generator first: once the turn is in, nothing is left that can fail */
     kvgen_gen *g = NULL;
     kvgen_status st = kvg_gen_create(s, desc, &g, "kvgen_chat_gen_begin", err);

@@ -18,6 +18,7 @@
 #include "kvg_session.h"
 #include "kvg_spell.h"
 #include "kvg_str.h"
+#include "kvg_toolcall.h"
 
 #define DEFAULT_MAX_TOKENS 256
 
@@ -35,6 +36,8 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
     if (d->soft_max_tokens < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %ssoft_max_tokens %d (0: off, or > 0)", who, field,
                         d->soft_max_tokens);
+    if (d->tools)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %stools: only kvgen_chat_gen_begin takes tools", who, field);
     if (d->soft_max_tokens > 0 && d->constraint)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "%s: %ssoft_max_tokens %d with a constraint (constrained text ends where it is complete)", who,
@@ -76,6 +79,8 @@ struct kvgen_gen {
     int n_events;   /* server events with text so far */
     kvg_buf ends;   /* where each event of the current step ends (size_t offsets) */
     size_t len0; /* the session's length when the generation began: a failure goes back to it */
+    struct kvg_tools *tools; /* a chat reply that may call tools: read at its end */
+    size_t tools_base;       /* the session's length at the reply's start: the calls' ids */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -89,6 +94,8 @@ const char *kvgen_finish_name(kvgen_finish f) {
     case KVGEN_FINISH_ERROR: return "error";
     case KVGEN_FINISH_DEAD_END: return "dead_end";
     case KVGEN_FINISH_SENTENCE: return "sentence";
+    case KVGEN_FINISH_TOOL_CALLS: return "tool_calls";
+    case KVGEN_FINISH_BAD_TOOL_CALL: return "bad_tool_call";
     }
     return "unknown";
 }
@@ -125,7 +132,35 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->text.p);
     kvg_free(g->step.p);
     kvg_free(g->ends.p);
+    kvg_tools_free(g->tools);
     kvg_free(g);
+}
+
+void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t) {
+    g->tools = t;
+    g->tools_base = kvgen_session_length(g->s);
+}
+
+int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
+    if (calls) *calls = NULL;
+    if (!g || g->finish != KVGEN_FINISH_TOOL_CALLS) return 0;
+    return kvg_tools_calls(g->tools, calls);
+}
+
+/* A reply that ended on its own is read for tool calls: their markup leaves the text, and
+ * calls that were valid go into the conversation in place of the reply as generated. */
+static kvgen_status read_tool_calls(kvgen_gen *g, kvgen_error *err) {
+    kvgen_finish why = KVGEN_FINISH_NONE;
+    size_t content = 0;
+    kvgen_status st = kvg_tools_parse(g->tools, g->text.p, g->text.n, g->tools_base, &why, &content, err);
+    if (st != KVGEN_OK || why == KVGEN_FINISH_NONE) return st;
+    g->text.n = content;
+    g->text.p[content] = '\0';
+    g->finish = why;
+    if (why == KVGEN_FINISH_TOOL_CALLS)
+        st = kvg_chat_tool_reply(g->s, g->text.p, kvg_tools_calls_json(g->tools), err);
+    if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
+    return st;
 }
 
 kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err) {
@@ -375,6 +410,7 @@ static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     }
     if (!emit(g, g->pending.n)) return oom(g, err);
     g->finish = why;
+    if (g->tools && why == KVGEN_FINISH_STOP) return read_tool_calls(g, err);
     return KVGEN_OK;
 }
 

@@ -38,6 +38,21 @@ void kvg_chat_mark_free(kvg_chat *mark);
 kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
                             kvgen_error *err);
 
+/* The Jinja template that renders the session's chat (src, len: valid while the chat's
+ * template stays), or KVGEN_E_UNSUPPORTED naming who: a built-in family or a remote session. */
+kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char **src, size_t *len,
+                                   kvgen_error *err);
+
+/* kvgen_chat_gen_begin with desc->tools (chat_tools.c). */
+kvgen_status kvg_chat_tools_gen_begin(kvgen_session *s, const char *role, const char *text,
+                                      const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
+/* The generator reads its reply's end for calls (taking t); chat_tools.c. */
+struct kvg_tools;
+void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t);
+/* A reply that called tools, put in the conversation as the assistant message with its
+ * tool_calls (JSON) in place of the reply as generated. */
+kvgen_status kvg_chat_tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err);
+
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */
 struct kvg_tokens;

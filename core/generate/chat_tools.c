@@ -1,0 +1,91 @@
+/* chat_tools.c: a chat reply that may call tools (kvgen_chat_gen_begin with desc->tools).
+ *
+ * The tools go to the template as its "tools" variable, the template's text picks the call
+ * format (toolcall.c), tool_choice required or a name constrains the reply to one call from
+ * its first token, and a reply that called tools is put back into the conversation as the
+ * assistant message with its tool_calls, so that the next rendering shows it as the template
+ * writes calls. */
+#include <string.h>
+#include "kvg_error.h"
+#include "kvg_generate.h"
+#include "kvg_json.h"
+#include "kvg_str.h"
+#include "kvg_toolcall.h"
+
+/* the chat's variables with "tools" replaced (a new compact JSON object) */
+static char *vars_with_tools(const char *vars, const char *tools) {
+    kvg_json *v = vars ? kvg_json_parse(vars, strlen(vars), 64, NULL, NULL, 0) : kvg_json_new(KVG_JSON_OBJECT);
+    kvg_json *t = kvg_json_parse(tools, strlen(tools), 64, NULL, NULL, 0);
+    char *out = NULL;
+    if (v && t && v->type == KVG_JSON_OBJECT) {
+        kvg_json *m = v->child;
+        kvg_json *kept = kvg_json_new(KVG_JSON_OBJECT);
+        for (; kept && m; m = m->next) { /* every member but tools, in order */
+            if (m->key_len == 5 && memcmp(m->key, "tools", 5) == 0) continue;
+            char *text = kvg_json_print(m, NULL);
+            kvg_json *copy = text ? kvg_json_parse(text, strlen(text), 64, NULL, NULL, 0) : NULL;
+            kvg_free(text);
+            if (!copy || !kvg_json_add(kept, m->key, copy)) {
+                kvg_json_free(kept);
+                kept = NULL;
+            }
+        }
+        if (kept && kvg_json_add(kept, "tools", t)) {
+            t = NULL;
+            out = kvg_json_print(kept, NULL);
+        }
+        kvg_json_free(kept);
+    }
+    kvg_json_free(v);
+    kvg_json_free(t);
+    return out;
+}
+
+kvgen_status kvg_chat_tools_gen_begin(kvgen_session *s, const char *role, const char *text,
+                                      const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+    const char *fn = "kvgen_chat_gen_begin";
+    if (desc->constraint || desc->soft_max_tokens > 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tools with a constraint or soft_max_tokens (a reply "
+                        "that may call tools is constrained by the tools' grammar)", fn);
+    const char *tpl = NULL;
+    size_t tpl_len = 0;
+    kvgen_status st = kvg_chat_jinja_source(s, fn, &tpl, &tpl_len, err);
+    if (st != KVGEN_OK) return st;
+    kvg_tools *tools = NULL;
+    st = kvg_tools_build(desc->tools, tpl, tpl_len, fn, &tools, err);
+    if (st != KVGEN_OK) return st;
+
+    kvgen_generate_desc d = *desc;
+    d.tools = NULL;
+    kvgen_constraint forced = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = kvg_tools_forced_grammar(tools)};
+    if (forced.grammar) d.constraint = &forced;
+    kvgen_gen *g = NULL;
+    st = kvg_gen_create(s, &d, &g, fn, err);
+    char *old = NULL, *vars = NULL;
+    if (st == KVGEN_OK && kvgen_chat_vars(s) && !(old = kvg_strdup(kvgen_chat_vars(s))))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    if (st == KVGEN_OK && !(vars = vars_with_tools(old, kvg_tools_json(tools))))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    if (st == KVGEN_OK) st = kvgen_chat_set_vars(s, vars, err);
+    if (st == KVGEN_OK) {
+        st = kvgen_chat_begin(s, role, text, err); /* all or nothing */
+        if (st != KVGEN_OK) kvgen_chat_set_vars(s, old, NULL); /* as they were */
+    }
+    kvg_free(vars);
+    kvg_free(old);
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        kvg_tools_free(tools);
+        return st;
+    }
+    kvg_gen_attach_tools(g, tools);
+    *out = g;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_chat_tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err) {
+    kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
+    kvgen_chat_message m = {.role = "assistant", .content = content[0] ? content : NULL, .tool_calls = calls_json};
+    if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
+    return st;
+}
