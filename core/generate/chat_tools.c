@@ -89,3 +89,10 @@ kvgen_status kvg_chat_tool_reply(kvgen_session *s, const char *content, const ch
     if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
     return st;
 }
+
+const char *kvgen_chat_tool_format(kvgen_session *s) {
+    const char *tpl = NULL;
+    size_t len = 0;
+    if (!s || kvg_chat_jinja_source(s, "kvgen_chat_tool_format", &tpl, &len, NULL) != KVGEN_OK) return NULL;
+    return kvg_tool_format_detect(tpl, len);
+}
