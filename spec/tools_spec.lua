@@ -1,0 +1,97 @@
+-- Tool calls: a Hermes-style template (<tool_call> blocks) on a random-weight model. A call
+-- forced by tool_choice (required or a tool's name) comes back as finish "tool_calls" with
+-- arguments valid for the tool's schema, goes into the conversation as the assistant's
+-- tool_calls, and the next turn takes the tool's result. Bad tools name the option.
+local support = require("kvgen_support")
+local error_of = support.error_of
+
+local HERMES = "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+  .. "</tools>\nCall a tool with <tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n</tool_call><|im_end|>\n"
+  .. "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+  .. "{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+  .. "{{ c.function.arguments | tojson }}{{ '}' }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+  .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+local PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+local TOOLS = {
+  { name = "open_gate", description = "Opens a gate.",
+    parameters = { type = "object", properties = { gate = { type = "string", enum = { "north", "south" } },
+      count = { type = "integer" } }, required = { "gate", "count" } } },
+  { name = "ring_bell", description = "Rings the bell.",
+    parameters = { type = "object", properties = { times = { type = "integer" } }, required = { "times" } } },
+}
+
+describe("tool calls", function()
+  local m
+  setup(function() m = support.random_model() end)
+  teardown(function() support.release(m) end)
+
+  it("tool_choice required forces a valid call, kept in the conversation; the result's turn follows", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local text, finish, calls = s:chat("Open the north gate", { tools = TOOLS, tool_choice = "required" })
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("", text)
+    assert.are.equal(1, #calls)
+    local c = calls[1]
+    assert.matches("^call_", c.id)
+    assert.is_true(c.name == "open_gate" or c.name == "ring_bell")
+    if c.name == "open_gate" then
+      assert.is_true(c.arguments.gate == "north" or c.arguments.gate == "south")
+      assert.are.equal("integer", math.type(c.arguments.count))
+    else
+      assert.are.equal("integer", math.type(c.arguments.times))
+    end
+    local msgs = s:messages()
+    local last = msgs[#msgs]
+    assert.are.equal("assistant", last.role)
+    assert.are.equal(c.id, last.tool_calls[1].id)
+    assert.are.equal(c.name, last.tool_calls[1]["function"].name)
+    local rendered = m:detokenize(s:tokens(), { special = true })
+    assert.matches('<tool_call>\n{"name": "' .. c.name .. '", "arguments": {', rendered, 1, true)
+    s:add_tool_result(c.id, { ok = true })
+    local _, f2 = s:chat(nil, { tools = TOOLS, tool_choice = "none", max_tokens = 3 })
+    assert.is_string(f2)
+    msgs = s:messages()
+    assert.are.equal("tool", msgs[3].role)
+    assert.are.equal(c.id, msgs[3].tool_call_id)
+    assert.are.equal('{"ok":true}', msgs[3].content)
+  end)
+
+  it("a tool's name forces that tool; chat_stream gives the calls on the stream", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local _, finish, calls = s:chat("Ring", { tools = TOOLS, tool_choice = "ring_bell" })
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("ring_bell", calls[1].name)
+    assert.are.equal("integer", math.type(calls[1].arguments.times))
+    local st = s:chat_stream("Again", { tools = TOOLS, tool_choice = "open_gate" })
+    for _ in st do end
+    assert.are.equal("tool_calls", st.finish)
+    assert.are.equal("open_gate", st.tool_calls[1].name)
+    assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
+  end)
+
+  it("bad tools and tool_choice name the option and change nothing", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    s:add("user", "hi")
+    local len = s.length
+    local e = error_of(s.chat, s, "x", { tools = { { description = "no name" } } })
+    assert.matches("option 'tools': tools[1]: name: a string expected", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "a", parameters = 5 } } })
+    assert.matches("tools[1]: parameters: a table (a JSON schema) expected", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "a", parameters = { type = "string", pattern = "x+" } } } })
+    assert.matches("tools[0].parameters ('a')", e, 1, true)
+    assert.matches("pattern", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = TOOLS, tool_choice = "fly" })
+    assert.matches("name 'fly' is none of the tools given", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "bad name" } }, tool_choice = "required" })
+    assert.matches("tools[0].name 'bad name'", e, 1, true)
+    e = error_of(s.chat, s, "x", { tool_choice = "required" })
+    assert.matches("option 'tool_choice': no tools given", e, 1, true)
+    assert.are.equal(len, s.length)
+    assert.are.equal(1, #s:messages())
+    assert.is_nil(s.chat_vars)
+    local p <close> = m:session { template = { jinja = PLAIN } }
+    e = error_of(p.chat, p, "x", { tools = TOOLS, tool_choice = "required" })
+    assert.matches("option 'tool_choice': tool calls are read", e, 1, true)
+  end)
+end)
