@@ -1025,14 +1025,13 @@ kvgen_status kvg_chat_begin_tokens(kvgen_session *s, const char *role, const cha
     return chat_turn(s, role, text, NULL, true, "kvgen_chat_begin", out, err);
 }
 
-kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
-                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *text, const kvgen_generate_desc *desc,
+                                kvgen_gen **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: session is NULL");
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_gen_begin", err);
     if (busy_ != KVGEN_OK) return busy_;
     if (!out) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: out is NULL");
-    if (desc && desc->tools) return kvg_chat_tools_gen_begin(s, role, text, desc, out, err); /* chat_tools.c */
     /* the generator first: once the turn is in, nothing is left that can fail */
     kvgen_gen *g = NULL;
     kvgen_status st = kvg_gen_create(s, desc, &g, "kvgen_chat_gen_begin", err);

@@ -9,6 +9,7 @@
 #include "kvg_error.h"
 #include "kvg_generate.h"
 #include "kvg_json.h"
+#include "kvg_session.h"
 #include "kvg_str.h"
 #include "kvg_toolcall.h"
 
@@ -41,9 +42,22 @@ static char *vars_with_tools(const char *vars, const char *tools) {
     return out;
 }
 
-kvgen_status kvg_chat_tools_gen_begin(kvgen_session *s, const char *role, const char *text,
-                                      const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+/* A reply that called tools, put in the conversation as the assistant message with its
+ * tool_calls in place of the reply as generated (the cache re-rendered from where it differs). */
+static kvgen_status tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err) {
+    kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
+    kvgen_chat_message m = {.role = "assistant", .content = content[0] ? content : NULL, .tool_calls = calls_json};
+    if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
+    return st;
+}
+
+kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
+                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     const char *fn = "kvgen_chat_gen_begin";
+    if (!desc || !desc->tools || !s || !out) return kvg_chat_gen_begin(s, role, text, desc, out, err);
+    *out = NULL;
+    kvgen_status busy = kvg_session_check_host(s, fn, err);
+    if (busy != KVGEN_OK) return busy;
     if (desc->constraint || desc->soft_max_tokens > 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tools with a constraint or soft_max_tokens (a reply "
                         "that may call tools is constrained by the tools' grammar)", fn);
@@ -78,16 +92,9 @@ kvgen_status kvg_chat_tools_gen_begin(kvgen_session *s, const char *role, const 
         kvg_tools_free(tools);
         return st;
     }
-    kvg_gen_attach_tools(g, tools);
+    kvg_gen_attach_tools(g, tools, tool_reply);
     *out = g;
     return KVGEN_OK;
-}
-
-kvgen_status kvg_chat_tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err) {
-    kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
-    kvgen_chat_message m = {.role = "assistant", .content = content[0] ? content : NULL, .tool_calls = calls_json};
-    if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
-    return st;
 }
 
 const char *kvgen_chat_tool_format(kvgen_session *s) {

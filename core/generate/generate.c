@@ -81,6 +81,7 @@ struct kvgen_gen {
     size_t len0; /* the session's length when the generation began: a failure goes back to it */
     struct kvg_tools *tools; /* a chat reply that may call tools: read at its end */
     size_t tools_base;       /* the session's length at the reply's start: the calls' ids */
+    kvg_tool_reply_fn tool_reply;
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -136,8 +137,9 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g);
 }
 
-void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t) {
+void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t, kvg_tool_reply_fn reply) {
     g->tools = t;
+    g->tool_reply = reply;
     g->tools_base = kvgen_session_length(g->s);
 }
 
@@ -158,7 +160,7 @@ static kvgen_status read_tool_calls(kvgen_gen *g, kvgen_error *err) {
     g->text.p[content] = '\0';
     g->finish = why;
     if (why == KVGEN_FINISH_TOOL_CALLS)
-        st = kvg_chat_tool_reply(g->s, g->text.p, kvg_tools_calls_json(g->tools), err);
+        st = g->tool_reply(g->s, g->text.p, kvg_tools_calls_json(g->tools), err);
     if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
     return st;
 }

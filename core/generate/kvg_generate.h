@@ -43,15 +43,17 @@ kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, k
 kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char **src, size_t *len,
                                    kvgen_error *err);
 
-/* kvgen_chat_gen_begin with desc->tools (chat_tools.c). */
-kvgen_status kvg_chat_tools_gen_begin(kvgen_session *s, const char *role, const char *text,
-                                      const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
-/* The generator reads its reply's end for calls (taking t); chat_tools.c. */
+/* kvgen_chat_gen_begin without tools (chat.c); chat_tools.c's kvgen_chat_gen_begin takes
+ * them and calls it for a reply without. */
+kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *text, const kvgen_generate_desc *desc,
+                                kvgen_gen **out, kvgen_error *err);
+/* The generator reads its reply's end for calls (taking t) and, when the reply called tools,
+ * hands the session, the text before the calls and the calls (JSON) to `reply`, which puts
+ * them into the conversation (chat_tools.c: a callback, so that generate.c calls no chat code). */
 struct kvg_tools;
-void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t);
-/* A reply that called tools, put in the conversation as the assistant message with its
- * tool_calls (JSON) in place of the reply as generated. */
-kvgen_status kvg_chat_tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err);
+typedef kvgen_status (*kvg_tool_reply_fn)(kvgen_session *s, const char *content, const char *calls_json,
+                                          kvgen_error *err);
+void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t, kvg_tool_reply_fn reply);
 
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */
