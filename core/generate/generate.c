@@ -82,6 +82,8 @@ struct kvgen_gen {
     struct kvg_tools *tools; /* a chat reply that may call tools: read at its end */
     size_t tools_base;       /* the session's length at the reply's start: the calls' ids */
     kvg_tool_reply_fn tool_reply;
+    size_t tools_scanned; /* bytes of text + pending searched for the call opener */
+    bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -147,6 +149,46 @@ int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
     if (calls) *calls = NULL;
     if (!g || g->finish != KVGEN_FINISH_TOOL_CALLS) return 0;
     return kvg_tools_calls(g->tools, calls);
+}
+
+/* byte i of text + pending */
+static char text_byte(const kvgen_gen *g, size_t i) {
+    return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
+}
+
+/* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
+ * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
+ * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
+ * call at its end. */
+static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
+    const char *opener = NULL;
+    const char *gbnf = kvg_tools_lazy_grammar(g->tools, &opener);
+    size_t n = g->text.n + g->pending.n, on = opener ? strlen(opener) : 0;
+    if (!gbnf || on == 0 || n < on) return KVGEN_OK;
+    size_t from = g->tools_scanned >= on ? g->tools_scanned - on + 1 : 0, at = n;
+    for (size_t i = from; i + on <= n && at == n; i++) {
+        size_t k = 0;
+        while (k < on && text_byte(g, i + k) == opener[k]) k++;
+        if (k == on) at = i;
+    }
+    g->tools_scanned = n;
+    if (at == n) return KVGEN_OK;
+    g->tools_lazy_done = true;
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
+    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
+    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
+    if (st == KVGEN_OK && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    bool fits = st == KVGEN_OK;
+    if (fits) kvg_cons_start(g->cons, &g->cst);
+    for (size_t i = at + on; fits && i < n; i++) fits = kvg_cons_feed(g->cons, &g->cst, (unsigned char)text_byte(g, i));
+    if (!fits) { /* free text to the end */
+        kvg_cons_free(g->cons);
+        g->cons = NULL;
+        kvg_free(g->allowed);
+        g->allowed = NULL;
+    }
+    return st;
 }
 
 /* A reply that ended on its own is read for tool calls: their markup leaves the text, and
@@ -534,6 +576,14 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
         if (!ok) return oom(g, err);
     } else if (!kvg_buf_add(&g->pending, piece, n)) {
         return oom(g, err);
+    }
+    if (g->tools && !g->cons && !g->tools_lazy_done) {
+        st = tools_trigger(g, err);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, tok);
+            return st;
+        }
     }
     long at = find_stop(g);
     if (at >= 0) {

@@ -27,6 +27,10 @@ const char *kvg_tools_format(const kvg_tools *t);
 /* The grammar that forces one call from the first token (GBNF), or NULL when calls are left to
  * the model (tool_choice auto) or not allowed (none). */
 const char *kvg_tools_forced_grammar(const kvg_tools *t);
+/* tool_choice auto in a format whose call opener is text (Hermes' <tool_call>): the grammar
+ * of what follows the opener, which constrains the reply once *opener appeared in it (a lazy
+ * grammar); NULL when the format has none or the choice is not auto. */
+const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener);
 /* The tools as the template takes them: a JSON array of {"type": "function", "function":
  * {...}} (compact text). */
 const char *kvg_tools_json(const kvg_tools *t);

@@ -30,15 +30,19 @@ typedef struct tool_format {
     const char *call_open, *call_close; /* LAYOUT_WRAPPED */
     const char *args_key;    /* the arguments member as the format writes it */
     const char *forced_open, *forced_close; /* around the one call a forcing grammar writes */
+    /* tool_choice auto: once `openers[0]` appears in the reply's text, the rest is constrained
+     * by this rule (GBNF over `call` and `ws`); NULL: the reply is only read at its end */
+    const char *lazy_rest;
 } tool_format;
 
 static const tool_format FORMATS[] = {
     {"hermes", {"<tool_call>", NULL}, {"<tool_call>", NULL}, {NULL, NULL}, LAYOUT_WRAPPED, "<tool_call>",
-     "</tool_call>", "arguments", "<tool_call>\n", "\n</tool_call>"},
+     "</tool_call>", "arguments", "<tool_call>\n", "\n</tool_call>",
+     "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*"},
     {"mistral", {"[TOOL_CALLS]", NULL}, {"[TOOL_CALLS]", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL, NULL,
-     "arguments", "[", "]"},
+     "arguments", "[", "]", NULL},
     {"llama3", {"<|start_header_id|>", "\"parameters\""}, {"<|python_tag|>", NULL}, {"{\"name\"", NULL},
-     LAYOUT_SINGLE, NULL, NULL, "parameters", "", ""},
+     LAYOUT_SINGLE, NULL, NULL, "parameters", "", "", NULL},
 };
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 
@@ -78,6 +82,7 @@ struct kvg_tools {
     tool *tools;
     int n_tools;
     char *forced; /* GBNF, or NULL */
+    char *lazy;   /* GBNF of what follows the opener under tool_choice auto, or NULL */
     char *json;   /* the template's "tools" */
     call *calls;
     kvgen_tool_call *pub;
@@ -108,6 +113,7 @@ void kvg_tools_free(kvg_tools *t) {
     }
     kvg_free(t->tools);
     kvg_free(t->forced);
+    kvg_free(t->lazy);
     kvg_free(t->json);
     drop_calls(t);
     kvg_free(t);
@@ -116,6 +122,10 @@ void kvg_tools_free(kvg_tools *t) {
 const char *kvg_tools_format(const kvg_tools *t) { return t->fmt->name; }
 const char *kvg_tools_forced_grammar(const kvg_tools *t) { return t->forced; }
 const char *kvg_tools_json(const kvg_tools *t) { return t->json; }
+const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener) {
+    if (opener) *opener = t->lazy ? t->fmt->openers[0] : NULL;
+    return t->lazy;
+}
 
 static bool name_ok(const char *s) {
     size_t n = strlen(s);
@@ -261,7 +271,8 @@ kvgen_status kvg_tools_build(const kvgen_tools_desc *d, const char *tpl, size_t 
         if (!ok && st == KVGEN_OK) st = oom(who, err);
         /* this tool's call in the forcing grammar */
         if (d->choice == KVGEN_TOOL_NAMED && d->name && strcmp(d->name, k->name) == 0) named = i;
-        bool in_forced = d->choice == KVGEN_TOOL_REQUIRED || (d->choice == KVGEN_TOOL_NAMED && named == i);
+        bool in_forced = d->choice == KVGEN_TOOL_REQUIRED || d->choice == KVGEN_TOOL_AUTO ||
+                         (d->choice == KVGEN_TOOL_NAMED && named == i);
         if (st == KVGEN_OK && in_forced) {
             char prefix[16], head[160];
             snprintf(prefix, sizeof prefix, "t%d-", i);
@@ -277,13 +288,20 @@ kvgen_status kvg_tools_build(const kvgen_tools_desc *d, const char *tpl, size_t 
         st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tools: name '%s' is none of the tools given", who,
                       d->name ? d->name : "(null)");
     if (st == KVGEN_OK && !(t->json = kvg_json_print(list, NULL))) st = oom(who, err);
-    if (st == KVGEN_OK && calls.n) {
+    bool lazy = d->choice == KVGEN_TOOL_AUTO;
+    if (st == KVGEN_OK && calls.n && (!lazy || fmt->lazy_rest)) {
         kvg_buf root = {0};
-        bool ok = kvg_buf_add(&root, "root ::= ", 9) && add_literal(&root, fmt->forced_open) &&
-                  kvg_buf_add(&root, " call ", 6) && add_literal(&root, fmt->forced_close) &&
-                  kvg_buf_add(&root, "\ncall ::= ", 10) && kvg_buf_add(&root, calls.p, calls.n) &&
-                  kvg_buf_add(&root, "\n", 1) && kvg_buf_add(&root, grammar.p, grammar.n);
-        if (ok) t->forced = root.p;
+        bool ok = kvg_buf_add(&root, "root ::= ", 9);
+        if (lazy)
+            ok = ok && kvg_buf_add(&root, fmt->lazy_rest, strlen(fmt->lazy_rest)) &&
+                 kvg_buf_add(&root, "\nws ::= [ \\n]{0,2}", 18);
+        else
+            ok = ok && add_literal(&root, fmt->forced_open) && kvg_buf_add(&root, " call ", 6) &&
+                 add_literal(&root, fmt->forced_close);
+        ok = ok && kvg_buf_add(&root, "\ncall ::= ", 10) && kvg_buf_add(&root, calls.p, calls.n) &&
+             kvg_buf_add(&root, "\n", 1) && kvg_buf_add(&root, grammar.p, grammar.n);
+        if (ok && lazy) t->lazy = root.p;
+        else if (ok) t->forced = root.p;
         else {
             kvg_free(root.p);
             st = oom(who, err);

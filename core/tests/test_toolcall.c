@@ -4,7 +4,8 @@
  * (calls kept with compact arguments, markup out of the text; an unknown tool, arguments of a
  * wrong type, a missing required argument or a call under tool_choice none reported as a bad
  * call); the forcing grammar, which joins the tools' schema grammars, accepts valid calls and
- * refuses an unknown name or a bad argument type; bad tools refused by name. */
+ * refuses an unknown name or a bad argument type, and so does the lazy grammar of tool_choice
+ * auto (what follows Hermes' <tool_call>); bad tools refused by name. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,11 +204,30 @@ static void check_grammar(void) {
         CHECKF(0, "%s", err.message);
     }
     kvg_tools_free(t);
-    /* auto and none force nothing; the template's tools are wrapped as Hugging Face passes them */
+    /* auto forces nothing: the lazy grammar takes over past the opener, every tool allowed */
     t = build(HERMES, KVGEN_TOOL_AUTO, NULL);
     CHECK(t && !kvg_tools_forced_grammar(t));
+    const char *opener = NULL, *lazy = t ? kvg_tools_lazy_grammar(t, &opener) : NULL;
+    CHECK(lazy && opener && strcmp(opener, "<tool_call>") == 0);
+    if (lazy && kvg_gram_parse(lazy, &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}\n</tool_call>"));
+        CHECK(accepts(g, "{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}</tool_call>\n<tool_call>\n"
+                         "{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"south\",\"count\":1}}\n</tool_call>"));
+        CHECK(!accepts(g, "\n{\"name\":\"fly\",\"arguments\":{}}\n</tool_call>"));
+        CHECK(!accepts(g, "\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":\"2\"}}\n</tool_call>"));
+        kvg_gram_free(g);
+        g = NULL;
+    } else {
+        CHECKF(0, "%s", err.message);
+    }
     CHECK(t && strncmp(kvg_tools_json(t), "[{\"type\":\"function\",\"function\":{\"name\":\"open_gate\","
                        "\"description\":\"Opens a gate.\",\"parameters\":{", 82) == 0);
+    kvg_tools_free(t);
+    t = build(HERMES, KVGEN_TOOL_NONE, NULL); /* none: nothing constrains, calls are refused at the end */
+    CHECK(t && !kvg_tools_forced_grammar(t) && !kvg_tools_lazy_grammar(t, NULL));
+    kvg_tools_free(t);
+    t = build(LLAMA31, KVGEN_TOOL_AUTO, NULL); /* its opener is a control token: read at the end */
+    CHECK(t && !kvg_tools_lazy_grammar(t, NULL));
     kvg_tools_free(t);
     /* Llama 3 and Mistral write their own arguments key and brackets */
     t = build(LLAMA31, KVGEN_TOOL_NAMED, "ring_bell");
