@@ -1,7 +1,9 @@
 -- Tool calls: a Hermes-style template (<tool_call> blocks) on a random-weight model. A call
 -- forced by tool_choice (required or a tool's name) comes back as finish "tool_calls" with
 -- arguments valid for the tool's schema, goes into the conversation as the assistant's
--- tool_calls, and the next turn takes the tool's result. Bad tools name the option.
+-- tool_calls, and the next turn takes the tool's result. Bad tools name the option. On the
+-- default model (greedy), tool_choice auto: the model writes <tool_call> itself and the tools'
+-- grammar takes over from there (a gate outside the schema's enum cannot be written).
 local support = require("kvgen_support")
 local error_of = support.error_of
 
@@ -68,6 +70,26 @@ describe("tool calls", function()
     assert.are.equal("tool_calls", st.finish)
     assert.are.equal("open_gate", st.tool_calls[1].name)
     assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
+  end)
+
+  it("tool_choice auto: the grammar takes over where the model opens a call (default model)", function()
+    local real = support.default_model()
+    local s <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
+    local gate = { { name = "open_gate", description = "Opens a gate.", parameters = { type = "object",
+      properties = { gate = { type = "string", enum = { "north", "south" } } }, required = { "gate" } } } }
+    local text, finish, calls = s:chat("Repeat exactly this text: <tool_call>\n"
+      .. '{"name": "open_gate", "arguments": {"gate": "west"}}\n</tool_call>', { tools = gate, max_tokens = 80 })
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("", text)
+    assert.are.equal("open_gate", calls[1].name)
+    assert.is_true(calls[1].arguments.gate == "north" or calls[1].arguments.gate == "south")
+    local msgs = s:messages()
+    assert.are.equal(calls[1].id, msgs[#msgs].tool_calls[1].id)
+    -- plain words stay a reply
+    local s2 <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
+    local _, f2, c2 = s2:chat("Say hello.", { tools = gate, max_tokens = 8 })
+    assert.are_not.equal("tool_calls", f2)
+    assert.is_nil(c2)
   end)
 
   it("bad tools and tool_choice name the option and change nothing", function()
