@@ -643,7 +643,8 @@ typedef struct kvgen_constraint {
  * the chat template's text (Hermes/Qwen2.5 <tool_call> blocks, Llama 3.1/3.2 JSON, Mistral
  * [TOOL_CALLS]); a template with none of them refuses tools (KVGEN_E_UNSUPPORTED). */
 typedef enum kvgen_tool_choice {
-    KVGEN_TOOL_AUTO = 0,  /* the model decides: free text, and calls where it writes them */
+    KVGEN_TOOL_AUTO = 0,  /* the model decides: free text, and calls where it writes them (Hermes:
+                             from its <tool_call> on, the tools' grammar constrains the rest) */
     KVGEN_TOOL_NONE,      /* the tools are shown to the template, but a call is not accepted */
     KVGEN_TOOL_REQUIRED,  /* one call, forced from the first token by the tools' grammar */
     KVGEN_TOOL_NAMED      /* one call of the tool named `name`, forced likewise */
