@@ -5,7 +5,10 @@
  * wrong type, a missing required argument or a call under tool_choice none reported as a bad
  * call); the forcing grammar, which joins the tools' schema grammars, accepts valid calls and
  * refuses an unknown name or a bad argument type, and so does the lazy grammar of tool_choice
- * auto (what follows Hermes' <tool_call>); bad tools refused by name. */
+ * auto (what follows Hermes' <tool_call>); bad tools refused by name. Through the public API on
+ * a random-weight model: a forced call finishes with KVGEN_FINISH_TOOL_CALLS, its arguments
+ * valid, the conversation holding it and then the tool's result; tools refused outside
+ * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +24,11 @@ static const kvgen_tool TOOLS[] = {
 };
 
 static const char HERMES[] = "{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>\n{\"name\": ...}\n</tool_call>";
+static const char HERMES_FULL[] =
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 static const char LLAMA31[] =
     "<|start_header_id|>system<|end_header_id|>\n\nGiven the following functions, respond with a JSON for a "
     "function call with its proper arguments.\nRespond in the format {\"name\": function name, \"parameters\": "
@@ -271,10 +279,91 @@ static void check_refused(void) {
     expect_refused(TOOLS, 2, KVGEN_TOOL_AUTO, NULL, "{{ messages }}", KVGEN_E_UNSUPPORTED, "no format kvgen knows");
 }
 
+static void check_session(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    free(path);
+    if (!s) {
+        kvgen_model_unload(m);
+        return;
+    }
+    kvgen_chat_template tpl = {.jinja = HERMES_FULL};
+    CHECK_OK(kvgen_chat_set_template(s, &tpl, &err));
+    CHECK(kvgen_chat_tool_format(s) && strcmp(kvgen_chat_tool_format(s), "hermes") == 0);
+    kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
+    kvgen_generate_desc d = {.tools = &td};
+    kvgen_gen *g = NULL;
+    /* refused where tools cannot be read, changing nothing */
+    CHECK(kvgen_gen_begin_text(s, "x", 1, &d, &g, &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "tools"));
+    kvgen_job_desc jd = {.prompt = KVGEN_PROMPT_CHAT, .text = "x", .role = "user", .gen = d};
+    kvgen_job *job = NULL;
+    CHECK(kvgen_job_submit(s, &jd, &job, &err) == KVGEN_E_UNSUPPORTED && !job && strstr(err.message, "tools"));
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"a\""};
+    kvgen_generate_desc with_k = {.tools = &td, .constraint = &k};
+    CHECK(kvgen_chat_gen_begin(s, "user", "x", &with_k, &g, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECK(kvgen_session_length(s) == 0 && kvgen_chat_vars(s) == NULL);
+
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open the gate", &d, &g, &err));
+    kvgen_status st = KVGEN_OK;
+    while (g && st == KVGEN_OK && kvgen_gen_finish(g) == KVGEN_FINISH_NONE) st = kvgen_gen_next(g, NULL, &err);
+    CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_TOOL_CALLS, "%s %s", kvgen_finish_name(kvgen_gen_finish(g)),
+           err.message);
+    const kvgen_tool_call *calls = NULL;
+    int n = kvgen_gen_tool_calls(g, &calls);
+    CHECK(n == 1);
+    char id[64] = "";
+    if (n == 1) {
+        CHECK(strcmp(calls[0].name, "open_gate") == 0);
+        CHECKF(strncmp(calls[0].arguments, "{\"gate\":\"north\",\"count\":", 24) == 0 ||
+                   strncmp(calls[0].arguments, "{\"gate\":\"south\",\"count\":", 24) == 0,
+               "%s", calls[0].arguments);
+        snprintf(id, sizeof id, "%s", calls[0].id);
+    }
+    size_t len = 0;
+    CHECK(kvgen_gen_text(g, &len) && len == 0);
+    kvgen_gen_end(g);
+    CHECK(kvgen_chat_vars(s) && strstr(kvgen_chat_vars(s), "\"tools\":[{\"type\":\"function\""));
+    kvgen_chat_message result = {.role = "tool", .content = "{\"opened\":true}", .tool_call_id = id};
+    CHECK_OK(kvgen_chat_add_message(s, &result, &err));
+    kvgen_chat_message *msgs = NULL;
+    size_t nm = 0;
+    CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+    CHECK(nm == 3);
+    if (nm == 3) {
+        CHECK(strcmp(msgs[1].role, "assistant") == 0 && msgs[1].tool_calls && strstr(msgs[1].tool_calls, id));
+        CHECK(strcmp(msgs[2].role, "tool") == 0 && strcmp(msgs[2].tool_call_id, id) == 0);
+    }
+    kvgen_chat_messages_free(msgs);
+    /* the next reply, tools still offered but not callable */
+    td.choice = KVGEN_TOOL_NONE;
+    kvgen_generate_desc next = {.tools = &td, .max_tokens = 4};
+    CHECK_OK(kvgen_chat_gen_begin(s, NULL, NULL, &next, &g, &err));
+    while (g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE && kvgen_gen_next(g, NULL, &err) == KVGEN_OK) {}
+    CHECK(g && kvgen_gen_tool_calls(g, NULL) == 0);
+    kvgen_gen_end(g);
+    /* a built-in family has no place for tools */
+    kvgen_chat_template family = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(s, &family, &err));
+    size_t before = kvgen_session_length(s);
+    CHECK(kvgen_chat_gen_begin(s, "user", "x", &d, &g, &err) == KVGEN_E_UNSUPPORTED &&
+          strstr(err.message, "Jinja"));
+    CHECK(kvgen_session_length(s) == before && kvgen_chat_tool_format(s) == NULL);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
 int main(void) {
     check_detect();
     check_parse();
     check_grammar();
     check_refused();
+    check_session();
     return tu_finish("test_toolcall");
 }
