@@ -365,5 +365,7 @@ int main(void) {
     check_grammar();
     check_refused();
     check_session();
+    CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_TOOL_CALLS), "tool_calls") == 0);
+    CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_BAD_TOOL_CALL), "bad_tool_call") == 0);
     return tu_finish("test_toolcall");
 }
