@@ -104,6 +104,7 @@ typedef struct gen_opts {
     int on_piece, on_done; /* given (the functions stay in the options table) */
     const char *tools, *template_vars; /* JSON text (anchored), or NULL */
     const char *tool_choice;           /* NULL: auto */
+    int thinking;                      /* 0: not given; 1: false; 2: true (enable_thinking) */
     kvgen_tools_desc td;               /* tools the reply may call (a chat on this thread whose
                                           template has a call format) */
     kvgen_tool tool[KVGEN_MAX_TOOLS];
@@ -211,6 +212,12 @@ static void read_json_opt(const opt_ctx *c, const opt_spec *o, int vi, void *fie
     kvl_anchor_top(c);
 }
 
+/* thinking = true/false: the template's enable_thinking */
+static void read_thinking(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    if (!lua_isboolean(c->L, vi)) kvl_option_error(c->L, c->arg, o->key, "a boolean expected");
+    *(int *)field = lua_toboolean(c->L, vi) ? 2 : 1;
+}
+
 #define GO(field) .off = offsetof(gen_opts, field)
 static const opt_spec gen_specs[] = {
     {.key = "max_tokens", .type = OPT_INT, GO(gd.max_tokens), .lo = -1, .hi = INT_MAX},
@@ -229,6 +236,7 @@ static const opt_spec gen_specs[] = {
     {.key = "tools", .type = OPT_CUSTOM, GO(tools), .read = read_json_opt, .need = GEN_CHAT},
     {.key = "template_vars", .type = OPT_CUSTOM, GO(template_vars), .read = read_json_opt, .need = GEN_CHAT},
     {.key = "tool_choice", .type = OPT_STRING, GO(tool_choice), .need = GEN_CHAT},
+    {.key = "thinking", .type = OPT_CUSTOM, GO(thinking), .read = read_thinking, .need = GEN_CHAT},
 };
 #undef GO
 
@@ -290,6 +298,12 @@ void kvl_stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) 
             lua_rawseti(L, -2, i + 1);
         }
         lua_setiuservalue(L, idx, 3);
+    }
+    size_t rlen = 0;
+    const char *reasoning = kvgen_gen_reasoning(st->gen, &rlen);
+    if (reasoning) { /* user value 4 */
+        lua_pushlstring(L, reasoning, rlen);
+        lua_setiuservalue(L, idx, 4);
     }
     kvl_stream_stop(st, finish);
     if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA && lua_getiuservalue(L, -1, 2) == LUA_TTABLE) {
@@ -404,6 +418,8 @@ static int stream_index(lua_State *L) {
             lua_pushnil(L);
     } else if (strcmp(key, "tool_calls") == 0) { /* the calls of a "tool_calls" finish */
         if (st->gen || lua_getiuservalue(L, 1, 3) != LUA_TTABLE) lua_pushnil(L);
+    } else if (strcmp(key, "reasoning") == 0) { /* what a reply thought, once finished */
+        if (st->gen || lua_getiuservalue(L, 1, 4) != LUA_TSTRING) lua_pushnil(L);
     } else if (strcmp(key, "session") == 0) {
         lua_getiuservalue(L, 1, 1);
     } else {
@@ -435,9 +451,14 @@ static int run_to_end(lua_State *L, int idx, int cb) {
     }
     lua_getiuservalue(L, idx, 2);
     lua_pushstring(L, kvgen_finish_name(st->finish));
-    if (st->finish != KVGEN_FINISH_TOOL_CALLS) return 2;
-    lua_getiuservalue(L, idx, 3);
-    return 3;
+    bool reasoning = lua_getiuservalue(L, idx, 4) == LUA_TSTRING;
+    lua_pop(L, 1);
+    if (st->finish != KVGEN_FINISH_TOOL_CALLS && !reasoning) return 2;
+    if (st->finish == KVGEN_FINISH_TOOL_CALLS) lua_getiuservalue(L, idx, 3);
+    else lua_pushnil(L);
+    if (!reasoning) return 3;
+    lua_getiuservalue(L, idx, 4);
+    return 4;
 }
 
 /* ---- choose ----------------------------------------------------------------------------- */
@@ -563,6 +584,26 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
             luaL_error(L, "not enough memory");
         }
     }
+    if (o->thinking) { /* enable_thinking from the option, in place of template_vars' */
+        kvg_json **at = &v->child, *prev = NULL;
+        while (*at) {
+            if (strcmp((*at)->key, "enable_thinking") == 0) {
+                kvg_json *gone = *at;
+                *at = gone->next;
+                gone->next = NULL;
+                kvg_json_free(gone);
+                v->n--;
+                continue;
+            }
+            prev = *at;
+            at = &(*at)->next;
+        }
+        v->last = prev;
+        if (!kvg_json_add(v, "enable_thinking", kvg_json_new_bool(o->thinking == 2))) {
+            kvg_json_free(v);
+            luaL_error(L, "not enough memory");
+        }
+    }
     size_t n = 0;
     char *text = kvg_json_print(v, &n);
     kvg_json_free(v);
@@ -653,7 +694,7 @@ static void read_tools(lua_State *L, lsession *s, unsigned mode, gen_opts *o) {
  * that appends the prompt or chat turn and starts the generation is all or nothing: when it
  * fails, nothing was appended and the chat state is as it was. */
 static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, gen_prompt *p) {
-    lstream *st = lua_newuserdatauv(L, sizeof *st, 3);
+    lstream *st = lua_newuserdatauv(L, sizeof *st, 4);
     memset(st, 0, sizeof *st);
     st->schema = o->schema;
     luaL_setmetatable(L, STREAM_MT);
@@ -667,7 +708,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;
-        if (o->tools || o->template_vars) restore_vars(L, s);
+        if (o->tools || o->template_vars || o->thinking) restore_vars(L, s);
         return kvl_raise_status(L, &err);
     }
     stream_attach(L, s, st, idx);
@@ -680,6 +721,10 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
         }
         int n = run_to_end(L, idx, cb);
         if (!o->schema) return n;
+        if (n > 2) { /* a schema's value takes the third place (the reasoning is st.reasoning) */
+            lua_pop(L, n - 2);
+            n = 2;
+        }
         /* with a schema: text, finish, and the text's value (nil unless it is complete) */
         if (strcmp(lua_tostring(L, -1), "stop") == 0) kvl_push_json_value(L, lua_tostring(L, -2), lua_rawlen(L, -2));
         else lua_pushnil(L);
@@ -726,7 +771,7 @@ static int gen_start(lua_State *L, unsigned mode) {
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
     read_tools(L, s, mode, &o);
-    if (o.tools || o.template_vars) {
+    if (o.tools || o.template_vars || o.thinking) {
         /* the options' variables are in force for the turn and after it; the chat's variables as
          * they were go back when the turn is refused */
         const char *vars = push_chat_vars(L, &o);

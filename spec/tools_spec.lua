@@ -92,6 +92,32 @@ describe("tool calls", function()
     assert.is_nil(c2)
   end)
 
+  it("reasoning between <think> tags is apart from the reply and kept in the conversation", function()
+    local THINK = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n"
+      .. "{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is false %}"
+      .. "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    local s <close> = m:session { context = 4096, template = { jinja = THINK } }
+    local text, finish, calls, reasoning = s:chat("hi", { grammar = 'root ::= "<think>\\nI ponder.\\n</think>\\n\\nHello."' })
+    assert.are.equal("stop", finish)
+    assert.are.equal("Hello.", text)
+    assert.is_nil(calls)
+    assert.are.equal("I ponder.", reasoning)
+    local msgs = s:messages()
+    assert.are.equal("Hello.", msgs[2].content)
+    assert.are.equal("I ponder.", msgs[2].reasoning_content)
+    -- a stream has it as st.reasoning
+    local st = s:chat_stream("again", { grammar = 'root ::= "<think>ok</think>Yes."' })
+    for _ in st do end
+    assert.are.equal("Yes.", st.text)
+    assert.are.equal("ok", st.reasoning)
+    -- thinking = false reaches the template as enable_thinking
+    s:chat("quiet", { thinking = false, max_tokens = 1 })
+    assert.matches("quiet<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+      m:detokenize(s:tokens(), { special = true }), 1, true)
+    assert.matches("option 'thinking': a boolean expected", error_of(s.chat, s, "x", { thinking = 1 }), 1, true)
+  end)
+
   it("bad tools and tool_choice name the option and change nothing", function()
     local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
     s:add("user", "hi")

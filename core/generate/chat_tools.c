@@ -44,9 +44,11 @@ static char *vars_with_tools(const char *vars, const char *tools) {
 
 /* A reply that called tools, put in the conversation as the assistant message with its
  * tool_calls in place of the reply as generated (the cache re-rendered from where it differs). */
-static kvgen_status tool_reply(kvgen_session *s, const char *content, const char *calls_json, kvgen_error *err) {
+static kvgen_status reply_message(kvgen_session *s, const char *content, const char *reasoning, const char *calls_json,
+                                  kvgen_error *err) {
     kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
-    kvgen_chat_message m = {.role = "assistant", .content = content[0] ? content : NULL, .tool_calls = calls_json};
+    kvgen_chat_message m = {.role = "assistant", .content = content[0] || !calls_json ? content : NULL,
+                            .tool_calls = calls_json, .reasoning_content = reasoning};
     if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
     return st;
 }
@@ -54,7 +56,16 @@ static kvgen_status tool_reply(kvgen_session *s, const char *content, const char
 kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     const char *fn = "kvgen_chat_gen_begin";
-    if (!desc || !desc->tools || !s || !out) return kvg_chat_gen_begin(s, role, text, desc, out, err);
+    if (!desc || !desc->tools || !s || !out) {
+        /* a template with think tags: the reply's reasoning is read apart */
+        const char *tpl = NULL, *open = NULL, *close = NULL;
+        size_t len = 0;
+        bool think = s && out && kvg_chat_jinja_source(s, fn, &tpl, &len, NULL) == KVGEN_OK &&
+                     kvg_think_detect(tpl, len, &open, &close);
+        kvgen_status st = kvg_chat_gen_begin(s, role, text, desc, out, err);
+        if (st == KVGEN_OK && think) kvg_gen_attach_reply(*out, NULL, open, close, reply_message);
+        return st;
+    }
     *out = NULL;
     kvgen_status busy = kvg_session_check_host(s, fn, err);
     if (busy != KVGEN_OK) return busy;
@@ -92,7 +103,9 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
         kvg_tools_free(tools);
         return st;
     }
-    kvg_gen_attach_tools(g, tools, tool_reply);
+    const char *open = NULL, *close = NULL;
+    kvg_think_detect(tpl, tpl_len, &open, &close);
+    kvg_gen_attach_reply(g, tools, open, close, reply_message);
     *out = g;
     return KVGEN_OK;
 }

@@ -81,7 +81,9 @@ struct kvgen_gen {
     size_t len0; /* the session's length when the generation began: a failure goes back to it */
     struct kvg_tools *tools; /* a chat reply that may call tools: read at its end */
     size_t tools_base;       /* the session's length at the reply's start: the calls' ids */
-    kvg_tool_reply_fn tool_reply;
+    kvg_reply_fn reply;      /* a chat reply: read at its end */
+    const char *think_open, *think_close; /* static strings of the think-tag table, or NULL */
+    kvg_buf reasoning;       /* what the reply thought, out of its text */
     size_t tools_scanned; /* bytes of text + pending searched for the call opener */
     bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
@@ -136,13 +138,22 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->step.p);
     kvg_free(g->ends.p);
     kvg_tools_free(g->tools);
+    kvg_free(g->reasoning.p);
     kvg_free(g);
 }
 
-void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t, kvg_tool_reply_fn reply) {
+void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
+                          kvg_reply_fn reply) {
     g->tools = t;
-    g->tool_reply = reply;
+    g->think_open = think_open;
+    g->think_close = think_close;
+    g->reply = reply;
     g->tools_base = kvgen_session_length(g->s);
+}
+
+const char *kvgen_gen_reasoning(const kvgen_gen *g, size_t *len) {
+    if (len) *len = g && g->reasoning.p ? g->reasoning.n : 0;
+    return g && g->reasoning.p ? g->reasoning.p : NULL;
 }
 
 int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
@@ -191,18 +202,51 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     return st;
 }
 
-/* A reply that ended on its own is read for tool calls: their markup leaves the text, and
- * calls that were valid go into the conversation in place of the reply as generated. */
-static kvgen_status read_tool_calls(kvgen_gen *g, kvgen_error *err) {
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* The reasoning between the think tags (the opening one may be the template's, before the
+ * reply) leaves the text for g->reasoning; a reply cut inside it is reasoning alone. */
+static bool take_reasoning(kvgen_gen *g) {
+    const char *t = g->text.p, *close = strstr(t, g->think_close);
+    size_t lead = 0, on = strlen(g->think_open);
+    while (is_space(t[lead])) lead++;
+    bool opened = strncmp(t + lead, g->think_open, on) == 0;
+    if (!close && !opened) return true;
+    size_t from = opened ? lead + on : lead, to = close ? (size_t)(close - t) : g->text.n;
+    while (from < to && is_space(t[from])) from++;
+    while (to > from && is_space(t[to - 1])) to--;
+    if (!kvg_buf_add(&g->reasoning, t + from, to - from)) return false;
+    size_t rest = close ? (size_t)(close - t) + strlen(g->think_close) : g->text.n;
+    while (rest < g->text.n && is_space(t[rest])) rest++;
+    memmove(g->text.p, t + rest, g->text.n - rest);
+    g->text.n -= rest;
+    g->text.p[g->text.n] = '\0';
+    return true;
+}
+
+/* A chat reply at its end: its reasoning out of the text; then, when it ended on its own, its
+ * tool calls read (their markup leaves the text), and a reply that thought or called tools
+ * goes into the conversation as the message it is, in place of the reply as generated. */
+static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
+    if (g->think_close && !take_reasoning(g)) {
+        g->finish = KVGEN_FINISH_ERROR;
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    }
+    if (g->finish != KVGEN_FINISH_STOP) return KVGEN_OK;
     kvgen_finish why = KVGEN_FINISH_NONE;
-    size_t content = 0;
-    kvgen_status st = kvg_tools_parse(g->tools, g->text.p, g->text.n, g->tools_base, &why, &content, err);
-    if (st != KVGEN_OK || why == KVGEN_FINISH_NONE) return st;
+    size_t content = g->text.n;
+    kvgen_status st = KVGEN_OK;
+    if (g->tools) st = kvg_tools_parse(g->tools, g->text.p, g->text.n, g->tools_base, &why, &content, err);
+    if (st != KVGEN_OK) {
+        g->finish = KVGEN_FINISH_ERROR;
+        return st;
+    }
     g->text.n = content;
     g->text.p[content] = '\0';
-    g->finish = why;
-    if (why == KVGEN_FINISH_TOOL_CALLS)
-        st = g->tool_reply(g->s, g->text.p, kvg_tools_calls_json(g->tools), err);
+    if (why != KVGEN_FINISH_NONE) g->finish = why;
+    bool calls = why == KVGEN_FINISH_TOOL_CALLS;
+    if (calls || g->reasoning.p)
+        st = g->reply(g->s, g->text.p, g->reasoning.p, calls ? kvg_tools_calls_json(g->tools) : NULL, err);
     if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
     return st;
 }
@@ -454,7 +498,7 @@ static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     }
     if (!emit(g, g->pending.n)) return oom(g, err);
     g->finish = why;
-    if (g->tools && why == KVGEN_FINISH_STOP) return read_tool_calls(g, err);
+    if (g->reply && why != KVGEN_FINISH_ERROR) return read_reply(g, err);
     return KVGEN_OK;
 }
 

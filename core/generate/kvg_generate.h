@@ -47,13 +47,16 @@ kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char
  * them and calls it for a reply without. */
 kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *text, const kvgen_generate_desc *desc,
                                 kvgen_gen **out, kvgen_error *err);
-/* The generator reads its reply's end for calls (taking t) and, when the reply called tools,
- * hands the session, the text before the calls and the calls (JSON) to `reply`, which puts
- * them into the conversation (chat_tools.c: a callback, so that generate.c calls no chat code). */
+/* A chat reply the generator reads at its end (chat_tools.c attaches it): the reasoning between
+ * think_open and think_close (NULL: none) taken out of the text, and with tools t (NULL: none;
+ * taken) the calls read. When a reply that ended on its own had reasoning or called tools,
+ * `reply` gets the session, the text left, the reasoning and the calls (JSON; NULL where none)
+ * to put into the conversation (a callback, so that generate.c calls no chat code). */
 struct kvg_tools;
-typedef kvgen_status (*kvg_tool_reply_fn)(kvgen_session *s, const char *content, const char *calls_json,
-                                          kvgen_error *err);
-void kvg_gen_attach_tools(kvgen_gen *g, struct kvg_tools *t, kvg_tool_reply_fn reply);
+typedef kvgen_status (*kvg_reply_fn)(kvgen_session *s, const char *content, const char *reasoning,
+                                     const char *calls_json, kvgen_error *err);
+void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
+                          kvg_reply_fn reply);
 
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */

@@ -46,4 +46,8 @@ kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t 
 int kvg_tools_calls(const kvg_tools *t, const kvgen_tool_call **calls);
 const char *kvg_tools_calls_json(const kvg_tools *t);
 
+/* The think tags a template's text writes (<think> ... </think>: Qwen3, DeepSeek-R1, QwQ),
+ * from a small table; false (*open, *close NULL) when it writes none. */
+bool kvg_think_detect(const char *tpl, size_t len, const char **open, const char **close);
+
 #endif

@@ -486,3 +486,22 @@ int kvg_tools_calls(const kvg_tools *t, const kvgen_tool_call **calls) {
 }
 
 const char *kvg_tools_calls_json(const kvg_tools *t) { return t->calls_json; }
+
+/* ---- reasoning: one row per pair of think tags ------------------------------------------- */
+
+static const struct {
+    const char *open, *close;
+} THINK_TAGS[] = {
+    {"<think>", "</think>"},
+};
+
+bool kvg_think_detect(const char *tpl, size_t len, const char **open, const char **close) {
+    *open = *close = NULL;
+    for (size_t i = 0; tpl && i < sizeof THINK_TAGS / sizeof THINK_TAGS[0]; i++)
+        if (holds(tpl, len, THINK_TAGS[i].close)) {
+            *open = THINK_TAGS[i].open;
+            *close = THINK_TAGS[i].close;
+            return true;
+        }
+    return false;
+}

@@ -740,6 +740,11 @@ KVGEN_API void kvgen_gen_cancel(kvgen_gen *gen);
 KVGEN_API const char *kvgen_gen_text(const kvgen_gen *gen, size_t *len);
 KVGEN_API int kvgen_gen_n_tokens(const kvgen_gen *gen);   /* tokens sampled so far */
 KVGEN_API kvgen_finish kvgen_gen_finish(const kvgen_gen *gen);
+/* A chat reply under a template that writes think tags (<think> ... </think>: Qwen3,
+ * DeepSeek-R1; docs/generation.md, "Reasoning"): after the finish, what the model thought
+ * (trimmed; NUL-terminated, valid until kvgen_gen_end), which kvgen_gen_text leaves out; NULL
+ * when the reply had none, or before the finish. */
+KVGEN_API const char *kvgen_gen_reasoning(const kvgen_gen *gen, size_t *len);
 /* After a KVGEN_FINISH_TOOL_CALLS finish: the calls (*calls valid until kvgen_gen_end), their
  * count returned; 0 otherwise. */
 KVGEN_API int kvgen_gen_tool_calls(const kvgen_gen *gen, const kvgen_tool_call **calls);
