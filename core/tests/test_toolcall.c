@@ -8,7 +8,9 @@
  * auto (what follows Hermes' <tool_call>); bad tools refused by name. Through the public API on
  * a random-weight model: a forced call finishes with KVGEN_FINISH_TOOL_CALLS, its arguments
  * valid, the conversation holding it and then the tool's result; tools refused outside
- * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged. */
+ * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged.
+ * Think tags found in Qwen3's template; a reply's reasoning apart from its text and kept as the
+ * message's reasoning_content. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +83,15 @@ static void check_detect(void) {
                got ? got : "(none)");
         free(t);
     }
+    /* think tags: Qwen3's template writes them, SmolLM2's does not */
+    const char *open = NULL, *close = NULL;
+    size_t qlen = 0, slen = 0;
+    char *q3 = fixture_template("qwen3", &qlen), *sm = fixture_template("smollm2", &slen);
+    CHECK(q3 && kvg_think_detect(q3, qlen, &open, &close) && strcmp(open, "<think>") == 0 &&
+          strcmp(close, "</think>") == 0);
+    CHECK(sm && !kvg_think_detect(sm, slen, &open, &close) && !open && !close);
+    free(q3);
+    free(sm);
     const char *got = kvg_tool_format_detect(LLAMA31, strlen(LLAMA31));
     CHECKF(got && strcmp(got, "llama3") == 0, "%s", got ? got : "(none)");
     got = kvg_tool_format_detect(MISTRAL, strlen(MISTRAL));
@@ -349,6 +360,24 @@ static void check_session(void) {
     CHECK(g && kvgen_gen_tool_calls(g, NULL) == 0);
     kvgen_gen_end(g);
     /* a built-in family has no place for tools */
+    /* a template with think tags: the reasoning apart, kept as reasoning_content */
+    kvgen_chat_template think = {.jinja = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>"
+                                          "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}"
+                                          "{% if add_generation_prompt %}assistant: {% endif %}"};
+    CHECK_OK(kvgen_chat_set_template(s, &think, &err));
+    kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"<think>\\nHmm.\\n</think>\\n\\nNo.\""};
+    kvgen_generate_desc said = {.constraint = &says};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Why?", &said, &g, &err));
+    while (g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE && kvgen_gen_next(g, NULL, &err) == KVGEN_OK) {}
+    size_t rlen = 0;
+    const char *r = g ? kvgen_gen_reasoning(g, &rlen) : NULL;
+    CHECKF(r && rlen == 4 && strcmp(r, "Hmm.") == 0, "%s", r ? r : "(none)");
+    CHECK(g && strcmp(kvgen_gen_text(g, NULL), "No.") == 0 && kvgen_gen_finish(g) == KVGEN_FINISH_STOP);
+    kvgen_gen_end(g);
+    CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+    CHECK(nm >= 2 && msgs[nm - 1].reasoning_content && strcmp(msgs[nm - 1].reasoning_content, "Hmm.") == 0 &&
+          strcmp(msgs[nm - 1].content, "No.") == 0);
+    kvgen_chat_messages_free(msgs);
     kvgen_chat_template family = {.name = "chatml"};
     CHECK_OK(kvgen_chat_set_template(s, &family, &err));
     size_t before = kvgen_session_length(s);
