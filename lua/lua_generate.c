@@ -236,6 +236,7 @@ static const opt_spec gen_specs[] = {
     {.key = "tools", .type = OPT_CUSTOM, GO(tools), .read = read_json_opt, .need = GEN_CHAT},
     {.key = "template_vars", .type = OPT_CUSTOM, GO(template_vars), .read = read_json_opt, .need = GEN_CHAT},
     {.key = "tool_choice", .type = OPT_STRING, GO(tool_choice), .need = GEN_CHAT},
+    {.key = "thinking_budget", .type = OPT_INT, GO(gd.thinking_budget), .lo = 0, .hi = INT_MAX, .need = GEN_CHAT},
     {.key = "thinking", .type = OPT_CUSTOM, GO(thinking), .read = read_thinking, .need = GEN_CHAT},
 };
 #undef GO

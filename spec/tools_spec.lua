@@ -118,6 +118,28 @@ describe("tool calls", function()
     assert.matches("option 'thinking': a boolean expected", error_of(s.chat, s, "x", { thinking = 1 }), 1, true)
   end)
 
+  it("thinking_budget forces the closing tag and the reply goes on", function()
+    local OPENED = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant: <think>\n{% endif %}{# </think> #}"
+    local s <close> = m:session { context = 4096, template = { jinja = OPENED } }
+    local text, finish, _, reasoning = s:chat("hi", { thinking_budget = 4, max_tokens = 20 })
+    assert.are.equal("length", finish)
+    assert.is_string(reasoning)
+    local all = m:detokenize(s:tokens(), { special = true })
+    local after = all:match("assistant: <think>\n(.*)$")
+    assert.is_string(after)
+    local cut = after:find("\n</think>\n\n", 1, true)
+    assert.is_number(cut)
+    assert.are.equal(4, #m:tokenize(after:sub(1, cut - 1)))
+    assert.are.equal(after:sub(cut + #"\n</think>\n\n"), text)
+    -- without a budget the reply stays inside its reasoning
+    local s2 <close> = m:session { context = 4096, template = { jinja = OPENED } }
+    local text2, _, _, r2 = s2:chat("hi", { max_tokens = 6 })
+    assert.are.equal("", text2)
+    assert.is_string(r2)
+    assert.matches("option 'thinking_budget': -1 is out of range", error_of(s.chat, s, "x", { thinking_budget = -1 }), 1, true)
+  end)
+
   it("bad tools and tool_choice name the option and change nothing", function()
     local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
     s:add("user", "hi")

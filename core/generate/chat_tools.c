@@ -53,6 +53,20 @@ static kvgen_status reply_message(kvgen_session *s, const char *content, const c
     return st;
 }
 
+/* whether the session's text ends with the think tag `open` (and spaces): the generation
+ * prompt opened the reasoning (DeepSeek-R1's template, Qwen3's with thinking forced) */
+static bool prompt_opened(kvgen_session *s, const char *open) {
+    size_t len = kvgen_session_length(s), k = len < 8 ? len : 8;
+    char tail[256];
+    if (!open || k == 0) return false;
+    size_t n = kvgen_detokenize(kvg_session_model(s), kvgen_session_tokens(s) + len - k, k, KVGEN_TOKENIZE_SPECIAL,
+                                tail, sizeof tail);
+    if (n >= sizeof tail) return false;
+    while (n > 0 && (tail[n - 1] == ' ' || tail[n - 1] == '\n')) n--;
+    size_t on = strlen(open);
+    return n >= on && memcmp(tail + n - on, open, on) == 0;
+}
+
 kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     const char *fn = "kvgen_chat_gen_begin";
@@ -63,7 +77,7 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
         bool think = s && out && kvg_chat_jinja_source(s, fn, &tpl, &len, NULL) == KVGEN_OK &&
                      kvg_think_detect(tpl, len, &open, &close);
         kvgen_status st = kvg_chat_gen_begin(s, role, text, desc, out, err);
-        if (st == KVGEN_OK && think) kvg_gen_attach_reply(*out, NULL, open, close, reply_message);
+        if (st == KVGEN_OK && think) kvg_gen_attach_reply(*out, NULL, open, close, prompt_opened(s, open), reply_message);
         return st;
     }
     *out = NULL;
@@ -105,7 +119,7 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
     }
     const char *open = NULL, *close = NULL;
     kvg_think_detect(tpl, tpl_len, &open, &close);
-    kvg_gen_attach_reply(g, tools, open, close, reply_message);
+    kvg_gen_attach_reply(g, tools, open, close, open && prompt_opened(s, open), reply_message);
     *out = g;
     return KVGEN_OK;
 }

@@ -38,6 +38,11 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
                         d->soft_max_tokens);
     if (d->tools)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %stools: only kvgen_chat_gen_begin takes tools", who, field);
+    if (d->thinking_budget < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sthinking_budget %d (0: no limit, or > 0)", who, field,
+                        d->thinking_budget);
+    if (d->thinking_budget > 0 && d->constraint)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sthinking_budget with a constraint", who, field);
     if (d->soft_max_tokens > 0 && d->constraint)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "%s: %ssoft_max_tokens %d with a constraint (constrained text ends where it is complete)", who,
@@ -84,6 +89,10 @@ struct kvgen_gen {
     kvg_reply_fn reply;      /* a chat reply: read at its end */
     const char *think_open, *think_close; /* static strings of the think-tag table, or NULL */
     kvg_buf reasoning;       /* what the reply thought, out of its text */
+    int thinking_budget;     /* > 0: reasoning tokens before the closing tag is forced */
+    int thinking;            /* 0: not (yet) reasoning; 1: reasoning (tokens counted); 2: done */
+    int thought;             /* reasoning tokens so far */
+    bool closing;            /* g->cons spells the closing tag, then goes away */
     size_t tools_scanned; /* bytes of text + pending searched for the call opener */
     bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
@@ -143,7 +152,8 @@ void kvgen_gen_end(kvgen_gen *g) {
 }
 
 void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
-                          kvg_reply_fn reply) {
+                          bool thinking, kvg_reply_fn reply) {
+    g->thinking = thinking && think_close ? 1 : 0;
     g->tools = t;
     g->think_open = think_open;
     g->think_close = think_close;
@@ -165,6 +175,45 @@ int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
 /* byte i of text + pending */
 static char text_byte(const kvgen_gen *g, size_t i) {
     return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
+}
+
+/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
+ * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
+ * goes away once it is out. */
+static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
+    if (g->thinking == 2 || g->closing) return KVGEN_OK;
+    size_t n = g->text.n + g->pending.n, cn = strlen(g->think_close), on = strlen(g->think_open);
+    bool closed = false, opened = false;
+    for (size_t i = 0; i + cn <= n && !closed; i++) {
+        size_t k = 0;
+        while (k < cn && text_byte(g, i + k) == g->think_close[k]) k++;
+        closed = k == cn;
+    }
+    for (size_t i = 0; g->thinking == 0 && i + on <= n && !opened; i++) {
+        size_t k = 0;
+        while (k < on && text_byte(g, i + k) == g->think_open[k]) k++;
+        opened = k == on;
+    }
+    if (closed) {
+        g->thinking = 2;
+        return KVGEN_OK;
+    }
+    if (g->thinking == 0 && !opened) return KVGEN_OK;
+    g->thinking = 1;
+    if (++g->thought < g->thinking_budget) return KVGEN_OK;
+    /* the closing tag, as GBNF (the tags are plain ASCII without quotes or backslashes) */
+    char gbnf[96];
+    snprintf(gbnf, sizeof gbnf, "root ::= \"\\n%s\\n\\n\"", g->think_close);
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
+    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
+    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
+    if (st == KVGEN_OK && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    if (st != KVGEN_OK) return st;
+    kvg_cons_start(g->cons, &g->cst);
+    g->closing = true;
+    g->thinking = 2;
+    return KVGEN_OK;
 }
 
 /* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
@@ -211,7 +260,7 @@ static bool take_reasoning(kvgen_gen *g) {
     size_t lead = 0, on = strlen(g->think_open);
     while (is_space(t[lead])) lead++;
     bool opened = strncmp(t + lead, g->think_open, on) == 0;
-    if (!close && !opened) return true;
+    if (!close && !opened && g->thinking != 1) return true; /* (1: the prompt opened it) */
     size_t from = opened ? lead + on : lead, to = close ? (size_t)(close - t) : g->text.n;
     while (from < to && is_space(t[from])) from++;
     while (to > from && is_space(t[to - 1])) to--;
@@ -309,6 +358,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
      * means at most one context's worth of tokens (finish "length") */
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     g->soft_max_tokens = d.soft_max_tokens;
+    g->thinking_budget = d.thinking_budget;
     if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_vocab_bytes(g->m, &g->pieces, err);
     if (st == KVGEN_OK) st = copy_stops(g, &d, who, err);
     if (st == KVGEN_OK && g->cons) {
@@ -621,6 +671,14 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
     } else if (!kvg_buf_add(&g->pending, piece, n)) {
         return oom(g, err);
     }
+    if (g->think_close && g->thinking_budget > 0) {
+        st = think_budget(g, err);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, tok);
+            return st;
+        }
+    }
     if (g->tools && !g->cons && !g->tools_lazy_done) {
         st = tools_trigger(g, err);
         if (st != KVGEN_OK) {
@@ -635,6 +693,13 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
         g->pending.p[at] = 0;
         if (!emit(g, g->pending.n)) return oom(g, err);
         g->finish = KVGEN_FINISH_STOP_STRING;
+    } else if (g->closing && kvg_cons_done(g->cons, &g->cst)) { /* the closing tag is out: free again */
+        kvg_cons_free(g->cons);
+        g->cons = NULL;
+        kvg_free(g->allowed);
+        g->allowed = NULL;
+        g->closing = false;
+        if (!emit(g, g->pending.n - held_back(g))) return oom(g, err);
     } else if (g->cons && kvg_cons_done(g->cons, &g->cst)) {
         st = finish(g, KVGEN_FINISH_STOP, err);
     } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {

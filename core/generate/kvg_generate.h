@@ -51,12 +51,13 @@ kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *
  * think_open and think_close (NULL: none) taken out of the text, and with tools t (NULL: none;
  * taken) the calls read. When a reply that ended on its own had reasoning or called tools,
  * `reply` gets the session, the text left, the reasoning and the calls (JSON; NULL where none)
- * to put into the conversation (a callback, so that generate.c calls no chat code). */
+ * to put into the conversation (a callback, so that generate.c calls no chat code). thinking:
+ * the prompt ended with think_open (the reply starts inside its reasoning). */
 struct kvg_tools;
 typedef kvgen_status (*kvg_reply_fn)(kvgen_session *s, const char *content, const char *reasoning,
                                      const char *calls_json, kvgen_error *err);
 void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
-                          kvg_reply_fn reply);
+                          bool thinking, kvg_reply_fn reply);
 
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */

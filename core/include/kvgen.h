@@ -688,6 +688,9 @@ typedef struct kvgen_generate_desc {
     int soft_max_tokens;        /* > 0: once this many tokens are out, end (finish SENTENCE) where the
                                    text ends a sentence; max_tokens stays the hard limit. 0: off.
                                    Not with a constraint. See docs/generation.md, "Ending replies" */
+    int thinking_budget;        /* a chat reply under a template with think tags (kvgen_gen_reasoning):
+                                   > 0: after this many tokens of reasoning the closing tag is forced
+                                   and the reply goes on; 0: no limit */
     const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin only (other calls and jobs give
                                       KVGEN_E_UNSUPPORTED); not with a constraint or soft_max_tokens */
 } kvgen_generate_desc;
