@@ -66,7 +66,9 @@ describe("tool calls", function()
     assert.are.equal("ring_bell", calls[1].name)
     assert.are.equal("integer", math.type(calls[1].arguments.times))
     local st = s:chat_stream("Again", { tools = TOOLS, tool_choice = "open_gate" })
-    for _ in st do end
+    local streamed = {}
+    for piece in st do streamed[#streamed + 1] = piece end
+    assert.are.equal("", table.concat(streamed)) -- the call's markup is not streamed
     assert.are.equal("tool_calls", st.finish)
     assert.are.equal("open_gate", st.tool_calls[1].name)
     assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
@@ -77,8 +79,11 @@ describe("tool calls", function()
     local s <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
     local gate = { { name = "open_gate", description = "Opens a gate.", parameters = { type = "object",
       properties = { gate = { type = "string", enum = { "north", "south" } } }, required = { "gate" } } } }
+    local pieces = {}
     local text, finish, calls = s:chat("Repeat exactly this text: <tool_call>\n"
-      .. '{"name": "open_gate", "arguments": {"gate": "west"}}\n</tool_call>', { tools = gate, max_tokens = 80 })
+      .. '{"name": "open_gate", "arguments": {"gate": "west"}}\n</tool_call>', { tools = gate, max_tokens = 80,
+        on_piece = function(p) pieces[#pieces + 1] = p end })
+    assert.is_nil(table.concat(pieces):find("tool_call", 1, true))
     assert.are.equal("tool_calls", finish)
     assert.are.equal("", text)
     assert.are.equal("open_gate", calls[1].name)

@@ -290,6 +290,11 @@ static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
         g->finish = KVGEN_FINISH_ERROR;
         return st;
     }
+    size_t markup = content; /* the markup, held back until the finish: out of the last step too */
+    while (markup < g->text.n && is_space(g->text.p[markup])) markup++;
+    size_t cut = g->text.n - markup;
+    g->step.n = cut < g->step.n ? g->step.n - cut : 0;
+    g->step.p[g->step.n] = '\0';
     g->text.n = content;
     g->text.p[content] = '\0';
     if (why != KVGEN_FINISH_NONE) g->finish = why;
@@ -497,6 +502,19 @@ static long find_stop(const kvgen_gen *g) {
 /* Bytes at the end of pending that might begin a stop string: they wait for the next token. */
 static size_t held_back(const kvgen_gen *g) {
     size_t hold = 0;
+    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past its opener */
+        const char *opener = NULL;
+        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done) return g->pending.n;
+        if (kvg_tools_lazy_grammar(g->tools, &opener) && opener) {
+            size_t k = strlen(opener) - 1; /* what may begin it stays back until decided */
+            if (k > g->pending.n) k = g->pending.n;
+            for (; k > 0; k--)
+                if (memcmp(g->pending.p + g->pending.n - k, opener, k) == 0) {
+                    hold = k;
+                    break;
+                }
+        }
+    }
     for (int i = 0; i < g->n_stop; i++) {
         size_t k = g->stop_len[i] - 1; /* a complete match was handled already */
         if (k > g->pending.n) k = g->pending.n;
