@@ -4,7 +4,8 @@
  * format (toolcall.c), tool_choice required or a name constrains the reply to one call from
  * its first token, and a reply that called tools is put back into the conversation as the
  * assistant message with its tool_calls, so that the next rendering shows it as the template
- * writes calls. */
+ * writes calls. Under a template with think tags every chat reply (tools or not) has its
+ * reasoning read apart and kept as the message's reasoning_content. */
 #include <string.h>
 #include "kvg_error.h"
 #include "kvg_generate.h"
@@ -42,8 +43,9 @@ static char *vars_with_tools(const char *vars, const char *tools) {
     return out;
 }
 
-/* A reply that called tools, put in the conversation as the assistant message with its
- * tool_calls in place of the reply as generated (the cache re-rendered from where it differs). */
+/* A reply that called tools or thought, put in the conversation as the assistant message with
+ * its tool_calls and reasoning_content in place of the reply as generated (the cache
+ * re-rendered from where it differs). */
 static kvgen_status reply_message(kvgen_session *s, const char *content, const char *reasoning, const char *calls_json,
                                   kvgen_error *err) {
     kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */

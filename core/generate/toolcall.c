@@ -6,7 +6,9 @@
  *
  * A tool's arguments are checked by its schema's grammar (kvg_schema_to_gbnf) over their
  * compact JSON text; the forcing grammar joins the tools' grammars with each one's rules
- * renamed (prefix "t<i>-"), so that their rules cannot collide. */
+ * renamed (prefix "t<i>-"), so that their rules cannot collide.
+ *
+ * The think tags of reasoning models are a second, smaller table at the end. */
 #include <stdio.h>
 #include <string.h>
 #include "kvg_error.h"
