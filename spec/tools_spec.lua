@@ -74,6 +74,25 @@ describe("tool calls", function()
     assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
   end)
 
+  it("Llama 3 and Mistral templates: a forced call in their formats", function()
+    local LLAMA = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
+      .. "{% for c in m.tool_calls or [] %}{\"name\": \"{{ c.function.name }}\", \"parameters\": "
+      .. "{{ c.function.arguments | tojson }}{{ '}' }}{% endfor %}<|eot_id|>{% endfor %}"
+      .. "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    local MISTRAL = "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+      .. "{% else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"
+    for _, case in ipairs { { LLAMA, "llama3" }, { MISTRAL, "mistral" } } do
+      local s <close> = m:session { context = 4096, template = { jinja = case[1] } }
+      local text, finish, calls = s:chat("Ring", { tools = TOOLS, tool_choice = "ring_bell" })
+      assert.are.equal("tool_calls", finish, case[2])
+      assert.are.equal("", text)
+      assert.are.equal("ring_bell", calls[1].name)
+      assert.are.equal("integer", math.type(calls[1].arguments.times))
+      local msgs = s:messages()
+      assert.are.equal("ring_bell", msgs[2].tool_calls[1]["function"].name)
+    end
+  end)
+
   it("tool_choice auto: the grammar takes over where the model opens a call (default model)", function()
     local real = support.default_model()
     local s <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
