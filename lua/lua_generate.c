@@ -566,40 +566,14 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
             kvl_option_error(L, 3, "tools", t ? "not a list of function descriptions (a JSON array)" : why);
         }
         /* "tools" from template_vars gives way to the option */
-        kvg_json **at = &v->child, *prev = NULL;
-        while (*at) {
-            if (strcmp((*at)->key, "tools") == 0) {
-                kvg_json *gone = *at;
-                *at = gone->next;
-                gone->next = NULL;
-                kvg_json_free(gone);
-                v->n--;
-                continue;
-            }
-            prev = *at;
-            at = &(*at)->next;
-        }
-        v->last = prev;
+        kvg_json_remove(v, "tools");
         if (!kvg_json_add(v, "tools", t)) {
             kvg_json_free(v);
             luaL_error(L, "not enough memory");
         }
     }
     if (o->thinking) { /* enable_thinking from the option, in place of template_vars' */
-        kvg_json **at = &v->child, *prev = NULL;
-        while (*at) {
-            if (strcmp((*at)->key, "enable_thinking") == 0) {
-                kvg_json *gone = *at;
-                *at = gone->next;
-                gone->next = NULL;
-                kvg_json_free(gone);
-                v->n--;
-                continue;
-            }
-            prev = *at;
-            at = &(*at)->next;
-        }
-        v->last = prev;
+        kvg_json_remove(v, "enable_thinking");
         if (!kvg_json_add(v, "enable_thinking", kvg_json_new_bool(o->thinking == 2))) {
             kvg_json_free(v);
             luaL_error(L, "not enough memory");
