@@ -4,7 +4,9 @@
  *
  * Every sampled token is decoded into the session before its step returns, so the session's
  * logits are ready for the next step and, whatever ends the generation, the cache holds
- * exactly the tokens that were sampled. */
+ * exactly the tokens that were sampled. (About 1,000 lines: stop strings, constraints, a
+ * thinking budget and a tool call's grammar all act on the same step, which stays in one
+ * place.) */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +182,19 @@ static char text_byte(const kvgen_gen *g, size_t i) {
 /* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
  * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
  * goes away once it is out. */
+/* From this step on, the text is constrained by the grammar gbnf (a thinking budget's closing
+ * tag, a tool call once its opener appeared): the matcher, the vocabulary's bytes and the mask,
+ * the matcher started. */
+static kvgen_status constrain_from_here(kvgen_gen *g, const char *gbnf, kvgen_error *err) {
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
+    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
+    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
+    if (st == KVGEN_OK && !g->allowed && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    if (st == KVGEN_OK) kvg_cons_start(g->cons, &g->cst);
+    return st;
+}
+
 static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     if (g->thinking == 2 || g->closing) return KVGEN_OK;
     size_t n = g->text.n + g->pending.n, cn = strlen(g->think_close), on = strlen(g->think_open);
@@ -204,13 +219,8 @@ static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     /* the closing tag, as GBNF (the tags are plain ASCII without quotes or backslashes) */
     char gbnf[96];
     snprintf(gbnf, sizeof gbnf, "root ::= \"\\n%s\\n\\n\"", g->think_close);
-    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
-    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
-    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
-    if (st == KVGEN_OK && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    kvgen_status st = constrain_from_here(g, gbnf, err);
     if (st != KVGEN_OK) return st;
-    kvg_cons_start(g->cons, &g->cst);
     g->closing = true;
     g->thinking = 2;
     return KVGEN_OK;
@@ -234,13 +244,8 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     g->tools_scanned = n;
     if (at == n) return KVGEN_OK;
     g->tools_lazy_done = true;
-    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
-    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
-    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
-    if (st == KVGEN_OK && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    kvgen_status st = constrain_from_here(g, gbnf, err);
     bool fits = st == KVGEN_OK;
-    if (fits) kvg_cons_start(g->cons, &g->cst);
     for (size_t i = at + on; fits && i < n; i++) fits = kvg_cons_feed(g->cons, &g->cst, (unsigned char)text_byte(g, i));
     if (!fits) { /* free text to the end */
         kvg_cons_free(g->cons);
