@@ -103,6 +103,11 @@ typedef struct gen_opts {
     int priority;
     int on_piece, on_done; /* given (the functions stay in the options table) */
     const char *tools, *template_vars; /* JSON text (anchored), or NULL */
+    const char *tool_choice;           /* NULL: auto */
+    int thinking;                      /* 0: not given; 1: false; 2: true (enable_thinking) */
+    kvgen_tools_desc td;               /* tools the reply may call (a chat on this thread whose
+                                          template has a call format) */
+    kvgen_tool tool[KVGEN_MAX_TOOLS];
 } gen_opts;
 
 /* stop = a string or a list of strings (KVGEN_MAX_STOPS of at most KVGEN_MAX_STOP_LEN bytes) */
@@ -207,6 +212,12 @@ static void read_json_opt(const opt_ctx *c, const opt_spec *o, int vi, void *fie
     kvl_anchor_top(c);
 }
 
+/* thinking = true/false: the template's enable_thinking */
+static void read_thinking(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    if (!lua_isboolean(c->L, vi)) kvl_option_error(c->L, c->arg, o->key, "a boolean expected");
+    *(int *)field = lua_toboolean(c->L, vi) ? 2 : 1;
+}
+
 #define GO(field) .off = offsetof(gen_opts, field)
 static const opt_spec gen_specs[] = {
     {.key = "max_tokens", .type = OPT_INT, GO(gd.max_tokens), .lo = -1, .hi = INT_MAX},
@@ -224,6 +235,9 @@ static const opt_spec gen_specs[] = {
     {.key = "role", .type = OPT_CHOICE, GO(role), .names = kvl_role_names, .need = GEN_CHAT},
     {.key = "tools", .type = OPT_CUSTOM, GO(tools), .read = read_json_opt, .need = GEN_CHAT},
     {.key = "template_vars", .type = OPT_CUSTOM, GO(template_vars), .read = read_json_opt, .need = GEN_CHAT},
+    {.key = "tool_choice", .type = OPT_STRING, GO(tool_choice), .need = GEN_CHAT},
+    {.key = "thinking_budget", .type = OPT_INT, GO(gd.thinking_budget), .lo = 0, .hi = INT_MAX, .need = GEN_CHAT},
+    {.key = "thinking", .type = OPT_CUSTOM, GO(thinking), .read = read_thinking, .need = GEN_CHAT},
 };
 #undef GO
 
@@ -270,6 +284,28 @@ void kvl_stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) 
     const char *text = kvgen_gen_text(st->gen, &len);
     lua_pushlstring(L, text ? text : "", text ? len : 0);
     lua_setiuservalue(L, idx, 2);
+    const kvgen_tool_call *calls = NULL;
+    int n = kvgen_gen_tool_calls(st->gen, &calls);
+    if (n > 0) { /* {id =, name =, arguments = table}, kept as user value 3 */
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_createtable(L, 0, 3);
+            lua_pushstring(L, calls[i].id);
+            lua_setfield(L, -2, "id");
+            lua_pushstring(L, calls[i].name);
+            lua_setfield(L, -2, "name");
+            kvl_push_json_value(L, calls[i].arguments, strlen(calls[i].arguments));
+            lua_setfield(L, -2, "arguments");
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setiuservalue(L, idx, 3);
+    }
+    size_t rlen = 0;
+    const char *reasoning = kvgen_gen_reasoning(st->gen, &rlen);
+    if (reasoning) { /* user value 4 */
+        lua_pushlstring(L, reasoning, rlen);
+        lua_setiuservalue(L, idx, 4);
+    }
     kvl_stream_stop(st, finish);
     if (lua_getiuservalue(L, idx, 1) == LUA_TUSERDATA && lua_getiuservalue(L, -1, 2) == LUA_TTABLE) {
         lua_pushnil(L);
@@ -381,6 +417,10 @@ static int stream_index(lua_State *L) {
             kvl_push_json_value(L, lua_tostring(L, -1), lua_rawlen(L, -1));
         else
             lua_pushnil(L);
+    } else if (strcmp(key, "tool_calls") == 0) { /* the calls of a "tool_calls" finish */
+        if (st->gen || lua_getiuservalue(L, 1, 3) != LUA_TTABLE) lua_pushnil(L);
+    } else if (strcmp(key, "reasoning") == 0) { /* what a reply thought, once finished */
+        if (st->gen || lua_getiuservalue(L, 1, 4) != LUA_TSTRING) lua_pushnil(L);
     } else if (strcmp(key, "session") == 0) {
         lua_getiuservalue(L, 1, 1);
     } else {
@@ -412,7 +452,14 @@ static int run_to_end(lua_State *L, int idx, int cb) {
     }
     lua_getiuservalue(L, idx, 2);
     lua_pushstring(L, kvgen_finish_name(st->finish));
-    return 2;
+    bool reasoning = lua_getiuservalue(L, idx, 4) == LUA_TSTRING;
+    lua_pop(L, 1);
+    if (st->finish != KVGEN_FINISH_TOOL_CALLS && !reasoning) return 2;
+    if (st->finish == KVGEN_FINISH_TOOL_CALLS) lua_getiuservalue(L, idx, 3);
+    else lua_pushnil(L);
+    if (!reasoning) return 3;
+    lua_getiuservalue(L, idx, 4);
+    return 4;
 }
 
 /* ---- choose ----------------------------------------------------------------------------- */
@@ -519,21 +566,15 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
             kvl_option_error(L, 3, "tools", t ? "not a list of function descriptions (a JSON array)" : why);
         }
         /* "tools" from template_vars gives way to the option */
-        kvg_json **at = &v->child, *prev = NULL;
-        while (*at) {
-            if (strcmp((*at)->key, "tools") == 0) {
-                kvg_json *gone = *at;
-                *at = gone->next;
-                gone->next = NULL;
-                kvg_json_free(gone);
-                v->n--;
-                continue;
-            }
-            prev = *at;
-            at = &(*at)->next;
-        }
-        v->last = prev;
+        kvg_json_remove(v, "tools");
         if (!kvg_json_add(v, "tools", t)) {
+            kvg_json_free(v);
+            luaL_error(L, "not enough memory");
+        }
+    }
+    if (o->thinking) { /* enable_thinking from the option, in place of template_vars' */
+        kvg_json_remove(v, "enable_thinking");
+        if (!kvg_json_add(v, "enable_thinking", kvg_json_new_bool(o->thinking == 2))) {
             kvg_json_free(v);
             luaL_error(L, "not enough memory");
         }
@@ -555,11 +596,80 @@ static void restore_vars(lua_State *L, lsession *s) {
     lua_pop(L, 1);
 }
 
+/* The tools the reply may call, from the `tools` option: each {name=, description=,
+ * parameters=} or {type="function", ["function"]={...}}. Only for a chat on this thread whose
+ * template writes calls in a format kvgen knows; elsewhere the tools are only shown to the
+ * template, and tool_choice is refused. Strings are anchored in the table at 4. */
+static void read_tools(lua_State *L, lsession *s, unsigned mode, gen_opts *o) {
+    static const char *const choices[] = {"auto", "none", "required"};
+    bool engaged = o->tools && (mode & GEN_CHAT) && !(mode & GEN_JOB) && kvgen_chat_tool_format(s->session);
+    if (!engaged) {
+        if (o->tool_choice)
+            kvl_option_error(L, 3, "tool_choice",
+                             o->tools ? "tool calls are read by s:chat and s:chat_stream under a template that writes "
+                                        "them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
+                                      : "no tools given");
+        return;
+    }
+    kvg_json *list = kvg_json_parse(o->tools, strlen(o->tools), 64, NULL, NULL, 0);
+    if (!list || list->type != KVG_JSON_ARRAY || list->n < 1 || list->n > KVGEN_MAX_TOOLS) {
+        kvg_json_free(list);
+        kvl_option_error(L, 3, "tools", "a list of 1 to 64 tools expected");
+    }
+    int i = 0;
+    const char *bad = NULL;
+    for (const kvg_json *item = list->child; item && !bad; item = item->next, i++) {
+        const kvg_json *t = item, *f = kvg_json_get(item, "function");
+        if (f && f->type == KVG_JSON_OBJECT) t = f; /* the wrapped form */
+        if (t->type != KVG_JSON_OBJECT) {
+            bad = "not a table";
+            break;
+        }
+        const char *name = kvg_json_get_string(t, "name", NULL), *desc = kvg_json_get_string(t, "description", NULL);
+        const kvg_json *params = kvg_json_get(t, "parameters");
+        if (!name) bad = "name: a string expected";
+        else if (params && params->type != KVG_JSON_OBJECT) bad = "parameters: a table (a JSON schema) expected";
+        if (bad) break;
+        lua_pushstring(L, name);
+        o->tool[i].name = lua_tostring(L, -1);
+        luaL_ref(L, 4);
+        if (desc) {
+            lua_pushstring(L, desc);
+            o->tool[i].description = lua_tostring(L, -1);
+            luaL_ref(L, 4);
+        }
+        if (params) {
+            char *text = kvg_json_print(params, NULL);
+            if (!text) bad = "out of memory";
+            else {
+                lua_pushstring(L, text);
+                kvg_free(text);
+                o->tool[i].parameters = lua_tostring(L, -1);
+                luaL_ref(L, 4);
+            }
+        }
+    }
+    int n = (int)list->n;
+    kvg_json_free(list);
+    if (bad) {
+        lua_pushfstring(L, "tools[%d]: %s", i + 1, bad);
+        kvl_option_error(L, 3, "tools", lua_tostring(L, -1));
+    }
+    o->td = (kvgen_tools_desc){.tools = o->tool, .n_tools = n, .choice = KVGEN_TOOL_AUTO};
+    for (int c = 0; o->tool_choice && c < 3; c++)
+        if (strcmp(o->tool_choice, choices[c]) == 0) o->td.choice = (kvgen_tool_choice)c;
+    if (o->tool_choice && o->td.choice == KVGEN_TOOL_AUTO && strcmp(o->tool_choice, "auto") != 0) {
+        o->td.choice = KVGEN_TOOL_NAMED;
+        o->td.name = o->tool_choice;
+    }
+    o->gd.tools = &o->td;
+}
+
 /* s:generate / s:stream / s:chat / s:chat_stream: a kvgen_gen run on this thread. The C call
  * that appends the prompt or chat turn and starts the generation is all or nothing: when it
  * fails, nothing was appended and the chat state is as it was. */
 static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, gen_prompt *p) {
-    lstream *st = lua_newuserdatauv(L, sizeof *st, 2);
+    lstream *st = lua_newuserdatauv(L, sizeof *st, 4);
     memset(st, 0, sizeof *st);
     st->schema = o->schema;
     luaL_setmetatable(L, STREAM_MT);
@@ -573,7 +683,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;
-        if (o->tools || o->template_vars) restore_vars(L, s);
+        if (o->tools || o->template_vars || o->thinking) restore_vars(L, s);
         return kvl_raise_status(L, &err);
     }
     stream_attach(L, s, st, idx);
@@ -586,6 +696,10 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
         }
         int n = run_to_end(L, idx, cb);
         if (!o->schema) return n;
+        if (n > 2) { /* a schema's value takes the third place (the reasoning is st.reasoning) */
+            lua_pop(L, n - 2);
+            n = 2;
+        }
         /* with a schema: text, finish, and the text's value (nil unless it is complete) */
         if (strcmp(lua_tostring(L, -1), "stop") == 0) kvl_push_json_value(L, lua_tostring(L, -2), lua_rawlen(L, -2));
         else lua_pushnil(L);
@@ -631,7 +745,8 @@ static int gen_start(lua_State *L, unsigned mode) {
     read_generate(L, 3, mode, 4, &o);
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
-    if (o.tools || o.template_vars) {
+    read_tools(L, s, mode, &o);
+    if (o.tools || o.template_vars || o.thinking) {
         /* the options' variables are in force for the turn and after it; the chat's variables as
          * they were go back when the turn is refused */
         const char *vars = push_chat_vars(L, &o);

@@ -435,6 +435,27 @@ kvg_json *kvg_json_new_string(const char *s, size_t len) {
     return v;
 }
 
+size_t kvg_json_remove(kvg_json *object, const char *key) {
+    size_t removed = 0;
+    if (!object || object->type != KVG_JSON_OBJECT) return 0;
+    kvg_json **at = &object->child, *prev = NULL;
+    while (*at) {
+        if ((*at)->key && strcmp((*at)->key, key) == 0) {
+            kvg_json *gone = *at;
+            *at = gone->next;
+            gone->next = NULL;
+            kvg_json_free(gone);
+            object->n--;
+            removed++;
+            continue;
+        }
+        prev = *at;
+        at = &(*at)->next;
+    }
+    object->last = prev;
+    return removed;
+}
+
 kvg_json *kvg_json_add(kvg_json *container, const char *key, kvg_json *v) {
     if (!v) return NULL;
     if (!container || (container->type != KVG_JSON_ARRAY && container->type != KVG_JSON_OBJECT) ||

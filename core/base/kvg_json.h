@@ -78,6 +78,9 @@ kvg_json *kvg_json_new_bool(bool v);
 /* Appends v to container (key NULL for arrays, copied for objects); returns v, NULL on OOM (v
  * freed) or when v is NULL (so a builder's NULL passes straight through). */
 kvg_json *kvg_json_add(kvg_json *container, const char *key, kvg_json *v);
+/* Takes every member named key out of object and frees it; returns how many (0 for NULL or
+ * for a value that is not an object). */
+size_t kvg_json_remove(kvg_json *object, const char *key);
 
 /* writing into a kvg_buf (base/kvg_buf.h) */
 int kvg_json_write(kvg_buf *b, const kvg_json *v);                /* compact; 0 ok, -1 out of memory */

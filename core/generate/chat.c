@@ -563,6 +563,23 @@ const char *kvgen_chat_template_name(kvgen_session *s, kvgen_error *err) {
     return resolve(s, c, &ru, err) == KVGEN_OK ? ru.name : NULL;
 }
 
+kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char **src, size_t *len,
+                                   kvgen_error *err) {
+    kvgen_status st = kvg_session_can(s->model, s, KVG_CAN_CHAT_TEMPLATE, who, err);
+    kvg_chat *c = NULL;
+    if (st == KVGEN_OK) st = get_chat(s, &c, err);
+    rules ru;
+    if (st == KVGEN_OK) st = resolve(s, c, &ru, err);
+    if (st != KVGEN_OK) return st;
+    if (!ru.jinja)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "%s: tools need a Jinja chat template (the chat is rendered by the built-in '%s' strings)",
+                        who, ru.name);
+    *src = ru.jinja;
+    *len = ru.jinja_len;
+    return KVGEN_OK;
+}
+
 /* a growable token list */
 typedef kvg_tokens toks;
 
@@ -1008,8 +1025,8 @@ kvgen_status kvg_chat_begin_tokens(kvgen_session *s, const char *role, const cha
     return chat_turn(s, role, text, NULL, true, "kvgen_chat_begin", out, err);
 }
 
-kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
-                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *text, const kvgen_generate_desc *desc,
+                                kvgen_gen **out, kvgen_error *err) {
     if (out) *out = NULL;
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_chat_gen_begin: session is NULL");
     kvgen_status busy_ = kvg_session_check_host(s, "kvgen_chat_gen_begin", err);

@@ -4,7 +4,9 @@
  *
  * Every sampled token is decoded into the session before its step returns, so the session's
  * logits are ready for the next step and, whatever ends the generation, the cache holds
- * exactly the tokens that were sampled. */
+ * exactly the tokens that were sampled. (About 1,000 lines: stop strings, constraints, a
+ * thinking budget and a tool call's grammar all act on the same step, which stays in one
+ * place.) */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include "kvg_session.h"
 #include "kvg_spell.h"
 #include "kvg_str.h"
+#include "kvg_toolcall.h"
 
 #define DEFAULT_MAX_TOKENS 256
 
@@ -35,6 +38,13 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
     if (d->soft_max_tokens < 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %ssoft_max_tokens %d (0: off, or > 0)", who, field,
                         d->soft_max_tokens);
+    if (d->tools)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %stools: only kvgen_chat_gen_begin takes tools", who, field);
+    if (d->thinking_budget < 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sthinking_budget %d (0: no limit, or > 0)", who, field,
+                        d->thinking_budget);
+    if (d->thinking_budget > 0 && d->constraint)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %sthinking_budget with a constraint", who, field);
     if (d->soft_max_tokens > 0 && d->constraint)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "%s: %ssoft_max_tokens %d with a constraint (constrained text ends where it is complete)", who,
@@ -76,6 +86,17 @@ struct kvgen_gen {
     int n_events;   /* server events with text so far */
     kvg_buf ends;   /* where each event of the current step ends (size_t offsets) */
     size_t len0; /* the session's length when the generation began: a failure goes back to it */
+    struct kvg_tools *tools; /* a chat reply that may call tools: read at its end */
+    size_t tools_base;       /* the session's length at the reply's start: the calls' ids */
+    kvg_reply_fn reply;      /* a chat reply: read at its end */
+    const char *think_open, *think_close; /* static strings of the think-tag table, or NULL */
+    kvg_buf reasoning;       /* what the reply thought, out of its text */
+    int thinking_budget;     /* > 0: reasoning tokens before the closing tag is forced */
+    int thinking;            /* 0: not (yet) reasoning; 1: reasoning (tokens counted); 2: done */
+    int thought;             /* reasoning tokens so far */
+    bool closing;            /* g->cons spells the closing tag, then goes away */
+    size_t tools_scanned; /* bytes of text + pending searched for the call opener */
+    bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
 
 const char *kvgen_finish_name(kvgen_finish f) {
@@ -89,6 +110,8 @@ const char *kvgen_finish_name(kvgen_finish f) {
     case KVGEN_FINISH_ERROR: return "error";
     case KVGEN_FINISH_DEAD_END: return "dead_end";
     case KVGEN_FINISH_SENTENCE: return "sentence";
+    case KVGEN_FINISH_TOOL_CALLS: return "tool_calls";
+    case KVGEN_FINISH_BAD_TOOL_CALL: return "bad_tool_call";
     }
     return "unknown";
 }
@@ -125,7 +148,166 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->text.p);
     kvg_free(g->step.p);
     kvg_free(g->ends.p);
+    kvg_tools_free(g->tools);
+    kvg_free(g->reasoning.p);
     kvg_free(g);
+}
+
+void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
+                          bool thinking, kvg_reply_fn reply) {
+    g->thinking = thinking && think_close ? 1 : 0;
+    g->tools = t;
+    g->think_open = think_open;
+    g->think_close = think_close;
+    g->reply = reply;
+    g->tools_base = kvgen_session_length(g->s);
+}
+
+const char *kvgen_gen_reasoning(const kvgen_gen *g, size_t *len) {
+    if (len) *len = g && g->reasoning.p ? g->reasoning.n : 0;
+    return g && g->reasoning.p ? g->reasoning.p : NULL;
+}
+
+int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
+    if (calls) *calls = NULL;
+    if (!g || g->finish != KVGEN_FINISH_TOOL_CALLS) return 0;
+    return kvg_tools_calls(g->tools, calls);
+}
+
+/* byte i of text + pending */
+static char text_byte(const kvgen_gen *g, size_t i) {
+    return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
+}
+
+/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
+ * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
+ * goes away once it is out. */
+/* From this step on, the text is constrained by the grammar gbnf (a thinking budget's closing
+ * tag, a tool call once its opener appeared): the matcher, the vocabulary's bytes and the mask,
+ * the matcher started. */
+static kvgen_status constrain_from_here(kvgen_gen *g, const char *gbnf, kvgen_error *err) {
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = gbnf};
+    kvgen_status st = kvg_cons_build(&k, &g->cons, err);
+    if (st == KVGEN_OK) st = kvg_vocab_bytes(g->m, &g->pieces, err);
+    if (st == KVGEN_OK && !g->allowed && !(g->allowed = kvg_malloc((size_t)kvg_session_sampler(g->s)->n_vocab)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    if (st == KVGEN_OK) kvg_cons_start(g->cons, &g->cst);
+    return st;
+}
+
+static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
+    if (g->thinking == 2 || g->closing) return KVGEN_OK;
+    size_t n = g->text.n + g->pending.n, cn = strlen(g->think_close), on = strlen(g->think_open);
+    bool closed = false, opened = false;
+    for (size_t i = 0; i + cn <= n && !closed; i++) {
+        size_t k = 0;
+        while (k < cn && text_byte(g, i + k) == g->think_close[k]) k++;
+        closed = k == cn;
+    }
+    for (size_t i = 0; g->thinking == 0 && i + on <= n && !opened; i++) {
+        size_t k = 0;
+        while (k < on && text_byte(g, i + k) == g->think_open[k]) k++;
+        opened = k == on;
+    }
+    if (closed) {
+        g->thinking = 2;
+        return KVGEN_OK;
+    }
+    if (g->thinking == 0 && !opened) return KVGEN_OK;
+    g->thinking = 1;
+    if (++g->thought < g->thinking_budget) return KVGEN_OK;
+    /* the closing tag, as GBNF (the tags are plain ASCII without quotes or backslashes) */
+    char gbnf[96];
+    snprintf(gbnf, sizeof gbnf, "root ::= \"\\n%s\\n\\n\"", g->think_close);
+    kvgen_status st = constrain_from_here(g, gbnf, err);
+    if (st != KVGEN_OK) return st;
+    g->closing = true;
+    g->thinking = 2;
+    return KVGEN_OK;
+}
+
+/* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
+ * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
+ * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
+ * call at its end. */
+static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
+    const char *opener = NULL;
+    const char *gbnf = kvg_tools_lazy_grammar(g->tools, &opener);
+    size_t n = g->text.n + g->pending.n, on = opener ? strlen(opener) : 0;
+    if (!gbnf || on == 0 || n < on) return KVGEN_OK;
+    size_t from = g->tools_scanned >= on ? g->tools_scanned - on + 1 : 0, at = n;
+    for (size_t i = from; i + on <= n && at == n; i++) {
+        size_t k = 0;
+        while (k < on && text_byte(g, i + k) == opener[k]) k++;
+        if (k == on) at = i;
+    }
+    g->tools_scanned = n;
+    if (at == n) return KVGEN_OK;
+    g->tools_lazy_done = true;
+    kvgen_status st = constrain_from_here(g, gbnf, err);
+    bool fits = st == KVGEN_OK;
+    for (size_t i = at + on; fits && i < n; i++) fits = kvg_cons_feed(g->cons, &g->cst, (unsigned char)text_byte(g, i));
+    if (!fits) { /* free text to the end */
+        kvg_cons_free(g->cons);
+        g->cons = NULL;
+        kvg_free(g->allowed);
+        g->allowed = NULL;
+    }
+    return st;
+}
+
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* The reasoning between the think tags (the opening one may be the template's, before the
+ * reply) leaves the text for g->reasoning; a reply cut inside it is reasoning alone. */
+static bool take_reasoning(kvgen_gen *g) {
+    const char *t = g->text.p, *close = strstr(t, g->think_close);
+    size_t lead = 0, on = strlen(g->think_open);
+    while (is_space(t[lead])) lead++;
+    bool opened = strncmp(t + lead, g->think_open, on) == 0;
+    if (!close && !opened && g->thinking != 1) return true; /* (1: the prompt opened it) */
+    size_t from = opened ? lead + on : lead, to = close ? (size_t)(close - t) : g->text.n;
+    while (from < to && is_space(t[from])) from++;
+    while (to > from && is_space(t[to - 1])) to--;
+    if (!kvg_buf_add(&g->reasoning, t + from, to - from)) return false;
+    size_t rest = close ? (size_t)(close - t) + strlen(g->think_close) : g->text.n;
+    while (rest < g->text.n && is_space(t[rest])) rest++;
+    memmove(g->text.p, t + rest, g->text.n - rest);
+    g->text.n -= rest;
+    g->text.p[g->text.n] = '\0';
+    return true;
+}
+
+/* A chat reply at its end: its reasoning out of the text; then, when it ended on its own, its
+ * tool calls read (their markup leaves the text), and a reply that thought or called tools
+ * goes into the conversation as the message it is, in place of the reply as generated. */
+static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
+    if (g->think_close && !take_reasoning(g)) {
+        g->finish = KVGEN_FINISH_ERROR;
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
+    }
+    if (g->finish != KVGEN_FINISH_STOP) return KVGEN_OK;
+    kvgen_finish why = KVGEN_FINISH_NONE;
+    size_t content = g->text.n;
+    kvgen_status st = KVGEN_OK;
+    if (g->tools) st = kvg_tools_parse(g->tools, g->text.p, g->text.n, g->tools_base, &why, &content, err);
+    if (st != KVGEN_OK) {
+        g->finish = KVGEN_FINISH_ERROR;
+        return st;
+    }
+    size_t markup = content; /* the markup, held back until the finish: out of the last step too */
+    while (markup < g->text.n && is_space(g->text.p[markup])) markup++;
+    size_t cut = g->text.n - markup;
+    g->step.n = cut < g->step.n ? g->step.n - cut : 0;
+    g->step.p[g->step.n] = '\0';
+    g->text.n = content;
+    g->text.p[content] = '\0';
+    if (why != KVGEN_FINISH_NONE) g->finish = why;
+    bool calls = why == KVGEN_FINISH_TOOL_CALLS;
+    if (calls || g->reasoning.p)
+        st = g->reply(g->s, g->text.p, g->reasoning.p, calls ? kvg_tools_calls_json(g->tools) : NULL, err);
+    if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
+    return st;
 }
 
 kvgen_status kvgen_generate_check(const kvgen_generate_desc *desc, kvgen_error *err) {
@@ -186,6 +368,7 @@ static kvgen_status gen_create(kvgen_session *s, const kvgen_generate_desc *desc
      * means at most one context's worth of tokens (finish "length") */
     if (g->max_tokens < 0 && s->on_full == KVGEN_ON_FULL_SHIFT) g->max_tokens = s->n_ctx;
     g->soft_max_tokens = d.soft_max_tokens;
+    g->thinking_budget = d.thinking_budget;
     if (st == KVGEN_OK && g->soft_max_tokens > 0) st = kvg_vocab_bytes(g->m, &g->pieces, err);
     if (st == KVGEN_OK) st = copy_stops(g, &d, who, err);
     if (st == KVGEN_OK && g->cons) {
@@ -324,6 +507,19 @@ static long find_stop(const kvgen_gen *g) {
 /* Bytes at the end of pending that might begin a stop string: they wait for the next token. */
 static size_t held_back(const kvgen_gen *g) {
     size_t hold = 0;
+    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past its opener */
+        const char *opener = NULL;
+        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done) return g->pending.n;
+        if (kvg_tools_lazy_grammar(g->tools, &opener) && opener) {
+            size_t k = strlen(opener) - 1; /* what may begin it stays back until decided */
+            if (k > g->pending.n) k = g->pending.n;
+            for (; k > 0; k--)
+                if (memcmp(g->pending.p + g->pending.n - k, opener, k) == 0) {
+                    hold = k;
+                    break;
+                }
+        }
+    }
     for (int i = 0; i < g->n_stop; i++) {
         size_t k = g->stop_len[i] - 1; /* a complete match was handled already */
         if (k > g->pending.n) k = g->pending.n;
@@ -375,6 +571,7 @@ static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     }
     if (!emit(g, g->pending.n)) return oom(g, err);
     g->finish = why;
+    if (g->reply && why != KVGEN_FINISH_ERROR) return read_reply(g, err);
     return KVGEN_OK;
 }
 
@@ -497,12 +694,35 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
     } else if (!kvg_buf_add(&g->pending, piece, n)) {
         return oom(g, err);
     }
+    if (g->think_close && g->thinking_budget > 0) {
+        st = think_budget(g, err);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, tok);
+            return st;
+        }
+    }
+    if (g->tools && !g->cons && !g->tools_lazy_done) {
+        st = tools_trigger(g, err);
+        if (st != KVGEN_OK) {
+            g->finish = KVGEN_FINISH_ERROR;
+            fill_step(g, step, tok);
+            return st;
+        }
+    }
     long at = find_stop(g);
     if (at >= 0) {
         g->pending.n = (size_t)at;
         g->pending.p[at] = 0;
         if (!emit(g, g->pending.n)) return oom(g, err);
         g->finish = KVGEN_FINISH_STOP_STRING;
+    } else if (g->closing && kvg_cons_done(g->cons, &g->cst)) { /* the closing tag is out: free again */
+        kvg_cons_free(g->cons);
+        g->cons = NULL;
+        kvg_free(g->allowed);
+        g->allowed = NULL;
+        g->closing = false;
+        if (!emit(g, g->pending.n - held_back(g))) return oom(g, err);
     } else if (g->cons && kvg_cons_done(g->cons, &g->cst)) {
         st = finish(g, KVGEN_FINISH_STOP, err);
     } else if (g->max_tokens >= 0 && g->n_tokens >= g->max_tokens) {

@@ -38,6 +38,27 @@ void kvg_chat_mark_free(kvg_chat *mark);
 kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,
                             kvgen_error *err);
 
+/* The Jinja template that renders the session's chat (src, len: valid while the chat's
+ * template stays), or KVGEN_E_UNSUPPORTED naming who: a built-in family or a remote session. */
+kvgen_status kvg_chat_jinja_source(kvgen_session *s, const char *who, const char **src, size_t *len,
+                                   kvgen_error *err);
+
+/* kvgen_chat_gen_begin without tools (chat.c); chat_tools.c's kvgen_chat_gen_begin takes
+ * them and calls it for a reply without. */
+kvgen_status kvg_chat_gen_begin(kvgen_session *s, const char *role, const char *text, const kvgen_generate_desc *desc,
+                                kvgen_gen **out, kvgen_error *err);
+/* A chat reply the generator reads at its end (chat_tools.c attaches it): the reasoning between
+ * think_open and think_close (NULL: none) taken out of the text, and with tools t (NULL: none;
+ * taken) the calls read. When a reply that ended on its own had reasoning or called tools,
+ * `reply` gets the session, the text left, the reasoning and the calls (JSON; NULL where none)
+ * to put into the conversation (a callback, so that generate.c calls no chat code). thinking:
+ * the prompt ended with think_open (the reply starts inside its reasoning). */
+struct kvg_tools;
+typedef kvgen_status (*kvg_reply_fn)(kvgen_session *s, const char *content, const char *reasoning,
+                                     const char *calls_json, kvgen_error *err);
+void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
+                          bool thinking, kvg_reply_fn reply);
+
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */
 struct kvg_tokens;

@@ -711,6 +711,16 @@ static bool read_str(const unsigned char **p, const unsigned char *e, size_t max
     return true;
 }
 
+/* Reads the checksum that ends the file and compares it with the sum of what was read before it:
+ * 1 they match, 0 they differ, -1 the read failed (r->error or r->short_read says how). */
+static int checksum_matches(kvg_file_reader *r) {
+    kvg_hash64 sum = r->sum;
+    unsigned char stored[8];
+    kvg_fr_read(r, stored, 8);
+    if (r->error || r->short_read) return -1;
+    return kvg_hash64_final(&sum) == kvg_get_u64(stored);
+}
+
 kvgen_status kvgen_memory_load(const char *path, const kvgen_memory_desc *expect, kvgen_memory **out,
                                kvgen_error *err) {
     static const char who[] = "kvgen_memory_load";
@@ -769,12 +779,9 @@ kvgen_status kvgen_memory_load(const char *path, const kvgen_memory_desc *expect
     if (sane && !mismatch && expect && expect->embedding_id && expect->embedding_id != eid) mismatch = "identity";
     if (!sane || mismatch) {
         if (!kvg_fr_hash_to(&r, file_bytes - 8)) READ_FAILED();
-        kvg_hash64 sum = r.sum;
-        unsigned char stored[8];
-        kvg_fr_read(&r, stored, 8);
-        if (r.error || r.short_read) READ_FAILED();
-        if (kvg_hash64_final(&sum) != kvg_get_u64(stored))
-            REFUSE(KVGEN_E_FORMAT, "%s: %s: corrupted: checksum mismatch", who, path);
+        int sum_ok = checksum_matches(&r);
+        if (sum_ok < 0) READ_FAILED();
+        if (!sum_ok) REFUSE(KVGEN_E_FORMAT, "%s: %s: corrupted: checksum mismatch", who, path);
         if (!sane) REFUSE(KVGEN_E_FORMAT, "%s: %s: malformed header (storage %u, dim %u, %llu memories)", who, path,
                           (unsigned)storage, (unsigned)dim, (unsigned long long)count);
         if (mismatch[0] == 'd')
@@ -793,12 +800,9 @@ kvgen_status kvgen_memory_load(const char *path, const kvgen_memory_desc *expect
     kvg_fr_read(&r, idbuf, n * 8);
     kvg_fr_read(&r, m->vecs, n * row);
     kvg_fr_read(&r, records, (size_t)rec_bytes);
-    kvg_hash64 sum = r.sum;
-    unsigned char stored[8];
-    kvg_fr_read(&r, stored, 8);
-    if (r.error || r.short_read) READ_FAILED();
-    if (kvg_hash64_final(&sum) != kvg_get_u64(stored))
-        REFUSE(KVGEN_E_FORMAT, "%s: %s: corrupted: checksum mismatch", who, path);
+    int sum_ok = checksum_matches(&r);
+    if (sum_ok < 0) READ_FAILED();
+    if (!sum_ok) REFUSE(KVGEN_E_FORMAT, "%s: %s: corrupted: checksum mismatch", who, path);
     /* the checksum matched: what follows guards against a file crafted to match it */
     for (size_t i = 0; i < n; i++) {
         uint64_t id = kvg_get_u64(idbuf + 8 * i);

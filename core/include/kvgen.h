@@ -629,11 +629,15 @@ typedef enum kvgen_finish {
     KVGEN_FINISH_ERROR,        /* a backend error; kvgen_gen_next returned it */
     KVGEN_FINISH_DEAD_END,     /* a constraint allows no token of the vocabulary here (the text
                                   so far is a prefix it accepts, but cannot be completed) */
-    KVGEN_FINISH_SENTENCE      /* past soft_max_tokens, the text ended a sentence */
+    KVGEN_FINISH_SENTENCE,     /* past soft_max_tokens, the text ended a sentence */
+    KVGEN_FINISH_TOOL_CALLS,   /* the reply called tools (kvgen_gen_tool_calls); its text is what came
+                                  before the calls */
+    KVGEN_FINISH_BAD_TOOL_CALL /* the reply began a tool call that names no tool given or whose
+                                  arguments its schema refuses; no call is reported */
 } kvgen_finish;
 
 /* "none", "stop", "stop_string", "length", "cancelled", "context_full", "error", "dead_end",
- * "sentence" */
+ * "sentence", "tool_calls", "bad_tool_call" */
 KVGEN_API const char *kvgen_finish_name(kvgen_finish finish);
 
 /* Constrained output: generation may only produce text the constraint accepts; tokens that
@@ -688,6 +692,41 @@ typedef struct kvgen_constraint {
     const char *schema;  /* KVGEN_CONSTRAIN_SCHEMA: JSON schema text */
 } kvgen_constraint;
 
+/* Tools a chat reply may call (docs/generation.md, "Tools"), as OpenAI's API and Hugging Face's
+ * apply_chat_template take them. The model writes a call in its own format, recognised from
+ * the chat template's text (Hermes/Qwen2.5 <tool_call> blocks, Llama 3.1/3.2 JSON, Mistral
+ * [TOOL_CALLS]); a template with none of them refuses tools (KVGEN_E_UNSUPPORTED). */
+typedef enum kvgen_tool_choice {
+    KVGEN_TOOL_AUTO = 0,  /* the model decides: free text, and calls where it writes them (Hermes:
+                             from its <tool_call> on, the tools' grammar constrains the rest) */
+    KVGEN_TOOL_NONE,      /* the tools are shown to the template, but a call is not accepted */
+    KVGEN_TOOL_REQUIRED,  /* one call, forced from the first token by the tools' grammar */
+    KVGEN_TOOL_NAMED      /* one call of the tool named `name`, forced likewise */
+} kvgen_tool_choice;
+
+typedef struct kvgen_tool {
+    const char *name;        /* [A-Za-z0-9_.-]{1,64} */
+    const char *description; /* NULL: none */
+    const char *parameters;  /* JSON schema (text) of the arguments object; NULL: {"type":"object"}.
+                                The subset of docs/generation.md, "JSON schemas" */
+} kvgen_tool;
+
+typedef struct kvgen_tools_desc {
+    const kvgen_tool *tools; /* copied at begin */
+    int n_tools;             /* 1..KVGEN_MAX_TOOLS */
+    kvgen_tool_choice choice;
+    const char *name;        /* KVGEN_TOOL_NAMED: the tool */
+} kvgen_tools_desc;
+
+#define KVGEN_MAX_TOOLS 64
+
+/* A call the reply made: arguments valid against the tool's schema (compact JSON text). */
+typedef struct kvgen_tool_call {
+    const char *id;        /* "call_<n>_<i>", unique in the conversation */
+    const char *name;
+    const char *arguments; /* a JSON object */
+} kvgen_tool_call;
+
 #define KVGEN_MAX_STOPS 64      /* stop strings per generation */
 #define KVGEN_MAX_STOP_LEN 1024 /* bytes per stop string */
 
@@ -703,6 +742,11 @@ typedef struct kvgen_generate_desc {
     int soft_max_tokens;        /* > 0: once this many tokens are out, end (finish SENTENCE) where the
                                    text ends a sentence; max_tokens stays the hard limit. 0: off.
                                    Not with a constraint. See docs/generation.md, "Ending replies" */
+    int thinking_budget;        /* a chat reply under a template with think tags (kvgen_gen_reasoning):
+                                   > 0: after this many tokens of reasoning the closing tag is forced
+                                   and the reply goes on; 0: no limit */
+    const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin only (other calls and jobs give
+                                      KVGEN_E_UNSUPPORTED); not with a constraint or soft_max_tokens */
 } kvgen_generate_desc;
 
 /* Step-wise generation. kvgen_gen_begin starts from the session's current logits (prefill a
@@ -753,6 +797,14 @@ KVGEN_API void kvgen_gen_cancel(kvgen_gen *gen);
 KVGEN_API const char *kvgen_gen_text(const kvgen_gen *gen, size_t *len);
 KVGEN_API int kvgen_gen_n_tokens(const kvgen_gen *gen);   /* tokens sampled so far */
 KVGEN_API kvgen_finish kvgen_gen_finish(const kvgen_gen *gen);
+/* A chat reply under a template that writes think tags (<think> ... </think>: Qwen3,
+ * DeepSeek-R1; docs/generation.md, "Reasoning"): after the finish, what the model thought
+ * (trimmed; NUL-terminated, valid until kvgen_gen_end), which kvgen_gen_text leaves out; NULL
+ * when the reply had none, or before the finish. */
+KVGEN_API const char *kvgen_gen_reasoning(const kvgen_gen *gen, size_t *len);
+/* After a KVGEN_FINISH_TOOL_CALLS finish: the calls (*calls valid until kvgen_gen_end), their
+ * count returned; 0 otherwise. */
+KVGEN_API int kvgen_gen_tool_calls(const kvgen_gen *gen, const kvgen_tool_call **calls);
 KVGEN_API void kvgen_gen_end(kvgen_gen *gen);             /* NULL is ignored */
 
 /* One-shot generation: runs kvgen_gen_* to the end, writes the text into out (truncated,
@@ -805,6 +857,21 @@ KVGEN_API kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role
  * that fail on their own (kvgen_chat_add, kvgen_chat_begin) change nothing either. */
 KVGEN_API kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
+/* The tool-call format the session's chat template writes: "hermes" (<tool_call> blocks,
+ * Qwen2.5), "llama3" (a JSON object with "parameters"), "mistral" ([TOOL_CALLS] list); NULL
+ * when it writes none kvgen knows, under a built-in family, or on a remote session. */
+KVGEN_API const char *kvgen_chat_tool_format(kvgen_session *session);
+/* With desc->tools (a Jinja template only; a built-in family or a remote session gives
+ * KVGEN_E_UNSUPPORTED): the tools become the template's "tools" variable from this turn on
+ * (kvgen_chat_set_vars; the other variables stay), and the reply's end is read for calls in
+ * the template's format. A reply that called tools finishes with KVGEN_FINISH_TOOL_CALLS: its
+ * text (kvgen_gen_text) is what came before the calls, kvgen_gen_tool_calls gives them, and
+ * the conversation holds the assistant message with its tool_calls (the cache re-rendered from
+ * where it differs), so the host adds each result with kvgen_chat_add_message (role "tool",
+ * tool_call_id the call's id) and begins the next reply. A call that names no tool or whose
+ * arguments its schema refuses finishes with KVGEN_FINISH_BAD_TOOL_CALL and reaches the host
+ * as no call (the reply stays in the conversation as text). The steps do not stream call
+ * markup where it can be told (a forced call; Hermes' <tool_call> under tool_choice auto). */
 
 /* Tool use, as Hugging Face's apply_chat_template passes it to a template (docs/generation.md,
  * "Tools"): a message with what tool use adds. Under a Jinja template only: a built-in family

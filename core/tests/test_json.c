@@ -278,6 +278,17 @@ static void check_building(void) {
         CHECK(!kvg_json_add(kvg_json_get(o, "n"), NULL, kvg_json_new_number(1)));
         CHECK(!kvg_json_add(o, "x", NULL));
         CHECK(o->n == 5);
+        /* removing members: every one of the name, the last one too, and appending after it */
+        CHECK(kvg_json_add(o, "ok", kvg_json_new_number(2)) && o->n == 6);
+        CHECK(kvg_json_remove(o, "ok") == 2 && o->n == 4 && !kvg_json_get(o, "ok"));
+        CHECK(kvg_json_remove(o, "inner") == 1 && kvg_json_remove(o, "missing") == 0 && o->n == 3);
+        CHECK(kvg_json_remove(kvg_json_get(o, "tags"), "a") == 0 && kvg_json_remove(NULL, "a") == 0);
+        CHECK(kvg_json_add(o, "ok", kvg_json_new_bool(true)) && kvg_json_add(o, "inner", kvg_json_new(KVG_JSON_OBJECT)));
+        t = kvg_json_print(o, NULL);
+        CHECKF(t && strcmp(t, "{\"name\":\"Mira\",\"n\":3,\"tags\":[\"a\",null,false],\"ok\":true,\"inner\":{}}") == 0,
+               "%s", t ? t : "(null)");
+        kvg_free(t);
+        CHECK(o->n == 5);
         /* strings with NUL bytes, written whole */
         kvg_json *s = kvg_json_add(o, "z", kvg_json_new_string("a\0b", 3));
         CHECK(s && s->len == 3 && s->str[3] == 0);

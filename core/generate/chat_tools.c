@@ -1,0 +1,134 @@
+/* chat_tools.c: a chat reply that may call tools (kvgen_chat_gen_begin with desc->tools).
+ *
+ * The tools go to the template as its "tools" variable, the template's text picks the call
+ * format (toolcall.c), tool_choice required or a name constrains the reply to one call from
+ * its first token, and a reply that called tools is put back into the conversation as the
+ * assistant message with its tool_calls, so that the next rendering shows it as the template
+ * writes calls. Under a template with think tags every chat reply (tools or not) has its
+ * reasoning read apart and kept as the message's reasoning_content. */
+#include <string.h>
+#include "kvg_error.h"
+#include "kvg_generate.h"
+#include "kvg_json.h"
+#include "kvg_session.h"
+#include "kvg_str.h"
+#include "kvg_toolcall.h"
+
+/* the chat's variables with "tools" replaced (a new compact JSON object) */
+static char *vars_with_tools(const char *vars, const char *tools) {
+    kvg_json *v = vars ? kvg_json_parse(vars, strlen(vars), 64, NULL, NULL, 0) : kvg_json_new(KVG_JSON_OBJECT);
+    kvg_json *t = kvg_json_parse(tools, strlen(tools), 64, NULL, NULL, 0);
+    char *out = NULL;
+    if (v && t && v->type == KVG_JSON_OBJECT) {
+        kvg_json *m = v->child;
+        kvg_json *kept = kvg_json_new(KVG_JSON_OBJECT);
+        for (; kept && m; m = m->next) { /* every member but tools, in order */
+            if (m->key_len == 5 && memcmp(m->key, "tools", 5) == 0) continue;
+            char *text = kvg_json_print(m, NULL);
+            kvg_json *copy = text ? kvg_json_parse(text, strlen(text), 64, NULL, NULL, 0) : NULL;
+            kvg_free(text);
+            if (!copy || !kvg_json_add(kept, m->key, copy)) {
+                kvg_json_free(kept);
+                kept = NULL;
+            }
+        }
+        if (kept && kvg_json_add(kept, "tools", t)) {
+            t = NULL;
+            out = kvg_json_print(kept, NULL);
+        }
+        kvg_json_free(kept);
+    }
+    kvg_json_free(v);
+    kvg_json_free(t);
+    return out;
+}
+
+/* A reply that called tools or thought, put in the conversation as the assistant message with
+ * its tool_calls and reasoning_content in place of the reply as generated (the cache
+ * re-rendered from where it differs). */
+static kvgen_status reply_message(kvgen_session *s, const char *content, const char *reasoning, const char *calls_json,
+                                  kvgen_error *err) {
+    kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
+    kvgen_chat_message m = {.role = "assistant", .content = content[0] || !calls_json ? content : NULL,
+                            .tool_calls = calls_json, .reasoning_content = reasoning};
+    if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
+    return st;
+}
+
+/* whether the session's text ends with the think tag `open` (and spaces): the generation
+ * prompt opened the reasoning (DeepSeek-R1's template, Qwen3's with thinking forced) */
+static bool prompt_opened(kvgen_session *s, const char *open) {
+    size_t len = kvgen_session_length(s), k = len < 8 ? len : 8;
+    char tail[256];
+    if (!open || k == 0) return false;
+    size_t n = kvgen_detokenize(kvg_session_model(s), kvgen_session_tokens(s) + len - k, k, KVGEN_TOKENIZE_SPECIAL,
+                                tail, sizeof tail);
+    if (n >= sizeof tail) return false;
+    while (n > 0 && (tail[n - 1] == ' ' || tail[n - 1] == '\n')) n--;
+    size_t on = strlen(open);
+    return n >= on && memcmp(tail + n - on, open, on) == 0;
+}
+
+kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
+                                  const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
+    const char *fn = "kvgen_chat_gen_begin";
+    if (!desc || !desc->tools || !s || !out) {
+        /* a template with think tags: the reply's reasoning is read apart */
+        const char *tpl = NULL, *open = NULL, *close = NULL;
+        size_t len = 0;
+        bool think = s && out && kvg_chat_jinja_source(s, fn, &tpl, &len, NULL) == KVGEN_OK &&
+                     kvg_think_detect(tpl, len, &open, &close);
+        kvgen_status st = kvg_chat_gen_begin(s, role, text, desc, out, err);
+        if (st == KVGEN_OK && think) kvg_gen_attach_reply(*out, NULL, open, close, prompt_opened(s, open), reply_message);
+        return st;
+    }
+    *out = NULL;
+    kvgen_status busy = kvg_session_check_host(s, fn, err);
+    if (busy != KVGEN_OK) return busy;
+    if (desc->constraint || desc->soft_max_tokens > 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tools with a constraint or soft_max_tokens (a reply "
+                        "that may call tools is constrained by the tools' grammar)", fn);
+    const char *tpl = NULL;
+    size_t tpl_len = 0;
+    kvgen_status st = kvg_chat_jinja_source(s, fn, &tpl, &tpl_len, err);
+    if (st != KVGEN_OK) return st;
+    kvg_tools *tools = NULL;
+    st = kvg_tools_build(desc->tools, tpl, tpl_len, fn, &tools, err);
+    if (st != KVGEN_OK) return st;
+
+    kvgen_generate_desc d = *desc;
+    d.tools = NULL;
+    kvgen_constraint forced = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = kvg_tools_forced_grammar(tools)};
+    if (forced.grammar) d.constraint = &forced;
+    kvgen_gen *g = NULL;
+    st = kvg_gen_create(s, &d, &g, fn, err);
+    char *old = NULL, *vars = NULL;
+    if (st == KVGEN_OK && kvgen_chat_vars(s) && !(old = kvg_strdup(kvgen_chat_vars(s))))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    if (st == KVGEN_OK && !(vars = vars_with_tools(old, kvg_tools_json(tools))))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    if (st == KVGEN_OK) st = kvgen_chat_set_vars(s, vars, err);
+    if (st == KVGEN_OK) {
+        st = kvgen_chat_begin(s, role, text, err); /* all or nothing */
+        if (st != KVGEN_OK) kvgen_chat_set_vars(s, old, NULL); /* as they were */
+    }
+    kvg_free(vars);
+    kvg_free(old);
+    if (st != KVGEN_OK) {
+        kvgen_gen_end(g);
+        kvg_tools_free(tools);
+        return st;
+    }
+    const char *open = NULL, *close = NULL;
+    kvg_think_detect(tpl, tpl_len, &open, &close);
+    kvg_gen_attach_reply(g, tools, open, close, open && prompt_opened(s, open), reply_message);
+    *out = g;
+    return KVGEN_OK;
+}
+
+const char *kvgen_chat_tool_format(kvgen_session *s) {
+    const char *tpl = NULL;
+    size_t len = 0;
+    if (!s || kvg_chat_jinja_source(s, "kvgen_chat_tool_format", &tpl, &len, NULL) != KVGEN_OK) return NULL;
+    return kvg_tool_format_detect(tpl, len);
+}

@@ -1,0 +1,53 @@
+/* kvg_toolcall.h: tool calls in a model's own format (private; docs/generation.md, "Tools").
+ *
+ * toolcall.c holds one table row per format a chat template can ask for (Hermes/Qwen
+ * <tool_call> blocks, Llama 3's JSON object, Mistral's [TOOL_CALLS] list): how a template is
+ * recognised, where a call starts in the reply, how calls are written and parsed. kvg_tools
+ * is one generation's tools: the format, the tools' compiled argument grammars, the grammar
+ * that forces a call (tool_choice required or a name) and, once the reply is finished, the
+ * calls parsed from it. */
+#ifndef KVG_TOOLCALL_H
+#define KVG_TOOLCALL_H
+#include <stdbool.h>
+#include <stddef.h>
+#include "kvgen.h"
+
+typedef struct kvg_tools kvg_tools;
+
+/* The format a template's text asks for ("hermes", "llama3", "mistral"), or NULL when it names
+ * none kvgen knows. */
+const char *kvg_tool_format_detect(const char *tpl, size_t len);
+
+/* Checks desc and builds a generation's tools for the template `tpl` (its text decides the
+ * format). Errors name `who`, the tool's index and field. */
+kvgen_status kvg_tools_build(const kvgen_tools_desc *desc, const char *tpl, size_t tpl_len, const char *who,
+                             kvg_tools **out, kvgen_error *err);
+void kvg_tools_free(kvg_tools *t);
+const char *kvg_tools_format(const kvg_tools *t);
+/* The grammar that forces one call from the first token (GBNF), or NULL when calls are left to
+ * the model (tool_choice auto) or not allowed (none). */
+const char *kvg_tools_forced_grammar(const kvg_tools *t);
+/* tool_choice auto in a format whose call opener is text (Hermes' <tool_call>): the grammar
+ * of what follows the opener, which constrains the reply once *opener appeared in it (a lazy
+ * grammar); NULL when the format has none or the choice is not auto. */
+const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener);
+/* The tools as the template takes them: a JSON array of {"type": "function", "function":
+ * {...}} (compact text). */
+const char *kvg_tools_json(const kvg_tools *t);
+
+/* Reads a finished reply. No call markup: KVGEN_FINISH_NONE (the reply stands). Calls that all
+ * name a tool and whose arguments its schema accepts: KVGEN_FINISH_TOOL_CALLS, the calls kept
+ * (ids "call_<id_base>_<i>"); anything else: KVGEN_FINISH_BAD_TOOL_CALL, none kept. *content_len:
+ * the reply's length before the markup. KVGEN_E_NO_MEMORY is the only error. */
+kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t id_base, kvgen_finish *finish,
+                             size_t *content_len, kvgen_error *err);
+/* The calls kept by kvg_tools_parse (valid until kvg_tools_free), and as the JSON array that
+ * kvgen_chat_message.tool_calls takes. */
+int kvg_tools_calls(const kvg_tools *t, const kvgen_tool_call **calls);
+const char *kvg_tools_calls_json(const kvg_tools *t);
+
+/* The think tags a template's text writes (<think> ... </think>: Qwen3, DeepSeek-R1, QwQ),
+ * from a small table; false (*open, *close NULL) when it writes none. */
+bool kvg_think_detect(const char *tpl, size_t len, const char **open, const char **close);
+
+#endif

@@ -1,0 +1,400 @@
+/* test_toolcall.c: tool calls in the template's format (toolcall.c). The format recognised
+ * from real templates (the fixtures' Qwen2.5-Coder and Qwen3 templates write <tool_call>, the
+ * others none) and from Llama 3.1 and Mistral snippets; finished replies parsed per format
+ * (calls kept with compact arguments, markup out of the text; an unknown tool, arguments of a
+ * wrong type, a missing required argument or a call under tool_choice none reported as a bad
+ * call); the forcing grammar, which joins the tools' schema grammars, accepts valid calls and
+ * refuses an unknown name or a bad argument type, and so does the lazy grammar of tool_choice
+ * auto (what follows Hermes' <tool_call>); bad tools refused by name. Through the public API on
+ * a random-weight model: a forced call finishes with KVGEN_FINISH_TOOL_CALLS, its arguments
+ * valid, the conversation holding it and then the tool's result; tools refused outside
+ * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged.
+ * Think tags found in Qwen3's template; a reply's reasoning apart from its text and kept as the
+ * message's reasoning_content. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvg_grammar.h"
+#include "kvg_toolcall.h"
+#include "testutil.h"
+
+static const kvgen_tool TOOLS[] = {
+    {"open_gate", "Opens a gate.",
+     "{\"type\":\"object\",\"properties\":{\"gate\":{\"type\":\"string\",\"enum\":[\"north\",\"south\"]},"
+     "\"count\":{\"type\":\"integer\"}},\"required\":[\"gate\",\"count\"]}"},
+    {"ring_bell", NULL, "{\"type\":\"object\",\"properties\":{\"times\":{\"type\":\"integer\"}},\"required\":[\"times\"]}"},
+};
+
+static const char HERMES[] = "{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>\n{\"name\": ...}\n</tool_call>";
+static const char HERMES_FULL[] =
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+static const char LLAMA31[] =
+    "<|start_header_id|>system<|end_header_id|>\n\nGiven the following functions, respond with a JSON for a "
+    "function call with its proper arguments.\nRespond in the format {\"name\": function name, \"parameters\": "
+    "dictionary of argument name and its value}.{%- if m.tool_calls %}<|python_tag|>{% endif %}";
+static const char MISTRAL[] = "[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% if m.tool_calls %}"
+                              "[TOOL_CALLS] [{% for c in m.tool_calls %}{{ c | tojson }}{% endfor %}]{% endif %}";
+
+/* the fixtures' template `name`, malloc'd, or NULL */
+static char *fixture_template(const char *name, size_t *len) {
+    const char *dir = getenv("KVGEN_FIXTURES");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/chat_templates.txt", dir ? dir : "core/tests/fixtures");
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char head[256];
+    char *found = NULL;
+    while (!found && fgets(head, sizeof head, f)) {
+        char tname[128];
+        size_t n = 0;
+        if (sscanf(head, "template %127s %zu", tname, &n) != 2) break;
+        char *body = malloc(n + 1);
+        if (!body || fread(body, 1, n, f) != n) {
+            free(body);
+            break;
+        }
+        body[n] = '\0';
+        fgetc(f); /* the newline after the body */
+        if (strcmp(tname, name) == 0) {
+            found = body;
+            *len = n;
+        } else {
+            free(body);
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void check_detect(void) {
+    static const struct { const char *name, *want; } cases[] = {
+        {"qwen25_coder", "hermes"}, {"qwen3", "hermes"}, {"smollm2", NULL}, {"llama3", NULL}, {"mistral", NULL},
+        {"gemma3", NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len = 0;
+        char *t = fixture_template(cases[i].name, &len);
+        CHECKF(t != NULL, "fixture template %s", cases[i].name);
+        if (!t) continue;
+        const char *got = kvg_tool_format_detect(t, len);
+        CHECKF(cases[i].want ? got && strcmp(got, cases[i].want) == 0 : got == NULL, "%s: %s", cases[i].name,
+               got ? got : "(none)");
+        free(t);
+    }
+    /* think tags: Qwen3's template writes them, SmolLM2's does not */
+    const char *open = NULL, *close = NULL;
+    size_t qlen = 0, slen = 0;
+    char *q3 = fixture_template("qwen3", &qlen), *sm = fixture_template("smollm2", &slen);
+    CHECK(q3 && kvg_think_detect(q3, qlen, &open, &close) && strcmp(open, "<think>") == 0 &&
+          strcmp(close, "</think>") == 0);
+    CHECK(sm && !kvg_think_detect(sm, slen, &open, &close) && !open && !close);
+    free(q3);
+    free(sm);
+    const char *got = kvg_tool_format_detect(LLAMA31, strlen(LLAMA31));
+    CHECKF(got && strcmp(got, "llama3") == 0, "%s", got ? got : "(none)");
+    got = kvg_tool_format_detect(MISTRAL, strlen(MISTRAL));
+    CHECKF(got && strcmp(got, "mistral") == 0, "%s", got ? got : "(none)");
+    got = kvg_tool_format_detect(HERMES, strlen(HERMES));
+    CHECKF(got && strcmp(got, "hermes") == 0, "%s", got ? got : "(none)");
+}
+
+static kvg_tools *build(const char *tpl, kvgen_tool_choice choice, const char *name) {
+    kvgen_tools_desc d = {TOOLS, 2, choice, name};
+    kvg_tools *t = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_tools_build(&d, tpl, strlen(tpl), "test", &t, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    return t;
+}
+
+typedef struct parse_case {
+    const char *tpl;
+    kvgen_tool_choice choice;
+    const char *reply;
+    kvgen_finish want;
+    const char *content;                   /* the text before the calls */
+    const char *name0, *args0, *name1;     /* the calls kept */
+} parse_case;
+
+static void check_parse(void) {
+    static const parse_case cases[] = {
+        {HERMES, KVGEN_TOOL_AUTO,
+         "Sure.\n<tool_call>\n{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\", \"count\": 2}}\n</tool_call>",
+         KVGEN_FINISH_TOOL_CALLS, "Sure.", "open_gate", "{\"gate\":\"north\",\"count\":2}", NULL},
+        {HERMES, KVGEN_TOOL_AUTO,
+         "<tool_call>\n{\"name\": \"ring_bell\", \"arguments\": {\"times\": 3}}\n</tool_call>\n<tool_call>\n"
+         "{\"name\": \"open_gate\", \"arguments\": \"{\\\"gate\\\": \\\"south\\\", \\\"count\\\": 1}\"}\n</tool_call>\n",
+         KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":3}", "open_gate"},
+        {HERMES, KVGEN_TOOL_AUTO, "Just words.", KVGEN_FINISH_NONE, "Just words.", NULL, NULL, NULL},
+        {HERMES, KVGEN_TOOL_AUTO, "x<tool_call>\n{\"name\": \"fly\", \"arguments\": {}}\n</tool_call>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "x", NULL, NULL, NULL},
+        {HERMES, KVGEN_TOOL_AUTO,
+         "<tool_call>\n{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\", \"count\": \"two\"}}\n</tool_call>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {HERMES, KVGEN_TOOL_AUTO, "<tool_call>\n{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"west\", \"count\": 1}}",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL}, /* not in the enum, and unclosed */
+        {HERMES, KVGEN_TOOL_AUTO, "<tool_call>\n{\"name\": \"ring_bell\", \"arguments\": {}}\n</tool_call>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL}, /* a required argument missing */
+        {HERMES, KVGEN_TOOL_NONE, "<tool_call>\n{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}\n</tool_call>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {LLAMA31, KVGEN_TOOL_AUTO, "<|python_tag|>{\"name\": \"ring_bell\", \"parameters\": {\"times\": 5}}",
+         KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":5}", NULL},
+        {LLAMA31, KVGEN_TOOL_AUTO, "{\"name\": \"open_gate\", \"parameters\": {\"gate\": \"south\", \"count\": 0}}",
+         KVGEN_FINISH_TOOL_CALLS, "", "open_gate", "{\"gate\":\"south\",\"count\":0}", NULL},
+        {LLAMA31, KVGEN_TOOL_AUTO, "{\"name\": \"open_gate\", \"parameters\": {\"gate\": 1, \"count\": 0}}",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {MISTRAL, KVGEN_TOOL_AUTO,
+         "[TOOL_CALLS] [{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\", \"count\": 4}}, "
+         "{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}]",
+         KVGEN_FINISH_TOOL_CALLS, "", "open_gate", "{\"gate\":\"north\",\"count\":4}", "ring_bell"},
+        {MISTRAL, KVGEN_TOOL_AUTO, "Ok [{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}]",
+         KVGEN_FINISH_TOOL_CALLS, "Ok", "ring_bell", "{\"times\":2}", NULL},
+        {MISTRAL, KVGEN_TOOL_AUTO, "[TOOL_CALLS] []", KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const parse_case *c = &cases[i];
+        kvg_tools *t = build(c->tpl, c->choice, NULL);
+        if (!t) continue;
+        kvgen_finish fin = KVGEN_FINISH_ERROR;
+        size_t content = 99;
+        kvgen_error err = {0};
+        CHECK(kvg_tools_parse(t, c->reply, strlen(c->reply), 7, &fin, &content, &err) == KVGEN_OK);
+        CHECKF(fin == c->want, "case %zu: %s", i, kvgen_finish_name(fin));
+        CHECKF(content == strlen(c->content) && memcmp(c->reply, c->content, content) == 0, "case %zu: %zu", i, content);
+        const kvgen_tool_call *calls = NULL;
+        int n = kvg_tools_calls(t, &calls);
+        int want_n = c->name1 ? 2 : c->name0 ? 1 : 0;
+        CHECKF(n == want_n, "case %zu: %d calls", i, n);
+        if (n >= 1 && want_n >= 1) {
+            CHECKF(strcmp(calls[0].name, c->name0) == 0 && strcmp(calls[0].arguments, c->args0) == 0,
+                   "case %zu: %s %s", i, calls[0].name, calls[0].arguments);
+            CHECK(strcmp(calls[0].id, "call_7_0") == 0);
+            CHECK(kvg_tools_calls_json(t) && strstr(kvg_tools_calls_json(t), "\"type\":\"function\""));
+        }
+        if (n == 2 && want_n == 2) {
+            CHECKF(strcmp(calls[1].name, c->name1) == 0, "case %zu: %s", i, calls[1].name);
+            CHECK(strcmp(calls[1].id, "call_7_1") == 0);
+        }
+        kvg_tools_free(t);
+    }
+}
+
+static bool accepts(const kvg_gram *g, const char *text) {
+    kvg_gram_match *mt = NULL;
+    kvgen_error err = {0};
+    if (kvg_gram_match_new(g, &mt, &err) != KVGEN_OK) return false;
+    bool ok = kvg_gram_feed(mt, (const unsigned char *)text, strlen(text)) && kvg_gram_can_end(mt);
+    kvg_gram_match_free(mt);
+    return ok;
+}
+
+static void check_grammar(void) {
+    static const char *const good_gate = "<tool_call>\n{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"north\",\"count\":12}}\n</tool_call>";
+    static const char *const good_bell = "<tool_call>\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":-3}}\n</tool_call>";
+    kvg_tools *t = build(HERMES, KVGEN_TOOL_REQUIRED, NULL);
+    CHECK(t && kvg_tools_forced_grammar(t));
+    kvg_gram *g = NULL;
+    kvgen_error err = {0};
+    if (t && kvg_tools_forced_grammar(t)) {
+        CHECKF(kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK, "%s", err.message);
+    }
+    if (g) {
+        CHECK(accepts(g, good_gate));
+        CHECK(accepts(g, good_bell));
+        CHECK(!accepts(g, "<tool_call>\n{\"name\":\"fly\",\"arguments\":{}}\n</tool_call>"));
+        CHECK(!accepts(g, "<tool_call>\n{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"north\",\"count\":\"2\"}}\n</tool_call>"));
+        CHECK(!accepts(g, "<tool_call>\n{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"east\",\"count\":2}}\n</tool_call>"));
+        CHECK(!accepts(g, "<tool_call>\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":1.5}}\n</tool_call>"));
+        CHECK(!accepts(g, "Hello"));
+        kvg_gram_free(g);
+        g = NULL;
+    }
+    kvg_tools_free(t);
+    /* a name: that tool alone */
+    t = build(HERMES, KVGEN_TOOL_NAMED, "ring_bell");
+    if (t && kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, good_bell));
+        CHECK(!accepts(g, good_gate));
+        kvg_gram_free(g);
+        g = NULL;
+    } else {
+        CHECKF(0, "%s", err.message);
+    }
+    kvg_tools_free(t);
+    /* auto forces nothing: the lazy grammar takes over past the opener, every tool allowed */
+    t = build(HERMES, KVGEN_TOOL_AUTO, NULL);
+    CHECK(t && !kvg_tools_forced_grammar(t));
+    const char *opener = NULL, *lazy = t ? kvg_tools_lazy_grammar(t, &opener) : NULL;
+    CHECK(lazy && opener && strcmp(opener, "<tool_call>") == 0);
+    if (lazy && kvg_gram_parse(lazy, &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}\n</tool_call>"));
+        CHECK(accepts(g, "{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}</tool_call>\n<tool_call>\n"
+                         "{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"south\",\"count\":1}}\n</tool_call>"));
+        CHECK(!accepts(g, "\n{\"name\":\"fly\",\"arguments\":{}}\n</tool_call>"));
+        CHECK(!accepts(g, "\n{\"name\":\"ring_bell\",\"arguments\":{\"times\":\"2\"}}\n</tool_call>"));
+        kvg_gram_free(g);
+        g = NULL;
+    } else {
+        CHECKF(0, "%s", err.message);
+    }
+    CHECK(t && strncmp(kvg_tools_json(t), "[{\"type\":\"function\",\"function\":{\"name\":\"open_gate\","
+                       "\"description\":\"Opens a gate.\",\"parameters\":{", 82) == 0);
+    kvg_tools_free(t);
+    t = build(HERMES, KVGEN_TOOL_NONE, NULL); /* none: nothing constrains, calls are refused at the end */
+    CHECK(t && !kvg_tools_forced_grammar(t) && !kvg_tools_lazy_grammar(t, NULL));
+    kvg_tools_free(t);
+    t = build(LLAMA31, KVGEN_TOOL_AUTO, NULL); /* its opener is a control token: read at the end */
+    CHECK(t && !kvg_tools_lazy_grammar(t, NULL));
+    kvg_tools_free(t);
+    /* Llama 3 and Mistral write their own arguments key and brackets */
+    t = build(LLAMA31, KVGEN_TOOL_NAMED, "ring_bell");
+    if (t && kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "{\"name\":\"ring_bell\",\"parameters\":{\"times\":2}}"));
+        CHECK(!accepts(g, "{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}"));
+        kvg_gram_free(g);
+        g = NULL;
+    }
+    kvg_tools_free(t);
+    t = build(MISTRAL, KVGEN_TOOL_REQUIRED, NULL);
+    if (t && kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}]"));
+        kvg_gram_free(g);
+    }
+    kvg_tools_free(t);
+}
+
+static void expect_refused(const kvgen_tool *tools, int n, kvgen_tool_choice choice, const char *name,
+                           const char *tpl, kvgen_status want, const char *msg) {
+    kvgen_tools_desc d = {tools, n, choice, name};
+    kvg_tools *t = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_tools_build(&d, tpl, strlen(tpl), "test", &t, &err);
+    CHECKF(st == want && !t && strstr(err.message, msg), "%s (want '%s')", err.message, msg);
+    kvg_tools_free(t);
+}
+
+static void check_refused(void) {
+    kvgen_tool bad_name[] = {{"open gate", NULL, NULL}};
+    expect_refused(bad_name, 1, KVGEN_TOOL_AUTO, NULL, HERMES, KVGEN_E_INVALID_ARGUMENT,
+                   "test: tools[0].name 'open gate'");
+    kvgen_tool twice[] = {{"a", NULL, NULL}, {"a", NULL, NULL}};
+    expect_refused(twice, 2, KVGEN_TOOL_AUTO, NULL, HERMES, KVGEN_E_INVALID_ARGUMENT, "tools[1].name 'a' is given twice");
+    kvgen_tool pattern[] = {{"a", NULL, "{\"type\":\"string\",\"pattern\":\"x+\"}"}};
+    expect_refused(pattern, 1, KVGEN_TOOL_AUTO, NULL, HERMES, KVGEN_E_INVALID_ARGUMENT, "tools[0].parameters ('a'): schema");
+    kvgen_tool not_json[] = {{"a", NULL, "{"}};
+    expect_refused(not_json, 1, KVGEN_TOOL_AUTO, NULL, HERMES, KVGEN_E_INVALID_ARGUMENT, "tools[0].parameters ('a')");
+    expect_refused(TOOLS, 2, KVGEN_TOOL_NAMED, "fly", HERMES, KVGEN_E_INVALID_ARGUMENT, "name 'fly' is none of the tools");
+    expect_refused(TOOLS, 0, KVGEN_TOOL_AUTO, NULL, HERMES, KVGEN_E_INVALID_ARGUMENT, "n_tools 0");
+    expect_refused(TOOLS, 2, KVGEN_TOOL_AUTO, NULL, "{{ messages }}", KVGEN_E_UNSUPPORTED, "no format kvgen knows");
+}
+
+static void check_session(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    free(path);
+    if (!s) {
+        kvgen_model_unload(m);
+        return;
+    }
+    kvgen_chat_template tpl = {.jinja = HERMES_FULL};
+    CHECK_OK(kvgen_chat_set_template(s, &tpl, &err));
+    CHECK(kvgen_chat_tool_format(s) && strcmp(kvgen_chat_tool_format(s), "hermes") == 0);
+    kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
+    kvgen_generate_desc d = {.tools = &td};
+    kvgen_gen *g = NULL;
+    /* refused where tools cannot be read, changing nothing */
+    CHECK(kvgen_gen_begin_text(s, "x", 1, &d, &g, &err) == KVGEN_E_UNSUPPORTED && strstr(err.message, "tools"));
+    kvgen_job_desc jd = {.prompt = KVGEN_PROMPT_CHAT, .text = "x", .role = "user", .gen = d};
+    kvgen_job *job = NULL;
+    CHECK(kvgen_job_submit(s, &jd, &job, &err) == KVGEN_E_UNSUPPORTED && !job && strstr(err.message, "tools"));
+    kvgen_constraint k = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"a\""};
+    kvgen_generate_desc with_k = {.tools = &td, .constraint = &k};
+    CHECK(kvgen_chat_gen_begin(s, "user", "x", &with_k, &g, &err) == KVGEN_E_INVALID_ARGUMENT);
+    CHECK(kvgen_session_length(s) == 0 && kvgen_chat_vars(s) == NULL);
+
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open the gate", &d, &g, &err));
+    kvgen_status st = KVGEN_OK;
+    while (g && st == KVGEN_OK && kvgen_gen_finish(g) == KVGEN_FINISH_NONE) st = kvgen_gen_next(g, NULL, &err);
+    CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_TOOL_CALLS, "%s %s", kvgen_finish_name(kvgen_gen_finish(g)),
+           err.message);
+    const kvgen_tool_call *calls = NULL;
+    int n = kvgen_gen_tool_calls(g, &calls);
+    CHECK(n == 1);
+    char id[64] = "";
+    if (n == 1) {
+        CHECK(strcmp(calls[0].name, "open_gate") == 0);
+        CHECKF(strncmp(calls[0].arguments, "{\"gate\":\"north\",\"count\":", 24) == 0 ||
+                   strncmp(calls[0].arguments, "{\"gate\":\"south\",\"count\":", 24) == 0,
+               "%s", calls[0].arguments);
+        snprintf(id, sizeof id, "%s", calls[0].id);
+    }
+    size_t len = 0;
+    CHECK(kvgen_gen_text(g, &len) && len == 0);
+    kvgen_gen_end(g);
+    CHECK(kvgen_chat_vars(s) && strstr(kvgen_chat_vars(s), "\"tools\":[{\"type\":\"function\""));
+    kvgen_chat_message result = {.role = "tool", .content = "{\"opened\":true}", .tool_call_id = id};
+    CHECK_OK(kvgen_chat_add_message(s, &result, &err));
+    kvgen_chat_message *msgs = NULL;
+    size_t nm = 0;
+    CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+    CHECK(nm == 3);
+    if (nm == 3) {
+        CHECK(strcmp(msgs[1].role, "assistant") == 0 && msgs[1].tool_calls && strstr(msgs[1].tool_calls, id));
+        CHECK(strcmp(msgs[2].role, "tool") == 0 && strcmp(msgs[2].tool_call_id, id) == 0);
+    }
+    kvgen_chat_messages_free(msgs);
+    /* the next reply, tools still offered but not callable */
+    td.choice = KVGEN_TOOL_NONE;
+    kvgen_generate_desc next = {.tools = &td, .max_tokens = 4};
+    CHECK_OK(kvgen_chat_gen_begin(s, NULL, NULL, &next, &g, &err));
+    while (g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE && kvgen_gen_next(g, NULL, &err) == KVGEN_OK) {}
+    CHECK(g && kvgen_gen_tool_calls(g, NULL) == 0);
+    kvgen_gen_end(g);
+    /* a built-in family has no place for tools */
+    /* a template with think tags: the reasoning apart, kept as reasoning_content */
+    kvgen_chat_template think = {.jinja = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>"
+                                          "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}"
+                                          "{% if add_generation_prompt %}assistant: {% endif %}"};
+    CHECK_OK(kvgen_chat_set_template(s, &think, &err));
+    kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"<think>\\nHmm.\\n</think>\\n\\nNo.\""};
+    kvgen_generate_desc said = {.constraint = &says};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Why?", &said, &g, &err));
+    while (g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE && kvgen_gen_next(g, NULL, &err) == KVGEN_OK) {}
+    size_t rlen = 0;
+    const char *r = g ? kvgen_gen_reasoning(g, &rlen) : NULL;
+    CHECKF(r && rlen == 4 && strcmp(r, "Hmm.") == 0, "%s", r ? r : "(none)");
+    CHECK(g && strcmp(kvgen_gen_text(g, NULL), "No.") == 0 && kvgen_gen_finish(g) == KVGEN_FINISH_STOP);
+    kvgen_gen_end(g);
+    CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+    CHECK(nm >= 2 && msgs[nm - 1].reasoning_content && strcmp(msgs[nm - 1].reasoning_content, "Hmm.") == 0 &&
+          strcmp(msgs[nm - 1].content, "No.") == 0);
+    kvgen_chat_messages_free(msgs);
+    kvgen_chat_template family = {.name = "chatml"};
+    CHECK_OK(kvgen_chat_set_template(s, &family, &err));
+    size_t before = kvgen_session_length(s);
+    CHECK(kvgen_chat_gen_begin(s, "user", "x", &d, &g, &err) == KVGEN_E_UNSUPPORTED &&
+          strstr(err.message, "Jinja"));
+    CHECK(kvgen_session_length(s) == before && kvgen_chat_tool_format(s) == NULL);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
+int main(void) {
+    check_detect();
+    check_parse();
+    check_grammar();
+    check_refused();
+    check_session();
+    CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_TOOL_CALLS), "tool_calls") == 0);
+    CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_BAD_TOOL_CALL), "bad_tool_call") == 0);
+    return tu_finish("test_toolcall");
+}

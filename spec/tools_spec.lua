@@ -1,0 +1,191 @@
+-- Tool calls: a Hermes-style template (<tool_call> blocks) on a random-weight model. A call
+-- forced by tool_choice (required or a tool's name) comes back as finish "tool_calls" with
+-- arguments valid for the tool's schema, goes into the conversation as the assistant's
+-- tool_calls, and the next turn takes the tool's result. Bad tools name the option. On the
+-- default model (greedy), tool_choice auto: the model writes <tool_call> itself and the tools'
+-- grammar takes over from there (a gate outside the schema's enum cannot be written).
+local support = require("kvgen_support")
+local error_of = support.error_of
+
+local HERMES = "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+  .. "</tools>\nCall a tool with <tool_call>\n{\"name\": <name>, \"arguments\": <args>}\n</tool_call><|im_end|>\n"
+  .. "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+  .. "{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+  .. "{{ c.function.arguments | tojson }}{{ '}' }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+  .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+local PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+local TOOLS = {
+  { name = "open_gate", description = "Opens a gate.",
+    parameters = { type = "object", properties = { gate = { type = "string", enum = { "north", "south" } },
+      count = { type = "integer" } }, required = { "gate", "count" } } },
+  { name = "ring_bell", description = "Rings the bell.",
+    parameters = { type = "object", properties = { times = { type = "integer" } }, required = { "times" } } },
+}
+
+describe("tool calls", function()
+  local m
+  setup(function() m = support.random_model() end)
+  teardown(function() support.release(m) end)
+
+  it("tool_choice required forces a valid call, kept in the conversation; the result's turn follows", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local text, finish, calls = s:chat("Open the north gate", { tools = TOOLS, tool_choice = "required" })
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("", text)
+    assert.are.equal(1, #calls)
+    local c = calls[1]
+    assert.matches("^call_", c.id)
+    assert.is_true(c.name == "open_gate" or c.name == "ring_bell")
+    if c.name == "open_gate" then
+      assert.is_true(c.arguments.gate == "north" or c.arguments.gate == "south")
+      assert.are.equal("integer", math.type(c.arguments.count))
+    else
+      assert.are.equal("integer", math.type(c.arguments.times))
+    end
+    local msgs = s:messages()
+    local last = msgs[#msgs]
+    assert.are.equal("assistant", last.role)
+    assert.are.equal(c.id, last.tool_calls[1].id)
+    assert.are.equal(c.name, last.tool_calls[1]["function"].name)
+    local rendered = m:detokenize(s:tokens(), { special = true })
+    assert.matches('<tool_call>\n{"name": "' .. c.name .. '", "arguments": {', rendered, 1, true)
+    s:add_tool_result(c.id, { ok = true })
+    local _, f2 = s:chat(nil, { tools = TOOLS, tool_choice = "none", max_tokens = 3 })
+    assert.is_string(f2)
+    msgs = s:messages()
+    assert.are.equal("tool", msgs[3].role)
+    assert.are.equal(c.id, msgs[3].tool_call_id)
+    assert.are.equal('{"ok":true}', msgs[3].content)
+  end)
+
+  it("a tool's name forces that tool; chat_stream gives the calls on the stream", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local _, finish, calls = s:chat("Ring", { tools = TOOLS, tool_choice = "ring_bell" })
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("ring_bell", calls[1].name)
+    assert.are.equal("integer", math.type(calls[1].arguments.times))
+    local st = s:chat_stream("Again", { tools = TOOLS, tool_choice = "open_gate" })
+    local streamed = {}
+    for piece in st do streamed[#streamed + 1] = piece end
+    assert.are.equal("", table.concat(streamed)) -- the call's markup is not streamed
+    assert.are.equal("tool_calls", st.finish)
+    assert.are.equal("open_gate", st.tool_calls[1].name)
+    assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
+  end)
+
+  it("Llama 3 and Mistral templates: a forced call in their formats", function()
+    local LLAMA = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
+      .. "{% for c in m.tool_calls or [] %}{\"name\": \"{{ c.function.name }}\", \"parameters\": "
+      .. "{{ c.function.arguments | tojson }}{{ '}' }}{% endfor %}<|eot_id|>{% endfor %}"
+      .. "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    local MISTRAL = "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+      .. "{% else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"
+    for _, case in ipairs { { LLAMA, "llama3" }, { MISTRAL, "mistral" } } do
+      local s <close> = m:session { context = 4096, template = { jinja = case[1] } }
+      local text, finish, calls = s:chat("Ring", { tools = TOOLS, tool_choice = "ring_bell" })
+      assert.are.equal("tool_calls", finish, case[2])
+      assert.are.equal("", text)
+      assert.are.equal("ring_bell", calls[1].name)
+      assert.are.equal("integer", math.type(calls[1].arguments.times))
+      local msgs = s:messages()
+      assert.are.equal("ring_bell", msgs[2].tool_calls[1]["function"].name)
+    end
+  end)
+
+  it("tool_choice auto: the grammar takes over where the model opens a call (default model)", function()
+    local real = support.default_model()
+    local s <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
+    local gate = { { name = "open_gate", description = "Opens a gate.", parameters = { type = "object",
+      properties = { gate = { type = "string", enum = { "north", "south" } } }, required = { "gate" } } } }
+    local pieces = {}
+    local text, finish, calls = s:chat("Repeat exactly this text: <tool_call>\n"
+      .. '{"name": "open_gate", "arguments": {"gate": "west"}}\n</tool_call>', { tools = gate, max_tokens = 80,
+        on_piece = function(p) pieces[#pieces + 1] = p end })
+    assert.is_nil(table.concat(pieces):find("tool_call", 1, true))
+    assert.are.equal("tool_calls", finish)
+    assert.are.equal("", text)
+    assert.are.equal("open_gate", calls[1].name)
+    assert.is_true(calls[1].arguments.gate == "north" or calls[1].arguments.gate == "south")
+    local msgs = s:messages()
+    assert.are.equal(calls[1].id, msgs[#msgs].tool_calls[1].id)
+    -- plain words stay a reply
+    local s2 <close> = real:session { context = 2048, temperature = 0, template = { jinja = HERMES } }
+    local _, f2, c2 = s2:chat("Say hello.", { tools = gate, max_tokens = 8 })
+    assert.are_not.equal("tool_calls", f2)
+    assert.is_nil(c2)
+  end)
+
+  it("reasoning between <think> tags is apart from the reply and kept in the conversation", function()
+    local THINK = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n"
+      .. "{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is false %}"
+      .. "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    local s <close> = m:session { context = 4096, template = { jinja = THINK } }
+    local text, finish, calls, reasoning = s:chat("hi", { grammar = 'root ::= "<think>\\nI ponder.\\n</think>\\n\\nHello."' })
+    assert.are.equal("stop", finish)
+    assert.are.equal("Hello.", text)
+    assert.is_nil(calls)
+    assert.are.equal("I ponder.", reasoning)
+    local msgs = s:messages()
+    assert.are.equal("Hello.", msgs[2].content)
+    assert.are.equal("I ponder.", msgs[2].reasoning_content)
+    -- a stream has it as st.reasoning
+    local st = s:chat_stream("again", { grammar = 'root ::= "<think>ok</think>Yes."' })
+    for _ in st do end
+    assert.are.equal("Yes.", st.text)
+    assert.are.equal("ok", st.reasoning)
+    -- thinking = false reaches the template as enable_thinking
+    s:chat("quiet", { thinking = false, max_tokens = 1 })
+    assert.matches("quiet<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+      m:detokenize(s:tokens(), { special = true }), 1, true)
+    assert.matches("option 'thinking': a boolean expected", error_of(s.chat, s, "x", { thinking = 1 }), 1, true)
+  end)
+
+  it("thinking_budget forces the closing tag and the reply goes on", function()
+    local OPENED = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant: <think>\n{% endif %}{# </think> #}"
+    local s <close> = m:session { context = 4096, template = { jinja = OPENED } }
+    local text, finish, _, reasoning = s:chat("hi", { thinking_budget = 4, max_tokens = 20 })
+    assert.are.equal("length", finish)
+    assert.is_string(reasoning)
+    local all = m:detokenize(s:tokens(), { special = true })
+    local after = all:match("assistant: <think>\n(.*)$")
+    assert.is_string(after)
+    local cut = after:find("\n</think>\n\n", 1, true)
+    assert.is_number(cut)
+    assert.are.equal(4, #m:tokenize(after:sub(1, cut - 1)))
+    assert.are.equal(after:sub(cut + #"\n</think>\n\n"), text)
+    -- without a budget the reply stays inside its reasoning
+    local s2 <close> = m:session { context = 4096, template = { jinja = OPENED } }
+    local text2, _, _, r2 = s2:chat("hi", { max_tokens = 6 })
+    assert.are.equal("", text2)
+    assert.is_string(r2)
+    assert.matches("option 'thinking_budget': -1 is out of range", error_of(s.chat, s, "x", { thinking_budget = -1 }), 1, true)
+  end)
+
+  it("bad tools and tool_choice name the option and change nothing", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    s:add("user", "hi")
+    local len = s.length
+    local e = error_of(s.chat, s, "x", { tools = { { description = "no name" } } })
+    assert.matches("option 'tools': tools[1]: name: a string expected", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "a", parameters = 5 } } })
+    assert.matches("tools[1]: parameters: a table (a JSON schema) expected", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "a", parameters = { type = "string", pattern = "x+" } } } })
+    assert.matches("tools[0].parameters ('a')", e, 1, true)
+    assert.matches("pattern", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = TOOLS, tool_choice = "fly" })
+    assert.matches("name 'fly' is none of the tools given", e, 1, true)
+    e = error_of(s.chat, s, "x", { tools = { { name = "bad name" } }, tool_choice = "required" })
+    assert.matches("tools[0].name 'bad name'", e, 1, true)
+    e = error_of(s.chat, s, "x", { tool_choice = "required" })
+    assert.matches("option 'tool_choice': no tools given", e, 1, true)
+    assert.are.equal(len, s.length)
+    assert.are.equal(1, #s:messages())
+    assert.is_nil(s.chat_vars)
+    local p <close> = m:session { template = { jinja = PLAIN } }
+    e = error_of(p.chat, p, "x", { tools = TOOLS, tool_choice = "required" })
+    assert.matches("option 'tool_choice': tool calls are read", e, 1, true)
+  end)
+end)
