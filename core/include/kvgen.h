@@ -532,6 +532,9 @@ KVGEN_API kvgen_status kvgen_adapter_load(kvgen_model *model, const char *path, 
 /* Drops the caller's reference; sessions running the adapter keep it alive until they let go
  * of it (set_adapters, close). NULL is ignored. */
 KVGEN_API void kvgen_adapter_free(kvgen_adapter *adapter);
+/* Takes another reference (each kvgen_adapter_free drops one), as kvgen_model_retain does for a
+ * model: a host that hands an adapter to two owners (a binding's handle and its caller). */
+KVGEN_API void kvgen_adapter_retain(kvgen_adapter *adapter);
 
 typedef struct kvgen_adapter_info {
     const char *name;   /* general.name, else the file's name; valid while the adapter lives */

@@ -63,6 +63,9 @@ kvgen_adapter *kvg_adapter_find(kvgen_model *m, uint64_t hash) {
 }
 
 void kvg_adapter_retain(kvgen_adapter *a) { __atomic_add_fetch(&a->refcount, 1, __ATOMIC_RELAXED); }
+void kvgen_adapter_retain(kvgen_adapter *a) {
+    if (a) kvg_adapter_retain(a);
+}
 
 static void adapter_destroy(kvgen_adapter *a) {
     if (a->pairs)
