@@ -201,6 +201,11 @@ static kvgen_status reserve(kvgen_session *s, size_t pos0, size_t end, kvgen_err
     return st;
 }
 
+uint64_t kvg_session_hash_root(const kvgen_session *s) {
+    uint64_t key = kvg_lora_set_key(&s->lora);
+    return key ? key : KVG_PAGE_HASH_ROOT;
+}
+
 static uint64_t parent_hash(const kvgen_session *s, size_t page) {
     return page == 0 ? kvg_session_hash_root(s) : s->page_hash[page - 1];
 }

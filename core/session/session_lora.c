@@ -9,11 +9,6 @@
 #include "kvg_error.h"
 #include "kvg_session.h"
 
-uint64_t kvg_session_hash_root(const kvgen_session *s) {
-    uint64_t key = kvg_lora_set_key(&s->lora);
-    return key ? key : KVG_PAGE_HASH_ROOT;
-}
-
 void kvg_session_take_lora(kvgen_session *s, kvg_lora_set *set) {
     /* the K/V in the cache were computed under the old set: never offered as the new set's */
     if (s->n_tokens > 0 && kvg_lora_set_key(set) != kvg_lora_set_key(&s->lora)) s->clean_len = 0;
