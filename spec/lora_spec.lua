@@ -20,9 +20,16 @@ end
 
 local prompt = { 1, 5, 9, 14, 3, 7 }
 
+-- every next-token logit of s, indexed by id + 1
+local function all_logits(s)
+  local v = {}
+  for _, e in ipairs(s:logits(s.model.vocab_size)) do v[e.id + 1] = e.logit end
+  return v
+end
+
 local function logits_after(s, ids)
   s:prefill(ids)
-  return s:logits()
+  return all_logits(s)
 end
 
 for _, backend in ipairs({ "reference", "cpu" }) do
@@ -35,7 +42,8 @@ for _, backend in ipairs({ "reference", "cpu" }) do
     end)
     teardown(function()
       ad, ad2 = nil, nil
-      support.release(m)
+      m:close()
+      collectgarbage()
     end)
 
     it("load_adapter gives an adapter handle with its facts", function()
@@ -84,10 +92,10 @@ for _, backend in ipairs({ "reference", "cpu" }) do
       s:prefill(prompt)
       local child = s:fork()
       assert.equals(ad, child:adapters()[1][1])
-      assert.equals(0.7, child:adapters()[1][2], 1e-6)
+      assert.near(0.7, child:adapters()[1][2], 1e-6)
       s:decode(11)
       child:decode(11)
-      assert.is_true(max_diff(s:logits(), child:logits()) == 0)
+      assert.is_true(max_diff(all_logits(s), all_logits(child)) == 0)
     end)
 
     it("sessions with different adapters do not share cached pages", function()
@@ -120,7 +128,7 @@ for _, backend in ipairs({ "reference", "cpu" }) do
       assert.equals(0.25, r:adapters()[1][2])
       s:decode(4)
       r:decode(4)
-      assert.is_true(max_diff(s:logits(), r:logits()) == 0)
+      assert.is_true(max_diff(all_logits(s), all_logits(r)) == 0)
     end)
 
     it("restore refuses a session whose adapter is not loaded", function()
@@ -161,7 +169,7 @@ for _, backend in ipairs({ "reference", "cpu" }) do
       has(error_of(m.load_adapter, m, support.random_model_path()), "adapter")
       -- an adapter for another shape names the tensor
       local wide = support.random_model_path("--lora --embd 96")
-      has(error_of(m.load_adapter, m, wide), ".lora_")
+      has(error_of(m.load_adapter, m, wide), "blk.0.attn_q.weight")
       has(error_of(m.load_adapter, m, 7), "path")
     end)
 
@@ -194,4 +202,6 @@ describe("LoRA adapters across backends", function()
     ref:close()
     cpu:close()
   end)
+
+  teardown(function() support.release() end)
 end)

@@ -383,6 +383,17 @@ void kvg_lora_set_copy(kvg_lora_set *dst, const kvg_lora_set *src) {
     kvg_lora_set_clear(&old); /* after: dst and src may hold the same adapters */
 }
 
+/* sum of a[j] * b[j] in eight interleaved partial sums, added in a fixed order: the compiler
+ * may keep the lanes in one vector register, and the result is the same on every machine */
+static float dot_f32(const float *a, const float *b, int n) {
+    float lane[8] = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[j + l] * b[j + l];
+    for (; j < n; j++) lane[j & 7] += a[j] * b[j];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
 void kvg_lora_add(const kvg_lora_set *const *sets, int layer, kvg_lora_target target, const float *x, int in_dim,
                   int n, float *y, int out_dim) {
     if (!sets) return;
@@ -397,10 +408,7 @@ void kvg_lora_add(const kvg_lora_set *const *sets, int layer, kvg_lora_target ta
             const float *xk = x + (size_t)k * in_dim;
             float *yk = y + (size_t)k * out_dim;
             for (int r = 0; r < p->rank; r++) { /* t = s * A x                                [rank] */
-                const float *ar = p->a + (size_t)r * in_dim;
-                float acc = 0.0f;
-                for (int j = 0; j < in_dim; j++) acc += ar[j] * xk[j];
-                t[r] = s * acc;
+                t[r] = s * dot_f32(p->a + (size_t)r * in_dim, xk, in_dim);
             }
             for (int o = 0; o < out_dim; o++) { /* y += B t                                   [out_dim] */
                 const float *br = p->b + (size_t)o * p->rank;
