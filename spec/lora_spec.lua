@@ -118,6 +118,30 @@ for _, backend in ipairs({ "reference", "cpu" }) do
       assert.is_true(base2:cache_info().tokens_reused > 0)
     end)
 
+    it("jobs of sessions with different adapters, run in one batch, equal their separate runs", function()
+      local sets = { { ad }, { { ad2, 0.6 } }, {}, { ad, ad2 } }
+      local want = {}
+      for i, set in ipairs(sets) do
+        local s = m:session { adapters = set }
+        s:generate("a prompt", { max_tokens = 10, ignore_eog = true })
+        want[i] = s:tokens()
+      end
+      local ss, jobs = {}, {}
+      for i, set in ipairs(sets) do
+        ss[i] = m:session { adapters = set }
+        jobs[i] = ss[i]:submit("a prompt", { max_tokens = 10, ignore_eog = true })
+      end
+      for i = 1, #sets do
+        support.poll_to_end(jobs[i])
+        jobs[i]:close()
+        assert.same(want[i], ss[i]:tokens())
+      end
+      -- the adapters made a difference, or the comparison says nothing
+      local differ = false
+      for k = 1, #want[1] do differ = differ or want[1][k] ~= want[3][k] end
+      assert.is_true(differ, "the adapter did not change the greedy text")
+    end)
+
     it("save records the adapters and restore finds them among the loaded ones", function()
       local path = support.tmpname(".kvgs")
       local s = m:session { adapters = { { ad2, 0.25 } } }
