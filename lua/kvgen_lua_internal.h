@@ -22,6 +22,9 @@
 #define STREAM_MT "kvgen.Stream"
 #define JOB_MT "kvgen.Job"
 #define MEMORY_MT "kvgen.Memory"
+#define ADAPTER_MT "kvgen.Adapter"
+/* per lua_State (registry): C adapter (light userdata) -> its kvgen.Adapter handle, weak values */
+#define ADAPTERS_KEY "kvgen.adapters"
 #define LAST_ERROR_KEY "kvgen.last_error"
 /* per lua_State (registry): a userdata whose address is this state's owner key for kvgen_poll,
  * the open jobs by address (weak values), and the jobs kept alive for their callbacks */
@@ -90,6 +93,13 @@ extern const kvl_type kvl_job_type;                   /* lua_jobs.c */
 extern const kvl_type kvl_memory_type;                /* lua_memory.c */
 extern const luaL_Reg kvl_memory_functions[];         /* lua_memory.c: kvgen.memory, kvgen.memory_load */
 int kvl_memory_count(lua_State *L);                   /* lua_memory.c: kvgen.Memory's __len */
+extern const kvl_type kvl_adapter_type;               /* lua_adapter.c */
+extern const luaL_Reg kvl_model_adapter_methods[];    /* lua_adapter.c: model:load_adapter */
+extern const luaL_Reg kvl_session_adapter_methods[];  /* lua_adapter.c: s:set_adapters, s:adapters */
+/* lua_adapter.c: the adapters list at idx ({adapter, ...} or {{adapter, scale}, ...}) read into
+ * KVGEN_MAX_ADAPTERS-long arrays; returns how many; argument errors name `what` and the entry. */
+size_t kvl_read_adapters(lua_State *L, int idx, int arg, const char *what, const kvgen_adapter **adapters,
+                         float *scales);
 extern const luaL_Reg kvl_model_session_methods[];    /* lua_session.c: model:session, model:restore */
 extern const luaL_Reg kvl_session_gen_methods[];      /* lua_generate.c: s:generate, s:chat, ... */
 

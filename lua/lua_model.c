@@ -595,7 +595,8 @@ static const luaL_Reg model_methods[] = {
     {NULL, NULL},
 };
 
-static const luaL_Reg *const model_method_lists[] = {model_methods, kvl_model_session_methods, NULL};
+static const luaL_Reg *const model_method_lists[] = {model_methods, kvl_model_session_methods, kvl_model_adapter_methods,
+                                                               NULL};
 const kvl_type kvl_model_type = {MODEL_MT, model_method_lists, model_index, model_close, model_tostring, NULL};
 
 static const luaL_Reg detok_methods[] = {

@@ -23,7 +23,8 @@
  * lua_session.c sessions, their sampler and chat template; lua_generate.c generation (prompt,
  * chat, streams, constraints, choose); lua_jobs.c jobs on the worker and kvgen.poll;
  * lua_logger.c kvgen.set_logger; lua_json.c Lua tables to JSON text and back; lua_memory.c the
- * memory store (kvgen.memory).
+ * memory store (kvgen.memory); lua_adapter.c LoRA adapters (model:load_adapter, the sessions'
+ * adapters lists).
  */
 #include <stddef.h>
 #include <string.h>
@@ -106,7 +107,8 @@ void kvl_push_fields(lua_State *L, const void *base, const out_field *f, size_t 
 /* ---- module ----------------------------------------------------------------------------- */
 
 /* kvgen.type(x) -> "model", "session", "stream", "job", "detokenizer", "closed model",
- * "closed session", "closed stream" (finished), "closed job", or nil */
+ * "closed session", "closed stream" (finished), "closed job", "memory", "adapter" (and their
+ * closed forms), or nil */
 static int l_type(lua_State *L) {
     if (lua_type(L, 1) == LUA_TNONE) kvl_arg_error(L, 1, "value expected");
     lmodel *m = luaL_testudata(L, 1, MODEL_MT);
@@ -121,6 +123,8 @@ static int l_type(lua_State *L) {
         lua_pushstring(L, ((ljob *)lua_touserdata(L, 1))->job ? "job" : "closed job");
     else if (luaL_testudata(L, 1, MEMORY_MT))
         lua_pushstring(L, *(void **)lua_touserdata(L, 1) ? "memory" : "closed memory");
+    else if (luaL_testudata(L, 1, ADAPTER_MT))
+        lua_pushstring(L, *(void **)lua_touserdata(L, 1) ? "adapter" : "closed adapter");
     else if (luaL_testudata(L, 1, DETOK_MT))
         lua_pushliteral(L, "detokenizer");
     else
@@ -242,6 +246,7 @@ static void register_types(lua_State *L) {
     new_type(L, &kvl_detok_type);
     new_type(L, &kvl_stream_type);
     new_type(L, &kvl_memory_type);
+    new_type(L, &kvl_adapter_type);
     luaL_getmetatable(L, MEMORY_MT); /* #store */
     lua_pushcfunction(L, kvl_memory_count);
     lua_setfield(L, -2, "__len");

@@ -55,6 +55,9 @@ typedef struct session_opts {
     const char *system;
     kvgen_chat_template tpl;
     int has_template;
+    const kvgen_adapter *adapters[KVGEN_MAX_ADAPTERS];
+    float scales[KVGEN_MAX_ADAPTERS];
+    size_t n_adapters;
 } session_opts;
 
 /* template = a family name or a table (read_template's messages) */
@@ -108,6 +111,13 @@ static void read_bias(const opt_ctx *c, const opt_spec *o, int vi, void *field) 
     sd->n_bias = n;
 }
 
+/* adapters = {adapter, {adapter, scale}, ...} (lua_adapter.c reads the list) */
+static void read_session_adapters(const opt_ctx *c, const opt_spec *o, int vi, void *field) {
+    (void)o;
+    session_opts *so = field; /* the row's destination is the whole struct */
+    so->n_adapters = kvl_read_adapters(c->L, vi, c->arg, "option 'adapters'", so->adapters, so->scales);
+}
+
 #define SO(field) .off = offsetof(session_opts, field)
 /* The sampler's ranges are what kvgen_sampler_desc accepts (floats finite as floats), so a bad
  * value is an argument error naming it, never a failure of the C call. */
@@ -119,6 +129,7 @@ static const opt_spec session_specs[] = {
     {.key = "prefix_reuse", .type = OPT_BOOL, SO(prefix_reuse), .need = SESSION_ONLY},
     {.key = "system", .type = OPT_STRING, SO(system), .need = SESSION_ONLY},
     {.key = "template", .type = OPT_CUSTOM, .read = read_session_template, .need = SESSION_ONLY},
+    {.key = "adapters", .type = OPT_CUSTOM, .read = read_session_adapters, .need = SESSION_ONLY},
     {.key = "seed", .type = OPT_U64, SO(sd.seed)},
     {.key = "temperature", .type = OPT_FLOAT, SO(sd.temperature), .flo = -FLT_MAX, .fhi = FLT_MAX}, /* <= 0: greedy */
     {.key = "top_k", .type = OPT_INT, SO(sd.top_k), .lo = 0, .hi = INT_MAX},
@@ -163,6 +174,8 @@ static int model_session(lua_State *L) {
         return kvl_raise_status(L, &err);
     }
     /* on failure below the new session is garbage and its __gc closes it */
+    if (o.n_adapters > 0 && kvgen_session_set_adapters(s->session, o.adapters, o.scales, o.n_adapters, &err) != KVGEN_OK)
+        return kvl_raise_status(L, &err);
     if (o.has_template && kvgen_chat_set_template(s->session, &o.tpl, &err) != KVGEN_OK)
         return kvl_raise_status(L, &err);
     if (o.system && kvgen_chat_add(s->session, "system", o.system, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
@@ -729,6 +742,7 @@ static const luaL_Reg session_methods[] = {
     {NULL, NULL},
 };
 
-static const luaL_Reg *const session_method_lists[] = {session_methods, kvl_session_gen_methods, NULL};
+static const luaL_Reg *const session_method_lists[] = {session_methods, kvl_session_gen_methods,
+                                                                 kvl_session_adapter_methods, NULL};
 const kvl_type kvl_session_type = {SESSION_MT, session_method_lists, session_index, session_close, session_tostring,
                                    NULL};

@@ -477,6 +477,7 @@ typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
     kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
     int pos;
+    const kvg_lora_set *lora; /* the token's sequence's adapters (kvg_batch_seq.lora) */
 } cpu_slot;
 
 typedef struct attention_job {
@@ -609,6 +610,10 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
     int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
     float eps = hp->rms_norm_eps;
     bool neox = m->w.rope == KVG_ROPE_NEOX;
+    /* each token's adapters: y += s B (A x) in f32 after each matrix they adapt (NULL: none in the block) */
+    const kvg_lora_set *lora_of[CPU_BLOCK], *const *lora = NULL;
+    for (int t = 0; t < n; t++)
+        if ((lora_of[t] = slots[t].lora) && slots[t].lora->n > 0) lora = lora_of;
 
     const kvg_tensor *emb = m->w.tok_embd;
     size_t emb_row = kvg_row_bytes(emb->type, emb->ne[0]);
@@ -627,6 +632,9 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
             vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].attn_norm, D, eps);
         mm_spec qkv[3] = {{&C->w[M_Q], s->c.q, NULL}, {&C->w[M_K], s->c.k, NULL}, {&C->w[M_V], s->c.v, NULL}};
         matmul(cm, s, s->c.xb, D, n, 3, qkv);
+        kvg_lora_add(lora, l, KVG_LORA_Q, s->c.xb, D, n, s->c.q, qd);
+        kvg_lora_add(lora, l, KVG_LORA_K, s->c.xb, D, n, s->c.k, kvd);
+        kvg_lora_add(lora, l, KVG_LORA_V, s->c.xb, D, n, s->c.v, kvd);
         add_bias(vec, s->c.q, T->bq, n, qd);
         add_bias(vec, s->c.k, T->bk, n, kvd);
         add_bias(vec, s->c.v, T->bv, n, kvd);
@@ -666,17 +674,21 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
 
         mm_spec o[1] = {{&C->w[M_O], s->c.xb, NULL}};
         matmul(cm, s, s->c.att, qd, n, 1, o);
+        kvg_lora_add(lora, l, KVG_LORA_O, s->c.att, qd, n, s->c.xb, D);
         residual_add(cm, s->c.x, s->c.xb, T->attn_post, n, D, eps);
 
         for (int t = 0; t < n; t++)
             vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].ffn_norm, D, eps);
         mm_spec gu[2] = {{&C->w[M_GATE], s->c.hb, NULL}, {&C->w[M_UP], s->c.hb2, NULL}};
         matmul(cm, s, s->c.xb, D, n, 2, gu);
+        kvg_lora_add(lora, l, KVG_LORA_GATE, s->c.xb, D, n, s->c.hb, F);
+        kvg_lora_add(lora, l, KVG_LORA_UP, s->c.xb, D, n, s->c.hb2, F);
         if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->c.hb, s->c.hb2, n * F);
         else vec->silu_mul(s->c.hb, s->c.hb2, n * F);
 
         mm_spec dn[1] = {{&C->w[M_DOWN], s->c.xb, NULL}};
         matmul(cm, s, s->c.hb, F, n, 1, dn);
+        kvg_lora_add(lora, l, KVG_LORA_DOWN, s->c.hb, F, n, s->c.xb, D);
         residual_add(cm, s->c.x, s->c.xb, T->ffn_post, n, D, eps);
     }
 }
@@ -713,7 +725,8 @@ static kvgen_status cpu_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
     for (int nb; (nb = kvg_cpu_batch_block(b, &si, &ti, CPU_BLOCK, tokens, seq_of, tok_of)) > 0;) {
         for (int t = 0; t < nb; t++) {
             const kvg_batch_seq *q = &b->seq[seq_of[t]];
-            slots[t] = (cpu_slot){.pages = {q->pages[0], q->pages[1]}, .owner = q->bs, .pos = q->pos0 + tok_of[t]};
+            slots[t] = (cpu_slot){.pages = {q->pages[0], q->pages[1]}, .owner = q->bs, .pos = q->pos0 + tok_of[t],
+                                  .lora = q->lora};
         }
         kvg_backend_session *scratch = slots[0].owner;
         forward_block(m, scratch, slots, tokens, nb);
@@ -773,6 +786,7 @@ const kvg_backend_ops kvg_cpu_backend = {
     .name = "cpu",
     .kv_groups = true,
     .hidden_out = true,
+    .lora = true,
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
                 KVG_F_SLIDING_WINDOW | KVG_F_ENCODER,

@@ -259,6 +259,7 @@ typedef struct ref_slot {
     const ref_kv *kv;
     kvg_backend_session *owner;
     int pos;
+    const kvg_lora_set *lora; /* the token's sequence's adapters (kvg_batch_seq.lora) */
 } ref_slot;
 
 /* Causal grouped-query attention for one (token, head) per item. */
@@ -343,6 +344,10 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
     ref_model *rm = m->backend;
     int D = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
     int qd = hp->n_head * hd, kvd = hp->n_head_kv * hd;
+    /* each token's adapters: y += s B (A x) after each matrix they adapt (NULL: none in the block) */
+    const kvg_lora_set *lora_of[REF_BLOCK], *const *lora = NULL;
+    for (int t = 0; t < n; t++)
+        if ((lora_of[t] = slots[t].lora) && slots[t].lora->n > 0) lora = lora_of;
 
     /* embedding: x[t] = row tokens[t] of tok_embd, dequantized          x: [n][D] */
     const kvg_tensor *emb = m->w.tok_embd;
@@ -365,6 +370,9 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         /* q = xb Wq: [n][H*hd], k = xb Wk: [n][Hkv*hd], v = xb Wv: [n][Hkv*hd] */
         matmul_part qkv[3] = {{L->wq, s->c.q}, {L->wk, s->c.k}, {L->wv, s->c.v}};
         matmul(rm->pool, s, s->c.xb, D, n, 3, qkv);
+        kvg_lora_add(lora, l, KVG_LORA_Q, s->c.xb, D, n, s->c.q, qd);
+        kvg_lora_add(lora, l, KVG_LORA_K, s->c.xb, D, n, s->c.k, kvd);
+        kvg_lora_add(lora, l, KVG_LORA_V, s->c.xb, D, n, s->c.v, kvd);
         add_bias(s->c.q, R->bq, n, qd); /* qwen2 */
         add_bias(s->c.k, R->bk, n, kvd);
         add_bias(s->c.v, R->bv, n, kvd);
@@ -397,6 +405,7 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         /* x += att Wo                                                      xb: [n][D] */
         matmul_part o[1] = {{L->wo, s->c.xb}};
         matmul(rm->pool, s, s->c.att, qd, n, 1, o);
+        kvg_lora_add(lora, l, KVG_LORA_O, s->c.att, qd, n, s->c.xb, D);
         residual_add(s->c.x, s->c.xb, R->attn_post, n, D, hp->rms_norm_eps); /* gemma: normed first */
 
         /* feed-forward sublayer: xb = rmsnorm(x) * ffn_norm */
@@ -407,11 +416,14 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const ref_slot
         /* hb = xb Wgate, hb2 = xb Wup: [n][F]; hb = act(hb) * hb2 (SwiGLU for SiLU) */
         matmul_part gu[2] = {{L->w_gate, s->c.hb}, {L->w_up, s->c.hb2}};
         matmul(rm->pool, s, s->c.xb, D, n, 2, gu);
+        kvg_lora_add(lora, l, KVG_LORA_GATE, s->c.xb, D, n, s->c.hb, F);
+        kvg_lora_add(lora, l, KVG_LORA_UP, s->c.xb, D, n, s->c.hb2, F);
         ffn_activation(&m->w, s->c.hb, s->c.hb2, (size_t)n * F);
 
         /* x += hb Wdown                                                    xb: [n][D] */
         matmul_part dn[1] = {{L->w_down, s->c.xb}};
         matmul(rm->pool, s, s->c.hb, F, n, 1, dn);
+        kvg_lora_add(lora, l, KVG_LORA_DOWN, s->c.hb, F, n, s->c.xb, D);
         residual_add(s->c.x, s->c.xb, R->ffn_post, n, D, hp->rms_norm_eps);
     }
 }
@@ -452,7 +464,7 @@ static kvgen_status ref_forward(kvgen_model *m, const kvg_batch *b, kvgen_error 
         for (int t = 0; t < nb; t++) {
             const kvg_batch_seq *q = &b->seq[seq_of[t]];
             kv[t] = (ref_kv){.store = rm->host.pages, .pages = {q->pages[0], q->pages[1]}, .group = m->kv.group};
-            slots[t] = (ref_slot){.kv = &kv[t], .owner = q->bs, .pos = q->pos0 + tok_of[t]};
+            slots[t] = (ref_slot){.kv = &kv[t], .owner = q->bs, .pos = q->pos0 + tok_of[t], .lora = q->lora};
         }
         kvg_backend_session *scratch = slots[0].owner;
         forward_block(m, scratch, slots, tokens, nb);
@@ -521,6 +533,7 @@ const kvg_backend_ops kvg_reference_backend = {
     .name = "reference",
     .kv_groups = true,
     .hidden_out = true,
+    .lora = true,
     /* every feature of the architecture table; Q and the attention output are n_head*head_dim
      * wide throughout, whatever n_embd is */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |

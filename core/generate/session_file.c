@@ -1,21 +1,24 @@
 /* session_file.c: kvgen_session_save / kvgen_session_restore.
  *
- * File layout, version 1, every integer little-endian, floats as their IEEE-754 bits:
+ * File layout, version 2, every integer little-endian, floats as their IEEE-754 bits:
  *
  *   header (HEADER_BYTES)
  *     magic "KVGSESS\0"        8
  *     version u32, flags u32   8   flags: 1 has logits, 2 no_cache, 4 prefix reuse
  *     model identity u64       8   kvg_model_identity
  *     n_layer n_head_kv head_dim n_vocab            u32 x 4
- *     n_ctx on_full keep reserved                   u32 x 4
+ *     n_ctx on_full keep n_adapters                 u32 x 4
  *     n_tokens clean_len shifts tokens_reused       u64 x 4   (clean_len: UINT64_MAX = all)
  *     sampler_bytes file_bytes                      u64 x 2
+ *   the LoRA adapters the session runs with, n_adapters x (content hash u64, scale f32, u32 0)
  *   sampler state (sampler_bytes in all: kvg_sampler_state_save, then u32 n and n bytes of
  *     the conversation: kvg_chat_save; n is 0 without one)
  *   token ids                      n_tokens x i32
  *   logits (when flags & 1)        n_vocab x f32
  *   K/V, for each layer: K then V, (n_head_kv, n_tokens, head_dim) f32: the used positions only
  *   checksum u64 over every byte before it
+ * Version 1 is version 2 without adapters (its n_adapters field was reserved, always 0); it is
+ * still read.
  *
  * Save writes a temporary file in the folder of the target (a symbolic link is followed: the
  * file it points to is replaced, the link stays), syncs it and renames it over the target, then
@@ -35,6 +38,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +55,8 @@
  * u64 checksum of everything before it */
 #define REMOTE_MAGIC "KVGREMOT"
 #define REMOTE_HEADER 24
-#define FILE_VERSION 1u
+#define FILE_VERSION 2u
+#define ADAPTER_BYTES 16 /* one adapter's entry */
 #define HEADER_BYTES 112
 enum { FLAG_LOGITS = 1, FLAG_NO_CACHE = 2, FLAG_PREFIX_REUSE = 4 };
 
@@ -129,7 +134,8 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     size_t per = (size_t)hp->n_head_kv * n * (size_t)hp->head_dim; /* floats per layer per K or V */
     size_t chat_bytes = kvg_chat_saved_size(s), sampler_bytes = kvg_sampler_state_size(&s->sampler) + 4 + chat_bytes;
     const float *logits = kvgen_session_logits(s); /* fetched when the device kept them */
-    uint64_t file_bytes = HEADER_BYTES + sampler_bytes + n * 4 + (logits ? V * 4 : 0) +
+    size_t n_adapters = (size_t)s->lora.n;
+    uint64_t file_bytes = HEADER_BYTES + n_adapters * ADAPTER_BYTES + sampler_bytes + n * 4 + (logits ? V * 4 : 0) +
                           (uint64_t)hp->n_layer * 2 * per * 4 + 8;
 
     unsigned char header[HEADER_BYTES] = {0};
@@ -145,6 +151,7 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     kvg_put_u32(header + 40, (uint32_t)s->n_ctx);
     kvg_put_u32(header + 44, (uint32_t)s->on_full);
     kvg_put_u32(header + 48, (uint32_t)s->keep);
+    kvg_put_u32(header + 52, (uint32_t)n_adapters);
     kvg_put_u64(header + 56, n);
     kvg_put_u64(header + 64, s->clean_len == KVG_CLEAN_ALL ? UINT64_MAX : (uint64_t)s->clean_len);
     kvg_put_u64(header + 72, s->shifts);
@@ -175,6 +182,14 @@ kvgen_status kvgen_session_save(const kvgen_session *s, const char *path, kvgen_
     }
     kvg_file_writer *w = &sv.w;
     kvg_fw_write(w, header, sizeof header);
+    for (size_t i = 0; i < n_adapters; i++) {
+        unsigned char entry[ADAPTER_BYTES] = {0};
+        uint32_t scale;
+        memcpy(&scale, &s->lora.scale[i], 4);
+        kvg_put_u64(entry, s->lora.adapter[i]->hash);
+        kvg_put_u32(entry + 8, scale);
+        kvg_fw_write(w, entry, sizeof entry);
+    }
     kvg_fw_write(w, sampler, sampler_bytes);
     memcpy(scratch, s->tokens, n * 4);
     kvg_le32_array(scratch, n);
@@ -217,12 +232,17 @@ static kvgen_status check_header(const kvgen_model *model, const unsigned char *
         kvg_get_u32(h + 32) != (uint32_t)hp->head_dim || kvg_get_u32(h + 36) != (uint32_t)hp->n_vocab)
         return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: cache shape does not match the model", path);
     uint32_t n_ctx = kvg_get_u32(h + 40), on_full = kvg_get_u32(h + 44), keep = kvg_get_u32(h + 48);
+    uint32_t n_adapters = kvg_get_u32(h + 52);
+    if (n_adapters > KVGEN_MAX_ADAPTERS || (n_adapters > 0 && kvg_get_u32(h + 8) < 2))
+        return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: bad adapter count %u (at most %d, version 2 "
+                        "files only)", path, (unsigned)n_adapters, KVGEN_MAX_ADAPTERS);
     uint64_t n = kvg_get_u64(h + 56), sampler_bytes = kvg_get_u64(h + 88), file_bytes = kvg_get_u64(h + 96);
     if (n_ctx == 0 || n_ctx > KVG_MAX_CTX || n > n_ctx || on_full > KVGEN_ON_FULL_SHIFT || keep > KVG_MAX_CTX)
         return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: bad session options (n_ctx %u, %llu tokens)",
                         path, (unsigned)n_ctx, (unsigned long long)n);
     uint64_t V = (uint64_t)hp->n_vocab, per = (uint64_t)hp->n_head_kv * n * (uint64_t)hp->head_dim;
-    uint64_t body = n * 4 + ((flags & FLAG_LOGITS) ? V * 4 : 0) + (uint64_t)hp->n_layer * 2 * per * 4;
+    uint64_t body = (uint64_t)n_adapters * ADAPTER_BYTES + n * 4 + ((flags & FLAG_LOGITS) ? V * 4 : 0) +
+                    (uint64_t)hp->n_layer * 2 * per * 4;
     if (sampler_bytes > file_bytes || HEADER_BYTES + sampler_bytes + body + 8 != file_bytes)
         return kvg_fail(err, KVGEN_E_FORMAT, "kvgen_session_restore: %s: section sizes do not add up to the file size",
                         path);
@@ -294,6 +314,8 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     unsigned char *sampler = NULL;
     int32_t *tokens = NULL;
     float *kv = NULL, *logits = NULL;
+    kvg_lora_set lora = {0};
+    unsigned char adapters[KVGEN_MAX_ADAPTERS * ADAPTER_BYTES];
     /* the header first, and nothing past it until its sizes agree with the file's */
     unsigned char h[HEADER_BYTES] = {0};
     kvg_file_reader r = {fd, 0, KVG_HASH64_INIT, 0, false};
@@ -365,6 +387,8 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
     if (!sampler || !tokens || !logits || !kv)
         REFUSE(KVGEN_E_NO_MEMORY, "kvgen_session_restore: %s: out of memory restoring %llu tokens", path,
                (unsigned long long)n);
+    uint32_t n_adapters = kvg_get_u32(h + 52); /* check_header bounded it */
+    kvg_fr_read(&r, adapters, (size_t)n_adapters * ADAPTER_BYTES);
     kvg_fr_read(&r, sampler, (size_t)sampler_bytes);
     kvg_fr_read(&r, tokens, (size_t)n * 4);
     if (flags & FLAG_LOGITS) kvg_fr_read(&r, logits, V * 4);
@@ -384,6 +408,24 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
             REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: token %zu: id %d is outside the vocabulary", path, i,
                    (int)tokens[i]);
     kvg_from_le32_array(kv, n_kv);
+    /* the adapters it ran with, among the model's loaded ones, before a session exists */
+    for (uint32_t i = 0; i < n_adapters; i++) {
+        const unsigned char *e = adapters + (size_t)i * ADAPTER_BYTES;
+        uint64_t hash = kvg_get_u64(e);
+        uint32_t bits = kvg_get_u32(e + 8);
+        float scale;
+        memcpy(&scale, &bits, 4);
+        if (!isfinite(scale))
+            REFUSE(KVGEN_E_FORMAT, "kvgen_session_restore: %s: adapter %u's scale is not a finite number", path,
+                   (unsigned)i);
+        kvgen_adapter *a = kvg_adapter_find(model, hash);
+        if (!a)
+            REFUSE(KVGEN_E_INVALID_ARGUMENT, "kvgen_session_restore: %s: saved running adapter %016llx (at scale %g), "
+                   "which is not loaded on '%s' (kvgen_adapter_load it first)", path, (unsigned long long)hash,
+                   (double)scale, model->name);
+        lora.adapter[lora.n] = a;
+        lora.scale[lora.n++] = scale;
+    }
     kvgen_session_desc d = {.n_ctx = (int)kvg_get_u32(h + 40), .no_cache = (flags & FLAG_NO_CACHE) != 0,
                             .on_full = (kvgen_on_full)kvg_get_u32(h + 44), .keep = (int)kvg_get_u32(h + 48),
                             .no_prefix_reuse = (flags & FLAG_PREFIX_REUSE) == 0};
@@ -397,6 +439,11 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
                path);
     st = kvg_chat_load(s, sampler + used + 4, (size_t)sampler_bytes - used - 4, &why);
     if (st != KVGEN_OK) REFUSE(st, "kvgen_session_restore: %s: %s", path, why.message);
+    if (lora.n > 0) {
+        st = kvg_session_can_lora(s, "kvgen_session_restore", err);
+        if (st != KVGEN_OK) goto done;
+        kvg_session_take_lora(s, &lora); /* an empty session: its pages are keyed under the set */
+    }
     s->clean_len = clean_len == UINT64_MAX || clean_len > n ? KVG_CLEAN_ALL : (size_t)clean_len;
     st = kvg_session_load_kv(s, tokens, (size_t)n, kv, err);
     if (st != KVGEN_OK) goto done;
@@ -412,6 +459,7 @@ kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_s
 #undef REFUSE
 done:
     if (fd >= 0) close(fd);
+    kvg_lora_set_clear(&lora);
     kvg_free(sampler);
     kvg_free(tokens);
     kvg_free(logits);

@@ -506,6 +506,63 @@ KVGEN_API kvgen_status kvgen_session_save(const kvgen_session *session, const ch
  * match the file and the model. */
 KVGEN_API kvgen_status kvgen_session_restore(kvgen_model *model, const char *path, kvgen_session **out, kvgen_error *err);
 
+/* ---- LoRA adapters ----------------------------------------------------------------------
+ * An adapter is a GGUF file in llama.cpp's LoRA format: general.type = "adapter",
+ * adapter.type = "lora", adapter.lora.alpha (optional; 0 when absent), general.architecture
+ * (the model's), and for each matrix W it changes (W: "blk.<i>.attn_q.weight" and the other
+ * attention and feed-forward matrices of a layer; [n_in] -> [n_out]) the tensors
+ * "<W>.lora_a" (ne0 = n_in, ne1 = rank) and "<W>.lora_b" (ne0 = rank, ne1 = n_out), of any type
+ * the backends dequantize (F32, F16, BF16, Q8_0, ...). A session running it at scale s computes
+ * every such product as y = W x + s' * B (A x), s' = s * alpha / rank (alpha != 0) or s: the
+ * weights stay shared, each session adds its own low-rank product (in f32, on the activations),
+ * so sessions with different adapters, or none, run in one batch. */
+typedef struct kvgen_adapter kvgen_adapter;
+#define KVGEN_MAX_ADAPTERS 8 /* adapters one session runs with at once */
+
+/* Loads the adapter at `path` for `model`. Refuses, naming the file, and changes nothing:
+ * another architecture than the model's (KVGEN_E_INVALID_ARGUMENT, both named), a file that
+ * is not a LoRA adapter (KVGEN_E_FORMAT), a "<W>.lora_a" or "<W>.lora_b" without its other half
+ * (KVGEN_E_FORMAT, naming the tensor missing), a matrix the model does not have or whose shape
+ * differs (KVGEN_E_INVALID_ARGUMENT, naming the tensor and both shapes), a matrix kvgen does
+ * not adapt, such as the embeddings (KVGEN_E_UNSUPPORTED), a truncated or malformed file
+ * (KVGEN_E_FORMAT), a type no backend dequantizes (KVGEN_E_UNSUPPORTED). The adapter holds a
+ * reference on the model (the model is freed after its last adapter and session). Thread-safe. */
+KVGEN_API kvgen_status kvgen_adapter_load(kvgen_model *model, const char *path, kvgen_adapter **out,
+                                          kvgen_error *err);
+/* Drops the caller's reference; sessions running the adapter keep it alive until they let go
+ * of it (set_adapters, close). NULL is ignored. */
+KVGEN_API void kvgen_adapter_free(kvgen_adapter *adapter);
+/* Takes another reference (each kvgen_adapter_free drops one), as kvgen_model_retain does for a
+ * model: a host that hands an adapter to two owners (a binding's handle and its caller). */
+KVGEN_API void kvgen_adapter_retain(kvgen_adapter *adapter);
+
+typedef struct kvgen_adapter_info {
+    const char *name;   /* general.name, else the file's name; valid while the adapter lives */
+    const char *path;
+    float alpha;        /* adapter.lora.alpha (0: absent) */
+    int max_rank;       /* the largest rank of its pairs */
+    int n_matrices;     /* the matrices it changes */
+    uint64_t hash;      /* its content hash (what session files record) */
+} kvgen_adapter_info;
+KVGEN_API void kvgen_adapter_get_info(const kvgen_adapter *adapter, kvgen_adapter_info *info);
+
+/* Sets the adapters `session` runs with from now on: adapters[i] at scales[i] (scales NULL:
+ * every scale 1), n <= KVGEN_MAX_ADAPTERS; n = 0 runs the base model again. The session takes a
+ * reference on each. The K/V already in the session stay as they were computed (rewind or
+ * reset to recompute them); they are no longer offered to other sessions through the prefix
+ * cache, which only ever shares pages between sessions with the same adapters and scales.
+ * Forks inherit the adapters; kvgen_session_save records them (by content hash, with their
+ * scales) and kvgen_session_restore finds them among the model's loaded adapters. Refuses,
+ * changing nothing: an adapter of another model, n above the limit, a non-finite scale
+ * (KVGEN_E_INVALID_ARGUMENT); a backend that does not run adapters (the Vulkan backend) or a
+ * remote session (KVGEN_E_UNSUPPORTED, naming it). */
+KVGEN_API kvgen_status kvgen_session_set_adapters(kvgen_session *session, const kvgen_adapter *const *adapters,
+                                                  const float *scales, size_t n, kvgen_error *err);
+/* The session's adapters and scales: fills up to `cap` of each (either may be NULL) and returns
+ * how many it has. The pointers stay valid while the session holds them. */
+KVGEN_API size_t kvgen_session_adapters(const kvgen_session *session, const kvgen_adapter **adapters, float *scales,
+                                        size_t cap);
+
 /* The model's KV page pool: memory accounting. */
 typedef struct kvgen_pool_info {
     size_t page_size;       /* tokens per page */

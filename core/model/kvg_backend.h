@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kvg_adapter.h"
 #include "kvg_model.h"
 
 typedef struct kvg_backend_session kvg_backend_session; /* a backend's per-session state (scratch, recorded steps) */
@@ -32,6 +33,10 @@ typedef struct kvg_batch_seq {
     kvg_batch_out out;
     float *logits;  /* KVG_OUT_LAST / KVG_OUT_ALL */
     int select_k;   /* KVG_OUT_KEEP: also select the select_k best (0 none, 1 argmax, <= KVG_SAMPLER_MAX_TOP) */
+    /* the session's LoRA adapters (kvg_adapter.h), NULL or empty for none: after each matrix
+     * product of the sequence's tokens that a pair adapts, the backend adds that pair's
+     * low-rank product (kvg_lora_add); only set for a backend with ops->lora */
+    const kvg_lora_set *lora;
 } kvg_batch_seq;
 
 /* The unit of work of every backend: prefill, decode, many sessions' decodes, choice scoring
@@ -61,6 +66,9 @@ typedef struct kvg_backend_ops {
     bool kv_groups;
     /* true: forward answers KVG_OUT_HIDDEN */
     bool hidden_out;
+    /* true: forward runs each sequence's LoRA adapters (kvg_batch_seq.lora); false:
+     * kvgen_session_set_adapters refuses sessions of this backend */
+    bool lora;
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */

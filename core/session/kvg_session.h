@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "kvg_adapter.h"
 #include "kvg_backend.h"
 #include "kvg_pool.h"
 #include "kvg_sampler.h"
@@ -76,6 +77,9 @@ struct kvgen_session {
      * never be offered to other sessions as the K/V of their tokens. */
     size_t clean_len;
     size_t tokens_reused; /* prefix-cache hits, in tokens */
+    /* the LoRA adapters the session runs with (session_lora.c); the prefix cache keys its
+     * pages under the set (kvg_session_hash_root) */
+    kvg_lora_set lora;
     size_t shifts;
 
     /* worker.c, under its lock: the session's jobs that are not final (read atomically); while
@@ -143,6 +147,18 @@ kvgen_status kvg_session_new_like(kvgen_session *s, kvgen_session **child, kvgen
  * written. */
 kvgen_status kvg_session_load_kv(kvgen_session *s, const int32_t *tokens, size_t n, const float *kv,
                                  kvgen_error *err);
+
+/* The parent hash of the session's first page in the prefix cache: KVG_PAGE_HASH_ROOT, or the
+ * key of its adapter set (kvg_lora_set_key), so pages computed under different adapters never
+ * meet. */
+uint64_t kvg_session_hash_root(const kvgen_session *s);
+/* Makes `set` the session's adapters (its references move to the session; the old set is
+ * released). K/V computed under another set stop being offered through the prefix cache. The
+ * caller has checked the set (kvgen_session_set_adapters, restore). */
+void kvg_session_take_lora(kvgen_session *s, kvg_lora_set *set);
+/* The backend-run checks of a set of n adapters for s: KVGEN_OK, or KVGEN_E_UNSUPPORTED naming
+ * `fn` (a kind without a cache of its own, a backend without LoRA). */
+kvgen_status kvg_session_can_lora(const kvgen_session *s, const char *fn, kvgen_error *err);
 
 /* KVGEN_E_UNSUPPORTED naming `fn` when s's kind has no token ids, logits or cache of its own
  * (kvg_session_can, KVG_CAN_TOKENS); else KVGEN_OK. */

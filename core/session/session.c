@@ -201,8 +201,13 @@ static kvgen_status reserve(kvgen_session *s, size_t pos0, size_t end, kvgen_err
     return st;
 }
 
+uint64_t kvg_session_hash_root(const kvgen_session *s) {
+    uint64_t key = kvg_lora_set_key(&s->lora);
+    return key ? key : KVG_PAGE_HASH_ROOT;
+}
+
 static uint64_t parent_hash(const kvgen_session *s, size_t page) {
-    return page == 0 ? KVG_PAGE_HASH_ROOT : s->page_hash[page - 1];
+    return page == 0 ? kvg_session_hash_root(s) : s->page_hash[page - 1];
 }
 
 /* Keys the pages that became full in [from, n_tokens) and offers them (each group's that is
@@ -287,6 +292,7 @@ static kvgen_status local_init(kvgen_session *s, kvgen_error *err) {
 static void session_free(kvgen_session *s) {
     s->kind->free(s);
     kvg_session_ext_free_all(s);
+    kvg_lora_set_clear(&s->lora);
     kvg_sampler_free(&s->sampler);
     kvg_free(s);
 }
@@ -320,6 +326,7 @@ kvgen_status kvg_session_new(kvgen_model *model, const kvgen_session_desc *desc,
         if (like) {
             st = kvg_sampler_clone(&s->sampler, &like->sampler, err);
             if (st == KVGEN_OK) st = kvg_session_ext_clone_all(s, like, err);
+            if (st == KVGEN_OK) kvg_lora_set_copy(&s->lora, &like->lora); /* forks run the parent's adapters */
         } else {
             kvg_sampler_params sp = {.seed = desc->seed, .temperature = desc->temperature, .top_k = desc->top_k,
                                      .top_p = desc->top_p};
@@ -371,12 +378,17 @@ static kvg_batch_out last_out(const kvgen_session *s, int *select_k) {
     return k > 0 ? KVG_OUT_KEEP : KVG_OUT_LAST;
 }
 
+/* the adapters a batch sequence of s runs with: none for a backend without them */
+static const kvg_lora_set *seq_lora(const kvgen_session *s) {
+    return s->lora.n > 0 && s->model->ops->lora ? &s->lora : NULL;
+}
+
 /* One sequence of n tokens at pos0 through the session's page table. */
 static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, size_t pos0, kvg_batch_out out,
                             float *logits, kvgen_error *err) {
     kvg_batch_seq q = {.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = tokens, .n = (int)n,
                        .pos0 = (int)pos0,
-                       .out = out, .logits = logits};
+                       .out = out, .logits = logits, .lora = seq_lora(s)};
     if (out == KVG_OUT_KEEP || out == KVG_OUT_LAST) q.out = last_out(s, &q.select_k);
     if (q.out == KVG_OUT_LAST) q.logits = s->logits;
     kvg_batch b = {.seq = &q, .n_seq = 1};
@@ -679,7 +691,7 @@ kvgen_status kvg_session_run_batch(kvgen_session *const *ss, const int32_t *cons
             kvg_batch_seq *q = &seq[nq];
             *q = (kvg_batch_seq){.bs = s->bs, .pages = {s->pages[0], s->pages[1]}, .tokens = &s->tokens[s->n_tokens],
                                  .n = counts[i],
-                                 .pos0 = (int)s->n_tokens};
+                                 .pos0 = (int)s->n_tokens, .lora = seq_lora(s)};
             q->out = host_logits ? KVG_OUT_LAST : last_out(s, &q->select_k);
             if (q->out == KVG_OUT_LAST) q->logits = s->logits;
             s->logits_on_device = false;

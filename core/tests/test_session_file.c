@@ -15,6 +15,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <stdlib.h>
+#include "kvg_file.h"
+#include "kvg_hash.h"
 #include "testutil.h"
 
 static int n_vocab;
@@ -142,10 +145,30 @@ static void test_refusals(kvgen_model *m, kvgen_model *other) {
     free(longer);
 
     /* a newer version: refused before anything else is read */
-    bytes[8] = 2;
+    bytes[8] = 3;
     write_file(bad, bytes, size);
-    expect_refusal(m, bad, KVGEN_E_UNSUPPORTED, "newer", "version 2");
-    bytes[8] = 1;
+    expect_refusal(m, bad, KVGEN_E_UNSUPPORTED, "newer", "version 3");
+    /* version 1 (no adapters: its adapter count was a reserved 0) is still read, and a
+     * version 1 header that claims adapters is refused */
+    {
+        unsigned char *v1 = malloc(size);
+        memcpy(v1, bytes, size);
+        v1[8] = 1;
+        kvg_hash64 h = KVG_HASH64_INIT;
+        kvg_hash64_add(&h, v1, size - 8);
+        kvg_put_u64(v1 + size - 8, kvg_hash64_final(&h));
+        write_file(bad, v1, size);
+        CHECK_OK(kvgen_session_restore(m, bad, &s, &err));
+        kvgen_session_close(s);
+        v1[52] = 1;
+        h = (kvg_hash64)KVG_HASH64_INIT;
+        kvg_hash64_add(&h, v1, size - 8);
+        kvg_put_u64(v1 + size - 8, kvg_hash64_final(&h));
+        write_file(bad, v1, size);
+        expect_refusal(m, bad, KVGEN_E_FORMAT, "adapter count", "version 1 with adapters");
+        free(v1);
+    }
+    bytes[8] = 2;
     bytes[0] = 'X';
     write_file(bad, bytes, size);
     expect_refusal(m, bad, KVGEN_E_FORMAT, "not a kvgen session", "bad magic");

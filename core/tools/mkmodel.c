@@ -5,6 +5,18 @@
  *                 [--vocab VOCAB.gguf] [--vocab-size N] [--head-dim N] [--arch NAME] [--qkv-bias]
  *                 [--qk-norm] [--post-norms] [--rope-freqs] [--swa N] [--softcap ATTN,FINAL]
  *                 [--rope-dim N] [--orig-ctx N] [--rope-factors]
+ *                 [--lora [--lora-rank N] [--lora-alpha F] [--lora-targets LIST] [--lora-type T]]
+ *
+ * --lora writes, instead of a model, a random LoRA adapter in llama.cpp's GGUF adapter format
+ * for the model the other flags describe (the same flags make the model and an adapter that
+ * fits it): general.type "adapter", adapter.type "lora", adapter.lora.alpha (--lora-alpha,
+ * default the rank, so the product is applied at scale 1), and for each target matrix W of
+ * every layer (--lora-targets, a comma list of q,k,v,o,gate,up,down; default all of them)
+ * "<W>.lora_a" (ne0 = W's input width, ne1 = --lora-rank, default 8) and "<W>.lora_b" (ne0 = the
+ * rank, ne1 = W's output width), of type --lora-type (F32, F16, BF16 or Q8_0; default F32).
+ * A is drawn with std 1/sqrt(input width) and B with std 0.15/sqrt(rank), so the adapter moves
+ * each product by about a quarter of its size: visible in the logits, never overwhelming.
+ * The adapter's draws come from their own stream (--seed S gives another adapter).
  *
  * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
  * differ from --embd); --arch labels the file NAME and writes its metadata under "NAME."
@@ -65,7 +77,17 @@ typedef struct options {
     float softcap_attn, softcap_final;
     int mix, embd_type_set; /* mix: MIX_NONE or MIX_Q4_K_M */
     int pooling;            /* an encoder's <arch>.pooling_type; -1: the key left out */
+    int lora, lora_rank;    /* --lora: write an adapter; its rank */
+    float lora_alpha;       /* < 0: the rank */
+    unsigned lora_targets;  /* bit i: lora_target_names[i] */
+    uint32_t lora_type;
 } options;
+
+/* the matrices --lora-targets names, and their tensors' name parts */
+static const char *const lora_target_names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+static const char *const lora_target_parts[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                                "ffn_down"};
+#define LORA_TARGETS 7
 
 enum { MIX_NONE, MIX_Q4_K_M };
 
@@ -121,11 +143,16 @@ static void usage(void) {
             "                     [--head-dim N] [--arch NAME] [--qkv-bias] [--qk-norm] [--post-norms] [--pooling P]\n"
             "                     [--rope-freqs] [--swa N] [--softcap ATTN,FINAL] [--rope-dim N]\n"
             "                     [--orig-ctx N] [--rope-factors]\n"
+            "                     [--lora [--lora-rank N] [--lora-alpha F] [--lora-targets q,k,v,o,gate,up,down]\n"
+            "                      [--lora-type F32|F16|BF16|Q8_0]]\n"
             "  --type T       every 2-D matrix as T (default F32; norms and biases stay F32)\n"
             "  --mix q4_k_m   llama.cpp's Q4_K_M mix instead of --type: Q6_K for the output matrix (output.weight,\n"
             "                 or the tied token_embd.weight) and for attn_v and ffn_down of layer l of n when\n"
             "                 l < n/8, l >= 7n/8 or (l - n/8) %% 3 == 2; Q4_K for every other matrix\n"
             "  --embd-type T  token_embd.weight (and output.weight) as T (default: as --type or the mix)\n"
+            "  --lora         a random LoRA adapter (llama.cpp's GGUF format) for the model the other flags\n"
+            "                 describe, instead of the model: rank --lora-rank (8), alpha --lora-alpha (the rank),\n"
+            "                 the matrices of --lora-targets (all seven), of type --lora-type (F32)\n"
             "K types need rows (--embd, --ff, heads x head size) that are multiples of 256.\n",
             types);
 }
@@ -156,6 +183,32 @@ static int parse_int(const char *opt, const char *s, int *out) {
     return 0;
 }
 
+/* "q,k,v,o,gate,up,down" (any of them, in any order) as bits of lora_target_names */
+static int parse_lora_targets(const char *s, unsigned *out) {
+    unsigned bits = 0;
+    const char *p = s;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int found = -1;
+        for (int i = 0; i < LORA_TARGETS; i++)
+            if (strlen(lora_target_names[i]) == n && strncmp(p, lora_target_names[i], n) == 0) found = i;
+        if (found < 0) {
+            fprintf(stderr, "kvgen-mkmodel: --lora-targets %s: '%.*s' is not one of q,k,v,o,gate,up,down\n", s, (int)n,
+                    p);
+            return -1;
+        }
+        bits |= 1u << found;
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (!bits) {
+        fprintf(stderr, "kvgen-mkmodel: --lora-targets needs at least one of q,k,v,o,gate,up,down\n");
+        return -1;
+    }
+    *out = bits;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
     o->seed = 1;
@@ -167,6 +220,10 @@ static int parse_args(int argc, char **argv, options *o) {
     o->rope_base = 10000.0f;
     o->type = KVG_TYPE_F32;
     o->pooling = 1;
+    o->lora_rank = 8;
+    o->lora_alpha = -1.0f;
+    o->lora_targets = (1u << LORA_TARGETS) - 1;
+    o->lora_type = KVG_TYPE_F32;
     int type_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -192,6 +249,10 @@ static int parse_args(int argc, char **argv, options *o) {
         }
         if (strcmp(a, "--rope-factors") == 0) {
             o->rope_factors = 1;
+            continue;
+        }
+        if (strcmp(a, "--lora") == 0) {
+            o->lora = 1;
             continue;
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return -1;
@@ -229,6 +290,24 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (strcmp(a, "--swa") == 0) rc = parse_int(a, v, &o->swa);
         else if (strcmp(a, "--rope-dim") == 0) rc = parse_int(a, v, &o->rope_dim);
         else if (strcmp(a, "--orig-ctx") == 0) rc = parse_int(a, v, &o->orig_ctx);
+        else if (strcmp(a, "--lora-rank") == 0) rc = parse_int(a, v, &o->lora_rank);
+        else if (strcmp(a, "--lora-alpha") == 0) {
+            char *end;
+            o->lora_alpha = strtof(v, &end);
+            if (*end || end == v || !(o->lora_alpha >= 0.0f) || !isfinite(o->lora_alpha)) {
+                fprintf(stderr, "kvgen-mkmodel: --lora-alpha needs a number >= 0 (0: no alpha), got '%s'\n", v);
+                rc = -1;
+            }
+        } else if (strcmp(a, "--lora-targets") == 0) {
+            rc = parse_lora_targets(v, &o->lora_targets);
+        } else if (strcmp(a, "--lora-type") == 0) {
+            rc = parse_type(a, v, &o->lora_type);
+            if (!rc && o->lora_type != KVG_TYPE_F32 && o->lora_type != KVG_TYPE_F16 && o->lora_type != KVG_TYPE_BF16 &&
+                o->lora_type != KVG_TYPE_Q8_0) {
+                fprintf(stderr, "kvgen-mkmodel: --lora-type %s: adapters are written as F32, F16, BF16 or Q8_0\n", v);
+                rc = -1;
+            }
+        }
         else if (strcmp(a, "--softcap") == 0) {
             if (sscanf(v, "%f,%f", &o->softcap_attn, &o->softcap_final) != 2 || !(o->softcap_attn > 0.0f) ||
                 !(o->softcap_final > 0.0f)) {
@@ -286,6 +365,12 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
     }
     if (!o->orig_ctx) o->orig_ctx = o->ctx;
+    if (o->lora && o->row && (o->row->encoder || o->row->fused)) {
+        fprintf(stderr, "kvgen-mkmodel: --lora writes adapters for decoders with separate q, k, v, gate and up "
+                "matrices, not for %s\n", o->arch);
+        return -1;
+    }
+    if (o->lora_alpha < 0.0f) o->lora_alpha = (float)o->lora_rank;
     if (o->embd % o->heads && !o->head_dim) {
         fprintf(stderr, "kvgen-mkmodel: --embd %d is not a multiple of --heads %d\n", o->embd, o->heads);
         return -1;
@@ -682,12 +767,53 @@ static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_voc
     return err;
 }
 
+/* --lora: the adapter instead of the model (see the top of the file) */
+static int write_adapter(const options *o) {
+    int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
+    int q_dim = o->heads * head_dim, kv_dim = o->kv_heads * head_dim;
+    /* n_in, n_out of each target, in lora_target_names' order */
+    const int dims[LORA_TARGETS][2] = {{o->embd, q_dim}, {o->embd, kv_dim}, {o->embd, kv_dim}, {q_dim, o->embd},
+                                       {o->embd, o->ff}, {o->embd, o->ff},    {o->ff, o->embd}};
+    kvg_gguf_writer *w = kvg_gguf_writer_new();
+    if (!w) {
+        fprintf(stderr, "kvgen-mkmodel: out of memory\n");
+        return 1;
+    }
+    kvg_gguf_set_str(w, "general.architecture", o->arch);
+    kvg_gguf_set_str(w, "general.type", "adapter");
+    kvg_gguf_set_str(w, "general.name", "kvgen-mkmodel random lora");
+    kvg_gguf_set_str(w, "adapter.type", "lora");
+    kvg_gguf_set_f32(w, "adapter.lora.alpha", o->lora_alpha);
+    rng r = {o->seed * 0x9e3779b97f4a7c15ull + 7}; /* not the model's stream */
+    int err = 0, rank = o->lora_rank;
+    for (int l = 0; l < o->layers && !err; l++)
+        for (int t = 0; t < LORA_TARGETS && !err; t++) {
+            if (!(o->lora_targets & (1u << t))) continue;
+            char name[96];
+            int n_in = dims[t][0], n_out = dims[t][1];
+            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, lora_target_parts[t]);
+            err = add_matrix(w, &r, name, o->lora_type, n_in, rank, 0.0f, 1.0f / sqrtf((float)n_in), "the input width");
+            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, lora_target_parts[t]);
+            if (!err)
+                err = add_matrix(w, &r, name, o->lora_type, rank, n_out, 0.0f, 0.15f / sqrtf((float)rank),
+                                 "--lora-rank");
+        }
+    kvgen_error e = {0};
+    if (!err && kvg_gguf_writer_save(w, o->out, &e) != KVGEN_OK) {
+        fprintf(stderr, "kvgen-mkmodel: %s\n", e.message);
+        err = 1;
+    }
+    kvg_gguf_writer_free(w);
+    return err ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o) != 0) {
         usage();
         return 2;
     }
+    if (o.lora) return write_adapter(&o);
     if (write_weights(NULL, &o, NULL, 0) != 0) return 2; /* a row width that is not whole blocks */
     kvg_gguf_writer *w = kvg_gguf_writer_new();
     vocab v = {0};
