@@ -466,6 +466,42 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
     kvg_cpu_pool_run(cm->pool, total, mm_rows, &j);
 }
 
+/* ---- LoRA ------------------------------------------------------------------------------------------ */
+
+/* One product a block's adapters change: y (out_dim per token) of matrix `target`. */
+typedef struct lora_out {
+    kvg_lora_target target;
+    float *y;
+    int out_dim;
+} lora_out;
+
+typedef struct lora_job {
+    const kvg_lora_set *const *sets;
+    int layer, in_dim, n_outs;
+    const float *x;
+    const lora_out *outs;
+} lora_job;
+
+static void lora_tokens(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const lora_job *j = ctx;
+    for (int o = 0; o < j->n_outs; o++) {
+        const lora_out *u = &j->outs[o];
+        kvg_lora_add(j->sets + begin, j->layer, u->target, j->x + (size_t)begin * j->in_dim, j->in_dim, end - begin,
+                     u->y + (size_t)begin * u->out_dim, u->out_dim);
+    }
+}
+
+/* Adds each token's adapters' products (kvg_lora_add) to the n_outs products of input x, the
+ * tokens spread over the pool (each token's sum is the same whichever thread makes it). */
+static void lora_add(const cpu_model *cm, const kvg_lora_set *const *sets, int layer, const float *x, int in_dim,
+                     int n, int n_outs, const lora_out *outs) {
+    if (!sets) return;
+    lora_job j = {.sets = sets, .layer = layer, .in_dim = in_dim, .n_outs = n_outs, .x = x, .outs = outs};
+    if (n > 1) kvg_cpu_pool_run(cm->pool, n, lora_tokens, &j);
+    else lora_tokens(&j, 0, n, 0);
+}
+
 /* ---- attention ------------------------------------------------------------------------------------- */
 
 /* K/V pages hold f16 by default, or blocks of q8_0 / q4_0 (kvg_cpu.h): a decode at depth reads
@@ -632,9 +668,8 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
             vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].attn_norm, D, eps);
         mm_spec qkv[3] = {{&C->w[M_Q], s->c.q, NULL}, {&C->w[M_K], s->c.k, NULL}, {&C->w[M_V], s->c.v, NULL}};
         matmul(cm, s, s->c.xb, D, n, 3, qkv);
-        kvg_lora_add(lora, l, KVG_LORA_Q, s->c.xb, D, n, s->c.q, qd);
-        kvg_lora_add(lora, l, KVG_LORA_K, s->c.xb, D, n, s->c.k, kvd);
-        kvg_lora_add(lora, l, KVG_LORA_V, s->c.xb, D, n, s->c.v, kvd);
+        lora_add(cm, lora, l, s->c.xb, D, n, 3, (lora_out[]){{KVG_LORA_Q, s->c.q, qd}, {KVG_LORA_K, s->c.k, kvd},
+                                                          {KVG_LORA_V, s->c.v, kvd}});
         add_bias(vec, s->c.q, T->bq, n, qd);
         add_bias(vec, s->c.k, T->bk, n, kvd);
         add_bias(vec, s->c.v, T->bv, n, kvd);
@@ -674,21 +709,20 @@ static void forward_block(kvgen_model *m, kvg_backend_session *s, const cpu_slot
 
         mm_spec o[1] = {{&C->w[M_O], s->c.xb, NULL}};
         matmul(cm, s, s->c.att, qd, n, 1, o);
-        kvg_lora_add(lora, l, KVG_LORA_O, s->c.att, qd, n, s->c.xb, D);
+        lora_add(cm, lora, l, s->c.att, qd, n, 1, (lora_out[]){{KVG_LORA_O, s->c.xb, D}});
         residual_add(cm, s->c.x, s->c.xb, T->attn_post, n, D, eps);
 
         for (int t = 0; t < n; t++)
             vec->rmsnorm(s->c.xb + (size_t)t * D, s->c.x + (size_t)t * D, cm->host.layers[l].ffn_norm, D, eps);
         mm_spec gu[2] = {{&C->w[M_GATE], s->c.hb, NULL}, {&C->w[M_UP], s->c.hb2, NULL}};
         matmul(cm, s, s->c.xb, D, n, 2, gu);
-        kvg_lora_add(lora, l, KVG_LORA_GATE, s->c.xb, D, n, s->c.hb, F);
-        kvg_lora_add(lora, l, KVG_LORA_UP, s->c.xb, D, n, s->c.hb2, F);
+        lora_add(cm, lora, l, s->c.xb, D, n, 2, (lora_out[]){{KVG_LORA_GATE, s->c.hb, F}, {KVG_LORA_UP, s->c.hb2, F}});
         if (m->w.act == KVG_ACT_GELU_TANH_GATED) vec->gelu_mul(s->c.hb, s->c.hb2, n * F);
         else vec->silu_mul(s->c.hb, s->c.hb2, n * F);
 
         mm_spec dn[1] = {{&C->w[M_DOWN], s->c.xb, NULL}};
         matmul(cm, s, s->c.hb, F, n, 1, dn);
-        kvg_lora_add(lora, l, KVG_LORA_DOWN, s->c.hb, F, n, s->c.xb, D);
+        lora_add(cm, lora, l, s->c.hb, F, n, 1, (lora_out[]){{KVG_LORA_DOWN, s->c.xb, D}});
         residual_add(cm, s->c.x, s->c.xb, T->ffn_post, n, D, eps);
     }
 }

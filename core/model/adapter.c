@@ -222,7 +222,10 @@ static kvgen_status load_pair(kvgen_model *m, const kvg_gguf *g, const kvg_tenso
             break;
         }
         memcpy(p->a, fa, na * sizeof(float));
-        memcpy(p->b, fb + (size_t)parts[i].row0 * rank, nb * sizeof(float));
+        /* B transposed: rank rows of n_out, so y += B t is a run of contiguous axpys */
+        for (int o = 0; o < parts[i].rows; o++)
+            for (int r = 0; r < rank; r++)
+                p->b[(size_t)r * parts[i].rows + o] = fb[(size_t)(parts[i].row0 + o) * rank + r];
         *p = (kvg_lora_pair){.rank = rank, .n_in = (int)w->ne[0], .n_out = parts[i].rows, .a = p->a, .b = p->b};
         a->n_pairs++;
         if (rank > a->max_rank) a->max_rank = rank;
@@ -385,6 +388,8 @@ void kvg_lora_set_copy(kvg_lora_set *dst, const kvg_lora_set *src) {
 
 /* sum of a[j] * b[j] in eight interleaved partial sums, added in a fixed order: the compiler
  * may keep the lanes in one vector register, and the result is the same on every machine */
+enum { LORA_OUT_BLOCK = 256 }; /* outputs summed in registers and L1 at once */
+
 static float dot_f32(const float *a, const float *b, int n) {
     float lane[8] = {0};
     int j = 0;
@@ -410,11 +415,16 @@ void kvg_lora_add(const kvg_lora_set *const *sets, int layer, kvg_lora_target ta
             for (int r = 0; r < p->rank; r++) { /* t = s * A x                                [rank] */
                 t[r] = s * dot_f32(p->a + (size_t)r * in_dim, xk, in_dim);
             }
-            for (int o = 0; o < out_dim; o++) { /* y += B t                                   [out_dim] */
-                const float *br = p->b + (size_t)o * p->rank;
-                float acc = 0.0f;
-                for (int r = 0; r < p->rank; r++) acc += br[r] * t[r];
-                yk[o] += acc;
+            /* y += B t, a block of outputs at a time: each output sums its rank terms in order */
+            for (int o0 = 0; o0 < out_dim; o0 += LORA_OUT_BLOCK) {
+                int no = out_dim - o0 < LORA_OUT_BLOCK ? out_dim - o0 : LORA_OUT_BLOCK;
+                float acc[LORA_OUT_BLOCK];
+                for (int o = 0; o < no; o++) acc[o] = 0.0f;
+                for (int r = 0; r < p->rank; r++) {
+                    const float *br = p->b + (size_t)r * out_dim + o0, tr = t[r];
+                    for (int o = 0; o < no; o++) acc[o] += tr * br[o];
+                }
+                for (int o = 0; o < no; o++) yk[o0 + o] += acc[o];
             }
         }
     }

@@ -20,7 +20,7 @@ typedef enum kvg_lora_target {
 typedef struct kvg_lora_pair {
     int rank, n_in, n_out;  /* rank 0: the adapter leaves this matrix alone */
     float *a;               /* [rank][n_in] */
-    float *b;               /* [n_out][rank] */
+    float *b;               /* B transposed: [rank][n_out] */
 } kvg_lora_pair;
 
 struct kvgen_adapter {

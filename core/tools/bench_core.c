@@ -82,6 +82,8 @@ static void bench_usage(FILE *f) {
             "  --sessions LIST      also: aggregate decode tokens/s of that many sessions at once through the\n"
             "                       jobs worker (batched decode), e.g. 1,2,4,8,16; ratio to 1 session\n"
             "  --session-tokens N   tokens each of those sessions generates (default: --steps)\n"
+            "  --adapters LIST      with --sessions: LoRA adapter files (comma-separated, up to 8); each count\n"
+            "                       also runs with session i running adapter i %% n, and a ratio to none\n"
             "  --forks              also: time to create --fork-sessions forks of a --fork-prompt token\n"
             "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
@@ -192,7 +194,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--session-tokens") == 0 ||
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
-                          strcmp(a, "--kv-type") == 0 ||
+                          strcmp(a, "--kv-type") == 0 || strcmp(a, "--adapters") == 0 ||
                           strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0 ||
                           strcmp(a, "--batch") == 0 || strcmp(a, "--peer-embedding") == 0;
         if (takes_value) {
@@ -275,6 +277,17 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                 if (!*p || o->n_kv_types == (int)(sizeof o->kv_types / sizeof o->kv_types[0]))
                     return bench_usage_error("--kv-type: expected up to 4 names (f16,q8_0,...), got '%s'", val);
                 o->kv_types[o->n_kv_types++] = p;
+            }
+        } else if (strcmp(a, "--adapters") == 0) {
+            if (strlen(val) >= sizeof o->adapter_list) return bench_usage_error("--adapters: list too long '%s'", val);
+            memcpy(o->adapter_list, val, strlen(val) + 1);
+            o->n_adapters = 0;
+            for (char *p = o->adapter_list, *end; p; p = end) {
+                end = strchr(p, ',');
+                if (end) *end++ = 0;
+                if (!*p || o->n_adapters == (int)(sizeof o->adapters / sizeof o->adapters[0]))
+                    return bench_usage_error("--adapters: expected up to 8 comma-separated files, got '%s'", val);
+                o->adapters[o->n_adapters++] = p;
             }
         } else if (strcmp(a, "--activation-bits") == 0) {
             if (!parse_int(val, 8, 16, &o->activation_bits) || (o->activation_bits != 8 && o->activation_bits != 16))
@@ -389,7 +402,8 @@ static kvgen_status time_decode(kvgen_session *s, const int32_t *seq, int depth,
  * gets a fresh session, the same one-token prompt (BOS, or token 1) and n_tokens greedy tokens
  * with end-of-generation ignored. *tokens_per_s = all generated tokens / (last job's end -
  * first job's first token), so prefill is mostly outside the window. */
-static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, double *tokens_per_s, kvgen_error *err) {
+static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, kvgen_adapter *const *adapters,
+                               int n_adapters, double *tokens_per_s, kvgen_error *err) {
     *tokens_per_s = 0;
     kvgen_session **ss = calloc((size_t)n_sessions, sizeof *ss);
     kvgen_job **jobs = calloc((size_t)n_sessions, sizeof *jobs);
@@ -398,7 +412,11 @@ static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, dou
     kvgen_model_get_info(m, &info);
     int32_t prompt = info.bos >= 0 ? info.bos : 1;
     kvgen_session_desc sd = {.n_ctx = n_tokens + 16, .no_prefix_reuse = 1};
-    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) st = kvgen_session_create(m, &sd, &ss[i], err);
+    for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
+        st = kvgen_session_create(m, &sd, &ss[i], err);
+        const kvgen_adapter *a = n_adapters ? adapters[i % n_adapters] : NULL;
+        if (st == KVGEN_OK && a) st = kvgen_session_set_adapters(ss[i], &a, NULL, 1, err);
+    }
     for (int i = 0; st == KVGEN_OK && i < n_sessions; i++) {
         kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &prompt, .n_tokens = 1,
                             .gen = {.max_tokens = n_tokens, .ignore_eog = 1}, .owner = jobs};
@@ -431,19 +449,48 @@ static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, dou
     return st;
 }
 
-/* --sessions: jobs_tok_s for each count, reps times */
+/* --sessions: jobs_tok_s for each count, reps times; with --adapters, each repetition also with
+ * the adapters (interleaved, so both see the same machine) */
 static kvgen_status bench_sessions(const bench_opts *o, bench_result *r, kvgen_model *m, kvgen_error *err) {
     kvgen_status st = KVGEN_OK;
+    kvgen_adapter *adapters[8] = {0};
+    int n_adapters = 0;
+    for (int i = 0; i < o->n_adapters; i++) {
+        kvgen_error aerr = {0};
+        if (kvgen_adapter_load(m, o->adapters[i], &adapters[n_adapters], &aerr) != KVGEN_OK) {
+            snprintf(r->lora_note, sizeof r->lora_note, "%s", aerr.message);
+            fprintf(stderr, "kvgen bench: %s: no adapter figures: %s\n", r->name, aerr.message);
+            break;
+        }
+        n_adapters++;
+    }
+    if (n_adapters < o->n_adapters) {
+        for (int i = 0; i < n_adapters; i++) kvgen_adapter_free(adapters[i]);
+        n_adapters = 0;
+    }
     for (int i = 0; i < o->n_sessions && st == KVGEN_OK; i++) {
-        fprintf(stderr, "kvgen bench: %s: %d sessions at once, %d tokens each x %d\n", r->name, o->sessions[i],
-                o->session_tokens, o->reps);
+        fprintf(stderr, "kvgen bench: %s: %d sessions at once, %d tokens each x %d%s\n", r->name, o->sessions[i],
+                o->session_tokens, o->reps, n_adapters ? ", without and with the adapters" : "");
         for (int rep = 0; rep < o->reps && st == KVGEN_OK; rep++) {
             double tok_s = 0;
-            st = jobs_tok_s(m, o->sessions[i], o->session_tokens, &tok_s, err);
+            st = jobs_tok_s(m, o->sessions[i], o->session_tokens, NULL, 0, &tok_s, err);
             if (st == KVGEN_OK && r->sessions[i].n < BENCH_MAX_REPS) r->sessions[i].samples[r->sessions[i].n++] = tok_s;
+            if (st != KVGEN_OK || !n_adapters) continue;
+            kvgen_error lerr = {0};
+            if (jobs_tok_s(m, o->sessions[i], o->session_tokens, adapters, n_adapters, &tok_s, &lerr) != KVGEN_OK) {
+                snprintf(r->lora_note, sizeof r->lora_note, "%s", lerr.message);
+                fprintf(stderr, "kvgen bench: %s: no adapter figures: %s\n", r->name, lerr.message);
+                for (int k = 0; k < n_adapters; k++) kvgen_adapter_free(adapters[k]);
+                n_adapters = 0;
+                continue;
+            }
+            bench_stats *l = &r->sessions_lora[i];
+            if (l->n < BENCH_MAX_REPS) l->samples[l->n++] = tok_s;
         }
         bench_stats_finish(&r->sessions[i]);
+        bench_stats_finish(&r->sessions_lora[i]);
     }
+    for (int i = 0; i < n_adapters; i++) kvgen_adapter_free(adapters[i]);
     return st;
 }
 

@@ -40,6 +40,11 @@ typedef struct bench_opts {
     int nc_depths[BENCH_MAX_SIZES], n_nc; /* every no-cache depth, ascending; nc_depth is the first */
     int sessions[BENCH_MAX_SIZES], n_sessions; /* concurrent sessions; n_sessions 0: skipped */
     int session_tokens;                         /* tokens each of them generates */
+    /* --adapters: LoRA adapter files; with --sessions each count runs again with session i
+     * running adapter i % n_adapters (scale 1) */
+    const char *adapters[8];
+    int n_adapters;
+    char adapter_list[1024]; /* the option's value, split in place */
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
     const char *peer_batched;                   /* llama-batched-bench for --sessions; NULL: none */
@@ -64,6 +69,8 @@ typedef struct bench_result {
     bench_stats nc, nc_cached;            /* decode at nc_depth without / with the cache */
     bench_stats nc_curve[BENCH_MAX_SIZES], nc_curve_cached[BENCH_MAX_SIZES]; /* at every nc_depths entry */
     bench_stats sessions[BENCH_MAX_SIZES]; /* aggregate tokens/s, in opts.sessions order */
+    bench_stats sessions_lora[BENCH_MAX_SIZES]; /* the same with --adapters (backends that run them) */
+    char lora_note[KVGEN_ERROR_MESSAGE_SIZE];   /* why a backend has no adapter figures */
     double fork_s, scratch_one_s;          /* N forks; one prefill of the prompt */
     size_t fork_pages;                     /* pages in use with the parent and its forks */
     int filled_by_restore; /* the deepest cache came from the reference backend's saved session */

@@ -89,6 +89,10 @@ static const bench_stats *pick_nc_curve_cached(const bench_result *r, const void
 static const bench_stats *pick_sessions(const bench_result *r, const void *arg) {
     return &r->sessions[*(const int *)arg];
 }
+
+static const bench_stats *pick_sessions_lora(const bench_result *r, const void *arg) {
+    return &r->sessions_lora[*(const int *)arg];
+}
 /* one session's aggregate tokens/s (the --sessions ratio's base; the list always holds 1) */
 static double session_base(const bench_opts *o, const bench_result *r) {
     for (int k = 0; k < o->n_sessions; k++)
@@ -179,6 +183,18 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
     for (int k = 0; k < o->n_sessions; k++) {
         snprintf(label, sizeof label, "%d sessions at once", o->sessions[k]);
         print_row(label, res, n, pick_sessions, &k);
+        if (o->n_adapters) {
+            snprintf(label, sizeof label, "  with %d adapter%s", o->n_adapters, o->n_adapters > 1 ? "s" : "");
+            print_row(label, res, n, pick_sessions_lora, &k);
+            printf("%-28s", "  adapters / none");
+            for (int i = 0; i < n; i++) {
+                char buf[32] = "-";
+                if (res[i].ok && res[i].sessions_lora[k].n && res[i].sessions[k].median > 0)
+                    snprintf(buf, sizeof buf, "%.2fx", res[i].sessions_lora[k].median / res[i].sessions[k].median);
+                printf("  %-24s", buf);
+            }
+            printf("\n");
+        }
         if (o->sessions[k] == 1) continue;
         printf("%-28s", "  ratio to 1 session");
         for (int i = 0; i < n; i++) {
@@ -403,6 +419,13 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
                 json_stats(f, &r->sessions[k]);
                 bench_json_text(f, ", \"ratio_to_1\": ");
                 bench_json_number(f, one > 0 ? r->sessions[k].median / one : 0);
+                if (r->sessions_lora[k].n) {
+                    bench_json_text(f, ", \"adapters\": %d, \"with_adapters_tok_s\": ", o->n_adapters);
+                    json_stats(f, &r->sessions_lora[k]);
+                    bench_json_text(f, ", \"adapters_ratio\": ");
+                    bench_json_number(f, r->sessions[k].median > 0 ? r->sessions_lora[k].median / r->sessions[k].median
+                                                                   : 0);
+                }
                 bench_json_text(f, "}");
             }
             bench_json_text(f, "]");
