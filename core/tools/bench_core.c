@@ -90,6 +90,8 @@ static void bench_usage(FILE *f) {
             "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
             "                       prompt sizes, decode depths, steps, repetitions and threads, and print\n"
             "                       kvgen/peer ratios\n"
+            "  --peer-kv-type T     the peers' K/V cache type (llama.cpp's -ctk T -ctv T, with flash attention\n"
+            "                       on, which its quantized V cache needs): f16, q8_0 or q4_0\n"
             "  --peer-batched PATH  with --sessions: also run llama.cpp's llama-batched-bench (PATH) with that\n"
             "                       many parallel sequences (1-token prompts, --session-tokens generated)\n"
             "                       and print the aggregate decode ratios\n"
@@ -195,6 +197,7 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                           strcmp(a, "--fork-sessions") == 0 || strcmp(a, "--fork-prompt") == 0 ||
                           strcmp(a, "--peer") == 0 || strcmp(a, "--activation-bits") == 0 ||
                           strcmp(a, "--kv-type") == 0 || strcmp(a, "--adapters") == 0 ||
+                          strcmp(a, "--peer-kv-type") == 0 ||
                           strcmp(a, "--peer-batched") == 0 || strcmp(a, "--peer-remote") == 0 ||
                           strcmp(a, "--batch") == 0 || strcmp(a, "--peer-embedding") == 0;
         if (takes_value) {
@@ -278,6 +281,10 @@ static int parse_bench_options(int argc, char **argv, bench_opts *o) {
                     return bench_usage_error("--kv-type: expected up to 4 names (f16,q8_0,...), got '%s'", val);
                 o->kv_types[o->n_kv_types++] = p;
             }
+        } else if (strcmp(a, "--peer-kv-type") == 0) {
+            if (strcmp(val, "f16") != 0 && strcmp(val, "q8_0") != 0 && strcmp(val, "q4_0") != 0)
+                return bench_usage_error("--peer-kv-type: expected f16, q8_0 or q4_0, got '%s'", val);
+            o->peer_kv_type = val;
         } else if (strcmp(a, "--adapters") == 0) {
             if (strlen(val) >= sizeof o->adapter_list) return bench_usage_error("--adapters: list too long '%s'", val);
             memcpy(o->adapter_list, val, strlen(val) + 1);

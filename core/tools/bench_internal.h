@@ -48,6 +48,7 @@ typedef struct bench_opts {
     int forks, n_forks, fork_prompt;            /* forks vs scratch */
     const char *peer;                           /* llama-bench to run on the same file; NULL: none */
     const char *peer_batched;                   /* llama-batched-bench for --sessions; NULL: none */
+    const char *peer_kv_type;                   /* --peer-kv-type: the peers' -ctk/-ctv (with -fa); NULL: theirs */
     const char *peer_remote;                    /* a remote model's plain client (--peer-remote) */
     int embed;                                  /* --embed: sentence embeddings instead (bench_embed.c) */
     int batches[BENCH_MAX_SIZES], n_batches;    /* --batch: texts per kvgen_embed call */

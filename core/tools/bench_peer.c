@@ -139,6 +139,16 @@ int bench_peer_run_program(const bench_opts *o, const char *prog, char *const ar
 /* `PATH -m MODEL -p PROMPTS -n STEPS -r REPS -t THREADS -o json` (prompts, and decode from an
  * empty cache), then, for the depths above 0, `... -p 0 -n STEPS -d DEPTHS` (decode after a
  * cache of that many tokens, as kvgen's decode at depth). */
+/* --peer-kv-type T: the peer's K and V caches of type T, with flash attention on (llama.cpp
+ * quantizes the V cache only with it), appended to argv (room for 6 more) at its end */
+static void add_kv_type(const bench_opts *o, char **argv, const char *fa) {
+    if (!o->peer_kv_type) return;
+    int n = 0;
+    while (argv[n]) n++;
+    char *extra[] = {"-ctk", (char *)o->peer_kv_type, "-ctv", (char *)o->peer_kv_type, "-fa", (char *)fa, NULL};
+    memcpy(argv + n, extra, sizeof extra);
+}
+
 void bench_peer_run(const bench_opts *o, bench_peer *pr) {
     memset(pr, 0, sizeof *pr);
     char prompts[160] = "", depths[160] = "", steps[16], reps[16], threads[24];
@@ -154,12 +164,14 @@ void bench_peer_run(const bench_opts *o, bench_peer *pr) {
     snprintf(steps, sizeof steps, "%d", o->steps);
     snprintf(reps, sizeof reps, "%d", o->reps);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
-    char *argv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
-                    "-t", threads, "-o", "json", NULL};
+    char *argv[20] = {(char *)o->peer, "-m", (char *)o->model, "-p", prompts, "-n", steps, "-r", reps,
+                      "-t", threads, "-o", "json", NULL};
+    add_kv_type(o, argv, "1");
     if (bench_peer_run_program(o, o->peer, argv, peer_parse, pr, pr->error, sizeof pr->error, &pr->seconds) != 0) return;
     if (depths[0]) {
-        char *dargv[] = {(char *)o->peer, "-m", (char *)o->model, "-p", "0", "-n", steps, "-d", depths, "-r", reps,
-                         "-t", threads, "-o", "json", NULL};
+        char *dargv[22] = {(char *)o->peer, "-m", (char *)o->model, "-p", "0", "-n", steps, "-d", depths, "-r", reps,
+                           "-t", threads, "-o", "json", NULL};
+        add_kv_type(o, dargv, "1");
         if (bench_peer_run_program(o, o->peer, dargv, peer_parse, pr, pr->error, sizeof pr->error, &pr->seconds) != 0) return;
     }
     pr->ran = 1;
@@ -195,8 +207,9 @@ void bench_peer_run_batched(const bench_opts *o, bench_peer *pr) {
     snprintf(ntg, sizeof ntg, "%d", o->session_tokens);
     snprintf(ctx, sizeof ctx, "%d", most * (o->session_tokens + 1) + 16);
     snprintf(threads, sizeof threads, "%ld", nt > 0 ? nt : 1);
-    char *argv[] = {(char *)o->peer_batched, "-m", (char *)o->model, "-c", ctx, "-b", "2048", "-ub", "512", "-npp", "1",
-                    "-ntg", ntg, "-npl", npl, "-t", threads, "--output-format", "jsonl", NULL};
+    char *argv[28] = {(char *)o->peer_batched, "-m", (char *)o->model, "-c", ctx, "-b", "2048", "-ub", "512", "-npp", "1",
+                      "-ntg", ntg, "-npl", npl, "-t", threads, "--output-format", "jsonl", NULL};
+    add_kv_type(o, argv, "on");
     if (bench_peer_run_program(o, o->peer_batched, argv, batched_parse, pr, pr->batched_error, sizeof pr->batched_error,
                       &pr->batched_seconds) == 0)
         pr->batched_ran = 1;
