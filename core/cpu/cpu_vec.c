@@ -834,12 +834,126 @@ static void n_kv_axpy_f16(float *y, const float *a, const void *x, size_t row_by
     n_axpy_rows_f16(y, a, x, row_bytes / sizeof(uint16_t), rows, n);
 }
 
-/* the block types: the portable loops (no Advanced SIMD forms yet) */
+/* The block types, as the AVX2 path does them: keys dotted in integers with q rounded once per
+ * run to 8 bits per block of 32 (d = amax / 127), each block's 32 products widened and summed
+ * to 4 int32 (vmull_s8, vpadalq_s16) and scaled once by d_q * d_k; values widened to floats in
+ * registers and added with each row's weight times its d. */
+#define N_KV_MAX_BLOCKS 16 /* head_dim up to 512 in integers; wider rows take the portable loop */
+
+/* a block's 32 elements as int8 (q4_0: nibbles unpacked, minus 8) */
+INL_ARM void n_block_ints(const unsigned char *blk, bool q4, int8x16_t *lo, int8x16_t *hi) {
+    if (q4) {
+        uint8x16_t qs = vld1q_u8(blk + 2), mask = vdupq_n_u8(0x0f);
+        int8x16_t eight = vdupq_n_s8(8);
+        *lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(qs, mask)), eight);
+        *hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(qs, 4)), eight);
+    } else {
+        *lo = vld1q_s8((const int8_t *)(blk + 2));
+        *hi = vld1q_s8((const int8_t *)(blk + 18));
+    }
+}
+
+/* q's nb blocks as int8 (rounded to nearest, ties to even, as the AVX2 path) and their scales */
+INL_ARM void n_quantize_q(const float *q, int nb, int8x16_t (*qq)[2], float *dq) {
+    for (int b = 0; b < nb; b++) {
+        const float *qb = q + b * KV_BLOCK;
+        float32x4_t v[8];
+        float32x4_t m = vdupq_n_f32(0.0f);
+        for (int j = 0; j < 8; j++) {
+            v[j] = vld1q_f32(qb + 4 * j);
+            m = vmaxq_f32(m, vabsq_f32(v[j]));
+        }
+        float amax = vmaxvq_f32(m);
+        dq[b] = amax / 127.0f;
+        float32x4_t id = vdupq_n_f32(amax > 0.0f ? 127.0f / amax : 0.0f);
+        int16x8_t h[4];
+        for (int j = 0; j < 4; j++)
+            h[j] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(v[2 * j], id))),
+                                vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(v[2 * j + 1], id))));
+        qq[b][0] = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));
+        qq[b][1] = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+    }
+}
+
+/* the 4 int32 partial sums of a key block's products with q's block, as floats */
+INL_ARM float32x4_t n_block_dot(int8x16_t klo, int8x16_t khi, const int8x16_t *qb) {
+    int32x4_t acc = vdupq_n_s32(0);
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(klo), vget_low_s8(qb[0])));
+    acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(klo), vget_high_s8(qb[0])));
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(khi), vget_low_s8(qb[1])));
+    acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(khi), vget_high_s8(qb[1])));
+    return vcvtq_f32_s32(acc);
+}
+
+static void n_kv_dot_blocks(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out, bool q4) {
+    size_t bb = q4 ? KVG_Q4_0_BYTES : KVG_Q8_0_BYTES;
+    int nb = n / KV_BLOCK;
+    if (nb > N_KV_MAX_BLOCKS) {
+        if (q4) p_kv_dot_q4_0(q, k, row_bytes, rows, n, out);
+        else p_kv_dot_q8_0(q, k, row_bytes, rows, n, out);
+        return;
+    }
+    int8x16_t qq[N_KV_MAX_BLOCKS][2];
+    float dq[N_KV_MAX_BLOCKS];
+    n_quantize_q(q, nb, qq, dq);
+    for (int r = 0; r < rows; r++) {
+        const unsigned char *row = (const unsigned char *)k + (size_t)r * row_bytes;
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (int b = 0; b < nb; b++) {
+            const unsigned char *blk = row + (size_t)b * bb;
+            int8x16_t lo, hi;
+            n_block_ints(blk, q4, &lo, &hi);
+            acc = vfmaq_n_f32(acc, n_block_dot(lo, hi, qq[b]), block_d(blk) * dq[b]);
+        }
+        out[r] = vaddvq_f32(acc);
+    }
+}
+
+/* y's block of 32 floats stays in registers over every row */
+static void n_kv_axpy_blocks(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n, bool q4) {
+    size_t bb = q4 ? KVG_Q4_0_BYTES : KVG_Q8_0_BYTES;
+    for (int b = 0; b < n / KV_BLOCK; b++) {
+        float *yb = y + b * KV_BLOCK;
+        float32x4_t acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = vld1q_f32(yb + 4 * j);
+        const unsigned char *blk = (const unsigned char *)x + (size_t)b * bb;
+        for (int r = 0; r < rows; r++, blk += row_bytes) {
+            int8x16_t half[2];
+            n_block_ints(blk, q4, &half[0], &half[1]);
+            float c = a[r] * block_d(blk);
+            for (int h = 0; h < 2; h++) {
+                int16x8_t w0 = vmovl_s8(vget_low_s8(half[h])), w1 = vmovl_s8(vget_high_s8(half[h]));
+                int16x8_t w[2] = {w0, w1};
+                for (int j = 0; j < 2; j++) {
+                    float32x4_t e0 = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w[j])));
+                    float32x4_t e1 = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w[j])));
+                    acc[4 * h + 2 * j] = vfmaq_n_f32(acc[4 * h + 2 * j], e0, c);
+                    acc[4 * h + 2 * j + 1] = vfmaq_n_f32(acc[4 * h + 2 * j + 1], e1, c);
+                }
+            }
+        }
+        for (int j = 0; j < 8; j++) vst1q_f32(yb + 4 * j, acc[j]);
+    }
+}
+
+static void n_kv_dot_q8_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    n_kv_dot_blocks(q, k, row_bytes, rows, n, out, false);
+}
+static void n_kv_axpy_q8_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    n_kv_axpy_blocks(y, a, x, row_bytes, rows, n, false);
+}
+static void n_kv_dot_q4_0(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
+    n_kv_dot_blocks(q, k, row_bytes, rows, n, out, true);
+}
+static void n_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n) {
+    n_kv_axpy_blocks(y, a, x, row_bytes, rows, n, true);
+}
+
 static const kvg_vec_kv NEON_KV[] = {
     {KVG_TYPE_F32, n_kv_dot_f32, n_kv_axpy_f32},
     {KVG_TYPE_F16, n_kv_dot_f16, n_kv_axpy_f16},
-    {KVG_TYPE_Q8_0, p_kv_dot_q8_0, p_kv_axpy_q8_0},
-    {KVG_TYPE_Q4_0, p_kv_dot_q4_0, p_kv_axpy_q4_0},
+    {KVG_TYPE_Q8_0, n_kv_dot_q8_0, n_kv_axpy_q8_0},
+    {KVG_TYPE_Q4_0, n_kv_dot_q4_0, n_kv_axpy_q4_0},
 };
 #endif
 
