@@ -2,9 +2,11 @@
 // (built separately, outside the kvgen tree) and writes, for every position, the top-K logits.
 // Not built or run by CI; scripts/oracle/README.md says how the fixture was made.
 //   c++ -O2 -std=c++17 dump_logits.cpp -I$LLAMA/include -I$LLAMA/ggml/include -L$LLAMA/build/bin -lllama -o dump_logits
-//   ./dump_logits MODEL.gguf "text" TOPK > fixture.txt
+//   ./dump_logits MODEL.gguf "text" TOPK [ADAPTER.gguf SCALE] > fixture.txt
+// With ADAPTER and SCALE, the LoRA adapter runs at that scale (llama_set_adapters_lora).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -12,7 +14,10 @@
 #include "llama.h"
 
 int main(int argc, char **argv) {
-    if (argc < 4) { fprintf(stderr, "usage: %s MODEL TEXT|ids:ID,ID,... TOPK\n", argv[0]); return 2; }
+    if (argc < 4 || argc == 5) {
+        fprintf(stderr, "usage: %s MODEL TEXT|ids:ID,ID,... TOPK [ADAPTER SCALE]\n", argv[0]);
+        return 2;
+    }
     const char *path = argv[1];
     std::string text = argv[2];
     int topk = atoi(argv[3]);
@@ -37,6 +42,12 @@ int main(int argc, char **argv) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 512; cp.n_batch = 512; cp.n_ubatch = 512; cp.n_threads = 2; cp.n_threads_batch = 2;
     llama_context *ctx = llama_init_from_model(model, cp);
+    if (argc >= 6) {
+        llama_adapter_lora *adapter = llama_adapter_lora_init(model, argv[4]);
+        if (!adapter) return 1;
+        float scale = (float)atof(argv[5]);
+        if (llama_set_adapters_lora(ctx, &adapter, 1, &scale) != 0) return 1;
+    }
     llama_batch batch = llama_batch_init(n, 0, 1);
     for (int i = 0; i < n; i++) {
         batch.token[i] = toks[i]; batch.pos[i] = i; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = 0; batch.logits[i] = 1;
