@@ -1,0 +1,726 @@
+/* test_lora.c: LoRA adapters (kvgen_adapter_load, kvgen_session_set_adapters) on a random F32
+ * model and adapters from kvgen-mkmodel --lora:
+ * - good adapters of every type the tool writes (F32, F16, Q8_0) load, and get_info tells their facts;
+ * - bad adapter files are refused with the status kvgen.h gives and a message naming the tensor
+ *   or the key (another architecture, wrong shapes, a half without its other half, a truncated
+ *   file, not an adapter, a tensor the model does not have or kvgen does not adapt);
+ * - merged-weights parity on the reference and cpu backends: base + adapter at scale s gives the
+ *   logits of a model whose matrices are W + s' B A (computed here in double, written as F32),
+ *   over a prompt and a few decodes; scale 0 is the base model bit for bit; two adapters at once
+ *   are the model merged with both;
+ * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
+ *   each does alone;
+ * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was. */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include "kvg_gguf.h"
+#include "kvg_quant.h"
+#include "testutil.h"
+
+/* the model's shape; every adapter here is made with the same flags, so it fits */
+#define SHAPE "--seed 11 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --vocab-size 300"
+enum { N_LAYER = 2, N_EMBD = 64, N_FF = 96, KV_DIM = 32, N_TARGETS = 7 };
+
+static char *g_base;     /* the model */
+static char *g_lora;     /* F32, rank 8, alpha 8 (the default), every target */
+static char *g_lora16;   /* F16, rank 8 */
+static char *g_lora_q8;  /* Q8_0, rank 32 (Q8_0 rows are blocks of 32) */
+static char *g_lora2;    /* F32, rank 4, alpha 2, q, v and down only, another seed */
+static char *g_lora_na;  /* F32, rank 8, no alpha (--lora-alpha 0: s' is the scale itself) */
+
+static const kvgen_backend backends[] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_CPU};
+static const char *const backend_names[] = {"reference", "cpu"};
+
+static kvgen_model *load_model(const char *path, kvgen_backend backend) {
+    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 2, .kv_pool_tokens = 8192};
+    return tu_load(&md);
+}
+
+static kvgen_adapter *load_adapter(kvgen_model *m, const char *path) {
+    kvgen_adapter *a = NULL;
+    kvgen_error err = {0};
+    kvgen_status st = kvgen_adapter_load(m, path, &a, &err);
+    CHECKF(st == KVGEN_OK && a, "adapter %s: %s", path, err.message);
+    return a;
+}
+
+/* ---- good adapters ----------------------------------------------------------------------------- */
+
+static void test_good_adapters(void) {
+    kvgen_model *m = load_model(g_base, KVGEN_BACKEND_REFERENCE);
+    if (!m) return;
+    const struct {
+        const char *path;
+        float alpha;
+        int rank, n_matrices;
+    } good[] = {
+        {g_lora, 8.0f, 8, N_LAYER * N_TARGETS},    {g_lora16, 8.0f, 8, N_LAYER * N_TARGETS},
+        {g_lora_q8, 32.0f, 32, N_LAYER * N_TARGETS}, {g_lora2, 2.0f, 4, N_LAYER * 3},
+        {g_lora_na, 0.0f, 8, N_LAYER * N_TARGETS},
+    };
+    uint64_t hashes[5];
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvgen_adapter *a = load_adapter(m, good[i].path);
+        if (!a) continue;
+        kvgen_adapter_info info;
+        kvgen_adapter_get_info(a, &info);
+        CHECKF(info.name && strcmp(info.name, "kvgen-mkmodel random lora") == 0, "%s: name %s", good[i].path,
+               info.name ? info.name : "(null)");
+        CHECK(info.path && strcmp(info.path, good[i].path) == 0);
+        CHECKF(info.alpha == good[i].alpha && info.max_rank == good[i].rank && info.n_matrices == good[i].n_matrices,
+               "%s: alpha %g rank %d matrices %d", good[i].path, (double)info.alpha, info.max_rank, info.n_matrices);
+        hashes[i] = info.hash;
+        for (size_t k = 0; k < i; k++) CHECKF(hashes[k] != hashes[i], "adapters %zu and %zu hash alike", k, i);
+        kvgen_adapter_free(a);
+    }
+    /* the same file twice: two handles, one content hash */
+    kvgen_adapter *a = load_adapter(m, g_lora), *b = load_adapter(m, g_lora);
+    kvgen_adapter_info ia, ib;
+    kvgen_adapter_get_info(a, &ia);
+    kvgen_adapter_get_info(b, &ib);
+    CHECK(a != b && ia.hash == ib.hash && ia.hash == hashes[0]);
+    kvgen_adapter_free(a);
+    kvgen_adapter_free(b);
+    kvgen_adapter_get_info(NULL, &ia); /* zeros */
+    CHECK(ia.name == NULL && ia.n_matrices == 0);
+    kvgen_adapter_free(NULL);
+    kvgen_model_unload(m);
+}
+
+/* ---- bad adapters ------------------------------------------------------------------------------ */
+
+/* A rewrite of an adapter file: one key set to another string (or dropped), one tensor reshaped
+ * (zeros of F32), renamed or dropped, one extra F32 tensor of zeros. */
+typedef struct adapter_edit {
+    const char *key, *value;  /* key: replaced by value (NULL: dropped) */
+    const char *tensor;       /* the tensor changed: */
+    int drop;                 /* left out */
+    uint64_t ne0, ne1;        /* reshaped (0: as it is) */
+    const char *rename;       /* renamed */
+    struct {
+        const char *name;     /* added after the others (NULL: none) */
+        uint64_t ne0, ne1;
+    } extra[2];
+} adapter_edit;
+
+static void edit_keys(kvg_gguf_writer *w, const kvg_gguf *src, const void *ctx) {
+    const adapter_edit *e = ctx;
+    for (int i = 0; i < kvg_gguf_n_kv(src); i++) {
+        const char *k = kvg_gguf_key(src, i);
+        if (e->key && strcmp(k, e->key) == 0) continue;
+        kvg_gguf_copy_kv(w, src, k);
+    }
+    if (e->key && e->value) kvg_gguf_set_str(w, e->key, e->value);
+}
+
+static void add_zeros(kvg_gguf_writer *w, const char *name, uint64_t ne0, uint64_t ne1) {
+    uint64_t ne[2] = {ne0, ne1};
+    float *z = calloc((size_t)(ne0 * ne1), sizeof *z);
+    kvg_gguf_add_tensor(w, name, KVG_TYPE_F32, 2, ne, z, (size_t)(ne0 * ne1) * sizeof *z);
+    free(z);
+}
+
+static void edit_tensor(kvg_gguf_writer *w, const kvg_tensor *t, const void *ctx) {
+    const adapter_edit *e = ctx;
+    if (!e->tensor || strcmp(t->name, e->tensor) != 0) {
+        kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+        return;
+    }
+    if (e->drop) return;
+    if (e->rename) kvg_gguf_add_tensor(w, e->rename, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+    else add_zeros(w, t->name, e->ne0 ? e->ne0 : t->ne[0], e->ne1 ? e->ne1 : t->ne[1]);
+}
+
+static void edit_finish(kvg_gguf_writer *w, const kvg_gguf *src, const void *ctx) {
+    (void)src;
+    const adapter_edit *e = ctx;
+    for (int i = 0; i < 2; i++)
+        if (e->extra[i].name) add_zeros(w, e->extra[i].name, e->extra[i].ne0, e->extra[i].ne1);
+}
+
+static char *edited(const char *name, const adapter_edit *e) {
+    tu_gguf_edit ed = {.keys = edit_keys, .tensor = edit_tensor, .finish = edit_finish, .ctx = e};
+    char *p = tu_gguf_rewrite(g_lora, name, &ed);
+    CHECKF(p != NULL, "could not write %s", name);
+    return p;
+}
+
+/* path is refused with `want`, its message naming the file and holding `needle` (and `needle2`) */
+static void refused(kvgen_model *m, const char *path, kvgen_status want, const char *needle, const char *needle2) {
+    if (!path) return;
+    kvgen_adapter *a = (kvgen_adapter *)&a; /* set to NULL by the refusal */
+    kvgen_error err = {0};
+    kvgen_status st = kvgen_adapter_load(m, path, &a, &err);
+    CHECKF(st == want && err.status == want, "%s: %s, want %s (%s)", path, kvgen_status_name(st),
+           kvgen_status_name(want), err.message);
+    CHECKF(a == NULL, "%s: refused, yet out is set", path);
+    CHECKF(strstr(err.message, path) != NULL, "the message does not name the file: %s", err.message);
+    CHECKF(strstr(err.message, needle) != NULL, "the message lacks '%s': %s", needle, err.message);
+    if (needle2) CHECKF(strstr(err.message, needle2) != NULL, "the message lacks '%s': %s", needle2, err.message);
+    if (st == KVGEN_OK) kvgen_adapter_free(a);
+}
+
+static void test_bad_adapters(void) {
+    kvgen_model *m = load_model(g_base, KVGEN_BACKEND_REFERENCE);
+    if (!m) return;
+    char *p;
+
+    p = edited("lora_arch.gguf", &(adapter_edit){.key = "general.architecture", .value = "qwen2"});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "qwen2", "llama");
+    free(p);
+    p = edited("lora_noarch.gguf", &(adapter_edit){.key = "general.architecture"});
+    refused(m, p, KVGEN_E_FORMAT, "general.architecture", NULL);
+    free(p);
+    p = edited("lora_type.gguf", &(adapter_edit){.key = "general.type", .value = "model"});
+    refused(m, p, KVGEN_E_FORMAT, "general.type", "model");
+    free(p);
+    p = edited("lora_notype.gguf", &(adapter_edit){.key = "general.type"});
+    refused(m, p, KVGEN_E_FORMAT, "general.type", NULL);
+    free(p);
+    p = edited("lora_atype.gguf", &(adapter_edit){.key = "adapter.type", .value = "prompt_tuning"});
+    refused(m, p, KVGEN_E_UNSUPPORTED, "adapter.type", "prompt_tuning");
+    free(p);
+    p = edited("lora_alpha.gguf", &(adapter_edit){.key = "adapter.lora.alpha", .value = "eight"});
+    refused(m, p, KVGEN_E_FORMAT, "adapter.lora.alpha", NULL);
+    free(p);
+    /* a model file is not an adapter */
+    refused(m, g_base, KVGEN_E_FORMAT, "general.type", NULL);
+
+    /* shapes: lora_a's n_in, lora_b's n_out, the rank of a against b's */
+    p = edited("lora_n_in.gguf", &(adapter_edit){.tensor = "blk.1.attn_k.weight.lora_a", .ne0 = N_EMBD + 32});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.1.attn_k.weight", "[96, 8]");
+    free(p);
+    p = edited("lora_n_out.gguf", &(adapter_edit){.tensor = "blk.0.ffn_down.weight.lora_b", .ne1 = N_EMBD * 2});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.0.ffn_down.weight", "[8, 128]");
+    free(p);
+    p = edited("lora_n_kv.gguf", &(adapter_edit){.tensor = "blk.0.attn_v.weight.lora_b", .ne1 = N_EMBD});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.0.attn_v.weight", "[64, 32]");
+    free(p);
+    p = edited("lora_rank.gguf", &(adapter_edit){.tensor = "blk.1.ffn_up.weight.lora_b", .ne0 = 4});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.1.ffn_up.weight", "[4, 96]");
+    free(p);
+
+    /* a half without its other half: the message names the one missing */
+    p = edited("lora_no_b.gguf", &(adapter_edit){.tensor = "blk.0.attn_q.weight.lora_b", .drop = 1});
+    refused(m, p, KVGEN_E_FORMAT, "blk.0.attn_q.weight.lora_b", NULL);
+    free(p);
+    p = edited("lora_no_a.gguf", &(adapter_edit){.tensor = "blk.1.ffn_gate.weight.lora_a", .drop = 1});
+    refused(m, p, KVGEN_E_FORMAT, "blk.1.ffn_gate.weight.lora_a", NULL);
+    free(p);
+
+    /* a tensor the model does not have (a third layer); matrices kvgen does not adapt (the
+     * embeddings, a norm); a half of those alone is refused for the missing half first */
+    p = edited("lora_blk2.gguf", &(adapter_edit){.extra = {{"blk.2.attn_q.weight.lora_a", N_EMBD, 8},
+                                                           {"blk.2.attn_q.weight.lora_b", 8, N_EMBD}}});
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.2.attn_q.weight", NULL);
+    free(p);
+    p = edited("lora_embd.gguf", &(adapter_edit){.extra = {{"token_embd.weight.lora_a", N_EMBD, 8},
+                                                           {"token_embd.weight.lora_b", 8, 300}}});
+    refused(m, p, KVGEN_E_UNSUPPORTED, "token_embd.weight", NULL);
+    free(p);
+    p = edited("lora_norm.gguf", &(adapter_edit){.extra = {{"blk.0.attn_norm.weight.lora_a", N_EMBD, 8},
+                                                           {"blk.0.attn_norm.weight.lora_b", 8, 1}}});
+    refused(m, p, KVGEN_E_UNSUPPORTED, "blk.0.attn_norm.weight", NULL);
+    free(p);
+    p = edited("lora_embd_a.gguf", &(adapter_edit){.extra = {{"token_embd.weight.lora_a", N_EMBD, 8}}});
+    refused(m, p, KVGEN_E_FORMAT, "token_embd.weight.lora_b", NULL);
+    free(p);
+    p = edited("lora_rename.gguf", &(adapter_edit){.tensor = "blk.0.attn_q.weight.lora_a",
+                                                   .rename = "blk.0.attn_qq.weight.lora_a"});
+    refused(m, p, KVGEN_E_FORMAT, "blk.0.attn_qq.weight.lora_b", NULL); /* the first of the two lone halves */
+    free(p);
+
+    /* no LoRA tensors at all */
+    {
+        kvg_gguf_writer *w = kvg_gguf_writer_new();
+        kvg_gguf_set_str(w, "general.architecture", "llama");
+        kvg_gguf_set_str(w, "general.type", "adapter");
+        kvg_gguf_set_str(w, "adapter.type", "lora");
+        add_zeros(w, "blk.0.attn_q.weight.not_lora", N_EMBD, 8);
+        p = tu_tmpfile("lora_empty.gguf");
+        kvgen_error err = {0};
+        CHECK_OK(kvg_gguf_writer_save(w, p, &err));
+        kvg_gguf_writer_free(w);
+        refused(m, p, KVGEN_E_FORMAT, "lora_a", NULL);
+        free(p);
+    }
+
+    /* truncated: the header promises tensor data the file no longer has */
+    {
+        size_t size = 0;
+        char *bytes = tu_read_file(g_lora, &size);
+        CHECK(bytes && size > 4096);
+        p = tu_tmpfile("lora_truncated.gguf");
+        FILE *f = fopen(p, "wb");
+        CHECK(f != NULL);
+        if (f && bytes) {
+            fwrite(bytes, 1, size - size / 4, f);
+            fclose(f);
+        }
+        refused(m, p, KVGEN_E_FORMAT, "", NULL);
+        free(bytes);
+        free(p);
+    }
+    /* missing file */
+    p = tu_tmpfile("lora_missing.gguf");
+    remove(p);
+    refused(m, p, KVGEN_E_IO, "", NULL);
+    free(p);
+
+    /* an adapter of another shape names the tensor and both shapes */
+    p = tu_make_model("lora_wide.gguf", "--lora --seed 11 --layers 2 --embd 96 --ff 96 --heads 4 --kv-heads 2");
+    refused(m, p, KVGEN_E_INVALID_ARGUMENT, "blk.0.attn_q.weight", "[64, 64]");
+    free(p);
+
+    /* arguments */
+    kvgen_adapter *a = NULL;
+    kvgen_error err = {0};
+    CHECK(kvgen_adapter_load(NULL, g_lora, &a, &err) == KVGEN_E_INVALID_ARGUMENT && a == NULL);
+    CHECK(kvgen_adapter_load(m, NULL, &a, &err) == KVGEN_E_INVALID_ARGUMENT && a == NULL);
+    CHECK(kvgen_adapter_load(m, "", &a, &err) == KVGEN_E_INVALID_ARGUMENT && a == NULL);
+    CHECK(kvgen_adapter_load(m, g_lora, NULL, &err) == KVGEN_E_INVALID_ARGUMENT);
+    kvgen_model_unload(m);
+}
+
+/* ---- merged-weights parity -------------------------------------------------------------------- */
+
+/* an adapter file and the scale s' its products run at: the session's scale times alpha / rank
+ * (alpha from the file; the rank of each pair, read at merge time) */
+typedef struct merge_part {
+    kvg_gguf *g;
+    float scale;
+} merge_part;
+
+typedef struct merge_ctx {
+    merge_part part[2];
+    int n;
+} merge_ctx;
+
+/* a tensor's rows as f32 */
+static float *rows_f32(const kvg_tensor *t) {
+    float *out = malloc((size_t)t->n_elements * sizeof *out);
+    size_t row = kvg_row_bytes(t->type, t->ne[0]);
+    for (uint64_t r = 0; r < t->n_elements / t->ne[0]; r++)
+        kvg_dequantize_row(t->type, (const unsigned char *)t->data + r * row, out + r * t->ne[0], t->ne[0]);
+    return out;
+}
+
+/* W' = W + sum over the adapters of s' B A, in double, written as F32 */
+static void merge_tensor(kvg_gguf_writer *w, const kvg_tensor *t, const void *ctx) {
+    const merge_ctx *mc = ctx;
+    char name[160];
+    float *wf = NULL;
+    for (int i = 0; i < mc->n; i++) {
+        snprintf(name, sizeof name, "%s.lora_a", t->name);
+        const kvg_tensor *ta = kvg_gguf_find_tensor(mc->part[i].g, name);
+        snprintf(name, sizeof name, "%s.lora_b", t->name);
+        const kvg_tensor *tb = kvg_gguf_find_tensor(mc->part[i].g, name);
+        if (!ta || !tb) continue;
+        CHECK(t->type == KVG_TYPE_F32 && ta->ne[0] == t->ne[0] && tb->ne[1] == t->ne[1] && ta->ne[1] == tb->ne[0]);
+        if (!wf) wf = rows_f32(t);
+        float *a = rows_f32(ta), *b = rows_f32(tb);
+        float alpha = 0.0f;
+        kvg_gguf_get_f32(mc->part[i].g, "adapter.lora.alpha", &alpha);
+        int n_in = (int)t->ne[0], n_out = (int)t->ne[1], rank = (int)ta->ne[1];
+        double s = alpha != 0.0f ? (double)mc->part[i].scale * alpha / rank : (double)mc->part[i].scale;
+        for (int o = 0; o < n_out; o++)
+            for (int j = 0; j < n_in; j++) {
+                double acc = 0.0;
+                for (int r = 0; r < rank; r++) acc += (double)b[(size_t)o * rank + r] * a[(size_t)r * n_in + j];
+                wf[(size_t)o * n_in + j] = (float)(wf[(size_t)o * n_in + j] + s * acc);
+            }
+        free(a);
+        free(b);
+    }
+    if (wf) kvg_gguf_add_tensor(w, t->name, KVG_TYPE_F32, t->n_dims, t->ne, wf, t->nbytes);
+    else kvg_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
+    free(wf);
+}
+
+/* the base model merged with adapters paths[i] at scales[i]; malloc'd path */
+static char *merged_model(const char *out_name, const char *const *paths, const float *scales, int n) {
+    merge_ctx mc = {.n = n};
+    kvgen_error err = {0};
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(kvg_gguf_open(paths[i], &mc.part[i].g, &err));
+        mc.part[i].scale = scales[i];
+    }
+    char *p = tu_gguf_rewrite(g_base, out_name, &(tu_gguf_edit){.tensor = merge_tensor, .ctx = &mc});
+    CHECKF(p != NULL, "could not write %s", out_name);
+    for (int i = 0; i < n; i++) kvg_gguf_close(mc.part[i].g);
+    return p;
+}
+
+enum { PROMPT = 7, STEPS = 4, MAX_VOCAB = 512 };
+
+/* The logits of a prompt and STEPS decodes (each of the token `tokens` gives, or when its
+ * entry is -1 the argmax of the logits before, which it then records): (1 + STEPS) rows of
+ * n_vocab. */
+static void run(kvgen_model *m, const kvgen_adapter *const *ads, const float *scales, size_t n_ads,
+                const int32_t *prompt, int32_t *tokens, float *out, int n_vocab) {
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 64, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) return;
+    if (n_ads) CHECK_OK(kvgen_session_set_adapters(s, ads, scales, n_ads, &err));
+    CHECK_OK(kvgen_session_prefill(s, prompt, PROMPT, NULL, &err));
+    for (int k = 0; k <= STEPS; k++) {
+        const float *l = kvgen_session_logits(s);
+        CHECK(l != NULL);
+        if (!l) break;
+        memcpy(out + (size_t)k * n_vocab, l, (size_t)n_vocab * sizeof *out);
+        if (k == STEPS) break;
+        if (tokens[k] < 0) {
+            int best = 0;
+            for (int i = 1; i < n_vocab; i++) best = l[i] > l[best] ? i : best;
+            tokens[k] = best;
+        }
+        CHECK_OK(kvgen_session_decode(s, tokens[k], &err));
+    }
+    kvgen_session_close(s);
+}
+
+static double max_abs(const float *a, int n) {
+    double m = 0.0;
+    for (int i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+    return m;
+}
+
+/* Tolerances of base + adapter against the merged model, relative to the largest |logit|:
+ * - reference: every product in f32 in both runs; they differ only in the order of f32 sums
+ *   (W x + s' B (A x) against (W + s' B A) x, the merged weights rounded once to f32), each
+ *   worth a few ulp of the sums' magnitudes: 1e-5 of the range, with margin (measured: below
+ *   3e-7);
+ * - cpu: F32 weights are dotted with f32 activations (kvg_qdot.h: only the quantized types get
+ *   int16 activations), so the products differ as the reference's do; but its K/V pages hold
+ *   f16, and a key or value that rounds to the neighbouring f16 in one run moves the attention
+ *   by up to 2^-11 of it, so 1e-3 of the range (measured: 2e-7, no f16 rounding flipped); the adapter moves the
+ *   logits by far more than either (checked, so the comparison says something). */
+static const double parity_tol[] = {1e-5, 1e-3};
+
+static void test_merged_parity(int bi) {
+    const char *what = backend_names[bi];
+    kvgen_model *base = load_model(g_base, backends[bi]);
+    if (!base) return;
+    kvgen_model_info info;
+    kvgen_model_get_info(base, &info);
+    int nv = info.n_vocab;
+    CHECK(nv > 0 && nv <= MAX_VOCAB && strcmp(info.backend, what) == 0);
+    size_t rows = (size_t)(1 + STEPS) * (size_t)nv;
+    float *lb = malloc(rows * sizeof *lb), *la = malloc(rows * sizeof *la), *lm = malloc(rows * sizeof *lm);
+    int32_t prompt[PROMPT];
+    tu_fill_tokens(prompt, PROMPT, 3, nv);
+    kvgen_adapter *a1 = load_adapter(base, g_lora), *a2 = load_adapter(base, g_lora2);
+    kvgen_adapter *a16 = load_adapter(base, g_lora16), *ana = load_adapter(base, g_lora_na);
+
+    /* one adapter at a scale, every type and alpha: base + adapter == merged */
+    const struct {
+        const kvgen_adapter *a;
+        const char *path;
+        float scale;
+    } one[] = {{a1, g_lora, 0.8f}, {a16, g_lora16, 1.0f}, {ana, g_lora_na, 0.3f}, {a2, g_lora2, -1.5f}};
+    double worst = 0.0;
+    for (size_t c = 0; c < sizeof one / sizeof one[0]; c++) {
+        if (!one[c].a) continue;
+        int32_t toks[STEPS] = {-1, -1, -1, -1};
+        run(base, NULL, NULL, 0, prompt, toks, lb, nv);
+        for (int k = 0; k < STEPS; k++) toks[k] = -1;
+        run(base, &one[c].a, &one[c].scale, 1, prompt, toks, la, nv);
+        char *mp = merged_model("lora_merged.gguf", &one[c].path, &one[c].scale, 1);
+        kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
+        if (merged) {
+            run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
+            double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows);
+            double moved = tu_max_diff(la, lb, (int)rows);
+            worst = fmax(worst, d / range);
+            CHECKF(d <= parity_tol[bi] * range, "%s %s at %g: adapter vs merged differ by %.3g (range %.3g)", what,
+                   one[c].path, (double)one[c].scale, d, range);
+            CHECKF(moved > 100.0 * parity_tol[bi] * range, "%s %s: the adapter moved the logits by only %.3g", what,
+                   one[c].path, moved);
+            kvgen_model_unload(merged);
+        }
+        free(mp);
+    }
+    printf("%s: adapter vs merged, worst difference %.3g of the logits' range\n", what, worst);
+
+    /* two adapters at once == merged with both */
+    if (a1 && a2) {
+        const kvgen_adapter *both[2] = {a1, a2};
+        const char *paths[2] = {g_lora, g_lora2};
+        float sc[2] = {0.6f, 1.2f};
+        int32_t toks[STEPS] = {-1, -1, -1, -1};
+        run(base, both, sc, 2, prompt, toks, la, nv);
+        char *mp = merged_model("lora_merged2.gguf", paths, sc, 2);
+        kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
+        if (merged) {
+            run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
+            double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows);
+            CHECKF(d <= parity_tol[bi] * range, "%s: two adapters vs merged differ by %.3g (range %.3g)", what, d,
+                   range);
+            kvgen_model_unload(merged);
+        }
+        free(mp);
+    }
+
+    /* scale 0 is the base model, bit for bit; so is the empty set after one */
+    if (a1) {
+        int32_t toks[STEPS] = {-1, -1, -1, -1};
+        run(base, NULL, NULL, 0, prompt, toks, lb, nv);
+        float zero = 0.0f;
+        run(base, (const kvgen_adapter *const *)&a1, &zero, 1, prompt, toks, la, nv);
+        CHECKF(memcmp(la, lb, rows * sizeof *la) == 0, "%s: scale 0 is not the base model", what);
+        kvgen_session *s = NULL;
+        kvgen_error err = {0};
+        CHECK_OK(kvgen_session_create(base, NULL, &s, &err));
+        CHECK_OK(kvgen_session_set_adapters(s, (const kvgen_adapter *const *)&a1, NULL, 1, &err));
+        CHECK_OK(kvgen_session_set_adapters(s, NULL, NULL, 0, &err));
+        CHECK(kvgen_session_adapters(s, NULL, NULL, 0) == 0);
+        CHECK_OK(kvgen_session_prefill(s, prompt, PROMPT, NULL, &err));
+        CHECKF(memcmp(kvgen_session_logits(s), lb, (size_t)nv * sizeof *lb) == 0,
+               "%s: no adapters after one is not the base model", what);
+        kvgen_session_close(s);
+    }
+    kvgen_adapter_free(a1);
+    kvgen_adapter_free(a2);
+    kvgen_adapter_free(a16);
+    kvgen_adapter_free(ana);
+    free(lb);
+    free(la);
+    free(lm);
+    kvgen_model_unload(base);
+}
+
+/* ---- many sessions' adapters in one batch ------------------------------------------------------- */
+
+static void pause_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static bool wait_final(kvgen_job *j) {
+    for (long i = 0; i < 6000000; i++) {
+        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
+        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
+        pause_us(100);
+    }
+    return false;
+}
+
+/* Sessions with different adapters, one with two and one with none, generate as jobs of the
+ * worker, their decodes batched (with an endless job without adapters holding every step's
+ * batch open); each ends with the tokens and bit-identical logits of a session alone. */
+static void test_mixed_batch(int bi) {
+    enum { N = 4, GEN = 8 };
+    const char *what = backend_names[bi];
+    kvgen_model *m = load_model(g_base, backends[bi]);
+    if (!m) return;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    kvgen_adapter *a1 = load_adapter(m, g_lora), *a2 = load_adapter(m, g_lora2);
+    if (!a1 || !a2) goto done;
+    const kvgen_adapter *sets[N][2] = {{a1, NULL}, {a2, NULL}, {NULL, NULL}, {a1, a2}};
+    const float scales[N][2] = {{1.0f, 0}, {0.6f, 0}, {0, 0}, {0.5f, 2.0f}};
+    const size_t n_set[N] = {1, 1, 0, 2};
+    kvgen_error err = {0};
+    kvgen_session *gate = NULL, *a[N] = {0}, *b[N] = {0};
+    kvgen_job *gate_job = NULL, *jobs[N] = {0};
+    kvgen_session_desc gsd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 4, .no_prefix_reuse = 1};
+    CHECK_OK(kvgen_session_create(m, &gsd, &gate, &err));
+    int32_t one = 1;
+    kvgen_job_desc endless = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = &one, .n_tokens = 1,
+                              .gen = {.max_tokens = INT_MAX, .ignore_eog = 1}};
+    if (gate) CHECK_OK(kvgen_job_submit(gate, &endless, &gate_job, &err));
+    int32_t prompt[PROMPT];
+    tu_fill_tokens(prompt, PROMPT, 9, info.n_vocab);
+    for (int i = 0; i < N; i++) {
+        kvgen_session_desc sd = {.n_ctx = 64, .no_prefix_reuse = 1};
+        CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
+        CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
+        if (!a[i] || !b[i]) continue;
+        CHECK_OK(kvgen_session_set_adapters(a[i], sets[i], scales[i], n_set[i], &err));
+        CHECK_OK(kvgen_session_set_adapters(b[i], sets[i], scales[i], n_set[i], &err));
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompt, .n_tokens = PROMPT,
+                            .gen = {.max_tokens = GEN, .ignore_eog = 1}};
+        CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
+    }
+    for (int i = 0; i < N; i++)
+        if (jobs[i]) CHECK(wait_final(jobs[i]));
+    kvgen_job_cancel(gate_job);
+    if (gate_job) CHECK(wait_final(gate_job));
+    for (int i = 0; i < N; i++) {
+        if (!a[i] || !b[i]) continue;
+        kvgen_job_info ji;
+        kvgen_job_get_info(jobs[i], &ji);
+        CHECKF(ji.state == KVGEN_JOB_DONE && ji.n_tokens == GEN, "%s job %d: %s (%s)", what, i,
+               kvgen_job_state_name(ji.state), ji.error.message);
+        CHECK_OK(kvgen_session_prefill(b[i], prompt, PROMPT, NULL, &err));
+        kvgen_generate_desc gd = {.max_tokens = GEN, .ignore_eog = 1};
+        char text[1024];
+        size_t len = 0;
+        kvgen_finish fin;
+        CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
+        size_t n = kvgen_session_length(a[i]);
+        CHECKF(n == PROMPT + GEN && n == kvgen_session_length(b[i]) &&
+                   memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
+               "%s session %d: the batched tokens differ from the session's alone", what, i);
+        const float *la = kvgen_session_logits(a[i]), *lb = kvgen_session_logits(b[i]);
+        CHECKF(la && lb && memcmp(la, lb, (size_t)info.n_vocab * sizeof *la) == 0,
+               "%s session %d: the batched logits are not those of the session alone", what, i);
+    }
+    /* the adapters made a difference, or the comparison says little */
+    if (a[0] && a[2])
+        CHECKF(memcmp(kvgen_session_logits(a[0]), kvgen_session_logits(a[2]), (size_t)info.n_vocab * sizeof(float)),
+               "%s: the adapter changed nothing", what);
+    kvgen_jobs_stats st;
+    kvgen_jobs_get_stats(m, &st);
+    CHECKF(st.max_batch_seen >= N, "%s: the decodes were never batched together (max batch %d)", what,
+           st.max_batch_seen);
+    kvgen_job_release(gate_job);
+    kvgen_session_close(gate);
+    for (int i = 0; i < N; i++) {
+        kvgen_job_release(jobs[i]);
+        kvgen_session_close(a[i]);
+        kvgen_session_close(b[i]);
+    }
+done:
+    kvgen_adapter_free(a1);
+    kvgen_adapter_free(a2);
+    kvgen_model_unload(m);
+}
+
+/* ---- forks, refusals, lifetimes ----------------------------------------------------------------- */
+
+static void same_set(kvgen_session *s, const kvgen_adapter *const *want, const float *scales, size_t n,
+                     const char *after) {
+    const kvgen_adapter *got[KVGEN_MAX_ADAPTERS];
+    float sc[KVGEN_MAX_ADAPTERS];
+    size_t k = kvgen_session_adapters(s, got, sc, KVGEN_MAX_ADAPTERS);
+    bool same = k == n;
+    for (size_t i = 0; same && i < n; i++) same = got[i] == want[i] && sc[i] == scales[i];
+    CHECKF(same, "after %s: the session runs %zu adapters, not its %zu", after, k, n);
+}
+
+static void test_fork_and_refusals(int bi) {
+    const char *what = backend_names[bi];
+    kvgen_model *m = load_model(g_base, backends[bi]), *other = load_model(g_base, backends[bi]);
+    if (!m || !other) goto done_models;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    kvgen_adapter *a1 = load_adapter(m, g_lora), *a2 = load_adapter(m, g_lora2);
+    kvgen_adapter *theirs = load_adapter(other, g_lora);
+    kvgen_error err = {0};
+    int32_t prompt[PROMPT];
+    tu_fill_tokens(prompt, PROMPT, 5, info.n_vocab);
+    kvgen_session *s = NULL, *child = NULL, *fresh = NULL;
+    CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    if (!s || !a1 || !a2 || !theirs) goto done;
+    const kvgen_adapter *set[2] = {a1, a2};
+    const float sc[2] = {0.7f, 0.3f};
+    CHECK_OK(kvgen_session_set_adapters(s, set, sc, 2, &err));
+    same_set(s, set, sc, 2, "set_adapters");
+
+    /* a fork runs its parent's adapters: the same set, the same logits after the same token */
+    CHECK_OK(kvgen_session_prefill(s, prompt, PROMPT, NULL, &err));
+    CHECK_OK(kvgen_session_fork(s, &child, &err));
+    if (child) {
+        same_set(child, set, sc, 2, "fork");
+        CHECK_OK(kvgen_session_decode(s, 11, &err));
+        CHECK_OK(kvgen_session_decode(child, 11, &err));
+        CHECKF(memcmp(kvgen_session_logits(s), kvgen_session_logits(child), (size_t)info.n_vocab * sizeof(float)) ==
+                   0, "%s: the fork's logits differ from its parent's", what);
+        /* the child's set is its own: changing it leaves the parent's */
+        CHECK_OK(kvgen_session_set_adapters(child, NULL, NULL, 0, &err));
+        same_set(s, set, sc, 2, "the fork's set_adapters");
+    }
+
+    /* refusals change nothing */
+    const kvgen_adapter *bad[KVGEN_MAX_ADAPTERS + 1];
+    for (int i = 0; i <= KVGEN_MAX_ADAPTERS; i++) bad[i] = a1;
+    kvgen_status st = kvgen_session_set_adapters(s, bad, NULL, KVGEN_MAX_ADAPTERS + 1, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "KVGEN_MAX_ADAPTERS"), "%s: too many: %s", what,
+           err.message);
+    same_set(s, set, sc, 2, "too many adapters");
+    const kvgen_adapter *mixed[2] = {a1, theirs};
+    st = kvgen_session_set_adapters(s, mixed, NULL, 2, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "adapters[1]") && strstr(err.message, "another model"),
+           "%s: another model's adapter: %s", what, err.message);
+    same_set(s, set, sc, 2, "another model's adapter");
+    const float nan_sc[2] = {1.0f, NAN}, inf_sc[2] = {INFINITY, 1.0f};
+    st = kvgen_session_set_adapters(s, set, nan_sc, 2, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "scales[1]"), "%s: NaN scale: %s", what,
+           err.message);
+    same_set(s, set, sc, 2, "a NaN scale");
+    st = kvgen_session_set_adapters(s, set, inf_sc, 2, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "scales[0]"), "%s: infinite scale: %s", what,
+           err.message);
+    same_set(s, set, sc, 2, "an infinite scale");
+    const kvgen_adapter *holes[2] = {a1, NULL};
+    st = kvgen_session_set_adapters(s, holes, NULL, 2, &err);
+    CHECKF(st == KVGEN_E_INVALID_ARGUMENT && strstr(err.message, "adapters[1]"), "%s: NULL adapter: %s", what,
+           err.message);
+    same_set(s, set, sc, 2, "a NULL adapter");
+    CHECK(kvgen_session_set_adapters(s, NULL, NULL, 1, &err) == KVGEN_E_INVALID_ARGUMENT);
+    same_set(s, set, sc, 2, "a NULL list");
+    CHECK(kvgen_session_set_adapters(NULL, set, sc, 2, &err) == KVGEN_E_INVALID_ARGUMENT);
+    /* and the set still computes what it did: the same logits as a fresh session with it */
+    CHECK_OK(kvgen_session_create(m, NULL, &fresh, &err));
+    if (fresh) {
+        CHECK_OK(kvgen_session_set_adapters(fresh, set, sc, 2, &err));
+        CHECK_OK(kvgen_session_prefill(fresh, prompt, PROMPT, NULL, &err));
+        CHECK_OK(kvgen_session_decode(fresh, 11, &err));
+        CHECKF(memcmp(kvgen_session_logits(s), kvgen_session_logits(fresh), (size_t)info.n_vocab * sizeof(float)) ==
+                   0, "%s: after the refusals the session computes otherwise", what);
+    }
+
+    /* the session keeps its adapters alive: the handles freed, the model unloaded, it still runs */
+    kvgen_adapter_free(a1);
+    kvgen_adapter_free(a2);
+    a1 = a2 = NULL;
+    kvgen_model_unload(m);
+    m = NULL;
+    CHECK_OK(kvgen_session_decode(s, 12, &err));
+    CHECK_OK(kvgen_session_decode(fresh, 12, &err));
+    CHECKF(memcmp(kvgen_session_logits(s), kvgen_session_logits(fresh), (size_t)info.n_vocab * sizeof(float)) == 0,
+           "%s: with the handles freed the session computes otherwise", what);
+done:
+    kvgen_session_close(child);
+    kvgen_session_close(fresh);
+    kvgen_session_close(s);
+    kvgen_adapter_free(a1);
+    kvgen_adapter_free(a2);
+    kvgen_adapter_free(theirs);
+done_models:
+    kvgen_model_unload(m);
+    kvgen_model_unload(other);
+}
+
+int main(void) {
+    g_base = tu_make_model("lora_base.gguf", SHAPE);
+    g_lora = tu_make_model("lora_f32.gguf", "--lora " SHAPE);
+    g_lora16 = tu_make_model("lora_f16.gguf", "--lora --lora-type F16 " SHAPE);
+    g_lora_q8 = tu_make_model("lora_q8.gguf", "--lora --lora-type Q8_0 --lora-rank 32 " SHAPE);
+    g_lora2 = tu_make_model("lora_2.gguf", "--lora --lora-rank 4 --lora-alpha 2 --lora-targets q,v,down " SHAPE
+                            " --seed 23");
+    g_lora_na = tu_make_model("lora_na.gguf", "--lora --lora-alpha 0 " SHAPE " --seed 5");
+    CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na);
+    if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na) {
+        test_good_adapters();
+        test_bad_adapters();
+        for (int bi = 0; bi < 2; bi++) {
+            test_merged_parity(bi);
+            test_mixed_batch(bi);
+            test_fork_and_refusals(bi);
+        }
+    }
+    free(g_base);
+    free(g_lora);
+    free(g_lora16);
+    free(g_lora_q8);
+    free(g_lora2);
+    free(g_lora_na);
+    return tu_finish("test_lora");
+}
