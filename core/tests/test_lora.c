@@ -393,13 +393,12 @@ static double max_abs(const float *a, int n) {
 /* Tolerances of base + adapter against the merged model, relative to the largest |logit|:
  * - reference: every product in f32 in both runs; they differ only in the order of f32 sums
  *   (W x + s' B (A x) against (W + s' B A) x, the merged weights rounded once to f32), each
- *   worth a few ulp of the sums' magnitudes: 1e-5 of the range, with margin (measured: below
- *   3e-7);
+ *   worth a few ulp of the sums' magnitudes: 1e-5 of the range, with margin (measured: 3e-7);
  * - cpu: F32 weights are dotted with f32 activations (kvg_qdot.h: only the quantized types get
  *   int16 activations), so the products differ as the reference's do; but its K/V pages hold
  *   f16, and a key or value that rounds to the neighbouring f16 in one run moves the attention
- *   by up to 2^-11 of it, so 1e-3 of the range (measured: 2e-7, no f16 rounding flipped); the adapter moves the
- *   logits by far more than either (checked, so the comparison says something). */
+ *   by up to 2^-11 of it: 1e-3 of the range (measured: 2e-7, no rounding flipped here).
+ * The adapter moves the logits by far more than either (checked: the comparison says something). */
 static const double parity_tol[] = {1e-5, 1e-3};
 
 static void test_merged_parity(int bi) {
