@@ -30,6 +30,9 @@ static char *g_lora16;   /* F16, rank 8 */
 static char *g_lora_q8;  /* Q8_0, rank 32 (Q8_0 rows are blocks of 32) */
 static char *g_lora2;    /* F32, rank 4, alpha 2, q, v and down only, another seed */
 static char *g_lora_na;  /* F32, rank 8, no alpha (--lora-alpha 0: s' is the scale itself) */
+/* phi3: attn_qkv and a gate-and-up ffn_up stored fused, adapted through their parts */
+#define PHI3 "--arch phi3 --seed 4 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --vocab-size 300"
+static char *g_phi3, *g_phi3_lora, *g_phi3_lora_qup;
 
 static const kvgen_backend backends[] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_CPU};
 static const char *const backend_names[] = {"reference", "cpu"};
@@ -341,14 +344,15 @@ static void merge_tensor(kvg_gguf_writer *w, const kvg_tensor *t, const void *ct
 }
 
 /* the base model merged with adapters paths[i] at scales[i]; malloc'd path */
-static char *merged_model(const char *out_name, const char *const *paths, const float *scales, int n) {
+static char *merged_model(const char *base_path, const char *out_name, const char *const *paths, const float *scales,
+                          int n) {
     merge_ctx mc = {.n = n};
     kvgen_error err = {0};
     for (int i = 0; i < n; i++) {
         CHECK_OK(kvg_gguf_open(paths[i], &mc.part[i].g, &err));
         mc.part[i].scale = scales[i];
     }
-    char *p = tu_gguf_rewrite(g_base, out_name, &(tu_gguf_edit){.tensor = merge_tensor, .ctx = &mc});
+    char *p = tu_gguf_rewrite(base_path, out_name, &(tu_gguf_edit){.tensor = merge_tensor, .ctx = &mc});
     CHECKF(p != NULL, "could not write %s", out_name);
     for (int i = 0; i < n; i++) kvg_gguf_close(mc.part[i].g);
     return p;
@@ -401,6 +405,41 @@ static double max_abs(const float *a, int n) {
  * The adapter moves the logits by far more than either (checked: the comparison says something). */
 static const double parity_tol[] = {1e-5, 1e-3};
 
+/* The model at base_path (loaded as `base`) with adapters ads (the files `paths`) at `scales`
+ * against the model merged with them, over a prompt and STEPS greedy decodes: within the
+ * backend's tolerance, while the adapters move the logits far more. Returns the difference
+ * relative to the logits' range. */
+static double against_merged(int bi, const char *base_path, kvgen_model *base, const kvgen_adapter *const *ads,
+                             const char *const *paths, const float *scales, int n, const char *label) {
+    kvgen_model_info info;
+    kvgen_model_get_info(base, &info);
+    int nv = info.n_vocab;
+    size_t rows = (size_t)(1 + STEPS) * (size_t)nv;
+    float *lb = malloc(rows * sizeof *lb), *la = malloc(rows * sizeof *la), *lm = malloc(rows * sizeof *lm);
+    int32_t prompt[PROMPT], toks[STEPS] = {-1, -1, -1, -1};
+    tu_fill_tokens(prompt, PROMPT, 3, nv);
+    run(base, ads, scales, (size_t)n, prompt, toks, la, nv); /* chooses the decoded tokens */
+    run(base, NULL, NULL, 0, prompt, toks, lb, nv);
+    double rel = INFINITY;
+    char *mp = merged_model(base_path, "lora_merged.gguf", paths, scales, n);
+    kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
+    if (merged) {
+        run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
+        double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows), moved = tu_max_diff(la, lb, (int)rows);
+        rel = d / range;
+        CHECKF(d <= parity_tol[bi] * range, "%s %s: adapters vs merged differ by %.3g (range %.3g)",
+               backend_names[bi], label, d, range);
+        CHECKF(moved > 100.0 * parity_tol[bi] * range, "%s %s: the adapters moved the logits by only %.3g",
+               backend_names[bi], label, moved);
+        kvgen_model_unload(merged);
+    }
+    free(mp);
+    free(lb);
+    free(la);
+    free(lm);
+    return rel;
+}
+
 static void test_merged_parity(int bi) {
     const char *what = backend_names[bi];
     kvgen_model *base = load_model(g_base, backends[bi]);
@@ -425,45 +464,18 @@ static void test_merged_parity(int bi) {
     double worst = 0.0;
     for (size_t c = 0; c < sizeof one / sizeof one[0]; c++) {
         if (!one[c].a) continue;
-        int32_t toks[STEPS] = {-1, -1, -1, -1};
-        run(base, NULL, NULL, 0, prompt, toks, lb, nv);
-        for (int k = 0; k < STEPS; k++) toks[k] = -1;
-        run(base, &one[c].a, &one[c].scale, 1, prompt, toks, la, nv);
-        char *mp = merged_model("lora_merged.gguf", &one[c].path, &one[c].scale, 1);
-        kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
-        if (merged) {
-            run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
-            double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows);
-            double moved = tu_max_diff(la, lb, (int)rows);
-            worst = fmax(worst, d / range);
-            CHECKF(d <= parity_tol[bi] * range, "%s %s at %g: adapter vs merged differ by %.3g (range %.3g)", what,
-                   one[c].path, (double)one[c].scale, d, range);
-            CHECKF(moved > 100.0 * parity_tol[bi] * range, "%s %s: the adapter moved the logits by only %.3g", what,
-                   one[c].path, moved);
-            kvgen_model_unload(merged);
-        }
-        free(mp);
+        char label[300];
+        snprintf(label, sizeof label, "%s at %g", one[c].path, (double)one[c].scale);
+        worst = fmax(worst, against_merged(bi, g_base, base, &one[c].a, &one[c].path, &one[c].scale, 1, label));
     }
-    printf("%s: adapter vs merged, worst difference %.3g of the logits' range\n", what, worst);
-
     /* two adapters at once == merged with both */
     if (a1 && a2) {
         const kvgen_adapter *both[2] = {a1, a2};
         const char *paths[2] = {g_lora, g_lora2};
         float sc[2] = {0.6f, 1.2f};
-        int32_t toks[STEPS] = {-1, -1, -1, -1};
-        run(base, both, sc, 2, prompt, toks, la, nv);
-        char *mp = merged_model("lora_merged2.gguf", paths, sc, 2);
-        kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
-        if (merged) {
-            run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
-            double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows);
-            CHECKF(d <= parity_tol[bi] * range, "%s: two adapters vs merged differ by %.3g (range %.3g)", what, d,
-                   range);
-            kvgen_model_unload(merged);
-        }
-        free(mp);
+        worst = fmax(worst, against_merged(bi, g_base, base, both, paths, sc, 2, "two adapters"));
     }
+    printf("%s: adapters vs merged, worst difference %.3g of the logits' range\n", what, worst);
 
     /* scale 0 is the base model, bit for bit; so is the empty set after one */
     if (a1) {
@@ -491,6 +503,31 @@ static void test_merged_parity(int bi) {
     free(la);
     free(lm);
     kvgen_model_unload(base);
+}
+
+/* A fused matrix is adapted through its parts (adapter.c: each part gets A whole and its own
+ * rows of B): the adapter's pairs count per part, and the model with it equals the model
+ * merged with it, whole matrices and some of them. */
+static void test_fused_parity(int bi) {
+    kvgen_model *m = load_model(g_phi3, backends[bi]);
+    if (!m) return;
+    kvgen_adapter *a = load_adapter(m, g_phi3_lora), *q = load_adapter(m, g_phi3_lora_qup);
+    kvgen_adapter_info info;
+    kvgen_adapter_get_info(a, &info);
+    CHECKF(info.n_matrices == N_LAYER * N_TARGETS, "phi3: %d matrices adapted", info.n_matrices);
+    kvgen_adapter_get_info(q, &info);
+    CHECKF(info.n_matrices == N_LAYER * (3 + 2), "phi3 q,up: %d matrices adapted", info.n_matrices);
+    double worst = 0.0;
+    float s1 = 1.0f, s2 = 0.7f;
+    if (a) worst = fmax(worst, against_merged(bi, g_phi3, m, (const kvgen_adapter *const *)&a,
+                                              (const char *const *)&g_phi3_lora, &s1, 1, "phi3"));
+    if (q) worst = fmax(worst, against_merged(bi, g_phi3, m, (const kvgen_adapter *const *)&q,
+                                              (const char *const *)&g_phi3_lora_qup, &s2, 1, "phi3 q,up"));
+    printf("%s: phi3 (fused) adapters vs merged, worst difference %.3g of the logits' range\n", backend_names[bi],
+           worst);
+    kvgen_adapter_free(a);
+    kvgen_adapter_free(q);
+    kvgen_model_unload(m);
 }
 
 /* ---- many sessions' adapters in one batch ------------------------------------------------------- */
@@ -705,12 +742,17 @@ int main(void) {
     g_lora2 = tu_make_model("lora_2.gguf", "--lora --lora-rank 4 --lora-alpha 2 --lora-targets q,v,down " SHAPE
                             " --seed 23");
     g_lora_na = tu_make_model("lora_na.gguf", "--lora --lora-alpha 0 " SHAPE " --seed 5");
+    g_phi3 = tu_make_model("lora_phi3.gguf", PHI3);
+    g_phi3_lora = tu_make_model("lora_phi3_a.gguf", "--lora " PHI3);
+    g_phi3_lora_qup = tu_make_model("lora_phi3_q.gguf", "--lora --lora-targets q,up " PHI3);
     CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na);
+    CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup);
     if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na) {
         test_good_adapters();
         test_bad_adapters();
         for (int bi = 0; bi < 2; bi++) {
             test_merged_parity(bi);
+            if (g_phi3 && g_phi3_lora && g_phi3_lora_qup) test_fused_parity(bi);
             test_mixed_batch(bi);
             test_fork_and_refusals(bi);
         }
@@ -721,5 +763,8 @@ int main(void) {
     free(g_lora_q8);
     free(g_lora2);
     free(g_lora_na);
+    free(g_phi3);
+    free(g_phi3_lora);
+    free(g_phi3_lora_qup);
     return tu_finish("test_lora");
 }
