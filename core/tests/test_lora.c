@@ -30,6 +30,7 @@ static char *g_lora16;   /* F16, rank 8 */
 static char *g_lora_q8;  /* Q8_0, rank 32 (Q8_0 rows are blocks of 32) */
 static char *g_lora2;    /* F32, rank 4, alpha 2, q, v and down only, another seed */
 static char *g_lora_na;  /* F32, rank 8, no alpha (--lora-alpha 0: s' is the scale itself) */
+static char *g_lora_r1;  /* F32, rank 1: lora_a written 1-D ([n_in]), as ggml's writer trims trailing 1s */
 /* phi3: attn_qkv and a gate-and-up ffn_up stored fused, adapted through their parts */
 #define PHI3 "--arch phi3 --seed 4 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --vocab-size 300"
 static char *g_phi3, *g_phi3_lora, *g_phi3_lora_qup;
@@ -62,9 +63,9 @@ static void test_good_adapters(void) {
     } good[] = {
         {g_lora, 8.0f, 8, N_LAYER * N_TARGETS},    {g_lora16, 8.0f, 8, N_LAYER * N_TARGETS},
         {g_lora_q8, 32.0f, 32, N_LAYER * N_TARGETS}, {g_lora2, 2.0f, 4, N_LAYER * 3},
-        {g_lora_na, 0.0f, 8, N_LAYER * N_TARGETS},
+        {g_lora_na, 0.0f, 8, N_LAYER * N_TARGETS}, {g_lora_r1, 1.0f, 1, N_LAYER * N_TARGETS},
     };
-    uint64_t hashes[5];
+    uint64_t hashes[6];
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         kvgen_adapter *a = load_adapter(m, good[i].path);
         if (!a) continue;
@@ -454,13 +455,15 @@ static void test_merged_parity(int bi) {
     tu_fill_tokens(prompt, PROMPT, 3, nv);
     kvgen_adapter *a1 = load_adapter(base, g_lora), *a2 = load_adapter(base, g_lora2);
     kvgen_adapter *a16 = load_adapter(base, g_lora16), *ana = load_adapter(base, g_lora_na);
+    kvgen_adapter *ar1 = load_adapter(base, g_lora_r1);
 
     /* one adapter at a scale, every type and alpha: base + adapter == merged */
     const struct {
         const kvgen_adapter *a;
         const char *path;
         float scale;
-    } one[] = {{a1, g_lora, 0.8f}, {a16, g_lora16, 1.0f}, {ana, g_lora_na, 0.3f}, {a2, g_lora2, -1.5f}};
+    } one[] = {{a1, g_lora, 0.8f}, {a16, g_lora16, 1.0f}, {ana, g_lora_na, 0.3f}, {a2, g_lora2, -1.5f},
+                 {ar1, g_lora_r1, 2.0f}};
     double worst = 0.0;
     for (size_t c = 0; c < sizeof one / sizeof one[0]; c++) {
         if (!one[c].a) continue;
@@ -499,6 +502,7 @@ static void test_merged_parity(int bi) {
     kvgen_adapter_free(a2);
     kvgen_adapter_free(a16);
     kvgen_adapter_free(ana);
+    kvgen_adapter_free(ar1);
     free(lb);
     free(la);
     free(lm);
@@ -745,9 +749,10 @@ int main(void) {
     g_phi3 = tu_make_model("lora_phi3.gguf", PHI3);
     g_phi3_lora = tu_make_model("lora_phi3_a.gguf", "--lora " PHI3);
     g_phi3_lora_qup = tu_make_model("lora_phi3_q.gguf", "--lora --lora-targets q,up " PHI3);
-    CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na);
+    g_lora_r1 = tu_make_model("lora_r1.gguf", "--lora --lora-rank 1 " SHAPE " --seed 6");
+    CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1);
     CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup);
-    if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na) {
+    if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1) {
         test_good_adapters();
         test_bad_adapters();
         for (int bi = 0; bi < 2; bi++) {
@@ -763,6 +768,7 @@ int main(void) {
     free(g_lora_q8);
     free(g_lora2);
     free(g_lora_na);
+    free(g_lora_r1);
     free(g_phi3);
     free(g_phi3_lora);
     free(g_phi3_lora_qup);
