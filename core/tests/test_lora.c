@@ -1,13 +1,15 @@
 /* test_lora.c: LoRA adapters (kvgen_adapter_load, kvgen_session_set_adapters) on a random F32
  * model and adapters from kvgen-mkmodel --lora:
- * - good adapters of every type the tool writes (F32, F16, Q8_0) load, and get_info tells their facts;
+ * - good adapters of every type the tool writes (F32, F16, BF16, Q8_0) and of rank 1 load, and
+ *   get_info tells their facts;
  * - bad adapter files are refused with the status kvgen.h gives and a message naming the tensor
  *   or the key (another architecture, wrong shapes, a half without its other half, a truncated
  *   file, not an adapter, a tensor the model does not have or kvgen does not adapt);
  * - merged-weights parity on the reference and cpu backends: base + adapter at scale s gives the
  *   logits of a model whose matrices are W + s' B A (computed here in double, written as F32),
- *   over a prompt and a few decodes; scale 0 is the base model bit for bit; two adapters at once
- *   are the model merged with both;
+ *   over a prompt and a few decodes, for adapters of every type, with and without alpha, and
+ *   for phi3's fused matrices; scale 0 is the base model bit for bit; two adapters at once are
+ *   the model merged with both;
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
  *   each does alone;
  * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was. */
@@ -27,6 +29,7 @@ enum { N_LAYER = 2, N_EMBD = 64, N_FF = 96, KV_DIM = 32, N_TARGETS = 7 };
 static char *g_base;     /* the model */
 static char *g_lora;     /* F32, rank 8, alpha 8 (the default), every target */
 static char *g_lora16;   /* F16, rank 8 */
+static char *g_lora_bf;  /* BF16, rank 8 */
 static char *g_lora_q8;  /* Q8_0, rank 32 (Q8_0 rows are blocks of 32) */
 static char *g_lora2;    /* F32, rank 4, alpha 2, q, v and down only, another seed */
 static char *g_lora_na;  /* F32, rank 8, no alpha (--lora-alpha 0: s' is the scale itself) */
@@ -64,8 +67,9 @@ static void test_good_adapters(void) {
         {g_lora, 8.0f, 8, N_LAYER * N_TARGETS},    {g_lora16, 8.0f, 8, N_LAYER * N_TARGETS},
         {g_lora_q8, 32.0f, 32, N_LAYER * N_TARGETS}, {g_lora2, 2.0f, 4, N_LAYER * 3},
         {g_lora_na, 0.0f, 8, N_LAYER * N_TARGETS}, {g_lora_r1, 1.0f, 1, N_LAYER * N_TARGETS},
+        {g_lora_bf, 8.0f, 8, N_LAYER * N_TARGETS},
     };
-    uint64_t hashes[6];
+    uint64_t hashes[7];
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         kvgen_adapter *a = load_adapter(m, good[i].path);
         if (!a) continue;
@@ -455,7 +459,8 @@ static void test_merged_parity(int bi) {
     tu_fill_tokens(prompt, PROMPT, 3, nv);
     kvgen_adapter *a1 = load_adapter(base, g_lora), *a2 = load_adapter(base, g_lora2);
     kvgen_adapter *a16 = load_adapter(base, g_lora16), *ana = load_adapter(base, g_lora_na);
-    kvgen_adapter *ar1 = load_adapter(base, g_lora_r1);
+    kvgen_adapter *ar1 = load_adapter(base, g_lora_r1), *abf = load_adapter(base, g_lora_bf);
+    kvgen_adapter *aq8 = load_adapter(base, g_lora_q8);
 
     /* one adapter at a scale, every type and alpha: base + adapter == merged */
     const struct {
@@ -463,7 +468,7 @@ static void test_merged_parity(int bi) {
         const char *path;
         float scale;
     } one[] = {{a1, g_lora, 0.8f}, {a16, g_lora16, 1.0f}, {ana, g_lora_na, 0.3f}, {a2, g_lora2, -1.5f},
-                 {ar1, g_lora_r1, 2.0f}};
+                 {ar1, g_lora_r1, 2.0f}, {abf, g_lora_bf, 1.0f}, {aq8, g_lora_q8, 0.5f}};
     double worst = 0.0;
     for (size_t c = 0; c < sizeof one / sizeof one[0]; c++) {
         if (!one[c].a) continue;
@@ -503,6 +508,8 @@ static void test_merged_parity(int bi) {
     kvgen_adapter_free(a16);
     kvgen_adapter_free(ana);
     kvgen_adapter_free(ar1);
+    kvgen_adapter_free(abf);
+    kvgen_adapter_free(aq8);
     free(lb);
     free(la);
     free(lm);
@@ -749,10 +756,11 @@ int main(void) {
     g_phi3 = tu_make_model("lora_phi3.gguf", PHI3);
     g_phi3_lora = tu_make_model("lora_phi3_a.gguf", "--lora " PHI3);
     g_phi3_lora_qup = tu_make_model("lora_phi3_q.gguf", "--lora --lora-targets q,up " PHI3);
+    g_lora_bf = tu_make_model("lora_bf16.gguf", "--lora --lora-type BF16 " SHAPE " --seed 8");
     g_lora_r1 = tu_make_model("lora_r1.gguf", "--lora --lora-rank 1 " SHAPE " --seed 6");
-    CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1);
+    CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1 && g_lora_bf);
     CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup);
-    if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1) {
+    if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1 && g_lora_bf) {
         test_good_adapters();
         test_bad_adapters();
         for (int bi = 0; bi < 2; bi++) {
@@ -769,6 +777,7 @@ int main(void) {
     free(g_lora2);
     free(g_lora_na);
     free(g_lora_r1);
+    free(g_lora_bf);
     free(g_phi3);
     free(g_phi3_lora);
     free(g_phi3_lora_qup);
