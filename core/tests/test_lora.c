@@ -12,8 +12,10 @@
  *   the model merged with both;
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
  *   each does alone;
- * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was. */
+ * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was;
+ * - kvgen-mkmodel --lora: the tensors it writes (fused ones as stored), flags refused by name. */
 #define _POSIX_C_SOURCE 200809L
+#include <sys/wait.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -745,6 +747,89 @@ done_models:
     kvgen_model_unload(other);
 }
 
+/* ---- kvgen-mkmodel --lora ------------------------------------------------------------------------ */
+
+/* kvgen-mkmodel's output (stdout and stderr) and exit status */
+static int run_mkmodel(const char *args, char *out, size_t size) {
+    const char *bin = getenv("KVGEN_BIN");
+    char *path = tu_tmpfile("lora-refused.gguf");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/kvgen-mkmodel -o %s %s 2>&1", bin && *bin ? bin : ".", path, args);
+    free(path);
+    FILE *p = popen(cmd, "r");
+    size_t len = 0, got;
+    out[0] = 0;
+    while (p && len + 1 < size && (got = fread(out + len, 1, size - 1 - len, p)) > 0) len += got;
+    out[len] = 0;
+    int status = p ? pclose(p) : -1;
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* the shape of tensor `name` in the file at path is [ne0, ne1]; ne0 0: the file has no such tensor */
+static void shape_is(const char *path, const char *name, uint64_t ne0, uint64_t ne1) {
+    kvg_gguf *g = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_gguf_open(path, &g, &err));
+    if (!g) return;
+    const kvg_tensor *t = kvg_gguf_find_tensor(g, name);
+    if (ne0 == 0) CHECKF(t == NULL, "%s: has %s", path, name);
+    else
+        CHECKF(t && t->ne[0] == ne0 && t->ne[1] == ne1, "%s: %s is [%llu, %llu], want [%llu, %llu]", path, name,
+               t ? (unsigned long long)t->ne[0] : 0ull, t ? (unsigned long long)t->ne[1] : 0ull,
+               (unsigned long long)ne0, (unsigned long long)ne1);
+    kvg_gguf_close(g);
+}
+
+static void test_mkmodel_lora(void) {
+    /* the pairs of each target, A [n_in, rank] and B [rank, n_out] */
+    shape_is(g_lora, "blk.1.attn_q.weight.lora_a", N_EMBD, 8);
+    shape_is(g_lora, "blk.1.attn_k.weight.lora_b", 8, KV_DIM);
+    shape_is(g_lora, "blk.0.attn_output.weight.lora_a", N_EMBD, 8);
+    shape_is(g_lora, "blk.0.ffn_gate.weight.lora_b", 8, N_FF);
+    shape_is(g_lora, "blk.0.ffn_down.weight.lora_a", N_FF, 8);
+    shape_is(g_lora2, "blk.0.attn_v.weight.lora_b", 4, KV_DIM);
+    shape_is(g_lora2, "blk.0.attn_k.weight.lora_a", 0, 0); /* not a target */
+    shape_is(g_lora2, "blk.1.ffn_up.weight.lora_a", 0, 0);
+    /* phi3's fused matrices as stored: attn_qkv [D -> D + 2 kv], ffn_up [D -> 2 F] */
+    shape_is(g_phi3_lora, "blk.0.attn_qkv.weight.lora_b", 8, N_EMBD + 2 * KV_DIM);
+    shape_is(g_phi3_lora, "blk.1.ffn_up.weight.lora_b", 8, 2 * N_FF);
+    shape_is(g_phi3_lora, "blk.0.attn_q.weight.lora_a", 0, 0);
+    shape_is(g_phi3_lora, "blk.0.ffn_gate.weight.lora_a", 0, 0);
+    kvg_gguf *g = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvg_gguf_open(g_lora_na, &g, &err));
+    if (g) {
+        kvg_str v;
+        float alpha = -1.0f;
+        CHECK(kvg_gguf_get_str(g, "general.type", &v) && v.len == 7 && memcmp(v.ptr, "adapter", 7) == 0);
+        CHECK(kvg_gguf_get_str(g, "adapter.type", &v) && v.len == 4 && memcmp(v.ptr, "lora", 4) == 0);
+        CHECK(kvg_gguf_get_str(g, "general.architecture", &v) && v.len == 5 && memcmp(v.ptr, "llama", 5) == 0);
+        CHECK(kvg_gguf_get_f32(g, "adapter.lora.alpha", &alpha) && alpha == 0.0f);
+        kvg_gguf_close(g);
+    }
+
+    /* refusals name the flag and the value */
+    char out[4096];
+    const struct {
+        const char *args, *want;
+    } bad[] = {
+        {"--lora --lora-rank 0", "--lora-rank needs a positive integer, got '0'"},
+        {"--lora --lora-alpha -1", "--lora-alpha needs a number >= 0 (0: no alpha), got '-1'"},
+        {"--lora --lora-alpha nan", "--lora-alpha needs a number >= 0"},
+        {"--lora --lora-targets q,x", "--lora-targets q,x: 'x' is not one of q,k,v,o,gate,up,down"},
+        {"--lora --lora-targets ,", "--lora-targets ,: '' is not one of"},
+        {"--lora --lora-type Q4_K", "--lora-type Q4_K: adapters are written as F32, F16, BF16 or Q8_0"},
+        {"--lora --lora-type Q9", "--lora-type Q9 is not a type"},
+        {"--lora --lora-type Q8_0", "(--lora-rank 8)"}, /* Q8_0 rows are blocks of 32 */
+        {"--lora --arch bert", "--lora writes adapters for decoders"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run_mkmodel(bad[i].args, out, sizeof out);
+        CHECKF(rc != 0 && strstr(out, bad[i].want), "kvgen-mkmodel %s: exit %d, output: %s", bad[i].args, rc, out);
+    }
+    CHECK(run_mkmodel("--help", out, sizeof out) != 0 && strstr(out, "--lora-targets"));
+}
+
 int main(void) {
     g_base = tu_make_model("lora_base.gguf", SHAPE);
     g_lora = tu_make_model("lora_f32.gguf", "--lora " SHAPE);
@@ -762,6 +847,7 @@ int main(void) {
     CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup);
     if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1 && g_lora_bf) {
         test_good_adapters();
+        if (g_phi3_lora) test_mkmodel_lora();
         test_bad_adapters();
         for (int bi = 0; bi < 2; bi++) {
             test_merged_parity(bi);
