@@ -432,7 +432,8 @@ static double against_merged(int bi, const char *base_path, kvgen_model *base, c
     kvgen_model *merged = mp ? load_model(mp, backends[bi]) : NULL;
     if (merged) {
         run(merged, NULL, NULL, 0, prompt, toks, lm, nv);
-        double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows), moved = tu_max_diff(la, lb, (int)rows);
+        double range = max_abs(la, (int)rows), d = tu_max_diff(la, lm, (int)rows);
+        double moved = tu_max_diff(la, lb, (int)rows);
         rel = d / range;
         CHECKF(d <= parity_tol[bi] * range, "%s %s: adapters vs merged differ by %.3g (range %.3g)",
                backend_names[bi], label, d, range);
