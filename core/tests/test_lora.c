@@ -11,7 +11,7 @@
  *   for phi3's fused matrices; scale 0 is the base model bit for bit; two adapters at once are
  *   the model merged with both;
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
- *   each does alone;
+ *   each does alone; the prefix cache shares pages only under the same adapters and scales;
  * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was;
  * - kvgen-mkmodel --lora: the tensors it writes (fused ones as stored), flags refused by name. */
 #define _POSIX_C_SOURCE 200809L
@@ -544,6 +544,91 @@ static void test_fused_parity(int bi) {
     kvgen_model_unload(m);
 }
 
+/* ---- the prefix cache ---------------------------------------------------------------------------- */
+
+/* Pages are shared only between sessions with the same adapters at the same scales: a session
+ * with an adapter takes nothing of the base model's pages; one whose set changed after it
+ * filled pages under another never hands those out under its new set; one with the same set
+ * takes them, and every session gets the logits of a session that shares nothing. */
+static void test_prefix_cache(int bi) {
+    enum { LONG = 80, MORE = 20 }; /* pages of 16: the switched session fills a page under its new set */
+    const char *what = backend_names[bi];
+    kvgen_model_desc md = {.path = g_base, .backend = backends[bi], .n_threads = 2, .kv_pool_tokens = 8192,
+                           .kv_page_size = 16};
+    kvgen_model *m = tu_load(&md);
+    if (!m) return;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    size_t nv = (size_t)info.n_vocab;
+    kvgen_adapter *a = load_adapter(m, g_lora);
+    int32_t p[LONG + MORE];
+    tu_fill_tokens(p, LONG + MORE, 21, info.n_vocab);
+    kvgen_error err = {0};
+    kvgen_session *base = NULL, *switched = NULL, *with = NULL, *alone = NULL, *same = NULL, *base2 = NULL;
+    kvgen_session_desc sd = {.n_ctx = 256}, lone = {.n_ctx = 256, .no_prefix_reuse = 1};
+    float *want = malloc(nv * sizeof *want), *want_base = malloc(nv * sizeof *want_base);
+    if (!a || !want || !want_base) goto done;
+    const kvgen_adapter *set[1] = {a};
+    /* the answer: the adapter's session sharing nothing */
+    CHECK_OK(kvgen_session_create(m, &lone, &alone, &err));
+    CHECK_OK(kvgen_session_set_adapters(alone, set, NULL, 1, &err));
+    CHECK_OK(kvgen_session_prefill(alone, p, LONG + MORE, NULL, &err));
+    memcpy(want, kvgen_session_logits(alone), nv * sizeof *want);
+    CHECK_OK(kvgen_session_set_adapters(alone, NULL, NULL, 0, &err));
+    kvgen_session_reset(alone);
+    CHECK_OK(kvgen_session_prefill(alone, p, LONG + MORE, NULL, &err));
+    memcpy(want_base, kvgen_session_logits(alone), nv * sizeof *want_base);
+
+    /* the base model's pages of the prompt, and a session that filled pages under the base model,
+     * then switched to the adapter and went on (its pages mix both) */
+    CHECK_OK(kvgen_session_create(m, &sd, &base, &err));
+    CHECK_OK(kvgen_session_prefill(base, p, LONG, NULL, &err));
+    CHECK_OK(kvgen_session_create(m, &sd, &switched, &err));
+    CHECK_OK(kvgen_session_prefill(switched, p, LONG, NULL, &err));
+    CHECK_OK(kvgen_session_set_adapters(switched, set, NULL, 1, &err));
+    CHECK_OK(kvgen_session_prefill(switched, p + LONG, MORE, NULL, &err));
+    kvgen_session_close(switched);
+    switched = NULL;
+
+    kvgen_cache_info ci;
+    CHECK_OK(kvgen_session_create(m, &sd, &with, &err));
+    CHECK_OK(kvgen_session_set_adapters(with, set, NULL, 1, &err));
+    CHECK_OK(kvgen_session_prefill(with, p, LONG + MORE, NULL, &err));
+    kvgen_session_cache_info(with, &ci);
+    CHECKF(ci.tokens_reused == 0, "%s: a session with an adapter reused %zu tokens of others' pages", what,
+           ci.tokens_reused);
+    CHECKF(memcmp(kvgen_session_logits(with), want, nv * sizeof *want) == 0, "%s: the adapter's session differs",
+           what);
+    /* the same adapter at the same scale shares them */
+    CHECK_OK(kvgen_session_create(m, &sd, &same, &err));
+    CHECK_OK(kvgen_session_set_adapters(same, set, NULL, 1, &err));
+    CHECK_OK(kvgen_session_prefill(same, p, LONG + MORE, NULL, &err));
+    kvgen_session_cache_info(same, &ci);
+    CHECKF(ci.tokens_reused >= 64, "%s: a session with the same adapter reused only %zu tokens", what,
+           ci.tokens_reused);
+    CHECKF(memcmp(kvgen_session_logits(same), want, nv * sizeof *want) == 0,
+           "%s: the session sharing the adapter's pages differs", what);
+    /* the base model takes its own pages of the prompt, never the switched session's last ones */
+    CHECK_OK(kvgen_session_create(m, &sd, &base2, &err));
+    CHECK_OK(kvgen_session_prefill(base2, p, LONG + MORE, NULL, &err));
+    kvgen_session_cache_info(base2, &ci);
+    CHECKF(ci.tokens_reused >= LONG, "%s: the base model reused only %zu tokens of its own pages", what,
+           ci.tokens_reused);
+    CHECKF(memcmp(kvgen_session_logits(base2), want_base, nv * sizeof *want_base) == 0,
+           "%s: a base session took pages computed under an adapter", what);
+done:
+    kvgen_session_close(base);
+    kvgen_session_close(switched);
+    kvgen_session_close(with);
+    kvgen_session_close(alone);
+    kvgen_session_close(same);
+    kvgen_session_close(base2);
+    kvgen_adapter_free(a);
+    free(want);
+    free(want_base);
+    kvgen_model_unload(m);
+}
+
 /* ---- many sessions' adapters in one batch ------------------------------------------------------- */
 
 static void pause_us(long us) {
@@ -854,6 +939,7 @@ int main(void) {
             test_merged_parity(bi);
             if (g_phi3 && g_phi3_lora && g_phi3_lora_qup) test_fused_parity(bi);
             test_mixed_batch(bi);
+            test_prefix_cache(bi);
             test_fork_and_refusals(bi);
         }
     }
