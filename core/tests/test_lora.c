@@ -833,6 +833,29 @@ done_models:
     kvgen_model_unload(other);
 }
 
+/* The Vulkan backend runs no adapters: it loads them (they belong to the model), and
+ * set_adapters refuses by name, leaving the session on the base model. */
+static void vulkan_body(void *arg) {
+    (void)arg;
+    kvgen_model *m = load_model(g_base, KVGEN_BACKEND_VULKAN);
+    if (!m) return;
+    kvgen_adapter *a = load_adapter(m, g_lora);
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    if (s && a) {
+        const kvgen_adapter *set[1] = {a};
+        kvgen_status st = kvgen_session_set_adapters(s, set, NULL, 1, &err);
+        CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "vulkan"), "vulkan set_adapters: %s %s",
+               kvgen_status_name(st), err.message);
+        CHECK(kvgen_session_adapters(s, NULL, NULL, 0) == 0);
+        CHECK_OK(kvgen_session_set_adapters(s, NULL, NULL, 0, &err)); /* the base model: always fine */
+    }
+    kvgen_session_close(s);
+    kvgen_adapter_free(a);
+    kvgen_model_unload(m);
+}
+
 /* ---- kvgen-mkmodel --lora ------------------------------------------------------------------------ */
 
 /* kvgen-mkmodel's output (stdout and stderr) and exit status */
@@ -942,6 +965,7 @@ int main(void) {
             test_prefix_cache(bi);
             test_fork_and_refusals(bi);
         }
+        tu_vulkan_child("LoRA refusal", vulkan_body, NULL);
     }
     free(g_base);
     free(g_lora);
