@@ -8,7 +8,7 @@
  * - merged-weights parity on the reference and cpu backends: base + adapter at scale s gives the
  *   logits of a model whose matrices are W + s' B A (computed here in double, written as F32),
  *   over a prompt and a few decodes, for adapters of every type, with and without alpha, and
- *   for phi3's fused matrices; scale 0 is the base model bit for bit; two adapters at once are
+ *   for phi3's fused matrices and wide heads; scale 0 is the base model bit for bit; two adapters at once are
  *   the model merged with both;
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
  *   each does alone; the prefix cache shares pages only under the same adapters and scales;
@@ -39,6 +39,9 @@ static char *g_lora_r1;  /* F32, rank 1: lora_a written 1-D ([n_in]), as ggml's 
 /* phi3: attn_qkv and a gate-and-up ffn_up stored fused, adapted through their parts */
 #define PHI3 "--arch phi3 --seed 4 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --vocab-size 300"
 static char *g_phi3, *g_phi3_lora, *g_phi3_lora_qup;
+/* heads wider than n_embd / n_head: attn_output's input (heads x head size) is not n_embd */
+#define WIDE "--seed 9 --layers 2 --embd 64 --ff 96 --heads 4 --kv-heads 2 --head-dim 32 --vocab-size 300"
+static char *g_wide, *g_wide_lora;
 
 static const kvgen_backend backends[] = {KVGEN_BACKEND_REFERENCE, KVGEN_BACKEND_CPU};
 static const char *const backend_names[] = {"reference", "cpu"};
@@ -521,8 +524,9 @@ static void test_merged_parity(int bi) {
 
 /* A fused matrix is adapted through its parts (adapter.c: each part gets A whole and its own
  * rows of B): the adapter's pairs count per part, and the model with it equals the model
- * merged with it, whole matrices and some of them. */
-static void test_fused_parity(int bi) {
+ * merged with it, whole matrices and some of them. So does a model whose heads are wider than
+ * n_embd / n_head. */
+static void test_shape_parity(int bi) {
     kvgen_model *m = load_model(g_phi3, backends[bi]);
     if (!m) return;
     kvgen_adapter *a = load_adapter(m, g_phi3_lora), *q = load_adapter(m, g_phi3_lora_qup);
@@ -541,6 +545,18 @@ static void test_fused_parity(int bi) {
            worst);
     kvgen_adapter_free(a);
     kvgen_adapter_free(q);
+    kvgen_model_unload(m);
+
+    /* wide heads: the pairs of attn_q/k/v out and attn_output in are heads x head size wide */
+    m = load_model(g_wide, backends[bi]);
+    if (!m) return;
+    a = load_adapter(m, g_wide_lora);
+    if (a) {
+        double d = against_merged(bi, g_wide, m, (const kvgen_adapter *const *)&a, (const char *const *)&g_wide_lora,
+                                  &s2, 1, "wide heads");
+        printf("%s: wide-head adapter vs merged, difference %.3g of the logits' range\n", backend_names[bi], d);
+    }
+    kvgen_adapter_free(a);
     kvgen_model_unload(m);
 }
 
@@ -953,14 +969,16 @@ int main(void) {
     g_lora_bf = tu_make_model("lora_bf16.gguf", "--lora --lora-type BF16 " SHAPE " --seed 8");
     g_lora_r1 = tu_make_model("lora_r1.gguf", "--lora --lora-rank 1 " SHAPE " --seed 6");
     CHECK(g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1 && g_lora_bf);
-    CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup);
+    g_wide = tu_make_model("lora_wide_base.gguf", WIDE);
+    g_wide_lora = tu_make_model("lora_wide_a.gguf", "--lora " WIDE);
+    CHECK(g_phi3 && g_phi3_lora && g_phi3_lora_qup && g_wide && g_wide_lora);
     if (g_base && g_lora && g_lora16 && g_lora_q8 && g_lora2 && g_lora_na && g_lora_r1 && g_lora_bf) {
         test_good_adapters();
         if (g_phi3_lora) test_mkmodel_lora();
         test_bad_adapters();
         for (int bi = 0; bi < 2; bi++) {
             test_merged_parity(bi);
-            if (g_phi3 && g_phi3_lora && g_phi3_lora_qup) test_fused_parity(bi);
+            if (g_phi3 && g_phi3_lora && g_phi3_lora_qup && g_wide && g_wide_lora) test_shape_parity(bi);
             test_mixed_batch(bi);
             test_prefix_cache(bi);
             test_fork_and_refusals(bi);
@@ -978,5 +996,7 @@ int main(void) {
     free(g_phi3);
     free(g_phi3_lora);
     free(g_phi3_lora_qup);
+    free(g_wide);
+    free(g_wide_lora);
     return tu_finish("test_lora");
 }
