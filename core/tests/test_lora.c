@@ -7,9 +7,9 @@
  *   file, not an adapter, a tensor the model does not have or kvgen does not adapt);
  * - merged-weights parity on the reference and cpu backends: base + adapter at scale s gives the
  *   logits of a model whose matrices are W + s' B A (computed here in double, written as F32),
- *   over a prompt and a few decodes, for adapters of every type, with and without alpha, and
- *   for phi3's fused matrices and wide heads; scale 0 is the base model bit for bit; two adapters at once are
- *   the model merged with both;
+ *   over a prompt and a few decodes, for adapters of every type, with and without alpha, for
+ *   phi3's fused matrices and for wide heads; scale 0 is the base model bit for bit; two
+ *   adapters at once are the model merged with both;
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
  *   each does alone; the prefix cache shares pages only under the same adapters and scales;
  * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was;
