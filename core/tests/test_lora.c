@@ -13,6 +13,8 @@
  * - sessions with different adapters, and one without, run as jobs in one batch end exactly as
  *   each does alone; the prefix cache shares pages only under the same adapters and scales;
  * - a fork runs its parent's adapters; refused set_adapters calls leave the set as it was;
+ * - on Q8_0 weights the cpu backend disagrees with the reference no more with an adapter than
+ *   without (the product is f32 on both);
  * - kvgen-mkmodel --lora: the tensors it writes (fused ones as stored), flags refused by name. */
 #define _POSIX_C_SOURCE 200809L
 #include <sys/wait.h>
@@ -560,6 +562,50 @@ static void test_shape_parity(int bi) {
     kvgen_model_unload(m);
 }
 
+/* ---- across backends ------------------------------------------------------------------------------ */
+
+/* On quantized weights the cpu backend dots int16 activations (kvg_qdot.h), the reference f32
+ * ones: they differ by that rounding. The low-rank product is f32 on both, from the activations
+ * each backend has, so an adapter adds no error of its own: with it the two disagree about as
+ * much as without it (bound: 3x the base model's disagreement; measured ratio printed). */
+static void test_cpu_vs_reference_quantized(void) {
+    char *q8 = tu_make_model("lora_q8_base.gguf", "--type Q8_0 " SHAPE);
+    if (!q8) return;
+    kvgen_model *ref = load_model(q8, KVGEN_BACKEND_REFERENCE), *cpu = load_model(q8, KVGEN_BACKEND_CPU);
+    kvgen_adapter *ar = ref ? load_adapter(ref, g_lora) : NULL, *ac = cpu ? load_adapter(cpu, g_lora) : NULL;
+    if (ar && ac) {
+        kvgen_model_info info;
+        kvgen_model_get_info(ref, &info);
+        int nv = info.n_vocab;
+        size_t rows = (size_t)(1 + STEPS) * (size_t)nv;
+        float *r0 = malloc(rows * sizeof *r0), *c0 = malloc(rows * sizeof *c0);
+        float *r1 = malloc(rows * sizeof *r1), *c1 = malloc(rows * sizeof *c1);
+        int32_t prompt[PROMPT], toks[STEPS] = {-1, -1, -1, -1};
+        tu_fill_tokens(prompt, PROMPT, 13, nv);
+        float sc = 1.0f;
+        run(ref, (const kvgen_adapter *const *)&ar, &sc, 1, prompt, toks, r1, nv);
+        run(cpu, (const kvgen_adapter *const *)&ac, &sc, 1, prompt, toks, c1, nv);
+        run(ref, NULL, NULL, 0, prompt, toks, r0, nv);
+        run(cpu, NULL, NULL, 0, prompt, toks, c0, nv);
+        double base = tu_max_diff(r0, c0, (int)rows), with = tu_max_diff(r1, c1, (int)rows);
+        double range = max_abs(r1, (int)rows);
+        printf("Q8_0 model, cpu vs reference: %.3g without the adapter, %.3g with it (range %.3g)\n", base, with,
+               range);
+        CHECKF(with <= 3.0 * base + 1e-5 * range, "cpu vs reference on Q8_0 weights: %.3g with the adapter, %.3g "
+               "without", with, base);
+        CHECK(tu_max_diff(r0, r1, (int)rows) > 10.0 * with); /* the adapter did something */
+        free(r0);
+        free(c0);
+        free(r1);
+        free(c1);
+    }
+    kvgen_adapter_free(ar);
+    kvgen_adapter_free(ac);
+    kvgen_model_unload(ref);
+    kvgen_model_unload(cpu);
+    free(q8);
+}
+
 /* ---- the prefix cache ---------------------------------------------------------------------------- */
 
 /* Pages are shared only between sessions with the same adapters at the same scales: a session
@@ -983,6 +1029,7 @@ int main(void) {
             test_prefix_cache(bi);
             test_fork_and_refusals(bi);
         }
+        test_cpu_vs_reference_quantized();
         tu_vulkan_child("LoRA refusal", vulkan_body, NULL);
     }
     free(g_base);
