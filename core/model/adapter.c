@@ -192,7 +192,8 @@ static kvgen_status load_pair(kvgen_model *m, const kvg_gguf *g, const kvg_tenso
         if (!kvg_type_traits_of(halves[h]->type))
             return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: tensor %s has type %s, which kvgen does not dequantize",
                             path, halves[h]->name, kvg_type_name(halves[h]->type));
-    if (ta->n_dims != 2 || tb->n_dims != 2 || ta->ne[0] != w->ne[0] || tb->ne[1] != w->ne[1] ||
+    /* 1-D is [n, 1]: ggml's writer drops trailing dimensions of 1 (a rank-1 lora_a) */
+    if (ta->n_dims > 2 || tb->n_dims > 2 || ta->ne[0] != w->ne[0] || tb->ne[1] != w->ne[1] ||
         ta->ne[1] != tb->ne[0] || ta->ne[1] == 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
                         "%s: tensor %s: lora_a is [%llu, %llu] and lora_b [%llu, %llu], but %s is [%llu, %llu] "

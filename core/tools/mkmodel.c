@@ -13,9 +13,12 @@
  * default the rank, so the product is applied at scale 1), and for each target matrix W of
  * every layer (--lora-targets, a comma list of q,k,v,o,gate,up,down; default all of them)
  * "<W>.lora_a" (ne0 = W's input width, ne1 = --lora-rank, default 8) and "<W>.lora_b" (ne0 = the
- * rank, ne1 = W's output width), of type --lora-type (F32, F16, BF16 or Q8_0; default F32).
- * A is drawn with std 1/sqrt(input width) and B with std 0.15/sqrt(rank), so the adapter moves
- * each product by about a quarter of its size: visible in the logits, never overwhelming.
+ * rank, ne1 = W's output width), of type --lora-type (F32, F16, BF16 or Q8_0; default F32;
+ * Q8_0 rows are blocks of 32, so it needs a rank that is a multiple of 32). A row with fused
+ * matrices (phi3) gets pairs for them as stored: attn_qkv when any of q, k, v is a target,
+ * ffn_up (gate and up rows) when gate or up is. An encoder (bert) is refused. A is drawn with
+ * std 1/sqrt(input width) and B with std 0.15/sqrt(rank), so the adapter moves each product by
+ * about a quarter of its size: visible in the logits, never overwhelming.
  * The adapter's draws come from their own stream (--seed S gives another adapter).
  *
  * --head-dim sets attention.key_length/value_length (Q is heads x head-dim wide, which may
@@ -85,8 +88,6 @@ typedef struct options {
 
 /* the matrices --lora-targets names, and their tensors' name parts */
 static const char *const lora_target_names[] = {"q", "k", "v", "o", "gate", "up", "down"};
-static const char *const lora_target_parts[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                                                "ffn_down"};
 #define LORA_TARGETS 7
 
 enum { MIX_NONE, MIX_Q4_K_M };
@@ -365,9 +366,9 @@ static int parse_args(int argc, char **argv, options *o) {
         return -1;
     }
     if (!o->orig_ctx) o->orig_ctx = o->ctx;
-    if (o->lora && o->row && (o->row->encoder || o->row->fused)) {
-        fprintf(stderr, "kvgen-mkmodel: --lora writes adapters for decoders with separate q, k, v, gate and up "
-                "matrices, not for %s\n", o->arch);
+    if (o->lora && o->row && o->row->encoder) {
+        fprintf(stderr, "kvgen-mkmodel: --lora writes adapters for decoders (kvgen runs no adapters on an encoder), "
+                "not for --arch %s\n", o->arch);
         return -1;
     }
     if (o->lora_alpha < 0.0f) o->lora_alpha = (float)o->lora_rank;
@@ -767,13 +768,36 @@ static int write_weights(kvg_gguf_writer *w, const options *o, rng *r, int n_voc
     return err;
 }
 
+typedef struct lora_matrix {
+    const char *part; /* "attn_q" in blk.N.attn_q.weight */
+    int n_in, n_out;
+    unsigned targets; /* the --lora-targets it holds */
+} lora_matrix;
+
 /* --lora: the adapter instead of the model (see the top of the file) */
 static int write_adapter(const options *o) {
     int head_dim = o->head_dim ? o->head_dim : o->embd / o->heads;
     int q_dim = o->heads * head_dim, kv_dim = o->kv_heads * head_dim;
-    /* n_in, n_out of each target, in lora_target_names' order */
-    const int dims[LORA_TARGETS][2] = {{o->embd, q_dim}, {o->embd, kv_dim}, {o->embd, kv_dim}, {q_dim, o->embd},
-                                       {o->embd, o->ff}, {o->embd, o->ff},    {o->ff, o->embd}};
+    uint32_t fused = o->row ? o->row->fused : 0;
+    /* the matrices as the model file stores them (a fused one is adapted whole when any of its
+     * parts is a target); bits: of lora_target_names */
+    lora_matrix mats[LORA_TARGETS];
+    int n_mats = 0;
+#define MAT(name, in, out, bits) mats[n_mats++] = (lora_matrix){name, in, out, bits}
+    if (fused & KVG_FUSED_QKV) MAT("attn_qkv", o->embd, q_dim + 2 * kv_dim, 7u);
+    else {
+        MAT("attn_q", o->embd, q_dim, 1u);
+        MAT("attn_k", o->embd, kv_dim, 2u);
+        MAT("attn_v", o->embd, kv_dim, 4u);
+    }
+    MAT("attn_output", q_dim, o->embd, 8u);
+    if (fused & KVG_FUSED_GATE_UP) MAT("ffn_up", o->embd, 2 * o->ff, 16u | 32u);
+    else {
+        MAT("ffn_gate", o->embd, o->ff, 16u);
+        MAT("ffn_up", o->embd, o->ff, 32u);
+    }
+    MAT("ffn_down", o->ff, o->embd, 64u);
+#undef MAT
     kvg_gguf_writer *w = kvg_gguf_writer_new();
     if (!w) {
         fprintf(stderr, "kvgen-mkmodel: out of memory\n");
@@ -787,13 +811,13 @@ static int write_adapter(const options *o) {
     rng r = {o->seed * 0x9e3779b97f4a7c15ull + 7}; /* not the model's stream */
     int err = 0, rank = o->lora_rank;
     for (int l = 0; l < o->layers && !err; l++)
-        for (int t = 0; t < LORA_TARGETS && !err; t++) {
-            if (!(o->lora_targets & (1u << t))) continue;
+        for (int t = 0; t < n_mats && !err; t++) {
+            if (!(o->lora_targets & mats[t].targets)) continue;
             char name[96];
-            int n_in = dims[t][0], n_out = dims[t][1];
-            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, lora_target_parts[t]);
+            int n_in = mats[t].n_in, n_out = mats[t].n_out;
+            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_a", l, mats[t].part);
             err = add_matrix(w, &r, name, o->lora_type, n_in, rank, 0.0f, 1.0f / sqrtf((float)n_in), "the input width");
-            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, lora_target_parts[t]);
+            snprintf(name, sizeof name, "blk.%d.%s.weight.lora_b", l, mats[t].part);
             if (!err)
                 err = add_matrix(w, &r, name, o->lora_type, rank, n_out, 0.0f, 0.15f / sqrtf((float)rank),
                                  "--lora-rank");
