@@ -27,7 +27,9 @@ typedef struct tool_format {
     const char *name;
     const char *marks[2];    /* the template's text holds all of them (NULL: unused) */
     const char *openers[2];  /* where calls start in a reply: markup skipped when parsed */
-    const char *starts[2];   /* ... or JSON that starts them (kept: it is the call) */
+    const char *starts[2];   /* ... or JSON that starts them (kept: it is the call); in the
+                                wrapped layout, a call without its markup that begins the
+                                reply (small models drop the tags) */
     layout layout;
     const char *call_open, *call_close; /* LAYOUT_WRAPPED */
     const char *args_key;    /* the arguments member as the format writes it */
@@ -38,7 +40,7 @@ typedef struct tool_format {
 } tool_format;
 
 static const tool_format FORMATS[] = {
-    {"hermes", {"<tool_call>", NULL}, {"<tool_call>", NULL}, {NULL, NULL}, LAYOUT_WRAPPED, "<tool_call>",
+    {"hermes", {"<tool_call>", NULL}, {"<tool_call>", NULL}, {"{\"name\"", NULL}, LAYOUT_WRAPPED, "<tool_call>",
      "</tool_call>", "arguments", "<tool_call>\n", "\n</tool_call>",
      "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*"},
     {"mistral", {"[TOOL_CALLS]", NULL}, {"[TOOL_CALLS]", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL, NULL,
@@ -397,6 +399,16 @@ static kvg_json *read_value(const char **p, const char *end) {
     return v;
 }
 
+/* whether the JSON object at p has a "name" member naming one of the tools */
+static bool names_tool(const kvg_tools *t, const char *p, const char *end) {
+    kvg_json *v = read_value(&p, end);
+    const char *name = v && v->type == KVG_JSON_OBJECT ? kvg_json_get_string(v, "name", NULL) : NULL;
+    bool known = false;
+    for (int i = 0; name && i < t->n_tools; i++) known = known || strcmp(t->tools[i].name, name) == 0;
+    kvg_json_free(v);
+    return known;
+}
+
 static kvgen_status publish(kvg_tools *t, kvgen_error *err) {
     if (!(t->pub = kvg_calloc((size_t)t->n_calls, sizeof *t->pub))) return oom("kvgen_gen_next", err);
     kvg_buf b = {0};
@@ -430,6 +442,10 @@ kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t 
         const char *s = f->starts[i] ? find(text, len, f->starts[i]) : NULL;
         if (s && (!at || s < at)) at = s, opener = false;
     }
+    /* the wrapped layout's bare calls count only where they begin the reply, and only when the
+     * first names a tool: anywhere else, JSON with a "name" is the reply's own */
+    bool bare = at && !opener && f->layout == LAYOUT_WRAPPED;
+    if (bare && (skip_space(text, end) != at || !names_tool(t, at, end))) at = NULL;
     *finish = KVGEN_FINISH_NONE;
     *content_len = at ? (size_t)(at - text) : len;
     if (!at) return KVGEN_OK;
@@ -439,7 +455,14 @@ kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t 
     if (t->choice == KVGEN_TOOL_NONE) return KVGEN_OK;
     const char *p = at;
     int r = 1;
-    if (f->layout == LAYOUT_WRAPPED) {
+    if (bare) {
+        while (r == 1 && p < end && *p == '{') {
+            kvg_json *v = read_value(&p, end);
+            r = take_call(t, v, id_base);
+            kvg_json_free(v);
+            p = skip_space(p, end);
+        }
+    } else if (f->layout == LAYOUT_WRAPPED) {
         while (r == 1 && skip_text(&p, end, f->call_open)) {
             p = skip_space(p, end);
             kvg_json *v = read_value(&p, end);
