@@ -16,7 +16,12 @@
  *
  * The conversation reads back as the messages still in the cache (and the reply generated since
  * the last turn), and an undo takes whole messages back by rewinding to where the first of them
- * starts, which is where the message before it ends. */
+ * starts, which is where the message before it ends.
+ *
+ * (About 1,300 lines: the rendering, the turns, the tool messages and the read-back all work on
+ * one private conversation state whose invariants, a message's token span against the cache,
+ * hold only while every edit of it stays in this file; chat_tools.c, which needs none of them,
+ * builds a reply's tools on top.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
