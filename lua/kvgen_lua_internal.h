@@ -135,6 +135,10 @@ void kvl_push_field(lua_State *L, const void *base, const out_field *f);
 /* Pushes a new table with the n fields of the struct at `base`. */
 void kvl_push_fields(lua_State *L, const void *base, const out_field *f, size_t n);
 
+/* Pushes a zeroed userdata of `size` bytes whose __gc is `gc` (metatable `mt`, made on first use):
+ * C memory that must be freed even when a Lua error is raised while it is held. */
+void *kvl_push_box(lua_State *L, size_t size, const char *mt, lua_CFunction gc);
+
 /* ---- lua_options.c: arguments ----------------------------------------------------------- */
 
 const char *kvl_push_number_text(lua_State *L, lua_Number v);

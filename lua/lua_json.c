@@ -38,16 +38,7 @@ static int json_box_gc(lua_State *L) {
     return 0;
 }
 
-static json_box *push_box(lua_State *L) {
-    json_box *x = lua_newuserdatauv(L, sizeof *x, 0);
-    memset(x, 0, sizeof *x);
-    if (luaL_newmetatable(L, JSON_BOX_MT)) {
-        lua_pushcfunction(L, json_box_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_setmetatable(L, -2);
-    return x;
-}
+static json_box *push_box(lua_State *L) { return kvl_push_box(L, sizeof(json_box), JSON_BOX_MT, json_box_gc); }
 
 /* The text being written (in a box on the stack) and `seen` (a table index): the tables being
  * written, each with its path, so that a table inside itself is refused by name. */

@@ -102,14 +102,8 @@ int kvl_set_logger(lua_State *L) {
     }
     if (!q) {
         lua_createtable(L, 2, 0);
-        q = lua_newuserdatauv(L, sizeof *q, 0);
-        memset(q, 0, sizeof *q);
+        q = kvl_push_box(L, sizeof *q, LOGGER_MT, log_queue_gc);
         pthread_mutex_init(&q->lock, NULL);
-        if (luaL_newmetatable(L, LOGGER_MT)) {
-            lua_pushcfunction(L, log_queue_gc);
-            lua_setfield(L, -2, "__gc");
-        }
-        lua_setmetatable(L, -2);
         lua_rawseti(L, -2, 1);
         lua_setfield(L, LUA_REGISTRYINDEX, LOGGER_KEY);
     }

@@ -104,6 +104,17 @@ void kvl_push_fields(lua_State *L, const void *base, const out_field *f, size_t 
     set_fields(L, base, f, n);
 }
 
+void *kvl_push_box(lua_State *L, size_t size, const char *mt, lua_CFunction gc) {
+    void *box = lua_newuserdatauv(L, size, 0);
+    memset(box, 0, size);
+    if (luaL_newmetatable(L, mt)) {
+        lua_pushcfunction(L, gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    return box;
+}
+
 /* ---- module ----------------------------------------------------------------------------- */
 
 /* kvgen.type(x) -> "model", "session", "stream", "job", "detokenizer", "closed model",

@@ -618,13 +618,7 @@ static int messages_box_gc(lua_State *L) {
 
 /* pushes the box, with the session's messages in it (errors raised) */
 static messages_box *push_messages(lua_State *L, lsession *s) {
-    messages_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-    memset(b, 0, sizeof *b);
-    if (luaL_newmetatable(L, MESSAGES_BOX_MT)) {
-        lua_pushcfunction(L, messages_box_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_setmetatable(L, -2);
+    messages_box *b = kvl_push_box(L, sizeof *b, MESSAGES_BOX_MT, messages_box_gc);
     kvgen_error err = {0};
     if (kvgen_chat_messages(s->session, &b->msgs, &b->n, &err) != KVGEN_OK) kvl_raise_status(L, &err);
     return b;
