@@ -52,6 +52,11 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
     return KVGEN_OK;
 }
 
+/* Where the bytes a chat reply emits go, under a template with think tags: the reply's start
+ * (spaces, then its opening tag or not), the spaces that begin the reasoning, the reasoning,
+ * the spaces after the closing tag, and the reply text, where no tag is looked for any more. */
+enum { ROUTE_START, ROUTE_THINK_LEAD, ROUTE_THINK, ROUTE_AFTER, ROUTE_REPLY };
+
 struct kvgen_gen {
     kvgen_session *s;
     const kvgen_model *m;
@@ -95,7 +100,14 @@ struct kvgen_gen {
     int thinking;            /* 0: not (yet) reasoning; 1: reasoning (tokens counted); 2: done */
     int thought;             /* reasoning tokens so far */
     bool closing;            /* g->cons spells the closing tag, then goes away */
+    /* the steps' channels (a reply with think tags): emitted bytes wait in `hold` until it is
+     * known whether they are reasoning, a tag or reply text; `route` is where they stand */
+    int route;
+    kvg_buf hold;
+    kvg_buf rstep; /* the reasoning the current step emits */
     size_t tools_scanned; /* bytes of text + pending searched for the call opener */
+    size_t call_at;       /* where the call markup begins in text + pending (SIZE_MAX: none yet) */
+    bool call_cut;        /* the reply ended inside its call markup, which was cut off */
     bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
 
@@ -150,6 +162,8 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->ends.p);
     kvg_tools_free(g->tools);
     kvg_free(g->reasoning.p);
+    kvg_free(g->hold.p);
+    kvg_free(g->rstep.p);
     kvg_free(g);
 }
 
@@ -157,10 +171,12 @@ void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_o
                           bool thinking, kvg_reply_fn reply) {
     g->thinking = thinking && think_close ? 1 : 0;
     g->tools = t;
+    g->call_at = t && kvg_tools_forced_grammar(t) ? 0 : SIZE_MAX;
     g->think_open = think_open;
     g->think_close = think_close;
     g->reply = reply;
     g->tools_base = kvgen_session_length(g->s);
+    g->route = g->thinking ? ROUTE_THINK_LEAD : ROUTE_START;
 }
 
 const char *kvgen_gen_reasoning(const kvgen_gen *g, size_t *len) {
@@ -173,6 +189,8 @@ int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
     if (!g || g->finish != KVGEN_FINISH_TOOL_CALLS) return 0;
     return kvg_tools_calls(g->tools, calls);
 }
+
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 /* byte i of text + pending */
 static char text_byte(const kvgen_gen *g, size_t i) {
@@ -244,6 +262,7 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     g->tools_scanned = n;
     if (at == n) return KVGEN_OK;
     g->tools_lazy_done = true;
+    g->call_at = at;
     kvgen_status st = constrain_from_here(g, gbnf, err);
     bool fits = st == KVGEN_OK;
     for (size_t i = at + on; fits && i < n; i++) fits = kvg_cons_feed(g->cons, &g->cst, (unsigned char)text_byte(g, i));
@@ -255,8 +274,6 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     }
     return st;
 }
-
-static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 /* The reasoning between the think tags (the opening one may be the template's, before the
  * reply) leaves the text for g->reasoning; a reply cut inside it is reasoning alone. */
@@ -286,7 +303,12 @@ static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
         g->finish = KVGEN_FINISH_ERROR;
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
     }
-    if (g->finish != KVGEN_FINISH_STOP) return KVGEN_OK;
+    if (g->finish != KVGEN_FINISH_STOP) {
+        /* a call cut short is no call: the conversation keeps the text before it */
+        kvgen_status st = g->call_cut ? g->reply(g->s, g->text.p, g->reasoning.p, NULL, err) : KVGEN_OK;
+        if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
+        return st;
+    }
     kvgen_finish why = KVGEN_FINISH_NONE;
     size_t content = g->text.n;
     kvgen_status st = KVGEN_OK;
@@ -340,7 +362,9 @@ static kvgen_status copy_stops(kvgen_gen *g, const kvgen_generate_desc *d, const
 
 /* pending, text and step start as empty NUL-terminated buffers */
 static kvgen_status init_text(kvgen_gen *g, const char *who, kvgen_error *err) {
-    if (kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)) return KVGEN_OK;
+    if (kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0) &&
+        kvg_buf_add(&g->rstep, "", 0) && kvg_buf_add(&g->hold, "", 0))
+        return KVGEN_OK;
     return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
 }
 
@@ -482,13 +506,84 @@ kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, k
     return gen_create(s, desc, out, who, err);
 }
 
-/* moves the first n pending bytes into this step's text */
-static bool emit(kvgen_gen *g, size_t n) {
-    if (!kvg_buf_add(&g->step, g->pending.p, n) || !kvg_buf_add(&g->text, g->pending.p, n)) return false;
-    memmove(g->pending.p, g->pending.p + n, g->pending.n - n + 1);
-    g->pending.n -= n;
-    return true;
+/* drops the first n bytes of b (NUL-terminated) */
+static void buf_drop(kvg_buf *b, size_t n) {
+    memmove(b->p, b->p + n, b->n - n + 1);
+    b->n -= n;
 }
+
+/* The longest end of b[0..n) that begins `tag` without being all of it. */
+static size_t tag_start_at_end(const char *b, size_t n, const char *tag) {
+    size_t k = strlen(tag) - 1;
+    if (k > n) k = n;
+    for (; k > 0; k--)
+        if (memcmp(b + n - k, tag, k) == 0) return k;
+    return 0;
+}
+
+/* Sends what waits in g->hold to the step's channels, as far as it is decided: the tags and
+ * the spaces around the reasoning go nowhere (as take_reasoning cuts them out at the end), so
+ * that the reasoning the steps give adds up to kvgen_gen_reasoning and their text to the reply
+ * text. `last`: nothing follows, everything is decided. */
+static bool route_held(kvgen_gen *g, bool last) {
+    kvg_buf *h = &g->hold;
+    for (;;) {
+        size_t lead = 0;
+        switch (g->route) {
+        case ROUTE_START: {
+            while (lead < h->n && is_space(h->p[lead])) lead++;
+            size_t on = strlen(g->think_open), have = h->n - lead;
+            if (have >= on && memcmp(h->p + lead, g->think_open, on) == 0) {
+                buf_drop(h, lead + on);
+                g->route = ROUTE_THINK_LEAD;
+            } else if (!last && (have == 0 || (have < on && memcmp(h->p + lead, g->think_open, have) == 0))) {
+                return true; /* undecided: spaces, or the beginning of the tag */
+            } else {
+                g->route = ROUTE_REPLY;
+            }
+            break;
+        }
+        case ROUTE_THINK_LEAD:
+        case ROUTE_AFTER:
+            while (lead < h->n && is_space(h->p[lead])) lead++;
+            buf_drop(h, lead);
+            if (h->n == 0) return true;
+            g->route = g->route == ROUTE_AFTER ? ROUTE_REPLY : ROUTE_THINK;
+            break;
+        case ROUTE_THINK: {
+            const char *close = strstr(h->p, g->think_close);
+            size_t upto = close ? (size_t)(close - h->p) : h->n;
+            if (!close && !last) upto -= tag_start_at_end(h->p, h->n, g->think_close);
+            size_t out = upto;
+            while (out > 0 && is_space(h->p[out - 1])) out--; /* the reasoning's end is trimmed */
+            if (!kvg_buf_add(&g->rstep, h->p, out)) return false;
+            if (close) {
+                buf_drop(h, upto + strlen(g->think_close));
+                g->route = ROUTE_AFTER;
+                break;
+            }
+            buf_drop(h, last ? h->n : out); /* spaces that may end it and the tag's beginning wait */
+            return true;
+        }
+        default: /* ROUTE_REPLY */
+            if (!kvg_buf_add(&g->step, h->p, h->n)) return false;
+            buf_drop(h, h->n);
+            return true;
+        }
+    }
+}
+
+/* moves the first n pending bytes into the text and this step's channels; `last`: the
+ * generation ends with them */
+static bool emit_to(kvgen_gen *g, size_t n, bool last) {
+    bool routed = g->think_close != NULL;
+    if (!kvg_buf_add(routed ? &g->hold : &g->step, g->pending.p, n) || !kvg_buf_add(&g->text, g->pending.p, n))
+        return false;
+    buf_drop(&g->pending, n);
+    return !routed || route_held(g, last);
+}
+
+static bool emit(kvgen_gen *g, size_t n) { return emit_to(g, n, false); }
 
 /* The earliest complete stop string in pending: its offset, or -1. */
 static long find_stop(const kvgen_gen *g) {
@@ -558,6 +653,18 @@ static bool sentence_ended(const kvgen_gen *g, int32_t tok) {
     return kvg_sentence_ends(tail, from_text + from_pending, next, next_n);
 }
 
+/* A reply that ends other than on its own (length, a stop string, cancel) inside its tool-call
+ * markup: the markup, still held back, is dropped with the spaces before it. */
+static void cut_call(kvgen_gen *g) {
+    if (g->call_at == SIZE_MAX || !g->reply) return;
+    size_t at = g->call_at > g->text.n ? g->call_at - g->text.n : 0;
+    if (at >= g->pending.n && g->call_at >= g->text.n) return;
+    while (at > 0 && is_space(g->pending.p[at - 1])) at--;
+    g->pending.n = at;
+    g->pending.p[at] = 0;
+    g->call_cut = true;
+}
+
 /* Ends the generation: flushes an unfinished character and emits what was held back. */
 static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     char tail[8];
@@ -569,7 +676,8 @@ static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
         g->pending.n = (size_t)at;
         why = KVGEN_FINISH_STOP_STRING;
     }
-    if (!emit(g, g->pending.n)) return oom(g, err);
+    if (why != KVGEN_FINISH_STOP && why != KVGEN_FINISH_ERROR) cut_call(g);
+    if (!emit_to(g, g->pending.n, true)) return oom(g, err);
     g->finish = why;
     if (g->reply && why != KVGEN_FINISH_ERROR) return read_reply(g, err);
     return KVGEN_OK;
@@ -581,14 +689,18 @@ static void fill_step(const kvgen_gen *g, kvgen_gen_step *step, int32_t token) {
     step->len = g->step.n;
     step->token = token;
     step->finish = g->finish;
+    step->reasoning = g->rstep.p ? g->rstep.p : "";
+    step->reasoning_len = g->rstep.n;
 }
 
 kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, kvgen_error *err) {
     *token = -1;
-    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (step) *step = (kvgen_gen_step){.text = "", .token = -1, .finish = KVGEN_FINISH_ERROR, .reasoning = ""};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
     g->step.n = 0;
     g->step.p[0] = 0;
+    g->rstep.n = 0;
+    g->rstep.p[0] = 0;
     kvgen_status st = KVGEN_OK;
     if (g->finish != KVGEN_FINISH_NONE) {
         fill_step(g, step, -1);
@@ -714,8 +826,13 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
     if (at >= 0) {
         g->pending.n = (size_t)at;
         g->pending.p[at] = 0;
-        if (!emit(g, g->pending.n)) return oom(g, err);
+        cut_call(g);
+        if (!emit_to(g, g->pending.n, true)) return oom(g, err);
         g->finish = KVGEN_FINISH_STOP_STRING;
+        if (g->reply && (st = read_reply(g, err)) != KVGEN_OK) {
+            fill_step(g, step, tok);
+            return st;
+        }
     } else if (g->closing && kvg_cons_done(g->cons, &g->cst)) { /* the closing tag is out: free again */
         kvg_cons_free(g->cons);
         g->cons = NULL;
@@ -957,10 +1074,12 @@ static size_t soft_cut(const kvgen_gen *g, size_t before, int n_events, int *cou
 
 kvgen_status kvg_gen_reply_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
     *pieces = 0;
-    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (step) *step = (kvgen_gen_step){.text = "", .token = -1, .finish = KVGEN_FINISH_ERROR, .reasoning = ""};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
     g->step.n = 0;
     g->step.p[0] = 0;
+    g->rstep.n = 0;
+    g->rstep.p[0] = 0;
     if (g->finish != KVGEN_FINISH_NONE) {
         fill_step(g, step, -1);
         return KVGEN_OK;

@@ -711,6 +711,13 @@ typedef struct kvgen_gen_step {
     size_t len;
     int32_t token;       /* the token sampled in this step; -1 when none was */
     kvgen_finish finish; /* KVGEN_FINISH_NONE while generation goes on */
+    /* A chat reply under a template with think tags (kvgen_gen_reasoning): the reasoning this
+     * step made final, apart from `text` (NUL-terminated, may be ""; valid as `text`). The tags
+     * and the spaces around the reasoning are in neither, however the tokens split them: the
+     * steps' reasoning adds up to kvgen_gen_reasoning and their text to kvgen_gen_text. Always
+     * "" elsewhere. */
+    const char *reasoning;
+    size_t reasoning_len;
 } kvgen_gen_step;
 
 /* Checks a desc the way kvgen_gen_begin and kvgen_job_submit do (stop strings, flags, the

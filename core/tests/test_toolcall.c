@@ -11,6 +11,7 @@
  * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged.
  * Think tags found in Qwen3's template; a reply's reasoning apart from its text and kept as the
  * message's reasoning_content. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,12 +389,167 @@ static void check_session(void) {
     kvgen_model_unload(m);
 }
 
+/* A generation run step by step: the steps' text and reasoning pieces joined; *tagged counts
+ * pieces (of either) that show a think tag, tool-call markup or a brace. */
+typedef struct streamed {
+    char text[512], reasoning[512];
+    int tagged, steps, reasoning_steps, split_tag;
+} streamed;
+
+static kvgen_finish run_streamed(kvgen_gen *g, const kvgen_model *m, streamed *out) {
+    memset(out, 0, sizeof *out);
+    kvgen_error err = {0};
+    kvgen_gen_step step;
+    while (g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE && kvgen_gen_next(g, &step, &err) == KVGEN_OK) {
+        out->steps++;
+        const char *parts[2] = {step.text, step.reasoning};
+        for (int i = 0; i < 2; i++)
+            if (!parts[i] || strchr(parts[i], '<') || strchr(parts[i], '{') || strstr(parts[i], "think") ||
+                strstr(parts[i], "tool_call"))
+                out->tagged++;
+        strncat(out->text, step.text, sizeof out->text - strlen(out->text) - 1);
+        if (step.reasoning) strncat(out->reasoning, step.reasoning, sizeof out->reasoning - strlen(out->reasoning) - 1);
+        if (step.reasoning_len > 0) out->reasoning_steps++;
+        char piece[64];
+        size_t n = step.token >= 0 ? kvgen_token_piece(m, step.token, 0, piece, sizeof piece - 1) : 0;
+        piece[n < sizeof piece ? n : 0] = 0;
+        /* a token that holds part of a tag, not all of it: the tag came split */
+        if (n > 0 && strpbrk(piece, "<>") && !strstr(piece, "<think>") && !strstr(piece, "</think>")) out->split_tag++;
+    }
+    return g ? kvgen_gen_finish(g) : KVGEN_FINISH_ERROR;
+}
+
+/* the generator's results agree with what its steps gave */
+static void check_agrees(kvgen_gen *g, const streamed *st, const char *text, const char *reasoning) {
+    size_t rlen = 0;
+    const char *r = g ? kvgen_gen_reasoning(g, &rlen) : NULL;
+    CHECKF(g && strcmp(kvgen_gen_text(g, NULL), st->text) == 0 && strcmp(st->text, text) == 0,
+           "text '%s', streamed '%s', expected '%s'", g ? kvgen_gen_text(g, NULL) : "", st->text, text);
+    CHECKF(strcmp(r ? r : "", st->reasoning) == 0 && strcmp(st->reasoning, reasoning) == 0,
+           "reasoning '%s', streamed '%s', expected '%s'", r ? r : "(none)", st->reasoning, reasoning);
+    CHECKF(st->tagged == 0, "%d pieces showed markup", st->tagged);
+}
+
+static const char THINK_TPL[] = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>"
+                                "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}"
+                                "{% if add_generation_prompt %}assistant: {% endif %}";
+static const char THINK_OPENED_TPL[] = "{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}<think>"
+                                       "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n{% endfor %}"
+                                       "{% if add_generation_prompt %}assistant: <think>\n{% endif %}";
+
+/* Steps never give reasoning or its tags as text, nor call markup: the reasoning comes apart,
+ * its pieces adding up to kvgen_gen_reasoning, whether the reply ends on its own, at
+ * max_tokens or at a stop string, and when the prompt opened the reasoning. A forced call
+ * streams no markup; one cut short by max_tokens or a stop string is no call, and the
+ * conversation keeps no broken call. */
+static void check_stream(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    free(path);
+    if (!s) {
+        kvgen_model_unload(m);
+        return;
+    }
+    kvgen_chat_template think = {.jinja = THINK_TPL};
+    CHECK_OK(kvgen_chat_set_template(s, &think, &err));
+    kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
+                             .grammar = "root ::= \"<think>\\nHmm, the gate.\\n</think>\\n\\nNo, it stays shut.\""};
+    streamed st;
+    kvgen_gen *g = NULL;
+    kvgen_generate_desc whole = {.constraint = &says};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open it?", &whole, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_STOP);
+    check_agrees(g, &st, "No, it stays shut.", "Hmm, the gate.");
+    CHECKF(st.reasoning_steps >= 2 && st.split_tag > 0, "%d steps of reasoning, %d tokens with part of a tag",
+           st.reasoning_steps, st.split_tag);
+    kvgen_gen_end(g);
+
+    /* cut inside the reasoning by max_tokens, and by a stop string */
+    kvgen_generate_desc cut = {.constraint = &says, .max_tokens = 12};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Again?", &cut, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_LENGTH);
+    check_agrees(g, &st, "", kvgen_gen_reasoning(g, NULL) ? kvgen_gen_reasoning(g, NULL) : "");
+    CHECK(strlen(st.reasoning) > 0 && strncmp("Hmm, the gate.", st.reasoning, strlen(st.reasoning)) == 0);
+    kvgen_gen_end(g);
+    const char *stop[] = {"gate"};
+    kvgen_generate_desc stopped = {.constraint = &says, .stop = stop, .n_stop = 1};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "And now?", &stopped, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_STOP_STRING);
+    check_agrees(g, &st, "", "Hmm, the");
+    kvgen_gen_end(g);
+
+    /* the prompt opened the reasoning; then a thinking budget forces the closing tag */
+    kvgen_chat_template opened = {.jinja = THINK_OPENED_TPL};
+    CHECK_OK(kvgen_chat_set_template(s, &opened, &err));
+    kvgen_constraint rest = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = "root ::= \"  Maybe.\\n</think>\\n\\nYes.\""};
+    kvgen_generate_desc after = {.constraint = &rest};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Sure?", &after, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_STOP);
+    check_agrees(g, &st, "Yes.", "Maybe.");
+    kvgen_gen_end(g);
+    kvgen_generate_desc budget = {.thinking_budget = 3, .max_tokens = 16, .ignore_eog = 1};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Think briefly.", &budget, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_LENGTH);
+    size_t rlen = 0;
+    const char *r = g ? kvgen_gen_reasoning(g, &rlen) : NULL;
+    CHECKF(r && strcmp(r, st.reasoning) == 0 && strcmp(kvgen_gen_text(g, NULL), st.text) == 0 &&
+               !strstr(st.text, "think>") && !strstr(st.reasoning, "think>"),
+           "reasoning '%s' streamed '%s', text '%s' streamed '%s'", r ? r : "(none)", st.reasoning,
+           g ? kvgen_gen_text(g, NULL) : "", st.text);
+    kvgen_gen_end(g);
+
+    /* a forced call: nothing of its markup streams; cut short, it is no call */
+    kvgen_session_reset(s);
+    kvgen_chat_template hermes = {.jinja = HERMES_FULL};
+    CHECK_OK(kvgen_chat_set_template(s, &hermes, &err));
+    kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
+    kvgen_generate_desc call = {.tools = &td};
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open the gate", &call, &g, &err));
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_TOOL_CALLS);
+    CHECK(st.steps > 3 && st.text[0] == 0 && st.tagged == 0 && kvgen_gen_tool_calls(g, NULL) == 1);
+    kvgen_gen_end(g);
+    kvgen_chat_message *msgs = NULL;
+    size_t nm = 0;
+    const char *cut_stop[] = {"count"};
+    kvgen_generate_desc cuts[2] = {{.tools = &td, .max_tokens = 6}, {.tools = &td, .stop = cut_stop, .n_stop = 1}};
+    kvgen_finish want[2] = {KVGEN_FINISH_LENGTH, KVGEN_FINISH_STOP_STRING};
+    for (int i = 0; i < 2; i++) {
+        kvgen_session_reset(s);
+        CHECK_OK(kvgen_chat_set_template(s, &hermes, &err));
+        CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open the gate", &cuts[i], &g, &err));
+        CHECK(run_streamed(g, m, &st) == want[i]);
+        CHECK(st.text[0] == 0 && st.tagged == 0 && kvgen_gen_tool_calls(g, NULL) == 0);
+        CHECK(g && strcmp(kvgen_gen_text(g, NULL), "") == 0);
+        kvgen_gen_end(g);
+        CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+        CHECKF(nm == 2 && strcmp(msgs[1].role, "assistant") == 0 && !msgs[1].tool_calls &&
+                   !strstr(msgs[1].content ? msgs[1].content : "", "tool_call") &&
+                   !strstr(msgs[1].content ? msgs[1].content : "", "{"),
+               "%zu messages, the last '%s'", nm, nm ? (msgs[nm - 1].content ? msgs[nm - 1].content : "(null)") : "");
+        kvgen_chat_messages_free(msgs);
+        /* the conversation goes on from there */
+        kvgen_generate_desc next = {.max_tokens = 2};
+        CHECK_OK(kvgen_chat_gen_begin(s, "user", "Well?", &next, &g, &err));
+        kvgen_gen_end(g);
+    }
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
 int main(void) {
     check_detect();
     check_parse();
     check_grammar();
     check_refused();
     check_session();
+    check_stream();
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_TOOL_CALLS), "tool_calls") == 0);
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_BAD_TOOL_CALL), "bad_tool_call") == 0);
     return tu_finish("test_toolcall");
