@@ -334,7 +334,8 @@ static void stream_attach(lua_State *L, lsession *s, lstream *st, int idx) {
     lua_pop(L, 1);
 }
 
-/* The next non-empty piece of text, or NULL (nothing pushed) at the end. */
+/* The next step with text or reasoning: pushes its text ("" when it only reasoned), token and,
+ * when it has some, its reasoning; returns how many it pushed (0 at the end). */
 static int stream_step(lua_State *L, int idx, lstream *st) {
     if (!st->gen) return 0;
     if (st->finish_pending) {
@@ -348,11 +349,13 @@ static int stream_step(lua_State *L, int idx, lstream *st) {
             kvl_stream_finish(L, idx, st, KVGEN_FINISH_ERROR);
             kvl_raise_status(L, &err);
         }
-        if (step.len > 0) {
+        if (step.len > 0 || step.reasoning_len > 0) { /* a reply's reasoning comes third, apart */
             lua_pushlstring(L, step.text, step.len);
             lua_pushinteger(L, step.token);
             if (step.finish != KVGEN_FINISH_NONE) st->finish_pending = 1;
-            return 2;
+            if (step.reasoning_len == 0) return 2;
+            lua_pushlstring(L, step.reasoning, step.reasoning_len);
+            return 3;
         }
         if (step.finish != KVGEN_FINISH_NONE) {
             kvl_stream_finish(L, idx, st, step.finish);
@@ -361,7 +364,7 @@ static int stream_step(lua_State *L, int idx, lstream *st) {
     }
 }
 
-/* st() / st:next() -> piece, token; nil at the end (so `for piece in st do` works) */
+/* st() / st:next() -> piece, token[, reasoning]; nil at the end (so `for piece in st do` works) */
 static int stream_call(lua_State *L) {
     lstream *st = kvl_check_udata(L, 1, STREAM_MT);
     int n = stream_step(L, 1, st);
@@ -430,7 +433,7 @@ static int stream_index(lua_State *L) {
 }
 
 /* Runs the stream at `idx` to its end, calling on_piece (at `cb`, 0: none)
- * with each piece; pushes text, finish. A Lua error in the callback ends the generation
+ * with each piece, token and reasoning piece; pushes text, finish. A Lua error in the callback ends the generation
  * (the session keeps what was generated) and is raised again unchanged. */
 static int run_to_end(lua_State *L, int idx, int cb) {
     lstream *st = lua_touserdata(L, idx);
@@ -439,8 +442,8 @@ static int run_to_end(lua_State *L, int idx, int cb) {
         if (n == 0) break;
         if (cb) {
             lua_pushvalue(L, cb);
-            lua_insert(L, -3);
-            if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+            lua_insert(L, -1 - n);
+            if (lua_pcall(L, n, 1, 0) != LUA_OK) {
                 kvl_stream_finish(L, idx, st, KVGEN_FINISH_CANCELLED);
                 return lua_error(L);
             }
