@@ -23,6 +23,9 @@ const char *kvg_tool_format_detect(const char *tpl, size_t len);
 kvgen_status kvg_tools_build(const kvgen_tools_desc *desc, const char *tpl, size_t tpl_len, const char *who,
                              kvg_tools **out, kvgen_error *err);
 void kvg_tools_free(kvg_tools *t);
+/* Checks desc as kvg_tools_build does, for any template that writes calls (a job's tools, checked
+ * at submit before the session's template is known). */
+kvgen_status kvg_tools_check(const kvgen_tools_desc *desc, const char *who, kvgen_error *err);
 const char *kvg_tools_format(const kvg_tools *t);
 /* The grammar that forces one call from the first token (GBNF), or NULL when calls are left to
  * the model (tool_choice auto) or not allowed (none). */

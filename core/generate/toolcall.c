@@ -64,6 +64,14 @@ static const tool_format *detect(const char *tpl, size_t len) {
     return NULL;
 }
 
+kvgen_status kvg_tools_check(const kvgen_tools_desc *desc, const char *who, kvgen_error *err) {
+    kvg_tools *t = NULL;
+    /* the first format's: what is checked (names, schemas, the choice) is the same in every one */
+    kvgen_status st = kvg_tools_build(desc, FORMATS[0].marks[0], strlen(FORMATS[0].marks[0]), who, &t, err);
+    kvg_tools_free(t);
+    return st;
+}
+
 const char *kvg_tool_format_detect(const char *tpl, size_t len) {
     const tool_format *f = tpl ? detect(tpl, len) : NULL;
     return f ? f->name : NULL;

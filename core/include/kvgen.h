@@ -691,8 +691,9 @@ typedef struct kvgen_generate_desc {
     int thinking_budget;        /* a chat reply under a template with think tags (kvgen_gen_reasoning):
                                    > 0: after this many tokens of reasoning the closing tag is forced
                                    and the reply goes on; 0: no limit */
-    const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin only (other calls and jobs give
-                                      KVGEN_E_UNSUPPORTED); not with a constraint or soft_max_tokens */
+    const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin and chat jobs (KVGEN_PROMPT_CHAT)
+                                      only (other calls give KVGEN_E_UNSUPPORTED, other jobs
+                                      KVGEN_E_INVALID_ARGUMENT); not with a constraint or soft_max_tokens */
 } kvgen_generate_desc;
 
 /* Step-wise generation. kvgen_gen_begin starts from the session's current logits (prefill a
@@ -926,7 +927,8 @@ typedef enum kvgen_job_state {
     KVGEN_JOB_QUEUED = 0,   /* waiting for the worker */
     KVGEN_JOB_PREFILLING,   /* its prompt is being prefilled, chunk by chunk */
     KVGEN_JOB_GENERATING,   /* producing tokens */
-    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full, sentence) */
+    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full, sentence,
+                               tool_calls, bad_tool_call) */
     KVGEN_JOB_CANCELLED,    /* kvgen_job_cancel / kvgen_job_release / session closed */
     KVGEN_JOB_FAILED        /* an error; kvgen_job_get_info gives the message */
 } kvgen_job_state;
@@ -996,6 +998,18 @@ typedef struct kvgen_job_info {
     double total_ms;        /* submit -> final state */
     double tokens_per_s;    /* generated tokens after the first / time since the first */
 } kvgen_job_info;
+
+/* A chat job (KVGEN_PROMPT_CHAT) is read as kvgen_chat_gen_begin reads its reply: gen.tools
+ * offers tools (copied at submit, checked there as far as no template is needed; a session
+ * whose template writes no call format fails the job, its turn taken back), and under a
+ * template with think tags the reasoning stays out of the job's text. */
+/* The reasoning the worker has produced so far (NUL-terminated, "" when none; once the job
+ * reads final, all of it, equal to kvgen_gen_reasoning's), a copy valid until the job's next
+ * kvgen_job_reasoning or release; NULL for NULL or when memory runs out. */
+KVGEN_API const char *kvgen_job_reasoning(const kvgen_job *job, size_t *len);
+/* A job that reads final with finish KVGEN_FINISH_TOOL_CALLS: its calls (*calls valid until
+ * release), their count returned; 0 otherwise. */
+KVGEN_API int kvgen_job_tool_calls(const kvgen_job *job, const kvgen_tool_call **calls);
 
 /* A snapshot of the job's progress (non-blocking; does not consume text). */
 KVGEN_API void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);
