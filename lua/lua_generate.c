@@ -561,7 +561,7 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
         kvg_json_free(v);
         kvl_option_error(L, 3, "template_vars", "not a table of variables (a JSON object)");
     }
-    if (o->tools) {
+    if (o->tools && !o->gd.tools) { /* tools a reply may call are made the variable by the C call */
         kvg_json *t = kvg_json_parse_ex(o->tools, strlen(o->tools), 64, KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why);
         if (!t || t->type != KVG_JSON_ARRAY) {
             kvg_json_free(v);
@@ -605,12 +605,15 @@ static void restore_vars(lua_State *L, lsession *s) {
  * template, and tool_choice is refused. Strings are anchored in the table at 4. */
 static void read_tools(lua_State *L, lsession *s, unsigned mode, gen_opts *o) {
     static const char *const choices[] = {"auto", "none", "required"};
-    bool engaged = o->tools && (mode & GEN_CHAT) && !(mode & GEN_JOB) && kvgen_chat_tool_format(s->session);
+    /* a job's session may be busy: its template is read only when it is not (a job queued behind
+     * another gets the tools, and fails if its template writes no calls then) */
+    bool busy = (mode & GEN_JOB) && kvgen_session_busy(s->session);
+    bool engaged = o->tools && (mode & GEN_CHAT) && (busy || kvgen_chat_tool_format(s->session));
     if (!engaged) {
         if (o->tool_choice)
             kvl_option_error(L, 3, "tool_choice",
-                             o->tools ? "tool calls are read by s:chat and s:chat_stream under a template that writes "
-                                        "them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
+                             o->tools ? "tool calls are read by chat calls and chat jobs under a template that "
+                                        "writes them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
                                       : "no tools given");
         return;
     }
@@ -686,7 +689,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;
-        if (o->tools || o->template_vars || o->thinking) restore_vars(L, s);
+        if ((o->tools && !o->gd.tools) || o->template_vars || o->thinking) restore_vars(L, s);
         return kvl_raise_status(L, &err);
     }
     stream_attach(L, s, st, idx);
@@ -749,7 +752,7 @@ static int gen_start(lua_State *L, unsigned mode) {
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
     read_tools(L, s, mode, &o);
-    if (o.tools || o.template_vars || o.thinking) {
+    if ((o.tools && !o.gd.tools) || o.template_vars || o.thinking) {
         /* the options' variables are in force for the turn and after it; the chat's variables as
          * they were go back when the turn is refused */
         const char *vars = push_chat_vars(L, &o);
