@@ -107,6 +107,7 @@ struct kvgen_gen {
     kvg_buf rstep; /* the reasoning the current step emits */
     size_t tools_scanned; /* bytes of text + pending searched for the call opener */
     size_t call_at;       /* where the call markup begins in text + pending (SIZE_MAX: none yet) */
+    size_t calls_scanned; /* bytes of text + pending searched for a call's start */
     bool call_cut;        /* the reply ended inside its call markup, which was cut off */
     bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
@@ -192,6 +193,15 @@ int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
 
 static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
+/* The longest end of b[0..n) that begins `tag` without being all of it. */
+static size_t tag_start_at_end(const char *b, size_t n, const char *tag) {
+    size_t k = strlen(tag) - 1;
+    if (k > n) k = n;
+    for (; k > 0; k--)
+        if (memcmp(b + n - k, tag, k) == 0) return k;
+    return 0;
+}
+
 /* byte i of text + pending */
 static char text_byte(const kvgen_gen *g, size_t i) {
     return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
@@ -248,6 +258,31 @@ static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
  * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
  * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
  * call at its end. */
+static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err);
+
+/* tool_choice auto: where a call starts in the reply (its opener, or the JSON that begins one in
+ * a format read at the end), so that from there on nothing streams (held_back). The scan goes
+ * on from where the last one stopped; a format with a lazy grammar is then constrained too. */
+static kvgen_status calls_scan(kvgen_gen *g, kvgen_error *err) {
+    const char *marks[4];
+    int nm = kvg_tools_call_marks(g->tools, marks);
+    size_t n = g->text.n + g->pending.n, from = g->calls_scanned;
+    for (int k = 0; k < nm; k++) {
+        size_t mn = strlen(marks[k]);
+        size_t i = from >= mn ? from - mn + 1 : 0;
+        for (; i + mn <= n && i < g->call_at; i++) {
+            size_t b = 0;
+            while (b < mn && text_byte(g, i + b) == marks[k][b]) b++;
+            if (b == mn) {
+                g->call_at = i;
+                break;
+            }
+        }
+    }
+    g->calls_scanned = n;
+    return g->cons || g->tools_lazy_done ? KVGEN_OK : tools_trigger(g, err);
+}
+
 static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     const char *opener = NULL;
     const char *gbnf = kvg_tools_lazy_grammar(g->tools, &opener);
@@ -317,9 +352,8 @@ static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
         g->finish = KVGEN_FINISH_ERROR;
         return st;
     }
-    size_t markup = content; /* the markup, held back until the finish: out of the last step too */
-    while (markup < g->text.n && is_space(g->text.p[markup])) markup++;
-    size_t cut = g->text.n - markup;
+    /* the markup and the spaces before it, held back until the finish: out of the last step too */
+    size_t cut = g->text.n - content;
     g->step.n = cut < g->step.n ? g->step.n - cut : 0;
     g->step.p[g->step.n] = '\0';
     g->text.n = content;
@@ -512,15 +546,6 @@ static void buf_drop(kvg_buf *b, size_t n) {
     b->n -= n;
 }
 
-/* The longest end of b[0..n) that begins `tag` without being all of it. */
-static size_t tag_start_at_end(const char *b, size_t n, const char *tag) {
-    size_t k = strlen(tag) - 1;
-    if (k > n) k = n;
-    for (; k > 0; k--)
-        if (memcmp(b + n - k, tag, k) == 0) return k;
-    return 0;
-}
-
 /* Sends what waits in g->hold to the step's channels, as far as it is decided: the tags and
  * the spaces around the reasoning go nowhere (as take_reasoning cuts them out at the end), so
  * that the reasoning the steps give adds up to kvgen_gen_reasoning and their text to the reply
@@ -602,18 +627,16 @@ static long find_stop(const kvgen_gen *g) {
 /* Bytes at the end of pending that might begin a stop string: they wait for the next token. */
 static size_t held_back(const kvgen_gen *g) {
     size_t hold = 0;
-    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past its opener */
-        const char *opener = NULL;
-        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done) return g->pending.n;
-        if (kvg_tools_lazy_grammar(g->tools, &opener) && opener) {
-            size_t k = strlen(opener) - 1; /* what may begin it stays back until decided */
-            if (k > g->pending.n) k = g->pending.n;
-            for (; k > 0; k--)
-                if (memcmp(g->pending.p + g->pending.n - k, opener, k) == 0) {
-                    hold = k;
-                    break;
-                }
+    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past a call's start */
+        const char *marks[4];
+        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done || g->call_at != SIZE_MAX) return g->pending.n;
+        int n = kvg_tools_call_marks(g->tools, marks);
+        for (int i = 0; i < n; i++) { /* what may begin one stays back until decided */
+            size_t k = tag_start_at_end(g->pending.p, g->pending.n, marks[i]);
+            if (k > hold) hold = k;
         }
+        /* and the spaces before it, which the reply's text loses when a call follows */
+        while (n > 0 && hold < g->pending.n && is_space(g->pending.p[g->pending.n - hold - 1])) hold++;
     }
     for (int i = 0; i < g->n_stop; i++) {
         size_t k = g->stop_len[i] - 1; /* a complete match was handled already */
@@ -654,11 +677,22 @@ static bool sentence_ended(const kvgen_gen *g, int32_t tok) {
 }
 
 /* A reply that ends other than on its own (length, a stop string, cancel) inside its tool-call
- * markup: the markup, still held back, is dropped with the spaces before it. */
+ * markup, or inside what may begin it: the markup, still held back, is dropped with the spaces
+ * before it. */
 static void cut_call(kvgen_gen *g) {
-    if (g->call_at == SIZE_MAX || !g->reply) return;
-    size_t at = g->call_at > g->text.n ? g->call_at - g->text.n : 0;
-    if (at >= g->pending.n && g->call_at >= g->text.n) return;
+    if (!g->tools || !g->reply) return;
+    size_t at = g->pending.n;
+    if (g->call_at != SIZE_MAX) {
+        at = g->call_at > g->text.n ? g->call_at - g->text.n : 0;
+    } else { /* cut inside what may begin a call */
+        const char *marks[4];
+        int n = kvg_tools_call_marks(g->tools, marks);
+        for (int i = 0; i < n; i++) {
+            size_t k = tag_start_at_end(g->pending.p, g->pending.n, marks[i]);
+            if (g->pending.n - k < at) at = g->pending.n - k;
+        }
+    }
+    if (at >= g->pending.n) return;
     while (at > 0 && is_space(g->pending.p[at - 1])) at--;
     g->pending.n = at;
     g->pending.p[at] = 0;
@@ -814,8 +848,8 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
             return st;
         }
     }
-    if (g->tools && !g->cons && !g->tools_lazy_done) {
-        st = tools_trigger(g, err);
+    if (g->tools && g->call_at == SIZE_MAX) {
+        st = calls_scan(g, err);
         if (st != KVGEN_OK) {
             g->finish = KVGEN_FINISH_ERROR;
             fill_step(g, step, tok);

@@ -34,6 +34,10 @@ const char *kvg_tools_forced_grammar(const kvg_tools *t);
  * of what follows the opener, which constrains the reply once *opener appeared in it (a lazy
  * grammar); NULL when the format has none or the choice is not auto. */
 const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener);
+/* tool_choice auto: the texts where kvg_tools_parse sees a call start in the reply (an opener,
+ * or the JSON that begins one), written to marks; how many (0 for any other choice). A
+ * generation holds back what may begin one and, once one is there, the rest. */
+int kvg_tools_call_marks(const kvg_tools *t, const char *marks[4]);
 /* The tools as the template takes them: a JSON array of {"type": "function", "function":
  * {...}} (compact text). */
 const char *kvg_tools_json(const kvg_tools *t);

@@ -137,6 +137,16 @@ const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener) {
     return t->lazy;
 }
 
+int kvg_tools_call_marks(const kvg_tools *t, const char *marks[4]) {
+    int n = 0;
+    if (t->choice != KVGEN_TOOL_AUTO) return 0;
+    for (int i = 0; i < 2; i++) {
+        if (t->fmt->openers[i]) marks[n++] = t->fmt->openers[i];
+        if (t->fmt->starts[i]) marks[n++] = t->fmt->starts[i];
+    }
+    return n;
+}
+
 static bool name_ok(const char *s) {
     size_t n = strlen(s);
     if (n == 0 || n > 64) return false;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "kvg_generate.h"
 #include "kvg_grammar.h"
 #include "kvg_toolcall.h"
 #include "testutil.h"
@@ -707,6 +708,77 @@ static void check_jobs(void) {
     kvgen_model_unload(m);
 }
 
+/* what the reply callback was given (a stand-in for the chat's) */
+static char g_reply_content[256], g_reply_calls[256];
+static int g_replies;
+static kvgen_status record_reply(kvgen_session *s, const char *content, const char *reasoning, const char *calls_json,
+                                 kvgen_error *err) {
+    (void)s, (void)reasoning, (void)err;
+    g_replies++;
+    snprintf(g_reply_content, sizeof g_reply_content, "%s", content);
+    snprintf(g_reply_calls, sizeof g_reply_calls, "%s", calls_json ? calls_json : "(none)");
+    return KVGEN_OK;
+}
+
+/* tool_choice auto in a format read at the end (Llama 3's JSON call): a scripted reply (a
+ * grammar under the tools, which the public calls do not combine) streams the text before the
+ * call and nothing of the call; cut inside the call, it is no call and the text before it is
+ * what the conversation gets. */
+static void check_stream_auto(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    free(path);
+    if (!s) {
+        kvgen_model_unload(m);
+        return;
+    }
+    kvgen_chat_template plain = {.jinja = THINK_TPL};
+    CHECK_OK(kvgen_chat_set_template(s, &plain, &err));
+    kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
+                             .grammar = "root ::= \"Sure. {\\\"name\\\": \\\"ring_bell\\\", \\\"parameters\\\": "
+                                        "{\\\"times\\\": 2}}\""};
+    int limits[3] = {0, 9, 14};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(kvgen_chat_begin(s, "user", "Ring it", &err));
+        kvgen_generate_desc d = {.constraint = &says, .max_tokens = limits[i]};
+        kvgen_gen *g = NULL;
+        CHECK_OK(kvg_gen_create(s, &d, &g, "test", &err));
+        kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_AUTO, NULL};
+        kvg_tools *t = NULL;
+        CHECK_OK(kvg_tools_build(&td, LLAMA31, strlen(LLAMA31), "test", &t, &err));
+        if (!g || !t) {
+            kvgen_gen_end(g);
+            kvg_tools_free(t);
+            continue;
+        }
+        kvg_gen_attach_reply(g, t, NULL, NULL, false, record_reply);
+        g_replies = 0;
+        streamed st;
+        kvgen_finish f = run_streamed(g, m, &st);
+        CHECKF(st.tagged == 0 && strcmp(st.text, "Sure.") == 0 && strcmp(kvgen_gen_text(g, NULL), "Sure.") == 0,
+               "streamed '%s', text '%s'", st.text, kvgen_gen_text(g, NULL));
+        if (i == 0) {
+            CHECK(f == KVGEN_FINISH_TOOL_CALLS && kvgen_gen_tool_calls(g, NULL) == 1);
+            CHECKF(g_replies == 1 && strstr(g_reply_calls, "ring_bell"), "%s", g_reply_calls);
+        } else {
+            CHECK(f == KVGEN_FINISH_LENGTH && kvgen_gen_tool_calls(g, NULL) == 0);
+            CHECKF(g_replies == 1 && strcmp(g_reply_content, "Sure.") == 0 && strcmp(g_reply_calls, "(none)") == 0,
+                   "%d '%s' %s", g_replies, g_reply_content, g_reply_calls);
+        }
+        kvgen_gen_end(g);
+        kvgen_chat_undo(s, 2, NULL);
+    }
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
 int main(void) {
     check_detect();
     check_parse();
@@ -714,6 +786,7 @@ int main(void) {
     check_refused();
     check_session();
     check_stream();
+    check_stream_auto();
     check_jobs();
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_TOOL_CALLS), "tool_calls") == 0);
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_BAD_TOOL_CALL), "bad_tool_call") == 0);
