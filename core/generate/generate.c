@@ -207,9 +207,6 @@ static char text_byte(const kvgen_gen *g, size_t i) {
     return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
 }
 
-/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
- * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
- * goes away once it is out. */
 /* From this step on, the text is constrained by the grammar gbnf (a thinking budget's closing
  * tag, a tool call once its opener appeared): the matcher, the vocabulary's bytes and the mask,
  * the matcher started. */
@@ -223,6 +220,9 @@ static kvgen_status constrain_from_here(kvgen_gen *g, const char *gbnf, kvgen_er
     return st;
 }
 
+/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
+ * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
+ * goes away once it is out. */
 static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     if (g->thinking == 2 || g->closing) return KVGEN_OK;
     size_t n = g->text.n + g->pending.n, cn = strlen(g->think_close), on = strlen(g->think_open);
@@ -254,10 +254,6 @@ static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     return KVGEN_OK;
 }
 
-/* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
- * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
- * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
- * call at its end. */
 static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err);
 
 /* tool_choice auto: where a call starts in the reply (its opener, or the JSON that begins one in
@@ -283,6 +279,10 @@ static kvgen_status calls_scan(kvgen_gen *g, kvgen_error *err) {
     return g->cons || g->tools_lazy_done ? KVGEN_OK : tools_trigger(g, err);
 }
 
+/* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
+ * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
+ * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
+ * call at its end. */
 static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     const char *opener = NULL;
     const char *gbnf = kvg_tools_lazy_grammar(g->tools, &opener);

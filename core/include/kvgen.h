@@ -952,8 +952,9 @@ typedef struct kvgen_job_desc {
     const char *role;        /* CHAT: "system", "user", "assistant" or "tool"; copied */
     const int32_t *tokens;   /* TOKENS; copied */
     size_t n_tokens;
-    kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); stop strings and the
-                                constraint are copied at submit */
+    kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); a CHAT job's as for
+                                kvgen_chat_gen_begin (tools, thinking_budget). Stop strings, the
+                                constraint and the tools are copied at submit */
     int priority;            /* higher runs first; 0: normal. Change it with kvgen_job_set_priority */
     const void *owner;       /* kvgen_poll(model, owner, ...) returns only this owner's jobs
                                 (e.g. one per lua_State); NULL is an owner like any other */

@@ -654,6 +654,24 @@ static void check_jobs(void) {
           strcmp(msgs[nm - 1].content, "No, it stays shut.") == 0);
     kvgen_chat_messages_free(msgs);
 
+    /* a thinking budget: the closing tag forced, the job's text after it */
+    kvgen_chat_template opened = {.jinja = THINK_OPENED_TPL};
+    CHECK_OK(kvgen_chat_set_template(s, &opened, &err));
+    kvgen_job_desc jbudget = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Think briefly.",
+                              .gen = {.thinking_budget = 3, .max_tokens = 12, .ignore_eog = 1}};
+    kvgen_sampler_desc varied = {.temperature = 1.0f, .seed = 7}; /* greedy writes only newlines here */
+    CHECK_OK(kvgen_session_set_sampler(s, &varied, &err));
+    CHECK_OK(kvgen_job_submit(s, &jbudget, &job, &err));
+    CHECK(job && job_run(job, text, sizeof text, &tagged));
+    r = kvgen_job_reasoning(job, &rlen);
+    kvgen_job_get_info(job, &info);
+    CHECKF(info.finish == KVGEN_FINISH_LENGTH && r && rlen > 0 && !strstr(r, "think>") && !strstr(text, "think>") &&
+               strcmp(kvgen_job_text(job, NULL), text) == 0,
+           "%s: '%s' / '%s'", kvgen_finish_name(info.finish), r ? r : "(null)", text);
+    kvgen_job_release(job);
+    CHECK_OK(kvgen_session_set_sampler(s, NULL, &err));
+    CHECK_OK(kvgen_chat_set_template(s, &think, &err));
+
     /* tools under a template that writes no calls: the job fails, the session as it was */
     size_t len0 = kvgen_session_length(s);
     const char *vars0 = kvgen_chat_vars(s);
