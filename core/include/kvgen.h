@@ -824,8 +824,10 @@ KVGEN_API const char *kvgen_chat_tool_format(kvgen_session *session);
  * where it differs), so the host adds each result with kvgen_chat_add_message (role "tool",
  * tool_call_id the call's id) and begins the next reply. A call that names no tool or whose
  * arguments its schema refuses finishes with KVGEN_FINISH_BAD_TOOL_CALL and reaches the host
- * as no call (the reply stays in the conversation as text). The steps do not stream call
- * markup where it can be told (a forced call; Hermes' <tool_call> under tool_choice auto). */
+ * as no call (the reply stays in the conversation as text). The steps never stream call markup
+ * (what may begin a call waits until decided). A reply cut by max_tokens, a stop string or a
+ * cancel inside a call keeps its finish, has no calls, and the conversation keeps the text
+ * before the call, never a broken call. */
 
 /* Tool use, as Hugging Face's apply_chat_template passes it to a template (docs/generation.md,
  * "Tools"): a message with what tool use adds. Under a Jinja template only: a built-in family

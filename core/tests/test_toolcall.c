@@ -10,7 +10,13 @@
  * valid, the conversation holding it and then the tool's result; tools refused outside
  * kvgen_chat_gen_begin, under a built-in family, and with a constraint, the session unchanged.
  * Think tags found in Qwen3's template; a reply's reasoning apart from its text and kept as the
- * message's reasoning_content. */
+ * message's reasoning_content. Streaming: the steps' text never holds reasoning, tags (split
+ * across tokens) or call markup, their reasoning adds up to kvgen_gen_reasoning (a reply ending
+ * on its own, at max_tokens, at a stop string, opened by the prompt, with a thinking budget);
+ * a call cut by max_tokens, a stop string or a cancel is none and the conversation keeps none;
+ * Llama 3's JSON call under tool_choice auto streams nothing of itself. Chat jobs: tools,
+ * reasoning, a thinking budget, a cut call, and a failed or cancelled job with tools leaving
+ * the session as it was. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -544,6 +550,20 @@ static void check_stream(void) {
         CHECK_OK(kvgen_chat_gen_begin(s, "user", "Well?", &next, &g, &err));
         kvgen_gen_end(g);
     }
+    /* cancelled half-way through the call: the same */
+    kvgen_session_reset(s);
+    CHECK_OK(kvgen_chat_set_template(s, &hermes, &err));
+    CHECK_OK(kvgen_chat_gen_begin(s, "user", "Open the gate", &call, &g, &err));
+    kvgen_gen_step step;
+    for (int i = 0; i < 5 && g; i++) CHECK_OK(kvgen_gen_next(g, &step, &err));
+    CHECK(g && kvgen_gen_finish(g) == KVGEN_FINISH_NONE);
+    kvgen_gen_cancel(g);
+    CHECK(run_streamed(g, m, &st) == KVGEN_FINISH_CANCELLED);
+    CHECK(st.text[0] == 0 && st.tagged == 0 && kvgen_gen_tool_calls(g, NULL) == 0);
+    kvgen_gen_end(g);
+    CHECK_OK(kvgen_chat_messages(s, &msgs, &nm, &err));
+    CHECK(nm == 2 && !msgs[1].tool_calls && !strstr(msgs[1].content ? msgs[1].content : "", "tool_call"));
+    kvgen_chat_messages_free(msgs);
     kvgen_session_close(s);
     kvgen_model_unload(m);
 }
