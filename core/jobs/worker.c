@@ -267,7 +267,8 @@ static void job_free(kvgen_job *j) {
 }
 
 /* Checks what kvgen_gen_begin would refuse, and copies the strings and the constraint. */
-/* One allocation holding `n` strings' copies (NULL stays NULL), for the job's tools. */
+/* Strings copied into one allocation (a job's tools, its calls): str_size counts a string's
+ * bytes (0 for NULL), str_put copies it at *at and moves past it (NULL stays NULL). */
 static size_t str_size(const char *str) { return str ? strlen(str) + 1 : 0; }
 static const char *str_put(char **at, const char *str) {
     if (!str) return NULL;
