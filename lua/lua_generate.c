@@ -334,7 +334,8 @@ static void stream_attach(lua_State *L, lsession *s, lstream *st, int idx) {
     lua_pop(L, 1);
 }
 
-/* The next non-empty piece of text, or NULL (nothing pushed) at the end. */
+/* The next step with text or reasoning: pushes its text ("" when it only reasoned), token and,
+ * when it has some, its reasoning; returns how many it pushed (0 at the end). */
 static int stream_step(lua_State *L, int idx, lstream *st) {
     if (!st->gen) return 0;
     if (st->finish_pending) {
@@ -348,11 +349,13 @@ static int stream_step(lua_State *L, int idx, lstream *st) {
             kvl_stream_finish(L, idx, st, KVGEN_FINISH_ERROR);
             kvl_raise_status(L, &err);
         }
-        if (step.len > 0) {
+        if (step.len > 0 || step.reasoning_len > 0) { /* a reply's reasoning comes third, apart */
             lua_pushlstring(L, step.text, step.len);
             lua_pushinteger(L, step.token);
             if (step.finish != KVGEN_FINISH_NONE) st->finish_pending = 1;
-            return 2;
+            if (step.reasoning_len == 0) return 2;
+            lua_pushlstring(L, step.reasoning, step.reasoning_len);
+            return 3;
         }
         if (step.finish != KVGEN_FINISH_NONE) {
             kvl_stream_finish(L, idx, st, step.finish);
@@ -361,7 +364,7 @@ static int stream_step(lua_State *L, int idx, lstream *st) {
     }
 }
 
-/* st() / st:next() -> piece, token; nil at the end (so `for piece in st do` works) */
+/* st() / st:next() -> piece, token[, reasoning]; nil at the end (so `for piece in st do` works) */
 static int stream_call(lua_State *L) {
     lstream *st = kvl_check_udata(L, 1, STREAM_MT);
     int n = stream_step(L, 1, st);
@@ -430,7 +433,7 @@ static int stream_index(lua_State *L) {
 }
 
 /* Runs the stream at `idx` to its end, calling on_piece (at `cb`, 0: none)
- * with each piece; pushes text, finish. A Lua error in the callback ends the generation
+ * with each piece, token and reasoning piece; pushes text, finish. A Lua error in the callback ends the generation
  * (the session keeps what was generated) and is raised again unchanged. */
 static int run_to_end(lua_State *L, int idx, int cb) {
     lstream *st = lua_touserdata(L, idx);
@@ -439,8 +442,8 @@ static int run_to_end(lua_State *L, int idx, int cb) {
         if (n == 0) break;
         if (cb) {
             lua_pushvalue(L, cb);
-            lua_insert(L, -3);
-            if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
+            lua_insert(L, -1 - n);
+            if (lua_pcall(L, n, 1, 0) != LUA_OK) {
                 kvl_stream_finish(L, idx, st, KVGEN_FINISH_CANCELLED);
                 return lua_error(L);
             }
@@ -558,7 +561,7 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
         kvg_json_free(v);
         kvl_option_error(L, 3, "template_vars", "not a table of variables (a JSON object)");
     }
-    if (o->tools) {
+    if (o->tools && !o->gd.tools) { /* tools a reply may call are made the variable by the C call */
         kvg_json *t = kvg_json_parse_ex(o->tools, strlen(o->tools), 64, KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why);
         if (!t || t->type != KVG_JSON_ARRAY) {
             kvg_json_free(v);
@@ -602,12 +605,15 @@ static void restore_vars(lua_State *L, lsession *s) {
  * template, and tool_choice is refused. Strings are anchored in the table at 4. */
 static void read_tools(lua_State *L, lsession *s, unsigned mode, gen_opts *o) {
     static const char *const choices[] = {"auto", "none", "required"};
-    bool engaged = o->tools && (mode & GEN_CHAT) && !(mode & GEN_JOB) && kvgen_chat_tool_format(s->session);
+    /* a job's session may be busy: its template is read only when it is not (a job queued behind
+     * another gets the tools, and fails if its template writes no calls then) */
+    bool busy = (mode & GEN_JOB) && kvgen_session_busy(s->session);
+    bool engaged = o->tools && (mode & GEN_CHAT) && (busy || kvgen_chat_tool_format(s->session));
     if (!engaged) {
         if (o->tool_choice)
             kvl_option_error(L, 3, "tool_choice",
-                             o->tools ? "tool calls are read by s:chat and s:chat_stream under a template that writes "
-                                        "them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
+                             o->tools ? "tool calls are read by chat calls and chat jobs under a template that "
+                                        "writes them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
                                       : "no tools given");
         return;
     }
@@ -683,7 +689,7 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
                           : kvgen_gen_begin_prompt(s->session, p->ids, p->n, &o->gd, &st->gen, &err);
     if (rc != KVGEN_OK) {
         st->gen = NULL;
-        if (o->tools || o->template_vars || o->thinking) restore_vars(L, s);
+        if ((o->tools && !o->gd.tools) || o->template_vars || o->thinking) restore_vars(L, s);
         return kvl_raise_status(L, &err);
     }
     stream_attach(L, s, st, idx);
@@ -746,7 +752,7 @@ static int gen_start(lua_State *L, unsigned mode) {
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
     read_tools(L, s, mode, &o);
-    if (o.tools || o.template_vars || o.thinking) {
+    if ((o.tools && !o.gd.tools) || o.template_vars || o.thinking) {
         /* the options' variables are in force for the turn and after it; the chat's variables as
          * they were go back when the turn is refused */
         const char *vars = push_chat_vars(L, &o);

@@ -215,8 +215,8 @@ static int job_info(lua_State *L) {
 }
 
 /* fields: state, finish ("none" while running), text (all generated so far: complete once the
- * state is final, kvgen_job_text), error (the message of a failed job, else nil), priority,
- * session */
+ * state is final, kvgen_job_text), error (the message of a failed job, else nil), tool_calls
+ * (a "tool_calls" finish), reasoning (a chat reply's, so far), priority, session */
 static int job_index(lua_State *L) {
     ljob *j = kvl_check_udata(L, 1, JOB_MT);
     const char *key = kvl_index_key(L);
@@ -241,6 +241,29 @@ static int job_index(lua_State *L) {
             kvl_push_json_value(L, text, len);
         else
             lua_pushnil(L);
+    } else if (strcmp(key, "tool_calls") == 0) { /* a "tool_calls" finish: {id =, name =, arguments = table} */
+        const kvgen_tool_call *calls = NULL;
+        int n = kvgen_job_tool_calls(j->job, &calls);
+        if (n == 0) {
+            lua_pushnil(L);
+            return 1;
+        }
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            lua_createtable(L, 0, 3);
+            lua_pushstring(L, calls[i].id);
+            lua_setfield(L, -2, "id");
+            lua_pushstring(L, calls[i].name);
+            lua_setfield(L, -2, "name");
+            kvl_push_json_value(L, calls[i].arguments, strlen(calls[i].arguments));
+            lua_setfield(L, -2, "arguments");
+            lua_rawseti(L, -2, i + 1);
+        }
+    } else if (strcmp(key, "reasoning") == 0) { /* a chat reply's reasoning so far (nil: none) */
+        size_t len = 0;
+        const char *r = kvgen_job_reasoning(j->job, &len);
+        if (r && len > 0) lua_pushlstring(L, r, len);
+        else lua_pushnil(L);
     } else if (strcmp(key, "priority") == 0) {
         lua_pushinteger(L, info.priority);
     } else if (strcmp(key, "session") == 0) {

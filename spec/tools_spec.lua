@@ -142,6 +142,127 @@ describe("tool calls", function()
     assert.matches("option 'thinking': a boolean expected", error_of(s.chat, s, "x", { thinking = 1 }), 1, true)
   end)
 
+  it("a stream gives the reasoning apart: no tag, no thought in its text", function()
+    local THINK = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n"
+      .. "{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    local s <close> = m:session { context = 4096, template = { jinja = THINK } }
+    local grammar = 'root ::= "<think>\\nThe gate is old.\\n</think>\\n\\nIt stays shut."'
+    local text, thought, steps, thinking_steps = {}, {}, 0, 0
+    local st = s:chat_stream("Open it?", { grammar = grammar })
+    for piece, token, reasoning in st do
+      steps = steps + 1
+      assert.is_string(piece)
+      assert.are.equal("integer", math.type(token))
+      assert.is_nil(piece:find("<", 1, true))
+      assert.is_nil(piece:find("old", 1, true))
+      text[#text + 1] = piece
+      if reasoning then
+        thinking_steps = thinking_steps + 1
+        assert.is_nil(reasoning:find("<", 1, true))
+        assert.is_nil(reasoning:find("think", 1, true))
+        thought[#thought + 1] = reasoning
+      end
+    end
+    assert.are.equal("stop", st.finish)
+    assert.are.equal("It stays shut.", table.concat(text))
+    assert.are.equal("It stays shut.", st.text)
+    assert.are.equal("The gate is old.", table.concat(thought))
+    assert.are.equal("The gate is old.", st.reasoning)
+    assert.is_true(thinking_steps >= 2 and steps > thinking_steps)
+    -- on_piece gets them the same way
+    local got, gotr = {}, {}
+    local t2, f2, _, r2 = s:chat("Again?", { grammar = grammar, on_piece = function(piece, _, reasoning)
+      got[#got + 1] = piece
+      gotr[#gotr + 1] = reasoning
+    end })
+    assert.are.equal("stop", f2)
+    assert.are.equal(t2, table.concat(got))
+    assert.are.equal(r2, table.concat(gotr))
+    assert.are.equal("The gate is old.", r2)
+    -- a forced tool call streams nothing of its markup
+    local h <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local hs = h:chat_stream("Open the north gate", { tools = TOOLS, tool_choice = "open_gate" })
+    for piece in hs do assert.are.equal("", piece) end
+    assert.are.equal("tool_calls", hs.finish)
+    assert.are.equal("open_gate", hs.tool_calls[1].name)
+  end)
+
+  it("a tool call cut by max_tokens or a stop string is no call, and the conversation keeps none", function()
+    for _, opts in ipairs { { max_tokens = 6 }, { stop = "count" } } do
+      local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+      opts.tools, opts.tool_choice = TOOLS, "open_gate"
+      local text, finish, calls = s:chat("Open the north gate", opts)
+      assert.are.equal(opts.stop and "stop_string" or "length", finish)
+      assert.are.equal("", text)
+      assert.is_nil(calls)
+      local msgs = s:messages()
+      assert.are.equal(2, #msgs)
+      assert.are.equal("assistant", msgs[2].role)
+      assert.is_nil(msgs[2].tool_calls)
+      assert.is_nil((msgs[2].content or ""):find("tool_call", 1, true))
+      local rendered, reply = m:detokenize(s:tokens(), { special = true }), 0
+      repeat
+        local at = rendered:find("<|im_start|>assistant\n", reply + 1, true)
+        reply = at or reply
+      until not at
+      assert.is_true(reply > 0)
+      assert.is_nil(rendered:find("<tool_call>", reply, true))
+    end
+  end)
+
+  it("a chat job takes tools and thinking as s:chat does", function()
+    local s <close> = m:session { context = 4096, template = { jinja = HERMES } }
+    local job = s:submit_chat("Open the north gate", { tools = TOOLS, tool_choice = "open_gate" })
+    local streamed = {}
+    for piece in job do streamed[#streamed + 1] = piece end
+    assert.are.equal("done", job.state)
+    assert.are.equal("tool_calls", job.finish)
+    assert.are.equal("", table.concat(streamed))
+    assert.are.equal("", job.text)
+    local calls = job.tool_calls
+    assert.are.equal(1, #calls)
+    assert.are.equal("open_gate", calls[1].name)
+    assert.is_true(calls[1].arguments.gate == "north" or calls[1].arguments.gate == "south")
+    assert.matches("^call_", calls[1].id)
+    local msgs = s:messages()
+    assert.are.equal(calls[1].id, msgs[2].tool_calls[1].id)
+    s:add_tool_result(calls[1].id, { ok = true })
+    -- cut by max_tokens inside the call: no call, none kept
+    local cut = s:submit_chat("And the south one", { tools = TOOLS, tool_choice = "open_gate", max_tokens = 6 })
+    for _ in cut do end
+    assert.are.equal("length", cut.finish)
+    assert.is_nil(cut.tool_calls)
+    msgs = s:messages()
+    assert.is_nil(msgs[#msgs].tool_calls)
+    assert.are.equal("assistant", msgs[#msgs].role)
+    -- reasoning apart from the job's text, and kept
+    local THINK = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>\n"
+      .. "{{ m.reasoning_content }}\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    local t <close> = m:session { context = 4096, template = { jinja = THINK } }
+    local think = t:submit_chat("Open it?", { grammar = 'root ::= "<think>\\nThe gate is old.\\n</think>\\n\\nNo."' })
+    streamed = {}
+    for piece in think do streamed[#streamed + 1] = piece end
+    assert.are.equal("stop", think.finish)
+    assert.are.equal("No.", table.concat(streamed))
+    assert.are.equal("No.", think.text)
+    assert.are.equal("The gate is old.", think.reasoning)
+    assert.is_nil(think.tool_calls)
+    msgs = t:messages()
+    assert.are.equal("The gate is old.", msgs[2].reasoning_content)
+    -- a job queued behind another on the same session takes its tools too
+    local first = s:submit_chat("Ring it", { tools = TOOLS, tool_choice = "ring_bell" })
+    local second = s:submit_chat("Once more", { tools = TOOLS, tool_choice = "ring_bell" })
+    for _ in second do end
+    assert.are.equal("tool_calls", first.finish)
+    assert.are.equal("tool_calls", second.finish)
+    assert.are.equal("ring_bell", second.tool_calls[1].name)
+    assert.are_not.equal(first.tool_calls[1].id, second.tool_calls[1].id)
+    -- a job that is no chat turn reads no calls
+    assert.matches("unknown option 'tools'", error_of(s.submit, s, "x", { tools = TOOLS }), 1, true)
+  end)
+
   it("thinking_budget forces the closing tag and the reply goes on", function()
     local OPENED = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
       .. "{% if add_generation_prompt %}assistant: <think>\n{% endif %}{# </think> #}"

@@ -69,17 +69,75 @@ static bool prompt_opened(kvgen_session *s, const char *open) {
     return n >= on && memcmp(tail + n - on, open, on) == 0;
 }
 
+/* The template's think tags, when it writes them (open, close NULL otherwise). */
+static void think_tags(kvgen_session *s, const char **open, const char **close) {
+    const char *tpl = NULL;
+    size_t len = 0;
+    *open = *close = NULL;
+    if (kvg_chat_jinja_source(s, "kvgen_chat_gen_begin", &tpl, &len, NULL) == KVGEN_OK)
+        kvg_think_detect(tpl, len, open, close);
+}
+
+/* A reply's generator, built before its turn goes in: desc without its tools, a forced call's
+ * grammar as its constraint. */
+static kvgen_status reply_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, const kvg_tools *t,
+                                     const char *who, kvgen_gen **out, kvgen_error *err) {
+    kvgen_generate_desc d = {0};
+    if (desc) d = *desc;
+    d.tools = NULL;
+    kvgen_constraint forced = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = t ? kvg_tools_forced_grammar(t) : NULL};
+    if (forced.grammar) d.constraint = &forced;
+    return kvg_gen_create(s, &d, out, who, err);
+}
+
+/* Once the turn is in: the reply is read at its end (its reasoning under a template with think
+ * tags, its calls with tools t, taken). */
+static void reply_attach(kvgen_session *s, kvgen_gen *g, kvg_tools *t) {
+    const char *open = NULL, *close = NULL;
+    think_tags(s, &open, &close);
+    if (t || close) kvg_gen_attach_reply(g, t, open, close, open && prompt_opened(s, open), reply_message);
+}
+
+kvgen_status kvg_chat_offer_tools(kvgen_session *s, const kvgen_tools_desc *td, const char *who,
+                                  struct kvg_tools **out, kvgen_error *err) {
+    *out = NULL;
+    const char *tpl = NULL;
+    size_t tpl_len = 0;
+    kvgen_status st = kvg_chat_jinja_source(s, who, &tpl, &tpl_len, err);
+    if (st != KVGEN_OK) return st;
+    kvg_tools *tools = NULL;
+    st = kvg_tools_build(td, tpl, tpl_len, who, &tools, err);
+    if (st != KVGEN_OK) return st;
+    const char *old = kvgen_chat_vars(s);
+    char *vars = vars_with_tools(old, kvg_tools_json(tools));
+    st = vars ? kvgen_chat_set_vars(s, vars, err) : kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
+    kvg_free(vars);
+    if (st != KVGEN_OK) {
+        kvg_tools_free(tools);
+        return st;
+    }
+    *out = tools;
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_chat_reply_gen(kvgen_session *s, const kvgen_generate_desc *desc, struct kvg_tools *t,
+                                const char *who, kvgen_gen **out, kvgen_error *err) {
+    *out = NULL;
+    kvgen_status st = reply_gen_create(s, desc, t, who, out, err);
+    if (st != KVGEN_OK) {
+        kvg_tools_free(t);
+        return st;
+    }
+    reply_attach(s, *out, t);
+    return KVGEN_OK;
+}
+
 kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err) {
     const char *fn = "kvgen_chat_gen_begin";
     if (!desc || !desc->tools || !s || !out) {
-        /* a template with think tags: the reply's reasoning is read apart */
-        const char *tpl = NULL, *open = NULL, *close = NULL;
-        size_t len = 0;
-        bool think = s && out && kvg_chat_jinja_source(s, fn, &tpl, &len, NULL) == KVGEN_OK &&
-                     kvg_think_detect(tpl, len, &open, &close);
         kvgen_status st = kvg_chat_gen_begin(s, role, text, desc, out, err);
-        if (st == KVGEN_OK && think) kvg_gen_attach_reply(*out, NULL, open, close, prompt_opened(s, open), reply_message);
+        if (st == KVGEN_OK) reply_attach(s, *out, NULL); /* a template with think tags: reasoning apart */
         return st;
     }
     *out = NULL;
@@ -88,40 +146,23 @@ kvgen_status kvgen_chat_gen_begin(kvgen_session *s, const char *role, const char
     if (desc->constraint || desc->soft_max_tokens > 0)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: tools with a constraint or soft_max_tokens (a reply "
                         "that may call tools is constrained by the tools' grammar)", fn);
-    const char *tpl = NULL;
-    size_t tpl_len = 0;
-    kvgen_status st = kvg_chat_jinja_source(s, fn, &tpl, &tpl_len, err);
-    if (st != KVGEN_OK) return st;
+    char *old = NULL;
+    if (kvgen_chat_vars(s) && !(old = kvg_strdup(kvgen_chat_vars(s))))
+        return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
     kvg_tools *tools = NULL;
-    st = kvg_tools_build(desc->tools, tpl, tpl_len, fn, &tools, err);
-    if (st != KVGEN_OK) return st;
-
-    kvgen_generate_desc d = *desc;
-    d.tools = NULL;
-    kvgen_constraint forced = {.kind = KVGEN_CONSTRAIN_GRAMMAR, .grammar = kvg_tools_forced_grammar(tools)};
-    if (forced.grammar) d.constraint = &forced;
     kvgen_gen *g = NULL;
-    st = kvg_gen_create(s, &d, &g, fn, err);
-    char *old = NULL, *vars = NULL;
-    if (st == KVGEN_OK && kvgen_chat_vars(s) && !(old = kvg_strdup(kvgen_chat_vars(s))))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
-    if (st == KVGEN_OK && !(vars = vars_with_tools(old, kvg_tools_json(tools))))
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
-    if (st == KVGEN_OK) st = kvgen_chat_set_vars(s, vars, err);
-    if (st == KVGEN_OK) {
-        st = kvgen_chat_begin(s, role, text, err); /* all or nothing */
-        if (st != KVGEN_OK) kvgen_chat_set_vars(s, old, NULL); /* as they were */
-    }
-    kvg_free(vars);
-    kvg_free(old);
+    kvgen_status st = kvg_chat_offer_tools(s, desc->tools, fn, &tools, err);
+    if (st == KVGEN_OK) st = reply_gen_create(s, desc, tools, fn, &g, err);
+    if (st == KVGEN_OK) st = kvgen_chat_begin(s, role, text, err); /* all or nothing */
     if (st != KVGEN_OK) {
+        if (tools) kvgen_chat_set_vars(s, old, NULL); /* as they were */
+        kvg_free(old);
         kvgen_gen_end(g);
         kvg_tools_free(tools);
         return st;
     }
-    const char *open = NULL, *close = NULL;
-    kvg_think_detect(tpl, tpl_len, &open, &close);
-    kvg_gen_attach_reply(g, tools, open, close, open && prompt_opened(s, open), reply_message);
+    kvg_free(old);
+    reply_attach(s, g, tools);
     *out = g;
     return KVGEN_OK;
 }

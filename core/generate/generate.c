@@ -52,6 +52,11 @@ kvgen_status kvg_gen_check_desc(const kvgen_generate_desc *d, const char *who, c
     return KVGEN_OK;
 }
 
+/* Where the bytes a chat reply emits go, under a template with think tags: the reply's start
+ * (spaces, then its opening tag or not), the spaces that begin the reasoning, the reasoning,
+ * the spaces after the closing tag, and the reply text, where no tag is looked for any more. */
+enum { ROUTE_START, ROUTE_THINK_LEAD, ROUTE_THINK, ROUTE_AFTER, ROUTE_REPLY };
+
 struct kvgen_gen {
     kvgen_session *s;
     const kvgen_model *m;
@@ -95,7 +100,15 @@ struct kvgen_gen {
     int thinking;            /* 0: not (yet) reasoning; 1: reasoning (tokens counted); 2: done */
     int thought;             /* reasoning tokens so far */
     bool closing;            /* g->cons spells the closing tag, then goes away */
+    /* the steps' channels (a reply with think tags): emitted bytes wait in `hold` until it is
+     * known whether they are reasoning, a tag or reply text; `route` is where they stand */
+    int route;
+    kvg_buf hold;
+    kvg_buf rstep; /* the reasoning the current step emits */
     size_t tools_scanned; /* bytes of text + pending searched for the call opener */
+    size_t call_at;       /* where the call markup begins in text + pending (SIZE_MAX: none yet) */
+    size_t calls_scanned; /* bytes of text + pending searched for a call's start */
+    bool call_cut;        /* the reply ended inside its call markup, which was cut off */
     bool tools_lazy_done; /* the opener was found (the grammar took over, or could not) */
 };
 
@@ -150,6 +163,8 @@ void kvgen_gen_end(kvgen_gen *g) {
     kvg_free(g->ends.p);
     kvg_tools_free(g->tools);
     kvg_free(g->reasoning.p);
+    kvg_free(g->hold.p);
+    kvg_free(g->rstep.p);
     kvg_free(g);
 }
 
@@ -157,10 +172,12 @@ void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_o
                           bool thinking, kvg_reply_fn reply) {
     g->thinking = thinking && think_close ? 1 : 0;
     g->tools = t;
+    g->call_at = t && kvg_tools_forced_grammar(t) ? 0 : SIZE_MAX;
     g->think_open = think_open;
     g->think_close = think_close;
     g->reply = reply;
     g->tools_base = kvgen_session_length(g->s);
+    g->route = g->thinking ? ROUTE_THINK_LEAD : ROUTE_START;
 }
 
 const char *kvgen_gen_reasoning(const kvgen_gen *g, size_t *len) {
@@ -174,14 +191,22 @@ int kvgen_gen_tool_calls(const kvgen_gen *g, const kvgen_tool_call **calls) {
     return kvg_tools_calls(g->tools, calls);
 }
 
+static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* The longest end of b[0..n) that begins `tag` without being all of it. */
+static size_t tag_start_at_end(const char *b, size_t n, const char *tag) {
+    size_t k = strlen(tag) - 1;
+    if (k > n) k = n;
+    for (; k > 0; k--)
+        if (memcmp(b + n - k, tag, k) == 0) return k;
+    return 0;
+}
+
 /* byte i of text + pending */
 static char text_byte(const kvgen_gen *g, size_t i) {
     return i < g->text.n ? g->text.p[i] : g->pending.p[i - g->text.n];
 }
 
-/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
- * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
- * goes away once it is out. */
 /* From this step on, the text is constrained by the grammar gbnf (a thinking budget's closing
  * tag, a tool call once its opener appeared): the matcher, the vocabulary's bytes and the mask,
  * the matcher started. */
@@ -195,6 +220,9 @@ static kvgen_status constrain_from_here(kvgen_gen *g, const char *gbnf, kvgen_er
     return st;
 }
 
+/* thinking_budget: counts the tokens of reasoning (from the opening tag, or from the start
+ * when the prompt opened it) and, at the budget, forces the closing tag by a grammar that
+ * goes away once it is out. */
 static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     if (g->thinking == 2 || g->closing) return KVGEN_OK;
     size_t n = g->text.n + g->pending.n, cn = strlen(g->think_close), on = strlen(g->think_open);
@@ -226,6 +254,31 @@ static kvgen_status think_budget(kvgen_gen *g, kvgen_error *err) {
     return KVGEN_OK;
 }
 
+static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err);
+
+/* tool_choice auto: where a call starts in the reply (its opener, or the JSON that begins one in
+ * a format read at the end), so that from there on nothing streams (held_back). The scan goes
+ * on from where the last one stopped; a format with a lazy grammar is then constrained too. */
+static kvgen_status calls_scan(kvgen_gen *g, kvgen_error *err) {
+    const char *marks[4];
+    int nm = kvg_tools_call_marks(g->tools, marks);
+    size_t n = g->text.n + g->pending.n, from = g->calls_scanned;
+    for (int k = 0; k < nm; k++) {
+        size_t mn = strlen(marks[k]);
+        size_t i = from >= mn ? from - mn + 1 : 0;
+        for (; i + mn <= n && i < g->call_at; i++) {
+            size_t b = 0;
+            while (b < mn && text_byte(g, i + b) == marks[k][b]) b++;
+            if (b == mn) {
+                g->call_at = i;
+                break;
+            }
+        }
+    }
+    g->calls_scanned = n;
+    return g->cons || g->tools_lazy_done ? KVGEN_OK : tools_trigger(g, err);
+}
+
 /* tool_choice auto: once the call opener is in the reply, the tools' grammar constrains the
  * rest as if it had been given from there (the bytes past the opener fed to it first). A reply
  * whose bytes past the opener the grammar refuses already stays free, and is read as a bad
@@ -244,6 +297,7 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     g->tools_scanned = n;
     if (at == n) return KVGEN_OK;
     g->tools_lazy_done = true;
+    g->call_at = at;
     kvgen_status st = constrain_from_here(g, gbnf, err);
     bool fits = st == KVGEN_OK;
     for (size_t i = at + on; fits && i < n; i++) fits = kvg_cons_feed(g->cons, &g->cst, (unsigned char)text_byte(g, i));
@@ -255,8 +309,6 @@ static kvgen_status tools_trigger(kvgen_gen *g, kvgen_error *err) {
     }
     return st;
 }
-
-static bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 /* The reasoning between the think tags (the opening one may be the template's, before the
  * reply) leaves the text for g->reasoning; a reply cut inside it is reasoning alone. */
@@ -286,7 +338,12 @@ static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
         g->finish = KVGEN_FINISH_ERROR;
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_gen_next: out of memory");
     }
-    if (g->finish != KVGEN_FINISH_STOP) return KVGEN_OK;
+    if (g->finish != KVGEN_FINISH_STOP) {
+        /* a call cut short is no call: the conversation keeps the text before it */
+        kvgen_status st = g->call_cut ? g->reply(g->s, g->text.p, g->reasoning.p, NULL, err) : KVGEN_OK;
+        if (st != KVGEN_OK) g->finish = KVGEN_FINISH_ERROR;
+        return st;
+    }
     kvgen_finish why = KVGEN_FINISH_NONE;
     size_t content = g->text.n;
     kvgen_status st = KVGEN_OK;
@@ -295,9 +352,8 @@ static kvgen_status read_reply(kvgen_gen *g, kvgen_error *err) {
         g->finish = KVGEN_FINISH_ERROR;
         return st;
     }
-    size_t markup = content; /* the markup, held back until the finish: out of the last step too */
-    while (markup < g->text.n && is_space(g->text.p[markup])) markup++;
-    size_t cut = g->text.n - markup;
+    /* the markup and the spaces before it, held back until the finish: out of the last step too */
+    size_t cut = g->text.n - content;
     g->step.n = cut < g->step.n ? g->step.n - cut : 0;
     g->step.p[g->step.n] = '\0';
     g->text.n = content;
@@ -340,7 +396,9 @@ static kvgen_status copy_stops(kvgen_gen *g, const kvgen_generate_desc *d, const
 
 /* pending, text and step start as empty NUL-terminated buffers */
 static kvgen_status init_text(kvgen_gen *g, const char *who, kvgen_error *err) {
-    if (kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0)) return KVGEN_OK;
+    if (kvg_buf_add(&g->pending, "", 0) && kvg_buf_add(&g->text, "", 0) && kvg_buf_add(&g->step, "", 0) &&
+        kvg_buf_add(&g->rstep, "", 0) && kvg_buf_add(&g->hold, "", 0))
+        return KVGEN_OK;
     return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
 }
 
@@ -482,13 +540,75 @@ kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, k
     return gen_create(s, desc, out, who, err);
 }
 
-/* moves the first n pending bytes into this step's text */
-static bool emit(kvgen_gen *g, size_t n) {
-    if (!kvg_buf_add(&g->step, g->pending.p, n) || !kvg_buf_add(&g->text, g->pending.p, n)) return false;
-    memmove(g->pending.p, g->pending.p + n, g->pending.n - n + 1);
-    g->pending.n -= n;
-    return true;
+/* drops the first n bytes of b (NUL-terminated) */
+static void buf_drop(kvg_buf *b, size_t n) {
+    memmove(b->p, b->p + n, b->n - n + 1);
+    b->n -= n;
 }
+
+/* Sends what waits in g->hold to the step's channels, as far as it is decided: the tags and
+ * the spaces around the reasoning go nowhere (as take_reasoning cuts them out at the end), so
+ * that the reasoning the steps give adds up to kvgen_gen_reasoning and their text to the reply
+ * text. `last`: nothing follows, everything is decided. */
+static bool route_held(kvgen_gen *g, bool last) {
+    kvg_buf *h = &g->hold;
+    for (;;) {
+        size_t lead = 0;
+        switch (g->route) {
+        case ROUTE_START: {
+            while (lead < h->n && is_space(h->p[lead])) lead++;
+            size_t on = strlen(g->think_open), have = h->n - lead;
+            if (have >= on && memcmp(h->p + lead, g->think_open, on) == 0) {
+                buf_drop(h, lead + on);
+                g->route = ROUTE_THINK_LEAD;
+            } else if (!last && (have == 0 || (have < on && memcmp(h->p + lead, g->think_open, have) == 0))) {
+                return true; /* undecided: spaces, or the beginning of the tag */
+            } else {
+                g->route = ROUTE_REPLY;
+            }
+            break;
+        }
+        case ROUTE_THINK_LEAD:
+        case ROUTE_AFTER:
+            while (lead < h->n && is_space(h->p[lead])) lead++;
+            buf_drop(h, lead);
+            if (h->n == 0) return true;
+            g->route = g->route == ROUTE_AFTER ? ROUTE_REPLY : ROUTE_THINK;
+            break;
+        case ROUTE_THINK: {
+            const char *close = strstr(h->p, g->think_close);
+            size_t upto = close ? (size_t)(close - h->p) : h->n;
+            if (!close && !last) upto -= tag_start_at_end(h->p, h->n, g->think_close);
+            size_t out = upto;
+            while (out > 0 && is_space(h->p[out - 1])) out--; /* the reasoning's end is trimmed */
+            if (!kvg_buf_add(&g->rstep, h->p, out)) return false;
+            if (close) {
+                buf_drop(h, upto + strlen(g->think_close));
+                g->route = ROUTE_AFTER;
+                break;
+            }
+            buf_drop(h, last ? h->n : out); /* spaces that may end it and the tag's beginning wait */
+            return true;
+        }
+        default: /* ROUTE_REPLY */
+            if (!kvg_buf_add(&g->step, h->p, h->n)) return false;
+            buf_drop(h, h->n);
+            return true;
+        }
+    }
+}
+
+/* moves the first n pending bytes into the text and this step's channels; `last`: the
+ * generation ends with them */
+static bool emit_to(kvgen_gen *g, size_t n, bool last) {
+    bool routed = g->think_close != NULL;
+    if (!kvg_buf_add(routed ? &g->hold : &g->step, g->pending.p, n) || !kvg_buf_add(&g->text, g->pending.p, n))
+        return false;
+    buf_drop(&g->pending, n);
+    return !routed || route_held(g, last);
+}
+
+static bool emit(kvgen_gen *g, size_t n) { return emit_to(g, n, false); }
 
 /* The earliest complete stop string in pending: its offset, or -1. */
 static long find_stop(const kvgen_gen *g) {
@@ -507,18 +627,16 @@ static long find_stop(const kvgen_gen *g) {
 /* Bytes at the end of pending that might begin a stop string: they wait for the next token. */
 static size_t held_back(const kvgen_gen *g) {
     size_t hold = 0;
-    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past its opener */
-        const char *opener = NULL;
-        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done) return g->pending.n;
-        if (kvg_tools_lazy_grammar(g->tools, &opener) && opener) {
-            size_t k = strlen(opener) - 1; /* what may begin it stays back until decided */
-            if (k > g->pending.n) k = g->pending.n;
-            for (; k > 0; k--)
-                if (memcmp(g->pending.p + g->pending.n - k, opener, k) == 0) {
-                    hold = k;
-                    break;
-                }
+    if (g->tools) { /* tool-call markup is not streamed: a forced call, or a reply past a call's start */
+        const char *marks[4];
+        if (kvg_tools_forced_grammar(g->tools) || g->tools_lazy_done || g->call_at != SIZE_MAX) return g->pending.n;
+        int n = kvg_tools_call_marks(g->tools, marks);
+        for (int i = 0; i < n; i++) { /* what may begin one stays back until decided */
+            size_t k = tag_start_at_end(g->pending.p, g->pending.n, marks[i]);
+            if (k > hold) hold = k;
         }
+        /* and the spaces before it, which the reply's text loses when a call follows */
+        while (n > 0 && hold < g->pending.n && is_space(g->pending.p[g->pending.n - hold - 1])) hold++;
     }
     for (int i = 0; i < g->n_stop; i++) {
         size_t k = g->stop_len[i] - 1; /* a complete match was handled already */
@@ -558,6 +676,29 @@ static bool sentence_ended(const kvgen_gen *g, int32_t tok) {
     return kvg_sentence_ends(tail, from_text + from_pending, next, next_n);
 }
 
+/* A reply that ends other than on its own (length, a stop string, cancel) inside its tool-call
+ * markup, or inside what may begin it: the markup, still held back, is dropped with the spaces
+ * before it. */
+static void cut_call(kvgen_gen *g) {
+    if (!g->tools || !g->reply) return;
+    size_t at = g->pending.n;
+    if (g->call_at != SIZE_MAX) {
+        at = g->call_at > g->text.n ? g->call_at - g->text.n : 0;
+    } else { /* cut inside what may begin a call */
+        const char *marks[4];
+        int n = kvg_tools_call_marks(g->tools, marks);
+        for (int i = 0; i < n; i++) {
+            size_t k = tag_start_at_end(g->pending.p, g->pending.n, marks[i]);
+            if (g->pending.n - k < at) at = g->pending.n - k;
+        }
+    }
+    if (at >= g->pending.n) return;
+    while (at > 0 && is_space(g->pending.p[at - 1])) at--;
+    g->pending.n = at;
+    g->pending.p[at] = 0;
+    g->call_cut = true;
+}
+
 /* Ends the generation: flushes an unfinished character and emits what was held back. */
 static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
     char tail[8];
@@ -569,7 +710,8 @@ static kvgen_status finish(kvgen_gen *g, kvgen_finish why, kvgen_error *err) {
         g->pending.n = (size_t)at;
         why = KVGEN_FINISH_STOP_STRING;
     }
-    if (!emit(g, g->pending.n)) return oom(g, err);
+    if (why != KVGEN_FINISH_STOP && why != KVGEN_FINISH_ERROR) cut_call(g);
+    if (!emit_to(g, g->pending.n, true)) return oom(g, err);
     g->finish = why;
     if (g->reply && why != KVGEN_FINISH_ERROR) return read_reply(g, err);
     return KVGEN_OK;
@@ -581,14 +723,18 @@ static void fill_step(const kvgen_gen *g, kvgen_gen_step *step, int32_t token) {
     step->len = g->step.n;
     step->token = token;
     step->finish = g->finish;
+    step->reasoning = g->rstep.p ? g->rstep.p : "";
+    step->reasoning_len = g->rstep.n;
 }
 
 kvgen_status kvg_gen_sample(kvgen_gen *g, kvgen_gen_step *step, int32_t *token, kvgen_error *err) {
     *token = -1;
-    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (step) *step = (kvgen_gen_step){.text = "", .token = -1, .finish = KVGEN_FINISH_ERROR, .reasoning = ""};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
     g->step.n = 0;
     g->step.p[0] = 0;
+    g->rstep.n = 0;
+    g->rstep.p[0] = 0;
     kvgen_status st = KVGEN_OK;
     if (g->finish != KVGEN_FINISH_NONE) {
         fill_step(g, step, -1);
@@ -702,8 +848,8 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
             return st;
         }
     }
-    if (g->tools && !g->cons && !g->tools_lazy_done) {
-        st = tools_trigger(g, err);
+    if (g->tools && g->call_at == SIZE_MAX) {
+        st = calls_scan(g, err);
         if (st != KVGEN_OK) {
             g->finish = KVGEN_FINISH_ERROR;
             fill_step(g, step, tok);
@@ -714,8 +860,13 @@ kvgen_status kvg_gen_commit(kvgen_gen *g, kvgen_gen_step *step, int32_t tok, kvg
     if (at >= 0) {
         g->pending.n = (size_t)at;
         g->pending.p[at] = 0;
-        if (!emit(g, g->pending.n)) return oom(g, err);
+        cut_call(g);
+        if (!emit_to(g, g->pending.n, true)) return oom(g, err);
         g->finish = KVGEN_FINISH_STOP_STRING;
+        if (g->reply && (st = read_reply(g, err)) != KVGEN_OK) {
+            fill_step(g, step, tok);
+            return st;
+        }
     } else if (g->closing && kvg_cons_done(g->cons, &g->cst)) { /* the closing tag is out: free again */
         kvg_cons_free(g->cons);
         g->cons = NULL;
@@ -957,10 +1108,12 @@ static size_t soft_cut(const kvgen_gen *g, size_t before, int n_events, int *cou
 
 kvgen_status kvg_gen_reply_step(kvgen_gen *g, int wait_ms, kvgen_gen_step *step, int *pieces, kvgen_error *err) {
     *pieces = 0;
-    if (step) *step = (kvgen_gen_step){.text = "", .len = 0, .token = -1, .finish = KVGEN_FINISH_ERROR};
+    if (step) *step = (kvgen_gen_step){.text = "", .token = -1, .finish = KVGEN_FINISH_ERROR, .reasoning = ""};
     if (!g) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_gen_next: gen is NULL");
     g->step.n = 0;
     g->step.p[0] = 0;
+    g->rstep.n = 0;
+    g->rstep.p[0] = 0;
     if (g->finish != KVGEN_FINISH_NONE) {
         fill_step(g, step, -1);
         return KVGEN_OK;

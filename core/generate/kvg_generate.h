@@ -59,6 +59,18 @@ typedef kvgen_status (*kvg_reply_fn)(kvgen_session *s, const char *content, cons
 void kvg_gen_attach_reply(kvgen_gen *g, struct kvg_tools *t, const char *think_open, const char *think_close,
                           bool thinking, kvg_reply_fn reply);
 
+/* A chat reply with tools in two steps, for the jobs' worker, which puts the turn in between:
+ *   kvg_chat_offer_tools  the tools built for the session's template and made its "tools"
+ *                         variable (errors name who; on failure nothing changed)
+ *   kvg_chat_reply_gen    once the turn is in: the reply's generator (desc without its tools,
+ *                         a forced call's grammar as its constraint), read at its end for its
+ *                         reasoning under a template with think tags and for calls with t
+ *                         (NULL: none; taken, also on failure) */
+kvgen_status kvg_chat_offer_tools(kvgen_session *s, const kvgen_tools_desc *td, const char *who,
+                                  struct kvg_tools **out, kvgen_error *err);
+kvgen_status kvg_chat_reply_gen(kvgen_session *s, const kvgen_generate_desc *desc, struct kvg_tools *t,
+                                const char *who, kvgen_gen **out, kvgen_error *err);
+
 /* kvgen_chat_begin whose tokens are appended to *out instead of prefilled (the jobs' worker
  * prefills them in chunks); the chat state is advanced as if they were. */
 struct kvg_tokens;

@@ -23,6 +23,9 @@ const char *kvg_tool_format_detect(const char *tpl, size_t len);
 kvgen_status kvg_tools_build(const kvgen_tools_desc *desc, const char *tpl, size_t tpl_len, const char *who,
                              kvg_tools **out, kvgen_error *err);
 void kvg_tools_free(kvg_tools *t);
+/* Checks desc as kvg_tools_build does, for any template that writes calls (a job's tools, checked
+ * at submit before the session's template is known). */
+kvgen_status kvg_tools_check(const kvgen_tools_desc *desc, const char *who, kvgen_error *err);
 const char *kvg_tools_format(const kvg_tools *t);
 /* The grammar that forces one call from the first token (GBNF), or NULL when calls are left to
  * the model (tool_choice auto) or not allowed (none). */
@@ -31,6 +34,10 @@ const char *kvg_tools_forced_grammar(const kvg_tools *t);
  * of what follows the opener, which constrains the reply once *opener appeared in it (a lazy
  * grammar); NULL when the format has none or the choice is not auto. */
 const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener);
+/* tool_choice auto: the texts where kvg_tools_parse sees a call start in the reply (an opener,
+ * or the JSON that begins one), written to marks; how many (0 for any other choice). A
+ * generation holds back what may begin one and, once one is there, the rest. */
+int kvg_tools_call_marks(const kvg_tools *t, const char *marks[4]);
 /* The tools as the template takes them: a JSON array of {"type": "function", "function":
  * {...}} (compact text). */
 const char *kvg_tools_json(const kvg_tools *t);

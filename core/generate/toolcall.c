@@ -66,6 +66,14 @@ static const tool_format *detect(const char *tpl, size_t len) {
     return NULL;
 }
 
+kvgen_status kvg_tools_check(const kvgen_tools_desc *desc, const char *who, kvgen_error *err) {
+    kvg_tools *t = NULL;
+    /* the first format's: what is checked (names, schemas, the choice) is the same in every one */
+    kvgen_status st = kvg_tools_build(desc, FORMATS[0].marks[0], strlen(FORMATS[0].marks[0]), who, &t, err);
+    kvg_tools_free(t);
+    return st;
+}
+
 const char *kvg_tool_format_detect(const char *tpl, size_t len) {
     const tool_format *f = tpl ? detect(tpl, len) : NULL;
     return f ? f->name : NULL;
@@ -129,6 +137,16 @@ const char *kvg_tools_json(const kvg_tools *t) { return t->json; }
 const char *kvg_tools_lazy_grammar(const kvg_tools *t, const char **opener) {
     if (opener) *opener = t->lazy ? t->fmt->openers[0] : NULL;
     return t->lazy;
+}
+
+int kvg_tools_call_marks(const kvg_tools *t, const char *marks[4]) {
+    int n = 0;
+    if (t->choice != KVGEN_TOOL_AUTO) return 0;
+    for (int i = 0; i < 2; i++) {
+        if (t->fmt->openers[i]) marks[n++] = t->fmt->openers[i];
+        if (t->fmt->starts[i]) marks[n++] = t->fmt->starts[i];
+    }
+    return n;
 }
 
 static bool name_ok(const char *s) {

@@ -748,8 +748,9 @@ typedef struct kvgen_generate_desc {
     int thinking_budget;        /* a chat reply under a template with think tags (kvgen_gen_reasoning):
                                    > 0: after this many tokens of reasoning the closing tag is forced
                                    and the reply goes on; 0: no limit */
-    const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin only (other calls and jobs give
-                                      KVGEN_E_UNSUPPORTED); not with a constraint or soft_max_tokens */
+    const kvgen_tools_desc *tools; /* NULL: none. kvgen_chat_gen_begin and chat jobs (KVGEN_PROMPT_CHAT)
+                                      only (other calls give KVGEN_E_UNSUPPORTED, other jobs
+                                      KVGEN_E_INVALID_ARGUMENT); not with a constraint or soft_max_tokens */
 } kvgen_generate_desc;
 
 /* Step-wise generation. kvgen_gen_begin starts from the session's current logits (prefill a
@@ -768,6 +769,13 @@ typedef struct kvgen_gen_step {
     size_t len;
     int32_t token;       /* the token sampled in this step; -1 when none was */
     kvgen_finish finish; /* KVGEN_FINISH_NONE while generation goes on */
+    /* A chat reply under a template with think tags (kvgen_gen_reasoning): the reasoning this
+     * step made final, apart from `text` (NUL-terminated, may be ""; valid as `text`). The tags
+     * and the spaces around the reasoning are in neither, however the tokens split them: the
+     * steps' reasoning adds up to kvgen_gen_reasoning and their text to kvgen_gen_text. Always
+     * "" elsewhere. */
+    const char *reasoning;
+    size_t reasoning_len;
 } kvgen_gen_step;
 
 /* Checks a desc the way kvgen_gen_begin and kvgen_job_submit do (stop strings, flags, the
@@ -873,8 +881,10 @@ KVGEN_API const char *kvgen_chat_tool_format(kvgen_session *session);
  * where it differs), so the host adds each result with kvgen_chat_add_message (role "tool",
  * tool_call_id the call's id) and begins the next reply. A call that names no tool or whose
  * arguments its schema refuses finishes with KVGEN_FINISH_BAD_TOOL_CALL and reaches the host
- * as no call (the reply stays in the conversation as text). The steps do not stream call
- * markup where it can be told (a forced call; Hermes' <tool_call> under tool_choice auto). */
+ * as no call (the reply stays in the conversation as text). The steps never stream call markup
+ * (what may begin a call waits until decided). A reply cut by max_tokens, a stop string or a
+ * cancel inside a call keeps its finish, has no calls, and the conversation keeps the text
+ * before the call, never a broken call. */
 
 /* Tool use, as Hugging Face's apply_chat_template passes it to a template (docs/generation.md,
  * "Tools"): a message with what tool use adds. Under a Jinja template only: a built-in family
@@ -976,7 +986,8 @@ typedef enum kvgen_job_state {
     KVGEN_JOB_QUEUED = 0,   /* waiting for the worker */
     KVGEN_JOB_PREFILLING,   /* its prompt is being prefilled, chunk by chunk */
     KVGEN_JOB_GENERATING,   /* producing tokens */
-    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full, sentence) */
+    KVGEN_JOB_DONE,         /* finished normally (see finish: stop, stop_string, length, context_full, sentence,
+                               tool_calls, bad_tool_call) */
     KVGEN_JOB_CANCELLED,    /* kvgen_job_cancel / kvgen_job_release / session closed */
     KVGEN_JOB_FAILED        /* an error; kvgen_job_get_info gives the message */
 } kvgen_job_state;
@@ -1000,8 +1011,9 @@ typedef struct kvgen_job_desc {
     const char *role;        /* CHAT: "system", "user", "assistant" or "tool"; copied */
     const int32_t *tokens;   /* TOKENS; copied */
     size_t n_tokens;
-    kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); stop strings and the
-                                constraint are copied at submit */
+    kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); a CHAT job's as for
+                                kvgen_chat_gen_begin (tools, thinking_budget). Stop strings, the
+                                constraint and the tools are copied at submit */
     int priority;            /* higher runs first; 0: normal. Change it with kvgen_job_set_priority */
     const void *owner;       /* kvgen_poll(model, owner, ...) returns only this owner's jobs
                                 (e.g. one per lua_State); NULL is an owner like any other */
@@ -1046,6 +1058,18 @@ typedef struct kvgen_job_info {
     double total_ms;        /* submit -> final state */
     double tokens_per_s;    /* generated tokens after the first / time since the first */
 } kvgen_job_info;
+
+/* A chat job (KVGEN_PROMPT_CHAT) is read as kvgen_chat_gen_begin reads its reply: gen.tools
+ * offers tools (copied at submit, checked there as far as no template is needed; a session
+ * whose template writes no call format fails the job, its turn taken back), and under a
+ * template with think tags the reasoning stays out of the job's text. */
+/* The reasoning the worker has produced so far (NUL-terminated, "" when none; once the job
+ * reads final, all of it, equal to kvgen_gen_reasoning's), a copy valid until the job's next
+ * kvgen_job_reasoning or release; NULL for NULL or when memory runs out. */
+KVGEN_API const char *kvgen_job_reasoning(const kvgen_job *job, size_t *len);
+/* A job that reads final with finish KVGEN_FINISH_TOOL_CALLS: its calls (*calls valid until
+ * release), their count returned; 0 otherwise. */
+KVGEN_API int kvgen_job_tool_calls(const kvgen_job *job, const kvgen_tool_call **calls);
 
 /* A snapshot of the job's progress (non-blocking; does not consume text). */
 KVGEN_API void kvgen_job_get_info(const kvgen_job *job, kvgen_job_info *info);

@@ -45,6 +45,7 @@
 #include "kvg_sampler.h"
 #include "kvg_session.h"
 #include "kvg_str.h"
+#include "kvg_toolcall.h"
 
 #define DEFAULT_PREFILL_CHUNK 32
 #define DEFAULT_MAX_BATCH 64
@@ -61,9 +62,11 @@ struct kvgen_job {
     size_t text_len; /* TEXT on a model whose sessions take text (a remote model's): kept as bytes, not tokenized */
     int32_t *tokens; /* TEXT (tokenized at submit) and TOKENS */
     size_t n_tokens;
-    kvgen_generate_desc gen; /* stop and constraint point into stops / cons_arena */
+    kvgen_generate_desc gen; /* stop, constraint and tools point into stops / cons_arena / tools_arena */
     char **stops;
     void *cons_arena;
+    kvgen_tools_desc tools;  /* a chat reply's tools (gen.tools points here) */
+    void *tools_arena;
     const void *owner;
     void *user_data;
 
@@ -77,6 +80,9 @@ struct kvgen_job {
     bool released, in_step, final_reported;
     bool wrider, wserved; /* in this step as a rider; its prompt ran (then it counts as served) */
     kvg_buf out; /* produced, not yet polled */
+    kvg_buf reason; /* a chat reply's reasoning so far (kvgen_job_reasoning copies it out) */
+    kvgen_tool_call *calls; /* a "tool_calls" finish: its calls, set before the state turns final */
+    int n_calls;
     size_t prompt_total, prompt_done;
     int n_gen;
     double t_submit, t_start, t_first, t_last, t_end;
@@ -87,12 +93,17 @@ struct kvgen_job {
     kvg_tokens prompt_toks; /* the prompt as built at start (a chat turn is captured) */
     size_t len_before;      /* session length when the job started */
     kvg_chat *chat_before;  /* chat state when it started: a rollback restores it */
+    int32_t *kept;          /* a chat job: the session's tokens when it started, for a rollback past
+                               a turn that re-rendered earlier text (new tools, say) */
+    size_t n_kept;
     bool chat_saved;
     bool wcancel;      /* cancel as planned */
     kvgen_job_state wstate;
     kvgen_finish wfinish;
     kvgen_error werr;
     kvg_buf wout; /* text of this step */
+    kvg_buf wreason; /* reasoning of this step */
+    struct kvg_tools *wtools; /* the tools offered at the turn, until the reply's generator takes them */
     size_t wprompt_total, wprompt_done;
     int wn_gen;
     double wt_start, wt_first, wt_last, wt_end;
@@ -101,6 +112,7 @@ struct kvgen_job {
      * hand out host_text[delivered..] */
     kvg_buf host_text;
     size_t delivered;
+    kvg_buf host_reason; /* kvgen_job_reasoning's copy */
     struct kvgen_job *prev, *next;
 };
 
@@ -239,8 +251,15 @@ static void job_free(kvgen_job *j) {
     for (int i = 0; j->stops && i < j->gen.n_stop; i++) kvg_free(j->stops[i]);
     kvg_free(j->stops);
     kvg_free(j->cons_arena);
+    kvg_free(j->tools_arena);
+    kvg_tools_free(j->wtools);
+    kvg_free(j->calls);
+    kvg_free(j->reason.p);
+    kvg_free(j->wreason.p);
+    kvg_free(j->host_reason.p);
     kvg_free(j->prompt_toks.v);
     kvg_chat_mark_free(j->chat_before);
+    kvg_free(j->kept);
     kvg_free(j->out.p);
     kvg_free(j->wout.p);
     kvg_free(j->host_text.p);
@@ -248,13 +267,60 @@ static void job_free(kvgen_job *j) {
 }
 
 /* Checks what kvgen_gen_begin would refuse, and copies the strings and the constraint. */
+/* Strings copied into one allocation (a job's tools, its calls): str_size counts a string's
+ * bytes (0 for NULL), str_put copies it at *at and moves past it (NULL stays NULL). */
+static size_t str_size(const char *str) { return str ? strlen(str) + 1 : 0; }
+static const char *str_put(char **at, const char *str) {
+    if (!str) return NULL;
+    size_t n = strlen(str) + 1;
+    memcpy(*at, str, n);
+    *at += n;
+    return *at - n;
+}
+
+/* A chat job's tools: checked as kvgen_chat_gen_begin checks them (the template's format is
+ * known on the worker: one it lacks fails the job), then copied. */
+static kvgen_status copy_tools(kvgen_job *j, const kvgen_model *m, const kvgen_generate_desc *d, kvgen_error *err) {
+    const kvgen_tools_desc *td = d->tools;
+    if (j->prompt != KVGEN_PROMPT_CHAT)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.tools: only a chat job "
+                        "(KVGEN_PROMPT_CHAT) takes tools, not prompt %d", (int)j->prompt);
+    if (kvg_session_kind_replies(kvg_session_kind_of(m)))
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvgen_job_submit: gen.tools: a remote model's jobs take no tools");
+    if (d->constraint || d->soft_max_tokens > 0)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: gen.tools with a constraint or "
+                        "soft_max_tokens (a reply that may call tools is constrained by the tools' grammar)");
+    kvgen_status st = kvg_tools_check(td, "kvgen_job_submit: gen.", err);
+    if (st != KVGEN_OK) return st;
+    size_t size = (size_t)td->n_tools * sizeof(kvgen_tool) + str_size(td->name);
+    for (int i = 0; i < td->n_tools; i++)
+        size += str_size(td->tools[i].name) + str_size(td->tools[i].description) + str_size(td->tools[i].parameters);
+    kvgen_tool *tools = kvg_malloc(size);
+    if (!tools) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
+    char *at = (char *)(tools + td->n_tools);
+    for (int i = 0; i < td->n_tools; i++) {
+        tools[i].name = str_put(&at, td->tools[i].name);
+        tools[i].description = str_put(&at, td->tools[i].description);
+        tools[i].parameters = str_put(&at, td->tools[i].parameters);
+    }
+    j->tools_arena = tools;
+    j->tools = (kvgen_tools_desc){.tools = tools, .n_tools = td->n_tools, .choice = td->choice,
+                                  .name = str_put(&at, td->name)};
+    j->gen.tools = &j->tools;
+    return KVGEN_OK;
+}
+
 static kvgen_status copy_gen(kvgen_job *j, const kvgen_model *m, const kvgen_generate_desc *d, kvgen_error *err) {
     j->gen = *d;
     j->gen.stop = NULL;
     j->gen.n_stop = 0;
     j->gen.constraint = NULL;
+    j->gen.tools = NULL;
     /* as kvgen_gen_begin checks them: reported at submit rather than as a failed job */
-    kvgen_status chk = kvg_gen_check_desc(d, "kvgen_job_submit", "gen.", err);
+    kvgen_generate_desc without_tools = *d;
+    without_tools.tools = NULL;
+    kvgen_status chk = kvg_gen_check_desc(&without_tools, "kvgen_job_submit", "gen.", err);
+    if (chk == KVGEN_OK && d->tools) chk = copy_tools(j, m, d, err);
     if (chk != KVGEN_OK) return chk;
     if (d->constraint) {
         /* validates it, and that the vocabulary spells its choices (without the session, which
@@ -473,7 +539,8 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvgen_status st = copy_prompt(j, m, &d, err);
     if (st == KVGEN_OK) st = copy_gen(j, m, &d.gen, err);
-    if (st == KVGEN_OK && !(kvg_buf_add(&j->host_text, "", 0) && kvg_buf_add(&j->out, "", 0) && kvg_buf_add(&j->wout, "", 0)))
+    if (st == KVGEN_OK && !(kvg_buf_add(&j->host_text, "", 0) && kvg_buf_add(&j->out, "", 0) && kvg_buf_add(&j->wout, "", 0) &&
+                            kvg_buf_add(&j->reason, "", 0) && kvg_buf_add(&j->wreason, "", 0)))
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvg_worker *w = NULL;
     if (st == KVGEN_OK && !(w = get_worker(m, err))) st = KVGEN_E_NO_MEMORY;
@@ -624,6 +691,29 @@ const char *kvgen_job_text(const kvgen_job *cj, size_t *len) {
     const char *text = j->host_text.p;
     kvg_mutex_unlock(&j->w->mu);
     return text;
+}
+
+const char *kvgen_job_reasoning(const kvgen_job *cj, size_t *len) {
+    if (len) *len = 0;
+    if (!cj) return NULL;
+    kvgen_job *j = (kvgen_job *)cj; /* const for the caller: its copy is the host's own */
+    kvg_mutex_lock(&j->w->mu);
+    j->host_reason.n = 0;
+    bool ok = kvg_buf_add(&j->host_reason, j->reason.p, j->reason.n);
+    kvg_mutex_unlock(&j->w->mu);
+    if (!ok) return NULL;
+    if (len) *len = j->host_reason.n;
+    return j->host_reason.p;
+}
+
+int kvgen_job_tool_calls(const kvgen_job *j, const kvgen_tool_call **calls) {
+    if (calls) *calls = NULL;
+    if (!j) return 0;
+    kvg_mutex_lock(&j->w->mu);
+    int n = is_final(j->state) && j->finish == KVGEN_FINISH_TOOL_CALLS ? j->n_calls : 0;
+    kvg_mutex_unlock(&j->w->mu);
+    if (calls && n > 0) *calls = j->calls;
+    return n;
 }
 
 void kvgen_job_get_info(const kvgen_job *j, kvgen_job_info *info) {
@@ -822,9 +912,31 @@ static bool plan_step(kvg_worker *w, step_plan *p) {
     return true;
 }
 
+/* A "tool_calls" finish: the calls copied out of the generator, in one allocation. */
+static void keep_calls(kvgen_job *j) {
+    const kvgen_tool_call *calls = NULL;
+    int n = j->g ? kvgen_gen_tool_calls(j->g, &calls) : 0;
+    if (n <= 0) return;
+    size_t size = (size_t)n * sizeof *calls;
+    for (int i = 0; i < n; i++) size += str_size(calls[i].id) + str_size(calls[i].name) + str_size(calls[i].arguments);
+    kvgen_tool_call *kept = kvg_malloc(size);
+    if (!kept) return; /* the finish stands; the calls read as none */
+    char *at = (char *)(kept + n);
+    for (int i = 0; i < n; i++) {
+        kept[i].id = str_put(&at, calls[i].id);
+        kept[i].name = str_put(&at, calls[i].name);
+        kept[i].arguments = str_put(&at, calls[i].arguments);
+    }
+    j->calls = kept;
+    j->n_calls = n;
+}
+
 static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
     kvgen_session *s = j->s;
+    if (why == KVGEN_FINISH_TOOL_CALLS) keep_calls(j);
     kvgen_gen_end(j->g);
+    kvg_tools_free(j->wtools);
+    j->wtools = NULL;
     j->g = NULL;
     if ((j->wn_gen == 0 && state == KVGEN_JOB_CANCELLED) ||
         (state == KVGEN_JOB_FAILED && (j->wn_gen == 0 || kvg_session_kind_replies(s->kind)))) {
@@ -837,6 +949,9 @@ static void end_job(kvgen_job *j, kvgen_job_state state, kvgen_finish why) {
             j->chat_before = NULL;
             j->chat_saved = false;
         }
+        /* the turn re-rendered earlier text and rewound below it: those tokens go back in */
+        len = kvgen_session_length(s);
+        if (j->kept && j->n_kept > len) kvgen_session_prefill(s, j->kept + len, j->n_kept - len, NULL, NULL);
     }
     j->wstate = state;
     j->wfinish = why;
@@ -858,10 +973,16 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
     j->prompt_toks.n = 0;
     kvgen_status st = KVGEN_OK;
     if (j->prompt == KVGEN_PROMPT_CHAT) {
-        st = kvg_chat_mark(s, &j->chat_before, e);
+        kvg_free(j->kept);
+        j->n_kept = j->len_before;
+        j->kept = j->n_kept ? kvg_malloc(j->n_kept * sizeof *j->kept) : NULL;
+        if (j->n_kept && !j->kept) st = kvg_fail(e, KVGEN_E_NO_MEMORY, "kvgen job: out of memory");
+        else if (j->n_kept) memcpy(j->kept, kvgen_session_tokens(s), j->n_kept * sizeof *j->kept);
+        if (st == KVGEN_OK) st = kvg_chat_mark(s, &j->chat_before, e);
         if (st == KVGEN_OK) {
             j->chat_saved = true;
-            st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
+            if (j->gen.tools) st = kvg_chat_offer_tools(s, j->gen.tools, "kvgen job", &j->wtools, e);
+            if (st == KVGEN_OK) st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
             /* a turn that changed the rendered prefix rewound the cache to where they agree */
             j->len_before = kvgen_session_length(s);
         }
@@ -880,7 +1001,14 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
 /* PREFILLING -> GENERATING, once the whole prompt ran */
 static void begin_generating(kvgen_job *j) {
     kvgen_error e = {0};
-    if (kvgen_gen_begin(j->s, &j->gen, &j->g, &e) != KVGEN_OK) {
+    kvgen_status st;
+    if (j->prompt == KVGEN_PROMPT_CHAT) { /* read at its end: reasoning, calls */
+        st = kvg_chat_reply_gen(j->s, &j->gen, j->wtools, "kvgen job", &j->g, &e);
+        j->wtools = NULL;
+    } else {
+        st = kvgen_gen_begin(j->s, &j->gen, &j->g, &e);
+    }
+    if (st != KVGEN_OK) {
         fail_job(j, &e);
         return;
     }
@@ -957,7 +1085,8 @@ static void add_step_text(kvgen_job *j, kvgen_status st, const kvgen_gen_step *s
     }
     if (st != KVGEN_OK) {
         fail_job(j, e);
-    } else if (step->len > 0 && !kvg_buf_add(&j->wout, step->text, step->len)) {
+    } else if ((step->len > 0 && !kvg_buf_add(&j->wout, step->text, step->len)) ||
+               (step->reasoning_len > 0 && !kvg_buf_add(&j->wreason, step->reasoning, step->reasoning_len))) {
         kvgen_error oom = {KVGEN_E_NO_MEMORY, "kvgen job: out of memory for its text"};
         fail_job(j, &oom);
     }
@@ -1093,6 +1222,7 @@ static void commit_step(kvg_worker *w) {
         if (j->wout.n > 0) {
             if (kvg_buf_add(&j->out, j->wout.p, j->wout.n)) j->wout.n = 0;
         }
+        if (j->wreason.n > 0 && kvg_buf_add(&j->reason, j->wreason.p, j->wreason.n)) j->wreason.n = 0;
         if (j->wn_gen > j->n_gen) w->stats.decode_tokens += (uint64_t)(j->wn_gen - j->n_gen);
         set_state(j, j->wstate);
         j->finish = j->wfinish;
