@@ -14,12 +14,12 @@
 #include "kvg_str.h"
 #include "kvg_toolcall.h"
 
-/* the chat's variables with "tools" replaced (a new compact JSON object) */
+/* the chat's variables with "tools" replaced (tools NULL: taken out), a new compact JSON object */
 static char *vars_with_tools(const char *vars, const char *tools) {
     kvg_json *v = vars ? kvg_json_parse(vars, strlen(vars), 64, NULL, NULL, 0) : kvg_json_new(KVG_JSON_OBJECT);
-    kvg_json *t = kvg_json_parse(tools, strlen(tools), 64, NULL, NULL, 0);
+    kvg_json *t = tools ? kvg_json_parse(tools, strlen(tools), 64, NULL, NULL, 0) : NULL;
     char *out = NULL;
-    if (v && t && v->type == KVG_JSON_OBJECT) {
+    if (v && (t || !tools) && v->type == KVG_JSON_OBJECT) {
         kvg_json *m = v->child;
         kvg_json *kept = kvg_json_new(KVG_JSON_OBJECT);
         for (; kept && m; m = m->next) { /* every member but tools, in order */
@@ -32,7 +32,7 @@ static char *vars_with_tools(const char *vars, const char *tools) {
                 kept = NULL;
             }
         }
-        if (kept && kvg_json_add(kept, "tools", t)) {
+        if (kept && (!t || kvg_json_add(kept, "tools", t))) {
             t = NULL;
             out = kvg_json_print(kept, NULL);
         }
@@ -109,7 +109,8 @@ kvgen_status kvg_chat_offer_tools(kvgen_session *s, const kvgen_tools_desc *td, 
     st = kvg_tools_build(td, tpl, tpl_len, who, &tools, err);
     if (st != KVGEN_OK) return st;
     const char *old = kvgen_chat_vars(s);
-    char *vars = vars_with_tools(old, kvg_tools_json(tools));
+    /* tool_choice none: the template is not shown the tools, so the model answers in words */
+    char *vars = vars_with_tools(old, td->choice == KVGEN_TOOL_NONE ? NULL : kvg_tools_json(tools));
     st = vars ? kvgen_chat_set_vars(s, vars, err) : kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", who);
     kvg_free(vars);
     if (st != KVGEN_OK) {

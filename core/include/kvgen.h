@@ -702,7 +702,9 @@ typedef struct kvgen_constraint {
 typedef enum kvgen_tool_choice {
     KVGEN_TOOL_AUTO = 0,  /* the model decides: free text, and calls where it writes them (Hermes:
                              from its <tool_call> on, the tools' grammar constrains the rest) */
-    KVGEN_TOOL_NONE,      /* the tools are shown to the template, but a call is not accepted */
+    KVGEN_TOOL_NONE,      /* the tools are not shown to the template (the model answers in
+                             words, the conversation's earlier calls stay), and a call it
+                             writes anyway is not accepted */
     KVGEN_TOOL_REQUIRED,  /* one call, forced from the first token by the tools' grammar */
     KVGEN_TOOL_NAMED      /* one call of the tool named `name`, forced likewise */
 } kvgen_tool_choice;

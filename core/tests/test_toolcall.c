@@ -149,6 +149,20 @@ static void check_parse(void) {
          KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL}, /* a required argument missing */
         {HERMES, KVGEN_TOOL_NONE, "<tool_call>\n{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}\n</tool_call>",
          KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        /* Hermes calls without their tags (small models drop them): read where they begin the
+         * reply and name a tool; JSON elsewhere, or naming no tool, is the reply's */
+        {HERMES, KVGEN_TOOL_AUTO, " {\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}\n",
+         KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":2}", NULL},
+        {HERMES, KVGEN_TOOL_AUTO,
+         "{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}\n{\"name\": \"open_gate\", \"arguments\": "
+         "{\"gate\": \"north\", \"count\": 1}}",
+         KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":2}", "open_gate"},
+        {HERMES, KVGEN_TOOL_AUTO, "{\"name\": \"Bob\", \"age\": 30}", KVGEN_FINISH_NONE,
+         "{\"name\": \"Bob\", \"age\": 30}", NULL, NULL, NULL},
+        {HERMES, KVGEN_TOOL_AUTO, "Here: {\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}", KVGEN_FINISH_NONE,
+         "Here: {\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}", NULL, NULL, NULL},
+        {HERMES, KVGEN_TOOL_AUTO, "{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}\n{\"times\": 3}",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL}, /* a call, then JSON that is none */
         {LLAMA31, KVGEN_TOOL_AUTO, "<|python_tag|>{\"name\": \"ring_bell\", \"parameters\": {\"times\": 5}}",
          KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":5}", NULL},
         {LLAMA31, KVGEN_TOOL_AUTO, "{\"name\": \"open_gate\", \"parameters\": {\"gate\": \"south\", \"count\": 0}}",
