@@ -261,4 +261,46 @@ kvgen_status kvg_vk_refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_err
 /* KVGEN_VK_PROFILE: adds the last recorded step's timestamps to the per-kind totals */
 void kvg_vk_prof_collect(vk_model *vm);
 
+/* ---- vk_lora.c: LoRA adapters on the device (shaders/lora.comp) ---- */
+
+/* One matrix of a mat-mul's output that adapters may change: its pairs' shape, and where its
+ * output o lands among the mat-mul's rows (row0 + stride * o: Q/K/V concatenated, gate/up
+ * interleaved). */
+typedef struct kvg_vk_lora_part {
+    kvg_lora_target target;
+    uint32_t n_in, n_out, row0, stride;
+} kvg_vk_lora_part;
+
+/* the words of an adapter packed for lora.comp, and the packing (each pair's A then B^T, by
+ * (layer, target)) */
+size_t kvg_vk_lora_words(const kvgen_adapter *a, int n_layer);
+void kvg_vk_lora_pack(const kvgen_adapter *a, int n_layer, float *dst);
+/* Writes lora.comp's table for one mat-mul of n tokens at tab: token c runs the pairs of
+ * sets[c] (NULL: none) for `parts`, adapter i of its set packed at word bases[c][i] of the
+ * pairs buffer. Returns the words written (at most kvg_vk_lora_table_words) and, in *ranks, the
+ * widest token's sum of ranks (the rank scratch's row). */
+uint32_t kvg_vk_lora_table(uint32_t *tab, const kvg_lora_set *const *sets, uint32_t n, int layer,
+                           const kvg_vk_lora_part *parts, int n_parts, const uint64_t *const *bases,
+                           uint32_t *ranks);
+uint32_t kvg_vk_lora_table_words(const kvg_lora_set *const *sets, uint32_t n, int n_parts);
+
+/* one mat-mul's two dispatches: down (set `down`: 1 pairs, 2 input x, 3 rank scratch, 4 norm
+ * weight, 7 table) then up (set `up`: 2 rank scratch, 3 delta), barriers after each */
+typedef struct kvg_vk_lora_args {
+    uint32_t ncols, ldx, ldt, ldd; /* tokens; strides of the input, rank scratch and delta */
+    uint32_t n_in, nrows;          /* the input's elements; the mat-mul's output rows */
+    uint32_t tab_off;              /* the table's first word */
+    bool norm;                     /* RMSNorm of the input first (the mat-mul's prologue) */
+    float eps;
+} kvg_vk_lora_args;
+kvgen_status kvg_vk_lora_pipelines(kvg_vk_ctx *ctx, kvgen_error *err);
+kvgen_status kvg_vk_lora_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkDescriptorSet down, VkDescriptorSet up,
+                                const kvg_vk_lora_args *a, kvgen_error *err);
+
+/* test hook: delta (n x nrows) = what the two dispatches give for layer `layer`'s parts of the
+ * n tokens x (n x in_dim; norm: RMSNorm with that weight first), sets[c] token c's adapters */
+kvgen_status kvg_vk_test_lora(kvg_vk_ctx *ctx, const kvg_lora_set *const *sets, uint32_t n, int n_layer, int layer,
+                              const kvg_vk_lora_part *parts, int n_parts, const float *x, uint32_t in_dim,
+                              const float *norm, float eps, uint32_t nrows, float *delta, kvgen_error *err);
+
 #endif
