@@ -6,8 +6,8 @@
 // of n_out at word b_off.
 //
 // Binding 7 holds the step's table (uint words, floats as their bits), from word pc.tab_off:
-//   [ncols]   token t's first entry (word offset from tab_off), then [1] the end of the last
-//             token's entries: token t's entries are [first[t], first[t + 1])
+//   [2 ncols] token t's entries: [tab[2t], tab[2t + 1]) (word offsets from tab_off; the tokens of
+//             one sequence share theirs)
 //   entries   8 words each: a_off, b_off, rank, n_out, t_off (the entry's ranks in token t's row
 //             of the rank scratch), s (float: scale * alpha / rank, or scale), row0, stride
 //             (its output o is the mat-mul's row row0 + stride * o: a fused matrix's part)
@@ -63,7 +63,7 @@ void down() {
         barrier();
         scale = inversesqrt(red[0] / float(pc.n_in) + pc.eps);
     }
-    uint e0 = tab[pc.tab_off + c], e1 = tab[pc.tab_off + c + 1u];
+    uint e0 = tab[pc.tab_off + 2u * c], e1 = tab[pc.tab_off + 2u * c + 1u];
     for (uint e = e0; e < e1; e += 8u) {
         uint at = pc.tab_off + e;
         uint a_off = tab[at], rank = tab[at + 2u], t_off = tab[at + 4u];
@@ -83,7 +83,7 @@ void down() {
 void up() {
     uint row = gl_WorkGroupID.x * WG + gl_LocalInvocationID.x, c = gl_WorkGroupID.y;
     if (row >= pc.nrows) return;
-    uint e0 = tab[pc.tab_off + c], e1 = tab[pc.tab_off + c + 1u];
+    uint e0 = tab[pc.tab_off + 2u * c], e1 = tab[pc.tab_off + 2u * c + 1u];
     float d = 0.0;
     for (uint e = e0; e < e1; e += 8u) {
         uint at = pc.tab_off + e;

@@ -71,7 +71,10 @@ static void check(kvg_vk_ctx *ctx, const char *what, const kvg_lora_set *const *
         double ss = 0;
         for (uint32_t i = 0; i < in_dim; i++) ss += (double)x[c * in_dim + i] * x[c * in_dim + i];
         float scale = norm ? (float)(1.0 / sqrt(ss / in_dim + eps)) : 1.0f;
-        for (uint32_t i = 0; i < in_dim; i++) xn[c * in_dim + i] = norm ? x[c * in_dim + i] * scale * w[i] : x[c * in_dim + i];
+        for (uint32_t i = 0; i < in_dim; i++) {
+            float v = x[c * in_dim + i];
+            xn[c * in_dim + i] = norm ? v * scale * w[i] : v;
+        }
     }
     for (int j = 0; j < n_parts; j++) {
         float *y = calloc((size_t)n * parts[j].n_out, sizeof *y);
