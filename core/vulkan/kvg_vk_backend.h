@@ -324,7 +324,6 @@ kvgen_status kvg_vk_lora_prepare(vk_model *vm, const kvg_lora_set *const *sets, 
 void kvg_vk_lora_step(vk_model *vm, const kvg_lora_set *const *tok_sets, uint32_t n);
 void kvg_vk_lora_step_seq(vk_model *vm, const kvg_lora_set *set, uint32_t n); /* n tokens of one set */
 void kvg_vk_lora_end(vk_model *vm);
-bool kvg_vk_lora_active(const vk_model *vm);
 kvgen_status kvg_vk_lora_op(walk *w, int layer, int op, matmul_args *m);
 void kvg_vk_lora_forget(vk_model *vm, const kvgen_adapter *a);
 void kvg_vk_lora_free(vk_model *vm);

@@ -546,8 +546,6 @@ void kvg_vk_lora_end(vk_model *vm) {
     if (vm->lora) vm->lora->n_tok = 0;
 }
 
-bool kvg_vk_lora_active(const vk_model *vm) { return vm->lora && vm->lora->n_tok > 0; }
-
 kvgen_status kvg_vk_lora_op(walk *w, int layer, int op, matmul_args *m) {
     vk_model *vm = w->vm;
     vk_lora *L = vm->lora;
@@ -557,6 +555,9 @@ kvgen_status kvg_vk_lora_op(walk *w, int layer, int op, matmul_args *m) {
     uint32_t n_in, ldx, nrows;
     const kvg_vk_buffer *in, *norm;
     op_shape(vm, layer, (vk_lora_op)op, &in, &norm, parts, &n_parts, &n_in, &ldx, &nrows);
+    if (L->tab_used + kvg_vk_lora_table_words(L->tok_sets, w->n, n_parts) > L->tab_cap)
+        return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: the step's LoRA tables outgrew their buffer (%u words)",
+                        L->tab_cap);
     uint32_t *tab = (uint32_t *)L->tab.map + L->tab_used;
     uint32_t ranks = 0;
     uint32_t words = kvg_vk_lora_table(tab, L->tok_sets, w->n, layer, parts, n_parts,
