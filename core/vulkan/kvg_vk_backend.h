@@ -1,7 +1,7 @@
 /* kvg_vk_backend.h: what the files of the Vulkan backend share (private to them): the model
  * and session structs, the step walker's state, and each file's entry points. Calls go down:
- * vk_backend.c -> vk_walk.c -> vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c, the test
- * hooks, beside vk_backend.c).
+ * vk_backend.c -> vk_walk.c -> vk_lora.c, vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c,
+ * the test hooks, beside vk_backend.c).
  *
  * Folder core/vulkan/ owns the Vulkan backend: the device layer (vk_device.c, kvg_vk.h, the
  * pipeline cache vk_pcache.c, device selection vk_select.c) and the forward pass on it; the

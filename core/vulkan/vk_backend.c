@@ -16,9 +16,9 @@
  *
  * Files: vk_backend.c (this one) model and session set-up, the environment knobs, running steps
  * and the forward entry points, the ops table; below it vk_walk.c (the step walker: the op list
- * of one step), vk_kv.c (KV layout, paged pool, kv_copy), vk_weights.c (weight-type table,
- * repack, upload), vk_hooks.c (test hooks), all on vk_device.c; shared structs in
- * kvg_vk_backend.h.
+ * of one step), vk_lora.c (LoRA adapters: device copies, their dispatches), vk_kv.c (KV layout,
+ * paged pool, kv_copy), vk_weights.c (weight-type table, repack, upload), vk_hooks.c (test
+ * hooks), all on vk_device.c; shared structs in kvg_vk_backend.h.
  *
  * The architecture's facts come from the model description (kvg_weights, kvg_layer), never
  * its name, and become data of the one step walk: the FFN epilogue follows the activation
