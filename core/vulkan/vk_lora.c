@@ -58,7 +58,7 @@ uint32_t kvg_vk_lora_table(uint32_t *tab, const kvg_lora_set *const *sets, uint3
     uint32_t w = 2 * n, widest = 0;
     for (uint32_t c = 0; c < n; c++) {
         const kvg_lora_set *set = sets ? sets[c] : NULL;
-        if (c > 0 && set == sets[c - 1]) { /* a sequence's tokens share entries */
+        if (c > 0 && sets && set == sets[c - 1]) { /* a sequence's tokens share entries */
             tab[2 * c] = tab[2 * c - 2];
             tab[2 * c + 1] = tab[2 * c - 1];
             continue;
