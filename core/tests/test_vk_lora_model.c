@@ -10,6 +10,8 @@
  *   scale and none, one token each in one batch, against their twins decoding one at a time:
  *   within 0.002 * (2 + max|logit|) (test_vk_batch's: only the mat-vec's column count differs);
  *   the session without adapters equals the base model's decode exactly;
+ * - the same on a GPU's layouts (KVGEN_VK_LANE=0, KVGEN_VK_ATTN_LANE=0: the prefill through the
+ *   GEMM) and with prefill chunks of 7 tokens (KVGEN_VK_CHUNK=7);
  * - adapters freed while the model stays, and a new one loaded and run after (its device copy
  *   packed again).
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
@@ -185,21 +187,33 @@ static void body(void *arg) {
     };
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
         char name[64], args[256];
-        snprintf(name, sizeof name, "lora-%s.gguf", archs[i].name);
+        snprintf(name, sizeof name, "vk-lora-%s.gguf", archs[i].name);
         char *model = tu_make_model(name, archs[i].args);
-        snprintf(name, sizeof name, "lora-%s-a1.gguf", archs[i].name);
+        snprintf(name, sizeof name, "vk-lora-%s-a1.gguf", archs[i].name);
         snprintf(args, sizeof args, "%s --lora --lora-alpha 16", archs[i].args);
         char *ad1 = tu_make_model(name, args);
-        snprintf(name, sizeof name, "lora-%s-a2.gguf", archs[i].name);
+        snprintf(name, sizeof name, "vk-lora-%s-a2.gguf", archs[i].name);
         snprintf(args, sizeof args, "%s --lora --seed 7 --lora-rank 4 --lora-targets q,v,down", archs[i].args);
         char *ad2 = tu_make_model(name, args);
-        snprintf(name, sizeof name, "lora-%s-a3.gguf", archs[i].name);
+        snprintf(name, sizeof name, "vk-lora-%s-a3.gguf", archs[i].name);
         snprintf(args, sizeof args, "%s --lora --seed 9 --lora-rank 2", archs[i].args);
         char *ad3 = tu_make_model(name, args);
         CHECKF(model && ad1 && ad2 && ad3, "%s: kvgen-mkmodel failed", archs[i].name);
         if (model && ad1 && ad2 && ad3) {
             parity(archs[i].name, model, ad1, ad2, 0);
-            if (i == 0) parity("llama f32", model, ad1, ad2, 1);
+            if (i == 0) {
+                parity("llama f32", model, ad1, ad2, 1);
+                /* a GPU's layouts (cooperative mat-vec, the GEMM for the 19-token prefill, attn.comp) and
+                 * prefill chunks of 7 tokens, on this CPU device */
+                setenv("KVGEN_VK_LANE", "0", 1);
+                setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+                parity("llama, GPU layouts", model, ad1, ad2, 1);
+                unsetenv("KVGEN_VK_LANE");
+                unsetenv("KVGEN_VK_ATTN_LANE");
+                setenv("KVGEN_VK_CHUNK", "7", 1);
+                parity("llama, chunks of 7", model, ad1, ad2, 0);
+                unsetenv("KVGEN_VK_CHUNK");
+            }
             mixed_batch(archs[i].name, model, ad1, ad2, ad3);
         }
         free(model);
