@@ -18,6 +18,8 @@
 //   8 (uniform, dynamic offset) a window of the input activations; 9 (uniform) the RMSNorm
 //              weight: the lane mat-vec reads these through uniform buffers (see matvec.comp)
 //   10 page table  a session's KV page table (kv.glsl)
+//   11 LoRA delta  what a step's LoRA adapters add to a mat-mul's outputs, per token
+//              (epilogue.glsl, EPI_F_LORA; written by lora.comp)
 #ifndef KVG_COMMON_GLSL
 #define KVG_COMMON_GLSL
 
@@ -64,6 +66,7 @@ layout(push_constant) uniform PC {
     uint pt_base;   // KV: first entry of the page table in binding 10
     uint flags;     // epilogue options (EPI_F_* in epilogue.glsl)
     float cap;      // store mode: soft-capping of the results, cap * tanh(v / cap) (0: none)
+    uint ldd;       // EPI_F_LORA: the delta's stride per token (floats)
 } pc;
 #endif
 

@@ -11,7 +11,9 @@
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
 //   4 geglu   out[t*ldo + r/2] = gelu_tanh(v_r) * v_{r+1}
 // pc.flags (any mode):
-//   EPI_F_BIAS    v_r += bias[r] first (binding 6: the projection's biases, by global row)
+//   EPI_F_LORA    v_r += d[t*ldd + r] first (binding 11: the LoRA delta of the step's tokens,
+//                 by global row; lora.comp)
+//   EPI_F_BIAS    v_r += bias[r] (binding 6: the projection's biases, by global row)
 //   EPI_F_RAW_QK  (qkv mode) Q and K rows are stored as they are, at out[t*ldo + r], for the head
 //                 norms op (rms_norm.comp) to norm, rotate and write to the KV pool; V as above
 #ifndef KVG_EPILOGUE_GLSL
@@ -20,10 +22,11 @@
 layout(std430, set = 0, binding = 3) buffer Out { float yout[]; };
 layout(std430, set = 0, binding = 6) readonly buffer Bias { float bias[]; };
 layout(std430, set = 0, binding = 7) readonly buffer Rope { vec2 rope_cs[]; };
+layout(std430, set = 0, binding = 11) readonly buffer LoraDelta { float lora_d[]; };
 
 #include "kv.glsl"
 
-const uint EPI_F_BIAS = 1u, EPI_F_RAW_QK = 2u;
+const uint EPI_F_BIAS = 1u, EPI_F_RAW_QK = 2u, EPI_F_LORA = 4u;
 
 // tanh with its argument bounded: beyond +-15 it is +-1 in f32 anyway, and an exp-based
 // implementation cannot overflow into inf / inf
@@ -32,6 +35,10 @@ float kvg_tanh(float x) { return tanh(clamp(x, -15.0, 15.0)); }
 // r: global even row; has1: row r + 1 exists
 void store_pair(uint r, uint t, float v0, float v1, bool has1) {
     uint o = t * pc.ldo + pc.o_off;
+    if ((pc.flags & EPI_F_LORA) != 0u) {
+        v0 += lora_d[t * pc.ldd + r];
+        if (has1) v1 += lora_d[t * pc.ldd + r + 1u];
+    }
     if ((pc.flags & EPI_F_BIAS) != 0u) {
         v0 += bias[r];
         if (has1) v1 += bias[r + 1u];

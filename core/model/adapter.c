@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_adapter.h"
+#include "kvg_backend.h"
 #include "kvg_hash.h"
 #include "kvg_platform.h"
 #include "kvg_pool.h"
@@ -68,6 +69,7 @@ void kvgen_adapter_retain(kvgen_adapter *a) {
 }
 
 static void adapter_destroy(kvgen_adapter *a) {
+    if (a->model->ops && a->model->ops->adapter_free && a->model->backend) a->model->ops->adapter_free(a->model, a);
     if (a->pairs)
         for (int i = 0; i < a->model->w.hp.n_layer * KVG_LORA_TARGETS; i++) {
             kvg_free(a->pairs[i].a);

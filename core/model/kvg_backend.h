@@ -69,6 +69,9 @@ typedef struct kvg_backend_ops {
     /* true: forward runs each sequence's LoRA adapters (kvg_batch_seq.lora); false:
      * kvgen_session_set_adapters refuses sessions of this backend */
     bool lora;
+    /* an adapter of m is being freed (optional): the backend drops what it keeps of it (a
+     * device copy); called once, before its pairs are freed, with no step running it */
+    void (*adapter_free)(kvgen_model *m, const kvgen_adapter *a);
     /* The weight tensor types this backend runs, from its own table (the reference backend's is
      * quant.c's traits table): fills up to max, returns how many there are. model_init refuses a
      * model holding any other (kvg_weights_check_types). */

@@ -22,8 +22,8 @@ kvgen_status kvg_session_can_lora(const kvgen_session *s, const char *fn, kvgen_
     kvgen_status st = kvg_session_local_only(s, fn, err);
     if (st != KVGEN_OK) return st;
     if (!s->model->ops->lora)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend does not run LoRA adapters (the reference and "
-                        "cpu backends do)", fn, s->model->ops->name);
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: the %s backend does not run LoRA adapters (the reference, "
+                        "cpu and vulkan backends do)", fn, s->model->ops->name);
     return KVGEN_OK;
 }
 

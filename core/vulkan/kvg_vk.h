@@ -21,21 +21,23 @@ enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM,
  * the lane mat-vec reads its inputs through (lavapipe turns a uniform-buffer load at a
  * workgroup-uniform address into one scalar load, a storage-buffer load into a loop over lanes):
  * 8 a dynamic-offset window of the input activations, 9 the RMSNorm weight; then 10, a storage
- * buffer holding a session's KV page table. Binding 5 is an array of KVG_VK_KV_SLABS storage
+ * buffer holding a session's KV page table, and 11, one holding the per-token LoRA delta a
+ * mat-mul's epilogue adds (shaders/epilogue.glsl, EPI_F_LORA). Binding 5 is an array of KVG_VK_KV_SLABS storage
  * buffers: the paged KV pool's slabs (the pool split over several buffers, each within
  * maxStorageBufferRange; shaders/kv.glsl). Binding 6 is unused (always the dummy buffer).
- * A kvg_vk_binding array has KVG_VK_BINDINGS slots: slot i < 11 is binding i (element 0 for
- * binding 5), slots 11.. are binding 5's elements 1..KVG_VK_KV_SLABS-1. */
+ * A kvg_vk_binding array has KVG_VK_BINDINGS slots: slot i < 12 is binding i (element 0 for
+ * binding 5), slots 12.. are binding 5's elements 1..KVG_VK_KV_SLABS-1. */
 #define KVG_VK_KV_SLABS 8
-#define KVG_VK_LAYOUT_BINDINGS 11
+#define KVG_VK_LAYOUT_BINDINGS 12
 #define KVG_VK_BINDINGS (KVG_VK_LAYOUT_BINDINGS + KVG_VK_KV_SLABS - 1)
 #define KVG_VK_SSBO_BINDINGS 8
 #define KVG_VK_UBO_X 8
 #define KVG_VK_UBO_NORM 9
 #define KVG_VK_PTAB 10
+#define KVG_VK_LORA 11
 #define KVG_VK_SLAB_SLOT(j) ((j) == 0 ? 5 : KVG_VK_LAYOUT_BINDINGS + (j) - 1)
 /* storage-buffer descriptors per set */
-#define KVG_VK_SSBO_DESCRIPTORS (KVG_VK_SSBO_BINDINGS + KVG_VK_KV_SLABS - 1 + 1)
+#define KVG_VK_SSBO_DESCRIPTORS (KVG_VK_SSBO_BINDINGS + KVG_VK_KV_SLABS - 1 + 2)
 #define KVG_VK_PUSH_BYTES 128 /* push-constant range every kernel shares */
 
 typedef struct kvg_vk_buffer {

@@ -1,7 +1,7 @@
 /* kvg_vk_backend.h: what the files of the Vulkan backend share (private to them): the model
  * and session structs, the step walker's state, and each file's entry points. Calls go down:
- * vk_backend.c -> vk_walk.c -> vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c, the test
- * hooks, beside vk_backend.c).
+ * vk_backend.c -> vk_walk.c -> vk_lora.c, vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c,
+ * the test hooks, beside vk_backend.c).
  *
  * Folder core/vulkan/ owns the Vulkan backend: the device layer (vk_device.c, kvg_vk.h, the
  * pipeline cache vk_pcache.c, device selection vk_select.c) and the forward pass on it; the
@@ -15,7 +15,7 @@
 
 /* the mat-mul epilogues (MODE in shaders/epilogue.glsl, matvec.comp, gemm.comp) and their flags */
 enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3, EPI_GEGLU = 4 };
-enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2 };
+enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2, EPI_F_LORA = 4 };
 /* the modes of shaders/rms_norm.comp */
 enum { NORM_POST = 0, NORM_HEADS = 1 };
 
@@ -51,6 +51,8 @@ typedef struct vk_layer {
     int rope;                /* its RoPE table variant (vk_model.rope_base / rope_scale) */
     uint32_t window;         /* sliding-window layer: the window (hp.n_swa); 0: global */
 } vk_layer;
+
+typedef struct vk_lora vk_lora; /* vk_lora.c */
 
 typedef struct vk_model {
     kvg_vk_ctx *ctx;
@@ -138,6 +140,11 @@ typedef struct vk_model {
     bool bat_mu_init;
     kvg_backend_session *bat;
     uint32_t bat_entries; /* page-table entries per batched session */
+    /* LoRA adapters (vk_lora.c), made the first time a step runs one (under ctx->lock): the
+     * per-token delta the mat-mul sets bind (a dummy until then; made, it bumps kv_gen so the
+     * sets are rewritten) */
+    vk_lora *lora;
+    kvg_vk_buffer lora_d;
 } vk_model;
 
 struct kvg_backend_session {
@@ -169,6 +176,13 @@ struct kvg_backend_session {
 
 static inline uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
 
+/* NEOX RoPE on the device: element j of a Q or K head (j < n_rot) holds the file's element
+ * kvg_vk_neox_src(j), so the rotation pairs (i, i + n_rot/2) become the adjacent (2i, 2i + 1) */
+static inline uint32_t kvg_vk_neox_src(uint32_t j, uint32_t n_rot) {
+    if (j >= n_rot) return j;
+    return (j & 1u) ? n_rot / 2 + j / 2 : j / 2;
+}
+
 /* the step walker's state (vk_walk.c): what one walk of a step does, and where it is */
 typedef enum { WALK_PIPELINES, WALK_COUNT, WALK_SETS, WALK_RECORD } walk_mode;
 
@@ -199,6 +213,7 @@ typedef struct matmul_args {
     const kvg_vk_buffer *bias; /* NULL: none (EPI_F_BIAS) */
     uint32_t flags;            /* EPI_F_* besides EPI_F_BIAS */
     float cap;                 /* EPI_STORE: soft-capping (0: none) */
+    uint32_t ldd;              /* EPI_F_LORA: the delta's stride per token */
 } matmul_args;
 
 /* ---- vk_weights.c: the weight-type table, repacking and upload ---- */
@@ -260,5 +275,63 @@ kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
 kvgen_status kvg_vk_refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_error *err);
 /* KVGEN_VK_PROFILE: adds the last recorded step's timestamps to the per-kind totals */
 void kvg_vk_prof_collect(vk_model *vm);
+
+/* ---- vk_lora.c: LoRA adapters on the device (shaders/lora.comp) ---- */
+
+/* One matrix of a mat-mul's output that adapters may change: its pairs' shape, and where its
+ * output o lands among the mat-mul's rows (row0 + stride * o: Q/K/V concatenated, gate/up
+ * interleaved). */
+typedef struct kvg_vk_lora_part {
+    kvg_lora_target target;
+    uint32_t n_in, n_out, row0, stride;
+} kvg_vk_lora_part;
+
+/* the words of an adapter packed for lora.comp, and the packing (each pair's A then B^T, by
+ * (layer, target); neox_hd > 0: Q's and K's outputs permuted per head as the device's rows are,
+ * kvg_vk_neox_src) */
+size_t kvg_vk_lora_words(const kvgen_adapter *a, int n_layer);
+void kvg_vk_lora_pack(const kvgen_adapter *a, int n_layer, uint32_t neox_hd, uint32_t n_rot, float *dst);
+/* Writes lora.comp's table for one mat-mul of n tokens at tab: token c runs the pairs of
+ * sets[c] (NULL: none) for `parts`, adapter i of its set packed at word bases[c][i] of the
+ * pairs buffer. Returns the words written (at most kvg_vk_lora_table_words) and, in *ranks, the
+ * widest token's sum of ranks (the rank scratch's row). */
+uint32_t kvg_vk_lora_table(uint32_t *tab, const kvg_lora_set *const *sets, uint32_t n, int layer,
+                           const kvg_vk_lora_part *parts, int n_parts, const uint64_t *const *bases,
+                           uint32_t *ranks);
+uint32_t kvg_vk_lora_table_words(const kvg_lora_set *const *sets, uint32_t n, int n_parts);
+
+/* one mat-mul's two dispatches: down (set `down`: 1 pairs, 2 input x, 3 rank scratch, 4 norm
+ * weight, 7 table) then up (set `up`: 2 rank scratch, 3 delta), barriers after each */
+typedef struct kvg_vk_lora_args {
+    uint32_t ncols, ldx, ldt, ldd; /* tokens; strides of the input, rank scratch and delta */
+    uint32_t n_in, nrows;          /* the input's elements; the mat-mul's output rows */
+    uint32_t tab_off;              /* the table's first word */
+    bool norm;                     /* RMSNorm of the input first (the mat-mul's prologue) */
+    float eps;
+} kvg_vk_lora_args;
+kvgen_status kvg_vk_lora_pipelines(kvg_vk_ctx *ctx, kvgen_error *err);
+kvgen_status kvg_vk_lora_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkDescriptorSet down, VkDescriptorSet up,
+                                const kvg_vk_lora_args *a, kvgen_error *err);
+
+/* A model's adapters on the device. prepare (caller holds ctx->lock, before
+ * kvg_vk_refresh_sets): packs the adapters of `sets` no step has run yet, sizes the scratch for
+ * steps of up to max_tok tokens. step: the next recorded step runs tok_sets[c] for its token c
+ * (NULL: none) until end. op (WALK_RECORD): layer's mat-mul op (0 QKV, 1 Wo, 2 gate/up, 3 down)
+ * gets its LoRA dispatches recorded and EPI_F_LORA set in m when some token's set adapts it.
+ * forget: an adapter being freed (kvg_backend_ops.adapter_free). */
+kvgen_status kvg_vk_lora_prepare(vk_model *vm, const kvg_lora_set *const *sets, int n_sets, uint32_t max_tok,
+                                 kvgen_error *err);
+void kvg_vk_lora_step(vk_model *vm, const kvg_lora_set *const *tok_sets, uint32_t n);
+void kvg_vk_lora_step_seq(vk_model *vm, const kvg_lora_set *set, uint32_t n); /* n tokens of one set */
+void kvg_vk_lora_end(vk_model *vm);
+kvgen_status kvg_vk_lora_op(walk *w, int layer, int op, matmul_args *m);
+void kvg_vk_lora_forget(vk_model *vm, const kvgen_adapter *a);
+void kvg_vk_lora_free(vk_model *vm);
+
+/* test hook: delta (n x nrows) = what the two dispatches give for layer `layer`'s parts of the
+ * n tokens x (n x in_dim; norm: RMSNorm with that weight first), sets[c] token c's adapters */
+kvgen_status kvg_vk_test_lora(kvg_vk_ctx *ctx, const kvg_lora_set *const *sets, uint32_t n, int n_layer, int layer,
+                              const kvg_vk_lora_part *parts, int n_parts, const float *x, uint32_t in_dim,
+                              const float *norm, float eps, uint32_t nrows, float *delta, kvgen_error *err);
 
 #endif

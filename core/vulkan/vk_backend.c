@@ -16,9 +16,9 @@
  *
  * Files: vk_backend.c (this one) model and session set-up, the environment knobs, running steps
  * and the forward entry points, the ops table; below it vk_walk.c (the step walker: the op list
- * of one step), vk_kv.c (KV layout, paged pool, kv_copy), vk_weights.c (weight-type table,
- * repack, upload), vk_hooks.c (test hooks), all on vk_device.c; shared structs in
- * kvg_vk_backend.h.
+ * of one step), vk_lora.c (LoRA adapters: device copies, their dispatches), vk_kv.c (KV layout,
+ * paged pool, kv_copy), vk_weights.c (weight-type table, repack, upload), vk_hooks.c (test
+ * hooks), all on vk_device.c; shared structs in kvg_vk_backend.h.
  *
  * The architecture's facts come from the model description (kvg_weights, kvg_layer), never
  * its name, and become data of the one step walk: the FFN epilogue follows the activation
@@ -102,6 +102,7 @@ static void vk_model_free(kvgen_model *m) {
         if (vm->ops_pool) vkDestroyDescriptorPool(ctx->dev, vm->ops_pool, NULL);
         if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
         kvg_vk_select_free(ctx, &vm->sel);
+        kvg_vk_lora_free(vm);
         kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
                                     &vm->qk, &vm->f};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
@@ -117,14 +118,7 @@ static void vk_model_free(kvgen_model *m) {
 
 /* ---- the model's optional parts (kvg_layer) ---- */
 
-/* NEOX RoPE on the device: element j of a Q or K head (j < n_rot) holds the file's element
- * neox_src(j), so the rotation pairs (i, i + n_rot/2) become the adjacent (2i, 2i + 1) */
-static uint32_t neox_src(uint32_t j, uint32_t n_rot) {
-    if (j >= n_rot) return j;
-    return (j & 1u) ? n_rot / 2 + j / 2 : j / 2;
-}
-
-/* t with its rows permuted per head of hd rows (neox_src) into a copy (*buf, the caller frees) */
+/* t with its rows permuted per head of hd rows (kvg_vk_neox_src) into a copy (*buf, the caller frees) */
 static kvgen_status neox_rows(const kvg_tensor *t, uint32_t hd, uint32_t n_rot, kvg_tensor *out, void **buf,
                               kvgen_error *err) {
     size_t rb = kvg_row_bytes(t->type, t->ne[0]);
@@ -133,7 +127,8 @@ static kvgen_status neox_rows(const kvg_tensor *t, uint32_t hd, uint32_t n_rot, 
     *buf = d;
     if (!d) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory permuting %s", t->name);
     for (uint64_t r = 0; r < rows; r++)
-        memcpy(d + r * rb, (const uint8_t *)t->data + ((r / hd) * hd + neox_src((uint32_t)(r % hd), n_rot)) * rb, rb);
+        memcpy(d + r * rb, (const uint8_t *)t->data + ((r / hd) * hd + kvg_vk_neox_src((uint32_t)(r % hd), n_rot)) * rb,
+               rb);
     *out = *t;
     out->data = d;
     return KVGEN_OK;
@@ -151,7 +146,7 @@ static void small_f32(const kvg_tensor *t, float *dst, size_t n, float fill, uin
     float head[256];
     for (size_t h = 0; h + hd <= n; h += hd) {
         memcpy(head, dst + h, hd * sizeof *head);
-        for (uint32_t j = 0; j < hd; j++) dst[h + j] = head[neox_src(j, n_rot)];
+        for (uint32_t j = 0; j < hd; j++) dst[h + j] = head[kvg_vk_neox_src(j, n_rot)];
     }
 }
 
@@ -568,7 +563,8 @@ static void set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_session *c
  * table checked). out as the sequence's: KEEP leaves the last token's logits in row 0 with
  * the best one (select 1) or KVG_VK_TOPK (select > 1) selected in the same submission. */
 static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
-                              kvg_batch_out out, float *logits, int select, kvgen_error *err) {
+                              kvg_batch_out out, float *logits, int select, const kvg_lora_set *lora,
+                              kvgen_error *err) {
     kvg_vk_ctx *ctx = vm->ctx;
     const int V = vm->hp.n_vocab;
     bool keep = out == KVG_OUT_KEEP;
@@ -586,7 +582,8 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         params[1] = 0; /* not a batched decode */
         memcpy(params + 4, tokens + done, c * sizeof *tokens);
         VkCommandBuffer cb;
-        if (c == 1 && want == 1) {
+        if (lora) kvg_vk_lora_step_seq(vm, lora, c); /* recorded for this step only */
+        if (c == 1 && want == 1 && !lora) {
             if (!s->decode_recorded || s->decode_select != sel) {
                 st = kvg_vk_record(vm, s, s->cb_decode, false, 1, 0, 1, sel, err);
                 s->decode_recorded = st == KVGEN_OK;
@@ -598,6 +595,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
             if (st == KVGEN_OK) st = kvg_vk_record(vm, s, s->cb_step, true, c, (uint32_t)(pos0 + done) + c, want, sel, err);
             cb = s->cb_step;
         }
+        kvg_vk_lora_end(vm);
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
         if (st == KVGEN_OK && (vm->prof_prefill ? c > 1 : c == 1)) kvg_vk_prof_collect(vm);
         if (st == KVGEN_OK && want == 2)
@@ -642,16 +640,22 @@ static void put_local_table(const vk_model *vm, int32_t *tab, const int32_t *pag
     for (size_t i = 0; i < n_entries; i++) tab[i] = kvg_vk_kv_device_page(vm, 1, pages[i]);
 }
 
-/* One sequence through its own session's steps. */
+/* the most tokens a step has (a prefill chunk, a batched decode's columns) */
+static uint32_t lora_tokens(const vk_model *vm) { return vm->chunk > BATCH_MAX ? vm->chunk : BATCH_MAX; }
+
+/* One sequence through its own session's steps (its LoRA adapters' steps recorded each time,
+ * never the session's replayed decode). */
 static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *err) {
     kvg_backend_session *s = q->bs;
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
+    const kvg_lora_set *lora = q->lora && q->lora->n > 0 ? q->lora : NULL;
     kvg_mutex_lock(&vm->ctx->lock);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
     memcpy(s->ptab.map, q->pages[0], n_entries * sizeof *q->pages[0]);
     if (vm->kv_groups > 1) put_local_table(vm, (int32_t *)s->ptab.map + s->tab1, q->pages[1], n_entries);
-    kvgen_status st = kvg_vk_refresh_sets(vm, s, err);
-    if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, err);
+    kvgen_status st = lora ? kvg_vk_lora_prepare(vm, &lora, 1, lora_tokens(vm), err) : KVGEN_OK;
+    if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, s, err);
+    if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, lora, err);
     kvg_mutex_unlock(&vm->ctx->lock);
     return st;
 }
@@ -680,6 +684,8 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     int32_t *tab = b->ptab.map;
     size_t V = (size_t)vm->hp.n_vocab;
     kvg_backend_session *run[BATCH_MAX];
+    const kvg_lora_set *lora[BATCH_MAX];
+    bool any_lora = false;
     int sel = 0;
     params[0] = 0;
     params[1] = BATCH_AT;
@@ -692,6 +698,8 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
         params[4 + BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
         params[4 + BATCH_AT + 2 * i + 1] = base;
         run[i] = q[i]->bs;
+        lora[i] = q[i]->lora && q[i]->lora->n > 0 ? q[i]->lora : NULL;
+        any_lora |= lora[i] != NULL;
         if (q[i]->out == KVG_OUT_KEEP && q[i]->select_k > 0) {
             int want = q[i]->select_k == 1 ? 1 : 2;
             if (want > sel) sel = want;
@@ -699,14 +707,22 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     }
     set_aside_logits(vm, (uint32_t)n, run, n);
     kvgen_status st = KVGEN_OK;
-    /* params carry everything that changes from step to step: same width, same commands */
-    if (!b->decode_recorded || b->decode_ncols != (uint32_t)n || b->decode_select != sel) {
+    /* params carry everything that changes from step to step: same width, same commands; a
+     * step with LoRA adapters is recorded for itself (its tables are the step's) */
+    VkCommandBuffer cb = b->cb_decode;
+    if (any_lora) {
+        kvg_vk_lora_step(vm, lora, (uint32_t)n);
+        st = kvg_vk_check(vkResetCommandBuffer(b->cb_step, 0), err, "vkResetCommandBuffer");
+        if (st == KVGEN_OK) st = kvg_vk_record(vm, b, b->cb_step, true, (uint32_t)n, 0, 2, sel, err);
+        kvg_vk_lora_end(vm);
+        cb = b->cb_step;
+    } else if (!b->decode_recorded || b->decode_ncols != (uint32_t)n || b->decode_select != sel) {
         st = kvg_vk_record(vm, b, b->cb_decode, false, (uint32_t)n, 0, 2, sel, err);
         b->decode_recorded = st == KVGEN_OK;
         b->decode_ncols = (uint32_t)n;
         b->decode_select = sel;
     }
-    if (st == KVGEN_OK) st = kvg_vk_submit_wait(vm->ctx, b->cb_decode, b->fence, err);
+    if (st == KVGEN_OK) st = kvg_vk_submit_wait(vm->ctx, cb, b->fence, err);
     for (int i = 0; i < n && st == KVGEN_OK; i++) {
         kvg_backend_session *s = q[i]->bs;
         if (q[i]->out == KVG_OUT_LAST || q[i]->out == KVG_OUT_ALL) {
@@ -733,7 +749,12 @@ static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, i
     kvgen_status st = batch_session(m, n_ctx, err);
     if (st == KVGEN_OK) {
         kvg_mutex_lock(&vm->ctx->lock);
-        st = kvg_vk_refresh_sets(vm, vm->bat, err);
+        const kvg_lora_set *sets[64];
+        int n_sets = 0;
+        for (int i = 0; i < n && n_sets < 64; i++)
+            if (q[i]->lora && q[i]->lora->n > 0) sets[n_sets++] = q[i]->lora;
+        if (n_sets > 0) st = kvg_vk_lora_prepare(vm, sets, n_sets, lora_tokens(vm), err);
+        if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, vm->bat, err);
         for (int done = 0; done < n && st == KVGEN_OK; done += group)
             st = batch_step(vm, q + done, n - done < group ? n - done : group, err);
         kvg_mutex_unlock(&vm->ctx->lock);
@@ -835,9 +856,15 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, i
     return st;
 }
 
+static void vk_adapter_free(kvgen_model *m, const kvgen_adapter *a) { kvg_vk_lora_forget(m->backend, a); }
+
 const kvg_backend_ops kvg_vulkan_backend = {
     .name = "vulkan",
     .kv_groups = true,
+    /* LoRA: each sequence's adapters packed on the device the first time a step runs them;
+     * lora.comp's two dispatches before each mat-mul they adapt, the delta added in its epilogue */
+    .lora = true,
+    .adapter_free = vk_adapter_free,
     /* the attention shaders read f16 pages (f32 on a device without 16-bit storage, or with
      * force_f32): no block type */
     .kv_types = (const uint32_t[]){KVG_TYPE_F16},

@@ -760,6 +760,7 @@ static const struct shader_needs {
     {"attn_reduce", 64, 0, 0, 0, 0},             /* none */
     {"kv_copy", 64, 0, 0, 0, 0},                 /* none */
     {"rms_norm", 0, 0, 4, 0, 0},                 /* red[WG] */
+    {"lora", 0, 0, 4, 0, 0},                     /* red[WG] */
     {"embed_", 0, 0, 0, 0, 0},                   /* none */
     {"matvec_", 0, 0, 0, 0, 4},                  /* red[WG * ROWS * NCOLS] */
     {"gemm_", 128, 32 * 16 * 16 + 32 * 8 * 16 + 128 * 4 + 32 * 4, 0, 0, 0}, /* ws, xs, ssum, tscale */

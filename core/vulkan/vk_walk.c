@@ -26,6 +26,7 @@ typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     uint32_t kv_layer, kv_page, kv_v, pt_base; /* paged KV (shaders/kv.glsl) */
     uint32_t flags; /* EPI_F_* */
     float cap;      /* store mode: soft-capping */
+    uint32_t ldd;   /* EPI_F_LORA: the delta's stride */
 } pc_weights;
 
 typedef struct pc_attn { /* matches PC in shaders/attn.comp, attn_lane.comp */
@@ -110,6 +111,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             b[KVG_VK_UBO_X].buf = a->in;
             b[KVG_VK_UBO_NORM].buf = a->norm;
             b[6].buf = a->bias;
+            b[KVG_VK_LORA].buf = vm->lora_d.buf ? &vm->lora_d : NULL;
             if (a->epi == EPI_QKV) {
                 kvg_vk_kv_bind(vm, w->s, b);
                 b[7].buf = w->s->rope[vm->layers ? vm->layers[a->layer].rope : 0];
@@ -137,7 +139,8 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                              .n_ctx = (uint32_t)w->s->n_ctx,
                              .o_off = 0,
                              .flags = a->flags | (a->bias ? EPI_F_BIAS : 0u),
-                             .cap = a->cap};
+                             .cap = a->cap,
+                             .ldd = a->ldd};
             if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, w->s, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
             uint32_t gx, gy = 1;
             if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
@@ -350,22 +353,27 @@ kvgen_status kvg_vk_walk_step(walk *w) {
                            .out = heads ? &vm->qk : &vm->q, .ldx = vm->ld_x, .ldo = heads ? vm->ld_qk : vm->ld_q,
                            .ncols = w->n, .layer = l, .bias = L->bias.buf ? &L->bias : NULL,
                            .flags = heads ? EPI_F_RAW_QK : 0u};
-        st = kvg_vk_op_matmul(w, &qkv);
+        /* a step's LoRA adapters: their dispatches before each mat-mul they adapt (vk_lora.c) */
+        st = kvg_vk_lora_op(w, l, 0, &qkv);
+        if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &qkv);
         if (st == KVGEN_OK && heads) st = op_norm(w, NORM_HEADS, l, &L->qk_norm);
         prof_mark(w, 1);
         if (st == KVGEN_OK) st = kvg_vk_op_attention(w, l);
         prof_mark(w, 2);
         matmul_args wo = {.m = &L->wo, .epi = post_attn ? EPI_STORE : EPI_ADD, .in = &vm->att,
                           .out = post_attn ? &vm->f : &vm->x, .ldx = vm->ld_q, .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_lora_op(w, l, 1, &wo);
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &wo);
         if (st == KVGEN_OK && post_attn) st = op_norm(w, NORM_POST, l, &L->attn_post);
         prof_mark(w, 3);
         matmul_args gu = {.m = &L->gateup, .epi = vm->ffn_epi, .norm = &L->ffn_norm, .in = &vm->x, .out = &vm->h,
                           .ldx = vm->ld_x, .ldo = vm->ld_h, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_lora_op(w, l, 2, &gu);
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &gu);
         prof_mark(w, 4);
         matmul_args down = {.m = &L->down, .epi = post_ffn ? EPI_STORE : EPI_ADD, .in = &vm->h,
                             .out = post_ffn ? &vm->f : &vm->x, .ldx = vm->ld_h, .ldo = vm->ld_x, .ncols = w->n};
+        if (st == KVGEN_OK) st = kvg_vk_lora_op(w, l, 3, &down);
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &down);
         if (st == KVGEN_OK && post_ffn) st = op_norm(w, NORM_POST, l, &L->ffn_post);
         prof_mark(w, 5);
