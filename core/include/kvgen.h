@@ -554,7 +554,7 @@ KVGEN_API void kvgen_adapter_get_info(const kvgen_adapter *adapter, kvgen_adapte
  * Forks inherit the adapters; kvgen_session_save records them (by content hash, with their
  * scales) and kvgen_session_restore finds them among the model's loaded adapters. Refuses,
  * changing nothing: an adapter of another model, n above the limit, a non-finite scale
- * (KVGEN_E_INVALID_ARGUMENT); a backend that does not run adapters (the Vulkan backend) or a
+ * (KVGEN_E_INVALID_ARGUMENT); a backend that does not run adapters (every local one does) or a
  * remote session (KVGEN_E_UNSUPPORTED, naming it). */
 KVGEN_API kvgen_status kvgen_session_set_adapters(kvgen_session *session, const kvgen_adapter *const *adapters,
                                                   const float *scales, size_t n, kvgen_error *err);
