@@ -842,7 +842,8 @@ static void check_job_vars(void) {
                "%s: %s", bad[i], err.message);
     }
     kvgen_job_desc jtext = {.prompt = KVGEN_PROMPT_TEXT, .text = "x", .chat_vars = "{}"};
-    CHECKF(kvgen_job_submit(s, &jtext, &j1, &err) == KVGEN_E_INVALID_ARGUMENT && !j1 && strstr(err.message, "chat_vars"),
+    CHECKF(kvgen_job_submit(s, &jtext, &j1, &err) == KVGEN_E_INVALID_ARGUMENT && !j1 &&
+               strstr(err.message, "chat_vars"),
            "%s", err.message);
 
     /* a job failed before its first token (tools under a template that writes no calls): the
@@ -850,8 +851,8 @@ static void check_job_vars(void) {
     CHECK_OK(kvgen_chat_set_vars(s, "{\"npc\": \"[Old]\"}", &err));
     size_t len0 = kvgen_session_length(s);
     kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
-    kvgen_job_desc jfail = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Open", .chat_vars = "{\"npc\": \"[New]\"}",
-                            .gen = {.tools = &td}};
+    kvgen_job_desc jfail = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Open",
+                            .chat_vars = "{\"npc\": \"[New]\"}", .gen = {.tools = &td}};
     CHECK_OK(kvgen_job_submit(s, &jfail, &j1, &err));
     CHECK(j1 && job_run(j1, text, sizeof text, &tagged));
     kvgen_job_get_info(j1, &info);
