@@ -551,6 +551,8 @@ static void read_gen_prompt(lua_State *L, lsession *s, unsigned mode, const gen_
 /* The chat's variables as the options `tools` and `template_vars` make them: template_vars (an
  * object) with "tools" set to the tools given. Pushes the JSON text. */
 static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
+    /* refused by the chat as by kvgen_chat_set_vars, but named here as the option that gave them */
+    static const char *const own[] = {"messages", "add_generation_prompt", "bos_token", "eos_token"};
     char why[160];
     kvg_json *v = o->template_vars ? kvg_json_parse_ex(o->template_vars, strlen(o->template_vars), 64,
                                                        KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why)
@@ -561,6 +563,12 @@ static const char *push_chat_vars(lua_State *L, const gen_opts *o) {
         kvg_json_free(v);
         kvl_option_error(L, 3, "template_vars", "not a table of variables (a JSON object)");
     }
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++)
+        if (kvg_json_get(v, own[i])) {
+            kvg_json_free(v);
+            kvl_option_error(L, 3, "template_vars",
+                             lua_pushfstring(L, "\"%s\" is the chat's own variable and cannot be set", own[i]));
+        }
     if (o->tools && !o->gd.tools) { /* tools a reply may call are made the variable by the C call */
         kvg_json *t = kvg_json_parse_ex(o->tools, strlen(o->tools), 64, KVG_JSON_NUMBER_TEXT, NULL, NULL, why, sizeof why);
         if (!t || t->type != KVG_JSON_ARRAY) {
@@ -718,9 +726,11 @@ static int start_stream(lua_State *L, lsession *s, unsigned mode, gen_opts *o, g
 }
 
 /* s:submit / s:submit_chat / s:stream_async / s:chat_stream_async: a kvgen_job, queued on the
- * worker; returns at once. Callbacks ({on_piece=, on_done=}) are kept by the job. */
-static int start_job(lua_State *L, lsession *s, unsigned mode, gen_opts *o, const gen_prompt *p) {
-    kvgen_job_desc d = {.prompt = p->kind, .text = p->text, .text_len = p->len, .role = p->role,
+ * worker; returns at once. Callbacks ({on_piece=, on_done=}) are kept by the job; the options'
+ * chat variables (`vars`, NULL: none) go with it, set by the worker when its turn starts (the
+ * session may be busy with earlier jobs until then). */
+static int start_job(lua_State *L, lsession *s, unsigned mode, gen_opts *o, const gen_prompt *p, const char *vars) {
+    kvgen_job_desc d = {.prompt = p->kind, .text = p->text, .text_len = p->len, .role = p->role, .chat_vars = vars,
                         .tokens = p->ids, .n_tokens = p->n, .gen = o->gd, .priority = o->priority};
     if (o->on_piece || o->on_done) {
         static const char *const names[] = {"on_piece", "on_done"};
@@ -752,10 +762,15 @@ static int gen_start(lua_State *L, unsigned mode) {
     gen_prompt p;
     read_gen_prompt(L, s, mode, &o, &p);
     read_tools(L, s, mode, &o);
+    const char *vars = NULL;
     if ((o.tools && !o.gd.tools) || o.template_vars || o.thinking) {
-        /* the options' variables are in force for the turn and after it; the chat's variables as
-         * they were go back when the turn is refused */
-        const char *vars = push_chat_vars(L, &o);
+        /* the options' variables are in force for the turn and after it */
+        vars = push_chat_vars(L, &o);
+        lua_setfield(L, 4, "vars"); /* anchored until the C call copied them */
+    }
+    if (vars && !(mode & GEN_JOB)) {
+        /* set here, the chat's variables as they were going back when the turn is refused (a
+         * job's are set by the worker, which takes them back itself) */
         const char *before = kvgen_chat_vars(s->session);
         if (before) {
             lua_pushstring(L, before);
@@ -763,9 +778,8 @@ static int gen_start(lua_State *L, unsigned mode) {
         }
         kvgen_error err = {0};
         if (kvgen_chat_set_vars(s->session, vars, &err) != KVGEN_OK) return kvl_raise_status(L, &err);
-        lua_pop(L, 1);
     }
-    return (mode & GEN_JOB) ? start_job(L, s, mode, &o, &p) : start_stream(L, s, mode, &o, &p);
+    return (mode & GEN_JOB) ? start_job(L, s, mode, &o, &p, vars) : start_stream(L, s, mode, &o, &p);
 }
 
 /* s:generate([prompt [, opts]]) -> text, finish */

@@ -268,6 +268,55 @@ describe("tool calls", function()
     assert.matches("unknown option 'tools'", error_of(s.submit, s, "x", { tools = TOOLS }), 1, true)
   end)
 
+  it("a chat job queued on a busy session takes thinking and template_vars, set when its turn starts", function()
+    local THINK = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      .. "{% if add_generation_prompt %}<|im_start|>assistant{{ npc | default('') }}\n"
+      .. "{% if enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    local s <close> = m:session { context = 4096, template = { jinja = THINK } }
+    -- a turn that runs until cancelled keeps the session busy: the host may not set its variables
+    local long = s:submit_chat("Talk", { max_tokens = math.tointeger(2 ^ 31 - 1), ignore_eog = true })
+    assert.matches("is busy", error_of(s.set_chat_vars, s, { npc = "x" }), 1, true)
+    local quiet = s:submit_chat("Quiet", { thinking = false, template_vars = { npc = "[Guard]" }, max_tokens = 1 })
+    -- bad variables are refused at submit, naming the option
+    assert.matches("option 'template_vars': \"messages\" is the chat's own variable",
+      error_of(s.submit_chat, s, "x", { template_vars = { messages = {} } }), 1, true)
+    assert.matches("option 'template_vars': not a table of variables",
+      error_of(s.chat_stream_async, s, "x", { template_vars = "[1]" }), 1, true)
+    assert.matches("option 'thinking': a boolean expected",
+      error_of(s.submit_chat, s, "x", { thinking = "no" }), 1, true)
+    -- cancelled while queued, and failed at its start (tools under a template that writes no
+    -- calls): neither leaves its turn or its variables
+    local never = s:submit_chat("Never", { template_vars = { npc = "[Never]" }, max_tokens = 1 })
+    never:cancel()
+    local failing = s:submit_chat("Open", { tools = TOOLS, template_vars = { npc = "[Failed]" }, max_tokens = 1 })
+    local deadline = os.time() + 120
+    while long.state ~= "generating" do assert(os.time() < deadline, "timed out") end
+    long:cancel() -- after its first token: its turn stays
+    support.poll_to_end(long)
+    local _, qf = support.poll_to_end(quiet)
+    assert.are.equal("length", qf, quiet.error)
+    local _, ff = support.poll_to_end(failing) -- the session is the host's again
+    assert.are.equal("error", ff)
+    assert.are.equal("failed", failing.state)
+    assert.matches("tools", failing.error, 1, true)
+    assert.are.equal("cancelled", never.state)
+    -- the template saw them when the turn started
+    local text = m:detokenize(s:tokens(), { special = true })
+    local talk = "<|im_start|>user\nTalk<|im_end|>\n<|im_start|>assistant\n"
+    assert.are.equal(talk, text:sub(1, #talk))
+    local quiet_turn = "<|im_start|>user\nQuiet<|im_end|>\n<|im_start|>assistant[Guard]\n<think>\n\n</think>\n\n"
+    assert.matches(quiet_turn, text, 1, true)
+    -- the variables stay for later turns, as after s:chat
+    local again = s:submit_chat("Again", { max_tokens = 1 })
+    local _, af = support.poll_to_end(again)
+    assert.are.equal("length", af, again.error)
+    text = m:detokenize(s:tokens(), { special = true })
+    local again_turn = "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant[Guard]\n<think>\n\n</think>\n\n"
+    assert.matches(again_turn, text, 1, true)
+    for _, gone in ipairs { "Never", "Open", "[Failed]" } do assert.is_nil(text:find(gone, 1, true)) end
+    for _, j in ipairs { long, quiet, never, failing, again } do j:close() end
+  end)
+
   it("thinking_budget forces the closing tag and the reply goes on", function()
     local OPENED = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
       .. "{% if add_generation_prompt %}assistant: <think>\n{% endif %}{# </think> #}"

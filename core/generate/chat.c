@@ -1142,6 +1142,24 @@ static bool reserved_var(const kvg_json *m) {
     return false;
 }
 
+kvgen_status kvg_chat_vars_check(const char *json, const char *fn, const char *what, char **out, kvgen_error *err) {
+    *out = NULL;
+    if (!json) return KVGEN_OK;
+    kvgen_status st = KVGEN_OK;
+    kvg_json *j = read_json(json, fn, what, &st, err);
+    if (!j) return st;
+    if (j->type != KVG_JSON_OBJECT)
+        st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %s: not a JSON object: %.60s", fn, what, json);
+    for (const kvg_json *m = j->type == KVG_JSON_OBJECT ? j->child : NULL; m && st == KVGEN_OK; m = m->next)
+        if (reserved_var(m))
+            st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: %s: \"%s\" is the chat's own variable and cannot be set",
+                          fn, what, m->key);
+    if (st == KVGEN_OK && j->n && !(*out = kvg_json_print(j, NULL)))
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+    kvg_json_free(j);
+    return st;
+}
+
 kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error *err) {
     const char *fn = "kvgen_chat_set_vars";
     if (!s) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: session is NULL", fn);
@@ -1150,20 +1168,8 @@ kvgen_status kvgen_chat_set_vars(kvgen_session *s, const char *json, kvgen_error
     st = kvg_session_can(s->model, s, KVG_CAN_CHAT_TEMPLATE, fn, err);
     if (st != KVGEN_OK) return st;
     char *text = NULL;
-    if (json) {
-        kvg_json *j = read_json(json, fn, "json", &st, err);
-        if (!j) return st;
-        if (j->type != KVG_JSON_OBJECT)
-            st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "%s: json: not a JSON object: %.60s", fn, json);
-        for (const kvg_json *m = j->type == KVG_JSON_OBJECT ? j->child : NULL; m && st == KVGEN_OK; m = m->next)
-            if (reserved_var(m))
-                st = kvg_fail(err, KVGEN_E_INVALID_ARGUMENT,
-                              "%s: json: \"%s\" is the chat's own variable and cannot be set", fn, m->key);
-        if (st == KVGEN_OK && j->n && !(text = kvg_json_print(j, NULL)))
-            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
-        kvg_json_free(j);
-        if (st != KVGEN_OK) return st;
-    }
+    st = kvg_chat_vars_check(json, fn, "json", &text, err);
+    if (st != KVGEN_OK) return st;
     if (!text && !kvg_session_ext(s, &chat_ext)) return KVGEN_OK; /* nothing to remove */
     kvg_chat *c = NULL;
     st = get_chat(s, &c, err);

@@ -33,6 +33,11 @@ kvgen_status kvg_chat_mark(const kvgen_session *s, kvg_chat **mark, kvgen_error 
 void kvg_chat_return_to(kvgen_session *s, kvg_chat *mark);
 void kvg_chat_mark_free(kvg_chat *mark);
 
+/* Checks chat variables as kvgen_chat_set_vars does (JSON text of an object, none of the chat's
+ * own names; messages read "<fn>: <what>: ..."); *out gets them as compact JSON text, NULL for
+ * json NULL or an empty object (the caller frees it). */
+kvgen_status kvg_chat_vars_check(const char *json, const char *fn, const char *what, char **out, kvgen_error *err);
+
 /* kvgen_gen_begin without the logits check (chat.c): checks the desc and builds the generator
  * before the prompt goes in, so that nothing can fail once it is in. Messages name `who`. */
 kvgen_status kvg_gen_create(kvgen_session *s, const kvgen_generate_desc *desc, kvgen_gen **out, const char *who,

@@ -1011,6 +1011,9 @@ typedef struct kvgen_job_desc {
     size_t text_len;         /* 0: strlen(text) */
     unsigned tokenize_flags; /* TEXT: KVGEN_TOKENIZE_SPECIAL / KVGEN_TOKENIZE_ADD_BOS */
     const char *role;        /* CHAT: "system", "user", "assistant" or "tool"; copied */
+    const char *chat_vars;   /* CHAT: NULL (the session's stay), or the template's variables from this
+                                turn on, a JSON object as kvgen_chat_set_vars takes ("{}": none);
+                                checked and copied at submit, set when the job starts (see below) */
     const int32_t *tokens;   /* TOKENS; copied */
     size_t n_tokens;
     kvgen_generate_desc gen; /* as for kvgen_gen_begin (zero: defaults); a CHAT job's as for
@@ -1064,7 +1067,12 @@ typedef struct kvgen_job_info {
 /* A chat job (KVGEN_PROMPT_CHAT) is read as kvgen_chat_gen_begin reads its reply: gen.tools
  * offers tools (copied at submit, checked there as far as no template is needed; a session
  * whose template writes no call format fails the job, its turn taken back), and under a
- * template with think tags the reasoning stays out of the job's text. */
+ * template with think tags the reasoning stays out of the job's text. desc.chat_vars are the
+ * turn's template variables (enable_thinking, say) for a session that may be busy: the worker
+ * sets them as kvgen_chat_set_vars would (replacing the session's; gen.tools then joins them as
+ * "tools") when the job starts, after the session's earlier jobs and before the turn is rendered.
+ * They stay in force after the turn, as after kvgen_chat_set_vars and a synchronous chat; a job
+ * cancelled or failed before its first token puts the session's variables back with its turn. */
 /* The reasoning the worker has produced so far (NUL-terminated, "" when none; once the job
  * reads final, all of it, equal to kvgen_gen_reasoning's), a copy valid until the job's next
  * kvgen_job_reasoning or release; NULL for NULL or when memory runs out. */

@@ -67,6 +67,8 @@ struct kvgen_job {
     void *cons_arena;
     kvgen_tools_desc tools;  /* a chat reply's tools (gen.tools points here) */
     void *tools_arena;
+    char *vars;     /* a chat job's template variables (NULL with has_vars: none), set at its start */
+    bool has_vars;
     const void *owner;
     void *user_data;
 
@@ -247,6 +249,7 @@ static void job_free(kvgen_job *j) {
     kvgen_gen_end(j->g);
     kvg_free(j->text);
     kvg_free(j->role);
+    kvg_free(j->vars);
     kvg_free(j->tokens);
     for (int i = 0; j->stops && i < j->gen.n_stop; i++) kvg_free(j->stops[i]);
     kvg_free(j->stops);
@@ -414,6 +417,18 @@ static kvgen_status copy_prompt(kvgen_job *j, const kvgen_model *m, const kvgen_
                     (int)d->prompt);
 }
 
+/* A chat job's template variables: checked as kvgen_chat_set_vars checks them, kept compact. */
+static kvgen_status copy_vars(kvgen_job *j, const kvgen_model *m, const kvgen_job_desc *d, kvgen_error *err) {
+    if (!d->chat_vars) return KVGEN_OK;
+    if (d->prompt != KVGEN_PROMPT_CHAT)
+        return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvgen_job_submit: chat_vars: only a chat job "
+                        "(KVGEN_PROMPT_CHAT) takes them, not prompt %d", (int)d->prompt);
+    kvgen_status st = kvg_session_can(m, NULL, KVG_CAN_CHAT_TEMPLATE, "kvgen_job_submit: chat_vars", err);
+    if (st == KVGEN_OK) st = kvg_chat_vars_check(d->chat_vars, "kvgen_job_submit", "chat_vars", &j->vars, err);
+    j->has_vars = st == KVGEN_OK;
+    return st;
+}
+
 /* ---- the worker object ------------------------------------------------------------------- */
 
 static void *worker_main(void *arg);
@@ -538,6 +553,7 @@ kvgen_status kvgen_job_submit(kvgen_session *s, const kvgen_job_desc *desc, kvge
     kvgen_job *j = kvg_calloc(1, sizeof *j);
     if (!j) return kvg_fail(err, KVGEN_E_NO_MEMORY, "kvgen_job_submit: out of memory");
     kvgen_status st = copy_prompt(j, m, &d, err);
+    if (st == KVGEN_OK) st = copy_vars(j, m, &d, err);
     if (st == KVGEN_OK) st = copy_gen(j, m, &d.gen, err);
     if (st == KVGEN_OK && !(kvg_buf_add(&j->host_text, "", 0) && kvg_buf_add(&j->out, "", 0) && kvg_buf_add(&j->wout, "", 0) &&
                             kvg_buf_add(&j->reason, "", 0) && kvg_buf_add(&j->wreason, "", 0)))
@@ -981,7 +997,9 @@ static bool start_job(kvgen_job *j, kvgen_error *e) {
         if (st == KVGEN_OK) st = kvg_chat_mark(s, &j->chat_before, e);
         if (st == KVGEN_OK) {
             j->chat_saved = true;
-            if (j->gen.tools) st = kvg_chat_offer_tools(s, j->gen.tools, "kvgen job", &j->wtools, e);
+            /* the turn's variables, in place of the session's (the mark puts those back) */
+            if (j->has_vars) st = kvgen_chat_set_vars(s, j->vars, e);
+            if (st == KVGEN_OK && j->gen.tools) st = kvg_chat_offer_tools(s, j->gen.tools, "kvgen job", &j->wtools, e);
             if (st == KVGEN_OK) st = kvg_chat_begin_tokens(s, j->role, j->text, &j->prompt_toks, e);
             /* a turn that changed the rendered prefix rewound the cache to where they agree */
             j->len_before = kvgen_session_length(s);

@@ -760,6 +760,138 @@ static void check_jobs(void) {
     kvgen_model_unload(m);
 }
 
+/* A template that shows its variables: enable_thinking false writes an empty think block, npc
+ * names the assistant. */
+static const char VARS_TPL[] = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant{{ npc | default('') }}: "
+                               "{% if enable_thinking is false %}<think></think>{% endif %}{% endif %}";
+
+/* the session's tokens as text, control tokens spelled */
+static const char *session_text(const kvgen_model *m, kvgen_session *s, char *buf, size_t size) {
+    kvgen_detokenize(m, kvgen_session_tokens(s), kvgen_session_length(s), KVGEN_TOKENIZE_SPECIAL, buf, size);
+    return buf;
+}
+
+/* the session's chat variables, "(none)" when none */
+static const char *vars_of(kvgen_session *s) { return kvgen_chat_vars(s) ? kvgen_chat_vars(s) : "(none)"; }
+
+/* A chat job's chat_vars: taken on a busy session (queued behind another job of it), set when the
+ * job starts and in force for its turn and after it; bad ones refused at submit naming
+ * chat_vars; a job that fails or is cancelled before its first token puts the session's
+ * variables back. */
+static void check_job_vars(void) {
+    char *path = tu_make_model("toolcall_vars.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    free(path);
+    if (!s) {
+        kvgen_model_unload(m);
+        return;
+    }
+    kvgen_chat_template vt = {.jinja = VARS_TPL};
+    CHECK_OK(kvgen_chat_set_template(s, &vt, &err));
+    static char all[16384];
+    char text[512];
+    int tagged = 0;
+    kvgen_job_info info;
+
+    /* two turns queued back to back: the second's variables reach its turn on the busy session */
+    kvgen_job_desc first = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Hello there",
+                            .gen = {.max_tokens = 4, .ignore_eog = 1}};
+    kvgen_job_desc second = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Quiet now",
+                             .chat_vars = "{\"enable_thinking\": false, \"npc\": \"[Guard]\"}",
+                             .gen = {.max_tokens = 1, .ignore_eog = 1}};
+    kvgen_job *j1 = NULL, *j2 = NULL;
+    CHECK_OK(kvgen_job_submit(s, &first, &j1, &err));
+    CHECK_OK(kvgen_job_submit(s, &second, &j2, &err));
+    CHECK(j1 && j2 && job_run(j1, text, sizeof text, &tagged) && job_run(j2, text, sizeof text, &tagged));
+    kvgen_job_get_info(j2, &info);
+    CHECKF(info.state == KVGEN_JOB_DONE, "%s: %s", kvgen_job_state_name(info.state), info.error.message);
+    kvgen_job_release(j1);
+    kvgen_job_release(j2);
+    session_text(m, s, all, sizeof all);
+    CHECKF(strstr(all, "user: Hello there\nassistant: ") && !strstr(all, "Hello there\nassistant[Guard]") &&
+               strstr(all, "user: Quiet now\nassistant[Guard]: <think></think>"),
+           "%s", all);
+    /* in force after the turn, as after kvgen_chat_set_vars */
+    CHECKF(strcmp(vars_of(s), "{\"enable_thinking\":false,\"npc\":\"[Guard]\"}") == 0, "%s", vars_of(s));
+    /* "{}" removes them for the next turn */
+    kvgen_job_desc plain = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Speak", .chat_vars = "{}",
+                            .gen = {.max_tokens = 1, .ignore_eog = 1}};
+    CHECK_OK(kvgen_job_submit(s, &plain, &j1, &err));
+    CHECK(j1 && job_run(j1, text, sizeof text, &tagged));
+    kvgen_job_release(j1);
+    session_text(m, s, all, sizeof all);
+    CHECKF(strstr(all, "user: Speak\nassistant: ") && !strstr(all, "Speak\nassistant: <think>"), "%s", all);
+    CHECK(kvgen_chat_vars(s) == NULL);
+
+    /* refused at submit as kvgen_chat_set_vars refuses them, naming chat_vars */
+    static const char *const bad[] = {"[1]", "{\"messages\": []}", "{\"npc\": ", "{\"add_generation_prompt\": 1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kvgen_job_desc jb = plain;
+        jb.chat_vars = bad[i];
+        kvgen_job *none = NULL;
+        CHECKF(kvgen_job_submit(s, &jb, &none, &err) == KVGEN_E_INVALID_ARGUMENT && !none &&
+                   strstr(err.message, "kvgen_job_submit: chat_vars: "),
+               "%s: %s", bad[i], err.message);
+    }
+    kvgen_job_desc jtext = {.prompt = KVGEN_PROMPT_TEXT, .text = "x", .chat_vars = "{}"};
+    CHECKF(kvgen_job_submit(s, &jtext, &j1, &err) == KVGEN_E_INVALID_ARGUMENT && !j1 &&
+               strstr(err.message, "chat_vars"),
+           "%s", err.message);
+
+    /* a job failed before its first token (tools under a template that writes no calls): the
+     * session's variables back */
+    CHECK_OK(kvgen_chat_set_vars(s, "{\"npc\": \"[Old]\"}", &err));
+    size_t len0 = kvgen_session_length(s);
+    kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
+    kvgen_job_desc jfail = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Open",
+                            .chat_vars = "{\"npc\": \"[New]\"}", .gen = {.tools = &td}};
+    CHECK_OK(kvgen_job_submit(s, &jfail, &j1, &err));
+    CHECK(j1 && job_run(j1, text, sizeof text, &tagged));
+    kvgen_job_get_info(j1, &info);
+    CHECKF(info.state == KVGEN_JOB_FAILED && info.error.status == KVGEN_E_UNSUPPORTED, "%s: %s",
+           kvgen_job_state_name(info.state), info.error.message);
+    kvgen_job_release(j1);
+    CHECK(kvgen_session_length(s) == len0);
+    CHECKF(strcmp(vars_of(s), "{\"npc\":\"[Old]\"}") == 0, "%s", vars_of(s));
+
+    /* cancelled while its prompt is prefilled: the turn and the variables taken back */
+    char long_text[3000];
+    for (size_t i = 0; i < sizeof long_text - 1; i++) long_text[i] = "abc defg hij "[i % 13];
+    long_text[sizeof long_text - 1] = 0;
+    kvgen_jobs_desc slow = {.prefill_chunk = 2};
+    CHECK_OK(kvgen_jobs_configure(m, &slow, &err));
+    kvgen_job_desc jlong = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = long_text,
+                            .chat_vars = "{\"enable_thinking\": false}", .gen = {.max_tokens = 4}};
+    CHECK_OK(kvgen_job_submit(s, &jlong, &j1, &err));
+    for (long i = 0; i < 600000; i++) {
+        kvgen_job_get_info(j1, &info);
+        if (info.state != KVGEN_JOB_QUEUED) break;
+        pause_ms(1);
+    }
+    kvgen_job_cancel(j1);
+    CHECK(job_run(j1, text, sizeof text, &tagged));
+    kvgen_job_get_info(j1, &info);
+    CHECK(info.state == KVGEN_JOB_CANCELLED);
+    if (info.n_tokens == 0) {
+        CHECK(kvgen_session_length(s) == len0);
+        CHECKF(strcmp(vars_of(s), "{\"npc\":\"[Old]\"}") == 0, "%s", vars_of(s));
+    } else {
+        printf("note: the job made %d tokens before its cancel was seen; rollback not checked this run\n",
+               info.n_tokens);
+    }
+    kvgen_job_release(j1);
+    kvgen_session_close(s);
+    kvgen_model_unload(m);
+}
+
 /* what the reply callback was given (a stand-in for the chat's) */
 static char g_reply_content[256], g_reply_calls[256];
 static int g_replies;
@@ -840,6 +972,7 @@ int main(void) {
     check_stream();
     check_stream_auto();
     check_jobs();
+    check_job_vars();
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_TOOL_CALLS), "tool_calls") == 0);
     CHECK(strcmp(kvgen_finish_name(KVGEN_FINISH_BAD_TOOL_CALL), "bad_tool_call") == 0);
     return tu_finish("test_toolcall");
