@@ -251,6 +251,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         break;
     }
     vm->neox = m->w.rope == KVG_ROPE_NEOX;
+    vm->kv_q8 = m->kv_type == KVG_TYPE_Q8_0;
     vm->embd_scale = m->w.embd_scale;
     vm->attn_softcap = hp->attn_softcap;
     vm->final_softcap = hp->final_softcap;
