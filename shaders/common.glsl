@@ -67,6 +67,7 @@ layout(push_constant) uniform PC {
     uint flags;     // epilogue options (EPI_F_* in epilogue.glsl)
     float cap;      // store mode: soft-capping of the results, cap * tanh(v / cap) (0: none)
     uint ldd;       // EPI_F_LORA: the delta's stride per token (floats)
+    uint kv_raw;    // qkv mode, q8_0 pages (KV_Q8): where token t's raw K|V go (kv_store.comp)
 } pc;
 #endif
 

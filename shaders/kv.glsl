@@ -106,6 +106,88 @@ float kv_load1(kv_ref r, uint d) {
     return uintBitsToFloat(kv_word(r.slab, i));
 }
 
+// q8_0 blocks as 17 half-words (the scale, then the int8 pairs) at byte b (even), b = r.e +
+// blk * 34 of a row. Writes: the words a block holds whole are stored plainly; the one it shares
+// with a neighbouring block (or row) gets its half through two atomics on disjoint bits, so
+// blocks stored by concurrent invocations never lose each other's bytes.
+void kv_q8_get(uint slab, uint b, out uint hw[17]) {
+    uint w0 = b >> 2;
+    if ((b & 2u) == 0u) {
+        [[unroll]] for (uint k = 0u; k < 8u; k++) {
+            uint x = kv_word(slab, w0 + k);
+            hw[2u * k] = x & 0xffffu;
+            hw[2u * k + 1u] = x >> 16;
+        }
+        hw[16] = kv_word(slab, w0 + 8u) & 0xffffu;
+    } else {
+        hw[0] = kv_word(slab, w0) >> 16;
+        [[unroll]] for (uint k = 0u; k < 8u; k++) {
+            uint x = kv_word(slab, w0 + 1u + k);
+            hw[1u + 2u * k] = x & 0xffffu;
+            hw[2u + 2u * k] = x >> 16;
+        }
+    }
+}
+
+void kv_set_half(uint slab, uint i, bool high, uint v) {
+    uint keep = high ? 0xffffu : 0xffff0000u, bits = high ? v << 16 : v;
+    if (NSLAB == 1u) {
+        atomicAnd(kvs[0].w[i], keep);
+        atomicOr(kvs[0].w[i], bits);
+        return;
+    }
+    switch (slab) {
+    case 0u: atomicAnd(kvs[0].w[i], keep); atomicOr(kvs[0].w[i], bits); break;
+    case 1u: atomicAnd(kvs[1].w[i], keep); atomicOr(kvs[1].w[i], bits); break;
+    case 2u: atomicAnd(kvs[2].w[i], keep); atomicOr(kvs[2].w[i], bits); break;
+    case 3u: atomicAnd(kvs[3].w[i], keep); atomicOr(kvs[3].w[i], bits); break;
+    case 4u: atomicAnd(kvs[4].w[i], keep); atomicOr(kvs[4].w[i], bits); break;
+    case 5u: atomicAnd(kvs[5].w[i], keep); atomicOr(kvs[5].w[i], bits); break;
+    case 6u: atomicAnd(kvs[6].w[i], keep); atomicOr(kvs[6].w[i], bits); break;
+    default: atomicAnd(kvs[7].w[i], keep); atomicOr(kvs[7].w[i], bits); break;
+    }
+}
+
+void kv_q8_put(uint slab, uint b, uint hw[17]) {
+    uint w0 = b >> 2;
+    if ((b & 2u) == 0u) {
+        [[unroll]] for (uint k = 0u; k < 8u; k++) kv_set_word(slab, w0 + k, hw[2u * k] | (hw[2u * k + 1u] << 16));
+        kv_set_half(slab, w0 + 8u, false, hw[16]);
+    } else {
+        kv_set_half(slab, w0, true, hw[0]);
+        [[unroll]] for (uint k = 0u; k < 8u; k++)
+            kv_set_word(slab, w0 + 1u + k, hw[1u + 2u * k] | (hw[2u + 2u * k] << 16));
+    }
+}
+
+// block blk of the row at r as 32 floats
+void kv_q8_load_block(kv_ref r, uint blk, out float x[32]) {
+    uint hw[17];
+    kv_q8_get(r.slab, r.e + blk * 34u, hw);
+    float d = unpackHalf2x16(hw[0]).x;
+    [[unroll]] for (uint k = 0u; k < 16u; k++) {
+        int p = int(hw[1u + k]);
+        x[2u * k] = float(bitfieldExtract(p, 0, 8)) * d;
+        x[2u * k + 1u] = float(bitfieldExtract(p, 8, 8)) * d;
+    }
+}
+
+// quantizes 32 floats into block blk of the row at r as GGUF's Q8_0 (and the host, quant.c):
+// d = amax / 127, q = round(x / d) half away from zero
+void kv_q8_store_block(kv_ref r, uint blk, float x[32]) {
+    float amax = 0.0;
+    [[unroll]] for (uint k = 0u; k < 32u; k++) amax = max(amax, abs(x[k]));
+    float d = amax / 127.0, id = d != 0.0 ? 1.0 / d : 0.0;
+    uint hw[17];
+    hw[0] = packHalf2x16(vec2(d, 0.0));
+    [[unroll]] for (uint k = 0u; k < 16u; k++) {
+        vec2 v = vec2(x[2u * k], x[2u * k + 1u]) * id;
+        ivec2 q = ivec2(clamp(sign(v) * floor(abs(v) + 0.5), -127.0, 127.0));
+        hw[1u + k] = (uint(q.x) & 0xffu) | ((uint(q.y) & 0xffu) << 8);
+    }
+    kv_q8_put(r.slab, r.e + blk * 34u, hw);
+}
+
 // f16 / f32 only: a q8_0 block is quantized whole (its scale is the block's largest magnitude)
 void kv_store2(kv_ref r, uint d, vec2 v) {
     if (KV_Q8 != 0u) return;

@@ -93,6 +93,288 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     free(k); free(v); free(kq); free(vq); free(q); free(out); free(s); free(want); free(exact);
 }
 
+/* ---- whole models ------------------------------------------------------------------------- */
+
+static kvgen_model *load(const char *path, const char *kv_type, kvgen_backend backend) {
+    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 2, .kv_type = kv_type,
+                           .kv_pool_tokens = 4096};
+    return tu_load(&md);
+}
+
+static kvgen_session *open_session(kvgen_model *m, const kvgen_session_desc *desc) {
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    kvgen_session_desc sd = {.n_ctx = 512};
+    if (desc) sd = *desc;
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) fprintf(stderr, "session: %s\n", err.message);
+    return s;
+}
+
+static int vocab_of(const kvgen_model *m) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    return info.n_vocab;
+}
+
+/* max |a - b| over n floats as a share of b's range */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    if (!a || !b) return INFINITY;
+    float lo = b[0], hi = b[0];
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        lo = fminf(lo, b[i]);
+        hi = fmaxf(hi, b[i]);
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    }
+    return hi > lo ? d / (double)(hi - lo) : d;
+}
+
+enum { N_PRE = 100, N_DEC = 16 };
+
+/* every prefill position's logits, then N_DEC decodes' */
+static float *run_logits(kvgen_model *m, const int32_t *t) {
+    int V = vocab_of(m);
+    float *out = malloc((size_t)(N_PRE + N_DEC) * V * sizeof *out);
+    kvgen_session *s = open_session(m, NULL);
+    kvgen_error err = {0};
+    if (!out || !s) {
+        kvgen_session_close(s);
+        free(out);
+        return NULL;
+    }
+    CHECK_OK(kvgen_session_prefill(s, t, N_PRE, out, &err));
+    for (int i = 0; i < N_DEC; i++) {
+        CHECK_OK(kvgen_session_decode(s, t[N_PRE + i], &err));
+        memcpy(out + (size_t)(N_PRE + i) * V, kvgen_session_logits(s), (size_t)V * sizeof *out);
+    }
+    kvgen_session_close(s);
+    return out;
+}
+
+static double worst_rows(const float *a, const float *b, int rows, int V) {
+    double d = 0.0;
+    for (int r = 0; a && b && r < rows; r++) d = fmax(d, rel_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V));
+    return a && b ? d : INFINITY;
+}
+
+/* Vulkan's q8_0 pages against the cpu backend's q8_0 pages (the same quantization of nearly the
+ * same K/V: they differ where a K/V value's rounding tips a q over), the reference's f32 and
+ * Vulkan's own f16 pages, as shares of the other's logit range */
+static void test_logits(const char *path, const char *what) {
+    kvgen_model *vq = load(path, "q8_0", KVGEN_BACKEND_VULKAN), *cq = load(path, "q8_0", KVGEN_BACKEND_CPU);
+    kvgen_model *ref = load(path, NULL, KVGEN_BACKEND_REFERENCE), *vh = load(path, "f16", KVGEN_BACKEND_VULKAN);
+    if (vq && cq && ref && vh) {
+        int V = vocab_of(vq), rows = N_PRE + N_DEC;
+        int32_t t[N_PRE + N_DEC];
+        tu_fill_tokens(t, N_PRE + N_DEC, 7, V);
+        float *a = run_logits(vq, t), *b = run_logits(cq, t), *c = run_logits(ref, t), *d = run_logits(vh, t);
+        double to_cpu = worst_rows(a, b, rows, V), to_ref = worst_rows(a, c, rows, V);
+        double to_f16 = worst_rows(a, d, rows, V), cpu_to_ref = worst_rows(b, c, rows, V);
+        printf("%s: vulkan q8_0 logits within %.4f of the cpu's q8_0, %.4f of the reference's f32 (cpu q8_0: %.4f), "
+               "%.4f of vulkan f16 (shares of the range)\n", what, to_cpu, to_ref, cpu_to_ref, to_f16);
+        CHECKF(to_cpu <= 0.02, "%s: vulkan q8_0 %.4g of the range from the cpu's q8_0", what, to_cpu);
+        CHECKF(to_ref <= 0.02, "%s: vulkan q8_0 %.4g of the range from the reference", what, to_ref);
+        CHECKF(to_f16 > 0.0, "%s: vulkan q8_0 gives f16's logits", what);
+        free(a); free(b); free(c); free(d);
+    }
+    kvgen_model_unload(vq); kvgen_model_unload(cq); kvgen_model_unload(ref); kvgen_model_unload(vh);
+}
+
+/* 34 bytes for 32 elements of 2, in the pool and in a session's cache */
+static void test_bytes(const char *path) {
+    kvgen_model *m[2] = {load(path, NULL, KVGEN_BACKEND_VULKAN), load(path, "q8_0", KVGEN_BACKEND_VULKAN)};
+    if (!m[0] || !m[1]) goto done;
+    kvgen_pool_info pi[2];
+    kvgen_cache_info ci[2];
+    int32_t t[70];
+    tu_fill_tokens(t, 70, 3, vocab_of(m[0]));
+    for (int i = 0; i < 2; i++) {
+        kvgen_model_pool_info(m[i], &pi[i]);
+        kvgen_session *s = open_session(m[i], NULL);
+        kvgen_error err = {0};
+        CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
+        kvgen_session_cache_info(s, &ci[i]);
+        CHECK(ci[i].bytes_per_token == pi[i].bytes_per_token && ci[i].bytes == 70 * ci[i].bytes_per_token);
+        kvgen_session_close(s);
+    }
+    CHECKF(ci[1].bytes_per_token * 64 == ci[0].bytes_per_token * 34, "q8_0: %zu bytes a token, f16 %zu",
+           ci[1].bytes_per_token, ci[0].bytes_per_token);
+    printf("bytes per token: f16 %zu, q8_0 %zu\n", ci[0].bytes_per_token, ci[1].bytes_per_token);
+done:
+    kvgen_model_unload(m[0]);
+    kvgen_model_unload(m[1]);
+}
+
+/* logits of a fresh session of m (no prefix reuse) that runs s's tokens from position 0 */
+static double diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *what, double tol) {
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
+    kvgen_session *o = open_session(m, &sd);
+    if (!o) return INFINITY;
+    CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), kvgen_session_length(s), NULL, &err));
+    double d = rel_diff(kvgen_session_logits(s), kvgen_session_logits(o), (size_t)vocab_of(m));
+    printf("%s: logits within %.3g of a recomputation\n", what, d);
+    CHECKF(d <= tol, "%s: logits %.3g of the range from a recomputation of its %zu tokens", what, d,
+           kvgen_session_length(s));
+    kvgen_session_close(o);
+    return d;
+}
+
+/* A recomputation runs the K/V through other kernels (a prefill chunk where the session ran
+ * decodes): a value that rounds to another q shows, so the tolerance is q8_0's, not f16's. */
+#define OPS_TOL 0.02
+
+static void test_fork_rewind(kvgen_model *m) {
+    kvgen_error err = {0};
+    int V = vocab_of(m);
+    int32_t t[200];
+    tu_fill_tokens(t, 200, 11, V);
+    kvgen_session *p = open_session(m, NULL), *c = NULL;
+    if (!p) return;
+    CHECK_OK(kvgen_session_prefill(p, t, 100, NULL, &err));
+    CHECK_OK(kvgen_session_fork(p, &c, &err));
+    if (c) {
+        /* the child writes into the shared partial page: copy on write keeps the parent's rows */
+        CHECK_OK(kvgen_session_decode(c, t[150], &err));
+        CHECK_OK(kvgen_session_decode(p, t[100], &err));
+        CHECK_OK(kvgen_session_prefill(p, t + 101, 20, NULL, &err));
+        CHECK_OK(kvgen_session_prefill(c, t + 151, 30, NULL, &err));
+        diff_to_fresh(m, p, "fork parent", OPS_TOL);
+        diff_to_fresh(m, c, "fork child", OPS_TOL);
+    }
+    kvgen_session_close(c);
+    /* rewind into the middle of a page and run other tokens: the same logits as without the detour */
+    float *before = malloc((size_t)V * sizeof *before);
+    CHECK_OK(kvgen_session_rewind(p, kvgen_session_length(p) - 70, &err));
+    CHECK_OK(kvgen_session_prefill(p, t + 160, 25, NULL, &err));
+    if (before) memcpy(before, kvgen_session_logits(p), (size_t)V * sizeof *before);
+    CHECK_OK(kvgen_session_rewind(p, 12, &err));
+    CHECK_OK(kvgen_session_prefill(p, t + 173, 12, NULL, &err));
+    double d = before ? rel_diff(kvgen_session_logits(p), before, (size_t)V) : INFINITY;
+    CHECKF(d == 0.0, "rewind: logits %.3g from the same tokens without the detour", d);
+    free(before);
+    kvgen_session_close(p);
+}
+
+/* A context shift re-rotates the kept keys in the pages (dequantize, rotate, quantize): the first
+ * layer's keys within two quantization steps of the largest key of those a recomputation at the
+ * new positions stores, the logits within q8_0's tolerance of the same shift on f16 pages. */
+static void test_shift(kvgen_model *m, kvgen_model *f16) {
+    kvgen_error err = {0};
+    int32_t t[100];
+    tu_fill_tokens(t, 100, 5, vocab_of(m));
+    kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 8};
+    kvgen_session *s = open_session(m, &sd), *o = NULL;
+    if (!s) return;
+    CHECK_OK(kvgen_session_prefill(s, t, 64, NULL, &err));
+    CHECK_OK(kvgen_session_decode(s, t[64], &err));
+    kvgen_cache_info ci;
+    kvgen_session_cache_info(s, &ci);
+    CHECKF(ci.shifts == 1 && ci.length == 37, "shift: %zu shifts, length %zu", ci.shifts, ci.length);
+    kvgen_session_desc od = {.n_ctx = 64, .no_prefix_reuse = 1};
+    o = open_session(m, &od);
+    if (!o) goto done;
+    CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), ci.length, NULL, &err));
+    size_t nf = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
+    float *a = malloc(nf * sizeof *a), *b = malloc(nf * sizeof *b);
+    if (a && b) {
+        CHECK_OK(kvgen_session_read_cache(s, 0, 0, a, nf, &err));
+        CHECK_OK(kvgen_session_read_cache(o, 0, 0, b, nf, &err));
+        double d = 0.0, amax = 0.0;
+        for (size_t i = 0; i < nf; i++) {
+            d = fmax(d, fabs((double)a[i] - b[i]));
+            amax = fmax(amax, fabs((double)b[i]));
+        }
+        double step = amax / 127.0;
+        printf("shift: re-rotated keys within %.2f steps of the recomputed ones\n", d / step);
+        CHECKF(d <= 2.0 * step, "shift: layer 0 keys %.3g from the recomputation (step %.3g)", d, step);
+    }
+    free(a);
+    free(b);
+    kvgen_session *h = open_session(f16, &sd);
+    if (h) {
+        CHECK_OK(kvgen_session_prefill(h, t, 64, NULL, &err));
+        CHECK_OK(kvgen_session_decode(h, t[64], &err));
+        double d = 0.0;
+        for (int i = 0; i < 8; i++) {
+            CHECK_OK(kvgen_session_decode(s, t[70 + i], &err));
+            CHECK_OK(kvgen_session_decode(h, t[70 + i], &err));
+            d = fmax(d, rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)vocab_of(m)));
+        }
+        printf("shift: logits within %.4f of the range of the same shift on f16 pages\n", d);
+        CHECKF(d <= 0.02, "shift: logits %.3g of the range from the same shift on f16 pages", d);
+        kvgen_session_close(h);
+    }
+    for (int i = 0; i < 60; i++) CHECK_OK(kvgen_session_decode(s, t[i], &err));
+    CHECK(kvgen_session_length(s) <= 64);
+done:
+    kvgen_session_close(o);
+    kvgen_session_close(s);
+}
+
+/* A session saved from q8_0 pages holds the dequantized K/V as f32: restored into Vulkan q8_0
+ * pages it is the same pages (the same next logits), into the cpu backend's q8_0 pages within
+ * the backends' difference */
+static void test_save_restore(kvgen_model *vq, kvgen_model *cq) {
+    kvgen_error err = {0};
+    int V = vocab_of(vq);
+    int32_t t[90];
+    tu_fill_tokens(t, 90, 17, V);
+    char *file = tu_tmpfile("vk_kv_q8.session");
+    kvgen_session *s = open_session(vq, NULL), *r = NULL;
+    if (!file || !s) goto done;
+    CHECK_OK(kvgen_session_prefill(s, t, 80, NULL, &err));
+    CHECK_OK(kvgen_session_save(s, file, &err));
+    CHECK_OK(kvgen_session_decode(s, t[80], &err));
+    kvgen_model *into[2] = {vq, cq};
+    const double tol[2] = {0.0, 0.02};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(kvgen_session_restore(into[k], file, &r, &err));
+        if (!r) continue;
+        CHECK_OK(kvgen_session_decode(r, t[80], &err));
+        double d = rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
+        printf("saved from vulkan q8_0, restored into %s q8_0: next logits within %.4f\n", k ? "cpu" : "vulkan", d);
+        CHECKF(d <= tol[k], "restored into %s: next logits %.4g of the range apart", k ? "cpu" : "vulkan", d);
+        kvgen_session_close(r);
+        r = NULL;
+    }
+done:
+    kvgen_session_close(s);
+    free(file);
+}
+
+static void test_models(void) {
+    /* grouped-query attention, head_dim 32 (34-byte rows) */
+    char *gqa = tu_make_model("vk-kv-gqa.gguf", "--seed 41 --layers 2 --embd 128 --ff 192 --heads 4 --kv-heads 2 "
+                                                "--ctx 1024");
+    /* local layers with a window of 16, neox RoPE, Q/K norms (the heads op writes the raw K|V) */
+    char *swa = tu_make_model("vk-kv-swa.gguf", "--arch gemma3 --qk-norm --post-norms --swa 16 --layers 4 --embd 64 "
+                                                "--heads 4 --kv-heads 2 --head-dim 32 --ff 96 --ctx 1024 --seed 43");
+    /* head_dim 64 */
+    char *wide = tu_make_model("vk-kv-wide.gguf", "--seed 47 --layers 2 --embd 128 --ff 192 --heads 2 --kv-heads 1 "
+                                                  "--ctx 1024");
+    CHECK(gqa && swa && wide);
+    if (!gqa || !swa || !wide) return;
+    test_logits(gqa, "gqa");
+    test_logits(swa, "swa");
+    test_logits(wide, "head_dim 64");
+    test_bytes(gqa);
+    kvgen_model *vq = load(gqa, "q8_0", KVGEN_BACKEND_VULKAN), *vh = load(gqa, "f16", KVGEN_BACKEND_VULKAN);
+    kvgen_model *cq = load(gqa, "q8_0", KVGEN_BACKEND_CPU);
+    if (vq && vh && cq) {
+        test_fork_rewind(vq);
+        test_shift(vq, vh);
+        test_save_restore(vq, cq);
+    }
+    kvgen_model_unload(vq);
+    kvgen_model_unload(vh);
+    kvgen_model_unload(cq);
+    free(gqa);
+    free(swa);
+    free(wide);
+}
+
 int main(void) {
     int n_dev = 0;
     kvgen_error err = {0};
@@ -116,6 +398,7 @@ int main(void) {
     check_attention(ctx, 4, 2, 96, 50, 1, 1, 1, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);
+    test_models();
     printf("q8_0 pages: worst |vulkan - double on the dequantized K/V| %.3g (tolerance 2e-4); "
            "against the unquantized K/V %.3g\n", worst_q8, worst_f32);
     return tu_finish("test_vk_kv_q8");

@@ -358,14 +358,16 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
                          .src_pos = (uint32_t)(s0 % P),
                          .dst_pos = (uint32_t)(d0 % P),
                          .kv_page = kv_elems(vm, group),
-                         .kv_v = (uint32_t)(hp->n_head_kv * P * hp->head_dim),
+                         .kv_v = (uint32_t)(hp->n_head_kv * P) * kvg_vk_kv_row_units(vm),
                          .n_rot = (uint32_t)hp->n_rot,
                          .cs_off = 2 * KV_OPS_PAGES,
                          .rope = rope_delta != 0};
         if (st == KVGEN_OK) st = kvg_vk_check(vkResetCommandBuffer(vm->ops_cb, 0), err, "vkResetCommandBuffer");
         if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
         if (st == KVGEN_OK) {
-            uint32_t groups = (uint32_t)(((size_t)c * (size_t)(hp->head_dim / 2) + 63) / 64);
+            /* an invocation per (position, element pair), or per (position, block) of q8_0 pages */
+            size_t per_pos = (size_t)hp->head_dim / (vm->kv_q8 ? 32 : 2);
+            uint32_t groups = (uint32_t)(((size_t)c * per_pos + 63) / 64);
             kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);
             kvg_vk_cmd_barrier(vm->ops_cb);
             kvg_vk_cmd_host_barrier(vm->ops_cb);
