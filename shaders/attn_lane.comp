@@ -67,7 +67,7 @@ const uint MINCHUNK = 32u;
     KVG_LOAD_ROW4(r, w) \
     if (KV_Q8 != 0u) { \
         uint q8o = ((r).e & 15u) >> 2, q8h = (r).e & 2u; \
-        uint q8r[NH + 1u], q8w[NH]; \
+        uint q8r[NH + 1u], q8w[NH + 1u]; /* (+ 1: no empty array where HD < 32, KV_Q8 = 0) */ \
         [[unroll]] for (uint rk = 0u; rk <= NH; rk++) \
             q8r[rk] = q8o == 0u ? Q8_W(w, rk) : q8o == 1u ? Q8_W(w, rk + 1u) \
                     : q8o == 2u ? Q8_W(w, rk + 2u) : Q8_W(w, rk + 3u); \

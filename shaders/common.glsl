@@ -10,7 +10,7 @@
 //   3 output   activations, f32
 //   4 norm     RMSNorm weight (f32, zero-padded)
 //   5 KV pool  the paged KV pool's slabs (an array of up to 8 buffers; f16 pairs packed in
-//              uint or f32 bits; see kv.glsl)
+//              uint, f32 bits or q8_0 blocks; see kv.glsl)
 //   6 bias     the QKV projection's biases (epilogue.glsl, flag EPI_F_BIAS), else unused (the
 //              dummy buffer)
 //   7 aux      RoPE cos/sin table (one per distinct RoPE base and scale of the layers), or

@@ -1,10 +1,16 @@
 /* test_vk_kv_q8.c: the Vulkan backend's q8_0 K/V pages (blocks of 32 elements: an f16 scale and
- * 32 int8, 34 bytes, so rows start at any even byte). Both attention kernels (cooperative, and
- * attn_lane.comp for CPU devices) read a one-layer pool of q8_0 pages written through the pool's
- * own page writes (which quantize as the cpu backend does), every slot outside the session with
- * NaN scales; each output is compared, in double, with attention over the same K/V quantized
- * and dequantized on the host (tolerance 2e-4, as test_vk_kernels for f16 pages) and, as a
- * bound on what quantizing costs, over the unquantized K/V (printed). */
+ * 32 int8, 34 bytes, so rows start at any even byte). Kernels: both attention kernels
+ * (cooperative, and attn_lane.comp for CPU devices) read a one-layer pool of q8_0 pages written
+ * through the pool's own page writes (which quantize as the cpu backend does), every slot
+ * outside the session with NaN scales; each output is compared, in double, with attention over
+ * the same K/V quantized and dequantized on the host (tolerance 2e-4, as test_vk_kernels for f16
+ * pages) and, as a bound on what quantizing costs, over the unquantized K/V (printed). Models
+ * (random, head_dim 32 and 64, one with sliding-window layers and Q/K norms): logits of prefill
+ * and decode against the cpu backend's q8_0 pages and the reference's f32 (within 0.02 of the
+ * logit range), bytes per token, fork, rewind, context shift (keys re-rotated in the pages),
+ * save/restore (into Vulkan q8_0: the same logits; into the cpu's q8_0: within 0.02); fork, rewind
+ * and shift again on a pool spread over all 8 slabs. With
+ * KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -176,6 +182,7 @@ static void test_logits(const char *path, const char *what) {
         CHECKF(to_cpu <= 0.02, "%s: vulkan q8_0 %.4g of the range from the cpu's q8_0", what, to_cpu);
         CHECKF(to_ref <= 0.02, "%s: vulkan q8_0 %.4g of the range from the reference", what, to_ref);
         CHECKF(to_f16 > 0.0, "%s: vulkan q8_0 gives f16's logits", what);
+        CHECK(kvg_vk_validation_count(kvg_vk_model_ctx(vq)) == 0);
         free(a); free(b); free(c); free(d);
     }
     kvgen_model_unload(vq); kvgen_model_unload(cq); kvgen_model_unload(ref); kvgen_model_unload(vh);
@@ -344,6 +351,31 @@ done:
     free(file);
 }
 
+/* every slab holds 2 pages (a forced small maxStorageBufferRange): the pool of 16 spans all 8
+ * buffers, so the kernels' slab switch (and the atomics of the shared words) run on every slab */
+static void test_slabs(const char *path, kvgen_model *f16) {
+    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .kv_type = "q8_0",
+                          .kv_pool_tokens = 16 * 32};
+    kvgen_model *probe = tu_load(&d);
+    if (!probe) return;
+    kvgen_pool_info pi;
+    kvgen_model_pool_info(probe, &pi);
+    kvgen_model_unload(probe);
+    char lim[32];
+    snprintf(lim, sizeof lim, "%zu", 2 * pi.bytes_per_page + pi.bytes_per_page / 2);
+    setenv("KVGEN_VK_MAX_PART", lim, 1);
+    kvgen_model *m = tu_load(&d);
+    if (m) {
+        kvgen_model_pool_info(m, &pi);
+        CHECK(pi.pages_total == 16);
+        test_fork_rewind(m);
+        test_shift(m, f16);
+        CHECK(kvg_vk_validation_count(kvg_vk_model_ctx(m)) == 0);
+        kvgen_model_unload(m);
+    }
+    unsetenv("KVGEN_VK_MAX_PART");
+}
+
 static void test_models(void) {
     /* grouped-query attention, head_dim 32 (34-byte rows) */
     char *gqa = tu_make_model("vk-kv-gqa.gguf", "--seed 41 --layers 2 --embd 128 --ff 192 --heads 4 --kv-heads 2 "
@@ -366,6 +398,8 @@ static void test_models(void) {
         test_fork_rewind(vq);
         test_shift(vq, vh);
         test_save_restore(vq, cq);
+        CHECK(kvg_vk_validation_count(kvg_vk_model_ctx(vq)) == 0);
+        test_slabs(gqa, vh);
     }
     kvgen_model_unload(vq);
     kvgen_model_unload(vh);

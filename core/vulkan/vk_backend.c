@@ -363,7 +363,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
     /* q8_0 pages: the step's raw K|V after its Q (vk_model.kv_raw), for a chunk or a batch */
-    size_t raw_tokens = C > 3 * BATCH_MAX ? C : 3 * BATCH_MAX;
+    size_t raw_tokens = C > BATCH_MAX ? C : BATCH_MAX;
     size_t raw = vm->kv_q8 ? raw_tokens * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim : 0;
     vm->kv_raw = C * vm->ld_q;
     if (st == KVGEN_OK)
