@@ -6,8 +6,8 @@
 // earlier round of the same dispatch wrote), re-rotating K by a position change (context shift:
 // RoPE rotations add, so rotating a cached key by delta gives the key at pos + delta).
 // Dispatch: (ceil(n * hd/2 / 64), 1, 1) x 64. Invocation: one (position i, element pair d) of
-// every layer and KV head (n_layer * n_kv loop iterations). q8_0 pages (KV_Q8): (ceil(n * hd/32
-// / 64), 1, 1) x 64, one (position, block) each: a block moves as its 34 bytes, or, K rotated,
+// every layer and KV head (n_layer * n_kv loop iterations). Block pages (KV_BLOCK, q8_0 / q4_0):
+// (ceil(n * hd/32 / 64), 1, 1) x 64, one (position, block) each: a block moves as its bytes, or, K rotated,
 // is dequantized, rotated in f32 and quantized again with a fresh scale (as the cpu backend).
 // Bindings: 5 the paged pool's slabs, 10 the tables (source at src_tab, destination at dst_tab)
 // and, from cs_off, cos/sin of delta * theta_i as float bits, n_rot / 2 pairs per layer (each
@@ -25,7 +25,7 @@ layout(push_constant) uniform PC {
 
 #include "kv.glsl"
 
-void copy_q8() {
+void copy_blocks() {
     uint nb = pc.hd / 32u;
     uint gid = gl_GlobalInvocationID.x;
     uint i = gid / nb, blk = gid % nb;
@@ -39,7 +39,7 @@ void copy_q8() {
                 kv_ref t = kv_locate(pc.dst_tab, layer_off, pc.kv_v, pc.kv_page, pc.hd, kv == 0u, h, pc.dst_pos + i);
                 if (kv == 0u && rot) {
                     float x[32];
-                    kv_q8_load_block(s, blk, x);
+                    kv_blk_load(s, blk, x);
                     [[unroll]] for (uint k = 0u; k < 16u; k++) {
                         uint d = blk * 32u + 2u * k;
                         if (d < pc.n_rot) {
@@ -50,11 +50,11 @@ void copy_q8() {
                             x[2u * k + 1u] = a * cs.y + b * cs.x;
                         }
                     }
-                    kv_q8_store_block(t, blk, x);
+                    kv_blk_store(t, blk, x);
                 } else {
                     uint hw[17];
-                    kv_q8_get(s.slab, s.e + blk * 34u, hw);
-                    kv_q8_put(t.slab, t.e + blk * 34u, hw);
+                    kv_blk_get(s.slab, s.e + blk * KV_BLOCK, hw);
+                    kv_blk_put(t.slab, t.e + blk * KV_BLOCK, hw);
                 }
             }
         }
@@ -62,8 +62,8 @@ void copy_q8() {
 }
 
 void main() {
-    if (KV_Q8 != 0u) {
-        copy_q8();
+    if (KV_QB != 0u) {
+        copy_blocks();
         return;
     }
     uint pairs = pc.hd / 2u;

@@ -1,10 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// kv_store.comp: stores a step's new K and V into q8_0 pages (KV_Q8), quantizing each block of
-// 32 elements with its own scale as the host does (kv.glsl, kv_q8_store_block). The QKV epilogue
+// kv_store.comp: stores a step's new K and V into q8_0 / q4_0 pages (KV_BLOCK), quantizing each block of
+// 32 elements with its own scale as the host does (kv.glsl, kv_blk_store). The QKV epilogue
 // (or, with head norms, rms_norm.comp) leaves token t's K heads (RoPE applied) then V heads as
-// f32 at binding 2, kv_raw + t * 2 * n_kv * hd: a q8_0 block's scale needs all 32 elements, which
+// f32 at binding 2, kv_raw + t * 2 * n_kv * hd: a block's scale needs all 32 elements, which
 // no single invocation of the mat-mul holds.
 // Dispatch: (ceil(2 * n_kv * hd / 32 / 64), ncols, 1) x 64. Invocation: one block of one K or V
 // head of token t (blockIdx.y), written at position kvg_pos(t) of the token's page table.
@@ -34,5 +34,5 @@ void main() {
     float x[32];
     [[unroll]] for (uint k = 0u; k < 32u; k++) x[k] = xin[src + k];
     kv_ref r = kv_locate(kvg_tab(t, pc.pt_base), pc.kv_layer, pc.kv_v, pc.kv_page, pc.hd, is_k, h, kvg_pos(t));
-    kv_q8_store_block(r, blk, x);
+    kv_blk_store(r, blk, x);
 }

@@ -12,7 +12,7 @@
 //     4, Q's hd then K's), rotates adjacent pairs d < n_rot with the layer's RoPE table (binding
 //     7; NEOX heads arrive permuted, as everywhere on the device) and stores a Q head to binding
 //     3 (t*ldo + j*hd), a K head to the KV pool (5, 10; kv.glsl) at position kvg_pos(t).
-//     Dispatch (n_head + n_kv, ncols, 1). q8_0 pages (KV_Q8): a K head goes to binding 3 at
+//     Dispatch (n_head + n_kv, ncols, 1). block pages (KV_BLOCK: q8_0, q4_0): a K head goes to binding 3 at
 //     kv_raw + t*2*n_kv*hd + (j - n_head)*hd for kv_store.comp, and n_kv more workgroups copy
 //     the V heads (left by the mat-mul after the K heads) after it: dispatch (n_head + 2 n_kv, ...).
 // WG invocations (a power of two) share the sum of squares through shared memory; each walks
@@ -31,7 +31,7 @@ layout(push_constant) uniform PC {
     float eps;
     uint n_head, n_rot, flags;
     uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
-    uint kv_raw;   // q8_0 pages (KV_Q8): K heads and V heads go to binding 3 at kv_raw + t * 2 n_kv hd
+    uint kv_raw;   // block pages (KV_BLOCK): K heads and V heads go to binding 3 at kv_raw + t * 2 n_kv hd
     uint n_kv;
 } pc;
 
@@ -48,9 +48,9 @@ void main() {
     uint j = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
     uint base = t * pc.ldi + j * pc.n;
     bool is_q = j < pc.n_head;
-    // q8_0 pages: head j >= n_head of the raw K|V (a K head, or a V head copied as it is)
+    // block pages: head j >= n_head of the raw K|V (a K head, or a V head copied as it is)
     uint raw = pc.kv_raw + (t * 2u * pc.n_kv + j - pc.n_head) * pc.n;
-    if (MODE == 1u && KV_Q8 != 0u && j >= pc.n_head + pc.n_kv) {
+    if (MODE == 1u && KV_QB != 0u && j >= pc.n_head + pc.n_kv) {
         for (uint i = tid; i < pc.n; i += WG) yout[raw + i] = xin[base + i];
         return;
     }
@@ -84,7 +84,7 @@ void main() {
         if (is_q) {
             yout[t * pc.ldo + j * pc.n + d] = v.x;
             yout[t * pc.ldo + j * pc.n + d + 1u] = v.y;
-        } else if (KV_Q8 != 0u) {
+        } else if (KV_QB != 0u) {
             yout[raw + d] = v.x;
             yout[raw + d + 1u] = v.y;
         } else {

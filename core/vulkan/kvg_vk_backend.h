@@ -67,7 +67,9 @@ typedef struct vk_model {
      * llama: the epilogue, the heads op and kv_copy rotate adjacent pairs; Q.K is unchanged by a
      * permutation of both; kv_read / kv_write translate K back to the file's order */
     bool neox;
-    bool kv_q8; /* K/V pages hold q8_0 blocks (model kv_type), else f16 / f32 (ctx->kv_f16) */
+    /* K/V pages of a block type (model kv_type): its bytes per 32 elements (q8_0 34, q4_0 18) and
+     * type; 0: f16 / f32 elements (ctx->kv_f16) */
+    uint32_t kv_block, kv_qtype;
     float embd_scale;            /* embeddings times it (1: none) */
     float attn_softcap, final_softcap; /* 0: none */
     /* RoPE table variants: theta_i = pos * scale * base^(-2i/n_rot) / factor_i */

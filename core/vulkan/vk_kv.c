@@ -28,20 +28,20 @@ void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
     spec[KVG_SPEC_PAGE] = (uint32_t)vm->page_size;
     spec[KVG_SPEC_PPS] = vm->pps;
     spec[KVG_SPEC_NSLAB] = vm->nslab;
-    spec[KVG_SPEC_KV_Q8] = vm->kv_q8;
+    spec[KVG_SPEC_KV_BLOCK] = vm->kv_block;
 }
 
 /* The pool's unit: the element of f16 / f32 pages, the byte of q8_0 pages (a row of hd elements
  * is hd / 32 blocks of 34 bytes: an f16 scale, 32 int8; head_dim % 32 == 0 is checked at load).
  * Offsets the shaders get (kv_layer, kv_v, kv_page) are in units. */
-static size_t unit_bytes(const vk_model *vm) { return vm->kv_q8 ? 1 : vm->ctx->kv_f16 ? 2 : 4; }
+static size_t unit_bytes(const vk_model *vm) { return vm->kv_block ? 1 : vm->ctx->kv_f16 ? 2 : 4; }
 uint32_t kvg_vk_kv_row_units(const vk_model *vm) {
     uint32_t hd = (uint32_t)vm->hp.head_dim;
-    return vm->kv_q8 ? hd / 32u * 34u : hd;
+    return vm->kv_block ? hd / 32u * vm->kv_block : hd;
 }
 /* bytes a slab has past its last page: attn_lane.comp reads a q8_0 row as the 16-byte words
  * around it */
-static size_t slab_tail(const vk_model *vm) { return vm->kv_q8 ? 64 : 0; }
+static size_t slab_tail(const vk_model *vm) { return vm->kv_block ? 64 : 0; }
 
 int kvg_vk_kv_group(const vk_model *vm, int layer) { return vm->kv_group ? vm->kv_group[layer] : 0; }
 
@@ -230,7 +230,7 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
                         write ? "write" : "read", layer, which, pos0, n);
     size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
     size_t unit = unit_bytes(vm), row = kvg_vk_kv_row_units(vm) * unit, region = H * P * row;
-    uint32_t type = vm->kv_q8 ? KVG_TYPE_Q8_0 : unit == 2 ? KVG_TYPE_F16 : KVG_TYPE_F32;
+    uint32_t type = vm->kv_block ? vm->kv_qtype : unit == 2 ? KVG_TYPE_F16 : KVG_TYPE_F32;
     uint8_t *tmp = kvg_malloc(region);
     if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
     /* a NEOX model's keys are held with each head's rotation pairs adjacent (vk_model.neox):
@@ -366,7 +366,7 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
         if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
         if (st == KVGEN_OK) {
             /* an invocation per (position, element pair), or per (position, block) of q8_0 pages */
-            size_t per_pos = (size_t)hp->head_dim / (vm->kv_q8 ? 32 : 2);
+            size_t per_pos = (size_t)hp->head_dim / (vm->kv_block ? 32 : 2);
             uint32_t groups = (uint32_t)(((size_t)c * per_pos + 63) / 64);
             kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);
             kvg_vk_cmd_barrier(vm->ops_cb);

@@ -332,7 +332,7 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
                   .n_kv = (uint32_t)hp->n_head_kv};
     if (heads) kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
     /* q8_0 pages: the V heads are moved to the raw K|V too */
-    uint32_t gx = heads ? (uint32_t)(hp->n_head + (vm->kv_q8 ? 2 : 1) * hp->n_head_kv) : 1;
+    uint32_t gx = heads ? (uint32_t)(hp->n_head + (vm->kv_block ? 2 : 1) * hp->n_head_kv) : 1;
     kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, w->n, 1);
     kvg_vk_cmd_barrier(w->cb);
     return KVGEN_OK;
@@ -401,7 +401,7 @@ kvgen_status kvg_vk_walk_step(walk *w) {
         st = kvg_vk_lora_op(w, l, 0, &qkv);
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &qkv);
         if (st == KVGEN_OK && heads) st = op_norm(w, NORM_HEADS, l, &L->qk_norm);
-        if (st == KVGEN_OK && vm->kv_q8) st = op_kv_store(w, l);
+        if (st == KVGEN_OK && vm->kv_block) st = op_kv_store(w, l);
         prof_mark(w, 1);
         if (st == KVGEN_OK) st = kvg_vk_op_attention(w, l);
         prof_mark(w, 2);

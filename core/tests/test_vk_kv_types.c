@@ -1,15 +1,17 @@
-/* test_vk_kv_q8.c: the Vulkan backend's q8_0 K/V pages (blocks of 32 elements: an f16 scale and
- * 32 int8, 34 bytes, so rows start at any even byte). Kernels: both attention kernels
- * (cooperative, and attn_lane.comp for CPU devices) read a one-layer pool of q8_0 pages written
+/* test_vk_kv_types.c: the Vulkan backend's block K/V pages, q8_0 and q4_0 (blocks of 32 elements:
+ * an f16 scale and 32 int8, 34 bytes, or 32 nibbles, 18 bytes, so rows start at any even byte).
+ * Each type, kernels: both attention kernels
+ * (cooperative, and attn_lane.comp for CPU devices) read a one-layer pool of such pages written
  * through the pool's own page writes (which quantize as the cpu backend does), every slot
  * outside the session with NaN scales; each output is compared, in double, with attention over
  * the same K/V quantized and dequantized on the host (tolerance 2e-4, as test_vk_kernels for f16
  * pages) and, as a bound on what quantizing costs, over the unquantized K/V (printed). Models
  * (random, head_dim 32 and 64, one with sliding-window layers and Q/K norms): logits of prefill
- * and decode against the cpu backend's q8_0 pages and the reference's f32 (within 0.02 of the
- * logit range), bytes per token, fork, rewind, context shift (keys re-rotated in the pages),
- * save/restore (into Vulkan q8_0: the same logits; into the cpu's q8_0: within 0.02); fork, rewind
- * and shift again on a pool spread over all 8 slabs. With
+ * and decode against the cpu backend's pages of the type and the reference's f32 (within the
+ * type's share of the logit range: test_kv_types' 0.02 and 0.2), bytes per token, fork, rewind,
+ * context shift (keys re-rotated in the pages), save/restore (into Vulkan pages of the type: the
+ * same logits; into the cpu's: within its tolerance); fork, rewind and shift again on a pool
+ * spread over all 8 slabs. With
  * KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -28,14 +30,24 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
-static double worst_q8, worst_f32;
+static const char *const QTYPES[2] = {"q8_0", "q4_0"};
+static const uint32_t QT[2] = {KVG_TYPE_Q8_0, KVG_TYPE_Q4_0};
+/* shares of the logit range (test_kv_types: q8_0 keeps each element to 1/254 of its block's
+ * largest, q4_0 to 1/16) */
+static const double TOL[2] = {0.02, 0.2};
+/* against the cpu backend's pages of the same type (measured at most 0.0089 and 0.036) */
+static const double CPU_TOL[2] = {0.02, 0.1};
+/* the type under test */
+static int qi;
 
-/* rows of hd floats through q8_0 and back */
-static void q8_round(float *x, size_t rows, int hd) {
+static double worst_q[2], worst_f32[2];
+
+/* rows of hd floats through the type and back */
+static void q_round(float *x, size_t rows, int hd) {
     uint8_t blk[34 * 8];
     for (size_t r = 0; r < rows; r++) {
-        kvg_quantize_row(KVG_TYPE_Q8_0, x + r * (size_t)hd, blk, (uint64_t)hd);
-        kvg_dequantize_row(KVG_TYPE_Q8_0, blk, x + r * (size_t)hd, (uint64_t)hd);
+        kvg_quantize_row(QT[qi], x + r * (size_t)hd, blk, (uint64_t)hd);
+        kvg_dequantize_row(QT[qi], blk, x + r * (size_t)hd, (uint64_t)hd);
     }
 }
 
@@ -75,11 +87,11 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 2.0f;
     memcpy(kq, k, nkv * 4);
     memcpy(vq, v, nkv * 4);
-    q8_round(kq, (size_t)n_kv * n_ctx, hd);
-    q8_round(vq, (size_t)n_kv * n_ctx, hd);
+    q_round(kq, (size_t)n_kv * n_ctx, hd);
+    q_round(vq, (size_t)n_kv * n_ctx, hd);
     kvgen_error err = {0};
     kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle,
-                                            true, q, k, v, out, &err);
+                                            QT[qi], q, k, v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     for (int t = 0; t < ncols && st == KVGEN_OK; t++)
@@ -88,14 +100,14 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
             attend(q, k, v, n_head, n_kv, hd, n_ctx, pos0 + t + 1, t, h, s, exact);
             for (int e = 0; e < hd; e++) {
                 double got = out[((size_t)t * n_head + h) * hd + e], diff = fabs(got - want[e]);
-                if (diff > worst_q8) worst_q8 = diff;
-                if (fabs(got - exact[e]) > worst_f32) worst_f32 = fabs(got - exact[e]);
+                if (diff > worst_q[qi]) worst_q[qi] = diff;
+                if (fabs(got - exact[e]) > worst_f32[qi]) worst_f32[qi] = fabs(got - exact[e]);
                 if (!(diff <= 2e-4) && bad++ < 3)
                     fprintf(stderr, "  attn t %d h %d e %d: got %g want %g\n", t, h, e, got, want[e]);
             }
         }
-    CHECKF(bad == 0, "q8_0 attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d: %d wrong",
-           n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, bad);
+    CHECKF(bad == 0, "%s attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d: %d wrong",
+           QTYPES[qi], n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, bad);
     free(k); free(v); free(kq); free(vq); free(q); free(out); free(s); free(want); free(exact);
 }
 
@@ -164,11 +176,11 @@ static double worst_rows(const float *a, const float *b, int rows, int V) {
     return a && b ? d : INFINITY;
 }
 
-/* Vulkan's q8_0 pages against the cpu backend's q8_0 pages (the same quantization of nearly the
+/* Vulkan's block pages against the cpu backend's of the type (the same quantization of nearly the
  * same K/V: they differ where a K/V value's rounding tips a q over), the reference's f32 and
  * Vulkan's own f16 pages, as shares of the other's logit range */
 static void test_logits(const char *path, const char *what) {
-    kvgen_model *vq = load(path, "q8_0", KVGEN_BACKEND_VULKAN), *cq = load(path, "q8_0", KVGEN_BACKEND_CPU);
+    kvgen_model *vq = load(path, QTYPES[qi], KVGEN_BACKEND_VULKAN), *cq = load(path, QTYPES[qi], KVGEN_BACKEND_CPU);
     kvgen_model *ref = load(path, NULL, KVGEN_BACKEND_REFERENCE), *vh = load(path, "f16", KVGEN_BACKEND_VULKAN);
     if (vq && cq && ref && vh) {
         int V = vocab_of(vq), rows = N_PRE + N_DEC;
@@ -177,11 +189,12 @@ static void test_logits(const char *path, const char *what) {
         float *a = run_logits(vq, t), *b = run_logits(cq, t), *c = run_logits(ref, t), *d = run_logits(vh, t);
         double to_cpu = worst_rows(a, b, rows, V), to_ref = worst_rows(a, c, rows, V);
         double to_f16 = worst_rows(a, d, rows, V), cpu_to_ref = worst_rows(b, c, rows, V);
-        printf("%s: vulkan q8_0 logits within %.4f of the cpu's q8_0, %.4f of the reference's f32 (cpu q8_0: %.4f), "
-               "%.4f of vulkan f16 (shares of the range)\n", what, to_cpu, to_ref, cpu_to_ref, to_f16);
-        CHECKF(to_cpu <= 0.02, "%s: vulkan q8_0 %.4g of the range from the cpu's q8_0", what, to_cpu);
-        CHECKF(to_ref <= 0.02, "%s: vulkan q8_0 %.4g of the range from the reference", what, to_ref);
-        CHECKF(to_f16 > 0.0, "%s: vulkan q8_0 gives f16's logits", what);
+        const char *kt = QTYPES[qi];
+        printf("%s: vulkan %s logits within %.4f of the cpu's %s, %.4f of the reference's f32 (cpu %s: %.4f), "
+               "%.4f of vulkan f16 (shares of the range)\n", what, kt, to_cpu, kt, to_ref, kt, cpu_to_ref, to_f16);
+        CHECKF(to_cpu <= CPU_TOL[qi], "%s: vulkan %s %.4g of the range from the cpu's", what, kt, to_cpu);
+        CHECKF(to_ref <= TOL[qi], "%s: vulkan %s %.4g of the range from the reference", what, kt, to_ref);
+        CHECKF(to_f16 > 0.0, "%s: vulkan %s gives f16's logits", what, kt);
         CHECK(kvg_vk_validation_count(kvg_vk_model_ctx(vq)) == 0);
         free(a); free(b); free(c); free(d);
     }
@@ -190,7 +203,7 @@ static void test_logits(const char *path, const char *what) {
 
 /* 34 bytes for 32 elements of 2, in the pool and in a session's cache */
 static void test_bytes(const char *path) {
-    kvgen_model *m[2] = {load(path, NULL, KVGEN_BACKEND_VULKAN), load(path, "q8_0", KVGEN_BACKEND_VULKAN)};
+    kvgen_model *m[2] = {load(path, NULL, KVGEN_BACKEND_VULKAN), load(path, QTYPES[qi], KVGEN_BACKEND_VULKAN)};
     if (!m[0] || !m[1]) goto done;
     kvgen_pool_info pi[2];
     kvgen_cache_info ci[2];
@@ -205,9 +218,10 @@ static void test_bytes(const char *path) {
         CHECK(ci[i].bytes_per_token == pi[i].bytes_per_token && ci[i].bytes == 70 * ci[i].bytes_per_token);
         kvgen_session_close(s);
     }
-    CHECKF(ci[1].bytes_per_token * 64 == ci[0].bytes_per_token * 34, "q8_0: %zu bytes a token, f16 %zu",
+    size_t blk = qi ? 18 : 34;
+    CHECKF(ci[1].bytes_per_token * 64 == ci[0].bytes_per_token * blk, "%s: %zu bytes a token, f16 %zu", QTYPES[qi],
            ci[1].bytes_per_token, ci[0].bytes_per_token);
-    printf("bytes per token: f16 %zu, q8_0 %zu\n", ci[0].bytes_per_token, ci[1].bytes_per_token);
+    printf("bytes per token: f16 %zu, %s %zu\n", ci[0].bytes_per_token, QTYPES[qi], ci[1].bytes_per_token);
 done:
     kvgen_model_unload(m[0]);
     kvgen_model_unload(m[1]);
@@ -229,8 +243,8 @@ static double diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *
 }
 
 /* A recomputation runs the K/V through other kernels (a prefill chunk where the session ran
- * decodes): a value that rounds to another q shows, so the tolerance is q8_0's, not f16's. */
-#define OPS_TOL 0.02
+ * decodes): a value that rounds to another q shows, so the tolerance is the type's, not f16's. */
+#define OPS_TOL TOL[qi]
 
 static void test_fork_rewind(kvgen_model *m) {
     kvgen_error err = {0};
@@ -266,7 +280,7 @@ static void test_fork_rewind(kvgen_model *m) {
 
 /* A context shift re-rotates the kept keys in the pages (dequantize, rotate, quantize): the first
  * layer's keys within two quantization steps of the largest key of those a recomputation at the
- * new positions stores, the logits within q8_0's tolerance of the same shift on f16 pages. */
+ * new positions stores, the logits within the type's tolerance of the same shift on f16 pages. */
 static void test_shift(kvgen_model *m, kvgen_model *f16) {
     kvgen_error err = {0};
     int32_t t[100];
@@ -293,7 +307,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16) {
             d = fmax(d, fabs((double)a[i] - b[i]));
             amax = fmax(amax, fabs((double)b[i]));
         }
-        double step = amax / 127.0;
+        double step = amax / (qi ? 8.0 : 127.0);
         printf("shift: re-rotated keys within %.2f steps of the recomputed ones\n", d / step);
         CHECKF(d <= 2.0 * step, "shift: layer 0 keys %.3g from the recomputation (step %.3g)", d, step);
     }
@@ -310,7 +324,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16) {
             d = fmax(d, rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)vocab_of(m)));
         }
         printf("shift: logits within %.4f of the range of the same shift on f16 pages\n", d);
-        CHECKF(d <= 0.02, "shift: logits %.3g of the range from the same shift on f16 pages", d);
+        CHECKF(d <= TOL[qi], "shift: logits %.3g of the range from the same shift on f16 pages", d);
         kvgen_session_close(h);
     }
     for (int i = 0; i < 60; i++) CHECK_OK(kvgen_session_decode(s, t[i], &err));
@@ -320,28 +334,29 @@ done:
     kvgen_session_close(s);
 }
 
-/* A session saved from q8_0 pages holds the dequantized K/V as f32: restored into Vulkan q8_0
- * pages it is the same pages (the same next logits), into the cpu backend's q8_0 pages within
+/* A session saved from block pages holds the dequantized K/V as f32: restored into Vulkan pages
+ * of the type it is the same pages (the same next logits), into the cpu backend's within
  * the backends' difference */
 static void test_save_restore(kvgen_model *vq, kvgen_model *cq) {
     kvgen_error err = {0};
     int V = vocab_of(vq);
     int32_t t[90];
     tu_fill_tokens(t, 90, 17, V);
-    char *file = tu_tmpfile("vk_kv_q8.session");
+    char *file = tu_tmpfile("vk_kv_types.session");
     kvgen_session *s = open_session(vq, NULL), *r = NULL;
     if (!file || !s) goto done;
     CHECK_OK(kvgen_session_prefill(s, t, 80, NULL, &err));
     CHECK_OK(kvgen_session_save(s, file, &err));
     CHECK_OK(kvgen_session_decode(s, t[80], &err));
     kvgen_model *into[2] = {vq, cq};
-    const double tol[2] = {0.0, 0.02};
+    const double tol[2] = {0.0, TOL[qi]};
     for (int k = 0; k < 2; k++) {
         CHECK_OK(kvgen_session_restore(into[k], file, &r, &err));
         if (!r) continue;
         CHECK_OK(kvgen_session_decode(r, t[80], &err));
         double d = rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
-        printf("saved from vulkan q8_0, restored into %s q8_0: next logits within %.4f\n", k ? "cpu" : "vulkan", d);
+        printf("saved from vulkan %s, restored into %s %s: next logits within %.4f\n", QTYPES[qi],
+               k ? "cpu" : "vulkan", QTYPES[qi], d);
         CHECKF(d <= tol[k], "restored into %s: next logits %.4g of the range apart", k ? "cpu" : "vulkan", d);
         kvgen_session_close(r);
         r = NULL;
@@ -354,7 +369,7 @@ done:
 /* every slab holds 2 pages (a forced small maxStorageBufferRange): the pool of 16 spans all 8
  * buffers, so the kernels' slab switch (and the atomics of the shared words) run on every slab */
 static void test_slabs(const char *path, kvgen_model *f16) {
-    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .kv_type = "q8_0",
+    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .kv_type = QTYPES[qi],
                           .kv_pool_tokens = 16 * 32};
     kvgen_model *probe = tu_load(&d);
     if (!probe) return;
@@ -392,8 +407,8 @@ static void test_models(void) {
     test_logits(swa, "swa");
     test_logits(wide, "head_dim 64");
     test_bytes(gqa);
-    kvgen_model *vq = load(gqa, "q8_0", KVGEN_BACKEND_VULKAN), *vh = load(gqa, "f16", KVGEN_BACKEND_VULKAN);
-    kvgen_model *cq = load(gqa, "q8_0", KVGEN_BACKEND_CPU);
+    kvgen_model *vq = load(gqa, QTYPES[qi], KVGEN_BACKEND_VULKAN), *vh = load(gqa, "f16", KVGEN_BACKEND_VULKAN);
+    kvgen_model *cq = load(gqa, QTYPES[qi], KVGEN_BACKEND_CPU);
     if (vq && vh && cq) {
         test_fork_rewind(vq);
         test_shift(vq, vh);
@@ -417,23 +432,27 @@ int main(void) {
     kvg_vk_ctx *ctx = NULL;
     kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
-    if (st != KVGEN_OK) return tu_finish("test_vk_kv_q8");
-    /* head_dim 32 (34-byte rows: every other row starts at 2 mod 4), 64, 128; pages of 1 (a
-     * page per position), 16 and 32, shuffled over spare pages; prefill and decode, split and not */
-    for (int lane = 0; lane <= 1; lane++) {
-        int P = lane ? 32 : 16;
-        check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);   /* prefill from empty */
-        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);  /* prefill after a cached prefix */
-        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);   /* decode, split, 8 query heads per KV head */
-        check_attention(ctx, 4, 4, 32, 40, 3, 1, lane, 1, true);   /* a page per position */
-        check_attention(ctx, 9, 3, 64, 300, 1, 8, lane, P, false); /* decode, the table in order */
-        check_attention(ctx, 4, 2, 128, 33, 20, 1, lane, P, true); /* head_dim 128 */
+    if (st != KVGEN_OK) return tu_finish("test_vk_kv_types");
+    /* head_dim 32 (34- and 18-byte rows: every other row starts at 2 mod 4), 64, 96, 128; pages
+     * of 1 (a page per position), 7, 16 and 32, shuffled over spare pages; prefill and decode,
+     * split and not */
+    for (qi = 0; qi < 2; qi++) {
+        for (int lane = 0; lane <= 1; lane++) {
+            int P = lane ? 32 : 16;
+            check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);   /* prefill from empty */
+            check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);  /* prefill after a cached prefix */
+            check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);   /* decode, split, 8 query heads per KV head */
+            check_attention(ctx, 4, 4, 32, 40, 3, 1, lane, 1, true);   /* a page per position */
+            check_attention(ctx, 9, 3, 64, 300, 1, 8, lane, P, false); /* decode, the table in order */
+            check_attention(ctx, 4, 2, 128, 33, 20, 1, lane, P, true); /* head_dim 128 */
+        }
+        check_attention(ctx, 4, 2, 96, 50, 1, 1, 1, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
     }
-    check_attention(ctx, 4, 2, 96, 50, 1, 1, 1, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);
-    test_models();
-    printf("q8_0 pages: worst |vulkan - double on the dequantized K/V| %.3g (tolerance 2e-4); "
-           "against the unquantized K/V %.3g\n", worst_q8, worst_f32);
-    return tu_finish("test_vk_kv_q8");
+    for (qi = 0; qi < 2; qi++) test_models();
+    for (int i = 0; i < 2; i++)
+        printf("%s pages: worst |vulkan - double on the dequantized K/V| %.3g (tolerance 2e-4); "
+               "against the unquantized K/V %.3g\n", QTYPES[i], worst_q[i], worst_f32[i]);
+    return tu_finish("test_vk_kv_types");
 }
