@@ -80,8 +80,10 @@ const uint MINCHUNK = 32u;
                 [[unroll]] for (uint rk = 0u; rk < 4u; rk++) { \
                     uint j = (oq >> 2) + rk; \
                     uint qw = (oq & 2u) == 0u ? q8w[j] : (q8w[j] >> 16) | (q8w[j + 1u] << 16); \
-                    x[rb * 8u + rk] = (vec4(qw & 15u, (qw >> 8) & 15u, (qw >> 16) & 15u, (qw >> 24) & 15u) - 8.0) * sc; \
-                    x[rb * 8u + 4u + rk] = (vec4((qw >> 4) & 15u, (qw >> 12) & 15u, (qw >> 20) & 15u, qw >> 28) - 8.0) * sc; \
+                    uvec4 lo = uvec4(qw, qw >> 8, qw >> 16, qw >> 24) & 15u; \
+                    uvec4 hi = uvec4(qw >> 4, qw >> 12, qw >> 20, qw >> 28) & 15u; \
+                    x[rb * 8u + rk] = (vec4(lo) - 8.0) * sc; \
+                    x[rb * 8u + 4u + rk] = (vec4(hi) - 8.0) * sc; \
                 } \
             } else \
             [[unroll]] for (uint rk = 0u; rk < 8u; rk++) { \

@@ -89,7 +89,7 @@ typedef struct vk_model {
     kvg_vk_buffer qk;            /* Q|K heads before their norms (ld_qk per token), when a layer has them */
     kvg_vk_buffer f;             /* Wo / down output before its post norm (ld_x per token), when a layer has one */
     uint32_t ld_qk;
-    /* q8_0 pages: token t's new K heads (RoPE applied) then V heads, f32, at float kv_raw + t * 2 *
+    /* block pages: token t's new K heads (RoPE applied) then V heads, f32, at float kv_raw + t * 2 *
      * n_kv * hd of `q` (after the step's Q), for kv_store.comp to quantize into the pool */
     uint32_t kv_raw;
     /* device argmax / top-k over the kept logits (one selection row per batched column);

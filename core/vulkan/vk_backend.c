@@ -364,7 +364,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
-    /* q8_0 pages: the step's raw K|V after its Q (vk_model.kv_raw), for a chunk or a batch */
+    /* block pages (q8_0, q4_0): the step's raw K|V after its Q (vk_model.kv_raw), for a chunk or
+     * a batch */
     size_t raw_tokens = C > BATCH_MAX ? C : BATCH_MAX;
     size_t raw = vm->kv_block ? raw_tokens * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim : 0;
     vm->kv_raw = C * vm->ld_q;
@@ -380,7 +381,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         any_heads |= vm->layers[l].qk_norm.buf != VK_NULL_HANDLE;
         any_post |= vm->layers[l].attn_post.buf != VK_NULL_HANDLE || vm->layers[l].ffn_post.buf != VK_NULL_HANDLE;
     }
-    /* (q8_0 pages: V too, which the heads op moves to the raw K|V) */
+    /* (block pages: V too, which the heads op moves to the raw K|V) */
     vm->ld_qk = round_up((uint32_t)((hp->n_head + (vm->kv_block ? 2 : 1) * hp->n_head_kv) * hp->head_dim), 32);
     if (st == KVGEN_OK && any_heads)
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_qk * 4, KVG_VK_MEM_DEVICE, &vm->qk, err);

@@ -207,7 +207,8 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
                                          float *out, kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
         ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256 ||
-        window < 0 || !(softcap >= 0.0f) || (kv_type && (hd % 32 || (kv_type != KVG_TYPE_Q8_0 && kv_type != KVG_TYPE_Q4_0))))
+        window < 0 || !(softcap >= 0.0f) ||
+        (kv_type && (hd % 32 || (kv_type != KVG_TYPE_Q8_0 && kv_type != KVG_TYPE_Q4_0))))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
     vk_model vm = {0};
     vk_layer layer = {.window = (uint32_t)window}; /* the layer's attention facts */
@@ -247,7 +248,7 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     kvgen_status st = tab && fill ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, 0, err);
     /* every slot NaN first: one the kernel reads but should not (another page, a slot past the
-     * session's positions) spoils its output (q8_0: every scale, at an even byte, is NaN) */
+     * session's positions) spoils its output (block pages: every scale, at an even byte, is NaN) */
     if (st == KVGEN_OK) {
         if (elem == 1)
             for (size_t i = 0; i < vm.page_elems / 2; i++) ((uint16_t *)fill)[i] = 0x7e00;

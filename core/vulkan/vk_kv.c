@@ -31,15 +31,16 @@ void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
     spec[KVG_SPEC_KV_BLOCK] = vm->kv_block;
 }
 
-/* The pool's unit: the element of f16 / f32 pages, the byte of q8_0 pages (a row of hd elements
- * is hd / 32 blocks of 34 bytes: an f16 scale, 32 int8; head_dim % 32 == 0 is checked at load).
+/* The pool's unit: the element of f16 / f32 pages, the byte of block pages (a row of hd elements
+ * is hd / 32 blocks of kv_block bytes: an f16 scale, then 32 int8 (q8_0) or 32 nibbles (q4_0);
+ * head_dim % 32 == 0 is checked at load).
  * Offsets the shaders get (kv_layer, kv_v, kv_page) are in units. */
 static size_t unit_bytes(const vk_model *vm) { return vm->kv_block ? 1 : vm->ctx->kv_f16 ? 2 : 4; }
 uint32_t kvg_vk_kv_row_units(const vk_model *vm) {
     uint32_t hd = (uint32_t)vm->hp.head_dim;
     return vm->kv_block ? hd / 32u * vm->kv_block : hd;
 }
-/* bytes a slab has past its last page: attn_lane.comp reads a q8_0 row as the 16-byte words
+/* bytes a slab has past its last page: attn_lane.comp reads a block row as the 16-byte words
  * around it */
 static size_t slab_tail(const vk_model *vm) { return vm->kv_block ? 64 : 0; }
 
@@ -254,7 +255,7 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
             for (size_t i = 0; i < cnt; i++) {
                 uint8_t *r = tmp + (h * P + slot0 + i) * row;
                 float *f = io + (h * (size_t)n + (p - (size_t)pos0) + i) * hd;
-                /* f16 rounds to nearest (saturating finite values), q8_0 quantizes each block of
+                /* f16 rounds to nearest (saturating finite values), q8_0 / q4_0 quantize each block of
                  * 32 with its own scale, as the cpu backend's pages */
                 if (write) {
                     for (size_t d = 0; d < hd; d++) dev[d] = f[perm ? src[d] : d];
@@ -365,7 +366,7 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
         if (st == KVGEN_OK) st = kvg_vk_check(vkResetCommandBuffer(vm->ops_cb, 0), err, "vkResetCommandBuffer");
         if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
         if (st == KVGEN_OK) {
-            /* an invocation per (position, element pair), or per (position, block) of q8_0 pages */
+            /* an invocation per (position, element pair), or per (position, block) of block pages */
             size_t per_pos = (size_t)hp->head_dim / (vm->kv_block ? 32 : 2);
             uint32_t groups = (uint32_t)(((size_t)c * per_pos + 63) / 64);
             kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);

@@ -27,7 +27,7 @@ typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     uint32_t flags; /* EPI_F_* */
     float cap;      /* store mode: soft-capping */
     uint32_t ldd;   /* EPI_F_LORA: the delta's stride */
-    uint32_t kv_raw; /* q8_0 pages: the raw K|V's offset in the output (vk_model.kv_raw) */
+    uint32_t kv_raw; /* block pages: the raw K|V's offset in the output (vk_model.kv_raw) */
 } pc_weights;
 
 typedef struct pc_attn { /* matches PC in shaders/attn.comp, attn_lane.comp */
@@ -43,7 +43,7 @@ typedef struct pc_norm { /* matches PC in shaders/rms_norm.comp */
     float eps;
     uint32_t n_head, n_rot, flags;
     uint32_t kv_layer, kv_page, kv_v, pt_base;
-    uint32_t kv_raw; /* q8_0 pages: K and V heads go to the output at kv_raw (kv_store.comp) */
+    uint32_t kv_raw; /* block pages: K and V heads go to the output at kv_raw (kv_store.comp) */
     uint32_t n_kv;
 } pc_norm;
 
@@ -331,7 +331,7 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
                   .kv_raw = vm->kv_raw,
                   .n_kv = (uint32_t)hp->n_head_kv};
     if (heads) kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
-    /* q8_0 pages: the V heads are moved to the raw K|V too */
+    /* block pages: the V heads are moved to the raw K|V too */
     uint32_t gx = heads ? (uint32_t)(hp->n_head + (vm->kv_block ? 2 : 1) * hp->n_head_kv) : 1;
     kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, w->n, 1);
     kvg_vk_cmd_barrier(w->cb);
@@ -339,7 +339,7 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
 }
 
 /* kv_store.comp: quantizes the step's new K and V (left at vm->kv_raw of vm->q by the QKV
- * epilogue or the heads op) into layer `layer`'s q8_0 pages */
+ * epilogue or the heads op) into layer `layer`'s block pages (q8_0, q4_0) */
 static kvgen_status op_kv_store(walk *w, int layer) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
