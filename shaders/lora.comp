@@ -1,6 +1,5 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 // lora.comp: the low-rank products of LoRA adapters (core/model/kvg_adapter.h), y += s * B (A x)
 // for each token's own adapters, in two dispatches per mat-mul. The pairs live as f32 in one
 // buffer (binding 1): a pair's A is rank rows of n_in at word a_off, its B transposed, rank rows
