@@ -6,7 +6,9 @@
 // storage-buffer or shared-memory load into a loop over the lanes, so the cost is the number of
 // loads each lane issues: here one invocation owns one (query token, KV head, position range),
 // keeps the GQ queries, each head's running max and sum and its output row in registers, and
-// reads each cached K and V row once for all GQ query heads, a uvec4 (8 f16 / 4 f32) at a time.
+// reads each cached K and V row once for all GQ query heads, a uvec4 (8 f16 / 4 f32) at a time
+// (q8_0 / q4_0 rows, which start at any even byte: the aligned uvec4s around the row, re-aligned
+// in registers, then each block's scale and its 32 signed bytes or nibbles).
 // Dispatch: (ceil(ncols * nsplit / WG), n_kv, 1), WG invocations. Invocation j takes token
 // t = j % ncols (at position pos = kvg_pos(t), seeing [first(pos), pos]: first is 0, or on a
 // sliding-window layer (pc.window) the oldest position inside the window) and split s = j / ncols:
@@ -46,18 +48,52 @@ float attn_cap(float s) { return pc.softcap > 0.0 ? pc.softcap * tanh(clamp(s / 
 layout(std430, set = 0, binding = 2) readonly buffer Q { vec4 qin4[]; };
 layout(std430, set = 0, binding = 3) writeonly buffer Out { vec4 yout4[]; };
 #define KVG_KV_WIDE (HD / 4u)
-#define KVG_KV_WIDE_N (KV_F16 != 0u ? HD / 8u : HD / 4u)
+// block pages (q8_0, q4_0): RB bytes a row; H: its NH words from its first byte, taken from
+// NH + 1 words R from the 4-byte boundary below it, taken from the uvec4s from the 16-byte
+// boundary below (up to 3 words before the row)
+#define KVG_KV_WIDE_N (KV_QB != 0u ? N4Q : KV_F16 != 0u ? HD / 8u : HD / 4u)
 #include "kv.glsl"
+const uint RB = HD / 32u * KV_BLOCK, NH = (RB + 3u) / 4u, N4Q = (NH + 7u) / 4u;
 layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
 
 const uint NV = HD / 4u;       // vec4 per row
 // fewer positions per split cost more in partials written and merged than they save
 const uint MINCHUNK = 32u;
 
+// word i of the uvec4s w loaded for a block row
+#define Q8_W(w, i) w[(i) >> 2][(i) & 3u]
 // a cached row (kv_ref r) as vec4s x[NV]; w: uvec4[KVG_KV_WIDE] scratch (macros: see kv.glsl)
 #define ROW_OF(r, w, x) { \
     KVG_LOAD_ROW4(r, w) \
-    if (KV_F16 != 0u) { \
+    if (KV_QB != 0u) { \
+        uint q8o = ((r).e & 15u) >> 2, q8h = (r).e & 2u; \
+        uint q8r[NH + 1u], q8w[NH + 1u]; /* (+ 1: no empty array where HD < 32 or no blocks) */ \
+        [[unroll]] for (uint rk = 0u; rk <= NH; rk++) \
+            q8r[rk] = q8o == 0u ? Q8_W(w, rk) : q8o == 1u ? Q8_W(w, rk + 1u) \
+                    : q8o == 2u ? Q8_W(w, rk + 2u) : Q8_W(w, rk + 3u); \
+        [[unroll]] for (uint rk = 0u; rk < NH; rk++) \
+            q8w[rk] = q8h == 0u ? q8r[rk] : (q8r[rk] >> 16) | (q8r[rk + 1u] << 16); \
+        [[unroll]] for (uint rb = 0u; rb < HD / 32u; rb++) { \
+            uint ob = rb * KV_BLOCK, oq = ob + 2u; \
+            float sc = unpackHalf2x16(q8w[ob >> 2] >> ((ob & 2u) * 8u)).x; \
+            if (KV_Q4 != 0u) { /* byte i: element i (low nibble), i + 16 (high) */ \
+                [[unroll]] for (uint rk = 0u; rk < 4u; rk++) { \
+                    uint j = (oq >> 2) + rk; \
+                    uint qw = (oq & 2u) == 0u ? q8w[j] : (q8w[j] >> 16) | (q8w[j + 1u] << 16); \
+                    uvec4 lo = uvec4(qw, qw >> 8, qw >> 16, qw >> 24) & 15u; \
+                    uvec4 hi = uvec4(qw >> 4, qw >> 12, qw >> 20, qw >> 28) & 15u; \
+                    x[rb * 8u + rk] = (vec4(lo) - 8.0) * sc; \
+                    x[rb * 8u + 4u + rk] = (vec4(hi) - 8.0) * sc; \
+                } \
+            } else \
+            [[unroll]] for (uint rk = 0u; rk < 8u; rk++) { \
+                uint j = (oq >> 2) + rk; \
+                int qw = int((oq & 2u) == 0u ? q8w[j] : (q8w[j] >> 16) | (q8w[j + 1u] << 16)); \
+                x[rb * 8u + rk] = vec4(bitfieldExtract(qw, 0, 8), bitfieldExtract(qw, 8, 8), \
+                                       bitfieldExtract(qw, 16, 8), bitfieldExtract(qw, 24, 8)) * sc; \
+            } \
+        } \
+    } else if (KV_F16 != 0u) { \
         [[unroll]] for (uint rj = 0u; rj < HD / 8u; rj++) { \
             x[2u * rj] = vec4(unpackHalf2x16(w[rj].x), unpackHalf2x16(w[rj].y)); \
             x[2u * rj + 1u] = vec4(unpackHalf2x16(w[rj].z), unpackHalf2x16(w[rj].w)); \

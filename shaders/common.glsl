@@ -10,7 +10,7 @@
 //   3 output   activations, f32
 //   4 norm     RMSNorm weight (f32, zero-padded)
 //   5 KV pool  the paged KV pool's slabs (an array of up to 8 buffers; f16 pairs packed in
-//              uint or f32 bits; see kv.glsl)
+//              uint, f32 bits or q8_0 / q4_0 blocks; see kv.glsl)
 //   6 bias     the QKV projection's biases (epilogue.glsl, flag EPI_F_BIAS), else unused (the
 //              dummy buffer)
 //   7 aux      RoPE cos/sin table (one per distinct RoPE base and scale of the layers), or
@@ -67,6 +67,7 @@ layout(push_constant) uniform PC {
     uint flags;     // epilogue options (EPI_F_* in epilogue.glsl)
     float cap;      // store mode: soft-capping of the results, cap * tanh(v / cap) (0: none)
     uint ldd;       // EPI_F_LORA: the delta's stride per token (floats)
+    uint kv_raw;    // qkv mode, block pages (KV_BLOCK): where token t's raw K|V go (kv_store.comp)
 } pc;
 #endif
 

@@ -16,6 +16,8 @@
 //   EPI_F_BIAS    v_r += bias[r] (binding 6: the projection's biases, by global row)
 //   EPI_F_RAW_QK  (qkv mode) Q and K rows are stored as they are, at out[t*ldo + r], for the head
 //                 norms op (rms_norm.comp) to norm, rotate and write to the KV pool; V as above
+// block pages (KV_BLOCK: q8_0, q4_0): K (rotated) and V go to out[kv_raw + t*2nk + r - nq] (with EPI_F_RAW_QK,
+// V to out[t*ldo + r] with Q and K) for kv_store.comp, which quantizes whole blocks
 #ifndef KVG_EPILOGUE_GLSL
 #define KVG_EPILOGUE_GLSL
 
@@ -61,7 +63,7 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
     } else {
         uint pos = kvg_pos(t);
         uint nqk = pc.nq + pc.nk;
-        if (r < nqk && (pc.flags & EPI_F_RAW_QK) != 0u) {
+        if ((r < nqk || KV_QB != 0u) && (pc.flags & EPI_F_RAW_QK) != 0u) { // (block pages: V too)
             yout[o + r] = v0;
             yout[o + r + 1u] = v1;
             return;
@@ -79,6 +81,9 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
         if (r < pc.nq) {
             yout[o + r] = v0;
             yout[o + r + 1u] = v1;
+        } else if (KV_QB != 0u) {
+            yout[pc.kv_raw + t * 2u * pc.nk + r - pc.nq] = v0;
+            yout[pc.kv_raw + t * 2u * pc.nk + r - pc.nq + 1u] = v1;
         } else {
             bool is_k = r < nqk;
             uint i = is_k ? r - pc.nq : r - nqk;

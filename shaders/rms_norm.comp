@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // rms_norm.comp: RMSNorm of row segments that no mat-mul prologue can fuse, because a segment's
 // scale needs every element of a mat-mul's output first. MODE (specialization constant 3):
 //   0 post norm (gemma2/3): x[t] += rmsnorm(f[t]) * w, n = n_embd elements: the attention or FFN
@@ -11,7 +12,9 @@
 //     4, Q's hd then K's), rotates adjacent pairs d < n_rot with the layer's RoPE table (binding
 //     7; NEOX heads arrive permuted, as everywhere on the device) and stores a Q head to binding
 //     3 (t*ldo + j*hd), a K head to the KV pool (5, 10; kv.glsl) at position kvg_pos(t).
-//     Dispatch (n_head + n_kv, ncols, 1).
+//     Dispatch (n_head + n_kv, ncols, 1). block pages (KV_BLOCK: q8_0, q4_0): a K head goes to binding 3 at
+//     kv_raw + t*2*n_kv*hd + (j - n_head)*hd for kv_store.comp, and n_kv more workgroups copy
+//     the V heads (left by the mat-mul after the K heads) after it: dispatch (n_head + 2 n_kv, ...).
 // WG invocations (a power of two) share the sum of squares through shared memory; each walks
 // n / WG elements (MODE 0) or hd / (2 WG) pairs (MODE 1).
 layout(constant_id = 0) const uint WG = 64;
@@ -28,6 +31,8 @@ layout(push_constant) uniform PC {
     float eps;
     uint n_head, n_rot, flags;
     uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
+    uint kv_raw;   // block pages (KV_BLOCK): K heads and V heads go to binding 3 at kv_raw + t * 2 n_kv hd
+    uint n_kv;
 } pc;
 
 layout(std430, set = 0, binding = 2) readonly buffer In { float xin[]; };
@@ -43,6 +48,12 @@ void main() {
     uint j = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
     uint base = t * pc.ldi + j * pc.n;
     bool is_q = j < pc.n_head;
+    // block pages: head j >= n_head of the raw K|V (a K head, or a V head copied as it is)
+    uint raw = pc.kv_raw + (t * 2u * pc.n_kv + j - pc.n_head) * pc.n;
+    if (MODE == 1u && KV_QB != 0u && j >= pc.n_head + pc.n_kv) {
+        for (uint i = tid; i < pc.n; i += WG) yout[raw + i] = xin[base + i];
+        return;
+    }
     bool normed = MODE == 0u || (pc.flags & (is_q ? 1u : 2u)) != 0u;
     float ss = 0.0;
     for (uint i = tid; i < pc.n; i += WG) {
@@ -73,6 +84,9 @@ void main() {
         if (is_q) {
             yout[t * pc.ldo + j * pc.n + d] = v.x;
             yout[t * pc.ldo + j * pc.n + d + 1u] = v.y;
+        } else if (KV_QB != 0u) {
+            yout[raw + d] = v.x;
+            yout[raw + d + 1u] = v.y;
         } else {
             kv_ref kr = kv_locate(kvg_tab(t, pc.pt_base), pc.kv_layer, pc.kv_v, pc.kv_page, pc.n, true, j - pc.n_head,
                                   pos);

@@ -181,7 +181,7 @@ typedef struct kvgen_model_desc {
     size_t kv_pool_tokens; /* pool size in tokens (rounded up to whole pages) */
     int kv_page_size;      /* tokens per page: a power of two in [16, 256]; 0: 32 */
     /* What the pages hold, by name; NULL or "": the backend's default. "f16" (the cpu and
-     * Vulkan default); "q8_0" or "q4_0" (cpu backend): each head's row of keys and values in
+     * Vulkan default); "q8_0" or "q4_0" (cpu and Vulkan backends): each head's row of keys and values in
      * blocks of 32 with one f16 scale, 0.53x and 0.28x the bytes of f16, so a pool of the same
      * bytes holds about 1.9x and 3.6x the tokens (logits move slightly: docs/architecture.md);
      * "f32": the reference backend's only type (the oracle keeps K/V as it computed them). A

@@ -375,7 +375,7 @@ static void test_refusals(const char *path, const char *narrow) {
     expect_refused(path, KVGEN_BACKEND_DEFAULT, "Q8_0", KVGEN_E_INVALID_ARGUMENT, "not a KV type");
     expect_refused(path, KVGEN_BACKEND_CPU, "f32", KVGEN_E_UNSUPPORTED, "cpu backend");
     expect_refused(path, KVGEN_BACKEND_REFERENCE, "q8_0", KVGEN_E_UNSUPPORTED, "reference backend");
-    expect_refused(path, KVGEN_BACKEND_VULKAN, "q4_0", KVGEN_E_UNSUPPORTED, "vulkan");
+    expect_refused(path, KVGEN_BACKEND_VULKAN, "f32", KVGEN_E_UNSUPPORTED, "vulkan");
     expect_refused(narrow, KVGEN_BACKEND_CPU, "q8_0", KVGEN_E_UNSUPPORTED, "head_dim 16");
     /* the defaults and the explicit names load */
     kvgen_model *m = load(path, "", KVGEN_BACKEND_CPU);

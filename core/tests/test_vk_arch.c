@@ -302,7 +302,7 @@ static void check_window(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 6.0f;
     kvgen_error err = {0};
     kvgen_status st = kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, true,
-                                                  window, cap, q, k, v, out, &err);
+                                                  0, window, cap, q, k, v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0, G = n_head / n_kv;
     double worst = 0;

@@ -10,7 +10,8 @@
  *   CPU's over that session's own logits (fetched afterwards from its row), exactly;
  * - a batch of one equals a separate decode the same way;
  * - greedy generation through the jobs worker (batched) gives the tokens kvgen_generate gives
- *   one session at a time, and the worker did batch.
+ *   one session at a time, and the worker did batch;
+ * - the same on a model of head_dim 32 with q8_0 K/V pages.
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -26,8 +27,9 @@
 
 static int n_vocab;
 
-static kvgen_model *load(const char *path) {
-    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 2, .kv_page_size = 16};
+static kvgen_model *load(const char *path, const char *kv_type) {
+    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 2, .kv_page_size = 16,
+                          .kv_type = kv_type};
     return tu_load(&d);
 }
 
@@ -209,11 +211,14 @@ int main(void) {
     if (kvgen_devices(NULL, 0, &n_dev, &derr) != KVGEN_OK || n_dev == 0) tu_skip("no Vulkan device");
     char *path = tu_make_model("vk_batch.gguf", "--type Q8_0 --seed 23 --embd 96 --heads 6 --kv-heads 2 --ff 160 "
                                                 "--layers 3");
-    CHECK(path != NULL);
-    if (!path) return tu_finish("test_vk_batch");
-    {
-        const char *what = "vulkan";
-        kvgen_model *m = load(path);
+    /* head_dim 32, K/V pages of q8_0: a batch's K/V quantized by kv_store.comp per column */
+    char *path32 = tu_make_model("vk_batch32.gguf", "--type Q8_0 --seed 29 --embd 96 --heads 3 --kv-heads 1 --ff 160 "
+                                                    "--layers 3");
+    CHECK(path != NULL && path32 != NULL);
+    if (!path || !path32) return tu_finish("test_vk_batch");
+    for (int run = 0; run < 2; run++) {
+        const char *what = run ? "vulkan q8_0 pages" : "vulkan";
+        kvgen_model *m = load(run ? path32 : path, run ? "q8_0" : NULL);
         if (!m) return tu_finish("test_vk_batch");
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
@@ -225,5 +230,6 @@ int main(void) {
         kvgen_model_unload(m);
     }
     free(path);
+    free(path32);
     return tu_finish("test_vk_batch");
 }

@@ -224,8 +224,8 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     kvgen_error err = {0};
     TRACE_BEGIN("attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d:", n_head, n_kv, hd, pos0,
                 ncols, nsplit, lane, page);
-    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle, q, k,
-                                            v, out, &err);
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle,
+                                            0, q, k, v, out, &err);
     TRACE_END();
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;

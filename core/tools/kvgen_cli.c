@@ -56,7 +56,7 @@ static void usage(FILE *f) {
             "                       on Windows %%LOCALAPPDATA%%\\kvgen\\pipelines-{device}.bin)\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  cpu backend: activations of 16 bits (default) or 8 (faster prompts)\n"
-            "  --kv-type T          what K/V pages hold: f16 (default), q8_0 or q4_0 (cpu backend: 0.53x and\n"
+            "  --kv-type T          what K/V pages hold: f16 (default), q8_0 or q4_0 (cpu, Vulkan: 0.53x and\n"
             "                       0.28x the bytes a token)\n"
             "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"
             "  --special            parse control tokens such as <|im_start|> in the prompt and print them\n"

@@ -15,7 +15,7 @@
 /* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
 enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM, KVG_SPEC_KV_F16, KVG_SPEC_DIRECT,
        KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_UBO, KVG_SPEC_PAGE, KVG_SPEC_PPS, KVG_SPEC_NSLAB,
-       KVG_SPEC_COUNT };
+       KVG_SPEC_KV_BLOCK, KVG_SPEC_COUNT };
 
 /* The one descriptor-set layout: bindings 0-7 storage buffers, then two uniform buffers that
  * the lane mat-vec reads its inputs through (lavapipe turns a uniform-buffer load at a
@@ -260,18 +260,20 @@ int kvg_vk_model_parts(const struct kvgen_model *m, int layer, const char *which
 /* Attention of ncols queries at positions pos0.. over a cache holding positions [0, pos0+ncols)
  * of k and v ((n_kv, n_ctx, hd) floats); q and out are (ncols, n_head*hd). The cache is a
  * one-layer paged pool in one slab, pages of page_size (1..256) positions, written through the
- * pool's page writes (f16/f32 as the context's KV) over slots filled with NaN: the session's
+ * pool's page writes (kv_type KVG_TYPE_Q8_0 or KVG_TYPE_Q4_0: blocks, 0: f16/f32 as the
+ * context's KV) over slots filled
+ * with NaN (q8_0: NaN scales): the session's
  * table names its pages in order, or (shuffle) in a fixed pseudo-random order drawn from a pool
  * half as large again. nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
  * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0/1 forced. */
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
-                                   const float *v, float *out, kvgen_error *err);
+                                   int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type, const float *q,
+                                   const float *k, const float *v, float *out, kvgen_error *err);
 /* The same as a layer with a sliding window (window > 0: a query at pos sees [pos - window + 1,
  * pos] only) and soft-capped scores (softcap > 0: softcap * tanh(score / softcap)). */
 kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
-                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, int window,
-                                         float softcap, const float *q, const float *k, const float *v, float *out,
-                                         kvgen_error *err);
+                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type,
+                                         int window, float softcap, const float *q, const float *k, const float *v,
+                                         float *out, kvgen_error *err);
 
 #endif

@@ -67,6 +67,9 @@ typedef struct vk_model {
      * llama: the epilogue, the heads op and kv_copy rotate adjacent pairs; Q.K is unchanged by a
      * permutation of both; kv_read / kv_write translate K back to the file's order */
     bool neox;
+    /* K/V pages of a block type (model kv_type): its bytes per 32 elements (q8_0 34, q4_0 18) and
+     * type; 0: f16 / f32 elements (ctx->kv_f16) */
+    uint32_t kv_block, kv_qtype;
     float embd_scale;            /* embeddings times it (1: none) */
     float attn_softcap, final_softcap; /* 0: none */
     /* RoPE table variants: theta_i = pos * scale * base^(-2i/n_rot) / factor_i */
@@ -86,6 +89,9 @@ typedef struct vk_model {
     kvg_vk_buffer qk;            /* Q|K heads before their norms (ld_qk per token), when a layer has them */
     kvg_vk_buffer f;             /* Wo / down output before its post norm (ld_x per token), when a layer has one */
     uint32_t ld_qk;
+    /* block pages: token t's new K heads (RoPE applied) then V heads, f32, at float kv_raw + t * 2 *
+     * n_kv * hd of `q` (after the step's Q), for kv_store.comp to quantize into the pool */
+    uint32_t kv_raw;
     /* device argmax / top-k over the kept logits (one selection row per batched column);
      * row_owner[r]: the session whose kept logits (KVG_OUT_KEEP) are row r of `logits`, set
      * aside before another step writes that row */
@@ -101,7 +107,8 @@ typedef struct vk_model {
 
     /* The KV pool every session's K/V live in (set by kvg_vk_kv_pool_init, before any session
      * or step; page_size 0 until then): n_pages pages of page_size tokens,
-     * page_elems elements each ([L][K,V][Hkv][P][hd]), split over nslab buffers ("slabs") of pps
+     * page_elems units each ([L][K,V][Hkv][P][row]: a row is hd elements, or hd / 32 q8_0 blocks
+     * of 34 bytes, the unit then being the byte; kvg_vk_kv_row_units), split over nslab buffers ("slabs") of pps
      * pages so that each stays within maxStorageBufferRange. A slab is created when the pool
      * first hands out one of its pages; kv_gen counts slab creations so that descriptor sets
      * written before one are rewritten (once, off the per-token path). */
@@ -235,6 +242,8 @@ kvgen_status kvg_vk_upload_norm(vk_model *vm, const kvg_tensor *t, kvg_vk_buffer
 
 /* the KV layout constants of shaders/kv.glsl */
 void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]);
+/* units of one K or V row in the pool (elements; bytes of q8_0 blocks) */
+uint32_t kvg_vk_kv_row_units(const vk_model *vm);
 /* push-constant fields of the paged layout for one layer of session s (NULL: no table yet) */
 void kvg_vk_kv_pc(const vk_model *vm, const kvg_backend_session *s, int layer, uint32_t *kv_layer, uint32_t *kv_page,
                   uint32_t *kv_v, uint32_t *pt_base);

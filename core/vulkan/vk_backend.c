@@ -251,6 +251,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         break;
     }
     vm->neox = m->w.rope == KVG_ROPE_NEOX;
+    /* the block types' bytes per 32 elements (the layouts of quant.c) */
+    vm->kv_qtype = m->kv_type == KVG_TYPE_Q8_0 || m->kv_type == KVG_TYPE_Q4_0 ? m->kv_type : 0u;
+    vm->kv_block = vm->kv_qtype == KVG_TYPE_Q8_0 ? 34u : vm->kv_qtype == KVG_TYPE_Q4_0 ? 18u : 0u;
     vm->embd_scale = m->w.embd_scale;
     vm->attn_softcap = hp->attn_softcap;
     vm->final_softcap = hp->final_softcap;
@@ -361,7 +364,13 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
+    /* block pages (q8_0, q4_0): the step's raw K|V after its Q (vk_model.kv_raw), for a chunk or
+     * a batch */
+    size_t raw_tokens = C > BATCH_MAX ? C : BATCH_MAX;
+    size_t raw = vm->kv_block ? raw_tokens * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim : 0;
+    vm->kv_raw = C * vm->ld_q;
+    if (st == KVGEN_OK)
+        st = kvg_vk_buffer_create(ctx, ((size_t)C * vm->ld_q + raw) * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4 + win, KVG_VK_MEM_DEVICE, &vm->att, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4 + win, KVG_VK_MEM_DEVICE, &vm->h, err);
     if (st == KVGEN_OK)
@@ -372,7 +381,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         any_heads |= vm->layers[l].qk_norm.buf != VK_NULL_HANDLE;
         any_post |= vm->layers[l].attn_post.buf != VK_NULL_HANDLE || vm->layers[l].ffn_post.buf != VK_NULL_HANDLE;
     }
-    vm->ld_qk = round_up((uint32_t)((hp->n_head + hp->n_head_kv) * hp->head_dim), 32);
+    /* (block pages: V too, which the heads op moves to the raw K|V) */
+    vm->ld_qk = round_up((uint32_t)((hp->n_head + (vm->kv_block ? 2 : 1) * hp->n_head_kv) * hp->head_dim), 32);
     if (st == KVGEN_OK && any_heads)
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_qk * 4, KVG_VK_MEM_DEVICE, &vm->qk, err);
     if (st == KVGEN_OK && any_post)
@@ -865,10 +875,10 @@ const kvg_backend_ops kvg_vulkan_backend = {
      * lora.comp's two dispatches before each mat-mul they adapt, the delta added in its epilogue */
     .lora = true,
     .adapter_free = vk_adapter_free,
-    /* the attention shaders read f16 pages (f32 on a device without 16-bit storage, or with
-     * force_f32): no block type */
-    .kv_types = (const uint32_t[]){KVG_TYPE_F16},
-    .n_kv_types = 1,
+    /* f16 pages (f32 on a device without 16-bit storage, or with force_f32), or q8_0 / q4_0
+     * blocks: kv_store.comp quantizes a step's K/V, the attention kernels read the blocks in place */
+    .kv_types = (const uint32_t[]){KVG_TYPE_F16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0},
+    .n_kv_types = 3,
     /* every feature of the architecture table, as data of the one step walk: Q and the attention
      * output have their own stride (ld_q), so heads x head_dim may differ from n_embd; biases in
      * the QKV epilogue (binding 6); Q/K head norms by rms_norm.comp after a raw QKV epilogue;

@@ -759,6 +759,7 @@ static const struct shader_needs {
     {"attn_lane", 0, 0, 0, 0, 0},                /* none */
     {"attn_reduce", 64, 0, 0, 0, 0},             /* none */
     {"kv_copy", 64, 0, 0, 0, 0},                 /* none */
+    {"kv_store", 64, 0, 0, 0, 0},                /* none */
     {"rms_norm", 0, 0, 4, 0, 0},                 /* red[WG] */
     {"lora", 0, 0, 4, 0, 0},                     /* red[WG] */
     {"embed_", 0, 0, 0, 0, 0},                   /* none */

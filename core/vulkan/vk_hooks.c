@@ -195,19 +195,20 @@ static void hook_page_order(int32_t *order, int32_t n_pages, bool shuffle) {
 }
 
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, int page_size, bool shuffle, const float *q, const float *k,
-                                   const float *v, float *out, kvgen_error *err) {
-    return kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page_size, shuffle, 0,
-                                       0.0f, q, k, v, out, err);
+                                   int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type, const float *q,
+                                   const float *k, const float *v, float *out, kvgen_error *err) {
+    return kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page_size, shuffle,
+                                       kv_type, 0, 0.0f, q, k, v, out, err);
 }
 
 kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
-                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, int window,
-                                         float softcap, const float *q, const float *k, const float *v, float *out,
-                                         kvgen_error *err) {
+                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type,
+                                         int window, float softcap, const float *q, const float *k, const float *v,
+                                         float *out, kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
         ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256 ||
-        window < 0 || !(softcap >= 0.0f))
+        window < 0 || !(softcap >= 0.0f) ||
+        (kv_type && (hd % 32 || (kv_type != KVG_TYPE_Q8_0 && kv_type != KVG_TYPE_Q4_0))))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_attention: bad shape");
     vk_model vm = {0};
     vk_layer layer = {.window = (uint32_t)window}; /* the layer's attention facts */
@@ -219,16 +220,18 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     vm.hp.n_head = n_head;
     vm.hp.n_head_kv = n_kv;
     vm.hp.head_dim = hd;
+    vm.kv_qtype = kv_type;
+    vm.kv_block = kv_type == KVG_TYPE_Q8_0 ? 34u : kv_type == KVG_TYPE_Q4_0 ? 18u : 0u;
     vm.ld_q = (uint32_t)(n_head * hd);
     vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0) && hd % 8 == 0;
     /* a one-layer pool in one slab, as kvg_vk_kv_pool_init lays it out: page q at q * page_elems,
-     * K then V as [n_kv][P][hd]; shuffled, half as many pages again as the session uses */
-    size_t elem = ctx->kv_f16 ? 2 : 4;
+     * K then V as [n_kv][P][row]; shuffled, half as many pages again as the session uses */
+    size_t elem = kv_type ? 1 : ctx->kv_f16 ? 2 : 4;
     int32_t used = (int32_t)((n_ctx + page_size - 1) / page_size);
     int32_t n_pages = shuffle ? used + used / 2 + 1 : used;
     vm.page_size = page_size;
     vm.n_pages = n_pages;
-    vm.page_elems = (uint32_t)(2 * (size_t)n_kv * (size_t)page_size * (size_t)hd);
+    vm.page_elems = (uint32_t)(2 * (size_t)n_kv * (size_t)page_size * kvg_vk_kv_row_units(&vm));
     vm.page_bytes = (size_t)vm.page_elems * elem;
     vm.pps = (uint32_t)n_pages;
     vm.nslab = 1;
@@ -245,9 +248,11 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     kvgen_status st = tab && fill ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_kv_page_commit(&model, 0, 0, err);
     /* every slot NaN first: one the kernel reads but should not (another page, a slot past the
-     * session's positions) spoils its output */
+     * session's positions) spoils its output (block pages: every scale, at an even byte, is NaN) */
     if (st == KVGEN_OK) {
-        if (elem == 2)
+        if (elem == 1)
+            for (size_t i = 0; i < vm.page_elems / 2; i++) ((uint16_t *)fill)[i] = 0x7e00;
+        else if (elem == 2)
             for (size_t i = 0; i < vm.page_elems; i++) ((uint16_t *)fill)[i] = 0x7e00;
         else
             for (size_t i = 0; i < vm.page_elems; i++) ((uint32_t *)fill)[i] = 0x7fc00000u;

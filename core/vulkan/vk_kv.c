@@ -28,7 +28,21 @@ void kvg_vk_kv_spec(const vk_model *vm, uint32_t spec[KVG_SPEC_COUNT]) {
     spec[KVG_SPEC_PAGE] = (uint32_t)vm->page_size;
     spec[KVG_SPEC_PPS] = vm->pps;
     spec[KVG_SPEC_NSLAB] = vm->nslab;
+    spec[KVG_SPEC_KV_BLOCK] = vm->kv_block;
 }
+
+/* The pool's unit: the element of f16 / f32 pages, the byte of block pages (a row of hd elements
+ * is hd / 32 blocks of kv_block bytes: an f16 scale, then 32 int8 (q8_0) or 32 nibbles (q4_0);
+ * head_dim % 32 == 0 is checked at load).
+ * Offsets the shaders get (kv_layer, kv_v, kv_page) are in units. */
+static size_t unit_bytes(const vk_model *vm) { return vm->kv_block ? 1 : vm->ctx->kv_f16 ? 2 : 4; }
+uint32_t kvg_vk_kv_row_units(const vk_model *vm) {
+    uint32_t hd = (uint32_t)vm->hp.head_dim;
+    return vm->kv_block ? hd / 32u * vm->kv_block : hd;
+}
+/* bytes a slab has past its last page: attn_lane.comp reads a block row as the 16-byte words
+ * around it */
+static size_t slab_tail(const vk_model *vm) { return vm->kv_block ? 64 : 0; }
 
 int kvg_vk_kv_group(const vk_model *vm, int layer) { return vm->kv_group ? vm->kv_group[layer] : 0; }
 
@@ -49,7 +63,7 @@ static bool page_ok(const vk_model *vm, int g, int32_t d) {
 void kvg_vk_kv_pc(const vk_model *vm, const kvg_backend_session *s, int layer, uint32_t *kv_layer, uint32_t *kv_page,
                   uint32_t *kv_v, uint32_t *pt_base) {
     const kvg_hparams *hp = &vm->hp;
-    uint32_t v = (uint32_t)(hp->n_head_kv * vm->page_size * hp->head_dim);
+    uint32_t v = (uint32_t)(hp->n_head_kv * vm->page_size) * kvg_vk_kv_row_units(vm);
     int g = kvg_vk_kv_group(vm, layer);
     *kv_v = v;
     *kv_layer = (uint32_t)kv_slot(vm, layer) * 2u * v;
@@ -68,8 +82,8 @@ void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, kvg_vk_bin
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {
     const vk_model *vm = m->backend;
     const kvg_hparams *hp = &m->w.hp;
-    size_t elem = vm && vm->ctx && !vm->ctx->kv_f16 ? 4 : 2;
-    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * elem;
+    if (!vm || !vm->ctx) return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim * 2;
+    return (size_t)hp->n_layer * 2 * (size_t)hp->n_head_kv * kvg_vk_kv_row_units(vm) * unit_bytes(vm);
 }
 
 /* ---- the paged KV pool ---- */
@@ -107,12 +121,12 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     const kvg_hparams *hp = &vm->hp;
     /* the layer groups: the global layers' pages as before, the local ones' in slabs of their own */
     int G = m->kv.n_groups > 1 ? 2 : 1;
-    uint64_t per_layer = 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * (uint64_t)hp->head_dim;
+    uint64_t per_layer = 2 * (uint64_t)hp->n_head_kv * (uint64_t)page_size * kvg_vk_kv_row_units(vm);
     uint64_t elems = per_layer * (uint64_t)(G > 1 ? m->kv.n_layers[0] : hp->n_layer);
     uint64_t elems1 = G > 1 ? per_layer * (uint64_t)m->kv.n_layers[1] : 0;
     if (elems == 0) elems = 2; /* a group without layers: pages of one unused element pair */
     uint64_t big = elems > elems1 ? elems : elems1;
-    size_t elem = ctx->kv_f16 ? 2 : 4, limit = kvg_vk_max_part_bytes(ctx);
+    size_t elem = unit_bytes(vm), limit = kvg_vk_max_part_bytes(ctx) - slab_tail(vm);
     uint64_t per_slab = limit / (big * elem);
     if (per_slab == 0)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: one KV page of %d tokens (%llu bytes) exceeds the device's "
@@ -176,7 +190,7 @@ kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvge
     if (vm->slabs[j].buf) return KVGEN_OK;
     uint32_t first = (j - (group ? vm->nslab0 : 0)) * vm->pps;
     uint32_t pages = (uint32_t)vm->n_pages - first < vm->pps ? (uint32_t)vm->n_pages - first : vm->pps;
-    size_t bytes = (size_t)pages * kv_bytes(vm, group);
+    size_t bytes = (size_t)pages * kv_bytes(vm, group) + slab_tail(vm);
     kvg_vk_buffer b;
     kvgen_status st = kvg_vk_buffer_create(ctx, bytes, KVG_VK_MEM_UPLOAD, &b, err);
     if (st != KVGEN_OK)
@@ -197,8 +211,8 @@ static kvgen_status page_region(const vk_model *vm, int32_t page, int layer, int
     if (page < 0 || page >= vm->n_pages || !page_ok(vm, g, d))
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d of layer group %d has no storage", (int)page, g);
     const kvg_hparams *hp = &vm->hp;
-    size_t v = (size_t)hp->n_head_kv * (size_t)vm->page_size * (size_t)hp->head_dim;
-    size_t elem = vm->ctx->kv_f16 ? 2 : 4;
+    size_t v = (size_t)hp->n_head_kv * (size_t)vm->page_size * kvg_vk_kv_row_units(vm);
+    size_t elem = unit_bytes(vm);
     *slab = &vm->slabs[(uint32_t)d / vm->pps];
     *off = ((size_t)((uint32_t)d % vm->pps) * kv_elems(vm, g) + ((size_t)kv_slot(vm, layer) * 2 + (size_t)which) * v) *
            elem;
@@ -216,12 +230,14 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: KV %s of layer %d, which %d, [%d, +%d) out of range",
                         write ? "write" : "read", layer, which, pos0, n);
     size_t P = (size_t)vm->page_size, hd = (size_t)hp->head_dim, H = (size_t)hp->n_head_kv;
-    size_t elem = vm->ctx->kv_f16 ? 2 : 4, region = H * P * hd * elem;
+    size_t unit = unit_bytes(vm), row = kvg_vk_kv_row_units(vm) * unit, region = H * P * row;
+    uint32_t type = vm->kv_block ? vm->kv_qtype : unit == 2 ? KVG_TYPE_F16 : KVG_TYPE_F32;
     uint8_t *tmp = kvg_malloc(region);
     if (!tmp) return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory for a KV transfer");
     /* a NEOX model's keys are held with each head's rotation pairs adjacent (vk_model.neox):
      * device element j is element src[j] of the file's order */
     uint32_t src[256];
+    float dev[256]; /* one row in the device's element order */
     bool perm = which == 0 && vm->neox;
     for (uint32_t j = 0; perm && j < hd; j++) {
         uint32_t n_rot = (uint32_t)hp->n_rot;
@@ -237,29 +253,16 @@ static kvgen_status kv_transfer(kvgen_model *m, const int32_t *pages, int layer,
         if (st == KVGEN_OK) st = kvg_vk_download(vm->ctx, slab, off, tmp, region, err);
         for (size_t h = 0; h < H && st == KVGEN_OK; h++)
             for (size_t i = 0; i < cnt; i++) {
-                size_t e = (h * P + slot0 + i) * hd;
+                uint8_t *r = tmp + (h * P + slot0 + i) * row;
                 float *f = io + (h * (size_t)n + (p - (size_t)pos0) + i) * hd;
-                if (perm) {
-                    for (size_t d = 0; d < hd; d++) {
-                        float *fd = f + src[d];
-                        if (elem == 4) {
-                            if (write) memcpy(tmp + (e + d) * 4, fd, 4);
-                            else memcpy(fd, tmp + (e + d) * 4, 4);
-                        } else {
-                            uint16_t *hv = (uint16_t *)(void *)tmp + e + d;
-                            if (write) *hv = kvg_f32_to_f16(*fd);
-                            else *fd = kvg_f16_to_f32(*hv);
-                        }
-                    }
-                } else if (elem == 4) {
-                    if (write) memcpy(tmp + e * 4, f, hd * 4);
-                    else memcpy(f, tmp + e * 4, hd * 4);
+                /* f16 rounds to nearest (saturating finite values), q8_0 / q4_0 quantize each block of
+                 * 32 with its own scale, as the cpu backend's pages */
+                if (write) {
+                    for (size_t d = 0; d < hd; d++) dev[d] = f[perm ? src[d] : d];
+                    kvg_quantize_row(type, dev, r, hd);
                 } else {
-                    uint16_t *hv = (uint16_t *)(void *)tmp + e;
-                    for (size_t d = 0; d < hd; d++) {
-                        if (write) hv[d] = kvg_f32_to_f16(f[d]);
-                        else f[d] = kvg_f16_to_f32(hv[d]);
-                    }
+                    kvg_dequantize_row(type, r, dev, hd);
+                    for (size_t d = 0; d < hd; d++) f[perm ? src[d] : d] = dev[d];
                 }
             }
         /* the slab is written only through its own region, the one page the caller holds alone */
@@ -356,14 +359,16 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
                          .src_pos = (uint32_t)(s0 % P),
                          .dst_pos = (uint32_t)(d0 % P),
                          .kv_page = kv_elems(vm, group),
-                         .kv_v = (uint32_t)(hp->n_head_kv * P * hp->head_dim),
+                         .kv_v = (uint32_t)(hp->n_head_kv * P) * kvg_vk_kv_row_units(vm),
                          .n_rot = (uint32_t)hp->n_rot,
                          .cs_off = 2 * KV_OPS_PAGES,
                          .rope = rope_delta != 0};
         if (st == KVGEN_OK) st = kvg_vk_check(vkResetCommandBuffer(vm->ops_cb, 0), err, "vkResetCommandBuffer");
         if (st == KVGEN_OK) st = kvg_vk_cmd_begin(vm->ops_cb, true, err);
         if (st == KVGEN_OK) {
-            uint32_t groups = (uint32_t)(((size_t)c * (size_t)(hp->head_dim / 2) + 63) / 64);
+            /* an invocation per (position, element pair), or per (position, block) of block pages */
+            size_t per_pos = (size_t)hp->head_dim / (vm->kv_block ? 32 : 2);
+            uint32_t groups = (uint32_t)(((size_t)c * per_pos + 63) / 64);
             kvg_vk_cmd_dispatch(ctx, vm->ops_cb, pipe, vm->ops_set, &pc, sizeof pc, groups, 1, 1);
             kvg_vk_cmd_barrier(vm->ops_cb);
             kvg_vk_cmd_host_barrier(vm->ops_cb);

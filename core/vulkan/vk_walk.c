@@ -27,6 +27,7 @@ typedef struct pc_weights { /* matches PC in shaders/common.glsl */
     uint32_t flags; /* EPI_F_* */
     float cap;      /* store mode: soft-capping */
     uint32_t ldd;   /* EPI_F_LORA: the delta's stride */
+    uint32_t kv_raw; /* block pages: the raw K|V's offset in the output (vk_model.kv_raw) */
 } pc_weights;
 
 typedef struct pc_attn { /* matches PC in shaders/attn.comp, attn_lane.comp */
@@ -42,7 +43,14 @@ typedef struct pc_norm { /* matches PC in shaders/rms_norm.comp */
     float eps;
     uint32_t n_head, n_rot, flags;
     uint32_t kv_layer, kv_page, kv_v, pt_base;
+    uint32_t kv_raw; /* block pages: K and V heads go to the output at kv_raw (kv_store.comp) */
+    uint32_t n_kv;
 } pc_norm;
+
+typedef struct pc_kv_store { /* matches PC in shaders/kv_store.comp */
+    uint32_t n_kv, hd, ncols, kv_raw;
+    uint32_t kv_layer, kv_page, kv_v, pt_base;
+} pc_kv_store;
 
 /* Whether the lane mat-vec reads this input (ldx floats per token) and the norm weight through
  * the uniform windows: a workgroup's tokens and the norm weight must fit one window, and every
@@ -140,7 +148,8 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                              .o_off = 0,
                              .flags = a->flags | (a->bias ? EPI_F_BIAS : 0u),
                              .cap = a->cap,
-                             .ldd = a->ldd};
+                             .ldd = a->ldd,
+                             .kv_raw = vm->kv_raw};
             if (a->epi == EPI_QKV) kvg_vk_kv_pc(vm, w->s, a->layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
             uint32_t gx, gy = 1;
             if (vm->mv_lane) { /* lane layout: lane_rows rows per invocation, 8 tokens per workgroup column */
@@ -318,10 +327,45 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
                   .eps = hp->rms_norm_eps,
                   .n_head = (uint32_t)hp->n_head,
                   .n_rot = (uint32_t)hp->n_rot,
-                  .flags = L->qk_flags};
+                  .flags = L->qk_flags,
+                  .kv_raw = vm->kv_raw,
+                  .n_kv = (uint32_t)hp->n_head_kv};
     if (heads) kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
-    uint32_t gx = heads ? (uint32_t)(hp->n_head + hp->n_head_kv) : 1;
+    /* block pages: the V heads are moved to the raw K|V too */
+    uint32_t gx = heads ? (uint32_t)(hp->n_head + (vm->kv_block ? 2 : 1) * hp->n_head_kv) : 1;
     kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, gx, w->n, 1);
+    kvg_vk_cmd_barrier(w->cb);
+    return KVGEN_OK;
+}
+
+/* kv_store.comp: quantizes the step's new K and V (left at vm->kv_raw of vm->q by the QKV
+ * epilogue or the heads op) into layer `layer`'s block pages (q8_0, q4_0) */
+static kvgen_status op_kv_store(walk *w, int layer) {
+    vk_model *vm = w->vm;
+    const kvg_hparams *hp = &vm->hp;
+    uint32_t spec[KVG_SPEC_COUNT];
+    spec_init(spec);
+    kvg_vk_kv_spec(vm, spec);
+    if (w->mode == WALK_PIPELINES) {
+        VkPipeline p;
+        return kvg_vk_pipeline_get(vm->ctx, "kv_store", spec, &p, w->err);
+    }
+    int idx = w->cursor++;
+    if (w->mode == WALK_SETS) {
+        kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
+        b[0].buf = &vm->params;
+        b[2].buf = &vm->q;
+        kvg_vk_kv_bind(vm, w->s, b);
+        return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
+    }
+    if (w->mode != WALK_RECORD) return KVGEN_OK;
+    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "kv_store", spec);
+    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline kv_store was not created");
+    pc_kv_store pc = {.n_kv = (uint32_t)hp->n_head_kv, .hd = (uint32_t)hp->head_dim, .ncols = w->n,
+                      .kv_raw = vm->kv_raw};
+    kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
+    uint32_t blocks = 2u * (uint32_t)hp->n_head_kv * (uint32_t)hp->head_dim / 32u;
+    kvg_vk_cmd_dispatch(vm->ctx, w->cb, pipe, w->s->sets[idx], &pc, sizeof pc, (blocks + 63) / 64, w->n, 1);
     kvg_vk_cmd_barrier(w->cb);
     return KVGEN_OK;
 }
@@ -357,6 +401,7 @@ kvgen_status kvg_vk_walk_step(walk *w) {
         st = kvg_vk_lora_op(w, l, 0, &qkv);
         if (st == KVGEN_OK) st = kvg_vk_op_matmul(w, &qkv);
         if (st == KVGEN_OK && heads) st = op_norm(w, NORM_HEADS, l, &L->qk_norm);
+        if (st == KVGEN_OK && vm->kv_block) st = op_kv_store(w, l);
         prof_mark(w, 1);
         if (st == KVGEN_OK) st = kvg_vk_op_attention(w, l);
         prof_mark(w, 2);
