@@ -116,37 +116,41 @@ describe("kvgen module", function()
       assert.matches("activation_bits 7", err)
     end)
 
-    it("takes kv_type for the cpu backend: quantized pages, fewer bytes, logits close to f16's", function()
-      -- head_dim 32: whole blocks of 32
-      local path = support.random_model_path("--embd 128 --seed 51")
-      local tokens = {}
-      for i = 1, 40 do tokens[i] = (i * 7) % 200 + 1 end
-      local function run(kv_type)
-        local m = kvgen.load(path, { backend = "cpu", threads = 2, kv_type = kv_type })
-        local s = m:session()
-        s:prefill(tokens)
-        local by_id = {}
-        for _, e in ipairs(s:logits(m.vocab_size)) do by_id[e.id] = e.logit end
-        local info = { kv_type = m.kv_type, bytes_per_token = s:cache_info().bytes_per_token, logits = by_id }
-        s:close(); m:close()
-        return info
-      end
-      local f16, q8, q4 = run(nil), run("q8_0"), run("q4_0")
-      assert.are.equal("f16", f16.kv_type)
-      assert.are.equal("q8_0", q8.kv_type)
-      assert.are.equal("q4_0", q4.kv_type)
-      assert.are.equal(f16.bytes_per_token * 34 / 64, q8.bytes_per_token)
-      assert.are.equal(f16.bytes_per_token * 18 / 64, q4.bytes_per_token)
-      local lo, hi = math.huge, -math.huge
-      for _, v in pairs(f16.logits) do lo, hi = math.min(lo, v), math.max(hi, v) end
-      local function worst(other)
-        local w = 0
-        for id, v in pairs(other.logits) do w = math.max(w, math.abs(v - f16.logits[id])) end
-        return w / (hi - lo)
-      end
-      assert.is_true(worst(q8) > 0 and worst(q8) <= 0.02)
-      assert.is_true(worst(q4) > 0 and worst(q4) <= 0.2)
-    end)
+    local kv_backends = { "cpu" }
+    if #kvgen.devices() > 0 then kv_backends[#kv_backends + 1] = "vulkan" end
+    for _, backend in ipairs(kv_backends) do
+      it("takes kv_type for the " .. backend .. " backend: quantized pages, fewer bytes, logits close to f16's", function()
+        -- head_dim 32: whole blocks of 32
+        local path = support.random_model_path("--embd 128 --seed 51")
+        local tokens = {}
+        for i = 1, 40 do tokens[i] = (i * 7) % 200 + 1 end
+        local function run(kv_type)
+          local m = kvgen.load(path, { backend = backend, threads = 2, kv_type = kv_type })
+          local s = m:session()
+          s:prefill(tokens)
+          local by_id = {}
+          for _, e in ipairs(s:logits(m.vocab_size)) do by_id[e.id] = e.logit end
+          local info = { kv_type = m.kv_type, bytes_per_token = s:cache_info().bytes_per_token, logits = by_id }
+          s:close(); m:close()
+          return info
+        end
+        local f16, q8, q4 = run(nil), run("q8_0"), run("q4_0")
+        assert.are.equal("f16", f16.kv_type)
+        assert.are.equal("q8_0", q8.kv_type)
+        assert.are.equal("q4_0", q4.kv_type)
+        assert.are.equal(f16.bytes_per_token * 34 / 64, q8.bytes_per_token)
+        assert.are.equal(f16.bytes_per_token * 18 / 64, q4.bytes_per_token)
+        local lo, hi = math.huge, -math.huge
+        for _, v in pairs(f16.logits) do lo, hi = math.min(lo, v), math.max(hi, v) end
+        local function worst(other)
+          local w = 0
+          for id, v in pairs(other.logits) do w = math.max(w, math.abs(v - f16.logits[id])) end
+          return w / (hi - lo)
+        end
+        assert.is_true(worst(q8) > 0 and worst(q8) <= 0.02)
+        assert.is_true(worst(q4) > 0 and worst(q4) <= 0.2)
+      end)
+    end
 
     it("refuses a kv_type by name", function()
       local path = support.random_model_path("--embd 128 --seed 51")

@@ -11,7 +11,7 @@
  * - a batch of one equals a separate decode the same way;
  * - greedy generation through the jobs worker (batched) gives the tokens kvgen_generate gives
  *   one session at a time, and the worker did batch;
- * - the same on a model of head_dim 32 with q8_0 K/V pages.
+ * - the same on a model of head_dim 32 with q8_0 K/V pages, and with q4_0 pages.
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -211,14 +211,16 @@ int main(void) {
     if (kvgen_devices(NULL, 0, &n_dev, &derr) != KVGEN_OK || n_dev == 0) tu_skip("no Vulkan device");
     char *path = tu_make_model("vk_batch.gguf", "--type Q8_0 --seed 23 --embd 96 --heads 6 --kv-heads 2 --ff 160 "
                                                 "--layers 3");
-    /* head_dim 32, K/V pages of q8_0: a batch's K/V quantized by kv_store.comp per column */
+    /* head_dim 32, K/V pages of q8_0 and q4_0: a batch's K/V quantized by kv_store.comp per column */
     char *path32 = tu_make_model("vk_batch32.gguf", "--type Q8_0 --seed 29 --embd 96 --heads 3 --kv-heads 1 --ff 160 "
                                                     "--layers 3");
     CHECK(path != NULL && path32 != NULL);
     if (!path || !path32) return tu_finish("test_vk_batch");
-    for (int run = 0; run < 2; run++) {
-        const char *what = run ? "vulkan q8_0 pages" : "vulkan";
-        kvgen_model *m = load(run ? path32 : path, run ? "q8_0" : NULL);
+    static const char *const KV[3] = {NULL, "q8_0", "q4_0"};
+    static const char *const WHAT[3] = {"vulkan", "vulkan q8_0 pages", "vulkan q4_0 pages"};
+    for (int run = 0; run < 3; run++) {
+        const char *what = WHAT[run];
+        kvgen_model *m = load(run ? path32 : path, KV[run]);
         if (!m) return tu_finish("test_vk_batch");
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
