@@ -285,5 +285,7 @@ void kvl_schema_to_json(const opt_ctx *c);
 void kvl_table_to_json(const opt_ctx *c, const char *name);
 /* Pushes the value of a whole JSON text (generated under a schema), or nil. */
 void kvl_push_json_value(lua_State *L, const char *text, size_t len);
+/* Pushes a "tool_calls" finish's calls as a list of {id =, name =, arguments = table}. */
+void kvl_push_tool_calls(lua_State *L, const kvgen_tool_call *calls, int n);
 
 #endif /* KVGEN_LUA_INTERNAL_H */

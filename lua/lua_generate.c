@@ -287,17 +287,7 @@ void kvl_stream_finish(lua_State *L, int idx, lstream *st, kvgen_finish finish) 
     const kvgen_tool_call *calls = NULL;
     int n = kvgen_gen_tool_calls(st->gen, &calls);
     if (n > 0) { /* {id =, name =, arguments = table}, kept as user value 3 */
-        lua_createtable(L, n, 0);
-        for (int i = 0; i < n; i++) {
-            lua_createtable(L, 0, 3);
-            lua_pushstring(L, calls[i].id);
-            lua_setfield(L, -2, "id");
-            lua_pushstring(L, calls[i].name);
-            lua_setfield(L, -2, "name");
-            kvl_push_json_value(L, calls[i].arguments, strlen(calls[i].arguments));
-            lua_setfield(L, -2, "arguments");
-            lua_rawseti(L, -2, i + 1);
-        }
+        kvl_push_tool_calls(L, calls, n);
         lua_setiuservalue(L, idx, 3);
     }
     size_t rlen = 0;

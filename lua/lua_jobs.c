@@ -248,17 +248,7 @@ static int job_index(lua_State *L) {
             lua_pushnil(L);
             return 1;
         }
-        lua_createtable(L, n, 0);
-        for (int i = 0; i < n; i++) {
-            lua_createtable(L, 0, 3);
-            lua_pushstring(L, calls[i].id);
-            lua_setfield(L, -2, "id");
-            lua_pushstring(L, calls[i].name);
-            lua_setfield(L, -2, "name");
-            kvl_push_json_value(L, calls[i].arguments, strlen(calls[i].arguments));
-            lua_setfield(L, -2, "arguments");
-            lua_rawseti(L, -2, i + 1);
-        }
+        kvl_push_tool_calls(L, calls, n);
     } else if (strcmp(key, "reasoning") == 0) { /* a chat reply's reasoning so far (nil: none) */
         size_t len = 0;
         const char *r = kvgen_job_reasoning(j->job, &len);

@@ -289,6 +289,20 @@ void kvl_push_json_value(lua_State *L, const char *text, size_t len) {
     lua_replace(L, top + 1);
 }
 
+void kvl_push_tool_calls(lua_State *L, const kvgen_tool_call *calls, int n) {
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_createtable(L, 0, 3);
+        lua_pushstring(L, calls[i].id);
+        lua_setfield(L, -2, "id");
+        lua_pushstring(L, calls[i].name);
+        lua_setfield(L, -2, "name");
+        kvl_push_json_value(L, calls[i].arguments, strlen(calls[i].arguments));
+        lua_setfield(L, -2, "arguments");
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
 const char *kvl_json_arg(const opt_ctx *c, int idx, const char *name) {
     lua_State *L = c->L;
     idx = lua_absindex(L, idx);
