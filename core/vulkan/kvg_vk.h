@@ -194,6 +194,11 @@ void kvg_vk_cmd_transfer_barrier(VkCommandBuffer cb);
 void kvg_vk_cmd_host_barrier(VkCommandBuffer cb);
 /* Submits an ended command buffer and waits (caller holds ctx->lock). */
 kvgen_status kvg_vk_submit_wait(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkFence fence, kvgen_error *err);
+/* One-off work: under ctx->lock, a fresh command buffer that record(cb, arg) fills, ended by a
+ * host barrier, submitted and waited for, then freed. record's error stops it (nothing is
+ * submitted) and is returned. */
+kvgen_status kvg_vk_run_once(kvg_vk_ctx *ctx, kvgen_status (*record)(VkCommandBuffer cb, void *arg), void *arg,
+                             kvgen_error *err);
 
 /* Validation messages counted so far (KVGEN_VALIDATE=1); for tests. */
 int kvg_vk_validation_count(const kvg_vk_ctx *ctx);

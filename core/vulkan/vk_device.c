@@ -575,7 +575,25 @@ int kvg_vk_validation_count(const kvg_vk_ctx *ctx) {
     return ctx ? atomic_load(&((kvg_vk_ctx *)ctx)->validation_messages) : 0;
 }
 
-static kvgen_status one_off(kvg_vk_ctx *ctx, VkCommandBuffer *cb, kvgen_error *err);
+/* one-off recordings for kvg_vk_run_once: a zero fill of a whole buffer, a copy */
+static kvgen_status record_fill(VkCommandBuffer cb, void *arg) {
+    vkCmdFillBuffer(cb, ((kvg_vk_buffer *)arg)->buf, 0, VK_WHOLE_SIZE, 0);
+    kvg_vk_cmd_barrier(cb);
+    return KVGEN_OK;
+}
+
+typedef struct copy_args {
+    VkBuffer src, dst;
+    VkBufferCopy region;
+} copy_args;
+
+static kvgen_status record_copy(VkCommandBuffer cb, void *arg) {
+    const copy_args *a = arg;
+    kvg_vk_cmd_transfer_barrier(cb);
+    vkCmdCopyBuffer(cb, a->src, a->dst, 1, &a->region);
+    kvg_vk_cmd_barrier(cb);
+    return KVGEN_OK;
+}
 
 /* ---- buffers ---- */
 
@@ -659,17 +677,7 @@ kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, 
         return KVGEN_OK;
     }
     /* zero-fill so padding that kernels read (rows padded to 32) is 0 */
-    kvg_mutex_lock(&ctx->lock);
-    VkCommandBuffer cb;
-    st = one_off(ctx, &cb, err);
-    if (st == KVGEN_OK) {
-        vkCmdFillBuffer(cb, out->buf, 0, VK_WHOLE_SIZE, 0);
-        kvg_vk_cmd_barrier(cb);
-        st = kvg_vk_cmd_end(cb, err);
-        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-    }
-    kvg_mutex_unlock(&ctx->lock);
+    st = kvg_vk_run_once(ctx, record_fill, out, err);
     if (st != KVGEN_OK) kvg_vk_buffer_destroy(ctx, out);
     return st;
 }
@@ -691,20 +699,10 @@ static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDevic
         return kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the staging buffer is not host-visible");
     }
     if (to_device) memcpy(staging.map, host, size);
-    kvg_mutex_lock(&ctx->lock);
-    VkCommandBuffer cb;
-    st = one_off(ctx, &cb, err);
-    if (st == KVGEN_OK) {
-        VkBufferCopy region = {.srcOffset = to_device ? 0 : offset, .dstOffset = to_device ? offset : 0, .size = size};
-        kvg_vk_cmd_transfer_barrier(cb);
-        vkCmdCopyBuffer(cb, to_device ? staging.buf : b->buf, to_device ? b->buf : staging.buf, 1, &region);
-        kvg_vk_cmd_barrier(cb);
-        kvg_vk_cmd_host_barrier(cb);
-        st = kvg_vk_cmd_end(cb, err);
-        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-    }
-    kvg_mutex_unlock(&ctx->lock);
+    copy_args a = {.src = to_device ? staging.buf : b->buf,
+                   .dst = to_device ? b->buf : staging.buf,
+                   .region = {.srcOffset = to_device ? 0 : offset, .dstOffset = to_device ? offset : 0, .size = size}};
+    st = kvg_vk_run_once(ctx, record_copy, &a, err);
     if (st == KVGEN_OK && !to_device) memcpy(host, staging.map, size);
     kvg_vk_buffer_destroy(ctx, &staging);
     return st;
@@ -935,12 +933,23 @@ kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err) {
     return KVGEN_OK;
 }
 
-/* a one-off command buffer: allocate, begin */
-static kvgen_status one_off(kvg_vk_ctx *ctx, VkCommandBuffer *cb, kvgen_error *err) {
-    kvgen_status st = kvg_vk_cmd_alloc(ctx, cb, err);
-    if (st != KVGEN_OK) return st;
-    st = kvg_vk_cmd_begin(*cb, true, err);
-    if (st != KVGEN_OK) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, cb);
+kvgen_status kvg_vk_run_once(kvg_vk_ctx *ctx, kvgen_status (*record)(VkCommandBuffer cb, void *arg), void *arg,
+                             kvgen_error *err) {
+    kvg_mutex_lock(&ctx->lock);
+    VkCommandBuffer cb;
+    kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
+    if (st == KVGEN_OK) {
+        st = kvg_vk_cmd_begin(cb, true, err);
+        if (st == KVGEN_OK) {
+            kvgen_status rec = record(cb, arg);
+            kvg_vk_cmd_host_barrier(cb);
+            st = kvg_vk_cmd_end(cb, err);
+            if (rec != KVGEN_OK) st = rec;
+            else if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
+        }
+        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
+    }
+    kvg_mutex_unlock(&ctx->lock);
     return st;
 }
 

@@ -9,25 +9,24 @@
 #include "kvg_quant.h"
 #include "kvg_vk_backend.h"
 
+typedef struct one_off_args {
+    walk *w;
+    kvgen_status (*op)(walk *, const void *);
+    const void *arg;
+} one_off_args;
+
+static kvgen_status record_one_off(VkCommandBuffer cb, void *arg) {
+    one_off_args *a = arg;
+    a->w->cb = cb;
+    a->w->mode = WALK_RECORD;
+    a->w->cursor = 0;
+    return a->op(a->w, a->arg);
+}
+
 static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(walk *, const void *), const void *arg,
                                 kvgen_error *err) {
-    kvg_mutex_lock(&ctx->lock);
-    VkCommandBuffer cb;
-    kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
-    if (st == KVGEN_OK) {
-        st = kvg_vk_cmd_begin(cb, true, err);
-        w->cb = cb;
-        w->mode = WALK_RECORD;
-        w->cursor = 0;
-        if (st == KVGEN_OK) st = op(w, arg);
-        kvg_vk_cmd_host_barrier(cb);
-        kvgen_status st2 = kvg_vk_cmd_end(cb, err);
-        if (st == KVGEN_OK) st = st2;
-        if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-        vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-    }
-    kvg_mutex_unlock(&ctx->lock);
-    return st;
+    one_off_args a = {w, op, arg};
+    return kvg_vk_run_once(ctx, record_one_off, &a, err);
 }
 
 static kvgen_status op_matmul_v(walk *w, const void *a) { return kvg_vk_op_matmul(w, a); }
@@ -106,6 +105,26 @@ typedef struct pc_embed { /* matches PC in shaders/embed.comp */
     float embd_scale;
 } pc_embed;
 
+typedef struct embed_args {
+    kvg_vk_ctx *ctx;
+    const vk_matrix *m;
+    VkPipeline pipe;
+    const VkDescriptorSet *sets;
+    uint32_t n, ldo;
+    float scale;
+} embed_args;
+
+static kvgen_status record_embed(VkCommandBuffer cb, void *arg) {
+    const embed_args *a = arg;
+    for (int i = 0; i < a->m->n_parts; i++) {
+        pc_embed pc = {.nrows = a->m->parts[i].rows, .nb = a->m->nb, .scale_off = a->m->parts[i].scale_off,
+                       .ncols = a->n, .ldo = a->ldo, .row0 = a->m->parts[i].row0, .embd_scale = a->scale};
+        if (i > 0) kvg_vk_cmd_barrier(cb); /* the parts write one buffer */
+        kvg_vk_cmd_dispatch(a->ctx, cb, a->pipe, a->sets[i], &pc, sizeof pc, a->n, 1, 1);
+    }
+    return KVGEN_OK;
+}
+
 kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata, uint32_t rows, uint32_t K,
                                const int32_t *tokens, uint32_t n, float scale, float *out, kvgen_error *err) {
     if (n == 0 || rows == 0 || K == 0)
@@ -148,24 +167,8 @@ kvgen_status kvg_vk_test_embed(kvg_vk_ctx *ctx, uint32_t type, const void *wdata
         st = kvg_vk_set_create(ctx, pool, b, &sets[i], err);
     }
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&ctx->lock);
-        VkCommandBuffer cb;
-        st = kvg_vk_cmd_alloc(ctx, &cb, err);
-        if (st == KVGEN_OK) {
-            st = kvg_vk_cmd_begin(cb, true, err);
-            for (int i = 0; i < m.n_parts && st == KVGEN_OK; i++) {
-                pc_embed pc = {.nrows = m.parts[i].rows, .nb = m.nb, .scale_off = m.parts[i].scale_off, .ncols = n,
-                               .ldo = ldo, .row0 = m.parts[i].row0, .embd_scale = scale};
-                if (i > 0) kvg_vk_cmd_barrier(cb); /* the parts write one buffer */
-                kvg_vk_cmd_dispatch(ctx, cb, pipe, sets[i], &pc, sizeof pc, n, 1, 1);
-            }
-            kvg_vk_cmd_host_barrier(cb);
-            kvgen_status st2 = kvg_vk_cmd_end(cb, err);
-            if (st == KVGEN_OK) st = st2;
-            if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-            vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-        }
-        kvg_mutex_unlock(&ctx->lock);
+        embed_args a = {ctx, &m, pipe, sets, n, ldo, scale};
+        st = kvg_vk_run_once(ctx, record_embed, &a, err);
     }
     float *tmp = st == KVGEN_OK ? kvg_malloc((size_t)n * ldo * 4) : NULL;
     if (st == KVGEN_OK && !tmp) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");

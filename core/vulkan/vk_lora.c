@@ -142,6 +142,18 @@ kvgen_status kvg_vk_lora_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkDescripto
 
 /* ---- test hook ----------------------------------------------------------------------------------- */
 
+typedef struct test_args {
+    kvg_vk_ctx *ctx;
+    const VkDescriptorSet *sets;
+    kvg_vk_lora_args a;
+    kvgen_error *err;
+} test_args;
+
+static kvgen_status record_test(VkCommandBuffer cb, void *arg) {
+    const test_args *t = arg;
+    return kvg_vk_lora_record(t->ctx, cb, t->sets[0], t->sets[1], &t->a, t->err);
+}
+
 kvgen_status kvg_vk_test_lora(kvg_vk_ctx *ctx, const kvg_lora_set *const *sets, uint32_t n, int n_layer, int layer,
                               const kvg_vk_lora_part *parts, int n_parts, const float *x, uint32_t in_dim,
                               const float *norm, float eps, uint32_t nrows, float *delta, kvgen_error *err) {
@@ -207,21 +219,11 @@ kvgen_status kvg_vk_test_lora(kvg_vk_ctx *ctx, const kvg_lora_set *const *sets, 
         st = kvg_vk_set_create(ctx, pool, b, &sets_vk[i], err);
     }
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&ctx->lock);
-        VkCommandBuffer cb;
-        st = kvg_vk_cmd_alloc(ctx, &cb, err);
-        if (st == KVGEN_OK) {
-            st = kvg_vk_cmd_begin(cb, true, err);
-            kvg_vk_lora_args a = {.ncols = n, .ldx = ldx, .ldt = ldt, .ldd = nrows, .n_in = in_dim, .nrows = nrows,
-                                  .norm = norm != NULL, .eps = eps};
-            if (st == KVGEN_OK) st = kvg_vk_lora_record(ctx, cb, sets_vk[0], sets_vk[1], &a, err);
-            kvg_vk_cmd_host_barrier(cb);
-            kvgen_status st2 = kvg_vk_cmd_end(cb, err);
-            if (st == KVGEN_OK) st = st2;
-            if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, ctx->fence, err);
-            vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-        }
-        kvg_mutex_unlock(&ctx->lock);
+        test_args t = {ctx, sets_vk,
+                       {.ncols = n, .ldx = ldx, .ldt = ldt, .ldd = nrows, .n_in = in_dim, .nrows = nrows,
+                        .norm = norm != NULL, .eps = eps},
+                       err};
+        st = kvg_vk_run_once(ctx, record_test, &t, err);
     }
     if (st == KVGEN_OK) st = kvg_vk_download(ctx, &db, 0, delta, (size_t)n * nrows * 4, err);
     if (pool) vkDestroyDescriptorPool(ctx->dev, pool, NULL);
