@@ -116,16 +116,6 @@ static kvgen_session *chat_session(kvgen_model *m, const char *user, size_t *pro
     return s;
 }
 
-static bool wait_final(kvgen_job *j) {
-    struct timespec ts = {0, 200000};
-    for (long i = 0; i < 3000000; i++) {
-        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
-        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
-        nanosleep(&ts, NULL);
-    }
-    return false;
-}
-
 static const char *STORY = "Tell me a long story about a brave knight who fights a dragon.";
 
 static void test_real(const char *path) {
@@ -197,7 +187,7 @@ static void test_real(const char *path) {
         kvgen_job *j = NULL;
         CHECK_OK(kvgen_job_submit(s, &jd, &j, &err));
         if (j) {
-            CHECK(wait_final(j));
+            CHECK(tu_job_wait(j));
             kvgen_job_info info;
             kvgen_job_get_info(j, &info);
             size_t jl;

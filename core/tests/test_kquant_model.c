@@ -180,36 +180,25 @@ static void check_types(const char *path, const char *const (*expect)[2], size_t
     kvg_gguf_close(g);
 }
 
-/* kvgen-mkmodel's output (stdout and stderr) and exit status */
-static int run_mkmodel(const char *args, char *out, size_t size) {
-    const char *bin = getenv("KVGEN_BIN");
-    char *path = tu_tmpfile("kq-refused.gguf");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s/kvgen-mkmodel -o %s %s 2>&1", bin && *bin ? bin : ".", path, args);
-    free(path);
-    FILE *p = popen(cmd, "r");
-    size_t len = 0, got;
-    out[0] = 0;
-    while (p && len + 1 < size && (got = fread(out + len, 1, size - 1 - len, p)) > 0) len += got;
-    out[len] = 0;
-    int status = p ? pclose(p) : -1;
-    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+/* kvgen-mkmodel's output and exit status */
+static int refused(const char *args, char *out, size_t size) {
+    return tu_run_mkmodel("kq-refused.gguf", args, out, size);
 }
 
 static void test_refused_widths(void) {
     char out[4096];
-    CHECK(run_mkmodel("--type Q4_K --embd 128 --heads 2", out, sizeof out) != 0);
+    CHECK(refused("--type Q4_K --embd 128 --heads 2", out, sizeof out) != 0);
     CHECKF(strstr(out, "tensor token_embd.weight has type Q4_K, whose rows must be a multiple of 256 elements") &&
                strstr(out, "128 wide (--embd 128)"),
            "%s", out);
-    CHECK(run_mkmodel("--mix q4_k_m --embd 256 --ff 320", out, sizeof out) != 0);
+    CHECK(refused("--mix q4_k_m --embd 256 --ff 320", out, sizeof out) != 0);
     CHECKF(strstr(out, "tensor blk.0.ffn_down.weight has type Q4_K") && strstr(out, "320 wide (--ff 320)"), "%s", out);
     /* wide heads: attn_output's rows are heads x head size */
-    CHECK(run_mkmodel("--type Q6_K --embd 256 --heads 4 --head-dim 80", out, sizeof out) != 0);
+    CHECK(refused("--type Q6_K --embd 256 --heads 4 --head-dim 80", out, sizeof out) != 0);
     CHECKF(strstr(out, "tensor blk.0.attn_output.weight has type Q6_K") && strstr(out, "(heads x head size 320)"),
            "%s", out);
-    CHECK(run_mkmodel("--mix q4_k_m --type Q4_K", out, sizeof out) != 0 && strstr(out, "exclude each other"));
-    CHECK(run_mkmodel("--mix q5_k_m", out, sizeof out) != 0 && strstr(out, "--mix q5_k_m is not a mix"));
+    CHECK(refused("--mix q4_k_m --type Q4_K", out, sizeof out) != 0 && strstr(out, "exclude each other"));
+    CHECK(refused("--mix q5_k_m", out, sizeof out) != 0 && strstr(out, "--mix q5_k_m is not a mix"));
 }
 
 int main(void) {

@@ -693,20 +693,6 @@ done:
 
 /* ---- many sessions' adapters in one batch ------------------------------------------------------- */
 
-static void pause_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static bool wait_final(kvgen_job *j) {
-    for (long i = 0; i < 6000000; i++) {
-        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
-        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
-        pause_us(100);
-    }
-    return false;
-}
-
 /* Sessions with different adapters, one with two and one with none, generate as jobs of the
  * worker, their decodes batched (with an endless job without adapters holding every step's
  * batch open); each ends with the tokens and bit-identical logits of a session alone. */
@@ -745,9 +731,9 @@ static void test_mixed_batch(int bi) {
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
     }
     for (int i = 0; i < N; i++)
-        if (jobs[i]) CHECK(wait_final(jobs[i]));
+        if (jobs[i]) CHECK(tu_job_wait(jobs[i]));
     kvgen_job_cancel(gate_job);
-    if (gate_job) CHECK(wait_final(gate_job));
+    if (gate_job) CHECK(tu_job_wait(gate_job));
     for (int i = 0; i < N; i++) {
         if (!a[i] || !b[i]) continue;
         kvgen_job_info ji;
@@ -921,22 +907,6 @@ static void vulkan_body(void *arg) {
 
 /* ---- kvgen-mkmodel --lora ------------------------------------------------------------------------ */
 
-/* kvgen-mkmodel's output (stdout and stderr) and exit status */
-static int run_mkmodel(const char *args, char *out, size_t size) {
-    const char *bin = getenv("KVGEN_BIN");
-    char *path = tu_tmpfile("lora-refused.gguf");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s/kvgen-mkmodel -o %s %s 2>&1", bin && *bin ? bin : ".", path, args);
-    free(path);
-    FILE *p = popen(cmd, "r");
-    size_t len = 0, got;
-    out[0] = 0;
-    while (p && len + 1 < size && (got = fread(out + len, 1, size - 1 - len, p)) > 0) len += got;
-    out[len] = 0;
-    int status = p ? pclose(p) : -1;
-    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* the shape of tensor `name` in the file at path is [ne0, ne1]; ne0 0: the file has no such tensor */
 static void shape_is(const char *path, const char *name, uint64_t ne0, uint64_t ne1) {
     kvg_gguf *g = NULL;
@@ -996,10 +966,10 @@ static void test_mkmodel_lora(void) {
         {"--lora --arch bert", "--lora writes adapters for decoders"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int rc = run_mkmodel(bad[i].args, out, sizeof out);
+        int rc = tu_run_mkmodel("lora-refused.gguf", bad[i].args, out, sizeof out);
         CHECKF(rc != 0 && strstr(out, bad[i].want), "kvgen-mkmodel %s: exit %d, output: %s", bad[i].args, rc, out);
     }
-    CHECK(run_mkmodel("--help", out, sizeof out) != 0 && strstr(out, "--lora-targets"));
+    CHECK(tu_run_mkmodel("lora-refused.gguf", "--help", out, sizeof out) != 0 && strstr(out, "--lora-targets"));
 }
 
 int main(void) {

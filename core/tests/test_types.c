@@ -197,19 +197,8 @@ static void test_refusals(void) {
 }
 
 /* kvgen-mkmodel --type: the traits table's types that can be written; others refused with the list */
-static int run_mkmodel(const char *args, char *out, size_t size) {
-    const char *bin = getenv("KVGEN_BIN");
-    char *path = tu_tmpfile("t-mk.gguf");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s/kvgen-mkmodel -o %s %s 2>&1", bin && *bin ? bin : ".", path, args);
-    free(path);
-    FILE *p = popen(cmd, "r");
-    size_t len = 0, got;
-    if (size) out[0] = 0;
-    while (p && len + 1 < size && (got = fread(out + len, 1, size - 1 - len, p)) > 0) len += got;
-    if (size) out[len] = 0;
-    int status = p ? pclose(p) : -1;
-    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+static int mkmodel(const char *args, char *out, size_t size) {
+    return tu_run_mkmodel("t-mk.gguf", args, out, size);
 }
 
 static void test_mkmodel_types(void) {
@@ -229,19 +218,19 @@ static void test_mkmodel_types(void) {
     for (size_t i = 0; i < nw; i++) { /* rows a whole number of blocks: 256 wide for the K types */
         int width = kvg_type_block_elems(writable[i]) > 64 ? 256 : 64;
         snprintf(args, sizeof args, "--type %s --embd %d --ff %d --layers 1", kvg_type_name(writable[i]), width, width);
-        CHECKF(run_mkmodel(args, out, sizeof out) == 0, "mkmodel %s: %s", args, out);
+        CHECKF(mkmodel(args, out, sizeof out) == 0, "mkmodel %s: %s", args, out);
     }
     const char *bad[] = {"IQ2_XXS", "MXFP4", "q4_k", "bogus"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "--type %s", bad[i]);
-        CHECKF(run_mkmodel(args, out, sizeof out) != 0, "mkmodel %s succeeded", args);
+        CHECKF(mkmodel(args, out, sizeof out) != 0, "mkmodel %s succeeded", args);
         char want[700];
         snprintf(want, sizeof want, "--type %s is not a type kvgen-mkmodel can write (valid: %s)", bad[i], list);
         CHECKF(strstr(out, want) != NULL, "mkmodel %s said:\n%s\nwant: %s", args, out, want);
     }
-    CHECK(run_mkmodel("--embd-type IQ2_XXS", out, sizeof out) != 0 && strstr(out, "--embd-type IQ2_XXS") &&
+    CHECK(mkmodel("--embd-type IQ2_XXS", out, sizeof out) != 0 && strstr(out, "--embd-type IQ2_XXS") &&
           strstr(out, list));
-    CHECK(run_mkmodel("--help", out, sizeof out) != 0);
+    CHECK(mkmodel("--help", out, sizeof out) != 0);
     char want[700];
     snprintf(want, sizeof want, "[--type %s]", bar);
     CHECKF(strstr(out, want) != NULL, "mkmodel --help:\n%s\nwant: %s", out, want);

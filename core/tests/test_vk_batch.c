@@ -135,20 +135,6 @@ static void test_logits(kvgen_model *m, const char *what) {
     }
 }
 
-static void pause_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static bool wait_final(kvgen_job *j) {
-    for (long i = 0; i < 1200000; i++) {
-        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
-        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
-        pause_us(100);
-    }
-    return false;
-}
-
 /* greedy tokens: jobs (batched by the worker) vs kvgen_generate one session at a time. A job
  * that generates without end (its context shifts) until cancelled at the end runs beside them,
  * so every decode of theirs shares a batch with it, however fast the host submits. */
@@ -175,13 +161,13 @@ static void test_greedy(kvgen_model *m, const char *what) {
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
         CHECK_OK(kvgen_session_prefill(b[i], prompt, lens[i], NULL, &err));
     }
-    for (int i = 0; i < N; i++) CHECK(jobs[i] && wait_final(jobs[i]));
+    for (int i = 0; i < N; i++) CHECK(jobs[i] && tu_job_wait(jobs[i]));
     if (gate_job) {
         kvgen_job_info gi;
         kvgen_job_get_info(gate_job, &gi);
         CHECKF(gi.state == KVGEN_JOB_GENERATING, "%s: the endless job is %s", what, kvgen_job_state_name(gi.state));
         kvgen_job_cancel(gate_job);
-        CHECK(wait_final(gate_job));
+        CHECK(tu_job_wait(gate_job));
         kvgen_job_release(gate_job);
     }
     kvgen_session_close(gate);

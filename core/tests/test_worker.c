@@ -19,26 +19,11 @@
 static kvgen_model *g_model;
 static int g_vocab;
 
-static void pause_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-/* polls until the job is final; false after a generous bound (a hang, not a timing assert) */
-static bool wait_final(kvgen_job *j) {
-    for (long i = 0; i < 6000000; i++) {
-        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
-        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
-        pause_us(100);
-    }
-    return false;
-}
-
 /* waits (bounded) until `cond(arg)` holds; false after a generous bound (a hang) */
 static bool wait_for(bool (*cond)(void *), void *arg) {
     for (long i = 0; i < 6000000; i++) {
         if (cond(arg)) return true;
-        pause_us(100);
+        tu_pause_us(100);
     }
     return false;
 }
@@ -130,10 +115,10 @@ static void test_batched_equals_sequential(kvgen_model *m, const char *what) {
                             .gen = {.max_tokens = 12 + i, .ignore_eog = 1}};
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
     }
-    for (int i = 0; i < N; i++) CHECK(wait_final(jobs[i]));
+    for (int i = 0; i < N; i++) CHECK(tu_job_wait(jobs[i]));
     if (gate_job) {
         kvgen_job_cancel(gate_job);
-        CHECK(wait_final(gate_job));
+        CHECK(tu_job_wait(gate_job));
         kvgen_job_release(gate_job);
     }
     kvgen_session_close(gate);
@@ -183,7 +168,7 @@ static void test_short_prompts_batched(kvgen_model *m, const char *what) {
                             .gen = {.max_tokens = GEN, .ignore_eog = 1}};
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
     }
-    for (int i = 0; i < N; i++) CHECK(wait_final(jobs[i]));
+    for (int i = 0; i < N; i++) CHECK(tu_job_wait(jobs[i]));
     kvgen_jobs_get_stats(m, &st);
     CHECKF(st.prompts_batched - before.prompts_batched == N && st.prefill_chunks - before.prefill_chunks == N,
            "%s: %llu of %d prompts ran with the decodes (%llu pieces)", what,
@@ -213,7 +198,7 @@ static void test_chunked_prefill(void) {
     kvgen_job *j;
     kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = p, .n_tokens = n, .gen = {.max_tokens = 1}};
     CHECK_OK(kvgen_job_submit(a, &d, &j, &err));
-    CHECK(wait_final(j));
+    CHECK(tu_job_wait(j));
     CHECK_OK(kvgen_session_prefill(b, p, n, NULL, &err));
     int32_t tok = kvgen_session_sample(b);
     CHECK_OK(kvgen_session_decode(b, tok, &err));
@@ -299,7 +284,7 @@ static void test_poll_structure(void) {
             got += ev[e].len;
             finished += ev[e].finished;
         }
-        if (!finished) pause_us(100);
+        if (!finished) tu_pause_us(100);
     }
     CHECK(finished == 1 && kvgen_poll(g_model, &owner_b, ev, 4) == 0);
     size_t all;
@@ -309,7 +294,7 @@ static void test_poll_structure(void) {
     kvgen_job_get_info(jb, &ib);
     CHECK(ib.state == KVGEN_JOB_DONE && ib.n_tokens == 3);
     CHECK(kvgen_job_poll(ja, NULL, NULL) == KVGEN_JOB_CANCELLED);
-    CHECK(wait_final(jc) && kvgen_job_poll(jc, NULL, NULL) == KVGEN_JOB_CANCELLED);
+    CHECK(tu_job_wait(jc) && kvgen_job_poll(jc, NULL, NULL) == KVGEN_JOB_CANCELLED);
     kvgen_job_release(ja);
     kvgen_job_release(jb);
     kvgen_job_release(jc);
@@ -332,7 +317,7 @@ static void same_turn(kvgen_session *s, kvgen_session *ref, const char *what) {
     kvgen_job_desc d = {.prompt = KVGEN_PROMPT_CHAT, .role = "user", .text = "Hello there",
                         .gen = {.max_tokens = 6, .ignore_eog = 1}};
     CHECK_OK(kvgen_job_submit(s, &d, &j, &err));
-    CHECK(wait_final(j));
+    CHECK(tu_job_wait(j));
     CHECK_OK(kvgen_chat_begin(ref, "user", "Hello there", &err));
     kvgen_generate_desc gd = {.max_tokens = 6, .ignore_eog = 1};
     char text[512];
@@ -374,7 +359,7 @@ static void test_cancel_rollback(void) {
     kvgen_job_get_info(j1, &i1);
     CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED && i1.n_tokens == 0);
     kvgen_job_cancel(j0);
-    CHECK(wait_final(j0) && wait_final(j1));
+    CHECK(tu_job_wait(j0) && tu_job_wait(j1));
     CHECK(kvgen_job_poll(j0, NULL, NULL) == KVGEN_JOB_CANCELLED);
     CHECK_OK(kvgen_session_fork(a, &ref, &err)); /* a as j0 left it */
     same_turn(a, ref, "cancelled while queued");
@@ -392,7 +377,7 @@ static void test_cancel_rollback(void) {
     size_t len0 = kvgen_session_length(a);
     CHECK_OK(kvgen_job_submit(a, &d1, &j1, &err));
     kvgen_job_cancel(j1);
-    CHECK(wait_final(j1));
+    CHECK(tu_job_wait(j1));
     kvgen_job_get_info(j1, &i1);
     CHECK(i1.state == KVGEN_JOB_CANCELLED && i1.finish == KVGEN_FINISH_CANCELLED);
     if (i1.n_tokens == 0) {
@@ -439,7 +424,7 @@ static void test_priority(void) {
     CHECK_OK(kvgen_job_submit(hi, &d, &jh, &err));
     kvgen_job_info il0, il, ih;
     kvgen_job_get_info(jl, &il0);
-    CHECK(wait_final(jx) && wait_final(jl) && wait_final(jh));
+    CHECK(tu_job_wait(jx) && tu_job_wait(jl) && tu_job_wait(jh));
     kvgen_job_get_info(jl, &il);
     kvgen_job_get_info(jh, &ih);
     CHECK(ih.priority == 5 && il.priority == 0);
@@ -480,7 +465,7 @@ static void test_arguments_and_copies(void) {
     CHECK(kvgen_job_submit(s, &bad4, &j, &err) == KVGEN_E_INVALID_ARGUMENT);
     /* no prompt and no logits: the job fails on the worker with gen_begin's message */
     CHECK_OK(kvgen_job_submit(s, NULL, &j, &err));
-    CHECK(wait_final(j));
+    CHECK(tu_job_wait(j));
     kvgen_job_info ji;
     kvgen_job_get_info(j, &ji);
     CHECK(ji.state == KVGEN_JOB_FAILED && ji.error.status == KVGEN_E_INVALID_ARGUMENT &&
@@ -502,7 +487,7 @@ static void test_arguments_and_copies(void) {
     memset(vals, 'Y', sizeof vals);
     memset(stop_buf, 'Q', sizeof stop_buf - 1);
     values[0] = values[1] = NULL;
-    CHECK(wait_final(j));
+    CHECK(tu_job_wait(j));
     char keys2[2][8] = {"mood", "n"}, vals2[2][8] = {"calm", "angry"};
     const char *values2[2] = {vals2[0], vals2[1]};
     kvgen_json_field fields2[2] = {{.key = keys2[0], .type = KVGEN_JSON_ENUM, .values = values2, .n_values = 2},
@@ -585,12 +570,12 @@ static void test_random_storm(void) {
                 finished[idx] += ev[e].finished;
             }
         }
-        if (round % 50 == 0) pause_us(500);
+        if (round % 50 == 0) tu_pause_us(500);
     }
     CHECK(bad == 0 && submitted > 50);
     /* drain: every live job ends, its finished event comes once and the texts add up */
     for (int i = 0; i < NJ; i++)
-        if (jobs[i]) CHECK(wait_final(jobs[i]));
+        if (jobs[i]) CHECK(tu_job_wait(jobs[i]));
     kvgen_event ev[8];
     int k;
     while ((k = kvgen_poll(g_model, &owner, ev, 8)) > 0)
@@ -632,7 +617,7 @@ static void test_shutdown(const char *path) {
                                 .gen = {.max_tokens = -1, .ignore_eog = 1}};
             CHECK_OK(kvgen_job_submit(ss[i % 4], &d, &jobs[i], &err));
         }
-        pause_us(2000);
+        tu_pause_us(2000);
         kvgen_model_unload(m); /* the handle goes first: sessions and jobs keep the model */
         if (order == 0) {
             for (int i = 0; i < 4; i++) kvgen_session_close(ss[i]); /* cancels the jobs */
@@ -860,7 +845,7 @@ static void test_busy_session(const char *path) {
     CHECK(kvgen_session_sample(b) >= 0);
 
     kvgen_job_cancel(j);
-    CHECK(wait_final(j) && wait_final(queued));
+    CHECK(tu_job_wait(j) && tu_job_wait(queued));
     CHECK(kvgen_session_busy(a) == 0);
     kvgen_job_info ji;
     kvgen_job_get_info(queued, &ji);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,6 +82,35 @@ char *tu_read_file(const char *path, size_t *size) {
         if (size) *size = (size_t)n;
     }
     return buf;
+}
+
+int tu_run_mkmodel(const char *name, const char *args, char *out, size_t size) {
+    const char *bin = getenv("KVGEN_BIN");
+    char *path = tu_tmpfile(name);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/kvgen-mkmodel -o %s %s 2>&1", bin && *bin ? bin : ".", path ? path : name, args);
+    free(path);
+    FILE *p = popen(cmd, "r");
+    size_t len = 0, got;
+    if (size) out[0] = 0;
+    while (p && len + 1 < size && (got = fread(out + len, 1, size - 1 - len, p)) > 0) len += got;
+    if (size) out[len] = 0;
+    int status = p ? pclose(p) : -1;
+    return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void tu_pause_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+bool tu_job_wait(kvgen_job *j) {
+    for (long i = 0; i < 6000000; i++) { /* 10 minutes */
+        kvgen_job_state st = kvgen_job_poll(j, NULL, NULL);
+        if (st == KVGEN_JOB_DONE || st == KVGEN_JOB_CANCELLED || st == KVGEN_JOB_FAILED) return true;
+        tu_pause_us(100);
+    }
+    return false;
 }
 
 kvgen_model *tu_load(const kvgen_model_desc *desc) {

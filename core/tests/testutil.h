@@ -60,6 +60,13 @@ char *tu_model_file(const char *name);
 char *tu_tmpfile(const char *name);
 /* builds a random-weight model by running kvgen-mkmodel with `args`; returns malloc'd path or NULL */
 char *tu_make_model(const char *name, const char *args);
+/* runs kvgen-mkmodel -o <scratch>/<name> `args`: its output (stdout and stderr) into out, and its
+ * exit status (-1: it did not run) */
+int tu_run_mkmodel(const char *name, const char *args, char *out, size_t size);
+/* sleeps `us` microseconds */
+void tu_pause_us(long us);
+/* polls until the job is final; false after a generous bound (a hang, not a timing assert) */
+bool tu_job_wait(kvgen_job *j);
 /* loads a model (CHECK fails with kvgen's message when it cannot); NULL on failure */
 kvgen_model *tu_load(const kvgen_model_desc *desc);
 /* n deterministic pseudo-random token ids in [0, n_vocab) for a seed */
