@@ -16,7 +16,8 @@
 #                                       random-weight models of the 135M, 1B (q4_k_m) and 3B
 #                                       (q4_k_m) shapes, benchmarks each (prompts 512 and 2048,
 #                                       decode at depths 0, 2048 and 8192, 1 to 32 sessions),
-#                                       logs per-op times (KVGEN_VK_PROFILE), and writes
+#                                       logs per-op times (KVGEN_VK_PROFILE; again with the
+#                                       subgroup reductions off, KVGEN_VK_SUBGROUP=0), and writes
 #                                       everything to $OUT (else build-gpu/results) and one
 #                                       archive of it, gpu-check.tar.gz.
 #
@@ -155,6 +156,11 @@ run() {
       KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" --backend vulkan \
         -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name.txt" 2>&1
       grep -i "ms" "$res/profile-$name.txt" | tail -12
+    fi
+    if [ "$(left)" -gt 15 ]; then # the same with the shared-memory reductions instead of subgroup ones
+      KVGEN_VK_SUBGROUP=0 KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" \
+        --backend vulkan -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name-nosubgroup.txt" 2>&1
+      echo "-- KVGEN_VK_SUBGROUP=0:"; grep -i "ms" "$res/profile-$name-nosubgroup.txt" | tail -12
     fi
   done
   rm -f "$res"/tmp/*.gguf

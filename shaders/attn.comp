@@ -1,6 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 // attn.comp: causal attention of ncols query tokens over the layer's KV cache, online softmax.
 // Dispatch: (n_kv, ncols, nsplit), WG invocations. One workgroup handles every query head that
 // shares KV head gl_WorkGroupID.x (G = n_head / n_kv <= 8), so each cached K/V element is read
@@ -12,6 +16,9 @@
 // Bindings: 0 params, 2 q (token t at t*ldq, head h at h*hd, already rotated), 3 out (DIRECT:
 // t*ldo + h*hd), 5/10 the KV cache (kv.glsl: the pool's slabs, the page table), 7 partials
 // (not DIRECT: per (t, h, s): m, l, acc[hd]).
+// SUBGROUP (the attn_sg variant, for devices with subgroup arithmetic): a tile's maximum score
+// and sum of weights per query head come from subgroupMax / subgroupAdd and one shared value per
+// subgroup, instead of every invocation reading all WG scores and weights from shared memory.
 // Positions are walked WG at a time. lavapipe's 65,535-iteration limit counts every loop iteration
 // of an invocation together (about (2 + GQ) * WG per tile here, the head_dim loops unrolled), so
 // the host chooses nsplit so that one split covers at most 4,096 positions.
@@ -44,7 +51,12 @@ layout(std430, set = 0, binding = 3) writeonly buffer Out { float yout[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
 
 const uint MAXG = GQ, MAXHD = HD, MAXD = (HD + WG - 1u) / WG;
+#ifdef SUBGROUP
+// per (query head, subgroup): the tile's maximum score, the sum of its weights
+shared float sg_max[MAXG * WG], sg_sum[MAXG * WG];
+#else
 shared float sc[MAXG * WG];
+#endif
 shared float pr[MAXG * WG];
 
 // where the V row of each position of the current tile starts, found once per tile by its lane
@@ -82,6 +94,8 @@ void main() {
     for (uint base = p_begin; base < p_end; base += WG) {
         uint nvalid = min(WG, p_end - base);
         uint p = base + tid;
+        float own[MAXG]; // this invocation's score per query head (-1e30: no position)
+        [[unroll]] for (uint g = 0u; g < G; g++) own[g] = -1e30;
         if (tid < nvalid) {
             kv_ref kr = kv_row(tab, true, kvh, p);
             kv_ref vr = kv_row(tab, false, kvh, p);
@@ -94,22 +108,44 @@ void main() {
                 [[unroll]] for (uint g = 0u; g < G; g++)
                     sg[g] += kv.x * qr[g * MAXHD + d] + kv.y * qr[g * MAXHD + d + 1u];
             }
-            [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = attn_cap(sg[g]);
+            [[unroll]] for (uint g = 0u; g < G; g++) own[g] = attn_cap(sg[g]);
         }
+#ifdef SUBGROUP
+        [[unroll]] for (uint g = 0u; g < G; g++) {
+            float smax = subgroupMax(own[g]);
+            if (subgroupElect()) sg_max[g * WG + gl_SubgroupID] = smax;
+        }
+#else
+        [[unroll]] for (uint g = 0u; g < G; g++) sc[g * WG + tid] = own[g];
+#endif
         barrier();
         [[unroll]] for (uint g = 0u; g < G; g++) {
             float tmax = -1e30;
+#ifdef SUBGROUP
+            for (uint i = 0u; i < gl_NumSubgroups; i++) tmax = max(tmax, sg_max[g * WG + i]);
+#else
             for (uint i = 0u; i < nvalid; i++) tmax = max(tmax, sc[g * WG + i]);
+#endif
             float mnew = max(m[g], tmax);
             float corr = exp(m[g] - mnew);
             m[g] = mnew;
             l[g] *= corr;
             [[unroll]] for (uint e = 0u; e < MAXD; e++) acc[g * MAXD + e] *= corr;
-            pr[g * WG + tid] = tid < nvalid ? exp(sc[g * WG + tid] - mnew) : 0.0;
+            float w = tid < nvalid ? exp(own[g] - mnew) : 0.0;
+            pr[g * WG + tid] = w;
+#ifdef SUBGROUP
+            float ssum = subgroupAdd(w);
+            if (subgroupElect()) sg_sum[g * WG + gl_SubgroupID] = ssum;
+#endif
         }
         barrier();
-        [[unroll]] for (uint g = 0u; g < G; g++)
+        [[unroll]] for (uint g = 0u; g < G; g++) {
+#ifdef SUBGROUP
+            for (uint i = 0u; i < gl_NumSubgroups; i++) l[g] += sg_sum[g * WG + i];
+#else
             for (uint i = 0u; i < nvalid; i++) l[g] += pr[g * WG + i];
+#endif
+        }
         [[unroll]] for (uint e = 0u; e < MAXD; e++) {
             uint d = tid + e * WG;
             if (d >= hd) break;

@@ -1,6 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 // matvec.comp: y = W x for up to NCOLS tokens (decode), weights dequantized in registers so
 // several tokens share one read of W.
 // Dispatch: (ceil(nrows / ROWS), 1, 1); each workgroup computes ROWS rows (even, so row pairs
@@ -51,11 +55,34 @@ vec4 lane_g(uint k4) { return UBO != 0u ? gu[k4] : gnorm[k4]; }
 
 shared float red[WG * ROWS * NCOLS];
 
-// red[i * WG + 0 .. WG) summed into red[i * WG] for every i < n: a tree over WG, each level's
-// n * s additions spread over the whole workgroup by a plain (not unrolled) loop. The code stays
-// small on purpose: a shader with barriers is compiled by lavapipe (Mesa 25) as a coroutine, and
-// LLVM's coroutine frame analysis grows with the square of the basic blocks, of which every
-// shared-memory access there makes several (an unrolled 32 x 6 tree took 30 s to compile).
+// red[i * WG + 0 .. WG) summed into red[i * WG] for every i < n (n <= ROWS * NCOLS, the same
+// in every invocation).
+#ifdef SUBGROUP
+// The variant for devices with subgroup arithmetic (matvec_sg_<type>): each subgroup sums its
+// invocations' values with subgroupAdd, its first invocation writes the subgroup's sums, and
+// one invocation per value adds up the subgroups' sums: two barriers instead of log2(WG).
+void reduce_all(uint tid, uint n) {
+    float v[ROWS * NCOLS];
+    [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++)
+        if (i < n) v[i] = subgroupAdd(red[i * WG + tid]);
+    barrier();
+    if (subgroupElect())
+        [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++)
+            if (i < n) red[i * WG + gl_SubgroupID] = v[i];
+    barrier();
+    for (uint i = tid; i < n; i += WG) {
+        float s = 0.0;
+        for (uint g = 0u; g < gl_NumSubgroups; g++) s += red[i * WG + g];
+        red[i * WG] = s;
+    }
+    barrier();
+}
+#else
+// A tree over WG, each level's n * s additions spread over the whole workgroup by a plain (not
+// unrolled) loop. The code stays small on purpose: a shader with barriers is compiled by
+// lavapipe (Mesa 25) as a coroutine, and LLVM's coroutine frame analysis grows with the square
+// of the basic blocks, of which every shared-memory access there makes several (an unrolled 32
+// x 6 tree took 30 s to compile).
 void reduce_all(uint tid, uint n) {
     for (uint s = WG >> 1; s > 0u; s >>= 1) {
         barrier();
@@ -66,6 +93,7 @@ void reduce_all(uint tid, uint n) {
     }
     barrier();
 }
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;

@@ -347,7 +347,8 @@ static void check_kernels(void) {
         kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
         CHECKF(st == KVGEN_OK, "%s", err.message);
         if (st != KVGEN_OK) return;
-        for (int lane = 0; lane <= 1; lane++) {
+        /* attn.comp (0), attn_lane.comp (1), attn.comp's subgroup variant (2) */
+        for (int lane = 0; lane <= (ctx->info.subgroup_arithmetic ? 2 : 1); lane++) {
             check_window(ctx, 4, 2, 32, 0, 40, 1, lane, 8, 50.0f);     /* prefill from empty, past the window */
             check_window(ctx, 4, 2, 32, 30, 9, 1, lane, 8, 0.0f);      /* prefill after a cached prefix */
             check_window(ctx, 4, 1, 32, 39, 1, 16, lane, 8, 0.0f);     /* decode, splits */

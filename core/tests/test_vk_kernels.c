@@ -266,6 +266,7 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
 }
 
 static void run_all(kvg_vk_ctx *ctx) {
+    bool subgroups = ctx->info.subgroup_arithmetic;
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
         if (kvg_type_block_elems(t) == 256) {
@@ -280,9 +281,15 @@ static void run_all(kvg_vk_ctx *ctx) {
                 check_matmul(ctx, t, 65, 768, 9, false, 1, lane);
             }
             check_matmul(ctx, t, 22, 2304, 17, true, 0, 1); /* 8 tokens exceed one 64 KiB window */
+            if (subgroups) { /* the cooperative mat-vec with subgroup reductions */
+                check_matmul(ctx, t, 37, 1280, 1, true, 0, 2);
+                check_matmul(ctx, t, 38, 768, 3, false, 3, 2);
+                check_matmul(ctx, t, 21, 256, 8, false, 1, 2);
+            }
             continue;
         }
-        for (int lane = 0; lane <= 1; lane++) {
+        /* decode: the cooperative mat-vec (lane 0; 2: its subgroup reductions) and the lane one */
+        for (int lane = 0; lane <= (subgroups ? 2 : 1); lane++) {
             check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, lane);
             check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, lane);
             check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
@@ -308,12 +315,16 @@ static void run_all(kvg_vk_ctx *ctx) {
     check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, 0);
     check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, 1);
     check_matmul(ctx, KVG_TYPE_Q3_K, 6, 256 * 263, 10, true, 0, -1);
+    if (subgroups) {
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, 2);
+        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 5, true, 0, 2);
+    }
 
     /* both kernels: the cooperative one (lane 0) and attn_lane.comp for CPU devices (lane 1),
      * every case within 2e-4 of the CPU result on the same rounded K/V, over shuffled pages of
      * 16 (lane 0) and 32 (lane 1) positions: every span crosses pages, a tile of 64 several */
-    for (int lane = 0; lane <= 1; lane++) {
-        int P = lane ? 32 : 16;
+    for (int lane = 0; lane <= (subgroups ? 2 : 1); lane++) { /* 2: attn.comp's subgroup variant */
+        int P = lane == 1 ? 32 : 16;
         check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);    /* prefill from empty */
         check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);   /* prefill after a cached prefix */
         check_attention(ctx, 6, 2, 64, 5000, 3, 1, lane, P, true);  /* prefill past 4096: split + reduce */

@@ -437,8 +437,8 @@ int main(void) {
      * of 1 (a page per position), 7, 16 and 32, shuffled over spare pages; prefill and decode,
      * split and not */
     for (qi = 0; qi < 2; qi++) {
-        for (int lane = 0; lane <= 1; lane++) {
-            int P = lane ? 32 : 16;
+        for (int lane = 0; lane <= (ctx->info.subgroup_arithmetic ? 2 : 1); lane++) { /* 2: attn_sg */
+            int P = lane == 1 ? 32 : 16;
             check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);   /* prefill from empty */
             check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);  /* prefill after a cached prefix */
             check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);   /* decode, split, 8 query heads per KV head */

@@ -286,7 +286,7 @@ static void limits_model(void) {
         int gemm = 0, attn = 0;
         for (int p = 0; ctx && p < ctx->n_pipes; p++) {
             gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
-            attn += strcmp(ctx->pipes[p].name, "attn") == 0;
+            attn += strcmp(ctx->pipes[p].name, "attn") == 0 || strcmp(ctx->pipes[p].name, "attn_sg") == 0;
         }
         if (layouts[i][0]) CHECKF(gemm > 0 && attn > 0, "limits %d: the cooperative layout was not used", i);
         CHECKF(ctx && ctx->props.limits.maxComputeWorkGroupCount[0] == 3 &&

@@ -25,7 +25,11 @@
 #include "kvg_vk_backend.h" /* kvg_vk_upload_matrix */
 #include "testutil.h"
 
-static const char *const kernels[] = {"embed", "matvec", "gemm"};
+/* the kernels compiled once per weight type, and what each adds to the type's define */
+static const struct {
+    const char *name, *extra;
+} kernels[] = {{"embed", ""}, {"matvec", ""}, {"gemm", ""}, {"matvec_sg", ",SUBGROUP=1"}};
+#define N_KERNELS (sizeof kernels / sizeof kernels[0])
 
 static void vk_list(char *buf, size_t size) {
     uint32_t types[64];
@@ -62,13 +66,14 @@ static void test_table(void) {
         char define[64];
         snprintf(define, sizeof define, "WTYPE_%s=1", name);
         CHECKF(strcmp(r->define, define) == 0, "%s: define %s", name, r->define);
-        for (size_t k = 0; k < 3; k++) {
-            char shader[64];
-            snprintf(shader, sizeof shader, "%s_%s", kernels[k], r->suffix);
+        for (size_t k = 0; k < N_KERNELS; k++) {
+            char shader[64], defines[96];
+            snprintf(shader, sizeof shader, "%s_%s", kernels[k].name, r->suffix);
+            snprintf(defines, sizeof defines, "%s%s", r->define, kernels[k].extra);
             const kvg_shader_blob *b = kvg_shader_find(shader);
             CHECKF(b != NULL, "%s: no shader %s (KVGEN_WEIGHT_TYPES in shaders/CMakeLists.txt)", name, shader);
-            CHECKF(b && strcmp(b->defines, r->define) == 0, "%s was compiled with '%s', the table says '%s'", shader,
-                   b ? b->defines : "?", r->define);
+            CHECKF(b && strcmp(b->defines, defines) == 0, "%s was compiled with '%s', the table says '%s'", shader,
+                   b ? b->defines : "?", defines);
         }
     }
     /* the other way: every weight-type variant the build embedded has its row */
@@ -80,15 +85,16 @@ static void test_table(void) {
         bool found = false;
         for (size_t j = 0; j < n && !found; j++) {
             const kvg_vk_wtype *r = kvg_vk_wtype_at(j);
-            for (size_t k = 0; k < 3 && !found; k++) {
-                char shader[64];
-                snprintf(shader, sizeof shader, "%s_%s", kernels[k], r->suffix);
-                found = strcmp(shader, b->name) == 0 && strcmp(b->defines, r->define) == 0;
+            for (size_t k = 0; k < N_KERNELS && !found; k++) {
+                char shader[64], defines[96];
+                snprintf(shader, sizeof shader, "%s_%s", kernels[k].name, r->suffix);
+                snprintf(defines, sizeof defines, "%s%s", r->define, kernels[k].extra);
+                found = strcmp(shader, b->name) == 0 && strcmp(b->defines, defines) == 0;
             }
         }
         CHECKF(found, "shader %s (%s) has no row in the Vulkan weight-type table", b->name, b->defines);
     }
-    CHECKF(variants == (int)(3 * n), "%d weight-type shader variants for %zu rows", variants, n);
+    CHECKF(variants == (int)(N_KERNELS * n), "%d weight-type shader variants for %zu rows", variants, n);
     CHECK(kvg_shader_count() > (size_t)variants);
     static const uint32_t real_types[] = {KVG_TYPE_Q5_0, KVG_TYPE_Q5_1, KVG_TYPE_Q4_K, KVG_TYPE_Q5_K, KVG_TYPE_Q6_K,
                                           KVG_TYPE_Q2_K, KVG_TYPE_Q3_K, KVG_TYPE_IQ4_NL, KVG_TYPE_IQ4_XS};

@@ -241,7 +241,9 @@ const kvg_vk_wtype *kvg_vk_wtype_at(size_t i); /* table order; NULL past the end
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of
  * `type`; norm (K floats) or NULL for RMSNorm(x_t) * norm first; epi 0 store, 1 add (y holds the
  * values to add to), 3 swiglu (rows interleave gate/up; y has rows/2 per token). ncols <= 8
- * runs the decode mat-vec, larger the prefill GEMM. lane: -1 device default, 0/1 forced. */
+ * runs the decode mat-vec, larger the prefill GEMM. lane: -1 device default, 0 the cooperative
+ * mat-vec with shared-memory reductions, 1 the lane mat-vec, 2 the cooperative one with subgroup
+ * reductions (KVGEN_E_UNSUPPORTED without subgroup arithmetic). */
 kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, uint32_t rows, uint32_t K,
                                 const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
                                 float *y, kvgen_error *err);
@@ -270,7 +272,8 @@ int kvg_vk_model_parts(const struct kvgen_model *m, int layer, const char *which
  * with NaN (q8_0: NaN scales): the session's
  * table names its pages in order, or (shuffle) in a fixed pseudo-random order drawn from a pool
  * half as large again. nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
- * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0/1 forced. */
+ * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0 attn.comp, 1
+ * attn_lane.comp, 2 attn.comp's subgroup variant (KVGEN_E_UNSUPPORTED without subgroup arithmetic). */
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
                                    int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type, const float *q,
                                    const float *k, const float *v, float *out, kvgen_error *err);

@@ -84,6 +84,8 @@ typedef struct vk_model {
     uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
     bool lane_ubo;               /* lane layout: inputs through uniform windows where they fit */
     bool mv_lane;                /* matvec: one row pair per invocation (CPU devices) */
+    bool subgroup;               /* the cooperative matvec and attention reduce by subgroup arithmetic
+                                  * (matvec_sg_<type>, attn_sg) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
     kvg_vk_buffer qk;            /* Q|K heads before their norms (ld_qk per token), when a layer has them */

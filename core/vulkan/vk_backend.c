@@ -299,6 +299,10 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
     if (vm->lane_rows < 2) vm->lane_rows = 2;
     if (getenv("KVGEN_VK_UBO")) vm->lane_ubo = atoi(getenv("KVGEN_VK_UBO")) != 0;
+    /* the cooperative mat-vec and attention reduce with subgroup arithmetic where the device
+     * offers it in compute shaders; KVGEN_VK_SUBGROUP=0 keeps the shared-memory paths */
+    vm->subgroup = ctx->info.subgroup_arithmetic;
+    if (getenv("KVGEN_VK_SUBGROUP") && atoi(getenv("KVGEN_VK_SUBGROUP")) == 0) vm->subgroup = false;
     /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;

@@ -754,6 +754,7 @@ static const struct shader_needs {
     {"argmax", 0, 0, 8, 0, 0},                   /* best_k, best_i[WG] */
     {"topk", 0, 0, 64 * 8 + 4, 0, 0},            /* lk, li[WG * K], lcount[WG]; K = 64 */
     {"attn", 0, 0, 8, 8, 0},                     /* sc, pr[GQ * WG], v_slab, v_elem[WG] */
+    {"attn_sg", 0, 0, 8, 12, 0},                 /* sg_max, sg_sum, pr[GQ * WG], v_slab, v_elem[WG] */
     {"attn_lane", 0, 0, 0, 0, 0},                /* none */
     {"attn_reduce", 64, 0, 0, 0, 0},             /* none */
     {"kv_copy", 64, 0, 0, 0, 0},                 /* none */

@@ -41,7 +41,11 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     vm.ctx = ctx;
     vm.hp.rms_norm_eps = eps;
     vm.hp.head_dim = 2;
-    vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0;
+    vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane == 1;
+    vm.subgroup = lane == 2 || (lane < 0 && ctx->info.subgroup_arithmetic);
+    if (lane == 2 && !ctx->info.subgroup_arithmetic)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
+                        ctx->info.name);
     vm.mv_wg = vm.mv_lane ? 32 : 64;
     vm.mv_rows = 4;
     vm.lane_rows = 8;
@@ -226,7 +230,11 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     vm.kv_qtype = kv_type;
     vm.kv_block = kv_type == KVG_TYPE_Q8_0 ? 34u : kv_type == KVG_TYPE_Q4_0 ? 18u : 0u;
     vm.ld_q = (uint32_t)(n_head * hd);
-    vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane != 0) && hd % 8 == 0;
+    vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane == 1) && hd % 8 == 0;
+    vm.subgroup = lane == 2 || (lane < 0 && ctx->info.subgroup_arithmetic);
+    if (lane == 2 && !ctx->info.subgroup_arithmetic)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: device %s has no subgroup arithmetic",
+                        ctx->info.name);
     /* a one-layer pool in one slab, as kvg_vk_kv_pool_init lays it out: page q at q * page_elems,
      * K then V as [n_kv][P][row]; shuffled, half as many pages again as the session uses */
     size_t elem = kv_type ? 1 : ctx->kv_f16 ? 2 : 4;

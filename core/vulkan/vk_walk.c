@@ -75,7 +75,8 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        snprintf(name, sizeof name, "matvec_%s", part->wt->suffix);
+        snprintf(name, sizeof name, "%s_%s", vm->subgroup ? "matvec_sg" : "matvec",
+                 part->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
         spec[KVG_SPEC_ROWS] = vm->mv_lane ? vm->lane_rows : vm->mv_rows;
@@ -223,7 +224,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     const kvg_hparams *hp = &vm->hp;
     uint32_t spec_direct[KVG_SPEC_COUNT], spec_split[KVG_SPEC_COUNT], spec_reduce[KVG_SPEC_COUNT];
     /* CPU devices: one SIMD group of 8 lanes per workgroup, each lane its own split or token */
-    const char *attn = vm->attn_lane ? "attn_lane" : "attn";
+    const char *attn = vm->attn_lane ? "attn_lane" : vm->subgroup ? "attn_sg" : "attn";
     uint32_t lane_wg = 8;
     spec_init(spec_direct);
     spec_direct[KVG_SPEC_WG] = vm->attn_lane ? lane_wg : 64;
