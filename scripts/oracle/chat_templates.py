@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chat-template fixtures for test_jinja: every template rendered by jinja2 the way Hugging Face's
 apply_chat_template renders it (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loop
-controls, its tojson, raise_exception), for several conversations.
+controls, its tojson, raise_exception, strftime_now), for several conversations.
 
 Templates: the ones stored in the repository's model files (read with gguf-py), widely published
 templates of other families written out below, and small templates that exercise one feature each.
@@ -26,6 +26,7 @@ Output records (lengths in bytes, payload on the following line):
 import json
 import os
 import sys
+from datetime import datetime
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -313,8 +314,12 @@ def env():
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
     e.filters["tojson"] = tojson
     e.globals["raise_exception"] = raise_exception
+    e.globals["strftime_now"] = strftime_now
     return e
 
 

@@ -9,8 +9,10 @@ not given).
 
 Templates: Qwen2.5-Coder-0.5B-Instruct's own (read from models/ with gguf-py; without gguf-py or
 the file, the copy in core/tests/fixtures/chat_templates.txt), the published Qwen3 template of
-chat_templates.py, and one-feature templates for the interpreter's Python details (dicts with
-keys that are not strings, str.format, filters of none, 'in' an undefined value).
+chat_templates.py, the model publishers' own templates in scripts/oracle/templates/ (PUBLISHED
+below names the model each comes from) and Gemma 3's (chat_templates.py), and one-feature
+templates for the interpreter's Python details (dicts with keys that are not strings,
+str.format, filters of none, 'in' an undefined value).
 
 Records as in chat_templates.py (lengths in bytes, payload on the following line):
     template NAME LEN          then the template source
@@ -28,7 +30,26 @@ import sys
 import jinja2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from chat_templates import QWEN3, ROOT, env, record  # noqa: E402
+from chat_templates import GEMMA3, QWEN3, ROOT, env, record  # noqa: E402
+
+# The publishers' chat templates (tokenizer_config.json's chat_template, "tool_use" where a model
+# has several), as files in scripts/oracle/templates/: name -> (model, file). Hermes-2-Pro-Llama-3-8B's
+# tool_use template is the same text as Hermes-3-Llama-3.1-8B's.
+PUBLISHED = {
+    "llama31": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama-Llama-3.1-8B-Instruct.jinja"),
+    "llama32": ("meta-llama/Llama-3.2-3B-Instruct", "meta-llama-Llama-3.2-3B-Instruct.jinja"),
+    "mistral_nemo": ("mistralai/Mistral-Nemo-Instruct-2407", "mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+    "hermes3": ("NousResearch/Hermes-3-Llama-3.1-8B (tool_use)", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"),
+    "qwen25": ("Qwen/Qwen2.5-7B-Instruct", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    "qwen3_06b": ("Qwen/Qwen3-0.6B", "Qwen-Qwen3-0.6B.jinja"),
+    "phi4_mini": ("microsoft/Phi-4-mini-instruct", "microsoft-Phi-4-mini-instruct.jinja"),
+}
+# the special tokens' text each family's template is given
+BOS_EOS = {
+    "llama31": ("<|begin_of_text|>", "<|eot_id|>"), "llama32": ("<|begin_of_text|>", "<|eot_id|>"),
+    "mistral_nemo": ("<s>", "</s>"), "hermes3": ("<|begin_of_text|>", "<|im_end|>"),
+    "phi4_mini": ("<|endoftext|>", "<|endoftext|>"), "gemma3": ("<bos>", "<eos>"),
+}
 
 TOOLS = [
     {"type": "function", "function": {
@@ -46,6 +67,15 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "get_price", "a
 CALL2 = {"id": "call_2", "type": "function",
          "function": {"name": "give_item", "arguments": {"item": "shield", "weight": 2.5, "note": None, "ok": True}}}
 CALL_STR = {"id": "call_3", "type": "function", "function": {"name": "get_price", "arguments": "{\"item\": \"bow\"}"}}
+# ids of nine letters and digits (Mistral's templates refuse any other)
+CALL9 = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "get_price", "arguments": {"item": "sword", "quantity": 1}}}
+CALL9_2 = {"id": "f5g6h7i8j", "type": "function",
+           "function": {"name": "give_item", "arguments": {"item": "shield", "weight": 2.5}}}
+SEARCH = {"id": "call_4", "type": "function", "function": {"name": "brave_search", "arguments": {"query": "sword prices"}}}
+# Phi-4-mini takes the tools as JSON text in the system message's "tools" field (a list of the
+# functions themselves), and its replies' calls stay in the content as the model writes them
+PHI_TOOLS = json.dumps([t["function"] for t in TOOLS], ensure_ascii=False)
+PHI_CALL = "<|tool_call|>[{\"name\": \"get_price\", \"arguments\": {\"item\": \"sword\", \"quantity\": 1}}]<|/tool_call|>"
 
 # (role, content, further fields or None)
 CONVERSATIONS = {
@@ -64,6 +94,30 @@ CONVERSATIONS = {
                   ("assistant", "4", {"reasoning_content": "two and two\n"}),
                   ("user", "and 3+3?", None)],
     "plain": [("user", "Hello! Who are you?", None)],
+    # a call, its result (as a JSON object in content, as Llama's template allows), the answer, more
+    "call9": [("system", "You are Mira, the village blacksmith.", None),
+              ("user", "How much is a sword?", None),
+              ("assistant", "", {"content": None, "tool_calls": [CALL9]}),
+              ("tool", "{\"price\": 12}", {"tool_call_id": "a1b2c3d4e"}),
+              ("assistant", "A sword is 12 gold.", None),
+              ("user", "And a shield?", None)],
+    "call9_two": [("user", "Price a sword and give me a shield.", None),
+                  ("assistant", "", {"content": None, "tool_calls": [CALL9, CALL9_2]}),
+                  ("tool", "12", {"tool_call_id": "a1b2c3d4e"}),
+                  ("tool", "done", {"tool_call_id": "f5g6h7i8j"})],
+    "result_object": [("user", "How much is a sword?", None),
+                      ("assistant", "", {"tool_calls": [CALL]}),
+                      ("ipython", "", {"content": {"price": 12, "currency": "gold"}})],
+    "builtin": [("user", "Search for sword prices.", None),
+                ("assistant", "", {"tool_calls": [SEARCH]}),
+                ("ipython", "[\"12 gold\"]", None)],
+    "phi_tools": [("system", "You are Mira, the village blacksmith.", {"tools": PHI_TOOLS}),
+                  ("user", "How much is a sword?", None),
+                  ("assistant", PHI_CALL, {"tool_calls": [CALL]}),
+                  ("tool", "{\"price\": 12}", {"tool_call_id": "call_1"}),
+                  ("assistant", "A sword is 12 gold.", None),
+                  ("user", "Thanks!", None)],
+    "alternating": [("user", "one", None), ("assistant", "two", None), ("user", "three", None)],
 }
 
 VARS = {
@@ -72,6 +126,10 @@ VARS = {
     "tools_nothink": {"tools": TOOLS, "enable_thinking": False},
     "think": {"enable_thinking": True},
     "nothink": {"enable_thinking": False},
+    "tools_dated": {"tools": TOOLS, "date_string": "05 Dec 2026"},
+    "tools_system": {"tools": TOOLS, "date_string": "05 Dec 2026", "tools_in_user_message": False},
+    "builtin": {"tools": TOOLS, "date_string": "05 Dec 2026", "builtin_tools": ["brave_search", "code_interpreter"]},
+    "dated": {"date_string": "05 Dec 2026"},
 }
 
 # (template, conversation, variables) cases
@@ -84,6 +142,24 @@ CASES = [
     ("feat_gaps", "plain", "none"),
     ("feat_vars", "plain", "none"),
 ]
+# the published templates: tools, calls (one, several, arguments as JSON text), results, plain
+for _t in ("llama31", "llama32"):
+    CASES += [(_t, "tool_call", "tools_dated"), (_t, "tool_call", "tools_system"), (_t, "two_calls", "tools_dated"),
+              (_t, "call9", "tools_dated"), (_t, "result_object", "tools_dated"), (_t, "builtin", "builtin"),
+              (_t, "plain", "tools_dated"), (_t, "plain", "dated"), (_t, "alternating", "dated")]
+CASES += [("llama31", "plain", "tools"), ("llama31", "tool_call", "none")]
+CASES += [("mistral_nemo", "call9", "tools"), ("mistral_nemo", "call9", "none"), ("mistral_nemo", "call9_two", "tools"),
+          ("mistral_nemo", "tool_call", "tools"), ("mistral_nemo", "plain", "tools"),
+          ("mistral_nemo", "alternating", "none"), ("mistral_nemo", "two_calls", "tools")]
+for _t in ("hermes3", "qwen25", "qwen3_06b"):
+    CASES += [(_t, "tool_call", "tools"), (_t, "two_calls", "tools"), (_t, "call9_two", "tools"),
+              (_t, "plain", "tools"), (_t, "tool_call", "none"), (_t, "alternating", "none")]
+CASES += [("qwen3_06b", "reasoning", "think"), ("qwen3_06b", "two_calls", "tools_nothink"),
+          ("qwen3_06b", "plain", "nothink")]
+CASES += [("phi4_mini", "phi_tools", "tools"), ("phi4_mini", "phi_tools", "none"), ("phi4_mini", "plain", "none"),
+          ("phi4_mini", "alternating", "tools"), ("phi4_mini", "tool_call", "tools")]
+CASES += [("gemma3", "plain", "tools"), ("gemma3", "alternating", "tools"), ("gemma3", "tool_call", "tools"),
+          ("gemma3", "call9", "tools")]
 
 FEATURES = {
     "feat_tools": "{% for t in tools or [] %}{{ t.function.name }}: {{ t | tojson }}\n{% endfor %}"
@@ -145,6 +221,10 @@ def qwen25_template():
 
 def main():
     templates = {"qwen25_coder": qwen25_template(), "qwen3": QWEN3}
+    for name, (_model, file) in PUBLISHED.items():
+        with open(os.path.join(os.path.dirname(__file__), "templates", file), encoding="utf-8") as f:
+            templates[name] = f.read()
+    templates["gemma3"] = GEMMA3
     templates.update(FEATURES)
     templates.update(BAD)
     e = env()
@@ -156,7 +236,7 @@ def main():
         msgs = CONVERSATIONS[cname]
         variables = FEATURE_VARS.get(tname, VARS[vname])
         for agp in (False, True):
-            bos, eos = ("", "<|im_end|>")
+            bos, eos = BOS_EOS.get(tname, ("", "<|im_end|>"))
             out.write(f"case {tname}/{cname}/{vname}/{int(agp)} {tname} {int(agp)} {len(msgs)}\n".encode())
             record(out, "bos", bos)
             record(out, "eos", eos)
