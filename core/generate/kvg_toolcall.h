@@ -21,9 +21,13 @@ const char *kvg_tool_format_detect(const char *tpl, size_t len);
 /* The system message's field from which the template reads the tools ("tools": Phi-4-mini's,
  * JSON text of a list of the functions), or NULL when it reads its `tools` variable. */
 const char *kvg_tool_system_field(const char *tpl, size_t len);
+/* Whether the template renders no tool_calls and takes an assistant's calls as text in its
+ * content (Phi-4-mini's). */
+bool kvg_tool_calls_as_text(const char *tpl, size_t len);
 /* For a template that renders no tool_calls (Phi-4-mini's): the calls of a kvgen_chat_message's
  * tool_calls JSON written as the model writes them, to go into the message's content (a new
- * string, kvg_free it); NULL for any other template (or out of memory). */
+ * string, kvg_free it; Python's json.dumps spacing); NULL for any other template (or out of
+ * memory). */
 char *kvg_tool_calls_text(const char *tpl, size_t len, const char *calls_json);
 
 /* Checks desc and builds a generation's tools for the template `tpl` (its text decides the

@@ -102,6 +102,23 @@ const char *kvg_tool_system_field(const char *tpl, size_t len) {
     return f ? f->system_field : NULL;
 }
 
+/* v as JSON text with Python's json.dumps spacing (", " and ": "), as models were shown it */
+static bool write_spaced(kvg_buf *b, const kvg_json *v) {
+    if (v->type != KVG_JSON_ARRAY && v->type != KVG_JSON_OBJECT) return kvg_json_write(b, v) == 0;
+    bool obj = v->type == KVG_JSON_OBJECT, ok = kvg_buf_add(b, obj ? "{" : "[", 1);
+    for (const kvg_json *c = v->child; c && ok; c = c->next) {
+        if (c != v->child) ok = kvg_buf_add(b, ", ", 2);
+        if (ok && obj) ok = kvg_json_write_string(b, c->key, c->key_len) == 0 && kvg_buf_add(b, ": ", 2);
+        ok = ok && write_spaced(b, c);
+    }
+    return ok && kvg_buf_add(b, obj ? "}" : "]", 1);
+}
+
+bool kvg_tool_calls_as_text(const char *tpl, size_t len) {
+    const tool_format *f = tpl ? detect(tpl, len) : NULL;
+    return f && f->text_open;
+}
+
 char *kvg_tool_calls_text(const char *tpl, size_t len, const char *calls_json) {
     const tool_format *f = tpl ? detect(tpl, len) : NULL;
     if (!f || !f->text_open || !calls_json) return NULL;
@@ -120,7 +137,7 @@ char *kvg_tool_calls_text(const char *tpl, size_t len, const char *calls_json) {
         ok = name && args && (i == 0 || kvg_buf_add(&b, ", ", 2)) && kvg_buf_add(&b, "{\"name\": ", 9) &&
              kvg_json_write_string(&b, name, strlen(name)) == 0 && kvg_buf_add(&b, ", \"", 3) &&
              kvg_buf_add(&b, f->args_key, strlen(f->args_key)) && kvg_buf_add(&b, "\": ", 3) &&
-             kvg_json_write(&b, args) == 0 && kvg_buf_add(&b, "}", 1);
+             write_spaced(&b, args) && kvg_buf_add(&b, "}", 1);
         kvg_json_free(parsed);
     }
     ok = ok && kvg_buf_add(&b, "]", 1) && kvg_buf_add(&b, f->text_close, strlen(f->text_close));

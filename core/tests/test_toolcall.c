@@ -141,8 +141,8 @@ static void check_detect(void) {
                         "\"arguments\": {\"times\": 2}}}, {\"id\": \"c2\", \"type\": \"function\", \"function\": "
                         "{\"name\": \"open_gate\", \"arguments\": \"{\\\"gate\\\": \\\"north\\\"}\"}}]";
     char *text = kvg_tool_calls_text(PHI4, strlen(PHI4), calls);
-    CHECKF(text && strcmp(text, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\":2}}, "
-                                "{\"name\": \"open_gate\", \"arguments\": {\"gate\":\"north\"}}]<|/tool_call|>") == 0,
+    CHECKF(text && strcmp(text, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}, "
+                                "{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\"}}]<|/tool_call|>") == 0,
            "%s", text ? text : "(null)");
     kvg_free(text);
     CHECK(!kvg_tool_calls_text(HERMES, strlen(HERMES), calls));

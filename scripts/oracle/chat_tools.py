@@ -118,6 +118,13 @@ CONVERSATIONS = {
                   ("assistant", "A sword is 12 gold.", None),
                   ("user", "Thanks!", None)],
     "alternating": [("user", "one", None), ("assistant", "two", None), ("user", "three", None)],
+    # as kvgen gives them to Phi-4-mini's template: the tools in the system message (one of no
+    # text where the chat has none), a call as text after the content
+    "phi_session": [("system", "You are Mira, the village blacksmith.", {"tools": PHI_TOOLS}),
+                    ("user", "How much is a sword?", None),
+                    ("assistant", PHI_CALL, None),
+                    ("tool", "{\"price\": 12}", {"tool_call_id": "call_1"})],
+    "phi_nosys": [("system", "", {"tools": PHI_TOOLS}), ("user", "How much is a sword?", None)],
 }
 
 VARS = {
@@ -157,7 +164,8 @@ for _t in ("hermes3", "qwen25", "qwen3_06b"):
 CASES += [("qwen3_06b", "reasoning", "think"), ("qwen3_06b", "two_calls", "tools_nothink"),
           ("qwen3_06b", "plain", "nothink")]
 CASES += [("phi4_mini", "phi_tools", "tools"), ("phi4_mini", "phi_tools", "none"), ("phi4_mini", "plain", "none"),
-          ("phi4_mini", "alternating", "tools"), ("phi4_mini", "tool_call", "tools")]
+          ("phi4_mini", "alternating", "tools"), ("phi4_mini", "tool_call", "tools"),
+          ("phi4_mini", "phi_session", "tools"), ("phi4_mini", "phi_nosys", "tools")]
 CASES += [("gemma3", "plain", "tools"), ("gemma3", "alternating", "tools"), ("gemma3", "tool_call", "tools"),
           ("gemma3", "call9", "tools")]
 
