@@ -56,7 +56,7 @@ const char *kvg_tools_json(const kvg_tools *t);
 
 /* Reads a finished reply. No call markup: KVGEN_FINISH_NONE (the reply stands). Calls that all
  * name a tool and whose arguments its schema accepts: KVGEN_FINISH_TOOL_CALLS, the calls kept
- * (ids "call_<id_base>_<i>"); anything else: KVGEN_FINISH_BAD_TOOL_CALL, none kept. *content_len:
+ * (ids "call_<id_base>_<i>"; Mistral's: id_base * 1000 + i as nine base-36 digits); anything else: KVGEN_FINISH_BAD_TOOL_CALL, none kept. *content_len:
  * the reply's length before the markup. KVGEN_E_NO_MEMORY is the only error. */
 kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t id_base, kvgen_finish *finish,
                              size_t *content_len, kvgen_error *err);

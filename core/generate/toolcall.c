@@ -48,23 +48,24 @@ typedef struct tool_format {
     /* a template that renders no tool_calls: an assistant message's calls go back in its
      * content, written between these (a JSON list of {"name", "arguments"}); NULL: as fields */
     const char *text_open, *text_close;
+    bool short_ids; /* calls' ids of nine letters and digits (Mistral's templates refuse others) */
 } tool_format;
 
 static const tool_format FORMATS[] = {
     {"hermes", {"<tool_call>", NULL}, {"<tool_call>", NULL}, {"{\"name\"", NULL}, LAYOUT_WRAPPED, "<tool_call>",
      "</tool_call>", "arguments", "<tool_call>\n", "\n</tool_call>",
-     "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*", NULL, NULL, NULL},
+     "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*", NULL, NULL, NULL, false},
     {"mistral", {"[TOOL_CALLS]", NULL}, {"[TOOL_CALLS]", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL, NULL,
-     "arguments", "[", "]", NULL, NULL, NULL, NULL},
+     "arguments", "[", "]", NULL, NULL, NULL, NULL, true},
     {"llama3", {"<|start_header_id|>", "\"parameters\""}, {"<|python_tag|>", NULL}, {"{\"name\"", NULL},
-     LAYOUT_SINGLE, NULL, NULL, "parameters", "", "", NULL, NULL, NULL, NULL},
+     LAYOUT_SINGLE, NULL, NULL, "parameters", "", "", NULL, NULL, NULL, NULL, false},
     /* Phi-4-mini: the tools between <|tool|> and <|/tool|> in the system message (its "tools"
      * field), the calls a list between <|tool_call|> and <|/tool_call|> (control tokens,
      * which a reply's text may leave out: its [{"name" starts the calls too) */
     {"phi4", {"<|tool|>", NULL}, {"<|tool_call|>", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL,
      "<|/tool_call|>", "arguments", "[", "]",
      "ws \"[\" ws call (ws \",\" ws call)* ws \"]\" (ws \"<|/tool_call|>\")?", "tools", "<|tool_call|>",
-     "<|/tool_call|>"},
+     "<|/tool_call|>", false},
 };
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 
@@ -473,7 +474,13 @@ static int take_call(kvg_tools *t, const kvg_json *o, size_t id_base) {
     }
     t->calls = grown;
     char id[48];
-    snprintf(id, sizeof id, "call_%zu_%d", id_base, t->n_calls);
+    if (t->fmt->short_ids) { /* id_base * 1000 + i in base 36, nine digits */
+        unsigned long long v = (unsigned long long)id_base * 1000u + (unsigned)t->n_calls;
+        for (int i = 8; i >= 0; i--, v /= 36) id[i] = "0123456789abcdefghijklmnopqrstuvwxyz"[v % 36];
+        id[9] = '\0';
+    } else {
+        snprintf(id, sizeof id, "call_%zu_%d", id_base, t->n_calls);
+    }
     call *c = &t->calls[t->n_calls++];
     *c = (call){kvg_strdup(id), kvg_strdup(name), text};
     return c->id && c->name ? 1 : -1;

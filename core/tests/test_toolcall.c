@@ -1,6 +1,10 @@
 /* test_toolcall.c: tool calls in the template's format (toolcall.c). The format recognised
  * from real templates (the fixtures' Qwen2.5-Coder and Qwen3 templates write <tool_call>, the
- * others none) and from Llama 3.1 and Mistral snippets; finished replies parsed per format
+ * others none; the publishers' Llama 3.1/3.2, Mistral Nemo, Hermes 3, Qwen2.5, Qwen3 and
+ * Phi-4-mini templates their own, Gemma 3's none) and from Llama 3.1 and Mistral snippets; on
+ * each publisher's template a forced call, its result and the next turn through the public
+ * calls (Mistral's ids of nine letters and digits); Phi-4-mini's calls written back as text;
+ * finished replies parsed per format
  * (calls kept with compact arguments, markup out of the text; an unknown tool, arguments of a
  * wrong type, a missing required argument or a call under tool_choice none reported as a bad
  * call); the forcing grammar, which joins the tools' schema grammars, accepts valid calls and
@@ -266,12 +270,13 @@ static void check_parse(void) {
         if (n >= 1 && want_n >= 1) {
             CHECKF(strcmp(calls[0].name, c->name0) == 0 && strcmp(calls[0].arguments, c->args0) == 0,
                    "case %zu: %s %s", i, calls[0].name, calls[0].arguments);
-            CHECK(strcmp(calls[0].id, "call_7_0") == 0);
+            /* Mistral's ids: nine base-36 digits of 7 * 1000 + i */
+            CHECK(strcmp(calls[0].id, c->tpl == MISTRAL ? "0000005eg" : "call_7_0") == 0);
             CHECK(kvg_tools_calls_json(t) && strstr(kvg_tools_calls_json(t), "\"type\":\"function\""));
         }
         if (n == 2 && want_n == 2) {
             CHECKF(strcmp(calls[1].name, c->name1) == 0, "case %zu: %s", i, calls[1].name);
-            CHECK(strcmp(calls[1].id, "call_7_1") == 0);
+            CHECK(strcmp(calls[1].id, c->tpl == MISTRAL ? "0000005eh" : "call_7_1") == 0);
         }
         kvg_tools_free(t);
     }
@@ -1073,12 +1078,80 @@ static void check_stream_auto(void) {
     kvgen_model_unload(m);
 }
 
+/* The publishers' templates through the public calls: a forced call, its result, and the
+ * next turn renders (the call in the template's own way: as fields, or as Phi-4-mini's text),
+ * Mistral's ids of nine letters and digits as its template requires. */
+static void check_published(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    free(path);
+    static const struct { const char *name, *shown; } real[] = {
+        {"qwen3_06b", "<tool_call>\n{\"name\": \"open_gate\""}, {"qwen25", "<tool_call>\n{\"name\": \"open_gate\""},
+        {"hermes3", "<tool_call>\n{\"name\": \"open_gate\""}, {"llama31", "{\"name\": \"open_gate\", \"parameters\""},
+        {"llama32", "{\"name\": \"open_gate\", \"parameters\""}, {"mistral_nemo", "[TOOL_CALLS][{\"name\": \"open_gate\""},
+        {"phi4_mini", "<|tool_call|>[{\"name\": \"open_gate\""}};
+    for (size_t i = 0; m && i < sizeof real / sizeof real[0]; i++) {
+        size_t len = 0;
+        char *src = fixture_template_in("chat_tools.txt", real[i].name, &len);
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 4096};
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        kvgen_chat_template tpl = {.jinja = src};
+        if (!src || !s || kvgen_chat_set_template(s, &tpl, &err) != KVGEN_OK) {
+            CHECKF(0, "%s: %s", real[i].name, err.message);
+            kvgen_session_close(s);
+            free(src);
+            continue;
+        }
+        CHECK_OK(kvgen_chat_set_vars(s, "{\"date_string\": \"05 Dec 2026\"}", &err));
+        /* (Hermes' template writes every tool's description: these have one) */
+        kvgen_tool described[2] = {TOOLS[0], TOOLS[1]};
+        described[1].description = "Rings the bell.";
+        kvgen_tools_desc td = {described, 2, KVGEN_TOOL_NAMED, "open_gate"};
+        kvgen_generate_desc d = {.tools = &td};
+        kvgen_gen *g = NULL;
+        CHECKF(kvgen_chat_gen_begin(s, "user", "Open the gate", &d, &g, &err) == KVGEN_OK, "%s: %s", real[i].name,
+               err.message);
+        kvgen_status st = KVGEN_OK;
+        while (g && st == KVGEN_OK && kvgen_gen_finish(g) == KVGEN_FINISH_NONE) st = kvgen_gen_next(g, NULL, &err);
+        const kvgen_tool_call *calls = NULL;
+        int n = g ? kvgen_gen_tool_calls(g, &calls) : 0;
+        CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_TOOL_CALLS && n == 1, "%s: %s %s", real[i].name,
+               g ? kvgen_finish_name(kvgen_gen_finish(g)) : "", err.message);
+        char id[64] = "";
+        if (n == 1) snprintf(id, sizeof id, "%s", calls[0].id);
+        kvgen_gen_end(g);
+        if (strcmp(real[i].name, "mistral_nemo") == 0) {
+            bool alnum = strlen(id) == 9;
+            for (const char *p = id; *p; p++)
+                alnum = alnum && ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
+            CHECKF(alnum, "mistral_nemo: id '%s'", id);
+        }
+        kvgen_chat_message result = {.role = "tool", .content = "{\"opened\": true}", .tool_call_id = id};
+        CHECKF(kvgen_chat_add_message(s, &result, &err) == KVGEN_OK, "%s: %s", real[i].name, err.message);
+        CHECKF(kvgen_chat_begin(s, NULL, NULL, &err) == KVGEN_OK, "%s: %s", real[i].name, err.message);
+        char text[16384];
+        size_t tn = kvgen_detokenize(m, kvgen_session_tokens(s), kvgen_session_length(s), KVGEN_TOKENIZE_SPECIAL, text,
+                                     sizeof text);
+        CHECKF(tn < sizeof text && strstr(text, real[i].shown) && strstr(text, "opened"), "%s: %s",
+               real[i].name, text);
+        kvgen_session_close(s);
+        free(src);
+    }
+    kvgen_model_unload(m);
+}
+
 int main(void) {
     check_detect();
     check_parse();
     check_grammar();
     check_refused();
     check_session();
+    check_published();
     check_stream();
     check_stream_auto();
     check_jobs();

@@ -148,6 +148,7 @@ CASES = [
     ("feat_tools", "two_calls", "tools_nothink"), ("feat_tools", "reasoning", "none"),
     ("feat_gaps", "plain", "none"),
     ("feat_vars", "plain", "none"),
+    ("feat_undef", "plain", "none"),
 ]
 # the published templates: tools, calls (one, several, arguments as JSON text), results, plain
 for _t in ("llama31", "llama32"):
@@ -189,6 +190,11 @@ FEATURES = {
                  "{{ '{name}!'.format(name=messages[0].role) }} {{ '{{}} {}'.format(none) }} "
                  "{{ '{0[0]} {0[1]}'.format([1, 'b']) }} {{ '{m.role}: {m[content]}'.format(m=messages[0]) }} "
                  "{{ '{}'.format(true) }} {{ '{!s}'.format([1, 'a']) }} {{ 'x'.format(1) }}",
+    # string filters of an undefined value (Hermes' template trims a parameter's missing description)
+    "feat_undef": "[{{ messages[0].y | trim }}][{{ nothing | upper }}][{{ nothing | lower }}][{{ nothing | string }}]"
+                  "[{{ nothing | length }}][{{ nothing | title }}][{{ nothing | replace('a', 'b') }}]"
+                  "[{{ 'a' + nothing | trim }}][{{ nothing | capitalize }}]"
+                  "[{{ messages[0].nothing | trim }}]",
     "feat_vars": "{{ npc_name }} {{ mood | default('calm') }} {{ level + 1 }} {{ items | join(',') }} "
                  "{{ stats.hp }} {{ stats.tags[1] }} {{ big }} {{ ratio }} {{ flag }} {{ missing is none }}",
 }
