@@ -123,6 +123,10 @@ static void tool_fixtures(void) {
             free(r.body);
             continue;
         }
+        if (strncmp(r.head, "ids ", 4) == 0) { /* Hugging Face's token ids: test_chat_tokens' */
+            free(r.body);
+            continue;
+        }
         CHECKF(strncmp(r.head, "case ", 5) == 0, "unexpected record %s", r.head);
         char cname[128], tname[64];
         int agp = 0, nmsg = 0;

@@ -330,8 +330,9 @@ def gguf_template(path):
     return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8")
 
 
-def hf_tokenizers():
-    """Hugging Face tokenizers for the model files present, loaded from the GGUF files."""
+def hf_tokenizers(files=None):
+    """Hugging Face tokenizers for the model files present (files: name -> file, TOKEN_FILES by
+    default), loaded from the GGUF files."""
     try:
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
         from transformers import AutoTokenizer
@@ -342,7 +343,7 @@ def hf_tokenizers():
     # asks for it before it looks; the tensors are never read here.
     gguf_utils.is_torch_available = lambda: True
     toks = {}
-    for file in sorted(set(TOKEN_FILES.values())):
+    for file in sorted(set((files or TOKEN_FILES).values())):
         if not os.path.exists(os.path.join(ROOT, "models", file)):
             print(f"{file}: absent (no token ids)", file=sys.stderr)
             continue

@@ -22,6 +22,9 @@ Records as in chat_templates.py (lengths in bytes, payload on the following line
     fields LEN                 its further fields as a JSON object ("null": none)
     vars LEN                   the extra template variables as a JSON object ("null": none)
     expect LEN | expect error  the rendered text, or a template error
+    ids FILE LEN               (after expect, for the Qwen templates' cases whose messages the
+                               public chat calls can add) Hugging Face's token ids of the text,
+                               for models/FILE, as in chat_templates.py (needs transformers)
 """
 import json
 import os
@@ -30,7 +33,7 @@ import sys
 import jinja2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from chat_templates import GEMMA3, QWEN3, ROOT, env, record  # noqa: E402
+from chat_templates import GEMMA3, QWEN3, ROOT, env, hf_tokenizers, record  # noqa: E402
 
 # The publishers' chat templates (tokenizer_config.json's chat_template, "tool_use" where a model
 # has several), as files in scripts/oracle/templates/: name -> (model, file). Hermes-2-Pro-Llama-3-8B's
@@ -76,6 +79,22 @@ SEARCH = {"id": "call_4", "type": "function", "function": {"name": "brave_search
 # functions themselves), and its replies' calls stay in the content as the model writes them
 PHI_TOOLS = json.dumps([t["function"] for t in TOOLS], ensure_ascii=False)
 PHI_CALL = "<|tool_call|>[{\"name\": \"get_price\", \"arguments\": {\"item\": \"sword\", \"quantity\": 1}}]<|/tool_call|>"
+
+# the model file whose tokenizer gives a case's token ids: the Qwen templates, on the Qwen2.5 vocabulary
+TOKEN_FILES = {name: "qwen2.5-coder-0.5b-instruct.gguf" for name in ("qwen25_coder", "qwen25", "qwen3", "qwen3_06b")}
+# the fields kvgen_chat_message carries ("content": null with tool calls: content NULL)
+PUBLIC_FIELDS = {"tool_calls", "tool_call_id", "reasoning_content", "content"}
+
+
+def public(msgs):
+    """whether the public chat calls can add these messages as they are"""
+    for role, _content, fields in msgs:
+        if role not in ("system", "user", "assistant", "tool") or not set(fields or {}) <= PUBLIC_FIELDS:
+            return False
+        if fields and "content" in fields and (fields["content"] is not None or "tool_calls" not in fields):
+            return False
+    return True
+
 
 # (role, content, further fields or None)
 CONVERSATIONS = {
@@ -212,6 +231,19 @@ BAD = {
 }
 
 
+def added_user_tokens(tok, path):
+    """The GGUF loader leaves the vocabulary's user-defined tokens (type 4: Qwen2.5's <tool_call>
+    and </tool_call>) to the BPE model, which spells them in pieces; the published tokenizer.json
+    has them as added tokens (not special), matched before the model runs: added so here."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken
+
+    r = GGUFReader(path)
+    tokens, types = (r.fields[k].contents() for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
+    tok.backend_tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                                      for i in range(len(tokens)) if types[i] == 4])
+
+
 def qwen25_template():
     path = os.path.join(ROOT, "models", "qwen2.5-coder-0.5b-instruct.gguf")
     try:
@@ -242,6 +274,9 @@ def main():
     templates.update(FEATURES)
     templates.update(BAD)
     e = env()
+    toks = hf_tokenizers(TOKEN_FILES)
+    for file, tok in toks.items():
+        added_user_tokens(tok, os.path.join(ROOT, "models", file))
     out = sys.stdout.buffer
     for name, src in templates.items():
         record(out, f"template {name}", src)
@@ -269,6 +304,10 @@ def main():
                                                               add_generation_prompt=agp, bos_token=bos,
                                                               eos_token=eos, **kw)
                 record(out, "expect", text)
+                file = TOKEN_FILES.get(tname)
+                if file in toks and public(msgs):
+                    ids = toks[file](text, add_special_tokens=False)["input_ids"]
+                    record(out, f"ids {file}", " ".join(str(i) for i in ids))
             except (jinja2.TemplateError, TypeError, ValueError, IndexError, KeyError):
                 out.write(b"expect error\n")
 
