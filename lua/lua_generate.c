@@ -611,7 +611,8 @@ static void read_tools(lua_State *L, lsession *s, unsigned mode, gen_opts *o) {
         if (o->tool_choice)
             kvl_option_error(L, 3, "tool_choice",
                              o->tools ? "tool calls are read by chat calls and chat jobs under a template that "
-                                        "writes them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])"
+                                        "writes them (Hermes <tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], "
+                                        "Phi-4-mini <|tool_call|>)"
                                       : "no tools given");
         return;
     }

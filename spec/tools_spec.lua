@@ -79,14 +79,20 @@ describe("tool calls", function()
     assert.are.equal(3, #s:messages() - 1) -- user, call, user, call
   end)
 
-  it("Llama 3 and Mistral templates: a forced call in their formats", function()
+  it("Llama 3, Mistral and Phi-4-mini templates: a forced call in their formats", function()
     local LLAMA = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
       .. "{% for c in m.tool_calls or [] %}{\"name\": \"{{ c.function.name }}\", \"parameters\": "
       .. "{{ c.function.arguments | tojson }}{{ '}' }}{% endfor %}<|eot_id|>{% endfor %}"
       .. "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     local MISTRAL = "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
       .. "{% else %}[INST]{{ m.content }}[/INST]{% endif %}{% endfor %}"
-    for _, case in ipairs { { LLAMA, "llama3" }, { MISTRAL, "mistral" } } do
+    -- Phi-4-mini-instruct's template: the tools in the system message, the calls as text
+    local PHI4 = "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+      .. "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + "
+      .. "message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + "
+      .. "message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+      .. "{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+    for _, case in ipairs { { LLAMA, "llama3" }, { MISTRAL, "mistral" }, { PHI4, "phi4" } } do
       local s <close> = m:session { context = 4096, template = { jinja = case[1] } }
       local text, finish, calls = s:chat("Ring", { tools = TOOLS, tool_choice = "ring_bell" })
       assert.are.equal("tool_calls", finish, case[2])
@@ -95,6 +101,12 @@ describe("tool calls", function()
       assert.are.equal("integer", math.type(calls[1].arguments.times))
       local msgs = s:messages()
       assert.are.equal("ring_bell", msgs[2].tool_calls[1]["function"].name)
+      if case[2] == "phi4" then -- the next turn shows the tools and the call as the template takes them
+        s:add_tool_result(calls[1].id, "rung")
+        local text = m:detokenize(s:tokens(), { special = true })
+        assert.truthy(text:find("<|system|><|tool|>[{\"name\": \"open_gate\"", 1, true), text)
+        assert.truthy(text:find("<|assistant|><|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": ", 1, true), text)
+      end
     end
   end)
 

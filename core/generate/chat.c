@@ -32,6 +32,7 @@
 #include "kvg_session.h"
 #include "kvg_sampler.h"
 #include "kvg_str.h"
+#include "kvg_toolcall.h"
 
 enum { S_SYS_PRE, S_SYS_SUF, S_USER_PRE, S_USER_SUF, S_ASST_PRE, S_ASST_SUF, N_STR };
 enum { ROLE_NONE, ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL };
@@ -672,6 +673,104 @@ static void token_text(const kvgen_model *m, int32_t id, char *buf, size_t size)
     buf[n < size - 1 ? n : size - 1] = 0;
 }
 
+/* The tools as a template that reads them from the system message takes them (Phi-4-mini's:
+ * JSON text of a list of the functions, as Python's json.dumps writes it), from the chat's
+ * variables; NULL when they hold no tools. *oom when it could not be made. */
+static char *system_tools_text(const char *vars, bool *oom) {
+    static const char LIST[] = "{% if tools %}[{% for t in tools %}{% if not loop.first %}, {% endif %}"
+                               "{{ (t.function if t.function is defined else t) | tojson }}{% endfor %}]{% endif %}";
+    kvg_jinja *t = NULL;
+    kvg_jinja_output o = {0};
+    char msg[128];
+    *oom = false;
+    if (!vars) return NULL;
+    kvg_jinja_input in = {NULL, 0, false, "", "", vars};
+    if (!kvg_jinja_parse(LIST, sizeof LIST - 1, &t, msg, sizeof msg) || !kvg_jinja_render(t, &in, &o, msg, sizeof msg))
+        *oom = true; /* (a fixed template over checked variables fails for want of memory alone) */
+    kvg_jinja_free(t);
+    kvg_free(o.user);
+    if (o.text && o.len == 0) {
+        kvg_free(o.text);
+        o.text = NULL;
+    }
+    return o.text;
+}
+
+/* msgs as the template's messages in jm (n + 1 of them at most). Under a template that takes
+ * the tools in the system message (`field`, tools_text the tools; the first message when it
+ * is a system one, else a system message of no text put first) or that renders no tool calls
+ * (an assistant's calls then go to it as text after its content): the strings made for it in
+ * owned (2n + 1 of them), n_owned counted. Returns the number of messages, 0 on OOM. */
+static size_t jinja_messages(const chat_msg *msgs, size_t n, const char *tpl, size_t tpl_len, const char *field,
+                             const char *tools_text, bool calls_text, kvg_jinja_msg *jm, char **owned,
+                             size_t *n_owned) {
+    size_t out = 0;
+    *n_owned = 0;
+    bool sys_first = n > 0 && msgs[0].role == ROLE_SYSTEM;
+    if (field && tools_text && !sys_first) {
+        kvg_json *f = kvg_json_new(KVG_JSON_OBJECT);
+        char *printed = f && kvg_json_add(f, field, kvg_json_new_string(tools_text, strlen(tools_text)))
+                            ? kvg_json_print(f, NULL)
+                            : NULL;
+        kvg_json_free(f);
+        if (!printed) return 0;
+        owned[(*n_owned)++] = printed;
+        jm[out++] = (kvg_jinja_msg){ROLE_NAMES[ROLE_SYSTEM], "", printed};
+    }
+    for (size_t i = 0; i < n; i++) {
+        kvg_jinja_msg *j = &jm[out++];
+        *j = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content, msgs[i].fields};
+        bool sys = field && tools_text && j == &jm[0];
+        bool calls = calls_text && msgs[i].role == ROLE_ASSISTANT && msgs[i].fields &&
+                     strstr(msgs[i].fields, "\"tool_calls\"");
+        if (!sys && !calls) continue;
+        kvg_json *f = msgs[i].fields ? kvg_json_parse(msgs[i].fields, strlen(msgs[i].fields), 64, NULL, NULL, 0)
+                                     : kvg_json_new(KVG_JSON_OBJECT);
+        if (!f) return 0;
+        if (sys) {
+            kvg_json_remove(f, field);
+            if (!kvg_json_add(f, field, kvg_json_new_string(tools_text, strlen(tools_text)))) {
+                kvg_json_free(f);
+                return 0;
+            }
+        }
+        char *text = NULL;
+        if (calls) {
+            const kvg_json *tc = kvg_json_get(f, "tool_calls");
+            char *cj = tc ? kvg_json_print(tc, NULL) : NULL;
+            text = cj ? kvg_tool_calls_text(tpl, tpl_len, cj) : NULL;
+            kvg_free(cj);
+        }
+        bool as_text = text != NULL;
+        if (text) { /* the content as the template reads it: the text, then the calls */
+            size_t cn = strlen(msgs[i].content), tn = strlen(text);
+            char *both = kvg_malloc(cn + tn + 1);
+            if (both) {
+                memcpy(both, msgs[i].content, cn);
+                memcpy(both + cn, text, tn + 1);
+                kvg_json_remove(f, "content"); /* (none, for calls alone) */
+                owned[(*n_owned)++] = both;
+                j->content = both;
+            }
+            kvg_free(text);
+            if (!both) {
+                kvg_json_free(f);
+                return 0;
+            }
+        }
+        if (!sys && !as_text) { /* a template that renders the calls itself: the fields as they are */
+            kvg_json_free(f);
+            continue;
+        }
+        char *printed = kvg_json_print(f, NULL);
+        kvg_json_free(f);
+        if (!printed) return 0;
+        owned[(*n_owned)++] = printed;
+        j->fields = printed;
+    }
+    return out;
+}
+
 /* A turn under a Jinja template: the conversation (messages whose tokens are still in the
  * cache, the reply generated since the last turn, the new message) is rendered and tokenized,
  * template text with special tokens, content without; the cache keeps its longest common
@@ -685,7 +784,10 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     size_t keep = 0;
     while (keep < c->n_msgs && c->msgs[keep].end <= len) keep++; /* a rewind took the rest back */
     chat_msg *msgs = kvg_calloc(keep + 2, sizeof *msgs);
-    kvg_jinja_msg *jm = kvg_calloc(keep + 2, sizeof *jm);
+    kvg_jinja_msg *jm = kvg_calloc(keep + 3, sizeof *jm);
+    char **owned = kvg_calloc(2 * (keep + 2) + 1, sizeof *owned); /* jm's strings made for the template */
+    size_t n_owned = 0;
+    char *tools_text = NULL;
     kvg_jinja *t = NULL;
     kvg_jinja_output ro = {0};
     toks tk = {0};
@@ -695,11 +797,20 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     chat_msg *new_msgs = NULL;
     int32_t *dropped = NULL; /* [len - k]: the cached tokens a changed prefix rewound */
     bool rewound = false;
-    if (!msgs || !jm) {
+    if (!msgs || !jm || !owned) {
         st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
         goto done;
     }
     for (; n < keep; n++) msgs[n] = c->msgs[n];
+    /* a template that reads the tools from the system message (Phi-4-mini's) gets them there */
+    const char *tools_field = kvg_tool_system_field(ru->jinja, ru->jinja_len);
+    bool calls_text = kvg_tool_calls_as_text(ru->jinja, ru->jinja_len);
+    bool tools_oom = false;
+    if (tools_field) tools_text = system_tools_text(c->vars, &tools_oom);
+    if (tools_oom) {
+        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
     if (c->open_reply && c->reply_at < len) { /* the reply as generated, control tokens left out */
         size_t need = kvgen_detokenize(m, have + c->reply_at, len - c->reply_at, 0, NULL, 0);
         if (!(reply = kvg_malloc(need + 1))) {
@@ -723,8 +834,14 @@ static kvgen_status template_turn(kvgen_session *s, kvg_chat *c, const rules *ru
     bool thinned = false;
     while (n_system < n && msgs[n_system].role == ROLE_SYSTEM) n_system++;
     for (;;) {
-        for (size_t i = 0; i < n; i++) jm[i] = (kvg_jinja_msg){ROLE_NAMES[msgs[i].role], msgs[i].content, msgs[i].fields};
-        kvg_jinja_input in = {jm, n, begin_reply, bos, eos, c->vars};
+        while (n_owned > 0) kvg_free(owned[--n_owned]);
+        size_t n_jm = jinja_messages(msgs, n, ru->jinja, ru->jinja_len, tools_field, tools_text, calls_text, jm,
+                                     owned, &n_owned);
+        if (n_jm == 0 && n > 0) {
+            st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory", fn);
+            goto done;
+        }
+        kvg_jinja_input in = {jm, n_jm, begin_reply, bos, eos, c->vars};
         if (!kvg_jinja_render(t, &in, &ro, why, sizeof why)) {
             st = kvg_fail(err, KVGEN_E_UNSUPPORTED, "%s: %s: %s", fn, which, why);
             goto done;
@@ -850,6 +967,9 @@ done:
     kvg_free(reply);
     kvg_free(msgs);
     kvg_free(jm);
+    while (owned && n_owned > 0) kvg_free(owned[--n_owned]);
+    kvg_free(owned);
+    kvg_free(tools_text);
     return st;
 }
 

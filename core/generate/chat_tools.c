@@ -49,8 +49,10 @@ static char *vars_with_tools(const char *vars, const char *tools) {
 static kvgen_status reply_message(kvgen_session *s, const char *content, const char *reasoning, const char *calls_json,
                                   kvgen_error *err) {
     kvgen_status st = kvgen_chat_undo(s, 1, err); /* the reply as generated */
-    kvgen_chat_message m = {.role = "assistant", .content = content[0] || !calls_json ? content : NULL,
-                            .tool_calls = calls_json, .reasoning_content = reasoning};
+    /* the text before the calls, "" when there is none (not none: Qwen3's published templates
+     * test `in` on an assistant's content) */
+    kvgen_chat_message m = {.role = "assistant", .content = content, .tool_calls = calls_json,
+                            .reasoning_content = reasoning};
     if (st == KVGEN_OK) st = kvgen_chat_add_message(s, &m, err);
     return st;
 }

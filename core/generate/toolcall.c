@@ -8,6 +8,9 @@
  * compact JSON text; the forcing grammar joins the tools' grammars with each one's rules
  * renamed (prefix "t<i>-"), so that their rules cannot collide.
  *
+ * A row also says how the template takes the tools (its `tools` variable, or a field of the
+ * system message) and whether it renders an assistant's tool_calls or needs them as text.
+ *
  * The think tags of reasoning models are a second, smaller table at the end. */
 #include <stdio.h>
 #include <string.h>
@@ -31,22 +34,38 @@ typedef struct tool_format {
                                 wrapped layout, a call without its markup that begins the
                                 reply (small models drop the tags) */
     layout layout;
-    const char *call_open, *call_close; /* LAYOUT_WRAPPED */
+    const char *call_open;   /* LAYOUT_WRAPPED: before each call */
+    const char *call_close;  /* LAYOUT_WRAPPED: after each call; LAYOUT_ARRAY: after the list,
+                                where the reply may leave it out (a control token) */
     const char *args_key;    /* the arguments member as the format writes it */
     const char *forced_open, *forced_close; /* around the one call a forcing grammar writes */
     /* tool_choice auto: once `openers[0]` appears in the reply's text, the rest is constrained
      * by this rule (GBNF over `call` and `ws`); NULL: the reply is only read at its end */
     const char *lazy_rest;
+    /* a template that reads the tools from the system message's field of this name (JSON
+     * text of a list of the functions), not from its `tools` variable; NULL: the variable */
+    const char *system_field;
+    /* a template that renders no tool_calls: an assistant message's calls go back in its
+     * content, written between these (a JSON list of {"name", "arguments"}); NULL: as fields */
+    const char *text_open, *text_close;
+    bool short_ids; /* calls' ids of nine letters and digits (Mistral's templates refuse others) */
 } tool_format;
 
 static const tool_format FORMATS[] = {
     {"hermes", {"<tool_call>", NULL}, {"<tool_call>", NULL}, {"{\"name\"", NULL}, LAYOUT_WRAPPED, "<tool_call>",
      "</tool_call>", "arguments", "<tool_call>\n", "\n</tool_call>",
-     "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*"},
+     "ws call ws \"</tool_call>\" (ws \"<tool_call>\" ws call ws \"</tool_call>\")*", NULL, NULL, NULL, false},
     {"mistral", {"[TOOL_CALLS]", NULL}, {"[TOOL_CALLS]", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL, NULL,
-     "arguments", "[", "]", NULL},
+     "arguments", "[", "]", NULL, NULL, NULL, NULL, true},
     {"llama3", {"<|start_header_id|>", "\"parameters\""}, {"<|python_tag|>", NULL}, {"{\"name\"", NULL},
-     LAYOUT_SINGLE, NULL, NULL, "parameters", "", "", NULL},
+     LAYOUT_SINGLE, NULL, NULL, "parameters", "", "", NULL, NULL, NULL, NULL, false},
+    /* Phi-4-mini: the tools between <|tool|> and <|/tool|> in the system message (its "tools"
+     * field), the calls a list between <|tool_call|> and <|/tool_call|> (control tokens,
+     * which a reply's text may leave out: its [{"name" starts the calls too) */
+    {"phi4", {"<|tool|>", NULL}, {"<|tool_call|>", NULL}, {"[{\"name\"", NULL}, LAYOUT_ARRAY, NULL,
+     "<|/tool_call|>", "arguments", "[", "]",
+     "ws \"[\" ws call (ws \",\" ws call)* ws \"]\" (ws \"<|/tool_call|>\")?", "tools", "<|tool_call|>",
+     "<|/tool_call|>", false},
 };
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 
@@ -77,6 +96,58 @@ kvgen_status kvg_tools_check(const kvgen_tools_desc *desc, const char *who, kvge
 const char *kvg_tool_format_detect(const char *tpl, size_t len) {
     const tool_format *f = tpl ? detect(tpl, len) : NULL;
     return f ? f->name : NULL;
+}
+
+const char *kvg_tool_system_field(const char *tpl, size_t len) {
+    const tool_format *f = tpl ? detect(tpl, len) : NULL;
+    return f ? f->system_field : NULL;
+}
+
+/* v as JSON text with Python's json.dumps spacing (", " and ": "), as models were shown it */
+static bool write_spaced(kvg_buf *b, const kvg_json *v) {
+    if (v->type != KVG_JSON_ARRAY && v->type != KVG_JSON_OBJECT) return kvg_json_write(b, v) == 0;
+    bool obj = v->type == KVG_JSON_OBJECT, ok = kvg_buf_add(b, obj ? "{" : "[", 1);
+    for (const kvg_json *c = v->child; c && ok; c = c->next) {
+        if (c != v->child) ok = kvg_buf_add(b, ", ", 2);
+        if (ok && obj) ok = kvg_json_write_string(b, c->key, c->key_len) == 0 && kvg_buf_add(b, ": ", 2);
+        ok = ok && write_spaced(b, c);
+    }
+    return ok && kvg_buf_add(b, obj ? "}" : "]", 1);
+}
+
+bool kvg_tool_calls_as_text(const char *tpl, size_t len) {
+    const tool_format *f = tpl ? detect(tpl, len) : NULL;
+    return f && f->text_open;
+}
+
+char *kvg_tool_calls_text(const char *tpl, size_t len, const char *calls_json) {
+    const tool_format *f = tpl ? detect(tpl, len) : NULL;
+    if (!f || !f->text_open || !calls_json) return NULL;
+    kvg_json *calls = kvg_json_parse(calls_json, strlen(calls_json), 64, NULL, NULL, 0);
+    kvg_buf b = {0};
+    bool ok = calls && calls->type == KVG_JSON_ARRAY && kvg_buf_add(&b, f->text_open, strlen(f->text_open)) &&
+              kvg_buf_add(&b, "[", 1);
+    int i = 0;
+    for (const kvg_json *c = ok ? calls->child : NULL; c && ok; c = c->next, i++) {
+        const kvg_json *fn = kvg_json_get(c, "function");
+        const char *name = kvg_json_get_string(fn, "name", NULL);
+        const kvg_json *args = kvg_json_get(fn, "arguments");
+        kvg_json *parsed = NULL;
+        if (args && args->type == KVG_JSON_STRING) /* arguments as JSON text */
+            args = parsed = kvg_json_parse(args->str, args->len, 64, NULL, NULL, 0);
+        ok = name && args && (i == 0 || kvg_buf_add(&b, ", ", 2)) && kvg_buf_add(&b, "{\"name\": ", 9) &&
+             kvg_json_write_string(&b, name, strlen(name)) == 0 && kvg_buf_add(&b, ", \"", 3) &&
+             kvg_buf_add(&b, f->args_key, strlen(f->args_key)) && kvg_buf_add(&b, "\": ", 3) &&
+             write_spaced(&b, args) && kvg_buf_add(&b, "}", 1);
+        kvg_json_free(parsed);
+    }
+    ok = ok && kvg_buf_add(&b, "]", 1) && kvg_buf_add(&b, f->text_close, strlen(f->text_close));
+    kvg_json_free(calls);
+    if (!ok) {
+        kvg_free(b.p);
+        return NULL;
+    }
+    return b.p;
 }
 
 typedef struct tool {
@@ -224,7 +295,7 @@ kvgen_status kvg_tools_build(const kvgen_tools_desc *d, const char *tpl, size_t 
     if (!fmt)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED,
                         "%s: tools: the chat template writes tool calls in no format kvgen knows (Hermes "
-                        "<tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS])",
+                        "<tool_call>, Llama 3 JSON, Mistral [TOOL_CALLS], Phi-4-mini <|tool_call|>)",
                         who);
     kvg_tools *t = kvg_calloc(1, sizeof *t);
     if (!t || !(t->tools = kvg_calloc((size_t)d->n_tools, sizeof *t->tools))) {
@@ -403,7 +474,13 @@ static int take_call(kvg_tools *t, const kvg_json *o, size_t id_base) {
     }
     t->calls = grown;
     char id[48];
-    snprintf(id, sizeof id, "call_%zu_%d", id_base, t->n_calls);
+    if (t->fmt->short_ids) { /* id_base * 1000 + i in base 36, nine digits */
+        unsigned long long v = (unsigned long long)id_base * 1000u + (unsigned)t->n_calls;
+        for (int i = 8; i >= 0; i--, v /= 36) id[i] = "0123456789abcdefghijklmnopqrstuvwxyz"[v % 36];
+        id[9] = '\0';
+    } else {
+        snprintf(id, sizeof id, "call_%zu_%d", id_base, t->n_calls);
+    }
     call *c = &t->calls[t->n_calls++];
     *c = (call){kvg_strdup(id), kvg_strdup(name), text};
     return c->id && c->name ? 1 : -1;
@@ -505,6 +582,7 @@ kvgen_status kvg_tools_parse(kvg_tools *t, const char *text, size_t len, size_t 
         }
         kvg_json_free(v);
         p = skip_space(p, end);
+        if (r == 1 && f->layout == LAYOUT_ARRAY && skip_text(&p, end, f->call_close)) p = skip_space(p, end);
     }
     if (r < 0) {
         drop_calls(t);

@@ -871,8 +871,9 @@ KVGEN_API kvgen_status kvgen_chat_begin(kvgen_session *session, const char *role
 KVGEN_API kvgen_status kvgen_chat_gen_begin(kvgen_session *session, const char *role, const char *text,
                                   const kvgen_generate_desc *desc, kvgen_gen **out, kvgen_error *err);
 /* The tool-call format the session's chat template writes: "hermes" (<tool_call> blocks,
- * Qwen2.5), "llama3" (a JSON object with "parameters"), "mistral" ([TOOL_CALLS] list); NULL
- * when it writes none kvgen knows, under a built-in family, or on a remote session. */
+ * Qwen2.5), "llama3" (a JSON object with "parameters"), "mistral" ([TOOL_CALLS] list), "phi4"
+ * (Phi-4-mini's <|tool_call|> list); NULL when it writes none kvgen knows, under a built-in
+ * family, or on a remote session. */
 KVGEN_API const char *kvgen_chat_tool_format(kvgen_session *session);
 /* With desc->tools (a Jinja template only; a built-in family or a remote session gives
  * KVGEN_E_UNSUPPORTED): the tools become the template's "tools" variable from this turn on

@@ -334,6 +334,59 @@ static bool tool_case(const char *tname, const char *cname, char **tpl, char **v
     return *tpl && *vars && *expect;
 }
 
+/* Phi-4-mini's template reads the tools from the system message's "tools" field and renders
+ * no tool_calls: through the public calls, the chat's tools reach it there (in a system message
+ * of no text when the chat has none) and a call goes to it as text after the message's content,
+ * rendering what jinja2 renders for those messages. */
+static void phi4_tools(void) {
+    char *tpl, *vars, *expect, *tpl2, *vars2, *expect2;
+    CHECK(tool_case("phi4_mini", "phi4_mini/phi_session/tools/1", &tpl, &vars, &expect));
+    CHECK(tool_case("phi4_mini", "phi4_mini/phi_nosys/tools/1", &tpl2, &vars2, &expect2));
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    if (expect && expect2) CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    if (s) {
+        kvgen_chat_template t = {.jinja = tpl};
+        CHECK_OK(kvgen_chat_set_template(s, &t, &err));
+        CHECKF(strcmp(kvgen_chat_tool_format(s), "phi4") == 0, "%s", kvgen_chat_tool_format(s));
+        CHECK_OK(kvgen_chat_set_vars(s, vars, &err));
+        CHECK_OK(kvgen_chat_begin(s, "user", "How much is a sword?", &err));
+        CHECKF(strcmp(session_text(s), expect2) == 0, "\n--- jinja2\n%s\n--- kvgen\n%s\n---", expect2, session_text(s));
+        kvgen_session_close(s);
+        s = NULL;
+        CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
+    }
+    if (s) {
+        kvgen_chat_template t = {.jinja = tpl};
+        CHECK_OK(kvgen_chat_set_template(s, &t, &err));
+        CHECK_OK(kvgen_chat_set_vars(s, vars, &err));
+        CHECK_OK(kvgen_chat_add(s, "system", "You are Mira, the village blacksmith.", &err));
+        CHECK_OK(kvgen_chat_add(s, "user", "How much is a sword?", &err));
+        kvgen_chat_message call = {
+            .role = "assistant",
+            .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_price\", "
+                          "\"arguments\": {\"item\": \"sword\", \"quantity\": 1}}}]"};
+        CHECK_OK(kvgen_chat_add_message(s, &call, &err));
+        kvgen_chat_message result = {.role = "tool", .content = "{\"price\": 12}", .tool_call_id = "call_1"};
+        CHECK_OK(kvgen_chat_add_message(s, &result, &err));
+        CHECK_OK(kvgen_chat_begin(s, NULL, NULL, &err));
+        CHECKF(strcmp(session_text(s), expect) == 0, "\n--- jinja2\n%s\n--- kvgen\n%s\n---", expect, session_text(s));
+        /* without the tools, the system message is the chat's own */
+        CHECK_OK(kvgen_chat_set_vars(s, NULL, &err));
+        CHECK_OK(kvgen_chat_begin(s, "user", "Thanks!", &err));
+        CHECKF(!strstr(session_text(s), "<|tool|>[") &&
+                   strncmp(session_text(s), "<|system|>You are Mira, the village blacksmith.<|end|>", 54) == 0,
+               "%s", session_text(s));
+        kvgen_session_close(s);
+    }
+    free(tpl);
+    free(vars);
+    free(expect);
+    free(tpl2);
+    free(vars2);
+    free(expect2);
+}
+
 /* Qwen2.5-Coder's template with tools, a tool call and its result, through the public calls
  * turn by turn, renders what jinja2 renders (SmolLM2's vocabulary has ChatML's control tokens);
  * fork and session files keep the tools and the messages' fields; bad input changes nothing. */
@@ -599,6 +652,7 @@ int main(void) {
     if (!m) return tu_finish("test_chat");
     shifts(path);
     tools();
+    phi4_tools();
     kvgen_session *s = NULL;
     CHECK_OK(kvgen_session_create(m, NULL, &s, &err));
     CHECK(strcmp(kvgen_chat_template_name(s, &err), "jinja") == 0);

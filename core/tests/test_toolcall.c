@@ -1,6 +1,10 @@
 /* test_toolcall.c: tool calls in the template's format (toolcall.c). The format recognised
  * from real templates (the fixtures' Qwen2.5-Coder and Qwen3 templates write <tool_call>, the
- * others none) and from Llama 3.1 and Mistral snippets; finished replies parsed per format
+ * others none; the publishers' Llama 3.1/3.2, Mistral Nemo, Hermes 3, Qwen2.5, Qwen3 and
+ * Phi-4-mini templates their own, Gemma 3's none) and from Llama 3.1 and Mistral snippets; on
+ * each publisher's template a forced call, its result and the next turn through the public
+ * calls (Mistral's ids of nine letters and digits); Phi-4-mini's calls written back as text;
+ * finished replies parsed per format
  * (calls kept with compact arguments, markup out of the text; an unknown tool, arguments of a
  * wrong type, a missing required argument or a call under tool_choice none reported as a bad
  * call); the forcing grammar, which joins the tools' schema grammars, accepts valid calls and
@@ -47,12 +51,18 @@ static const char LLAMA31[] =
     "dictionary of argument name and its value}.{%- if m.tool_calls %}<|python_tag|>{% endif %}";
 static const char MISTRAL[] = "[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% if m.tool_calls %}"
                               "[TOOL_CALLS] [{% for c in m.tool_calls %}{{ c | tojson }}{% endfor %}]{% endif %}";
+/* Phi-4-mini-instruct's template (tokenizer_config.json) */
+static const char PHI4[] =
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is "
+    "not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' "
+    "+ '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}";
 
-/* the fixtures' template `name`, malloc'd, or NULL */
-static char *fixture_template(const char *name, size_t *len) {
+/* the template `name` of the fixture file `file`, malloc'd, or NULL */
+static char *fixture_template_in(const char *file, const char *name, size_t *len) {
     const char *dir = getenv("KVGEN_FIXTURES");
     char path[1024];
-    snprintf(path, sizeof path, "%s/chat_templates.txt", dir ? dir : "core/tests/fixtures");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "core/tests/fixtures", file);
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     char head[256];
@@ -77,6 +87,10 @@ static char *fixture_template(const char *name, size_t *len) {
     }
     fclose(f);
     return found;
+}
+
+static char *fixture_template(const char *name, size_t *len) {
+    return fixture_template_in("chat_templates.txt", name, len);
 }
 
 static void check_detect(void) {
@@ -108,6 +122,35 @@ static void check_detect(void) {
     CHECKF(got && strcmp(got, "mistral") == 0, "%s", got ? got : "(none)");
     got = kvg_tool_format_detect(HERMES, strlen(HERMES));
     CHECKF(got && strcmp(got, "hermes") == 0, "%s", got ? got : "(none)");
+    /* the publishers' own templates (chat_tools.txt, scripts/oracle/templates/) */
+    static const struct { const char *name, *want; } real[] = {
+        {"llama31", "llama3"}, {"llama32", "llama3"}, {"mistral_nemo", "mistral"}, {"hermes3", "hermes"},
+        {"qwen25", "hermes"}, {"qwen3_06b", "hermes"}, {"phi4_mini", "phi4"}, {"gemma3", NULL}};
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        size_t len = 0;
+        char *t = fixture_template_in("chat_tools.txt", real[i].name, &len);
+        CHECKF(t != NULL, "chat_tools.txt template %s", real[i].name);
+        if (!t) continue;
+        got = kvg_tool_format_detect(t, len);
+        CHECKF(real[i].want ? got && strcmp(got, real[i].want) == 0 : got == NULL, "%s: %s", real[i].name,
+               got ? got : "(none)");
+        /* Phi-4-mini's alone reads the tools from the system message */
+        const char *field = kvg_tool_system_field(t, len);
+        CHECKF(strcmp(real[i].name, "phi4_mini") == 0 ? field && strcmp(field, "tools") == 0 : field == NULL, "%s: %s",
+               real[i].name, field ? field : "(none)");
+        free(t);
+    }
+    /* the calls written back into a Phi-4-mini message's content; other formats render fields */
+    const char *calls = "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"ring_bell\", "
+                        "\"arguments\": {\"times\": 2}}}, {\"id\": \"c2\", \"type\": \"function\", \"function\": "
+                        "{\"name\": \"open_gate\", \"arguments\": \"{\\\"gate\\\": \\\"north\\\"}\"}}]";
+    char *text = kvg_tool_calls_text(PHI4, strlen(PHI4), calls);
+    CHECKF(text && strcmp(text, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}, "
+                                "{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\"}}]<|/tool_call|>") == 0,
+           "%s", text ? text : "(null)");
+    kvg_free(text);
+    CHECK(!kvg_tool_calls_text(HERMES, strlen(HERMES), calls));
+    CHECK(!kvg_tool_calls_text(PHI4, strlen(PHI4), "[{\"function\": {}}]"));
 }
 
 static kvg_tools *build(const char *tpl, kvgen_tool_choice choice, const char *name) {
@@ -176,6 +219,39 @@ static void check_parse(void) {
         {MISTRAL, KVGEN_TOOL_AUTO, "Ok [{\"name\": \"ring_bell\", \"arguments\": {\"times\": 2}}]",
          KVGEN_FINISH_TOOL_CALLS, "Ok", "ring_bell", "{\"times\":2}", NULL},
         {MISTRAL, KVGEN_TOOL_AUTO, "[TOOL_CALLS] []", KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        /* Phi-4-mini: a list between <|tool_call|> and <|/tool_call|>, either marker possibly
+         * left out of the text (control tokens) */
+        {PHI4, KVGEN_TOOL_AUTO,
+         "<|tool_call|>[{\"name\": \"open_gate\", \"arguments\": {\"gate\": \"north\", \"count\": 2}}]<|/tool_call|>",
+         KVGEN_FINISH_TOOL_CALLS, "", "open_gate", "{\"gate\":\"north\",\"count\":2}", NULL},
+        {PHI4, KVGEN_TOOL_AUTO,
+         "Let me.\n<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 3}}, {\"name\": \"open_gate\", "
+         "\"arguments\": \"{\\\"gate\\\": \\\"south\\\", \\\"count\\\": 1}\"}]<|/tool_call|>\n",
+         KVGEN_FINISH_TOOL_CALLS, "Let me.", "ring_bell", "{\"times\":3}", "open_gate"},
+        {PHI4, KVGEN_TOOL_AUTO, "[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}]", KVGEN_FINISH_TOOL_CALLS, "",
+         "ring_bell", "{\"times\":1}", NULL},
+        {PHI4, KVGEN_TOOL_AUTO, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}]",
+         KVGEN_FINISH_TOOL_CALLS, "", "ring_bell", "{\"times\":1}", NULL},
+        {PHI4, KVGEN_TOOL_AUTO, "No call: the gate is open.", KVGEN_FINISH_NONE, "No call: the gate is open.", NULL, NULL,
+         NULL},
+        /* malformed: an unclosed list, an unknown tool, a bad argument, text after the calls, an
+         * empty list, a call not in a list: a bad call, none of the calls kept */
+        {PHI4, KVGEN_TOOL_AUTO, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_AUTO,
+         "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}, {\"name\": \"fly\", \"arguments\": "
+         "{}}]<|/tool_call|>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_AUTO, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": \"1\"}}]<|/tool_call|>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_AUTO,
+         "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}]<|/tool_call|> and more", 
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_AUTO, "<|tool_call|>[]<|/tool_call|>", KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_AUTO, "<|tool_call|>{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}<|/tool_call|>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
+        {PHI4, KVGEN_TOOL_NONE, "<|tool_call|>[{\"name\": \"ring_bell\", \"arguments\": {\"times\": 1}}]<|/tool_call|>",
+         KVGEN_FINISH_BAD_TOOL_CALL, "", NULL, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const parse_case *c = &cases[i];
@@ -194,12 +270,13 @@ static void check_parse(void) {
         if (n >= 1 && want_n >= 1) {
             CHECKF(strcmp(calls[0].name, c->name0) == 0 && strcmp(calls[0].arguments, c->args0) == 0,
                    "case %zu: %s %s", i, calls[0].name, calls[0].arguments);
-            CHECK(strcmp(calls[0].id, "call_7_0") == 0);
+            /* Mistral's ids: nine base-36 digits of 7 * 1000 + i */
+            CHECK(strcmp(calls[0].id, c->tpl == MISTRAL ? "0000005eg" : "call_7_0") == 0);
             CHECK(kvg_tools_calls_json(t) && strstr(kvg_tools_calls_json(t), "\"type\":\"function\""));
         }
         if (n == 2 && want_n == 2) {
             CHECKF(strcmp(calls[1].name, c->name1) == 0, "case %zu: %s", i, calls[1].name);
-            CHECK(strcmp(calls[1].id, "call_7_1") == 0);
+            CHECK(strcmp(calls[1].id, c->tpl == MISTRAL ? "0000005eh" : "call_7_1") == 0);
         }
         kvg_tools_free(t);
     }
@@ -285,6 +362,35 @@ static void check_grammar(void) {
     if (t && kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK) {
         CHECK(accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}]"));
         kvg_gram_free(g);
+        g = NULL;
+    }
+    kvg_tools_free(t);
+    /* Phi-4-mini: a forced call is the list alone (its markers are control tokens); under auto,
+     * past <|tool_call|> the list of calls the schemas accept, then maybe <|/tool_call|> */
+    t = build(PHI4, KVGEN_TOOL_REQUIRED, NULL);
+    if (t && kvg_gram_parse(kvg_tools_forced_grammar(t), &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}]"));
+        CHECK(!accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":\"2\"}}]"));
+        kvg_gram_free(g);
+        g = NULL;
+    } else {
+        CHECKF(0, "%s", err.message);
+    }
+    kvg_tools_free(t);
+    t = build(PHI4, KVGEN_TOOL_AUTO, NULL);
+    opener = NULL;
+    lazy = t ? kvg_tools_lazy_grammar(t, &opener) : NULL;
+    CHECK(t && !kvg_tools_forced_grammar(t) && lazy && opener && strcmp(opener, "<|tool_call|>") == 0);
+    if (lazy && kvg_gram_parse(lazy, &g, &err) == KVGEN_OK) {
+        CHECK(accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}]<|/tool_call|>"));
+        CHECK(accepts(g, "[{\"name\":\"ring_bell\",\"arguments\":{\"times\":2}}, "
+                         "{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"south\",\"count\":1}}]"));
+        CHECK(!accepts(g, "[{\"name\":\"fly\",\"arguments\":{}}]<|/tool_call|>"));
+        CHECK(!accepts(g, "[{\"name\":\"open_gate\",\"arguments\":{\"gate\":\"east\",\"count\":1}}]"));
+        CHECK(!accepts(g, "[]<|/tool_call|>"));
+        kvg_gram_free(g);
+    } else {
+        CHECKF(0, "%s", err.message);
     }
     kvg_tools_free(t);
 }
@@ -904,10 +1010,11 @@ static kvgen_status record_reply(kvgen_session *s, const char *content, const ch
     return KVGEN_OK;
 }
 
-/* tool_choice auto in a format read at the end (Llama 3's JSON call): a scripted reply (a
- * grammar under the tools, which the public calls do not combine) streams the text before the
- * call and nothing of the call; cut inside the call, it is no call and the text before it is
- * what the conversation gets. */
+/* tool_choice auto in a format read at the end (Llama 3's JSON call) and in Phi-4-mini's (its
+ * <|tool_call|> list, the markers split over tokens): a scripted reply (a grammar under the
+ * tools, which the public calls do not combine) streams the text before the call and nothing
+ * of the call; cut inside the call, it is no call and the text before it is what the
+ * conversation gets. */
 static void check_stream_auto(void) {
     char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
     if (!path) return;
@@ -928,15 +1035,22 @@ static void check_stream_auto(void) {
     kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
                              .grammar = "root ::= \"Sure. {\\\"name\\\": \\\"ring_bell\\\", \\\"parameters\\\": "
                                         "{\\\"times\\\": 2}}\""};
-    int limits[3] = {0, 9, 14};
-    for (int i = 0; i < 3; i++) {
+    /* Phi-4-mini's list, its markers as text split over several tokens, two calls */
+    kvgen_constraint phi = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
+                            .grammar = "root ::= \"Sure. <|tool_call|>[{\\\"name\\\": \\\"ring_bell\\\", "
+                                       "\\\"arguments\\\": {\\\"times\\\": 2}}, {\\\"name\\\": \\\"ring_bell\\\", "
+                                       "\\\"arguments\\\": {\\\"times\\\": 1}}]<|/tool_call|>\""};
+    int limits[6] = {0, 9, 14, 0, 9, 30};
+    for (int i = 0; i < 6; i++) {
+        bool phi4 = i >= 3;
         CHECK_OK(kvgen_chat_begin(s, "user", "Ring it", &err));
-        kvgen_generate_desc d = {.constraint = &says, .max_tokens = limits[i]};
+        kvgen_generate_desc d = {.constraint = phi4 ? &phi : &says, .max_tokens = limits[i]};
         kvgen_gen *g = NULL;
         CHECK_OK(kvg_gen_create(s, &d, &g, "test", &err));
         kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_AUTO, NULL};
         kvg_tools *t = NULL;
-        CHECK_OK(kvg_tools_build(&td, LLAMA31, strlen(LLAMA31), "test", &t, &err));
+        const char *tpl = phi4 ? PHI4 : LLAMA31;
+        CHECK_OK(kvg_tools_build(&td, tpl, strlen(tpl), "test", &t, &err));
         if (!g || !t) {
             kvgen_gen_end(g);
             kvg_tools_free(t);
@@ -948,9 +1062,10 @@ static void check_stream_auto(void) {
         kvgen_finish f = run_streamed(g, m, &st);
         CHECKF(st.tagged == 0 && strcmp(st.text, "Sure.") == 0 && strcmp(kvgen_gen_text(g, NULL), "Sure.") == 0,
                "streamed '%s', text '%s'", st.text, kvgen_gen_text(g, NULL));
-        if (i == 0) {
-            CHECK(f == KVGEN_FINISH_TOOL_CALLS && kvgen_gen_tool_calls(g, NULL) == 1);
+        if (limits[i] == 0) {
+            CHECK(f == KVGEN_FINISH_TOOL_CALLS && kvgen_gen_tool_calls(g, NULL) == (phi4 ? 2 : 1));
             CHECKF(g_replies == 1 && strstr(g_reply_calls, "ring_bell"), "%s", g_reply_calls);
+            if (phi4) CHECKF(st.split_tag > 1, "%d tokens held part of a marker", st.split_tag);
         } else {
             CHECK(f == KVGEN_FINISH_LENGTH && kvgen_gen_tool_calls(g, NULL) == 0);
             CHECKF(g_replies == 1 && strcmp(g_reply_content, "Sure.") == 0 && strcmp(g_reply_calls, "(none)") == 0,
@@ -963,12 +1078,80 @@ static void check_stream_auto(void) {
     kvgen_model_unload(m);
 }
 
+/* The publishers' templates through the public calls: a forced call, its result, and the
+ * next turn renders (the call in the template's own way: as fields, or as Phi-4-mini's text),
+ * Mistral's ids of nine letters and digits as its template requires. */
+static void check_published(void) {
+    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
+    if (!path) return;
+    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_model *m = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, &m, &err));
+    free(path);
+    static const struct { const char *name, *shown; } real[] = {
+        {"qwen3_06b", "<tool_call>\n{\"name\": \"open_gate\""}, {"qwen25", "<tool_call>\n{\"name\": \"open_gate\""},
+        {"hermes3", "<tool_call>\n{\"name\": \"open_gate\""}, {"llama31", "{\"name\": \"open_gate\", \"parameters\""},
+        {"llama32", "{\"name\": \"open_gate\", \"parameters\""}, {"mistral_nemo", "[TOOL_CALLS][{\"name\": \"open_gate\""},
+        {"phi4_mini", "<|tool_call|>[{\"name\": \"open_gate\""}};
+    for (size_t i = 0; m && i < sizeof real / sizeof real[0]; i++) {
+        size_t len = 0;
+        char *src = fixture_template_in("chat_tools.txt", real[i].name, &len);
+        kvgen_session *s = NULL;
+        kvgen_session_desc sd = {.n_ctx = 4096};
+        CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+        kvgen_chat_template tpl = {.jinja = src};
+        if (!src || !s || kvgen_chat_set_template(s, &tpl, &err) != KVGEN_OK) {
+            CHECKF(0, "%s: %s", real[i].name, err.message);
+            kvgen_session_close(s);
+            free(src);
+            continue;
+        }
+        CHECK_OK(kvgen_chat_set_vars(s, "{\"date_string\": \"05 Dec 2026\"}", &err));
+        /* (Hermes' template writes every tool's description: these have one) */
+        kvgen_tool described[2] = {TOOLS[0], TOOLS[1]};
+        described[1].description = "Rings the bell.";
+        kvgen_tools_desc td = {described, 2, KVGEN_TOOL_NAMED, "open_gate"};
+        kvgen_generate_desc d = {.tools = &td};
+        kvgen_gen *g = NULL;
+        CHECKF(kvgen_chat_gen_begin(s, "user", "Open the gate", &d, &g, &err) == KVGEN_OK, "%s: %s", real[i].name,
+               err.message);
+        kvgen_status st = KVGEN_OK;
+        while (g && st == KVGEN_OK && kvgen_gen_finish(g) == KVGEN_FINISH_NONE) st = kvgen_gen_next(g, NULL, &err);
+        const kvgen_tool_call *calls = NULL;
+        int n = g ? kvgen_gen_tool_calls(g, &calls) : 0;
+        CHECKF(g && kvgen_gen_finish(g) == KVGEN_FINISH_TOOL_CALLS && n == 1, "%s: %s %s", real[i].name,
+               g ? kvgen_finish_name(kvgen_gen_finish(g)) : "", err.message);
+        char id[64] = "";
+        if (n == 1) snprintf(id, sizeof id, "%s", calls[0].id);
+        kvgen_gen_end(g);
+        if (strcmp(real[i].name, "mistral_nemo") == 0) {
+            bool alnum = strlen(id) == 9;
+            for (const char *p = id; *p; p++)
+                alnum = alnum && ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'));
+            CHECKF(alnum, "mistral_nemo: id '%s'", id);
+        }
+        kvgen_chat_message result = {.role = "tool", .content = "{\"opened\": true}", .tool_call_id = id};
+        CHECKF(kvgen_chat_add_message(s, &result, &err) == KVGEN_OK, "%s: %s", real[i].name, err.message);
+        CHECKF(kvgen_chat_begin(s, NULL, NULL, &err) == KVGEN_OK, "%s: %s", real[i].name, err.message);
+        char text[16384];
+        size_t tn = kvgen_detokenize(m, kvgen_session_tokens(s), kvgen_session_length(s), KVGEN_TOKENIZE_SPECIAL, text,
+                                     sizeof text);
+        CHECKF(tn < sizeof text && strstr(text, real[i].shown) && strstr(text, "opened"), "%s: %s",
+               real[i].name, text);
+        kvgen_session_close(s);
+        free(src);
+    }
+    kvgen_model_unload(m);
+}
+
 int main(void) {
     check_detect();
     check_parse();
     check_grammar();
     check_refused();
     check_session();
+    check_published();
     check_stream();
     check_stream_auto();
     check_jobs();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chat-template fixtures for test_jinja: every template rendered by jinja2 the way Hugging Face's
 apply_chat_template renders it (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loop
-controls, its tojson, raise_exception), for several conversations.
+controls, its tojson, raise_exception, strftime_now), for several conversations.
 
 Templates: the ones stored in the repository's model files (read with gguf-py), widely published
 templates of other families written out below, and small templates that exercise one feature each.
@@ -26,6 +26,7 @@ Output records (lengths in bytes, payload on the following line):
 import json
 import os
 import sys
+from datetime import datetime
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -313,8 +314,12 @@ def env():
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
     e.filters["tojson"] = tojson
     e.globals["raise_exception"] = raise_exception
+    e.globals["strftime_now"] = strftime_now
     return e
 
 
@@ -325,8 +330,9 @@ def gguf_template(path):
     return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8")
 
 
-def hf_tokenizers():
-    """Hugging Face tokenizers for the model files present, loaded from the GGUF files."""
+def hf_tokenizers(files=None):
+    """Hugging Face tokenizers for the model files present (files: name -> file, TOKEN_FILES by
+    default), loaded from the GGUF files."""
     try:
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
         from transformers import AutoTokenizer
@@ -337,7 +343,7 @@ def hf_tokenizers():
     # asks for it before it looks; the tensors are never read here.
     gguf_utils.is_torch_available = lambda: True
     toks = {}
-    for file in sorted(set(TOKEN_FILES.values())):
+    for file in sorted(set((files or TOKEN_FILES).values())):
         if not os.path.exists(os.path.join(ROOT, "models", file)):
             print(f"{file}: absent (no token ids)", file=sys.stderr)
             continue
