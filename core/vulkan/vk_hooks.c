@@ -98,7 +98,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     return st;
 }
 
-/* The embedding lookup as op_embed (vk_walk.c) records it: embed_<type>, one workgroup of 64
+/* The embedding lookup as kvg_vk_op_embed (vk_walk.c) records it: embed_<type>, one workgroup of 64
  * per token, one dispatch per part of the matrix, push constants in the weight kernels' layout
  * with word 9 the scale (embed.comp). */
 typedef struct pc_embed { /* matches PC in shaders/embed.comp */
