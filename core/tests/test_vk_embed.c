@@ -6,8 +6,9 @@
  *   mat-mul tile, an attention workgroup and a lane column): every token's last hidden state
  *   within HIDDEN_TOL of the reference's (LayerNormed states of magnitude about 1), which would
  *   fail were one text to see another (a text run alone gives the same states within it);
- * - kvgen_embed of the same texts (pooled, unit vectors) within EMBED_TOL of the reference, on
- *   one submission and, with KVGEN_VK_CHUNK=128, over several (whole texts each);
+ * - kvgen_embed of the same texts (pooled, unit vectors) within EMBED_TOL of the reference;
+ * - a batch over several submissions (KVGEN_VK_CHUNK=128: whole texts each) with every matrix
+ *   split into 8 KiB parts (KVGEN_VK_MAX_PART), states within HIDDEN_TOL;
  * - refusals: a text longer than the context, a token outside the vocabulary.
  * all-MiniLM-L6-v2 (models/all-MiniLM-L6-v2.gguf; skipped when absent): every text of
  * fixtures/minilm_embed.txt on Vulkan has cosine >= 0.999 with sentence-transformers' embedding,
@@ -153,15 +154,19 @@ done:
     free(path);
 }
 
-/* the batch over several submissions: KVGEN_VK_CHUNK caps one at the context (128 tokens) */
+/* the batch over several submissions: KVGEN_VK_CHUNK caps one at the context (128 tokens); and
+ * every matrix in parts of at most 8 KiB (KVGEN_VK_MAX_PART: biases by global row, the embedding
+ * lookup over parts) */
 static void check_split(void) {
     char *path = tu_make_model("vk-embed-split.gguf", "--arch bert --layers 2 --embd 64 --ff 128 --heads 4 --ctx 128 "
                                                       "--seed 84");
     CHECK(path != NULL);
     if (!path) return;
     setenv("KVGEN_VK_CHUNK", "128", 1);
+    setenv("KVGEN_VK_MAX_PART", "8192", 1);
     kvgen_model *mr = load(path, KVGEN_BACKEND_REFERENCE), *mv = load(path, KVGEN_BACKEND_VULKAN);
     unsetenv("KVGEN_VK_CHUNK");
+    unsetenv("KVGEN_VK_MAX_PART");
     CHECK(mr && mv);
     if (mr && mv) {
         int D = mr->w.hp.n_embd, V = mr->w.hp.n_vocab;
@@ -181,9 +186,13 @@ static void check_split(void) {
         double d = tu_max_diff(hv, hr, b.total * D);
         CHECKF(d <= HIDDEN_TOL, "split: hidden states differ from the reference by %g", d);
         if (!(d <= worst_hidden)) worst_hidden = d;
-        printf("split: %d tokens over submissions of <= 128: max |hidden - reference| %.3g\n", b.total, d);
+        printf("split: %d tokens over submissions of <= 128, matrices in 8 KiB parts: max |hidden - reference| %.3g\n",
+               b.total, d);
         free(hr);
         free(hv);
+        kvg_vk_part_info parts[64];
+        int n_parts = kvg_vk_model_parts(mv, 0, "token_embd", parts, 64);
+        CHECKF(n_parts > 1, "split: the embedding in %d parts", n_parts);
         CHECK(kvg_vk_validation_count(kvg_vk_model_ctx(mv)) == 0);
     }
     kvgen_model_unload(mr);

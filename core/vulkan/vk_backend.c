@@ -851,7 +851,14 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, i
                    : kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_pages_init: layer group %d of %d pages of %d (the "
                               "layout has %d of %d)", group, (int)n_pages, page_size, (int)vm->n_pages, vm->page_size);
     kvg_vk_ctx *ctx = vm->ctx;
-    kvgen_status st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
+    kvgen_status st = KVGEN_OK;
+    if (vm->enc) { /* an encoder keeps no K/V: the pool the load makes gets no layout, no storage */
+        vm->page_size = page_size;
+        vm->n_pages = n_pages;
+        vm->kv_groups = 1;
+    } else {
+        st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
+    }
     ctx->on_pipeline = pipeline_progress;
     ctx->on_pipeline_user = m;
     if (st == KVGEN_OK && vm->enc) { /* an encoder's: its submissions' pipelines; no step, no kv_copy */

@@ -228,7 +228,12 @@ static kvgen_status choose_cap(vk_model *vm, kvgen_error *err) {
     if (env && atoi(env) > 0 && (uint32_t)atoi(env) < cap) cap = (uint32_t)atoi(env) > ctx ? (uint32_t)atoi(env) : ctx;
     uint32_t widest = e->ld_qkv > vm->ld_h ? e->ld_qkv : vm->ld_h;
     if (vm->ld_q > widest) widest = vm->ld_q;
+    if (vm->ld_x > widest) widest = vm->ld_x;
     size_t range = vm->ctx->props.limits.maxStorageBufferRange, win = vm->ctx->ubo_window;
+    if ((size_t)ctx * (size_t)hp->n_embd * 4 > range)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: the position table of %u tokens (%zu bytes) exceeds what "
+                        "device %s binds (%zu bytes, maxStorageBufferRange)", ctx, (size_t)ctx * (size_t)hp->n_embd * 4,
+                        vm->ctx->info.name, range);
     while (cap > ctx && (size_t)cap * widest * 4 + win > range) cap /= 2;
     if (cap < ctx) cap = ctx;
     if ((size_t)cap * widest * 4 + win > range)
