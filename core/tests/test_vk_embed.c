@@ -9,7 +9,9 @@
  * - kvgen_embed of the same texts (pooled, unit vectors) within EMBED_TOL of the reference;
  * - a batch over several submissions (KVGEN_VK_CHUNK=128: whole texts each) with every matrix
  *   split into 8 KiB parts (KVGEN_VK_MAX_PART), states within HIDDEN_TOL;
- * - refusals: a text longer than the context, a token outside the vocabulary.
+ * - refusals: a text longer than the context, a token outside the vocabulary;
+ * - the batch under lowered device limits (3 workgroups a dispatch dimension, 128 invocations a
+ *   workgroup, the least Vulkan allows), on the lane layout and on the GEMM, every dispatch split as it must be.
  * all-MiniLM-L6-v2 (models/all-MiniLM-L6-v2.gguf; skipped when absent): every text of
  * fixtures/minilm_embed.txt on Vulkan has cosine >= 0.999 with sentence-transformers' embedding,
  * as test_embed_real checks for the host backends.
@@ -73,6 +75,19 @@ static float *encode(kvgen_model *m, const batch *b, kvgen_status *st, kvgen_err
     return h;
 }
 
+/* one batch: 1 token, the empty text, words, 75 and n_ctx_train pseudo-random tokens */
+static void make_batch(batch *b, kvgen_model *m) {
+    int32_t ids[512];
+    int V = m->w.hp.n_vocab, ctx = m->w.hp.n_ctx_train;
+    ids[0] = 1;
+    add_ids(b, ids, 1);
+    for (size_t i = 0; i < N_TEXTS; i++) add_text(b, m, TEXTS[i]);
+    tu_fill_tokens(ids, 75, 5, V);
+    add_ids(b, ids, 75);
+    tu_fill_tokens(ids, (size_t)ctx, 6, V);
+    add_ids(b, ids, ctx);
+}
+
 static void check_model(const char *name, const char *args) {
     char file[64];
     snprintf(file, sizeof file, "vk-embed-%s.gguf", name);
@@ -85,16 +100,9 @@ static void check_model(const char *name, const char *args) {
     int D = mr->w.hp.n_embd, V = mr->w.hp.n_vocab, ctx = mr->w.hp.n_ctx_train;
     CHECKF(strcmp(mv->ops->name, "vulkan") == 0, "%s: loaded on %s", name, mv->ops->name);
 
-    /* one batch: 1 token, the empty text, words, 75 and ctx pseudo-random tokens */
     batch b = {0};
     int32_t ids[512];
-    ids[0] = 1;
-    add_ids(&b, ids, 1);
-    for (size_t i = 0; i < N_TEXTS; i++) add_text(&b, mr, TEXTS[i]);
-    tu_fill_tokens(ids, 75, 5, V);
-    add_ids(&b, ids, 75);
-    tu_fill_tokens(ids, (size_t)ctx, 6, V);
-    add_ids(&b, ids, ctx);
+    make_batch(&b, mr);
     kvgen_error err = {0};
     kvgen_status st;
     float *hr = encode(mr, &b, &st, &err);
@@ -200,6 +208,55 @@ static void check_split(void) {
     free(path);
 }
 
+/* The device's compute limits lowered (KVGEN_VK_MAX_*, docs/vulkan.md): at most 3 workgroups
+ * per dispatch dimension (every dispatch of more is split into pieces), 128 invocations a
+ * workgroup, 16 KiB of shared memory; on the lane layout lavapipe chooses, then on the GEMM
+ * and the cooperative mat-vec (KVGEN_VK_LANE=0). */
+static void check_limits(void) {
+    char *path = tu_make_model("vk-embed-limits.gguf", "--arch bert --layers 2 --embd 64 --ff 128 --heads 4 "
+                                                       "--ctx 128 --seed 85");
+    CHECK(path != NULL);
+    if (!path) return;
+    kvgen_model *mr = load(path, KVGEN_BACKEND_REFERENCE);
+    setenv("KVGEN_VK_MAX_GROUP_COUNT", "3", 1);
+    setenv("KVGEN_VK_MAX_SHARED", "16384", 1);
+    setenv("KVGEN_VK_MAX_INVOCATIONS", "128", 1);
+    for (int lane = 1; lane >= 0 && mr; lane--) {
+        if (!lane) setenv("KVGEN_VK_LANE", "0", 1);
+        kvgen_model *mv = load(path, KVGEN_BACKEND_VULKAN);
+        kvg_vk_ctx *ctx = kvg_vk_model_ctx(mv);
+        CHECK(ctx != NULL);
+        if (ctx) {
+            batch b = {0};
+            make_batch(&b, mr);
+            kvgen_error err = {0};
+            kvgen_status st;
+            float *hr = encode(mr, &b, &st, &err);
+            float *hv = encode(mv, &b, &st, &err);
+            CHECKF(st == KVGEN_OK, "limits: %s", err.message);
+            double d = tu_max_diff(hv, hr, b.total * mr->w.hp.n_embd);
+            CHECKF(d <= HIDDEN_TOL, "limits, lane %d: hidden states differ from the reference by %g", lane, d);
+            if (!(d <= worst_hidden)) worst_hidden = d;
+            CHECKF(atomic_load(&ctx->split_dispatches) > 0, "limits, lane %d: no dispatch was split", lane);
+            int gemm = 0;
+            for (int p = 0; p < ctx->n_pipes; p++) gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
+            CHECKF(lane || gemm > 0, "limits: the GEMM was not used");
+            printf("limits (3 groups a dimension, 128 invocations), %s: max |hidden - reference| %.3g\n",
+                   lane ? "lane layout" : "GEMM", d);
+            CHECK(kvg_vk_validation_count(ctx) == 0);
+            free(hr);
+            free(hv);
+        }
+        kvgen_model_unload(mv);
+    }
+    unsetenv("KVGEN_VK_MAX_GROUP_COUNT");
+    unsetenv("KVGEN_VK_MAX_SHARED");
+    unsetenv("KVGEN_VK_MAX_INVOCATIONS");
+    unsetenv("KVGEN_VK_LANE");
+    kvgen_model_unload(mr);
+    free(path);
+}
+
 /* ---- all-MiniLM-L6-v2 against sentence-transformers (fixtures/minilm_embed.txt) ---- */
 
 #define MAX_CASES 512
@@ -278,6 +335,7 @@ int main(void) {
         check_model(types[i][0], args);
     }
     check_split();
+    check_limits();
     minilm();
     printf("worst: hidden states %.3g (tolerance %g), embeddings %.3g (tolerance %g)\n", worst_hidden, HIDDEN_TOL,
            worst_embed, EMBED_TOL);

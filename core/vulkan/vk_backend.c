@@ -15,7 +15,8 @@
  * the session is created. Nothing is allocated on the per-token path.
  *
  * Files: vk_backend.c (this one) model and session set-up, the environment knobs, running steps
- * and the forward entry points, the ops table; below it vk_walk.c (the step walker: the op list
+ * and the forward entry points, the ops table; below it vk_encode.c (an encoder's forward pass,
+ * the `encode` op: its own op list over the same mat-muls), vk_walk.c (the step walker: the op list
  * of one step), vk_lora.c (LoRA adapters: device copies, their dispatches), vk_kv.c (KV layout,
  * paged pool, kv_copy), vk_weights.c (weight-type table, repack, upload), vk_hooks.c (test
  * hooks), all on vk_device.c; shared structs in kvg_vk_backend.h.
