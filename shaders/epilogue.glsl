@@ -10,6 +10,7 @@
 //             their pairs (i, i + n_rot/2) are adjacent rows (core/vulkan/vk_backend.c).
 //   3 swiglu  out[t*ldo + r/2] = silu(v_r) * v_{r+1}
 //   4 geglu   out[t*ldo + r/2] = gelu_tanh(v_r) * v_{r+1}
+//   5 gelu    out[t*ldo + r] = gelu(v_r), the exact (erf) GELU, no gate (an encoder's FFN up)
 // pc.flags (any mode):
 //   EPI_F_LORA    v_r += d[t*ldd + r] first (binding 11: the LoRA delta of the step's tokens,
 //                 by global row; lora.comp)
@@ -33,6 +34,19 @@ const uint EPI_F_BIAS = 1u, EPI_F_RAW_QK = 2u, EPI_F_LORA = 4u;
 // tanh with its argument bounded: beyond +-15 it is +-1 in f32 anyway, and an exp-based
 // implementation cannot overflow into inf / inf
 float kvg_tanh(float x) { return tanh(clamp(x, -15.0, 15.0)); }
+
+// erf(x) by Abramowitz and Stegun's rational approximation 7.1.26 (absolute error <= 1.5e-7:
+// GLSL has no erf), odd-symmetric
+float kvg_erf(float x) {
+    float a = abs(x);
+    float k = 1.0 / (1.0 + 0.3275911 * a);
+    float p = k * (0.254829592 + k * (-0.284496736 + k * (1.421413741 + k * (-1.453152027 + k * 1.061405429))));
+    float y = 1.0 - p * exp(-a * a);
+    return x < 0.0 ? -y : y;
+}
+
+// the exact GELU, x * Phi(x)
+float kvg_gelu(float x) { return 0.5 * x * (1.0 + kvg_erf(x * 0.7071067811865476)); }
 
 // r: global even row; has1: row r + 1 exists
 void store_pair(uint r, uint t, float v0, float v1, bool has1) {
@@ -60,6 +74,9 @@ void store_pair(uint r, uint t, float v0, float v1, bool has1) {
     } else if (MODE == 4u) {
         float u = 0.7978845608028654 * (v0 + 0.044715 * v0 * v0 * v0); // sqrt(2 / pi) (x + 0.044715 x^3)
         yout[o + (r >> 1)] = 0.5 * v0 * (1.0 + kvg_tanh(u)) * v1;
+    } else if (MODE == 5u) {
+        yout[o + r] = kvg_gelu(v0);
+        if (has1) yout[o + r + 1u] = kvg_gelu(v1);
     } else {
         uint pos = kvg_pos(t);
         uint nqk = pc.nq + pc.nk;

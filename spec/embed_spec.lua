@@ -104,6 +104,39 @@ describe("model:embed", function()
 
 end)
 
+-- every backend that embeds with an encoder, against the reference: the cpu backend, and
+-- Vulkan when a device works
+local backends = { "cpu" }
+if #kvgen.devices() > 0 then backends[#backends + 1] = "vulkan" end
+
+describe("model:embed on each backend", function()
+  local path, ref
+  local texts = { "", "hello world", "the blacksmith sells a sword at the shop", "x",
+                  string.rep("the cat and the dog ", 30) }
+  setup(function()
+    path = support.random_model_path("--arch bert --ctx 128 --seed 9")
+    ref = kvgen.load(path, { backend = "reference" })
+  end)
+  teardown(function()
+    if ref then ref:close() end
+    support.cleanup()
+  end)
+
+  for _, name in ipairs(backends) do
+    it("agrees with the reference on " .. name .. ", a batch as its texts alone", function()
+      local m <close> = kvgen.load(path, { backend = name })
+      local want, got = ref:embed(texts), m:embed(texts)
+      assert.are.equal(#texts, #got)
+      for i = 1, #texts do
+        assert.are.equal(m.n_embd, #got[i])
+        assert.is_true(cosine(want[i], got[i]) > 0.9999, name .. ": text " .. i)
+        local alone = m:embed(texts[i])
+        assert.is_true(cosine(alone, got[i]) > 0.99999, name .. ": text " .. i .. " alone")
+      end
+    end)
+  end
+end)
+
 -- all-MiniLM-L6-v2 (scripts/fetch_model.sh --minilm); pending without the file
 describe("model:embed (all-MiniLM-L6-v2) #model", function()
   local path = "models/all-MiniLM-L6-v2.gguf"

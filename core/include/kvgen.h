@@ -1159,9 +1159,9 @@ typedef struct kvgen_embed_desc {
  * out + i * n_embd (out_floats must be at least n * n_embd). lens[i] is text i's length in bytes
  * (lens NULL: NUL-terminated); a text may be empty or hold NUL bytes (dropped, as control
  * characters are) and is tokenized as plain text (control-token names are not matched). desc
- * NULL: all defaults. An encoder runs the texts batched (every weight read once per batch of
- * texts); a decoder (llama, qwen, ...) runs each text through a session of its own on the
- * reference and cpu backends and returns its final hidden states (after the output norm)
+ * NULL: all defaults. An encoder runs the texts batched, on every backend (every weight read
+ * once per batch of texts); a decoder (llama, qwen, ...) runs each text through a session of its
+ * own on the reference and cpu backends and returns its final hidden states (after the output norm)
  * pooled. A text that has no token (a decoder without BOS given "") is refused, naming it. The
  * model's tokenizer adds [CLS]/[SEP] or BOS as it asks. Thread-safe as kvgen_tokenize is. */
 KVGEN_API kvgen_status kvgen_embed(kvgen_model *model, const char *const *texts, const size_t *lens, size_t n,

@@ -1,7 +1,7 @@
 /* kvg_vk_backend.h: what the files of the Vulkan backend share (private to them): the model
  * and session structs, the step walker's state, and each file's entry points. Calls go down:
- * vk_backend.c -> vk_walk.c -> vk_lora.c, vk_kv.c -> vk_weights.c -> vk_device.c (vk_hooks.c,
- * the test hooks, beside vk_backend.c).
+ * vk_backend.c -> vk_encode.c (an encoder's forward pass) -> vk_walk.c -> vk_lora.c, vk_kv.c ->
+ * vk_weights.c -> vk_device.c (vk_hooks.c, the test hooks, beside vk_backend.c).
  *
  * Folder core/vulkan/ owns the Vulkan backend: the device layer (vk_device.c, kvg_vk.h, the
  * pipeline cache vk_pcache.c, device selection vk_select.c) and the forward pass on it; the
@@ -14,7 +14,7 @@
 #include "kvg_vk_select.h"
 
 /* the mat-mul epilogues (MODE in shaders/epilogue.glsl, matvec.comp, gemm.comp) and their flags */
-enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3, EPI_GEGLU = 4 };
+enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3, EPI_GEGLU = 4, EPI_GELU = 5 };
 enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2, EPI_F_LORA = 4 };
 /* the modes of shaders/rms_norm.comp */
 enum { NORM_POST = 0, NORM_HEADS = 1 };
@@ -53,6 +53,7 @@ typedef struct vk_layer {
 } vk_layer;
 
 typedef struct vk_lora vk_lora; /* vk_lora.c */
+typedef struct vk_encoder vk_encoder; /* vk_encode.c */
 
 typedef struct vk_model {
     kvg_vk_ctx *ctx;
@@ -154,6 +155,10 @@ typedef struct vk_model {
      * sets are rewritten) */
     vk_lora *lora;
     kvg_vk_buffer lora_d;
+    /* an encoder (kvg_arch.encoder: bert; vk_encode.c): its weights and submissions' state; NULL
+     * for a decoder. An encoder has no decoder steps: its scratch is params, x, q (Q|K|V), att,
+     * h and logits (the last block's states), sized for its submissions, and layers is NULL. */
+    vk_encoder *enc;
 } vk_model;
 
 struct kvg_backend_session {
@@ -277,6 +282,8 @@ kvgen_status kvg_vk_walk_step(walk *w);
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
 kvgen_status kvg_vk_op_attention(walk *w, int layer);
+/* the token rows of the step's ids (params) into vm->x (embed.comp, times vm->embd_scale) */
+kvgen_status kvg_vk_op_embed(walk *w);
 /* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k, after
  * it: of the last token's logits (logits 1) or of every column's (a batched step, logits 2)). */
 kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer cb, bool one_time, uint32_t n,
@@ -286,6 +293,16 @@ kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
 kvgen_status kvg_vk_refresh_sets(vk_model *vm, kvg_backend_session *s, kvgen_error *err);
 /* KVGEN_VK_PROFILE: adds the last recorded step's timestamps to the per-kind totals */
 void kvg_vk_prof_collect(vk_model *vm);
+
+/* ---- vk_encode.c: an encoder's forward pass (kvg_backend_ops.encode) ---- */
+
+/* model_init's part for an encoder (vm->ctx made, the knobs set): its weights, scratch and
+ * descriptor sets */
+kvgen_status kvg_vk_encoder_init(kvgen_model *m, kvgen_error *err);
+/* every pipeline an encoder's submission uses (the load's pipeline stage) */
+kvgen_status kvg_vk_encoder_pipelines(vk_model *vm, kvgen_error *err);
+void kvg_vk_encoder_free(vk_model *vm);
+kvgen_status kvg_vk_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err);
 
 /* ---- vk_lora.c: LoRA adapters on the device (shaders/lora.comp) ---- */
 

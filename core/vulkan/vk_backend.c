@@ -15,7 +15,8 @@
  * the session is created. Nothing is allocated on the per-token path.
  *
  * Files: vk_backend.c (this one) model and session set-up, the environment knobs, running steps
- * and the forward entry points, the ops table; below it vk_walk.c (the step walker: the op list
+ * and the forward entry points, the ops table; below it vk_encode.c (an encoder's forward pass,
+ * the `encode` op: its own op list over the same mat-muls), vk_walk.c (the step walker: the op list
  * of one step), vk_lora.c (LoRA adapters: device copies, their dispatches), vk_kv.c (KV layout,
  * paged pool, kv_copy), vk_weights.c (weight-type table, repack, upload), vk_hooks.c (test
  * hooks), all on vk_device.c; shared structs in kvg_vk_backend.h.
@@ -103,6 +104,7 @@ static void vk_model_free(kvgen_model *m) {
         if (vm->ops_cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &vm->ops_cb);
         kvg_vk_select_free(ctx, &vm->sel);
         kvg_vk_lora_free(vm);
+        kvg_vk_encoder_free(vm);
         kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
                                     &vm->qk, &vm->f};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
@@ -318,6 +320,12 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     const char *env_chunk = getenv("KVGEN_VK_CHUNK"); /* tests: force small prefill chunks */
     if (env_chunk && atoi(env_chunk) > 0 && (uint32_t)atoi(env_chunk) < chunk) chunk = (uint32_t)atoi(env_chunk);
     vm->chunk = chunk;
+    /* an encoder: its own weights, scratch and op list (vk_encode.c), no decoder steps */
+    if (m->w.arch && m->w.arch->encoder) {
+        st = kvg_vk_encoder_init(m, err);
+        if (st != KVGEN_OK) goto fail;
+        return KVGEN_OK;
+    }
 
     /* weights; the load's KVGEN_LOAD_UPLOAD stage counts the matrices' bytes, one report per
      * layer */
@@ -848,14 +856,23 @@ static kvgen_status vk_kv_pages_init(kvgen_model *m, int group, int page_size, i
                    : kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: kv_pages_init: layer group %d of %d pages of %d (the "
                               "layout has %d of %d)", group, (int)n_pages, page_size, (int)vm->n_pages, vm->page_size);
     kvg_vk_ctx *ctx = vm->ctx;
-    kvgen_status st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
+    kvgen_status st = KVGEN_OK;
+    if (vm->enc) { /* an encoder keeps no K/V: the pool the load makes gets no layout, no storage */
+        vm->page_size = page_size;
+        vm->n_pages = n_pages;
+        vm->kv_groups = 1;
+    } else {
+        st = kvg_vk_kv_pool_init(m, page_size, n_pages, err);
+    }
     ctx->on_pipeline = pipeline_progress;
     ctx->on_pipeline_user = m;
-    if (st == KVGEN_OK) {
+    if (st == KVGEN_OK && vm->enc) { /* an encoder's: its submissions' pipelines; no step, no kv_copy */
+        st = kvg_vk_encoder_pipelines(vm, err);
+    } else if (st == KVGEN_OK) {
         walk pw = {.mode = WALK_PIPELINES, .vm = vm, .n = 1, .logits = 2, .err = err};
         st = kvg_vk_walk_step(&pw);
     }
-    if (st == KVGEN_OK) {
+    if (st == KVGEN_OK && !vm->enc) {
         uint32_t spec[KVG_SPEC_COUNT];
         spec_init(spec);
         kvg_vk_kv_spec(vm, spec);
@@ -889,16 +906,20 @@ const kvg_backend_ops kvg_vulkan_backend = {
      * post norms by rms_norm.comp after a storing projection; NEOX RoPE by Q/K rows permuted at
      * upload; per-layer RoPE base / scale and rope_freqs in the layers' cos/sin tables (and
      * kv_copy's); GELU in the gate/up epilogue; the embedding scale in embed.comp; soft-capping
-     * in the attention kernels and the logits' epilogue; sliding windows in the attention kernels */
+     * in the attention kernels and the logits' epilogue; sliding windows in the attention kernels;
+     * an encoder by vk_encode.c (LayerNorms, bidirectional attention over each text, exact GELU
+     * in the up mat-mul's epilogue) */
     .features = KVG_F_WIDE_HEADS | KVG_F_ATTN_BIAS | KVG_F_QK_NORM | KVG_F_POST_NORMS | KVG_F_ROPE_NEOX |
                 KVG_F_ROPE_FREQS | KVG_F_ROPE_ATTN_FACTOR | KVG_F_GELU | KVG_F_EMBD_SCALE | KVG_F_SOFTCAP |
-                KVG_F_SLIDING_WINDOW,
+                KVG_F_SLIDING_WINDOW | KVG_F_ENCODER,
     .weight_types = kvg_vk_weight_types,
     .model_init = vk_model_init,
     .model_free = vk_model_free,
     .session_init = vk_session_init,
     .session_free = vk_session_free,
     .forward = vk_forward,
+    /* an encoder (bert): its own op list over the same mat-muls (vk_encode.c) */
+    .encode = kvg_vk_encode,
     .cache_bytes_per_token = kvg_vk_cache_bytes_per_token,
     .kv_default_pool_bytes = kvg_vk_default_pool_bytes,
     .kv_pages_init = vk_kv_pages_init,

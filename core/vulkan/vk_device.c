@@ -760,6 +760,8 @@ static const struct shader_needs {
     {"kv_copy", 64, 0, 0, 0, 0},                 /* none */
     {"kv_store", 64, 0, 0, 0, 0},                /* none */
     {"rms_norm", 0, 0, 4, 0, 0},                 /* red[WG] */
+    {"layer_norm", 0, 0, 4, 0, 0},               /* red[WG] */
+    {"enc_attn", 0, 0, 0, 0, 0},                 /* none */
     {"lora", 0, 0, 4, 0, 0},                     /* red[WG] */
     {"embed_", 0, 0, 0, 0, 0},                   /* none */
     {"matvec_", 0, 0, 0, 0, 4},                  /* red[WG * ROWS * NCOLS] */

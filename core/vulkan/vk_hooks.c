@@ -101,7 +101,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     return st;
 }
 
-/* The embedding lookup as op_embed (vk_walk.c) records it: embed_<type>, one workgroup of 64
+/* The embedding lookup as kvg_vk_op_embed (vk_walk.c) records it: embed_<type>, one workgroup of 64
  * per token, one dispatch per part of the matrix, push constants in the weight kernels' layout
  * with word 9 the scale (embed.comp). */
 typedef struct pc_embed { /* matches PC in shaders/embed.comp */
@@ -312,7 +312,7 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
 static const vk_matrix *model_matrix(const vk_model *vm, int l, const char *which) {
     if (strcmp(which, "token_embd") == 0) return &vm->embd;
     if (strcmp(which, "output") == 0) return &vm->output;
-    if (l < 0 || l >= vm->hp.n_layer) return NULL;
+    if (l < 0 || l >= vm->hp.n_layer || !vm->layers) return NULL; /* (an encoder's layers are vk_encode.c's) */
     const vk_layer *L = &vm->layers[l];
     static const char *const names[] = {"attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"};
     const vk_matrix *mats[] = {&L->qkv, &L->wo, &L->gateup, &L->down};

@@ -182,6 +182,8 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
 kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvgen_error *err) {
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
+    if (!vm->pps)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the model's K/V pool has no layout (an encoder keeps no K/V)");
     if (page < 0 || page >= vm->n_pages || group < 0 || group >= (vm->kv_groups > 1 ? 2 : 1))
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: page %d of layer group %d outside the pool of %d", (int)page,
                         group, (int)vm->n_pages);

@@ -181,7 +181,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
     return KVGEN_OK;
 }
 
-static kvgen_status op_embed(walk *w) {
+kvgen_status kvg_vk_op_embed(walk *w) {
     vk_model *vm = w->vm;
     kvgen_status st = KVGEN_OK;
     char name[32];
@@ -385,7 +385,7 @@ kvgen_status kvg_vk_walk_step(walk *w) {
         vkCmdResetQueryPool(w->cb, vm->prof_pool, 0, 512);
         prof_mark(w, 7);
     }
-    kvgen_status st = op_embed(w);
+    kvgen_status st = kvg_vk_op_embed(w);
     prof_mark(w, 0);
     for (int l = 0; l < vm->hp.n_layer && st == KVGEN_OK; l++) {
         vk_layer *L = &vm->layers[l];
