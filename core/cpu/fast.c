@@ -810,7 +810,7 @@ static kvgen_status cpu_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_
     if (st != KVGEN_OK) return st;
     cpu_encode_ctx c = {cm, s};
     kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = CPU_BLOCK, .mm = cpu_encode_mm,
-                         .mm_ctx = &c};
+                         .mm_ctx = &c, .vec = cm->vec};
     st = kvg_cpu_encode(&e, b, err);
     cpu_session_free(m, s);
     return st;

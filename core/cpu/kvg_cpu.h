@@ -214,6 +214,9 @@ typedef struct kvg_cpu_encoder {
     int block;                /* rows per call of mm */
     kvg_cpu_matmul_fn mm;
     void *mm_ctx;
+    /* NULL: attention in scalar loops (the reference's arithmetic); else the backend's vector
+     * operations (kvg_qdot.h) for its scores, softmax and weighted values */
+    const struct kvg_vec_ops *vec;
 } kvg_cpu_encoder;
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err);
 /* out = (x - mean) / sqrt(var + eps) * w + b over n elements (out may alias x) */
