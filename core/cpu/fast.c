@@ -12,8 +12,10 @@
  *   CPU_BLOCK tokens (prefill runs as GEMM, a batch of many sessions' decodes shares every row
  *   read); where the path has group kernels (avx512vnni, neon, dotprod: the 32-element types
  *   and the K types but Q8_K; avx2 and avx512: the K types but Q8_K and IQ4_XS; avxvnni: the K
- *   types but Q8_K) a matrix of a multiple of 16 rows is packed at load into groups of 16 rows
- *   computed together, one row per vector lane, each group against tiles of up to 8 tokens;
+ *   types but Q8_K; avx512 and avx512vnni: the float types too) a matrix of a multiple of 16
+ *   rows is packed at load into groups of 16 rows computed together (one row per vector lane;
+ *   the float types' rows 4 at a time against 4 tokens), each group against tiles of up to 8
+ *   tokens;
  * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
  *   computed once per token and layer (shared by the heads), not per element;
  * - K/V pages hold IEEE f16, not f32 (half the bytes a decode at depth reads); keys and values

@@ -12,8 +12,9 @@
  *             Q2_K, Q3_K, Q4_K, Q5_K, Q6_K in groups of 16 rows against the byte activations
  *             of the avx512vnni groups (vpmaddubsw, qdot_x86.c), the bits of their portable
  *             row kernels
- *   avx512    the 32-element and float types; the K types (avx2's groups and loops) and the
- *             vector ops run avx2's code
+ *   avx512    the 32-element and float types; the float types also in groups of 16 rows
+ *             (4 rows by 4 tokens of FMAs, the bits of their row kernels; avx512vnni too); the
+ *             K types (avx2's groups and loops) and the vector ops run avx2's code
  *   avxvnni   avx2's, but the K types' groups (IQ4_XS's too) multiply with AVX-VNNI's 256-bit
  *             vpdpbusd
  *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the

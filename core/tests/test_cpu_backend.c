@@ -10,7 +10,8 @@
  *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
  *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni,
  *   neon, dotprod: the 32-element and K types; avx2 and avx512: the K types but IQ4_XS;
- *   avxvnni: the K types) give their row kernels' bits on every tile, also on rows of 3 K blocks
+ *   avxvnni: the K types; avx512 and avx512vnni: the float types, also on rows with a tail
+ *   past their vectors) give their row kernels' bits on every tile, also on rows of 3 K blocks
  *   (an odd number for the K types) and on levels and activation bytes at the ends of their
  *   ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
  *   models' logits (also with rows of 3 K blocks, an output matrix that does not fill groups,
@@ -269,6 +270,11 @@ static void test_kernels(void) {
             if (k->group) {
                 check_group_kernel(isa, type, k, ka, N, NT, NULL);
                 n_group++;
+                if (k->act == KVG_ACT_F32) { /* rows of a length with a tail past the vectors */
+                    kvg_qact tail = *ka;
+                    tail.n = N - 23;
+                    check_group_kernel(isa, type, k, &tail, tail.n, NT, NULL);
+                }
             }
         }
         printf("kernels: %s path: %zu types (and %d with 8-bit activations), worst |dot - exact| / sum|w a| %.2e; %d "
