@@ -97,6 +97,7 @@ typedef struct enc_tokens {
     const float *w, *b; /* add_norm: the norm's weight and bias */
     int width;
     float eps;
+    const kvg_vec_ops *vec; /* or NULL */
 } enc_tokens;
 
 /* y[t] += bias */
@@ -109,13 +110,15 @@ static void bias_items(void *ctx, int begin, int end, int tid) {
     }
 }
 
-/* y[t] = gelu(y[t] + bias) */
+/* y[t] = gelu(y[t] + bias): the backend's vector form where it passes one, else kvg_cpu_gelu */
 static void bias_gelu_items(void *ctx, int begin, int end, int tid) {
     (void)tid;
     const enc_tokens *j = ctx;
     for (int t = begin; t < end; t++) {
         float *y = j->y + (size_t)t * j->width;
-        for (int i = 0; i < j->width; i++) y[i] = kvg_cpu_gelu(j->bias ? y[i] + j->bias[i] : y[i]);
+        if (j->vec) j->vec->gelu_erf(y, j->bias, j->width);
+        else
+            for (int i = 0; i < j->width; i++) y[i] = kvg_cpu_gelu(j->bias ? y[i] + j->bias[i] : y[i]);
     }
 }
 
@@ -139,7 +142,7 @@ static void matmul_all(const kvg_cpu_encoder *e, int layer, int role, const floa
         int n = N - t0 < e->block ? N - t0 : e->block;
         e->mm(e->mm_ctx, layer, role, in + (size_t)t0 * in_dim, in_dim, n, out + (size_t)t0 * out_dim);
     }
-    enc_tokens j = {.y = out, .bias = bias, .width = out_dim};
+    enc_tokens j = {.y = out, .bias = bias, .width = out_dim, .vec = e->vec};
     if (gelu) kvg_cpu_pool_run(e->pool, N, bias_gelu_items, &j);
     else if (bias) kvg_cpu_pool_run(e->pool, N, bias_items, &j);
 }

@@ -214,8 +214,9 @@ typedef struct kvg_cpu_encoder {
     int block;                /* rows per call of mm */
     kvg_cpu_matmul_fn mm;
     void *mm_ctx;
-    /* NULL: attention in scalar loops (the reference's arithmetic); else the backend's vector
-     * operations (kvg_qdot.h) for its scores, softmax and weighted values */
+    /* NULL: attention and GELU in scalar loops (the reference's arithmetic); else the backend's
+     * vector operations (kvg_qdot.h) for attention's scores, softmax and weighted values and
+     * for the feed-forward's GELU */
     const struct kvg_vec_ops *vec;
 } kvg_cpu_encoder;
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err);

@@ -195,6 +195,10 @@ typedef struct kvg_vec_ops {
     void (*silu_mul)(float *g, const float *u, int n);
     void (*gelu_mul)(float *g, const float *u, int n);
     void (*add)(float *y, const float *x, int n);             /* y += x */
+    /* x[i] = gelu(x[i] + b[i]) (b NULL: x[i] alone) with the exact GELU, 0.5 x (1 + erf(x /
+     * sqrt 2)): libm's erff on the portable path, a polynomial within ~3e-7 of 1 + erf on the
+     * vector paths (an encoder's feed-forward) */
+    void (*gelu_erf)(float *x, const float *b, int n);
 } kvg_vec_ops;
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa);

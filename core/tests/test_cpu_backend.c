@@ -5,9 +5,9 @@
  *   dot of the row dequantized by quant.c with the activations dequantized (to f32 rounding:
  *   within 1e-5 of sum |w a|), so each type's integer decoding is checked against quant.c's;
  *   tiles of 1..4 activation rows give the same bits; the activations quantize to the same bytes
- *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU, attention's runs of keys)
- *   are checked against libm and the reference's helpers; a run of keys gives the same bits
- *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
+ *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU and the exact GELU,
+ *   attention's runs of keys) are checked against libm and the reference's helpers; a run of
+ *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
  *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni,
  *   neon, dotprod: the 32-element and K types; avx2 and avx512: the K types but IQ4_XS;
  *   avxvnni: the K types; avx512 and avx512vnni: the float types, also on rows with a tail
@@ -484,6 +484,17 @@ static void test_vec_ops(void) {
         memcpy(y, g, sizeof g);
         v->gelu_mul(y, u, N);
         for (int i = 0; i < N; i++) CHECK(fabsf(y[i] - kvg_ref_gelu_tanh(g[i]) * u[i]) <= 2e-6f * (fabsf(g[i]) + 1.0f));
+        memcpy(y, g, sizeof g); /* the exact GELU, with and without a bias */
+        v->gelu_erf(y, u, N);
+        for (int i = 0; i < N; i++) {
+            float a = g[i] + u[i], e = 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+            CHECKF(fabsf(y[i] - e) <= 5e-7f * (fabsf(a) + 1.0f), "%s gelu_erf(%g): %.9g, libm's %.9g",
+                   kvg_cpu_isa_name((kvg_cpu_isa)isa), a, y[i], e);
+        }
+        memcpy(y, g, sizeof g);
+        v->gelu_erf(y, NULL, N);
+        for (int i = 0; i < N; i++)
+            CHECK(fabsf(y[i] - 0.5f * g[i] * (1.0f + erff(g[i] * 0.70710678118654752f))) <= 5e-7f * (fabsf(g[i]) + 1.0f));
         float d = v->dot(g, u, N), dr = 0;
         for (int i = 0; i < N; i++) dr += g[i] * u[i];
         CHECK(fabsf(d - dr) <= 1e-4f);
