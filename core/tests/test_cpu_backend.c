@@ -7,13 +7,13 @@
  *   tiles of 1..4 activation rows give the same bits; the activations quantize to the same bytes
  *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU and the exact GELU,
  *   attention's runs of keys) are checked against libm and the reference's helpers; a run of
- *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
- *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni,
- *   neon, dotprod: the 32-element and K types; avx2 and avx512: the K types but IQ4_XS;
- *   avxvnni: the K types; avx512 and avx512vnni: the float types, also on rows with a tail
- *   past their vectors) give their row kernels' bits on every tile, also on rows of 3 K blocks
- *   (an odd number for the K types) and on levels and activation bytes at the ends of their
- *   ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
+ *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV
+ *   pages are f16) give the f32 forms' bits on the rows converted to f32, on every path. Group
+ *   kernels (avx512vnni, neon, dotprod: the 32-element and K types; avx2 and avx512: the K
+ *   types but IQ4_XS; avxvnni: the K types; avx512 and avx512vnni: the float types, also on
+ *   rows with a tail past their vectors) give their row kernels' bits on every tile, also on
+ *   rows of 3 K blocks (an odd number for the K types) and on levels and activation bytes at
+ *   the ends of their ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
  *   models' logits (also with rows of 3 K blocks, an output matrix that does not fill groups,
  *   and 8-bit activations) are the same bits on every x86 path with K-type groups.
  * - Models, against the reference: random models of every traits type, and of the
