@@ -493,8 +493,10 @@ static void test_vec_ops(void) {
         }
         memcpy(y, g, sizeof g);
         v->gelu_erf(y, NULL, N);
-        for (int i = 0; i < N; i++)
-            CHECK(fabsf(y[i] - 0.5f * g[i] * (1.0f + erff(g[i] * 0.70710678118654752f))) <= 5e-7f * (fabsf(g[i]) + 1.0f));
+        for (int i = 0; i < N; i++) {
+            float e = 0.5f * g[i] * (1.0f + erff(g[i] * 0.70710678118654752f));
+            CHECK(fabsf(y[i] - e) <= 5e-7f * (fabsf(g[i]) + 1.0f));
+        }
         float d = v->dot(g, u, N), dr = 0;
         for (int i = 0; i < N; i++) dr += g[i] * u[i];
         CHECK(fabsf(d - dr) <= 1e-4f);
