@@ -1,5 +1,6 @@
 /* cpu_encode.c: an encoder's forward pass (kvg_arch.encoder: bert) on the host's cores, shared
- * by the reference and cpu backends, which pass their own matrix products (kvg_cpu.h).
+ * by the reference and cpu backends, which pass their own matrix products and, for the cpu
+ * backend, its vector operations for attention and GELU (kvg_cpu.h).
  *
  * Per token t at position p of its text (shapes: N = tokens of all texts, D = n_embd,
  * F = n_ff, H = n_head, hd = head_dim):
