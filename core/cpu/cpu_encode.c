@@ -1,5 +1,6 @@
 /* cpu_encode.c: an encoder's forward pass (kvg_arch.encoder: bert) on the host's cores, shared
- * by the reference and cpu backends, which pass their own matrix products (kvg_cpu.h).
+ * by the reference and cpu backends, which pass their own matrix products and, for the cpu
+ * backend, its vector operations for attention and GELU (kvg_cpu.h).
  *
  * Per token t at position p of its text (shapes: N = tokens of all texts, D = n_embd,
  * F = n_ff, H = n_head, hd = head_dim):
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "kvg_cpu.h"
+#include "kvg_qdot.h"
 #include "kvg_quant.h"
 
 void kvg_cpu_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
@@ -47,49 +49,142 @@ typedef struct enc_attention {
     const int *seq_len;     /* [N] that text's length */
     float *scores;          /* [threads][max_len] */
     int max_len;
+    const kvg_vec_ops *vec; /* or NULL: scalar loops */
 } enc_attention;
 
-/* one (token, head) per item: softmax over every token of its text, then the weighted values */
+/* one (token, head) per item: softmax over every token of its text, then the weighted values;
+ * with the backend's vector operations (vec) where it passes them, else in scalar loops */
 static void attention_items(void *ctx, int begin, int end, int tid) {
     const enc_attention *j = ctx;
     int H = j->hp->n_head, hd = j->hp->head_dim, W = H * hd;
     float scale = 1.0f / sqrtf((float)hd);
     float *scores = j->scores + (size_t)tid * (size_t)j->max_len;
+    const kvg_vec_ops *vec = j->vec;
     for (int item = begin; item < end; item++) {
         int t = item / H, h = item % H, s0 = j->seq_start[t], n = j->seq_len[t];
         const float *q = j->q + (size_t)t * W + (size_t)h * hd;
+        const float *k0 = j->k + (size_t)s0 * W + (size_t)h * hd, *v0 = j->v + (size_t)s0 * W + (size_t)h * hd;
+        float *o = j->att + (size_t)t * W + (size_t)h * hd;
+        if (vec) {
+            vec->dot_rows(q, k0, (size_t)W, n, hd, scores);
+            vec->scale(scores, scale, n);
+            float sum = vec->exp_sum(scores, n, vec->max(scores, n));
+            vec->scale(scores, 1.0f / sum, n);
+            memset(o, 0, (size_t)hd * sizeof *o);
+            vec->axpy_rows(o, scores, v0, (size_t)W, n, hd);
+            continue;
+        }
         for (int u = 0; u < n; u++) {
-            const float *k = j->k + (size_t)(s0 + u) * W + (size_t)h * hd;
+            const float *k = k0 + (size_t)u * W;
             float dot = 0.0f;
             for (int i = 0; i < hd; i++) dot += q[i] * k[i];
             scores[u] = dot * scale;
         }
         softmax(scores, n);
-        float *o = j->att + (size_t)t * W + (size_t)h * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int u = 0; u < n; u++) {
-            const float *v = j->v + (size_t)(s0 + u) * W + (size_t)h * hd;
+            const float *v = v0 + (size_t)u * W;
             for (int i = 0; i < hd; i++) o[i] += scores[u] * v[i];
         }
     }
 }
 
-/* out[t] = in[t] W (+ bias) for every token, block rows per call of the backend's product */
+/* the per-token work between the products, one token per item: the same operations on each
+ * element whatever thread runs it */
+typedef struct enc_tokens {
+    float *y;          /* [N][width] */
+    const float *f;    /* add_norm: [N][width] added before the norm */
+    const float *bias; /* [width], or NULL */
+    const float *w, *b; /* add_norm: the norm's weight and bias */
+    int width;
+    float eps;
+    const kvg_vec_ops *vec; /* or NULL */
+} enc_tokens;
+
+/* y[t] += bias */
+static void bias_items(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const enc_tokens *j = ctx;
+    for (int t = begin; t < end; t++) {
+        float *y = j->y + (size_t)t * j->width;
+        for (int i = 0; i < j->width; i++) y[i] += j->bias[i];
+    }
+}
+
+/* y[t] = gelu(y[t] + bias): the backend's vector form where it passes one, else kvg_cpu_gelu */
+static void bias_gelu_items(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const enc_tokens *j = ctx;
+    for (int t = begin; t < end; t++) {
+        float *y = j->y + (size_t)t * j->width;
+        if (j->vec) j->vec->gelu_erf(y, j->bias, j->width);
+        else
+            for (int i = 0; i < j->width; i++) y[i] = kvg_cpu_gelu(j->bias ? y[i] + j->bias[i] : y[i]);
+    }
+}
+
+/* y[t] = LN(y[t] + f[t]) * w + b */
+static void add_norm_items(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const enc_tokens *j = ctx;
+    for (int t = begin; t < end; t++) {
+        float *y = j->y + (size_t)t * j->width;
+        const float *f = j->f + (size_t)t * j->width;
+        for (int i = 0; i < j->width; i++) y[i] += f[i];
+        kvg_cpu_layernorm(y, y, j->w, j->b, j->width, j->eps);
+    }
+}
+
+/* out[t] = in[t] W (+ bias, then GELU where gelu) for every token, block rows per call of the
+ * backend's product */
 static void matmul_all(const kvg_cpu_encoder *e, int layer, int role, const float *in, int in_dim, int N, float *out,
-                       int out_dim, const float *bias) {
+                       int out_dim, const float *bias, bool gelu) {
     for (int t0 = 0; t0 < N; t0 += e->block) {
         int n = N - t0 < e->block ? N - t0 : e->block;
         e->mm(e->mm_ctx, layer, role, in + (size_t)t0 * in_dim, in_dim, n, out + (size_t)t0 * out_dim);
     }
-    if (bias)
-        for (int t = 0; t < N; t++)
-            for (int i = 0; i < out_dim; i++) out[(size_t)t * out_dim + i] += bias[i];
+    enc_tokens j = {.y = out, .bias = bias, .width = out_dim, .vec = e->vec};
+    if (gelu) kvg_cpu_pool_run(e->pool, N, bias_gelu_items, &j);
+    else if (bias) kvg_cpu_pool_run(e->pool, N, bias_items, &j);
 }
 
 /* x[t] = LN(x[t] + f[t]) * w + b */
-static void add_norm(float *x, const float *f, const float *w, const float *b, int N, int D, float eps) {
-    for (size_t i = 0; i < (size_t)N * D; i++) x[i] += f[i];
-    for (int t = 0; t < N; t++) kvg_cpu_layernorm(x + (size_t)t * D, x + (size_t)t * D, w, b, D, eps);
+static void add_norm(const kvg_cpu_encoder *e, float *x, const float *f, const float *w, const float *b, int N, int D,
+                     float eps) {
+    enc_tokens j = {.y = x, .f = f, .w = w, .b = b, .width = D, .eps = eps};
+    kvg_cpu_pool_run(e->pool, N, add_norm_items, &j);
+}
+
+/* the embeddings of the batch's tokens, one token per item: token + type 0 + position, LayerNormed */
+typedef struct enc_embed {
+    const kvgen_model *m;
+    const kvg_cpu_host *host;
+    const int32_t *tokens;
+    const int *seq_start;
+    float *x;   /* [N][D] */
+    float *row; /* [threads][D] */
+} enc_embed;
+
+static void embed_items(void *ctx, int begin, int end, int tid) {
+    const enc_embed *j = ctx;
+    const kvg_hparams *hp = &j->m->w.hp;
+    const kvg_tensor *te = j->m->w.tok_embd, *pe = j->m->w.pos_embd, *ty = j->m->w.tok_types;
+    int D = hp->n_embd;
+    float *row = j->row + (size_t)tid * D;
+    for (int t = begin; t < end; t++) {
+        int p = t - j->seq_start[t];
+        float *xt = j->x + (size_t)t * D;
+        kvg_dequantize_row(te->type, (const unsigned char *)te->data + (size_t)j->tokens[t] *
+                           kvg_row_bytes(te->type, te->ne[0]), xt, (uint64_t)D);
+        kvg_dequantize_row(pe->type, (const unsigned char *)pe->data + (size_t)p * kvg_row_bytes(pe->type, pe->ne[0]),
+                           row, (uint64_t)D);
+        for (int d = 0; d < D; d++) xt[d] += row[d];
+        if (ty) { /* every token is of type 0: a single text, no second segment */
+            kvg_dequantize_row(ty->type, ty->data, row, (uint64_t)D);
+            for (int d = 0; d < D; d++) xt[d] += row[d];
+        }
+        kvg_cpu_layernorm(xt, xt, j->host->embd_norm, j->host->embd_norm_b, D, hp->layer_norm_eps);
+    }
 }
 
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err) {
@@ -117,7 +212,7 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
     float *q = kvg_malloc(NW * sizeof(float)), *k = kvg_malloc(NW * sizeof(float));
     float *v = kvg_malloc(NW * sizeof(float)), *att = kvg_malloc(NW * sizeof(float));
     float *tmp = kvg_malloc(ND * sizeof(float)), *ff = kvg_malloc((size_t)N * F * sizeof(float));
-    float *row = kvg_malloc((size_t)D * sizeof(float));
+    float *row = kvg_malloc((size_t)threads * (size_t)D * sizeof(float));
     float *scores = kvg_malloc((size_t)threads * (size_t)max_len * sizeof(float));
     int *seq_start = kvg_malloc((size_t)N * sizeof(int)), *seq_len = kvg_malloc((size_t)N * sizeof(int));
     kvgen_status st = KVGEN_OK;
@@ -127,39 +222,27 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
     }
 
     /* embeddings: token + type 0 + position, LayerNormed                        x: [N][D] */
-    const kvg_tensor *te = m->w.tok_embd, *pe = m->w.pos_embd, *ty = m->w.tok_types;
-    for (int i = 0, t = 0; i < b->n_seq; i++) {
+    for (int i = 0, t = 0; i < b->n_seq; i++)
         for (int p = 0; p < b->n_tokens[i]; p++, t++) {
-            float *xt = x + (size_t)t * D;
             seq_start[t] = t - p;
             seq_len[t] = b->n_tokens[i];
-            kvg_dequantize_row(te->type, (const unsigned char *)te->data + (size_t)b->tokens[t] *
-                               kvg_row_bytes(te->type, te->ne[0]), xt, (uint64_t)D);
-            kvg_dequantize_row(pe->type, (const unsigned char *)pe->data + (size_t)p * kvg_row_bytes(pe->type, pe->ne[0]),
-                               row, (uint64_t)D);
-            for (int d = 0; d < D; d++) xt[d] += row[d];
-            if (ty) { /* every token is of type 0: a single text, no second segment */
-                kvg_dequantize_row(ty->type, ty->data, row, (uint64_t)D);
-                for (int d = 0; d < D; d++) xt[d] += row[d];
-            }
-            kvg_cpu_layernorm(xt, xt, host->embd_norm, host->embd_norm_b, D, hp->layer_norm_eps);
         }
-    }
+    enc_embed ej = {.m = m, .host = host, .tokens = b->tokens, .seq_start = seq_start, .x = x, .row = row};
+    kvg_cpu_pool_run(e->pool, N, embed_items, &ej);
 
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_cpu_layer_tensors *R = &host->layers[l];
-        matmul_all(e, l, KVG_T_ATTN_Q, x, D, N, q, W, R->bq);
-        matmul_all(e, l, KVG_T_ATTN_K, x, D, N, k, W, R->bk);
-        matmul_all(e, l, KVG_T_ATTN_V, x, D, N, v, W, R->bv);
+        matmul_all(e, l, KVG_T_ATTN_Q, x, D, N, q, W, R->bq, false);
+        matmul_all(e, l, KVG_T_ATTN_K, x, D, N, k, W, R->bk, false);
+        matmul_all(e, l, KVG_T_ATTN_V, x, D, N, v, W, R->bv, false);
         enc_attention aj = {.hp = hp, .q = q, .k = k, .v = v, .att = att, .seq_start = seq_start,
-                            .seq_len = seq_len, .scores = scores, .max_len = max_len};
+                            .seq_len = seq_len, .scores = scores, .max_len = max_len, .vec = e->vec};
         kvg_cpu_pool_run(e->pool, N * hp->n_head, attention_items, &aj);
-        matmul_all(e, l, KVG_T_ATTN_OUT, att, W, N, tmp, D, R->bo);
-        add_norm(x, tmp, R->ln1_w, R->ln1_b, N, D, hp->layer_norm_eps);
-        matmul_all(e, l, KVG_T_FFN_UP, x, D, N, ff, F, R->b_up);
-        for (size_t i = 0; i < (size_t)N * F; i++) ff[i] = kvg_cpu_gelu(ff[i]);
-        matmul_all(e, l, KVG_T_FFN_DOWN, ff, F, N, tmp, D, R->b_down);
-        add_norm(x, tmp, R->ln2_w, R->ln2_b, N, D, hp->layer_norm_eps);
+        matmul_all(e, l, KVG_T_ATTN_OUT, att, W, N, tmp, D, R->bo, false);
+        add_norm(e, x, tmp, R->ln1_w, R->ln1_b, N, D, hp->layer_norm_eps);
+        matmul_all(e, l, KVG_T_FFN_UP, x, D, N, ff, F, R->b_up, true);
+        matmul_all(e, l, KVG_T_FFN_DOWN, ff, F, N, tmp, D, R->b_down, false);
+        add_norm(e, x, tmp, R->ln2_w, R->ln2_b, N, D, hp->layer_norm_eps);
     }
 done:
     kvg_free(q);

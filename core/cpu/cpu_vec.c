@@ -132,10 +132,17 @@ static void p_add(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
 
+static void p_gelu_erf(float *x, const float *b, int n) {
+    for (int i = 0; i < n; i++) {
+        float v = b ? x[i] + b[i] : x[i];
+        x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    }
+}
+
 static const kvg_vec_ops PORTABLE = {p_dot, p_axpy, p_dot_rows, p_axpy_rows,
                                      p_dot_rows_f16, p_axpy_rows_f16,
                                      p_scale, p_exp_sum, p_max, p_rmsnorm,
-                                     p_silu_mul, p_gelu_mul, p_add};
+                                     p_silu_mul, p_gelu_mul, p_add, p_gelu_erf};
 
 /* ---- KV rows (kvg_vec_kv): f32 and f16 are the forms above with the stride in elements; the
  * block types (q8_0: f16 d, int8 q[32]; q4_0: f16 d, then byte i holds element i in its low
@@ -487,10 +494,43 @@ AVX2 static void x_add(float *y, const float *x, int n) {
     for (; i < n; i++) y[i] += x[i];
 }
 
+/* 1 + erf(x) for x >= 0 by Abramowitz and Stegun's 7.1.26: 2 - t (a1 + t (a2 + ... a5)) e^(-x^2),
+ * t = 1 / (1 + p x), within 1.5e-7 of erf (exp8's error adds ~1e-7) */
+AVX2 INL __m256 one_plus_erf8(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), x, one));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), x));
+    return _mm256_fnmadd_ps(_mm256_mul_ps(p, t), e, _mm256_set1_ps(2.0f));
+}
+
+/* 0.5 v (1 + erf(v / sqrt 2)), erf odd: 1 + erf(-z) = 2 - (1 + erf(z)) */
+AVX2 INL __m256 gelu_erf8(__m256 v) {
+    __m256 z = _mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f));
+    __m256 az = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), z);
+    __m256 pos = one_plus_erf8(az), neg = _mm256_sub_ps(_mm256_set1_ps(2.0f), pos);
+    __m256 f = _mm256_blendv_ps(pos, neg, z); /* the sign bit of z picks */
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), f);
+}
+
+AVX2 static void x_gelu_erf(float *x, const float *b, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
+        _mm256_storeu_ps(x + i, gelu_erf8(v));
+    }
+    if (i < n) p_gelu_erf(x + i, b ? b + i : NULL, n - i);
+}
+
 static const kvg_vec_ops AVX2_OPS = {x_dot, x_axpy, x_dot_rows, x_axpy_rows,
                                      x_dot_rows_f16, x_axpy_rows_f16,
                                      x_scale, x_exp_sum, x_max, x_rmsnorm,
-                                     x_silu_mul, x_gelu_mul, x_add};
+                                     x_silu_mul, x_gelu_mul, x_add, x_gelu_erf};
 
 /* KV rows: a block's 32 integers widened to four vectors of 8 floats in registers */
 AVX2 INL float x_block_d(const unsigned char *blk) {
@@ -819,7 +859,7 @@ static void n_add(float *y, const float *x, int n) {
 static const kvg_vec_ops NEON_OPS = {n_dot, n_axpy, n_dot_rows, n_axpy_rows,
                                      n_dot_rows_f16, n_axpy_rows_f16,
                                      n_scale, n_exp_sum, n_max, n_rmsnorm,
-                                     n_silu_mul, n_gelu_mul, n_add};
+                                     n_silu_mul, n_gelu_mul, n_add, p_gelu_erf};
 
 static void n_kv_dot_f32(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out) {
     n_dot_rows(q, k, row_bytes / sizeof(float), rows, n, out);

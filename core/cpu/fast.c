@@ -12,8 +12,10 @@
  *   CPU_BLOCK tokens (prefill runs as GEMM, a batch of many sessions' decodes shares every row
  *   read); where the path has group kernels (avx512vnni, neon, dotprod: the 32-element types
  *   and the K types but Q8_K; avx2 and avx512: the K types but Q8_K and IQ4_XS; avxvnni: the K
- *   types but Q8_K) a matrix of a multiple of 16 rows is packed at load into groups of 16 rows
- *   computed together, one row per vector lane, each group against tiles of up to 8 tokens;
+ *   types but Q8_K; avx512 and avx512vnni: the float types too) a matrix of a multiple of 16
+ *   rows is packed at load into groups of 16 rows computed together (one row per vector lane;
+ *   the float types' rows 4 at a time against 4 tokens), each group against tiles of up to 8
+ *   tokens;
  * - attention, norms, activations and softmax are vector loops (cpu_vec.c); RoPE angles are
  *   computed once per token and layer (shared by the heads), not per element;
  * - K/V pages hold IEEE f16, not f32 (half the bytes a decode at depth reads); keys and values
@@ -33,6 +35,7 @@
  * Shapes in comments: n = tokens in the block, D = n_embd, F = n_ff, H = n_head, Hkv =
  * n_head_kv, hd = head_dim, V = n_vocab. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -793,24 +796,70 @@ typedef struct cpu_encode_ctx {
     kvg_backend_session *s;
 } cpu_encode_ctx;
 
+static int encode_matrix(int role) {
+    return role == KVG_T_ATTN_Q ? M_Q : role == KVG_T_ATTN_K ? M_K : role == KVG_T_ATTN_V ? M_V
+         : role == KVG_T_ATTN_OUT ? M_O : role == KVG_T_FFN_UP ? M_UP : M_DOWN;
+}
+
 static void cpu_encode_mm(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out) {
     cpu_encode_ctx *c = ctx;
-    int which = role == KVG_T_ATTN_Q ? M_Q : role == KVG_T_ATTN_K ? M_K : role == KVG_T_ATTN_V ? M_V
-              : role == KVG_T_ATTN_OUT ? M_O : role == KVG_T_FFN_UP ? M_UP : M_DOWN;
-    mm_spec spec[1] = {{.w = &c->cm->layers[layer].w[which], .out = out}};
+    mm_spec spec[1] = {{.w = &c->cm->layers[layer].w[encode_matrix(role)], .out = out}};
     matmul(c->cm, c->s, in, in_dim, n, 1, spec);
 }
 
+/* A product of every token of an encoder batch at once with a matrix in row groups of f32
+ * activations (nothing to quantize): one job of (CPU_BLOCK tokens, group) items, block by
+ * block, so the threads meet once per product instead of once per block. Each output is the
+ * group kernel's, whatever the item. */
+typedef struct encode_mm_job {
+    const cpu_matrix *w;
+    const kvg_qact *a;
+    int n, n_groups;
+    float *out; /* [n][rows] */
+} encode_mm_job;
+
+static void encode_mm_items(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const encode_mm_job *j = ctx;
+    size_t rows = (size_t)j->w->t->ne[1];
+    for (int item = begin; item < end; item++) {
+        int b = item / j->n_groups, g = item % j->n_groups;
+        int t1 = (b + 1) * CPU_BLOCK < j->n ? (b + 1) * CPU_BLOCK : j->n;
+        const uint8_t *w = j->w->rows + (size_t)g * j->w->group_bytes;
+        for (int t = b * CPU_BLOCK; t < t1; t += KVG_GROUP_TILE) {
+            int nt = t1 - t < KVG_GROUP_TILE ? t1 - t : KVG_GROUP_TILE;
+            j->w->k->group(w, j->a, t, nt, j->out + (size_t)t * rows + (size_t)g * KVG_QDOT_GROUP, rows);
+        }
+    }
+}
+
+static void cpu_encode_mm_all(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out) {
+    cpu_encode_ctx *c = ctx;
+    const cpu_matrix *w = &c->cm->layers[layer].w[encode_matrix(role)];
+    kvg_qact a = {.n = in_dim, .x = in};
+    int n_groups = (int)(w->t->ne[1] / KVG_QDOT_GROUP);
+    encode_mm_job j = {.w = w, .a = &a, .n = n, .n_groups = n_groups, .out = out};
+    kvg_cpu_pool_run(c->cm->pool, ((n + CPU_BLOCK - 1) / CPU_BLOCK) * n_groups, encode_mm_items, &j);
+}
+
 /* The shared encoder graph (cpu_encode.c) with this file's products (activations quantized as
- * for a prompt); a session's scratch (one block) holds the quantized activations. */
+ * for a prompt); a session's scratch (one block) holds the quantized activations. Where every
+ * matrix is in row groups of f32 activations, each product takes all the batch's tokens. */
 static kvgen_status cpu_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err) {
     cpu_model *cm = m->backend;
     kvg_backend_session *s = NULL;
     kvgen_status st = cpu_session_init(m, 1, &s, err);
     if (st != KVGEN_OK) return st;
+    bool whole = true;
+    static const int roles[] = {M_Q, M_K, M_V, M_O, M_UP, M_DOWN};
+    for (int l = 0; l < m->w.hp.n_layer; l++)
+        for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+            const cpu_matrix *w = &cm->layers[l].w[roles[i]];
+            whole = whole && w->t && w->group_bytes > 0 && w->k->act == KVG_ACT_F32;
+        }
     cpu_encode_ctx c = {cm, s};
-    kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = CPU_BLOCK, .mm = cpu_encode_mm,
-                         .mm_ctx = &c};
+    kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = whole ? INT_MAX : CPU_BLOCK,
+                         .mm = whole ? cpu_encode_mm_all : cpu_encode_mm, .mm_ctx = &c, .vec = cm->vec};
     st = kvg_cpu_encode(&e, b, err);
     cpu_session_free(m, s);
     return st;

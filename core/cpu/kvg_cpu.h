@@ -202,10 +202,11 @@ int kvg_cpu_batch_block(const kvg_batch *b, int *si, int *ti, int max, int32_t *
 
 /* ---- an encoder's forward pass (cpu_encode.c) ----
  * The reference and cpu backends run an encoder (kvg_arch.encoder: bert) through this one
- * graph and differ only in their matrix products: mm computes out[t] = in[t] W for n <= block
- * rows of in, W the matrix of `role` in layer `layer`. Every sequence of the batch is run at
- * once, layer by layer (a weight row is read once per block of tokens of all the texts),
- * attention within each sequence, both ways, without a cache. */
+ * graph and differ in their matrix products (and vec below): mm computes out[t] = in[t] W for
+ * n <= block rows of in, W the matrix of `role` in layer `layer`. Every sequence of the batch is
+ * run at once, layer by layer (a weight row is read once per block of tokens of all the texts),
+ * attention within each sequence, both ways, without a cache; the work between the products
+ * runs over the pool one token per item (its results do not depend on the threads). */
 typedef void (*kvg_cpu_matmul_fn)(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out);
 typedef struct kvg_cpu_encoder {
     const kvgen_model *m;
@@ -214,6 +215,10 @@ typedef struct kvg_cpu_encoder {
     int block;                /* rows per call of mm */
     kvg_cpu_matmul_fn mm;
     void *mm_ctx;
+    /* NULL: attention and GELU in scalar loops (the reference's arithmetic); else the backend's
+     * vector operations (kvg_qdot.h) for attention's scores, softmax and weighted values and
+     * for the feed-forward's GELU */
+    const struct kvg_vec_ops *vec;
 } kvg_cpu_encoder;
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err);
 /* out = (x - mean) / sqrt(var + eps) * w + b over n elements (out may alias x) */

@@ -12,8 +12,9 @@
  *             Q2_K, Q3_K, Q4_K, Q5_K, Q6_K in groups of 16 rows against the byte activations
  *             of the avx512vnni groups (vpmaddubsw, qdot_x86.c), the bits of their portable
  *             row kernels
- *   avx512    the 32-element and float types; the K types (avx2's groups and loops) and the
- *             vector ops run avx2's code
+ *   avx512    the 32-element and float types; the float types also in groups of 16 rows
+ *             (4 rows by 4 tokens of FMAs, the bits of their row kernels; avx512vnni too); the
+ *             K types (avx2's groups and loops) and the vector ops run avx2's code
  *   avxvnni   avx2's, but the K types' groups (IQ4_XS's too) multiply with AVX-VNNI's 256-bit
  *             vpdpbusd
  *   neon      every type (levels as int8, widening multiply-adds) and the vector ops: the
@@ -194,6 +195,10 @@ typedef struct kvg_vec_ops {
     void (*silu_mul)(float *g, const float *u, int n);
     void (*gelu_mul)(float *g, const float *u, int n);
     void (*add)(float *y, const float *x, int n);             /* y += x */
+    /* x[i] = gelu(x[i] + b[i]) (b NULL: x[i] alone) with the exact GELU, 0.5 x (1 + erf(x /
+     * sqrt 2)): libm's erff on the portable path, a polynomial within ~3e-7 of 1 + erf on the
+     * vector paths (an encoder's feed-forward) */
+    void (*gelu_erf)(float *x, const float *b, int n);
 } kvg_vec_ops;
 
 const kvg_vec_ops *kvg_vec_ops_of(kvg_cpu_isa isa);

@@ -330,7 +330,8 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
  * kvg_qdot_<path>_<type>: p portable; p8, ps the 8-bit and split 16-bit row kernels; x2 avx2; x5
  * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); av, as the
  * avx2 group kernels of the K types (8-bit, split), yv, ys those of avxvnni; n neon; d dotprod;
- * nv, ns and dv, ds the neon and dotprod group kernels (8-bit, split). r: a 32-element type's
+ * nv, ns and dv, ds the neon and dotprod group kernels (8-bit, split); g5 the avx512 group
+ * kernels of the float types. r: a 32-element type's
  * repacking; g, gb: a group's packing and its size. */
 #define KVG_QDOT_DOT(name) void kvg_qdot_##name(const uint8_t *w, const kvg_qact *a, int t, int nt, float *out, size_t os);
 #define KVG_QDOT_REPACK(name) void kvg_qdot_##name(const uint8_t *src, uint8_t *dst, int n);
@@ -355,6 +356,7 @@ void kvg_qdot_quant_q8_portable(const float *x, int n, int8_t *lo, int8_t *hi, f
 #ifdef KVG_X86
 KVG_QDOT_B32(KVG_QDOT_DOT, x2) KVG_QDOT_KQ(KVG_QDOT_DOT, x2) KVG_QDOT_FL(KVG_QDOT_DOT, x2)
 KVG_QDOT_B32(KVG_QDOT_DOT, x5) KVG_QDOT_FL(KVG_QDOT_DOT, x5) KVG_QDOT_B32(KVG_QDOT_DOT, xv)
+KVG_QDOT_FL(KVG_QDOT_DOT, g5) KVG_QDOT_FL(KVG_QDOT_GROUP_PACK, g) KVG_QDOT_FL(KVG_QDOT_GROUP_BYTES, gb)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, gv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, gs)
 KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as)
 KVG_QDOT_KG(KVG_QDOT_DOT, yv) KVG_QDOT_KG(KVG_QDOT_DOT, ys)

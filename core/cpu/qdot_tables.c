@@ -1,7 +1,8 @@
 /* qdot_tables.c: the kernel tables, one per path (which kernel dots each weight type, with which
  * activations), the row-group tables (avx512vnni: GROUPS_QS, GROUPS_Q8; avx2 and avx512:
- * GROUPS_*_AVX2; avxvnni: GROUPS_*_AVXVNNI; neon, dotprod: GROUPS_*_NEON, GROUPS_*_DOTPROD),
- * and the choice of a path's kernels and quantizers (kvg_qdot.h). */
+ * GROUPS_*_AVX2; avx512 and avx512vnni: GROUPS_FL_AVX512, the float types; avxvnni:
+ * GROUPS_*_AVXVNNI; neon, dotprod: GROUPS_*_NEON, GROUPS_*_DOTPROD), and the choice of a
+ * path's kernels and quantizers (kvg_qdot.h). */
 #include "qdot_internal.h"
 
 enum { N_KERNELS = 16 };
@@ -88,6 +89,12 @@ static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8
 enum { N_GROUP_KERNELS_AVX2 = 5 };
 static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
 static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
+/* avx512 and avx512vnni: the float types in row groups (their 16 rows one after another, 4 rows
+ * by 4 tokens at a time), with the f32 activations at both precisions */
+#define FL_GROUP_ROW(type, t) {type, KVG_ACT_F32, kvg_qdot_x5_##t, NULL, kvg_qdot_g5_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
+enum { N_FL_GROUP_KERNELS = 3 };
+static const kvg_qdot_kernel GROUPS_FL_AVX512[N_FL_GROUP_KERNELS] = {
+    FL_GROUP_ROW(KVG_TYPE_F32, f32), FL_GROUP_ROW(KVG_TYPE_F16, f16), FL_GROUP_ROW(KVG_TYPE_BF16, bf16)};
 /* avxvnni: those groups with vpdpbusd, IQ4_XS's too (no int16 step to saturate) */
 static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ys);
 static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, yv);
@@ -147,6 +154,8 @@ static const kvg_qdot_kernel *find(const kvg_qdot_kernel *t, int n, uint32_t typ
 /* the row-group kernel of type on path isa (split or 8-bit activations), or NULL */
 static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8) {
 #ifdef KVG_X86
+    if ((isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVX512) && find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type))
+        return find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
         return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);

@@ -5,14 +5,15 @@
  *   dot of the row dequantized by quant.c with the activations dequantized (to f32 rounding:
  *   within 1e-5 of sum |w a|), so each type's integer decoding is checked against quant.c's;
  *   tiles of 1..4 activation rows give the same bits; the activations quantize to the same bytes
- *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU, attention's runs of keys)
- *   are checked against libm and the reference's helpers; a run of keys gives the same bits
- *   however it is split; the f16 forms of the runs (the cpu backend's KV pages are f16) give the
- *   f32 forms' bits on the rows converted to f32, on every path. Group kernels (avx512vnni,
- *   neon, dotprod: the 32-element and K types; avx2 and avx512: the K types but IQ4_XS;
- *   avxvnni: the K types) give their row kernels' bits on every tile, also on rows of 3 K blocks
- *   (an odd number for the K types) and on levels and activation bytes at the ends of their
- *   ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
+ *   on every path. The vector operations (exp, RMSNorm, SiLU, GELU and the exact GELU,
+ *   attention's runs of keys) are checked against libm and the reference's helpers; a run of
+ *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV
+ *   pages are f16) give the f32 forms' bits on the rows converted to f32, on every path. Group
+ *   kernels (avx512vnni, neon, dotprod: the 32-element and K types; avx2 and avx512: the K
+ *   types but IQ4_XS; avxvnni: the K types; avx512 and avx512vnni: the float types, also on
+ *   rows with a tail past their vectors) give their row kernels' bits on every tile, also on
+ *   rows of 3 K blocks (an odd number for the K types) and on levels and activation bytes at
+ *   the ends of their ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
  *   models' logits (also with rows of 3 K blocks, an output matrix that does not fill groups,
  *   and 8-bit activations) are the same bits on every x86 path with K-type groups.
  * - Models, against the reference: random models of every traits type, and of the
@@ -269,6 +270,11 @@ static void test_kernels(void) {
             if (k->group) {
                 check_group_kernel(isa, type, k, ka, N, NT, NULL);
                 n_group++;
+                if (k->act == KVG_ACT_F32) { /* rows of a length with a tail past the vectors */
+                    kvg_qact tail = *ka;
+                    tail.n = N - 23;
+                    check_group_kernel(isa, type, k, &tail, tail.n, NT, NULL);
+                }
             }
         }
         printf("kernels: %s path: %zu types (and %d with 8-bit activations), worst |dot - exact| / sum|w a| %.2e; %d "
@@ -478,6 +484,19 @@ static void test_vec_ops(void) {
         memcpy(y, g, sizeof g);
         v->gelu_mul(y, u, N);
         for (int i = 0; i < N; i++) CHECK(fabsf(y[i] - kvg_ref_gelu_tanh(g[i]) * u[i]) <= 2e-6f * (fabsf(g[i]) + 1.0f));
+        memcpy(y, g, sizeof g); /* the exact GELU, with and without a bias */
+        v->gelu_erf(y, u, N);
+        for (int i = 0; i < N; i++) {
+            float a = g[i] + u[i], e = 0.5f * a * (1.0f + erff(a * 0.70710678118654752f));
+            CHECKF(fabsf(y[i] - e) <= 5e-7f * (fabsf(a) + 1.0f), "%s gelu_erf(%g): %.9g, libm's %.9g",
+                   kvg_cpu_isa_name((kvg_cpu_isa)isa), a, y[i], e);
+        }
+        memcpy(y, g, sizeof g);
+        v->gelu_erf(y, NULL, N);
+        for (int i = 0; i < N; i++) {
+            float e = 0.5f * g[i] * (1.0f + erff(g[i] * 0.70710678118654752f));
+            CHECK(fabsf(y[i] - e) <= 5e-7f * (fabsf(g[i]) + 1.0f));
+        }
         float d = v->dot(g, u, N), dr = 0;
         for (int i = 0; i < N; i++) dr += g[i] * u[i];
         CHECK(fabsf(d - dr) <= 1e-4f);
