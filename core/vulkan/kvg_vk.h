@@ -104,7 +104,7 @@ typedef struct kvg_vk_ctx {
      * progress while a model builds its pipelines); an error it returns is pipeline_get's */
     kvgen_status (*on_pipeline)(void *user, int n_pipes, kvgen_error *err);
     void *on_pipeline_user;
-    kvg_mutex lock; /* the queue and the command pool are used by one thread at a time */
+    kvg_mutex lock; /* the queue and the command pool are used by one thread at a time: kvg_vk_lock */
 } kvg_vk_ctx;
 
 typedef struct kvg_vk_ctx_desc {
@@ -199,6 +199,15 @@ kvgen_status kvg_vk_submit_wait(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkFence fen
  * submitted) and is returned. */
 kvgen_status kvg_vk_run_once(kvg_vk_ctx *ctx, kvgen_status (*record)(VkCommandBuffer cb, void *arg), void *arg,
                              kvgen_error *err);
+/* Copies size bytes at offset of src to the same offset of dst on the device and waits: a
+ * read-back of device-local memory through a host buffer. */
+kvgen_status kvg_vk_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *src, const kvg_vk_buffer *dst, VkDeviceSize offset,
+                         VkDeviceSize size, kvgen_error *err);
+/* The context's lock (its queue, command pool and the model's scratch), re-entrant within a
+ * thread: work that holds it (a step) may call what takes it for itself (a buffer's zero fill,
+ * a staged upload or read-back, which every device-local buffer on a discrete GPU needs). */
+void kvg_vk_lock(kvg_vk_ctx *ctx);
+void kvg_vk_unlock(kvg_vk_ctx *ctx);
 
 /* Validation messages counted so far (KVGEN_VALIDATE=1); for tests. */
 int kvg_vk_validation_count(const kvg_vk_ctx *ctx);

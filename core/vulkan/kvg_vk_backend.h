@@ -89,6 +89,10 @@ typedef struct vk_model {
                                   * (matvec_sg_<type>, attn_sg) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
     kvg_vk_buffer params, x, q, att, h, logits;
+    /* logits in device memory the host cannot map (a GPU): the host buffer rows are copied
+     * through when the host reads them (vk_backend.c, read_logits); unused where logits is
+     * mapped */
+    kvg_vk_buffer logits_host;
     kvg_vk_buffer qk;            /* Q|K heads before their norms (ld_qk per token), when a layer has them */
     kvg_vk_buffer f;             /* Wo / down output before its post norm (ld_x per token), when a layer has one */
     uint32_t ld_qk;

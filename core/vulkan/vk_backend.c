@@ -42,6 +42,10 @@
  *
  * Kept logits: row r of vm->logits holds the logits session row_owner[r] kept; before a step
  * overwrites rows, the owners that are not in it get theirs copied to their own memory.
+ * The logits live in device memory, where the logits product writes and the selection reads
+ * them at the device's speed; the host reads rows straight from a mapping where the memory is
+ * host-visible (lavapipe, integrated GPUs), else through a copy into a host buffer
+ * (read_logits), so only what a sampler needs crosses the bus.
  */
 #include <math.h>
 #include <stdio.h>
@@ -106,7 +110,7 @@ static void vk_model_free(kvgen_model *m) {
         kvg_vk_lora_free(vm);
         kvg_vk_encoder_free(vm);
         kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
-                                    &vm->qk, &vm->f};
+                                    &vm->qk, &vm->f, &vm->logits_host};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
     }
@@ -386,7 +390,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_q * 4 + win, KVG_VK_MEM_DEVICE, &vm->att, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_h * 4 + win, KVG_VK_MEM_DEVICE, &vm->h, err);
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_HOST, &vm->logits, err);
+        st = kvg_vk_buffer_create(ctx, (size_t)C * (size_t)hp->n_vocab * 4, KVG_VK_MEM_DEVICE, &vm->logits, err);
+    if (st == KVGEN_OK && !vm->logits.map)
+        st = kvg_vk_buffer_create(ctx, vm->logits.size, KVG_VK_MEM_HOST, &vm->logits_host, err);
     /* the optional ops' scratch: raw Q|K heads for the heads op, a projection's output for a post norm */
     bool any_heads = false, any_post = false;
     for (int l = 0; l < hp->n_layer; l++) {
@@ -399,7 +405,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_qk * 4, KVG_VK_MEM_DEVICE, &vm->qk, err);
     if (st == KVGEN_OK && any_post)
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4, KVG_VK_MEM_DEVICE, &vm->f, err);
-    if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
+    if (st == KVGEN_OK && (!vm->params.map || (!vm->logits.map && !vm->logits_host.map)))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
     if (st == KVGEN_OK)
         st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, C < BATCH_MAX ? C : BATCH_MAX, &vm->sel, err);
@@ -471,13 +477,13 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (!s) return;
     vk_model *vm = m->backend;
     kvg_vk_ctx *ctx = vm->ctx;
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     vkQueueWaitIdle(ctx->queue);
     for (int r = 0; r < BATCH_MAX; r++)
         if (vm->row_owner[r] == s) vm->row_owner[r] = NULL;
     if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
     if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     if (s->fence) vkDestroyFence(ctx->dev, s->fence, NULL);
     if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
     kvg_vk_buffer_destroy(ctx, &s->part);
@@ -533,21 +539,21 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
     if (st == KVGEN_OK) {
         /* the lock: the pool's slabs may be created meanwhile by another thread's session */
-        kvg_mutex_lock(&ctx->lock);
+        kvg_vk_lock(ctx);
         s->kv_gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
         walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
         st = kvg_vk_walk_step(&sw);
-        kvg_mutex_unlock(&ctx->lock);
+        kvg_vk_unlock(ctx);
     }
     if (st == KVGEN_OK) {
         VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         st = kvg_vk_check(vkCreateFence(ctx->dev, &fci, NULL, &s->fence), err, "vkCreateFence");
     }
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&ctx->lock);
+        kvg_vk_lock(ctx);
         st = kvg_vk_cmd_alloc(ctx, &s->cb_decode, err);
         if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &s->cb_step, err);
-        kvg_mutex_unlock(&ctx->lock);
+        kvg_vk_unlock(ctx);
     }
     if (st != KVGEN_OK) {
         vk_session_free(m, s);
@@ -561,10 +567,27 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     return session_create(m, n_ctx, false, out, err);
 }
 
+/* Rows [row0, row0 + rows) of vm->logits into dst (caller holds ctx->lock): from the mapping,
+ * or copied on the device into logits_host first. */
+static kvgen_status read_logits(vk_model *vm, uint32_t row0, uint32_t rows, float *dst, kvgen_error *err) {
+    size_t row_bytes = (size_t)vm->hp.n_vocab * sizeof(float), off = row0 * row_bytes, bytes = rows * row_bytes;
+    const kvg_vk_buffer *from = &vm->logits;
+    if (!from->map) {
+        kvgen_status st = kvg_vk_copy(vm->ctx, &vm->logits, &vm->logits_host, off, bytes, err);
+        if (st != KVGEN_OK) return st;
+        from = &vm->logits_host;
+    }
+    memcpy(dst, (const char *)from->map + off, bytes);
+    return KVGEN_OK;
+}
+
 /* Before a step overwrites rows [0, rows) of vm->logits: the kept logits of an owner that is
  * not among the step's sessions run[0..n_run) go to its own memory (caller holds ctx->lock);
- * the running sessions' own kept logits and selections are stale from now on. */
-static void set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_session *const *run, int n_run) {
+ * the running sessions' own kept logits and selections are stale from now on. A failed read
+ * leaves that owner without kept logits (its next read of them fails by name). */
+static kvgen_status set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_session *const *run, int n_run,
+                                     kvgen_error *err) {
+    kvgen_status st = KVGEN_OK;
     for (int i = 0; i < n_run; i++) {
         run[i]->sel_n = 0;
         run[i]->saved_valid = false;
@@ -575,10 +598,11 @@ static void set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_session *c
         bool running = false;
         for (int i = 0; i < n_run; i++) running |= run[i] == o;
         if (!o || running) continue;
-        memcpy(o->saved, (const float *)vm->logits.map + (size_t)r * vm->hp.n_vocab,
-               (size_t)vm->hp.n_vocab * sizeof(float));
-        o->saved_valid = true;
+        kvgen_status rs = read_logits(vm, r, 1, o->saved, err);
+        o->saved_valid = rs == KVGEN_OK;
+        if (st == KVGEN_OK) st = rs;
     }
+    return st;
 }
 
 /* Runs the step(s) of one sequence, n tokens at pos0 (caller holds ctx->lock, arguments and
@@ -590,8 +614,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
     kvg_vk_ctx *ctx = vm->ctx;
     const int V = vm->hp.n_vocab;
     bool keep = out == KVG_OUT_KEEP;
-    kvgen_status st = KVGEN_OK;
-    set_aside_logits(vm, out == KVG_OUT_NONE ? 0 : vm->chunk, &s, 1);
+    kvgen_status st = set_aside_logits(vm, out == KVG_OUT_NONE ? 0 : vm->chunk, &s, 1, err);
     if (select > 1) select = 2;
     if (!keep) select = 0;
     for (int done = 0; done < n && st == KVGEN_OK;) {
@@ -620,10 +643,8 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         kvg_vk_lora_end(vm);
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
         if (st == KVGEN_OK && (vm->prof_prefill ? c > 1 : c == 1)) kvg_vk_prof_collect(vm);
-        if (st == KVGEN_OK && want == 2)
-            memcpy(logits + (size_t)done * (size_t)V, vm->logits.map, (size_t)c * (size_t)V * sizeof(float));
-        else if (st == KVGEN_OK && want == 1 && !keep)
-            memcpy(logits, vm->logits.map, (size_t)V * sizeof(float));
+        if (st == KVGEN_OK && want == 2) st = read_logits(vm, 0, c, logits + (size_t)done * (size_t)V, err);
+        else if (st == KVGEN_OK && want == 1 && !keep) st = read_logits(vm, 0, 1, logits, err);
         if (st == KVGEN_OK && last && keep) {
             vm->row_owner[0] = s;
             if (sel) s->sel_n = kvg_vk_select_read(&vm->sel, sel == 1 ? 1 : KVG_VK_TOPK, 0, s->sel_ids, s->sel_vals);
@@ -671,14 +692,14 @@ static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *e
     kvg_backend_session *s = q->bs;
     size_t n_entries = ((size_t)q->pos0 + (size_t)q->n + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
     const kvg_lora_set *lora = q->lora && q->lora->n > 0 ? q->lora : NULL;
-    kvg_mutex_lock(&vm->ctx->lock);
+    kvg_vk_lock(vm->ctx);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
     memcpy(s->ptab.map, q->pages[0], n_entries * sizeof *q->pages[0]);
     if (vm->kv_groups > 1) put_local_table(vm, (int32_t *)s->ptab.map + s->tab1, q->pages[1], n_entries);
     kvgen_status st = lora ? kvg_vk_lora_prepare(vm, &lora, 1, lora_tokens(vm), err) : KVGEN_OK;
     if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, s, err);
     if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, lora, err);
-    kvg_mutex_unlock(&vm->ctx->lock);
+    kvg_vk_unlock(vm->ctx);
     return st;
 }
 
@@ -704,7 +725,6 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     kvg_backend_session *b = vm->bat;
     uint32_t *params = vm->params.map;
     int32_t *tab = b->ptab.map;
-    size_t V = (size_t)vm->hp.n_vocab;
     kvg_backend_session *run[BATCH_MAX];
     const kvg_lora_set *lora[BATCH_MAX];
     bool any_lora = false;
@@ -727,8 +747,7 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
             if (want > sel) sel = want;
         }
     }
-    set_aside_logits(vm, (uint32_t)n, run, n);
-    kvgen_status st = KVGEN_OK;
+    kvgen_status st = set_aside_logits(vm, (uint32_t)n, run, n, err);
     /* params carry everything that changes from step to step: same width, same commands; a
      * step with LoRA adapters is recorded for itself (its tables are the step's) */
     VkCommandBuffer cb = b->cb_decode;
@@ -748,7 +767,7 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     for (int i = 0; i < n && st == KVGEN_OK; i++) {
         kvg_backend_session *s = q[i]->bs;
         if (q[i]->out == KVG_OUT_LAST || q[i]->out == KVG_OUT_ALL) {
-            memcpy(q[i]->logits, (const float *)vm->logits.map + (size_t)i * V, V * sizeof(float));
+            st = read_logits(vm, (uint32_t)i, 1, q[i]->logits, err);
         } else if (q[i]->out == KVG_OUT_KEEP) {
             vm->row_owner[i] = s;
             if (sel && q[i]->select_k > 0)
@@ -770,7 +789,7 @@ static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, i
     kvg_mutex_lock(&vm->bat_mu);
     kvgen_status st = batch_session(m, n_ctx, err);
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&vm->ctx->lock);
+        kvg_vk_lock(vm->ctx);
         const kvg_lora_set *sets[64];
         int n_sets = 0;
         for (int i = 0; i < n && n_sets < 64; i++)
@@ -779,7 +798,7 @@ static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, i
         if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, vm->bat, err);
         for (int done = 0; done < n && st == KVGEN_OK; done += group)
             st = batch_step(vm, q + done, n - done < group ? n - done : group, err);
-        kvg_mutex_unlock(&vm->ctx->lock);
+        kvg_vk_unlock(vm->ctx);
     }
     kvg_mutex_unlock(&vm->bat_mu);
     return st;
@@ -819,13 +838,13 @@ static kvgen_status vk_fetch_logits(kvgen_model *m, kvg_backend_session *s, floa
     size_t bytes = (size_t)vm->hp.n_vocab * sizeof(float);
     kvgen_status st = KVGEN_OK;
     int row = -1;
-    kvg_mutex_lock(&vm->ctx->lock);
+    kvg_vk_lock(vm->ctx);
     for (int r = 0; r < BATCH_MAX && row < 0; r++)
         if (vm->row_owner[r] == s) row = r;
-    if (row >= 0) memcpy(out, (const float *)vm->logits.map + (size_t)row * vm->hp.n_vocab, bytes);
+    if (row >= 0) st = read_logits(vm, (uint32_t)row, 1, out, err);
     else if (s->saved_valid) memcpy(out, s->saved, bytes);
     else st = kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: the session has no logits kept on the device");
-    kvg_mutex_unlock(&vm->ctx->lock);
+    kvg_vk_unlock(vm->ctx);
     return st;
 }
 

@@ -16,7 +16,7 @@ static double now_s(void) {
 /* records `fn`'s dispatches into a fresh command buffer, runs it and returns the seconds taken */
 static kvgen_status timed_run(kvg_vk_ctx *ctx, VkPipeline pipe, VkDescriptorSet set, const uint32_t *pc, uint32_t groups,
                               int count, double *secs, kvgen_error *err) {
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     VkCommandBuffer cb;
     kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -31,7 +31,7 @@ static kvgen_status timed_run(kvg_vk_ctx *ctx, VkPipeline pipe, VkDescriptorSet 
         *secs = now_s() - t0;
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     return st;
 }
 

@@ -936,9 +936,42 @@ kvgen_status kvg_vk_cmd_end(VkCommandBuffer cb, kvgen_error *err) {
     return KVGEN_OK;
 }
 
+/* the contexts this thread holds the lock of, and how many times (a thread holds one or two) */
+#define HELD_MAX 4
+static _Thread_local struct {
+    const kvg_vk_ctx *ctx;
+    int depth;
+} held[HELD_MAX];
+
+void kvg_vk_lock(kvg_vk_ctx *ctx) {
+    int free_slot = -1;
+    for (int i = 0; i < HELD_MAX; i++) {
+        if (held[i].ctx == ctx) {
+            held[i].depth++;
+            return;
+        }
+        if (!held[i].ctx && free_slot < 0) free_slot = i;
+    }
+    kvg_mutex_lock(&ctx->lock);
+    if (free_slot >= 0) { /* more contexts at once than slots: the lock is taken, just not re-entrant */
+        held[free_slot].ctx = ctx;
+        held[free_slot].depth = 1;
+    }
+}
+
+void kvg_vk_unlock(kvg_vk_ctx *ctx) {
+    for (int i = 0; i < HELD_MAX; i++)
+        if (held[i].ctx == ctx) {
+            if (--held[i].depth > 0) return;
+            held[i].ctx = NULL;
+            break;
+        }
+    kvg_mutex_unlock(&ctx->lock);
+}
+
 kvgen_status kvg_vk_run_once(kvg_vk_ctx *ctx, kvgen_status (*record)(VkCommandBuffer cb, void *arg), void *arg,
                              kvgen_error *err) {
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     VkCommandBuffer cb;
     kvgen_status st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) {
@@ -952,8 +985,17 @@ kvgen_status kvg_vk_run_once(kvg_vk_ctx *ctx, kvgen_status (*record)(VkCommandBu
         }
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
     }
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     return st;
+}
+
+kvgen_status kvg_vk_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *src, const kvg_vk_buffer *dst, VkDeviceSize offset,
+                         VkDeviceSize size, kvgen_error *err) {
+    if (offset + size > src->size || offset + size > dst->size)
+        return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: a copy of %llu bytes at %llu overflows its buffers",
+                        (unsigned long long)size, (unsigned long long)offset);
+    copy_args a = {.src = src->buf, .dst = dst->buf, .region = {.srcOffset = offset, .dstOffset = offset, .size = size}};
+    return kvg_vk_run_once(ctx, record_copy, &a, err);
 }
 
 void kvg_vk_cmd_dispatch(kvg_vk_ctx *ctx, VkCommandBuffer cb, VkPipeline pipe, VkDescriptorSet set, const void *pc,

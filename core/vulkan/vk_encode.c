@@ -337,9 +337,9 @@ kvgen_status kvg_vk_encoder_init(kvgen_model *m, kvgen_error *err) {
         st = kvg_vk_check(vkCreateFence(ctx->dev, &fci, NULL, &s->fence), err, "vkCreateFence");
     }
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&ctx->lock);
+        kvg_vk_lock(ctx);
         st = kvg_vk_cmd_alloc(ctx, &s->cb_step, err);
-        kvg_mutex_unlock(&ctx->lock);
+        kvg_vk_unlock(ctx);
     }
     return st;
 }
@@ -365,9 +365,9 @@ void kvg_vk_encoder_free(vk_model *vm) {
     kvg_vk_buffer_destroy(ctx, &e->ln_w);
     kvg_vk_buffer_destroy(ctx, &e->ln_b);
     if (e->s.cb_step) {
-        kvg_mutex_lock(&ctx->lock);
+        kvg_vk_lock(ctx);
         vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &e->s.cb_step);
-        kvg_mutex_unlock(&ctx->lock);
+        kvg_vk_unlock(ctx);
     }
     if (e->s.fence) vkDestroyFence(ctx->dev, e->s.fence, NULL);
     if (e->s.pool) vkDestroyDescriptorPool(ctx->dev, e->s.pool, NULL);
@@ -430,7 +430,7 @@ kvgen_status kvg_vk_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_erro
             return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: token %d is outside the vocabulary (0 to %d)",
                             b->tokens[t], hp->n_vocab - 1);
     kvgen_status st = KVGEN_OK;
-    kvg_mutex_lock(&vm->ctx->lock);
+    kvg_vk_lock(vm->ctx);
     /* whole texts per submission, as many as the scratch holds */
     uint32_t at = 0;
     for (int first = 0; first < b->n_seq && st == KVGEN_OK;) {
@@ -442,6 +442,6 @@ kvgen_status kvg_vk_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_erro
         first += count;
         at += n;
     }
-    kvg_mutex_unlock(&vm->ctx->lock);
+    kvg_vk_unlock(vm->ctx);
     return st;
 }

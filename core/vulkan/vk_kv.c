@@ -171,9 +171,9 @@ kvgen_status kvg_vk_kv_pool_init(kvgen_model *m, int page_size, int32_t n_pages,
     if (st == KVGEN_OK && !vm->ops.map) st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory");
     if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, 1, &vm->ops_pool, err);
     if (st == KVGEN_OK) {
-        kvg_mutex_lock(&ctx->lock);
+        kvg_vk_lock(ctx);
         st = kvg_vk_cmd_alloc(ctx, &vm->ops_cb, err);
-        kvg_mutex_unlock(&ctx->lock);
+        kvg_vk_unlock(ctx);
     }
     vm->ops_gen = ~0u;
     return st;
@@ -198,10 +198,10 @@ kvgen_status kvg_vk_kv_page_commit(kvgen_model *m, int group, int32_t page, kvge
     if (st != KVGEN_OK)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: no device memory for KV pages %u..%u of layer group %d (%zu "
                         "bytes): %s", first, first + pages - 1, group, bytes, err ? err->message : "");
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     vm->slabs[j] = b;
     __atomic_add_fetch(&vm->kv_gen, 1, __ATOMIC_RELEASE);
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     return KVGEN_OK;
 }
 
@@ -323,7 +323,7 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
             memcpy(ops + 2 * KV_OPS_PAGES + (size_t)l * (size_t)hp->n_rot + 2 * i, cs, sizeof cs);
         }
     }
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     kvgen_status st = KVGEN_OK;
     unsigned gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
     if (vm->ops_gen != gen) {
@@ -379,6 +379,6 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
         }
         done += c;
     }
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     return st;
 }

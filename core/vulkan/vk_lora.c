@@ -287,14 +287,14 @@ void kvg_vk_lora_free(vk_model *vm) {
 }
 
 void kvg_vk_lora_forget(vk_model *vm, const kvgen_adapter *a) {
-    kvg_mutex_lock(&vm->ctx->lock);
+    kvg_vk_lock(vm->ctx);
     vk_lora *L = vm->lora;
     for (int i = 0; L && i < L->n_held; i++)
         if (L->held[i].a == a) {
             L->held[i] = L->held[--L->n_held];
             break;
         }
-    kvg_mutex_unlock(&vm->ctx->lock);
+    kvg_vk_unlock(vm->ctx);
 }
 
 static int64_t held_base(const vk_lora *L, const kvgen_adapter *a) {

@@ -102,7 +102,7 @@ kvgen_status kvg_vk_test_select(kvg_vk_ctx *ctx, const float *x, uint32_t n, uin
     kvgen_status st = kvg_vk_buffer_create(ctx, (total + off) * 4, KVG_VK_MEM_HOST, &xb, err);
     if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &xb, (size_t)off * 4, x, total * 4, err);
     if (st == KVGEN_OK) st = kvg_vk_select_init(ctx, &xb, n, rows, &sel, err);
-    kvg_mutex_lock(&ctx->lock);
+    kvg_vk_lock(ctx);
     if (st == KVGEN_OK) st = kvg_vk_cmd_alloc(ctx, &cb, err);
     if (st == KVGEN_OK) st = kvg_vk_cmd_begin(cb, true, err);
     if (st == KVGEN_OK) {
@@ -113,7 +113,7 @@ kvgen_status kvg_vk_test_select(kvg_vk_ctx *ctx, const float *x, uint32_t n, uin
     for (uint32_t r = 0; st == KVGEN_OK && r < rows; r++)
         *n_out = kvg_vk_select_read(&sel, k, r, ids + (size_t)r * KVG_VK_TOPK, vals ? vals + (size_t)r * KVG_VK_TOPK : NULL);
     if (cb) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &cb);
-    kvg_mutex_unlock(&ctx->lock);
+    kvg_vk_unlock(ctx);
     kvg_vk_select_free(ctx, &sel);
     kvg_vk_buffer_destroy(ctx, &xb);
     return st;
