@@ -15,9 +15,7 @@
 #include "kvg_json.h"
 #include "testutil.h"
 
-enum { MAX_T = 64, MAX_MSG = 16, MAX_FILES = 4 };
-static char *tnames[MAX_T], *tsrc[MAX_T];
-static int nt;
+enum { MAX_MSG = 16, MAX_FILES = 4 };
 
 typedef struct model_slot {
     char file[256];
@@ -65,62 +63,102 @@ static size_t parse_ids(const char *s, int32_t *ids, size_t cap) {
     return n;
 }
 
-/* runs the conversation through kvgen's chat; the session's tokens, then compared */
-static void run_case(const char *cname, const char *src, kvgen_model *m, char **roles, char **contents, int nmsg,
-                     int agp, const int32_t *want, size_t n_want) {
-    kvgen_session_desc sd = {.n_ctx = 2048};
-    kvgen_session *s = NULL;
-    kvgen_error err = {0};
-    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    if (!s) return;
-    kvgen_chat_template tpl = {.jinja = src};
-    kvgen_status st = kvgen_chat_set_template(s, &tpl, &err);
-    for (int i = 0; st == KVGEN_OK && i < nmsg; i++)
-        st = i == nmsg - 1 && agp ? kvgen_chat_begin(s, roles[i], contents[i], &err)
-                                  : kvgen_chat_add(s, roles[i], contents[i], &err);
-    CHECKF(st == KVGEN_OK, "%s: %s", cname, err.message);
-    size_t n = kvgen_session_length(s);
-    const int32_t *have = kvgen_session_tokens(s);
-    size_t at = 0;
-    while (at < n && at < n_want && have[at] == want[at]) at++;
-    if (st == KVGEN_OK && (at < n || at < n_want)) {
-        char got_text[256] = "", want_text[256] = "";
-        if (at < n) kvgen_detokenize(m, have + at, n - at < 6 ? n - at : 6, KVGEN_TOKENIZE_SPECIAL, got_text, sizeof got_text);
-        if (at < n_want)
-            kvgen_detokenize(m, want + at, n_want - at < 6 ? n_want - at : 6, KVGEN_TOKENIZE_SPECIAL, want_text,
-                             sizeof want_text);
-        CHECKF(0, "%s: %zu tokens, Hugging Face %zu; first difference at %zu: kvgen %d \"%s...\", HF %d \"%s...\"",
-               cname, n, n_want, at, at < n ? have[at] : -1, got_text, at < n_want ? want[at] : -1, want_text);
+/* a case's records: its head, then its messages (and, in chat_tools.txt, each message's fields,
+ * the template variables) */
+typedef struct chat_case {
+    char name[128], tname[64];
+    int agp, nmsg;
+    char *roles[MAX_MSG], *contents[MAX_MSG], *fields[MAX_MSG], *vars;
+} chat_case;
+
+static void case_clear(chat_case *c) {
+    for (int i = 0; i < c->nmsg; i++) {
+        free(c->roles[i]);
+        free(c->contents[i]);
+        free(c->fields[i]);
     }
-    kvgen_session_close(s);
+    free(c->vars);
+    memset(c, 0, sizeof *c);
 }
 
-/* a case of chat_tools.txt: its messages added with their fields, the variables set */
-static void run_tool_case(const char *cname, const char *src, kvgen_model *m, const char *vars, char **roles,
-                          char **contents, char **fields, int nmsg, int agp, const int32_t *want, size_t n_want) {
-    kvgen_session_desc sd = {.n_ctx = 4096};
-    kvgen_session *s = NULL;
-    kvgen_error err = {0};
-    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    if (!s) return;
-    kvgen_chat_template tpl = {.jinja = src};
-    kvgen_status st = kvgen_chat_set_template(s, &tpl, &err);
-    if (st == KVGEN_OK && strcmp(vars, "null") != 0) st = kvgen_chat_set_vars(s, vars, &err);
-    for (int i = 0; st == KVGEN_OK && i < nmsg; i++) {
-        kvg_json *f = strcmp(fields[i], "null") ? kvg_json_parse(fields[i], strlen(fields[i]), 64, NULL, NULL, 0) : NULL;
+/* reads the records that follow a "case" head (its bos and eos, the messages; with_fields: each
+ * message's fields, then the variables and the expected text) into c */
+static void case_read(FILE *f, const char *head, bool with_fields, chat_case *c) {
+    case_clear(c);
+    int n = 0;
+    CHECK(sscanf(head + 5, "%127s %63s %d %d", c->name, c->tname, &c->agp, &n) == 4);
+    c->nmsg = n < MAX_MSG ? n : MAX_MSG;
+    tu_record r;
+    for (int i = 0; i < 2; i++) { /* bos, eos */
+        tu_read_record(f, &r);
+        free(r.body);
+    }
+    for (int i = 0; i < n; i++) {
+        tu_record fl = {0};
+        tu_read_record(f, &r);
+        if (with_fields) tu_read_record(f, &fl);
+        if (i < MAX_MSG) {
+            c->roles[i] = strdup(r.head + 4);
+            c->contents[i] = r.body;
+            c->fields[i] = fl.body;
+        } else {
+            free(r.body);
+            free(fl.body);
+        }
+    }
+    if (with_fields) {
+        tu_read_record(f, &r);
+        c->vars = r.body;
+        tu_read_record(f, &r); /* the expected text: compared by test_chat_tools */
+        free(r.body);
+    }
+}
+
+/* the messages of a chat_templates.txt case, each with kvgen_chat_add (the last with
+ * kvgen_chat_begin when the generation prompt is on) */
+static kvgen_status add_plain(kvgen_session *s, const chat_case *c, kvgen_error *err) {
+    kvgen_status st = KVGEN_OK;
+    for (int i = 0; st == KVGEN_OK && i < c->nmsg; i++)
+        st = i == c->nmsg - 1 && c->agp ? kvgen_chat_begin(s, c->roles[i], c->contents[i], err)
+                                        : kvgen_chat_add(s, c->roles[i], c->contents[i], err);
+    return st;
+}
+
+/* a chat_tools.txt case: the variables set, the messages added with their fields */
+static kvgen_status add_with_fields(kvgen_session *s, const chat_case *c, kvgen_error *err) {
+    kvgen_status st = KVGEN_OK;
+    if (strcmp(c->vars, "null") != 0) st = kvgen_chat_set_vars(s, c->vars, err);
+    for (int i = 0; st == KVGEN_OK && i < c->nmsg; i++) {
+        const char *fields = c->fields[i];
+        kvg_json *f = strcmp(fields, "null") ? kvg_json_parse(fields, strlen(fields), 64, NULL, NULL, 0) : NULL;
         const kvg_json *calls = kvg_json_get(f, "tool_calls"), *content = kvg_json_get(f, "content");
         char *calls_text = calls ? kvg_json_print(calls, NULL) : NULL;
-        kvgen_chat_message msg = {.role = roles[i],
-                                  .content = content && content->type == KVG_JSON_NULL ? NULL : contents[i],
+        kvgen_chat_message msg = {.role = c->roles[i],
+                                  .content = content && content->type == KVG_JSON_NULL ? NULL : c->contents[i],
                                   .tool_calls = calls_text,
                                   .tool_call_id = kvg_json_get_string(f, "tool_call_id", NULL),
                                   .reasoning_content = kvg_json_get_string(f, "reasoning_content", NULL)};
-        st = kvgen_chat_add_message(s, &msg, &err);
+        st = kvgen_chat_add_message(s, &msg, err);
         kvg_free(calls_text);
         kvg_json_free(f);
     }
-    if (st == KVGEN_OK && agp) st = kvgen_chat_begin(s, NULL, NULL, &err);
-    CHECKF(st == KVGEN_OK, "%s: %s", cname, err.message);
+    if (st == KVGEN_OK && c->agp) st = kvgen_chat_begin(s, NULL, NULL, err);
+    return st;
+}
+
+/* runs the case's conversation through kvgen's chat under template src; the session's tokens
+ * must be want[0..n_want) */
+static void run_case(const chat_case *c, bool with_fields, const char *src, kvgen_model *m, const int32_t *want,
+                     size_t n_want) {
+    kvgen_session_desc sd = {.n_ctx = with_fields ? 4096 : 2048};
+    kvgen_session *s = NULL;
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) return;
+    kvgen_chat_template tpl = {.jinja = src};
+    kvgen_status st = kvgen_chat_set_template(s, &tpl, &err);
+    if (st == KVGEN_OK) st = with_fields ? add_with_fields(s, c, &err) : add_plain(s, c, &err);
+    CHECKF(st == KVGEN_OK, "%s: %s", c->name, err.message);
     size_t n = kvgen_session_length(s);
     const int32_t *have = kvgen_session_tokens(s);
     size_t at = 0;
@@ -132,78 +170,47 @@ static void run_tool_case(const char *cname, const char *src, kvgen_model *m, co
             kvgen_detokenize(m, want + at, n_want - at < 6 ? n_want - at : 6, KVGEN_TOKENIZE_SPECIAL, want_text,
                              sizeof want_text);
         CHECKF(0, "%s: %zu tokens, Hugging Face %zu; first difference at %zu: kvgen %d \"%s...\", HF %d \"%s...\"",
-               cname, n, n_want, at, at < n ? have[at] : -1, got_text, at < n_want ? want[at] : -1, want_text);
+               c->name, n, n_want, at, at < n ? have[at] : -1, got_text, at < n_want ? want[at] : -1, want_text);
     }
     kvgen_session_close(s);
 }
 
-/* chat_tools.txt's cases that carry token ids; returns how many ran */
-static int tool_cases(void) {
-    FILE *f = tu_open_fixture("chat_tools.txt");
+/* one fixture's cases: its templates, its cases, and each "ids FILE" record run on FILE's model
+ * (counted as skipped when the file is absent); returns how many ran, *on_default those of the
+ * default model's file */
+static int run_fixture(const char *fixture, bool with_fields, const char *dflt_file, int *on_default) {
+    FILE *f = tu_open_fixture(fixture);
     if (!f) return 0;
-    enum { N = 32 };
-    char *names[N], *srcs[N];
+    enum { MAX_T = 64 };
+    char *names[MAX_T], *srcs[MAX_T];
     int n_t = 0, ran = 0;
-    char cname[128] = "", tname[64] = "", *vars = NULL;
-    int agp = 0, nmsg = 0;
-    char *roles[MAX_MSG] = {0}, *contents[MAX_MSG] = {0}, *fields[MAX_MSG] = {0};
+    chat_case c = {0};
     tu_record r;
     while (tu_read_record(f, &r)) {
-        if (strncmp(r.head, "template ", 9) == 0) {
-            if (n_t < N) {
-                names[n_t] = strdup(r.head + 9);
-                srcs[n_t++] = r.body;
-            } else {
-                free(r.body);
-            }
+        if (strncmp(r.head, "template ", 9) == 0 && n_t < MAX_T) {
+            names[n_t] = strdup(r.head + 9);
+            srcs[n_t++] = r.body;
             continue;
         }
         if (strncmp(r.head, "case ", 5) == 0) {
-            for (int i = 0; i < nmsg; i++) {
-                free(roles[i]);
-                free(contents[i]);
-                free(fields[i]);
-            }
-            free(vars);
-            int n = 0;
-            CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &n) == 4 && n <= MAX_MSG);
-            nmsg = n < MAX_MSG ? n : MAX_MSG;
-            free(r.body);
-            tu_record bos, eos, ex;
-            tu_read_record(f, &bos);
-            tu_read_record(f, &eos);
-            free(bos.body);
-            free(eos.body);
-            for (int i = 0; i < nmsg; i++) {
-                tu_record m, fl;
-                tu_read_record(f, &m);
-                tu_read_record(f, &fl);
-                roles[i] = strdup(m.head + 4);
-                contents[i] = m.body;
-                fields[i] = fl.body;
-            }
-            tu_record v;
-            tu_read_record(f, &v);
-            vars = v.body;
-            tu_read_record(f, &ex);
-            free(ex.body);
-            continue;
-        }
-        if (strncmp(r.head, "ids ", 4) == 0) {
+            case_read(f, r.head, with_fields, &c);
+        } else if (strncmp(r.head, "ids ", 4) == 0) {
+            const char *file = r.head + 4;
             int ti = -1;
             for (int i = 0; i < n_t; i++)
-                if (strcmp(names[i], tname) == 0) ti = i;
-            CHECKF(ti >= 0, "%s: no template %s", cname, tname);
+                if (strcmp(names[i], c.tname) == 0) ti = i;
+            CHECKF(ti >= 0, "%s: no template %s", c.name, c.tname);
             model_slot *slot = NULL;
-            kvgen_model *m = ti >= 0 ? model_for(r.head + 4, &slot) : NULL;
+            kvgen_model *m = ti >= 0 ? model_for(file, &slot) : NULL;
             if (slot && m) {
                 size_t cap = r.len / 2 + 1;
                 int32_t *want = malloc(cap * sizeof *want);
                 size_t n_want = parse_ids(r.body, want, cap);
-                run_tool_case(cname, srcs[ti], m, vars, roles, contents, fields, nmsg, agp, want, n_want);
+                run_case(&c, with_fields, srcs[ti], m, want, n_want);
                 free(want);
                 slot->cases++;
                 ran++;
+                if (on_default && strcmp(file, dflt_file) == 0) (*on_default)++;
             } else if (slot) {
                 slot->skipped++;
             }
@@ -211,12 +218,7 @@ static int tool_cases(void) {
         free(r.body);
     }
     fclose(f);
-    for (int i = 0; i < nmsg; i++) {
-        free(roles[i]);
-        free(contents[i]);
-        free(fields[i]);
-    }
-    free(vars);
+    case_clear(&c);
     for (int i = 0; i < n_t; i++) {
         free(names[i]);
         free(srcs[i]);
@@ -233,76 +235,9 @@ int main(void) {
     else snprintf(model_dir, sizeof model_dir, ".");
     const char *dflt_file = slash ? strrchr(dflt, '/') + 1 : dflt;
 
-    FILE *f = tu_open_fixture("chat_templates.txt");
-    if (!f) return tu_finish("test_chat_tokens");
-
-    tu_record r;
     int dflt_cases = 0;
-    /* a case's records, kept until its ids (if any) arrive */
-    char cname[128] = "", tname[64] = "";
-    int agp = 0, nmsg = 0;
-    char *roles[MAX_MSG] = {0}, *contents[MAX_MSG] = {0};
-    while (tu_read_record(f, &r)) {
-        if (strncmp(r.head, "template ", 9) == 0 && nt < MAX_T) {
-            tnames[nt] = strdup(r.head + 9);
-            tsrc[nt++] = r.body;
-            continue;
-        }
-        if (strncmp(r.head, "case ", 5) == 0) {
-            for (int i = 0; i < nmsg; i++) {
-                free(roles[i]);
-                free(contents[i]);
-                roles[i] = contents[i] = NULL;
-            }
-            nmsg = 0;
-            int n = 0;
-            CHECK(sscanf(r.head + 5, "%127s %63s %d %d", cname, tname, &agp, &n) == 4);
-            nmsg = n < MAX_MSG ? n : MAX_MSG;
-            tu_record bos, eos;
-            tu_read_record(f, &bos);
-            tu_read_record(f, &eos);
-            free(bos.body);
-            free(eos.body);
-            for (int i = 0; i < n; i++) {
-                tu_record m;
-                tu_read_record(f, &m);
-                if (i < MAX_MSG) {
-                    roles[i] = strdup(m.head + 4);
-                    contents[i] = m.body;
-                } else {
-                    free(m.body);
-                }
-            }
-            continue;
-        }
-        if (strncmp(r.head, "ids ", 4) == 0) {
-            const char *file = r.head + 4;
-            int ti = -1;
-            for (int i = 0; i < nt; i++)
-                if (strcmp(tnames[i], tname) == 0) ti = i;
-            CHECKF(ti >= 0, "%s: no template %s", cname, tname);
-            model_slot *slot = NULL;
-            kvgen_model *m = ti >= 0 ? model_for(file, &slot) : NULL;
-            if (slot && m) {
-                size_t cap = r.len / 2 + 1;
-                int32_t *want = malloc(cap * sizeof *want);
-                size_t n_want = parse_ids(r.body, want, cap);
-                run_case(cname, tsrc[ti], m, roles, contents, nmsg, agp, want, n_want);
-                free(want);
-                slot->cases++;
-                if (strcmp(file, dflt_file) == 0) dflt_cases++;
-            } else if (slot) {
-                slot->skipped++;
-            }
-        }
-        free(r.body);
-    }
-    fclose(f);
-    for (int i = 0; i < nmsg; i++) {
-        free(roles[i]);
-        free(contents[i]);
-    }
-    int tool_ran = tool_cases();
+    run_fixture("chat_templates.txt", false, dflt_file, &dflt_cases);
+    int tool_ran = run_fixture("chat_tools.txt", true, dflt_file, NULL);
     printf("chat_tools.txt: %d cases with token ids run\n", tool_ran);
     for (int i = 0; i < MAX_FILES && models[i].file[0]; i++) {
         if (models[i].m)
@@ -312,9 +247,5 @@ int main(void) {
         kvgen_model_unload(models[i].m);
     }
     CHECKF(dflt_cases >= 8, "only %d cases of the default model (%s) in the fixture", dflt_cases, dflt_file);
-    for (int i = 0; i < nt; i++) {
-        free(tnames[i]);
-        free(tsrc[i]);
-    }
     return tu_finish("test_chat_tokens");
 }
