@@ -334,6 +334,20 @@ static bool tool_case(const char *tname, const char *cname, char **tpl, char **v
     return *tpl && *vars && *expect;
 }
 
+/* the blacksmith's exchange up to a tool call: system and user messages, then the assistant's
+ * call of get_price (content as given: NULL for none); returns the call's message */
+static kvgen_chat_message add_price_call(kvgen_session *s, const char *content) {
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_chat_add(s, "system", "You are Mira, the village blacksmith.", &err));
+    CHECK_OK(kvgen_chat_add(s, "user", "How much is a sword?", &err));
+    kvgen_chat_message call = {
+        .role = "assistant",
+        .content = content,
+        .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_price\", "
+                      "\"arguments\": {\"item\": \"sword\", \"quantity\": 1}}}]"};
+    CHECK_OK(kvgen_chat_add_message(s, &call, &err));
+    return call;
+}
 /* Phi-4-mini's template reads the tools from the system message's "tools" field and renders
  * no tool_calls: through the public calls, the chat's tools reach it there (in a system message
  * of no text when the chat has none) and a call goes to it as text after the message's content,
@@ -360,13 +374,7 @@ static void phi4_tools(void) {
         kvgen_chat_template t = {.jinja = tpl};
         CHECK_OK(kvgen_chat_set_template(s, &t, &err));
         CHECK_OK(kvgen_chat_set_vars(s, vars, &err));
-        CHECK_OK(kvgen_chat_add(s, "system", "You are Mira, the village blacksmith.", &err));
-        CHECK_OK(kvgen_chat_add(s, "user", "How much is a sword?", &err));
-        kvgen_chat_message call = {
-            .role = "assistant",
-            .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_price\", "
-                          "\"arguments\": {\"item\": \"sword\", \"quantity\": 1}}}]"};
-        CHECK_OK(kvgen_chat_add_message(s, &call, &err));
+        add_price_call(s, NULL);
         kvgen_chat_message result = {.role = "tool", .content = "{\"price\": 12}", .tool_call_id = "call_1"};
         CHECK_OK(kvgen_chat_add_message(s, &result, &err));
         CHECK_OK(kvgen_chat_begin(s, NULL, NULL, &err));
@@ -400,14 +408,7 @@ static void tools(void) {
     kvgen_chat_template t = {.jinja = tpl};
     CHECK_OK(kvgen_chat_set_template(s, &t, &err));
     CHECK_OK(kvgen_chat_set_vars(s, vars, &err));
-    CHECK_OK(kvgen_chat_add(s, "system", "You are Mira, the village blacksmith.", &err));
-    CHECK_OK(kvgen_chat_add(s, "user", "How much is a sword?", &err));
-    kvgen_chat_message call = {
-        .role = "assistant",
-        .content = "",
-        .tool_calls = "[{\"id\": \"call_1\", \"type\": \"function\", \"function\": {\"name\": \"get_price\", "
-                      "\"arguments\": {\"item\": \"sword\", \"quantity\": 1}}}]"};
-    CHECK_OK(kvgen_chat_add_message(s, &call, &err));
+    kvgen_chat_message call = add_price_call(s, "");
     size_t len = kvgen_session_length(s);
     /* bad input: an error naming what is wrong, and the session as it was */
     kvgen_chat_message bad = call;
