@@ -17,12 +17,9 @@
 #include <string.h>
 #include "testutil.h"
 
-#define N_TOK 40
+#define N_TOK TU_SEQ40_N
+#define IDS tu_seq40
 #define TOPK 8
-
-static const int32_t IDS[N_TOK] = {1,   17, 42,  99, 3,   250, 7,   130, 64,  5,  77,  201, 12, 180,
-                                   33,  9,  144, 60, 2,   222, 18,  95,  41,  170, 8,  66,  133, 27,
-                                   240, 50, 11,  190, 73, 36,  155, 4,   210, 88,  29, 120};
 
 static const struct {
     const char *name, *args;
@@ -49,11 +46,7 @@ static const struct {
 static bool load_fixture(const char *name, tu_oracle *fx) {
     char file[96];
     snprintf(file, sizeof file, "arch_%s_logits.txt", name);
-    if (!tu_oracle_load(file, TOPK, fx)) return false;
-    bool tokens_ok = fx->n_tok == N_TOK;
-    for (int i = 0; tokens_ok && i < N_TOK; i++) tokens_ok = fx->tokens[i] == IDS[i];
-    CHECKF(tokens_ok && fx->n_pos == N_TOK, "%s: the fixture's tokens or positions do not match", file);
-    return tokens_ok && fx->n_pos == N_TOK;
+    return tu_oracle_load_ids(file, TOPK, IDS, N_TOK, fx);
 }
 
 static void check_config(const char *name, const char *args, int model_ctx) {
@@ -82,23 +75,9 @@ static void check_config(const char *name, const char *args, int model_ctx) {
     kvgen_session_desc sd = {.n_ctx = 64, .no_prefix_reuse = 1};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     CHECK_OK(kvgen_session_prefill(s, IDS, N_TOK, all, &err));
-    int top1 = 0;
-    double worst = 0;
-    for (int p = 0; p < N_TOK; p++) {
-        const float *l = all + (size_t)p * (size_t)V;
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (l[v] > l[best]) best = v;
-        bool clear = fx.top_val[p][0] - fx.top_val[p][1] >= 0.01f;
-        top1 += best == fx.top_id[p][0] || !clear;
-        if (best != fx.top_id[p][0])
-            printf("  %s position %d: top-1 %d vs llama.cpp's %d (its margin %.4f)\n", name, p, best, fx.top_id[p][0],
-                   fx.top_val[p][0] - fx.top_val[p][1]);
-        for (int j = 0; j < TOPK; j++) {
-            double e = fabs((double)l[fx.top_id[p][j]] - (double)fx.top_val[p][j]);
-            if (e > worst) worst = e;
-        }
-    }
+    tu_oracle_cmp c = tu_oracle_compare(&fx, all, V, N_TOK, TOPK, 0.01f, name);
+    int top1 = N_TOK - (c.clear - c.clear_top1); /* near-ties aside */
+    double worst = c.max_diff;
     printf("%s (%s): top-1 as llama.cpp's at %d/%d positions (near-ties aside), max |logit diff| over its top-%d %.2g\n", name,
            info.architecture, top1, N_TOK, TOPK, worst);
     CHECKF(top1 == N_TOK, "%s: top-1 differs from llama.cpp at %d positions", name, N_TOK - top1);

@@ -1102,14 +1102,9 @@ static const char *LONG_TEXT =
 
 /* top-1 agreements with the fixture, and the largest |diff| over its top-20 */
 static int against_fixture(const tu_oracle *fx, const float *logits, int V, double *max_diff) {
-    int same = 0;
-    *max_diff = 0;
-    for (int p = 0; p < FX_TOK; p++) {
-        const float *l = logits + (size_t)p * V;
-        same += argmax(l, V) == fx->top_id[p][0];
-        for (int j = 0; j < FX_TOP; j++) *max_diff = fmax(*max_diff, fabs((double)l[fx->top_id[p][j]] - fx->top_val[p][j]));
-    }
-    return same;
+    tu_oracle_cmp c = tu_oracle_compare(fx, logits, V, FX_TOK, FX_TOP, 0, NULL);
+    *max_diff = c.max_diff;
+    return c.top1;
 }
 
 /* positions where the top-1 differs from the f32 fixture's */

@@ -17,12 +17,9 @@
 #include <string.h>
 #include "testutil.h"
 
-#define N_TOK 40
+#define N_TOK TU_SEQ40_N
+#define IDS tu_seq40
 #define TOPK 8
-
-static const int32_t IDS[N_TOK] = {1,   17, 42,  99, 3,   250, 7,   130, 64,  5,  77,  201, 12, 180,
-                                   33,  9,  144, 60, 2,   222, 18,  95,  41,  170, 8,  66,  133, 27,
-                                   240, 50, 11,  190, 73, 36,  155, 4,   210, 88,  29, 120};
 
 /* as scripts/oracle/lora_fixtures.sh makes them */
 static const struct {
@@ -39,11 +36,7 @@ static const struct {
 static bool load_fixture(const char *name, tu_oracle *fx) {
     char file[96];
     snprintf(file, sizeof file, "lora_%s_logits.txt", name);
-    if (!tu_oracle_load(file, TOPK, fx)) return false;
-    bool tokens_ok = fx->n_tok == N_TOK;
-    for (int i = 0; tokens_ok && i < N_TOK; i++) tokens_ok = fx->tokens[i] == IDS[i];
-    CHECKF(tokens_ok && fx->n_pos == N_TOK, "%s: the fixture's tokens or positions do not match", file);
-    return tokens_ok && fx->n_pos == N_TOK;
+    return tu_oracle_load_ids(file, TOPK, IDS, N_TOK, fx);
 }
 
 /* every position's logits of IDS on m, with `adapter` at `scale` (NULL: the base model) */
@@ -62,17 +55,9 @@ static float *run(kvgen_model *m, const kvgen_adapter *adapter, float scale, int
 /* the largest difference over the fixture's top-K, and the positions whose top-1 agrees (where
  * llama.cpp's margin is at least `margin`) */
 static double compare(const float *all, int V, const tu_oracle *fx, float margin, int *top1) {
-    double worst = 0;
-    *top1 = 0;
-    for (int p = 0; p < N_TOK; p++) {
-        const float *l = all + (size_t)p * (size_t)V;
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (l[v] > l[best]) best = v;
-        *top1 += best == fx->top_id[p][0] || fx->top_val[p][0] - fx->top_val[p][1] < margin;
-        for (int j = 0; j < TOPK; j++) worst = fmax(worst, fabs((double)l[fx->top_id[p][j]] - fx->top_val[p][j]));
-    }
-    return worst;
+    tu_oracle_cmp c = tu_oracle_compare(fx, all, V, N_TOK, TOPK, margin, NULL);
+    *top1 = N_TOK - (c.clear - c.clear_top1);
+    return c.max_diff;
 }
 
 static void check_config(int c, kvgen_backend backend, double tol, float margin) {

@@ -26,27 +26,10 @@ static int load_fixture(const char *name, tu_oracle *fx) {
 
 /* compares our logits (n_tok x n_vocab) with a fixture; returns top-1 agreements, writes max diff */
 static int compare(const tu_oracle *fx, const float *logits, int n_vocab, double *max_diff, double *mean_diff) {
-    int top1_same = 0, n_diff = 0;
-    double sum = 0;
-    *max_diff = 0;
-    for (int p = 0; p < fx->n_tok; p++) {
-        const float *l = logits + (size_t)p * (size_t)n_vocab;
-        int best = 0;
-        for (int v = 1; v < n_vocab; v++)
-            if (l[v] > l[best]) best = v;
-        if (best == fx->top_id[p][0]) top1_same++;
-        else
-            fprintf(stderr, "  position %d: top-1 %d (%.4f) vs oracle %d (%.4f, ours %.4f)\n", p, best, l[best],
-                    fx->top_id[p][0], fx->top_val[p][0], l[fx->top_id[p][0]]);
-        for (int j = 0; j < TOPK; j++) {
-            double d = fabs((double)l[fx->top_id[p][j]] - (double)fx->top_val[p][j]);
-            if (d > *max_diff) *max_diff = d;
-            sum += d;
-            n_diff++;
-        }
-    }
-    *mean_diff = sum / (n_diff ? n_diff : 1);
-    return top1_same;
+    tu_oracle_cmp c = tu_oracle_compare(fx, logits, n_vocab, fx->n_tok, TOPK, 0, "");
+    *max_diff = c.max_diff;
+    *mean_diff = c.mean_diff;
+    return c.top1;
 }
 
 int main(void) {

@@ -33,33 +33,8 @@ typedef struct result {
 } result;
 
 static result compare(const tu_oracle *fx, const float *logits, int n_vocab, const char *what) {
-    result r = {0};
-    double sum = 0;
-    int n_diff = 0;
-    for (int p = 0; p < fx->n_tok; p++) {
-        const float *l = logits + (size_t)p * (size_t)n_vocab;
-        int best = 0;
-        for (int v = 1; v < n_vocab; v++)
-            if (l[v] > l[best]) best = v;
-        bool clear = fx->top_val[p][0] - fx->top_val[p][1] >= 0.05f;
-        r.margin_total += clear;
-        if (best == fx->top_id[p][0]) {
-            r.top1++;
-            r.margin_ok += clear;
-        } else {
-            fprintf(stderr, "  %s position %d: top-1 %d (%.4f) vs oracle %d (%.4f, ours %.4f; oracle margin %.4f)\n", what,
-                    p, best, l[best], fx->top_id[p][0], fx->top_val[p][0], l[fx->top_id[p][0]],
-                    fx->top_val[p][0] - fx->top_val[p][1]);
-        }
-        for (int j = 0; j < TOPK; j++) {
-            double d = fabs((double)l[fx->top_id[p][j]] - (double)fx->top_val[p][j]);
-            if (d > r.max_diff) r.max_diff = d;
-            sum += d;
-            n_diff++;
-        }
-    }
-    r.mean_diff = sum / (n_diff ? n_diff : 1);
-    return r;
+    tu_oracle_cmp c = tu_oracle_compare(fx, logits, n_vocab, fx->n_tok, TOPK, 0.05f, what);
+    return (result){c.top1, c.clear_top1, c.clear, c.max_diff, c.mean_diff};
 }
 
 static char *read_text(const char *name) {

@@ -194,6 +194,46 @@ bool tu_oracle_load(const char *name, int topk, tu_oracle *o) {
     return true;
 }
 
+bool tu_oracle_load_ids(const char *name, int topk, const int32_t *ids, int n, tu_oracle *o) {
+    if (!tu_oracle_load(name, topk, o)) return false;
+    bool ok = o->n_tok == n && o->n_pos == n && n <= TU_ORACLE_MAX_TOK;
+    for (int i = 0; ok && i < n; i++) ok = o->tokens[i] == ids[i];
+    CHECKF(ok, "%s: the fixture's tokens or positions do not match (%d tokens, %d positions)", name, o->n_tok,
+           o->n_pos);
+    return ok;
+}
+
+const int32_t tu_seq40[TU_SEQ40_N] = {1,   17, 42,  99, 3,   250, 7,   130, 64,  5,  77,  201, 12, 180,
+                                      33,  9,  144, 60, 2,   222, 18,  95,  41,  170, 8,  66,  133, 27,
+                                      240, 50, 11,  190, 73, 36,  155, 4,   210, 88,  29, 120};
+
+tu_oracle_cmp tu_oracle_compare(const tu_oracle *o, const float *logits, int n_vocab, int n_pos, int topk,
+                                float margin, const char *label) {
+    tu_oracle_cmp r = {0};
+    double sum = 0;
+    for (int p = 0; p < n_pos; p++) {
+        const float *l = logits + (size_t)p * (size_t)n_vocab;
+        int best = 0;
+        for (int v = 1; v < n_vocab; v++)
+            if (l[v] > l[best]) best = v;
+        float gap = o->top_val[p][0] - o->top_val[p][1];
+        bool clear = gap >= margin, same = best == o->top_id[p][0];
+        r.top1 += same;
+        r.clear += clear;
+        r.clear_top1 += clear && same;
+        if (!same && label)
+            fprintf(stderr, "  %s position %d: top-1 %d (%.4f) vs oracle %d (%.4f, ours %.4f; oracle margin %.4f)\n",
+                    label, p, best, l[best], o->top_id[p][0], o->top_val[p][0], l[o->top_id[p][0]], gap);
+        for (int j = 0; j < topk; j++) {
+            double d = fabs((double)l[o->top_id[p][j]] - (double)o->top_val[p][j]);
+            if (d > r.max_diff) r.max_diff = d;
+            sum += d;
+        }
+    }
+    r.mean_diff = n_pos > 0 && topk > 0 ? sum / ((double)n_pos * topk) : 0;
+    return r;
+}
+
 #if defined(_WIN32)
 /* no fork: the body runs in the test's own process */
 void tu_vulkan_child(const char *what, void (*body)(void *arg), void *arg) {

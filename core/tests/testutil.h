@@ -109,6 +109,23 @@ typedef struct tu_oracle {
 /* Reads tu_testdata(name), keeping the rows of `topk` logits (rows of another K, and lines of
  * another shape, are passed over); false (and a failed CHECK) when it cannot be opened. */
 bool tu_oracle_load(const char *name, int topk, tu_oracle *o);
+/* tu_oracle_load, and a failed CHECK unless the fixture's tokens are ids[0..n) with a row of
+ * logits at each position */
+bool tu_oracle_load_ids(const char *name, int topk, const int32_t *ids, int n, tu_oracle *o);
+/* The 40-token sequence of the architecture and adapter fixtures (scripts/oracle/arch_fixtures.sh
+ * and lora_fixtures.sh give it to scripts/oracle/dump_logits.cpp). */
+enum { TU_SEQ40_N = 40 };
+extern const int32_t tu_seq40[TU_SEQ40_N];
+/* Logits (a row of n_vocab per position, positions 0..n_pos) against an oracle's top-K. */
+typedef struct tu_oracle_cmp {
+    int top1;                   /* positions whose largest logit is the oracle's top-1 */
+    int clear, clear_top1;      /* positions where the oracle's top-2 margin is at least `margin`,
+                                 * and how many of those agree */
+    double max_diff, mean_diff; /* |logit - oracle's| over the oracle's top-K at every position */
+} tu_oracle_cmp;
+/* label non-NULL: each position whose top-1 differs is printed to stderr after it */
+tu_oracle_cmp tu_oracle_compare(const tu_oracle *o, const float *logits, int n_vocab, int n_pos, int topk,
+                                float margin, const char *label);
 
 /* A rewrite of a GGUF file: its keys, then its tensors one by one, then what finish adds. */
 struct kvg_gguf;
