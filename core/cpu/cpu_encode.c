@@ -49,8 +49,8 @@ typedef struct enc_attention {
     float *att;             /* [N][H*hd] */
     const int *seq_start;   /* [N] the first token of each token's text */
     const int *seq_len;     /* [N] that text's length */
-    float *scores;          /* [threads][max_len] */
-    int max_len;
+    float *scores;          /* [threads][stride]: a thread's scores on cache lines of its own */
+    int stride;
     const kvg_vec_ops *vec; /* or NULL: scalar loops */
 } enc_attention;
 
@@ -60,7 +60,7 @@ static void attention_items(void *ctx, int begin, int end, int tid) {
     const enc_attention *j = ctx;
     int H = j->hp->n_head, hd = j->hp->head_dim, W = H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = j->scores + (size_t)tid * (size_t)j->max_len;
+    float *scores = j->scores + (size_t)tid * (size_t)j->stride;
     const kvg_vec_ops *vec = j->vec;
     for (int item = begin; item < end; item++) {
         int t = item / H, h = item % H, s0 = j->seq_start[t], n = j->seq_len[t];
@@ -174,7 +174,8 @@ typedef struct enc_embed {
     const int32_t *tokens;
     const int *seq_start;
     float *x;   /* [N][D] */
-    float *row; /* [threads][D] */
+    float *row; /* [threads][row_stride] */
+    int row_stride;
 } enc_embed;
 
 static void embed_items(void *ctx, int begin, int end, int tid) {
@@ -182,7 +183,7 @@ static void embed_items(void *ctx, int begin, int end, int tid) {
     const kvg_hparams *hp = &j->m->w.hp;
     const kvg_tensor *te = j->m->w.tok_embd, *pe = j->m->w.pos_embd, *ty = j->m->w.tok_types;
     int D = hp->n_embd;
-    float *row = j->row + (size_t)tid * D;
+    float *row = j->row + (size_t)tid * (size_t)j->row_stride;
     for (int t = begin; t < end; t++) {
         int p = t - j->seq_start[t];
         float *xt = j->x + (size_t)t * D;
@@ -244,19 +245,22 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
     if (N == 0) return KVGEN_OK;
     int threads = kvg_cpu_pool_threads(e->pool);
     /* the activations, one buffer (kept with the model where it may be: kvg_cpu_keep), each part
-     * a multiple of 16 floats */
+     * on cache lines of its own (64 bytes, 16 floats), and so each thread's scratch rows: threads
+     * writing one line make it travel between their cores at every write */
     size_t ND = (size_t)N * D, NW = (size_t)N * W;
-    size_t sizes[] = {NW, NW, NW, NW, ND, (size_t)N * F, (size_t)threads * D, (size_t)threads * max_len,
+    int stride = (max_len + 15) / 16 * 16, row_stride = (D + 15) / 16 * 16;
+    size_t sizes[] = {NW, NW, NW, NW, ND, (size_t)N * F, (size_t)threads * row_stride, (size_t)threads * stride,
                       (size_t)N, (size_t)N};
     enum { Q, K, V, ATT, TMP, FF, ROW, SCORES, SEQ_START, SEQ_LEN, N_PARTS };
-    size_t offs[N_PARTS], bytes = 0;
+    size_t offs[N_PARTS], bytes = 64; /* room to start on a line */
     for (int i = 0; i < N_PARTS; i++) {
         offs[i] = bytes;
         bytes += (sizes[i] + 15) / 16 * 16 * sizeof(float); /* a float and an int are both 4 bytes */
     }
     bool kept;
-    unsigned char *buf = scratch_take(e->keep, bytes, &kept);
-    if (!buf) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a %d-token encoder batch", host->who, N);
+    unsigned char *raw = scratch_take(e->keep, bytes, &kept);
+    if (!raw) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a %d-token encoder batch", host->who, N);
+    unsigned char *buf = raw + (64 - (uintptr_t)raw % 64) % 64;
     float *x = b->hidden;
     float *q = (float *)(buf + offs[Q]), *k = (float *)(buf + offs[K]), *v = (float *)(buf + offs[V]);
     float *att = (float *)(buf + offs[ATT]), *tmp = (float *)(buf + offs[TMP]), *ff = (float *)(buf + offs[FF]);
@@ -269,7 +273,8 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
             seq_start[t] = t - p;
             seq_len[t] = b->n_tokens[i];
         }
-    enc_embed ej = {.m = m, .host = host, .tokens = b->tokens, .seq_start = seq_start, .x = x, .row = row};
+    enc_embed ej = {.m = m, .host = host, .tokens = b->tokens, .seq_start = seq_start, .x = x, .row = row,
+                   .row_stride = row_stride};
     kvg_cpu_pool_run(e->pool, N, embed_items, &ej);
 
     for (int l = 0; l < hp->n_layer; l++) {
@@ -279,7 +284,7 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
                                   {.role = KVG_T_ATTN_V, .out = v, .out_dim = W, .bias = R->bv}};
         products(e, l, x, D, N, qkv, 3);
         enc_attention aj = {.hp = hp, .q = q, .k = k, .v = v, .att = att, .seq_start = seq_start,
-                            .seq_len = seq_len, .scores = scores, .max_len = max_len, .vec = e->vec};
+                            .seq_len = seq_len, .scores = scores, .stride = stride, .vec = e->vec};
         kvg_cpu_pool_run(e->pool, N * hp->n_head, attention_items, &aj);
         kvg_cpu_product o = {.role = KVG_T_ATTN_OUT, .out = tmp, .out_dim = D, .bias = R->bo};
         products(e, l, att, W, N, &o, 1);
@@ -290,6 +295,6 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
         products(e, l, ff, F, N, &down, 1);
         add_norm(e, x, tmp, R->ln2_w, R->ln2_b, N, D, hp->layer_norm_eps);
     }
-    scratch_give(e->keep, buf, kept);
+    scratch_give(e->keep, raw, kept);
     return KVGEN_OK;
 }
