@@ -252,13 +252,13 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
     size_t sizes[] = {NW, NW, NW, NW, ND, (size_t)N * F, (size_t)threads * row_stride, (size_t)threads * stride,
                       (size_t)N, (size_t)N};
     enum { Q, K, V, ATT, TMP, FF, ROW, SCORES, SEQ_START, SEQ_LEN, N_PARTS };
-    size_t offs[N_PARTS], bytes = 64; /* room to start on a line */
+    size_t offs[N_PARTS], bytes = 0;
     for (int i = 0; i < N_PARTS; i++) {
         offs[i] = bytes;
         bytes += (sizes[i] + 15) / 16 * 16 * sizeof(float); /* a float and an int are both 4 bytes */
     }
     bool kept;
-    unsigned char *raw = scratch_take(e->keep, bytes, &kept);
+    unsigned char *raw = scratch_take(e->keep, bytes + 64, &kept); /* + room to start on a line */
     if (!raw) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a %d-token encoder batch", host->who, N);
     unsigned char *buf = raw + (64 - (uintptr_t)raw % 64) % 64;
     float *x = b->hidden;
