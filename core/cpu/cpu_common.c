@@ -62,6 +62,7 @@ void kvg_cpu_host_free(kvg_cpu_host *h, const kvgen_model *m) {
     kvg_free(h->out_norm);
     kvg_free(h->embd_norm);
     kvg_free(h->embd_norm_b);
+    kvg_free(h->encode_keep.buf);
 }
 
 kvgen_status kvg_cpu_scratch_init(kvg_cpu_scratch *a, const kvg_hparams *hp, int block, int n_ctx, int n_threads) {

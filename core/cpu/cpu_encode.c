@@ -11,8 +11,10 @@
  *     x = LN(x + a Wo + bo) * attn_output_norm                           [N][D]
  *     x = LN(x + gelu(x Wup + bup) Wdown + bdown) * layer_output_norm    [N][D]
  * The last x is what the batch returns; pooling is the caller's (kvgen_embed).
- * Activations for the whole batch are allocated per call: an embedding call is not a token
- * loop, and its texts are bounded by the model's n_ctx_train. */
+ * Activations for the whole batch are one buffer per call, kept with the model for the next call
+ * where the backend passes a kvg_cpu_keep and the batch is small enough (kvg_cpu.h): a call of one
+ * short text is then not mostly allocation; a bigger batch has its own, its texts bounded by the
+ * model's n_ctx_train. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -47,8 +49,8 @@ typedef struct enc_attention {
     float *att;             /* [N][H*hd] */
     const int *seq_start;   /* [N] the first token of each token's text */
     const int *seq_len;     /* [N] that text's length */
-    float *scores;          /* [threads][max_len] */
-    int max_len;
+    float *scores;          /* [threads][stride]: a thread's scores on cache lines of its own */
+    int stride;
     const kvg_vec_ops *vec; /* or NULL: scalar loops */
 } enc_attention;
 
@@ -58,7 +60,7 @@ static void attention_items(void *ctx, int begin, int end, int tid) {
     const enc_attention *j = ctx;
     int H = j->hp->n_head, hd = j->hp->head_dim, W = H * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scores = j->scores + (size_t)tid * (size_t)j->max_len;
+    float *scores = j->scores + (size_t)tid * (size_t)j->stride;
     const kvg_vec_ops *vec = j->vec;
     for (int item = begin; item < end; item++) {
         int t = item / H, h = item % H, s0 = j->seq_start[t], n = j->seq_len[t];
@@ -137,15 +139,25 @@ static void add_norm_items(void *ctx, int begin, int end, int tid) {
 
 /* out[t] = in[t] W (+ bias, then GELU where gelu) for every token, block rows per call of the
  * backend's product */
-static void matmul_all(const kvg_cpu_encoder *e, int layer, int role, const float *in, int in_dim, int N, float *out,
-                       int out_dim, const float *bias, bool gelu) {
+static void matmul_all(const kvg_cpu_encoder *e, int layer, const float *in, int in_dim, int N,
+                       const kvg_cpu_product *p) {
     for (int t0 = 0; t0 < N; t0 += e->block) {
         int n = N - t0 < e->block ? N - t0 : e->block;
-        e->mm(e->mm_ctx, layer, role, in + (size_t)t0 * in_dim, in_dim, n, out + (size_t)t0 * out_dim);
+        e->mm(e->mm_ctx, layer, p->role, in + (size_t)t0 * in_dim, in_dim, n, p->out + (size_t)t0 * p->out_dim);
     }
-    enc_tokens j = {.y = out, .bias = bias, .width = out_dim, .vec = e->vec};
-    if (gelu) kvg_cpu_pool_run(e->pool, N, bias_gelu_items, &j);
-    else if (bias) kvg_cpu_pool_run(e->pool, N, bias_items, &j);
+    enc_tokens j = {.y = p->out, .bias = p->bias, .width = p->out_dim, .vec = e->vec};
+    if (p->gelu) kvg_cpu_pool_run(e->pool, N, bias_gelu_items, &j);
+    else if (p->bias) kvg_cpu_pool_run(e->pool, N, bias_items, &j);
+}
+
+/* the products of one input: in one job where the backend has kvg_cpu_products_fn, else one by one */
+static void products(const kvg_cpu_encoder *e, int layer, const float *in, int in_dim, int N, const kvg_cpu_product *p,
+                     int n_products) {
+    if (e->products) {
+        e->products(e->mm_ctx, layer, in, in_dim, N, p, n_products);
+        return;
+    }
+    for (int i = 0; i < n_products; i++) matmul_all(e, layer, in, in_dim, N, &p[i]);
 }
 
 /* x[t] = LN(x[t] + f[t]) * w + b */
@@ -162,7 +174,8 @@ typedef struct enc_embed {
     const int32_t *tokens;
     const int *seq_start;
     float *x;   /* [N][D] */
-    float *row; /* [threads][D] */
+    float *row; /* [threads][row_stride] */
+    int row_stride;
 } enc_embed;
 
 static void embed_items(void *ctx, int begin, int end, int tid) {
@@ -170,7 +183,7 @@ static void embed_items(void *ctx, int begin, int end, int tid) {
     const kvg_hparams *hp = &j->m->w.hp;
     const kvg_tensor *te = j->m->w.tok_embd, *pe = j->m->w.pos_embd, *ty = j->m->w.tok_types;
     int D = hp->n_embd;
-    float *row = j->row + (size_t)tid * D;
+    float *row = j->row + (size_t)tid * (size_t)j->row_stride;
     for (int t = begin; t < end; t++) {
         int p = t - j->seq_start[t];
         float *xt = j->x + (size_t)t * D;
@@ -185,6 +198,30 @@ static void embed_items(void *ctx, int begin, int end, int tid) {
         }
         kvg_cpu_layernorm(xt, xt, j->host->embd_norm, j->host->embd_norm_b, D, hp->layer_norm_eps);
     }
+}
+
+/* bytes for one call's activations: the kept buffer where it is free and big enough (or can be
+ * made so, up to KVG_CPU_KEEP_MAX), else a buffer of the call's own (*kept false) */
+static void *scratch_take(kvg_cpu_keep *keep, size_t bytes, bool *kept) {
+    *kept = false;
+    if (keep && bytes <= KVG_CPU_KEEP_MAX && !atomic_exchange_explicit(&keep->busy, true, memory_order_acquire)) {
+        if (keep->bytes < bytes) {
+            kvg_free(keep->buf);
+            keep->buf = kvg_malloc(bytes);
+            keep->bytes = keep->buf ? bytes : 0;
+        }
+        if (keep->buf) {
+            *kept = true;
+            return keep->buf;
+        }
+        atomic_store_explicit(&keep->busy, false, memory_order_release);
+    }
+    return kvg_malloc(bytes);
+}
+
+static void scratch_give(kvg_cpu_keep *keep, void *buf, bool kept) {
+    if (kept) atomic_store_explicit(&keep->busy, false, memory_order_release);
+    else kvg_free(buf);
 }
 
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err) {
@@ -207,19 +244,28 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
                             host->who, b->tokens[t], hp->n_vocab - 1);
     if (N == 0) return KVGEN_OK;
     int threads = kvg_cpu_pool_threads(e->pool);
+    /* the activations, one buffer (kept with the model where it may be: kvg_cpu_keep), each part
+     * on cache lines of its own (64 bytes, 16 floats), and so each thread's scratch rows: threads
+     * writing one line make it travel between their cores at every write */
     size_t ND = (size_t)N * D, NW = (size_t)N * W;
-    float *x = b->hidden;
-    float *q = kvg_malloc(NW * sizeof(float)), *k = kvg_malloc(NW * sizeof(float));
-    float *v = kvg_malloc(NW * sizeof(float)), *att = kvg_malloc(NW * sizeof(float));
-    float *tmp = kvg_malloc(ND * sizeof(float)), *ff = kvg_malloc((size_t)N * F * sizeof(float));
-    float *row = kvg_malloc((size_t)threads * (size_t)D * sizeof(float));
-    float *scores = kvg_malloc((size_t)threads * (size_t)max_len * sizeof(float));
-    int *seq_start = kvg_malloc((size_t)N * sizeof(int)), *seq_len = kvg_malloc((size_t)N * sizeof(int));
-    kvgen_status st = KVGEN_OK;
-    if (!q || !k || !v || !att || !tmp || !ff || !row || !scores || !seq_start || !seq_len) {
-        st = kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a %d-token encoder batch", host->who, N);
-        goto done;
+    int stride = (max_len + 15) / 16 * 16, row_stride = (D + 15) / 16 * 16;
+    size_t sizes[] = {NW, NW, NW, NW, ND, (size_t)N * F, (size_t)threads * row_stride, (size_t)threads * stride,
+                      (size_t)N, (size_t)N};
+    enum { Q, K, V, ATT, TMP, FF, ROW, SCORES, SEQ_START, SEQ_LEN, N_PARTS };
+    size_t offs[N_PARTS], bytes = 0;
+    for (int i = 0; i < N_PARTS; i++) {
+        offs[i] = bytes;
+        bytes += (sizes[i] + 15) / 16 * 16 * sizeof(float); /* a float and an int are both 4 bytes */
     }
+    bool kept;
+    unsigned char *raw = scratch_take(e->keep, bytes + 64, &kept); /* + room to start on a line */
+    if (!raw) return kvg_fail(err, KVGEN_E_NO_MEMORY, "%s: out of memory for a %d-token encoder batch", host->who, N);
+    unsigned char *buf = raw + (64 - (uintptr_t)raw % 64) % 64;
+    float *x = b->hidden;
+    float *q = (float *)(buf + offs[Q]), *k = (float *)(buf + offs[K]), *v = (float *)(buf + offs[V]);
+    float *att = (float *)(buf + offs[ATT]), *tmp = (float *)(buf + offs[TMP]), *ff = (float *)(buf + offs[FF]);
+    float *row = (float *)(buf + offs[ROW]), *scores = (float *)(buf + offs[SCORES]);
+    int *seq_start = (int *)(buf + offs[SEQ_START]), *seq_len = (int *)(buf + offs[SEQ_LEN]);
 
     /* embeddings: token + type 0 + position, LayerNormed                        x: [N][D] */
     for (int i = 0, t = 0; i < b->n_seq; i++)
@@ -227,33 +273,28 @@ kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b,
             seq_start[t] = t - p;
             seq_len[t] = b->n_tokens[i];
         }
-    enc_embed ej = {.m = m, .host = host, .tokens = b->tokens, .seq_start = seq_start, .x = x, .row = row};
+    enc_embed ej = {.m = m, .host = host, .tokens = b->tokens, .seq_start = seq_start, .x = x, .row = row,
+                   .row_stride = row_stride};
     kvg_cpu_pool_run(e->pool, N, embed_items, &ej);
 
     for (int l = 0; l < hp->n_layer; l++) {
         const kvg_cpu_layer_tensors *R = &host->layers[l];
-        matmul_all(e, l, KVG_T_ATTN_Q, x, D, N, q, W, R->bq, false);
-        matmul_all(e, l, KVG_T_ATTN_K, x, D, N, k, W, R->bk, false);
-        matmul_all(e, l, KVG_T_ATTN_V, x, D, N, v, W, R->bv, false);
+        kvg_cpu_product qkv[3] = {{.role = KVG_T_ATTN_Q, .out = q, .out_dim = W, .bias = R->bq},
+                                  {.role = KVG_T_ATTN_K, .out = k, .out_dim = W, .bias = R->bk},
+                                  {.role = KVG_T_ATTN_V, .out = v, .out_dim = W, .bias = R->bv}};
+        products(e, l, x, D, N, qkv, 3);
         enc_attention aj = {.hp = hp, .q = q, .k = k, .v = v, .att = att, .seq_start = seq_start,
-                            .seq_len = seq_len, .scores = scores, .max_len = max_len, .vec = e->vec};
+                            .seq_len = seq_len, .scores = scores, .stride = stride, .vec = e->vec};
         kvg_cpu_pool_run(e->pool, N * hp->n_head, attention_items, &aj);
-        matmul_all(e, l, KVG_T_ATTN_OUT, att, W, N, tmp, D, R->bo, false);
+        kvg_cpu_product o = {.role = KVG_T_ATTN_OUT, .out = tmp, .out_dim = D, .bias = R->bo};
+        products(e, l, att, W, N, &o, 1);
         add_norm(e, x, tmp, R->ln1_w, R->ln1_b, N, D, hp->layer_norm_eps);
-        matmul_all(e, l, KVG_T_FFN_UP, x, D, N, ff, F, R->b_up, true);
-        matmul_all(e, l, KVG_T_FFN_DOWN, ff, F, N, tmp, D, R->b_down, false);
+        kvg_cpu_product up = {.role = KVG_T_FFN_UP, .out = ff, .out_dim = F, .bias = R->b_up, .gelu = true};
+        products(e, l, x, D, N, &up, 1);
+        kvg_cpu_product down = {.role = KVG_T_FFN_DOWN, .out = tmp, .out_dim = D, .bias = R->b_down};
+        products(e, l, ff, F, N, &down, 1);
         add_norm(e, x, tmp, R->ln2_w, R->ln2_b, N, D, hp->layer_norm_eps);
     }
-done:
-    kvg_free(q);
-    kvg_free(k);
-    kvg_free(v);
-    kvg_free(att);
-    kvg_free(tmp);
-    kvg_free(ff);
-    kvg_free(row);
-    kvg_free(scores);
-    kvg_free(seq_start);
-    kvg_free(seq_len);
-    return st;
+    scratch_give(e->keep, raw, kept);
+    return KVGEN_OK;
 }

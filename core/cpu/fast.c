@@ -82,6 +82,8 @@ typedef struct cpu_model {
     cpu_layer *layers;
     int max_in;                  /* the widest input of a matrix product: max(D, H*hd, F) */
     cpu_matrix output;           /* the logits' matrix (output, or the tied token_embd) */
+    bool encode_whole;           /* an encoder whose matrices are all in row groups of f32 activations
+                                    (cpu_encode_products) */
 } cpu_model;
 
 struct kvg_backend_session {
@@ -259,6 +261,13 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
         cpu_model_free(m);
         return st;
     }
+    cm->encode_whole = m->w.arch && m->w.arch->encoder;
+    static const int roles[] = {M_Q, M_K, M_V, M_O, M_UP, M_DOWN};
+    for (int l = 0; cm->encode_whole && l < hp->n_layer; l++)
+        for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+            const cpu_matrix *w = &cm->layers[l].w[roles[i]];
+            cm->encode_whole = cm->encode_whole && w->t && w->group_bytes > 0 && w->k->act == KVG_ACT_F32;
+        }
     kvg_cpu_pool_set_spin(cm->pool, CPU_SPIN_US);
     snprintf(m->device_name, sizeof m->device_name, "cpu (%s)", kvg_cpu_isa_name(isa));
     return KVGEN_OK;
@@ -807,59 +816,81 @@ static void cpu_encode_mm(void *ctx, int layer, int role, const float *in, int i
     matmul(c->cm, c->s, in, in_dim, n, 1, spec);
 }
 
-/* A product of every token of an encoder batch at once with a matrix in row groups of f32
- * activations (nothing to quantize): one job of (CPU_BLOCK tokens, group) items, block by
- * block, so the threads meet once per product instead of once per block. Each output is the
- * group kernel's, whatever the item. */
-typedef struct encode_mm_job {
+/* Products of every token of an encoder batch at once with matrices in row groups of f32
+ * activations (nothing to quantize), up to three sharing the input (Q, K, V): one job of
+ * (matrix, CPU_BLOCK tokens, group) items, so the threads meet once per input instead of once
+ * per block and product. Each output is the group kernel's, whatever the item; the item then
+ * adds the bias to its outputs and applies the GELU (kvg_cpu_products_fn). */
+typedef struct encode_part {
     const cpu_matrix *w;
+    const kvg_cpu_product *p;
+    int n_groups, items;
+} encode_part;
+
+typedef struct encode_mm_job {
     const kvg_qact *a;
-    int n, n_groups;
-    float *out; /* [n][rows] */
+    const kvg_vec_ops *vec;
+    int n, n_parts;
+    encode_part parts[3];
 } encode_mm_job;
 
 static void encode_mm_items(void *ctx, int begin, int end, int tid) {
     (void)tid;
     const encode_mm_job *j = ctx;
-    size_t rows = (size_t)j->w->t->ne[1];
-    for (int item = begin; item < end; item++) {
-        int b = item / j->n_groups, g = item % j->n_groups;
-        int t1 = (b + 1) * CPU_BLOCK < j->n ? (b + 1) * CPU_BLOCK : j->n;
-        const uint8_t *w = j->w->rows + (size_t)g * j->w->group_bytes;
-        for (int t = b * CPU_BLOCK; t < t1; t += KVG_GROUP_TILE) {
+    for (int item = begin, part = 0, base = 0; item < end; item++) {
+        while (item - base >= j->parts[part].items) base += j->parts[part++].items;
+        const encode_part *pt = &j->parts[part];
+        int b = (item - base) / pt->n_groups, g = (item - base) % pt->n_groups;
+        int t0 = b * CPU_BLOCK, t1 = t0 + CPU_BLOCK < j->n ? t0 + CPU_BLOCK : j->n;
+        size_t rows = (size_t)pt->p->out_dim, r0 = (size_t)g * KVG_QDOT_GROUP;
+        const uint8_t *w = pt->w->rows + (size_t)g * pt->w->group_bytes;
+        for (int t = t0; t < t1; t += KVG_GROUP_TILE) {
             int nt = t1 - t < KVG_GROUP_TILE ? t1 - t : KVG_GROUP_TILE;
-            j->w->k->group(w, j->a, t, nt, j->out + (size_t)t * rows + (size_t)g * KVG_QDOT_GROUP, rows);
+            pt->w->k->group(w, j->a, t, nt, pt->p->out + (size_t)t * rows + r0, rows);
+        }
+        const float *bias = pt->p->bias ? pt->p->bias + r0 : NULL;
+        for (int t = t0; t < t1 && (bias || pt->p->gelu); t++) {
+            float *y = pt->p->out + (size_t)t * rows + r0;
+            if (pt->p->gelu) j->vec->gelu_erf(y, bias, KVG_QDOT_GROUP);
+            else
+                for (int r = 0; r < KVG_QDOT_GROUP; r++) y[r] += bias[r];
         }
     }
 }
 
-static void cpu_encode_mm_all(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out) {
+static void cpu_encode_products(void *ctx, int layer, const float *in, int in_dim, int n, const kvg_cpu_product *p,
+                                int n_products) {
     cpu_encode_ctx *c = ctx;
-    const cpu_matrix *w = &c->cm->layers[layer].w[encode_matrix(role)];
     kvg_qact a = {.n = in_dim, .x = in};
-    int n_groups = (int)(w->t->ne[1] / KVG_QDOT_GROUP);
-    encode_mm_job j = {.w = w, .a = &a, .n = n, .n_groups = n_groups, .out = out};
-    kvg_cpu_pool_run(c->cm->pool, ((n + CPU_BLOCK - 1) / CPU_BLOCK) * n_groups, encode_mm_items, &j);
+    encode_mm_job j = {.a = &a, .vec = c->cm->vec, .n = n, .n_parts = n_products};
+    int blocks = (n + CPU_BLOCK - 1) / CPU_BLOCK, total = 0;
+    for (int i = 0; i < n_products; i++) {
+        const cpu_matrix *w = &c->cm->layers[layer].w[encode_matrix(p[i].role)];
+        int n_groups = (int)(w->t->ne[1] / KVG_QDOT_GROUP);
+        j.parts[i] = (encode_part){.w = w, .p = &p[i], .n_groups = n_groups, .items = blocks * n_groups};
+        total += j.parts[i].items;
+    }
+    kvg_cpu_pool_run(c->cm->pool, total, encode_mm_items, &j);
 }
 
-/* The shared encoder graph (cpu_encode.c) with this file's products (activations quantized as
- * for a prompt); a session's scratch (one block) holds the quantized activations. Where every
- * matrix is in row groups of f32 activations, each product takes all the batch's tokens. */
+/* The shared encoder graph (cpu_encode.c) with this file's products. Where every matrix is in
+ * row groups of f32 activations, the products of each input are one job over all the batch's
+ * tokens (cpu_encode_products), and a call needs nothing but the activations cpu_encode.c keeps
+ * with the model; else each block's activations are quantized as for a prompt into a session's
+ * scratch (one block), made for the call. */
 static kvgen_status cpu_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_error *err) {
     cpu_model *cm = m->backend;
     kvg_backend_session *s = NULL;
-    kvgen_status st = cpu_session_init(m, 1, &s, err);
-    if (st != KVGEN_OK) return st;
-    bool whole = true;
-    static const int roles[] = {M_Q, M_K, M_V, M_O, M_UP, M_DOWN};
-    for (int l = 0; l < m->w.hp.n_layer; l++)
-        for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
-            const cpu_matrix *w = &cm->layers[l].w[roles[i]];
-            whole = whole && w->t && w->group_bytes > 0 && w->k->act == KVG_ACT_F32;
-        }
+    kvgen_status st;
+    if (!cm->encode_whole) {
+        st = cpu_session_init(m, 1, &s, err);
+        if (st != KVGEN_OK) return st;
+    }
     cpu_encode_ctx c = {cm, s};
-    kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = whole ? INT_MAX : CPU_BLOCK,
-                         .mm = whole ? cpu_encode_mm_all : cpu_encode_mm, .mm_ctx = &c, .vec = cm->vec};
+    kvg_cpu_encoder e = {.m = m, .host = &cm->host, .pool = cm->pool, .block = CPU_BLOCK,
+                         .mm = cm->encode_whole ? NULL : cpu_encode_mm,
+                         .products = cm->encode_whole ? cpu_encode_products : NULL, .mm_ctx = &c, .vec = cm->vec,
+                         .keep = &cm->host.encode_keep};
     st = kvg_cpu_encode(&e, b, err);
     cpu_session_free(m, s);
     return st;

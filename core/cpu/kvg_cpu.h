@@ -7,6 +7,7 @@
  * (reference.c, the readable f32 oracle) and these shared helpers. */
 #ifndef KVG_CPU_H
 #define KVG_CPU_H
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -157,6 +158,17 @@ typedef struct kvg_cpu_layer_tensors {
     float *ln2_w, *ln2_b;        /* [D] layer_output_norm */
 } kvg_cpu_layer_tensors;
 
+/* An encoder call's activations kept with the model between calls (kvg_cpu_encode): a call that
+ * finds them free (busy: false, swapped to true) uses and then returns them, growing them up to
+ * KVG_CPU_KEEP_MAX bytes; a call that finds them busy (another thread's call on the same model)
+ * or needs more allocates its own, as every call did before. Zero-initialised: free, empty. */
+#define KVG_CPU_KEEP_MAX ((size_t)8 << 20)
+typedef struct kvg_cpu_keep {
+    atomic_bool busy;
+    void *buf;
+    size_t bytes;
+} kvg_cpu_keep;
+
 /* What a host backend keeps per model besides its weights: the first member of its model
  * (m->backend), so the page ops below find it there. */
 typedef struct kvg_cpu_host {
@@ -168,6 +180,7 @@ typedef struct kvg_cpu_host {
     float *out_norm;               /* [D] the final norm, before the logits */
     float *embd_norm, *embd_norm_b; /* [D] an encoder's embedding LayerNorm */
     kvg_cpu_pages pages[KVG_KV_GROUPS]; /* the page pools' storage, per layer group (kvg_model.h) */
+    kvg_cpu_keep encode_keep;      /* an encoder's activations between kvg_cpu_encode calls */
 } kvg_cpu_host;
 
 /* the layers' small tensors and RoPE, and pages of m->kv_type; kvg_cpu_host_free frees them (and
@@ -208,17 +221,35 @@ int kvg_cpu_batch_block(const kvg_batch *b, int *si, int *ti, int max, int32_t *
  * attention within each sequence, both ways, without a cache; the work between the products
  * runs over the pool one token per item (its results do not depend on the threads). */
 typedef void (*kvg_cpu_matmul_fn)(void *ctx, int layer, int role, const float *in, int in_dim, int n, float *out);
+/* One product of a kvg_cpu_products_fn: out[t] = in[t] W for the matrix of `role`, then
+ * out[t][i] += bias[i] (bias not NULL), then, where gelu, the exact GELU of vec->gelu_erf. */
+typedef struct kvg_cpu_product {
+    int role;
+    float *out;        /* [n][out_dim] */
+    int out_dim;       /* the rows of W */
+    const float *bias; /* [out_dim], or NULL */
+    bool gelu;
+} kvg_cpu_product;
+/* Up to 3 products of the same input rows in[0..n) (each in_dim wide), every token of the batch
+ * at once, in one job of the pool: the threads meet once for all of them, and the bias and GELU
+ * are applied by whichever thread computed the outputs, while they are in cache. Each output
+ * must be the bits mm and the graph's own per-token bias and GELU would give (vec->gelu_erf is
+ * element by element, so it gives the same bits over any slice of a row). */
+typedef void (*kvg_cpu_products_fn)(void *ctx, int layer, const float *in, int in_dim, int n,
+                                    const kvg_cpu_product *p, int n_products);
 typedef struct kvg_cpu_encoder {
     const kvgen_model *m;
     const kvg_cpu_host *host;
     kvg_cpu_pool *pool;
     int block;                /* rows per call of mm */
-    kvg_cpu_matmul_fn mm;
-    void *mm_ctx;
+    kvg_cpu_matmul_fn mm;     /* used where products is NULL */
+    kvg_cpu_products_fn products; /* or NULL: each product through mm, then bias and GELU as jobs */
+    void *mm_ctx;             /* mm's and products' */
     /* NULL: attention and GELU in scalar loops (the reference's arithmetic); else the backend's
      * vector operations (kvg_qdot.h) for attention's scores, softmax and weighted values and
      * for the feed-forward's GELU */
     const struct kvg_vec_ops *vec;
+    kvg_cpu_keep *keep;       /* activations kept between calls, or NULL: allocated per call */
 } kvg_cpu_encoder;
 kvgen_status kvg_cpu_encode(const kvg_cpu_encoder *e, const kvg_encode_batch *b, kvgen_error *err);
 /* out = (x - mean) / sqrt(var + eps) * w + b over n elements (out may alias x) */

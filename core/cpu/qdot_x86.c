@@ -465,17 +465,23 @@ AVX512 INL void fl_avx512(fl_kind k, const uint8_t *w, const kvg_qact *a, int t,
  * (4 weight and 4 activation loads for 16 FMAs, against 5 loads for 4 in the row kernel), and
  * the 16 accumulators are summed together (hsum512x16) instead of one by one. Each (row,
  * token) accumulator takes the row kernel's products in its order and is summed by its tree,
- * so a group gives fl_avx512's bits. */
+ * so a group gives fl_avx512's bits. Each weight row read asks the cache for the bytes
+ * FL_GROUP_PREFETCH further on, where the next rows of the group and then the next group lie:
+ * the rows are read 4 at a time, short streams the hardware's prefetchers hardly start on, and a
+ * matrix used once per call (an encoder's product of a few dozen tokens) comes from memory. */
+#define FL_GROUP_PREFETCH 8192
 AVX512 INL void fl_group_block512(fl_kind k, const uint8_t *g, size_t rb, const kvg_qact *a, int t, const int T,
                                   float *out, size_t os) {
     const int n = a->n;
     __m512 acc[16]; /* acc[4 r + j]: row r, token j */
     for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_ps();
+    const size_t esize = k == F_F32 ? 4 : 2;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x[4];
         for (int j = 0; j < T; j++) x[j] = _mm512_loadu_ps(a->x + (size_t)(t + j) * n + i);
         for (int r = 0; r < 4; r++) {
+            _mm_prefetch((const char *)(g + (size_t)r * rb + esize * (size_t)i + FL_GROUP_PREFETCH), _MM_HINT_T0);
             __m512 wv = fl_load512(k, g + (size_t)r * rb, i);
             for (int j = 0; j < T; j++) acc[4 * r + j] = _mm512_fmadd_ps(wv, x[j], acc[4 * r + j]);
         }

@@ -523,7 +523,7 @@ static kvgen_status ref_encode(kvgen_model *m, const kvg_encode_batch *b, kvgen_
     if (st != KVGEN_OK) return st;
     ref_encode_ctx c = {m, s};
     kvg_cpu_encoder e = {.m = m, .host = &rm->host, .pool = rm->pool, .block = REF_BLOCK, .mm = ref_encode_mm,
-                         .mm_ctx = &c};
+                         .mm_ctx = &c, .keep = &rm->host.encode_keep};
     st = kvg_cpu_encode(&e, b, err);
     ref_session_free(m, s);
     return st;

@@ -4,13 +4,16 @@
  * cosine >= 0.999, the cpu backend quantizing activations), a text alone against the same text
  * in a batch (the same bits on the reference), pooling and normalization, truncation, NUL
  * bytes, a file without pooling metadata, every refusal (bad arguments, a session on an
- * encoder), and a decoder's embedding (its last hidden state is what its logits are made of). */
+ * encoder), calls on one model from several threads at once (the bits of the same calls one
+ * after another: one call at a time uses the activations kept with the model, the others their
+ * own), and a decoder's embedding (its last hidden state is what its logits are made of). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kvg_gguf.h"
+#include "kvg_platform.h"
 #include "kvg_types.h"
 #include "kvgen.h"
 #include "testutil.h"
@@ -144,6 +147,72 @@ static void test_backends(const char *path, double tol, bool by_cosine) {
     free(b);
     kvgen_model_unload(ref);
     kvgen_model_unload(cpu);
+}
+
+/* ---- calls from several threads on one model ---- */
+
+#define CONCURRENT_THREADS 4
+#define CONCURRENT_ROUNDS 40
+
+typedef struct concurrent_arg {
+    kvgen_model *m;
+    int D, id;
+    const float *alone; /* [N_TEXTS][D]: each text in a call of its own */
+    const float *all;   /* [N_TEXTS][D]: every text in one call */
+    int failures;
+} concurrent_arg;
+
+static void *concurrent_main(void *p) {
+    concurrent_arg *c = p;
+    size_t D = (size_t)c->D;
+    float *v = malloc(N_TEXTS * D * sizeof *v);
+    for (int r = 0; v && r < CONCURRENT_ROUNDS; r++) {
+        size_t i = (size_t)(r + c->id) % N_TEXTS;
+        bool batch = (r + c->id) % 3 == 0; /* calls of different sizes: the kept buffer grows while others use theirs */
+        kvgen_error err = {0};
+        kvgen_status st = batch ? kvgen_embed(c->m, TEXTS, NULL, N_TEXTS, NULL, v, N_TEXTS * D, &err)
+                                : kvgen_embed(c->m, &TEXTS[i], NULL, 1, NULL, v, D, &err);
+        if (st != KVGEN_OK ||
+            memcmp(v, batch ? c->all : c->alone + i * D, (batch ? N_TEXTS : 1) * D * sizeof *v) != 0)
+            c->failures++;
+    }
+    if (!v) c->failures++;
+    free(v);
+    return NULL;
+}
+
+static void test_concurrent(const char *path, kvgen_backend backend) {
+    kvgen_model *m = load(path, backend);
+    CHECK(m != NULL);
+    if (!m) return;
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    int D = info.n_embd;
+    float *all = embed_all(m, TEXTS, N_TEXTS, NULL, D), *alone = calloc(N_TEXTS * (size_t)D, sizeof *alone);
+    for (size_t i = 0; alone && i < N_TEXTS; i++) {
+        float *one = embed_all(m, &TEXTS[i], 1, NULL, D);
+        memcpy(alone + i * (size_t)D, one, (size_t)D * sizeof *one);
+        free(one);
+    }
+    kvg_thread th[CONCURRENT_THREADS];
+    concurrent_arg args[CONCURRENT_THREADS];
+    int started = 0;
+    for (int t = 0; alone && t < CONCURRENT_THREADS; t++) {
+        args[t] = (concurrent_arg){.m = m, .D = D, .id = t, .alone = alone, .all = all};
+        if (kvg_thread_create(&th[t], concurrent_main, &args[t]) == 0) started++;
+        else break;
+    }
+    CHECK(started == CONCURRENT_THREADS);
+    int failures = 0;
+    for (int t = 0; t < started; t++) {
+        kvg_thread_join(&th[t]);
+        failures += args[t].failures;
+    }
+    CHECKF(failures == 0, "%s (%s backend): %d of %d calls from %d threads at once differ from the same calls in turn",
+           path, backend == KVGEN_BACKEND_CPU ? "cpu" : "reference", failures, started * CONCURRENT_ROUNDS, started);
+    free(all);
+    free(alone);
+    kvgen_model_unload(m);
 }
 
 static void test_inputs(const char *path, const char *nopool_path) {
@@ -303,6 +372,9 @@ int main(void) {
         test_backends(f32, 1e-4, false);
         test_backends(q8, 0.999, true);
         test_inputs(f32, nopool);
+        test_concurrent(f32, KVGEN_BACKEND_CPU);
+        test_concurrent(q8, KVGEN_BACKEND_CPU);
+        test_concurrent(f32, KVGEN_BACKEND_REFERENCE);
     }
     test_decoder();
     free(f32);
