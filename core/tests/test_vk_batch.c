@@ -6,7 +6,8 @@
  *   needs two steps, one of every column a step takes and one of a single column) decode 6
  *   tokens batched, and their twins decode the same tokens one at a time: logits within
  *   0.002 * (2 + max|logit|) (the f16 cache is written by the same kernels, only the column
- *   count of the mat-vec differs: past 8 columns, groups of 8 in one submission);
+ *   count of the mat-vec differs: past 8 columns, groups of 8 in one submission), and a batch
+ *   ran as one step of all its columns (the last: one of VK_BATCH_MAX, one alone);
  *   every other step keeps the logits on the device, where each column's argmax (greedy
  *   sessions) or top-k (top-k sessions, in the same batch) is selected: the selection equals the
  *   CPU's over that session's own logits (fetched afterwards from its row), exactly;
@@ -129,6 +130,18 @@ static void test_logits(kvgen_model *m, const char *what, int N) {
             if (e > worst) worst = e;
         }
     }
+    /* a batch ran as one step of all its columns (VK_BATCH_MAX + 1: one of every column the
+     * batch session holds, VK_BATCH_MAX on this model, whose scratch holds 128 tokens; the one
+     * left decoded on its own session) */
+    const vk_model *vm = m->backend;
+    if (vm->bat) {
+        CHECKF(vm->bat->n_cols == VK_BATCH_MAX, "%s: the batch session holds %u columns, not %d", what,
+               vm->bat->n_cols, VK_BATCH_MAX);
+        uint32_t last = (uint32_t)N < vm->bat->n_cols ? (uint32_t)N : vm->bat->n_cols;
+        CHECKF(vm->bat->decode_ncols == last, "%s: a batch of %d ended with a step of %u columns, not %u", what, N,
+               vm->bat->decode_ncols, last);
+    }
+    CHECK(vm->bat != NULL);
     /* a batch of one */
     int32_t t42 = 42;
     kvgen_status st1;
