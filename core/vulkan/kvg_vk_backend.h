@@ -185,8 +185,8 @@ struct kvg_backend_session {
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
     uint32_t n_cols;      /* the page tables and decode partials it holds room for: 1, or the batch
-                             session's columns per step (vm->batch_cols, fewer where the partials
-                             would pass the device's maxStorageBufferRange) */
+                             session's columns per step (vm->batch_cols, fewer where its partials
+                             or tables would pass the device's maxStorageBufferRange) */
     VkDescriptorPool pool;
     VkDescriptorSet *sets;
     int n_sets;

@@ -494,7 +494,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
 }
 
 /* batch: the model's batch session (vm->bat): page tables and decode partials for n_cols
- * columns (vm->batch_cols, fewer where the partials would pass maxStorageBufferRange) */
+ * columns (vm->batch_cols, fewer where either would pass maxStorageBufferRange) */
 static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_backend_session **out,
                                    kvgen_error *err) {
     *out = NULL;
@@ -514,23 +514,25 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
     /* partials: a decode's nsplit_dec splits per column or a prefill chunk's split_min per
-     * token; a batch session holds as many columns as one binding of them can */
+     * token; tables: one per column and layer group, the local ones (if any) after the global
+     * ones. A batch session holds as many columns as one binding of each can. */
     size_t row_bytes = (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4;
     size_t col_rows = (size_t)s->nsplit_dec, range = ctx->props.limits.maxStorageBufferRange;
+    size_t col_entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
+    size_t groups = vm->kv_groups > 1 ? 2 : 1;
     s->n_cols = 1;
     if (batch) {
-        size_t fit = range / (col_rows * row_bytes);
+        size_t fit = range / (col_rows * row_bytes), fit_tab = range / (col_entries * 4 * groups);
+        if (fit_tab < fit) fit = fit_tab;
         s->n_cols = fit < vm->batch_cols ? (uint32_t)fit : vm->batch_cols;
         if (s->n_cols < 1) s->n_cols = 1;
     }
     size_t dec_rows = col_rows * s->n_cols;
     size_t part_rows = (size_t)vm->chunk * split_min > dec_rows ? (size_t)vm->chunk * split_min : dec_rows;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, part_rows * row_bytes, KVG_VK_MEM_DEVICE, &s->part, err);
-    /* one table per column and layer group, the local ones (if any) after the global ones */
-    size_t entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * s->n_cols;
+    size_t entries = col_entries * s->n_cols;
     s->tab1 = (uint32_t)entries;
-    if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, entries * 4 * (vm->kv_groups > 1 ? 2 : 1), KVG_VK_MEM_HOST, &s->ptab, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, entries * 4 * groups, KVG_VK_MEM_HOST, &s->ptab, err);
     if (st == KVGEN_OK && !s->ptab.map)
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
     for (int v = 0; v < vm->n_rope && st == KVGEN_OK; v++) st = rope_table(vm, v, n_ctx, &s->rope[v], err);
