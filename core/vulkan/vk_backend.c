@@ -34,8 +34,9 @@
  * forward (one op over a batch, kvg_model.h) runs a sequence of several tokens as steps of its
  * own session, and one-token sequences of different sessions up to vm->batch_cols (64, fewer
  * where the scratch or the device's binding range holds fewer) at a time as the columns of one
- * step, whose products read each weight once per step (the GEMM, prefill's path, past 8 columns
- * on a GPU) or once per 8 columns (the lane mat-vec's groups, a CPU device): params give
+ * step, whose products read each weight once per 32 columns (the GEMM, prefill's path, past 8
+ * columns on a GPU; the cooperative mat-vec up to 8) or once per 8 columns (the lane mat-vec's
+ * groups, a CPU device), all in one submission: params give
  * every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab), the
  * tables concatenated in the model's batch session (vm->bat), whose sets and recorded command
  * buffer are reused from step to step. A column that keeps its logits gets its argmax or top-k
