@@ -2,16 +2,23 @@
  * sequences): one token each of several sessions in one step, each with its own page table and
  * position, the mat-vecs reading each weight once for all of them. On a random model (pages of
  * 16 so tables differ in length, forks so they share pages):
- * - 11 sessions (a group of 8 and one of 3, prompts 1..100 tokens) decode 6 tokens batched, and
- *   their twins decode the same tokens one at a time: logits within 0.002 * (2 + max|logit|)
- *   (the f16 cache is written by the same kernels, only the column count of the mat-vec differs);
+ * - batches of 9, 11, 16, 33 and VK_BATCH_MAX + 1 sessions (prompts 1..100 tokens; the last
+ *   needs two steps, one of every column a step takes and one of a single column) decode 6
+ *   tokens batched, and their twins decode the same tokens one at a time: logits within
+ *   0.002 * (2 + max|logit|) (the f16 cache is written by the same kernels, only the column
+ *   count of the mat-vec differs: past 8 columns, groups of 8 in one submission), and a batch
+ *   ran as one step of all its columns (the last: one of VK_BATCH_MAX, one alone);
  *   every other step keeps the logits on the device, where each column's argmax (greedy
  *   sessions) or top-k (top-k sessions, in the same batch) is selected: the selection equals the
  *   CPU's over that session's own logits (fetched afterwards from its row), exactly;
  * - a batch of one equals a separate decode the same way;
- * - greedy generation through the jobs worker (batched) gives the tokens kvgen_generate gives
- *   one session at a time, and the worker did batch;
- * - the same on a model of head_dim 32 with q8_0 K/V pages, and with q4_0 pages.
+ * - greedy generation of 17 jobs through the jobs worker (batched) gives the tokens
+ *   kvgen_generate gives one session at a time, and the worker did batch;
+ * - the same on a model of head_dim 32 with q8_0 K/V pages, and with q4_0 pages (batches of 11
+ *   and 33);
+ * - batches of 16 and 33 on a GPU's layouts (KVGEN_VK_LANE=0, KVGEN_VK_ATTN_LANE=0: a step of
+ *   more than 8 columns through the GEMM, as prefill, against the cooperative mat-vec of the
+ *   separate decodes).
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -23,6 +30,7 @@
 #include "kvg_backend.h"
 #include "kvg_session.h"
 #include "kvg_vk.h"
+#include "kvg_vk_backend.h"
 #include "testutil.h"
 
 static int n_vocab;
@@ -73,13 +81,14 @@ static double excess(const float *a, const float *b) {
     return worst;
 }
 
-/* batched (a) vs one by one (b): n sessions, each twin pair with the same prompt */
-static void test_logits(kvgen_model *m, const char *what) {
-    enum { N = 11, STEPS = 6 };
-    static const size_t lens[N] = {1, 5, 17, 33, 40, 64, 70, 3, 100, 16, 31};
-    kvgen_session *a[N] = {0}, *b[N] = {0};
+/* batched (a) vs one by one (b): N sessions, each twin pair with the same prompt */
+static void test_logits(kvgen_model *m, const char *what, int N) {
+    enum { MAX = VK_BATCH_MAX + 1, STEPS = 6 };
+    static const size_t lens[11] = {1, 5, 17, 33, 40, 64, 70, 3, 100, 16, 31};
+    kvgen_session *a[MAX] = {0}, *b[MAX] = {0};
     kvgen_error err = {0};
     int32_t prompt[128];
+    if (N > MAX) N = MAX;
     for (int i = 0; i < N; i++) {
         /* odd sessions sample top-k (21 selected), even ones greedily (argmax) */
         kvgen_session_desc sd = {.n_ctx = 256, .no_prefix_reuse = 1};
@@ -87,7 +96,7 @@ static void test_logits(kvgen_model *m, const char *what) {
             sd.temperature = 0.8f;
             sd.top_k = 20;
         }
-        if (i >= 7) { /* forks: their tables share the parent's full pages */
+        if (i % 11 >= 7) { /* forks: their tables share the parent's full pages */
             CHECK_OK(kvgen_session_fork(a[i - 7], &a[i], &err));
             CHECK_OK(kvgen_session_fork(b[i - 7], &b[i], &err));
             if (!a[i] || !b[i]) continue;
@@ -95,19 +104,20 @@ static void test_logits(kvgen_model *m, const char *what) {
             CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
             CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
         }
-        tu_fill_tokens(prompt, lens[i], 100u + (unsigned)i, n_vocab);
-        CHECK_OK(kvgen_session_prefill(a[i], prompt, lens[i], NULL, &err));
-        CHECK_OK(kvgen_session_prefill(b[i], prompt, lens[i], NULL, &err));
+        size_t len = lens[i % 11] + (size_t)(i / 11);
+        tu_fill_tokens(prompt, len, 100u + (unsigned)i, n_vocab);
+        CHECK_OK(kvgen_session_prefill(a[i], prompt, len, NULL, &err));
+        CHECK_OK(kvgen_session_prefill(b[i], prompt, len, NULL, &err));
     }
     double worst = 0;
     for (int step = 0; step < STEPS; step++) {
-        int32_t toks[N];
-        tu_fill_tokens(toks, N, 7u + (unsigned)step, n_vocab);
+        int32_t toks[MAX];
+        tu_fill_tokens(toks, (size_t)N, 7u + (unsigned)step, n_vocab);
         for (int i = 0; i < N; i++) CHECK_OK(kvgen_session_decode(b[i], toks[i], &err));
         bool keep = step % 2 == 1;
-        kvgen_status status[N];
-        kvgen_error errs[N];
-        kvgen_status st = kvg_session_decode_batch(a, toks, N, !keep, status, errs);
+        kvgen_status status[MAX];
+        kvgen_error errs[MAX];
+        kvgen_status st = kvg_session_decode_batch(a, toks, (size_t)N, !keep, status, errs);
         CHECKF(st == KVGEN_OK, "%s: batch step %d: %s", what, step, errs[0].message);
         for (int i = 0; keep && st == KVGEN_OK && i < N; i++) {
             CHECKF(a[i]->logits_on_device, "%s: step %d session %d: logits not kept", what, step, i);
@@ -120,6 +130,18 @@ static void test_logits(kvgen_model *m, const char *what) {
             if (e > worst) worst = e;
         }
     }
+    /* a batch ran as one step of all its columns (VK_BATCH_MAX + 1: one of every column the
+     * batch session holds, VK_BATCH_MAX on this model, whose scratch holds 128 tokens; the one
+     * left decoded on its own session) */
+    const vk_model *vm = m->backend;
+    if (vm->bat) {
+        CHECKF(vm->bat->n_cols == VK_BATCH_MAX, "%s: the batch session holds %u columns, not %d", what,
+               vm->bat->n_cols, VK_BATCH_MAX);
+        uint32_t last = (uint32_t)N < vm->bat->n_cols ? (uint32_t)N : vm->bat->n_cols;
+        CHECKF(vm->bat->decode_ncols == last, "%s: a batch of %d ended with a step of %u columns, not %u", what, N,
+               vm->bat->decode_ncols, last);
+    }
+    CHECK(vm->bat != NULL);
     /* a batch of one */
     int32_t t42 = 42;
     kvgen_status st1;
@@ -128,7 +150,8 @@ static void test_logits(kvgen_model *m, const char *what) {
     CHECK(kvg_session_decode_batch(&a[3], &t42, 1, true, &st1, &e1s) == KVGEN_OK);
     double e1 = excess(kvgen_session_logits(a[3]), kvgen_session_logits(b[3]));
     CHECKF(e1 <= 1, "%s: a batch of one differs by %.3g x the tolerance", what, e1);
-    printf("%s: batched vs separate decodes: worst %.3g x the tolerance (batch of one: %.3g)\n", what, worst, e1);
+    printf("%s: batch of %d vs separate decodes: worst %.3g x the tolerance (batch of one: %.3g)\n", what, N, worst,
+           e1);
     for (int i = N - 1; i >= 0; i--) {
         kvgen_session_close(a[i]);
         kvgen_session_close(b[i]);
@@ -139,8 +162,8 @@ static void test_logits(kvgen_model *m, const char *what) {
  * that generates without end (its context shifts) until cancelled at the end runs beside them,
  * so every decode of theirs shares a batch with it, however fast the host submits. */
 static void test_greedy(kvgen_model *m, const char *what) {
-    enum { N = 5, GEN = 10 };
-    static const size_t lens[N] = {2, 9, 30, 50, 17};
+    enum { N = 17, GEN = 10 };
+    static const size_t lens[5] = {2, 9, 30, 50, 17};
     kvgen_session *a[N] = {0}, *b[N] = {0}, *gate = NULL;
     kvgen_job *jobs[N] = {0}, *gate_job = NULL;
     kvgen_error err = {0};
@@ -155,11 +178,12 @@ static void test_greedy(kvgen_model *m, const char *what) {
         kvgen_session_desc sd = {.n_ctx = 128, .no_prefix_reuse = 1};
         CHECK_OK(kvgen_session_create(m, &sd, &a[i], &err));
         CHECK_OK(kvgen_session_create(m, &sd, &b[i], &err));
-        tu_fill_tokens(prompt, lens[i], 300u + (unsigned)i, n_vocab);
-        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompt, .n_tokens = lens[i],
+        size_t len = lens[i % 5] + (size_t)(i / 5);
+        tu_fill_tokens(prompt, len, 300u + (unsigned)i, n_vocab);
+        kvgen_job_desc d = {.prompt = KVGEN_PROMPT_TOKENS, .tokens = prompt, .n_tokens = len,
                             .gen = {.max_tokens = GEN, .ignore_eog = 1}};
         CHECK_OK(kvgen_job_submit(a[i], &d, &jobs[i], &err));
-        CHECK_OK(kvgen_session_prefill(b[i], prompt, lens[i], NULL, &err));
+        CHECK_OK(kvgen_session_prefill(b[i], prompt, len, NULL, &err));
     }
     for (int i = 0; i < N; i++) CHECK(jobs[i] && tu_job_wait(jobs[i]));
     if (gate_job) {
@@ -178,7 +202,7 @@ static void test_greedy(kvgen_model *m, const char *what) {
         kvgen_generate_desc gd = {.max_tokens = GEN, .ignore_eog = 1};
         CHECK_OK(kvgen_generate(b[i], &gd, text, sizeof text, &len, &fin, &err));
         size_t n = kvgen_session_length(a[i]);
-        CHECKF(n == lens[i] + GEN && n == kvgen_session_length(b[i]) &&
+        CHECKF(n == lens[i % 5] + (size_t)(i / 5) + GEN && n == kvgen_session_length(b[i]) &&
                    memcmp(kvgen_session_tokens(a[i]), kvgen_session_tokens(b[i]), n * sizeof(int32_t)) == 0,
                "%s session %d: batched greedy tokens differ from sequential", what, i);
         kvgen_job_release(jobs[i]);
@@ -189,6 +213,7 @@ static void test_greedy(kvgen_model *m, const char *what) {
     kvgen_jobs_get_stats(m, &st);
     CHECKF(st.max_batch_seen > 1 && st.batches > 0, "%s: decodes were never batched (max batch %d)", what,
            st.max_batch_seen);
+    printf("%s: %d jobs through the worker: largest batch %d\n", what, N, st.max_batch_seen);
 }
 
 int main(void) {
@@ -202,18 +227,26 @@ int main(void) {
                                                     "--layers 3");
     CHECK(path != NULL && path32 != NULL);
     if (!path || !path32) return tu_finish("test_vk_batch");
-    static const char *const KV[3] = {NULL, "q8_0", "q4_0"};
-    static const char *const WHAT[3] = {"vulkan", "vulkan q8_0 pages", "vulkan q4_0 pages"};
-    for (int run = 0; run < 3; run++) {
+    static const char *const KV[4] = {NULL, "q8_0", "q4_0", NULL};
+    static const char *const WHAT[4] = {"vulkan", "vulkan q8_0 pages", "vulkan q4_0 pages", "vulkan GPU layouts"};
+    /* batch sizes per run (0 ends): around the mat-vec's 8 columns, and one past a step's most */
+    static const int SIZES[4][6] = {{9, 11, 16, 33, VK_BATCH_MAX + 1}, {11, 33}, {11, 33}, {16, 33}};
+    for (int run = 0; run < 4; run++) {
         const char *what = WHAT[run];
-        kvgen_model *m = load(run ? path32 : path, KV[run]);
+        if (run == 3) {
+            setenv("KVGEN_VK_LANE", "0", 1);
+            setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+        }
+        kvgen_model *m = load(run == 1 || run == 2 ? path32 : path, KV[run]);
+        unsetenv("KVGEN_VK_LANE");
+        unsetenv("KVGEN_VK_ATTN_LANE");
         if (!m) return tu_finish("test_vk_batch");
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
         n_vocab = info.n_vocab;
         CHECK(m->ops->topk != NULL);
-        test_logits(m, what);
-        test_greedy(m, what);
+        for (int i = 0; SIZES[run][i]; i++) test_logits(m, what, SIZES[run][i]);
+        if (run < 3) test_greedy(m, what);
         CHECKF(kvg_vk_validation_count(kvg_vk_model_ctx(m)) == 0, "%s: validation messages", what);
         kvgen_model_unload(m);
     }

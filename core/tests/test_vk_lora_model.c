@@ -6,8 +6,9 @@
  *   (every position) and of 4 decode steps within |vulkan - reference| <= 0.02 + 0.01 * max|logit|
  *   (test_vk_model's tolerance: the KV cache is f16 and sums run in another order), 5x tighter
  *   with force_f32; the adapters move the logits by more than 10x that difference;
- * - a mixed batched decode: sessions with different adapters, the same adapter at another
- *   scale and none, one token each in one batch, against their twins decoding one at a time:
+ * - a mixed batched decode: 10 sessions with different adapters, the same adapter at another
+ *   scale and none, one token each in one batch (one step: more columns than the mat-vec's 8,
+ *   through the GEMM on a GPU's layouts, run too), against their twins decoding one at a time:
  *   within 0.002 * (2 + max|logit|) (test_vk_batch's: only the mat-vec's column count differs);
  *   the session without adapters equals the base model's decode exactly;
  * - the same on a GPU's layouts (KVGEN_VK_LANE=0, KVGEN_VK_ATTN_LANE=0: the prefill through the
@@ -119,20 +120,21 @@ static void parity(const char *what, const char *model, const char *ad1, const c
 
 /* batched decodes of sessions with different adapters (and none) against their twins */
 static void mixed_batch(const char *what, const char *model, const char *ad1, const char *ad2, const char *ad3) {
-    enum { N = 5, STEPS = 3 };
+    enum { K = 5, N = 2 * K, STEPS = 3 };
     kvgen_model *m = load(model, KVGEN_BACKEND_VULKAN, 0);
     if (!m) return;
     int V = m->w.hp.n_vocab;
     kvgen_adapter *a1 = adapter(m, ad1), *a2 = adapter(m, ad2);
-    kvgen_adapter *sets[N][2] = {{a1}, {a2}, {NULL}, {a1, a2}, {a1}};
-    const float scales[N][2] = {{1.0f}, {0.6f}, {0}, {1.0f, 1.0f}, {0.3f}};
-    const size_t n_set[N] = {1, 1, 0, 2, 1};
+    /* session i runs kind i % K */
+    kvgen_adapter *sets[K][2] = {{a1}, {a2}, {NULL}, {a1, a2}, {a1}};
+    const float scales[K][2] = {{1.0f}, {0.6f}, {0}, {1.0f, 1.0f}, {0.3f}};
+    const size_t n_set[K] = {1, 1, 0, 2, 1};
     kvgen_session *a[N], *b[N];
     kvgen_error err = {0};
     int32_t prompt[PROMPT];
     for (int i = 0; i < N; i++) {
-        a[i] = session(m, sets[i], scales[i], n_set[i]);
-        b[i] = session(m, sets[i], scales[i], n_set[i]);
+        a[i] = session(m, sets[i % K], scales[i % K], n_set[i % K]);
+        b[i] = session(m, sets[i % K], scales[i % K], n_set[i % K]);
         tu_fill_tokens(prompt, PROMPT - (size_t)i, 30u + (unsigned)i, V);
         CHECK_OK(kvgen_session_prefill(a[i], prompt, PROMPT - (size_t)i, NULL, &err));
         CHECK_OK(kvgen_session_prefill(b[i], prompt, PROMPT - (size_t)i, NULL, &err));
@@ -208,6 +210,7 @@ static void body(void *arg) {
                 setenv("KVGEN_VK_LANE", "0", 1);
                 setenv("KVGEN_VK_ATTN_LANE", "0", 1);
                 parity("llama, GPU layouts", model, ad1, ad2, 1);
+                mixed_batch("llama, GPU layouts", model, ad1, ad2, ad3);
                 unsetenv("KVGEN_VK_LANE");
                 unsetenv("KVGEN_VK_ATTN_LANE");
                 setenv("KVGEN_VK_CHUNK", "7", 1);

@@ -19,6 +19,12 @@ enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2, EPI_F_LORA = 4 };
 /* the modes of shaders/rms_norm.comp */
 enum { NORM_POST = 0, NORM_HEADS = 1 };
 
+/* the most one-token sequences a batched decode step takes as its columns (a model's own limit,
+ * vk_model.batch_cols, may be lower: its scratch's tokens per step, the device's binding range);
+ * the columns' (position, table entry) pairs follow the token ids in params from this index */
+#define VK_BATCH_MAX 64
+#define VK_BATCH_AT VK_BATCH_MAX
+
 /* distinct (RoPE base, position scale) pairs among a model's layers, one cos/sin table each */
 #define VK_ROPE_VARIANTS 4
 /* RoPE tables per variant: table k covers 2^(k+8) positions */
@@ -103,7 +109,7 @@ typedef struct vk_model {
      * row_owner[r]: the session whose kept logits (KVG_OUT_KEEP) are row r of `logits`, set
      * aside before another step writes that row */
     kvg_vk_select sel;
-    kvg_backend_session *row_owner[8]; /* BATCH_MAX (vk_backend.c) */
+    kvg_backend_session *row_owner[VK_BATCH_MAX];
     /* KVGEN_VK_PROFILE=1: timestamps after each op, summed per op kind, printed at unload */
     VkQueryPool prof_pool;
     int prof_n;
@@ -148,12 +154,15 @@ typedef struct vk_model {
     bool rope_mu_init;
     kvg_vk_buffer ropes[VK_ROPE_VARIANTS][VK_ROPE_SIZES];
     /* forward_batch: a session whose page table holds the batched sessions' tables one after
-     * another and whose partials have room for BATCH_MAX tokens' decode splits; created for
-     * the longest context seen, held under bat_mu (taken before ctx->lock) */
+     * another and whose partials have room for bat_cols tokens' decode splits; created for
+     * the longest context seen, held under bat_mu (taken before ctx->lock). batch_cols: the
+     * columns a batched step may take with this model's scratch (<= VK_BATCH_MAX, <= chunk;
+     * the batch session's n_cols may be fewer) */
     kvg_mutex bat_mu;
     bool bat_mu_init;
     kvg_backend_session *bat;
     uint32_t bat_entries; /* page-table entries per batched session */
+    uint32_t batch_cols;
     /* LoRA adapters (vk_lora.c), made the first time a step runs one (under ctx->lock): the
      * per-token delta the mat-mul sets bind (a dummy until then; made, it bumps kv_gen so the
      * sets are rewritten) */
@@ -175,6 +184,9 @@ struct kvg_backend_session {
     const kvg_vk_buffer *rope[VK_ROPE_VARIANTS];
     kvg_vk_buffer part;   /* attention partial results: (chunk, n_head, nsplit, 2 + head_dim) */
     uint32_t nsplit_dec;  /* decode attention splits: covers n_ctx in splits of <= 4096 positions */
+    uint32_t n_cols;      /* the page tables and decode partials it holds room for: 1, or the batch
+                             session's columns per step (vm->batch_cols, fewer where its partials
+                             or tables would pass the device's maxStorageBufferRange) */
     VkDescriptorPool pool;
     VkDescriptorSet *sets;
     int n_sets;

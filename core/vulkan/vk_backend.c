@@ -32,8 +32,11 @@
  * `.features` below (kvg_arch_check_backend).
  *
  * forward (one op over a batch, kvg_model.h) runs a sequence of several tokens as steps of its
- * own session, and one-token sequences of different sessions up to BATCH_MAX at a time as the
- * columns of one step, so the mat-vecs read each weight once for all of them: params give
+ * own session, and one-token sequences of different sessions up to vm->batch_cols (64, fewer
+ * where the scratch or the device's binding range holds fewer) at a time as the columns of one
+ * step, whose products read each weight once per 32 columns (the GEMM, prefill's path, past 8
+ * columns on a GPU; the cooperative mat-vec up to 8) or once per 8 columns (the lane mat-vec's
+ * groups, a CPU device), all in one submission: params give
  * every column its own position and page table (shaders/common.glsl, kvg_pos/kvg_tab), the
  * tables concatenated in the model's batch session (vm->bat), whose sets and recorded command
  * buffer are reused from step to step. A column that keeps its logits gets its argmax or top-k
@@ -53,10 +56,6 @@
 #include <string.h>
 #include "kvg_quant.h"
 #include "kvg_vk_backend.h"
-
-/* a batched decode's columns per step (the lane mat-vec's tokens per weight read); its
- * (position, table entry) pairs follow the token ids in params, from index BATCH_AT */
-enum { BATCH_MAX = 8, BATCH_AT = BATCH_MAX };
 
 static const char *const prof_names[8] = {"embed", "qkv", "attn", "wo", "gateup", "down", "logits", "?"};
 
@@ -374,16 +373,18 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
 
     /* scratch */
     uint32_t C = vm->chunk;
-    /* token ids, or a batched decode's ids and (position, table) pairs from BATCH_AT */
-    st = kvg_vk_buffer_create(ctx, 16 + (size_t)(C > 3 * BATCH_MAX ? C : 3 * BATCH_MAX) * 4, KVG_VK_MEM_HOST,
-                              &vm->params, err);
+    /* a batched step's columns are tokens of the scratch below (chunk rows each) */
+    vm->batch_cols = C < VK_BATCH_MAX ? C : VK_BATCH_MAX;
+    /* token ids, or a batched decode's ids and (position, table) pairs from VK_BATCH_AT */
+    size_t param_words = VK_BATCH_AT + 2 * (size_t)vm->batch_cols;
+    if (param_words < C) param_words = C;
+    st = kvg_vk_buffer_create(ctx, 16 + param_words * 4, KVG_VK_MEM_HOST, &vm->params, err);
     /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
     /* block pages (q8_0, q4_0): the step's raw K|V after its Q (vk_model.kv_raw), for a chunk or
-     * a batch */
-    size_t raw_tokens = C > BATCH_MAX ? C : BATCH_MAX;
-    size_t raw = vm->kv_block ? raw_tokens * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim : 0;
+     * a batch (batch_cols <= C) */
+    size_t raw = vm->kv_block ? (size_t)C * 2 * (size_t)hp->n_head_kv * (size_t)hp->head_dim : 0;
     vm->kv_raw = C * vm->ld_q;
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, ((size_t)C * vm->ld_q + raw) * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
@@ -408,7 +409,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (st == KVGEN_OK && (!vm->params.map || (!vm->logits.map && !vm->logits_host.map)))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
     if (st == KVGEN_OK)
-        st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, C < BATCH_MAX ? C : BATCH_MAX, &vm->sel, err);
+        st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, vm->batch_cols, &vm->sel, err);
     if (st != KVGEN_OK) goto fail;
 
     if (getenv("KVGEN_VK_PROFILE") && atoi(getenv("KVGEN_VK_PROFILE")) > 0) {
@@ -479,7 +480,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     kvg_vk_ctx *ctx = vm->ctx;
     kvg_vk_lock(ctx);
     vkQueueWaitIdle(ctx->queue);
-    for (int r = 0; r < BATCH_MAX; r++)
+    for (int r = 0; r < VK_BATCH_MAX; r++)
         if (vm->row_owner[r] == s) vm->row_owner[r] = NULL;
     if (s->cb_decode) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_decode);
     if (s->cb_step) vkFreeCommandBuffers(ctx->dev, ctx->cmd_pool, 1, &s->cb_step);
@@ -493,8 +494,8 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     kvg_free(s);
 }
 
-/* batch: the model's batch session (vm->bat): a page table of BATCH_MAX tables and partials
- * for BATCH_MAX decode tokens */
+/* batch: the model's batch session (vm->bat): page tables and decode partials for n_cols
+ * columns (vm->batch_cols, fewer where either would pass maxStorageBufferRange) */
 static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_backend_session **out,
                                    kvgen_error *err) {
     *out = NULL;
@@ -511,21 +512,30 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     kvgen_status st = KVGEN_OK;
     s->saved = kvg_malloc((size_t)hp->n_vocab * sizeof *s->saved);
     if (!s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    /* one table per layer group, the local one (if any) after the global one */
-    size_t entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size * (batch ? BATCH_MAX : 1);
-    s->tab1 = (uint32_t)entries;
-    if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, entries * 4 * (vm->kv_groups > 1 ? 2 : 1), KVG_VK_MEM_HOST, &s->ptab, err);
-    if (st == KVGEN_OK && !s->ptab.map)
-        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
-    /* partials: a decode's nsplit_dec splits or a prefill chunk's split_min per token */
-    size_t dec_rows = (size_t)s->nsplit_dec * (batch ? BATCH_MAX : 1);
+    /* partials: a decode's nsplit_dec splits per column or a prefill chunk's split_min per
+     * token; tables: one per column and layer group, the local ones (if any) after the global
+     * ones. A batch session holds as many columns as one binding of each can. */
+    size_t row_bytes = (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4;
+    size_t col_rows = (size_t)s->nsplit_dec, range = ctx->props.limits.maxStorageBufferRange;
+    size_t col_entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
+    size_t groups = vm->kv_groups > 1 ? 2 : 1;
+    s->n_cols = 1;
+    if (batch) {
+        size_t fit = range / (col_rows * row_bytes), fit_tab = range / (col_entries * 4 * groups);
+        if (fit_tab < fit) fit = fit_tab;
+        s->n_cols = fit < vm->batch_cols ? (uint32_t)fit : vm->batch_cols;
+        if (s->n_cols < 1) s->n_cols = 1;
+    }
+    size_t dec_rows = col_rows * s->n_cols;
     size_t part_rows = (size_t)vm->chunk * split_min > dec_rows ? (size_t)vm->chunk * split_min : dec_rows;
-    if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, part_rows * (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4,
-                                  KVG_VK_MEM_DEVICE, &s->part, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, part_rows * row_bytes, KVG_VK_MEM_DEVICE, &s->part, err);
+    size_t entries = col_entries * s->n_cols;
+    s->tab1 = (uint32_t)entries;
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, entries * 4 * groups, KVG_VK_MEM_HOST, &s->ptab, err);
+    if (st == KVGEN_OK && !s->ptab.map)
+        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
     for (int v = 0; v < vm->n_rope && st == KVGEN_OK; v++) st = rope_table(vm, v, n_ctx, &s->rope[v], err);
     if (st == KVGEN_OK) {
         walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
@@ -592,7 +602,7 @@ static kvgen_status set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_se
         run[i]->sel_n = 0;
         run[i]->saved_valid = false;
     }
-    for (uint32_t r = 0; r < rows && r < BATCH_MAX; r++) {
+    for (uint32_t r = 0; r < rows && r < VK_BATCH_MAX; r++) {
         kvg_backend_session *o = vm->row_owner[r];
         vm->row_owner[r] = NULL;
         bool running = false;
@@ -683,8 +693,8 @@ static void put_local_table(const vk_model *vm, int32_t *tab, const int32_t *pag
     for (size_t i = 0; i < n_entries; i++) tab[i] = kvg_vk_kv_device_page(vm, 1, pages[i]);
 }
 
-/* the most tokens a step has (a prefill chunk, a batched decode's columns) */
-static uint32_t lora_tokens(const vk_model *vm) { return vm->chunk > BATCH_MAX ? vm->chunk : BATCH_MAX; }
+/* the most tokens a step has (a prefill chunk; a batched decode's columns are no more) */
+static uint32_t lora_tokens(const vk_model *vm) { return vm->chunk; }
 
 /* One sequence through its own session's steps (its LoRA adapters' steps recorded each time,
  * never the session's replayed decode). */
@@ -717,7 +727,7 @@ static kvgen_status batch_session(kvgen_model *m, int n_ctx, kvgen_error *err) {
     return st;
 }
 
-/* One step of n <= BATCH_MAX one-token sequences (caller holds ctx->lock, arguments checked):
+/* One step of n <= vm->bat->n_cols one-token sequences (caller holds ctx->lock, arguments checked):
  * column i is q[i]'s token. The columns that keep their logits get them selected on the device
  * (argmax when every one of them wants only that, else top-k for all: its first entry is the
  * argmax), the others' rows are copied back. */
@@ -725,20 +735,20 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     kvg_backend_session *b = vm->bat;
     uint32_t *params = vm->params.map;
     int32_t *tab = b->ptab.map;
-    kvg_backend_session *run[BATCH_MAX];
-    const kvg_lora_set *lora[BATCH_MAX];
+    kvg_backend_session *run[VK_BATCH_MAX];
+    const kvg_lora_set *lora[VK_BATCH_MAX];
     bool any_lora = false;
     int sel = 0;
     params[0] = 0;
-    params[1] = BATCH_AT;
+    params[1] = VK_BATCH_AT;
     for (int i = 0; i < n; i++) {
         uint32_t base = (uint32_t)i * vm->bat_entries;
         size_t entries = (size_t)q[i]->pos0 / (size_t)vm->page_size + 1;
         memcpy(tab + base, q[i]->pages[0], entries * sizeof *tab);
         if (vm->kv_groups > 1) put_local_table(vm, tab + b->tab1 + base, q[i]->pages[1], entries);
         params[4 + i] = (uint32_t)q[i]->tokens[0];
-        params[4 + BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
-        params[4 + BATCH_AT + 2 * i + 1] = base;
+        params[4 + VK_BATCH_AT + 2 * i] = (uint32_t)q[i]->pos0;
+        params[4 + VK_BATCH_AT + 2 * i + 1] = base;
         run[i] = q[i]->bs;
         lora[i] = q[i]->lora && q[i]->lora->n > 0 ? q[i]->lora : NULL;
         any_lora |= lora[i] != NULL;
@@ -778,21 +788,21 @@ static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int 
     return st;
 }
 
-/* The one-token sequences q[0..n) in steps of up to BATCH_MAX columns (fewer when the scratch
- * holds fewer). */
+/* The one-token sequences q[0..n) in steps of up to the batch session's n_cols columns (one
+ * step for a whole batch of the jobs worker's default 64 where the device allows). */
 static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, int n, kvgen_error *err) {
     vk_model *vm = m->backend;
     int n_ctx = 1;
     for (int i = 0; i < n; i++)
         if (q[i]->bs->n_ctx > n_ctx) n_ctx = q[i]->bs->n_ctx;
-    int group = vm->chunk < BATCH_MAX ? (int)vm->chunk : BATCH_MAX;
     kvg_mutex_lock(&vm->bat_mu);
     kvgen_status st = batch_session(m, n_ctx, err);
     if (st == KVGEN_OK) {
+        int group = (int)vm->bat->n_cols;
         kvg_vk_lock(vm->ctx);
-        const kvg_lora_set *sets[64];
+        const kvg_lora_set *sets[VK_BATCH_MAX];
         int n_sets = 0;
-        for (int i = 0; i < n && n_sets < 64; i++)
+        for (int i = 0; i < n && n_sets < VK_BATCH_MAX; i++)
             if (q[i]->lora && q[i]->lora->n > 0) sets[n_sets++] = q[i]->lora;
         if (n_sets > 0) st = kvg_vk_lora_prepare(vm, sets, n_sets, lora_tokens(vm), err);
         if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, vm->bat, err);
@@ -808,7 +818,7 @@ static kvgen_status run_columns(kvgen_model *m, const kvg_batch_seq *const *q, i
  * the one-token sequences together as batched columns. A lone one-token sequence runs on its
  * own session, whose decode command buffer is recorded once and replayed. */
 static kvgen_status vk_forward(kvgen_model *m, const kvg_batch *b, kvgen_error *err) {
-    enum { GROUP = 64 };
+    enum { GROUP = VK_BATCH_MAX };
     vk_model *vm = m->backend;
     kvgen_status st = KVGEN_OK;
     for (int i = 0; i < b->n_seq && st == KVGEN_OK; i++) st = check_seq(vm, &b->seq[i], i, err);
@@ -839,7 +849,7 @@ static kvgen_status vk_fetch_logits(kvgen_model *m, kvg_backend_session *s, floa
     kvgen_status st = KVGEN_OK;
     int row = -1;
     kvg_vk_lock(vm->ctx);
-    for (int r = 0; r < BATCH_MAX && row < 0; r++)
+    for (int r = 0; r < VK_BATCH_MAX && row < 0; r++)
         if (vm->row_owner[r] == s) row = r;
     if (row >= 0) st = read_logits(vm, (uint32_t)row, 1, out, err);
     else if (s->saved_valid) memcpy(out, s->saved, bytes);
