@@ -72,8 +72,8 @@ static void attend(const float *q, const float *k, const float *v, int n_head, i
     }
 }
 
-static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane,
-                            int page, bool shuffle) {
+static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit,
+                            kvg_vk_layout layout, int page, bool shuffle) {
     int n_ctx = pos0 + ncols + 3;
     size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *kq = malloc(nkv * 4), *vq = malloc(nkv * 4);
@@ -90,7 +90,7 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     q_round(kq, (size_t)n_kv * n_ctx, hd);
     q_round(vq, (size_t)n_kv * n_ctx, hd);
     kvgen_error err = {0};
-    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle,
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, layout, page, shuffle,
                                             QT[qi], q, k, v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
@@ -106,8 +106,8 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
                     fprintf(stderr, "  attn t %d h %d e %d: got %g want %g\n", t, h, e, got, want[e]);
             }
         }
-    CHECKF(bad == 0, "%s attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d: %d wrong",
-           QTYPES[qi], n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, bad);
+    CHECKF(bad == 0, "%s attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d %s page %d shuffle %d: %d wrong",
+           QTYPES[qi], n_head, n_kv, hd, pos0, ncols, nsplit, kvg_vk_layout_name(layout), page, shuffle, bad);
     free(k); free(v); free(kq); free(vq); free(q); free(out); free(s); free(want); free(exact);
 }
 
@@ -437,16 +437,17 @@ int main(void) {
      * of 1 (a page per position), 7, 16 and 32, shuffled over spare pages; prefill and decode,
      * split and not */
     for (qi = 0; qi < 2; qi++) {
-        for (int lane = 0; lane <= (ctx->info.subgroup_arithmetic ? 2 : 1); lane++) { /* 2: attn_sg */
-            int P = lane == 1 ? 32 : 16;
-            check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);   /* prefill from empty */
-            check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);  /* prefill after a cached prefix */
-            check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);   /* decode, split, 8 query heads per KV head */
-            check_attention(ctx, 4, 4, 32, 40, 3, 1, lane, 1, true);   /* a page per position */
-            check_attention(ctx, 9, 3, 64, 300, 1, 8, lane, P, false); /* decode, the table in order */
-            check_attention(ctx, 4, 2, 128, 33, 20, 1, lane, P, true); /* head_dim 128 */
+        kvg_vk_layout last = ctx->info.subgroup_arithmetic ? KVG_VK_LAYOUT_SUBGROUP : KVG_VK_LAYOUT_LANE;
+        for (kvg_vk_layout l = KVG_VK_LAYOUT_COOP; l <= last; l++) { /* SUBGROUP: attn_sg */
+            int P = l == KVG_VK_LAYOUT_LANE ? 32 : 16;
+            check_attention(ctx, 6, 2, 64, 0, 37, 1, l, P, true);   /* prefill from empty */
+            check_attention(ctx, 6, 2, 64, 100, 5, 1, l, P, true);  /* prefill after a cached prefix */
+            check_attention(ctx, 8, 1, 32, 77, 1, 8, l, P, true);   /* decode, split, 8 query heads per KV head */
+            check_attention(ctx, 4, 4, 32, 40, 3, 1, l, 1, true);   /* a page per position */
+            check_attention(ctx, 9, 3, 64, 300, 1, 8, l, P, false); /* decode, the table in order */
+            check_attention(ctx, 4, 2, 128, 33, 20, 1, l, P, true); /* head_dim 128 */
         }
-        check_attention(ctx, 4, 2, 96, 50, 1, 1, 1, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
+        check_attention(ctx, 4, 2, 96, 50, 1, 1, KVG_VK_LAYOUT_LANE, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
     }
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);
