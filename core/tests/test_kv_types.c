@@ -14,57 +14,22 @@ static const char *const QTYPES[2] = {"q8_0", "q4_0"};
  * attention: the worst measured here is 0.013 and 0.16) */
 static const double TOL[2] = {0.02, 0.2};
 
-static kvgen_model *load(const char *path, const char *kv_type, kvgen_backend backend) {
-    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 2, .kv_type = kv_type,
-                           .kv_pool_tokens = 4096};
-    return tu_load(&md);
-}
-
-static kvgen_session *open_session(kvgen_model *m, const kvgen_session_desc *desc) {
-    kvgen_error err = {0};
-    kvgen_session *s = NULL;
-    kvgen_session_desc sd = {.n_ctx = 512};
-    if (desc) sd = *desc;
-    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    if (!s) fprintf(stderr, "session: %s\n", err.message);
-    return s;
-}
-
-static int vocab_of(const kvgen_model *m) {
-    kvgen_model_info info;
-    kvgen_model_get_info(m, &info);
-    return info.n_vocab;
-}
-
-/* max |a - b| over n floats as a share of b's range */
-static double rel_diff(const float *a, const float *b, size_t n) {
-    if (!a || !b) return INFINITY;
-    float lo = b[0], hi = b[0];
-    double d = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        lo = fminf(lo, b[i]);
-        hi = fmaxf(hi, b[i]);
-        d = fmax(d, fabs((double)a[i] - (double)b[i]));
-    }
-    return hi > lo ? d / (double)(hi - lo) : d;
-}
-
 /* ---- logits against f16 pages ------------------------------------------------------------ */
 
 /* 100 tokens of prefill (every position's logits), then 16 decodes, on f16 and on each block
  * type; the worst difference of each as a share of the f16 logits' range */
 static void test_logits(const char *path, const char *what) {
     enum { N = 100, DEC = 16 };
-    kvgen_model *f16 = load(path, "f16", KVGEN_BACKEND_CPU);
+    kvgen_model *f16 = tu_load_kv(path, "f16", KVGEN_BACKEND_CPU);
     if (!f16) return;
-    int V = vocab_of(f16);
+    int V = tu_vocab(f16);
     int32_t t[N + DEC];
     tu_fill_tokens(t, N + DEC, 7, V);
     float *want = malloc((size_t)N * V * sizeof *want), *got = malloc((size_t)N * V * sizeof *got);
     float *want_dec = malloc((size_t)DEC * V * sizeof *want_dec);
     CHECK(want && got && want_dec);
     kvgen_error err = {0};
-    kvgen_session *s = open_session(f16, NULL);
+    kvgen_session *s = tu_open_session(f16, NULL);
     if (!s || !want || !got || !want_dec) goto done;
     CHECK_OK(kvgen_session_prefill(s, t, N, want, &err));
     for (int i = 0; i < DEC; i++) {
@@ -73,17 +38,17 @@ static void test_logits(const char *path, const char *what) {
     }
     kvgen_session_close(s);
     for (int q = 0; q < 2; q++) {
-        kvgen_model *m = load(path, QTYPES[q], KVGEN_BACKEND_CPU);
+        kvgen_model *m = tu_load_kv(path, QTYPES[q], KVGEN_BACKEND_CPU);
         if (!m) continue;
-        kvgen_session *qs = open_session(m, NULL);
+        kvgen_session *qs = tu_open_session(m, NULL);
         double pre = 0.0, dec = 0.0;
         int same_top = 0;
         CHECK_OK(kvgen_session_prefill(qs, t, N, got, &err));
-        for (int p = 0; p < N; p++) pre = fmax(pre, rel_diff(got + (size_t)p * V, want + (size_t)p * V, (size_t)V));
+        for (int p = 0; p < N; p++) pre = fmax(pre, tu_rel_diff(got + (size_t)p * V, want + (size_t)p * V, (size_t)V));
         for (int i = 0; i < DEC; i++) {
             CHECK_OK(kvgen_session_decode(qs, t[N + i], &err));
             const float *l = kvgen_session_logits(qs), *w = want_dec + (size_t)i * V;
-            dec = fmax(dec, rel_diff(l, w, (size_t)V));
+            dec = fmax(dec, tu_rel_diff(l, w, (size_t)V));
             int a = 0, b = 0;
             for (int k = 1; k < V; k++) {
                 if (l[k] > l[a]) a = k;
@@ -110,16 +75,16 @@ done:
 /* ---- bytes ------------------------------------------------------------------------------- */
 
 static void test_bytes(const char *path) {
-    kvgen_model *m[3] = {load(path, NULL, KVGEN_BACKEND_CPU), load(path, "q8_0", KVGEN_BACKEND_CPU),
-                         load(path, "q4_0", KVGEN_BACKEND_CPU)};
+    kvgen_model *m[3] = {tu_load_kv(path, NULL, KVGEN_BACKEND_CPU), tu_load_kv(path, "q8_0", KVGEN_BACKEND_CPU),
+                         tu_load_kv(path, "q4_0", KVGEN_BACKEND_CPU)};
     if (!m[0] || !m[1] || !m[2]) goto done;
     kvgen_pool_info pi[3];
     kvgen_cache_info ci[3];
     int32_t t[70];
-    tu_fill_tokens(t, 70, 3, vocab_of(m[0]));
+    tu_fill_tokens(t, 70, 3, tu_vocab(m[0]));
     for (int i = 0; i < 3; i++) {
         kvgen_model_pool_info(m[i], &pi[i]);
-        kvgen_session *s = open_session(m[i], NULL);
+        kvgen_session *s = tu_open_session(m[i], NULL);
         kvgen_error err = {0};
         CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
         kvgen_session_cache_info(s, &ci[i]);
@@ -140,26 +105,12 @@ done:
 
 /* ---- session operations on quantized pages ------------------------------------------------- */
 
-/* logits of a fresh session of m (no prefix reuse) that runs `tokens` from position 0 */
-static double diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *what, double tol) {
-    kvgen_error err = {0};
-    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
-    kvgen_session *o = open_session(m, &sd);
-    if (!o) return INFINITY;
-    CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), kvgen_session_length(s), NULL, &err));
-    double d = rel_diff(kvgen_session_logits(s), kvgen_session_logits(o), (size_t)vocab_of(m));
-    CHECKF(d <= tol, "%s: logits %.3g of the range from a recomputation of its %zu tokens", what, d,
-           kvgen_session_length(s));
-    kvgen_session_close(o);
-    return d;
-}
-
 static void test_fork_rewind(kvgen_model *m, const char *kt) {
     kvgen_error err = {0};
-    int V = vocab_of(m);
+    int V = tu_vocab(m);
     int32_t t[200];
     tu_fill_tokens(t, 200, 11, V);
-    kvgen_session *p = open_session(m, NULL), *c = NULL;
+    kvgen_session *p = tu_open_session(m, NULL), *c = NULL;
     if (!p) return;
     CHECK_OK(kvgen_session_prefill(p, t, 100, NULL, &err));
     CHECK_OK(kvgen_session_fork(p, &c, &err));
@@ -172,8 +123,8 @@ static void test_fork_rewind(kvgen_model *m, const char *kt) {
         CHECK_OK(kvgen_session_decode(p, t[100], &err));
         CHECK_OK(kvgen_session_prefill(p, t + 101, 20, NULL, &err));
         CHECK_OK(kvgen_session_prefill(c, t + 151, 30, NULL, &err));
-        diff_to_fresh(m, p, "fork parent", 1e-4);
-        diff_to_fresh(m, c, "fork child", 1e-4);
+        tu_diff_to_fresh(m, p, "fork parent", 1e-4);
+        tu_diff_to_fresh(m, c, "fork child", 1e-4);
     }
     kvgen_session_close(c);
     /* rewind into the middle of a page and run other tokens: the same logits as without the detour */
@@ -184,8 +135,8 @@ static void test_fork_rewind(kvgen_model *m, const char *kt) {
     CHECK_OK(kvgen_session_rewind(p, 12, &err));
     CHECK(kvgen_session_length(p) == 83);
     CHECK_OK(kvgen_session_prefill(p, t + 173, 12, NULL, &err));
-    CHECKF(before && rel_diff(kvgen_session_logits(p), before, (size_t)V) == 0.0, "%s rewind: other logits", kt);
-    diff_to_fresh(m, p, "rewind", 1e-4);
+    CHECKF(before && tu_rel_diff(kvgen_session_logits(p), before, (size_t)V) == 0.0, "%s rewind: other logits", kt);
+    tu_diff_to_fresh(m, p, "rewind", 1e-4);
     free(before);
     kvgen_session_close(p);
 }
@@ -193,8 +144,8 @@ static void test_fork_rewind(kvgen_model *m, const char *kt) {
 static void test_prefix_reuse(kvgen_model *m, const char *kt) {
     kvgen_error err = {0};
     int32_t t[160];
-    tu_fill_tokens(t, 160, 13, vocab_of(m));
-    kvgen_session *a = open_session(m, NULL), *b = open_session(m, NULL);
+    tu_fill_tokens(t, 160, 13, tu_vocab(m));
+    kvgen_session *a = tu_open_session(m, NULL), *b = tu_open_session(m, NULL);
     if (!a || !b) goto done;
     CHECK_OK(kvgen_session_prefill(a, t, 100, NULL, &err));
     CHECK_OK(kvgen_session_prefill(b, t, 120, NULL, &err));
@@ -202,14 +153,14 @@ static void test_prefix_reuse(kvgen_model *m, const char *kt) {
     kvgen_session_cache_info(b, &ci);
     CHECKF(ci.tokens_reused == 96 && ci.pages_shared == 3, "%s prefix: %zu tokens reused, %zu pages shared", kt,
            ci.tokens_reused, ci.pages_shared);
-    diff_to_fresh(m, b, "prefix reuse", 1e-4);
+    tu_diff_to_fresh(m, b, "prefix reuse", 1e-4);
     /* a released session's pages stay cached for the next one */
     kvgen_session_close(a);
-    a = open_session(m, NULL);
+    a = tu_open_session(m, NULL);
     CHECK_OK(kvgen_session_prefill(a, t, 70, NULL, &err));
     kvgen_session_cache_info(a, &ci);
     CHECKF(ci.tokens_reused == 64, "%s prefix after release: %zu reused", kt, ci.tokens_reused);
-    diff_to_fresh(m, a, "prefix reuse after release", 1e-4);
+    tu_diff_to_fresh(m, a, "prefix reuse after release", 1e-4);
 done:
     kvgen_session_close(a);
     kvgen_session_close(b);
@@ -224,9 +175,9 @@ static void test_shift(kvgen_model *m, kvgen_model *f16, int q) {
     const char *kt = QTYPES[q];
     kvgen_error err = {0};
     int32_t t[100];
-    tu_fill_tokens(t, 100, 5, vocab_of(m));
+    tu_fill_tokens(t, 100, 5, tu_vocab(m));
     kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 8};
-    kvgen_session *s = open_session(m, &sd), *o = NULL;
+    kvgen_session *s = tu_open_session(m, &sd), *o = NULL;
     if (!s) return;
     CHECK_OK(kvgen_session_prefill(s, t, 64, NULL, &err));
     CHECK_OK(kvgen_session_decode(s, t[64], &err));
@@ -234,7 +185,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16, int q) {
     kvgen_session_cache_info(s, &ci);
     CHECKF(ci.shifts == 1 && ci.length == 37, "%s shift: %zu shifts, length %zu", kt, ci.shifts, ci.length);
     kvgen_session_desc od = {.n_ctx = 64, .no_prefix_reuse = 1};
-    o = open_session(m, &od);
+    o = tu_open_session(m, &od);
     if (!o) goto done;
     CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), ci.length, NULL, &err));
     size_t nf = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
@@ -254,7 +205,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16, int q) {
     }
     free(a);
     free(b);
-    kvgen_session *h = open_session(f16, &sd);
+    kvgen_session *h = tu_open_session(f16, &sd);
     if (h) {
         CHECK_OK(kvgen_session_prefill(h, t, 64, NULL, &err));
         CHECK_OK(kvgen_session_decode(h, t[64], &err));
@@ -262,7 +213,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16, int q) {
         for (int i = 0; i < 8; i++) {
             CHECK_OK(kvgen_session_decode(s, t[70 + i], &err));
             CHECK_OK(kvgen_session_decode(h, t[70 + i], &err));
-            d = fmax(d, rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)vocab_of(m)));
+            d = fmax(d, tu_rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)tu_vocab(m)));
         }
         printf("%s shift: logits within %.4f of the range of the same shift on f16 pages\n", kt, d);
         CHECKF(d <= TOL[q], "%s shift: logits %.3g of the range from the same shift on f16 pages", kt, d);
@@ -281,14 +232,14 @@ done:
  * logits are the same; into another type, within that type's tolerance. */
 static void test_save_restore(kvgen_model *const *models, const char *const *names, int n_models) {
     kvgen_error err = {0};
-    int V = vocab_of(models[0]);
+    int V = tu_vocab(models[0]);
     int32_t t[90];
     tu_fill_tokens(t, 90, 17, V);
     char *file = tu_tmpfile("kv_types.session");
     float *want = malloc((size_t)V * sizeof *want);
     CHECK(file && want);
     for (int from = 0; file && want && from < n_models; from++) {
-        kvgen_session *s = open_session(models[from], NULL);
+        kvgen_session *s = tu_open_session(models[from], NULL);
         if (!s) continue;
         CHECK_OK(kvgen_session_prefill(s, t, 80, NULL, &err));
         CHECK_OK(kvgen_session_save(s, file, &err));
@@ -301,7 +252,7 @@ static void test_save_restore(kvgen_model *const *models, const char *const *nam
             if (!r) continue;
             CHECK(kvgen_session_length(r) == 80);
             CHECK_OK(kvgen_session_decode(r, t[80], &err));
-            double d = rel_diff(kvgen_session_logits(r), want, (size_t)V);
+            double d = tu_rel_diff(kvgen_session_logits(r), want, (size_t)V);
             /* the coarser of the two types bounds the difference */
             double tol = from == to ? 0.0 : fmax(from ? TOL[from - 1] : 0.0, to ? TOL[to - 1] : 0.0);
             printf("saved from %s, restored into %s: next logits within %.4f of the range\n", names[from], names[to],
@@ -320,18 +271,18 @@ static void test_save_restore(kvgen_model *const *models, const char *const *nam
  * block type's tolerance (plus the backends' own difference, far smaller on f32 weights) of
  * the session that saved. */
 static void test_save_restore_backends(const char *path) {
-    kvgen_model *ref = load(path, NULL, KVGEN_BACKEND_REFERENCE);
-    kvgen_model *q[2] = {load(path, "q8_0", KVGEN_BACKEND_CPU), load(path, "q4_0", KVGEN_BACKEND_CPU)};
+    kvgen_model *ref = tu_load_kv(path, NULL, KVGEN_BACKEND_REFERENCE);
+    kvgen_model *q[2] = {tu_load_kv(path, "q8_0", KVGEN_BACKEND_CPU), tu_load_kv(path, "q4_0", KVGEN_BACKEND_CPU)};
     char *file = tu_tmpfile("kv_backends.session");
     if (!ref || !q[0] || !q[1] || !file) goto done;
     kvgen_error err = {0};
-    int V = vocab_of(ref);
+    int V = tu_vocab(ref);
     int32_t t[70];
     tu_fill_tokens(t, 70, 19, V);
     for (int k = 0; k < 2; k++)
         for (int dir = 0; dir < 2; dir++) { /* 0: reference -> cpu; 1: cpu -> reference */
             kvgen_model *from = dir ? q[k] : ref, *to = dir ? ref : q[k];
-            kvgen_session *s = open_session(from, NULL), *r = NULL;
+            kvgen_session *s = tu_open_session(from, NULL), *r = NULL;
             if (!s) continue;
             CHECK_OK(kvgen_session_prefill(s, t, 60, NULL, &err));
             CHECK_OK(kvgen_session_save(s, file, &err));
@@ -339,7 +290,7 @@ static void test_save_restore_backends(const char *path) {
             CHECK_OK(kvgen_session_restore(to, file, &r, &err));
             if (r) {
                 CHECK_OK(kvgen_session_decode(r, t[60], &err));
-                double d = rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
+                double d = tu_rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
                 printf("saved on the %s backend, restored into the %s one (%s): next logits within %.4f\n",
                        dir ? "cpu" : "reference", dir ? "reference" : "cpu", QTYPES[k], d);
                 CHECKF(d <= TOL[k] + 0.01, "%s across backends (%d): %.4g of the range", QTYPES[k], dir, d);
@@ -378,11 +329,11 @@ static void test_refusals(const char *path, const char *narrow) {
     expect_refused(path, KVGEN_BACKEND_VULKAN, "f32", KVGEN_E_UNSUPPORTED, "vulkan");
     expect_refused(narrow, KVGEN_BACKEND_CPU, "q8_0", KVGEN_E_UNSUPPORTED, "head_dim 16");
     /* the defaults and the explicit names load */
-    kvgen_model *m = load(path, "", KVGEN_BACKEND_CPU);
+    kvgen_model *m = tu_load_kv(path, "", KVGEN_BACKEND_CPU);
     kvgen_model_unload(m);
-    m = load(path, "f32", KVGEN_BACKEND_REFERENCE);
+    m = tu_load_kv(path, "f32", KVGEN_BACKEND_REFERENCE);
     kvgen_model_unload(m);
-    m = load(narrow, "f16", KVGEN_BACKEND_CPU);
+    m = tu_load_kv(narrow, "f16", KVGEN_BACKEND_CPU);
     kvgen_model_unload(m);
 }
 
@@ -400,8 +351,8 @@ int main(void) {
     test_logits(gqa, "gqa");
     test_logits(swa, "swa");
     test_bytes(gqa);
-    kvgen_model *models[3] = {load(gqa, "f16", KVGEN_BACKEND_CPU), load(gqa, "q8_0", KVGEN_BACKEND_CPU),
-                              load(gqa, "q4_0", KVGEN_BACKEND_CPU)};
+    kvgen_model *models[3] = {tu_load_kv(gqa, "f16", KVGEN_BACKEND_CPU), tu_load_kv(gqa, "q8_0", KVGEN_BACKEND_CPU),
+                              tu_load_kv(gqa, "q4_0", KVGEN_BACKEND_CPU)};
     const char *names[3] = {"f16", "q8_0", "q4_0"};
     if (models[0] && models[1] && models[2]) {
         for (int q = 0; q < 2; q++) {

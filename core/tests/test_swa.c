@@ -45,12 +45,6 @@ static void check_fresh(const swa_case *c, const kvgen_session *s, const char *w
     kvgen_session_close(o);
 }
 
-static int vocab_of(const kvgen_model *m) {
-    kvgen_model_info info;
-    kvgen_model_get_info(m, &info);
-    return info.n_vocab;
-}
-
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* The held bytes of a session of n tokens: every page of the global layers, and of the local
@@ -84,7 +78,7 @@ static void run_case(swa_case *c, bool groups) {
     c->m = load(c, P);
     c->oracle = load(c, 0);
     if (!c->m || !c->oracle) goto done;
-    c->n_vocab = vocab_of(c->m);
+    c->n_vocab = tu_vocab(c->m);
     kvgen_pool_info pi;
     kvgen_model_pool_info(c->m, &pi);
     if (groups) {
@@ -216,8 +210,8 @@ static void test_peak(const char *path) {
     kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[200];
-    tu_fill_tokens(t, 200, 5, vocab_of(m));
-    float *all = malloc(200 * (size_t)vocab_of(m) * sizeof *all);
+    tu_fill_tokens(t, 200, 5, tu_vocab(m));
+    float *all = malloc(200 * (size_t)tu_vocab(m) * sizeof *all);
     CHECK(all != NULL);
     if (s && all) {
         CHECK_OK(kvgen_session_prefill(s, t, 200, all, &err));
@@ -235,7 +229,7 @@ static void test_peak(const char *path) {
         CHECK_OK(kvgen_session_create(m, &sd, &o, &err));
         if (o) {
             CHECK_OK(kvgen_session_prefill(o, t, 37, NULL, &err));
-            CHECK(tu_max_diff(kvgen_session_logits(o), all + 36 * (size_t)vocab_of(m), vocab_of(m)) <= 1e-5);
+            CHECK(tu_max_diff(kvgen_session_logits(o), all + 36 * (size_t)tu_vocab(m), tu_vocab(m)) <= 1e-5);
             kvgen_session_close(o);
         }
     }
@@ -254,7 +248,7 @@ static void test_plain(const char *path) {
     kvgen_session_desc sd = {.n_ctx = 256};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[100];
-    tu_fill_tokens(t, 100, 3, vocab_of(m));
+    tu_fill_tokens(t, 100, 3, tu_vocab(m));
     if (s) CHECK_OK(kvgen_session_prefill(s, t, 100, NULL, &err));
     kvgen_pool_info pi;
     kvgen_model_pool_info(m, &pi);
@@ -290,7 +284,7 @@ static void test_real_gemma(void) {
     kvgen_session_desc sd = {.n_ctx = 1024};
     CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
     int32_t t[620];
-    tu_fill_tokens(t, 620, 11, vocab_of(m));
+    tu_fill_tokens(t, 620, 11, tu_vocab(m));
     if (s) {
         CHECK_OK(kvgen_session_prefill(s, t, 600, NULL, &err));
         check_held(m, s, "gemma-3-270m, 600 tokens");

@@ -289,8 +289,8 @@ static float round_kv(const kvg_vk_ctx *ctx, float v) { return ctx->kv_f16 ? kvg
 /* ncols queries at pos0.. over a window of `window` positions (0: all), scores soft-capped at
  * `cap` (0: none), against double on the CPU over the same rounded K/V (queries scaled up so that
  * the cap matters) */
-static void check_window(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane,
-                         int window, float cap) {
+static void check_window(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit,
+                         kvg_vk_layout layout, int window, float cap) {
     int n_ctx = pos0 + ncols + 3, page = 16;
     size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc(nq * 4), *out = malloc(nq * 4);
@@ -301,7 +301,7 @@ static void check_window(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0
     }
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 6.0f;
     kvgen_error err = {0};
-    kvgen_status st = kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, true,
+    kvgen_status st = kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, layout, page, true,
                                                   0, window, cap, q, k, v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0, G = n_head / n_kv;
@@ -333,8 +333,9 @@ static void check_window(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0
             }
         }
     }
-    CHECKF(bad == 0, "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d window %d cap %g kv_f16 %d: %d "
-           "wrong (worst %g)", n_head, n_kv, hd, pos0, ncols, nsplit, lane, window, cap, ctx->kv_f16, bad, worst);
+    CHECKF(bad == 0, "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d %s window %d cap %g kv_f16 %d: %d "
+           "wrong (worst %g)", n_head, n_kv, hd, pos0, ncols, nsplit, kvg_vk_layout_name(layout), window, cap,
+           ctx->kv_f16, bad, worst);
     if (worst > worst_attn) worst_attn = worst;
     free(sc); free(k); free(v); free(q); free(out);
 }
@@ -347,17 +348,18 @@ static void check_kernels(void) {
         kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
         CHECKF(st == KVGEN_OK, "%s", err.message);
         if (st != KVGEN_OK) return;
-        /* attn.comp (0), attn_lane.comp (1), attn.comp's subgroup variant (2) */
-        for (int lane = 0; lane <= (ctx->info.subgroup_arithmetic ? 2 : 1); lane++) {
-            check_window(ctx, 4, 2, 32, 0, 40, 1, lane, 8, 50.0f);     /* prefill from empty, past the window */
-            check_window(ctx, 4, 2, 32, 30, 9, 1, lane, 8, 0.0f);      /* prefill after a cached prefix */
-            check_window(ctx, 4, 1, 32, 39, 1, 16, lane, 8, 0.0f);     /* decode, splits */
-            check_window(ctx, 6, 2, 64, 2999, 1, 16, lane, 1000, 20.0f); /* splits over the window only */
-            check_window(ctx, 6, 2, 64, 2999, 1, 1, lane, 1000, 0.0f);
-            check_window(ctx, 6, 2, 64, 4999, 1, 8, lane, 4500, 0.0f);  /* window past 4096: still split */
-            check_window(ctx, 6, 2, 64, 5000, 3, 1, lane, 4500, 30.0f); /* prefill past 4096 */
-            check_window(ctx, 6, 2, 64, 600, 20, 1, lane, 64, 5.0f);   /* a strong cap */
-            check_window(ctx, 6, 2, 64, 600, 1, 16, lane, 0, 5.0f);    /* cap without a window */
+        /* attn.comp (COOP), attn_lane.comp (LANE), attn.comp's subgroup variant (SUBGROUP) */
+        kvg_vk_layout last = ctx->info.subgroup_arithmetic ? KVG_VK_LAYOUT_SUBGROUP : KVG_VK_LAYOUT_LANE;
+        for (kvg_vk_layout l = KVG_VK_LAYOUT_COOP; l <= last; l++) {
+            check_window(ctx, 4, 2, 32, 0, 40, 1, l, 8, 50.0f);     /* prefill from empty, past the window */
+            check_window(ctx, 4, 2, 32, 30, 9, 1, l, 8, 0.0f);      /* prefill after a cached prefix */
+            check_window(ctx, 4, 1, 32, 39, 1, 16, l, 8, 0.0f);     /* decode, splits */
+            check_window(ctx, 6, 2, 64, 2999, 1, 16, l, 1000, 20.0f); /* splits over the window only */
+            check_window(ctx, 6, 2, 64, 2999, 1, 1, l, 1000, 0.0f);
+            check_window(ctx, 6, 2, 64, 4999, 1, 8, l, 4500, 0.0f);  /* window past 4096: still split */
+            check_window(ctx, 6, 2, 64, 5000, 3, 1, l, 4500, 30.0f); /* prefill past 4096 */
+            check_window(ctx, 6, 2, 64, 600, 20, 1, l, 64, 5.0f);   /* a strong cap */
+            check_window(ctx, 6, 2, 64, 600, 1, 16, l, 0, 5.0f);    /* cap without a window */
         }
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);

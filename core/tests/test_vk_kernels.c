@@ -78,7 +78,7 @@ static int type_index(uint32_t type) {
 
 /* tolerance: f32 accumulation over K terms, relative to sum |w x| */
 static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t K, uint32_t ncols, bool norm, int epi,
-                         int lane) {
+                         kvg_vk_layout layout) {
     if (!type_wanted(type)) return;
     size_t rb = kvg_row_bytes(type, K);
     uint8_t *w = malloc(rb * rows);
@@ -95,9 +95,9 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     for (uint32_t k = 0; k < K; k++) g[k] = 0.5f + frand() * 0.25f;
     for (size_t i = 0; i < (size_t)out_rows * ncols; i++) y[i] = y0[i] = frand();
     kvgen_error err = {0};
-    TRACE_BEGIN("matmul %s rows %u K %u ncols %u norm %d epi %d lane %d:", kvg_type_name(type), rows, K, ncols, norm,
-                epi, lane);
-    kvgen_status st = kvg_vk_test_matmul(ctx, type, w, rows, K, x, ncols, norm ? g : NULL, 1e-5f, epi, lane, y, &err);
+    TRACE_BEGIN("matmul %s rows %u K %u ncols %u norm %d epi %d %s:", kvg_type_name(type), rows, K, ncols, norm,
+                epi, kvg_vk_layout_name(layout));
+    kvgen_status st = kvg_vk_test_matmul(ctx, type, w, rows, K, x, ncols, norm ? g : NULL, 1e-5f, epi, layout, y, &err);
     TRACE_END();
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
@@ -138,12 +138,12 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
             double rel = diff / (epi == 3 ? mags[0] * (fabs(dots[1]) + 1) + mags[1] * (fabs(dots[0]) + 1) : mag);
             if (rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
             if (!(diff <= tol) && bad++ < 3)
-                fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d lane %d: [%u][%zu] got %g want %g\n",
-                        kvg_type_name(type), rows, K, ncols, norm, epi, lane, c, oi, y[oi], want);
+                fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d %s: [%u][%zu] got %g want %g\n",
+                        kvg_type_name(type), rows, K, ncols, norm, epi, kvg_vk_layout_name(layout), c, oi, y[oi], want);
         }
     }
-    CHECKF(bad == 0, "matmul %s rows %u K %u ncols %u norm %d epi %d lane %d: %d wrong (worst |d| %g)",
-           kvg_type_name(type), rows, K, ncols, norm, epi, lane, bad, worst);
+    CHECKF(bad == 0, "matmul %s rows %u K %u ncols %u norm %d epi %d %s: %d wrong (worst |d| %g)",
+           kvg_type_name(type), rows, K, ncols, norm, epi, kvg_vk_layout_name(layout), bad, worst);
     free(w); free(row); free(x); free(g); free(deq); free(y); free(y0);
 }
 
@@ -211,8 +211,8 @@ static void check_embed_all(kvg_vk_ctx *ctx) {
 static float round_kv(const kvg_vk_ctx *ctx, float v) { return ctx->kv_f16 ? kvg_f16_to_f32(kvg_f32_to_f16(v)) : v; }
 
 /* page: positions per KV page; shuffle: the session's pages in a pseudo-random order */
-static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane,
-                            int page, bool shuffle) {
+static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit,
+                            kvg_vk_layout layout, int page, bool shuffle) {
     int n_ctx = pos0 + ncols + 3;
     size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *q = malloc(nq * 4), *out = malloc(nq * 4);
@@ -222,9 +222,9 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     }
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 2.0f;
     kvgen_error err = {0};
-    TRACE_BEGIN("attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d:", n_head, n_kv, hd, pos0,
-                ncols, nsplit, lane, page);
-    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle,
+    TRACE_BEGIN("attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d %s page %d:", n_head, n_kv, hd, pos0,
+                ncols, nsplit, kvg_vk_layout_name(layout), page);
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, layout, page, shuffle,
                                             0, q, k, v, out, &err);
     TRACE_END();
     CHECKF(st == KVGEN_OK, "%s", err.message);
@@ -259,96 +259,100 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
         }
     }
     CHECKF(bad == 0,
-           "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d kv_f16 %d: %d wrong "
+           "attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d %s page %d shuffle %d kv_f16 %d: %d wrong "
            "(worst %g)",
-           n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, ctx->kv_f16, bad, worst);
+           n_head, n_kv, hd, pos0, ncols, nsplit, kvg_vk_layout_name(layout), page, shuffle, ctx->kv_f16, bad, worst);
     free(s); free(k); free(v); free(q); free(out);
 }
 
 static void run_all(kvg_vk_ctx *ctx) {
     bool subgroups = ctx->info.subgroup_arithmetic;
+    const kvg_vk_layout DEV = KVG_VK_LAYOUT_DEVICE, COOP = KVG_VK_LAYOUT_COOP, LANE = KVG_VK_LAYOUT_LANE,
+                        SG = KVG_VK_LAYOUT_SUBGROUP;
+    kvg_vk_layout last = subgroups ? SG : LANE; /* the layouts this device runs: COOP..last */
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
         if (kvg_type_block_elems(t) == 256) {
             /* 256-element super-blocks: K = 256 n with n odd (a workgroup's rows never a
              * multiple of the row count), each row's scale headers read per super-block */
-            for (int lane = 0; lane <= 1; lane++) {
-                check_matmul(ctx, t, 37, 1280, 1, true, 0, lane);
-                check_matmul(ctx, t, 38, 768, 3, false, 3, lane);
-                check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
-                check_matmul(ctx, t, 75, 1280, 45, true, 0, lane);
-                check_matmul(ctx, t, 130, 256, 33, false, 3, lane);
-                check_matmul(ctx, t, 65, 768, 9, false, 1, lane);
+            for (kvg_vk_layout l = COOP; l <= LANE; l++) {
+                check_matmul(ctx, t, 37, 1280, 1, true, 0, l);
+                check_matmul(ctx, t, 38, 768, 3, false, 3, l);
+                check_matmul(ctx, t, 21, 256, 8, false, 1, l);
+                check_matmul(ctx, t, 75, 1280, 45, true, 0, l);
+                check_matmul(ctx, t, 130, 256, 33, false, 3, l);
+                check_matmul(ctx, t, 65, 768, 9, false, 1, l);
             }
-            check_matmul(ctx, t, 22, 2304, 17, true, 0, 1); /* 8 tokens exceed one 64 KiB window */
+            check_matmul(ctx, t, 22, 2304, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
             if (subgroups) { /* the cooperative mat-vec with subgroup reductions */
-                check_matmul(ctx, t, 37, 1280, 1, true, 0, 2);
-                check_matmul(ctx, t, 38, 768, 3, false, 3, 2);
-                check_matmul(ctx, t, 21, 256, 8, false, 1, 2);
+                check_matmul(ctx, t, 37, 1280, 1, true, 0, SG);
+                check_matmul(ctx, t, 38, 768, 3, false, 3, SG);
+                check_matmul(ctx, t, 21, 256, 8, false, 1, SG);
             }
             continue;
         }
-        /* decode: the cooperative mat-vec (lane 0; 2: its subgroup reductions) and the lane one */
-        for (int lane = 0; lane <= (subgroups ? 2 : 1); lane++) {
-            check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, lane);
-            check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, lane);
-            check_matmul(ctx, t, 21, 256, 8, false, 1, lane);
+        /* decode: the cooperative mat-vec (COOP; SG: its subgroup reductions) and the lane one */
+        for (kvg_vk_layout l = COOP; l <= last; l++) {
+            check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, l);
+            check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, l);
+            check_matmul(ctx, t, 21, 256, 8, false, 1, l);
         }
-        /* prefill: the tiled GEMM (lane 0) and the lane mat-vec over 8-token groups (lane 1):
+        /* prefill: the tiled GEMM (COOP) and the lane mat-vec over 8-token groups (LANE):
          * partial row tiles, partial token groups, inputs through uniform windows and not */
-        for (int lane = 0; lane <= 1; lane++) {
-            check_matmul(ctx, t, 75, 1536 + 32, 45, true, 0, lane);
-            check_matmul(ctx, t, 130, 96, 33, false, 3, lane);
-            check_matmul(ctx, t, 65, 64, 40, false, 1, lane);
+        for (kvg_vk_layout l = COOP; l <= LANE; l++) {
+            check_matmul(ctx, t, 75, 1536 + 32, 45, true, 0, l);
+            check_matmul(ctx, t, 130, 96, 33, false, 3, l);
+            check_matmul(ctx, t, 65, 64, 40, false, 1, l);
         }
-        check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, 1); /* 8 tokens exceed one 64 KiB window */
+        check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
     }
     /* rows that are not whole 32-blocks (F32/F16 only) */
-    check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, 0);
-    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, 1);
-    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, -1);
+    check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, COOP);
+    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, LANE);
+    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, DEV);
     /* a reduction longer than 65,535 elements */
-    check_matmul(ctx, KVG_TYPE_Q4_1, 6, 32 * 2101, 1, true, 0, 0);
-    check_matmul(ctx, KVG_TYPE_Q8_0, 6, 32 * 2101, 1, false, 0, 1);
-    check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 10, true, 0, -1);
-    check_matmul(ctx, KVG_TYPE_Q5_0, 6, 32 * 2101, 1, true, 0, 1);
-    check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, 0);
-    check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, 1);
-    check_matmul(ctx, KVG_TYPE_Q3_K, 6, 256 * 263, 10, true, 0, -1);
+    check_matmul(ctx, KVG_TYPE_Q4_1, 6, 32 * 2101, 1, true, 0, COOP);
+    check_matmul(ctx, KVG_TYPE_Q8_0, 6, 32 * 2101, 1, false, 0, LANE);
+    check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 10, true, 0, DEV);
+    check_matmul(ctx, KVG_TYPE_Q5_0, 6, 32 * 2101, 1, true, 0, LANE);
+    check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, COOP);
+    check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, LANE);
+    check_matmul(ctx, KVG_TYPE_Q3_K, 6, 256 * 263, 10, true, 0, DEV);
     if (subgroups) {
-        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, 2);
-        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 5, true, 0, 2);
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, SG);
+        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 5, true, 0, SG);
     }
 
-    /* both kernels: the cooperative one (lane 0) and attn_lane.comp for CPU devices (lane 1),
-     * every case within 2e-4 of the CPU result on the same rounded K/V, over shuffled pages of
-     * 16 (lane 0) and 32 (lane 1) positions: every span crosses pages, a tile of 64 several */
-    for (int lane = 0; lane <= (subgroups ? 2 : 1); lane++) { /* 2: attn.comp's subgroup variant */
-        int P = lane == 1 ? 32 : 16;
-        check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);    /* prefill from empty */
-        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);   /* prefill after a cached prefix */
-        check_attention(ctx, 6, 2, 64, 5000, 3, 1, lane, P, true);  /* prefill past 4096: split + reduce */
-        check_attention(ctx, 4, 4, 80, 0, 1, 8, lane, P, true);     /* decode, first token, split; no GQA */
-        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);    /* 8 query heads per KV head */
-        check_attention(ctx, 9, 3, 64, 4999, 1, 8, lane, P, true);  /* decode past 4096 */
-        check_attention(ctx, 9, 3, 64, 4999, 1, 1, lane, P, true);
-        check_attention(ctx, 2, 1, 64, 70000, 1, 1, lane, P, true); /* a context longer than 65,535 */
-        check_attention(ctx, 2, 1, 64, 70000, 1, 8, lane, P, true);
+    /* both kernels: the cooperative one (COOP; SG: attn.comp's subgroup variant) and
+     * attn_lane.comp for CPU devices (LANE), every case within 2e-4 of the CPU result on the
+     * same rounded K/V, over shuffled pages of 16 (COOP, SG) and 32 (LANE) positions: every
+     * span crosses pages, a tile of 64 several */
+    for (kvg_vk_layout l = COOP; l <= last; l++) {
+        int P = l == LANE ? 32 : 16;
+        check_attention(ctx, 6, 2, 64, 0, 37, 1, l, P, true);    /* prefill from empty */
+        check_attention(ctx, 6, 2, 64, 100, 5, 1, l, P, true);   /* prefill after a cached prefix */
+        check_attention(ctx, 6, 2, 64, 5000, 3, 1, l, P, true);  /* prefill past 4096: split + reduce */
+        check_attention(ctx, 4, 4, 80, 0, 1, 8, l, P, true);     /* decode, first token, split; no GQA */
+        check_attention(ctx, 8, 1, 32, 77, 1, 8, l, P, true);    /* 8 query heads per KV head */
+        check_attention(ctx, 9, 3, 64, 4999, 1, 8, l, P, true);  /* decode past 4096 */
+        check_attention(ctx, 9, 3, 64, 4999, 1, 1, l, P, true);
+        check_attention(ctx, 2, 1, 64, 70000, 1, 1, l, P, true); /* a context longer than 65,535 */
+        check_attention(ctx, 2, 1, 64, 70000, 1, 8, l, P, true);
         /* the table in order over a pool without spare pages; a page per position; pages of 256
          * (a whole tile, and more, in one page) */
-        check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, false);
-        check_attention(ctx, 9, 3, 64, 4999, 1, 8, lane, P, false);
-        check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, 1, true);
-        check_attention(ctx, 6, 2, 64, 700, 9, 1, lane, 256, true);
+        check_attention(ctx, 6, 2, 64, 100, 5, 1, l, P, false);
+        check_attention(ctx, 9, 3, 64, 4999, 1, 8, l, P, false);
+        check_attention(ctx, 8, 1, 32, 77, 1, 8, l, 1, true);
+        check_attention(ctx, 6, 2, 64, 700, 9, 1, l, 256, true);
     }
     /* attn_lane only: splits that are one lane each over a workgroup boundary (16 splits, 2
      * workgroups of 8), short contexts leaving most splits empty, a prefill chunk whose tokens
      * span two workgroups with uneven causal ends, head_dim 128 */
-    check_attention(ctx, 9, 3, 64, 2047, 1, 16, 1, 16, true);
-    check_attention(ctx, 9, 3, 64, 40, 1, 16, 1, 32, true);
-    check_attention(ctx, 9, 3, 64, 500, 13, 1, 1, 16, true);
-    check_attention(ctx, 4, 2, 128, 33, 20, 1, 1, 32, true);
-    check_attention(ctx, 3, 3, 64, 9000, 9, 1, 1, 16, true);     /* prefill, 3 splits of <= 4096 */
+    check_attention(ctx, 9, 3, 64, 2047, 1, 16, LANE, 16, true);
+    check_attention(ctx, 9, 3, 64, 40, 1, 16, LANE, 32, true);
+    check_attention(ctx, 9, 3, 64, 500, 13, 1, LANE, 16, true);
+    check_attention(ctx, 4, 2, 128, 33, 20, 1, LANE, 32, true);
+    check_attention(ctx, 3, 3, 64, 9000, 9, 1, LANE, 16, true);     /* prefill, 3 splits of <= 4096 */
 }
 
 int main(void) {

@@ -72,8 +72,8 @@ static void attend(const float *q, const float *k, const float *v, int n_head, i
     }
 }
 
-static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit, int lane,
-                            int page, bool shuffle) {
+static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int pos0, int ncols, int nsplit,
+                            kvg_vk_layout layout, int page, bool shuffle) {
     int n_ctx = pos0 + ncols + 3;
     size_t nkv = (size_t)n_kv * n_ctx * hd, nq = (size_t)ncols * n_head * hd;
     float *k = malloc(nkv * 4), *v = malloc(nkv * 4), *kq = malloc(nkv * 4), *vq = malloc(nkv * 4);
@@ -90,7 +90,7 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
     q_round(kq, (size_t)n_kv * n_ctx, hd);
     q_round(vq, (size_t)n_kv * n_ctx, hd);
     kvgen_error err = {0};
-    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page, shuffle,
+    kvgen_status st = kvg_vk_test_attention(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, layout, page, shuffle,
                                             QT[qi], q, k, v, out, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
@@ -106,55 +106,20 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
                     fprintf(stderr, "  attn t %d h %d e %d: got %g want %g\n", t, h, e, got, want[e]);
             }
         }
-    CHECKF(bad == 0, "%s attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d lane %d page %d shuffle %d: %d wrong",
-           QTYPES[qi], n_head, n_kv, hd, pos0, ncols, nsplit, lane, page, shuffle, bad);
+    CHECKF(bad == 0, "%s attention heads %d/%d hd %d pos0 %d ncols %d nsplit %d %s page %d shuffle %d: %d wrong",
+           QTYPES[qi], n_head, n_kv, hd, pos0, ncols, nsplit, kvg_vk_layout_name(layout), page, shuffle, bad);
     free(k); free(v); free(kq); free(vq); free(q); free(out); free(s); free(want); free(exact);
 }
 
 /* ---- whole models ------------------------------------------------------------------------- */
 
-static kvgen_model *load(const char *path, const char *kv_type, kvgen_backend backend) {
-    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 2, .kv_type = kv_type,
-                           .kv_pool_tokens = 4096};
-    return tu_load(&md);
-}
-
-static kvgen_session *open_session(kvgen_model *m, const kvgen_session_desc *desc) {
-    kvgen_error err = {0};
-    kvgen_session *s = NULL;
-    kvgen_session_desc sd = {.n_ctx = 512};
-    if (desc) sd = *desc;
-    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    if (!s) fprintf(stderr, "session: %s\n", err.message);
-    return s;
-}
-
-static int vocab_of(const kvgen_model *m) {
-    kvgen_model_info info;
-    kvgen_model_get_info(m, &info);
-    return info.n_vocab;
-}
-
-/* max |a - b| over n floats as a share of b's range */
-static double rel_diff(const float *a, const float *b, size_t n) {
-    if (!a || !b) return INFINITY;
-    float lo = b[0], hi = b[0];
-    double d = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        lo = fminf(lo, b[i]);
-        hi = fmaxf(hi, b[i]);
-        d = fmax(d, fabs((double)a[i] - (double)b[i]));
-    }
-    return hi > lo ? d / (double)(hi - lo) : d;
-}
-
 enum { N_PRE = 100, N_DEC = 16 };
 
 /* every prefill position's logits, then N_DEC decodes' */
 static float *run_logits(kvgen_model *m, const int32_t *t) {
-    int V = vocab_of(m);
+    int V = tu_vocab(m);
     float *out = malloc((size_t)(N_PRE + N_DEC) * V * sizeof *out);
-    kvgen_session *s = open_session(m, NULL);
+    kvgen_session *s = tu_open_session(m, NULL);
     kvgen_error err = {0};
     if (!out || !s) {
         kvgen_session_close(s);
@@ -172,7 +137,8 @@ static float *run_logits(kvgen_model *m, const int32_t *t) {
 
 static double worst_rows(const float *a, const float *b, int rows, int V) {
     double d = 0.0;
-    for (int r = 0; a && b && r < rows; r++) d = fmax(d, rel_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V));
+    for (int r = 0; a && b && r < rows; r++)
+        d = fmax(d, tu_rel_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V));
     return a && b ? d : INFINITY;
 }
 
@@ -180,10 +146,12 @@ static double worst_rows(const float *a, const float *b, int rows, int V) {
  * same K/V: they differ where a K/V value's rounding tips a q over), the reference's f32 and
  * Vulkan's own f16 pages, as shares of the other's logit range */
 static void test_logits(const char *path, const char *what) {
-    kvgen_model *vq = load(path, QTYPES[qi], KVGEN_BACKEND_VULKAN), *cq = load(path, QTYPES[qi], KVGEN_BACKEND_CPU);
-    kvgen_model *ref = load(path, NULL, KVGEN_BACKEND_REFERENCE), *vh = load(path, "f16", KVGEN_BACKEND_VULKAN);
+    kvgen_model *vq = tu_load_kv(path, QTYPES[qi], KVGEN_BACKEND_VULKAN);
+    kvgen_model *cq = tu_load_kv(path, QTYPES[qi], KVGEN_BACKEND_CPU);
+    kvgen_model *ref = tu_load_kv(path, NULL, KVGEN_BACKEND_REFERENCE);
+    kvgen_model *vh = tu_load_kv(path, "f16", KVGEN_BACKEND_VULKAN);
     if (vq && cq && ref && vh) {
-        int V = vocab_of(vq), rows = N_PRE + N_DEC;
+        int V = tu_vocab(vq), rows = N_PRE + N_DEC;
         int32_t t[N_PRE + N_DEC];
         tu_fill_tokens(t, N_PRE + N_DEC, 7, V);
         float *a = run_logits(vq, t), *b = run_logits(cq, t), *c = run_logits(ref, t), *d = run_logits(vh, t);
@@ -203,15 +171,16 @@ static void test_logits(const char *path, const char *what) {
 
 /* 34 bytes for 32 elements of 2, in the pool and in a session's cache */
 static void test_bytes(const char *path) {
-    kvgen_model *m[2] = {load(path, NULL, KVGEN_BACKEND_VULKAN), load(path, QTYPES[qi], KVGEN_BACKEND_VULKAN)};
+    kvgen_model *m[2] = {tu_load_kv(path, NULL, KVGEN_BACKEND_VULKAN),
+                         tu_load_kv(path, QTYPES[qi], KVGEN_BACKEND_VULKAN)};
     if (!m[0] || !m[1]) goto done;
     kvgen_pool_info pi[2];
     kvgen_cache_info ci[2];
     int32_t t[70];
-    tu_fill_tokens(t, 70, 3, vocab_of(m[0]));
+    tu_fill_tokens(t, 70, 3, tu_vocab(m[0]));
     for (int i = 0; i < 2; i++) {
         kvgen_model_pool_info(m[i], &pi[i]);
-        kvgen_session *s = open_session(m[i], NULL);
+        kvgen_session *s = tu_open_session(m[i], NULL);
         kvgen_error err = {0};
         CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
         kvgen_session_cache_info(s, &ci[i]);
@@ -227,31 +196,16 @@ done:
     kvgen_model_unload(m[1]);
 }
 
-/* logits of a fresh session of m (no prefix reuse) that runs s's tokens from position 0 */
-static double diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *what, double tol) {
-    kvgen_error err = {0};
-    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
-    kvgen_session *o = open_session(m, &sd);
-    if (!o) return INFINITY;
-    CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), kvgen_session_length(s), NULL, &err));
-    double d = rel_diff(kvgen_session_logits(s), kvgen_session_logits(o), (size_t)vocab_of(m));
-    printf("%s: logits within %.3g of a recomputation\n", what, d);
-    CHECKF(d <= tol, "%s: logits %.3g of the range from a recomputation of its %zu tokens", what, d,
-           kvgen_session_length(s));
-    kvgen_session_close(o);
-    return d;
-}
-
 /* A recomputation runs the K/V through other kernels (a prefill chunk where the session ran
  * decodes): a value that rounds to another q shows, so the tolerance is the type's, not f16's. */
 #define OPS_TOL TOL[qi]
 
 static void test_fork_rewind(kvgen_model *m) {
     kvgen_error err = {0};
-    int V = vocab_of(m);
+    int V = tu_vocab(m);
     int32_t t[200];
     tu_fill_tokens(t, 200, 11, V);
-    kvgen_session *p = open_session(m, NULL), *c = NULL;
+    kvgen_session *p = tu_open_session(m, NULL), *c = NULL;
     if (!p) return;
     CHECK_OK(kvgen_session_prefill(p, t, 100, NULL, &err));
     CHECK_OK(kvgen_session_fork(p, &c, &err));
@@ -261,8 +215,8 @@ static void test_fork_rewind(kvgen_model *m) {
         CHECK_OK(kvgen_session_decode(p, t[100], &err));
         CHECK_OK(kvgen_session_prefill(p, t + 101, 20, NULL, &err));
         CHECK_OK(kvgen_session_prefill(c, t + 151, 30, NULL, &err));
-        diff_to_fresh(m, p, "fork parent", OPS_TOL);
-        diff_to_fresh(m, c, "fork child", OPS_TOL);
+        tu_diff_to_fresh(m, p, "fork parent", OPS_TOL);
+        tu_diff_to_fresh(m, c, "fork child", OPS_TOL);
     }
     kvgen_session_close(c);
     /* rewind into the middle of a page and run other tokens: the same logits as without the detour */
@@ -272,7 +226,7 @@ static void test_fork_rewind(kvgen_model *m) {
     if (before) memcpy(before, kvgen_session_logits(p), (size_t)V * sizeof *before);
     CHECK_OK(kvgen_session_rewind(p, 12, &err));
     CHECK_OK(kvgen_session_prefill(p, t + 173, 12, NULL, &err));
-    double d = before ? rel_diff(kvgen_session_logits(p), before, (size_t)V) : INFINITY;
+    double d = before ? tu_rel_diff(kvgen_session_logits(p), before, (size_t)V) : INFINITY;
     CHECKF(d == 0.0, "rewind: logits %.3g from the same tokens without the detour", d);
     free(before);
     kvgen_session_close(p);
@@ -284,9 +238,9 @@ static void test_fork_rewind(kvgen_model *m) {
 static void test_shift(kvgen_model *m, kvgen_model *f16) {
     kvgen_error err = {0};
     int32_t t[100];
-    tu_fill_tokens(t, 100, 5, vocab_of(m));
+    tu_fill_tokens(t, 100, 5, tu_vocab(m));
     kvgen_session_desc sd = {.n_ctx = 64, .on_full = KVGEN_ON_FULL_SHIFT, .keep = 8};
-    kvgen_session *s = open_session(m, &sd), *o = NULL;
+    kvgen_session *s = tu_open_session(m, &sd), *o = NULL;
     if (!s) return;
     CHECK_OK(kvgen_session_prefill(s, t, 64, NULL, &err));
     CHECK_OK(kvgen_session_decode(s, t[64], &err));
@@ -294,7 +248,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16) {
     kvgen_session_cache_info(s, &ci);
     CHECKF(ci.shifts == 1 && ci.length == 37, "shift: %zu shifts, length %zu", ci.shifts, ci.length);
     kvgen_session_desc od = {.n_ctx = 64, .no_prefix_reuse = 1};
-    o = open_session(m, &od);
+    o = tu_open_session(m, &od);
     if (!o) goto done;
     CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), ci.length, NULL, &err));
     size_t nf = (size_t)ci.n_head_kv * ci.length * (size_t)ci.head_dim;
@@ -313,7 +267,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16) {
     }
     free(a);
     free(b);
-    kvgen_session *h = open_session(f16, &sd);
+    kvgen_session *h = tu_open_session(f16, &sd);
     if (h) {
         CHECK_OK(kvgen_session_prefill(h, t, 64, NULL, &err));
         CHECK_OK(kvgen_session_decode(h, t[64], &err));
@@ -321,7 +275,7 @@ static void test_shift(kvgen_model *m, kvgen_model *f16) {
         for (int i = 0; i < 8; i++) {
             CHECK_OK(kvgen_session_decode(s, t[70 + i], &err));
             CHECK_OK(kvgen_session_decode(h, t[70 + i], &err));
-            d = fmax(d, rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)vocab_of(m)));
+            d = fmax(d, tu_rel_diff(kvgen_session_logits(s), kvgen_session_logits(h), (size_t)tu_vocab(m)));
         }
         printf("shift: logits within %.4f of the range of the same shift on f16 pages\n", d);
         CHECKF(d <= TOL[qi], "shift: logits %.3g of the range from the same shift on f16 pages", d);
@@ -339,11 +293,11 @@ done:
  * the backends' difference */
 static void test_save_restore(kvgen_model *vq, kvgen_model *cq) {
     kvgen_error err = {0};
-    int V = vocab_of(vq);
+    int V = tu_vocab(vq);
     int32_t t[90];
     tu_fill_tokens(t, 90, 17, V);
     char *file = tu_tmpfile("vk_kv_types.session");
-    kvgen_session *s = open_session(vq, NULL), *r = NULL;
+    kvgen_session *s = tu_open_session(vq, NULL), *r = NULL;
     if (!file || !s) goto done;
     CHECK_OK(kvgen_session_prefill(s, t, 80, NULL, &err));
     CHECK_OK(kvgen_session_save(s, file, &err));
@@ -354,7 +308,7 @@ static void test_save_restore(kvgen_model *vq, kvgen_model *cq) {
         CHECK_OK(kvgen_session_restore(into[k], file, &r, &err));
         if (!r) continue;
         CHECK_OK(kvgen_session_decode(r, t[80], &err));
-        double d = rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
+        double d = tu_rel_diff(kvgen_session_logits(r), kvgen_session_logits(s), (size_t)V);
         printf("saved from vulkan %s, restored into %s %s: next logits within %.4f\n", QTYPES[qi],
                k ? "cpu" : "vulkan", QTYPES[qi], d);
         CHECKF(d <= tol[k], "restored into %s: next logits %.4g of the range apart", k ? "cpu" : "vulkan", d);
@@ -371,16 +325,10 @@ done:
 static void test_slabs(const char *path, kvgen_model *f16) {
     kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .kv_type = QTYPES[qi],
                           .kv_pool_tokens = 16 * 32};
-    kvgen_model *probe = tu_load(&d);
-    if (!probe) return;
-    kvgen_pool_info pi;
-    kvgen_model_pool_info(probe, &pi);
-    kvgen_model_unload(probe);
-    char lim[32];
-    snprintf(lim, sizeof lim, "%zu", 2 * pi.bytes_per_page + pi.bytes_per_page / 2);
-    setenv("KVGEN_VK_MAX_PART", lim, 1);
+    if (!tu_two_page_slabs(&d)) return;
     kvgen_model *m = tu_load(&d);
     if (m) {
+        kvgen_pool_info pi;
         kvgen_model_pool_info(m, &pi);
         CHECK(pi.pages_total == 16);
         test_fork_rewind(m);
@@ -407,8 +355,9 @@ static void test_models(void) {
     test_logits(swa, "swa");
     test_logits(wide, "head_dim 64");
     test_bytes(gqa);
-    kvgen_model *vq = load(gqa, QTYPES[qi], KVGEN_BACKEND_VULKAN), *vh = load(gqa, "f16", KVGEN_BACKEND_VULKAN);
-    kvgen_model *cq = load(gqa, QTYPES[qi], KVGEN_BACKEND_CPU);
+    kvgen_model *vq = tu_load_kv(gqa, QTYPES[qi], KVGEN_BACKEND_VULKAN);
+    kvgen_model *vh = tu_load_kv(gqa, "f16", KVGEN_BACKEND_VULKAN);
+    kvgen_model *cq = tu_load_kv(gqa, QTYPES[qi], KVGEN_BACKEND_CPU);
     if (vq && vh && cq) {
         test_fork_rewind(vq);
         test_shift(vq, vh);
@@ -437,16 +386,17 @@ int main(void) {
      * of 1 (a page per position), 7, 16 and 32, shuffled over spare pages; prefill and decode,
      * split and not */
     for (qi = 0; qi < 2; qi++) {
-        for (int lane = 0; lane <= (ctx->info.subgroup_arithmetic ? 2 : 1); lane++) { /* 2: attn_sg */
-            int P = lane == 1 ? 32 : 16;
-            check_attention(ctx, 6, 2, 64, 0, 37, 1, lane, P, true);   /* prefill from empty */
-            check_attention(ctx, 6, 2, 64, 100, 5, 1, lane, P, true);  /* prefill after a cached prefix */
-            check_attention(ctx, 8, 1, 32, 77, 1, 8, lane, P, true);   /* decode, split, 8 query heads per KV head */
-            check_attention(ctx, 4, 4, 32, 40, 3, 1, lane, 1, true);   /* a page per position */
-            check_attention(ctx, 9, 3, 64, 300, 1, 8, lane, P, false); /* decode, the table in order */
-            check_attention(ctx, 4, 2, 128, 33, 20, 1, lane, P, true); /* head_dim 128 */
+        kvg_vk_layout last = ctx->info.subgroup_arithmetic ? KVG_VK_LAYOUT_SUBGROUP : KVG_VK_LAYOUT_LANE;
+        for (kvg_vk_layout l = KVG_VK_LAYOUT_COOP; l <= last; l++) { /* SUBGROUP: attn_sg */
+            int P = l == KVG_VK_LAYOUT_LANE ? 32 : 16;
+            check_attention(ctx, 6, 2, 64, 0, 37, 1, l, P, true);   /* prefill from empty */
+            check_attention(ctx, 6, 2, 64, 100, 5, 1, l, P, true);  /* prefill after a cached prefix */
+            check_attention(ctx, 8, 1, 32, 77, 1, 8, l, P, true);   /* decode, split, 8 query heads per KV head */
+            check_attention(ctx, 4, 4, 32, 40, 3, 1, l, 1, true);   /* a page per position */
+            check_attention(ctx, 9, 3, 64, 300, 1, 8, l, P, false); /* decode, the table in order */
+            check_attention(ctx, 4, 2, 128, 33, 20, 1, l, P, true); /* head_dim 128 */
         }
-        check_attention(ctx, 4, 2, 96, 50, 1, 1, 1, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
+        check_attention(ctx, 4, 2, 96, 50, 1, 1, KVG_VK_LAYOUT_LANE, 7, true); /* head_dim 96: 3 blocks; pages of 7 */
     }
     CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
     kvg_vk_ctx_destroy(ctx);

@@ -1,7 +1,8 @@
 /* test_vk_sample.c: what sampling reads back from the device.
  *  - kernels: the device argmax and top-k (shaders/argmax.comp, topk.comp) against the CPU
- *    order (higher first, lowest id on ties, NaN as -inf) on vocabularies of awkward sizes,
- *    with ties, NaN, -inf and -0;
+ *    order (higher first, lowest id on ties, NaN as -inf) on vocabularies of awkward sizes
+ *    (one value to 262,144; one chunk to many, the last one partial), with ties (also across
+ *    chunks), NaN, -inf and -0;
  *  - sampler: kvg_sampler_sample_top on a bounded candidate set draws the same tokens as
  *    kvg_sampler_sample_ctx on the whole vector, seed for seed (top-k with min-p / top-p, bans
  *    leaving fewer than k tokens, ties);
@@ -104,6 +105,79 @@ static void check_select_rows(kvg_vk_ctx *ctx, uint32_t n, uint32_t rows) {
     free(c);
     free(ids);
     free(vals);
+}
+
+/* Argmax across argmax.comp's chunks of 4,096 values (pass 0 per chunk, pass 1 merges): rows
+ * whose maximum ties within and across chunks (the lowest index wins, wherever the chunks'
+ * winners lie), a -0 / +0 tie, rows all -inf, all NaN, NaN before -inf, and the best in the
+ * first or the last value; each row's id equals the CPU's (kvg_argmax) and the one expected. */
+static void check_argmax_cases(kvg_vk_ctx *ctx, uint32_t n) {
+    enum { ROWS = 8 };
+    const uint32_t C = 4096; /* argmax.comp's CHUNK */
+    float *x = malloc((size_t)n * ROWS * sizeof *x);
+    int32_t want[ROWS], ids[ROWS * KVG_VK_TOPK];
+    for (uint32_t r = 0; r < ROWS; r++) {
+        float *row = x + (size_t)r * n;
+        for (uint32_t i = 0; i < n; i++) row[i] = -1.0f - (float)(urand() % 1000) * 0.001f;
+        uint32_t last = n - 1;
+        switch (r) {
+        case 0: { /* the maximum twice in chunk 1, late in it, again in later chunks at lower
+                   * offsets (chunk 2's second value) and as the last value */
+            uint32_t a = last;
+            if (n > C) a = C + (n - C - 1 < C - 6 ? (n - C - 1) / 2 : C - 6);
+            row[a] = row[last] = 3.0f;
+            if (a + 1 < n) row[a + 1] = 3.0f;
+            if (n > 2 * C + 1) row[2 * C + 1] = 3.0f;
+            want[r] = (int32_t)a;
+            break;
+        }
+        case 1: /* one value per chunk ties, at the same offset: the first chunk's wins */
+            for (uint32_t i = 7 % n; i < n; i += C) row[i] = 2.5f;
+            want[r] = (int32_t)(7 % n);
+            break;
+        case 2: /* -0 before +0 in a later chunk (and +0 after that): equal, the first wins */
+            row[n / 3] = -0.0f;
+            row[last] = 0.0f;
+            if (n > C) row[n / 3 + C < last ? n / 3 + C : last] = 0.0f;
+            want[r] = (int32_t)(n / 3);
+            break;
+        case 3: /* all -inf */
+            for (uint32_t i = 0; i < n; i++) row[i] = -INFINITY;
+            want[r] = 0;
+            break;
+        case 4: /* all NaN */
+            for (uint32_t i = 0; i < n; i++) row[i] = NAN;
+            want[r] = 0;
+            break;
+        case 5: /* NaN at the maximum's place and before it; -inf elsewhere: NaN never wins */
+            for (uint32_t i = 0; i < n; i++) row[i] = i % 3 ? -INFINITY : NAN;
+            want[r] = 0;
+            break;
+        case 6: /* the best is the first value, NaN in every later chunk's first value */
+            row[0] = 1.0f;
+            for (uint32_t i = C; i < n; i += C) row[i] = NAN;
+            want[r] = 0;
+            break;
+        default: /* the best is the last value, the runner-up just before it */
+            row[last] = 1e30f;
+            if (last > 0) row[last - 1] = 1e29f;
+            want[r] = (int32_t)last;
+            break;
+        }
+    }
+    int got = 0, bad = 0;
+    kvgen_error err = {0};
+    kvgen_status st = kvg_vk_test_select(ctx, x, n, ROWS, 1, ids, NULL, &got, &err);
+    CHECKF(st == KVGEN_OK, "%s", err.message);
+    for (uint32_t r = 0; st == KVGEN_OK && r < ROWS; r++) {
+        int32_t dev = ids[(size_t)r * KVG_VK_TOPK], cpu = kvg_argmax(x + (size_t)r * n, (int)n);
+        if (dev != cpu || dev != want[r]) {
+            bad++;
+            printf("argmax n %u row %u: device %d, cpu %d, expected %d\n", n, r, dev, cpu, want[r]);
+        }
+    }
+    CHECKF(bad == 0, "argmax cases over %u values: %d rows differ", n, bad);
+    free(x);
 }
 
 /* ---- the sampler on a bounded set ---- */
@@ -270,7 +344,8 @@ static void test_model(void) {
 
 /* The selection under lowered limits (KVGEN_VK_MAX_*): 16 KiB of shared memory and 128
  * invocations choose argmax at 128 invocations and topk at 16 (16,256 + 64 bytes), and at most 3
- * workgroups per dimension split the topk pass over 9 chunks and the 8-row dispatches into pieces;
+ * workgroups per dimension split the passes over many chunks (argmax: 18 of 70,000 values, topk:
+ * 9) and the 8-row dispatches into pieces;
  * the results equal the CPU's exactly, as with the device's own limits. A value that is not a
  * positive integer fails the context, naming the variable. */
 static void test_small_limits(void) {
@@ -286,11 +361,15 @@ static void test_small_limits(void) {
         uint32_t sizes[] = {70000, 1000, 63, 8193};
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
             for (int ties = 0; ties <= 1; ties++) check_select(ctx, sizes[i], ties);
+        check_argmax_cases(ctx, 20000);
         check_select_rows(ctx, 49152, 8);
         check_select_rows(ctx, 8193, 5);
         uint32_t spec[KVG_SPEC_COUNT] = {0};
         spec[KVG_SPEC_WG] = 128;
         CHECKF(kvg_vk_pipeline_find(ctx, "argmax", spec) != VK_NULL_HANDLE, "argmax did not run at 128 invocations");
+        spec[KVG_SPEC_MODE] = 1;
+        CHECKF(kvg_vk_pipeline_find(ctx, "argmax", spec) != VK_NULL_HANDLE, "argmax did not merge chunks");
+        spec[KVG_SPEC_MODE] = 0;
         spec[KVG_SPEC_WG] = 16;
         CHECKF(kvg_vk_pipeline_find(ctx, "topk", spec) != VK_NULL_HANDLE, "topk did not run at 16 invocations");
         CHECK(atomic_load(&ctx->split_dispatches) > 0);
@@ -332,12 +411,16 @@ int main(void) {
     kvgen_status st = kvg_vk_ctx_create(&d, &ctx, &err);
     CHECKF(st == KVGEN_OK, "%s", err.message);
     if (ctx) {
-        uint32_t sizes[] = {49152, 1000, 257, 63, 1, 8192, 8193, 70000};
+        /* argmax chunks (4,096 values): 1, 2 (4,097: the second holds one value), 3, 12, 18, 64 */
+        uint32_t sizes[] = {49152, 1000, 257, 63, 1, 4096, 4097, 8192, 8193, 70000, 262144};
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
             for (int ties = 0; ties <= 1; ties++) check_select(ctx, sizes[i], ties);
+        uint32_t cases[] = {1, 2, 4095, 4096, 4097, 8191, 12289, 20000, 262144};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_argmax_cases(ctx, cases[i]);
         check_select_rows(ctx, 49152, 8);
         check_select_rows(ctx, 8193, 3);
         check_select_rows(ctx, 63, 5);
+        check_select_rows(ctx, 1, 7);
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);
     }

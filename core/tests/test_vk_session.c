@@ -232,17 +232,11 @@ static void test_exhaustion(const char *path) {
 
 /* every slab holds 2 pages: a pool of 16 pages spans all 8 buffers, one of 20 is refused */
 static void test_slabs(const char *path) {
-    kvgen_model_desc d = {.kv_pool_tokens = 16 * 32};
-    kvgen_model *probe = load(path, KVGEN_BACKEND_VULKAN, &d);
-    if (!probe) return;
-    kvgen_pool_info pi;
-    kvgen_model_pool_info(probe, &pi);
-    kvgen_model_unload(probe);
-    char lim[32];
-    snprintf(lim, sizeof lim, "%zu", 2 * pi.bytes_per_page + pi.bytes_per_page / 2);
-    setenv("KVGEN_VK_MAX_PART", lim, 1);
-    kvgen_model *mv = load(path, KVGEN_BACKEND_VULKAN, &d);
+    kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 2, .kv_pool_tokens = 16 * 32};
+    if (!tu_two_page_slabs(&d)) return;
+    kvgen_model *mv = tu_load(&d);
     if (mv) {
+        kvgen_pool_info pi;
         kvgen_model_pool_info(mv, &pi);
         CHECK(pi.pages_total == 16);
         test_fork(mv);

@@ -250,7 +250,7 @@ static void test_upload_refusal(void) {
     uint32_t K = 256, rows = 2;
     uint8_t *w = calloc(rows, kvg_row_bytes(KVG_TYPE_Q8_K, K));
     float x[256] = {0}, y[2] = {0};
-    st = kvg_vk_test_matmul(ctx, KVG_TYPE_Q8_K, w, rows, K, x, 1, NULL, 1e-5f, 0, -1, y, &err);
+    st = kvg_vk_test_matmul(ctx, KVG_TYPE_Q8_K, w, rows, K, x, 1, NULL, 1e-5f, 0, KVG_VK_LAYOUT_DEVICE, y, &err);
     char list[512];
     vk_list(list, sizeof list);
     CHECKF(st == KVGEN_E_UNSUPPORTED && strstr(err.message, "tensor test has type Q8_K, which the vulkan backend "

@@ -121,6 +121,66 @@ kvgen_model *tu_load(const kvgen_model_desc *desc) {
     return m;
 }
 
+kvgen_model *tu_load_kv(const char *path, const char *kv_type, kvgen_backend backend) {
+    kvgen_model_desc md = {.path = path, .backend = backend, .n_threads = 2, .kv_type = kv_type,
+                           .kv_pool_tokens = 4096};
+    return tu_load(&md);
+}
+
+kvgen_session *tu_open_session(kvgen_model *m, const kvgen_session_desc *desc) {
+    kvgen_error err = {0};
+    kvgen_session *s = NULL;
+    kvgen_session_desc sd = {.n_ctx = 512};
+    if (desc) sd = *desc;
+    CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
+    if (!s) fprintf(stderr, "session: %s\n", err.message);
+    return s;
+}
+
+int tu_vocab(const kvgen_model *m) {
+    kvgen_model_info info;
+    kvgen_model_get_info(m, &info);
+    return info.n_vocab;
+}
+
+double tu_rel_diff(const float *a, const float *b, size_t n) {
+    if (!a || !b) return INFINITY;
+    float lo = b[0], hi = b[0];
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        lo = fminf(lo, b[i]);
+        hi = fmaxf(hi, b[i]);
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    }
+    return hi > lo ? d / (double)(hi - lo) : d;
+}
+
+double tu_diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *what, double tol) {
+    kvgen_error err = {0};
+    kvgen_session_desc sd = {.n_ctx = 512, .no_prefix_reuse = 1};
+    kvgen_session *o = tu_open_session(m, &sd);
+    if (!o) return INFINITY;
+    CHECK_OK(kvgen_session_prefill(o, kvgen_session_tokens(s), kvgen_session_length(s), NULL, &err));
+    double d = tu_rel_diff(kvgen_session_logits(s), kvgen_session_logits(o), (size_t)tu_vocab(m));
+    printf("%s: logits within %.3g of a recomputation\n", what, d);
+    CHECKF(d <= tol, "%s: logits %.3g of the range from a recomputation of its %zu tokens", what, d,
+           kvgen_session_length(s));
+    kvgen_session_close(o);
+    return d;
+}
+
+bool tu_two_page_slabs(const kvgen_model_desc *d) {
+    kvgen_model *probe = tu_load(d);
+    if (!probe) return false;
+    kvgen_pool_info pi;
+    kvgen_model_pool_info(probe, &pi);
+    kvgen_model_unload(probe);
+    char lim[32];
+    snprintf(lim, sizeof lim, "%zu", 2 * pi.bytes_per_page + pi.bytes_per_page / 2);
+    setenv("KVGEN_VK_MAX_PART", lim, 1);
+    return true;
+}
+
 void tu_fill_tokens(int32_t *t, size_t n, unsigned seed, int n_vocab) {
     uint32_t x = seed * 2654435761u + 1;
     for (size_t i = 0; i < n; i++) {

@@ -69,6 +69,23 @@ void tu_pause_us(long us);
 bool tu_job_wait(kvgen_job *j);
 /* loads a model (CHECK fails with kvgen's message when it cannot); NULL on failure */
 kvgen_model *tu_load(const kvgen_model_desc *desc);
+/* the K/V page tests' models: path on `backend` with 2 threads, pages of kv_type (NULL: the
+ * backend's default) and a pool of 4,096 tokens; NULL (a failed CHECK) when it cannot load */
+kvgen_model *tu_load_kv(const char *path, const char *kv_type, kvgen_backend backend);
+/* A session of m (desc NULL: n_ctx 512); NULL, with a failed CHECK and kvgen's message, when it
+ * cannot be created */
+kvgen_session *tu_open_session(kvgen_model *m, const kvgen_session_desc *desc);
+/* m's vocabulary size */
+int tu_vocab(const kvgen_model *m);
+/* max |a - b| over n floats as a share of b's range (INFINITY when either is NULL) */
+double tu_rel_diff(const float *a, const float *b, size_t n);
+/* s's last logits against a fresh session of m (n_ctx 512, no prefix reuse) that runs s's
+ * tokens from position 0, as tu_rel_diff; printed, and CHECKed to be within tol */
+double tu_diff_to_fresh(kvgen_model *m, const kvgen_session *s, const char *what, double tol);
+/* Sets KVGEN_VK_MAX_PART so that each KV slab of a Vulkan model loaded as d holds 2 pages (a pool
+ * of 16 pages then spans all 8 slabs): a load of d (which must succeed) gives the page's bytes.
+ * False when it does not load. The variable stays set: the caller unsets it. */
+bool tu_two_page_slabs(const kvgen_model_desc *d);
 /* n deterministic pseudo-random token ids in [0, n_vocab) for a seed */
 void tu_fill_tokens(int32_t *t, size_t n, unsigned seed, int n_vocab);
 /* largest |a[i] - b[i]| over n floats; INFINITY when exactly one is NULL, 0 when both are */

@@ -247,15 +247,29 @@ const kvg_vk_wtype *kvg_vk_wtype_at(size_t i); /* table order; NULL past the end
 
 /* ---- test hooks (vk_hooks.c): run one kernel through the backend's own code paths ---- */
 
+/* Which kernels a hook runs, as a model picks them by device (docs/vulkan.md) */
+typedef enum kvg_vk_layout {
+    KVG_VK_LAYOUT_DEVICE = -1, /* the device's own choice, as a model's load makes it: the lane
+                                * kernels on CPU devices, subgroup reductions where it has
+                                * subgroup arithmetic */
+    KVG_VK_LAYOUT_COOP = 0,    /* cooperative workgroups, shared-memory reductions: the mat-vec
+                                * (decode) or the tiled GEMM (prefill), attn.comp */
+    KVG_VK_LAYOUT_LANE = 1,    /* the CPU devices' kernels: the lane mat-vec (also over 8-token
+                                * groups for prefill), attn_lane.comp (head_dim a multiple of 8) */
+    KVG_VK_LAYOUT_SUBGROUP = 2 /* the cooperative kernels with subgroup reductions (matvec_sg,
+                                * attn_sg); KVGEN_E_UNSUPPORTED without subgroup arithmetic */
+} kvg_vk_layout;
+/* "device", "coop", "lane" or "subgroup" (tests' messages) */
+const char *kvg_vk_layout_name(kvg_vk_layout layout);
+
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of
  * `type`; norm (K floats) or NULL for RMSNorm(x_t) * norm first; epi 0 store, 1 add (y holds the
  * values to add to), 3 swiglu (rows interleave gate/up; y has rows/2 per token). ncols <= 8
- * runs the decode mat-vec, larger the prefill GEMM. lane: -1 device default, 0 the cooperative
- * mat-vec with shared-memory reductions, 1 the lane mat-vec, 2 the cooperative one with subgroup
- * reductions (KVGEN_E_UNSUPPORTED without subgroup arithmetic). */
+ * runs the decode mat-vec, larger the prefill GEMM (COOP) or the lane mat-vec over 8-token
+ * groups (LANE); layout picks the kernels. */
 kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *w, uint32_t rows, uint32_t K,
-                                const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
-                                float *y, kvgen_error *err);
+                                const float *x, uint32_t ncols, const float *norm, float eps, int epi,
+                                kvg_vk_layout layout, float *y, kvgen_error *err);
 
 /* out[i] (K floats) = scale * row tokens[i] of W (rows x K in GGUF layout of `type`) through
  * embed_<type>, the matrix uploaded and split into parts as the backend does. */
@@ -280,17 +294,17 @@ int kvg_vk_model_parts(const struct kvgen_model *m, int layer, const char *which
  * context's KV) over slots filled
  * with NaN (q8_0: NaN scales): the session's
  * table names its pages in order, or (shuffle) in a fixed pseudo-random order drawn from a pool
- * half as large again. nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. lane: the
- * CPU-device kernel (attn_lane.comp; hd a multiple of 8): -1 device default, 0 attn.comp, 1
- * attn_lane.comp, 2 attn.comp's subgroup variant (KVGEN_E_UNSUPPORTED without subgroup arithmetic). */
+ * half as large again. nsplit > 1 (decode, ncols 1) uses the split + reduce kernels. layout:
+ * attn.comp (COOP), attn_lane.comp (LANE, where hd is a multiple of 8; else attn.comp) or
+ * attn_sg (SUBGROUP). */
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type, const float *q,
-                                   const float *k, const float *v, float *out, kvgen_error *err);
+                                   int nsplit, kvg_vk_layout layout, int page_size, bool shuffle, uint32_t kv_type,
+                                   const float *q, const float *k, const float *v, float *out, kvgen_error *err);
 /* The same as a layer with a sliding window (window > 0: a query at pos sees [pos - window + 1,
  * pos] only) and soft-capped scores (softcap > 0: softcap * tanh(score / softcap)). */
 kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
-                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type,
-                                         int window, float softcap, const float *q, const float *k, const float *v,
-                                         float *out, kvgen_error *err);
+                                         int ncols, int nsplit, kvg_vk_layout layout, int page_size, bool shuffle,
+                                         uint32_t kv_type, int window, float softcap, const float *q, const float *k,
+                                         const float *v, float *out, kvgen_error *err);
 
 #endif

@@ -295,6 +295,15 @@ kvgen_status kvg_vk_kv_copy(kvgen_model *m, int group, const int32_t *src_pages,
 
 /* walks one step's dispatches in w->mode (pipelines, set count, sets, commands) */
 kvgen_status kvg_vk_walk_step(walk *w);
+/* A session's descriptor sets for the op list walk_ops walks (kvg_vk_walk_step; an encoder's),
+ * with w's vm, s, n and logits: a WALK_COUNT walk counts them, w->s's sets and pool are made for
+ * that many, a WALK_SETS walk writes them, under ctx->lock with s->kv_gen read there (the KV
+ * pool may gain a slab meanwhile from another thread's session). What was made before an error
+ * is the session's to free. */
+kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w));
+/* An op's pipeline for w->mode: created at load (WALK_PIPELINES), else found (one that was not
+ * created is KVGEN_E_INTERNAL, naming the shader). */
+kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out);
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
 kvgen_status kvg_vk_op_attention(walk *w, int layer);

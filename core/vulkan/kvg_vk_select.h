@@ -10,11 +10,13 @@
 typedef struct kvg_vk_select {
     uint32_t n;          /* values per selection (a row) */
     uint32_t rows;       /* rows one submission may select over */
-    kvg_vk_buffer part;  /* topk pass 0: KVG_VK_TOPK (key, id) pairs per chunk of values, per row */
+    kvg_vk_buffer part;  /* pass 0, per row: KVG_VK_TOPK (key, id) pairs per chunk of values (topk), or
+                          * one (argmax) */
     kvg_vk_buffer out;   /* host-visible, per row: the argmax id, or KVG_VK_TOPK (key, id) pairs */
     VkDescriptorPool pool;
     VkDescriptorSet set; /* 2 the values, 3 out, 7 part */
-    VkPipeline argmax, topk_part, topk_merge;
+    VkPipeline argmax_part, argmax_merge; /* argmax_merge: none where n fits one chunk */
+    VkPipeline topk_part, topk_merge;
 } kvg_vk_select;
 
 /* Pipelines, buffers and the descriptor set for selections over up to `rows` rows of n floats

@@ -538,22 +538,8 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
     for (int v = 0; v < vm->n_rope && st == KVGEN_OK; v++) st = rope_table(vm, v, n_ctx, &s->rope[v], err);
     if (st == KVGEN_OK) {
-        walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
-        st = kvg_vk_walk_step(&cw);
-        s->n_sets = cw.cursor;
-    }
-    if (st == KVGEN_OK) {
-        s->sets = kvg_calloc((size_t)s->n_sets, sizeof *s->sets);
-        if (!s->sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    }
-    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
-    if (st == KVGEN_OK) {
-        /* the lock: the pool's slabs may be created meanwhile by another thread's session */
-        kvg_vk_lock(ctx);
-        s->kv_gen = __atomic_load_n(&vm->kv_gen, __ATOMIC_ACQUIRE);
-        walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
-        st = kvg_vk_walk_step(&sw);
-        kvg_vk_unlock(ctx);
+        walk sw = {.vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
+        st = kvg_vk_walk_sets(&sw, kvg_vk_walk_step);
     }
     if (st == KVGEN_OK) {
         VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};

@@ -57,10 +57,8 @@ static kvgen_status op_layer_norm(walk *w, int mode, const kvg_vk_buffer *wt, co
     spec_init(spec);
     spec[KVG_SPEC_WG] = e->ln_wg;
     spec[KVG_SPEC_MODE] = (uint32_t)mode;
-    if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        return kvg_vk_pipeline_get(vm->ctx, "layer_norm", spec, &p, w->err);
-    }
+    VkPipeline pipe;
+    if (w->mode == WALK_PIPELINES) return kvg_vk_walk_pipeline(w, "layer_norm", spec, &pipe);
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding bs[KVG_VK_BINDINGS] = {{0}};
@@ -73,8 +71,8 @@ static kvgen_status op_layer_norm(walk *w, int mode, const kvg_vk_buffer *wt, co
         return kvg_vk_set_create(vm->ctx, w->s->pool, bs, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "layer_norm", spec);
-    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline layer_norm was not created");
+    kvgen_status st = kvg_vk_walk_pipeline(w, "layer_norm", spec, &pipe);
+    if (st != KVGEN_OK) return st;
     struct { /* matches PC in shaders/layer_norm.comp */
         uint32_t n, ldx, ncols;
         float eps;
@@ -94,10 +92,8 @@ static kvgen_status op_attention(walk *w) {
     spec_init(spec);
     spec[KVG_SPEC_WG] = e->attn_wg;
     spec[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
-    if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        return kvg_vk_pipeline_get(vm->ctx, "enc_attn", spec, &p, w->err);
-    }
+    VkPipeline pipe;
+    if (w->mode == WALK_PIPELINES) return kvg_vk_walk_pipeline(w, "enc_attn", spec, &pipe);
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding bs[KVG_VK_BINDINGS] = {{0}};
@@ -107,8 +103,8 @@ static kvgen_status op_attention(walk *w) {
         return kvg_vk_set_create(vm->ctx, w->s->pool, bs, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "enc_attn", spec);
-    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline enc_attn was not created");
+    kvgen_status st = kvg_vk_walk_pipeline(w, "enc_attn", spec, &pipe);
+    if (st != KVGEN_OK) return st;
     struct { /* matches PC in shaders/enc_attn.comp */
         uint32_t n_head, ldq, ldo, ncols;
         float scale;
@@ -320,18 +316,8 @@ kvgen_status kvg_vk_encoder_init(kvgen_model *m, kvgen_error *err) {
     /* the descriptor sets, written once; a command buffer and a fence */
     kvg_backend_session *s = &e->s;
     s->n_ctx = (int)e->cap;
-    walk cw = {.mode = WALK_COUNT, .vm = vm, .s = s, .n = 1, .err = err};
-    st = encode_walk(&cw);
-    s->n_sets = cw.cursor;
-    if (st == KVGEN_OK) {
-        s->sets = kvg_calloc((size_t)s->n_sets, sizeof *s->sets);
-        if (!s->sets) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    }
-    if (st == KVGEN_OK) st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, err);
-    if (st == KVGEN_OK) {
-        walk sw = {.mode = WALK_SETS, .vm = vm, .s = s, .n = 1, .err = err};
-        st = encode_walk(&sw);
-    }
+    walk sw = {.vm = vm, .s = s, .n = 1, .err = err};
+    st = kvg_vk_walk_sets(&sw, encode_walk);
     if (st == KVGEN_OK) {
         VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         st = kvg_vk_check(vkCreateFence(ctx->dev, &fci, NULL, &s->fence), err, "vkCreateFence");

@@ -29,21 +29,36 @@ static kvgen_status run_one_off(kvg_vk_ctx *ctx, walk *w, kvgen_status (*op)(wal
     return kvg_vk_run_once(ctx, record_one_off, &a, err);
 }
 
+const char *kvg_vk_layout_name(kvg_vk_layout layout) {
+    switch (layout) {
+    case KVG_VK_LAYOUT_DEVICE: return "device";
+    case KVG_VK_LAYOUT_COOP: return "coop";
+    case KVG_VK_LAYOUT_LANE: return "lane";
+    case KVG_VK_LAYOUT_SUBGROUP: return "subgroup";
+    }
+    return "?";
+}
+
+/* KVG_VK_LAYOUT_DEVICE: the lane kernels on CPU devices and subgroup reductions where the device
+ * has subgroup arithmetic, as a model's load chooses them (vk_backend.c) */
+static bool device_lane(const kvg_vk_ctx *ctx) { return ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
+
 static kvgen_status op_matmul_v(walk *w, const void *a) { return kvg_vk_op_matmul(w, a); }
 static kvgen_status op_attention_v(walk *w, const void *a) { return kvg_vk_op_attention(w, 0 * (a != NULL)); }
 
 kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdata, uint32_t rows, uint32_t K,
-                                const float *x, uint32_t ncols, const float *norm, float eps, int epi, int lane,
-                                float *y, kvgen_error *err) {
+                                const float *x, uint32_t ncols, const float *norm, float eps, int epi,
+                                kvg_vk_layout layout, float *y, kvgen_error *err) {
     if (epi != EPI_STORE && epi != EPI_ADD && epi != EPI_SWIGLU)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "kvg_vk_test_matmul: epilogue %d", epi);
     vk_model vm = {0};
     vm.ctx = ctx;
     vm.hp.rms_norm_eps = eps;
     vm.hp.head_dim = 2;
-    vm.mv_lane = lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane == 1;
-    vm.subgroup = lane == 2 || (lane < 0 && ctx->info.subgroup_arithmetic);
-    if (lane == 2 && !ctx->info.subgroup_arithmetic)
+    bool dev = layout == KVG_VK_LAYOUT_DEVICE;
+    vm.mv_lane = dev ? device_lane(ctx) : layout == KVG_VK_LAYOUT_LANE;
+    vm.subgroup = dev ? ctx->info.subgroup_arithmetic : layout == KVG_VK_LAYOUT_SUBGROUP;
+    if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
                         ctx->info.name);
     vm.mv_wg = vm.mv_lane ? 32 : 64;
@@ -202,16 +217,16 @@ static void hook_page_order(int32_t *order, int32_t n_pages, bool shuffle) {
 }
 
 kvgen_status kvg_vk_test_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0, int ncols,
-                                   int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type, const float *q,
-                                   const float *k, const float *v, float *out, kvgen_error *err) {
-    return kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, lane, page_size, shuffle,
+                                   int nsplit, kvg_vk_layout layout, int page_size, bool shuffle, uint32_t kv_type,
+                                   const float *q, const float *k, const float *v, float *out, kvgen_error *err) {
+    return kvg_vk_test_attention_layer(ctx, n_head, n_kv, hd, n_ctx, pos0, ncols, nsplit, layout, page_size, shuffle,
                                        kv_type, 0, 0.0f, q, k, v, out, err);
 }
 
 kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int n_ctx, int pos0,
-                                         int ncols, int nsplit, int lane, int page_size, bool shuffle, uint32_t kv_type,
-                                         int window, float softcap, const float *q, const float *k, const float *v,
-                                         float *out, kvgen_error *err) {
+                                         int ncols, int nsplit, kvg_vk_layout layout, int page_size, bool shuffle,
+                                         uint32_t kv_type, int window, float softcap, const float *q, const float *k,
+                                         const float *v, float *out, kvgen_error *err) {
     if (n_head <= 0 || n_kv <= 0 || n_head % n_kv || n_head / n_kv > 8 || hd <= 0 || hd > 256 || hd % 2 ||
         ncols <= 0 || pos0 < 0 || pos0 + ncols > n_ctx || nsplit <= 0 || page_size <= 0 || page_size > 256 ||
         window < 0 || !(softcap >= 0.0f) ||
@@ -230,9 +245,10 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     vm.kv_qtype = kv_type;
     vm.kv_block = kv_type == KVG_TYPE_Q8_0 ? 34u : kv_type == KVG_TYPE_Q4_0 ? 18u : 0u;
     vm.ld_q = (uint32_t)(n_head * hd);
-    vm.attn_lane = (lane < 0 ? ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU : lane == 1) && hd % 8 == 0;
-    vm.subgroup = lane == 2 || (lane < 0 && ctx->info.subgroup_arithmetic);
-    if (lane == 2 && !ctx->info.subgroup_arithmetic)
+    bool dev = layout == KVG_VK_LAYOUT_DEVICE;
+    vm.attn_lane = (dev ? device_lane(ctx) : layout == KVG_VK_LAYOUT_LANE) && hd % 8 == 0;
+    vm.subgroup = dev ? ctx->info.subgroup_arithmetic : layout == KVG_VK_LAYOUT_SUBGROUP;
+    if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: device %s has no subgroup arithmetic",
                         ctx->info.name);
     /* a one-layer pool in one slab, as kvg_vk_kv_pool_init lays it out: page q at q * page_elems,

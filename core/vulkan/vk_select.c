@@ -4,9 +4,13 @@
 #include <string.h>
 #include "kvg_model.h"
 
-#define TOPK_CHUNK 8192u /* topk.comp's CHUNK */
+#define ARGMAX_CHUNK 4096u /* argmax.comp's CHUNK */
+#define TOPK_CHUNK 8192u   /* topk.comp's CHUNK */
 
-static uint32_t n_chunks(uint32_t n) { return (n + TOPK_CHUNK - 1) / TOPK_CHUNK; }
+/* pass 0's workgroups per row (at most 4,096 for 2^24 values: under Vulkan's guaranteed 65,535
+ * workgroups per dimension; kvg_vk_cmd_dispatch splits a grid past a lowered limit) */
+static uint32_t argmax_chunks(uint32_t n) { return (n + ARGMAX_CHUNK - 1) / ARGMAX_CHUNK; }
+static uint32_t topk_chunks(uint32_t n) { return (n + TOPK_CHUNK - 1) / TOPK_CHUNK; }
 
 kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, uint32_t n, uint32_t rows,
                                 kvg_vk_select *sel, kvgen_error *err) {
@@ -20,14 +24,18 @@ kvgen_status kvg_vk_select_init(kvg_vk_ctx *ctx, const kvg_vk_buffer *values, ui
     uint32_t spec[KVG_SPEC_COUNT] = {0};
     spec[KVG_SPEC_WG] = 256;
     kvg_vk_fit_wg(ctx, "argmax", spec, 32);
-    kvgen_status st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax, err);
+    kvgen_status st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax_part, err);
+    spec[KVG_SPEC_MODE] = 1;
+    if (st == KVGEN_OK && argmax_chunks(n) > 1) st = kvg_vk_pipeline_get(ctx, "argmax", spec, &sel->argmax_merge, err);
+    spec[KVG_SPEC_MODE] = 0;
     spec[KVG_SPEC_WG] = 32;
     kvg_vk_fit_wg(ctx, "topk", spec, 1);
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_part, err);
     spec[KVG_SPEC_MODE] = 1;
     if (st == KVGEN_OK) st = kvg_vk_pipeline_get(ctx, "topk", spec, &sel->topk_merge, err);
+    /* the pairs of topk's pass 0, which outnumber argmax's (64 per 8,192 values vs 1 per 4,096) */
     if (st == KVGEN_OK)
-        st = kvg_vk_buffer_create(ctx, (size_t)rows * n_chunks(n) * KVG_VK_TOPK * 8, KVG_VK_MEM_DEVICE, &sel->part,
+        st = kvg_vk_buffer_create(ctx, (size_t)rows * topk_chunks(n) * KVG_VK_TOPK * 8, KVG_VK_MEM_DEVICE, &sel->part,
                                   err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)rows * KVG_VK_TOPK * 8, KVG_VK_MEM_HOST, &sel->out, err);
     if (st == KVGEN_OK && !sel->out.map)
@@ -57,11 +65,17 @@ void kvg_vk_select_record(kvg_vk_ctx *ctx, VkCommandBuffer cb, const kvg_vk_sele
     if (rows > sel->rows) rows = sel->rows;
     kvg_vk_cmd_barrier(cb);
     if (k == 1) {
-        kvg_vk_cmd_dispatch(ctx, cb, sel->argmax, sel->set, pc, sizeof pc, 1, rows, 1);
+        uint32_t g = argmax_chunks(sel->n);
+        kvg_vk_cmd_dispatch(ctx, cb, sel->argmax_part, sel->set, pc, sizeof pc, g, rows, 1);
+        if (g > 1) { /* one chunk wrote its row's index itself */
+            kvg_vk_cmd_barrier(cb);
+            uint32_t pm[2] = {g, 0};
+            kvg_vk_cmd_dispatch(ctx, cb, sel->argmax_merge, sel->set, pm, sizeof pm, 1, rows, 1);
+        }
     } else {
-        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_part, sel->set, pc, sizeof pc, n_chunks(sel->n), rows, 1);
+        kvg_vk_cmd_dispatch(ctx, cb, sel->topk_part, sel->set, pc, sizeof pc, topk_chunks(sel->n), rows, 1);
         kvg_vk_cmd_barrier(cb);
-        uint32_t pm[2] = {n_chunks(sel->n) * KVG_VK_TOPK, 0};
+        uint32_t pm[2] = {topk_chunks(sel->n) * KVG_VK_TOPK, 0};
         kvg_vk_cmd_dispatch(ctx, cb, sel->topk_merge, sel->set, pm, sizeof pm, 1, rows, 1);
     }
     kvg_vk_cmd_host_barrier(cb);

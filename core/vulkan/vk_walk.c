@@ -11,8 +11,10 @@
  * One function, kvg_vk_walk_step, walks those dispatches in order for every purpose (creating
  * the pipelines at load, counting and writing a session's descriptor sets, recording the
  * commands), so the three can never disagree. It owns the ops (mat-mul, embed, attention, norms),
- * recording a step (with the on-device selection after it), rewriting a session's sets when the
- * KV pool gained a slab, and the KVGEN_VK_PROFILE timestamps. Calls vk_kv.c (KV layout),
+ * the course every walk shares (an op's pipeline created or found, a session's sets counted and
+ * written: for an encoder's walk too, vk_encode.c), recording a step (with the on-device
+ * selection after it), rewriting a session's sets when the KV pool gained a slab, and the
+ * KVGEN_VK_PROFILE timestamps. Calls vk_kv.c (KV layout),
  * vk_select.c, vk_device.c. */
 #include <math.h>
 #include <stdio.h>
@@ -63,9 +65,39 @@ static bool lane_ubo(const vk_model *vm, const vk_matrix *m, uint32_t ldx, uint3
            (size_t)m->nb * 128 <= ctx->ubo_window && align && ((size_t)ldx * 4) % align == 0;
 }
 
-/* the mat-mul pipeline of one part (its weight type) for ncols tokens */
+kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out) {
+    if (w->mode == WALK_PIPELINES) return kvg_vk_pipeline_get(w->vm->ctx, shader, spec, out, w->err);
+    *out = kvg_vk_pipeline_find(w->vm->ctx, shader, spec);
+    if (!*out) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created at load", shader);
+    return KVGEN_OK;
+}
+
+kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w)) {
+    kvg_backend_session *s = w->s;
+    kvg_vk_ctx *ctx = w->vm->ctx;
+    w->mode = WALK_COUNT;
+    w->cursor = 0;
+    kvgen_status st = walk_ops(w);
+    if (st != KVGEN_OK) return st;
+    s->n_sets = w->cursor;
+    s->sets = kvg_calloc((size_t)s->n_sets, sizeof *s->sets);
+    if (!s->sets) return kvg_fail(w->err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
+    st = kvg_vk_pool_create(ctx, (uint32_t)s->n_sets, &s->pool, w->err);
+    if (st != KVGEN_OK) return st;
+    /* the lock: the pool's slabs may be created meanwhile by another thread's session */
+    kvg_vk_lock(ctx);
+    s->kv_gen = __atomic_load_n(&w->vm->kv_gen, __ATOMIC_ACQUIRE);
+    w->mode = WALK_SETS;
+    w->cursor = 0;
+    st = walk_ops(w);
+    kvg_vk_unlock(ctx);
+    return st;
+}
+
+/* the mat-mul pipeline of one part (its weight type) for ncols tokens, created or found as
+ * w->mode asks (kvg_vk_walk_pipeline) */
 static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *part, int epi, bool norm,
-                                    uint32_t ncols, uint32_t ldx, bool create, VkPipeline *out) {
+                                    uint32_t ncols, uint32_t ldx, VkPipeline *out) {
     vk_model *vm = w->vm;
     char name[32];
     uint32_t spec[KVG_SPEC_COUNT];
@@ -85,10 +117,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     } else {
         snprintf(name, sizeof name, "gemm_%s", part->wt->suffix);
     }
-    if (create) return kvg_vk_pipeline_get(vm->ctx, name, spec, out, w->err);
-    *out = kvg_vk_pipeline_find(vm->ctx, name, spec);
-    if (!*out) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created at load", name);
-    return KVGEN_OK;
+    return kvg_vk_walk_pipeline(w, name, spec, out);
 }
 
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
@@ -100,7 +129,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
         VkPipeline p;
         for (int pi = 0; pi < a->m->n_parts; pi++)
             for (int i = 0; i < 3 && st == KVGEN_OK; i++)
-                st = matmul_pipeline(w, a->m, &a->m->parts[pi], a->epi, a->norm, variants[i], a->ldx, true, &p);
+                st = matmul_pipeline(w, a->m, &a->m->parts[pi], a->epi, a->norm, variants[i], a->ldx, &p);
         return st;
     }
     /* the dispatches of one op (parts, input windows) write one output buffer, each its own rows
@@ -129,7 +158,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             if (st != KVGEN_OK) return st;
         } else if (w->mode == WALK_RECORD) {
             VkPipeline pipe;
-            st = matmul_pipeline(w, a->m, part, a->epi, a->norm, a->ncols, a->ldx, false, &pipe);
+            st = matmul_pipeline(w, a->m, part, a->epi, a->norm, a->ncols, a->ldx, &pipe);
             if (st != KVGEN_OK) return st;
             pc_weights pc = {.nrows = part->rows,
                              .nb = a->m->nb,
@@ -191,9 +220,9 @@ kvgen_status kvg_vk_op_embed(walk *w) {
     for (int pi = 0; pi < vm->embd.n_parts; pi++) {
         const vk_part *part = &vm->embd.parts[pi];
         snprintf(name, sizeof name, "embed_%s", part->wt->suffix);
+        VkPipeline pipe;
         if (w->mode == WALK_PIPELINES) {
-            VkPipeline p;
-            st = kvg_vk_pipeline_get(vm->ctx, name, spec, &p, w->err);
+            st = kvg_vk_walk_pipeline(w, name, spec, &pipe);
             if (st != KVGEN_OK) return st;
             continue;
         }
@@ -206,8 +235,8 @@ kvgen_status kvg_vk_op_embed(walk *w) {
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
             if (st != KVGEN_OK) return st;
         } else if (w->mode == WALK_RECORD) {
-            VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, name, spec);
-            if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created", name);
+            st = kvg_vk_walk_pipeline(w, name, spec, &pipe);
+            if (st != KVGEN_OK) return st;
             /* embed.comp reads word 9 (eps) as the embedding scale (gemma: sqrt(n_embd)) */
             pc_weights pc = {.nrows = part->rows, .nb = vm->embd.nb, .scale_off = part->scale_off, .ncols = w->n,
                              .ldo = vm->ld_x, .row0 = part->row0, .eps = vm->embd_scale};
@@ -235,11 +264,11 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     spec_direct[KVG_SPEC_DIRECT] = 1;
     spec_split[KVG_SPEC_DIRECT] = 0;
     spec_init(spec_reduce);
+    VkPipeline pa, pr;
     if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        kvgen_status st = kvg_vk_pipeline_get(vm->ctx, attn, spec_direct, &p, w->err);
-        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, attn, spec_split, &p, w->err);
-        if (st == KVGEN_OK) st = kvg_vk_pipeline_get(vm->ctx, "attn_reduce", spec_reduce, &p, w->err);
+        kvgen_status st = kvg_vk_walk_pipeline(w, attn, spec_direct, &pa);
+        if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, attn, spec_split, &pa);
+        if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
         return st;
     }
     int idx = w->cursor++;
@@ -268,9 +297,9 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .window = vm->layers ? vm->layers[layer].window : 0,
                   .softcap = vm->attn_softcap};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
-    VkPipeline pa = kvg_vk_pipeline_find(vm->ctx, attn, split ? spec_split : spec_direct);
-    VkPipeline pr = kvg_vk_pipeline_find(vm->ctx, "attn_reduce", spec_reduce);
-    if (!pa || !pr) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: attention pipelines were not created");
+    kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? spec_split : spec_direct, &pa);
+    if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
+    if (st != KVGEN_OK) return st;
     if (vm->attn_lane)
         kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc,
                             (w->n * pc.nsplit + lane_wg - 1) / lane_wg, (uint32_t)hp->n_head_kv, 1);
@@ -297,10 +326,8 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
     if (mode == NORM_HEADS) kvg_vk_kv_spec(vm, spec);
     spec[KVG_SPEC_WG] = 64;
     spec[KVG_SPEC_MODE] = (uint32_t)mode;
-    if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        return kvg_vk_pipeline_get(vm->ctx, "rms_norm", spec, &p, w->err);
-    }
+    VkPipeline pipe;
+    if (w->mode == WALK_PIPELINES) return kvg_vk_walk_pipeline(w, "rms_norm", spec, &pipe);
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
@@ -318,8 +345,8 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "rms_norm", spec);
-    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline rms_norm was not created");
+    kvgen_status st = kvg_vk_walk_pipeline(w, "rms_norm", spec, &pipe);
+    if (st != KVGEN_OK) return st;
     bool heads = mode == NORM_HEADS;
     pc_norm pc = {.n = (uint32_t)(heads ? hp->head_dim : hp->n_embd),
                   .ldi = heads ? vm->ld_qk : vm->ld_x,
@@ -347,10 +374,8 @@ static kvgen_status op_kv_store(walk *w, int layer) {
     uint32_t spec[KVG_SPEC_COUNT];
     spec_init(spec);
     kvg_vk_kv_spec(vm, spec);
-    if (w->mode == WALK_PIPELINES) {
-        VkPipeline p;
-        return kvg_vk_pipeline_get(vm->ctx, "kv_store", spec, &p, w->err);
-    }
+    VkPipeline pipe;
+    if (w->mode == WALK_PIPELINES) return kvg_vk_walk_pipeline(w, "kv_store", spec, &pipe);
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
@@ -360,8 +385,8 @@ static kvgen_status op_kv_store(walk *w, int layer) {
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    VkPipeline pipe = kvg_vk_pipeline_find(vm->ctx, "kv_store", spec);
-    if (!pipe) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline kv_store was not created");
+    kvgen_status st = kvg_vk_walk_pipeline(w, "kv_store", spec, &pipe);
+    if (st != KVGEN_OK) return st;
     pc_kv_store pc = {.n_kv = (uint32_t)hp->n_head_kv, .hd = (uint32_t)hp->head_dim, .ncols = w->n,
                       .kv_raw = vm->kv_raw};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
