@@ -12,6 +12,8 @@
 // Bindings: 0 params, 1 weights (part), 2 x (f32, token t at x_off + t*ldx), 3 out, 4 norm
 // weight (NORM: x is RMS-normalised and scaled by it on the fly), 5/6/7 see epilogue.glsl.
 // Each invocation walks quarter-blocks q = tid, tid + WG, ...: at most nb*4/WG trips.
+// matvec_sg_<type> (SUBGROUP) on a GPU runs one subgroup per workgroup (WG = the subgroup size):
+// its sums are subgroupAdds of registers, without shared memory or barriers.
 //
 // LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
 // workgroup runs on one core and barriers and reductions are costly: each invocation computes
@@ -77,6 +79,11 @@ void reduce_all(uint tid, uint n) {
     }
     barrier();
 }
+// One subgroup per workgroup (the host makes WG the device's subgroup size on the subgroup
+// layout): every sum is a subgroupAdd of registers, with no shared memory and no barrier.
+// gl_NumSubgroups is the same in the whole workgroup, so the test keeps the barriers of
+// reduce_all in uniform control flow when a driver splits the workgroup after all.
+bool one_subgroup() { return gl_NumSubgroups == 1u; }
 #else
 // A tree over WG, each level's n * s additions spread over the whole workgroup by a plain (not
 // unrolled) loop. The code stays small on purpose: a shader with barriers is compiled by
@@ -102,18 +109,27 @@ void main() {
     float scale[NCOLS];
     [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = 1.0;
     if (NORM != 0u && LANE == 0u) {
+        float ss[NCOLS];
         [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-            float ss = 0.0;
+            ss[c] = 0.0;
             if (pc.c0 + gl_WorkGroupID.y * NCOLS + c < pc.ncols)
                 for (uint k4 = tid; k4 < pc.nb * 8u; k4 += WG) {
                     vec4 v = xin[(pc.x_off + (pc.c0 + gl_WorkGroupID.y * NCOLS + c) * pc.ldx) / 4u + k4];
-                    ss += dot(v, v);
+                    ss[c] += dot(v, v);
                 }
-            red[c * WG + tid] = ss;
         }
-        reduce_all(tid, NCOLS);
-        [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = inversesqrt(red[c * WG] / float(pc.kreal) + pc.eps);
-        barrier();
+#ifdef SUBGROUP
+        if (one_subgroup()) {
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++)
+                scale[c] = inversesqrt(subgroupAdd(ss[c]) / float(pc.kreal) + pc.eps);
+        } else
+#endif
+        {
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) red[c * WG + tid] = ss[c];
+            reduce_all(tid, NCOLS);
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = inversesqrt(red[c * WG] / float(pc.kreal) + pc.eps);
+            barrier();
+        }
     }
 
     if (LANE != 0u) {
@@ -230,10 +246,23 @@ void main() {
             }
         }
     }
-    [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) red[i * WG + tid] = acc[i];
-    reduce_all(tid, ROWS * NCOLS);
     // one invocation per (row pair, token)
     uint npairs = ROWS / 2u;
+#ifdef SUBGROUP
+    if (one_subgroup()) {
+        [[unroll]] for (uint c = 0u; c < NCOLS; c++)
+            [[unroll]] for (uint rp = 0u; rp < ROWS / 2u; rp++) {
+                float a = subgroupAdd(acc[2u * rp * NCOLS + c]);
+                float b = subgroupAdd(acc[(2u * rp + 1u) * NCOLS + c]);
+                uint r = r0 + 2u * rp;
+                if ((c * npairs + rp) % WG == tid && c < pc.ncols && r < pc.nrows)
+                    store_pair(pc.row0 + r, c, a, b, r + 1u < pc.nrows);
+            }
+        return;
+    }
+#endif
+    [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) red[i * WG + tid] = acc[i];
+    reduce_all(tid, ROWS * NCOLS);
     for (uint p = tid; p < npairs * NCOLS; p += WG) {
         uint rp = p % npairs, c = p / npairs;
         uint r = r0 + 2u * rp;

@@ -268,7 +268,7 @@ static void check_attention(kvg_vk_ctx *ctx, int n_head, int n_kv, int hd, int p
 static void run_all(kvg_vk_ctx *ctx) {
     bool subgroups = ctx->info.subgroup_arithmetic;
     const kvg_vk_layout DEV = KVG_VK_LAYOUT_DEVICE, COOP = KVG_VK_LAYOUT_COOP, LANE = KVG_VK_LAYOUT_LANE,
-                        SG = KVG_VK_LAYOUT_SUBGROUP;
+                        SG = KVG_VK_LAYOUT_SUBGROUP, SG1 = KVG_VK_LAYOUT_SUBGROUP_ONE;
     kvg_vk_layout last = subgroups ? SG : LANE; /* the layouts this device runs: COOP..last */
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
@@ -284,15 +284,17 @@ static void run_all(kvg_vk_ctx *ctx) {
                 check_matmul(ctx, t, 65, 768, 9, false, 1, l);
             }
             check_matmul(ctx, t, 22, 2304, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
-            if (subgroups) { /* the cooperative mat-vec with subgroup reductions */
-                check_matmul(ctx, t, 37, 1280, 1, true, 0, SG);
-                check_matmul(ctx, t, 38, 768, 3, false, 3, SG);
-                check_matmul(ctx, t, 21, 256, 8, false, 1, SG);
+            /* the cooperative mat-vec with subgroup reductions, in 64-invocation workgroups
+             * (SG) and in one subgroup per workgroup (SG1) */
+            for (kvg_vk_layout l = SG; subgroups && l <= SG1; l++) {
+                check_matmul(ctx, t, 37, 1280, 1, true, 0, l);
+                check_matmul(ctx, t, 38, 768, 3, false, 3, l);
+                check_matmul(ctx, t, 21, 256, 8, false, 1, l);
             }
             continue;
         }
-        /* decode: the cooperative mat-vec (COOP; SG: its subgroup reductions) and the lane one */
-        for (kvg_vk_layout l = COOP; l <= last; l++) {
+        /* decode: the cooperative mat-vec (COOP; SG, SG1: its subgroup reductions) and the lane one */
+        for (kvg_vk_layout l = COOP; l <= (subgroups ? SG1 : last); l++) {
             check_matmul(ctx, t, 37, 1536 + 32, 1, true, 0, l);
             check_matmul(ctx, t, 38, 1536 + 32, 3, false, 3, l);
             check_matmul(ctx, t, 21, 256, 8, false, 1, l);
@@ -321,6 +323,9 @@ static void run_all(kvg_vk_ctx *ctx) {
     if (subgroups) {
         check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, SG);
         check_matmul(ctx, KVG_TYPE_F16, 9, 70, 5, true, 0, SG);
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, SG1);
+        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 5, true, 0, SG1);
+        check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 8, true, 0, SG1);
     }
 
     /* both kernels: the cooperative one (COOP; SG: attn.comp's subgroup variant) and

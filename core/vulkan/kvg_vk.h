@@ -256,10 +256,13 @@ typedef enum kvg_vk_layout {
                                 * (decode) or the tiled GEMM (prefill), attn.comp */
     KVG_VK_LAYOUT_LANE = 1,    /* the CPU devices' kernels: the lane mat-vec (also over 8-token
                                 * groups for prefill), attn_lane.comp (head_dim a multiple of 8) */
-    KVG_VK_LAYOUT_SUBGROUP = 2 /* the cooperative kernels with subgroup reductions (matvec_sg,
-                                * attn_sg); KVGEN_E_UNSUPPORTED without subgroup arithmetic */
+    KVG_VK_LAYOUT_SUBGROUP = 2, /* the cooperative kernels with subgroup reductions (matvec_sg,
+                                 * attn_sg) in 64-invocation workgroups; KVGEN_E_UNSUPPORTED without
+                                 * subgroup arithmetic */
+    KVG_VK_LAYOUT_SUBGROUP_ONE = 3 /* the same with one subgroup per mat-vec workgroup (the
+                                    * device's subgroup size), as a GPU's load picks it */
 } kvg_vk_layout;
-/* "device", "coop", "lane" or "subgroup" (tests' messages) */
+/* "device", "coop", "lane", "subgroup" or "subgroup1" (tests' messages) */
 const char *kvg_vk_layout_name(kvg_vk_layout layout);
 
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of

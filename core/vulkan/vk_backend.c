@@ -291,7 +291,6 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
 
     /* a CPU device runs a workgroup on one core: no cooperation inside workgroups there */
     vm->mv_lane = ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
-    vm->mv_wg = vm->mv_lane ? 32 : 64;
     vm->mv_rows = 4;
     vm->lane_rows = 8;
     vm->lane_ubo = true;
@@ -299,7 +298,6 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * each split's fixed cost (and the reduce) dominates: split there only for the loop limit */
     vm->nsplit = vm->mv_lane ? 1 : 8;
     if (getenv("KVGEN_VK_LANE")) vm->mv_lane = atoi(getenv("KVGEN_VK_LANE")) != 0;
-    if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
     if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));
     if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
     if (vm->lane_rows < 2) vm->lane_rows = 2;
@@ -308,6 +306,9 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * offers it in compute shaders; KVGEN_VK_SUBGROUP=0 keeps the shared-memory paths */
     vm->subgroup = ctx->info.subgroup_arithmetic;
     if (getenv("KVGEN_VK_SUBGROUP") && atoi(getenv("KVGEN_VK_SUBGROUP")) == 0) vm->subgroup = false;
+    /* with subgroup reductions a mat-vec workgroup is one subgroup: no shared memory, no barrier */
+    vm->mv_wg = kvg_vk_matvec_wg(ctx, vm->mv_lane, vm->subgroup);
+    if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
     /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;

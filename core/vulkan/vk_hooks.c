@@ -35,6 +35,7 @@ const char *kvg_vk_layout_name(kvg_vk_layout layout) {
     case KVG_VK_LAYOUT_COOP: return "coop";
     case KVG_VK_LAYOUT_LANE: return "lane";
     case KVG_VK_LAYOUT_SUBGROUP: return "subgroup";
+    case KVG_VK_LAYOUT_SUBGROUP_ONE: return "subgroup1";
     }
     return "?";
 }
@@ -57,11 +58,12 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     vm.hp.head_dim = 2;
     bool dev = layout == KVG_VK_LAYOUT_DEVICE;
     vm.mv_lane = dev ? device_lane(ctx) : layout == KVG_VK_LAYOUT_LANE;
-    vm.subgroup = dev ? ctx->info.subgroup_arithmetic : layout == KVG_VK_LAYOUT_SUBGROUP;
+    vm.subgroup = dev ? ctx->info.subgroup_arithmetic
+                      : layout == KVG_VK_LAYOUT_SUBGROUP || layout == KVG_VK_LAYOUT_SUBGROUP_ONE;
     if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
                         ctx->info.name);
-    vm.mv_wg = vm.mv_lane ? 32 : 64;
+    vm.mv_wg = kvg_vk_matvec_wg(ctx, vm.mv_lane, vm.subgroup && layout != KVG_VK_LAYOUT_SUBGROUP);
     vm.mv_rows = 4;
     vm.lane_rows = 8;
     vm.lane_ubo = true;
@@ -247,7 +249,8 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     vm.ld_q = (uint32_t)(n_head * hd);
     bool dev = layout == KVG_VK_LAYOUT_DEVICE;
     vm.attn_lane = (dev ? device_lane(ctx) : layout == KVG_VK_LAYOUT_LANE) && hd % 8 == 0;
-    vm.subgroup = dev ? ctx->info.subgroup_arithmetic : layout == KVG_VK_LAYOUT_SUBGROUP;
+    vm.subgroup = dev ? ctx->info.subgroup_arithmetic
+                      : layout == KVG_VK_LAYOUT_SUBGROUP || layout == KVG_VK_LAYOUT_SUBGROUP_ONE;
     if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: device %s has no subgroup arithmetic",
                         ctx->info.name);

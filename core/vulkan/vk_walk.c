@@ -94,6 +94,13 @@ kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w)) {
     return st;
 }
 
+uint32_t kvg_vk_matvec_wg(const kvg_vk_ctx *ctx, bool lane, bool one_subgroup) {
+    if (lane) return 32;
+    uint32_t sg = ctx->info.subgroup_size;
+    if (one_subgroup && sg > 0) return sg < 64 ? sg : 64;
+    return 64;
+}
+
 /* the mat-mul pipeline of one part (its weight type) for ncols tokens, created or found as
  * w->mode asks (kvg_vk_walk_pipeline) */
 static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *part, int epi, bool norm,
