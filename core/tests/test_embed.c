@@ -6,7 +6,8 @@
  * bytes, a file without pooling metadata, every refusal (bad arguments, a session on an
  * encoder), calls on one model from several threads at once (the bits of the same calls one
  * after another: one call at a time uses the activations kept with the model, the others their
- * own), and a decoder's embedding (its last hidden state is what its logits are made of). */
+ * own), a batch too large for the kept activations (a buffer of its own, against the reference),
+ * and a decoder's embedding (its last hidden state is what its logits are made of). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -145,6 +146,53 @@ static void test_backends(const char *path, double tol, bool by_cosine) {
     CHECK(cosine(a + 1 * D, a + 2 * D, D) < 0.9999);
     free(a);
     free(b);
+    kvgen_model_unload(ref);
+    kvgen_model_unload(cpu);
+}
+
+/* A batch whose activations pass what the cpu backend keeps with the model (8 MiB): the call
+ * takes a buffer of its own. 96 texts cut to the model's 64 tokens on a model of width 256
+ * (feed-forward 1024): forwards of up to 2,048 tokens of (4 x 256 + 256 + 1024) floats each,
+ * about 18 MiB.
+ * Its vectors match the reference, the same call twice gives the same bits, and a small call
+ * after it still gives its earlier bits (the kept buffer). */
+#define BIG_TEXTS 96
+static void test_large_batch(const char *path, double tol) {
+    kvgen_model *ref = load(path, KVGEN_BACKEND_REFERENCE), *cpu = load(path, KVGEN_BACKEND_CPU);
+    CHECK(ref && cpu);
+    char *buf = malloc(BIG_TEXTS * 400);
+    const char *texts[BIG_TEXTS];
+    if (ref && cpu && buf) {
+        for (int i = 0; i < BIG_TEXTS; i++) {
+            char *t = buf + (size_t)i * 400;
+            int n = snprintf(t, 400, "%c%c %c ", 'a' + i % 26, 'a' + i / 26 % 26, 'z' - i % 7);
+            for (; n < 399; n++) t[n] = "ab c"[n % 4];
+            t[399] = 0;
+            texts[i] = t;
+        }
+        kvgen_model_info info;
+        kvgen_model_get_info(ref, &info);
+        int D = info.n_embd;
+        float *small0 = embed_all(cpu, TEXTS, N_TEXTS, NULL, D);
+        float *a = embed_all(ref, texts, BIG_TEXTS, NULL, D), *b = embed_all(cpu, texts, BIG_TEXTS, NULL, D);
+        float *b2 = embed_all(cpu, texts, BIG_TEXTS, NULL, D), *small1 = embed_all(cpu, TEXTS, N_TEXTS, NULL, D);
+        double worst = 0;
+        for (size_t k = 0; k < (size_t)BIG_TEXTS * D; k++)
+            if (fabs(a[k] - b[k]) > worst) worst = fabs(a[k] - b[k]);
+        CHECKF(worst <= tol, "%s: a %d-text batch, cpu against reference: max |difference| %g (tolerance %g)", path,
+               BIG_TEXTS, worst, tol);
+        CHECK(memcmp(b, b2, (size_t)BIG_TEXTS * D * sizeof *b) == 0);
+        CHECK(memcmp(small0, small1, N_TEXTS * (size_t)D * sizeof *b) == 0);
+        CHECK(cosine(b, b + D, D) < 0.9999); /* the texts differ, and so do their vectors */
+        printf("%s: a %d-text batch on the cpu backend, max |difference| to the reference %.3g\n", path, BIG_TEXTS,
+               worst);
+        free(small0);
+        free(small1);
+        free(a);
+        free(b);
+        free(b2);
+    }
+    free(buf);
     kvgen_model_unload(ref);
     kvgen_model_unload(cpu);
 }
@@ -363,14 +411,16 @@ int main(void) {
                                                "--type Q8_0 --embd-type F32");
     char *nopool = tu_make_model("e-bert-nopool.gguf", "--arch bert --layers 2 --embd 64 --ff 128 --heads 4 "
                                                        "--ctx 64 --pooling none");
-    CHECK(f32 && q8 && nopool);
-    if (f32 && q8 && nopool) {
+    char *wide = tu_make_model("e-bert-wide.gguf", "--arch bert --layers 2 --embd 256 --ff 1024 --heads 4 --ctx 64");
+    CHECK(f32 && q8 && nopool && wide);
+    if (f32 && q8 && nopool && wide) {
         kvgen_model *m = load(f32, KVGEN_BACKEND_REFERENCE);
         CHECK(m != NULL);
         if (m) test_wordpiece(m);
         kvgen_model_unload(m);
         test_backends(f32, 1e-4, false);
         test_backends(q8, 0.999, true);
+        test_large_batch(wide, 1e-4);
         test_inputs(f32, nopool);
         test_concurrent(f32, KVGEN_BACKEND_CPU);
         test_concurrent(q8, KVGEN_BACKEND_CPU);
@@ -380,5 +430,6 @@ int main(void) {
     free(f32);
     free(q8);
     free(nopool);
+    free(wide);
     return tu_finish("test_embed");
 }
