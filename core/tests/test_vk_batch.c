@@ -18,7 +18,9 @@
  *   and 33);
  * - batches of 16 and 33 on a GPU's layouts (KVGEN_VK_LANE=0, KVGEN_VK_ATTN_LANE=0: a step of
  *   more than 8 columns through the GEMM, as prefill, against the cooperative mat-vec of the
- *   separate decodes).
+ *   separate decodes);
+ * - a buffer range (KVGEN_VK_MAX_PART) too small for 64 columns' decode partials: the batch
+ *   session holds 12, and a batch of 20 runs as steps of 12 and 8.
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -34,6 +36,7 @@
 #include "testutil.h"
 
 static int n_vocab;
+static uint32_t want_cols = VK_BATCH_MAX; /* the columns the batch session should hold */
 
 static kvgen_model *load(const char *path, const char *kv_type) {
     kvgen_model_desc d = {.path = path, .backend = KVGEN_BACKEND_VULKAN, .n_threads = 2, .kv_page_size = 16,
@@ -132,12 +135,14 @@ static void test_logits(kvgen_model *m, const char *what, int N) {
     }
     /* a batch ran as one step of all its columns (VK_BATCH_MAX + 1: one of every column the
      * batch session holds, VK_BATCH_MAX on this model, whose scratch holds 128 tokens; the one
-     * left decoded on its own session) */
+     * left decoded on its own session), or, past the columns a smaller limit leaves, in steps
+     * of all of them and one of the rest */
     const vk_model *vm = m->backend;
     if (vm->bat) {
-        CHECKF(vm->bat->n_cols == VK_BATCH_MAX, "%s: the batch session holds %u columns, not %d", what,
-               vm->bat->n_cols, VK_BATCH_MAX);
-        uint32_t last = (uint32_t)N < vm->bat->n_cols ? (uint32_t)N : vm->bat->n_cols;
+        CHECKF(vm->bat->n_cols == want_cols, "%s: the batch session holds %u columns, not %u", what, vm->bat->n_cols,
+               want_cols);
+        uint32_t n = N < VK_BATCH_MAX ? (uint32_t)N : VK_BATCH_MAX, nc = vm->bat->n_cols;
+        uint32_t last = n <= nc ? n : n % nc ? n % nc : nc;
         CHECKF(vm->bat->decode_ncols == last, "%s: a batch of %d ended with a step of %u columns, not %u", what, N,
                vm->bat->decode_ncols, last);
     }
@@ -227,19 +232,30 @@ int main(void) {
                                                     "--layers 3");
     CHECK(path != NULL && path32 != NULL);
     if (!path || !path32) return tu_finish("test_vk_batch");
-    static const char *const KV[4] = {NULL, "q8_0", "q4_0", NULL};
-    static const char *const WHAT[4] = {"vulkan", "vulkan q8_0 pages", "vulkan q4_0 pages", "vulkan GPU layouts"};
+    static const char *const KV[5] = {NULL, "q8_0", "q4_0", NULL, "q4_0"};
+    static const char *const WHAT[5] = {"vulkan", "vulkan q8_0 pages", "vulkan q4_0 pages", "vulkan GPU layouts",
+                                        "vulkan, 12 columns a step"};
     /* batch sizes per run (0 ends): around the mat-vec's 8 columns, and one past a step's most */
-    static const int SIZES[4][6] = {{9, 11, 16, 33, VK_BATCH_MAX + 1}, {11, 33}, {11, 33}, {16, 33}};
-    for (int run = 0; run < 4; run++) {
+    static const int SIZES[5][6] = {{9, 11, 16, 33, VK_BATCH_MAX + 1}, {11, 33}, {11, 33}, {16, 33}, {20, 12}};
+    /* the last run: a buffer range (KVGEN_VK_MAX_PART) that holds the decode partials of 12.5
+     * columns, measured on the run before it (the same model and pages), cuts the batch session
+     * to 12 columns: a batch of 20 takes a step of 12 and one of 8 */
+    char part[32] = "";
+    for (int run = 0; run < 5; run++) {
         const char *what = WHAT[run];
         if (run == 3) {
             setenv("KVGEN_VK_LANE", "0", 1);
             setenv("KVGEN_VK_ATTN_LANE", "0", 1);
         }
-        kvgen_model *m = load(run == 1 || run == 2 ? path32 : path, KV[run]);
+        if (run == 4) {
+            CHECK(part[0] != 0);
+            setenv("KVGEN_VK_MAX_PART", part, 1);
+            want_cols = 12;
+        }
+        kvgen_model *m = load(run == 1 || run == 2 || run == 4 ? path32 : path, KV[run]);
         unsetenv("KVGEN_VK_LANE");
         unsetenv("KVGEN_VK_ATTN_LANE");
+        unsetenv("KVGEN_VK_MAX_PART");
         if (!m) return tu_finish("test_vk_batch");
         kvgen_model_info info;
         kvgen_model_get_info(m, &info);
@@ -247,6 +263,11 @@ int main(void) {
         CHECK(m->ops->topk != NULL);
         for (int i = 0; SIZES[run][i]; i++) test_logits(m, what, SIZES[run][i]);
         if (run < 3) test_greedy(m, what);
+        const vk_model *vm = m->backend;
+        if (run == 2 && vm->bat) {
+            size_t col = (size_t)vm->bat->nsplit_dec * (size_t)vm->hp.n_head * (size_t)(vm->hp.head_dim + 2) * 4;
+            snprintf(part, sizeof part, "%zu", col * 25 / 2);
+        }
         CHECKF(kvg_vk_validation_count(kvg_vk_model_ctx(m)) == 0, "%s: validation messages", what);
         kvgen_model_unload(m);
     }

@@ -97,6 +97,7 @@ typedef struct kvg_vk_ctx {
     VkFence fence;          /* for one-off submissions (uploads) */
     kvg_vk_buffer dummy;    /* bound to unused bindings (ubo_window bytes) */
     uint32_t ubo_window;    /* bytes bound at the uniform-buffer bindings: min(64 KiB, maxUniformBufferRange) */
+    size_t max_part;        /* bytes one buffer binding covers (kvg_vk_max_part_bytes), fixed at creation */
     kvg_vk_pipeline *pipes;
     int n_pipes, cap_pipes;
     kvg_vk_pcache pcache; /* every pipeline is created through pcache.cache */

@@ -250,7 +250,7 @@ typedef struct matmul_args {
 
 /* the backend's weight_types: the table's types in table order */
 size_t kvg_vk_weight_types(uint32_t *types, size_t max);
-/* the largest buffer one binding may cover (KVGEN_VK_MAX_PART: tests force splitting) */
+/* the largest buffer one binding may cover (ctx->max_part; KVGEN_VK_MAX_PART: tests force splitting) */
 size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx);
 /* Uploads the rows of `n_src` tensors (same row length) as one matrix: concatenated (each run
  * of members of one type in parts of that type), or, with interleave (two tensors of equal

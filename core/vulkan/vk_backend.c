@@ -496,7 +496,8 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
 }
 
 /* batch: the model's batch session (vm->bat): page tables and decode partials for n_cols
- * columns (vm->batch_cols, fewer where either would pass maxStorageBufferRange) */
+ * columns (vm->batch_cols, fewer where either would pass what one binding covers:
+ * kvg_vk_max_part_bytes, maxStorageBufferRange and maxMemoryAllocationSize) */
 static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_backend_session **out,
                                    kvgen_error *err) {
     *out = NULL;
@@ -519,7 +520,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
      * token; tables: one per column and layer group, the local ones (if any) after the global
      * ones. A batch session holds as many columns as one binding of each can. */
     size_t row_bytes = (size_t)hp->n_head * (size_t)(hp->head_dim + 2) * 4;
-    size_t col_rows = (size_t)s->nsplit_dec, range = ctx->props.limits.maxStorageBufferRange;
+    size_t col_rows = (size_t)s->nsplit_dec, range = kvg_vk_max_part_bytes(ctx);
     size_t col_entries = ((size_t)n_ctx + (size_t)vm->page_size - 1) / (size_t)vm->page_size;
     size_t groups = vm->kv_groups > 1 ? 2 : 1;
     s->n_cols = 1;

@@ -385,7 +385,8 @@ static void slot_binding(uint32_t slot, uint32_t *binding, uint32_t *element) {
  * lowered by the environment so that tests run the small-limit paths on any device:
  * KVGEN_VK_MAX_GROUP_COUNT (maxComputeWorkGroupCount, every dimension), KVGEN_VK_MAX_SHARED
  * (maxComputeSharedMemorySize, bytes) and KVGEN_VK_MAX_INVOCATIONS
- * (maxComputeWorkGroupInvocations and every dimension of maxComputeWorkGroupSize). A value can
+ * (maxComputeWorkGroupInvocations and every dimension of maxComputeWorkGroupSize), and
+ * KVGEN_VK_MAX_PART (ctx->max_part: the bytes one buffer binding covers). A value can
  * only lower a limit; one that is not a positive integer is an error. */
 static kvgen_status env_limit(const char *name, uint32_t *limit, kvgen_error *err) {
     const char *v = getenv(name);
@@ -409,6 +410,13 @@ static kvgen_status lower_limits(kvg_vk_ctx *ctx, kvgen_error *err) {
     for (int i = 0; i < 3 && st == KVGEN_OK; i++)
         st = env_limit("KVGEN_VK_MAX_INVOCATIONS", &l->maxComputeWorkGroupSize[i], err);
     ctx->info.max_shared_memory = l->maxComputeSharedMemorySize;
+    /* the most one buffer binding covers: maxStorageBufferRange within maxMemoryAllocationSize,
+     * lowered by KVGEN_VK_MAX_PART (bytes) so tests split matrices, KV slabs and batches */
+    uint32_t part = l->maxStorageBufferRange;
+    if (ctx->info.max_allocation_size && ctx->info.max_allocation_size < part)
+        part = (uint32_t)ctx->info.max_allocation_size;
+    if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_PART", &part, err);
+    ctx->max_part = part;
     return st;
 }
 

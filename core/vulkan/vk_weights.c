@@ -186,13 +186,7 @@ static void row_to_q8_0(uint32_t type, const uint8_t *src, uint8_t *dst, uint32_
     }
 }
 
-size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx) {
-    size_t lim = ctx->props.limits.maxStorageBufferRange;
-    if (ctx->info.max_allocation_size && ctx->info.max_allocation_size < lim) lim = ctx->info.max_allocation_size;
-    const char *env = getenv("KVGEN_VK_MAX_PART"); /* tests: force splitting */
-    if (env && atol(env) > 0 && (size_t)atol(env) < lim) lim = (size_t)atol(env);
-    return lim;
-}
+size_t kvg_vk_max_part_bytes(const kvg_vk_ctx *ctx) { return ctx->max_part; }
 
 /* Rows of one part of type wt: as many as one buffer binding may cover, whole gemm tiles (64
  * rows) where that leaves at least one, else an even count (row pairs stay together for the
