@@ -15,6 +15,9 @@
 //     Dispatch (n_head + n_kv, ncols, 1). block pages (KV_BLOCK: q8_0, q4_0): a K head goes to binding 3 at
 //     kv_raw + t*2*n_kv*hd + (j - n_head)*hd for kv_store.comp, and n_kv more workgroups copy
 //     the V heads (left by the mat-mul after the K heads) after it: dispatch (n_head + 2 n_kv, ...).
+//   2 final norm (a decoder's hidden states, KVG_OUT_HIDDEN): y[t] = rmsnorm(x[t]) * w, n = n_embd:
+//     the residual stream (binding 2, t*ldi) normed with the output norm (binding 4) and stored
+//     (binding 3, t*ldo), the input the logits' mat-vec would see. Dispatch (1, ncols, 1).
 // WG invocations (a power of two) share the sum of squares through shared memory; each walks
 // n / WG elements (MODE 0) or hd / (2 WG) pairs (MODE 1).
 layout(constant_id = 0) const uint WG = 64;
@@ -54,7 +57,7 @@ void main() {
         for (uint i = tid; i < pc.n; i += WG) yout[raw + i] = xin[base + i];
         return;
     }
-    bool normed = MODE == 0u || (pc.flags & (is_q ? 1u : 2u)) != 0u;
+    bool normed = MODE != 1u || (pc.flags & (is_q ? 1u : 2u)) != 0u;
     float ss = 0.0;
     for (uint i = tid; i < pc.n; i += WG) {
         float v = xin[base + i];
@@ -69,6 +72,10 @@ void main() {
     float scale = normed ? inversesqrt(red[0] / float(pc.n) + pc.eps) : 1.0;
     if (MODE == 0u) {
         for (uint i = tid; i < pc.n; i += WG) yout[t * pc.ldo + i] += xin[base + i] * scale * wn[i];
+        return;
+    }
+    if (MODE == 2u) {
+        for (uint i = tid; i < pc.n; i += WG) yout[t * pc.ldo + i] = xin[base + i] * scale * wn[i];
         return;
     }
     uint pos = kvg_pos(t);

@@ -104,8 +104,8 @@ describe("model:embed", function()
 
 end)
 
--- every backend that embeds with an encoder, against the reference: the cpu backend, and
--- Vulkan when a device works
+-- every backend that embeds, with an encoder and with a decoder, against the reference: the cpu
+-- backend, and Vulkan when a device works
 local backends = { "cpu" }
 if #kvgen.devices() > 0 then backends[#backends + 1] = "vulkan" end
 
@@ -132,6 +132,19 @@ describe("model:embed on each backend", function()
         assert.is_true(cosine(want[i], got[i]) > 0.9999, name .. ": text " .. i)
         local alone = m:embed(texts[i])
         assert.is_true(cosine(alone, got[i]) > 0.99999, name .. ": text " .. i .. " alone")
+      end
+    end)
+
+    it("embeds with a decoder on " .. name .. " as the reference does", function()
+      local dpath = support.random_model_path("--layers 2 --seed 19")
+      local dref <close> = kvgen.load(dpath, { backend = "reference" })
+      local m <close> = kvgen.load(dpath, { backend = name })
+      local some = { "hello world", "the blacksmith sells a sword at the shop" }
+      for _, how in ipairs({ "last", "mean" }) do
+        local want, got = dref:embed(some, { pooling = how }), m:embed(some, { pooling = how })
+        for i = 1, #some do
+          assert.is_true(cosine(want[i], got[i]) > 0.9999, name .. " " .. how .. ": text " .. i)
+        end
       end
     end)
   end

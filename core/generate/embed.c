@@ -148,8 +148,8 @@ kvgen_status kvgen_embed(kvgen_model *model, const char *const *texts, const siz
         if (!texts[i]) return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, WHO ": text %zu is NULL", i);
     bool encoder = model->w.arch->encoder;
     if ((encoder && !model->ops->encode) || (!encoder && !model->ops->hidden_out))
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, WHO ": the %s backend does not embed with %s (%s); the reference "
-                        "and cpu backends do", model->ops->name, model->name ? model->name : "the model",
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, WHO ": the %s backend does not embed with %s (%s); the reference, "
+                        "cpu and vulkan backends do", model->ops->name, model->name ? model->name : "the model",
                         model->w.arch->name);
     int max = hp->n_ctx_rope > 0 && hp->n_ctx_rope < hp->n_ctx_train ? hp->n_ctx_rope : hp->n_ctx_train;
     if (d.max_tokens > 0 && d.max_tokens < max) max = d.max_tokens;

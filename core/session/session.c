@@ -402,8 +402,8 @@ static kvgen_status run_one(kvgen_session *s, const int32_t *tokens, size_t n, s
 kvgen_status kvg_session_hidden(kvgen_session *s, const int32_t *tokens, size_t n, float *hidden, kvgen_error *err) {
     kvgen_model *m = s->model;
     if (!m->ops->hidden_out)
-        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "the %s backend does not return hidden states (the reference and "
-                        "cpu backends do)", m->ops->name);
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "the %s backend does not return hidden states (the reference, cpu and "
+                        "vulkan backends do)", m->ops->name);
     if (s->n_tokens != 0 || n == 0 || n > (size_t)s->n_ctx)
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "hidden states of %zu tokens need a fresh session of room "
                         "for them (it holds %zu of %d)", n, s->n_tokens, s->n_ctx);

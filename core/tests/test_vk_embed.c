@@ -15,6 +15,7 @@
  * all-MiniLM-L6-v2 (models/all-MiniLM-L6-v2.gguf; skipped when absent): every text of
  * fixtures/minilm_embed.txt on Vulkan has cosine >= 0.999 with sentence-transformers' embedding,
  * as test_embed_real checks for the host backends.
+ * A decoder's hidden states and kvgen_embed on Vulkan against the reference (check_decoder).
  * With KVGEN_VALIDATE=1 the validation layer must stay silent. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include "kvg_backend.h"
 #include "kvg_model.h"
+#include "kvg_session.h"
 #include "kvg_vk.h"
 #include "testutil.h"
 
@@ -322,6 +324,73 @@ static void minilm(void) {
     kvgen_model_unload(m);
 }
 
+/* A decoder's hidden states (kvg_session_hidden, kvgen_embed's path for decoders): every token's
+ * output-normed state on Vulkan (rms_norm.comp's final norm, through the logits buffer) within
+ * DECODER_TOL x (1 + max |state|) of the reference's, over several prefill steps (chunks of 16),
+ * and the pooled vectors of kvgen_embed within cosine 0.9999. The decoders: llama, gemma3 (head
+ * norms, post norms, a sliding window, the embedding scale) and a vocabulary smaller than n_embd
+ * (273 < 512: the logits buffer holds fewer tokens' states than a chunk, so steps of 8). */
+#define DECODER_TOL 1e-3 /* measured on lavapipe: up to 0.49 of it, the f16 K/V cache rounded after other sums */
+static double worst_decoder;
+static void check_decoder(const char *name, const char *args) {
+    char file[64];
+    snprintf(file, sizeof file, "vk-embed-%s.gguf", name);
+    char *path = tu_make_model(file, args);
+    CHECK(path != NULL);
+    if (!path) return;
+    setenv("KVGEN_VK_CHUNK", "16", 1);
+    kvgen_model *ref = load(path, KVGEN_BACKEND_REFERENCE), *vk = load(path, KVGEN_BACKEND_VULKAN);
+    unsetenv("KVGEN_VK_CHUNK");
+    CHECK(ref && vk);
+    if (ref && vk) {
+        kvgen_model_info info;
+        kvgen_model_get_info(ref, &info);
+        enum { N = 40 };
+        size_t D = (size_t)info.n_embd;
+        int32_t ids[N];
+        tu_fill_tokens(ids, N, 5u, info.n_vocab);
+        float *h[2] = {malloc(N * D * sizeof(float)), malloc(N * D * sizeof(float))};
+        kvgen_model *ms[2] = {ref, vk};
+        kvgen_error err = {0};
+        for (int i = 0; i < 2; i++) {
+            kvgen_session_desc sd = {.n_ctx = 64};
+            kvgen_session *s = NULL;
+            CHECK_OK(kvgen_session_create(ms[i], &sd, &s, &err));
+            if (s && h[i]) CHECK_OK(kvg_session_hidden(s, ids, N, h[i], &err));
+            kvgen_session_close(s);
+        }
+        double big = 0, diff = 0;
+        for (size_t k = 0; h[0] && h[1] && k < N * D; k++) {
+            big = fmax(big, fabs(h[0][k]));
+            diff = fmax(diff, fabs((double)h[0][k] - h[1][k]));
+        }
+        double e = diff / (DECODER_TOL * (1 + big));
+        CHECKF(e <= 1 && big > 0, "%s: hidden states differ by %g (max |state| %g: %.3g x the tolerance)", name, diff,
+               big, e);
+        worst_decoder = fmax(worst_decoder, e);
+        /* the pooled vectors */
+        const char *texts[] = {"the world", "hello there, the end"};
+        float v[2][2 * 512];
+        CHECK(D <= 512);
+        if (D <= 512) {
+            CHECK_OK(kvgen_embed(ref, texts, NULL, 2, NULL, v[0], 2 * D, &err));
+            CHECK_OK(kvgen_embed(vk, texts, NULL, 2, NULL, v[1], 2 * D, &err));
+            for (int t = 0; t < 2; t++) {
+                double dot = 0;
+                for (size_t k = 0; k < D; k++) dot += (double)v[0][t * D + k] * v[1][t * D + k];
+                CHECKF(dot >= 0.9999, "%s: text %d: cosine %g to the reference", name, t, dot);
+            }
+        }
+        printf("decoder %s: hidden states %.3g x the tolerance\n", name, e);
+        free(h[0]);
+        free(h[1]);
+        CHECKF(kvg_vk_validation_count(kvg_vk_model_ctx(vk)) == 0, "%s: validation messages", name);
+    }
+    kvgen_model_unload(ref);
+    kvgen_model_unload(vk);
+    free(path);
+}
+
 int main(void) {
     int n_dev = 0;
     kvgen_error err = {0};
@@ -337,6 +406,10 @@ int main(void) {
     check_split();
     check_limits();
     minilm();
+    check_decoder("llama", "--layers 2 --seed 91");
+    check_decoder("gemma3", "--arch gemma3 --qk-norm --post-norms --swa 8 --layers 3 --embd 64 --heads 4 "
+                            "--kv-heads 1 --head-dim 32 --ff 96 --seed 92");
+    check_decoder("small-vocab", "--layers 2 --embd 512 --heads 8 --ff 512 --vocab-size 273 --seed 93");
     printf("worst: hidden states %.3g (tolerance %g), embeddings %.3g (tolerance %g)\n", worst_hidden, HIDDEN_TOL,
            worst_embed, EMBED_TOL);
     return tu_finish("test_vk_embed");

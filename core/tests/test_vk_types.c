@@ -264,7 +264,7 @@ static void test_upload_refusal(void) {
     struct {
         uint32_t a, b, c; /* member types (c: 0 for a two-member group) */
         bool interleave;
-        const char *max_part; /* KVGEN_VK_MAX_PART, or NULL */
+        const char *max_part; /* the binding limit (KVGEN_VK_MAX_PART's bytes), or NULL */
         int n_parts;
         uint32_t want[4][3]; /* per part: type, row0, rows */
     } groups[] = {
@@ -298,12 +298,14 @@ static void test_upload_refusal(void) {
                                 .n_elements = nrows[k] * K, .data = data[k]};
             ts[k] = &t[k];
         }
-        if (groups[i].max_part) setenv("KVGEN_VK_MAX_PART", groups[i].max_part, 1);
+        /* the context's binding limit, as KVGEN_VK_MAX_PART would have set it at its creation */
+        size_t max_part = ctx->max_part;
+        if (groups[i].max_part) ctx->max_part = (size_t)atol(groups[i].max_part);
         vk_model vm = {0};
         vm.ctx = ctx;
         vk_matrix m;
         st = kvg_vk_upload_matrix(&vm, "group", ts, n, groups[i].interleave, &m, &err);
-        unsetenv("KVGEN_VK_MAX_PART");
+        ctx->max_part = max_part;
         CHECKF(st == KVGEN_OK && m.n_parts == groups[i].n_parts, "group %zu: %s, %d parts, want %d", i, err.message,
                st == KVGEN_OK ? m.n_parts : -1, groups[i].n_parts);
         for (int p = 0; st == KVGEN_OK && p < m.n_parts && p < groups[i].n_parts; p++) {

@@ -17,7 +17,7 @@
 enum { EPI_STORE = 0, EPI_ADD = 1, EPI_QKV = 2, EPI_SWIGLU = 3, EPI_GEGLU = 4, EPI_GELU = 5 };
 enum { EPI_F_BIAS = 1, EPI_F_RAW_QK = 2, EPI_F_LORA = 4 };
 /* the modes of shaders/rms_norm.comp */
-enum { NORM_POST = 0, NORM_HEADS = 1 };
+enum { NORM_POST = 0, NORM_HEADS = 1, NORM_FINAL = 2 };
 
 /* the most one-token sequences a batched decode step takes as its columns (a model's own limit,
  * vk_model.batch_cols, may be lower: its scratch's tokens per step, the device's binding range);
@@ -224,7 +224,7 @@ typedef struct walk {
     int cursor;     /* descriptor-set index */
     uint32_t n;     /* tokens in the step */
     uint32_t max_len; /* prefill: pos0 + n, the longest attention span of the step */
-    int logits;     /* 0: none, 1: last token's, 2: every token's */
+    int logits;     /* 0: none, 1: last token's, 2: every token's, 3: every token's hidden state */
     bool batch;     /* a batched decode: every token of another session (vm->bat) */
     kvgen_error *err;
 } walk;

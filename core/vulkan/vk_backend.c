@@ -565,10 +565,9 @@ static kvgen_status vk_session_init(kvgen_model *m, int n_ctx, kvg_backend_sessi
     return session_create(m, n_ctx, false, out, err);
 }
 
-/* Rows [row0, row0 + rows) of vm->logits into dst (caller holds ctx->lock): from the mapping,
- * or copied on the device into logits_host first. */
-static kvgen_status read_logits(vk_model *vm, uint32_t row0, uint32_t rows, float *dst, kvgen_error *err) {
-    size_t row_bytes = (size_t)vm->hp.n_vocab * sizeof(float), off = row0 * row_bytes, bytes = rows * row_bytes;
+/* bytes at off of vm->logits into dst (caller holds ctx->lock): from the mapping, or copied on
+ * the device into logits_host first. */
+static kvgen_status read_out(vk_model *vm, size_t off, size_t bytes, float *dst, kvgen_error *err) {
     const kvg_vk_buffer *from = &vm->logits;
     if (!from->map) {
         kvgen_status st = kvg_vk_copy(vm->ctx, &vm->logits, &vm->logits_host, off, bytes, err);
@@ -577,6 +576,12 @@ static kvgen_status read_logits(vk_model *vm, uint32_t row0, uint32_t rows, floa
     }
     memcpy(dst, (const char *)from->map + off, bytes);
     return KVGEN_OK;
+}
+
+/* Rows [row0, row0 + rows) of vm->logits into dst (caller holds ctx->lock) */
+static kvgen_status read_logits(vk_model *vm, uint32_t row0, uint32_t rows, float *dst, kvgen_error *err) {
+    size_t row_bytes = (size_t)vm->hp.n_vocab * sizeof(float);
+    return read_out(vm, row0 * row_bytes, rows * row_bytes, dst, err);
 }
 
 /* Before a step overwrites rows [0, rows) of vm->logits: the kept logits of an owner that is
@@ -605,7 +610,9 @@ static kvgen_status set_aside_logits(vk_model *vm, uint32_t rows, kvg_backend_se
 
 /* Runs the step(s) of one sequence, n tokens at pos0 (caller holds ctx->lock, arguments and
  * table checked). out as the sequence's: KEEP leaves the last token's logits in row 0 with
- * the best one (select 1) or KVG_VK_TOPK (select > 1) selected in the same submission. */
+ * the best one (select 1) or KVG_VK_TOPK (select > 1) selected in the same submission; HIDDEN
+ * writes every token's final-normed state (n_embd floats) to logits instead, through the logits
+ * buffer (steps of as many tokens as its chunk x n_vocab floats hold). */
 static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_t *tokens, int n, int pos0,
                               kvg_batch_out out, float *logits, int select, const kvg_lora_set *lora,
                               kvgen_error *err) {
@@ -615,10 +622,17 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
     kvgen_status st = set_aside_logits(vm, out == KVG_OUT_NONE ? 0 : vm->chunk, &s, 1, err);
     if (select > 1) select = 2;
     if (!keep) select = 0;
+    const size_t E = (size_t)vm->hp.n_embd;
+    uint32_t step = vm->chunk;
+    if (out == KVG_OUT_HIDDEN && (size_t)step * E > (size_t)vm->chunk * (size_t)V)
+        step = (uint32_t)((size_t)vm->chunk * (size_t)V / E);
+    if (step == 0)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "vulkan: a hidden state of %zu floats does not fit the logits "
+                        "buffer (%u x %d floats)", E, vm->chunk, V);
     for (int done = 0; done < n && st == KVGEN_OK;) {
-        uint32_t c = (uint32_t)(n - done) < vm->chunk ? (uint32_t)(n - done) : vm->chunk;
+        uint32_t c = (uint32_t)(n - done) < step ? (uint32_t)(n - done) : step;
         bool last = done + (int)c == n;
-        int want = out == KVG_OUT_ALL ? 2 : (last && out != KVG_OUT_NONE ? 1 : 0);
+        int want = out == KVG_OUT_HIDDEN ? 3 : out == KVG_OUT_ALL ? 2 : (last && out != KVG_OUT_NONE ? 1 : 0);
         int sel = last ? select : 0;
         uint32_t *params = vm->params.map;
         params[0] = (uint32_t)(pos0 + done);
@@ -641,7 +655,8 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         kvg_vk_lora_end(vm);
         if (st == KVGEN_OK) st = kvg_vk_submit_wait(ctx, cb, s->fence, err);
         if (st == KVGEN_OK && (vm->prof_prefill ? c > 1 : c == 1)) kvg_vk_prof_collect(vm);
-        if (st == KVGEN_OK && want == 2) st = read_logits(vm, 0, c, logits + (size_t)done * (size_t)V, err);
+        if (st == KVGEN_OK && want == 3) st = read_out(vm, 0, c * E * sizeof(float), logits + (size_t)done * E, err);
+        else if (st == KVGEN_OK && want == 2) st = read_logits(vm, 0, c, logits + (size_t)done * (size_t)V, err);
         else if (st == KVGEN_OK && want == 1 && !keep) st = read_logits(vm, 0, 1, logits, err);
         if (st == KVGEN_OK && last && keep) {
             vm->row_owner[0] = s;
@@ -660,7 +675,7 @@ static kvgen_status check_seq(const vk_model *vm, const kvg_batch_seq *q, int i,
     if (q->n <= 0 || q->pos0 < 0 || q->n > s->n_ctx - q->pos0)
         return kvg_fail(err, KVGEN_E_CONTEXT_FULL, "vulkan: %d tokens at position %d exceed the context of %d", q->n,
                         q->pos0, s->n_ctx);
-    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL) && !q->logits)
+    if ((q->out == KVG_OUT_LAST || q->out == KVG_OUT_ALL || q->out == KVG_OUT_HIDDEN) && !q->logits)
         return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: batch sequence %d wants logits but has no buffer", i);
     if (q->out == KVG_OUT_KEEP && (q->select_k < 0 || q->select_k > KVG_VK_TOPK))
         return kvg_fail(err, KVGEN_E_INVALID_ARGUMENT, "vulkan: a selection of %d logits (at most %d)", q->select_k,
@@ -815,7 +830,7 @@ static kvgen_status vk_forward(kvgen_model *m, const kvg_batch *b, kvgen_error *
     for (int i = 0; i < b->n_seq; i++) n_single += b->seq[i].n == 1;
     for (int i = 0; i < b->n_seq && st == KVGEN_OK; i++) {
         const kvg_batch_seq *q = &b->seq[i];
-        if (q->n > 1 || n_single == 1) {
+        if (q->n > 1 || n_single == 1 || q->out == KVG_OUT_HIDDEN) {
             st = run_seq(vm, q, err);
             continue;
         }
@@ -946,4 +961,6 @@ const kvg_backend_ops kvg_vulkan_backend = {
     .kv_write = kvg_vk_kv_write,
     .fetch_logits = vk_fetch_logits,
     .topk = vk_topk,
+    /* a decoder's hidden states (kvgen_embed): rms_norm.comp's final norm in place of the logits */
+    .hidden_out = true,
 };

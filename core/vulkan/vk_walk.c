@@ -321,13 +321,14 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     return KVGEN_OK;
 }
 
-/* rms_norm.comp over the step's tokens: a post norm (NORM_POST: x += rmsnorm(f) * weight) or
+/* rms_norm.comp over the step's tokens: a post norm (NORM_POST: x += rmsnorm(f) * weight),
  * layer `layer`'s Q/K head norms (NORM_HEADS: the raw heads in vm->qk normed with weight, rotated
- * with the layer's RoPE table, Q to vm->q, K to the KV pool) */
+ * with the layer's RoPE table, Q to vm->q, K to the KV pool) or the final norm (NORM_FINAL: each
+ * token's hidden state rmsnorm(x) * weight to vm->logits, rows of n_embd; layer unused) */
 static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *weight) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
-    const vk_layer *L = &vm->layers[layer];
+    const vk_layer *L = mode == NORM_FINAL ? NULL : &vm->layers[layer];
     uint32_t spec[KVG_SPEC_COUNT];
     spec_init(spec);
     if (mode == NORM_HEADS) kvg_vk_kv_spec(vm, spec);
@@ -343,6 +344,9 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
         if (mode == NORM_POST) {
             b[2].buf = &vm->f;
             b[3].buf = &vm->x;
+        } else if (mode == NORM_FINAL) {
+            b[2].buf = &vm->x;
+            b[3].buf = &vm->logits;
         } else {
             b[2].buf = &vm->qk;
             b[3].buf = &vm->q;
@@ -357,12 +361,12 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
     bool heads = mode == NORM_HEADS;
     pc_norm pc = {.n = (uint32_t)(heads ? hp->head_dim : hp->n_embd),
                   .ldi = heads ? vm->ld_qk : vm->ld_x,
-                  .ldo = heads ? vm->ld_q : vm->ld_x,
+                  .ldo = heads ? vm->ld_q : mode == NORM_FINAL ? (uint32_t)hp->n_embd : vm->ld_x,
                   .ncols = w->n,
                   .eps = hp->rms_norm_eps,
                   .n_head = (uint32_t)hp->n_head,
                   .n_rot = (uint32_t)hp->n_rot,
-                  .flags = L->qk_flags,
+                  .flags = L ? L->qk_flags : 0,
                   .kv_raw = vm->kv_raw,
                   .n_kv = (uint32_t)hp->n_head_kv};
     if (heads) kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
@@ -457,22 +461,30 @@ kvgen_status kvg_vk_walk_step(walk *w) {
         prof_mark(w, 5);
     }
     if (st != KVGEN_OK) return st;
-    /* logits: sets exist for the "every token" shape and are reused for the last token only */
+    /* logits: sets exist for the "every token" shape and are reused for the last token only;
+     * then the hidden states (logits 3: every token's final norm instead of its logits), whose
+     * set every session has */
     matmul_args out = {.m = &vm->output, .epi = EPI_STORE, .norm = &vm->out_norm, .in = &vm->x, .out = &vm->logits,
                        .ldx = vm->ld_x, .ldo = (uint32_t)vm->hp.n_vocab, .cap = vm->final_softcap};
-    if (w->mode == WALK_RECORD && w->logits == 0) {
+    bool hidden = w->logits == 3;
+    if (w->mode == WALK_RECORD && (w->logits == 0 || hidden)) {
         w->cursor += vm->output.n_parts;
+    } else {
+        if (w->logits == 1) {
+            out.ncols = 1;
+            out.x_off = (w->n - 1) * vm->ld_x;
+        } else {
+            out.ncols = w->n;
+        }
+        st = kvg_vk_op_matmul(w, &out);
+        prof_mark(w, 6);
+    }
+    if (st != KVGEN_OK) return st;
+    if (w->mode == WALK_RECORD && !hidden) {
+        w->cursor++;
         return KVGEN_OK;
     }
-    if (w->logits == 1) {
-        out.ncols = 1;
-        out.x_off = (w->n - 1) * vm->ld_x;
-    } else {
-        out.ncols = w->n;
-    }
-    st = kvg_vk_op_matmul(w, &out);
-    prof_mark(w, 6);
-    return st;
+    return op_norm(w, NORM_FINAL, 0, &vm->out_norm);
 }
 
 void kvg_vk_prof_collect(vk_model *vm) {
