@@ -599,13 +599,26 @@ static kvgen_status grow_for(toks *t, size_t got, kvgen_error *err) {
     return KVGEN_OK;
 }
 
-static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text, unsigned flags, kvgen_error *err) {
-    size_t len = strlen(text);
-    if (len == 0) return KVGEN_OK;
+/* One piece of text to tokenize: plain text through kvgen_tokenize (flags as there), or a
+ * rendered conversation (marked) through kvg_tokenize_marked, user flagging its content bytes */
+typedef struct piece {
+    const char *text;
+    size_t len;
+    unsigned flags;
+    bool marked;
+    const unsigned char *user;
+} piece;
+
+/* Appends the piece's tokens to t, growing t when the tokenizer reports how many it needs
+ * (KVGEN_E_INVALID_ARGUMENT with got > room) */
+static kvgen_status append_piece(toks *t, const kvgen_model *m, const piece *p, kvgen_error *err) {
+    if (p->len == 0) return KVGEN_OK;
     for (;;) {
         size_t room = t->cap - t->n, got = 0;
+        int32_t *out = t->v ? t->v + t->n : NULL;
         kvgen_error e2 = {0};
-        kvgen_status st = kvgen_tokenize(m, text, len, flags, t->v ? t->v + t->n : NULL, room, &got, &e2);
+        kvgen_status st = p->marked ? kvg_tokenize_marked(m->tok, p->text, p->len, p->flags, p->user, out, room, &got, &e2)
+                                  : kvgen_tokenize(m, p->text, p->len, p->flags, out, room, &got, &e2);
         if (st == KVGEN_OK) {
             t->n += got;
             return KVGEN_OK;
@@ -619,28 +632,18 @@ static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text,
     }
 }
 
+static kvgen_status append_text(toks *t, const kvgen_model *m, const char *text, unsigned flags, kvgen_error *err) {
+    piece p = {.text = text, .len = strlen(text), .flags = flags};
+    return append_piece(t, m, &p, err);
+}
+
 /* A rendered conversation as one text: control tokens only where the template wrote them,
  * everything between two of them (template text and content together) tokenized as one
  * piece, the way a tokenizer given the whole string splits it, so the ids are the ones the
  * model saw in training (Hugging Face's apply_chat_template), content never parsed. */
 static kvgen_status append_rendered(toks *t, const kvgen_model *m, const kvg_jinja_output *ro, kvgen_error *err) {
-    if (ro->len == 0) return KVGEN_OK;
-    for (;;) {
-        size_t room = t->cap - t->n, got = 0;
-        kvgen_error e2 = {0};
-        kvgen_status st = kvg_tokenize_marked(m->tok, ro->text, ro->len, KVGEN_TOKENIZE_SPECIAL, ro->user,
-                                              t->v ? t->v + t->n : NULL, room, &got, &e2);
-        if (st == KVGEN_OK) {
-            t->n += got;
-            return KVGEN_OK;
-        }
-        if (st != KVGEN_E_INVALID_ARGUMENT || got <= room) {
-            if (err) *err = e2;
-            return st;
-        }
-        st = grow_for(t, got, err);
-        if (st != KVGEN_OK) return st;
-    }
+    piece p = {.text = ro->text, .len = ro->len, .flags = KVGEN_TOKENIZE_SPECIAL, .marked = true, .user = ro->user};
+    return append_piece(t, m, &p, err);
 }
 
 static int parse_role(const char *role) {
