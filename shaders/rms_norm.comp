@@ -19,7 +19,7 @@
 //     the residual stream (binding 2, t*ldi) normed with the output norm (binding 4) and stored
 //     (binding 3, t*ldo), the input the logits' mat-vec would see. Dispatch (1, ncols, 1).
 // WG invocations (a power of two) share the sum of squares through shared memory; each walks
-// n / WG elements (MODE 0) or hd / (2 WG) pairs (MODE 1).
+// n / WG elements (MODES 0, 2) or hd / (2 WG) pairs (MODE 1).
 layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 3) const uint MODE = 0;
 layout(constant_id = 5) const uint KV_F16 = 1;

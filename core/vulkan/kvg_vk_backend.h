@@ -301,13 +301,13 @@ kvgen_status kvg_vk_walk_step(walk *w);
  * pool may gain a slab meanwhile from another thread's session). What was made before an error
  * is the session's to free. */
 kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w));
-/* An op's pipeline for w->mode: created at load (WALK_PIPELINES), else found (one that was not
- * created is KVGEN_E_INTERNAL, naming the shader). */
 /* The mat-vec's workgroup size: 32 in the lane layout (every invocation computes rows of its own),
  * else 64; with one_subgroup (subgroup reductions) the device's subgroup size, at most 64, so
  * that one subgroupAdd is a whole reduction (matvec.comp checks gl_NumSubgroups, so a driver
  * that splits the workgroup after all still gets the right sums) */
 uint32_t kvg_vk_matvec_wg(const kvg_vk_ctx *ctx, bool lane, bool one_subgroup);
+/* An op's pipeline for w->mode: created at load (WALK_PIPELINES), else found (one that was not
+ * created is KVGEN_E_INTERNAL, naming the shader). */
 kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out);
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
