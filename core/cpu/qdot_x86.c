@@ -558,6 +558,9 @@ TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
 /* bytes ahead of the block being decoded that the group kernels ask the cache for: decode
  * waits on memory (measured, 1B shape Q4_0, 2 threads: 39.5 tok/s without, ~49 with 2-8 KiB) */
 #define KVG_GROUP_PREFETCH 4096
+/* the K groups' distance (1B shape, Q4_K_M mix, 2 threads, decode tok/s in three rounds: 1 KiB
+ * 25-27, 4 KiB 32-34.5, 8 KiB 34.2-35.1, 16 KiB 33.5-35.3) */
+#define KVG_K_GROUP_PREFETCH 8192
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
@@ -766,7 +769,7 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
         for (int j = 0; j < 8; j++) {
             const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
             for (size_t o = 0; o < kg_qblock(k); o += 64)
-                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(blk + KVG_K_GROUP_PREFETCH + o), _MM_HINT_T0);
             __m512i w[8];
             kq_group_levels(k, blk, iq4, w);
             /* per 16 (dw[h], mw[h] for half h) or per 32 (dw[0], mw[0]) */
@@ -996,7 +999,7 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
         for (int j = 0; j < 8; j++) {
             const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
             for (size_t o = 0; o < kg_qblock(k); o += 64)
-                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(blk + KVG_K_GROUP_PREFETCH + o), _MM_HINT_T0);
             int32_t qs0[KVG_GROUP_TILE], qs1[KVG_GROUP_TILE]; /* the halves' sums of q, where needed */
             for (int i = 0; i < nt; i++) {
                 qs0[i] = qs1[i] = 0;
