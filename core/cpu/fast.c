@@ -94,6 +94,7 @@ struct kvg_backend_session {
     int32_t *bk;
     int8_t *q8, *q8h; /* byte activations: Q8's, or QS's low and high bytes */
     float *d8, *s8;
+    int32_t *b8; /* their sums of each 16 */
     float *rope_cs; /* [n][n_rot/2][2] cos, sin of each token's angles for the current layer */
     float *scores;  /* [n_threads][G * n_ctx + G], G = n_head / n_head_kv: a thread's scores of one KV head's
                      * query heads, then their softmax denominators */
@@ -293,7 +294,7 @@ static void cpu_session_free(kvgen_model *m, kvg_backend_session *s) {
     (void)m;
     if (!s) return;
     kvg_cpu_scratch_free(&s->c);
-    void *ps[] = {s->qb, s->qk, s->db, s->sb, s->dk, s->bk, s->q8, s->q8h, s->d8, s->s8, s->rope_cs, s->scores};
+    void *ps[] = {s->qb, s->qk, s->db, s->sb, s->dk, s->bk, s->q8, s->q8h, s->d8, s->s8, s->b8, s->rope_cs, s->scores};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvg_free(ps[i]);
     kvg_free(s);
 }
@@ -316,11 +317,12 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
     s->d8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
     s->s8 = kvg_malloc((B * W / KVG_QB + 1) * sizeof(float));
     s->q8h = kvg_malloc(B * W);
+    s->b8 = kvg_malloc((B * W / 16 + 1) * sizeof(int32_t));
     s->rope_cs = kvg_malloc((B * (size_t)hp->n_rot + 1) * sizeof(float));
     size_t group = (size_t)(hp->n_head / hp->n_head_kv);
     s->scores = kvg_malloc((size_t)s->c.n_threads * group * ((size_t)n_ctx + 1) * sizeof(float));
     if (st != KVGEN_OK || !s->qb || !s->qk || !s->db ||
-        !s->sb || !s->dk || !s->bk || !s->q8 || !s->q8h || !s->d8 || !s->s8 || !s->rope_cs || !s->scores) {
+        !s->sb || !s->dk || !s->bk || !s->q8 || !s->q8h || !s->d8 || !s->s8 || !s->b8 || !s->rope_cs || !s->scores) {
         cpu_session_free(m, s);
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %d-token session's scratch", n_ctx);
     }
@@ -434,7 +436,7 @@ static void quant_rows(void *ctx, int begin, int end, int tid) {
                                  s->bk + t * (W / 16));
         if (j->q8)
             kvg_qdot_quantize_q8(j->cm->isa, x, j->in_dim, s->q8 + t * W, j->split ? s->q8h + t * W : NULL,
-                                 s->d8 + t * (W / KVG_QB), s->s8 + t * (W / KVG_QB));
+                                 s->d8 + t * (W / KVG_QB), s->s8 + t * (W / KVG_QB), s->b8 + t * (W / 16));
     }
 }
 
@@ -473,7 +475,7 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
         else quant_rows(&qj, 0, n, 0);
     }
     kvg_qact a = {.n = in_dim, .x = in, .qb = s->qb, .db = s->db, .sb = s->sb, .qk = s->qk, .dk = s->dk, .bk = s->bk,
-                  .q8 = s->q8, .q8h = s->q8h, .d8 = s->d8, .s8 = s->s8};
+                  .q8 = s->q8, .q8h = s->q8h, .d8 = s->d8, .s8 = s->s8, .b8 = s->b8};
     j.a = &a;
     kvg_cpu_pool_run(cm->pool, total, mm_rows, &j);
 }

@@ -123,6 +123,8 @@ typedef struct kvg_qact {
     const int8_t *q8h;  /* QS: hi, [nt][n] */
     const float *d8;    /* [nt][n/32] */
     const float *s8;    /* [nt][n/32] */
+    const int32_t *b8;  /* [nt][n/16]: the sums of each 16 of q (QS: 256 hi + lo), for the K types'
+                         * offsets and minimums per 16 */
 } kvg_qact;
 
 /* out[i * out_stride] = dot(weight row w, activation row t + i) for i < nt <= KVG_QDOT_TILE; w
@@ -169,8 +171,10 @@ const kvg_qdot_kernel *kvg_qdot_kernel_fast(kvg_cpu_isa isa, uint32_t type);
 void kvg_qdot_quantize_qb(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, float *d, int32_t *bsum);
 /* one row into Q8 blocks of 32 (int8 in [-127, 127], d, s = d * sum(q)), or with hi != NULL
- * into QS blocks (q in [-16383, 16383] as lo and hi bytes); the same bytes on every path */
-void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);
+ * into QS blocks (q in [-16383, 16383] as lo and hi bytes), and the sums of each 16 of q into
+ * b16 (n/16 of them); the same bytes on every path */
+void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s,
+                          int32_t *b16);
 
 /* ---- f32 vector operations (cpu_vec.c) ---------------------------------------------------- */
 

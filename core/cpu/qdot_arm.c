@@ -405,10 +405,7 @@ INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kv
                 d = f16x4(hdr + 96 + 8 * r);
                 high = vmovl_u16(vreinterpret_u16_u8(vld1_u8(hdr + 64 + 8 * r)));
                 break;
-            default: /* Q4_K, Q5_K */
-                d = f16x4(hdr + 192 + 8 * r), dmin = f16x4(hdr + 224 + 8 * r);
-                high = vreinterpretq_u32_u8(vld1q_u8(hdr + 128 + 16 * r));
-                break;
+            default: d = f16x4(hdr + 192 + 8 * r), dmin = f16x4(hdr + 224 + 8 * r); break; /* Q4_K, Q5_K */
             }
             for (int j = 0; j < 8; j++) {
                 int8x16_t w[8];
@@ -443,10 +440,10 @@ INL void kq_group_arm(kq_kind k, bool dp, bool split, const uint8_t *g, const kv
                     break;
                 }
                 default: {
-                    uint32x4_t ls = field4(bytes4(hdr + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
-                    uint32x4_t lm = field4(bytes4(hdr + 64 + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
-                    sc[0] = s32(vorrq_u32(ls, vshlq_n_u32(field4(high, 2 * j, 3), 4)));
-                    mn[0] = s32(vorrq_u32(lm, vshlq_n_u32(field4(high, 16 + 2 * j, 3), 4)));
+                    uint32x4_t x = bytes4(hdr + 16 * j + 4 * r); /* the scale, the min's high bits above it */
+                    uint32x4_t lm = field4(bytes4(hdr + 128 + 16 * (j / 2) + 4 * r), 4 * (j % 2), 15);
+                    sc[0] = s32(vandq_u32(x, vdupq_n_u32(63)));
+                    mn[0] = s32(vorrq_u32(lm, vshlq_n_u32(field4(x, 6, 3), 4)));
                     break;
                 }
                 }

@@ -305,9 +305,10 @@ INL int kg_uoffset(kq_kind k) { return k == K_Q3 ? 4 : k == K_Q6 ? 32 : k == K_I
  *   2-bit levels (Q2_K, Q3_K's low 2 bits): chunk j / 4, bits 2(j % 4)..+1; then Q3_K's 64
  *     bytes of third bits (bit j);
  * then the 16 rows' scales, row i at byte i of each run of 16, and their f16 d (and dmin):
- *   Q4_K, Q5_K: the scales' low 4 bits [4][16] (block 2p in the low nibble of byte 16p + i,
- *     2p + 1 in the high one), the mins' the same, a dword per row of the high 2 bits (scale of
- *     block j at bit 2j, min at 16 + 2j), d, dmin;
+ *   Q4_K, Q5_K: a byte per block and row [8][16], the scale (6 bits) with the min's high 2 bits
+ *     above it, so that a kernel forms a block's scales with a mask and a shift; the mins' low
+ *     4 bits [4][16] (block 2p in the low nibble of byte 16p + i, 2p + 1 in the high one); d,
+ *     dmin;
  *   IQ4_XS: the scales + 32 as Q4_K's (low 4 bits [4][16], a 16-bit word of high pairs per
  *     row), d;
  *   Q3_K: the scales + 32 per 16, low 4 bits [8][16] (sub-block 2p, 2p + 1 in byte 16p + i),
@@ -362,7 +363,7 @@ KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as)
 KVG_QDOT_KG(KVG_QDOT_DOT, yv) KVG_QDOT_KG(KVG_QDOT_DOT, ys)
 void kvg_qdot_quant_qb_avx2(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_avx2(const float *x, int n, int16_t *q, float *d, int32_t *bsum);
-void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s);
+void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s, int32_t *b16);
 #endif
 #ifdef KVG_ARM
 KVG_QDOT_B32(KVG_QDOT_DOT, n) KVG_QDOT_KQ(KVG_QDOT_DOT, n) KVG_QDOT_FL(KVG_QDOT_DOT, n)

@@ -391,11 +391,9 @@ INL void kq_group_pack(kq_kind k, const uint8_t *src, size_t row_bytes, uint8_t 
             default: /* Q4_K, Q5_K */
                 for (int j = 0; j < 8; j++) {
                     int s = sc[2 * j], m = mn[2 * j];
-                    hdr[16 * (j / 2) + i] |= (uint8_t)((s & 15) << (4 * (j % 2)));
-                    hdr[64 + 16 * (j / 2) + i] |= (uint8_t)((m & 15) << (4 * (j % 2)));
-                    high |= (uint32_t)(s >> 4) << (2 * j) | (uint32_t)(m >> 4) << (16 + 2 * j);
+                    hdr[16 * j + i] = (uint8_t)(s | (m >> 4) << 6);
+                    hdr[128 + 16 * (j / 2) + i] |= (uint8_t)((m & 15) << (4 * (j % 2)));
                 }
-                for (int c = 0; c < 4; c++) hdr[128 + 4 * i + c] = (uint8_t)(high >> (8 * c));
                 put16(hdr + 192 + 2 * i, dh);
                 put16(hdr + 224 + 2 * i, mh);
                 break;

@@ -214,19 +214,31 @@ void kvg_qdot_quantize_qk(kvg_cpu_isa isa, const float *x, int n, int16_t *q, fl
     kvg_qdot_quant_qk_portable(x, n, q, d, bsum);
 }
 
-void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+/* the sums of each 16 of q = 256 hi + lo (hi NULL: lo), exact in any order */
+static void q8_sums16(const int8_t *lo, const int8_t *hi, int n, int32_t *b16) {
+    for (int g = 0; g < n / 16; g++) {
+        int32_t sum = 0;
+        for (int i = 16 * g; i < 16 * g + 16; i++) sum += lo[i] + (hi ? 256 * hi[i] : 0);
+        b16[g] = sum;
+    }
+}
+
+void kvg_qdot_quantize_q8(kvg_cpu_isa isa, const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s,
+                          int32_t *b16) {
 #ifdef KVG_X86
     if (isa == KVG_ISA_AVX512VNNI) {
-        kvg_qdot_quant_q8_avx512(x, n, lo, hi, d, s);
+        kvg_qdot_quant_q8_avx512(x, n, lo, hi, d, s, b16);
         return;
     }
 #endif
 #ifdef KVG_ARM
     if (isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD) {
         kvg_qdot_quant_q8_neon(x, n, lo, hi, d, s);
+        q8_sums16(lo, hi, n, b16);
         return;
     }
 #endif
     (void)isa;
     kvg_qdot_quant_q8_portable(x, n, lo, hi, d, s);
+    q8_sums16(lo, hi, n, b16);
 }

@@ -42,13 +42,6 @@ AVX2 INL __m256i iq4_16(__m128i nib) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(t, _mm_and_si128(nib, _mm_set1_epi8(15))));
 }
 
-/* sum of 16 signed bytes */
-AVX2 INL int32_t sum16_i8(const int8_t *p) {
-    __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(-128));
-    __m128i s = _mm_sad_epu8(x, _mm_setzero_si128());
-    return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
-}
-
 /* block b's levels as int16: elements 0..15 in *lo, 16..31 in *hi */
 AVX2 INL void b32_w16_avx2(b32_kind k, const b32_row *r, int b, __m256i *lo, __m256i *hi) {
     const uint8_t *qs = r->qs + b32_qbytes(k) * (size_t)b;
@@ -565,6 +558,9 @@ TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
 /* bytes ahead of the block being decoded that the group kernels ask the cache for: decode
  * waits on memory (measured, 1B shape Q4_0, 2 threads: 39.5 tok/s without, ~49 with 2-8 KiB) */
 #define KVG_GROUP_PREFETCH 4096
+/* the K groups' distance (1B shape, Q4_K_M mix, 2 threads, decode tok/s in three rounds: 1 KiB
+ * 25-27, 4 KiB 32-34.5, 8 KiB 34.2-35.1, 16 KiB 33.5-35.3) */
+#define KVG_K_GROUP_PREFETCH 8192
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
@@ -636,7 +632,7 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
 
 /* quant_q8_portable's bytes: the same max (NaN ignored, as fmaxf), the same scalar scale, the
  * same product rounded to nearest even and clamped (a NaN product clamps to -levels) */
-VNNI void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s) {
+VNNI void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi, float *d, float *s, int32_t *b16) {
     const int levels = hi ? KVG_QS_LEVELS : KVG_Q8_LEVELS;
     const __m512 sign = _mm512_set1_ps(-0.0f);
     const __m512i lim = _mm512_set1_epi32(levels), nlim = _mm512_set1_epi32(-levels);
@@ -653,7 +649,9 @@ VNNI void kvg_qdot_quant_q8_avx512(const float *x, int n, int8_t *lo, int8_t *hi
         __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
         q0 = _mm512_min_epi32(_mm512_max_epi32(q0, nlim), lim);
         q1 = _mm512_min_epi32(_mm512_max_epi32(q1, nlim), lim);
-        s[b] = d[b] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        b16[2 * b] = _mm512_reduce_add_epi32(q0);
+        b16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+        s[b] = d[b] * (float)(b16[2 * b] + b16[2 * b + 1]);
         _mm_storeu_si128((__m128i *)(lo + KVG_QB * b), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(lo + KVG_QB * b + 16), _mm512_cvtepi32_epi8(q1));
         if (hi) { /* hi = (q - lo) / 256, lo the sign-extended low byte */
@@ -766,15 +764,12 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
             d = f16x16(hdr + 96);
             high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(hdr + 64)));
             break;
-        default:
-            d = f16x16(hdr + 192), dmin = f16x16(hdr + 224);
-            high = _mm512_loadu_si512((const void *)(hdr + 128));
-            break;
+        default: d = f16x16(hdr + 192), dmin = f16x16(hdr + 224); break;
         }
         for (int j = 0; j < 8; j++) {
             const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
             for (size_t o = 0; o < kg_qblock(k); o += 64)
-                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(blk + KVG_K_GROUP_PREFETCH + o), _MM_HINT_T0);
             __m512i w[8];
             kq_group_levels(k, blk, iq4, w);
             /* per 16 (dw[h], mw[h] for half h) or per 32 (dw[0], mw[0]) */
@@ -803,12 +798,13 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
                 sc[0] = _mm512_or_si512(sc[0], _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
                 sc[0] = _mm512_sub_epi32(sc[0], _mm512_set1_epi32(32));
                 break;
-            default:
-                sc[0] = field32(bytes32(hdr + 16 * (j / 2)), 4 * (j % 2), 15);
-                mn[0] = field32(bytes32(hdr + 64 + 16 * (j / 2)), 4 * (j % 2), 15);
-                sc[0] = _mm512_or_si512(sc[0], _mm512_slli_epi32(field32(high, 2 * j, 3), 4));
-                mn[0] = _mm512_or_si512(mn[0], _mm512_slli_epi32(field32(high, 16 + 2 * j, 3), 4));
+            default: {
+                __m512i x = bytes32(hdr + 16 * j); /* the scale, the min's high bits above it */
+                sc[0] = _mm512_and_si512(x, _mm512_set1_epi32(63));
+                mn[0] = _mm512_or_si512(field32(bytes32(hdr + 128 + 16 * (j / 2)), 4 * (j % 2), 15),
+                                        _mm512_and_si512(_mm512_srli_epi32(x, 2), _mm512_set1_epi32(48)));
                 break;
+            }
             }
             __m512 dw[2], mw[2];
             for (int h = 0; h < (per16 ? 2 : 1); h++) {
@@ -835,14 +831,7 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
                     s1 = _mm512_add_epi32(s1, _mm512_slli_epi32(h1, 8));
                 }
                 int32_t q0 = 0, q1 = 0; /* the halves' sums of q, where an offset or a min needs them */
-                if (off || (has_min && per16)) {
-                    q0 = sum16_i8(qv);
-                    q1 = sum16_i8(qv + 16);
-                    if (split) {
-                        q0 += 256 * sum16_i8(a->q8h + at);
-                        q1 += 256 * sum16_i8(a->q8h + at + 16);
-                    }
-                }
+                if (off || (has_min && per16)) q0 = a->b8[2 * bi], q1 = a->b8[2 * bi + 1];
                 float daf = a->d8[bi];
                 __m512 da = _mm512_set1_ps(daf);
                 if (per16) { /* sum(v q) = sum(u q) - offset sum(q), per half */
@@ -1005,26 +994,19 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                 d[h] = f16x8(hdr + 96 + 16 * h);
                 high[h] = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(hdr + 64 + 16 * h)));
                 break;
-            default: /* Q4_K, Q5_K */
-                d[h] = f16x8(hdr + 192 + 16 * h), dmin[h] = f16x8(hdr + 224 + 16 * h);
-                high[h] = ld256(hdr + 128 + 32 * h);
-                break;
+            default: d[h] = f16x8(hdr + 192 + 16 * h), dmin[h] = f16x8(hdr + 224 + 16 * h); break; /* Q4_K, Q5_K */
             }
         for (int j = 0; j < 8; j++) {
             const uint8_t *blk = sb + kg_qblock(k) * (size_t)j;
             for (size_t o = 0; o < kg_qblock(k); o += 64)
-                _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(blk + KVG_K_GROUP_PREFETCH + o), _MM_HINT_T0);
             int32_t qs0[KVG_GROUP_TILE], qs1[KVG_GROUP_TILE]; /* the halves' sums of q, where needed */
             for (int i = 0; i < nt; i++) {
                 qs0[i] = qs1[i] = 0;
                 if (off || (has_min && per16)) {
-                    size_t at = (size_t)(t + i) * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
-                    qs0[i] = sum16_i8(a->q8 + at);
-                    qs1[i] = sum16_i8(a->q8 + at + 16);
-                    if (split) {
-                        qs0[i] += 256 * sum16_i8(a->q8h + at);
-                        qs1[i] += 256 * sum16_i8(a->q8h + at + 16);
-                    }
+                    size_t bi = (size_t)(t + i) * (size_t)n32 + 8 * (size_t)b + (size_t)j;
+                    qs0[i] = a->b8[2 * bi];
+                    qs1[i] = a->b8[2 * bi + 1];
                 }
             }
             for (int h = 0; h < 2; h++) {
@@ -1056,12 +1038,13 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                     sc[0] = _mm256_or_si256(sc[0], _mm256_slli_epi32(field8(high[h], 2 * j, 3), 4));
                     sc[0] = _mm256_sub_epi32(sc[0], _mm256_set1_epi32(32));
                     break;
-                default:
-                    sc[0] = field8(bytes8u(hdr + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
-                    mn[0] = field8(bytes8u(hdr + 64 + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15);
-                    sc[0] = _mm256_or_si256(sc[0], _mm256_slli_epi32(field8(high[h], 2 * j, 3), 4));
-                    mn[0] = _mm256_or_si256(mn[0], _mm256_slli_epi32(field8(high[h], 16 + 2 * j, 3), 4));
+                default: {
+                    __m256i x = bytes8u(hdr + 16 * j + 8 * h); /* the scale, the min's high bits above it */
+                    sc[0] = _mm256_and_si256(x, _mm256_set1_epi32(63));
+                    mn[0] = _mm256_or_si256(field8(bytes8u(hdr + 128 + 16 * (j / 2) + 8 * h), 4 * (j % 2), 15),
+                                            _mm256_and_si256(_mm256_srli_epi32(x, 2), _mm256_set1_epi32(48)));
                     break;
+                }
                 }
                 __m256 dw[2], mw[2];
                 for (int e = 0; e < (per16 ? 2 : 1); e++) {

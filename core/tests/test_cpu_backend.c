@@ -129,6 +129,7 @@ static void test_kernels(void) {
     float db[NT * N / 32], sb[NT * N / 32], dk[NT * N / 256], db0[NT * N / 32], dk0[NT * N / 256];
     int32_t bk[NT * N / 16], bk0[NT * N / 16];
     int8_t q8[NT * N], q80[NT * N], qs[NT * N], qsh[NT * N], qs0[NT * N], qsh0[NT * N];
+    int32_t b8[NT * N / 16], bs[NT * N / 16];
     float d8[NT * N / 32], s8[NT * N / 32], d80[NT * N / 32], s80[NT * N / 32];
     float ds[NT * N / 32], ss[NT * N / 32], ds0[NT * N / 32], ss0[NT * N / 32];
     static float portable_out[32][3][NT]; /* the portable path's results per type and trial */
@@ -142,9 +143,16 @@ static void test_kernels(void) {
         for (int t = 0; t < NT; t++) {
             kvg_qdot_quantize_qb((kvg_cpu_isa)isa, xf + t * N, N, qb + t * N, db + t * (N / 32), sb + t * (N / 32));
             kvg_qdot_quantize_qk((kvg_cpu_isa)isa, xf + t * N, N, qk + t * N, dk + t * (N / 256), bk + t * (N / 16));
-            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32));
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32),
+                                 b8 + t * (N / 16));
             kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, qs + t * N, qsh + t * N, ds + t * (N / 32),
-                                 ss + t * (N / 32));
+                                 ss + t * (N / 32), bs + t * (N / 16));
+        }
+        for (int g = 0; g < NT * N / 16; g++) { /* the sums of 16 on every path */
+            int sum8 = 0, sums = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) sum8 += q8[i], sums += 256 * qsh[i] + qs[i];
+            CHECKF(b8[g] == sum8 && bs[g] == sums, "%s: sums of 16 at %d: %d %d vs %d %d",
+                   kvg_cpu_isa_name((kvg_cpu_isa)isa), g, b8[g], bs[g], sum8, sums);
         }
         if (isa == KVG_ISA_PORTABLE) {
             memcpy(qb0, qb, qbytes);
@@ -197,12 +205,13 @@ static void test_kernels(void) {
             CHECK(ss[b] == ds[b] * (float)qssum && qsmax == (ds[b] > 0 ? KVG_QS_LEVELS : 0) && parts_ok);
         }
         kvg_qact a = {.n = N, .x = xf, .qb = qb, .db = db, .sb = sb, .qk = qk, .dk = dk, .bk = bk,
-                      .q8 = q8, .d8 = d8, .s8 = s8};
+                      .q8 = q8, .d8 = d8, .s8 = s8, .b8 = b8};
         kvg_qact as = a; /* the split form's bytes for the QS kernels */
         as.q8 = qs;
         as.q8h = qsh;
         as.d8 = ds;
         as.s8 = ss;
+        as.b8 = bs;
         int n_group = 0;
         double worst = 0;
         int n_fast = 0;
@@ -352,6 +361,7 @@ static void test_group_shapes(void) {
     float *xf = malloc(NT * N * sizeof(float)), *wf = malloc(N * sizeof(float)), *deq = malloc(N * sizeof(float));
     int8_t *q8 = malloc(NT * N), *qs = malloc(NT * N), *qsh = malloc(NT * N);
     float d8[NT * N / 32], s8[NT * N / 32], ds[NT * N / 32], ss[NT * N / 32];
+    int32_t b8[NT * N / 16], bs[NT * N / 16];
     uint8_t *w = malloc(kvg_row_bytes(KVG_TYPE_F32, N)), *packed = malloc(kvg_row_bytes(KVG_TYPE_F32, N));
     uint8_t *xrows = malloc(kvg_row_bytes(KVG_TYPE_F32, N) * KVG_QDOT_GROUP); /* more than any quantized type's */
     for (int i = 0; i < NT * N; i++) xf[i] = frand() * (i % 5 == 0 ? 4.0f : 1.0f);
@@ -359,6 +369,7 @@ static void test_group_shapes(void) {
      * with hi -63 or 63 (q = 256 hi + lo within +-16383) */
     int8_t *e8 = malloc(NT * N), *el = malloc(NT * N), *eh = malloc(NT * N);
     float ed[NT * N / 32], es8[NT * N / 32], ess[NT * N / 32];
+    int32_t eb8[NT * N / 16], ebs[NT * N / 16];
     for (int t = 0; t < NT; t++)
         for (int i = 0; i < N; i++) {
             bool neg = (t + i / 64) % 2 == 0;
@@ -376,18 +387,23 @@ static void test_group_shapes(void) {
         es8[b] = ed[b] * (float)s8sum;
         ess[b] = ed[b] * (float)sssum;
     }
-    kvg_qact x8 = {.n = N, .x = xf, .q8 = e8, .d8 = ed, .s8 = es8};
-    kvg_qact xs = {.n = N, .x = xf, .q8 = el, .q8h = eh, .d8 = ed, .s8 = ess};
+    for (int g = 0; g < NT * N / 16; g++) {
+        eb8[g] = ebs[g] = 0;
+        for (int i = 16 * g; i < 16 * g + 16; i++) eb8[g] += e8[i], ebs[g] += 256 * eh[i] + el[i];
+    }
+    kvg_qact x8 = {.n = N, .x = xf, .q8 = e8, .d8 = ed, .s8 = es8, .b8 = eb8};
+    kvg_qact xs = {.n = N, .x = xf, .q8 = el, .q8h = eh, .d8 = ed, .s8 = ess, .b8 = ebs};
     int checked = 0;
     for (int isa = 0; isa < KVG_ISA_COUNT; isa++) {
         if (!kvg_cpu_isa_supported((kvg_cpu_isa)isa)) continue;
         for (int t = 0; t < NT; t++) {
-            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32));
+            kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, q8 + t * N, NULL, d8 + t * (N / 32), s8 + t * (N / 32),
+                                 b8 + t * (N / 16));
             kvg_qdot_quantize_q8((kvg_cpu_isa)isa, xf + t * N, N, qs + t * N, qsh + t * N, ds + t * (N / 32),
-                                 ss + t * (N / 32));
+                                 ss + t * (N / 32), bs + t * (N / 16));
         }
-        kvg_qact a8 = {.n = N, .x = xf, .q8 = q8, .d8 = d8, .s8 = s8};
-        kvg_qact as = {.n = N, .x = xf, .q8 = qs, .q8h = qsh, .d8 = ds, .s8 = ss};
+        kvg_qact a8 = {.n = N, .x = xf, .q8 = q8, .d8 = d8, .s8 = s8, .b8 = b8};
+        kvg_qact as = {.n = N, .x = xf, .q8 = qs, .q8h = qsh, .d8 = ds, .s8 = ss, .b8 = bs};
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (int fast = 0; fast < 2; fast++) {
                 const kvg_qdot_kernel *k = fast ? kvg_qdot_kernel_fast((kvg_cpu_isa)isa, types[ti])

@@ -407,8 +407,9 @@ static kvgen_status time_decode(kvgen_session *s, const int32_t *seq, int depth,
 }
 /* Aggregate decode throughput with n_sessions generating at once through the jobs worker: each
  * gets a fresh session, the same one-token prompt (BOS, or token 1) and n_tokens greedy tokens
- * with end-of-generation ignored. *tokens_per_s = all generated tokens / (last job's end -
- * first job's first token), so prefill is mostly outside the window. */
+ * with end-of-generation ignored. *tokens_per_s = the tokens of the decode steps / (last job's
+ * end - first job's first token): a job's first token comes from its prefill, before or at the
+ * start of the window, so it is not counted (as llama-batched-bench counts its generation steps). */
 static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, kvgen_adapter *const *adapters,
                                int n_adapters, double *tokens_per_s, kvgen_error *err) {
     *tokens_per_s = 0;
@@ -446,7 +447,7 @@ static kvgen_status jobs_tok_s(kvgen_model *m, int n_sessions, int n_tokens, kvg
         }
         if (first < 0 || ji.first_token_ms < first) first = ji.first_token_ms;
         if (ji.total_ms > last) last = ji.total_ms;
-        total += ji.n_tokens;
+        total += ji.n_tokens > 0 ? ji.n_tokens - 1 : 0;
     }
     if (st == KVGEN_OK && last > first) *tokens_per_s = total / ((last - first) / 1e3);
     for (int i = 0; jobs && i < n_sessions; i++) kvgen_job_release(jobs[i]);
