@@ -373,6 +373,18 @@ int main(void) {
         CHECK(ctx->kv_f16 == !force || getenv("KVGEN_FORCE_F32"));
         run_all(ctx);
         check_embed_all(ctx);
+        /* where the device offers subgroup size control, the one-subgroup mat-vecs (run above,
+         * with validation) require one full subgroup of the device's size; nothing else does */
+        uint32_t spec[KVG_SPEC_COUNT] = {0}, sg = ctx->info.subgroup_size;
+        spec[KVG_SPEC_WG] = sg;
+        bool sg1 = kvg_vk_one_subgroup(ctx, "matvec_sg_q4_0", spec);
+        CHECK(sg1 == ctx->sg_size_control);
+        CHECK(!kvg_vk_one_subgroup(ctx, "matvec_q4_0", spec) && !kvg_vk_one_subgroup(ctx, "attn", spec));
+        spec[KVG_SPEC_WG] = 2 * sg;
+        CHECK(!kvg_vk_one_subgroup(ctx, "matvec_sg_q4_0", spec) || 2 * sg <= ctx->sg_max);
+        if (!force)
+            printf("subgroup size control: %s (sizes %u..%u); one-subgroup mat-vecs require full subgroups of %u: %s\n",
+                   ctx->sg_size_control ? "on" : "off", ctx->sg_min, ctx->sg_max, sg, sg1 ? "yes" : "no");
         CHECKF(kvg_vk_validation_count(ctx) == 0, "%d validation messages", kvg_vk_validation_count(ctx));
         kvg_vk_ctx_destroy(ctx);
     }

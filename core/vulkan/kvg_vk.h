@@ -81,6 +81,11 @@ typedef struct kvg_vk_ctx {
     VkQueue queue;
     uint32_t queue_family;
     bool own_instance, own_device; /* false when the host handed them in */
+    /* VK_EXT_subgroup_size_control enabled on a device of kvgen's own (its subgroup sizes for
+     * compute shaders, sg_min..sg_max): the one-subgroup mat-vec pipelines then require their
+     * workgroup to be one full subgroup of that size */
+    bool sg_size_control;
+    uint32_t sg_min, sg_max;
     VkDebugUtilsMessengerEXT messenger;
     atomic_int validation_messages; /* warnings and errors the validation layer reported */
     atomic_int split_dispatches;    /* dispatches recorded as several pieces (maxComputeWorkGroupCount) */
@@ -149,6 +154,10 @@ kvgen_status kvg_vk_download(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSi
  * cached (never on the per-token path: callers create everything they need at load). */
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
                                  VkPipeline *out, kvgen_error *err);
+/* Whether the pipeline of shader and spec requires one full subgroup per workgroup: a
+ * one-subgroup mat-vec (matvec_sg_*, its workgroup the device's subgroup size) on a device with
+ * subgroup size control enabled (kvg_vk_ctx.sg_size_control) */
+bool kvg_vk_one_subgroup(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]);
 /* Pipelines are checked against the device's compute limits (ctx->props.limits, lowered by
  * KVGEN_VK_MAX_SHARED and KVGEN_VK_MAX_INVOCATIONS; docs/vulkan.md) before they are created.
  * shader_limits: the workgroup invocations and shared-memory bytes a shader needs with these

@@ -360,10 +360,35 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
                                  .queueFamilyIndex = ctx->queue_family,
                                  .queueCount = 1,
                                  .pQueuePriorities = &prio};
-    /* kvgen's shaders need no optional feature: f16 is packed into 32-bit words (see weights.glsl) */
+    /* kvgen's shaders need no optional feature: f16 is packed into 32-bit words (see weights.glsl).
+     * Subgroup size control is enabled where offered for compute, so that a mat-vec workgroup of
+     * the subgroup's size is one subgroup by requirement rather than by the driver's choice. */
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sgf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    VkPhysicalDeviceSubgroupSizeControlPropertiesEXT sgp = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+    const char *ext = "VK_EXT_subgroup_size_control";
+    bool sg = has_device_ext(ctx->phys, ext);
+    if (sg) {
+        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &sgf};
+        vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sgp};
+        vkGetPhysicalDeviceProperties2(ctx->phys, &p2);
+        sg = sgf.subgroupSizeControl && sgf.computeFullSubgroups &&
+             (sgp.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && sgp.minSubgroupSize > 0;
+    }
     VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &q};
+    if (sg) {
+        sgf.pNext = NULL;
+        ci.pNext = &sgf;
+        ci.enabledExtensionCount = 1;
+        ci.ppEnabledExtensionNames = &ext;
+    }
     VKCHECK(vkCreateDevice(ctx->phys, &ci, NULL, &ctx->dev), "vkCreateDevice");
+    ctx->sg_size_control = sg;
+    ctx->sg_min = sg ? sgp.minSubgroupSize : 0;
+    ctx->sg_max = sg ? sgp.maxSubgroupSize : 0;
     ctx->own_device = true;
     vkGetDeviceQueue(ctx->dev, ctx->queue_family, 0, &ctx->queue);
     return KVGEN_OK;
@@ -823,6 +848,12 @@ bool kvg_vk_fit_wg(const kvg_vk_ctx *ctx, const char *shader, uint32_t spec[KVG_
     }
 }
 
+bool kvg_vk_one_subgroup(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]) {
+    uint32_t wg = spec[KVG_SPEC_WG];
+    return ctx->sg_size_control && strncmp(shader, "matvec_sg_", 10) == 0 && wg == ctx->info.subgroup_size &&
+           wg >= ctx->sg_min && wg <= ctx->sg_max && (wg & (wg - 1)) == 0;
+}
+
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
                                  VkPipeline *out, kvgen_error *err) {
     *out = kvg_vk_pipeline_find(ctx, shader, spec);
@@ -861,6 +892,13 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                   .pName = "main",
                   .pSpecializationInfo = &si},
         .layout = ctx->pipe_layout};
+    VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT rs = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT,
+        .requiredSubgroupSize = spec[KVG_SPEC_WG]};
+    if (kvg_vk_one_subgroup(ctx, shader, spec)) {
+        ci.stage.pNext = &rs;
+        ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
+    }
     VkPipeline pipe;
     VkResult r = vkCreateComputePipelines(ctx->dev, ctx->pcache.cache, 1, &ci, NULL, &pipe);
     vkDestroyShaderModule(ctx->dev, mod, NULL);
