@@ -523,6 +523,9 @@ static void lora_add(const cpu_model *cm, const kvg_lora_set *const *sets, int l
  * same bytes holds more tokens. Attention reads the pages in place with the kernels of their
  * type (cm->kv, cpu_vec.c's KV tables). */
 
+/* rows of the next run of keys or values asked for before a run is computed */
+#define KVG_KV_RUN_AHEAD 8
+
 typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
     kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
@@ -568,18 +571,22 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int n = pos - first + 1;
         const float *q = j->s->c.q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
         float *o = j->s->c.att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
-        /* keys: runs of consecutive slots within one page are contiguous */
+        /* keys: runs of consecutive slots within one page are contiguous; the next run's first
+         * rows are asked for before this one is computed (the kernels ask for the rest of a run
+         * as they go), pages being apart in memory */
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
             const void *k = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p);
+            const void *next = p + run <= pos ? kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p + run)
+                                              : kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, first);
+            prefetch_row(next, KVG_KV_RUN_AHEAD * pg->row_bytes);
+            kv->dot_heads(q, (size_t)hd, group, k, pg->row_bytes, run, hd, scores + (p - first), n_ctx);
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)g * n_ctx + (p - first);
-                kv->dot_rows(q + (size_t)g * hd, k, pg->row_bytes, run, hd, sc);
-                for (int r = 0; r < run; r++) {
-                    sc[r] *= scale;
-                    if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
-                }
+                if (j->softcap > 0.0f)
+                    for (int r = 0; r < run; r++) sc[r] = j->softcap * tanhf(sc[r] * scale / j->softcap);
+                else vec->scale(sc, scale, run);
             }
             p += run;
         }
@@ -592,8 +599,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
             const void *v = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p);
-            for (int g = 0; g < group; g++)
-                kv->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, pg->row_bytes, run, hd);
+            if (p + run <= pos)
+                prefetch_row(kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p + run),
+                             KVG_KV_RUN_AHEAD * pg->row_bytes);
+            kv->axpy_heads(o, (size_t)hd, group, scores + (p - first), n_ctx, v, pg->row_bytes, run, hd);
             p += run;
         }
         for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);
