@@ -225,11 +225,30 @@ static void p_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t row_b
     }
 }
 
+/* A table's kernels for several heads where a path has none of its own: each head through
+ * the one-head kernel, so each head gets its bits by construction. */
+#define KV_EACH_HEAD(dot, axpy)                                                                              \
+    static void dot##_each(const float *q, size_t q_stride, int heads, const void *k, size_t row_bytes,     \
+                           int rows, int n, float *out, size_t out_stride) {                                \
+        for (int h = 0; h < heads; h++)                                                                     \
+            dot(q + (size_t)h * q_stride, k, row_bytes, rows, n, out + (size_t)h * out_stride);            \
+    }                                                                                                       \
+    static void axpy##_each(float *y, size_t y_stride, int heads, const float *a, size_t a_stride,          \
+                            const void *x, size_t row_bytes, int rows, int n) {                             \
+        for (int h = 0; h < heads; h++) axpy(y + (size_t)h * y_stride, a + (size_t)h * a_stride, x, row_bytes, rows, n); \
+    }
+#define KV_ROW(type, dot, axpy) {type, dot, axpy, dot##_each, axpy##_each}
+
+KV_EACH_HEAD(p_kv_dot_f32, p_kv_axpy_f32)
+KV_EACH_HEAD(p_kv_dot_f16, p_kv_axpy_f16)
+KV_EACH_HEAD(p_kv_dot_q8_0, p_kv_axpy_q8_0)
+KV_EACH_HEAD(p_kv_dot_q4_0, p_kv_axpy_q4_0)
+
 static const kvg_vec_kv PORTABLE_KV[] = {
-    {KVG_TYPE_F32, p_kv_dot_f32, p_kv_axpy_f32},
-    {KVG_TYPE_F16, p_kv_dot_f16, p_kv_axpy_f16},
-    {KVG_TYPE_Q8_0, p_kv_dot_q8_0, p_kv_axpy_q8_0},
-    {KVG_TYPE_Q4_0, p_kv_dot_q4_0, p_kv_axpy_q4_0},
+    KV_ROW(KVG_TYPE_F32, p_kv_dot_f32, p_kv_axpy_f32),
+    KV_ROW(KVG_TYPE_F16, p_kv_dot_f16, p_kv_axpy_f16),
+    KV_ROW(KVG_TYPE_Q8_0, p_kv_dot_q8_0, p_kv_axpy_q8_0),
+    KV_ROW(KVG_TYPE_Q4_0, p_kv_dot_q4_0, p_kv_axpy_q4_0),
 };
 
 /* ---- AVX2 + FMA ---- */
@@ -679,11 +698,148 @@ AVX2 static void x_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t 
     x_kv_axpy_blocks(y, a, x, row_bytes, rows, n, true);
 }
 
+/* Several heads against one run (grouped-query attention). The dots take four heads against
+ * two rows at a time, eight chains as dot_rows' eight rows, each row loaded and widened once
+ * for the four; the weighted sums take four heads over 16 of the n floats at a time. Every
+ * (head, row) dot is the one chain of multiply-adds dot_rows forms, folded as x_fold4 folds it,
+ * and every output element sums its rows in row order from y, as axpy_rows does: each head gets
+ * the one-head kernels' bits. Rows KV_HEADS_AHEAD ahead in the run are asked for while a row is
+ * computed (the caller asks for the next run's first ones). */
+#define KV_HEADS_AHEAD 8
+
+AVX2 INL void x_prefetch_row(const void *row, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)row + off, _MM_HINT_T0);
+}
+
+#define X_DOT2(qh, a, b)                                                                                    \
+    do {                                                                                                    \
+        __m256 v_ = _mm256_loadu_ps((qh) + i);                                                              \
+        a = _mm256_fmadd_ps(v_, x0, a);                                                                     \
+        b = _mm256_fmadd_ps(v_, x1, b);                                                                     \
+    } while (0)
+
+AVX2 INL void x_dot_heads_of(const float *q, size_t qs, int heads, const void *k, size_t stride, int rows, int n,
+                             float *out, size_t os, bool half) {
+    int h = 0;
+    size_t esize = half ? sizeof(uint16_t) : sizeof(float), rbytes = (size_t)n * esize;
+    for (; (n & 7) == 0 && h + 4 <= heads; h += 4) {
+        const float *q0 = q + (size_t)h * qs, *q1 = q0 + qs, *q2 = q1 + qs, *q3 = q2 + qs;
+        float *o0 = out + (size_t)h * os, *o1 = o0 + os, *o2 = o1 + os, *o3 = o2 + os;
+        int r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            const void *k0 = row_at(k, (size_t)r * stride, half), *k1 = row_at(k0, stride, half);
+            if (h == 0 && r + KV_HEADS_AHEAD + 2 <= rows) {
+                x_prefetch_row(row_at(k0, KV_HEADS_AHEAD * stride, half), rbytes);
+                x_prefetch_row(row_at(k1, KV_HEADS_AHEAD * stride, half), rbytes);
+            }
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int i = 0; i < n; i += 8) {
+                __m256 x0 = x_load8(k0, (size_t)i, half), x1 = x_load8(k1, (size_t)i, half);
+                X_DOT2(q0, a0, a1);
+                X_DOT2(q1, a2, a3);
+                X_DOT2(q2, a4, a5);
+                X_DOT2(q3, a6, a7);
+            }
+            float t[8];
+            x_fold4(a0, a1, a2, a3, t);
+            x_fold4(a4, a5, a6, a7, t + 4);
+            o0[r] = t[0], o0[r + 1] = t[1], o1[r] = t[2], o1[r + 1] = t[3];
+            o2[r] = t[4], o2[r + 1] = t[5], o3[r] = t[6], o3[r + 1] = t[7];
+        }
+        for (; r < rows; r++) {
+            const void *k0 = row_at(k, (size_t)r * stride, half);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < n; i += 8) {
+                __m256 x0 = x_load8(k0, (size_t)i, half);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), x0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), x0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), x0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), x0, a3);
+            }
+            float t[4];
+            x_fold4(a0, a1, a2, a3, t);
+            o0[r] = t[0], o1[r] = t[1], o2[r] = t[2], o3[r] = t[3];
+        }
+    }
+    for (; h < heads; h++) x_dot_rows_of(q + (size_t)h * qs, k, stride, rows, n, out + (size_t)h * os, half);
+}
+
+#define X_AXPY2(ah, a, b)                                                                                   \
+    do {                                                                                                    \
+        __m256 w_ = _mm256_broadcast_ss((ah) + r);                                                          \
+        a = _mm256_fmadd_ps(w_, x0, a);                                                                     \
+        b = _mm256_fmadd_ps(w_, x1, b);                                                                     \
+    } while (0)
+
+AVX2 INL void x_axpy_heads_of(float *y, size_t ys, int heads, const float *a, size_t as, const void *x,
+                              size_t stride, int rows, int n, bool half) {
+    int h = 0;
+    size_t esize = half ? sizeof(uint16_t) : sizeof(float), rbytes = (size_t)n * esize;
+    for (; (n & 7) == 0 && h + 4 <= heads; h += 4) {
+        float *y0 = y + (size_t)h * ys, *y1 = y0 + ys, *y2 = y1 + ys, *y3 = y2 + ys;
+        const float *w0 = a + (size_t)h * as, *w1 = w0 + as, *w2 = w1 + as, *w3 = w2 + as;
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m256 c0 = _mm256_loadu_ps(y0 + i), c1 = _mm256_loadu_ps(y0 + i + 8);
+            __m256 c2 = _mm256_loadu_ps(y1 + i), c3 = _mm256_loadu_ps(y1 + i + 8);
+            __m256 c4 = _mm256_loadu_ps(y2 + i), c5 = _mm256_loadu_ps(y2 + i + 8);
+            __m256 c6 = _mm256_loadu_ps(y3 + i), c7 = _mm256_loadu_ps(y3 + i + 8);
+            for (int r = 0; r < rows; r++) {
+                const void *xr = row_at(x, (size_t)r * stride, half);
+                if (h == 0 && i == 0 && r + KV_HEADS_AHEAD < rows)
+                    x_prefetch_row(row_at(xr, KV_HEADS_AHEAD * stride, half), rbytes);
+                __m256 x0 = x_load8(xr, (size_t)i, half), x1 = x_load8(xr, (size_t)i + 8, half);
+                X_AXPY2(w0, c0, c1);
+                X_AXPY2(w1, c2, c3);
+                X_AXPY2(w2, c4, c5);
+                X_AXPY2(w3, c6, c7);
+            }
+            _mm256_storeu_ps(y0 + i, c0), _mm256_storeu_ps(y0 + i + 8, c1);
+            _mm256_storeu_ps(y1 + i, c2), _mm256_storeu_ps(y1 + i + 8, c3);
+            _mm256_storeu_ps(y2 + i, c4), _mm256_storeu_ps(y2 + i + 8, c5);
+            _mm256_storeu_ps(y3 + i, c6), _mm256_storeu_ps(y3 + i + 8, c7);
+        }
+        for (; i < n; i += 8) {
+            __m256 c0 = _mm256_loadu_ps(y0 + i), c1 = _mm256_loadu_ps(y1 + i);
+            __m256 c2 = _mm256_loadu_ps(y2 + i), c3 = _mm256_loadu_ps(y3 + i);
+            for (int r = 0; r < rows; r++) {
+                __m256 x0 = x_load8(x, (size_t)r * stride + (size_t)i, half);
+                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + r), x0, c0);
+                c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w1 + r), x0, c1);
+                c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w2 + r), x0, c2);
+                c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w3 + r), x0, c3);
+            }
+            _mm256_storeu_ps(y0 + i, c0), _mm256_storeu_ps(y1 + i, c1);
+            _mm256_storeu_ps(y2 + i, c2), _mm256_storeu_ps(y3 + i, c3);
+        }
+    }
+    for (; h < heads; h++) x_axpy_rows_of(y + (size_t)h * ys, a + (size_t)h * as, x, stride, rows, n, half);
+}
+
+AVX2 static void x_kv_dot_heads_f32(const float *q, size_t q_stride, int heads, const void *k, size_t row_bytes,
+                                    int rows, int n, float *out, size_t out_stride) {
+    x_dot_heads_of(q, q_stride, heads, k, row_bytes / sizeof(float), rows, n, out, out_stride, false);
+}
+AVX2 static void x_kv_axpy_heads_f32(float *y, size_t y_stride, int heads, const float *a, size_t a_stride,
+                                     const void *x, size_t row_bytes, int rows, int n) {
+    x_axpy_heads_of(y, y_stride, heads, a, a_stride, x, row_bytes / sizeof(float), rows, n, false);
+}
+AVX2 static void x_kv_dot_heads_f16(const float *q, size_t q_stride, int heads, const void *k, size_t row_bytes,
+                                    int rows, int n, float *out, size_t out_stride) {
+    x_dot_heads_of(q, q_stride, heads, k, row_bytes / sizeof(uint16_t), rows, n, out, out_stride, true);
+}
+AVX2 static void x_kv_axpy_heads_f16(float *y, size_t y_stride, int heads, const float *a, size_t a_stride,
+                                     const void *x, size_t row_bytes, int rows, int n) {
+    x_axpy_heads_of(y, y_stride, heads, a, a_stride, x, row_bytes / sizeof(uint16_t), rows, n, true);
+}
+KV_EACH_HEAD(x_kv_dot_q8_0, x_kv_axpy_q8_0)
+KV_EACH_HEAD(x_kv_dot_q4_0, x_kv_axpy_q4_0)
+
 static const kvg_vec_kv AVX2_KV[] = {
-    {KVG_TYPE_F32, x_kv_dot_f32, x_kv_axpy_f32},
-    {KVG_TYPE_F16, x_kv_dot_f16, x_kv_axpy_f16},
-    {KVG_TYPE_Q8_0, x_kv_dot_q8_0, x_kv_axpy_q8_0},
-    {KVG_TYPE_Q4_0, x_kv_dot_q4_0, x_kv_axpy_q4_0},
+    {KVG_TYPE_F32, x_kv_dot_f32, x_kv_axpy_f32, x_kv_dot_heads_f32, x_kv_axpy_heads_f32},
+    {KVG_TYPE_F16, x_kv_dot_f16, x_kv_axpy_f16, x_kv_dot_heads_f16, x_kv_axpy_heads_f16},
+    KV_ROW(KVG_TYPE_Q8_0, x_kv_dot_q8_0, x_kv_axpy_q8_0),
+    KV_ROW(KVG_TYPE_Q4_0, x_kv_dot_q4_0, x_kv_axpy_q4_0),
 };
 #endif
 
@@ -989,11 +1145,16 @@ static void n_kv_axpy_q4_0(float *y, const float *a, const void *x, size_t row_b
     n_kv_axpy_blocks(y, a, x, row_bytes, rows, n, true);
 }
 
+KV_EACH_HEAD(n_kv_dot_f32, n_kv_axpy_f32)
+KV_EACH_HEAD(n_kv_dot_f16, n_kv_axpy_f16)
+KV_EACH_HEAD(n_kv_dot_q8_0, n_kv_axpy_q8_0)
+KV_EACH_HEAD(n_kv_dot_q4_0, n_kv_axpy_q4_0)
+
 static const kvg_vec_kv NEON_KV[] = {
-    {KVG_TYPE_F32, n_kv_dot_f32, n_kv_axpy_f32},
-    {KVG_TYPE_F16, n_kv_dot_f16, n_kv_axpy_f16},
-    {KVG_TYPE_Q8_0, n_kv_dot_q8_0, n_kv_axpy_q8_0},
-    {KVG_TYPE_Q4_0, n_kv_dot_q4_0, n_kv_axpy_q4_0},
+    KV_ROW(KVG_TYPE_F32, n_kv_dot_f32, n_kv_axpy_f32),
+    KV_ROW(KVG_TYPE_F16, n_kv_dot_f16, n_kv_axpy_f16),
+    KV_ROW(KVG_TYPE_Q8_0, n_kv_dot_q8_0, n_kv_axpy_q8_0),
+    KV_ROW(KVG_TYPE_Q4_0, n_kv_dot_q4_0, n_kv_axpy_q4_0),
 };
 #endif
 

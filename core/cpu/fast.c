@@ -62,6 +62,8 @@ typedef struct cpu_matrix {
     const uint8_t *rows;
     uint8_t *own;       /* the repacked copy, or NULL */
     size_t group_bytes; /* > 0: rows packed in groups of KVG_QDOT_GROUP for k->group, each this size */
+    int n_groups;       /* the groups; the rows past them (fewer than a group: a vocabulary of 32,002
+                         * rows leaves 2) follow them, a row each as the row kernel reads it */
 } cpu_matrix;
 
 enum { M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, N_MATRICES };
@@ -147,14 +149,24 @@ static void repack_rows(void *ctx, int begin, int end, int tid) {
                       (int)mx->t->ne[0]);
 }
 
-/* packing a matrix's row groups, a group per item */
+/* packing a matrix's row groups, a group per item; then the rows past the last group, an item
+ * each, as the row kernel reads them */
 static void pack_groups(void *ctx, int begin, int end, int tid) {
     (void)tid;
     const repack_job *j = ctx;
     const cpu_matrix *mx = j->mx;
-    for (int g = begin; g < end; g++)
-        mx->k->group_pack((const uint8_t *)mx->t->data + (size_t)g * KVG_QDOT_GROUP * j->row_bytes, j->row_bytes,
-                          mx->own + (size_t)g * mx->group_bytes, (int)mx->t->ne[0]);
+    const uint8_t *src = mx->t->data;
+    uint8_t *tail = mx->own + (size_t)mx->n_groups * mx->group_bytes;
+    for (int g = begin; g < end; g++) {
+        if (g < mx->n_groups) {
+            mx->k->group_pack(src + (size_t)g * KVG_QDOT_GROUP * j->row_bytes, j->row_bytes,
+                              mx->own + (size_t)g * mx->group_bytes, (int)mx->t->ne[0]);
+            continue;
+        }
+        size_t i = (size_t)(g - mx->n_groups), r = (size_t)mx->n_groups * KVG_QDOT_GROUP + i;
+        if (mx->k->repack) mx->k->repack(src + r * j->row_bytes, tail + i * j->row_bytes, (int)mx->t->ne[0]);
+        else memcpy(tail + i * j->row_bytes, src + r * j->row_bytes, j->row_bytes);
+    }
 }
 
 /* t as the kernels of the model's path read it: repacked into memory of the backend's own
@@ -167,18 +179,20 @@ static kvgen_status matrix_init(const kvgen_model *m, cpu_model *cm, const kvg_t
                        .k = cm->act8 ? kvg_qdot_kernel_fast(cm->isa, t->type) : kvg_qdot_kernel_of(cm->isa, t->type),
                        .rows = t->data};
     if (!mx->k) return kvg_fail(err, KVGEN_E_INTERNAL, WHO ": no kernel for %s", kvg_type_name(t->type));
-    bool grouped = mx->k->group && t->ne[1] % KVG_QDOT_GROUP == 0;
+    bool grouped = mx->k->group && t->ne[1] >= KVG_QDOT_GROUP;
     if (!mx->k->repack && !grouped) return KVGEN_OK;
     size_t row_bytes = kvg_row_bytes(t->type, t->ne[0]), bytes = row_bytes * (size_t)t->ne[1];
+    int tail = (int)(t->ne[1] % KVG_QDOT_GROUP);
     if (grouped) {
         mx->group_bytes = mx->k->group_bytes((int)t->ne[0]);
-        bytes = mx->group_bytes * (size_t)(t->ne[1] / KVG_QDOT_GROUP);
+        mx->n_groups = (int)(t->ne[1] / KVG_QDOT_GROUP);
+        bytes = mx->group_bytes * (size_t)mx->n_groups + row_bytes * (size_t)tail;
     }
     mx->own = kvg_malloc(bytes ? bytes : 1);
     if (!mx->own)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %zu-byte copy of %s", bytes, t->name);
     repack_job j = {.mx = mx, .row_bytes = row_bytes};
-    if (grouped) kvg_cpu_pool_run(cm->pool, (int)(t->ne[1] / KVG_QDOT_GROUP), pack_groups, &j);
+    if (grouped) kvg_cpu_pool_run(cm->pool, mx->n_groups + tail, pack_groups, &j);
     else kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);
     mx->rows = mx->own;
     kvg_gguf_drop_bytes(m->gguf, t->data, row_bytes * (size_t)t->ne[1]);
@@ -267,7 +281,8 @@ static kvgen_status cpu_model_init(kvgen_model *m, const kvgen_model_desc *desc,
     for (int l = 0; cm->encode_whole && l < hp->n_layer; l++)
         for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
             const cpu_matrix *w = &cm->layers[l].w[roles[i]];
-            cm->encode_whole = cm->encode_whole && w->t && w->group_bytes > 0 && w->k->act == KVG_ACT_F32;
+            cm->encode_whole = cm->encode_whole && w->t && w->group_bytes > 0 &&
+                               w->t->ne[1] % KVG_QDOT_GROUP == 0 && w->k->act == KVG_ACT_F32;
         }
     kvg_cpu_pool_set_spin(cm->pool, CPU_SPIN_US);
     snprintf(m->device_name, sizeof m->device_name, "cpu (%s)", kvg_cpu_isa_name(isa));
@@ -335,11 +350,13 @@ static kvgen_status cpu_session_init(kvgen_model *m, int n_ctx, kvg_backend_sess
 /* out[t][r] = dot(W row r, in[t]) for the block's tokens; up to three matrices sharing one input
  * are one job (Q/K/V, gate/up). */
 typedef struct mm_part {
-    const uint8_t *w;
-    size_t row_bytes;   /* a row's bytes, or a group's (grouped) */
+    const uint8_t *w;   /* the groups, then the rows past them (cpu_matrix) */
+    size_t row_bytes;   /* a row's bytes */
+    size_t group_bytes; /* a group's */
     int rows;
-    int items;          /* work items: rows, or groups of KVG_QDOT_GROUP rows */
-    bool grouped;
+    int groups;         /* items 0..groups-1 are groups of KVG_QDOT_GROUP rows, the rest a row each */
+    int items;
+    const uint8_t *tail; /* row groups * KVG_QDOT_GROUP + i at tail + i * row_bytes */
     const kvg_qdot_kernel *k;
     float *out;         /* [n][rows] */
     float *const *outs; /* or NULL: token t's row of rows outputs is outs[t] (the logits of many sessions) */
@@ -365,7 +382,7 @@ static inline void prefetch_row(const uint8_t *row, size_t bytes) {
 
 /* a group of rows (one item) against every tile of the block: the group stays in cache */
 static void mm_group(const mm_job *j, const mm_part *pt, int g) {
-    const uint8_t *w = pt->w + (size_t)g * pt->row_bytes;
+    const uint8_t *w = pt->w + (size_t)g * pt->group_bytes;
     size_t r0 = (size_t)g * KVG_QDOT_GROUP;
     for (int t = 0; t < j->n; t += KVG_GROUP_TILE) {
         int nt = j->n - t < KVG_GROUP_TILE ? j->n - t : KVG_GROUP_TILE;
@@ -384,10 +401,10 @@ static void mm_rows(void *ctx, int begin, int end, int tid) {
     const mm_job *j = ctx;
     for (int r0 = begin; r0 < end; r0 += CPU_ROWS) {
         int r1 = r0 + CPU_ROWS < end ? r0 + CPU_ROWS : end;
-        int gp = 0, gbase = 0; /* the items of grouped parts, each on its own */
+        int gp = 0, gbase = 0; /* the items that are groups, each on its own */
         for (int item = r0; item < r1; item++) {
             while (item - gbase >= j->parts[gp].items) gbase += j->parts[gp++].items;
-            if (j->parts[gp].grouped) mm_group(j, &j->parts[gp], item - gbase);
+            if (item - gbase < j->parts[gp].groups) mm_group(j, &j->parts[gp], item - gbase);
         }
         for (int t = 0; t < j->n; t += KVG_QDOT_TILE) {
             int nt = j->n - t < KVG_QDOT_TILE ? j->n - t : KVG_QDOT_TILE;
@@ -395,17 +412,16 @@ static void mm_rows(void *ctx, int begin, int end, int tid) {
             for (int item = r0; item < r1; item++) {
                 while (item - base >= j->parts[p].items) base += j->parts[p++].items;
                 const mm_part *pt = &j->parts[p];
-                if (pt->grouped) continue;
-                int r = item - base;
-                if (t == 0 && r + CPU_PREFETCH < pt->rows) prefetch_row(pt->w + (size_t)(r + CPU_PREFETCH) * pt->row_bytes,
-                                                                        pt->row_bytes);
+                int i = item - base - pt->groups, r = pt->groups * KVG_QDOT_GROUP + i; /* the i-th row item */
+                if (i < 0) continue;
+                const uint8_t *w = pt->tail + (size_t)i * pt->row_bytes;
+                if (t == 0 && r + CPU_PREFETCH < pt->rows) prefetch_row(w + CPU_PREFETCH * pt->row_bytes, pt->row_bytes);
                 if (!pt->outs) {
-                    pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, pt->out + (size_t)t * pt->rows + r,
-                               (size_t)pt->rows);
+                    pt->k->dot(w, j->a, t, nt, pt->out + (size_t)t * pt->rows + r, (size_t)pt->rows);
                     continue;
                 }
                 float tile[KVG_QDOT_TILE];
-                pt->k->dot(pt->w + (size_t)r * pt->row_bytes, j->a, t, nt, tile, 1);
+                pt->k->dot(w, j->a, t, nt, tile, 1);
                 for (int i = 0; i < nt; i++) pt->outs[t + i][r] = tile[i];
             }
         }
@@ -455,12 +471,15 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
     for (int p = 0; p < n_parts; p++) {
         const kvg_tensor *w = spec[p].w->t;
         const kvg_qdot_kernel *k = spec[p].w->k;
-        bool grouped = spec[p].w->group_bytes > 0;
-        j.parts[p] = (mm_part){.w = spec[p].w->rows,
-                               .row_bytes = grouped ? spec[p].w->group_bytes : kvg_row_bytes(w->type, w->ne[0]),
+        const cpu_matrix *mx = spec[p].w;
+        int groups = mx->group_bytes > 0 ? mx->n_groups : 0;
+        j.parts[p] = (mm_part){.w = mx->rows,
+                               .row_bytes = kvg_row_bytes(w->type, w->ne[0]),
+                               .group_bytes = mx->group_bytes,
                                .rows = (int)w->ne[1],
-                               .items = grouped ? (int)w->ne[1] / KVG_QDOT_GROUP : (int)w->ne[1],
-                               .grouped = grouped,
+                               .groups = groups,
+                               .items = groups + (int)w->ne[1] - groups * KVG_QDOT_GROUP,
+                               .tail = mx->rows + (size_t)groups * mx->group_bytes,
                                .k = k,
                                .out = spec[p].out,
                                .outs = spec[p].outs};
@@ -523,6 +542,9 @@ static void lora_add(const cpu_model *cm, const kvg_lora_set *const *sets, int l
  * same bytes holds more tokens. Attention reads the pages in place with the kernels of their
  * type (cm->kv, cpu_vec.c's KV tables). */
 
+/* rows of the next run of keys or values asked for before a run is computed */
+#define KVG_KV_RUN_AHEAD 8
+
 typedef struct cpu_slot {
     const int32_t *pages[KVG_KV_GROUPS]; /* the token's page tables, per layer group */
     kvg_backend_session *owner; /* whose score rows (sized to its context) it uses */
@@ -568,18 +590,22 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
         int n = pos - first + 1;
         const float *q = j->s->c.q + ((size_t)t * hp->n_head + (size_t)h0) * hd; /* [group][hd] */
         float *o = j->s->c.att + ((size_t)t * hp->n_head + (size_t)h0) * hd;    /* [group][hd] */
-        /* keys: runs of consecutive slots within one page are contiguous */
+        /* keys: runs of consecutive slots within one page are contiguous; the next run's first
+         * rows are asked for before this one is computed (the kernels ask for the rest of a run
+         * as they go), pages being apart in memory */
         for (int p = first; p <= pos;) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
             const void *k = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p);
+            const void *next = p + run <= pos ? kvg_cpu_pages_at(pg, slot->pages[j->group], l, 0, kvh, p + run)
+                                              : kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, first);
+            prefetch_row(next, KVG_KV_RUN_AHEAD * pg->row_bytes);
+            kv->dot_heads(q, (size_t)hd, group, k, pg->row_bytes, run, hd, scores + (p - first), n_ctx);
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)g * n_ctx + (p - first);
-                kv->dot_rows(q + (size_t)g * hd, k, pg->row_bytes, run, hd, sc);
-                for (int r = 0; r < run; r++) {
-                    sc[r] *= scale;
-                    if (j->softcap > 0.0f) sc[r] = j->softcap * tanhf(sc[r] / j->softcap);
-                }
+                if (j->softcap > 0.0f)
+                    for (int r = 0; r < run; r++) sc[r] = j->softcap * tanhf(sc[r] * scale / j->softcap);
+                else vec->scale(sc, scale, run);
             }
             p += run;
         }
@@ -592,8 +618,10 @@ static void attention_heads(void *ctx, int begin, int end, int tid) {
             int run = P - p % P;
             if (run > pos - p + 1) run = pos - p + 1;
             const void *v = kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p);
-            for (int g = 0; g < group; g++)
-                kv->axpy_rows(o + (size_t)g * hd, scores + (size_t)g * n_ctx + (p - first), v, pg->row_bytes, run, hd);
+            if (p + run <= pos)
+                prefetch_row(kvg_cpu_pages_at(pg, slot->pages[j->group], l, 1, kvh, p + run),
+                             KVG_KV_RUN_AHEAD * pg->row_bytes);
+            kv->axpy_heads(o, (size_t)hd, group, scores + (p - first), n_ctx, v, pg->row_bytes, run, hd);
             p += run;
         }
         for (int g = 0; g < group; g++) vec->scale(o + (size_t)g * hd, 1.0f / sum[g], hd);

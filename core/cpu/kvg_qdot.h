@@ -218,6 +218,15 @@ typedef struct kvg_vec_kv {
     uint32_t type; /* KVG_TYPE_* */
     void (*dot_rows)(const float *q, const void *k, size_t row_bytes, int rows, int n, float *out);
     void (*axpy_rows)(float *y, const float *a, const void *x, size_t row_bytes, int rows, int n);
+    /* The same for `heads` query heads that share the run (grouped-query attention): head h's
+     * query at q + h * q_stride, its dots at out + h * out_stride; its output at y + h * y_stride,
+     * its weights at a + h * a_stride. Each head gets the bits of dot_rows and axpy_rows alone;
+     * where a path has a kernel for several heads (AVX2: f32 and f16), a row is loaded and
+     * widened once for up to 4 heads rather than once per head. */
+    void (*dot_heads)(const float *q, size_t q_stride, int heads, const void *k, size_t row_bytes, int rows, int n,
+                      float *out, size_t out_stride);
+    void (*axpy_heads)(float *y, size_t y_stride, int heads, const float *a, size_t a_stride, const void *x,
+                       size_t row_bytes, int rows, int n);
 } kvg_vec_kv;
 /* the path's row for KV type `type`; NULL when it has none */
 const kvg_vec_kv *kvg_vec_kv_of(kvg_cpu_isa isa, uint32_t type);

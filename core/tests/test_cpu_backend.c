@@ -601,6 +601,42 @@ static void test_vec_ops(void) {
  * a run is split. A block type's dot may round q to 8 bits per block of 32 first (the AVX2
  * path dots in integers): then within half a step of q's block scale (amax / 127) times the
  * key's absolute sum. */
+/* dot_heads and axpy_heads of a KV row: each of `heads` heads gets the bits of dot_rows and
+ * axpy_rows alone, on a run of `rows` rows of n elements (heads, queries, outputs and weights at
+ * strides other than n, as attention lays them out) */
+static void test_kv_heads(kvg_cpu_isa isa, const kvg_vec_kv *kv, int n, int rows) {
+    enum { MAXH = 9, MAXN = 96, MAXR = 37, QS = MAXN + 8, OS = MAXR + 3 };
+    const char *name = kvg_cpu_isa_name(isa), *tn = kvg_type_name(kv->type);
+    static float src[MAXR * MAXN], q[MAXH * QS], a[MAXH * OS], dot[MAXH * OS], one[MAXR], y[MAXH * QS], y1[MAXN];
+    static unsigned char run[MAXR * MAXN * 4];
+    size_t rb = kvg_row_bytes(kv->type, n);
+    for (int i = 0; i < rows * n; i++) src[i] = frand() * 2.0f;
+    for (int r = 0; r < rows; r++) kvg_quantize_row(kv->type, src + r * n, run + (size_t)r * rb, n);
+    for (int i = 0; i < MAXH * QS; i++) q[i] = frand();
+    for (int i = 0; i < MAXH * OS; i++) a[i] = frand();
+    for (int heads = 1; heads <= MAXH; heads++) {
+        memset(dot, 0, sizeof dot);
+        kv->dot_heads(q, QS, heads, run, rb, rows, n, dot, OS);
+        int same = 1;
+        for (int h = 0; h < heads; h++) {
+            kv->dot_rows(q + h * QS, run, rb, rows, n, one);
+            same &= memcmp(one, dot + h * OS, (size_t)rows * sizeof(float)) == 0;
+        }
+        CHECKF(same, "%s %s dot_heads (%d heads, n %d, %d rows): not dot_rows' bits", name, tn, heads, n, rows);
+        for (int i = 0; i < MAXH * QS; i++) y[i] = q[i];
+        kv->axpy_heads(y, QS, heads, a, OS, run, rb, rows, n);
+        same = 1;
+        for (int h = 0; h < heads; h++) {
+            memcpy(y1, q + h * QS, (size_t)n * sizeof(float));
+            kv->axpy_rows(y1, a + h * OS, run, rb, rows, n);
+            same &= memcmp(y1, y + h * QS, (size_t)n * sizeof(float)) == 0;
+        }
+        CHECKF(same, "%s %s axpy_heads (%d heads, n %d, %d rows): not axpy_rows' bits", name, tn, heads, n, rows);
+        CHECKF(memcmp(y + heads * QS, q + heads * QS, (size_t)(MAXH - heads) * QS * sizeof(float)) == 0,
+               "%s %s axpy_heads (%d heads): wrote past its heads", name, tn, heads);
+    }
+}
+
 static void test_vec_kv(kvg_cpu_isa isa) {
     enum { KHD = 96, KROWS = 7 }; /* three blocks a row; an odd number of rows */
     static const uint32_t types[4] = {KVG_TYPE_F32, KVG_TYPE_F16, KVG_TYPE_Q8_0, KVG_TYPE_Q4_0};
@@ -660,6 +696,18 @@ static void test_vec_kv(kvg_cpu_isa isa) {
                    i, (double)y[i], e);
             CHECKF(fabs(y[i] - ys[i]) <= 1e-5 * mag + 1e-6 && fabs(y[i] - py[i]) <= 1e-5 * mag + 1e-6,
                    "%s %s axpy_rows [%d]: split or portable differ", name, kvg_type_name(type), i);
+        }
+        /* several heads: runs of 1, an odd count and a page's 32 plus some (past the kernels'
+         * look-ahead); n of whole blocks, and for the element types also n of a tail of 8 and
+         * of no multiple of 8 */
+        static const int runs[] = {1, 2, 7, 37};
+        for (int ri = 0; ri < 4; ri++) {
+            test_kv_heads(isa, kv, KHD, runs[ri]);
+            test_kv_heads(isa, kv, 64, runs[ri]);
+            if (!blocks) {
+                test_kv_heads(isa, kv, 40, runs[ri]);
+                test_kv_heads(isa, kv, 20, runs[ri]);
+            }
         }
     }
 }

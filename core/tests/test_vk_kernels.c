@@ -381,7 +381,7 @@ int main(void) {
         CHECK(sg1 == ctx->sg_size_control);
         CHECK(!kvg_vk_one_subgroup(ctx, "matvec_q4_0", spec) && !kvg_vk_one_subgroup(ctx, "attn", spec));
         spec[KVG_SPEC_WG] = 2 * sg;
-        CHECK(!kvg_vk_one_subgroup(ctx, "matvec_sg_q4_0", spec) || 2 * sg <= ctx->sg_max);
+        CHECK(!kvg_vk_one_subgroup(ctx, "matvec_sg_q4_0", spec));
         if (!force)
             printf("subgroup size control: %s (sizes %u..%u); one-subgroup mat-vecs require full subgroups of %u: %s\n",
                    ctx->sg_size_control ? "on" : "off", ctx->sg_min, ctx->sg_max, sg, sg1 ? "yes" : "no");

@@ -88,13 +88,14 @@ static void bench_usage(FILE *f) {
             "                       prompt vs as many prefilled from scratch (estimated: one prefill x N)\n"
             "  --fork-sessions N    (default 64; --quick 4)   --fork-prompt N (default 512; --quick 32)\n"
             "  --peer PATH          also run llama.cpp's llama-bench (PATH) on the same file with the same\n"
-            "                       prompt sizes, decode depths, steps, repetitions and threads, and print\n"
-            "                       kvgen/peer ratios\n"
+            "                       prompt sizes, decode depths, steps, repetitions and threads, before\n"
+            "                       kvgen's measurements and after, and print kvgen/peer ratios to the\n"
+            "                       mean of the two runs (each run's figures beside them)\n"
             "  --peer-kv-type T     the peers' K/V cache type (llama.cpp's -ctk T -ctv T, with flash attention\n"
             "                       on, which its quantized V cache needs): f16, q8_0 or q4_0\n"
             "  --peer-batched PATH  with --sessions: also run llama.cpp's llama-batched-bench (PATH) with that\n"
             "                       many parallel sequences (1-token prompts, --session-tokens generated)\n"
-            "                       and print the aggregate decode ratios\n"
+            "                       and print the aggregate decode ratios (also run before and after)\n"
             "  --embed              sentence embeddings instead: texts/s of kvgen_embed on 64 fixed texts\n"
             "                       (cpu backend where it is in --backend), --reps times\n"
             "  --batch LIST         with --embed: texts per kvgen_embed call, up to 64 (default 1,64)\n"
@@ -709,18 +710,19 @@ int kvgen_cli_bench(int argc, char **argv) {
             n++;
         }
     }
+    /* the peers before kvgen and again after (bench_internal.h: bench_peer_bracket) */
+    bench_peer peer, after;
+    memset(&peer, 0, sizeof peer);
+    memset(&after, 0, sizeof after);
+    int batched = o.peer_batched && o.n_sessions > 0;
+    if (o.peer) bench_peer_run(&o, &peer);
+    if (batched) bench_peer_run_batched(&o, &peer);
     for (int i = 0; i < n; i++) failed |= run_backend(&o, &res[i], &bm, &fill, i == n - 1);
     if (fill.depth) remove(fill.path);
-    bench_peer peer;
-    memset(&peer, 0, sizeof peer);
-    if (o.peer) { /* after kvgen, so both run on the same warmed page cache */
-        bench_peer_run(&o, &peer);
-        if (!peer.ran) failed = 1;
-    }
-    if (o.peer_batched && o.n_sessions > 0) {
-        bench_peer_run_batched(&o, &peer);
-        if (!peer.batched_ran) failed = 1;
-    }
+    if (o.peer && peer.ran) bench_peer_run(&o, &after);
+    if (batched && peer.batched_ran) bench_peer_run_batched(&o, &after);
+    bench_peer_bracket(&peer, &after);
+    if ((o.peer && !peer.ran) || (batched && !peer.batched_ran)) failed = 1;
     double load1 = bench_load_average();
     bench_report_print(&o, res, n, &bm, &peer, load0, load1);
     if (o.json) failed |= bench_report_write_json(&o, res, n, &bm, &peer, load0, load1);

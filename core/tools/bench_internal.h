@@ -93,17 +93,24 @@ typedef struct bench_model {
 } bench_model;
 
 /* A peer engine's figures, measured by running it on the same file in the same invocation. */
+/* The peers run twice, before and after kvgen's measurements (bench_peer_bracket): a shared
+ * machine's speed drifts over minutes, and the mean of a run on each side of kvgen's is nearer
+ * kvgen's moment than either. The figures are that mean; each run's are kept for the report. */
 typedef struct bench_peer {
     int ran;                            /* its output was read */
     char error[512];                    /* why not */
     double prompt[BENCH_MAX_SIZES];     /* tokens/s in opts.prompts order; 0: not reported */
     double decode[BENCH_MAX_SIZES];     /* tokens/s generating --steps tokens, in opts.depths order */
     double seconds;                     /* wall time of its runs */
+    int runs;                           /* 2 once bracketed: prompt_run and decode_run hold each run's */
+    double prompt_run[2][BENCH_MAX_SIZES], decode_run[2][BENCH_MAX_SIZES];
     /* llama-batched-bench (--peer-batched) */
     int batched_ran;
     char batched_error[512];
     double sessions[BENCH_MAX_SIZES];   /* aggregate decode tokens/s, in opts.sessions order */
     double batched_seconds;
+    int batched_runs;
+    double sessions_run[2][BENCH_MAX_SIZES];
 } bench_peer;
 
 /* ---- bench_common.c ---- */
@@ -143,6 +150,8 @@ int bench_peer_run_program(const bench_opts *o, const char *prog, char *const ar
                            bench_peer *pr, char *error, size_t error_size, double *seconds);
 void bench_peer_run(const bench_opts *o, bench_peer *pr);         /* --peer: llama-bench */
 void bench_peer_run_batched(const bench_opts *o, bench_peer *pr); /* --peer-batched: llama-batched-bench */
+/* pr (the runs before kvgen's) and after (those after): pr's figures become the two runs' mean */
+void bench_peer_bracket(bench_peer *pr, const bench_peer *after);
 
 /* ---- bench_report.c ---- */
 void bench_report_print(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,

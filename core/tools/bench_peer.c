@@ -1,7 +1,8 @@
-/* bench_peer.c: llama.cpp's own benchmarks run on the same file in the same invocation, so
- * kvgen/peer ratios come from one moment of a shared machine: llama-bench (--peer: prompts and
- * decode at depths), llama-batched-bench (--peer-batched: sessions at once), and the running of
- * any such program (no shell; --peer-remote's client too) and the reading of its output. */
+/* bench_peer.c: llama.cpp's own benchmarks run on the same file in the same invocation, once
+ * before kvgen's measurements and once after, so kvgen/peer ratios come from one stretch of a
+ * shared machine: llama-bench (--peer: prompts and decode at depths), llama-batched-bench
+ * (--peer-batched: sessions at once), and the running of any such program (no shell;
+ * --peer-remote's client too) and the reading of its output. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdlib.h>
@@ -213,4 +214,37 @@ void bench_peer_run_batched(const bench_opts *o, bench_peer *pr) {
     if (bench_peer_run_program(o, o->peer_batched, argv, batched_parse, pr, pr->batched_error, sizeof pr->batched_error,
                       &pr->batched_seconds) == 0)
         pr->batched_ran = 1;
+}
+
+/* each figure of the two runs: their mean where both reported it, else not reported */
+static void bracket(double *mean, double run[2][BENCH_MAX_SIZES], const double *after, int n) {
+    for (int i = 0; i < n; i++) {
+        run[0][i] = mean[i];
+        run[1][i] = after[i];
+        mean[i] = mean[i] > 0 && after[i] > 0 ? 0.5 * (mean[i] + after[i]) : 0.0;
+    }
+}
+
+void bench_peer_bracket(bench_peer *pr, const bench_peer *after) {
+    if (pr->ran) {
+        if (after->ran) {
+            bracket(pr->prompt, pr->prompt_run, after->prompt, BENCH_MAX_SIZES);
+            bracket(pr->decode, pr->decode_run, after->decode, BENCH_MAX_SIZES);
+            pr->runs = 2;
+        } else {
+            pr->ran = 0;
+            snprintf(pr->error, sizeof pr->error, "its run after kvgen's: %.400s", after->error);
+        }
+        pr->seconds += after->seconds;
+    }
+    if (pr->batched_ran) {
+        if (after->batched_ran) {
+            bracket(pr->sessions, pr->sessions_run, after->sessions, BENCH_MAX_SIZES);
+            pr->batched_runs = 2;
+        } else {
+            pr->batched_ran = 0;
+            snprintf(pr->batched_error, sizeof pr->batched_error, "its run after kvgen's: %.400s", after->batched_error);
+        }
+        pr->batched_seconds += after->batched_seconds;
+    }
 }

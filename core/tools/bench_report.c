@@ -100,17 +100,21 @@ static double session_base(const bench_opts *o, const bench_result *r) {
     return 0;
 }
 
-/* the peer tables: a header naming the peer's column and each backend's ratio column */
-static void peer_header(const char *column, const bench_result *res, int n) {
+/* the peer tables: a header naming the peer's column, each backend's ratio column and, when the
+ * peer ran on both sides of kvgen's measurements, its two runs */
+static void peer_header(const char *column, const bench_result *res, int n, int runs) {
     printf("%-28s  %-12s", "test", column);
     for (int i = 0; i < n; i++)
         if (res[i].ok) printf("  %s/peer", res[i].name);
+    if (runs == 2) printf("  peer's runs before / after kvgen's");
     printf("\n");
 }
 
-/* a row: the label (a format with one number), the peer's tokens/s, and each backend's median
- * (its stats at index k of the array at offset `field` of bench_result) over it */
-static void peer_row(const char *fmt, int value, double peer, const bench_result *res, int n, size_t field, int k) {
+/* a row: the label (a format with one number), the peer's tokens/s (run: its two runs', or
+ * NULL), and each backend's median (its stats at index k of the array at offset `field` of
+ * bench_result) over it */
+static void peer_row(const char *fmt, int value, double peer, const double run[2][BENCH_MAX_SIZES],
+                     const bench_result *res, int n, size_t field, int k) {
     char label[64];
     snprintf(label, sizeof label, fmt, value);
     printf("%-28s  %-12.1f", label, peer);
@@ -119,6 +123,7 @@ static void peer_row(const char *fmt, int value, double peer, const bench_result
         const bench_stats *st = (const bench_stats *)((const char *)&res[i] + field) + k;
         printf("  %*.2fx", (int)strlen(res[i].name) + 4, peer > 0 ? st->median / peer : 0.0);
     }
+    if (run) printf("  %.1f / %.1f", run[0][k], run[1][k]);
     printf("\n");
 }
 
@@ -128,11 +133,13 @@ static void print_peer_batched(const bench_opts *o, const bench_result *res, int
         printf("\npeer llama-batched-bench: not measured: %s\n", peer->batched_error);
         return;
     }
-    printf("\npeer llama-batched-bench (%s), same file, this run (%.1f s): aggregate decode tokens/s\n",
-           o->peer_batched, peer->batched_seconds);
-    peer_header("batched", res, n);
+    printf("\npeer llama-batched-bench (%s), same file, this invocation (%.1f s): aggregate decode tokens/s%s\n",
+           o->peer_batched, peer->batched_seconds,
+           peer->batched_runs == 2 ? ", the mean of a run before kvgen's and one after" : "");
+    peer_header("batched", res, n, peer->batched_runs);
     for (int k = 0; k < o->n_sessions; k++)
-        peer_row("%d sessions at once", o->sessions[k], peer->sessions[k], res, n, offsetof(bench_result, sessions), k);
+        peer_row("%d sessions at once", o->sessions[k], peer->sessions[k],
+                 peer->batched_runs == 2 ? peer->sessions_run : NULL, res, n, offsetof(bench_result, sessions), k);
 }
 
 void bench_report_print(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
@@ -264,13 +271,15 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
         printf("\npeer llama-bench: not measured: %s\n", peer->error);
         return;
     }
-    printf("\npeer llama-bench (%s), same file, this run (%.1f s): threads as kvgen's host backends\n",
-           o->peer, peer->seconds);
-    peer_header("llama-bench", res, n);
+    printf("\npeer llama-bench (%s), same file, this invocation (%.1f s): threads as kvgen's host backends%s\n",
+           o->peer, peer->seconds, peer->runs == 2 ? "; the mean of a run before kvgen's and one after" : "");
+    peer_header("llama-bench", res, n, peer->runs);
+    const double(*pr)[BENCH_MAX_SIZES] = peer->runs == 2 ? peer->prompt_run : NULL;
+    const double(*dr)[BENCH_MAX_SIZES] = peer->runs == 2 ? peer->decode_run : NULL;
     for (int k = 0; k < o->n_prompts; k++)
-        peer_row("prompt %d tokens", o->prompts[k], peer->prompt[k], res, n, offsetof(bench_result, prompt), k);
+        peer_row("prompt %d tokens", o->prompts[k], peer->prompt[k], pr, res, n, offsetof(bench_result, prompt), k);
     for (int k = 0; k < o->n_depths; k++)
-        peer_row("decode at depth %d", o->depths[k], peer->decode[k], res, n, offsetof(bench_result, decode), k);
+        peer_row("decode at depth %d", o->depths[k], peer->decode[k], dr, res, n, offsetof(bench_result, decode), k);
 }
 
 /* ---- JSON: the text goes into a buffer (kvg_json's writers quote strings and write numbers),
@@ -332,6 +341,19 @@ static void json_stats(bench_json *f, const bench_stats *s) {
         bench_json_number(f, s->samples[i]);
     }
     bench_json_text(f, "]}");
+}
+
+/* a peer's two runs (before and after kvgen's) of each figure: "KIND_N_runs": [before, after] */
+static void json_runs(bench_json *f, const char *kind, const int *sizes, int n_sizes, int runs,
+                      const double run[2][BENCH_MAX_SIZES]) {
+    if (runs != 2) return;
+    for (int k = 0; k < n_sizes; k++) {
+        bench_json_text(f, ", \"%s_%d_runs\": [", kind, sizes[k]);
+        bench_json_number(f, run[0][k]);
+        bench_json_text(f, ", ");
+        bench_json_number(f, run[1][k]);
+        bench_json_text(f, "]");
+    }
 }
 
 int bench_report_write_json(const bench_opts *o, const bench_result *res, int n, const bench_model *bm,
@@ -529,6 +551,8 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
                 bench_json_text(f, ", \"decode_%d_tok_s\": ", o->depths[k]);
                 bench_json_number(f, peer->decode[k]);
             }
+            json_runs(f, "prompt", o->prompts, o->n_prompts, peer->runs, peer->prompt_run);
+            json_runs(f, "decode", o->depths, o->n_depths, peer->runs, peer->decode_run);
             for (int i = 0; i < n; i++) {
                 if (!res[i].ok) continue;
                 bench_json_text(f, ", \"ratio_%s_over_peer\": {", res[i].name);
@@ -559,6 +583,7 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
                 bench_json_text(f, ", \"sessions_%d_tok_s\": ", o->sessions[k]);
                 bench_json_number(f, peer->sessions[k]);
             }
+            json_runs(f, "sessions", o->sessions, o->n_sessions, peer->batched_runs, peer->sessions_run);
             for (int i = 0; i < n; i++) {
                 if (!res[i].ok) continue;
                 bench_json_text(f, ", \"ratio_%s_over_peer\": {", res[i].name);
