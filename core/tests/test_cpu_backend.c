@@ -32,7 +32,8 @@
  *   (neon, dotprod) give the portable path's bits in every row kernel (their groups those of the
  *   portable row kernels of the byte activations), in dot, axpy and RMSNorm, and each other's
  *   bits in the models' logits (they share the vector ops, whose exp is not libm's);
- *   KVGEN_CPU_ISA refuses a bad name and a path this CPU lacks. KVGEN_TEST_EXPECT_ISA, when
+ *   KVGEN_CPU_ISA refuses a bad name and a path this CPU lacks (set for the run, it puts the
+ *   models on that path, and their checks expect that path's kernels). KVGEN_TEST_EXPECT_ISA, when
  *   set, is the path the run-time detection must pick (the AArch64 stage runs under qemu with
  *   and without the dot product).
  * - The default model (when present): top-1 agreement with the reference at >= 99% of the
@@ -852,6 +853,13 @@ static double check_model(const char *label, const char *args, bool threads_too)
 
 /* The 32-element types with 8-bit activations against the reference, within TOL_REL_8; where
  * the CPU has no 8-bit kernels the option changes nothing (the same bits as 16-bit). */
+/* the path the models run: the best one, or the one KVGEN_CPU_ISA forces */
+static kvg_cpu_isa models_isa(void) {
+    kvg_cpu_isa isa;
+    kvgen_error err = {0};
+    return kvg_cpu_isa_choose("test_cpu_backend", &isa, &err) == KVGEN_OK ? isa : kvg_cpu_isa_best();
+}
+
 static void test_act8(void) {
     /* an output matrix of 1000 rows, not a multiple of the groups' 16 (its rows run the row
      * kernel of the group types); the K types with 3 K blocks in a row of w_down, and the Q4_K_M
@@ -887,9 +895,9 @@ static void test_act8(void) {
                 diff d16 = compare_runs(&a, &b);
                 CHECKF(d16.rel <= TOL_REL, "%s%s 16-bit: cpu vs reference %.4f", types[i], extra[i], d16.rel);
                 diff d = compare_runs(&a, &c);
-                bool has8 = kvg_qdot_kernel_fast(kvg_cpu_isa_best(), ids[i])->act == KVG_ACT_Q8;
+                bool has8 = kvg_qdot_kernel_fast(models_isa(), ids[i])->act == KVG_ACT_Q8;
                 printf("  %-12s max |cpu - reference| / range %.4f, top-1 same at %d/%d (%s)%s\n", types[i], d.rel,
-                       d.top1, d.n, has8 ? "8-bit kernels" : "none on this CPU: 16-bit",
+                       d.top1, d.n, has8 ? "8-bit kernels" : "none on this path: 16-bit",
                        *extra[i] ? ", 1000 output rows" : "");
                 CHECKF(d.rel <= TOL_REL_8, "%s 8-bit: cpu vs reference %.4f of the logit range", types[i], d.rel);
                 CHECKF(d.top1 >= d.n - 1, "%s 8-bit: top-1 differs at %d of %d positions", types[i], d.n - d.top1, d.n);
