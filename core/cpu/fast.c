@@ -422,7 +422,7 @@ static void mm_rows(void *ctx, int begin, int end, int tid) {
                 }
                 float tile[KVG_QDOT_TILE];
                 pt->k->dot(w, j->a, t, nt, tile, 1);
-                for (int i = 0; i < nt; i++) pt->outs[t + i][r] = tile[i];
+                for (int u = 0; u < nt; u++) pt->outs[t + u][r] = tile[u];
             }
         }
     }
@@ -472,7 +472,7 @@ static void matmul(const cpu_model *cm, kvg_backend_session *s, const float *in,
         const kvg_tensor *w = spec[p].w->t;
         const kvg_qdot_kernel *k = spec[p].w->k;
         const cpu_matrix *mx = spec[p].w;
-        int groups = mx->group_bytes > 0 ? mx->n_groups : 0;
+        int groups = mx->n_groups; /* 0 for a matrix without groups */
         j.parts[p] = (mm_part){.w = mx->rows,
                                .row_bytes = kvg_row_bytes(w->type, w->ne[0]),
                                .group_bytes = mx->group_bytes,
