@@ -44,8 +44,9 @@ function support.model_path()
 end
 
 local tmpfiles = {}
+local made = {} -- random_model_path's files, by argument list
 
--- A fresh temporary path; removed by support.cleanup().
+-- A fresh temporary path; removed by support.cleanup(), or when the interpreter exits.
 function support.tmpname(suffix)
   local p = os.tmpname()
   os.remove(p)
@@ -57,11 +58,14 @@ end
 function support.cleanup()
   for _, p in ipairs(tmpfiles) do os.remove(p) end
   tmpfiles = {}
+  made = {}
 end
+
+-- what a spec file left behind goes when the Lua state closes (its finalizers run then)
+support.exit_cleanup = setmetatable({}, { __gc = function() support.cleanup() end })
 
 -- Writes a random llama GGUF (synthetic vocabulary) with kvgen-mkmodel and returns its path.
 -- Extra arguments go to kvgen-mkmodel; one file per distinct argument list per spec file.
-local made = {}
 function support.random_model_path(extra)
   extra = extra or ""
   if made[extra] then return made[extra] end

@@ -72,11 +72,17 @@ static void check_kept(kvgen_model *m, kvgen_session *s, int k, const char *what
 }
 
 /* worst |a - b| in units of 0.002 * (2 + max|b|) (<= 1 passes; NaN fails) */
-static double excess(const float *a, const float *b) {
+/* the reference backend's model of the run's file (f32 pages), or NULL: the batched columns'
+ * logits are also compared with it, so the batched and the one-by-one paths cannot agree on
+ * something wrong */
+static kvgen_model *ref_model;
+enum { REF_SESSIONS = 2 };
+
+static double excess_tol(const float *a, const float *b, double rel) {
     if (!a || !b) return INFINITY;
     double mx = 0, worst = 0;
     for (int i = 0; i < n_vocab; i++) mx = fmax(mx, fabs((double)b[i]));
-    double tol = 0.002 * (2 + mx);
+    double tol = rel * (2 + mx);
     for (int i = 0; i < n_vocab; i++) {
         double d = fabs((double)a[i] - b[i]) / tol;
         if (!(d <= worst)) worst = d;
@@ -84,11 +90,13 @@ static double excess(const float *a, const float *b) {
     return worst;
 }
 
+static double excess(const float *a, const float *b) { return excess_tol(a, b, 0.002); }
+
 /* batched (a) vs one by one (b): N sessions, each twin pair with the same prompt */
 static void test_logits(kvgen_model *m, const char *what, int N) {
     enum { MAX = VK_BATCH_MAX + 1, STEPS = 6 };
     static const size_t lens[11] = {1, 5, 17, 33, 40, 64, 70, 3, 100, 16, 31};
-    kvgen_session *a[MAX] = {0}, *b[MAX] = {0};
+    kvgen_session *a[MAX] = {0}, *b[MAX] = {0}, *r[REF_SESSIONS] = {0};
     kvgen_error err = {0};
     int32_t prompt[128];
     if (N > MAX) N = MAX;
@@ -111,6 +119,10 @@ static void test_logits(kvgen_model *m, const char *what, int N) {
         tu_fill_tokens(prompt, len, 100u + (unsigned)i, n_vocab);
         CHECK_OK(kvgen_session_prefill(a[i], prompt, len, NULL, &err));
         CHECK_OK(kvgen_session_prefill(b[i], prompt, len, NULL, &err));
+        if (ref_model && i < REF_SESSIONS) {
+            CHECK_OK(kvgen_session_create(ref_model, &sd, &r[i], &err));
+            if (r[i]) CHECK_OK(kvgen_session_prefill(r[i], prompt, len, NULL, &err));
+        }
     }
     double worst = 0;
     for (int step = 0; step < STEPS; step++) {
@@ -131,6 +143,14 @@ static void test_logits(kvgen_model *m, const char *what, int N) {
             double e = excess(kvgen_session_logits(a[i]), kvgen_session_logits(b[i]));
             CHECKF(e <= 1, "%s: step %d session %d: batched logits differ by %.3g x the tolerance", what, step, i, e);
             if (e > worst) worst = e;
+        }
+        for (int i = 0; i < REF_SESSIONS && i < N; i++) {
+            if (!r[i]) continue;
+            CHECK_OK(kvgen_session_decode(r[i], toks[i], &err));
+            /* f16 pages against the reference's f32 (test_vk_session's tolerance) */
+            double e = excess_tol(kvgen_session_logits(a[i]), kvgen_session_logits(r[i]), 0.01);
+            CHECKF(e <= 1, "%s: step %d session %d: batched logits differ from the reference by %.3g x the tolerance",
+                   what, step, i, e);
         }
     }
     /* a batch ran as one step of all its columns (VK_BATCH_MAX + 1: one of every column the
@@ -157,6 +177,7 @@ static void test_logits(kvgen_model *m, const char *what, int N) {
     CHECKF(e1 <= 1, "%s: a batch of one differs by %.3g x the tolerance", what, e1);
     printf("%s: batch of %d vs separate decodes: worst %.3g x the tolerance (batch of one: %.3g)\n", what, N, worst,
            e1);
+    for (int i = 0; i < REF_SESSIONS; i++) kvgen_session_close(r[i]);
     for (int i = N - 1; i >= 0; i--) {
         kvgen_session_close(a[i]);
         kvgen_session_close(b[i]);
@@ -261,7 +282,13 @@ int main(void) {
         kvgen_model_get_info(m, &info);
         n_vocab = info.n_vocab;
         CHECK(m->ops->topk != NULL);
+        if (!KV[run]) {
+            kvgen_model_desc rd = {.path = path, .backend = KVGEN_BACKEND_REFERENCE};
+            ref_model = tu_load(&rd);
+        }
         for (int i = 0; SIZES[run][i]; i++) test_logits(m, what, SIZES[run][i]);
+        kvgen_model_unload(ref_model);
+        ref_model = NULL;
         if (run < 3) test_greedy(m, what);
         const vk_model *vm = m->backend;
         if (run == 2 && vm->bat) {

@@ -143,6 +143,23 @@ enum { KVG_VK_MEM_DEVICE = 0, KVG_VK_MEM_HOST = 1, KVG_VK_MEM_UPLOAD = 2 };
  * weights can be written in place. */
 kvgen_status kvg_vk_buffer_create(kvg_vk_ctx *ctx, VkDeviceSize size, int kind, kvg_vk_buffer *out, kvgen_error *err);
 void kvg_vk_buffer_destroy(kvg_vk_ctx *ctx, kvg_vk_buffer *b);
+/* A buffer the host rewrites before each submission and shaders read throughout it (a step's
+ * parameters, a session's page table). Where device-local memory is host-visible (UMA, ReBAR,
+ * CPU devices) it is one mapped buffer of that memory; elsewhere the host writes a mapped host
+ * buffer and each command buffer copies it to a device-local one before its first dispatch
+ * (kvg_vk_cmd_mirror), so the kernels never read host memory across the bus. KVGEN_VK_STAGING=1
+ * takes the second form everywhere. `host.map` is always the host's view. */
+typedef struct kvg_vk_mirror {
+    kvg_vk_buffer host; /* mapped */
+    kvg_vk_buffer dev;  /* the device's copy; no buffer when host is device-local */
+} kvg_vk_mirror;
+kvgen_status kvg_vk_mirror_create(kvg_vk_ctx *ctx, VkDeviceSize size, kvg_vk_mirror *out, kvgen_error *err);
+void kvg_vk_mirror_destroy(kvg_vk_ctx *ctx, kvg_vk_mirror *m);
+/* the buffer shaders bind */
+static inline const kvg_vk_buffer *kvg_vk_mirror_bound(const kvg_vk_mirror *m) { return m->dev.buf ? &m->dev : &m->host; }
+/* records the copy host -> dev between barriers (earlier reads of dev before it, the copy
+ * before later compute reads); nothing for a single buffer */
+void kvg_vk_cmd_mirror(VkCommandBuffer cb, const kvg_vk_mirror *m);
 /* Host -> buffer (mapped write, or a staging copy); caller holds no lock. */
 kvgen_status kvg_vk_upload(kvg_vk_ctx *ctx, kvg_vk_buffer *b, VkDeviceSize offset, const void *data, size_t size,
                            kvgen_error *err);

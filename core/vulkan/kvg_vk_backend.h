@@ -94,7 +94,8 @@ typedef struct vk_model {
     bool subgroup;               /* the cooperative matvec and attention reduce by subgroup arithmetic
                                   * (matvec_sg_<type>, attn_sg) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
-    kvg_vk_buffer params, x, q, att, h, logits;
+    kvg_vk_mirror params;        /* the step's token ids, positions and tables' places */
+    kvg_vk_buffer x, q, att, h, logits;
     /* logits in device memory the host cannot map (a GPU): the host buffer rows are copied
      * through when the host reads them (vk_backend.c, read_logits); unused where logits is
      * mapped */
@@ -176,7 +177,7 @@ typedef struct vk_model {
 
 struct kvg_backend_session {
     int n_ctx;
-    kvg_vk_buffer ptab;   /* the page table (host-visible, written before each step); with two layer
+    kvg_vk_mirror ptab;   /* the page table (written by the host before each step); with two layer
                              groups the local one follows at entry tab1 */
     uint32_t tab1;
     unsigned kv_gen;      /* the model's kv_gen when the descriptor sets were written */

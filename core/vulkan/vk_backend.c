@@ -108,7 +108,8 @@ static void vk_model_free(kvgen_model *m) {
         kvg_vk_select_free(ctx, &vm->sel);
         kvg_vk_lora_free(vm);
         kvg_vk_encoder_free(vm);
-        kvg_vk_buffer *scratch[] = {&vm->params, &vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
+        kvg_vk_mirror_destroy(ctx, &vm->params);
+        kvg_vk_buffer *scratch[] = {&vm->x, &vm->q, &vm->att, &vm->h, &vm->logits, &vm->ops,
                                     &vm->qk, &vm->f, &vm->logits_host};
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) kvg_vk_buffer_destroy(ctx, scratch[i]);
         kvg_vk_ctx_destroy(ctx);
@@ -379,7 +380,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* token ids, or a batched decode's ids and (position, table) pairs from VK_BATCH_AT */
     size_t param_words = VK_BATCH_AT + 2 * (size_t)vm->batch_cols;
     if (param_words < C) param_words = C;
-    st = kvg_vk_buffer_create(ctx, 16 + param_words * 4, KVG_VK_MEM_HOST, &vm->params, err);
+    st = kvg_vk_mirror_create(ctx, 16 + param_words * 4, &vm->params, err);
     /* mat-vec inputs get a uniform window of slack: a window bound at any token stays inside */
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
@@ -407,7 +408,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_qk * 4, KVG_VK_MEM_DEVICE, &vm->qk, err);
     if (st == KVGEN_OK && any_post)
         st = kvg_vk_buffer_create(ctx, (size_t)C * vm->ld_x * 4, KVG_VK_MEM_DEVICE, &vm->f, err);
-    if (st == KVGEN_OK && (!vm->params.map || (!vm->logits.map && !vm->logits_host.map)))
+    if (st == KVGEN_OK && (!vm->params.host.map || (!vm->logits.map && !vm->logits_host.map)))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
     if (st == KVGEN_OK)
         st = kvg_vk_select_init(ctx, &vm->logits, (uint32_t)hp->n_vocab, vm->batch_cols, &vm->sel, err);
@@ -489,7 +490,7 @@ static void vk_session_free(kvgen_model *m, kvg_backend_session *s) {
     if (s->fence) vkDestroyFence(ctx->dev, s->fence, NULL);
     if (s->pool) vkDestroyDescriptorPool(ctx->dev, s->pool, NULL);
     kvg_vk_buffer_destroy(ctx, &s->part);
-    kvg_vk_buffer_destroy(ctx, &s->ptab);
+    kvg_vk_mirror_destroy(ctx, &s->ptab);
     kvg_free(s->sets);
     kvg_free(s->saved);
     kvg_free(s);
@@ -535,9 +536,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, part_rows * row_bytes, KVG_VK_MEM_DEVICE, &s->part, err);
     size_t entries = col_entries * s->n_cols;
     s->tab1 = (uint32_t)entries;
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, entries * 4 * groups, KVG_VK_MEM_HOST, &s->ptab, err);
-    if (st == KVGEN_OK && !s->ptab.map)
-        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the page table buffer is not host-visible");
+    if (st == KVGEN_OK) st = kvg_vk_mirror_create(ctx, entries * 4 * groups, &s->ptab, err);
     for (int v = 0; v < vm->n_rope && st == KVGEN_OK; v++) st = rope_table(vm, v, n_ctx, &s->rope[v], err);
     if (st == KVGEN_OK) {
         walk sw = {.vm = vm, .s = s, .n = 1, .logits = 2, .err = err};
@@ -634,7 +633,7 @@ static kvgen_status run_steps(vk_model *vm, kvg_backend_session *s, const int32_
         bool last = done + (int)c == n;
         int want = out == KVG_OUT_HIDDEN ? 3 : out == KVG_OUT_ALL ? 2 : (last && out != KVG_OUT_NONE ? 1 : 0);
         int sel = last ? select : 0;
-        uint32_t *params = vm->params.map;
+        uint32_t *params = vm->params.host.map;
         params[0] = (uint32_t)(pos0 + done);
         params[1] = 0; /* not a batched decode */
         memcpy(params + 4, tokens + done, c * sizeof *tokens);
@@ -707,8 +706,8 @@ static kvgen_status run_seq(vk_model *vm, const kvg_batch_seq *q, kvgen_error *e
     const kvg_lora_set *lora = q->lora && q->lora->n > 0 ? q->lora : NULL;
     kvg_vk_lock(vm->ctx);
     /* the table in a buffer the sets name once: a step only rewrites its entries */
-    memcpy(s->ptab.map, q->pages[0], n_entries * sizeof *q->pages[0]);
-    if (vm->kv_groups > 1) put_local_table(vm, (int32_t *)s->ptab.map + s->tab1, q->pages[1], n_entries);
+    memcpy(s->ptab.host.map, q->pages[0], n_entries * sizeof *q->pages[0]);
+    if (vm->kv_groups > 1) put_local_table(vm, (int32_t *)s->ptab.host.map + s->tab1, q->pages[1], n_entries);
     kvgen_status st = lora ? kvg_vk_lora_prepare(vm, &lora, 1, lora_tokens(vm), err) : KVGEN_OK;
     if (st == KVGEN_OK) st = kvg_vk_refresh_sets(vm, s, err);
     if (st == KVGEN_OK) st = run_steps(vm, s, q->tokens, q->n, q->pos0, q->out, q->logits, q->select_k, lora, err);
@@ -736,8 +735,8 @@ static kvgen_status batch_session(kvgen_model *m, int n_ctx, kvgen_error *err) {
  * argmax), the others' rows are copied back. */
 static kvgen_status batch_step(vk_model *vm, const kvg_batch_seq *const *q, int n, kvgen_error *err) {
     kvg_backend_session *b = vm->bat;
-    uint32_t *params = vm->params.map;
-    int32_t *tab = b->ptab.map;
+    uint32_t *params = vm->params.host.map;
+    int32_t *tab = b->ptab.host.map;
     kvg_backend_session *run[VK_BATCH_MAX];
     const kvg_lora_set *lora[VK_BATCH_MAX];
     bool any_lora = false;

@@ -722,6 +722,36 @@ void kvg_vk_buffer_destroy(kvg_vk_ctx *ctx, kvg_vk_buffer *b) {
     memset(b, 0, sizeof *b);
 }
 
+kvgen_status kvg_vk_mirror_create(kvg_vk_ctx *ctx, VkDeviceSize size, kvg_vk_mirror *out, kvgen_error *err) {
+    *out = (kvg_vk_mirror){0};
+    kvgen_status st;
+    if (!ctx->force_staging && ctx->info.host_visible_device_local) {
+        st = kvg_vk_buffer_create(ctx, size, KVG_VK_MEM_UPLOAD, &out->host, err);
+        if (st != KVGEN_OK || out->host.map) return st;
+        kvg_vk_buffer_destroy(ctx, &out->host); /* not mapped after all: the two-buffer form */
+    }
+    st = kvg_vk_buffer_create(ctx, size, KVG_VK_MEM_HOST, &out->host, err);
+    if (st == KVGEN_OK && !out->host.map)
+        st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: no host-visible memory for a %llu-byte buffer",
+                      (unsigned long long)size);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, size, KVG_VK_MEM_DEVICE, &out->dev, err);
+    if (st != KVGEN_OK) kvg_vk_mirror_destroy(ctx, out);
+    return st;
+}
+
+void kvg_vk_mirror_destroy(kvg_vk_ctx *ctx, kvg_vk_mirror *m) {
+    kvg_vk_buffer_destroy(ctx, &m->host);
+    kvg_vk_buffer_destroy(ctx, &m->dev);
+}
+
+void kvg_vk_cmd_mirror(VkCommandBuffer cb, const kvg_vk_mirror *m) {
+    if (!m->dev.buf) return;
+    VkBufferCopy region = {.size = m->host.size};
+    kvg_vk_cmd_transfer_barrier(cb);
+    vkCmdCopyBuffer(cb, m->host.buf, m->dev.buf, 1, &region);
+    kvg_vk_cmd_barrier(cb);
+}
+
 static kvgen_status staged_copy(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSize offset, void *host, size_t size,
                                 bool to_device, kvgen_error *err) {
     kvg_vk_buffer staging;

@@ -62,7 +62,7 @@ static kvgen_status op_layer_norm(walk *w, int mode, const kvg_vk_buffer *wt, co
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding bs[KVG_VK_BINDINGS] = {{0}};
-        bs[0].buf = &vm->params;
+        bs[0].buf = kvg_vk_mirror_bound(&vm->params);
         bs[2].buf = mode == LN_EMBED ? &e->pos : NULL;
         bs[3].buf = &vm->x;
         bs[4].buf = wt;
@@ -97,7 +97,7 @@ static kvgen_status op_attention(walk *w) {
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding bs[KVG_VK_BINDINGS] = {{0}};
-        bs[0].buf = &vm->params;
+        bs[0].buf = kvg_vk_mirror_bound(&vm->params);
         bs[2].buf = &vm->q;
         bs[3].buf = &vm->att;
         return kvg_vk_set_create(vm->ctx, w->s->pool, bs, &w->s->sets[idx], w->err);
@@ -289,14 +289,14 @@ kvgen_status kvg_vk_encoder_init(kvgen_model *m, kvgen_error *err) {
      * last block's states for the host (logits); the mat-mul inputs with a uniform window of
      * slack (vk_backend.c) */
     size_t C = e->cap, win = ctx->ubo_window;
-    st = kvg_vk_buffer_create(ctx, 16 + C * 3 * 4, KVG_VK_MEM_HOST, &vm->params, err);
+    st = kvg_vk_mirror_create(ctx, 16 + C * 3 * 4, &vm->params, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, C * vm->ld_x * 4 + win, KVG_VK_MEM_DEVICE, &vm->x, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, C * e->ld_qkv * 4, KVG_VK_MEM_DEVICE, &vm->q, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, C * vm->ld_q * 4 + win, KVG_VK_MEM_DEVICE, &vm->att, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, C * vm->ld_h * 4 + win, KVG_VK_MEM_DEVICE, &vm->h, err);
     if (st == KVGEN_OK)
         st = kvg_vk_buffer_create(ctx, C * (size_t)hp->n_embd * 4, KVG_VK_MEM_HOST, &vm->logits, err);
-    if (st == KVGEN_OK && (!vm->params.map || !vm->logits.map))
+    if (st == KVGEN_OK && (!vm->params.host.map || !vm->logits.map))
         st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: device %s offers no host-visible coherent memory", ctx->info.name);
     if (st != KVGEN_OK) return st;
 
@@ -371,7 +371,7 @@ static kvgen_status submit(vk_model *vm, const kvg_encode_batch *b, int first, i
                            kvgen_error *err) {
     vk_encoder *e = vm->enc;
     kvg_backend_session *s = &e->s;
-    uint32_t *params = vm->params.map;
+    uint32_t *params = vm->params.host.map;
     params[0] = 0; /* pos0 */
     params[1] = 0; /* not a batched decode */
     memcpy(params + 4, b->tokens + at, n * sizeof *b->tokens);
@@ -384,6 +384,7 @@ static kvgen_status submit(vk_model *vm, const kvg_encode_batch *b, int first, i
     kvgen_status st = kvg_vk_check(vkResetCommandBuffer(s->cb_step, 0), err, "vkResetCommandBuffer");
     if (st == KVGEN_OK) st = kvg_vk_cmd_begin(s->cb_step, true, err);
     if (st != KVGEN_OK) return st;
+    kvg_vk_cmd_mirror(s->cb_step, &vm->params);
     walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = s->cb_step, .n = n, .err = err};
     st = encode_walk(&rw);
     if (st != KVGEN_OK) {

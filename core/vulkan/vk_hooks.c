@@ -77,7 +77,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     float *xp = kvg_calloc((size_t)ncols * ldx + 32, sizeof *xp);
     kvgen_status st = xp ? KVGEN_OK : kvg_fail(err, KVGEN_E_NO_MEMORY, "out of memory");
     if (st == KVGEN_OK) st = kvg_vk_upload_matrix(&vm, "test", &tp, 1, false, &m, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params.host, err);
     size_t win = ctx->ubo_window;
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldx * 4 + win, KVG_VK_MEM_DEVICE, &xb, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)ncols * ldo * 4, KVG_VK_MEM_DEVICE, &yb, err);
@@ -111,7 +111,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     kvg_free(s.sets);
     kvg_free(xp);
     kvg_vk_free_matrix(ctx, &m);
-    kvg_vk_buffer_destroy(ctx, &vm.params);
+    kvg_vk_buffer_destroy(ctx, &vm.params.host);
     kvg_vk_buffer_destroy(ctx, &xb);
     kvg_vk_buffer_destroy(ctx, &yb);
     kvg_vk_buffer_destroy(ctx, &nb);
@@ -294,9 +294,9 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
         st = kvg_vk_kv_write(&model, tab, 0, 0, 0, n_ctx, k, err);
     }
     if (st == KVGEN_OK) st = kvg_vk_kv_write(&model, tab, 0, 1, 0, n_ctx, v, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)used * sizeof *tab, KVG_VK_MEM_HOST, &s.ptab, err);
-    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &s.ptab, 0, tab, (size_t)used * sizeof *tab, err);
-    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, (size_t)used * sizeof *tab, KVG_VK_MEM_HOST, &s.ptab.host, err);
+    if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &s.ptab.host, 0, tab, (size_t)used * sizeof *tab, err);
+    if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, 16 + 16, KVG_VK_MEM_HOST, &vm.params.host, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.q, err);
     if (st == KVGEN_OK) st = kvg_vk_buffer_create(ctx, nq * 4, KVG_VK_MEM_DEVICE, &vm.att, err);
     if (st == KVGEN_OK)
@@ -304,8 +304,8 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
                                   KVG_VK_MEM_DEVICE, &s.part, err);
     if (st == KVGEN_OK) st = kvg_vk_upload(ctx, &vm.q, 0, q, nq * 4, err);
     if (st == KVGEN_OK) {
-        ((uint32_t *)vm.params.map)[0] = (uint32_t)pos0;
-        ((uint32_t *)vm.params.map)[1] = 0;
+        ((uint32_t *)vm.params.host.map)[0] = (uint32_t)pos0;
+        ((uint32_t *)vm.params.host.map)[1] = 0;
     }
     walk w = {.mode = WALK_PIPELINES, .vm = &vm, .s = &s, .n = (uint32_t)ncols, .max_len = (uint32_t)(pos0 + ncols),
               .err = err};
@@ -322,7 +322,7 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
     if (s.pool) vkDestroyDescriptorPool(ctx->dev, s.pool, NULL);
     kvg_free(tab);
     kvg_free(fill);
-    kvg_vk_buffer *bufs[] = {&vm.params, &vm.q, &vm.att, &s.part, &s.ptab, &vm.slabs[0]};
+    kvg_vk_buffer *bufs[] = {&vm.params.host, &vm.q, &vm.att, &s.part, &s.ptab.host, &vm.slabs[0]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvg_vk_buffer_destroy(ctx, bufs[i]);
     return st;
 }

@@ -76,7 +76,7 @@ void kvg_vk_kv_pc(const vk_model *vm, const kvg_backend_session *s, int layer, u
 void kvg_vk_kv_bind(const vk_model *vm, const kvg_backend_session *s, kvg_vk_binding b[KVG_VK_BINDINGS]) {
     for (uint32_t j = 0; j < vm->nslab; j++)
         if (vm->slabs[j].buf) b[KVG_VK_SLAB_SLOT(j)].buf = &vm->slabs[j];
-    b[KVG_VK_PTAB].buf = &s->ptab;
+    b[KVG_VK_PTAB].buf = kvg_vk_mirror_bound(&s->ptab);
 }
 
 size_t kvg_vk_cache_bytes_per_token(const kvgen_model *m) {

@@ -148,7 +148,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
         int idx = w->cursor++;
         if (w->mode == WALK_SETS) {
             kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
-            b[0].buf = &vm->params;
+            b[0].buf = kvg_vk_mirror_bound(&vm->params);
             b[1].buf = &part->buf;
             b[2].buf = a->in;
             b[3].buf = a->out;
@@ -236,7 +236,7 @@ kvgen_status kvg_vk_op_embed(walk *w) {
         int idx = w->cursor++;
         if (w->mode == WALK_SETS) {
             kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
-            b[0].buf = &vm->params;
+            b[0].buf = kvg_vk_mirror_bound(&vm->params);
             b[1].buf = &part->buf;
             b[3].buf = &vm->x;
             st = kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
@@ -281,7 +281,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
-        b[0].buf = &vm->params;
+        b[0].buf = kvg_vk_mirror_bound(&vm->params);
         b[2].buf = &vm->q;
         b[3].buf = &vm->att;
         kvg_vk_kv_bind(vm, w->s, b);
@@ -339,7 +339,7 @@ static kvgen_status op_norm(walk *w, int mode, int layer, const kvg_vk_buffer *w
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
-        b[0].buf = &vm->params;
+        b[0].buf = kvg_vk_mirror_bound(&vm->params);
         b[4].buf = weight;
         if (mode == NORM_POST) {
             b[2].buf = &vm->f;
@@ -390,7 +390,7 @@ static kvgen_status op_kv_store(walk *w, int layer) {
     int idx = w->cursor++;
     if (w->mode == WALK_SETS) {
         kvg_vk_binding b[KVG_VK_BINDINGS] = {{0}};
-        b[0].buf = &vm->params;
+        b[0].buf = kvg_vk_mirror_bound(&vm->params);
         b[2].buf = &vm->q;
         kvg_vk_kv_bind(vm, w->s, b);
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
@@ -502,6 +502,10 @@ kvgen_status kvg_vk_record(vk_model *vm, kvg_backend_session *s, VkCommandBuffer
                            uint32_t max_len, int logits, int select, kvgen_error *err) {
     kvgen_status st = kvg_vk_cmd_begin(cb, one_time, err);
     if (st != KVGEN_OK) return st;
+    /* the step's parameters and page table into device memory where the kernels do not read
+     * the host's (a discrete GPU) */
+    kvg_vk_cmd_mirror(cb, &vm->params);
+    kvg_vk_cmd_mirror(cb, &s->ptab);
     walk rw = {.mode = WALK_RECORD, .vm = vm, .s = s, .cb = cb, .n = n, .max_len = max_len, .logits = logits,
                .batch = s == vm->bat, .err = err};
     st = kvg_vk_walk_step(&rw);
