@@ -163,6 +163,7 @@ static int l_devices(lua_State *L) {
         DI("max_shared_memory", F_U32, max_shared_memory),
         DI("max_storage_buffer_range", F_U64, max_storage_buffer_range),
         DI("max_allocation_size", F_U64, max_allocation_size),
+        DI("compute_units", F_U32, compute_units),
         DI("default", F_BOOL, is_default),
     };
 #undef DI

@@ -38,6 +38,7 @@ layout(push_constant) uniform PC {
     uint kv_layer, kv_page, kv_v, pt_base; // paged KV (kv.glsl)
     uint window;   // > 0: a sliding-window layer, a query at pos sees [pos - window + 1, pos] only
     float softcap; // > 0: scores become softcap * tanh(score / softcap)
+    uint split_min; // the fewest positions a split covers (the host's choice: 64 or 256)
 } pc;
 
 // the first position a query at pos sees
@@ -74,9 +75,9 @@ void main() {
     uint len = kvg_pos(t) + 1u;
     uint first = attn_first(len - 1u); // a sliding window's splits share only the positions it sees
     uint tab = kvg_tab(t, pc.pt_base);
-    // at least 256 positions per split: short contexts leave the later splits empty (cheap)
+    // at least split_min positions per split: short contexts leave the later splits empty (cheap)
     // rather than paying every split's fixed cost for a few positions each
-    uint chunk = max((len - first + pc.nsplit - 1u) / pc.nsplit, 256u);
+    uint chunk = max((len - first + pc.nsplit - 1u) / pc.nsplit, max(pc.split_min, 1u));
     uint p_begin = min(len, first + s * chunk), p_end = min(len, p_begin + chunk);
 
     // the queries in registers, not shared memory: every lane reads all of them for each of its

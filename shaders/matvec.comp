@@ -11,7 +11,8 @@
 // stay together for the epilogue) for every token.
 // Bindings: 0 params, 1 weights (part), 2 x (f32, token t at x_off + t*ldx), 3 out, 4 norm
 // weight (NORM: x is RMS-normalised and scaled by it on the fly), 5/6/7 see epilogue.glsl.
-// Each invocation walks quarter-blocks q = tid, tid + WG, ...: at most nb*4/WG trips.
+// Each invocation walks whole 32-element blocks b = tid, tid + WG, ... for one or two tokens (at
+// most nb/WG trips), quarter-blocks q = tid, tid + WG, ... for more (at most nb*4/WG trips).
 // matvec_sg_<type> (SUBGROUP) on a GPU runs one subgroup per workgroup (WG = the subgroup size):
 // its sums are subgroupAdds of registers, without shared memory or barriers.
 //
@@ -105,7 +106,6 @@ void reduce_all(uint tid, uint n) {
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r0 = gl_WorkGroupID.x * ROWS;
-    uint nq4 = pc.nb * 4u;
     float scale[NCOLS];
     [[unroll]] for (uint c = 0u; c < NCOLS; c++) scale[c] = 1.0;
     if (NORM != 0u && LANE == 0u) {
@@ -219,30 +219,66 @@ void main() {
 
     float acc[ROWS * NCOLS];
     [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
-    for (uint q = tid; q < nq4; q += WG) {
-        uint b = q >> 2, j = q & 3u;
-        uint klo = (b * 32u + lo_off(j)) >> 2, khi = (b * 32u + hi_off(j)) >> 2;
-        vec4 xl[NCOLS], xh[NCOLS];
-        vec4 gl = vec4(1.0), gh = vec4(1.0);
-        if (NORM != 0u) {
-            gl = gnorm[klo];
-            gh = gnorm[khi];
-        }
-        [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
-            if (c < pc.ncols) {
-                uint base = (pc.x_off + c * pc.ldx) >> 2;
-                xl[c] = xin[base + klo] * gl * scale[c];
-                xh[c] = xin[base + khi] * gh * scale[c];
-            } else {
-                xl[c] = vec4(0.0);
-                xh[c] = vec4(0.0);
+    if (NCOLS <= 2u) {
+        // decode (one or two tokens): a whole 32-element block per invocation and trip, as the
+        // lane layout reads it (block_raw: the quants in one or two 16- or 8-byte loads, the
+        // block's scales once), each row's block dequantized once for its tokens, whose inputs
+        // (with the norm's weight) are loaded once per block for every row. Wide loads and a
+        // quarter of the quarter-block walk's trips; the norm's 1/rms scales the sums at the end.
+        // (With more tokens the inputs would not stay in registers: the quarter walk below.)
+        uint ng = pc.nb / GROUP; // stored blocks per row
+        for (uint b = tid; b < pc.nb; b += WG) {
+            uint gi = b / GROUP, sub = b % GROUP;
+            vec4 xb[NCOLS * 8u];
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++)
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    vec4 v = c < pc.ncols ? xin[((pc.x_off + c * pc.ldx) >> 2) + b * 8u + i] : vec4(0.0);
+                    xb[c * 8u + i] = NORM != 0u ? v * gnorm[b * 8u + i] : v;
+                }
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                if (r0 + r < pc.nrows) {
+                    vec4 q[8], dm;
+                    block_raw(wt_head((r0 + r) * ng + gi), (r0 + r) * ng + gi, sub, q, dm);
+#ifndef WT_SPLIT
+                    dm.zw = dm.xy; // one scale (and min) for the whole block
+#endif
+                    [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                        float d = 0.0;
+                        [[unroll]] for (uint i = 0u; i < 8u; i++)
+                            d += dot(q[i] * (i < 4u ? dm.x : dm.z) + (i < 4u ? dm.y : dm.w), xb[c * 8u + i]);
+                        acc[r * NCOLS + c] += d;
+                    }
+                }
             }
         }
-        [[unroll]] for (uint r = 0u; r < ROWS; r++) {
-            if (r0 + r < pc.nrows) {
-                vec4 lo, hi;
-                dequant8((r0 + r) * pc.nb + b, j, lo, hi);
-                [[unroll]] for (uint c = 0u; c < NCOLS; c++) acc[r * NCOLS + c] += dot(lo, xl[c]) + dot(hi, xh[c]);
+        [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] *= scale[i % NCOLS];
+    } else {
+        // quarter blocks q = tid, tid + WG, ...: 8 values of each of the ROWS rows per trip
+        for (uint q = tid; q < pc.nb * 4u; q += WG) {
+            uint b = q >> 2, j = q & 3u;
+            uint klo = (b * 32u + lo_off(j)) >> 2, khi = (b * 32u + hi_off(j)) >> 2;
+            vec4 xl[NCOLS], xh[NCOLS];
+            vec4 gl = vec4(1.0), gh = vec4(1.0);
+            if (NORM != 0u) {
+                gl = gnorm[klo];
+                gh = gnorm[khi];
+            }
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                if (c < pc.ncols) {
+                    uint base = (pc.x_off + c * pc.ldx) >> 2;
+                    xl[c] = xin[base + klo] * gl * scale[c];
+                    xh[c] = xin[base + khi] * gh * scale[c];
+                } else {
+                    xl[c] = vec4(0.0);
+                    xh[c] = vec4(0.0);
+                }
+            }
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                if (r0 + r < pc.nrows) {
+                    vec4 lo, hi;
+                    dequant8((r0 + r) * pc.nb + b, j, lo, hi);
+                    [[unroll]] for (uint c = 0u; c < NCOLS; c++) acc[r * NCOLS + c] += dot(lo, xl[c]) + dot(hi, xh[c]);
+                }
             }
         }
     }

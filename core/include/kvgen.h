@@ -298,6 +298,9 @@ typedef struct kvgen_device_info {
     uint64_t max_storage_buffer_range; /* larger buffers are split over several bindings */
     uint64_t max_allocation_size;
     int is_default;                /* the device kvgen picks when none is named */
+    uint32_t compute_units;        /* streaming multiprocessors or compute units, where the driver
+                                      says (VK_NV_shader_sm_builtins, VK_AMD_shader_core_properties);
+                                      0: not reported */
 } kvgen_device_info;
 
 /* Lists the Vulkan devices: writes up to `cap` entries to `out` (may be NULL when cap is 0)

@@ -267,6 +267,9 @@ int main(void) {
         if (run == 3) {
             setenv("KVGEN_VK_LANE", "0", 1);
             setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+            /* a GPU of 8 compute units: one decode takes 8 splits of >= 64 positions, a batch of
+             * 16 or 33 columns (32 or 66 workgroups without splits) none */
+            setenv("KVGEN_VK_COMPUTE_UNITS", "8", 1);
         }
         if (run == 4) {
             CHECK(part[0] != 0);
@@ -276,6 +279,7 @@ int main(void) {
         kvgen_model *m = load(run == 1 || run == 2 || run == 4 ? path32 : path, KV[run]);
         unsetenv("KVGEN_VK_LANE");
         unsetenv("KVGEN_VK_ATTN_LANE");
+        unsetenv("KVGEN_VK_COMPUTE_UNITS");
         unsetenv("KVGEN_VK_MAX_PART");
         if (!m) return tu_finish("test_vk_batch");
         kvgen_model_info info;

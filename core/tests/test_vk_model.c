@@ -19,6 +19,7 @@
 #include "kvg_model.h"
 #include "kvg_quant.h"
 #include "kvg_vk.h"
+#include "kvg_vk_backend.h"
 #include "testutil.h"
 
 static kvgen_model *load(const char *path, kvgen_backend backend, int force_f32) {
@@ -252,6 +253,36 @@ static void compare_model(const char *name, const char *args, int force_f32, int
     compare_file(name, tu_make_model(name, args), force_f32, n_prompt, n_decode);
 }
 
+/* A GPU's decode attention splits (kvg_vk_attn_splits) on lavapipe: the cooperative layouts with
+ * KVGEN_VK_COMPUTE_UNITS planning for 132 units (an H100's SMs) and for 20. Two KV heads want 132
+ * and 20 splits: 64 (the most) and 20, of at least 64 positions each, so a 200-token prompt's
+ * decodes run 4 splits with work and the rest empty, merged by attn_reduce. Same tolerance. */
+static void gpu_splits_model(void) {
+    static const char *const units[] = {"132", "20"};
+    static const uint32_t splits[] = {64, 20};
+    const char *args = "--type Q8_0 --seed 5 --embd 96 --heads 6 --kv-heads 2 --ff 160 --vocab-size 1000";
+    setenv("KVGEN_VK_LANE", "0", 1);
+    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    for (int i = 0; i < 2; i++) {
+        setenv("KVGEN_VK_COMPUTE_UNITS", units[i], 1);
+        char name[32];
+        snprintf(name, sizeof name, "vk_splits%d.gguf", i);
+        compare_model(name, args, 0, 200, 12);
+        char *path = tu_make_model(name, args);
+        kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+        const vk_model *vm = mv ? mv->backend : NULL;
+        CHECKF(vm && vm->ctx->info.compute_units == (uint32_t)atoi(units[i]), "splits %s: compute units not set",
+               units[i]);
+        CHECKF(vm && vm->nsplit == splits[i] && vm->attn_split_min == 64, "splits %s: %u splits of >= %u positions",
+               units[i], vm ? vm->nsplit : 0, vm ? vm->attn_split_min : 0);
+        kvgen_model_unload(mv);
+        free(path);
+    }
+    unsetenv("KVGEN_VK_COMPUTE_UNITS");
+    unsetenv("KVGEN_VK_LANE");
+    unsetenv("KVGEN_VK_ATTN_LANE");
+}
+
 /* The device's compute limits lowered (KVGEN_VK_MAX_*, docs/vulkan.md): at most 3 workgroups
  * per dispatch dimension, so nearly every dispatch is split into pieces (the 1000-row logits
  * mat-vec, the prefill's token columns, attention's heads and tokens), 128 invocations and 16 KiB
@@ -444,6 +475,7 @@ int main(void) {
     unsetenv("KVGEN_VK_CHUNK");
     unsetenv("KVGEN_VK_MAX_PART");
     limits_model();
+    gpu_splits_model();
     default_model();
     return tu_finish("test_vk_model");
 }

@@ -53,6 +53,8 @@ int kvgen_cli_devices(int argc, char **argv) {
                d->shader_float16 ? "yes" : "no", d->storage_16bit ? "yes" : "no", d->storage_8bit ? "yes" : "no",
                (unsigned)d->subgroup_size, d->subgroup_arithmetic ? " (arithmetic)" : "",
                (unsigned)(d->max_shared_memory / 1024));
+        if (d->compute_units) printf("   compute units: %u\n", (unsigned)d->compute_units);
+        else printf("   compute units: not reported by the driver\n");
     }
     free(dev);
     return 0;

@@ -295,9 +295,6 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->mv_rows = 4;
     vm->lane_rows = 8;
     vm->lane_ubo = true;
-    /* splits buy parallelism on a GPU; on a CPU device the KV heads already fill the cores and
-     * each split's fixed cost (and the reduce) dominates: split there only for the loop limit */
-    vm->nsplit = vm->mv_lane ? 1 : 8;
     if (getenv("KVGEN_VK_LANE")) vm->mv_lane = atoi(getenv("KVGEN_VK_LANE")) != 0;
     if (getenv("KVGEN_VK_ROWS")) vm->mv_rows = (uint32_t)atoi(getenv("KVGEN_VK_ROWS"));
     if (getenv("KVGEN_VK_LANE_ROWS")) vm->lane_rows = (uint32_t)atoi(getenv("KVGEN_VK_LANE_ROWS")) & ~1u;
@@ -314,7 +311,12 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;
     if (getenv("KVGEN_VK_ATTN_LANE")) vm->attn_lane = atoi(getenv("KVGEN_VK_ATTN_LANE")) != 0 && hp->head_dim % 8 == 0;
-    vm->nsplit = vm->attn_lane ? 16 : vm->mv_lane ? 1 : 8;
+    /* splits buy parallelism on a GPU (as many as its compute units want); on a CPU device the
+     * KV heads already fill the cores and each split's fixed cost (and the reduce) dominates:
+     * split there only for the loop limit */
+    kvg_vk_attn_splits(ctx, (uint32_t)hp->n_head_kv, &vm->nsplit, &vm->attn_split_min);
+    if (vm->attn_lane) vm->nsplit = 16;
+    else if (vm->mv_lane) vm->nsplit = 1;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);

@@ -185,6 +185,18 @@ static void describe_device(VkPhysicalDevice pd, int index, kvgen_device_info *i
     VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES,
                                                  .pNext = &sub};
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &m3};
+    /* the compute-unit count, from the vendor extensions that report it */
+    VkPhysicalDeviceShaderSMBuiltinsPropertiesNV nv = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+    VkPhysicalDeviceShaderCorePropertiesAMD amd = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+    if (has_device_ext(pd, "VK_NV_shader_sm_builtins")) {
+        nv.pNext = p2.pNext;
+        p2.pNext = &nv;
+    }
+    if (has_device_ext(pd, "VK_AMD_shader_core_properties")) {
+        amd.pNext = p2.pNext;
+        p2.pNext = &amd;
+    }
     vkGetPhysicalDeviceProperties2(pd, &p2);
 
     VkPhysicalDevice16BitStorageFeatures s16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
@@ -233,6 +245,9 @@ static void describe_device(VkPhysicalDevice pd, int index, kvgen_device_info *i
     info->max_shared_memory = props.limits.maxComputeSharedMemorySize;
     info->max_storage_buffer_range = props.limits.maxStorageBufferRange;
     info->max_allocation_size = m3.maxMemoryAllocationSize;
+    if (nv.shaderSMCount) info->compute_units = nv.shaderSMCount;
+    else
+        info->compute_units = amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray;
 }
 
 static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
@@ -442,6 +457,11 @@ static kvgen_status lower_limits(kvg_vk_ctx *ctx, kvgen_error *err) {
         part = (uint32_t)ctx->info.max_allocation_size;
     if (st == KVGEN_OK) st = env_limit("KVGEN_VK_MAX_PART", &part, err);
     ctx->max_part = part;
+    /* KVGEN_VK_COMPUTE_UNITS: the compute units kvgen plans for, as if the driver reported them
+     * (tests run a GPU's attention splits on lavapipe) */
+    uint32_t cu = UINT32_MAX;
+    if (st == KVGEN_OK) st = env_limit("KVGEN_VK_COMPUTE_UNITS", &cu, err);
+    if (st == KVGEN_OK && cu != UINT32_MAX) ctx->info.compute_units = cu;
     return st;
 }
 

@@ -36,8 +36,9 @@ typedef struct pc_attn { /* matches PC in shaders/attn.comp, attn_lane.comp */
     uint32_t n_head, n_kv, hd, ldq, ldo, n_ctx, nsplit, ncols;
     float scale;
     uint32_t kv_layer, kv_page, kv_v, pt_base;
-    uint32_t window; /* sliding window (0: every position) */
-    float softcap;   /* score soft-capping (0: none) */
+    uint32_t window;    /* sliding window (0: every position) */
+    float softcap;      /* score soft-capping (0: none) */
+    uint32_t split_min; /* attn.comp: the fewest positions a split covers (attn_lane.comp has its own) */
 } pc_attn;
 
 typedef struct pc_norm { /* matches PC in shaders/rms_norm.comp */
@@ -255,6 +256,18 @@ kvgen_status kvg_vk_op_embed(walk *w) {
     return KVGEN_OK;
 }
 
+void kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint32_t n_kv, uint32_t *nsplit, uint32_t *split_min) {
+    uint32_t cu = ctx->info.compute_units;
+    if (!cu || !n_kv) {
+        *nsplit = 8;
+        *split_min = 256;
+        return;
+    }
+    uint32_t want = (2 * cu + n_kv - 1) / n_kv;
+    *nsplit = want < 8 ? 8 : want > 64 ? 64 : want;
+    *split_min = 64;
+}
+
 kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
@@ -291,6 +304,14 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     if (w->mode != WALK_RECORD) return KVGEN_OK;
     /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
     uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
+    uint32_t cu = vm->ctx->info.compute_units;
+    if (w->batch && w->n > 1 && cu && !vm->attn_lane) {
+        /* a batch's columns are workgroups too: splits until there are twice the units */
+        uint32_t lim = (uint32_t)((w->s->n_ctx + 4095) / 4096), cols = (uint32_t)hp->n_head_kv * w->n;
+        uint32_t want = (2 * cu + cols - 1) / cols;
+        if (want < lim) want = lim;
+        if (want < nsplit) nsplit = want;
+    }
     bool split = nsplit > 1;
     pc_attn pc = {.n_head = (uint32_t)hp->n_head,
                   .n_kv = (uint32_t)hp->n_head_kv,
@@ -302,7 +323,8 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .ncols = w->n,
                   .scale = 1.0f / sqrtf((float)hp->head_dim),
                   .window = vm->layers ? vm->layers[layer].window : 0,
-                  .softcap = vm->attn_softcap};
+                  .softcap = vm->attn_softcap,
+                  .split_min = vm->attn_split_min};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
     kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? spec_split : spec_direct, &pa);
     if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
