@@ -24,6 +24,10 @@ describe("kvgen module", function()
       assert.matches("^%d+%.%d+%.%d+$", d.api_version)
       assert.is_boolean(d.shader_float16)
       assert.is_true(d.device_local_bytes > 0)
+      -- the compute units where the driver reports them, else 0 (lavapipe: 0)
+      assert.are.equal("integer", math.type(d.compute_units))
+      assert.is_true(d.compute_units >= 0)
+      if d.type == "cpu" then assert.are.equal(0, d.compute_units) end
       if d.default then defaults = defaults + 1 end
     end
     assert.is_true(#devices == 0 or defaults == 1)
