@@ -263,8 +263,8 @@ void kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint32_t n_kv, uint32_t *nsplit, 
         *split_min = 256;
         return;
     }
-    uint32_t want = (2 * cu + n_kv - 1) / n_kv;
-    *nsplit = want < 8 ? 8 : want > 64 ? 64 : want;
+    uint64_t want = (2 * (uint64_t)cu + n_kv - 1) / n_kv;
+    *nsplit = want < 8 ? 8 : want > 64 ? 64 : (uint32_t)want;
     *split_min = 64;
 }
 
@@ -307,10 +307,10 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     uint32_t cu = vm->ctx->info.compute_units;
     if (w->batch && w->n > 1 && cu && !vm->attn_lane) {
         /* a batch's columns are workgroups too: splits until there are twice the units */
-        uint32_t lim = (uint32_t)((w->s->n_ctx + 4095) / 4096), cols = (uint32_t)hp->n_head_kv * w->n;
-        uint32_t want = (2 * cu + cols - 1) / cols;
+        uint64_t lim = (uint64_t)((w->s->n_ctx + 4095) / 4096), cols = (uint64_t)hp->n_head_kv * w->n;
+        uint64_t want = (2 * (uint64_t)cu + cols - 1) / cols;
         if (want < lim) want = lim;
-        if (want < nsplit) nsplit = want;
+        if (want < nsplit) nsplit = (uint32_t)want;
     }
     bool split = nsplit > 1;
     pc_attn pc = {.n_head = (uint32_t)hp->n_head,
