@@ -59,6 +59,7 @@ shared float sg_max[MAXG * WG], sg_sum[MAXG * WG];
 shared float sc[MAXG * WG];
 #endif
 shared float pr[MAXG * WG];
+shared float qs[MAXG * MAXHD]; // the queries, scaled
 
 // where the V row of each position of the current tile starts, found once per tile by its lane
 shared uint v_slab[WG], v_elem[WG];
@@ -80,11 +81,12 @@ void main() {
     uint chunk = max((len - first + pc.nsplit - 1u) / pc.nsplit, max(pc.split_min, 1u));
     uint p_begin = min(len, first + s * chunk), p_end = min(len, p_begin + chunk);
 
-    // the queries in registers, not shared memory: every lane reads all of them for each of its
-    // positions, and lavapipe runs a shared-memory load as a scalar load per lane
-    float qr[MAXG * MAXHD];
-    [[unroll]] for (uint g = 0u; g < G; g++)
-        [[unroll]] for (uint d = 0u; d < HD; d++) qr[g * MAXHD + d] = qin[t * pc.ldq + (kvh * G + g) * hd + d] * pc.scale;
+    // the scaled queries of the G heads, loaded once by the workgroup; every lane reads each of
+    // them (the same address across lanes: a broadcast) for each of its positions. Held per
+    // invocation instead, up to 8 x 256 floats would not fit a GPU's registers.
+    for (uint i = tid; i < G * HD; i += WG)
+        qs[i] = qin[t * pc.ldq + (kvh * G + i / HD) * hd + i % HD] * pc.scale;
+    barrier();
 
     float m[MAXG], l[MAXG], acc[MAXG * MAXD];
     [[unroll]] for (uint g = 0u; g < MAXG; g++) {
@@ -107,7 +109,7 @@ void main() {
             [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
                 vec2 kv = kv_load2(kr, d);
                 [[unroll]] for (uint g = 0u; g < G; g++)
-                    sg[g] += kv.x * qr[g * MAXHD + d] + kv.y * qr[g * MAXHD + d + 1u];
+                    sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
             }
             [[unroll]] for (uint g = 0u; g < G; g++) own[g] = attn_cap(sg[g]);
         }

@@ -273,8 +273,9 @@ static void gpu_splits_model(void) {
         const vk_model *vm = mv ? mv->backend : NULL;
         CHECKF(vm && vm->ctx->info.compute_units == (uint32_t)atoi(units[i]), "splits %s: compute units not set",
                units[i]);
-        CHECKF(vm && vm->nsplit == splits[i] && vm->attn_split_min == 64, "splits %s: %u splits of >= %u positions",
-               units[i], vm ? vm->nsplit : 0, vm ? vm->attn_split_min : 0);
+        CHECKF(vm && vm->nsplit == splits[i] && kvg_vk_attn_split_min(vm->ctx) == 64,
+               "splits %s: %u splits of >= %u positions", units[i], vm ? vm->nsplit : 0,
+               vm ? kvg_vk_attn_split_min(vm->ctx) : 0);
         kvgen_model_unload(mv);
         free(path);
     }

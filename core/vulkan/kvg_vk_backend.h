@@ -87,7 +87,6 @@ typedef struct vk_model {
     uint32_t chunk;              /* tokens per step */
     uint32_t ld_x, ld_q, ld_h;   /* activation strides (multiples of 32, zero padding) */
     uint32_t nsplit;             /* decode attention splits over the cache length */
-    uint32_t attn_split_min;     /* attn.comp: the fewest positions a split covers (kvg_vk_attn_splits) */
     uint32_t mv_wg, mv_rows;     /* matvec workgroup size and rows per workgroup */
     uint32_t lane_rows;          /* lane layout: rows per invocation (even) */
     bool lane_ubo;               /* lane layout: inputs through uniform windows where they fit */
@@ -314,12 +313,14 @@ kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t sp
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);
 kvgen_status kvg_vk_op_attention(walk *w, int layer);
-/* The cooperative attention kernel's (attn.comp) decode splits for a model with n_kv KV heads:
- * where the device reports its compute units (kvgen_device_info.compute_units), enough splits
- * that KV heads x splits make twice as many workgroups as units (8 to 64 splits), each of at
- * least 64 positions (one tile); elsewhere 8 splits of at least 256 positions. A batched step
- * of several columns takes fewer (kvg_vk_op_attention). */
-void kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint32_t n_kv, uint32_t *nsplit, uint32_t *split_min);
+/* The cooperative attention kernel's (attn.comp) splits of a token's positions, for `groups`
+ * workgroups per split (KV heads x columns): where the device reports its compute units
+ * (kvgen_device_info.compute_units), enough splits that they make twice as many workgroups as
+ * units; elsewhere 8. Clamped to [lo, hi]: a decode token takes 8 to 64, a batched step no more
+ * than its columns' decode count (kvg_vk_op_attention). */
+uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo, uint32_t hi);
+/* the fewest positions such a split covers: 64 (one tile) where the units are known, else 256 */
+uint32_t kvg_vk_attn_split_min(const kvg_vk_ctx *ctx);
 /* the token rows of the step's ids (params) into vm->x (embed.comp, times vm->embd_scale) */
 kvgen_status kvg_vk_op_embed(walk *w);
 /* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k, after

@@ -314,7 +314,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* splits buy parallelism on a GPU (as many as its compute units want); on a CPU device the
      * KV heads already fill the cores and each split's fixed cost (and the reduce) dominates:
      * split there only for the loop limit */
-    kvg_vk_attn_splits(ctx, (uint32_t)hp->n_head_kv, &vm->nsplit, &vm->attn_split_min);
+    vm->nsplit = kvg_vk_attn_splits(ctx, (uint64_t)hp->n_head_kv, 8, 64);
     if (vm->attn_lane) vm->nsplit = 16;
     else if (vm->mv_lane) vm->nsplit = 1;
     if (getenv("KVGEN_VK_NSPLIT")) vm->nsplit = (uint32_t)atoi(getenv("KVGEN_VK_NSPLIT"));

@@ -828,29 +828,29 @@ VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const
 
 /* What each shader asks of the device, mirroring its declarations (shaders/NAME.comp): the
  * workgroup size (fixed, or 0: the WG specialization constant) and the shared memory, in bytes:
- * base + per_wg * WG + per_wg_gq * WG * GQ + per_wg_rc * WG * ROWS * NCOLS. A name ending in '_'
- * stands for every weight type's variant (matvec_q4_0, ...). */
+ * base + per_wg * WG + per_wg_gq * WG * GQ + per_wg_rc * WG * ROWS * NCOLS + per_gq_hd * GQ * HD.
+ * A name ending in '_' stands for every weight type's variant (matvec_q4_0, ...). */
 static const struct shader_needs {
     const char *name;
-    uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc;
+    uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc, per_gq_hd;
 } shader_needs[] = {
-    {"argmax", 0, 0, 8, 0, 0},                   /* best_k, best_i[WG] */
-    {"topk", 0, 0, 64 * 8 + 4, 0, 0},            /* lk, li[WG * K], lcount[WG]; K = 64 */
-    {"attn", 0, 0, 8, 8, 0},                     /* sc, pr[GQ * WG], v_slab, v_elem[WG] */
-    {"attn_sg", 0, 0, 8, 12, 0},                 /* sg_max, sg_sum, pr[GQ * WG], v_slab, v_elem[WG] */
-    {"attn_lane", 0, 0, 0, 0, 0},                /* none */
-    {"attn_reduce", 64, 0, 0, 0, 0},             /* none */
-    {"kv_copy", 64, 0, 0, 0, 0},                 /* none */
-    {"kv_store", 64, 0, 0, 0, 0},                /* none */
-    {"rms_norm", 0, 0, 4, 0, 0},                 /* red[WG] */
-    {"layer_norm", 0, 0, 4, 0, 0},               /* red[WG] */
-    {"enc_attn", 0, 0, 0, 0, 0},                 /* none */
-    {"lora", 0, 0, 4, 0, 0},                     /* red[WG] */
-    {"embed_", 0, 0, 0, 0, 0},                   /* none */
-    {"matvec_", 0, 0, 0, 0, 4},                  /* red[WG * ROWS * NCOLS] */
-    {"gemm_", 128, 32 * 16 * 16 + 32 * 8 * 16 + 128 * 4 + 32 * 4, 0, 0, 0}, /* ws, xs, ssum, tscale */
-    {"probe_read", 64, 64 * 4, 0, 0, 0},         /* red[64] */
-    {"probe_empty", 1, 0, 0, 0, 0},
+    {"argmax", 0, 0, 8, 0, 0, 0},           /* best_k, best_i[WG] */
+    {"topk", 0, 0, 64 * 8 + 4, 0, 0, 0},    /* lk, li[WG * K], lcount[WG]; K = 64 */
+    {"attn", 0, 0, 8, 8, 0, 4},             /* sc, pr[GQ * WG], v_slab, v_elem[WG], qs[GQ * HD] */
+    {"attn_sg", 0, 0, 8, 12, 0, 4},         /* sg_max, sg_sum, pr[GQ * WG], v_slab, v_elem[WG], qs */
+    {"attn_lane", 0, 0, 0, 0, 0, 0},        /* none */
+    {"attn_reduce", 64, 0, 0, 0, 0, 0},     /* none */
+    {"kv_copy", 64, 0, 0, 0, 0, 0},         /* none */
+    {"kv_store", 64, 0, 0, 0, 0, 0},        /* none */
+    {"rms_norm", 0, 0, 4, 0, 0, 0},         /* red[WG] */
+    {"layer_norm", 0, 0, 4, 0, 0, 0},       /* red[WG] */
+    {"enc_attn", 0, 0, 0, 0, 0, 0},         /* none */
+    {"lora", 0, 0, 4, 0, 0, 0},             /* red[WG] */
+    {"embed_", 0, 0, 0, 0, 0, 0},           /* none */
+    {"matvec_", 0, 0, 0, 0, 4, 0},          /* red[WG * ROWS * NCOLS] */
+    {"gemm_", 128, 32 * 16 * 16 + 32 * 8 * 16 + 128 * 4 + 32 * 4, 0, 0, 0, 0}, /* ws, xs, ssum, tscale */
+    {"probe_read", 64, 64 * 4, 0, 0, 0, 0}, /* red[64] */
+    {"probe_empty", 1, 0, 0, 0, 0, 0},
 };
 
 kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SPEC_COUNT], uint32_t *invocations,
@@ -863,7 +863,8 @@ kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SP
         uint64_t wg = n->wg ? n->wg : spec[KVG_SPEC_WG];
         *invocations = (uint32_t)wg;
         *shared = n->base + wg * n->per_wg + wg * spec[KVG_SPEC_GQ] * n->per_wg_gq +
-                  wg * (uint64_t)spec[KVG_SPEC_ROWS] * spec[KVG_SPEC_NCOLS] * n->per_wg_rc;
+                  wg * (uint64_t)spec[KVG_SPEC_ROWS] * spec[KVG_SPEC_NCOLS] * n->per_wg_rc +
+                  (uint64_t)spec[KVG_SPEC_GQ] * spec[KVG_SPEC_HD] * n->per_gq_hd;
         return KVGEN_OK;
     }
     return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader %s has no entry in the shader limits table", shader);

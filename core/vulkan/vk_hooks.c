@@ -269,8 +269,6 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: %d pages of %zu bytes exceed one slab",
                         (int)n_pages, vm.page_bytes);
     kvg_backend_session s = {.n_ctx = n_ctx, .nsplit_dec = (uint32_t)nsplit};
-    uint32_t dev_splits;
-    kvg_vk_attn_splits(ctx, (uint32_t)n_kv, &dev_splits, &vm.attn_split_min); /* the device's rule */
     /* the backend's policy: no split covers more than 4096 positions */
     uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
     if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;

@@ -256,16 +256,13 @@ kvgen_status kvg_vk_op_embed(walk *w) {
     return KVGEN_OK;
 }
 
-void kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint32_t n_kv, uint32_t *nsplit, uint32_t *split_min) {
+uint32_t kvg_vk_attn_split_min(const kvg_vk_ctx *ctx) { return ctx->info.compute_units ? 64 : 256; }
+
+uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo, uint32_t hi) {
     uint32_t cu = ctx->info.compute_units;
-    if (!cu || !n_kv) {
-        *nsplit = 8;
-        *split_min = 256;
-        return;
-    }
-    uint64_t want = (2 * (uint64_t)cu + n_kv - 1) / n_kv;
-    *nsplit = want < 8 ? 8 : want > 64 ? 64 : (uint32_t)want;
-    *split_min = 64;
+    if (!cu || !groups) return 8 < lo ? lo : 8 > hi ? hi : 8;
+    uint64_t want = (2 * (uint64_t)cu + groups - 1) / groups;
+    return want < lo ? lo : want > hi ? hi : (uint32_t)want;
 }
 
 kvgen_status kvg_vk_op_attention(walk *w, int layer) {
@@ -304,13 +301,10 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     if (w->mode != WALK_RECORD) return KVGEN_OK;
     /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
     uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
-    uint32_t cu = vm->ctx->info.compute_units;
-    if (w->batch && w->n > 1 && cu && !vm->attn_lane) {
-        /* a batch's columns are workgroups too: splits until there are twice the units */
-        uint64_t lim = (uint64_t)((w->s->n_ctx + 4095) / 4096), cols = (uint64_t)hp->n_head_kv * w->n;
-        uint64_t want = (2 * (uint64_t)cu + cols - 1) / cols;
-        if (want < lim) want = lim;
-        if (want < nsplit) nsplit = (uint32_t)want;
+    if (w->batch && w->n > 1 && vm->ctx->info.compute_units && !vm->attn_lane) {
+        /* a batch's columns are workgroups too: fewer splits, down to the loop limit's */
+        uint32_t lim = (w->s->n_ctx + 4095) / 4096;
+        if (lim < nsplit) nsplit = kvg_vk_attn_splits(vm->ctx, (uint64_t)hp->n_head_kv * w->n, lim, nsplit);
     }
     bool split = nsplit > 1;
     pc_attn pc = {.n_head = (uint32_t)hp->n_head,
@@ -324,7 +318,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .scale = 1.0f / sqrtf((float)hp->head_dim),
                   .window = vm->layers ? vm->layers[layer].window : 0,
                   .softcap = vm->attn_softcap,
-                  .split_min = vm->attn_split_min};
+                  .split_min = kvg_vk_attn_split_min(vm->ctx)};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
     kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? spec_split : spec_direct, &pa);
     if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
