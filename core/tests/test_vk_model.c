@@ -150,8 +150,9 @@ static void compare_file(const char *name, char *path, int force_f32, int n_prom
      * Q8_0 for Q5_0 members 1.5x */
     CHECKF(up_ratio >= 1.0 && up_ratio <= 1.05, "%s: %.4f x the file's bytes uploaded", name, up_ratio);
     kvgen_session *sr = NULL, *sv = NULL, *su = NULL;
-    kvgen_session_desc sd = {.n_ctx = 256};
-    kvgen_session_desc ud = {.n_ctx = 256, .no_cache = 1};
+    int n_ctx = n_prompt + n_decode > 256 ? n_prompt + n_decode : 256;
+    kvgen_session_desc sd = {.n_ctx = n_ctx};
+    kvgen_session_desc ud = {.n_ctx = n_ctx, .no_cache = 1};
     CHECK_OK(kvgen_session_create(mr, &sd, &sr, &tu_err_));
     CHECK_OK(kvgen_session_create(mv, &sd, &sv, &tu_err_));
     CHECK_OK(kvgen_session_create(mv, &ud, &su, &tu_err_));
@@ -280,6 +281,29 @@ static void gpu_splits_model(void) {
         free(path);
     }
     unsetenv("KVGEN_VK_COMPUTE_UNITS");
+    unsetenv("KVGEN_VK_LANE");
+    unsetenv("KVGEN_VK_ATTN_LANE");
+}
+
+/* A GPU's prefill steps on lavapipe: 512 tokens (prefill_chunk; KVGEN_VK_CHUNK=512, the
+ * cooperative layouts), so a 600-token prompt is a step of 512 and one of 88, against the
+ * reference. Without the variable lavapipe, a CPU device, steps 128 tokens. Same tolerance. */
+static void gpu_steps_model(void) {
+    const char *args = "--mix q4_k_m --seed 38 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
+    char *path = tu_make_model("vk_steps.gguf", args);
+    kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+    const vk_model *vm = mv ? mv->backend : NULL;
+    CHECKF(vm && vm->chunk == 128, "a CPU device's prefill step is %u tokens, want 128", vm ? vm->chunk : 0);
+    kvgen_model_unload(mv);
+    setenv("KVGEN_VK_LANE", "0", 1);
+    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    setenv("KVGEN_VK_CHUNK", "512", 1);
+    mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+    vm = mv ? mv->backend : NULL;
+    CHECKF(vm && vm->chunk == 512, "KVGEN_VK_CHUNK=512: prefill steps of %u tokens", vm ? vm->chunk : 0);
+    kvgen_model_unload(mv);
+    compare_file("vk_steps.gguf", path, 0, 600, 8);
+    unsetenv("KVGEN_VK_CHUNK");
     unsetenv("KVGEN_VK_LANE");
     unsetenv("KVGEN_VK_ATTN_LANE");
 }
@@ -477,6 +501,7 @@ int main(void) {
     unsetenv("KVGEN_VK_MAX_PART");
     limits_model();
     gpu_splits_model();
+    gpu_steps_model();
     default_model();
     return tu_finish("test_vk_model");
 }

@@ -227,6 +227,24 @@ static uint64_t layer_matrix_bytes(const kvg_layer *l) {
            l->w_up->nbytes + l->w_down->nbytes;
 }
 
+/* Tokens per prefill step: 512 on a GPU, where a step's GEMMs read each weight once for all of
+ * its tokens and fewer, larger submissions keep the device busy; 128 on a CPU device (lavapipe),
+ * whose cores a step of 128 already fills. Halved while the step's logits (tokens x n_vocab
+ * floats, one binding) pass maxStorageBufferRange or its scratch (logits and activations) would
+ * take more than a sixteenth of the largest device-local heap. KVGEN_VK_CHUNK sets it (tests:
+ * small steps, or a GPU's on lavapipe), within the same bounds. */
+static uint32_t prefill_chunk(const vk_model *vm) {
+    const kvg_vk_ctx *ctx = vm->ctx;
+    uint32_t chunk = ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 128 : 512;
+    const char *env = getenv("KVGEN_VK_CHUNK");
+    if (env && atoi(env) > 0) chunk = (uint32_t)atoi(env);
+    uint64_t logits = (uint64_t)vm->hp.n_vocab * 4, range = ctx->props.limits.maxStorageBufferRange;
+    uint64_t per_token = logits + 4 * (3 * (uint64_t)vm->ld_x + 3 * (uint64_t)vm->ld_q + vm->ld_h);
+    uint64_t budget = ctx->info.device_local_bytes / 16;
+    while (chunk > 1 && (chunk * logits > range || (budget && chunk * per_token > budget))) chunk /= 2;
+    return chunk;
+}
+
 static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, kvgen_error *err) {
     kvgen_status type_st = kvg_weights_check_types(m, &kvg_vulkan_backend, err); /* before any device work */
     if (type_st == KVGEN_OK) type_st = kvg_arch_check_backend(m, &kvg_vulkan_backend, err);
@@ -321,12 +339,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     vm->ld_x = round_up((uint32_t)hp->n_embd, 32);
     vm->ld_q = round_up((uint32_t)(hp->n_head * hp->head_dim), 32);
     vm->ld_h = round_up((uint32_t)hp->n_ff, 32);
-    size_t range = ctx->props.limits.maxStorageBufferRange;
-    uint32_t chunk = 128;
-    while (chunk > 1 && (size_t)chunk * (size_t)hp->n_vocab * 4 > range) chunk /= 2;
-    const char *env_chunk = getenv("KVGEN_VK_CHUNK"); /* tests: force small prefill chunks */
-    if (env_chunk && atoi(env_chunk) > 0 && (uint32_t)atoi(env_chunk) < chunk) chunk = (uint32_t)atoi(env_chunk);
-    vm->chunk = chunk;
+    vm->chunk = prefill_chunk(vm);
     /* an encoder: its own weights, scratch and op list (vk_encode.c), no decoder steps */
     if (m->w.arch && m->w.arch->encoder) {
         st = kvg_vk_encoder_init(m, err);
