@@ -321,6 +321,9 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer);
 uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo, uint32_t hi);
 /* the fewest positions such a split covers: 64 (one tile) where the units are known, else 256 */
 uint32_t kvg_vk_attn_split_min(const kvg_vk_ctx *ctx);
+/* the fewest splits of `positions` positions that keep each split within lavapipe's loop limit:
+ * no split covers more than 4096 positions (attn.comp); at least 1 */
+uint32_t kvg_vk_attn_loop_splits(uint64_t positions);
 /* the token rows of the step's ids (params) into vm->x (embed.comp, times vm->embd_scale) */
 kvgen_status kvg_vk_op_embed(walk *w);
 /* Records a step of n tokens into cb (logits as walk.logits; select 1 argmax, 2 top-k, after

@@ -530,7 +530,7 @@ static kvgen_status session_create(kvgen_model *m, int n_ctx, bool batch, kvg_ba
     kvgen_status st = KVGEN_OK;
     s->saved = kvg_malloc((size_t)hp->n_vocab * sizeof *s->saved);
     if (!s->saved) st = kvg_fail(err, KVGEN_E_NO_MEMORY, "vulkan: out of memory");
-    uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
+    uint32_t split_min = kvg_vk_attn_loop_splits((uint64_t)n_ctx);
     s->nsplit_dec = vm->nsplit > split_min ? vm->nsplit : split_min;
     /* partials: a decode's nsplit_dec splits per column or a prefill chunk's split_min per
      * token; tables: one per column and layer group, the local ones (if any) after the global

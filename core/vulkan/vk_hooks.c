@@ -269,8 +269,7 @@ kvgen_status kvg_vk_test_attention_layer(kvg_vk_ctx *ctx, int n_head, int n_kv, 
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_attention: %d pages of %zu bytes exceed one slab",
                         (int)n_pages, vm.page_bytes);
     kvg_backend_session s = {.n_ctx = n_ctx, .nsplit_dec = (uint32_t)nsplit};
-    /* the backend's policy: no split covers more than 4096 positions */
-    uint32_t split_min = (uint32_t)((n_ctx + 4095) / 4096);
+    uint32_t split_min = kvg_vk_attn_loop_splits((uint64_t)n_ctx);
     if (s.nsplit_dec < split_min) s.nsplit_dec = split_min;
     size_t nq = (size_t)ncols * vm.ld_q;
     int32_t *tab = kvg_malloc((size_t)n_pages * sizeof *tab);

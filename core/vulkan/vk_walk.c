@@ -258,6 +258,10 @@ kvgen_status kvg_vk_op_embed(walk *w) {
 
 uint32_t kvg_vk_attn_split_min(const kvg_vk_ctx *ctx) { return ctx->info.compute_units ? 64 : 256; }
 
+uint32_t kvg_vk_attn_loop_splits(uint64_t positions) {
+    return positions > 4096 ? (uint32_t)((positions + 4095) / 4096) : 1;
+}
+
 uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo, uint32_t hi) {
     uint32_t cu = ctx->info.compute_units;
     if (!cu || !groups) return 8 < lo ? lo : 8 > hi ? hi : 8;
@@ -299,11 +303,10 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    /* lavapipe's loop limit: a split covers at most 4096 positions (see attn.comp) */
-    uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : (w->max_len + 4095) / 4096;
+    uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : kvg_vk_attn_loop_splits(w->max_len);
     if (w->batch && w->n > 1 && vm->ctx->info.compute_units && !vm->attn_lane) {
         /* a batch's columns are workgroups too: fewer splits, down to the loop limit's */
-        uint32_t lim = (w->s->n_ctx + 4095) / 4096;
+        uint32_t lim = kvg_vk_attn_loop_splits((uint64_t)w->s->n_ctx);
         if (lim < nsplit) nsplit = kvg_vk_attn_splits(vm->ctx, (uint64_t)hp->n_head_kv * w->n, lim, nsplit);
     }
     bool split = nsplit > 1;
