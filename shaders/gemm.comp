@@ -2,10 +2,14 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 // gemm.comp: Y = W X for a prefill chunk, tiled through shared memory: each workgroup computes a
-// 64-row x 32-token tile; per 32-element block step the weights are dequantized while they are
-// loaded into shared memory (so each weight is read once per 32 tokens) and the tokens' inputs
-// (RMS-normalised when NORM) are loaded beside them; each invocation owns a 4x4 micro-tile.
-// Dispatch: (ceil(nrows / 64), ceil(ncols / 32), 1) with 128 invocations.
+// TM-row x TN-token tile; per 32-element block step the weights are dequantized while they are
+// loaded into shared memory (so each weight is read once per TN tokens) and the tokens' inputs
+// (RMS-normalised when NORM) are loaded beside them; the 128 invocations are a 16 x 8 grid, each
+// owning a micro-tile of MR = TM / 16 rows x MC = TN / 8 tokens in registers. Two shapes (the
+// host's choice, core/vulkan/vk_walk.c): 64 x 32 (4x4 micro-tiles, 12.6 KiB of shared memory, the
+// fallback for devices with 16 KiB) and 128 x 64 (8x8: each value read from shared memory feeds 8
+// products instead of 4, each weight read once per 64 tokens; 24.8 KiB).
+// Dispatch: (ceil(nrows / TM), ceil(ncols / TN), 1) with 128 invocations.
 // Bindings as matvec.comp: 0 params, 1 weights part, 2 x, 3 out, 4 norm weight, 5/6/7 epilogue.
 // Trip counts: 5 per block step (the step, and the k loop's 4 rounds of 8 unrolled products);
 // lavapipe's 65,535 limit counts all loop iterations of an invocation together, so rows stay
@@ -13,6 +17,8 @@
 // (Mesa 25) compile the shader as an LLVM coroutine, whose frame analysis grows with the square
 // of the basic blocks, and each shared-memory access there is several (the whole unroll compiled
 // 4-6x slower than Mesa 22.3 did; this way about 1.5-2x).
+layout(constant_id = 1) const uint TN = 32; // tokens per tile (32 or 64)
+layout(constant_id = 2) const uint TM = 64; // rows per tile (64 or 128)
 layout(constant_id = 3) const uint MODE = 0;
 layout(constant_id = 4) const uint NORM = 0;
 layout(constant_id = 5) const uint KV_F16 = 1;
@@ -25,7 +31,7 @@ layout(local_size_x = 128) in;
 layout(std430, set = 0, binding = 2) readonly buffer X { vec4 xin[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G { vec4 gnorm[]; };
 
-const uint TM = 64u, TN = 32u, WGS = 128u;
+const uint WGS = 128u, MR = TM / 16u, MC = TN / 8u, NP = WGS / TN; // NP: invocations per token (norm)
 shared vec4 ws[32][TM / 4u]; // [k][rows/4]
 shared vec4 xs[32][TN / 4u]; // [k][tokens/4]
 shared float ssum[WGS];
@@ -35,33 +41,35 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint r0 = gl_WorkGroupID.x * TM;
     uint c0 = gl_WorkGroupID.y * TN;
-    uint tx = tid % 16u, ty = tid / 16u; // rows tx*4.., tokens ty*4..
+    uint tx = tid % 16u, ty = tid / 16u; // rows tx*MR.., tokens ty*MC..
 
     if (NORM != 0u) {
-        // 4 invocations per token
-        uint tt = tid / 4u, part = tid % 4u;
+        // NP invocations per token
+        uint tt = tid / NP, part = tid % NP;
         float ss = 0.0;
         if (c0 + tt < pc.ncols) {
             uint base = (pc.x_off + (c0 + tt) * pc.ldx) >> 2;
-            for (uint k4 = part; k4 < pc.nb * 8u; k4 += 4u) {
+            for (uint k4 = part; k4 < pc.nb * 8u; k4 += NP) {
                 vec4 v = xin[base + k4];
                 ss += dot(v, v);
             }
         }
         ssum[tid] = ss;
         barrier();
-        if (part == 0u)
-            tscale[tt] = inversesqrt((ssum[tid] + ssum[tid + 1u] + ssum[tid + 2u] + ssum[tid + 3u]) /
-                                         float(pc.kreal) + pc.eps);
+        if (part == 0u) {
+            float tot = 0.0;
+            [[unroll]] for (uint i = 0u; i < NP; i++) tot += ssum[tid + i];
+            tscale[tt] = inversesqrt(tot / float(pc.kreal) + pc.eps);
+        }
         barrier();
     }
 
-    vec4 acc[4]; // acc[i]: row tx*4+i for the 4 tokens ty*4..
-    [[unroll]] for (uint i = 0u; i < 4u; i++) acc[i] = vec4(0.0);
+    vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j..
+    [[unroll]] for (uint i = 0u; i < MR * MC / 4u; i++) acc[i] = vec4(0.0);
 
     for (uint b = 0u; b < pc.nb; b++) {
-        // weights: 64 rows x 4 quarters = 256 quarter-blocks, two per invocation
-        [[unroll]] for (uint h = 0u; h < 2u; h++) {
+        // weights: TM rows x 4 quarters, TM / 32 quarter-blocks per invocation
+        [[unroll]] for (uint h = 0u; h < TM / 32u; h++) {
             uint qi = tid + h * WGS;
             uint row = qi / 4u, j = qi % 4u;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
@@ -72,8 +80,8 @@ void main() {
                 ws[kh + e][row / 4u][row % 4u] = hi[e];
             }
         }
-        // inputs: 32 tokens x 8 vec4, two per invocation
-        [[unroll]] for (uint h = 0u; h < 2u; h++) {
+        // inputs: TN tokens x 8 vec4, TN / 16 per invocation
+        [[unroll]] for (uint h = 0u; h < TN / 16u; h++) {
             uint xi = tid + h * WGS;
             uint tt = xi / 8u, k4 = xi % 8u;
             vec4 v = vec4(0.0);
@@ -86,18 +94,22 @@ void main() {
         barrier();
         for (uint k0 = 0u; k0 < 32u; k0 += 8u)
             [[unroll]] for (uint k = k0; k < k0 + 8u; k++) {
-                vec4 a = ws[k][tx];
-                vec4 x = xs[k][ty];
-                [[unroll]] for (uint i = 0u; i < 4u; i++) acc[i] += a[i] * x;
+                vec4 a[MR / 4u], x[MC / 4u];
+                [[unroll]] for (uint i = 0u; i < MR / 4u; i++) a[i] = ws[k][tx * (MR / 4u) + i];
+                [[unroll]] for (uint j = 0u; j < MC / 4u; j++) x[j] = xs[k][ty * (MC / 4u) + j];
+                [[unroll]] for (uint i = 0u; i < MR; i++)
+                    [[unroll]] for (uint j = 0u; j < MC / 4u; j++) acc[i * (MC / 4u) + j] += a[i / 4u][i % 4u] * x[j];
             }
         barrier();
     }
-    [[unroll]] for (uint i = 0u; i < 4u; i += 2u) {
-        uint r = r0 + tx * 4u + i;
+    [[unroll]] for (uint i = 0u; i < MR; i += 2u) {
+        uint r = r0 + tx * MR + i;
         if (r >= pc.nrows) continue;
-        [[unroll]] for (uint c = 0u; c < 4u; c++) {
-            uint t = c0 + ty * 4u + c;
-            if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[i][c], acc[i + 1u][c], r + 1u < pc.nrows);
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
+            uint t = c0 + ty * MC + c;
+            if (t < pc.ncols)
+                store_pair(pc.row0 + r, t, acc[i * (MC / 4u) + c / 4u][c % 4u], acc[(i + 1u) * (MC / 4u) + c / 4u][c % 4u],
+                           r + 1u < pc.nrows);
         }
     }
 }

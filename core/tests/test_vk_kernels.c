@@ -349,6 +349,11 @@ static void run_all(kvg_vk_ctx *ctx) {
         check_attention(ctx, 9, 3, 64, 4999, 1, 8, l, P, false);
         check_attention(ctx, 8, 1, 32, 77, 1, 8, l, 1, true);
         check_attention(ctx, 6, 2, 64, 700, 9, 1, l, 256, true);
+        /* prefill query tiles (attn.comp: 8 / GQ tokens per workgroup): 8 tokens of one head
+         * with a partial last tile, 4 of two heads at head_dim 128, two tiles over 2 splits */
+        check_attention(ctx, 3, 3, 64, 30, 21, 1, l, P, true);
+        check_attention(ctx, 4, 2, 128, 0, 13, 1, l, P, true);
+        check_attention(ctx, 2, 2, 32, 5000, 11, 1, l, P, true);
     }
     /* attn_lane only: splits that are one lane each over a workgroup boundary (16 splits, 2
      * workgroups of 8), short contexts leaving most splits empty, a prefill chunk whose tokens

@@ -301,6 +301,12 @@ static void gpu_steps_model(void) {
     mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     vm = mv ? mv->backend : NULL;
     CHECKF(vm && vm->chunk == 512, "KVGEN_VK_CHUNK=512: prefill steps of %u tokens", vm ? vm->chunk : 0);
+    /* lavapipe's 32 KiB of shared memory hold the GEMM's 128 x 64 tiles */
+    int wide = 0;
+    for (int p = 0; vm && p < vm->ctx->n_pipes; p++)
+        wide += strncmp(vm->ctx->pipes[p].name, "gemm_", 5) == 0 && vm->ctx->pipes[p].spec[KVG_SPEC_ROWS] == 128 &&
+                vm->ctx->pipes[p].spec[KVG_SPEC_NCOLS] == 64;
+    CHECKF(!vm || vm->ctx->info.max_shared_memory < 25344 || wide > 0, "no GEMM of 128 x 64 tiles");
     kvgen_model_unload(mv);
     compare_file("vk_steps.gguf", path, 0, 600, 8);
     unsetenv("KVGEN_VK_CHUNK");
@@ -339,12 +345,14 @@ static void limits_model(void) {
         int32_t toks[3] = {1, 2, 3};
         if (s) CHECK_OK(kvgen_session_prefill(s, toks, 3, NULL, &tu_err_));
         CHECKF(ctx && atomic_load(&ctx->split_dispatches) > 0, "limits %d: no dispatch was split", i);
-        int gemm = 0, attn = 0;
+        int gemm = 0, attn = 0, wide = 0;
         for (int p = 0; ctx && p < ctx->n_pipes; p++) {
             gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
+            wide += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0 && ctx->pipes[p].spec[KVG_SPEC_ROWS] != 64;
             attn += strcmp(ctx->pipes[p].name, "attn") == 0 || strcmp(ctx->pipes[p].name, "attn_sg") == 0;
         }
         if (layouts[i][0]) CHECKF(gemm > 0 && attn > 0, "limits %d: the cooperative layout was not used", i);
+        CHECKF(wide == 0, "limits %d: %d GEMMs of 128-row tiles in 16 KiB of shared memory", i, wide);
         CHECKF(ctx && ctx->props.limits.maxComputeWorkGroupCount[0] == 3 &&
                    ctx->props.limits.maxComputeSharedMemorySize <= 16384 &&
                    ctx->props.limits.maxComputeWorkGroupInvocations <= 128,

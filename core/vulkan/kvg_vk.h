@@ -15,7 +15,7 @@
 /* Specialization-constant ids shared by all kernels (see the shaders in shaders/). */
 enum { KVG_SPEC_WG, KVG_SPEC_NCOLS, KVG_SPEC_ROWS, KVG_SPEC_MODE, KVG_SPEC_NORM, KVG_SPEC_KV_F16, KVG_SPEC_DIRECT,
        KVG_SPEC_LANE, KVG_SPEC_GQ, KVG_SPEC_HD, KVG_SPEC_UBO, KVG_SPEC_PAGE, KVG_SPEC_PPS, KVG_SPEC_NSLAB,
-       KVG_SPEC_KV_BLOCK, KVG_SPEC_COUNT };
+       KVG_SPEC_KV_BLOCK, KVG_SPEC_TQ, KVG_SPEC_COUNT };
 
 /* The one descriptor-set layout: bindings 0-7 storage buffers, then two uniform buffers that
  * the lane mat-vec reads its inputs through (lavapipe turns a uniform-buffer load at a

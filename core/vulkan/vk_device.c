@@ -828,29 +828,31 @@ VkPipeline kvg_vk_pipeline_find(const kvg_vk_ctx *ctx, const char *shader, const
 
 /* What each shader asks of the device, mirroring its declarations (shaders/NAME.comp): the
  * workgroup size (fixed, or 0: the WG specialization constant) and the shared memory, in bytes:
- * base + per_wg * WG + per_wg_gq * WG * GQ + per_wg_rc * WG * ROWS * NCOLS + per_gq_hd * GQ * HD.
+ * base + per_wg * WG + per_wg_gq * WG * GQ * TQ + per_wg_rc * WG * ROWS * NCOLS
+ * + per_gq_hd * GQ * TQ * HD + per_rows * ROWS + per_cols * NCOLS (GQ * TQ: attention's query
+ * rows, TQ 0 counting as 1; ROWS x NCOLS: the gemm's tile).
  * A name ending in '_' stands for every weight type's variant (matvec_q4_0, ...). */
 static const struct shader_needs {
     const char *name;
-    uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc, per_gq_hd;
+    uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc, per_gq_hd, per_rows, per_cols;
 } shader_needs[] = {
-    {"argmax", 0, 0, 8, 0, 0, 0},           /* best_k, best_i[WG] */
-    {"topk", 0, 0, 64 * 8 + 4, 0, 0, 0},    /* lk, li[WG * K], lcount[WG]; K = 64 */
-    {"attn", 0, 0, 8, 8, 0, 4},             /* sc, pr[GQ * WG], v_slab, v_elem[WG], qs[GQ * HD] */
-    {"attn_sg", 0, 0, 8, 12, 0, 4},         /* sg_max, sg_sum, pr[GQ * WG], v_slab, v_elem[WG], qs */
-    {"attn_lane", 0, 0, 0, 0, 0, 0},        /* none */
-    {"attn_reduce", 64, 0, 0, 0, 0, 0},     /* none */
-    {"kv_copy", 64, 0, 0, 0, 0, 0},         /* none */
-    {"kv_store", 64, 0, 0, 0, 0, 0},        /* none */
-    {"rms_norm", 0, 0, 4, 0, 0, 0},         /* red[WG] */
-    {"layer_norm", 0, 0, 4, 0, 0, 0},       /* red[WG] */
-    {"enc_attn", 0, 0, 0, 0, 0, 0},         /* none */
-    {"lora", 0, 0, 4, 0, 0, 0},             /* red[WG] */
-    {"embed_", 0, 0, 0, 0, 0, 0},           /* none */
-    {"matvec_", 0, 0, 0, 0, 4, 0},          /* red[WG * ROWS * NCOLS] */
-    {"gemm_", 128, 32 * 16 * 16 + 32 * 8 * 16 + 128 * 4 + 32 * 4, 0, 0, 0, 0}, /* ws, xs, ssum, tscale */
-    {"probe_read", 64, 64 * 4, 0, 0, 0, 0}, /* red[64] */
-    {"probe_empty", 1, 0, 0, 0, 0, 0},
+    {"argmax", 0, 0, 8, 0, 0, 0, 0, 0},           /* best_k, best_i[WG] */
+    {"topk", 0, 0, 64 * 8 + 4, 0, 0, 0, 0, 0},    /* lk, li[WG * K], lcount[WG]; K = 64 */
+    {"attn", 0, 0, 8, 8, 0, 4, 0, 0},             /* sc, pr[rows * WG], v_slab, v_elem[WG], qs[rows * HD] */
+    {"attn_sg", 0, 0, 8, 12, 0, 4, 0, 0},         /* sg_max, sg_sum, pr[rows * WG], v_slab, v_elem[WG], qs */
+    {"attn_lane", 0, 0, 0, 0, 0, 0, 0, 0},        /* none */
+    {"attn_reduce", 64, 0, 0, 0, 0, 0, 0, 0},     /* none */
+    {"kv_copy", 64, 0, 0, 0, 0, 0, 0, 0},         /* none */
+    {"kv_store", 64, 0, 0, 0, 0, 0, 0, 0},        /* none */
+    {"rms_norm", 0, 0, 4, 0, 0, 0, 0, 0},         /* red[WG] */
+    {"layer_norm", 0, 0, 4, 0, 0, 0, 0, 0},       /* red[WG] */
+    {"enc_attn", 0, 0, 0, 0, 0, 0, 0, 0},         /* none */
+    {"lora", 0, 0, 4, 0, 0, 0, 0, 0},             /* red[WG] */
+    {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},           /* none */
+    {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},          /* red[WG * ROWS * NCOLS] */
+    {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
+    {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0}, /* red[64] */
+    {"probe_empty", 1, 0, 0, 0, 0, 0, 0, 0},
 };
 
 kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SPEC_COUNT], uint32_t *invocations,
@@ -861,10 +863,12 @@ kvgen_status kvg_vk_shader_limits(const char *shader, const uint32_t spec[KVG_SP
         bool family = n->name[len - 1] == '_';
         if (family ? strncmp(shader, n->name, len) != 0 : strcmp(shader, n->name) != 0) continue;
         uint64_t wg = n->wg ? n->wg : spec[KVG_SPEC_WG];
+        uint64_t rows_q = (uint64_t)spec[KVG_SPEC_GQ] * (spec[KVG_SPEC_TQ] ? spec[KVG_SPEC_TQ] : 1);
         *invocations = (uint32_t)wg;
-        *shared = n->base + wg * n->per_wg + wg * spec[KVG_SPEC_GQ] * n->per_wg_gq +
+        *shared = n->base + wg * n->per_wg + wg * rows_q * n->per_wg_gq +
                   wg * (uint64_t)spec[KVG_SPEC_ROWS] * spec[KVG_SPEC_NCOLS] * n->per_wg_rc +
-                  (uint64_t)spec[KVG_SPEC_GQ] * spec[KVG_SPEC_HD] * n->per_gq_hd;
+                  rows_q * spec[KVG_SPEC_HD] * n->per_gq_hd + (uint64_t)spec[KVG_SPEC_ROWS] * n->per_rows +
+                  (uint64_t)spec[KVG_SPEC_NCOLS] * n->per_cols;
         return KVGEN_OK;
     }
     return kvg_fail(err, KVGEN_E_INTERNAL, "vulkan: shader %s has no entry in the shader limits table", shader);

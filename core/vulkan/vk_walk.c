@@ -102,6 +102,17 @@ uint32_t kvg_vk_matvec_wg(const kvg_vk_ctx *ctx, bool lane, bool one_subgroup) {
     return 64;
 }
 
+/* gemm.comp's tile (rows x tokens): 128 x 64 where the device's shared memory holds it (24.8
+ * KiB), else 64 x 32 (12.6 KiB, within the 16 KiB every device has) */
+static void gemm_tile(const kvg_vk_ctx *ctx, uint32_t *rows, uint32_t *cols) {
+    uint32_t spec[KVG_SPEC_COUNT] = {0};
+    spec[KVG_SPEC_ROWS] = 128;
+    spec[KVG_SPEC_NCOLS] = 64;
+    bool wide = kvg_vk_shader_fits(ctx, "gemm_", spec, NULL) == KVGEN_OK;
+    *rows = wide ? 128 : 64;
+    *cols = wide ? 64 : 32;
+}
+
 /* the mat-mul pipeline of one part (its weight type) for ncols tokens, created or found as
  * w->mode asks (kvg_vk_walk_pipeline) */
 static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *part, int epi, bool norm,
@@ -124,6 +135,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
         snprintf(name, sizeof name, "gemm_%s", part->wt->suffix);
+        gemm_tile(vm->ctx, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
     }
     return kvg_vk_walk_pipeline(w, name, spec, out);
 }
@@ -197,8 +209,10 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
             } else if (a->ncols <= 8) {
                 gx = (part->rows + vm->mv_rows - 1) / vm->mv_rows;
             } else {
-                gx = (part->rows + 63) / 64;
-                gy = (a->ncols + 31) / 32;
+                uint32_t tm, tn;
+                gemm_tile(vm->ctx, &tm, &tn);
+                gx = (part->rows + tm - 1) / tm;
+                gy = (a->ncols + tn - 1) / tn;
             }
             if (lane_ubo(vm, a->m, a->ldx, a->ncols)) {
                 /* one dispatch per workgroup column, its input window bound at its first token */
@@ -269,6 +283,21 @@ uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo,
     return want < lo ? lo : want > hi ? hi : (uint32_t)want;
 }
 
+/* tokens per workgroup of a prefill step's attention (attn.comp's query tiles): the most, a
+ * power of two, that keep GQ * TQ <= 8 query rows and fit the device's shared memory; 1 for
+ * attn_lane, which parallelises tokens over its lanes instead */
+static uint32_t attn_tile_tokens(const vk_model *vm, const char *attn, uint32_t spec[KVG_SPEC_COUNT]) {
+    if (vm->attn_lane) return 1;
+    uint32_t tq = 1;
+    while (tq * 2 * spec[KVG_SPEC_GQ] <= 8) tq *= 2;
+    for (; tq > 1; tq /= 2) {
+        spec[KVG_SPEC_TQ] = tq;
+        if (kvg_vk_shader_fits(vm->ctx, attn, spec, NULL) == KVGEN_OK) break;
+    }
+    spec[KVG_SPEC_TQ] = 1;
+    return tq;
+}
+
 kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     vk_model *vm = w->vm;
     const kvg_hparams *hp = &vm->hp;
@@ -281,14 +310,25 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     kvg_vk_kv_spec(vm, spec_direct);
     spec_direct[KVG_SPEC_GQ] = (uint32_t)(hp->n_head / hp->n_head_kv);
     spec_direct[KVG_SPEC_HD] = (uint32_t)hp->head_dim;
+    spec_direct[KVG_SPEC_TQ] = 1;
     memcpy(spec_split, spec_direct, sizeof spec_split);
     spec_direct[KVG_SPEC_DIRECT] = 1;
     spec_split[KVG_SPEC_DIRECT] = 0;
     spec_init(spec_reduce);
+    /* the tiled variants (TQ > 1) for prefill steps: their tokens share the session's table */
+    bool prefill = !(w->n == 1 || w->batch);
+    uint32_t tq = w->mode == WALK_PIPELINES || (w->mode == WALK_RECORD && prefill) ? attn_tile_tokens(vm, attn, spec_direct)
+                                                                                  : 1;
+    uint32_t tile_direct[KVG_SPEC_COUNT], tile_split[KVG_SPEC_COUNT];
+    memcpy(tile_direct, spec_direct, sizeof tile_direct);
+    memcpy(tile_split, spec_split, sizeof tile_split);
+    tile_direct[KVG_SPEC_TQ] = tile_split[KVG_SPEC_TQ] = tq;
     VkPipeline pa, pr;
     if (w->mode == WALK_PIPELINES) {
         kvgen_status st = kvg_vk_walk_pipeline(w, attn, spec_direct, &pa);
         if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, attn, spec_split, &pa);
+        if (st == KVGEN_OK && tq > 1) st = kvg_vk_walk_pipeline(w, attn, tile_direct, &pa);
+        if (st == KVGEN_OK && tq > 1) st = kvg_vk_walk_pipeline(w, attn, tile_split, &pa);
         if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
         return st;
     }
@@ -303,7 +343,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
         return kvg_vk_set_create(vm->ctx, w->s->pool, b, &w->s->sets[idx], w->err);
     }
     if (w->mode != WALK_RECORD) return KVGEN_OK;
-    uint32_t nsplit = w->n == 1 || w->batch ? w->s->nsplit_dec : kvg_vk_attn_loop_splits(w->max_len);
+    uint32_t nsplit = prefill ? kvg_vk_attn_loop_splits(w->max_len) : w->s->nsplit_dec;
     if (w->batch && w->n > 1 && vm->ctx->info.compute_units && !vm->attn_lane) {
         /* a batch's columns are workgroups too: fewer splits, down to the loop limit's */
         uint32_t lim = kvg_vk_attn_loop_splits((uint64_t)w->s->n_ctx);
@@ -323,15 +363,16 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .softcap = vm->attn_softcap,
                   .split_min = kvg_vk_attn_split_min(vm->ctx)};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
-    kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? spec_split : spec_direct, &pa);
+    kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? (tq > 1 ? tile_split : spec_split)
+                                                         : (tq > 1 ? tile_direct : spec_direct), &pa);
     if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
     if (st != KVGEN_OK) return st;
     if (vm->attn_lane)
         kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc,
                             (w->n * pc.nsplit + lane_wg - 1) / lane_wg, (uint32_t)hp->n_head_kv, 1);
     else
-        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv, w->n,
-                            pc.nsplit);
+        kvg_vk_cmd_dispatch(vm->ctx, w->cb, pa, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head_kv,
+                            (w->n + tq - 1) / tq, pc.nsplit);
     kvg_vk_cmd_barrier(w->cb);
     if (split) {
         kvg_vk_cmd_dispatch(vm->ctx, w->cb, pr, w->s->sets[idx], &pc, sizeof pc, (uint32_t)hp->n_head, w->n, 1);
