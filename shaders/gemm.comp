@@ -106,10 +106,8 @@ void main() {
         uint r = r0 + tx * MR + i;
         if (r >= pc.nrows) continue;
         [[unroll]] for (uint c = 0u; c < MC; c++) {
-            uint t = c0 + ty * MC + c;
-            if (t < pc.ncols)
-                store_pair(pc.row0 + r, t, acc[i * (MC / 4u) + c / 4u][c % 4u], acc[(i + 1u) * (MC / 4u) + c / 4u][c % 4u],
-                           r + 1u < pc.nrows);
+            uint t = c0 + ty * MC + c, a0 = i * (MC / 4u) + c / 4u, a1 = a0 + MC / 4u; // rows i, i + 1
+            if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[a0][c % 4u], acc[a1][c % 4u], r + 1u < pc.nrows);
         }
     }
 }

@@ -836,22 +836,22 @@ static const struct shader_needs {
     const char *name;
     uint32_t wg, base, per_wg, per_wg_gq, per_wg_rc, per_gq_hd, per_rows, per_cols;
 } shader_needs[] = {
-    {"argmax", 0, 0, 8, 0, 0, 0, 0, 0},           /* best_k, best_i[WG] */
-    {"topk", 0, 0, 64 * 8 + 4, 0, 0, 0, 0, 0},    /* lk, li[WG * K], lcount[WG]; K = 64 */
-    {"attn", 0, 0, 8, 8, 0, 4, 0, 0},             /* sc, pr[rows * WG], v_slab, v_elem[WG], qs[rows * HD] */
-    {"attn_sg", 0, 0, 8, 12, 0, 4, 0, 0},         /* sg_max, sg_sum, pr[rows * WG], v_slab, v_elem[WG], qs */
-    {"attn_lane", 0, 0, 0, 0, 0, 0, 0, 0},        /* none */
-    {"attn_reduce", 64, 0, 0, 0, 0, 0, 0, 0},     /* none */
-    {"kv_copy", 64, 0, 0, 0, 0, 0, 0, 0},         /* none */
-    {"kv_store", 64, 0, 0, 0, 0, 0, 0, 0},        /* none */
-    {"rms_norm", 0, 0, 4, 0, 0, 0, 0, 0},         /* red[WG] */
-    {"layer_norm", 0, 0, 4, 0, 0, 0, 0, 0},       /* red[WG] */
-    {"enc_attn", 0, 0, 0, 0, 0, 0, 0, 0},         /* none */
-    {"lora", 0, 0, 4, 0, 0, 0, 0, 0},             /* red[WG] */
-    {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},           /* none */
-    {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},          /* red[WG * ROWS * NCOLS] */
+    {"argmax", 0, 0, 8, 0, 0, 0, 0, 0},                      /* best_k, best_i[WG] */
+    {"topk", 0, 0, 64 * 8 + 4, 0, 0, 0, 0, 0},               /* lk, li[WG * K], lcount[WG]; K = 64 */
+    {"attn", 0, 0, 8, 8, 0, 4, 0, 0},                        /* sc, pr[rows * WG], v_slab, v_elem[WG], qs[rows * HD] */
+    {"attn_sg", 0, 0, 8, 12, 0, 4, 0, 0},                    /* sg_max, sg_sum, pr[rows * WG], v_slab, v_elem[WG], qs */
+    {"attn_lane", 0, 0, 0, 0, 0, 0, 0, 0},                   /* none */
+    {"attn_reduce", 64, 0, 0, 0, 0, 0, 0, 0},                /* none */
+    {"kv_copy", 64, 0, 0, 0, 0, 0, 0, 0},                    /* none */
+    {"kv_store", 64, 0, 0, 0, 0, 0, 0, 0},                   /* none */
+    {"rms_norm", 0, 0, 4, 0, 0, 0, 0, 0},                    /* red[WG] */
+    {"layer_norm", 0, 0, 4, 0, 0, 0, 0, 0},                  /* red[WG] */
+    {"enc_attn", 0, 0, 0, 0, 0, 0, 0, 0},                    /* none */
+    {"lora", 0, 0, 4, 0, 0, 0, 0, 0},                        /* red[WG] */
+    {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},                      /* none */
+    {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},                     /* red[WG * ROWS * NCOLS] */
     {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
-    {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0}, /* red[64] */
+    {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0},            /* red[64] */
     {"probe_empty", 1, 0, 0, 0, 0, 0, 0, 0},
 };
 

@@ -286,15 +286,15 @@ uint32_t kvg_vk_attn_splits(const kvg_vk_ctx *ctx, uint64_t groups, uint32_t lo,
 /* tokens per workgroup of a prefill step's attention (attn.comp's query tiles): the most, a
  * power of two, that keep GQ * TQ <= 8 query rows and fit the device's shared memory; 1 for
  * attn_lane, which parallelises tokens over its lanes instead */
-static uint32_t attn_tile_tokens(const vk_model *vm, const char *attn, uint32_t spec[KVG_SPEC_COUNT]) {
+static uint32_t attn_tile_tokens(const vk_model *vm, const char *attn, const uint32_t spec[KVG_SPEC_COUNT]) {
     if (vm->attn_lane) return 1;
-    uint32_t tq = 1;
+    uint32_t tile[KVG_SPEC_COUNT], tq = 1;
+    memcpy(tile, spec, sizeof tile);
     while (tq * 2 * spec[KVG_SPEC_GQ] <= 8) tq *= 2;
     for (; tq > 1; tq /= 2) {
-        spec[KVG_SPEC_TQ] = tq;
-        if (kvg_vk_shader_fits(vm->ctx, attn, spec, NULL) == KVGEN_OK) break;
+        tile[KVG_SPEC_TQ] = tq;
+        if (kvg_vk_shader_fits(vm->ctx, attn, tile, NULL) == KVGEN_OK) break;
     }
-    spec[KVG_SPEC_TQ] = 1;
     return tq;
 }
 
@@ -315,10 +315,10 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
     spec_direct[KVG_SPEC_DIRECT] = 1;
     spec_split[KVG_SPEC_DIRECT] = 0;
     spec_init(spec_reduce);
-    /* the tiled variants (TQ > 1) for prefill steps: their tokens share the session's table */
+    /* the tiled variants (TQ > 1) for prefill steps, whose tokens share the session's table; a
+     * decode or batched step's are the untiled ones */
     bool prefill = !(w->n == 1 || w->batch);
-    uint32_t tq = w->mode == WALK_PIPELINES || (w->mode == WALK_RECORD && prefill) ? attn_tile_tokens(vm, attn, spec_direct)
-                                                                                  : 1;
+    uint32_t tq = prefill || w->mode == WALK_PIPELINES ? attn_tile_tokens(vm, attn, spec_direct) : 1;
     uint32_t tile_direct[KVG_SPEC_COUNT], tile_split[KVG_SPEC_COUNT];
     memcpy(tile_direct, spec_direct, sizeof tile_direct);
     memcpy(tile_split, spec_split, sizeof tile_split);
@@ -363,8 +363,7 @@ kvgen_status kvg_vk_op_attention(walk *w, int layer) {
                   .softcap = vm->attn_softcap,
                   .split_min = kvg_vk_attn_split_min(vm->ctx)};
     kvg_vk_kv_pc(vm, w->s, layer, &pc.kv_layer, &pc.kv_page, &pc.kv_v, &pc.pt_base);
-    kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? (tq > 1 ? tile_split : spec_split)
-                                                         : (tq > 1 ? tile_direct : spec_direct), &pa);
+    kvgen_status st = kvg_vk_walk_pipeline(w, attn, split ? tile_split : tile_direct, &pa);
     if (st == KVGEN_OK) st = kvg_vk_walk_pipeline(w, "attn_reduce", spec_reduce, &pr);
     if (st != KVGEN_OK) return st;
     if (vm->attn_lane)
