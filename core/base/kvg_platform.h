@@ -65,6 +65,9 @@ int kvg_access_write(const char *path);
 int kvg_mkstemp(char *template_);
 const char *kvg_path_last_sep(const char *path);
 void *kvg_map_file(int fd, size_t size);
+/* asks that the whole huge pages (2 MiB) inside a large, long-lived buffer be backed by huge
+ * pages where the system offers them (Linux: MADV_HUGEPAGE); a hint, nothing elsewhere */
+void kvg_advise_huge(void *addr, size_t size);
 int kvg_cpu_count(void);
 uint64_t kvg_physical_memory(void);
 int kvg_sync_folder(const char *dir);

@@ -28,6 +28,17 @@ void kvg_map_drop(const void *addr, size_t size) {
 #endif
 }
 
+void kvg_advise_huge(void *addr, size_t size) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)addr + huge - 1) & ~(huge - 1), e = ((uintptr_t)addr + size) & ~(huge - 1);
+    if (addr && e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)addr;
+    (void)size;
+#endif
+}
+
 void kvg_sleep_ns(uint64_t ns) {
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -424,6 +435,11 @@ void *kvg_map_file(int fd, size_t size) {
     if (!view) errno = errno_of(GetLastError());
     CloseHandle(map); /* the view keeps the mapping alive */
     return view;
+}
+
+void kvg_advise_huge(void *addr, size_t size) {
+    (void)addr;
+    (void)size;
 }
 
 void kvg_map_drop(const void *addr, size_t size) {
