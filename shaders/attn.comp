@@ -79,16 +79,17 @@ void main() {
     uint kvh = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * TQ, s = gl_WorkGroupID.z;
     const uint G = GQ, R = MAXG;
     const uint hd = HD;
-    // each row's span [rfirst, rlen) (empty for a row past the step's tokens) and their union
-    uint rfirst[MAXG], rlen[MAXG];
+    // each token's span [tfirst, tlen) (empty for a token past the step's), shared by its G rows,
+    // and their union
+    uint tfirst[TQ], tlen[TQ];
     uint len = 0u, first = 0xffffffffu;
-    [[unroll]] for (uint r = 0u; r < R; r++) {
-        uint t = t0 + r / G;
-        rlen[r] = t < pc.ncols ? kvg_pos(t) + 1u : 0u;
-        rfirst[r] = t < pc.ncols ? attn_first(rlen[r] - 1u) : 0u;
+    [[unroll]] for (uint j = 0u; j < TQ; j++) {
+        uint t = t0 + j;
+        tlen[j] = t < pc.ncols ? kvg_pos(t) + 1u : 0u;
+        tfirst[j] = t < pc.ncols ? attn_first(tlen[j] - 1u) : 0u;
         if (t < pc.ncols) {
-            len = max(len, rlen[r]);
-            first = min(first, rfirst[r]);
+            len = max(len, tlen[j]);
+            first = min(first, tfirst[j]);
         }
     }
     uint tab = kvg_tab(t0, pc.pt_base);
@@ -130,7 +131,7 @@ void main() {
                     sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
             }
             [[unroll]] for (uint g = 0u; g < R; g++)
-                if (p >= rfirst[g] && p < rlen[g]) own[g] = attn_cap(sg[g]);
+                if (p >= tfirst[g / G] && p < tlen[g / G]) own[g] = attn_cap(sg[g]);
         }
 #ifdef SUBGROUP
         [[unroll]] for (uint g = 0u; g < R; g++) {

@@ -190,11 +190,11 @@ static kvgen_status matrix_init(const kvgen_model *m, cpu_model *cm, const kvg_t
         bytes = mx->group_bytes * (size_t)mx->n_groups + row_bytes * (size_t)tail;
     }
     mx->own = kvg_malloc(bytes ? bytes : 1);
-    /* every token streams the copy: in huge pages it takes fewer TLB misses (1B Q4_K_M mix, 2
-     * threads, decode 2-4% faster), asked for before the repack first touches it */
-    if (mx->own) kvg_advise_huge(mx->own, bytes);
     if (!mx->own)
         return kvg_fail(err, KVGEN_E_NO_MEMORY, WHO ": out of memory for a %zu-byte copy of %s", bytes, t->name);
+    /* every token streams the copy: in huge pages it takes fewer TLB misses (1B Q4_K_M mix, 2
+     * threads, decode 2-4% faster), asked for before the repack first touches it */
+    kvg_advise_huge(mx->own, bytes);
     repack_job j = {.mx = mx, .row_bytes = row_bytes};
     if (grouped) kvg_cpu_pool_run(cm->pool, mx->n_groups + tail, pack_groups, &j);
     else kvg_cpu_pool_run(cm->pool, (int)t->ne[1], repack_rows, &j);

@@ -558,8 +558,9 @@ TILED_KERNEL512(x5_bf16, FL512, F_BF16, false)
 /* bytes ahead of the block being decoded that the group kernels ask the cache for: decode
  * waits on memory (measured, 1B shape Q4_0, 2 threads: 39.5 tok/s without, ~49 with 2-8 KiB) */
 #define KVG_GROUP_PREFETCH 4096
-/* the K groups' distance (1B shape, Q4_K_M mix, 2 threads, decode tok/s in three rounds: 1 KiB
- * 25-27, 4 KiB 32-34.5, 8 KiB 34.2-35.1, 16 KiB 33.5-35.3) */
+/* the K groups' distance (1B shape, Q4_K_M mix, 2 threads, decode tok/s in three rounds, when
+ * only the quants were asked for, before kg_prefetch below: 1 KiB 25-27, 4 KiB 32-34.5, 8 KiB
+ * 34.2-35.1, 16 KiB 33.5-35.3) */
 #define KVG_K_GROUP_PREFETCH 8192
 /* the j-th eighth of K block sb's bytes, KVG_K_GROUP_PREFETCH ahead, so that every line of the
  * stream is asked for, the scales' with the quants'. Asking only for the quants left a gap of
