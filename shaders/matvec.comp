@@ -5,6 +5,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
+#ifdef DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 // matvec.comp: y = W x for up to NCOLS tokens (decode), weights dequantized in registers so
 // several tokens share one read of W.
 // Dispatch: (ceil(nrows / ROWS), 1, 1); each workgroup computes ROWS rows (even, so row pairs
@@ -15,6 +18,14 @@
 // most nb/WG trips), quarter-blocks q = tid, tid + WG, ... for more (at most nb*4/WG trips).
 // matvec_sg_<type> (SUBGROUP) on a GPU runs one subgroup per workgroup (WG = the subgroup size):
 // its sums are subgroupAdds of registers, without shared memory or barriers.
+//
+// matvec_dot_<type> (DOT, built on SUBGROUP; the integer types only) is the decode mat-vec of a
+// model loaded with 8-bit activations on a device with 4x8-bit packed integer dot products
+// (VK_KHR_shader_integer_dot_product): each 32-element block of the token's input is quantized
+// to int8 with one scale (the largest magnitude to 127, rounded to even), and each row's block is
+// dotted with it four bytes at a time (OpSDot), the block's scales applied to the integer sums.
+// The result is W times the quantized input: the mins (and Q4_0's -8, Q6_K's -32) multiply the
+// quantized input's sums. With more than one token the same variant runs the float walk.
 //
 // LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
 // workgroup runs on one core and barriers and reductions are costly: each invocation computes
@@ -227,7 +238,49 @@ void main() {
         // quarter of the quarter-block walk's trips; the norm's 1/rms scales the sums at the end.
         // (With more tokens the inputs would not stay in registers: the quarter walk below.)
         uint ng = pc.nb / GROUP; // stored blocks per row
+#ifdef DOT
+        // one token: the block's 32 inputs quantized (scale dx, xq[i] its elements 4i..4i+3;
+        // s0, s1 the sums of the quantized halves), then an integer dot product per row
+        for (uint b = tid; b < pc.nb && NCOLS == 1u; b += WG) {
+            uint gi = b / GROUP, sub = b % GROUP;
+            vec4 xb[8];
+            float amax = 0.0;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                vec4 v = xin[(pc.x_off >> 2) + b * 8u + i];
+                xb[i] = NORM != 0u ? v * gnorm[b * 8u + i] : v;
+                vec4 a = abs(xb[i]);
+                amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+            }
+            float ix = amax > 0.0 ? 127.0 / amax : 0.0, dx = amax / 127.0;
+            uint xq[8];
+            int s0 = 0, s1 = 0;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                ivec4 q = ivec4(roundEven(xb[i] * ix));
+                xq[i] = pack_s8(q);
+                if (i < 4u) s0 += q.x + q.y + q.z + q.w;
+                else s1 += q.x + q.y + q.z + q.w;
+            }
+            [[unroll]] for (uint r = 0u; r < ROWS; r++) {
+                if (r0 + r < pc.nrows) {
+                    uint wq[8];
+                    vec4 dm;
+                    block_int(wt_head((r0 + r) * ng + gi), (r0 + r) * ng + gi, sub, wq, dm);
+#ifndef WT_SPLIT
+                    dm.zw = dm.xy;
+#endif
+                    int d0 = 0, d1 = 0;
+                    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                        d0 += sdot4(wq[i], xq[i], 0u);
+                        d1 += sdot4(wq[4u + i], xq[4u + i], 0u);
+                    }
+                    acc[r] += dx * (float(d0) * dm.x + float(s0) * dm.y + float(d1) * dm.z + float(s1) * dm.w);
+                }
+            }
+        }
+        for (uint b = tid; b < pc.nb && NCOLS > 1u; b += WG) {
+#else
         for (uint b = tid; b < pc.nb; b += WG) {
+#endif
             uint gi = b / GROUP, sub = b % GROUP;
             vec4 xb[NCOLS * 8u];
             [[unroll]] for (uint c = 0u; c < NCOLS; c++)

@@ -449,4 +449,60 @@ void block_raw(WHead h, uint g, uint sub, out vec4 q[8], out vec4 dm) {
 #endif
 }
 
+#ifdef DOT
+// ---- the integer-dot decode (matvec.comp's DOT variant) ----
+// OpSDot (4450) of two words of four int8 each (PackedVectorFormat4x8Bit: fmt 0)
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4(uint a, uint b, spirv_literal uint fmt);
+// four integers in [-128, 127] as the bytes of a word, the first lowest
+uint pack_s8(ivec4 v) {
+    uvec4 u = uvec4(v) & 0xffu;
+    return u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+}
+// four 2-bit fields of byte b to bits 0-1 of four bytes
+uint spread2(uint b) { return (b & 3u) | ((b & 0xcu) << 6) | ((b & 0x30u) << 12) | ((b & 0xc0u) << 18); }
+
+// block_raw's block as int8 bytes: wq[i] holds elements 4i..4i+3 (every type's values fit a
+// signed byte), with block_raw's scales dm. The nibble types, Q6_K and Q8_0 take their words
+// apart with masks (Q6_K's -32 moves to dm's min terms); the others convert block_raw's values.
+void block_int(WHead h, uint g, uint sub, out uint wq[8], out vec4 dm) {
+#if defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q4_K)
+    uvec4 w = wdata4[g * GROUP + sub];
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        wq[i] = w[i] & 0x0f0f0f0fu;
+        wq[4u + i] = (w[i] >> 4) & 0x0f0f0f0fu;
+    }
+    dm = vec4(1.0, 0.0, 1.0, 0.0);
+#if defined(WTYPE_Q4_0)
+    float d = unpackHalf2x16(h.a.x).x;
+    dm.xy = vec2(d, -8.0 * d);
+#elif defined(WTYPE_Q4_1)
+    dm.xy = unpackHalf2x16(h.a.x);
+#else
+    vec2 k = k_dm(h, sub);
+    dm.xy = vec2(k.x, -k.y);
+#endif
+#elif defined(WTYPE_Q8_0)
+    [[unroll]] for (uint i = 0u; i < 2u; i++) {
+        uvec4 w = wdata4[(g * GROUP + sub) * 2u + i];
+        [[unroll]] for (uint e = 0u; e < 4u; e++) wq[4u * i + e] = w[e];
+    }
+    dm = vec4(unpackHalf2x16(h.a.x).x, 0.0, 1.0, 0.0);
+#elif defined(WTYPE_Q6_K)
+    uvec4 w = wdata4[g * (QWORDS / 4u) + sub];
+    uvec2 b2 = wdata2[(g * QWORDS + 32u) / 2u + sub];
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        wq[i] = (w[i] & 0x0f0f0f0fu) | (spread2((b2.x >> (8u * i)) & 0xffu) << 4);
+        wq[4u + i] = ((w[i] >> 4) & 0x0f0f0f0fu) | (spread2((b2.y >> (8u * i)) & 0xffu) << 4);
+    }
+    float d0 = q6_d(h, 2u * sub), d1 = q6_d(h, 2u * sub + 1u);
+    dm = vec4(d0, -32.0 * d0, d1, -32.0 * d1);
+#else
+    vec4 q[8];
+    block_raw(h, g, sub, q, dm);
+    [[unroll]] for (uint i = 0u; i < 8u; i++) wq[i] = pack_s8(ivec4(q[i]));
+#endif
+}
+#endif
+
 #endif

@@ -70,6 +70,8 @@ static const uint32_t types[] = {KVG_TYPE_F32,  KVG_TYPE_F16,  KVG_TYPE_BF16,   
 #define N_TYPES (sizeof types / sizeof types[0])
 /* per type: the worst |vulkan - double| / sum |w x| over every mat-mul case (printed at the end) */
 static double worst_rel[N_TYPES];
+/* the same over the integer-dot mat-vec's cases, against the quantized input */
+static double worst_dot;
 static int type_index(uint32_t type) {
     for (size_t i = 0; i < N_TYPES; i++)
         if (types[i] == type) return (int)i;
@@ -102,6 +104,8 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
+    bool dot = layout == KVG_VK_LAYOUT_DOT && ncols == 1;
+    float *xq = malloc(sizeof(float) * K);
     for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
         const float *xc = x + (size_t)c * K;
         double scale = 1.0;
@@ -110,14 +114,30 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
             for (uint32_t k = 0; k < K; k++) ss += (double)xc[k] * xc[k];
             scale = 1.0 / sqrt(ss / K + 1e-5);
         }
-        double dots[2], mags[2];
+        /* the integer-dot mat-vec multiplies by the input (times the norm's weight) quantized per
+         * 32 elements: the largest magnitude to 127, rounded to even, in f32 as the shader does.
+         * Its f32 division may round 127 / max differently (2.5 ulp on a GPU), moving an element
+         * that sits at a rounding boundary by a step: slack of two steps times the row's largest
+         * weight */
+        double dq_step = 0;
+        for (uint32_t k = 0; k < K; k++) xq[k] = norm ? xc[k] * g[k] : xc[k];
+        for (uint32_t b = 0; dot && b < K / 32; b++) {
+            float amax = 0;
+            for (uint32_t i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xq[b * 32 + i]));
+            float ix = amax > 0 ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
+            for (uint32_t i = 0; i < 32; i++) xq[b * 32 + i] = rintf(xq[b * 32 + i] * ix) * dx;
+            if (dx * scale > dq_step) dq_step = dx * scale;
+        }
+        double dots[2], mags[2], slack[2];
         for (uint32_t r = 0; r < rows; r++) {
-            double d = 0, mag = 0;
+            double d = 0, mag = 0, wmax = 0;
             for (uint32_t k = 0; k < K; k++) {
-                double xv = xc[k] * (norm ? scale * g[k] : 1.0);
+                double xv = (double)xq[k] * scale;
                 d += deq[(size_t)K * r + k] * xv;
                 mag += fabs(deq[(size_t)K * r + k] * xv);
+                wmax = fmax(wmax, fabs(deq[(size_t)K * r + k]));
             }
+            slack[r & 1] = 2 * wmax * dq_step;
             double want, tol;
             size_t oi;
             if (epi == 3) {
@@ -126,17 +146,19 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
                 if (!(r & 1)) continue;
                 double gt = dots[0], up = dots[1];
                 want = gt / (1.0 + exp(-gt)) * up;
-                tol = 2e-5 * (mags[0] * (fabs(up) + 1) + mags[1] * (fabs(gt) + 1)) + 1e-5;
+                tol = 2e-5 * (mags[0] * (fabs(up) + 1) + mags[1] * (fabs(gt) + 1)) + 1e-5 +
+                      slack[0] * (fabs(up) + 1) + slack[1] * (fabs(gt) + 1);
                 oi = (size_t)c * out_rows + r / 2;
             } else {
                 oi = (size_t)c * out_rows + r;
                 want = d + (epi == 1 ? y0[oi] : 0.0);
-                tol = 2e-5 * mag + 1e-5;
+                tol = 2e-5 * mag + 1e-5 + slack[r & 1];
             }
             double diff = fabs(y[oi] - want);
             if (diff > worst) worst = diff;
             double rel = diff / (epi == 3 ? mags[0] * (fabs(dots[1]) + 1) + mags[1] * (fabs(dots[0]) + 1) : mag);
-            if (rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
+            if (dot && rel > worst_dot) worst_dot = rel;
+            if (!dot && rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
             if (!(diff <= tol) && bad++ < 3)
                 fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d %s: [%u][%zu] got %g want %g\n",
                         kvg_type_name(type), rows, K, ncols, norm, epi, kvg_vk_layout_name(layout), c, oi, y[oi], want);
@@ -144,7 +166,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     }
     CHECKF(bad == 0, "matmul %s rows %u K %u ncols %u norm %d epi %d %s: %d wrong (worst |d| %g)",
            kvg_type_name(type), rows, K, ncols, norm, epi, kvg_vk_layout_name(layout), bad, worst);
-    free(w); free(row); free(x); free(g); free(deq); free(y); free(y0);
+    free(w); free(row); free(x); free(g); free(deq); free(y); free(y0); free(xq);
 }
 
 /* the embedding lookup: rows tokens[i] of a random matrix, times scale, against the CPU's
@@ -308,6 +330,22 @@ static void run_all(kvg_vk_ctx *ctx) {
         }
         check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
     }
+    /* the integer-dot decode mat-vec (8-bit activations) of every integer type: with the norm,
+     * the SwiGLU pair epilogue and the residual add, and rows past 65,535 elements */
+    bool dots = subgroups && ctx->int_dot;
+    for (size_t ti = 0; dots && ti < N_TYPES; ti++) {
+        uint32_t t = types[ti];
+        if (t == KVG_TYPE_F32 || t == KVG_TYPE_F16 || t == KVG_TYPE_BF16) continue;
+        uint32_t K = kvg_type_block_elems(t) == 256 ? 1280 : 1536 + 32;
+        check_matmul(ctx, t, 37, K, 1, true, 0, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 38, K, 1, false, 3, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 21, 256, 1, false, 1, KVG_VK_LAYOUT_DOT);
+    }
+    if (dots) {
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, KVG_VK_LAYOUT_DOT);
+    }
     /* rows that are not whole 32-blocks (F32/F16 only) */
     check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, COOP);
     check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, LANE);
@@ -396,5 +434,8 @@ int main(void) {
     for (size_t i = 0; i < N_TYPES; i++)
         printf("mat-mul %-7s worst |vulkan - double| / sum|w x|: %.3g (tolerance 2e-5 + 1e-5 absolute)\n",
                kvg_type_name(types[i]), worst_rel[i]);
+    printf("integer-dot mat-vec worst |vulkan - double with the quantized input| / sum|w x|: %.3g (tolerance 2e-5 + "
+           "1e-5 absolute + two input steps)\n",
+           worst_dot);
     return tu_finish("test_vk_kernels");
 }

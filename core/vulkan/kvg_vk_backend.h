@@ -94,6 +94,8 @@ typedef struct vk_model {
     bool subgroup;               /* the cooperative matvec and attention reduce by subgroup arithmetic
                                   * (matvec_sg_<type>, attn_sg) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
+    bool mv_dot;                 /* one-token mat-vecs of the integer types: matvec_dot_<type> (8-bit
+                                  * activations, integer dot products; needs subgroup and !mv_lane) */
     kvg_vk_mirror params;        /* the step's token ids, positions and tables' places */
     kvg_vk_buffer x, q, att, h, logits;
     /* logits in device memory the host cannot map (a GPU): the host buffer rows are copied
@@ -227,6 +229,8 @@ typedef struct walk {
     uint32_t max_len; /* prefill: pos0 + n, the longest attention span of the step */
     int logits;     /* 0: none, 1: last token's, 2: every token's, 3: every token's hidden state */
     bool batch;     /* a batched decode: every token of another session (vm->bat) */
+    bool lazy;      /* WALK_RECORD makes the pipelines it does not find (the test hooks: only the
+                       variant a case records is compiled, not every one a load would make) */
     kvgen_error *err;
 } walk;
 
@@ -308,7 +312,7 @@ kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w));
  * that splits the workgroup after all still gets the right sums) */
 uint32_t kvg_vk_matvec_wg(const kvg_vk_ctx *ctx, bool lane, bool one_subgroup);
 /* An op's pipeline for w->mode: created at load (WALK_PIPELINES), else found (one that was not
- * created is KVGEN_E_INTERNAL, naming the shader). */
+ * created is KVGEN_E_INTERNAL, naming the shader), or made there for a lazy walk. */
 kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out);
 /* the ops the walk is made of (the test hooks run them alone) */
 kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a);

@@ -375,7 +375,8 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
                                  .queueFamilyIndex = ctx->queue_family,
                                  .queueCount = 1,
                                  .pQueuePriorities = &prio};
-    /* kvgen's shaders need no optional feature: f16 is packed into 32-bit words (see weights.glsl).
+    /* kvgen's shaders need no optional feature: f16 is packed into 32-bit words (see weights.glsl);
+     * the integer-dot variants are made only where the feature below is enabled.
      * Subgroup size control is enabled where offered for compute, so that a mat-vec workgroup of
      * the subgroup's size is one subgroup by requirement rather than by the driver's choice. */
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sgf = {
@@ -392,15 +393,42 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
         sg = sgf.subgroupSizeControl && sgf.computeFullSubgroups &&
              (sgp.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && sgp.minSubgroupSize > 0;
     }
+    /* 4x8-bit packed integer dot products (the 8-bit-activation decode, matvec_dot_<type>): the
+     * extension is enabled (the instance asks for Vulkan 1.2 at most), with its feature */
+    const char *dot_ext = "VK_KHR_shader_integer_dot_product";
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR};
+    bool dot = has_device_ext(ctx->phys, dot_ext);
+    if (dot) {
+        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &dotf};
+        vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &dotp};
+        vkGetPhysicalDeviceProperties2(ctx->phys, &p2);
+        dot = dotf.shaderIntegerDotProduct;
+    }
+    const char *exts[2];
+    uint32_t n_exts = 0;
     VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &q};
+    const void *chain = NULL;
     if (sg) {
         sgf.pNext = NULL;
-        ci.pNext = &sgf;
-        ci.enabledExtensionCount = 1;
-        ci.ppEnabledExtensionNames = &ext;
+        chain = &sgf;
+        exts[n_exts++] = ext;
     }
+    if (dot) {
+        dotf.pNext = (void *)chain;
+        chain = &dotf;
+        exts[n_exts++] = dot_ext;
+    }
+    ci.pNext = chain;
+    ci.enabledExtensionCount = n_exts;
+    ci.ppEnabledExtensionNames = n_exts ? exts : NULL;
     VKCHECK(vkCreateDevice(ctx->phys, &ci, NULL, &ctx->dev), "vkCreateDevice");
+    ctx->int_dot = dot;
+    ctx->int_dot_fast = dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated;
     ctx->sg_size_control = sg;
     ctx->sg_min = sg ? sgp.minSubgroupSize : 0;
     ctx->sg_max = sg ? sgp.maxSubgroupSize : 0;
@@ -905,7 +933,8 @@ bool kvg_vk_fit_wg(const kvg_vk_ctx *ctx, const char *shader, uint32_t spec[KVG_
 
 bool kvg_vk_one_subgroup(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]) {
     uint32_t wg = spec[KVG_SPEC_WG];
-    return ctx->sg_size_control && strncmp(shader, "matvec_sg_", 10) == 0 && wg == ctx->info.subgroup_size &&
+    return ctx->sg_size_control && (strncmp(shader, "matvec_sg_", 10) == 0 || strncmp(shader, "matvec_dot_", 11) == 0) &&
+           wg == ctx->info.subgroup_size &&
            wg >= ctx->sg_min && wg <= ctx->sg_max && (wg & (wg - 1)) == 0;
 }
 
@@ -913,6 +942,11 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                                  VkPipeline *out, kvgen_error *err) {
     *out = kvg_vk_pipeline_find(ctx, shader, spec);
     if (*out) return KVGEN_OK;
+    if (strncmp(shader, "matvec_dot_", 11) == 0 && !ctx->int_dot)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: shader %s needs integer dot products (shaderIntegerDotProduct), which device %s "
+                        "does not offer kvgen",
+                        shader, ctx->info.name);
     kvgen_status fit = kvg_vk_shader_fits(ctx, shader, spec, err);
     if (fit != KVGEN_OK) return fit;
     const kvg_shader_blob *blob = kvg_shader_find(shader);

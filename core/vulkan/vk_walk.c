@@ -67,7 +67,8 @@ static bool lane_ubo(const vk_model *vm, const vk_matrix *m, uint32_t ldx, uint3
 }
 
 kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out) {
-    if (w->mode == WALK_PIPELINES) return kvg_vk_pipeline_get(w->vm->ctx, shader, spec, out, w->err);
+    if (w->mode == WALK_PIPELINES || (w->lazy && w->mode == WALK_RECORD))
+        return kvg_vk_pipeline_get(w->vm->ctx, shader, spec, out, w->err);
     *out = kvg_vk_pipeline_find(w->vm->ctx, shader, spec);
     if (!*out) return kvg_fail(w->err, KVGEN_E_INTERNAL, "vulkan: pipeline %s was not created at load", shader);
     return KVGEN_OK;
@@ -126,7 +127,8 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        snprintf(name, sizeof name, "%s_%s", vm->subgroup ? "matvec_sg" : "matvec",
+        bool dot = vm->mv_dot && ncols == 1 && !part->wt->pad;
+        snprintf(name, sizeof name, "%s_%s", dot ? "matvec_dot" : vm->subgroup ? "matvec_sg" : "matvec",
                  part->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
         spec[KVG_SPEC_NCOLS] = ncols == 1 ? 1 : 8;
