@@ -157,7 +157,7 @@ run() {
         -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name.txt" 2>&1
       grep -i "ms" "$res/profile-$name.txt" | tail -12
     fi
-    if [ "$(left)" -gt 15 ]; then # 8-bit activations: the integer-dot decode where the GPU has it fast
+    if [ "$(left)" -gt 15 ]; then # 8-bit activations: the integer-dot mat-vecs and GEMMs where the GPU has them fast
       KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" --backend vulkan \
         --activation-bits 8 -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name-act8.txt" 2>&1
       echo "-- --activation-bits 8:"; grep -i "ms" "$res/profile-$name-act8.txt" | tail -12

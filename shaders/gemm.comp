@@ -1,6 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
+#ifdef DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 // gemm.comp: Y = W X for a prefill chunk, tiled through shared memory: each workgroup computes a
 // TM-row x TN-token tile; per 32-element block step the weights are dequantized while they are
 // loaded into shared memory (so each weight is read once per TN tokens) and the tokens' inputs
@@ -9,6 +12,10 @@
 // host's choice, core/vulkan/vk_walk.c): 64 x 32 (4x4 micro-tiles, 12.6 KiB of shared memory, the
 // fallback for devices with 16 KiB) and 128 x 64 (8x8: each value read from shared memory feeds 8
 // products instead of 4, each weight read once per 64 tokens; 24.8 KiB).
+// gemm_dot_<type> (DOT; the integer types, 8-bit activations as matvec_dot_<type>): per block
+// step each row's block goes to shared memory as int8 words with its scales (block_int), each
+// token's 32 inputs quantized to int8 with one scale, and a micro-tile's products are 8 integer
+// dot products of four bytes (OpSDot) per (row, token) instead of 32 f32 products.
 // Dispatch: (ceil(nrows / TM), ceil(ncols / TN), 1) with 128 invocations.
 // Bindings as matvec.comp: 0 params, 1 weights part, 2 x, 3 out, 4 norm weight, 5/6/7 epilogue.
 // Trip counts: 5 per block step (the step, and the k loop's 4 rounds of 8 unrolled products);
@@ -32,8 +39,15 @@ layout(std430, set = 0, binding = 2) readonly buffer X { vec4 xin[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G { vec4 gnorm[]; };
 
 const uint WGS = 128u, MR = TM / 16u, MC = TN / 8u, NP = WGS / TN; // NP: invocations per token (norm)
+#ifdef DOT
+shared uint wsq[8][TM]; // [word k][row]: the row's block as int8, elements 4k..4k+3
+shared vec4 wdm[TM];    // the row's block scales: (d, m) of elements 0-15, (d, m) of 16-31
+shared uint xsq[8][TN]; // [word k][token]: the token's quantized inputs
+shared vec4 xsd[TN];    // the token's scale dx (times its norm's 1/rms), dx * sum(q) of each half
+#else
 shared vec4 ws[32][TM / 4u]; // [k][rows/4]
 shared vec4 xs[32][TN / 4u]; // [k][tokens/4]
+#endif
 shared float ssum[WGS];
 shared float tscale[TN];
 
@@ -64,6 +78,81 @@ void main() {
         barrier();
     }
 
+#ifdef DOT
+    float acc[MR * MC]; // acc[i * MC + c]: row tx*MR+i, token ty*MC+c
+    [[unroll]] for (uint i = 0u; i < MR * MC; i++) acc[i] = 0.0;
+    uint ng = pc.nb / GROUP; // stored blocks per row
+    for (uint b = 0u; b < pc.nb; b++) {
+        uint gi = b / GROUP, sub = b % GROUP;
+        if (tid < TM) { // one row per invocation
+            uint wq[8];
+            vec4 dm = vec4(0.0);
+            [[unroll]] for (uint k = 0u; k < 8u; k++) wq[k] = 0u;
+            if (r0 + tid < pc.nrows) {
+                uint g = (r0 + tid) * ng + gi;
+                block_int(wt_head(g), g, sub, wq, dm);
+#ifndef WT_SPLIT
+                dm.zw = dm.xy;
+#endif
+            }
+            [[unroll]] for (uint k = 0u; k < 8u; k++) wsq[k][tid] = wq[k];
+            wdm[tid] = dm;
+        }
+        if (tid < TN) { // one token per invocation: its block quantized as matvec_dot's
+            vec4 xb[8];
+            float amax = 0.0;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                vec4 v = vec4(0.0);
+                if (c0 + tid < pc.ncols) {
+                    v = xin[((pc.x_off + (c0 + tid) * pc.ldx) >> 2) + b * 8u + i];
+                    if (NORM != 0u) v *= gnorm[b * 8u + i];
+                }
+                xb[i] = v;
+                vec4 a = abs(v);
+                amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+            }
+            float ix = amax > 0.0 ? 127.0 / amax : 0.0, dx = amax / 127.0;
+            if (NORM != 0u) dx *= tscale[tid];
+            int s0 = 0, s1 = 0;
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                ivec4 q = ivec4(roundEven(xb[i] * ix));
+                xsq[i][tid] = pack_s8(q);
+                if (i < 4u) s0 += q.x + q.y + q.z + q.w;
+                else s1 += q.x + q.y + q.z + q.w;
+            }
+            xsd[tid] = vec4(dx, dx * float(s0), dx * float(s1), 0.0);
+        }
+        barrier();
+        [[unroll]] for (uint h = 0u; h < 2u; h++) { // the block's halves: elements 0-15, 16-31
+            int id[MR * MC];
+            [[unroll]] for (uint i = 0u; i < MR * MC; i++) id[i] = 0;
+            [[unroll]] for (uint k = 4u * h; k < 4u * h + 4u; k++) {
+                uint a[MR], x[MC];
+                [[unroll]] for (uint i = 0u; i < MR; i++) a[i] = wsq[k][tx * MR + i];
+                [[unroll]] for (uint c = 0u; c < MC; c++) x[c] = xsq[k][ty * MC + c];
+                [[unroll]] for (uint i = 0u; i < MR; i++)
+                    [[unroll]] for (uint c = 0u; c < MC; c++) id[i * MC + c] += sdot4(a[i], x[c], 0u);
+            }
+            [[unroll]] for (uint i = 0u; i < MR; i++) {
+                vec4 dm = wdm[tx * MR + i];
+                vec2 w = h == 0u ? dm.xy : dm.zw;
+                [[unroll]] for (uint c = 0u; c < MC; c++) {
+                    vec4 xd = xsd[ty * MC + c];
+                    acc[i * MC + c] += w.x * xd.x * float(id[i * MC + c]) + w.y * (h == 0u ? xd.y : xd.z);
+                }
+            }
+        }
+        barrier();
+    }
+    [[unroll]] for (uint i = 0u; i < MR; i += 2u) {
+        uint r = r0 + tx * MR + i;
+        if (r >= pc.nrows) continue;
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
+            uint t = c0 + ty * MC + c;
+            if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[i * MC + c], acc[(i + 1u) * MC + c], r + 1u < pc.nrows);
+        }
+    }
+#else
     vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j..
     [[unroll]] for (uint i = 0u; i < MR * MC / 4u; i++) acc[i] = vec4(0.0);
 
@@ -110,4 +199,5 @@ void main() {
             if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[a0][c % 4u], acc[a1][c % 4u], r + 1u < pc.nrows);
         }
     }
+#endif
 }

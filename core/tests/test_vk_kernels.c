@@ -104,7 +104,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
-    bool dot = layout == KVG_VK_LAYOUT_DOT && ncols == 1;
+    bool dot = layout == KVG_VK_LAYOUT_DOT && (ncols == 1 || ncols > 8); /* the mat-vec or the GEMM */
     float *xq = malloc(sizeof(float) * K);
     for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
         const float *xc = x + (size_t)c * K;
@@ -330,8 +330,9 @@ static void run_all(kvg_vk_ctx *ctx) {
         }
         check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
     }
-    /* the integer-dot decode mat-vec (8-bit activations) of every integer type: with the norm,
-     * the SwiGLU pair epilogue and the residual add, and rows past 65,535 elements */
+    /* 8-bit activations by integer dot products, every integer type: the decode mat-vec and the
+     * prefill GEMM (partial row and token tiles), with the norm, the SwiGLU pair epilogue and
+     * the residual add, and rows past 65,535 elements */
     bool dots = subgroups && ctx->int_dot;
     for (size_t ti = 0; dots && ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
@@ -340,6 +341,9 @@ static void run_all(kvg_vk_ctx *ctx) {
         check_matmul(ctx, t, 37, K, 1, true, 0, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 38, K, 1, false, 3, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 21, 256, 1, false, 1, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 75, K, 45, true, 0, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 130, 256, 33, false, 3, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 65, 768, 9, false, 1, KVG_VK_LAYOUT_DOT);
     }
     if (dots) {
         check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 2101, 1, true, 0, KVG_VK_LAYOUT_DOT);
@@ -434,7 +438,7 @@ int main(void) {
     for (size_t i = 0; i < N_TYPES; i++)
         printf("mat-mul %-7s worst |vulkan - double| / sum|w x|: %.3g (tolerance 2e-5 + 1e-5 absolute)\n",
                kvg_type_name(types[i]), worst_rel[i]);
-    printf("integer-dot mat-vec worst |vulkan - double with the quantized input| / sum|w x|: %.3g (tolerance 2e-5 + "
+    printf("integer-dot mat-vec and GEMM worst |vulkan - double with the quantized input| / sum|w x|: %.3g (tolerance 2e-5 + "
            "1e-5 absolute + two input steps)\n",
            worst_dot);
     return tu_finish("test_vk_kernels");

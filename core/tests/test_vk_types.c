@@ -34,7 +34,8 @@ static const struct {
                {"matvec", "", false},
                {"gemm", "", false},
                {"matvec_sg", ",SUBGROUP=1", false},
-               {"matvec_dot", ",SUBGROUP=1,DOT=1", true}};
+               {"matvec_dot", ",SUBGROUP=1,DOT=1", true},
+               {"gemm_dot", ",DOT=1", true}};
 #define N_KERNELS (sizeof kernels / sizeof kernels[0])
 
 static void vk_list(char *buf, size_t size) {

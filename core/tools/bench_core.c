@@ -75,7 +75,7 @@ static void bench_usage(FILE *f) {
             "                       no-cache depth 16, a short probe\n"
             "  --device D           Vulkan device index or name substring\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
-            "  --activation-bits B  16 (default) or 8: cpu, as llama.cpp's CPU backend; vulkan, integer-dot decode\n"
+            "  --activation-bits B  16 (default) or 8: cpu, as llama.cpp's CPU backend; vulkan, integer dot products\n"
             "  --kv-type LIST       what K/V pages hold: some of f16,q8_0,q4_0 (q8_0, q4_0: cpu, Vulkan);\n"
             "                       each backend but the reference (which keeps f32) runs once per type,\n"
             "                       and each type after the first gets a ratio to the first\n"

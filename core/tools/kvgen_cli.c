@@ -56,7 +56,7 @@ static void usage(FILE *f) {
             "                       on Windows %%LOCALAPPDATA%%\\kvgen\\pipelines-{device}.bin)\n"
             "  --threads N          cpu and reference backend threads (default: all cores)\n"
             "  --activation-bits B  activations of 16 bits (default) or 8: faster prompts on the cpu backend,\n"
-            "                       integer-dot decode on a vulkan device that has it fast\n"
+            "                       integer dot products on a vulkan device that has them fast\n"
             "  --kv-type T          what K/V pages hold: f16 (default), q8_0 or q4_0 (cpu, Vulkan: 0.53x and\n"
             "                       0.28x the bytes a token)\n"
             "  --ctx N              context limit in tokens (default: min(training context, 4096))\n"

@@ -325,13 +325,14 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* with subgroup reductions a mat-vec workgroup is one subgroup: no shared memory, no barrier */
     vm->mv_wg = kvg_vk_matvec_wg(ctx, vm->mv_lane, vm->subgroup);
     if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
-    /* 8-bit activations (kvgen_model_desc.activation_bits = 8): one-token mat-vecs of the integer
-     * types by integer dot products where the device reports them accelerated, on the
-     * cooperative layout with subgroup reductions; KVGEN_VK_DOT=1 takes them wherever the device
+    /* 8-bit activations (kvgen_model_desc.activation_bits = 8): the integer types' one-token
+     * mat-vecs and prefill GEMMs by integer dot products where the device reports them
+     * accelerated, on the cooperative layout with subgroup reductions; KVGEN_VK_DOT=1 takes them wherever the device
      * offers them at all (the tests on lavapipe), KVGEN_VK_DOT=0 never */
-    vm->mv_dot = desc->activation_bits == 8 && ctx->int_dot && ctx->int_dot_fast;
-    if (getenv("KVGEN_VK_DOT")) vm->mv_dot = desc->activation_bits == 8 && ctx->int_dot && atoi(getenv("KVGEN_VK_DOT"));
-    if (vm->mv_lane || !vm->subgroup) vm->mv_dot = false;
+    vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && ctx->int_dot_fast;
+    if (getenv("KVGEN_VK_DOT"))
+        vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && atoi(getenv("KVGEN_VK_DOT")) != 0;
+    if (vm->mv_lane || !vm->subgroup) vm->act8_dot = false;
     /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;

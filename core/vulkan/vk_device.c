@@ -878,6 +878,7 @@ static const struct shader_needs {
     {"lora", 0, 0, 4, 0, 0, 0, 0, 0},                        /* red[WG] */
     {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},                      /* none */
     {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},                     /* red[WG * ROWS * NCOLS] */
+    {"gemm_dot_", 128, 128 * 4, 0, 0, 0, 0, 48, 52},         /* ssum[128]; wsq[8][ROWS], wdm; xsq[8][NCOLS], xsd, tscale */
     {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
     {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0},            /* red[64] */
     {"probe_empty", 1, 0, 0, 0, 0, 0, 0, 0},
@@ -942,7 +943,7 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                                  VkPipeline *out, kvgen_error *err) {
     *out = kvg_vk_pipeline_find(ctx, shader, spec);
     if (*out) return KVGEN_OK;
-    if (strncmp(shader, "matvec_dot_", 11) == 0 && !ctx->int_dot)
+    if (strstr(shader, "_dot_") && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED,
                         "vulkan: shader %s needs integer dot products (shaderIntegerDotProduct), which device %s "
                         "does not offer kvgen",

@@ -65,8 +65,8 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
                         ctx->info.name);
-    vm.mv_dot = layout == KVG_VK_LAYOUT_DOT;
-    if (vm.mv_dot && !ctx->int_dot)
+    vm.act8_dot = layout == KVG_VK_LAYOUT_DOT;
+    if (vm.act8_dot && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no integer dot products",
                         ctx->info.name);
     vm.mv_wg = kvg_vk_matvec_wg(ctx, vm.mv_lane, vm.subgroup && layout != KVG_VK_LAYOUT_SUBGROUP);

@@ -127,7 +127,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        bool dot = vm->mv_dot && ncols == 1 && !part->wt->pad;
+        bool dot = vm->act8_dot && ncols == 1 && !part->wt->pad;
         snprintf(name, sizeof name, "%s_%s", dot ? "matvec_dot" : vm->subgroup ? "matvec_sg" : "matvec",
                  part->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
@@ -136,7 +136,8 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
         spec[KVG_SPEC_LANE] = vm->mv_lane;
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
-        snprintf(name, sizeof name, "gemm_%s", part->wt->suffix);
+        bool dot = vm->act8_dot && !part->wt->pad;
+        snprintf(name, sizeof name, "%s_%s", dot ? "gemm_dot" : "gemm", part->wt->suffix);
         gemm_tile(vm->ctx, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
     }
     return kvg_vk_walk_pipeline(w, name, spec, out);
