@@ -25,8 +25,8 @@
 // and sum of weights per query head come from subgroupMax / subgroupAdd and one shared value per
 // subgroup, instead of every invocation reading all WG scores and weights from shared memory.
 // Positions are walked WG at a time. lavapipe's 65,535-iteration limit counts every loop iteration
-// of an invocation together (about (2 + GQ) * WG per tile here, the head_dim loops unrolled), so
-// the host chooses nsplit so that one split covers at most 4,096 positions.
+// of an invocation together (about (2 + G * TQ) * WG + head_dim / 8 per tile here), so the host
+// chooses nsplit so that one split covers at most 4,096 positions.
 layout(constant_id = 0) const uint WG = 64;
 layout(constant_id = 5) const uint KV_F16 = 1;
 layout(constant_id = 6) const uint DIRECT = 1;
@@ -58,6 +58,7 @@ layout(std430, set = 0, binding = 3) writeonly buffer Out { float yout[]; };
 layout(std430, set = 0, binding = 7) writeonly buffer Part { float part[]; };
 
 const uint MAXG = GQ * TQ, MAXHD = HD, MAXD = (HD + WG - 1u) / WG; // MAXG: the query rows
+const uint DU = HD % 8u == 0u ? 8u : HD % 4u == 0u ? 4u : 2u;      // score loop: elements per trip
 #ifdef SUBGROUP
 // per (query row, subgroup): the tile's maximum score, the sum of its weights
 shared float sg_max[MAXG * WG], sg_sum[MAXG * WG];
@@ -125,11 +126,15 @@ void main() {
             v_elem[tid] = vr.e;
             float sg[MAXG]; // in registers: one shared-memory write per score
             [[unroll]] for (uint g = 0u; g < R; g++) sg[g] = 0.0;
-            [[unroll]] for (uint d = 0u; d < HD; d += 2u) {
-                vec2 kv = kv_load2(kr, d);
-                [[unroll]] for (uint g = 0u; g < R; g++)
-                    sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
-            }
+            // DU elements per trip, unrolled; the whole head_dim unrolled for 8 rows would be
+            // thousands of shared-memory loads in one body, which Mesa 25's lavapipe (a shader
+            // with barriers compiled as an LLVM coroutine) takes minutes to compile
+            for (uint d0 = 0u; d0 < HD; d0 += DU)
+                [[unroll]] for (uint d = d0; d < d0 + DU; d += 2u) {
+                    vec2 kv = kv_load2(kr, d);
+                    [[unroll]] for (uint g = 0u; g < R; g++)
+                        sg[g] += kv.x * qs[g * MAXHD + d] + kv.y * qs[g * MAXHD + d + 1u];
+                }
             [[unroll]] for (uint g = 0u; g < R; g++)
                 if (p >= tfirst[g / G] && p < tlen[g / G]) own[g] = attn_cap(sg[g]);
         }

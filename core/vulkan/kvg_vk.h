@@ -176,8 +176,8 @@ kvgen_status kvg_vk_download(kvg_vk_ctx *ctx, const kvg_vk_buffer *b, VkDeviceSi
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
                                  VkPipeline *out, kvgen_error *err);
 /* Whether the pipeline of shader and spec requires one full subgroup per workgroup: a
- * one-subgroup mat-vec (matvec_sg_*, its workgroup the device's subgroup size) on a device with
- * subgroup size control enabled (kvg_vk_ctx.sg_size_control) */
+ * one-subgroup mat-vec (matvec_sg_* or matvec_dot_*, its workgroup the device's subgroup size)
+ * on a device with subgroup size control enabled (kvg_vk_ctx.sg_size_control) */
 bool kvg_vk_one_subgroup(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]);
 /* Pipelines are checked against the device's compute limits (ctx->props.limits, lowered by
  * KVGEN_VK_MAX_SHARED and KVGEN_VK_MAX_INVOCATIONS; docs/vulkan.md) before they are created.

@@ -327,8 +327,8 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
     /* 8-bit activations (kvgen_model_desc.activation_bits = 8): the integer types' one-token
      * mat-vecs and prefill GEMMs by integer dot products where the device reports them
-     * accelerated, on the cooperative layout with subgroup reductions; KVGEN_VK_DOT=1 takes them wherever the device
-     * offers them at all (the tests on lavapipe), KVGEN_VK_DOT=0 never */
+     * accelerated, on the cooperative layout with subgroup reductions; KVGEN_VK_DOT=1 takes
+     * them wherever the device offers them at all (the tests on lavapipe), KVGEN_VK_DOT=0 never */
     vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && ctx->int_dot_fast;
     if (getenv("KVGEN_VK_DOT"))
         vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && atoi(getenv("KVGEN_VK_DOT")) != 0;

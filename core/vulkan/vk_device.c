@@ -393,8 +393,8 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
         sg = sgf.subgroupSizeControl && sgf.computeFullSubgroups &&
              (sgp.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && sgp.minSubgroupSize > 0;
     }
-    /* 4x8-bit packed integer dot products (the 8-bit-activation decode, matvec_dot_<type>): the
-     * extension is enabled (the instance asks for Vulkan 1.2 at most), with its feature */
+    /* 4x8-bit packed integer dot products (8-bit activations: matvec_dot_<type>, gemm_dot_<type>):
+     * the extension is enabled (the instance asks for Vulkan 1.2 at most), with its feature */
     const char *dot_ext = "VK_KHR_shader_integer_dot_product";
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
@@ -934,9 +934,9 @@ bool kvg_vk_fit_wg(const kvg_vk_ctx *ctx, const char *shader, uint32_t spec[KVG_
 
 bool kvg_vk_one_subgroup(const kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT]) {
     uint32_t wg = spec[KVG_SPEC_WG];
-    return ctx->sg_size_control && (strncmp(shader, "matvec_sg_", 10) == 0 || strncmp(shader, "matvec_dot_", 11) == 0) &&
-           wg == ctx->info.subgroup_size &&
-           wg >= ctx->sg_min && wg <= ctx->sg_max && (wg & (wg - 1)) == 0;
+    bool one_sg_kernel = strncmp(shader, "matvec_sg_", 10) == 0 || strncmp(shader, "matvec_dot_", 11) == 0;
+    return ctx->sg_size_control && one_sg_kernel && wg == ctx->info.subgroup_size && wg >= ctx->sg_min &&
+           wg <= ctx->sg_max && (wg & (wg - 1)) == 0;
 }
 
 kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint32_t spec[KVG_SPEC_COUNT],
@@ -945,8 +945,8 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
     if (*out) return KVGEN_OK;
     if (strstr(shader, "_dot_") && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED,
-                        "vulkan: shader %s needs integer dot products (shaderIntegerDotProduct), which device %s "
-                        "does not offer kvgen",
+                        "vulkan: shader %s needs integer dot products (shaderIntegerDotProduct), not enabled on "
+                        "device %s",
                         shader, ctx->info.name);
     kvgen_status fit = kvg_vk_shader_fits(ctx, shader, spec, err);
     if (fit != KVGEN_OK) return fit;
