@@ -25,7 +25,7 @@
 // to int8 with one scale (the largest magnitude to 127, rounded to even), and each row's block is
 // dotted with it four bytes at a time (OpSDot), the block's scales applied to the integer sums.
 // The result is W times the quantized input: the mins (and Q4_0's -8, Q6_K's -32) multiply the
-// quantized input's sums. With more than one token the same variant runs the float walk.
+// quantized input's sums. With more than one token the same variant runs the f32 walk.
 //
 // LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
 // workgroup runs on one core and barriers and reductions are costly: each invocation computes

@@ -24,9 +24,10 @@
 //   Q2_K  B2 x 8; scales[16] (scale | min << 4), d, dmin
 //   Q3_K  B2 x 8, B1 x 8 (the hmask); scales[12] (packed 6-bit), d
 //   IQ4_XS N16 x 8; d, scales_h, scales_l[4]
-// A 32-element block is read either whole (block_raw: the lane mat-vec; its super-block's header
-// is loaded once per row by wt_head and kept in registers over the GROUP sub-blocks) or in
-// quarters (dequant8, j = 0..3: 8 values as two vec4s at elements lo_off(j), hi_off(j)).
+// A 32-element block is read whole (block_raw: the lane mat-vec; its super-block's header
+// is loaded once per row by wt_head and kept in registers over the GROUP sub-blocks), in
+// quarters (dequant8, j = 0..3: 8 values as two vec4s at elements lo_off(j), hi_off(j)), or
+// whole as int8 words (block_int: the DOT variants, for integer dot products).
 #ifndef KVG_WEIGHTS_GLSL
 #define KVG_WEIGHTS_GLSL
 
@@ -450,7 +451,7 @@ void block_raw(WHead h, uint g, uint sub, out vec4 q[8], out vec4 dm) {
 }
 
 #ifdef DOT
-// ---- the integer-dot decode (matvec.comp's DOT variant) ----
+// ---- 8-bit activations by integer dot products (the DOT variants of matvec.comp, gemm.comp) ----
 // OpSDot (4450) of two words of four int8 each (PackedVectorFormat4x8Bit: fmt 0)
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
 int sdot4(uint a, uint b, spirv_literal uint fmt);

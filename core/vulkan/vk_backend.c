@@ -333,6 +333,16 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_DOT"))
         vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && atoi(getenv("KVGEN_VK_DOT")) != 0;
     if (vm->mv_lane || !vm->subgroup) vm->act8_dot = false;
+    if (desc->activation_bits == 8) { /* what the user asked for, and what the device gives */
+        const char *got;
+        if (vm->act8_dot) got = "integer dot products in the integer types' mat-vecs and GEMMs";
+        else if (!ctx->int_dot) got = "f32 activations (the device offers no integer dot products)";
+        else if (vm->mv_lane) got = "f32 activations (a CPU device's lane kernels have no integer-dot variant)";
+        else if (!vm->subgroup) got = "f32 activations (the integer-dot mat-vec needs subgroup arithmetic)";
+        else if (!ctx->int_dot_fast) got = "f32 activations (integer dot products not reported fast; KVGEN_VK_DOT=1)";
+        else got = "f32 activations (KVGEN_VK_DOT=0)";
+        kvg_log(KVGEN_LOG_INFO, "vulkan: activation_bits 8 on %s: %s", ctx->info.name, got);
+    }
     /* attn_lane.comp: splits are its parallelism (8 lanes per workgroup) and cost little when
      * empty (short contexts fill the first ones, >= 32 positions each) */
     vm->attn_lane = vm->mv_lane && hp->head_dim % 8 == 0;
