@@ -230,9 +230,9 @@ typedef struct kvgen_model_desc {
      * VNNI and AArch64, the K types on AVX2), about twice the prompt speed on AVX-512 VNNI and
      * ~1-4% of the logit range from the reference (near-tied top-1 choices flip). vulkan: 8
      * takes the integer types' one-token mat-vecs and prefill GEMMs by 8-bit integer dot
-     * products where the device reports them accelerated (VK_KHR_shader_integer_dot_product; docs/vulkan.md);
-     * 16 and other devices keep f32 activations. Other values: KVGEN_E_INVALID_ARGUMENT. The
-     * reference backend ignores it. */
+     * products where the device reports them accelerated (VK_KHR_shader_integer_dot_product;
+     * docs/vulkan.md); 16 and other devices keep f32 activations. Other values:
+     * KVGEN_E_INVALID_ARGUMENT. The reference backend ignores it. */
     int activation_bits;
     /* ---- remote models (docs/remote.md): a path that starts with http:// or https:// is the
      * base URL of an OpenAI-compatible server ("http://127.0.0.1:8080/v1"); the fields above
