@@ -70,7 +70,7 @@ static const uint32_t types[] = {KVG_TYPE_F32,  KVG_TYPE_F16,  KVG_TYPE_BF16,   
 #define N_TYPES (sizeof types / sizeof types[0])
 /* per type: the worst |vulkan - double| / sum |w x| over every mat-mul case (printed at the end) */
 static double worst_rel[N_TYPES];
-/* the same over the integer-dot mat-vec's cases, against the quantized input */
+/* the same over the integer-dot mat-vec's and GEMM's cases, against the quantized input */
 static double worst_dot;
 static int type_index(uint32_t type) {
     for (size_t i = 0; i < N_TYPES; i++)
@@ -114,11 +114,11 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
             for (uint32_t k = 0; k < K; k++) ss += (double)xc[k] * xc[k];
             scale = 1.0 / sqrt(ss / K + 1e-5);
         }
-        /* the integer-dot mat-vec multiplies by the input (times the norm's weight) quantized per
-         * 32 elements: the largest magnitude to 127, rounded to even, in f32 as the shader does.
-         * Its f32 division may round 127 / max differently (2.5 ulp on a GPU), moving an element
-         * that sits at a rounding boundary by a step: slack of two steps times the row's largest
-         * weight */
+        /* the integer-dot mat-vec and GEMM multiply by the input (times the norm's weight)
+         * quantized per 32 elements: the largest magnitude to 127, rounded to even, in f32 as the
+         * shaders do. Their f32 division may round 127 / max differently (2.5 ulp on a GPU),
+         * moving an element that sits at a rounding boundary by a step: slack of two steps
+         * times the row's largest weight */
         double dq_step = 0;
         for (uint32_t k = 0; k < K; k++) xq[k] = norm ? xc[k] * g[k] : xc[k];
         for (uint32_t b = 0; dot && b < K / 32; b++) {
@@ -132,7 +132,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
         for (uint32_t r = 0; r < rows; r++) {
             double d = 0, mag = 0, wmax = 0;
             for (uint32_t k = 0; k < K; k++) {
-                double xv = (double)xq[k] * scale;
+                double xv = dot ? (double)xq[k] * scale : xc[k] * (norm ? scale * g[k] : 1.0);
                 d += deq[(size_t)K * r + k] * xv;
                 mag += fabs(deq[(size_t)K * r + k] * xv);
                 wmax = fmax(wmax, fabs(deq[(size_t)K * r + k]));
@@ -438,8 +438,8 @@ int main(void) {
     for (size_t i = 0; i < N_TYPES; i++)
         printf("mat-mul %-7s worst |vulkan - double| / sum|w x|: %.3g (tolerance 2e-5 + 1e-5 absolute)\n",
                kvg_type_name(types[i]), worst_rel[i]);
-    printf("integer-dot mat-vec and GEMM worst |vulkan - double with the quantized input| / sum|w x|: %.3g (tolerance 2e-5 + "
-           "1e-5 absolute + two input steps)\n",
+    printf("integer-dot mat-vec and GEMM worst |vulkan - double with the quantized input| / sum|w x|: %.3g "
+           "(tolerance 2e-5 + 1e-5 absolute + two input steps)\n",
            worst_dot);
     return tu_finish("test_vk_kernels");
 }

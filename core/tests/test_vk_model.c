@@ -331,8 +331,9 @@ static void dot_model(void) {
     CHECK_OK(kvgen_model_load(&d, &mv, &tu_err_));
     const vk_model *vm = mv ? mv->backend : NULL;
     bool can = vm && vm->ctx->int_dot && vm->subgroup;
-    CHECKF(!vm || vm->act8_dot == (can && vm->ctx->int_dot_fast), "activation_bits 8: act8_dot %d, device dot %d fast %d",
-           vm ? vm->act8_dot : -1, vm ? vm->ctx->int_dot : -1, vm ? vm->ctx->int_dot_fast : -1);
+    CHECKF(!vm || vm->act8_dot == (can && vm->ctx->int_dot_fast),
+           "activation_bits 8: act8_dot %d, device dot %d fast %d", vm ? vm->act8_dot : -1,
+           vm ? vm->ctx->int_dot : -1, vm ? vm->ctx->int_dot_fast : -1);
     kvgen_model_unload(mv);
     mv = NULL;
     setenv("KVGEN_VK_DOT", "1", 1);
