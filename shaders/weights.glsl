@@ -346,6 +346,21 @@ void dequant8(uint blk, uint j, out vec4 lo, out vec4 hi) {
 #endif
 }
 
+#if defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q4_K)
+// (scale, min) of the 4-bit unsigned types' sub-block `sub`: w = q * dm.x + dm.y, q = 0..15
+vec2 nib_dm(WHead h, uint sub) {
+#if defined(WTYPE_Q4_0)
+    float d = unpackHalf2x16(h.a.x).x;
+    return vec2(d, -8.0 * d);
+#elif defined(WTYPE_Q4_1)
+    return unpackHalf2x16(h.a.x);
+#else
+    vec2 k = k_dm(h, sub);
+    return vec2(k.x, -k.y);
+#endif
+}
+#endif
+
 // ---- a whole 32-element block: sub-block `sub` of stored block g, whose header is h ----
 // Raw values q (elements 4i..4i+3 in q[i]) and scales dm with w = q * dm.x + dm.y (WT_SPLIT:
 // elements 0-15 q * dm.x + dm.y, 16-31 q * dm.z + dm.w), so a dot product with x is
@@ -387,16 +402,10 @@ void block_raw(WHead h, uint g, uint sub, out vec4 q[8], out vec4 dm) {
         q[4u + i] = vec4(nib_hi(w[i]));
 #endif
     }
-#if defined(WTYPE_Q4_0)
-    float d = unpackHalf2x16(h.a.x).x;
-    dm.xy = vec2(d, -8.0 * d);
-#elif defined(WTYPE_Q4_1)
-    dm.xy = unpackHalf2x16(h.a.x);
+#if defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q4_K)
+    dm.xy = nib_dm(h, sub);
 #elif defined(WTYPE_IQ4_NL)
     dm.xy = vec2(unpackHalf2x16(h.a.x).x, 0.0);
-#elif defined(WTYPE_Q4_K)
-    vec2 k = k_dm(h, sub);
-    dm.xy = vec2(k.x, -k.y);
 #else
     dm.xy = vec2(iq4xs_d(h, sub), 0.0);
 #endif
@@ -473,16 +482,7 @@ void block_int(WHead h, uint g, uint sub, out uint wq[8], out vec4 dm) {
         wq[i] = w[i] & 0x0f0f0f0fu;
         wq[4u + i] = (w[i] >> 4) & 0x0f0f0f0fu;
     }
-    dm = vec4(1.0, 0.0, 1.0, 0.0);
-#if defined(WTYPE_Q4_0)
-    float d = unpackHalf2x16(h.a.x).x;
-    dm.xy = vec2(d, -8.0 * d);
-#elif defined(WTYPE_Q4_1)
-    dm.xy = unpackHalf2x16(h.a.x);
-#else
-    vec2 k = k_dm(h, sub);
-    dm.xy = vec2(k.x, -k.y);
-#endif
+    dm = vec4(nib_dm(h, sub), 1.0, 0.0);
 #elif defined(WTYPE_Q8_0)
     [[unroll]] for (uint i = 0u; i < 2u; i++) {
         uvec4 w = wdata4[(g * GROUP + sub) * 2u + i];

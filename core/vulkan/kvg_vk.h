@@ -87,8 +87,8 @@ typedef struct kvg_vk_ctx {
     bool sg_size_control;
     uint32_t sg_min, sg_max;
     /* shaderIntegerDotProduct enabled on a device of kvgen's own (VK_KHR_shader_integer_dot_product
-     * or Vulkan 1.3): the matvec_dot_<type> pipelines may be made; int_dot_fast: the device
-     * reports 4x8-bit packed signed dot products as accelerated */
+     * or Vulkan 1.3): the matvec_dot_<type> and gemm_dot_<type> pipelines may be made;
+     * int_dot_fast: the device reports 4x8-bit packed signed dot products as accelerated */
     bool int_dot, int_dot_fast;
     VkDebugUtilsMessengerEXT messenger;
     atomic_int validation_messages; /* warnings and errors the validation layer reported */
@@ -292,9 +292,10 @@ typedef enum kvg_vk_layout {
                                  * subgroup arithmetic */
     KVG_VK_LAYOUT_SUBGROUP_ONE = 3, /* the same with one subgroup per mat-vec workgroup (the
                                      * device's subgroup size), as a GPU's load picks it */
-    KVG_VK_LAYOUT_DOT = 4 /* SUBGROUP_ONE with a one-token mat-vec of an integer type by integer
-                           * dot products (matvec_dot_<type>: 8-bit activations), as a load with
-                           * activation_bits = 8 picks it on a device that has them */
+    KVG_VK_LAYOUT_DOT = 4 /* SUBGROUP_ONE with an integer type's one-token mat-vec and prefill
+                           * GEMM by integer dot products (matvec_dot_<type>, gemm_dot_<type>:
+                           * 8-bit activations), as a load with activation_bits = 8 picks them on
+                           * a device that has them */
 } kvg_vk_layout;
 /* "device", "coop", "lane", "subgroup", "subgroup1" or "dot" (tests' messages) */
 const char *kvg_vk_layout_name(kvg_vk_layout layout);
