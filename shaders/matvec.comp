@@ -25,7 +25,7 @@
 // to int8 with one scale (the largest magnitude to 127, rounded to even), and each row's block is
 // dotted with it four bytes at a time (OpSDot), the block's scales applied to the integer sums.
 // The result is W times the quantized input: the mins (and Q4_0's -8, Q6_K's -32) multiply the
-// quantized input's sums. With more than one token the same variant runs the f32 walk.
+// quantized input's sums. A batch's tokens (NCOLS = 8) share each row's unpacked block.
 //
 // LANE (specialization constant 7) selects the layout for CPU-like devices (lavapipe), where a
 // workgroup runs on one core and barriers and reductions are costly: each invocation computes
@@ -53,6 +53,12 @@ layout(local_size_x_id = 0) in;
 #include "common.glsl"
 #include "weights.glsl"
 #include "epilogue.glsl"
+
+#ifdef DOT
+const bool INT_DOT = true;
+#else
+const bool INT_DOT = false;
+#endif
 
 layout(std430, set = 0, binding = 2) readonly buffer X { vec4 xin[]; };
 layout(std430, set = 0, binding = 4) readonly buffer G { vec4 gnorm[]; };
@@ -230,35 +236,44 @@ void main() {
 
     float acc[ROWS * NCOLS];
     [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] = 0.0;
-    if (NCOLS <= 2u) {
+    if (NCOLS <= 2u || INT_DOT) {
         // decode (one or two tokens): a whole 32-element block per invocation and trip, as the
         // lane layout reads it (block_raw: the quants in one or two 16- or 8-byte loads, the
         // block's scales once), each row's block dequantized once for its tokens, whose inputs
         // (with the norm's weight) are loaded once per block for every row. Wide loads and a
         // quarter of the quarter-block walk's trips; the norm's 1/rms scales the sums at the end.
-        // (With more tokens the inputs would not stay in registers: the quarter walk below.)
+        // (With more tokens the f32 inputs would not stay in registers: the quarter walk below.
+        // The integer-dot variant keeps its tokens' inputs as int8, 8 words per token and block.)
         uint ng = pc.nb / GROUP; // stored blocks per row
 #ifdef DOT
-        // one token: the block's 32 inputs quantized (scale dx, xq[i] its elements 4i..4i+3;
-        // s0, s1 the sums of the quantized halves), then an integer dot product per row
-        for (uint b = tid; b < pc.nb && NCOLS == 1u; b += WG) {
+        // each token's 32 inputs of the block quantized (scale dx[c], xq[c * 8 + i] its elements
+        // 4i..4i+3; s0, s1 the sums of the quantized halves), then an integer dot product per
+        // row and token: the row's block is unpacked once for all the tokens
+        for (uint b = tid; b < pc.nb; b += WG) {
             uint gi = b / GROUP, sub = b % GROUP;
-            vec4 xb[8];
-            float amax = 0.0;
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                vec4 v = xin[(pc.x_off >> 2) + b * 8u + i];
-                xb[i] = NORM != 0u ? v * gnorm[b * 8u + i] : v;
-                vec4 a = abs(xb[i]);
-                amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-            }
-            float ix = amax > 0.0 ? 127.0 / amax : 0.0, dx = amax / 127.0;
-            uint xq[8];
-            int s0 = 0, s1 = 0;
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                ivec4 q = ivec4(roundEven(xb[i] * ix));
-                xq[i] = pack_s8(q);
-                if (i < 4u) s0 += q.x + q.y + q.z + q.w;
-                else s1 += q.x + q.y + q.z + q.w;
+            vec4 g[8];
+            [[unroll]] for (uint i = 0u; i < 8u; i++) g[i] = NORM != 0u ? gnorm[b * 8u + i] : vec4(1.0);
+            uint xq[NCOLS * 8u];
+            float dx[NCOLS];
+            int s0[NCOLS], s1[NCOLS];
+            [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                vec4 xb[8];
+                float amax = 0.0;
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    xb[i] = c < pc.ncols ? xin[((pc.x_off + c * pc.ldx) >> 2) + b * 8u + i] * g[i] : vec4(0.0);
+                    vec4 a = abs(xb[i]);
+                    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+                }
+                float ix = amax > 0.0 ? 127.0 / amax : 0.0;
+                dx[c] = amax / 127.0;
+                s0[c] = 0;
+                s1[c] = 0;
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    ivec4 q = ivec4(roundEven(xb[i] * ix));
+                    xq[c * 8u + i] = pack_s8(q);
+                    if (i < 4u) s0[c] += q.x + q.y + q.z + q.w;
+                    else s1[c] += q.x + q.y + q.z + q.w;
+                }
             }
             [[unroll]] for (uint r = 0u; r < ROWS; r++) {
                 if (r0 + r < pc.nrows) {
@@ -268,19 +283,20 @@ void main() {
 #ifndef WT_SPLIT
                     dm.zw = dm.xy;
 #endif
-                    int d0 = 0, d1 = 0;
-                    [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                        d0 += sdot4(wq[i], xq[i], 0u);
-                        d1 += sdot4(wq[4u + i], xq[4u + i], 0u);
+                    [[unroll]] for (uint c = 0u; c < NCOLS; c++) {
+                        int d0 = 0, d1 = 0;
+                        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                            d0 += sdot4(wq[i], xq[c * 8u + i], 0u);
+                            d1 += sdot4(wq[4u + i], xq[c * 8u + 4u + i], 0u);
+                        }
+                        acc[r * NCOLS + c] +=
+                            dx[c] * (float(d0) * dm.x + float(s0[c]) * dm.y + float(d1) * dm.z + float(s1[c]) * dm.w);
                     }
-                    acc[r] += dx * (float(d0) * dm.x + float(s0) * dm.y + float(d1) * dm.z + float(s1) * dm.w);
                 }
             }
         }
-        for (uint b = tid; b < pc.nb && NCOLS > 1u; b += WG) {
 #else
         for (uint b = tid; b < pc.nb; b += WG) {
-#endif
             uint gi = b / GROUP, sub = b % GROUP;
             vec4 xb[NCOLS * 8u];
             [[unroll]] for (uint c = 0u; c < NCOLS; c++)
@@ -304,6 +320,7 @@ void main() {
                 }
             }
         }
+#endif
         [[unroll]] for (uint i = 0u; i < ROWS * NCOLS; i++) acc[i] *= scale[i % NCOLS];
     } else {
         // quarter blocks q = tid, tid + WG, ...: 8 values of each of the ROWS rows per trip

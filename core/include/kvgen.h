@@ -229,7 +229,7 @@ typedef struct kvgen_model_desc {
      * where the path has such kernels (its row groups: the 32-element and K types on AVX-512
      * VNNI and AArch64, the K types on AVX2), about twice the prompt speed on AVX-512 VNNI and
      * ~1-4% of the logit range from the reference (near-tied top-1 choices flip). vulkan: 8
-     * takes the integer types' one-token mat-vecs and prefill GEMMs by 8-bit integer dot
+     * takes the integer types' decode mat-vecs and prefill GEMMs by 8-bit integer dot
      * products where the device reports them accelerated (VK_KHR_shader_integer_dot_product;
      * docs/vulkan.md); 16 and other devices keep f32 activations. Other values:
      * KVGEN_E_INVALID_ARGUMENT. The reference backend ignores it. */

@@ -104,7 +104,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     CHECKF(st == KVGEN_OK, "%s", err.message);
     int bad = 0;
     double worst = 0;
-    bool dot = layout == KVG_VK_LAYOUT_DOT && (ncols == 1 || ncols > 8); /* the mat-vec or the GEMM */
+    bool dot = layout == KVG_VK_LAYOUT_DOT; /* the mat-vec (1 or a batch's 2-8 tokens) or the GEMM */
     float *xq = malloc(sizeof(float) * K);
     for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
         const float *xc = x + (size_t)c * K;
@@ -330,9 +330,9 @@ static void run_all(kvg_vk_ctx *ctx) {
         }
         check_matmul(ctx, t, 22, 2048 + 64, 17, true, 0, LANE); /* 8 tokens exceed one 64 KiB window */
     }
-    /* 8-bit activations by integer dot products, every integer type: the decode mat-vec and the
-     * prefill GEMM (partial row and token tiles), with the norm, the SwiGLU pair epilogue and
-     * the residual add, and rows past 65,535 elements */
+    /* 8-bit activations by integer dot products, every integer type: the decode mat-vec (one
+     * token, a batch's 3 and 8 tokens) and the prefill GEMM (partial row and token tiles), with
+     * the norm, the SwiGLU pair epilogue and the residual add, and rows past 65,535 elements */
     bool dots = subgroups && ctx->int_dot;
     for (size_t ti = 0; dots && ti < N_TYPES; ti++) {
         uint32_t t = types[ti];
@@ -341,6 +341,8 @@ static void run_all(kvg_vk_ctx *ctx) {
         check_matmul(ctx, t, 37, K, 1, true, 0, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 38, K, 1, false, 3, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 21, 256, 1, false, 1, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 40, K, 3, true, 3, KVG_VK_LAYOUT_DOT);
+        check_matmul(ctx, t, 42, 256, 8, false, 1, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 75, K, 45, true, 0, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 130, 256, 33, false, 3, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, t, 65, 768, 9, false, 1, KVG_VK_LAYOUT_DOT);

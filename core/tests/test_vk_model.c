@@ -18,6 +18,7 @@
 #include "kvg_gguf.h"
 #include "kvg_model.h"
 #include "kvg_quant.h"
+#include "kvg_session.h"
 #include "kvg_vk.h"
 #include "kvg_vk_backend.h"
 #include "testutil.h"
@@ -317,9 +318,9 @@ static void gpu_steps_model(void) {
 /* 8-bit activations (activation_bits = 8): the one-token mat-vecs and the prefill GEMMs by
  * integer dot products (matvec_dot_<type>, gemm_dot_<type>) on the cooperative layouts.
  * lavapipe does not report them accelerated, so the load keeps the f32 kernels there unless
- * KVGEN_VK_DOT=1. Against the reference (exact activations), a 20-token prompt and 16 decodes
- * of a Q4_K_M mix model: logits within 3% of (2 + the reference's largest magnitude), the
- * 8-bit input's rounding */
+ * KVGEN_VK_DOT=1. Against the reference (exact activations), a 20-token prompt, 16 decodes and
+ * 4 batched steps of 3 sessions of a Q4_K_M mix model: logits within 3% of (2 + the
+ * reference's largest magnitude), the 8-bit input's rounding */
 static void dot_model(void) {
     const char *args = "--mix q4_k_m --seed 39 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
     char *path = tu_make_model("vk_dot.gguf", args);
@@ -372,7 +373,33 @@ static void dot_model(void) {
             double e = excess(a, b, 1000, 0.03);
             if (e > worst) worst = e;
         }
-        printf("vk_dot.gguf (8-bit activations, integer dot products %s): worst prefill and decode |vulkan - "
+        /* batched steps (the 8-column mat-vecs): this session and two forks of it, each given
+         * its own token, against the reference's sessions decoded one by one */
+        kvgen_session *bv[3] = {sv, NULL, NULL}, *br[3] = {sr, NULL, NULL};
+        for (int i = 1; i < 3; i++) {
+            CHECK_OK(kvgen_session_fork(sv, &bv[i], &tu_err_));
+            CHECK_OK(kvgen_session_fork(sr, &br[i], &tu_err_));
+        }
+        for (int step = 0; step < 4 && bv[1] && bv[2] && br[1] && br[2]; step++) {
+            int32_t toks[3];
+            kvgen_status status[3];
+            kvgen_error errs[3];
+            for (int i = 0; i < 3; i++) {
+                toks[i] = (int32_t)((step * 31 + i * 257 + 5) % 1000);
+                CHECK_OK(kvgen_session_decode(br[i], toks[i], &tu_err_));
+            }
+            kvgen_status st = kvg_session_decode_batch(bv, toks, 3, true, status, errs);
+            CHECKF(st == KVGEN_OK, "8-bit activations: batch step %d: %s", step, errs[0].message);
+            for (int i = 0; st == KVGEN_OK && i < 3; i++) {
+                double e = excess(kvgen_session_logits(bv[i]), kvgen_session_logits(br[i]), 1000, 0.03);
+                if (e > worst) worst = e;
+            }
+        }
+        for (int i = 1; i < 3; i++) {
+            kvgen_session_close(bv[i]);
+            kvgen_session_close(br[i]);
+        }
+        printf("vk_dot.gguf (8-bit activations, integer dot products %s): worst prefill, decode and batch |vulkan - "
                "reference| / tolerance %.3f\n",
                can ? "on" : "not offered", worst);
         CHECKF(worst <= 1.0, "8-bit activations: logits off by %.2f x tolerance", worst);

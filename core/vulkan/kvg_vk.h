@@ -292,7 +292,7 @@ typedef enum kvg_vk_layout {
                                  * subgroup arithmetic */
     KVG_VK_LAYOUT_SUBGROUP_ONE = 3, /* the same with one subgroup per mat-vec workgroup (the
                                      * device's subgroup size), as a GPU's load picks it */
-    KVG_VK_LAYOUT_DOT = 4 /* SUBGROUP_ONE with an integer type's one-token mat-vec and prefill
+    KVG_VK_LAYOUT_DOT = 4 /* SUBGROUP_ONE with an integer type's decode mat-vec and prefill
                            * GEMM by integer dot products (matvec_dot_<type>, gemm_dot_<type>:
                            * 8-bit activations), as a load with activation_bits = 8 picks them on
                            * a device that has them */

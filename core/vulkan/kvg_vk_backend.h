@@ -94,7 +94,7 @@ typedef struct vk_model {
     bool subgroup;               /* the cooperative matvec and attention reduce by subgroup arithmetic
                                   * (matvec_sg_<type>, attn_sg) */
     bool attn_lane;              /* attention: attn_lane.comp, one invocation per (token, KV head, split) */
-    bool act8_dot;               /* the integer types' one-token mat-vecs and GEMMs by 8-bit integer
+    bool act8_dot;               /* the integer types' decode mat-vecs and GEMMs by 8-bit integer
                                   * dot products: matvec_dot_<type> (needs subgroup and !mv_lane),
                                   * gemm_dot_<type> */
     kvg_vk_mirror params;        /* the step's token ids, positions and tables' places */

@@ -325,7 +325,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     /* with subgroup reductions a mat-vec workgroup is one subgroup: no shared memory, no barrier */
     vm->mv_wg = kvg_vk_matvec_wg(ctx, vm->mv_lane, vm->subgroup);
     if (getenv("KVGEN_VK_WG")) vm->mv_wg = (uint32_t)atoi(getenv("KVGEN_VK_WG"));
-    /* 8-bit activations (kvgen_model_desc.activation_bits = 8): the integer types' one-token
+    /* 8-bit activations (kvgen_model_desc.activation_bits = 8): the integer types' decode
      * mat-vecs and prefill GEMMs by integer dot products where the device reports them
      * accelerated, on the cooperative layout with subgroup reductions; KVGEN_VK_DOT=1 takes
      * them wherever the device offers them at all (the tests on lavapipe), KVGEN_VK_DOT=0 never */

@@ -127,7 +127,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     spec[KVG_SPEC_KV_F16] = vm->ctx->kv_f16;
     if (epi == EPI_QKV) kvg_vk_kv_spec(vm, spec);
     if (ncols <= 8 || vm->mv_lane) {
-        bool dot = vm->act8_dot && ncols == 1 && !part->wt->pad;
+        bool dot = vm->act8_dot && !part->wt->pad;
         snprintf(name, sizeof name, "%s_%s", dot ? "matvec_dot" : vm->subgroup ? "matvec_sg" : "matvec",
                  part->wt->suffix);
         spec[KVG_SPEC_WG] = vm->mv_wg;
