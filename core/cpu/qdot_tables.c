@@ -26,12 +26,6 @@ static const kvg_qdot_kernel PORTABLE[N_KERNELS] = {
 #define GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, kvg_qdot_r_##t, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
 /* the K types' rows read the file's layout (no repack) */
 #define K_GROUP_ROW(type, t, act, p, g) {type, act, kvg_qdot_##p##_##t, NULL, kvg_qdot_##g##_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
-/* the K types but Q8_K */
-#define K_GROUP_TABLE(act, p, g)                                                                  \
-    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g), K_GROUP_ROW(KVG_TYPE_IQ4_XS, iq4_xs, act, p, g)}
-enum { N_K_GROUP_KERNELS = 6 };
 /* the 32-element types and the K types but Q8_K */
 #define GROUP_TABLE(act, p, g)                                                                  \
     {GROUP_ROW(KVG_TYPE_Q8_0, q8_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g),      \
@@ -81,7 +75,7 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
 /* avx2 and avx512: the K types but IQ4_XS in row groups of AVX2 (vpmaddubsw), against the same
- * activations; IQ4_XS and the other types keep their row kernels */
+ * activations; IQ4_XS and the other types keep their row kernels (but for B32_GROUPS_*_AVX2) */
 #define K_GROUP_TABLE_AVX2(act, p, g)                                                             \
     {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
      K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
@@ -89,15 +83,24 @@ static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8
 enum { N_GROUP_KERNELS_AVX2 = 5 };
 static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
 static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
+/* avx2 (not avx512, which keeps its own rows): the 32-element types whose vpmaddubsw pairs stay
+ * inside int16 in row groups too; Q8_0 and IQ4_NL keep their row kernels */
+#define B32_GROUP_TABLE_AVX2(act, p, g)                                                          \
+    {GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g),      \
+     GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g), GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g)}
+enum { N_B32_GROUP_KERNELS_AVX2 = 4 };
+static const kvg_qdot_kernel B32_GROUPS_QS_AVX2[N_B32_GROUP_KERNELS_AVX2] = B32_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
+static const kvg_qdot_kernel B32_GROUPS_Q8_AVX2[N_B32_GROUP_KERNELS_AVX2] = B32_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
 /* avx512 and avx512vnni: the float types in row groups (their 16 rows one after another, 4 rows
  * by 4 tokens at a time), with the f32 activations at both precisions */
 #define FL_GROUP_ROW(type, t) {type, KVG_ACT_F32, kvg_qdot_x5_##t, NULL, kvg_qdot_g5_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
 enum { N_FL_GROUP_KERNELS = 3 };
 static const kvg_qdot_kernel GROUPS_FL_AVX512[N_FL_GROUP_KERNELS] = {
     FL_GROUP_ROW(KVG_TYPE_F32, f32), FL_GROUP_ROW(KVG_TYPE_F16, f16), FL_GROUP_ROW(KVG_TYPE_BF16, bf16)};
-/* avxvnni: those groups with vpdpbusd, IQ4_XS's too (no int16 step to saturate) */
-static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_QS, ps, ys);
-static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_K_GROUP_KERNELS] = K_GROUP_TABLE(KVG_ACT_Q8, p8, yv);
+/* avxvnni: those groups with vpdpbusd, IQ4_XS's, Q8_0's and IQ4_NL's too (no int16 step to
+ * saturate) */
+static const kvg_qdot_kernel GROUPS_QS_AVXVNNI[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, ys);
+static const kvg_qdot_kernel GROUPS_Q8_AVXVNNI[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, yv);
 #endif
 
 #ifdef KVG_ARM
@@ -157,10 +160,12 @@ static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8
     if ((isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVX512) && find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type))
         return find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
+    if (isa == KVG_ISA_AVX2 && find(act8 ? B32_GROUPS_Q8_AVX2 : B32_GROUPS_QS_AVX2, N_B32_GROUP_KERNELS_AVX2, type))
+        return find(act8 ? B32_GROUPS_Q8_AVX2 : B32_GROUPS_QS_AVX2, N_B32_GROUP_KERNELS_AVX2, type);
     if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
         return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
     if (isa == KVG_ISA_AVXVNNI)
-        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_K_GROUP_KERNELS, type);
+        return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS, type);
 #endif
 #ifdef KVG_ARM
     if (isa == KVG_ISA_NEON) return find(act8 ? GROUPS_Q8_NEON : GROUPS_QS_NEON, N_GROUP_KERNELS, type);

@@ -1092,6 +1092,64 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
     }
 }
 
+/* The 32-element types' groups (b32_group_pack) on the avx2 and avxvnni paths: each chunk of 64
+ * bytes read as two halves of 8 rows, as the K groups above, against the same byte activations,
+ * one scale (and minimum) per block, in the order of b32_group_vnni: each lane gets the bits of
+ * the avx512vnni group and of the portable row kernel. With vpmaddubsw (avx2) only the types whose
+ * int16 pairs cannot saturate: Q4_0 and Q4_1 (levels up to 15, 8 chunks added in int16), Q5_0
+ * and Q5_1 (up to 31, 4 chunks); Q8_0's and IQ4_NL's levels + 128 reach 255 and 241, so they
+ * keep their row kernels there. avxvnni (vpdpbusd) takes all six. */
+INL int b32_run16(b32_kind k) { return b32_has_qh(k) ? 4 : 8; }
+
+AVX2 INL void b32_group_avx2(bool vnni, b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t,
+                             const int nt, float *out, size_t os) {
+    const int n = a->n, nb = n / KVG_QB, run = b32_run16(k);
+    const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    int8_t lv[16];
+    for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
+    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lv));
+    __m256 acc[KVG_GROUP_TILE][2];
+    for (int i = 0; i < nt; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = g + b32_group_block(k) * (size_t)b;
+        for (size_t off = 0; off < b32_group_block(k); off += 64) /* a few blocks ahead, as b32_group_vnni */
+            _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + off), _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) { /* rows 8h..8h+7 */
+            __m256i w[8];
+            if (k == B_Q8_0) {
+                for (int j = 0; j < 8; j++) w[j] = ld256(blk + 64 * j + 32 * h);
+            } else {
+                for (int c = 0; c < 4; c++) {
+                    __m256i x = ld256(blk + 64 * c + 32 * h);
+                    w[c] = _mm256_and_si256(x, m4);
+                    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+                }
+                if (k == B_IQ4_NL)
+                    for (int j = 0; j < 8; j++) w[j] = _mm256_shuffle_epi8(iq4, w[j]);
+                if (b32_has_qh(k)) { /* chunk j's fifth bits: bit j of each byte of qh */
+                    __m256i qh = ld256(blk + 256 + 32 * h);
+                    for (int j = 0; j < 8; j++) w[j] = _mm256_or_si256(w[j], move_bit8(qh, j, 4, 1));
+                }
+            }
+            __m256 dw = f16x8(blk + qbytes + 16 * h);
+            __m256 mw = b32_has_min(k) ? f16x8(blk + qbytes + 32 + 16 * h)
+                                       : _mm256_mul_ps(dw, _mm256_set1_ps((float)-b32_uoffset(k)));
+            for (int i = 0; i < nt; i++) {
+                size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
+                __m256i isum = kg_dot_act_avx2(vnni, w, a->q8 + at, split ? a->q8h + at : NULL, 8, run);
+                __m256 f = _mm256_cvtepi32_ps(isum);
+                acc[i][h] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(a->d8[row * nb + b])), acc[i][h]);
+                acc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s8[row * nb + b]), acc[i][h]);
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        _mm256_storeu_ps(out + (size_t)i * os, acc[i][0]);
+        _mm256_storeu_ps(out + (size_t)i * os + 8, acc[i][1]);
+    }
+}
+
 #define KQ_GROUP_AVX2(kind, split, ...) kq_group_avx2(false, kind, split, __VA_ARGS__)
 #define KQ_GROUP_AVXVNNI(kind, split, ...) kq_group_avx2(true, kind, split, __VA_ARGS__)
 #define K_GROUP_KERNEL_AVX2(name, kind, split) TILE_KERNEL(name, AVX2, KQ_GROUP_AVX2, kind, split)
@@ -1118,4 +1176,28 @@ K_GROUP_KERNEL_AVXVNNI(ys_q4_k, K_Q4, true)
 K_GROUP_KERNEL_AVXVNNI(ys_q5_k, K_Q5, true)
 K_GROUP_KERNEL_AVXVNNI(ys_q6_k, K_Q6, true)
 K_GROUP_KERNEL_AVXVNNI(ys_iq4_xs, K_IQ4XS, true)
+#define B32_GROUP_AVX2(kind, split, ...) b32_group_avx2(false, kind, split, __VA_ARGS__)
+#define B32_GROUP_AVXVNNI(kind, split, ...) b32_group_avx2(true, kind, split, __VA_ARGS__)
+#define B32_GROUP_KERNEL_AVX2(name, kind, split) TILE_KERNEL(name, AVX2, B32_GROUP_AVX2, kind, split)
+#define B32_GROUP_KERNEL_AVXVNNI(name, kind, split) TILE_KERNEL(name, AVX2, B32_GROUP_AVXVNNI, kind, split)
+B32_GROUP_KERNEL_AVX2(av_q4_0, B_Q4_0, false)
+B32_GROUP_KERNEL_AVX2(av_q4_1, B_Q4_1, false)
+B32_GROUP_KERNEL_AVX2(av_q5_0, B_Q5_0, false)
+B32_GROUP_KERNEL_AVX2(av_q5_1, B_Q5_1, false)
+B32_GROUP_KERNEL_AVX2(as_q4_0, B_Q4_0, true)
+B32_GROUP_KERNEL_AVX2(as_q4_1, B_Q4_1, true)
+B32_GROUP_KERNEL_AVX2(as_q5_0, B_Q5_0, true)
+B32_GROUP_KERNEL_AVX2(as_q5_1, B_Q5_1, true)
+B32_GROUP_KERNEL_AVXVNNI(yv_q4_0, B_Q4_0, false)
+B32_GROUP_KERNEL_AVXVNNI(yv_q4_1, B_Q4_1, false)
+B32_GROUP_KERNEL_AVXVNNI(yv_q5_0, B_Q5_0, false)
+B32_GROUP_KERNEL_AVXVNNI(yv_q5_1, B_Q5_1, false)
+B32_GROUP_KERNEL_AVXVNNI(yv_q8_0, B_Q8_0, false)
+B32_GROUP_KERNEL_AVXVNNI(yv_iq4_nl, B_IQ4_NL, false)
+B32_GROUP_KERNEL_AVXVNNI(ys_q4_0, B_Q4_0, true)
+B32_GROUP_KERNEL_AVXVNNI(ys_q4_1, B_Q4_1, true)
+B32_GROUP_KERNEL_AVXVNNI(ys_q5_0, B_Q5_0, true)
+B32_GROUP_KERNEL_AVXVNNI(ys_q5_1, B_Q5_1, true)
+B32_GROUP_KERNEL_AVXVNNI(ys_q8_0, B_Q8_0, true)
+B32_GROUP_KERNEL_AVXVNNI(ys_iq4_nl, B_IQ4_NL, true)
 #endif /* KVG_X86 */

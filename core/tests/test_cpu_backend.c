@@ -9,13 +9,15 @@
  *   attention's runs of keys) are checked against libm and the reference's helpers; a run of
  *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV
  *   pages are f16) give the f32 forms' bits on the rows converted to f32, on every path. Group
- *   kernels (avx512vnni, neon, dotprod: the 32-element and K types; avx2 and avx512: the K
- *   types but IQ4_XS; avxvnni: the K types; avx512 and avx512vnni: the float types, also on
+ *   kernels (avx512vnni, avxvnni, neon, dotprod: the 32-element and K types; avx2: Q4_0, Q4_1,
+ *   Q5_0, Q5_1 and the K types but IQ4_XS; avx512: the K types but IQ4_XS; avx512 and
+ *   avx512vnni: the float types, also on
  *   rows with a tail past their vectors) give their row kernels' bits on every tile, also on
  *   rows of 3 K blocks (an odd number for the K types) and on levels and activation bytes at
  *   the ends of their ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
  *   models' logits (also with rows of 3 K blocks, an output matrix that does not fill groups,
- *   and 8-bit activations) are the same bits on every x86 path with K-type groups.
+ *   and 8-bit activations), and a Q5_1 model's, are the same bits on every x86 path with
+ *   those groups.
  * - Models, against the reference: random models of every traits type, and of the
  *   architecture features (qwen2 biases, qwen3 Q/K norms and wide heads, gemma2 post norms,
  *   soft-capping, sliding window, llama rope_freqs): all prefill logits and the decodes after,
@@ -305,7 +307,11 @@ static void test_kernels(void) {
 /* whether path isa runs the matrices of a 32-element or K type in row groups (kvg_qdot.h), at
  * both activation precisions */
 static bool expect_group(int isa, uint32_t type) {
-    if (kvg_type_block_elems(type) == KVG_QB) return isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD;
+    if (kvg_type_block_elems(type) == KVG_QB) {
+        if (isa == KVG_ISA_AVX2) /* vpmaddubsw: the types whose int16 pairs cannot saturate */
+            return type == KVG_TYPE_Q4_0 || type == KVG_TYPE_Q4_1 || type == KVG_TYPE_Q5_0 || type == KVG_TYPE_Q5_1;
+        return isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD;
+    }
     switch (isa) {
     case KVG_ISA_AVX2:
     case KVG_ISA_AVX512: return type != KVG_TYPE_IQ4_XS;
