@@ -32,6 +32,8 @@ install_packages() {
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # the downloaded packages (well over 1 GiB with Wine and the cross compilers) are installed now
+  $sudo apt-get clean
 }
 
 [ "${KVGEN_SKIP_PACKAGES:-0}" = 1 ] || install_packages

@@ -13,6 +13,10 @@
 #   KVGEN_TEST_REMOTE=0  skip the remote-model specs (spec/remote_spec.lua): by default their server,
 #                        llama-cpp-python's (scripts/llama_server.sh), is installed first (built once,
 #                        a few minutes; then cached) and the specs must run
+#   KVGEN_TEST_CLEAN=1   remove each stage's build tree once no later stage needs it (the Windows
+#                        build with its Wine prefix and dependencies, the fuzz and AArch64 builds,
+#                        the sanitizer build after its busted run), so that the disk holds about one
+#                        of them at a time (.ci/run sets it); the free space is printed as stages end
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
@@ -36,7 +40,17 @@ build() { # dir, extra cmake args...
     cmake --build "$dir" -j"$jobs" >"$dir.build.log" 2>&1 || { cat "$dir.build.log"; return 1; }
 }
 
+# free MiB on the checkout's file system, printed as stages end, so that a run that fills a small
+# disk says where; with KVGEN_TEST_CLEAN=1 the stage's build trees go first
+disk_free() { df -Pm "$here" 2>/dev/null | awk 'NR == 2 { print $4 }'; }
+stage_done() { # stage name, build trees no later stage reads...
+  local name=$1; shift
+  if [ "${KVGEN_TEST_CLEAN:-0}" = 1 ] && [ $# -gt 0 ]; then rm -rf "$@"; fi
+  echo "disk: $(disk_free) MiB free after $name"
+}
+
 mkdir -p "$log_dir"
+echo "disk: $(disk_free) MiB free before the build"
 # Windows: where the mingw-w64 cross compiler is installed (scripts/setup.sh), the library
 # (static and kvgen.dll), the CLI and the C tests are cross-built warning-free with
 # cmake/mingw-w64-x86_64.cmake (PCRE2 built from Debian's source by scripts/mingw-deps.sh), and
@@ -194,14 +208,18 @@ if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
   vk_sg4_stage
+  stage_done "ctest"
   consumer_check
   aarch64_check
+  stage_done "aarch64" "$here/build-aarch64"
 else
   echo "build failed"; failed=$((failed + 1))
 fi
 
 windows_stage
+stage_done "windows" "$here/build-win" "$here/build-win-deps"
 fuzz_stage
+stage_done "fuzz" "$here/build-fuzz"
 
 if [ "${KVGEN_TEST_QUICK:-0}" != 1 ]; then
   if build "$here/build-asan" -DKVGEN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
@@ -216,6 +234,7 @@ if [ "${KVGEN_TEST_QUICK:-0}" != 1 ]; then
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       ctest --test-dir "$here/build-asan" --output-on-failure -j"$jobs" -LE slow 2>&1 | tee "$log_dir/ctest-asan.log"
     count_ctest "$log_dir/ctest-asan.log" "ASan+UBSan"
+    stage_done "ASan+UBSan ctest"
   else
     echo "sanitizer build failed"; failed=$((failed + 1))
   fi
@@ -259,6 +278,7 @@ if [ "${KVGEN_TEST_REMOTE:-1}" != 0 ] && [ "${KVGEN_TEST_QUICK:-0}" != 1 ]; then
   if bash "$here/scripts/llama_server.sh" install >"$log_dir/llama-server-install.log" 2>&1; then
     export KVGEN_TEST_REMOTE=1
     echo "remote: llama-cpp-python's server ready in $(($(date +%s) - t0)) s"
+    stage_done "llama-cpp-python's install"
   else
     tail -n 30 "$log_dir/llama-server-install.log"
     echo "remote: installing llama-cpp-python's server failed"; failed=$((failed + 1))
@@ -274,6 +294,7 @@ if ls spec/*_spec.lua >/dev/null 2>&1; then
       LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so) ${lvp:-}" \
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:verify_asan_link_order=0 LSAN_OPTIONS=suppressions=$here/scripts/lsan.supp \
       UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    stage_done "busted (ASan+UBSan)" "$here/build-asan"
   fi
 fi
 
@@ -305,6 +326,7 @@ rocks_check() {
     cat "$log_dir/luarocks.log"; failed=$((failed + 1)); echo "luarocks make failed"
   fi
   rm -rf "$tree" "$here/build.luarocks"
+  stage_done "luarocks"
 }
 
 if [ "${KVGEN_TEST_ROCKS:-1}" != 0 ]; then
