@@ -950,9 +950,16 @@ AVX2 INL void kq_group_levels_avx2(kq_kind k, const uint8_t *p, __m256i iq4, __m
 
 /* AVX-VNNI's vpdpbusd on ymm registers (the VEX form): acc + per lane the sum of the 4 products
  * of u's unsigned bytes with s's signed ones. Written as an instruction so that one kernel body
- * serves the avx2 and avxvnni paths (an intrinsic would need the avxvnni target in the body). */
+ * serves the avx2 and avxvnni paths (an intrinsic would need the avxvnni target in the body).
+ * A test build with KVG_AVXVNNI_EVEX (cmake -DKVGEN_TEST_AVXVNNI_EVEX=ON) issues the same
+ * operation in AVX-512 VNNI's EVEX encoding on the same ymm registers, and cpu_features.c then
+ * offers the path where AVX-512 VNNI and VL are, so that its kernels run on such CPUs too. */
 AVX2 INL __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+#if KVG_AVXVNNI_EVEX
+    __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+#else
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+#endif
     return acc;
 }
 /* per lane, sum over chunks c < nc of w[c]'s 4 levels times the bytes q + 4c: vpdpbusd's sum

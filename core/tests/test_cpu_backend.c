@@ -37,7 +37,8 @@
  *   KVGEN_CPU_ISA refuses a bad name and a path this CPU lacks (set for the run, it puts the
  *   models on that path, and their checks expect that path's kernels). KVGEN_TEST_EXPECT_ISA, when
  *   set, is the path the run-time detection must pick (the AArch64 stage runs under qemu with
- *   and without the dot product).
+ *   and without the dot product); KVGEN_TEST_EXPECT_PATHS, paths that must be on offer (the
+ *   sanitizer build's avxvnni stand-in, KVGEN_TEST_AVXVNNI_EVEX, on an AVX-512 VNNI CPU).
  * - The default model (when present): top-1 agreement with the reference at >= 99% of the
  *   positions of a ~256-token teacher-forced text; against llama.cpp on the same weights in f32
  *   (test_parity's fixture: the reference's bounds, top-1 everywhere and logits within 0.1),
@@ -1305,6 +1306,19 @@ int main(void) {
     if (want && *want)
         CHECKF(strcmp(want, kvg_cpu_isa_name(kvg_cpu_isa_best())) == 0, "detected path %s, expected %s (features: %s)",
                kvg_cpu_isa_name(kvg_cpu_isa_best()), want, have);
+    /* KVGEN_TEST_EXPECT_PATHS: paths that must be on offer, comma-separated (a build with
+     * KVGEN_TEST_AVXVNNI_EVEX on an AVX-512 VNNI CPU must offer avxvnni, or it tests nothing) */
+    const char *paths = getenv("KVGEN_TEST_EXPECT_PATHS");
+    for (const char *p = paths; p && *p;) {
+        size_t n = strcspn(p, ",");
+        bool found = false;
+        for (int i = 0; i < KVG_ISA_COUNT; i++) {
+            const char *name = kvg_cpu_isa_name((kvg_cpu_isa)i);
+            if (strlen(name) == n && strncmp(name, p, n) == 0) found = kvg_cpu_isa_supported((kvg_cpu_isa)i);
+        }
+        CHECKF(found, "KVGEN_TEST_EXPECT_PATHS: the %.*s path is not on offer (features: %s)", (int)n, p, have);
+        p += n + (p[n] == ',');
+    }
     test_kernels();
     test_group_shapes();
     test_vec_ops();
