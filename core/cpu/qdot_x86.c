@@ -574,6 +574,17 @@ INL void kg_prefetch(kq_kind k, const uint8_t *sb, int j) {
 }
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
+/* vpdpbusd of w's unsigned bytes with the 4 signed activation bytes at p broadcast to every lane,
+ * the broadcast folded into the instruction ({1to16}): one micro-fused instruction per product,
+ * where gcc makes a vpbroadcastd and a vpdpbusd of the intrinsics (clang folds them itself) */
+typedef struct {
+    int8_t b[4];
+} vnni_b4; /* 4 bytes at any alignment, for the asm's memory operand */
+VNNI INL __m512i dpbusd_b4(__m512i acc, __m512i w, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const vnni_b4 *)p));
+    return acc;
+}
+
 VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t, const int nt,
                              float *out, size_t os) {
     const int n = a->n, nb = n / KVG_QB;
@@ -614,21 +625,24 @@ VNNI INL void b32_group_vnni(b32_kind k, bool split, const uint8_t *g, const kvg
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + qbytes)));
         __m512 mw = b32_has_min(k) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + qbytes + 32)))
                                    : _mm512_mul_ps(dw, _mm512_set1_ps((float)-b32_uoffset(k)));
+        /* unrolled, so that each token's accumulator stays in a register (gcc otherwise keeps
+         * a tile of 8's on the stack) */
+#pragma GCC unroll 8
         for (int i = 0; i < nt; i++) {
             size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
             const int8_t *qv = a->q8 + at; /* 4 bytes broadcast from memory per product */
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             for (int j = 0; j < 8; j += 2) {
-                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * j)));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * j + 4)));
+                s0 = dpbusd_b4(s0, w[j], qv + 4 * j);
+                s1 = dpbusd_b4(s1, w[j + 1], qv + 4 * j + 4);
             }
             __m512i isum = _mm512_add_epi32(s0, s1);
             if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
                 const int8_t *hv = a->q8h + at;
                 __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
-                    h0 = _mm512_dpbusd_epi32(h0, w[j], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * j)));
-                    h1 = _mm512_dpbusd_epi32(h1, w[j + 1], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * j + 4)));
+                    h0 = dpbusd_b4(h0, w[j], hv + 4 * j);
+                    h1 = dpbusd_b4(h1, w[j + 1], hv + 4 * j + 4);
                 }
                 isum = _mm512_add_epi32(isum, _mm512_slli_epi32(_mm512_add_epi32(h0, h1), 8));
             }
@@ -821,21 +835,23 @@ VNNI INL void kq_group_vnni(kq_kind k, bool split, const uint8_t *g, const kvg_q
                 dw[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc[h]));
                 mw[h] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn[h]));
             }
+            /* unrolled: each token's accumulator in a register (as b32_group_vnni) */
+#pragma GCC unroll 8
             for (int i = 0; i < nt; i++) {
                 size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QK * b + 32 * (size_t)j;
                 size_t bi = row * (size_t)n32 + 8 * (size_t)b + (size_t)j;
                 const int8_t *qv = a->q8 + at;
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
                 for (int c = 0; c < 4; c++) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[c], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 4 * c)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[c + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qv + 16 + 4 * c)));
+                    s0 = dpbusd_b4(s0, w[c], qv + 4 * c);
+                    s1 = dpbusd_b4(s1, w[c + 4], qv + 16 + 4 * c);
                 }
                 if (split) { /* sum(u q) = 256 sum(u hi) + sum(u lo) */
                     const int8_t *hv = a->q8h + at;
                     __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
                     for (int c = 0; c < 4; c++) {
-                        h0 = _mm512_dpbusd_epi32(h0, w[c], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 4 * c)));
-                        h1 = _mm512_dpbusd_epi32(h1, w[c + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(hv + 16 + 4 * c)));
+                        h0 = dpbusd_b4(h0, w[c], hv + 4 * c);
+                        h1 = dpbusd_b4(h1, w[c + 4], hv + 16 + 4 * c);
                     }
                     s0 = _mm512_add_epi32(s0, _mm512_slli_epi32(h0, 8));
                     s1 = _mm512_add_epi32(s1, _mm512_slli_epi32(h1, 8));
