@@ -330,8 +330,7 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 /* ---- the kernels of the tables (qdot_tables.c) ------------------------------------------------
  * kvg_qdot_<path>_<type>: p portable; p8, ps the 8-bit and split 16-bit row kernels; x2 avx2; x5
  * avx512; xv avx512 with vpdpwssd; gv, gs the avx512vnni group kernels (8-bit, split); av, as the
- * avx2 group kernels (8-bit, split: the K types but IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1), yv, ys
- * those of avxvnni (every grouped type); n neon; d dotprod;
+ * avx2 group kernels (8-bit, split: the narrow types), yv, ys those of avxvnni; n neon; d dotprod;
  * nv, ns and dv, ds the neon and dotprod group kernels (8-bit, split); g5 the avx512 group
  * kernels of the float types. r: a 32-element type's
  * repacking; g, gb: a group's packing and its size. */
@@ -343,10 +342,10 @@ INL bool kg_2bit(kq_kind k) { return k == K_Q2 || k == K_Q3; }
 #define KVG_QDOT_B32(X, p) X(p##_q4_0) X(p##_q4_1) X(p##_q5_0) X(p##_q5_1) X(p##_q8_0) X(p##_iq4_nl)
 #define KVG_QDOT_KG(X, p) X(p##_q2_k) X(p##_q3_k) X(p##_q4_k) X(p##_q5_k) X(p##_q6_k) X(p##_iq4_xs)
 #define KVG_QDOT_KQ(X, p) KVG_QDOT_KG(X, p) X(p##_q8_k)
-/* the K types with AVX2 groups: not IQ4_XS (vpmaddubsw would saturate, qdot_x86.c) */
-#define KVG_QDOT_KG2(X, p) X(p##_q2_k) X(p##_q3_k) X(p##_q4_k) X(p##_q5_k) X(p##_q6_k)
-/* the 32-element types with AVX2 groups: not Q8_0 and IQ4_NL (vpmaddubsw would saturate) */
-#define KVG_QDOT_B32_2(X, p) X(p##_q4_0) X(p##_q4_1) X(p##_q5_0) X(p##_q5_1)
+/* the types whose levels vpmaddubsw takes whole (up to 63; not Q8_0, IQ4_NL, IQ4_XS): AVX2's
+ * groups against split 16-bit activations */
+#define KVG_QDOT_NARROW(X, p)                                                                          \
+    X(p##_q4_0) X(p##_q4_1) X(p##_q5_0) X(p##_q5_1) X(p##_q2_k) X(p##_q3_k) X(p##_q4_k) X(p##_q5_k) X(p##_q6_k)
 #define KVG_QDOT_FL(X, p) X(p##_f32) X(p##_f16) X(p##_bf16)
 #define KVG_QDOT_GROUPED(X, p) KVG_QDOT_B32(X, p) KVG_QDOT_KG(X, p) /* the types with row groups */
 
@@ -362,8 +361,7 @@ KVG_QDOT_B32(KVG_QDOT_DOT, x2) KVG_QDOT_KQ(KVG_QDOT_DOT, x2) KVG_QDOT_FL(KVG_QDO
 KVG_QDOT_B32(KVG_QDOT_DOT, x5) KVG_QDOT_FL(KVG_QDOT_DOT, x5) KVG_QDOT_B32(KVG_QDOT_DOT, xv)
 KVG_QDOT_FL(KVG_QDOT_DOT, g5) KVG_QDOT_FL(KVG_QDOT_GROUP_PACK, g) KVG_QDOT_FL(KVG_QDOT_GROUP_BYTES, gb)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, gv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, gs)
-KVG_QDOT_KG2(KVG_QDOT_DOT, av) KVG_QDOT_KG2(KVG_QDOT_DOT, as)
-KVG_QDOT_B32_2(KVG_QDOT_DOT, av) KVG_QDOT_B32_2(KVG_QDOT_DOT, as)
+KVG_QDOT_GROUPED(KVG_QDOT_DOT, av) KVG_QDOT_NARROW(KVG_QDOT_DOT, as)
 KVG_QDOT_GROUPED(KVG_QDOT_DOT, yv) KVG_QDOT_GROUPED(KVG_QDOT_DOT, ys)
 void kvg_qdot_quant_qb_avx2(const float *x, int n, int16_t *q, float *d, float *s);
 void kvg_qdot_quant_qk_avx2(const float *x, int n, int16_t *q, float *d, int32_t *bsum);

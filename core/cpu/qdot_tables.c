@@ -1,6 +1,6 @@
 /* qdot_tables.c: the kernel tables, one per path (which kernel dots each weight type, with which
- * activations), the row-group tables (avx512vnni: GROUPS_QS, GROUPS_Q8; avx2 and avx512:
- * GROUPS_*_AVX2; avx512 and avx512vnni: GROUPS_FL_AVX512, the float types; avxvnni:
+ * activations), the row-group tables (avx512vnni: GROUPS_QS, GROUPS_Q8; avx2, and avx512's K
+ * types: GROUPS_*_AVX2; avx512 and avx512vnni: GROUPS_FL_AVX512, the float types; avxvnni:
  * GROUPS_*_AVXVNNI; neon, dotprod: GROUPS_*_NEON, GROUPS_*_DOTPROD), and the choice of a
  * path's kernels and quantizers (kvg_qdot.h). */
 #include "qdot_internal.h"
@@ -74,23 +74,19 @@ static const kvg_qdot_kernel AVX512_VNNI_TABLE[N_KERNELS] = {
  * VNNI CPU */
 static const kvg_qdot_kernel GROUPS_QS[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_QS, ps, gs);
 static const kvg_qdot_kernel GROUPS_Q8[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, gv);
-/* avx2 and avx512: the K types but IQ4_XS in row groups of AVX2 (vpmaddubsw), against the same
- * activations; IQ4_XS and the other types keep their row kernels (but for B32_GROUPS_*_AVX2) */
-#define K_GROUP_TABLE_AVX2(act, p, g)                                                             \
-    {K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, act, p, g), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, act, p, g),   \
-     K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, act, p, g)}
-enum { N_GROUP_KERNELS_AVX2 = 5 };
-static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
-static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS_AVX2] = K_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
-/* avx2 (not avx512, which keeps its own rows): the 32-element types whose vpmaddubsw pairs stay
- * inside int16 in row groups too; Q8_0 and IQ4_NL keep their row kernels */
-#define B32_GROUP_TABLE_AVX2(act, p, g)                                                          \
-    {GROUP_ROW(KVG_TYPE_Q4_0, q4_0, act, p, g), GROUP_ROW(KVG_TYPE_Q4_1, q4_1, act, p, g),      \
-     GROUP_ROW(KVG_TYPE_Q5_0, q5_0, act, p, g), GROUP_ROW(KVG_TYPE_Q5_1, q5_1, act, p, g)}
-enum { N_B32_GROUP_KERNELS_AVX2 = 4 };
-static const kvg_qdot_kernel B32_GROUPS_QS_AVX2[N_B32_GROUP_KERNELS_AVX2] = B32_GROUP_TABLE_AVX2(KVG_ACT_QS, ps, as);
-static const kvg_qdot_kernel B32_GROUPS_Q8_AVX2[N_B32_GROUP_KERNELS_AVX2] = B32_GROUP_TABLE_AVX2(KVG_ACT_Q8, p8, av);
+/* avx2: the 32-element and K types in row groups of AVX2 (vpmaddubsw), against the same
+ * activations; avx512 takes the K types' rows of these (its own rows for the 32-element types).
+ * Against split activations only the narrow types: Q8_0's, IQ4_NL's and IQ4_XS's levels take
+ * two nibbles there (qdot_x86.c), four vpmaddubsw per 4 products, slower on prompts than their
+ * rows' vpmaddwd on 16-bit activations (docs/architecture.md) */
+static const kvg_qdot_kernel GROUPS_Q8_AVX2[N_GROUP_KERNELS] = GROUP_TABLE(KVG_ACT_Q8, p8, av);
+enum { N_GROUP_KERNELS_QS_AVX2 = 9 };
+static const kvg_qdot_kernel GROUPS_QS_AVX2[N_GROUP_KERNELS_QS_AVX2] = {
+    GROUP_ROW(KVG_TYPE_Q4_0, q4_0, KVG_ACT_QS, ps, as),   GROUP_ROW(KVG_TYPE_Q4_1, q4_1, KVG_ACT_QS, ps, as),
+    GROUP_ROW(KVG_TYPE_Q5_0, q5_0, KVG_ACT_QS, ps, as),   GROUP_ROW(KVG_TYPE_Q5_1, q5_1, KVG_ACT_QS, ps, as),
+    K_GROUP_ROW(KVG_TYPE_Q2_K, q2_k, KVG_ACT_QS, ps, as), K_GROUP_ROW(KVG_TYPE_Q3_K, q3_k, KVG_ACT_QS, ps, as),
+    K_GROUP_ROW(KVG_TYPE_Q4_K, q4_k, KVG_ACT_QS, ps, as), K_GROUP_ROW(KVG_TYPE_Q5_K, q5_k, KVG_ACT_QS, ps, as),
+    K_GROUP_ROW(KVG_TYPE_Q6_K, q6_k, KVG_ACT_QS, ps, as)};
 /* avx512 and avx512vnni: the float types in row groups (their 16 rows one after another, 4 rows
  * by 4 tokens at a time), with the f32 activations at both precisions */
 #define FL_GROUP_ROW(type, t) {type, KVG_ACT_F32, kvg_qdot_x5_##t, NULL, kvg_qdot_g5_##t, kvg_qdot_g_##t, kvg_qdot_gb_##t}
@@ -160,10 +156,8 @@ static const kvg_qdot_kernel *group_of(kvg_cpu_isa isa, uint32_t type, bool act8
     if ((isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVX512) && find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type))
         return find(GROUPS_FL_AVX512, N_FL_GROUP_KERNELS, type);
     if (isa == KVG_ISA_AVX512VNNI) return find(act8 ? GROUPS_Q8 : GROUPS_QS, N_GROUP_KERNELS, type);
-    if (isa == KVG_ISA_AVX2 && find(act8 ? B32_GROUPS_Q8_AVX2 : B32_GROUPS_QS_AVX2, N_B32_GROUP_KERNELS_AVX2, type))
-        return find(act8 ? B32_GROUPS_Q8_AVX2 : B32_GROUPS_QS_AVX2, N_B32_GROUP_KERNELS_AVX2, type);
-    if (isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512)
-        return find(act8 ? GROUPS_Q8_AVX2 : GROUPS_QS_AVX2, N_GROUP_KERNELS_AVX2, type);
+    if (isa == KVG_ISA_AVX2 || (isa == KVG_ISA_AVX512 && kvg_type_block_elems(type) == KVG_QK))
+        return act8 ? find(GROUPS_Q8_AVX2, N_GROUP_KERNELS, type) : find(GROUPS_QS_AVX2, N_GROUP_KERNELS_QS_AVX2, type);
     if (isa == KVG_ISA_AVXVNNI)
         return find(act8 ? GROUPS_Q8_AVXVNNI : GROUPS_QS_AVXVNNI, N_GROUP_KERNELS, type);
 #endif

@@ -901,18 +901,21 @@ K_GROUP_KERNEL(gs_iq4_xs, K_IQ4XS, true)
  * umax, umax the largest level (Q2_K 3, Q3_K 7, Q4_K 15, Q5_K 31, Q6_K 63), so that cannot
  * saturate, and the pairs of `run` chunks (kg_run16) are added in int16 first without leaving it;
  * the integer sums are exact, so each lane gets the bits of the avx512vnni group and of the
- * portable row kernel. IQ4_XS has no group here: its levels + 128 reach 241 and a pair 61 696.
- * The avxvnni path (AVX-VNNI, 256-bit) runs the same kernels with vpdpbusd in place of the two
- * instructions (no int16 step), IQ4_XS included.
+ * portable row kernel. IQ4_XS's levels + 128 reach 241 (a pair 61 696): there each level is
+ * taken as two nibbles, 16 hi + lo, and each nibble dotted as Q4_K's levels (split_nibbles,
+ * dot_levels_avx2), two products where the narrower types take one. The avxvnni path
+ * (AVX-VNNI, 256-bit) runs the same kernels with vpdpbusd in place of the two instructions (no
+ * int16 step, whole levels).
  * ================================================================================================ */
 
-/* chunks whose int16 pair sums add up without overflow: 32767 / (256 umax) (IQ4_XS runs
- * vpdpbusd alone) */
+/* chunks whose int16 pair sums add up without overflow: 32767 / (256 umax) (IQ4_XS: of its
+ * nibbles) */
 INL int kg_run16(kq_kind k) {
     switch (k) {
     case K_Q2:
     case K_Q3:
-    case K_Q4: return 8;
+    case K_Q4:
+    case K_IQ4XS: return 8;
     case K_Q5: return 4;
     default: return 2; /* Q6_K */
     }
@@ -1002,6 +1005,23 @@ AVX2 INL __m256i kg_dot_act_avx2(bool vnni, const __m256i *w, const int8_t *q, c
     if (hi) s = _mm256_add_epi32(s, _mm256_slli_epi32(kg_dot_avx2(vnni, w, hi, nc, run), 8)); /* 256 sum(u hi) */
     return s;
 }
+/* levels up to 255 for vpmaddubsw: w[j] keeps each byte's low nibble, wh[j] gets its high one
+ * (the level is 16 wh + w) */
+AVX2 INL void split_nibbles(__m256i *w, __m256i *wh) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int j = 0; j < 8; j++) {
+        wh[j] = _mm256_and_si256(_mm256_srli_epi16(w[j], 4), m4);
+        w[j] = _mm256_and_si256(w[j], m4);
+    }
+}
+/* kg_dot_act_avx2 of whole levels (wh NULL), or of levels split by split_nibbles: the low
+ * nibbles' sum plus 16 times the high ones', exact in int32 */
+AVX2 INL __m256i dot_levels_avx2(bool vnni, const __m256i *w, const __m256i *wh, const int8_t *q, const int8_t *hi,
+                                 int nc, int run) {
+    __m256i s = kg_dot_act_avx2(vnni, w, q, hi, nc, run);
+    if (wh) s = _mm256_add_epi32(s, _mm256_slli_epi32(kg_dot_act_avx2(vnni, wh, q, hi, nc, run), 4));
+    return s;
+}
 
 /* K blocks of a group against a tile of tokens, in the order of kq_group_vnni per row: per block
  * of 32 and half of the group, the levels decoded once and the 8 rows' scales formed, then each
@@ -1009,7 +1029,7 @@ AVX2 INL __m256i kg_dot_act_avx2(bool vnni, const __m256i *w, const int8_t *q, c
 AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t,
                             const int nt, float *out, size_t os) {
     const int n = a->n, nb = n / KVG_QK, n32 = n / KVG_QB, off = kg_uoffset(k), run = kg_run16(k);
-    const bool per16 = kg_per16(k), has_min = kq_has_min(k);
+    const bool per16 = kg_per16(k), has_min = kq_has_min(k), wide = !vnni && k == K_IQ4XS;
     int8_t lv[16];
     for (int i = 0; i < 16; i++) lv[i] = (int8_t)(IQ4_LEVELS[i] + 128);
     const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lv));
@@ -1042,8 +1062,9 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                 }
             }
             for (int h = 0; h < 2; h++) {
-                __m256i w[8];
+                __m256i w[8], wh[8], *whp = wide ? wh : NULL;
                 kq_group_levels_avx2(k, blk + 32 * h, iq4, w);
+                if (wide) split_nibbles(w, wh);
                 __m256i sc[2], mn[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 switch (k) {
                 case K_Q2:
@@ -1090,8 +1111,9 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                     float daf = a->d8[bi];
                     __m256 da = _mm256_set1_ps(daf), ac = acc[i][h];
                     if (per16) { /* sum(v q) = sum(u q) - offset sum(q), per half */
-                        __m256i s0 = kg_dot_act_avx2(vnni, w, qv, hv, 4, run);
-                        __m256i s1 = kg_dot_act_avx2(vnni, w + 4, qv + 16, hv ? hv + 16 : NULL, 4, run);
+                        __m256i s0 = dot_levels_avx2(vnni, w, whp, qv, hv, 4, run);
+                        __m256i s1 = dot_levels_avx2(vnni, w + 4, whp ? whp + 4 : NULL, qv + 16, hv ? hv + 16 : NULL, 4,
+                                                     run);
                         s0 = _mm256_sub_epi32(s0, _mm256_set1_epi32(off * qs0[i]));
                         s1 = _mm256_sub_epi32(s1, _mm256_set1_epi32(off * qs1[i]));
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dw[0], da), ac);
@@ -1099,7 +1121,7 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dw[1], da), ac);
                         if (has_min) ac = _mm256_fnmadd_ps(mw[1], _mm256_set1_ps(daf * (float)qs1[i]), ac);
                     } else {
-                        __m256i s = kg_dot_act_avx2(vnni, w, qv, hv, 8, run);
+                        __m256i s = dot_levels_avx2(vnni, w, whp, qv, hv, 8, run);
                         s = _mm256_sub_epi32(s, _mm256_set1_epi32(off * (qs0[i] + qs1[i])));
                         ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[0], da), ac);
                         if (has_min) ac = _mm256_fnmadd_ps(mw[0], _mm256_set1_ps(a->s8[bi]), ac);
@@ -1118,15 +1140,17 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
 /* The 32-element types' groups (b32_group_pack) on the avx2 and avxvnni paths: each chunk of 64
  * bytes read as two halves of 8 rows, as the K groups above, against the same byte activations,
  * one scale (and minimum) per block, in the order of b32_group_vnni: each lane gets the bits of
- * the avx512vnni group and of the portable row kernel. With vpmaddubsw (avx2) only the types whose
- * int16 pairs cannot saturate: Q4_0 and Q4_1 (levels up to 15, 8 chunks added in int16), Q5_0
- * and Q5_1 (up to 31, 4 chunks); Q8_0's and IQ4_NL's levels + 128 reach 255 and 241, so they
- * keep their row kernels there. avxvnni (vpdpbusd) takes all six. */
+ * the avx512vnni group and of the portable row kernel. With vpmaddubsw (avx2) the int16 pairs
+ * cannot saturate: Q4_0 and Q4_1 (levels up to 15, 8 chunks added in int16), Q5_0 and Q5_1 (up
+ * to 31, 4 chunks); Q8_0's and IQ4_NL's levels + 128 reach 255 and 241, so there each level is
+ * taken as two nibbles (split_nibbles, as IQ4_XS above). avxvnni (vpdpbusd) takes whole levels. */
 INL int b32_run16(b32_kind k) { return b32_has_qh(k) ? 4 : 8; }
+INL bool b32_wide(b32_kind k) { return k == B_Q8_0 || k == B_IQ4_NL; }
 
 AVX2 INL void b32_group_avx2(bool vnni, b32_kind k, bool split, const uint8_t *g, const kvg_qact *a, int t,
                              const int nt, float *out, size_t os) {
     const int n = a->n, nb = n / KVG_QB, run = b32_run16(k);
+    const bool wide = !vnni && b32_wide(k);
     const size_t qbytes = k == B_Q8_0 ? 512 : b32_has_qh(k) ? 320 : 256;
     const __m256i m4 = _mm256_set1_epi8(15);
     int8_t lv[16];
@@ -1139,7 +1163,7 @@ AVX2 INL void b32_group_avx2(bool vnni, b32_kind k, bool split, const uint8_t *g
         for (size_t off = 0; off < b32_group_block(k); off += 64) /* a few blocks ahead, as b32_group_vnni */
             _mm_prefetch((const char *)(blk + KVG_GROUP_PREFETCH + off), _MM_HINT_T0);
         for (int h = 0; h < 2; h++) { /* rows 8h..8h+7 */
-            __m256i w[8];
+            __m256i w[8], wh[8], *whp = wide ? wh : NULL;
             if (k == B_Q8_0) {
                 for (int j = 0; j < 8; j++) w[j] = ld256(blk + 64 * j + 32 * h);
             } else {
@@ -1155,12 +1179,13 @@ AVX2 INL void b32_group_avx2(bool vnni, b32_kind k, bool split, const uint8_t *g
                     for (int j = 0; j < 8; j++) w[j] = _mm256_or_si256(w[j], move_bit8(qh, j, 4, 1));
                 }
             }
+            if (wide) split_nibbles(w, wh);
             __m256 dw = f16x8(blk + qbytes + 16 * h);
             __m256 mw = b32_has_min(k) ? f16x8(blk + qbytes + 32 + 16 * h)
                                        : _mm256_mul_ps(dw, _mm256_set1_ps((float)-b32_uoffset(k)));
             for (int i = 0; i < nt; i++) {
                 size_t row = (size_t)(t + i), at = row * (size_t)n + (size_t)KVG_QB * b;
-                __m256i isum = kg_dot_act_avx2(vnni, w, a->q8 + at, split ? a->q8h + at : NULL, 8, run);
+                __m256i isum = dot_levels_avx2(vnni, w, whp, a->q8 + at, split ? a->q8h + at : NULL, 8, run);
                 __m256 f = _mm256_cvtepi32_ps(isum);
                 acc[i][h] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(a->d8[row * nb + b])), acc[i][h]);
                 acc[i][h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s8[row * nb + b]), acc[i][h]);
@@ -1182,6 +1207,7 @@ K_GROUP_KERNEL_AVX2(av_q3_k, K_Q3, false)
 K_GROUP_KERNEL_AVX2(av_q4_k, K_Q4, false)
 K_GROUP_KERNEL_AVX2(av_q5_k, K_Q5, false)
 K_GROUP_KERNEL_AVX2(av_q6_k, K_Q6, false)
+K_GROUP_KERNEL_AVX2(av_iq4_xs, K_IQ4XS, false)
 K_GROUP_KERNEL_AVX2(as_q2_k, K_Q2, true)
 K_GROUP_KERNEL_AVX2(as_q3_k, K_Q3, true)
 K_GROUP_KERNEL_AVX2(as_q4_k, K_Q4, true)
@@ -1207,6 +1233,8 @@ B32_GROUP_KERNEL_AVX2(av_q4_0, B_Q4_0, false)
 B32_GROUP_KERNEL_AVX2(av_q4_1, B_Q4_1, false)
 B32_GROUP_KERNEL_AVX2(av_q5_0, B_Q5_0, false)
 B32_GROUP_KERNEL_AVX2(av_q5_1, B_Q5_1, false)
+B32_GROUP_KERNEL_AVX2(av_q8_0, B_Q8_0, false)
+B32_GROUP_KERNEL_AVX2(av_iq4_nl, B_IQ4_NL, false)
 B32_GROUP_KERNEL_AVX2(as_q4_0, B_Q4_0, true)
 B32_GROUP_KERNEL_AVX2(as_q4_1, B_Q4_1, true)
 B32_GROUP_KERNEL_AVX2(as_q5_0, B_Q5_0, true)

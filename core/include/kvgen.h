@@ -227,7 +227,7 @@ typedef struct kvgen_model_desc {
      * 16: 16-bit (15 bits for the types the path runs in row groups: docs/c-api.md), within
      * ~0.2% of the reference's logit range (the default); 8: 8-bit, as llama.cpp's CPU backend,
      * where the path has such kernels (its row groups: the 32-element and K types on AVX-512
-     * VNNI, AVX-VNNI and AArch64, Q4_0/Q4_1/Q5_0/Q5_1 and Q2_K..Q6_K on AVX2), about twice
+     * VNNI, AVX2, AVX-VNNI and AArch64, the K types on AVX-512 without VNNI), about twice
      * the prompt speed on AVX-512 VNNI and on AVX2, and ~1-4% of the logit range from the
      * reference (near-tied top-1 choices flip). vulkan: 8 takes the integer types' decode
      * mat-vecs and prefill GEMMs by 8-bit integer dot products where the device reports them

@@ -9,9 +9,9 @@
  *   attention's runs of keys) are checked against libm and the reference's helpers; a run of
  *   keys gives the same bits however it is split; the f16 forms of the runs (the cpu backend's KV
  *   pages are f16) give the f32 forms' bits on the rows converted to f32, on every path. Group
- *   kernels (avx512vnni, avxvnni, neon, dotprod: the 32-element and K types; avx2: Q4_0, Q4_1,
- *   Q5_0, Q5_1 and the K types but IQ4_XS; avx512: the K types but IQ4_XS; avx512 and
- *   avx512vnni: the float types, also on
+ *   kernels (avx512vnni, avx2, avxvnni, neon, dotprod: the 32-element and K types, on avx2 with
+ *   15-bit activations not Q8_0, IQ4_NL and IQ4_XS; avx512: the K types, the same way; avx512
+ *   and avx512vnni: the float types, also on
  *   rows with a tail past their vectors) give their row kernels' bits on every tile, also on
  *   rows of 3 K blocks (an odd number for the K types) and on levels and activation bytes at
  *   the ends of their ranges; each of those paths has them in its tables at both activation precisions; Q4_K_M
@@ -305,17 +305,18 @@ static void test_kernels(void) {
     free(qk0);
 }
 
-/* whether path isa runs the matrices of a 32-element or K type in row groups (kvg_qdot.h), at
- * both activation precisions */
-static bool expect_group(int isa, uint32_t type) {
-    if (kvg_type_block_elems(type) == KVG_QB) {
-        if (isa == KVG_ISA_AVX2) /* vpmaddubsw: the types whose int16 pairs cannot saturate */
-            return type == KVG_TYPE_Q4_0 || type == KVG_TYPE_Q4_1 || type == KVG_TYPE_Q5_0 || type == KVG_TYPE_Q5_1;
-        return isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_NEON || isa == KVG_ISA_DOTPROD;
-    }
+/* whether path isa runs the matrices of a 32-element or K type in row groups (kvg_qdot.h), with
+ * 8-bit activations (act8) or split 16-bit ones */
+static bool expect_group(int isa, uint32_t type, bool act8) {
+    if ((isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVX512) && !act8 &&
+        (type == KVG_TYPE_Q8_0 || type == KVG_TYPE_IQ4_NL || type == KVG_TYPE_IQ4_XS))
+        return false; /* their rows: vpmaddwd on 16-bit activations */
+    if (kvg_type_block_elems(type) == KVG_QB) /* avx512 keeps its own rows */
+        return isa == KVG_ISA_AVX512VNNI || isa == KVG_ISA_AVX2 || isa == KVG_ISA_AVXVNNI || isa == KVG_ISA_NEON ||
+               isa == KVG_ISA_DOTPROD;
     switch (isa) {
     case KVG_ISA_AVX2:
-    case KVG_ISA_AVX512: return type != KVG_TYPE_IQ4_XS;
+    case KVG_ISA_AVX512:
     case KVG_ISA_AVXVNNI:
     case KVG_ISA_AVX512VNNI:
     case KVG_ISA_NEON:
@@ -416,7 +417,7 @@ static void test_group_shapes(void) {
             for (int fast = 0; fast < 2; fast++) {
                 const kvg_qdot_kernel *k = fast ? kvg_qdot_kernel_fast((kvg_cpu_isa)isa, types[ti])
                                                 : kvg_qdot_kernel_of((kvg_cpu_isa)isa, types[ti]);
-                bool want = expect_group(isa, types[ti]);
+                bool want = expect_group(isa, types[ti], fast);
                 CHECKF(k && (k->group != NULL) == want && (!want || k->act == (fast ? KVG_ACT_Q8 : KVG_ACT_QS)),
                        "%s %s (%s activations): %s row groups", kvg_type_name(types[ti]),
                        kvg_cpu_isa_name((kvg_cpu_isa)isa), fast ? "8-bit" : "15-bit",
