@@ -903,7 +903,8 @@ K_GROUP_KERNEL(gs_iq4_xs, K_IQ4XS, true)
  * the integer sums are exact, so each lane gets the bits of the avx512vnni group and of the
  * portable row kernel. IQ4_XS's levels + 128 reach 241 (a pair 61 696): there each level is
  * taken as two nibbles, 16 hi + lo, and each nibble dotted as Q4_K's levels (split_nibbles,
- * dot_levels_avx2), two products where the narrower types take one. The avxvnni path
+ * dot_levels_avx2), two products where the narrower types take one (the avx2 tables take that
+ * with 8-bit activations only, qdot_tables.c). The avxvnni path
  * (AVX-VNNI, 256-bit) runs the same kernels with vpdpbusd in place of the two instructions (no
  * int16 step, whole levels).
  * ================================================================================================ */
@@ -1143,7 +1144,8 @@ AVX2 INL void kq_group_avx2(bool vnni, kq_kind k, bool split, const uint8_t *g, 
  * the avx512vnni group and of the portable row kernel. With vpmaddubsw (avx2) the int16 pairs
  * cannot saturate: Q4_0 and Q4_1 (levels up to 15, 8 chunks added in int16), Q5_0 and Q5_1 (up
  * to 31, 4 chunks); Q8_0's and IQ4_NL's levels + 128 reach 255 and 241, so there each level is
- * taken as two nibbles (split_nibbles, as IQ4_XS above). avxvnni (vpdpbusd) takes whole levels. */
+ * taken as two nibbles (split_nibbles, as IQ4_XS above; 8-bit activations only, qdot_tables.c).
+ * avxvnni (vpdpbusd) takes whole levels. */
 INL int b32_run16(b32_kind k) { return b32_has_qh(k) ? 4 : 8; }
 INL bool b32_wide(b32_kind k) { return k == B_Q8_0 || k == B_IQ4_NL; }
 
