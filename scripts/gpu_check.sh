@@ -17,7 +17,8 @@
 #                                       (q4_k_m) shapes, benchmarks each (prompts 512 and 2048,
 #                                       decode at depths 0, 2048 and 8192, 1 to 32 sessions),
 #                                       logs per-op times (KVGEN_VK_PROFILE; again with the
-#                                       subgroup reductions off, KVGEN_VK_SUBGROUP=0), and writes
+#                                       subgroup reductions off, KVGEN_VK_SUBGROUP=0; prompts
+#                                       again with the GEMM's f32 tiles, KVGEN_VK_HALF=0), writes
 #                                       everything to $OUT (else build-gpu/results) and one
 #                                       archive of it, gpu-check.tar.gz.
 #
@@ -161,6 +162,11 @@ run() {
       KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" --backend vulkan \
         --activation-bits 8 -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name-act8.txt" 2>&1
       echo "-- --activation-bits 8:"; grep -i "ms" "$res/profile-$name-act8.txt" | tail -12
+    fi
+    if [ "$(left)" -gt 40 ] && [ "$quick" != 1 ]; then # the prefill GEMM's f32 tiles beside the f16 ones above
+      KVGEN_VK_HALF=0 timeout 30 "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" --backend vulkan --prompts 512,2048 \
+        --depths 0 --sessions 1 --reps 2 --steps 4 >"$res/bench-$name-f32tiles.txt" 2>&1
+      echo "-- KVGEN_VK_HALF=0 (the GEMM's f32 tiles):"; grep -i "prompt" "$res/bench-$name-f32tiles.txt" | tail -4
     fi
     if [ "$(left)" -gt 15 ]; then # the same with the shared-memory reductions instead of subgroup ones
       KVGEN_VK_SUBGROUP=0 KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" \

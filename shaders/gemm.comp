@@ -16,11 +16,18 @@
 // step each row's block goes to shared memory as int8 words with its scales (block_int), each
 // token's 32 inputs quantized to int8 with one scale, and a micro-tile's products are 8 integer
 // dot products of four bytes (OpSDot) per (row, token) instead of 32 f32 products.
+// gemm_h_<type> (HALF; chosen on GPUs, core/vulkan/vk_backend.c): the same tiles with the
+// weights and inputs in shared memory as f16 pairs (packHalf2x16: core GLSL, no device feature),
+// double-buffered: while a block step is multiplied from one buffer, the next step's weights and
+// inputs are read into registers and then put in the other, one barrier per step instead of two
+// (the footprint of the f32 tiles: 25,344 or 12,928 bytes). Products and sums stay f32; the
+// rounding of both operands to f16 bounds the error by about 2^-10 of sum |w x|.
 // Dispatch: (ceil(nrows / TM), ceil(ncols / TN), 1) with 128 invocations.
 // Bindings as matvec.comp: 0 params, 1 weights part, 2 x, 3 out, 4 norm weight, 5/6/7 epilogue.
-// Trip counts: 5 per block step (the step, and the k loop's 4 rounds of 8 unrolled products);
-// lavapipe's 65,535 limit counts all loop iterations of an invocation together, so rows stay
-// below 400K elements. The k loop is not unrolled whole on purpose: the barriers make lavapipe
+// Trip counts: the k loop is 4 rounds of 8 products per block step; lavapipe's 65,535 limit
+// counts every loop iteration of an invocation together, and there the GEMMs measured correct up
+// to 1,300 block steps (41,600 elements per row) and wrong from 1,600 (tested: 38,400; rows that
+// long are an FFN of 40K or more, and lavapipe's own prefill is the lane mat-vec). The k loop is not unrolled whole on purpose: the barriers make lavapipe
 // (Mesa 25) compile the shader as an LLVM coroutine, whose frame analysis grows with the square
 // of the basic blocks, and each shared-memory access there is several (the whole unroll compiled
 // 4-6x slower than Mesa 22.3 did; this way about 1.5-2x).
@@ -44,12 +51,70 @@ shared uint wsq[8][TM]; // [word k][row]: the row's block as int8, elements 4k..
 shared vec4 wdm[TM];    // the row's block scales: (d, m) of elements 0-15, (d, m) of 16-31
 shared uint xsq[8][TN]; // [word k][token]: the token's quantized inputs
 shared vec4 xsd[TN];    // the token's scale dx (times its norm's 1/rms), dx * sum(q) of each half
+#elif defined(HALF)
+shared uvec2 wh[2][32][TM / 4u]; // [buffer][k][rows/4]: 4 rows' weights as f16
+shared uvec2 xh[2][32][TN / 4u]; // [buffer][k][tokens/4]: 4 tokens' inputs times XS as f16
 #else
 shared vec4 ws[32][TM / 4u]; // [k][rows/4]
 shared vec4 xs[32][TN / 4u]; // [k][tokens/4]
 #endif
 shared float ssum[WGS];
 shared float tscale[TN];
+
+#ifdef HALF
+// The inputs go to f16 times XS = 1/16 (a power of two: undone exactly on the sums), so inputs
+// up to 16 x 65,504 stay finite; an f16 normal then holds inputs down to 16 x 2^-14 = 0.001 to
+// 11 bits, smaller ones to an absolute 2^-20 at worst.
+const float XS = 1.0 / 16.0;
+// One block step's weights and inputs in registers (fetch: global reads, dequantized and packed
+// to f16 pairs), then in shared buffer buf (put). Weights: TM / 2 row pairs x 4 quarters, TM / 64
+// of them per invocation (the 4 quarters of a pair on neighbouring invocations: one row's block
+// read by 4 neighbours); inputs: TN / 2 token pairs x 8 vec4, TN / 32 per invocation.
+uint wreg[2][8], xreg[2][4];
+
+void fetch(uint b) {
+    uint tid = gl_LocalInvocationID.x, r0 = gl_WorkGroupID.x * TM, c0 = gl_WorkGroupID.y * TN;
+    [[unroll]] for (uint h = 0u; h < TM / 64u; h++) {
+        uint qi = tid + h * WGS, p = qi / 4u, j = qi % 4u;
+        vec4 lo0 = vec4(0.0), hi0 = vec4(0.0), lo1 = vec4(0.0), hi1 = vec4(0.0);
+        if (r0 + 2u * p < pc.nrows) dequant8((r0 + 2u * p) * pc.nb + b, j, lo0, hi0);
+        if (r0 + 2u * p + 1u < pc.nrows) dequant8((r0 + 2u * p + 1u) * pc.nb + b, j, lo1, hi1);
+        [[unroll]] for (uint e = 0u; e < 4u; e++) {
+            wreg[h][e] = packHalf2x16(vec2(lo0[e], lo1[e]));
+            wreg[h][4u + e] = packHalf2x16(vec2(hi0[e], hi1[e]));
+        }
+    }
+    [[unroll]] for (uint h = 0u; h < TN / 32u; h++) {
+        uint xi = tid + h * WGS, tp = xi / 8u, k4 = xi % 8u;
+        vec4 v0 = vec4(0.0), v1 = vec4(0.0);
+        uint t0 = 2u * tp, t1 = t0 + 1u;
+        if (c0 + t0 < pc.ncols) v0 = xin[((pc.x_off + (c0 + t0) * pc.ldx) >> 2) + b * 8u + k4];
+        if (c0 + t1 < pc.ncols) v1 = xin[((pc.x_off + (c0 + t1) * pc.ldx) >> 2) + b * 8u + k4];
+        if (NORM != 0u) {
+            vec4 g = gnorm[b * 8u + k4];
+            v0 *= g * tscale[t0];
+            v1 *= g * tscale[t1];
+        }
+        [[unroll]] for (uint e = 0u; e < 4u; e++) xreg[h][e] = packHalf2x16(vec2(v0[e], v1[e]) * XS);
+    }
+}
+
+void put(uint buf) {
+    uint tid = gl_LocalInvocationID.x;
+    [[unroll]] for (uint h = 0u; h < TM / 64u; h++) {
+        uint qi = tid + h * WGS, p = qi / 4u, j = qi % 4u;
+        uint kl = lo_off(j), kh = hi_off(j);
+        [[unroll]] for (uint e = 0u; e < 4u; e++) {
+            wh[buf][kl + e][p / 2u][p % 2u] = wreg[h][e];
+            wh[buf][kh + e][p / 2u][p % 2u] = wreg[h][4u + e];
+        }
+    }
+    [[unroll]] for (uint h = 0u; h < TN / 32u; h++) {
+        uint xi = tid + h * WGS, tp = xi / 8u, k4 = xi % 8u;
+        [[unroll]] for (uint e = 0u; e < 4u; e++) xh[buf][k4 * 4u + e][tp / 2u][tp % 2u] = xreg[h][e];
+    }
+}
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -150,6 +215,43 @@ void main() {
         [[unroll]] for (uint c = 0u; c < MC; c++) {
             uint t = c0 + ty * MC + c;
             if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[i * MC + c], acc[(i + 1u) * MC + c], r + 1u < pc.nrows);
+        }
+    }
+#elif defined(HALF)
+    vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j.., times XS
+    [[unroll]] for (uint i = 0u; i < MR * MC / 4u; i++) acc[i] = vec4(0.0);
+
+    fetch(0u);
+    put(0u);
+    barrier();
+    for (uint b = 0u; b < pc.nb; b++) {
+        uint cur = b & 1u;
+        bool more = b + 1u < pc.nb;
+        if (more) fetch(b + 1u); // the next step's global reads, in flight while this one computes
+        for (uint k0 = 0u; k0 < 32u; k0 += 8u)
+            [[unroll]] for (uint k = k0; k < k0 + 8u; k++) {
+                vec4 a[MR / 4u], x[MC / 4u];
+                [[unroll]] for (uint i = 0u; i < MR / 4u; i++) {
+                    uvec2 u = wh[cur][k][tx * (MR / 4u) + i];
+                    a[i] = vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+                }
+                [[unroll]] for (uint j = 0u; j < MC / 4u; j++) {
+                    uvec2 u = xh[cur][k][ty * (MC / 4u) + j];
+                    x[j] = vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+                }
+                [[unroll]] for (uint i = 0u; i < MR; i++)
+                    [[unroll]] for (uint j = 0u; j < MC / 4u; j++) acc[i * (MC / 4u) + j] += a[i / 4u][i % 4u] * x[j];
+            }
+        if (more) put(cur ^ 1u); // the other buffer: its last readers passed the previous barrier
+        barrier();
+    }
+    [[unroll]] for (uint i = 0u; i < MR; i += 2u) {
+        uint r = r0 + tx * MR + i;
+        if (r >= pc.nrows) continue;
+        [[unroll]] for (uint c = 0u; c < MC; c++) {
+            uint t = c0 + ty * MC + c, a0 = i * (MC / 4u) + c / 4u, a1 = a0 + MC / 4u; // rows i, i + 1
+            if (t < pc.ncols)
+                store_pair(pc.row0 + r, t, acc[a0][c % 4u] / XS, acc[a1][c % 4u] / XS, r + 1u < pc.nrows);
         }
     }
 #else

@@ -72,6 +72,10 @@ static const uint32_t types[] = {KVG_TYPE_F32,  KVG_TYPE_F16,  KVG_TYPE_BF16,   
 static double worst_rel[N_TYPES];
 /* the same over the integer-dot mat-vec's and GEMM's cases, against the quantized input */
 static double worst_dot;
+/* the same over the f16-tile GEMM's cases (gemm_h) */
+static double worst_half;
+/* the inputs' amplitude: uniform in [-x_amp, x_amp) */
+static float x_amp = 2.0f;
 static int type_index(uint32_t type) {
     for (size_t i = 0; i < N_TYPES; i++)
         if (types[i] == type) return (int)i;
@@ -93,7 +97,7 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
         kvg_quantize_row(type, row, w + rb * r, K);
         kvg_dequantize_row(type, w + rb * r, deq + (size_t)K * r, K);
     }
-    for (size_t i = 0; i < (size_t)K * ncols; i++) x[i] = frand() * 2.0f;
+    for (size_t i = 0; i < (size_t)K * ncols; i++) x[i] = frand() * x_amp;
     for (uint32_t k = 0; k < K; k++) g[k] = 0.5f + frand() * 0.25f;
     for (size_t i = 0; i < (size_t)out_rows * ncols; i++) y[i] = y0[i] = frand();
     kvgen_error err = {0};
@@ -105,6 +109,12 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
     int bad = 0;
     double worst = 0;
     bool dot = layout == KVG_VK_LAYOUT_DOT; /* the mat-vec (1 or a batch's 2-8 tokens) or the GEMM */
+    /* the GEMM's f16 tiles (gemm_h): each weight and each input (times 1/16) rounded to f16, by
+     * round to nearest or toward zero (2^-10 relative each, the products' sum then within
+     * 2.1e-3 of sum |w x|); a value below f16's normals, if the driver flushes it, is off by
+     * 2^-14 (an input by 16 x 2^-14) at most */
+    bool half = layout == KVG_VK_LAYOUT_HALF;
+    double rel_tol = half ? 2.1e-3 : 2e-5;
     float *xq = malloc(sizeof(float) * K);
     for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
         const float *xc = x + (size_t)c * K;
@@ -130,14 +140,17 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
         }
         double dots[2], mags[2], slack[2];
         for (uint32_t r = 0; r < rows; r++) {
-            double d = 0, mag = 0, wmax = 0;
+            double d = 0, mag = 0, wmax = 0, flush = 0;
             for (uint32_t k = 0; k < K; k++) {
                 double xv = dot ? (double)xq[k] * scale : xc[k] * (norm ? scale * g[k] : 1.0);
-                d += deq[(size_t)K * r + k] * xv;
-                mag += fabs(deq[(size_t)K * r + k] * xv);
-                wmax = fmax(wmax, fabs(deq[(size_t)K * r + k]));
+                double wv = deq[(size_t)K * r + k];
+                d += wv * xv;
+                mag += fabs(wv * xv);
+                wmax = fmax(wmax, fabs(wv));
+                if (half && fabs(wv) < 0x1p-14) flush += 0x1p-14 * fabs(xv);
+                if (half && fabs(xv) < 0x1p-10) flush += 0x1p-10 * fabs(wv);
             }
-            slack[r & 1] = 2 * wmax * dq_step;
+            slack[r & 1] = 2 * wmax * dq_step + flush;
             double want, tol;
             size_t oi;
             if (epi == 3) {
@@ -146,19 +159,20 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
                 if (!(r & 1)) continue;
                 double gt = dots[0], up = dots[1];
                 want = gt / (1.0 + exp(-gt)) * up;
-                tol = 2e-5 * (mags[0] * (fabs(up) + 1) + mags[1] * (fabs(gt) + 1)) + 1e-5 +
+                tol = rel_tol * (mags[0] * (fabs(up) + 1) + mags[1] * (fabs(gt) + 1)) + 1e-5 +
                       slack[0] * (fabs(up) + 1) + slack[1] * (fabs(gt) + 1);
                 oi = (size_t)c * out_rows + r / 2;
             } else {
                 oi = (size_t)c * out_rows + r;
                 want = d + (epi == 1 ? y0[oi] : 0.0);
-                tol = 2e-5 * mag + 1e-5 + slack[r & 1];
+                tol = rel_tol * mag + 1e-5 + slack[r & 1];
             }
             double diff = fabs(y[oi] - want);
             if (diff > worst) worst = diff;
             double rel = diff / (epi == 3 ? mags[0] * (fabs(dots[1]) + 1) + mags[1] * (fabs(dots[0]) + 1) : mag);
             if (dot && rel > worst_dot) worst_dot = rel;
-            if (!dot && rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
+            if (half && rel > worst_half) worst_half = rel;
+            if (!dot && !half && rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
             if (!(diff <= tol) && bad++ < 3)
                 fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d %s: [%u][%zu] got %g want %g\n",
                         kvg_type_name(type), rows, K, ncols, norm, epi, kvg_vk_layout_name(layout), c, oi, y[oi], want);
@@ -352,6 +366,23 @@ static void run_all(kvg_vk_ctx *ctx) {
         check_matmul(ctx, KVG_TYPE_Q4_K, 6, 256 * 263, 1, true, 0, KVG_VK_LAYOUT_DOT);
         check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, KVG_VK_LAYOUT_DOT);
     }
+    /* the prefill GEMM with f16 tiles in double-buffered shared memory (gemm_h, the GPUs'
+     * choice), every type: partial row and token tiles, the norm, the SwiGLU pair epilogue and
+     * the residual add, a single block step, and rows of 1,200 blocks (38,400 elements: on
+     * lavapipe, whose loops stop after 65,535 iterations, the GEMMs' rows stay below about
+     * 1,300 block steps) */
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t t = types[ti];
+        bool super = kvg_type_block_elems(t) == 256;
+        check_matmul(ctx, t, 75, super ? 1280 : 1536 + 32, 45, true, 0, KVG_VK_LAYOUT_HALF);
+        check_matmul(ctx, t, 130, super ? 256 : 96, 33, false, 3, KVG_VK_LAYOUT_HALF);
+        check_matmul(ctx, t, 65, super ? 256 : 32, 40, false, 1, KVG_VK_LAYOUT_HALF);
+    }
+    check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 1200, 10, true, 0, KVG_VK_LAYOUT_HALF);
+    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, KVG_VK_LAYOUT_HALF);
+    x_amp = 3e5f; /* inputs past f16's 65,504 (the tiles hold them times 1/16) */
+    check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, KVG_VK_LAYOUT_HALF);
+    x_amp = 2.0f;
     /* rows that are not whole 32-blocks (F32/F16 only) */
     check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, COOP);
     check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, LANE);
@@ -443,5 +474,8 @@ int main(void) {
     printf("integer-dot mat-vec and GEMM worst |vulkan - double with the quantized input| / sum|w x|: %.3g "
            "(tolerance 2e-5 + 1e-5 absolute + two input steps)\n",
            worst_dot);
+    printf("f16-tile GEMM worst |vulkan - double| / sum|w x|: %.3g (tolerance 2.1e-3 + 1e-5 absolute + f16 "
+           "flushes)\n",
+           worst_half);
     return tu_finish("test_vk_kernels");
 }

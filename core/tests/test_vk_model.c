@@ -315,6 +315,48 @@ static void gpu_steps_model(void) {
     unsetenv("KVGEN_VK_ATTN_LANE");
 }
 
+/* A GPU's prefill GEMM on lavapipe: f16 tiles in double-buffered shared memory (gemm_h_<type>,
+ * KVGEN_VK_HALF=1 on the cooperative layouts) in both tile shapes (128 x 64; 64 x 32 under a
+ * 16 KiB shared-memory limit), a Q4_K_M mix model against the reference: a 150-token prompt (a
+ * step of 128 and one of 22) and decodes. Same tolerance. lavapipe, a CPU device, keeps the f32
+ * tiles without the variable. */
+static void half_model(void) {
+    const char *args = "--mix q4_k_m --seed 41 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
+    char *path = tu_make_model("vk_half.gguf", args);
+    setenv("KVGEN_VK_LANE", "0", 1);
+    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+    const vk_model *vm = mv ? mv->backend : NULL;
+    CHECKF(vm && !vm->gemm_half, "a CPU device chose the GEMM's f16 tiles");
+    kvgen_model_unload(mv);
+    setenv("KVGEN_VK_HALF", "1", 1);
+    for (int small = 0; small < 2; small++) {
+        if (small) setenv("KVGEN_VK_MAX_SHARED", "16384", 1);
+        mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+        vm = mv ? mv->backend : NULL;
+        CHECKF(vm && vm->gemm_half, "KVGEN_VK_HALF=1: gemm_half off");
+        int half = 0, other = 0; /* the GEMM pipelines, by kind and tile */
+        uint32_t want_rows = small ? 64 : 128;
+        for (int p = 0; vm && p < vm->ctx->n_pipes; p++) {
+            const char *n = vm->ctx->pipes[p].name;
+            if (strncmp(n, "gemm_h_", 7) == 0)
+                half += vm->ctx->pipes[p].spec[KVG_SPEC_ROWS] == want_rows;
+            else
+                other += strncmp(n, "gemm_", 5) == 0;
+        }
+        CHECKF(!vm || (half >= 2 && other == 0), "KVGEN_VK_HALF=1%s: %d gemm_h pipelines of %u rows, %d others",
+               small ? " (16 KiB)" : "", half, want_rows, other);
+        kvgen_model_unload(mv);
+        char *copy = path ? strdup(path) : NULL;
+        compare_file("vk_half.gguf", copy, 0, small ? 70 : 150, 4);
+    }
+    unsetenv("KVGEN_VK_MAX_SHARED");
+    unsetenv("KVGEN_VK_HALF");
+    unsetenv("KVGEN_VK_LANE");
+    unsetenv("KVGEN_VK_ATTN_LANE");
+    free(path);
+}
+
 /* 8-bit activations (activation_bits = 8): the one-token mat-vecs and the prefill GEMMs by
  * integer dot products (matvec_dot_<type>, gemm_dot_<type>) on the cooperative layouts.
  * lavapipe does not report them accelerated, so the load keeps the f32 kernels there unless
@@ -611,6 +653,7 @@ int main(void) {
     limits_model();
     gpu_splits_model();
     gpu_steps_model();
+    half_model();
     dot_model();
     default_model();
     return tu_finish("test_vk_model");

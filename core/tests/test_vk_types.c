@@ -33,6 +33,7 @@ static const struct {
 } kernels[] = {{"embed", "", false},
                {"matvec", "", false},
                {"gemm", "", false},
+               {"gemm_h", ",HALF=1", false},
                {"matvec_sg", ",SUBGROUP=1", false},
                {"matvec_dot", ",SUBGROUP=1,DOT=1", true},
                {"gemm_dot", ",DOT=1", true}};

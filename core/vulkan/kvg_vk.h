@@ -292,12 +292,14 @@ typedef enum kvg_vk_layout {
                                  * subgroup arithmetic */
     KVG_VK_LAYOUT_SUBGROUP_ONE = 3, /* the same with one subgroup per mat-vec workgroup (the
                                      * device's subgroup size), as a GPU's load picks it */
-    KVG_VK_LAYOUT_DOT = 4 /* SUBGROUP_ONE with an integer type's decode mat-vec and prefill
-                           * GEMM by integer dot products (matvec_dot_<type>, gemm_dot_<type>:
-                           * 8-bit activations), as a load with activation_bits = 8 picks them on
-                           * a device that has them */
+    KVG_VK_LAYOUT_DOT = 4, /* SUBGROUP_ONE with an integer type's decode mat-vec and prefill
+                            * GEMM by integer dot products (matvec_dot_<type>, gemm_dot_<type>:
+                            * 8-bit activations), as a load with activation_bits = 8 picks them on
+                            * a device that has them */
+    KVG_VK_LAYOUT_HALF = 5 /* COOP with the prefill GEMM's tiles as f16 in double-buffered shared
+                            * memory (gemm_h_<type>), as a GPU's load picks it */
 } kvg_vk_layout;
-/* "device", "coop", "lane", "subgroup", "subgroup1" or "dot" (tests' messages) */
+/* "device", "coop", "lane", "subgroup", "subgroup1", "dot" or "half" (tests' messages) */
 const char *kvg_vk_layout_name(kvg_vk_layout layout);
 
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of

@@ -97,6 +97,8 @@ typedef struct vk_model {
     bool act8_dot;               /* the integer types' decode mat-vecs and GEMMs by 8-bit integer
                                   * dot products: matvec_dot_<type> (needs subgroup and !mv_lane),
                                   * gemm_dot_<type> */
+    bool gemm_half;              /* the prefill GEMM's tiles as f16 in double-buffered shared
+                                  * memory (gemm_h_<type>; GPUs) */
     kvg_vk_mirror params;        /* the step's token ids, positions and tables' places */
     kvg_vk_buffer x, q, att, h, logits;
     /* logits in device memory the host cannot map (a GPU): the host buffer rows are copied

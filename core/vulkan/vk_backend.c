@@ -333,6 +333,12 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
     if (getenv("KVGEN_VK_DOT"))
         vm->act8_dot = desc->activation_bits == 8 && ctx->int_dot && atoi(getenv("KVGEN_VK_DOT")) != 0;
     if (vm->mv_lane || !vm->subgroup) vm->act8_dot = false;
+    /* the prefill GEMM with f16 tiles in double-buffered shared memory on GPUs (half the
+     * shared-memory traffic per product, one barrier per block step); a CPU device's prefill runs
+     * the lane mat-vec (and KVGEN_VK_LANE=0 there the f32 tiles); KVGEN_VK_HALF=0 keeps the f32
+     * tiles, =1 takes the f16 ones anywhere (the tests on lavapipe) */
+    vm->gemm_half = ctx->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+    if (getenv("KVGEN_VK_HALF")) vm->gemm_half = atoi(getenv("KVGEN_VK_HALF")) != 0;
     if (desc->activation_bits == 8) { /* what the user asked for, and what the device gives */
         const char *got;
         if (vm->act8_dot) got = "integer dot products in the integer types' mat-vecs and GEMMs";

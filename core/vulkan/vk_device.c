@@ -879,6 +879,7 @@ static const struct shader_needs {
     {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},                      /* none */
     {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},                     /* red[WG * ROWS * NCOLS] */
     {"gemm_dot_", 128, 128 * 4, 0, 0, 0, 0, 48, 52},         /* ssum[128]; wsq[8][ROWS], wdm; xsq[8][NCOLS], xsd, tscale */
+    {"gemm_h_", 128, 128 * 4, 0, 0, 0, 0, 128, 128 + 4},     /* ssum[128]; wh[2][32][ROWS / 2]; xh[2][32][NCOLS / 2], tscale */
     {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
     {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0},            /* red[64] */
     {"probe_empty", 1, 0, 0, 0, 0, 0, 0, 0},

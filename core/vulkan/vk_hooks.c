@@ -37,6 +37,7 @@ const char *kvg_vk_layout_name(kvg_vk_layout layout) {
     case KVG_VK_LAYOUT_SUBGROUP: return "subgroup";
     case KVG_VK_LAYOUT_SUBGROUP_ONE: return "subgroup1";
     case KVG_VK_LAYOUT_DOT: return "dot";
+    case KVG_VK_LAYOUT_HALF: return "half";
     }
     return "?";
 }
@@ -66,6 +67,7 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
                         ctx->info.name);
     vm.act8_dot = layout == KVG_VK_LAYOUT_DOT;
+    vm.gemm_half = dev ? !device_lane(ctx) : layout == KVG_VK_LAYOUT_HALF;
     if (vm.act8_dot && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no integer dot products",
                         ctx->info.name);

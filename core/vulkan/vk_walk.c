@@ -137,7 +137,7 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
         bool dot = vm->act8_dot && !part->wt->pad;
-        snprintf(name, sizeof name, "%s_%s", dot ? "gemm_dot" : "gemm", part->wt->suffix);
+        snprintf(name, sizeof name, "%s_%s", dot ? "gemm_dot" : vm->gemm_half ? "gemm_h" : "gemm", part->wt->suffix);
         gemm_tile(vm->ctx, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
     }
     return kvg_vk_walk_pipeline(w, name, spec, out);
