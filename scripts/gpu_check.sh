@@ -144,6 +144,8 @@ run() {
   # each model as it is ready: the benchmark, then one profiled generation
   local bargs=(--backend vulkan --prompts 512,2048 --depths 0,2048,8192 --sessions 1,2,4,8,16,32 --reps 2 --steps 16)
   [ "$quick" = 1 ] && bargs=(--backend vulkan --quick --sessions 1,4)
+  local fargs=(--backend vulkan --prompts 512,2048 --depths 0 --sessions 1 --reps 2 --steps 4)
+  [ "$quick" = 1 ] && fargs=(--backend vulkan --quick --depths 0 --sessions 1)
   for i in "${!shapes[@]}"; do
     name=${shapes[$i]%%|*}
     wait "${pids[$i]}" 2>/dev/null
@@ -163,9 +165,9 @@ run() {
         --activation-bits 8 -p "the quick brown fox" -n 8 --ignore-eos >"$res/profile-$name-act8.txt" 2>&1
       echo "-- --activation-bits 8:"; grep -i "ms" "$res/profile-$name-act8.txt" | tail -12
     fi
-    if [ "$(left)" -gt 40 ] && [ "$quick" != 1 ]; then # the prefill GEMM's f32 tiles beside the f16 ones above
-      KVGEN_VK_HALF=0 timeout 30 "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" --backend vulkan --prompts 512,2048 \
-        --depths 0 --sessions 1 --reps 2 --steps 4 >"$res/bench-$name-f32tiles.txt" 2>&1
+    if [ "$(left)" -gt 40 ]; then # the prefill GEMM's f32 tiles beside the f16 ones above
+      KVGEN_VK_HALF=0 timeout 30 "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${fargs[@]}" \
+        >"$res/bench-$name-f32tiles.txt" 2>&1
       echo "-- KVGEN_VK_HALF=0 (the GEMM's f32 tiles):"; grep -i "prompt" "$res/bench-$name-f32tiles.txt" | tail -4
     fi
     if [ "$(left)" -gt 15 ]; then # the same with the shared-memory reductions instead of subgroup ones
