@@ -27,10 +27,11 @@
 // Trip counts: the k loop is 4 rounds of 8 products per block step; lavapipe's 65,535 limit
 // counts every loop iteration of an invocation together, and there the GEMMs measured correct up
 // to 1,300 block steps (41,600 elements per row) and wrong from 1,600 (tested: 38,400; rows that
-// long are an FFN of 40K or more, and lavapipe's own prefill is the lane mat-vec). The k loop is not unrolled whole on purpose: the barriers make lavapipe
-// (Mesa 25) compile the shader as an LLVM coroutine, whose frame analysis grows with the square
-// of the basic blocks, and each shared-memory access there is several (the whole unroll compiled
-// 4-6x slower than Mesa 22.3 did; this way about 1.5-2x).
+// long are an FFN of 40K or more, and lavapipe's own prefill is the lane mat-vec). The k loop is
+// not unrolled whole on purpose: the barriers make lavapipe (Mesa 25) compile the shader as an
+// LLVM coroutine, whose frame analysis grows with the square of the basic blocks, and each
+// shared-memory access there is several (the whole unroll compiled 4-6x slower than Mesa 22.3
+// did; this way about 1.5-2x).
 layout(constant_id = 1) const uint TN = 32; // tokens per tile (32 or 64)
 layout(constant_id = 2) const uint TM = 64; // rows per tile (64 or 128)
 layout(constant_id = 3) const uint MODE = 0;
