@@ -5,7 +5,9 @@
 #   bash scripts/gpu_check.sh prepare   here: builds what the check needs into build-gpu/ (kvgen,
 #                                       kvgen-mkmodel and the Vulkan test programs, without Lua
 #                                       or remote models) and gathers what travels into
-#                                       build-gpu/carry: those programs, stripped, the shared
+#                                       build-gpu/carry (the shaders compiled by Debian
+#                                       unstable's glslang, downloaded, so that cooperative
+#                                       matrices are built): those programs, stripped, the shared
 #                                       libraries they need beyond the C library, and Debian's
 #                                       Vulkan loader and validation layer (downloaded, extracted,
 #                                       nothing installed). Its last line is that folder's path.
@@ -18,7 +20,9 @@
 #                                       decode at depths 0, 2048 and 8192, 1 to 32 sessions),
 #                                       logs per-op times (KVGEN_VK_PROFILE; again with the
 #                                       subgroup reductions off, KVGEN_VK_SUBGROUP=0; prompts
-#                                       again with the GEMM's f32 tiles, KVGEN_VK_HALF=0), writes
+#                                       again with the GEMM's f32 tiles, KVGEN_VK_HALF=0, and
+#                                       with its f16 tiles instead of cooperative matrices,
+#                                       KVGEN_VK_COOPMAT=0), writes
 #                                       everything to $OUT (else build-gpu/results) and one
 #                                       archive of it, gpu-check.tar.gz.
 #
@@ -38,6 +42,15 @@ prepare() {
   jobs=$(nproc 2>/dev/null || echo 2)
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGEN_LUA=OFF -DKVGEN_REMOTE=OFF \
     -DKVGEN_TEST_MODELS=OFF >"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
+  # the shaders compiled by Debian unstable's glslang (scripts/vk_drivers.sh fetch-sid), which
+  # knows cooperative matrices, so that the GPU gets gemm_cm_<type>; without it (no network)
+  # the machine's compiler builds everything else
+  local sid=$build/vk-drivers/sid
+  if KVGEN_BUILD_DIR=$build bash "$here/scripts/vk_drivers.sh" fetch-sid >>"$build.log" 2>&1; then
+    cmake -S "$here" -B "$build" -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$sid/glslangValidator" \
+      -DKVGEN_SPIRV_VAL="$sid/spirv-val" >>"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
+  fi
+  grep "cooperative-matrix GEMM" "$build.log" | tail -1
   local targets=(kvgen_cli kvgen-mkmodel)
   for t in "$here"/core/tests/test_vk_*.c; do targets+=("$(basename "$t" .c)"); done
   cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$build.log" 2>&1 ||
@@ -125,19 +138,34 @@ run() {
   done
 
   # the Vulkan parity tests, with validation; any validation message fails a test (they leave
-  # the benchmarks `reserve` seconds of the budget)
+  # the benchmarks `reserve` seconds of the budget). The carried layer (Debian 12's, Vulkan
+  # 1.3.239) predates VK_KHR_cooperative_matrix, so these runs leave it off the device
+  # (KVGEN_VK_COOPMAT=0) and the kernel and model tests run once more without the layer, with
+  # the cooperative-matrix GEMM where the GPU offers it
   local tst out rc reserve=150
   [ "$quick" = 1 ] && reserve=30
   for tst in "$carry"/bin/test_vk_*; do
     name=$(basename "$tst")
     if [ "$(left)" -lt "$reserve" ]; then skipped+=("$name"); continue; fi
     out="$res/$name.log"
-    KVGEN_VALIDATE=1 timeout 120 "$tst" >"$out" 2>&1; rc=$?
+    KVGEN_VK_COOPMAT=0 KVGEN_VALIDATE=1 timeout 120 "$tst" >"$out" 2>&1; rc=$?
     if [ $rc -eq 77 ]; then echo "$name: skipped ($(tail -1 "$out"))"; continue; fi
     if [ $rc -ne 0 ] || grep -q "kvgen: vulkan validation:" "$out"; then
       failed+=("$name"); echo "$name: FAILED (exit $rc)"; grep -m5 "vulkan validation:\|CHECK failed" "$out"
     else
       passed=$((passed + 1)); echo "$name: passed ($(tail -1 "$out"))"
+    fi
+  done
+
+  for name in test_vk_kernels test_vk_model; do
+    if [ "$(left)" -lt "$reserve" ]; then skipped+=("$name (cooperative matrices)"); continue; fi
+    out="$res/$name-coopmat.log"
+    timeout 120 "$carry/bin/$name" >"$out" 2>&1; rc=$?
+    if [ $rc -eq 77 ]; then echo "$name (cooperative matrices): skipped"; continue; fi
+    if [ $rc -ne 0 ]; then
+      failed+=("$name-coopmat"); echo "$name (cooperative matrices): FAILED (exit $rc)"; grep -m5 "CHECK failed" "$out"
+    else
+      passed=$((passed + 1)); echo "$name (cooperative matrices): passed ($(grep -m1 "cooperative-matrix" "$out"))"
     fi
   done
 
@@ -169,6 +197,11 @@ run() {
       KVGEN_VK_HALF=0 timeout 30 "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${fargs[@]}" \
         >"$res/bench-$name-f32tiles.txt" 2>&1
       echo "-- KVGEN_VK_HALF=0 (the GEMM's f32 tiles):"; grep -i "prompt" "$res/bench-$name-f32tiles.txt" | tail -4
+    fi
+    if [ "$(left)" -gt 40 ]; then # the f16 tiles beside the cooperative-matrix GEMM (where the GPU has it)
+      KVGEN_VK_COOPMAT=0 timeout 30 "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${fargs[@]}" \
+        >"$res/bench-$name-nocoopmat.txt" 2>&1
+      echo "-- KVGEN_VK_COOPMAT=0 (the GEMM's f16 tiles):"; grep -i "prompt" "$res/bench-$name-nocoopmat.txt" | tail -4
     fi
     if [ "$(left)" -gt 15 ]; then # the same with the shared-memory reductions instead of subgroup ones
       KVGEN_VK_SUBGROUP=0 KVGEN_VK_PROFILE=1 timeout 15 "$carry/bin/kvgen" generate "$res/tmp/$name.gguf" \

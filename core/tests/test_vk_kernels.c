@@ -73,7 +73,8 @@ static double worst_rel[N_TYPES];
 /* the same over the integer-dot mat-vec's and GEMM's cases, against the quantized input */
 static double worst_dot;
 /* the same over the f16-tile GEMM's cases (gemm_h) */
-static double worst_half;
+static double worst_half, worst_matrix;
+static int matrix_cases; /* cooperative-matrix GEMM cases run */
 /* the inputs' amplitude: uniform in [-x_amp, x_amp) */
 static float x_amp = 2.0f;
 static int type_index(uint32_t type) {
@@ -113,7 +114,9 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
      * round to nearest or toward zero (2^-10 relative each, the products' sum then within
      * 2.1e-3 of sum |w x|); a value below f16's normals, if the driver flushes it, is off by
      * 2^-14 (an input by 16 x 2^-14) at most */
-    bool half = layout == KVG_VK_LAYOUT_HALF;
+    bool matrix = layout == KVG_VK_LAYOUT_MATRIX; /* cooperative matrices: f16 operands as gemm_h */
+    bool half = layout == KVG_VK_LAYOUT_HALF || matrix;
+    if (matrix) matrix_cases++;
     double rel_tol = half ? 2.1e-3 : 2e-5;
     float *xq = malloc(sizeof(float) * K);
     for (uint32_t c = 0; c < ncols && st == KVGEN_OK; c++) {
@@ -171,7 +174,8 @@ static void check_matmul(kvg_vk_ctx *ctx, uint32_t type, uint32_t rows, uint32_t
             if (diff > worst) worst = diff;
             double rel = diff / (epi == 3 ? mags[0] * (fabs(dots[1]) + 1) + mags[1] * (fabs(dots[0]) + 1) : mag);
             if (dot && rel > worst_dot) worst_dot = rel;
-            if (half && rel > worst_half) worst_half = rel;
+            if (half && !matrix && rel > worst_half) worst_half = rel;
+            if (matrix && rel > worst_matrix) worst_matrix = rel;
             if (!dot && !half && rel > worst_rel[type_index(type)]) worst_rel[type_index(type)] = rel;
             if (!(diff <= tol) && bad++ < 3)
                 fprintf(stderr, "  type %s rows %u K %u ncols %u norm %d epi %d %s: [%u][%zu] got %g want %g\n",
@@ -383,6 +387,24 @@ static void run_all(kvg_vk_ctx *ctx) {
     x_amp = 3e5f; /* inputs past f16's 65,504 (the tiles hold them times 1/16) */
     check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, KVG_VK_LAYOUT_HALF);
     x_amp = 2.0f;
+    /* the prefill GEMM on cooperative matrices (gemm_cm), where the device offers them (Mesa's
+     * lavapipe from 25.1 emulates them; scripts/vk_drivers.sh sid): the same cases */
+    if (ctx->coopmat) {
+        for (size_t ti = 0; ti < N_TYPES; ti++) {
+            uint32_t t = types[ti];
+            bool super = kvg_type_block_elems(t) == 256;
+            check_matmul(ctx, t, 75, super ? 1280 : 1536 + 32, 45, true, 0, KVG_VK_LAYOUT_MATRIX);
+            check_matmul(ctx, t, 130, super ? 256 : 96, 33, false, 3, KVG_VK_LAYOUT_MATRIX);
+            check_matmul(ctx, t, 65, super ? 256 : 32, 40, false, 1, KVG_VK_LAYOUT_MATRIX);
+        }
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 1200, 10, true, 0, KVG_VK_LAYOUT_MATRIX);
+        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, KVG_VK_LAYOUT_MATRIX);
+        x_amp = 3e5f;
+        check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, KVG_VK_LAYOUT_MATRIX);
+        x_amp = 2.0f;
+    } else {
+        printf("cooperative-matrix GEMM: not offered by %s (or not in this build); skipped\n", ctx->info.name);
+    }
     /* rows that are not whole 32-blocks (F32/F16 only) */
     check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, COOP);
     check_matmul(ctx, KVG_TYPE_F16, 9, 70, 1, true, 0, LANE);
@@ -477,5 +499,9 @@ int main(void) {
     printf("f16-tile GEMM worst |vulkan - double| / sum|w x|: %.3g (tolerance 2.1e-3 + 1e-5 absolute + f16 "
            "flushes)\n",
            worst_half);
+    if (matrix_cases > 0)
+        printf("cooperative-matrix GEMM (%d cases) worst |vulkan - double| / sum|w x|: %.3g (tolerance 2.1e-3 + 1e-5 absolute "
+               "+ f16 flushes)\n",
+               matrix_cases, worst_matrix);
     return tu_finish("test_vk_kernels");
 }

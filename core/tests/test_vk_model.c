@@ -357,6 +357,47 @@ static void half_model(void) {
     free(path);
 }
 
+/* the prefill GEMM on cooperative matrices (gemm_cm_<type>): a CPU device that offers them
+ * (Mesa's lavapipe from 25.1) keeps the lane mat-vec and does not choose them; with
+ * KVGEN_VK_COOPMAT=1 and the cooperative kernels, a Q4_K_M mix model against the reference at
+ * the usual tolerance. Where the device (or the build) has none, the load must say so by not
+ * choosing them even when asked */
+static void matrix_model(void) {
+    const char *args = "--mix q4_k_m --seed 43 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
+    char *path = tu_make_model("vk_matrix.gguf", args);
+    setenv("KVGEN_VK_LANE", "0", 1);
+    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+    const vk_model *vm = mv ? mv->backend : NULL;
+    CHECKF(vm && !vm->gemm_coop, "a CPU device chose the cooperative-matrix GEMM");
+    bool offered = vm && vm->ctx->coopmat;
+    kvgen_model_unload(mv);
+    setenv("KVGEN_VK_COOPMAT", "1", 1);
+    mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
+    vm = mv ? mv->backend : NULL;
+    CHECKF(vm && vm->gemm_coop == offered, "KVGEN_VK_COOPMAT=1: gemm_coop %d, device offers %d",
+           vm ? vm->gemm_coop : -1, offered);
+    int matrix = 0, other = 0; /* the GEMM pipelines, by kind */
+    for (int p = 0; vm && p < vm->ctx->n_pipes; p++) {
+        const char *n = vm->ctx->pipes[p].name;
+        if (strncmp(n, "gemm_cm_", 8) == 0) matrix++;
+        else other += strncmp(n, "gemm_", 5) == 0;
+    }
+    CHECKF(!vm || (offered ? matrix >= 2 && other == 0 : matrix == 0),
+           "KVGEN_VK_COOPMAT=1: %d gemm_cm pipelines, %d others (device offers: %d)", matrix, other, offered);
+    kvgen_model_unload(mv);
+    if (offered) {
+        char *copy = path ? strdup(path) : NULL;
+        compare_file("vk_matrix.gguf", copy, 0, 150, 4);
+    } else {
+        printf("cooperative-matrix GEMM: not offered here; the model case is skipped\n");
+    }
+    unsetenv("KVGEN_VK_COOPMAT");
+    unsetenv("KVGEN_VK_LANE");
+    unsetenv("KVGEN_VK_ATTN_LANE");
+    free(path);
+}
+
 /* 8-bit activations (activation_bits = 8): the one-token mat-vecs and the prefill GEMMs by
  * integer dot products (matvec_dot_<type>, gemm_dot_<type>) on the cooperative layouts.
  * lavapipe does not report them accelerated, so the load keeps the f32 kernels there unless
@@ -654,6 +695,7 @@ int main(void) {
     gpu_splits_model();
     gpu_steps_model();
     half_model();
+    matrix_model();
     dot_model();
     default_model();
     return tu_finish("test_vk_model");

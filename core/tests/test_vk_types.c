@@ -26,18 +26,27 @@
 #include "testutil.h"
 
 /* the kernels compiled once per weight type, and what each adds to the type's define;
- * ints: only for the integer types (rows without pad) */
+ * ints: only for the integer types (rows without pad); opt: only in a build whose shader
+ * compiler supports the kernel (gemm_cm: GL_KHR_cooperative_matrix), then for every type */
 static const struct {
     const char *name, *extra;
-    bool ints;
-} kernels[] = {{"embed", "", false},
-               {"matvec", "", false},
-               {"gemm", "", false},
-               {"gemm_h", ",HALF=1", false},
-               {"matvec_sg", ",SUBGROUP=1", false},
-               {"matvec_dot", ",SUBGROUP=1,DOT=1", true},
-               {"gemm_dot", ",DOT=1", true}};
+    bool ints, opt;
+} kernels[] = {{"embed", "", false, false},
+               {"matvec", "", false, false},
+               {"gemm", "", false, false},
+               {"gemm_h", ",HALF=1", false, false},
+               {"gemm_cm", "", false, true},
+               {"matvec_sg", ",SUBGROUP=1", false, false},
+               {"matvec_dot", ",SUBGROUP=1,DOT=1", true, false},
+               {"gemm_dot", ",DOT=1", true, false}};
 #define N_KERNELS (sizeof kernels / sizeof kernels[0])
+
+/* whether this build has the kernel (an optional one: its F32 variant) */
+static bool kernel_built(size_t k) {
+    char shader[64];
+    snprintf(shader, sizeof shader, "%s_f32", kernels[k].name);
+    return !kernels[k].opt || kvg_shader_find(shader) != NULL;
+}
 
 static void vk_list(char *buf, size_t size) {
     uint32_t types[64];
@@ -79,6 +88,10 @@ static void test_table(void) {
             snprintf(shader, sizeof shader, "%s_%s", kernels[k].name, r->suffix);
             snprintf(defines, sizeof defines, "%s%s", r->define, kernels[k].extra);
             const kvg_shader_blob *b = kvg_shader_find(shader);
+            if (!kernel_built(k)) {
+                CHECKF(b == NULL, "%s: %s without its F32 variant", name, shader);
+                continue;
+            }
             if (kernels[k].ints && r->pad) {
                 CHECKF(b == NULL, "%s: a float type has the integer variant %s", name, shader);
                 continue;
@@ -91,7 +104,8 @@ static void test_table(void) {
     /* the other way: every weight-type variant the build embedded has its row */
     int variants = 0, expected = 0;
     for (size_t j = 0; j < n; j++)
-        for (size_t k = 0; k < N_KERNELS; k++) expected += !(kernels[k].ints && kvg_vk_wtype_at(j)->pad);
+        for (size_t k = 0; k < N_KERNELS; k++)
+            expected += kernel_built(k) && !(kernels[k].ints && kvg_vk_wtype_at(j)->pad);
     for (size_t i = 0; kvg_shader_at(i); i++) {
         const kvg_shader_blob *b = kvg_shader_at(i);
         if (!strstr(b->defines, "WTYPE_")) continue;
@@ -100,7 +114,7 @@ static void test_table(void) {
         for (size_t j = 0; j < n && !found; j++) {
             const kvg_vk_wtype *r = kvg_vk_wtype_at(j);
             for (size_t k = 0; k < N_KERNELS && !found; k++) {
-                if (kernels[k].ints && r->pad) continue;
+                if ((kernels[k].ints && r->pad) || !kernel_built(k)) continue;
                 char shader[64], defines[96];
                 snprintf(shader, sizeof shader, "%s_%s", kernels[k].name, r->suffix);
                 snprintf(defines, sizeof defines, "%s%s", r->define, kernels[k].extra);

@@ -90,6 +90,12 @@ typedef struct kvg_vk_ctx {
      * or Vulkan 1.3): the matvec_dot_<type> and gemm_dot_<type> pipelines may be made;
      * int_dot_fast: the device reports 4x8-bit packed signed dot products as accelerated */
     bool int_dot, int_dot_fast;
+    /* VK_KHR_cooperative_matrix enabled on a device of kvgen's own, with products of f16
+     * matrices into f32 at subgroup scope (M, N, K of 8 or 16), shaderFloat16, the Vulkan memory model and
+     * subgroup size control (gemm_cm_<type>, whose workgroup is four full subgroups); only where
+     * the build compiled those variants (a glslang that knows GL_KHR_cooperative_matrix) */
+    bool coopmat;
+    uint32_t cm_m, cm_n, cm_k; /* the matrices' shape gemm_cm_<type> takes: M x K times K x N */
     VkDebugUtilsMessengerEXT messenger;
     atomic_int validation_messages; /* warnings and errors the validation layer reported */
     atomic_int split_dispatches;    /* dispatches recorded as several pieces (maxComputeWorkGroupCount) */
@@ -296,10 +302,13 @@ typedef enum kvg_vk_layout {
                             * GEMM by integer dot products (matvec_dot_<type>, gemm_dot_<type>:
                             * 8-bit activations), as a load with activation_bits = 8 picks them on
                             * a device that has them */
-    KVG_VK_LAYOUT_HALF = 5 /* COOP with the prefill GEMM's tiles as f16 in double-buffered shared
-                            * memory (gemm_h_<type>), as a GPU's load picks it */
+    KVG_VK_LAYOUT_HALF = 5, /* COOP with the prefill GEMM's tiles as f16 in double-buffered shared
+                             * memory (gemm_h_<type>), as a GPU's load picks it */
+    KVG_VK_LAYOUT_MATRIX = 6 /* SUBGROUP_ONE with the prefill GEMM on cooperative matrices
+                              * (gemm_cm_<type>), as a GPU's load picks it where the device offers
+                              * them; KVGEN_E_UNSUPPORTED elsewhere */
 } kvg_vk_layout;
-/* "device", "coop", "lane", "subgroup", "subgroup1", "dot" or "half" (tests' messages) */
+/* "device", "coop", "lane", "subgroup", "subgroup1", "dot", "half" or "matrix" (tests' messages) */
 const char *kvg_vk_layout_name(kvg_vk_layout layout);
 
 /* y[t][r] = epilogue(W x_t) for ncols tokens: W is `rows` rows of K elements in GGUF layout of

@@ -99,6 +99,8 @@ typedef struct vk_model {
                                   * gemm_dot_<type> */
     bool gemm_half;              /* the prefill GEMM's tiles as f16 in double-buffered shared
                                   * memory (gemm_h_<type>; GPUs) */
+    bool gemm_coop;              /* the prefill GEMM on cooperative matrices (gemm_cm_<type>;
+                                  * GPUs that offer them, kvg_vk_ctx.coopmat) */
     kvg_vk_mirror params;        /* the step's token ids, positions and tables' places */
     kvg_vk_buffer x, q, att, h, logits;
     /* logits in device memory the host cannot map (a GPU): the host buffer rows are copied

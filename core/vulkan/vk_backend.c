@@ -339,6 +339,20 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * tiles, =1 takes the f16 ones anywhere (the tests on lavapipe) */
     vm->gemm_half = ctx->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     if (getenv("KVGEN_VK_HALF")) vm->gemm_half = atoi(getenv("KVGEN_VK_HALF")) != 0;
+    /* the prefill GEMM on the device's matrix units where it offers cooperative matrices (GPUs);
+     * KVGEN_VK_COOPMAT=0 keeps the f16 tiles (and leaves the extension off the device), =1
+     * takes them on any device that offers them (the tests on Mesa's lavapipe, which emulates
+     * them) */
+    vm->gemm_coop = ctx->coopmat && ctx->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+    if (getenv("KVGEN_VK_COOPMAT")) vm->gemm_coop = ctx->coopmat && atoi(getenv("KVGEN_VK_COOPMAT")) != 0;
+    if (vm->mv_lane)
+        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the lane mat-vec", ctx->info.name);
+    else if (vm->gemm_coop)
+        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the GEMM on cooperative matrices (%u x %u x %u)",
+                ctx->info.name, ctx->cm_m, ctx->cm_n, ctx->cm_k);
+    else
+        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the GEMM with %s tiles%s", ctx->info.name,
+                vm->gemm_half ? "f16" : "f32", ctx->coopmat ? " (cooperative matrices offered: KVGEN_VK_COOPMAT=1 takes them)" : "");
     if (desc->activation_bits == 8) { /* what the user asked for, and what the device gives */
         const char *got;
         if (vm->act8_dot) got = "integer dot products in the integer types' mat-vecs and GEMMs";

@@ -369,6 +369,78 @@ kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_er
 
 /* ---- context ---- */
 
+/* VK_KHR_cooperative_matrix's structures and query, declared here in the specification's
+ * layout (the Vulkan headers of older distributions lack them) */
+typedef struct {
+    VkStructureType sType;
+    void *pNext;
+    VkBool32 cooperativeMatrix, cooperativeMatrixRobustBufferAccess;
+} kvg_cm_features;
+typedef struct {
+    VkStructureType sType;
+    void *pNext;
+    uint32_t MSize, NSize, KSize;
+    uint32_t AType, BType, CType, ResultType; /* VkComponentTypeKHR */
+    VkBool32 saturatingAccumulation;
+    uint32_t scope; /* VkScopeKHR */
+} kvg_cm_props;
+typedef VkResult(VKAPI_PTR *kvg_cm_props_fn)(VkPhysicalDevice, uint32_t *, kvg_cm_props *);
+#define KVG_ST_CM_FEATURES ((VkStructureType)1000506000)
+#define KVG_ST_CM_PROPS ((VkStructureType)1000506001)
+enum { KVG_CM_FLOAT16 = 0, KVG_CM_FLOAT32 = 1, KVG_CM_SCOPE_SUBGROUP = 3 };
+
+/* the version kvgen's instance and the device both have (the instance asks for 1.2 where the
+ * loader has it, create_instance) */
+static uint32_t common_api(const kvg_vk_ctx *ctx) {
+    VkPhysicalDeviceProperties p;
+    vkGetPhysicalDeviceProperties(ctx->phys, &p);
+    uint32_t api = 0;
+    PFN_vkEnumerateInstanceVersion ev =
+        (PFN_vkEnumerateInstanceVersion)vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
+    if (!ev || ev(&api) != VK_SUCCESS) return VK_API_VERSION_1_0;
+    api = api >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    return p.apiVersion < api ? p.apiVersion : api;
+}
+
+/* whether the device offers what gemm_cm.comp needs: the extension and its feature, products of
+ * f16 A and B into f32 at subgroup scope with M, N and K of 8 or 16 (m, nn, k: the largest),
+ * shaderFloat16 and the Vulkan memory model (features of Vulkan 1.2) */
+static bool coopmat_offered(const kvg_vk_ctx *ctx, uint32_t *m, uint32_t *nn, uint32_t *k) {
+    if (!has_device_ext(ctx->phys, "VK_KHR_cooperative_matrix")) return false;
+    kvg_cm_features cmf = {.sType = KVG_ST_CM_FEATURES};
+    VkPhysicalDeviceShaderFloat16Int8Features f16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .pNext = &cmf};
+    VkPhysicalDeviceVulkanMemoryModelFeatures mm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .pNext = &f16};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &mm};
+    vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
+    if (!cmf.cooperativeMatrix || !f16.shaderFloat16 || !mm.vulkanMemoryModel) return false;
+    kvg_cm_props_fn get =
+        (kvg_cm_props_fn)vkGetInstanceProcAddr(ctx->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+    uint32_t n = 0;
+    if (!get || get(ctx->phys, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    kvg_cm_props *p = kvg_calloc(n, sizeof *p);
+    if (!p) return false;
+    for (uint32_t i = 0; i < n; i++) p[i].sType = KVG_ST_CM_PROPS;
+    uint32_t best = 0;
+    if (get(ctx->phys, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++) {
+            bool dims = (p[i].MSize == 8 || p[i].MSize == 16) && (p[i].NSize == 8 || p[i].NSize == 16) &&
+                        (p[i].KSize == 8 || p[i].KSize == 16);
+            uint32_t size = p[i].MSize * p[i].NSize * p[i].KSize;
+            if (dims && p[i].AType == KVG_CM_FLOAT16 && p[i].BType == KVG_CM_FLOAT16 &&
+                p[i].CType == KVG_CM_FLOAT32 && p[i].ResultType == KVG_CM_FLOAT32 &&
+                p[i].scope == KVG_CM_SCOPE_SUBGROUP && size > best) {
+                best = size;
+                *m = p[i].MSize;
+                *nn = p[i].NSize;
+                *k = p[i].KSize;
+            }
+        }
+    kvg_free(p);
+    return best > 0;
+}
+
 static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     float prio = 1.0f;
     VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
@@ -408,7 +480,17 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
         vkGetPhysicalDeviceProperties2(ctx->phys, &p2);
         dot = dotf.shaderIntegerDotProduct;
     }
-    const char *exts[2];
+    /* cooperative matrices (gemm_cm_<type>), where the build has those variants;
+     * KVGEN_VK_COOPMAT=0 leaves them off the device altogether */
+    const char *cm_env = getenv("KVGEN_VK_COOPMAT");
+    bool cm = sg && !(cm_env && atoi(cm_env) == 0) && common_api(ctx) >= VK_API_VERSION_1_2 && kvg_shader_find("gemm_cm_f32") != NULL &&
+              coopmat_offered(ctx, &ctx->cm_m, &ctx->cm_n, &ctx->cm_k);
+    VkPhysicalDeviceShaderFloat16Int8Features cmf16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .shaderFloat16 = VK_TRUE};
+    VkPhysicalDeviceVulkanMemoryModelFeatures cmmm = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .vulkanMemoryModel = VK_TRUE};
+    kvg_cm_features cmf = {.sType = KVG_ST_CM_FEATURES, .cooperativeMatrix = VK_TRUE};
+    const char *exts[3];
     uint32_t n_exts = 0;
     VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &q};
@@ -423,12 +505,20 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
         chain = &dotf;
         exts[n_exts++] = dot_ext;
     }
+    if (cm) {
+        cmmm.pNext = (void *)chain;
+        cmf16.pNext = &cmmm;
+        cmf.pNext = &cmf16;
+        chain = &cmf;
+        exts[n_exts++] = "VK_KHR_cooperative_matrix";
+    }
     ci.pNext = chain;
     ci.enabledExtensionCount = n_exts;
     ci.ppEnabledExtensionNames = n_exts ? exts : NULL;
     VKCHECK(vkCreateDevice(ctx->phys, &ci, NULL, &ctx->dev), "vkCreateDevice");
     ctx->int_dot = dot;
     ctx->int_dot_fast = dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated;
+    ctx->coopmat = cm;
     ctx->sg_size_control = sg;
     ctx->sg_min = sg ? sgp.minSubgroupSize : 0;
     ctx->sg_max = sg ? sgp.maxSubgroupSize : 0;
@@ -879,6 +969,7 @@ static const struct shader_needs {
     {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},                      /* none */
     {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},                     /* red[WG * ROWS * NCOLS] */
     {"gemm_dot_", 128, 128 * 4, 0, 0, 0, 0, 48, 52},         /* ssum[128]; wsq[8][ROWS], wdm; xsq[8][NCOLS], xsd, tscale */
+    {"gemm_cm_", 0, 4096, 4, 0, 0, 0, 320, 352},            /* cout <= 4 x 16 x 16; ssum <= WG + 4 N; wa[4 M][40]; xb[4 N][40], tscale */
     {"gemm_h_", 128, 128 * 4, 0, 0, 0, 0, 128, 128 + 4},     /* ssum[128]; wh[2][32][ROWS / 2]; xh[2][32][NCOLS / 2], tscale */
     {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
     {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0},            /* red[64] */
@@ -944,6 +1035,12 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
                                  VkPipeline *out, kvgen_error *err) {
     *out = kvg_vk_pipeline_find(ctx, shader, spec);
     if (*out) return KVGEN_OK;
+    bool matrix = strncmp(shader, "gemm_cm_", 8) == 0;
+    if (matrix && !ctx->coopmat)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED,
+                        "vulkan: shader %s needs cooperative matrices (VK_KHR_cooperative_matrix), not enabled on "
+                        "device %s",
+                        shader, ctx->info.name);
     if (strstr(shader, "_dot_") && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED,
                         "vulkan: shader %s needs integer dot products (shaderIntegerDotProduct), not enabled on "
@@ -986,7 +1083,8 @@ kvgen_status kvg_vk_pipeline_get(kvg_vk_ctx *ctx, const char *shader, const uint
     VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT rs = {
         .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT,
         .requiredSubgroupSize = spec[KVG_SPEC_WG]};
-    if (kvg_vk_one_subgroup(ctx, shader, spec)) {
+    if (matrix) rs.requiredSubgroupSize = ctx->info.subgroup_size; /* four full subgroups */
+    if (matrix || kvg_vk_one_subgroup(ctx, shader, spec)) {
         ci.stage.pNext = &rs;
         ci.stage.flags = VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
     }

@@ -38,6 +38,7 @@ const char *kvg_vk_layout_name(kvg_vk_layout layout) {
     case KVG_VK_LAYOUT_SUBGROUP_ONE: return "subgroup1";
     case KVG_VK_LAYOUT_DOT: return "dot";
     case KVG_VK_LAYOUT_HALF: return "half";
+    case KVG_VK_LAYOUT_MATRIX: return "matrix";
     }
     return "?";
 }
@@ -62,12 +63,16 @@ kvgen_status kvg_vk_test_matmul(kvg_vk_ctx *ctx, uint32_t type, const void *wdat
     vm.mv_lane = dev ? device_lane(ctx) : layout == KVG_VK_LAYOUT_LANE;
     vm.subgroup = dev ? ctx->info.subgroup_arithmetic
                       : layout == KVG_VK_LAYOUT_SUBGROUP || layout == KVG_VK_LAYOUT_SUBGROUP_ONE ||
-                            layout == KVG_VK_LAYOUT_DOT;
+                            layout == KVG_VK_LAYOUT_DOT || layout == KVG_VK_LAYOUT_MATRIX;
     if (vm.subgroup && !ctx->info.subgroup_arithmetic)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no subgroup arithmetic",
                         ctx->info.name);
     vm.act8_dot = layout == KVG_VK_LAYOUT_DOT;
     vm.gemm_half = dev ? !device_lane(ctx) : layout == KVG_VK_LAYOUT_HALF;
+    vm.gemm_coop = dev ? !device_lane(ctx) && ctx->coopmat : layout == KVG_VK_LAYOUT_MATRIX;
+    if (vm.gemm_coop && !ctx->coopmat)
+        return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no cooperative matrices",
+                        ctx->info.name);
     if (vm.act8_dot && !ctx->int_dot)
         return kvg_fail(err, KVGEN_E_UNSUPPORTED, "kvg_vk_test_matmul: device %s has no integer dot products",
                         ctx->info.name);

@@ -114,6 +114,22 @@ static void gemm_tile(const kvg_vk_ctx *ctx, uint32_t *rows, uint32_t *cols) {
     *cols = wide ? 64 : 32;
 }
 
+/* the prefill GEMM a part runs (gemm.comp's variants or gemm_cm.comp), as the load chose
+ * (vk_backend.c), and its tile (rows x tokens) */
+static const char *gemm_kind(const vk_model *vm, const vk_part *part) {
+    if (vm->act8_dot && !part->wt->pad) return "gemm_dot";
+    return vm->gemm_coop ? "gemm_cm" : vm->gemm_half ? "gemm_h" : "gemm";
+}
+
+static void gemm_dims(const vk_model *vm, const char *kind, uint32_t *rows, uint32_t *cols) {
+    if (strcmp(kind, "gemm_cm") == 0) { /* four subgroups of 2 x 2 matrices */
+        *rows = 4 * vm->ctx->cm_m;
+        *cols = 4 * vm->ctx->cm_n;
+        return;
+    }
+    gemm_tile(vm->ctx, rows, cols);
+}
+
 /* the mat-mul pipeline of one part (its weight type) for ncols tokens, created or found as
  * w->mode asks (kvg_vk_walk_pipeline) */
 static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *part, int epi, bool norm,
@@ -136,9 +152,16 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
         spec[KVG_SPEC_LANE] = vm->mv_lane;
         spec[KVG_SPEC_UBO] = lane_ubo(vm, m, ldx, ncols) ? vm->ctx->ubo_window / 16 : 0;
     } else {
-        bool dot = vm->act8_dot && !part->wt->pad;
-        snprintf(name, sizeof name, "%s_%s", dot ? "gemm_dot" : vm->gemm_half ? "gemm_h" : "gemm", part->wt->suffix);
-        gemm_tile(vm->ctx, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
+        const char *kind = gemm_kind(vm, part);
+        snprintf(name, sizeof name, "%s_%s", kind, part->wt->suffix);
+        if (strcmp(kind, "gemm_cm") == 0) { /* the matrices' shape (gemm_cm.comp's CM, CN, CK) */
+            spec[KVG_SPEC_WG] = 4 * vm->ctx->info.subgroup_size;
+            spec[KVG_SPEC_ROWS] = vm->ctx->cm_m;
+            spec[KVG_SPEC_NCOLS] = vm->ctx->cm_n;
+            spec[KVG_SPEC_HD] = vm->ctx->cm_k;
+        } else {
+            gemm_dims(vm, kind, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
+        }
     }
     return kvg_vk_walk_pipeline(w, name, spec, out);
 }
@@ -213,7 +236,7 @@ kvgen_status kvg_vk_op_matmul(walk *w, const matmul_args *a) {
                 gx = (part->rows + vm->mv_rows - 1) / vm->mv_rows;
             } else {
                 uint32_t tm, tn;
-                gemm_tile(vm->ctx, &tm, &tn);
+                gemm_dims(vm, gemm_kind(vm, part), &tm, &tn);
                 gx = (part->rows + tm - 1) / tm;
                 gy = (a->ncols + tn - 1) / tn;
             }
