@@ -5,9 +5,9 @@
 #   bash scripts/gpu_check.sh prepare   here: builds what the check needs into build-gpu/ (kvgen,
 #                                       kvgen-mkmodel and the Vulkan test programs, without Lua
 #                                       or remote models) and gathers what travels into
-#                                       build-gpu/carry (the shaders compiled by Debian
-#                                       unstable's glslang, downloaded, so that cooperative
-#                                       matrices are built): those programs, stripped, the shared
+#                                       build-gpu/carry (the shaders compiled by Debian 13's
+#                                       glslang, downloaded, so that cooperative matrices are
+#                                       built): those programs, stripped, the shared
 #                                       libraries they need beyond the C library, and Debian's
 #                                       Vulkan loader and validation layer (downloaded, extracted,
 #                                       nothing installed). Its last line is that folder's path.
@@ -42,13 +42,13 @@ prepare() {
   jobs=$(nproc 2>/dev/null || echo 2)
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGEN_LUA=OFF -DKVGEN_REMOTE=OFF \
     -DKVGEN_TEST_MODELS=OFF >"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
-  # the shaders compiled by Debian unstable's glslang (scripts/vk_drivers.sh fetch-sid), which
+  # the shaders compiled by Debian 13's glslang (scripts/vk_drivers.sh fetch-trixie), which
   # knows cooperative matrices, so that the GPU gets gemm_cm_<type>; without it (no network)
   # the machine's compiler builds everything else
-  local sid=$build/vk-drivers/sid
-  if KVGEN_BUILD_DIR=$build bash "$here/scripts/vk_drivers.sh" fetch-sid >>"$build.log" 2>&1; then
-    cmake -S "$here" -B "$build" -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$sid/glslangValidator" \
-      -DKVGEN_SPIRV_VAL="$sid/spirv-val" >>"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
+  local tx=$build/vk-drivers/trixie
+  if KVGEN_BUILD_DIR=$build bash "$here/scripts/vk_drivers.sh" fetch-trixie >>"$build.log" 2>&1; then
+    cmake -S "$here" -B "$build" -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$tx/glslangValidator" \
+      -DKVGEN_SPIRV_VAL="$tx/spirv-val" >>"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
   fi
   grep "cooperative-matrix GEMM" "$build.log" | tail -1
   local targets=(kvgen_cli kvgen-mkmodel)

@@ -10,15 +10,17 @@
 #           build/vk-drivers/mesa25 (apt-get download with a private apt state: nothing is
 #           installed and /etc is not touched; then dpkg -x) and loaded through
 #           VK_ICD_FILENAMES; needs network access the first time
-#   sid     Debian unstable's lavapipe (Mesa 26), which offers cooperative matrices, with its C
-#           library, Vulkan loader, validation layer, glslang and spirv-val: the packages and
-#           their dependencies are downloaded once into build/vk-drivers/sid (a private apt state
-#           with an empty package database, then dpkg -x; nothing is installed), a second build
-#           in build/vk-drivers/sid/build compiles the shaders with that glslang (so gemm_cm.comp
-#           is built) and links its programs to that C library (--dynamic-linker, rpath), and
-#           the tests run there; needs network access the first time
-# Arguments: the configurations to run (default: sg8 sg4 sg16 mesa25); fetch-sid only downloads
-# sid's tree (its glslangValidator and spirv-val wrappers are then in build/vk-drivers/sid).
+#   trixie  Debian 13's lavapipe from trixie-backports (Mesa 26.1), which offers cooperative
+#           matrices, with trixie's C library, Vulkan loader, validation layer, glslang and
+#           spirv-val: the packages and their dependencies are downloaded once into
+#           build/vk-drivers/trixie (a private apt state with an empty package database, then
+#           dpkg -x; nothing is installed), a second build in build/vk-drivers/trixie/build
+#           compiles the shaders with that glslang (so gemm_cm.comp is built), and ctest runs
+#           its tests through that tree's dynamic linker, its libraries first; needs network
+#           access the first time
+# Arguments: the configurations to run (default: sg8 sg4 sg16 mesa25); fetch-trixie only
+# downloads trixie's tree (its glslangValidator and spirv-val wrappers are then in
+# build/vk-drivers/trixie).
 #   KVGEN_VK_DRIVER_TESTS    ctest -R regex (default '^test_vk_(kernels|arch)$'; '^test_vk_'
 #                            runs every Vulkan test)
 #   KVGEN_VK_DRIVER_TIMEOUT  ctest --timeout (default 1800): only for tests without a TIMEOUT of
@@ -75,67 +77,68 @@ fetch_mesa25() {
   echo "mesa25: $(cd "$dir/debs" && echo *.deb)"
 }
 
-# Debian unstable's lavapipe and shader tools with everything they need (sid above); on return
-# sid_root, sid_lib and sid_ld name the tree, its library folder and its dynamic linker
-fetch_sid() {
-  local dir=$cache/sid
-  sid_root=$dir/root
-  sid_lib=$sid_root/usr/lib/x86_64-linux-gnu
-  sid_ld=$sid_lib/ld-linux-x86-64.so.2
+# Debian 13's lavapipe (trixie-backports) and shader tools with everything they need (trixie
+# above); on return tx_root, tx_lib and tx_ld name the tree, its library folder and its dynamic
+# linker
+fetch_trixie() {
+  local dir=$cache/trixie
+  tx_root=$dir/root
+  tx_lib=$tx_root/usr/lib/x86_64-linux-gnu
+  tx_ld=$tx_lib/ld-linux-x86-64.so.2
   if [ ! -f "$dir/lvp_icd.json" ]; then
-    [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ] || { echo "sid: needs Debian amd64"; return 1; }
+    [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ] || { echo "trixie: needs Debian amd64"; return 1; }
     rm -rf "$dir/root" "$dir/apt"
     mkdir -p "$dir/apt/lists/partial" "$dir/apt/cache/archives/partial" "$dir/root"
     : >"$dir/apt/status"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" \
-      >"$dir/apt/sources.list"
+    printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian %s main\n' \
+      trixie trixie-backports >"$dir/apt/sources.list"
     local opts=(-o "Dir::Etc::SourceList=$dir/apt/sources.list" -o "Dir::Etc::SourceParts=$dir/apt/none"
                 -o "Dir::State::Lists=$dir/apt/lists" -o "Dir::Cache=$dir/apt/cache"
                 -o "Dir::State::status=$dir/apt/status" -o Debug::NoLocking=1
                 -o APT::Install-Recommends=false -o APT::Architecture=amd64 -o APT::Architectures=amd64)
     [ "$(id -u)" = 0 ] && opts+=(-o APT::Sandbox::User=root)
     if ! apt-get "${opts[@]}" update >"$dir/fetch.log" 2>&1 ||
-       ! apt-get "${opts[@]}" install --download-only -y mesa-vulkan-drivers libvulkan1 vulkan-validationlayers \
+       ! apt-get "${opts[@]}" install --download-only -y mesa-vulkan-drivers/trixie-backports libvulkan1 vulkan-validationlayers \
             glslang-tools spirv-tools libc6 >>"$dir/fetch.log" 2>&1; then
-      cat "$dir/fetch.log"; echo "sid: download failed"; return 1
+      cat "$dir/fetch.log"; echo "trixie: download failed"; return 1
     fi
     local deb
     for deb in "$dir"/apt/cache/archives/*.deb; do dpkg -x "$deb" "$dir/root" || return 1; done
-    [ -x "$sid_ld" ] && [ -f "$sid_lib/libvulkan_lvp.so" ] || { echo "sid: no dynamic linker or lavapipe"; return 1; }
+    [ -x "$tx_ld" ] && [ -f "$tx_lib/libvulkan_lvp.so" ] || { echo "trixie: no dynamic linker or lavapipe"; return 1; }
     # the driver and the layer by absolute paths; the tools through that C library
     printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.4.0"}}\n' \
-      "$sid_lib/libvulkan_lvp.so" >"$dir/lvp_icd.json.tmp"
+      "$tx_lib/libvulkan_lvp.so" >"$dir/lvp_icd.json.tmp"
     mkdir -p "$dir/layers"
-    sed "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"$sid_lib/libVkLayer_khronos_validation.so\"#" \
-      "$sid_root/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json" \
+    sed "s#\"library_path\": *\"[^\"]*\"#\"library_path\": \"$tx_lib/libVkLayer_khronos_validation.so\"#" \
+      "$tx_root/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json" \
       >"$dir/layers/VkLayer_khronos_validation.json"
     local t
     for t in glslangValidator spirv-val; do
-      printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$sid_ld" "$sid_lib" "$sid_root/usr/bin/$t" \
+      printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$tx_ld" "$tx_lib" "$tx_root/usr/bin/$t" \
         >"$dir/$t"
       chmod +x "$dir/$t"
     done
     rm -rf "$dir/apt"
     mv "$dir/lvp_icd.json.tmp" "$dir/lvp_icd.json"
   fi
-  echo "sid: $(ls "$sid_root/usr/share/doc" | grep -c .) packages; $("$dir/glslangValidator" --version | head -1)"
+  echo "trixie: $(ls "$tx_root/usr/share/doc" | grep -c .) packages; $("$dir/glslangValidator" --version | head -1)"
 }
 
-# the sid configuration's own build: its glslang (gemm_cm.comp compiled); the tests run through
-# sid's dynamic linker with sid's libraries first (ctest's emulator: a newer C library runs what
+# the trixie configuration's own build: its glslang (gemm_cm.comp compiled); the tests run
+# through trixie's dynamic linker with its libraries first (ctest's emulator: a newer C library runs what
 # an older one linked, and the driver then finds everything it needs); only the programs the
 # chosen tests need
-build_sid() {
-  local dir=$cache/sid b=$cache/sid/build targets=(kvgen_cli kvgen-mkmodel) t
+build_trixie() {
+  local dir=$cache/trixie b=$cache/trixie/build targets=(kvgen_cli kvgen-mkmodel) t
   cmake -S "$here" -B "$b" -DCMAKE_BUILD_TYPE=Release -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$dir/glslangValidator" \
     -DKVGEN_SPIRV_VAL="$dir/spirv-val" \
-    -DCMAKE_CROSSCOMPILING_EMULATOR="$sid_ld;--library-path;$sid_lib" \
-    >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; echo "sid: configure failed"; return 1; }
+    -DCMAKE_CROSSCOMPILING_EMULATOR="$tx_ld;--library-path;$tx_lib" \
+    >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; echo "trixie: configure failed"; return 1; }
   grep -q "cooperative-matrix GEMM (gemm_cm.comp): ON" "$dir/build.log" ||
-    { grep "cooperative-matrix" "$dir/build.log"; echo "sid: glslang did not build gemm_cm.comp"; return 1; }
+    { grep "cooperative-matrix" "$dir/build.log"; echo "trixie: glslang did not build gemm_cm.comp"; return 1; }
   for t in $(ctest --test-dir "$b" -N -R "$tests" | sed -n 's/^ *Test *#[0-9]*: *//p'); do targets+=("$t"); done
   cmake --build "$b" -j"$(nproc)" --target "${targets[@]}" >>"$dir/build.log" 2>&1 ||
-    { tail -40 "$dir/build.log"; echo "sid: build failed"; return 1; }
+    { tail -40 "$dir/build.log"; echo "trixie: build failed"; return 1; }
 }
 
 run_config() { # name, env (VAR=value ...); the build is $run_build (default: $build), its
@@ -172,16 +175,16 @@ for c in "${configs[@]}"; do
       else
         failed=$((failed + 1))
       fi ;;
-    fetch-sid) # only the download: gpu_check.sh prepare compiles its shaders with this glslang
-      fetch_sid || failed=$((failed + 1)) ;;
-    sid)
-      if fetch_sid && build_sid; then
-        run_build=$cache/sid/build run_prefix="$sid_ld --library-path $sid_lib" run_config sid VK_ICD_FILENAMES="$cache/sid/lvp_icd.json" \
-          VK_LAYER_PATH="$cache/sid/layers"
+    fetch-trixie) # only the download: gpu_check.sh prepare compiles its shaders with this glslang
+      fetch_trixie || failed=$((failed + 1)) ;;
+    trixie)
+      if fetch_trixie && build_trixie; then
+        run_build=$cache/trixie/build run_prefix="$tx_ld --library-path $tx_lib" run_config trixie VK_ICD_FILENAMES="$cache/trixie/lvp_icd.json" \
+          VK_LAYER_PATH="$cache/trixie/layers"
       else
         failed=$((failed + 1))
       fi ;;
-    *) echo "vk_drivers: unknown configuration $c (sg8, sg4, sg16, mesa25, sid)"; failed=$((failed + 1)) ;;
+    *) echo "vk_drivers: unknown configuration $c (sg8, sg4, sg16, mesa25, trixie)"; failed=$((failed + 1)) ;;
   esac
 done
 echo "$passed passed, $failed failed"

@@ -62,7 +62,9 @@ shared vec4 xs[32][TN / 4u]; // [k][tokens/4]
 shared float ssum[WGS];
 shared float tscale[TN];
 
-#ifdef HALF
+#ifndef HALF
+const float XS = 1.0; // the f32 tiles hold the inputs as they are
+#else
 // The inputs go to f16 times XS = 1/16 (a power of two: undone exactly on the sums), so inputs
 // up to 16 x 65,504 stay finite; an f16 normal then holds inputs down to 16 x 2^-14 = 0.001 to
 // 11 bits, smaller ones to an absolute 2^-20 at worst.
@@ -218,10 +220,10 @@ void main() {
             if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[i * MC + c], acc[(i + 1u) * MC + c], r + 1u < pc.nrows);
         }
     }
-#elif defined(HALF)
-    vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j.., times XS
+#else
+    vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j.. (times XS: HALF)
     [[unroll]] for (uint i = 0u; i < MR * MC / 4u; i++) acc[i] = vec4(0.0);
-
+#ifdef HALF
     fetch(0u);
     put(0u);
     barrier();
@@ -246,19 +248,7 @@ void main() {
         if (more) put(cur ^ 1u); // the other buffer: its last readers passed the previous barrier
         barrier();
     }
-    [[unroll]] for (uint i = 0u; i < MR; i += 2u) {
-        uint r = r0 + tx * MR + i;
-        if (r >= pc.nrows) continue;
-        [[unroll]] for (uint c = 0u; c < MC; c++) {
-            uint t = c0 + ty * MC + c, a0 = i * (MC / 4u) + c / 4u, a1 = a0 + MC / 4u; // rows i, i + 1
-            if (t < pc.ncols)
-                store_pair(pc.row0 + r, t, acc[a0][c % 4u] / XS, acc[a1][c % 4u] / XS, r + 1u < pc.nrows);
-        }
-    }
 #else
-    vec4 acc[MR * MC / 4u]; // acc[i * MC / 4 + j]: row tx*MR+i for the tokens ty*MC+4j..
-    [[unroll]] for (uint i = 0u; i < MR * MC / 4u; i++) acc[i] = vec4(0.0);
-
     for (uint b = 0u; b < pc.nb; b++) {
         // weights: TM rows x 4 quarters, TM / 32 quarter-blocks per invocation
         [[unroll]] for (uint h = 0u; h < TM / 32u; h++) {
@@ -294,12 +284,14 @@ void main() {
             }
         barrier();
     }
+#endif
     [[unroll]] for (uint i = 0u; i < MR; i += 2u) {
         uint r = r0 + tx * MR + i;
         if (r >= pc.nrows) continue;
         [[unroll]] for (uint c = 0u; c < MC; c++) {
             uint t = c0 + ty * MC + c, a0 = i * (MC / 4u) + c / 4u, a1 = a0 + MC / 4u; // rows i, i + 1
-            if (t < pc.ncols) store_pair(pc.row0 + r, t, acc[a0][c % 4u], acc[a1][c % 4u], r + 1u < pc.nrows);
+            if (t < pc.ncols)
+                store_pair(pc.row0 + r, t, acc[a0][c % 4u] / XS, acc[a1][c % 4u] / XS, r + 1u < pc.nrows);
         }
     }
 #endif
