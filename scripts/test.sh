@@ -10,6 +10,8 @@
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 #   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
 #   KVGEN_TEST_VK_SG4=1  also run test_vk_kernels on lavapipe at subgroups of 4 (scripts/vk_drivers.sh)
+#   KVGEN_TEST_VK_TRIXIE=0  skip test_vk_kernels on Debian 13's lavapipe, which offers cooperative
+#                        matrices (scripts/vk_drivers.sh trixie: downloads about 80 MB once, and builds)
 #   KVGEN_TEST_REMOTE=0  skip the remote-model specs (spec/remote_spec.lua): by default their server,
 #                        llama-cpp-python's (scripts/llama_server.sh), is installed first (built once,
 #                        a few minutes; then cached) and the specs must run
@@ -184,18 +186,12 @@ consumer_check() {
   echo "consumer: $p passed, $f failed"
 }
 
-# lavapipe at subgroups of 4 (scripts/vk_drivers.sh sg4; docs/vulkan.md, "Drivers and
-# configurations"): test_vk_kernels on the default model's weight type and a K type, all of its
-# attention cases, validation on. Opt-in (KVGEN_TEST_VK_SG4=1): a first run compiles every
-# pipeline it uses (well over 3 minutes on 2 shared cores); its own Mesa shader cache in
-# build/vk-drivers keeps later runs short. The other configurations (subgroups of 16, Mesa 25.0)
-# are the script's alone.
-vk_sg4_stage() {
-  local out last
-  if [ "${KVGEN_TEST_VK_SG4:-0}" != 1 ]; then echo "vulkan sg4: skipped (KVGEN_TEST_VK_SG4=1 runs it)"; return; fi
-  out=$(KVGEN_TEST_TYPES=Q4_1,Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900 \
-        bash "$here/scripts/vk_drivers.sh" sg4 2>&1)
-  echo "$out" | tee "$log_dir/vk-sg4.log"
+# one more lavapipe configuration (scripts/vk_drivers.sh; docs/vulkan.md, "Drivers and
+# configurations"), its last line counted: name, then the environment of the run
+vk_config_stage() {
+  local name=$1 out last; shift
+  out=$(env "$@" bash "$here/scripts/vk_drivers.sh" "$name" 2>&1)
+  echo "$out" | tee "$log_dir/vk-$name.log"
   last=$(echo "$out" | tail -n 1)
   if [[ $last =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
     passed=$((passed + BASH_REMATCH[1])); failed=$((failed + BASH_REMATCH[2]))
@@ -204,10 +200,32 @@ vk_sg4_stage() {
   fi
 }
 
+# Debian 13's lavapipe (Mesa 26.1 from trixie-backports, downloaded with its C library, glslang
+# and validation layer; nothing installed): a second driver version, and the one here that
+# offers cooperative matrices, so its own build has gemm_cm.comp. test_vk_kernels on a K type
+# (the cooperative-matrix GEMM's cases among them) and all of its attention cases, validation
+# on; the other tests there are the script's alone (KVGEN_VK_DRIVER_TESTS). KVGEN_TEST_VK_TRIXIE=0
+# skips it (no network).
+vk_trixie_stage() {
+  if [ "${KVGEN_TEST_VK_TRIXIE:-1}" = 0 ]; then echo "vulkan trixie: skipped (KVGEN_TEST_VK_TRIXIE=0)"; return; fi
+  vk_config_stage trixie KVGEN_TEST_TYPES=Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900
+}
+
+# lavapipe at subgroups of 4: test_vk_kernels on the default model's weight type and a K type,
+# all of its attention cases, validation on. Opt-in (KVGEN_TEST_VK_SG4=1): a first run compiles
+# every pipeline it uses (well over 3 minutes on 2 shared cores); its own Mesa shader cache in
+# build/vk-drivers keeps later runs short. The other configurations (subgroups of 16, Mesa 25.0)
+# are the script's alone.
+vk_sg4_stage() {
+  if [ "${KVGEN_TEST_VK_SG4:-0}" != 1 ]; then echo "vulkan sg4: skipped (KVGEN_TEST_VK_SG4=1 runs it)"; return; fi
+  vk_config_stage sg4 KVGEN_TEST_TYPES=Q4_1,Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900
+}
+
 if build "$here/build" -DKVGEN_SHARED=ON; then
   KVGEN_VALIDATE=1 ctest --test-dir "$here/build" --output-on-failure -j"$jobs" 2>&1 | tee "$log_dir/ctest.log"
   count_ctest "$log_dir/ctest.log" "validation on"
   vk_sg4_stage
+  vk_trixie_stage
   stage_done "ctest"
   consumer_check
   aarch64_check

@@ -404,7 +404,8 @@ static uint32_t common_api(const kvg_vk_ctx *ctx) {
 
 /* whether the device offers what gemm_cm.comp needs: the extension and its feature, products of
  * f16 A and B into f32 at subgroup scope with M, N and K of 8 or 16 (m, nn, k: the largest),
- * shaderFloat16 and the Vulkan memory model (features of Vulkan 1.2) */
+ * shaderFloat16 and the Vulkan memory model with device scope (features of Vulkan 1.2; once the
+ * memory model is enabled, the atomics of the other shaders, at device scope, need the latter) */
 static bool coopmat_offered(const kvg_vk_ctx *ctx, uint32_t *m, uint32_t *nn, uint32_t *k) {
     if (!has_device_ext(ctx->phys, "VK_KHR_cooperative_matrix")) return false;
     kvg_cm_features cmf = {.sType = KVG_ST_CM_FEATURES};
@@ -414,7 +415,8 @@ static bool coopmat_offered(const kvg_vk_ctx *ctx, uint32_t *m, uint32_t *nn, ui
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .pNext = &f16};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &mm};
     vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
-    if (!cmf.cooperativeMatrix || !f16.shaderFloat16 || !mm.vulkanMemoryModel) return false;
+    if (!cmf.cooperativeMatrix || !f16.shaderFloat16 || !mm.vulkanMemoryModel || !mm.vulkanMemoryModelDeviceScope)
+        return false;
     kvg_cm_props_fn get =
         (kvg_cm_props_fn)vkGetInstanceProcAddr(ctx->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
     uint32_t n = 0;
@@ -488,7 +490,9 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     VkPhysicalDeviceShaderFloat16Int8Features cmf16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .shaderFloat16 = VK_TRUE};
     VkPhysicalDeviceVulkanMemoryModelFeatures cmmm = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .vulkanMemoryModel = VK_TRUE};
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES,
+        .vulkanMemoryModel = VK_TRUE,
+        .vulkanMemoryModelDeviceScope = VK_TRUE}; /* the other shaders' atomics are at device scope */
     kvg_cm_features cmf = {.sType = KVG_ST_CM_FEATURES, .cooperativeMatrix = VK_TRUE};
     const char *exts[3];
     uint32_t n_exts = 0;
