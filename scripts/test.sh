@@ -10,7 +10,7 @@
 #   KVGEN_TEST_QUICK=1   skip the sanitizer pass and the specs tagged #model
 #   KVGEN_TEST_ROCKS=0   skip the LuaRocks stage (it runs when luarocks is installed)
 #   KVGEN_TEST_VK_SG4=1  also run test_vk_kernels on lavapipe at subgroups of 4 (scripts/vk_drivers.sh)
-#   KVGEN_TEST_VK_TRIXIE=0  skip test_vk_kernels on Debian 13's lavapipe, which offers cooperative
+#   KVGEN_TEST_VK_TRIXIE=0  skip the kernel and device tests on Debian 13's lavapipe, which offers cooperative
 #                        matrices (scripts/vk_drivers.sh trixie: downloads about 80 MB once, and builds)
 #   KVGEN_TEST_REMOTE=0  skip the remote-model specs (spec/remote_spec.lua): by default their server,
 #                        llama-cpp-python's (scripts/llama_server.sh), is installed first (built once,
@@ -203,12 +203,13 @@ vk_config_stage() {
 # Debian 13's lavapipe (Mesa 26.1 from trixie-backports, downloaded with its C library, glslang
 # and validation layer; nothing installed): a second driver version, and the one here that
 # offers cooperative matrices, so its own build has gemm_cm.comp. test_vk_kernels on a K type
-# (the cooperative-matrix GEMM's cases among them) and all of its attention cases, validation
-# on; the other tests there are the script's alone (KVGEN_VK_DRIVER_TESTS). KVGEN_TEST_VK_TRIXIE=0
-# skips it (no network).
+# (the cooperative-matrix GEMM's cases among them) and all of its attention cases, and
+# test_vk_device (whole models on a device with the extension enabled), validation on; the
+# other tests there are the script's alone (KVGEN_VK_DRIVER_TESTS). KVGEN_TEST_VK_TRIXIE=0 skips
+# it (no network).
 vk_trixie_stage() {
   if [ "${KVGEN_TEST_VK_TRIXIE:-1}" = 0 ]; then echo "vulkan trixie: skipped (KVGEN_TEST_VK_TRIXIE=0)"; return; fi
-  vk_config_stage trixie KVGEN_TEST_TYPES=Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_kernels$' KVGEN_VK_DRIVER_TIMEOUT=900
+  vk_config_stage trixie KVGEN_TEST_TYPES=Q4_K KVGEN_VK_DRIVER_TESTS='^test_vk_(kernels|device)$' KVGEN_VK_DRIVER_TIMEOUT=900
 }
 
 # lavapipe at subgroups of 4: test_vk_kernels on the default model's weight type and a K type,

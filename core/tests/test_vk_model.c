@@ -319,7 +319,7 @@ static void gpu_steps_model(void) {
  * KVGEN_VK_HALF=1 on the cooperative layouts) in both tile shapes (128 x 64; 64 x 32 under a
  * 16 KiB shared-memory limit), a Q4_K_M mix model against the reference: a 150-token prompt (a
  * step of 128 and one of 22) and decodes. Same tolerance. lavapipe, a CPU device, keeps the f32
- * tiles without the variable. */
+ * tiles without the variable; a GPU takes the f16 ones. */
 static void half_model(void) {
     const char *args = "--mix q4_k_m --seed 41 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
     char *path = tu_make_model("vk_half.gguf", args);
@@ -327,9 +327,11 @@ static void half_model(void) {
     setenv("KVGEN_VK_ATTN_LANE", "0", 1);
     kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     const vk_model *vm = mv ? mv->backend : NULL;
-    CHECKF(vm && !vm->gemm_half, "a CPU device chose the GEMM's f16 tiles");
+    bool cpu = vm && vm->ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    CHECKF(vm && vm->gemm_half == !cpu, "gemm_half %d on a %s device", vm ? vm->gemm_half : -1, cpu ? "CPU" : "GPU");
     kvgen_model_unload(mv);
     setenv("KVGEN_VK_HALF", "1", 1);
+    setenv("KVGEN_VK_COOPMAT", "0", 1); /* a GPU with cooperative matrices would take those first */
     for (int small = 0; small < 2; small++) {
         if (small) setenv("KVGEN_VK_MAX_SHARED", "16384", 1);
         mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
@@ -352,13 +354,14 @@ static void half_model(void) {
     }
     unsetenv("KVGEN_VK_MAX_SHARED");
     unsetenv("KVGEN_VK_HALF");
+    unsetenv("KVGEN_VK_COOPMAT");
     unsetenv("KVGEN_VK_LANE");
     unsetenv("KVGEN_VK_ATTN_LANE");
     free(path);
 }
 
 /* the prefill GEMM on cooperative matrices (gemm_cm_<type>): a CPU device that offers them
- * (Mesa's lavapipe from 25.1) keeps the lane mat-vec and does not choose them; with
+ * (Mesa 26's lavapipe) keeps the lane mat-vec and does not choose them, a GPU does; with
  * KVGEN_VK_COOPMAT=1 and the cooperative kernels, a Q4_K_M mix model against the reference at
  * the usual tolerance. Where the device (or the build) has none, the load must say so by not
  * choosing them even when asked */
@@ -369,8 +372,9 @@ static void matrix_model(void) {
     setenv("KVGEN_VK_ATTN_LANE", "0", 1);
     kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     const vk_model *vm = mv ? mv->backend : NULL;
-    CHECKF(vm && !vm->gemm_coop, "a CPU device chose the cooperative-matrix GEMM");
-    bool offered = vm && vm->ctx->coopmat;
+    bool offered = vm && vm->ctx->coopmat, cpu = vm && vm->ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    CHECKF(vm && vm->gemm_coop == (offered && !cpu), "gemm_coop %d on a %s device that offers them: %d",
+           vm ? vm->gemm_coop : -1, cpu ? "CPU" : "GPU", offered);
     kvgen_model_unload(mv);
     setenv("KVGEN_VK_COOPMAT", "1", 1);
     mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
