@@ -500,8 +500,8 @@ int main(void) {
            "flushes)\n",
            worst_half);
     if (matrix_cases > 0)
-        printf("cooperative-matrix GEMM (%d cases) worst |vulkan - double| / sum|w x|: %.3g (tolerance 2.1e-3 + 1e-5 absolute "
-               "+ f16 flushes)\n",
+        printf("cooperative-matrix GEMM (%d cases) worst |vulkan - double| / sum|w x|: %.3g (tolerance 2.1e-3 + "
+               "1e-5 absolute + f16 flushes)\n",
                matrix_cases, worst_matrix);
     return tu_finish("test_vk_kernels");
 }

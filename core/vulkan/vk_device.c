@@ -485,8 +485,8 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     /* cooperative matrices (gemm_cm_<type>), where the build has those variants;
      * KVGEN_VK_COOPMAT=0 leaves them off the device altogether */
     const char *cm_env = getenv("KVGEN_VK_COOPMAT");
-    bool cm = sg && !(cm_env && atoi(cm_env) == 0) && common_api(ctx) >= VK_API_VERSION_1_2 && kvg_shader_find("gemm_cm_f32") != NULL &&
-              coopmat_offered(ctx, &ctx->cm_m, &ctx->cm_n, &ctx->cm_k);
+    bool cm = sg && !(cm_env && atoi(cm_env) == 0) && common_api(ctx) >= VK_API_VERSION_1_2 &&
+              kvg_shader_find("gemm_cm_f32") != NULL && coopmat_offered(ctx, &ctx->cm_m, &ctx->cm_n, &ctx->cm_k);
     VkPhysicalDeviceShaderFloat16Int8Features cmf16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .shaderFloat16 = VK_TRUE};
     VkPhysicalDeviceVulkanMemoryModelFeatures cmmm = {
@@ -973,7 +973,7 @@ static const struct shader_needs {
     {"embed_", 0, 0, 0, 0, 0, 0, 0, 0},                      /* none */
     {"matvec_", 0, 0, 0, 0, 4, 0, 0, 0},                     /* red[WG * ROWS * NCOLS] */
     {"gemm_dot_", 128, 128 * 4, 0, 0, 0, 0, 48, 52},         /* ssum[128]; wsq[8][ROWS], wdm; xsq[8][NCOLS], xsd, tscale */
-    {"gemm_cm_", 0, 4096, 4, 0, 0, 0, 320, 352},            /* cout <= 4 x 16 x 16; ssum <= WG + 4 N; wa[4 M][40]; xb[4 N][40], tscale */
+    {"gemm_cm_", 0, 4096, 4, 0, 0, 0, 320, 352},             /* cout <= 4 x 16 x 16; ssum; wa[4 M][40]; xb[4 N][40] */
     {"gemm_h_", 128, 128 * 4, 0, 0, 0, 0, 128, 128 + 4},     /* ssum[128]; wh[2][32][ROWS / 2]; xh[2][32][NCOLS / 2], tscale */
     {"gemm_", 128, 128 * 4, 0, 0, 0, 0, 32 * 4, 32 * 4 + 4}, /* ssum[128]; ws[32][ROWS]; xs[32][NCOLS], tscale */
     {"probe_read", 64, 64 * 4, 0, 0, 0, 0, 0, 0},            /* red[64] */
