@@ -6,8 +6,9 @@
 #                                       kvgen-mkmodel and the Vulkan test programs, without Lua
 #                                       or remote models) and gathers what travels into
 #                                       build-gpu/carry (the shaders compiled by Debian 13's
-#                                       glslang, downloaded, so that cooperative matrices are
-#                                       built): those programs, stripped, the shared
+#                                       glslc, downloaded, so that cooperative matrices are
+#                                       built): those programs, stripped and packed into one
+#                                       xz archive (run unpacks it), the shared
 #                                       libraries they need beyond the C library, and Debian's
 #                                       Vulkan loader and validation layer (downloaded, extracted,
 #                                       nothing installed). Its last line is that folder's path.
@@ -42,13 +43,13 @@ prepare() {
   jobs=$(nproc 2>/dev/null || echo 2)
   cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVGEN_LUA=OFF -DKVGEN_REMOTE=OFF \
     -DKVGEN_TEST_MODELS=OFF >"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
-  # the shaders compiled by Debian 13's glslang (scripts/vk_drivers.sh fetch-trixie), which
-  # knows cooperative matrices, so that the GPU gets gemm_cm_<type>; without it (no network)
+  # the shaders compiled by Debian 13's glslc (scripts/vk_drivers.sh fetch-trixie), whose
+  # glslang knows cooperative matrices, so that the GPU gets gemm_cm_<type>; without it (no network)
   # the machine's compiler builds everything else
   local tx=$build/vk-drivers/trixie
   if KVGEN_BUILD_DIR=$build bash "$here/scripts/vk_drivers.sh" fetch-trixie >>"$build.log" 2>&1; then
-    cmake -S "$here" -B "$build" -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$tx/glslangValidator" \
-      -DKVGEN_SPIRV_VAL="$tx/spirv-val" >>"$build.log" 2>&1 || { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
+    cmake -S "$here" -B "$build" -DKVGEN_GLSLC="$tx/glslc" -DKVGEN_SPIRV_VAL="$tx/spirv-val" >>"$build.log" 2>&1 ||
+      { cat "$build.log"; echo "prepare: cmake failed"; return 1; }
   fi
   grep "cooperative-matrix GEMM" "$build.log" | tail -1
   local targets=(kvgen_cli kvgen-mkmodel)
@@ -80,9 +81,14 @@ prepare() {
   # the layer's manifest, pointing at the library beside it (a path relative to the manifest)
   sed 's#"library_path": *"[^"]*"#"library_path": "./libVkLayer_khronos_validation.so"#' \
     "$debs"/x/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json >"$carry/layers/VkLayer_khronos_validation.json"
-  local mib
+  # the programs in one xz archive: each embeds the same SPIR-V (about 5 MB), which the archive
+  # stores once; run unpacks it
+  local mib n
+  n=$(ls "$carry/bin" | wc -l)
+  tar -C "$carry" -cf - bin | xz -6 >"$carry/bin.tar.xz" && rm -rf "$carry/bin" ||
+    { echo "prepare: packing the programs failed"; return 1; }
   mib=$(du -sm "$carry" | awk '{print $1}')
-  echo "prepare: $(ls "$carry/bin" | wc -l) programs, $(ls "$carry/lib" | wc -l) libraries, the validation layer; ${mib} MiB"
+  echo "prepare: $n programs (packed), $(ls "$carry/lib" | wc -l) libraries, the validation layer; ${mib} MiB"
   if [ "$mib" -gt 64 ]; then echo "prepare: ${mib} MiB is over the 64 MiB that may travel"; return 1; fi
   echo "${carry#$here/}"
 }
@@ -93,7 +99,13 @@ run() {
   budget=${KVGEN_GPU_CHECK_BUDGET:-270}
   quick=${KVGEN_GPU_CHECK_QUICK:-0}
   res=${OUT:-$build/results}
-  [ -d "$carry/bin" ] || { echo "run: $carry is missing (scripts/gpu_check.sh prepare makes it)"; return 1; }
+  [ -d "$carry/bin" ] || [ -f "$carry/bin.tar.xz" ] ||
+    { echo "run: $carry is missing (scripts/gpu_check.sh prepare makes it)"; return 1; }
+  if [ ! -d "$carry/bin" ]; then # tar with xz, else Python's tarfile
+    tar -C "$carry" -xJf "$carry/bin.tar.xz" 2>/dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+        "$carry/bin.tar.xz" "$carry" || { rm -rf "$carry/bin"; echo "run: unpacking the programs failed"; return 1; }
+  fi
   mkdir -p "$res/tmp"
   exec > >(tee "$res/log.txt") 2>&1
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -11,15 +11,15 @@
 #           installed and /etc is not touched; then dpkg -x) and loaded through
 #           VK_ICD_FILENAMES; needs network access the first time
 #   trixie  Debian 13's lavapipe from trixie-backports (Mesa 26.1), which offers cooperative
-#           matrices, with trixie's C library, Vulkan loader, validation layer, glslang and
-#           spirv-val: the packages and their dependencies are downloaded once into
+#           matrices, with trixie's C library, Vulkan loader, validation layer, glslc, glslang
+#           and spirv-val: the packages and their dependencies are downloaded once into
 #           build/vk-drivers/trixie (a private apt state with an empty package database, then
 #           dpkg -x; nothing is installed), a second build in build/vk-drivers/trixie/build
-#           compiles the shaders with that glslang (so gemm_cm.comp is built), and ctest runs
+#           compiles the shaders with that glslc (so gemm_cm.comp is built), and ctest runs
 #           its tests through that tree's dynamic linker, its libraries first; needs network
 #           access the first time
 # Arguments: the configurations to run (default: sg8 sg4 sg16 mesa25); fetch-trixie only
-# downloads trixie's tree (its glslangValidator and spirv-val wrappers are then in
+# downloads trixie's tree (its glslc, glslangValidator and spirv-val wrappers are then in
 # build/vk-drivers/trixie).
 #   KVGEN_VK_DRIVER_TESTS    ctest -R regex (default '^test_vk_(kernels|arch)$'; '^test_vk_'
 #                            runs every Vulkan test)
@@ -85,7 +85,7 @@ fetch_trixie() {
   tx_root=$dir/root
   tx_lib=$tx_root/usr/lib/x86_64-linux-gnu
   tx_ld=$tx_lib/ld-linux-x86-64.so.2
-  if [ ! -f "$dir/lvp_icd.json" ]; then
+  if [ ! -f "$dir/lvp_icd.json" ] || [ ! -x "$dir/glslc" ]; then
     [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ] || { echo "trixie: needs Debian amd64"; return 1; }
     rm -rf "$dir/root" "$dir/apt"
     mkdir -p "$dir/apt/lists/partial" "$dir/apt/cache/archives/partial" "$dir/root"
@@ -99,7 +99,7 @@ fetch_trixie() {
     [ "$(id -u)" = 0 ] && opts+=(-o APT::Sandbox::User=root)
     if ! apt-get "${opts[@]}" update >"$dir/fetch.log" 2>&1 ||
        ! apt-get "${opts[@]}" install --download-only -y mesa-vulkan-drivers/trixie-backports libvulkan1 vulkan-validationlayers \
-            glslang-tools spirv-tools libc6 >>"$dir/fetch.log" 2>&1; then
+            glslc glslang-tools spirv-tools libc6 >>"$dir/fetch.log" 2>&1; then
       cat "$dir/fetch.log"; echo "trixie: download failed"; return 1
     fi
     local deb
@@ -113,7 +113,7 @@ fetch_trixie() {
       "$tx_root/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json" \
       >"$dir/layers/VkLayer_khronos_validation.json"
     local t
-    for t in glslangValidator spirv-val; do
+    for t in glslc glslangValidator spirv-val; do
       printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$tx_ld" "$tx_lib" "$tx_root/usr/bin/$t" \
         >"$dir/$t"
       chmod +x "$dir/$t"
@@ -121,21 +121,20 @@ fetch_trixie() {
     rm -rf "$dir/apt"
     mv "$dir/lvp_icd.json.tmp" "$dir/lvp_icd.json"
   fi
-  echo "trixie: $(ls "$tx_root/usr/share/doc" | grep -c .) packages; $("$dir/glslangValidator" --version | head -1)"
+  echo "trixie: $(ls "$tx_root/usr/share/doc" | grep -c .) packages; $("$dir/glslc" --version | head -1)"
 }
 
-# the trixie configuration's own build: its glslang (gemm_cm.comp compiled); the tests run
-# through trixie's dynamic linker with its libraries first (ctest's emulator: a newer C library runs what
+# the trixie configuration's own build: its glslc (glslang 15 inside, so gemm_cm.comp is
+# compiled); the tests run through trixie's dynamic linker with its libraries first (ctest's emulator: a newer C library runs what
 # an older one linked, and the driver then finds everything it needs); only the programs the
 # chosen tests need
 build_trixie() {
   local dir=$cache/trixie b=$cache/trixie/build targets=(kvgen_cli kvgen-mkmodel) t
-  cmake -S "$here" -B "$b" -DCMAKE_BUILD_TYPE=Release -DKVGEN_GLSLC=OFF -DKVGEN_GLSLANG="$dir/glslangValidator" \
-    -DKVGEN_SPIRV_VAL="$dir/spirv-val" \
+  cmake -S "$here" -B "$b" -DCMAKE_BUILD_TYPE=Release -DKVGEN_GLSLC="$dir/glslc" -DKVGEN_SPIRV_VAL="$dir/spirv-val" \
     -DCMAKE_CROSSCOMPILING_EMULATOR="$tx_ld;--library-path;$tx_lib" \
     >"$dir/build.log" 2>&1 || { cat "$dir/build.log"; echo "trixie: configure failed"; return 1; }
   grep -q "cooperative-matrix GEMM (gemm_cm.comp): ON" "$dir/build.log" ||
-    { grep "cooperative-matrix" "$dir/build.log"; echo "trixie: glslang did not build gemm_cm.comp"; return 1; }
+    { grep "cooperative-matrix" "$dir/build.log"; echo "trixie: glslc did not build gemm_cm.comp"; return 1; }
   for t in $(ctest --test-dir "$b" -N -R "$tests" | sed -n 's/^ *Test *#[0-9]*: *//p'); do targets+=("$t"); done
   cmake --build "$b" -j"$(nproc)" --target "${targets[@]}" >>"$dir/build.log" 2>&1 ||
     { tail -40 "$dir/build.log"; echo "trixie: build failed"; return 1; }
@@ -175,7 +174,7 @@ for c in "${configs[@]}"; do
       else
         failed=$((failed + 1))
       fi ;;
-    fetch-trixie) # only the download: gpu_check.sh prepare compiles its shaders with this glslang
+    fetch-trixie) # only the download: gpu_check.sh prepare compiles its shaders with this glslc
       fetch_trixie || failed=$((failed + 1)) ;;
     trixie)
       if fetch_trixie && build_trixie; then
