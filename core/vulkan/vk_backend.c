@@ -345,15 +345,6 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * them) */
     vm->gemm_coop = ctx->coopmat && ctx->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     if (getenv("KVGEN_VK_COOPMAT")) vm->gemm_coop = ctx->coopmat && atoi(getenv("KVGEN_VK_COOPMAT")) != 0;
-    if (vm->mv_lane)
-        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the lane mat-vec", ctx->info.name);
-    else if (vm->gemm_coop)
-        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the GEMM on cooperative matrices (%u x %u x %u)",
-                ctx->info.name, ctx->cm_m, ctx->cm_n, ctx->cm_k);
-    else
-        kvg_log(KVGEN_LOG_INFO, "vulkan: prefill on %s: the GEMM with %s tiles%s", ctx->info.name,
-                vm->gemm_half ? "f16" : "f32",
-                ctx->coopmat ? " (cooperative matrices offered: KVGEN_VK_COOPMAT=1 takes them)" : "");
     if (desc->activation_bits == 8) { /* what the user asked for, and what the device gives */
         const char *got;
         if (vm->act8_dot) got = "integer dot products in the integer types' mat-vecs and GEMMs";
