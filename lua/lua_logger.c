@@ -45,59 +45,116 @@ static int log_queue_gc(lua_State *L) {
     return 0;
 }
 
-/* Hands the queued messages to the script's function (errors it raises propagate). */
-void kvl_deliver_logs(lua_State *L) {
+/* Takes the oldest queued message, or the note of how many were dropped; 0 when none is left. */
+static int take_log(log_queue *q, kvgen_log_level *level, char text[LOG_TEXT]) {
+    int got = 0;
+    pthread_mutex_lock(&q->lock);
+    if (q->n) {
+        *level = q->slot[q->head].level;
+        memcpy(text, q->slot[q->head].text, LOG_TEXT);
+        q->head = (q->head + 1) % LOG_SLOTS;
+        q->n--;
+        got = 1;
+    } else if (q->dropped) {
+        *level = KVGEN_LOG_WARNING;
+        snprintf(text, LOG_TEXT, "%d log messages dropped (more than %d between deliveries)", q->dropped, LOG_SLOTS);
+        q->dropped = 0;
+        got = 1;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return got;
+}
+
+/* Puts a message back at the front of the queue (one a function did not take). */
+static void untake_log(log_queue *q, kvgen_log_level level, const char *text) {
+    pthread_mutex_lock(&q->lock);
+    if (q->n == LOG_SLOTS) {
+        q->dropped++;
+    } else {
+        q->head = (q->head + LOG_SLOTS - 1) % LOG_SLOTS;
+        q->n++;
+        q->slot[q->head].level = level;
+        snprintf(q->slot[q->head].text, LOG_TEXT, "%s", text);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Hands the queued messages, in order, to the function at stack index fn (0: to stderr, as
+ * kvgen's default logger does: warnings and errors). Unprotected, an error the function raises
+ * propagates and the messages after the one it raised on stay queued; protected, the call
+ * returns the status with the error on the stack. */
+static int deliver(lua_State *L, log_queue *q, int fn, int protect) {
+    kvgen_log_level level;
+    char text[LOG_TEXT];
+    while (take_log(q, &level, text)) {
+        if (!fn) {
+            if (level <= KVGEN_LOG_WARNING) fprintf(stderr, "kvgen: %s\n", text);
+            continue;
+        }
+        lua_pushvalue(L, fn);
+        lua_pushstring(L, kvgen_log_level_name(level));
+        lua_pushstring(L, text);
+        if (!protect) {
+            lua_call(L, 2, 0);
+            continue;
+        }
+        int st = lua_pcall(L, 2, 0, 0);
+        if (st != LUA_OK) return st;
+    }
+    return LUA_OK;
+}
+
+/* The queue and the script's function of this state, pushed (2 values), or 0 with nothing
+ * pushed where no logger was ever set. */
+static log_queue *push_logger(lua_State *L) {
     if (lua_getfield(L, LUA_REGISTRYINDEX, LOGGER_KEY) != LUA_TTABLE) {
         lua_pop(L, 1);
-        return;
+        return NULL;
     }
-    int t = lua_gettop(L);
-    lua_rawgeti(L, t, 1);
+    lua_rawgeti(L, -1, 1);
     log_queue *q = lua_touserdata(L, -1);
     lua_pop(L, 1);
-    for (;;) {
-        kvgen_log_level level = KVGEN_LOG_WARNING;
-        int dropped = 0, have = 0;
-        char text[LOG_TEXT];
-        pthread_mutex_lock(&q->lock);
-        if (q->n) {
-            level = q->slot[q->head].level;
-            memcpy(text, q->slot[q->head].text, LOG_TEXT);
-            q->head = (q->head + 1) % LOG_SLOTS;
-            q->n--;
-            have = 1;
-        } else if (q->dropped) {
-            dropped = q->dropped;
-            q->dropped = 0;
-        }
-        pthread_mutex_unlock(&q->lock);
-        if (!have && !dropped) break;
-        lua_rawgeti(L, t, 2);
-        lua_pushstring(L, kvgen_log_level_name(level));
-        if (have) lua_pushstring(L, text);
-        else lua_pushfstring(L, "%d log messages dropped (more than %d between deliveries)", dropped, LOG_SLOTS);
-        lua_call(L, 2, 0);
-    }
-    lua_pop(L, 1);
+    lua_rawgeti(L, -1, 2);
+    return q;
+}
+
+/* Hands the queued messages to the script's function (errors it raises propagate). */
+void kvl_deliver_logs(lua_State *L) {
+    log_queue *q = push_logger(L);
+    if (!q) return;
+    int fn = lua_gettop(L);
+    if (lua_isfunction(L, fn)) deliver(L, q, fn, 0);
+    lua_pop(L, 2);
 }
 
 /* kvgen.set_logger(function(level, message) ... end | nil): level is "error", "warning",
- * "info" or "debug". nil gives the messages back to kvgen's default (stderr). */
+ * "info" or "debug". nil gives the messages back to kvgen's default (stderr). The previous
+ * function first gets what it has not seen yet; if it raises, the new logger is installed all
+ * the same and takes the rest, after a warning that quotes the error: removing a logger that
+ * raises never raises. */
 int kvl_set_logger(lua_State *L) {
     if (!lua_isnoneornil(L, 1) && !lua_isfunction(L, 1))
         kvl_arg_error(L, 1, lua_pushfstring(L, "function expected, got %s", luaL_typename(L, 1)));
     lua_settop(L, 1);
-    kvl_deliver_logs(L); /* what the previous function has not seen yet */
-    log_queue *q = NULL;
-    if (lua_getfield(L, LUA_REGISTRYINDEX, LOGGER_KEY) == LUA_TTABLE) {
-        lua_rawgeti(L, -1, 1);
-        q = lua_touserdata(L, -1);
-        lua_pop(L, 1);
+    log_queue *q = push_logger(L); /* 2: the table, 3: the previous function */
+    if (q && lua_isfunction(L, 3) && deliver(L, q, 3, 1) != LUA_OK) {
+        /* 4: its error; it goes first to whoever takes the rest */
+        const char *e = lua_tostring(L, 4);
+        char note[LOG_TEXT];
+        snprintf(note, sizeof note, "the previous logger raised: %s", e ? e : luaL_typename(L, 4));
+        untake_log(q, KVGEN_LOG_WARNING, note);
     }
-    lua_pop(L, 1);
+    lua_settop(L, 1);
     if (lua_isnil(L, 1)) {
         if (q && q->installed) kvgen_set_logger(NULL, NULL);
-        if (q) q->installed = 0;
+        if (q) {
+            q->installed = 0;
+            deliver(L, q, 0, 0); /* what is left goes where kvgen's default would put it */
+            lua_getfield(L, LUA_REGISTRYINDEX, LOGGER_KEY);
+            lua_pushnil(L);
+            lua_rawseti(L, -2, 2);
+            lua_pop(L, 1);
+        }
         return 0;
     }
     if (!q) {
@@ -113,5 +170,6 @@ int kvl_set_logger(lua_State *L) {
     lua_pop(L, 1);
     q->installed = 1;
     kvgen_set_logger(queue_log, q);
+    deliver(L, q, 1, 0); /* what the previous one did not take */
     return 0;
 }

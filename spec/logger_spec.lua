@@ -61,4 +61,57 @@ describe("kvgen.set_logger", function()
     assert.is_false(ok)
     assert.is_truthy(tostring(err):find("logger saw:", 1, true))
   end)
+
+  -- A Vulkan load whose pipeline cache path is a folder: two warnings queued at once (it is
+  -- not read, and not written), whoever runs the spec.
+  local function load_two_warnings(dev, name)
+    local dir = support.tmpname(name)
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local ok, err = pcall(kvgen.load, support.random_model_path(), { backend = "vulkan", device = dev.index,
+      pipeline_cache = dir })
+    os.remove(dir)
+    collectgarbage()
+    return ok, err
+  end
+
+  it("keeps the messages after the one its logger raised on for the next delivery", function()
+    local dev = device()
+    if not dev then return end
+    local calls, seen = 0, {}
+    kvgen.set_logger(function(_, msg)
+      calls = calls + 1
+      if calls == 1 then error("logger saw: " .. msg, 0) end
+      seen[#seen + 1] = msg
+    end)
+    local ok, err = load_two_warnings(dev, "-cache-folder1")
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("logger saw:", 1, true))
+    assert.are.equal(0, #seen)
+    kvgen.poll()
+    kvgen.set_logger(nil)
+    assert.are.equal(1, #seen)
+    assert.is_truthy(tostring(err):find("ignored (not a regular file)", 1, true), tostring(err))
+    assert.is_truthy(seen[1]:find("not written", 1, true), seen[1])
+  end)
+
+  it("removes a logger that raises without raising, and tells its successor what it raised", function()
+    local dev = device()
+    if not dev then return end
+    kvgen.set_logger(function(_, msg) error("logger saw: " .. msg, 0) end)
+    local ok = load_two_warnings(dev, "-cache-folder2")
+    assert.is_false(ok)
+    local got = {}
+    assert.has_no.errors(function()
+      kvgen.set_logger(function(level, msg) got[#got + 1] = { level = level, msg = msg } end)
+    end)
+    assert.are.equal(1, #got)
+    assert.are.equal("warning", got[1].level)
+    assert.is_truthy(got[1].msg:find("the previous logger raised: logger saw:", 1, true), got[1].msg)
+
+    kvgen.set_logger(function(_, msg) error("logger saw: " .. msg, 0) end)
+    ok = load_two_warnings(dev, "-cache-folder3")
+    assert.is_false(ok)
+    assert.has_no.errors(function() kvgen.set_logger(nil) end) -- the rest goes to stderr
+    assert.has_no.errors(function() kvgen.poll() end)
+  end)
 end)
