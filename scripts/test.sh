@@ -200,7 +200,7 @@ vk_config_stage() {
   fi
 }
 
-# Debian 13's lavapipe (Mesa 26.1 from trixie-backports, downloaded with its C library, glslang
+# Debian 13's lavapipe (Mesa 26.1 from trixie-backports, downloaded with its C library, glslc
 # and validation layer; nothing installed): a second driver version, and the one here that
 # offers cooperative matrices, so its own build has gemm_cm.comp. test_vk_kernels on a K type
 # (the cooperative-matrix GEMM's cases among them) and all of its attention cases, and

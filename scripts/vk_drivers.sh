@@ -27,7 +27,8 @@
 #                            their own; core/CMakeLists.txt gives the C tests 1500 s each
 #   KVGEN_TEST_TYPES         passed on to test_vk_kernels: only these weight types' mat-mul and
 #                            embedding cases (e.g. Q4_1,Q4_K); attention always runs
-# A test that skips (no Vulkan device) counts as neither passed nor failed.
+# A test that skips counts as failed: here a skip means the configuration's driver gave no
+# Vulkan device (a driver that did not load), and that must not pass for a run of it.
 # Every configuration keeps its own Mesa shader cache in build/vk-drivers/cache-<config>: the
 # first run compiles every pipeline (minutes: lavapipe compiles at the first dispatch), later
 # runs only the shaders that changed. The validation layer is on (KVGEN_VALIDATE=1).
@@ -151,7 +152,7 @@ run_config() { # name, env (VAR=value ...); the build is $run_build (default: $b
   env "$@" MESA_SHADER_CACHE_DIR="$cache/cache-$name" KVGEN_VALIDATE=1 \
     ctest --test-dir "$build" --output-on-failure --timeout "$timeout" -R "$tests" >"$log" 2>&1
   p=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' "$log")
-  f=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run)' "$log")
+  f=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run|Skipped)' "$log")
   [ "$f" -eq 0 ] || cat "$log"
   grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log"
   if ! grep -qE '^ *[0-9]+/[0-9]+ Test +#' "$log"; then cat "$log"; echo "$name: no test matched '$tests'"; f=1; fi
