@@ -164,6 +164,9 @@ static int l_devices(lua_State *L) {
         DI("max_storage_buffer_range", F_U64, max_storage_buffer_range),
         DI("max_allocation_size", F_U64, max_allocation_size),
         DI("compute_units", F_U32, compute_units),
+        DI("coopmat_m", F_U32, coopmat_m),
+        DI("coopmat_n", F_U32, coopmat_n),
+        DI("coopmat_k", F_U32, coopmat_k),
         DI("default", F_BOOL, is_default),
     };
 #undef DI

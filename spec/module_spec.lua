@@ -28,6 +28,14 @@ describe("kvgen module", function()
       assert.are.equal("integer", math.type(d.compute_units))
       assert.is_true(d.compute_units >= 0)
       if d.type == "cpu" then assert.are.equal(0, d.compute_units) end
+      -- the cooperative matrices' shape: 8 or 16 each, or all 0 where kvgen can use none
+      local shape = { d.coopmat_m, d.coopmat_n, d.coopmat_k }
+      for _, v in ipairs(shape) do
+        assert.are.equal("integer", math.type(v))
+        assert.is_truthy(v == 0 or v == 8 or v == 16, v)
+      end
+      assert.are.equal(d.coopmat_m == 0, d.coopmat_n == 0)
+      assert.are.equal(d.coopmat_m == 0, d.coopmat_k == 0)
       if d.default then defaults = defaults + 1 end
     end
     assert.is_true(#devices == 0 or defaults == 1)

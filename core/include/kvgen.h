@@ -305,6 +305,11 @@ typedef struct kvgen_device_info {
     uint32_t compute_units;        /* streaming multiprocessors or compute units, where the driver
                                       says (VK_NV_shader_sm_builtins, VK_AMD_shader_core_properties);
                                       0: not reported */
+    uint32_t coopmat_m, coopmat_n, coopmat_k; /* the shape (M x N x K) of the cooperative matrices
+                                      (VK_KHR_cooperative_matrix: f16 x f16 + f32, subgroup scope)
+                                      this build's prefill GEMM can run on with this device; 0:
+                                      none (the device offers none kvgen can use, a driver's offer
+                                      known to be broken, or a build without that kernel) */
 } kvgen_device_info;
 
 /* Lists the Vulkan devices: writes up to `cap` entries to `out` (may be NULL when cap is 0)

@@ -421,6 +421,11 @@ static void devices(void) {
         CHECK(x->max_storage_buffer_range == 128u << 20);
         CHECK(x->max_allocation_size >= x->max_storage_buffer_range);
         CHECK(x->vendor_id != 0);
+        /* cooperative matrices: 8 x 8 x 8 where lavapipe emulates them (Mesa 26) at subgroups of 8
+         * in a build with the kernel, none elsewhere (at subgroups of 16 by kvgen's quirk table) */
+        CHECKF((x->coopmat_m == 0 && x->coopmat_n == 0 && x->coopmat_k == 0) ||
+                   (want_sg == 8 && x->coopmat_m == 8 && x->coopmat_n == 8 && x->coopmat_k == 8),
+               "cooperative matrices %ux%ux%u at subgroups of %u", x->coopmat_m, x->coopmat_n, x->coopmat_k, want_sg);
     }
     /* a short array: count still says how many exist */
     int n3 = -1;
@@ -445,6 +450,14 @@ int main(void) {
         if (tu_failures) return tu_finish("test_vk_device");
         tu_skip("no lavapipe device");
     }
+    /* the device reports the shape kvgen's own device enables (unless KVGEN_VK_COOPMAT=0) */
+    const kvg_vk_ctx *ctx = kvg_vk_model_ctx(mv);
+    const char *cm = getenv("KVGEN_VK_COOPMAT");
+    bool cm_on = ctx->info.coopmat_m != 0 && !(cm && atoi(cm) == 0);
+    CHECKF(ctx->coopmat == cm_on && (!cm_on || (ctx->cm_m == ctx->info.coopmat_m && ctx->cm_n == ctx->info.coopmat_n &&
+                                                 ctx->cm_k == ctx->info.coopmat_k)),
+           "cooperative matrices: device %d (%ux%ux%u), reported %ux%ux%u", ctx->coopmat, ctx->cm_m, ctx->cm_n,
+           ctx->cm_k, ctx->info.coopmat_m, ctx->info.coopmat_n, ctx->info.coopmat_k);
     kvgen_model_info info;
     kvgen_model_get_info(mr, &info);
     size_t n = (size_t)(N_DECODE + 1) * (size_t)info.n_vocab;

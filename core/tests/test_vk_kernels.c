@@ -371,39 +371,30 @@ static void run_all(kvg_vk_ctx *ctx) {
         check_matmul(ctx, KVG_TYPE_Q6_K, 6, 256 * 263, 1, false, 0, KVG_VK_LAYOUT_DOT);
     }
     /* the prefill GEMM with f16 tiles in double-buffered shared memory (gemm_h, the GPUs'
-     * choice), every type: partial row and token tiles, the norm, the SwiGLU pair epilogue and
-     * the residual add, a single block step, and rows of 1,200 blocks (38,400 elements: on
-     * lavapipe, whose loops stop after 65,535 iterations, the GEMMs' rows stay below about
-     * 1,300 block steps) */
-    for (size_t ti = 0; ti < N_TYPES; ti++) {
-        uint32_t t = types[ti];
-        bool super = kvg_type_block_elems(t) == 256;
-        check_matmul(ctx, t, 75, super ? 1280 : 1536 + 32, 45, true, 0, KVG_VK_LAYOUT_HALF);
-        check_matmul(ctx, t, 130, super ? 256 : 96, 33, false, 3, KVG_VK_LAYOUT_HALF);
-        check_matmul(ctx, t, 65, super ? 256 : 32, 40, false, 1, KVG_VK_LAYOUT_HALF);
-    }
-    check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 1200, 10, true, 0, KVG_VK_LAYOUT_HALF);
-    check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, KVG_VK_LAYOUT_HALF);
-    x_amp = 3e5f; /* inputs past f16's 65,504 (the tiles hold them times 1/16) */
-    check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, KVG_VK_LAYOUT_HALF);
-    x_amp = 2.0f;
-    /* the prefill GEMM on cooperative matrices (gemm_cm), where the device offers them (Mesa's
-     * lavapipe from 25.1 emulates them; scripts/vk_drivers.sh sid): the same cases */
-    if (ctx->coopmat) {
+     * choice), and the one on cooperative matrices (gemm_cm) where the device offers them
+     * (Mesa's lavapipe emulates them from 25.1; scripts/vk_drivers.sh trixie): every type,
+     * partial row and token tiles, the norm, the SwiGLU pair epilogue and the residual add, a
+     * single block step, and rows of 1,200 blocks (38,400 elements: on lavapipe, whose loops
+     * stop after 65,535 iterations, the GEMMs' rows stay below about 1,300 block steps) */
+    const int tiled[] = {KVG_VK_LAYOUT_HALF, KVG_VK_LAYOUT_MATRIX};
+    for (size_t li = 0; li < sizeof tiled / sizeof tiled[0]; li++) {
+        int layout = tiled[li];
+        if (layout == KVG_VK_LAYOUT_MATRIX && !ctx->coopmat) {
+            printf("cooperative-matrix GEMM: not offered by %s (or not in this build); skipped\n", ctx->info.name);
+            continue;
+        }
         for (size_t ti = 0; ti < N_TYPES; ti++) {
             uint32_t t = types[ti];
             bool super = kvg_type_block_elems(t) == 256;
-            check_matmul(ctx, t, 75, super ? 1280 : 1536 + 32, 45, true, 0, KVG_VK_LAYOUT_MATRIX);
-            check_matmul(ctx, t, 130, super ? 256 : 96, 33, false, 3, KVG_VK_LAYOUT_MATRIX);
-            check_matmul(ctx, t, 65, super ? 256 : 32, 40, false, 1, KVG_VK_LAYOUT_MATRIX);
+            check_matmul(ctx, t, 75, super ? 1280 : 1536 + 32, 45, true, 0, layout);
+            check_matmul(ctx, t, 130, super ? 256 : 96, 33, false, 3, layout);
+            check_matmul(ctx, t, 65, super ? 256 : 32, 40, false, 1, layout);
         }
-        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 1200, 10, true, 0, KVG_VK_LAYOUT_MATRIX);
-        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, KVG_VK_LAYOUT_MATRIX);
-        x_amp = 3e5f;
-        check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, KVG_VK_LAYOUT_MATRIX);
+        check_matmul(ctx, KVG_TYPE_Q4_0, 6, 32 * 1200, 10, true, 0, layout);
+        check_matmul(ctx, KVG_TYPE_F16, 9, 70, 20, true, 0, layout);
+        x_amp = 3e5f; /* inputs past f16's 65,504 (the tiles hold them times 1/16) */
+        check_matmul(ctx, KVG_TYPE_Q8_0, 66, 96, 33, false, 1, layout);
         x_amp = 2.0f;
-    } else {
-        printf("cooperative-matrix GEMM: not offered by %s (or not in this build); skipped\n", ctx->info.name);
     }
     /* rows that are not whole 32-blocks (F32/F16 only) */
     check_matmul(ctx, KVG_TYPE_F32, 9, 100, 1, true, 0, COOP);

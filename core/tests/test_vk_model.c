@@ -315,16 +315,39 @@ static void gpu_steps_model(void) {
     unsetenv("KVGEN_VK_ATTN_LANE");
 }
 
+/* The tiled-GEMM cases' model: a Q4_K_M mix, the lane kernels off (the cooperative layouts,
+ * where the prefill GEMMs are chosen); NULL where it could not be made */
+static char *gemm_model(const char *name, int seed) {
+    char args[200];
+    snprintf(args, sizeof args,
+             "--mix q4_k_m --seed %d --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000", seed);
+    setenv("KVGEN_VK_LANE", "0", 1);
+    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    return tu_make_model(name, args);
+}
+
+/* A load's GEMM pipelines whose name starts with prefix (and whose tile has that many rows, where
+ * rows is not 0); the other GEMM pipelines are counted in *other */
+static int count_gemm(const vk_model *vm, const char *prefix, uint32_t rows, int *other) {
+    int n = 0;
+    *other = 0;
+    for (int p = 0; vm && p < vm->ctx->n_pipes; p++) {
+        const char *name = vm->ctx->pipes[p].name;
+        if (strncmp(name, prefix, strlen(prefix)) == 0)
+            n += !rows || vm->ctx->pipes[p].spec[KVG_SPEC_ROWS] == rows;
+        else
+            *other += strncmp(name, "gemm_", 5) == 0;
+    }
+    return n;
+}
+
 /* A GPU's prefill GEMM on lavapipe: f16 tiles in double-buffered shared memory (gemm_h_<type>,
  * KVGEN_VK_HALF=1 on the cooperative layouts) in both tile shapes (128 x 64; 64 x 32 under a
  * 16 KiB shared-memory limit), a Q4_K_M mix model against the reference: a 150-token prompt (a
  * step of 128 and one of 22) and decodes. Same tolerance. lavapipe, a CPU device, keeps the f32
  * tiles without the variable; a GPU takes the f16 ones. */
 static void half_model(void) {
-    const char *args = "--mix q4_k_m --seed 41 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
-    char *path = tu_make_model("vk_half.gguf", args);
-    setenv("KVGEN_VK_LANE", "0", 1);
-    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    char *path = gemm_model("vk_half.gguf", 41);
     kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     const vk_model *vm = mv ? mv->backend : NULL;
     bool cpu = vm && vm->ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
@@ -337,15 +360,8 @@ static void half_model(void) {
         mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
         vm = mv ? mv->backend : NULL;
         CHECKF(vm && vm->gemm_half, "KVGEN_VK_HALF=1: gemm_half off");
-        int half = 0, other = 0; /* the GEMM pipelines, by kind and tile */
+        int other, half = count_gemm(vm, "gemm_h_", small ? 64 : 128, &other);
         uint32_t want_rows = small ? 64 : 128;
-        for (int p = 0; vm && p < vm->ctx->n_pipes; p++) {
-            const char *n = vm->ctx->pipes[p].name;
-            if (strncmp(n, "gemm_h_", 7) == 0)
-                half += vm->ctx->pipes[p].spec[KVG_SPEC_ROWS] == want_rows;
-            else
-                other += strncmp(n, "gemm_", 5) == 0;
-        }
         CHECKF(!vm || (half >= 2 && other == 0), "KVGEN_VK_HALF=1%s: %d gemm_h pipelines of %u rows, %d others",
                small ? " (16 KiB)" : "", half, want_rows, other);
         kvgen_model_unload(mv);
@@ -366,10 +382,7 @@ static void half_model(void) {
  * the usual tolerance. Where the device (or the build) has none, the load must say so by not
  * choosing them even when asked */
 static void matrix_model(void) {
-    const char *args = "--mix q4_k_m --seed 43 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
-    char *path = tu_make_model("vk_matrix.gguf", args);
-    setenv("KVGEN_VK_LANE", "0", 1);
-    setenv("KVGEN_VK_ATTN_LANE", "0", 1);
+    char *path = gemm_model("vk_matrix.gguf", 43);
     kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     const vk_model *vm = mv ? mv->backend : NULL;
     bool offered = vm && vm->ctx->coopmat, cpu = vm && vm->ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
@@ -381,12 +394,7 @@ static void matrix_model(void) {
     vm = mv ? mv->backend : NULL;
     CHECKF(vm && vm->gemm_coop == offered, "KVGEN_VK_COOPMAT=1: gemm_coop %d, device offers %d",
            vm ? vm->gemm_coop : -1, offered);
-    int matrix = 0, other = 0; /* the GEMM pipelines, by kind */
-    for (int p = 0; vm && p < vm->ctx->n_pipes; p++) {
-        const char *n = vm->ctx->pipes[p].name;
-        if (strncmp(n, "gemm_cm_", 8) == 0) matrix++;
-        else other += strncmp(n, "gemm_", 5) == 0;
-    }
+    int other, matrix = count_gemm(vm, "gemm_cm_", 0, &other);
     CHECKF(!vm || (offered ? matrix >= 2 && other == 0 : matrix == 0),
            "KVGEN_VK_COOPMAT=1: %d gemm_cm pipelines, %d others (device offers: %d)", matrix, other, offered);
     kvgen_model_unload(mv);

@@ -55,6 +55,10 @@ int kvgen_cli_devices(int argc, char **argv) {
                (unsigned)(d->max_shared_memory / 1024));
         if (d->compute_units) printf("   compute units: %u\n", (unsigned)d->compute_units);
         else printf("   compute units: not reported by the driver\n");
+        if (d->coopmat_m)
+            printf("   cooperative matrices: %ux%ux%u (the prefill GEMM runs on them)\n", (unsigned)d->coopmat_m,
+                   (unsigned)d->coopmat_n, (unsigned)d->coopmat_k);
+        else printf("   cooperative matrices: none kvgen can use\n");
     }
     free(dev);
     return 0;

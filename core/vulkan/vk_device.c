@@ -177,7 +177,9 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     return found;
 }
 
-static void describe_device(VkPhysicalDevice pd, int index, kvgen_device_info *info) {
+static bool coopmat_offered(VkInstance inst, VkPhysicalDevice pd, uint32_t subgroup_size, uint32_t shape[3]);
+
+static void describe_device(VkInstance inst, VkPhysicalDevice pd, int index, kvgen_device_info *info) {
     memset(info, 0, sizeof *info);
     VkPhysicalDeviceProperties props;
     vkGetPhysicalDeviceProperties(pd, &props);
@@ -248,6 +250,11 @@ static void describe_device(VkPhysicalDevice pd, int index, kvgen_device_info *i
     if (nv.shaderSMCount) info->compute_units = nv.shaderSMCount;
     else
         info->compute_units = amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray;
+    uint32_t shape[3];
+    coopmat_offered(inst, pd, info->subgroup_size, shape);
+    info->coopmat_m = shape[0];
+    info->coopmat_n = shape[1];
+    info->coopmat_k = shape[2];
 }
 
 static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
@@ -357,7 +364,7 @@ kvgen_status kvgen_devices(kvgen_device_info *out, int cap, int *count, kvgen_er
     if (st == KVGEN_OK) {
         int def = default_device(pds, n);
         for (uint32_t i = 0; i < n && (int)i < cap; i++) {
-            describe_device(pds[i], (int)i, &out[i]);
+            describe_device(inst, pds[i], (int)i, &out[i]);
             out[i].is_default = (int)i == def;
         }
         *count = (int)n;
@@ -389,11 +396,11 @@ typedef VkResult(VKAPI_PTR *kvg_cm_props_fn)(VkPhysicalDevice, uint32_t *, kvg_c
 #define KVG_ST_CM_PROPS ((VkStructureType)1000506001)
 enum { KVG_CM_FLOAT16 = 0, KVG_CM_FLOAT32 = 1, KVG_CM_SCOPE_SUBGROUP = 3 };
 
-/* the version kvgen's instance and the device both have (the instance asks for 1.2 where the
+/* the version kvgen's instance and a device both have (the instance asks for 1.2 where the
  * loader has it, create_instance) */
-static uint32_t common_api(const kvg_vk_ctx *ctx) {
+static uint32_t common_api(VkPhysicalDevice pd) {
     VkPhysicalDeviceProperties p;
-    vkGetPhysicalDeviceProperties(ctx->phys, &p);
+    vkGetPhysicalDeviceProperties(pd, &p);
     uint32_t api = 0;
     PFN_vkEnumerateInstanceVersion ev =
         (PFN_vkEnumerateInstanceVersion)vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
@@ -402,30 +409,82 @@ static uint32_t common_api(const kvg_vk_ctx *ctx) {
     return p.apiVersion < api ? p.apiVersion : api;
 }
 
-/* whether the device offers what gemm_cm.comp needs: the extension and its feature, products of
- * f16 A and B into f32 at subgroup scope with M, N and K of 8 or 16 (m, nn, k: the largest),
- * shaderFloat16 and the Vulkan memory model with device scope (features of Vulkan 1.2; once the
- * memory model is enabled, the atomics of the other shaders, at device scope, need the latter) */
-static bool coopmat_offered(const kvg_vk_ctx *ctx, uint32_t *m, uint32_t *nn, uint32_t *k) {
-    if (!has_device_ext(ctx->phys, "VK_KHR_cooperative_matrix")) return false;
+/* whether the device offers compute subgroups of a required size, whole (the cooperative-matrix
+ * GEMM and the one-subgroup mat-vecs ask for them), and the sizes it can require */
+static bool full_subgroups(VkPhysicalDevice pd, uint32_t *min, uint32_t *max) {
+    *min = *max = 0;
+    if (!has_device_ext(pd, "VK_EXT_subgroup_size_control")) return false;
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT f = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    VkPhysicalDeviceSubgroupSizeControlPropertiesEXT p = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &p};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    if (!f.subgroupSizeControl || !f.computeFullSubgroups ||
+        !(p.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) || p.minSubgroupSize == 0)
+        return false;
+    *min = p.minSubgroupSize;
+    *max = p.maxSubgroupSize;
+    return true;
+}
+
+/* Offers of cooperative matrices known not to hold: one row per driver, its test given the
+ * device's subgroup size and the rows of the shape chosen; where it is true, they are declined. */
+static bool lvp_lanes_not_rows(uint32_t subgroup_size, uint32_t m) {
+    /* lavapipe's emulation keeps one matrix row per lane: it needs as many lanes as the 8 rows
+     * it lists, yet it lists them at subgroups of 16 too (LP_NATIVE_VECTOR_WIDTH=512), where its
+     * compiler crashes on the first shader that uses them (Mesa 26.1) */
+    return subgroup_size != m;
+}
+static const struct {
+    VkDriverId driver;
+    bool (*broken)(uint32_t subgroup_size, uint32_t m);
+} coopmat_quirks[] = {
+    {VK_DRIVER_ID_MESA_LLVMPIPE, lvp_lanes_not_rows},
+};
+
+static bool coopmat_known_broken(VkPhysicalDevice pd, uint32_t subgroup_size, uint32_t m) {
+    VkPhysicalDeviceDriverProperties drv = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &drv};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    for (size_t i = 0; i < sizeof coopmat_quirks / sizeof coopmat_quirks[0]; i++)
+        if (drv.driverID == coopmat_quirks[i].driver && coopmat_quirks[i].broken(subgroup_size, m)) return true;
+    return false;
+}
+
+/* whether this build's cooperative-matrix GEMM (gemm_cm_<type>) can run on the device: the
+ * build has the kernel; the device has Vulkan 1.2 with kvgen's instance, whole subgroups of a
+ * required size, the extension and its feature, products of f16 A and B into f32 at subgroup
+ * scope with M, N and K of 8 or 16 (shape: the largest), shaderFloat16 and the Vulkan memory
+ * model with device scope (once the memory model is enabled, the atomics of the other shaders,
+ * at device scope, need the latter); and no row of coopmat_quirks says its offer is broken */
+static bool coopmat_offered(VkInstance inst, VkPhysicalDevice pd, uint32_t subgroup_size, uint32_t shape[3]) {
+    shape[0] = shape[1] = shape[2] = 0;
+    uint32_t sg_min, sg_max;
+    if (!kvg_shader_find("gemm_cm_f32") || common_api(pd) < VK_API_VERSION_1_2 ||
+        !full_subgroups(pd, &sg_min, &sg_max) ||
+        !has_device_ext(pd, "VK_KHR_cooperative_matrix"))
+        return false;
     kvg_cm_features cmf = {.sType = KVG_ST_CM_FEATURES};
     VkPhysicalDeviceShaderFloat16Int8Features f16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .pNext = &cmf};
     VkPhysicalDeviceVulkanMemoryModelFeatures mm = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES, .pNext = &f16};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &mm};
-    vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
     if (!cmf.cooperativeMatrix || !f16.shaderFloat16 || !mm.vulkanMemoryModel || !mm.vulkanMemoryModelDeviceScope)
         return false;
     kvg_cm_props_fn get =
-        (kvg_cm_props_fn)vkGetInstanceProcAddr(ctx->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
+        (kvg_cm_props_fn)vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
     uint32_t n = 0;
-    if (!get || get(ctx->phys, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    if (!get || get(pd, &n, NULL) != VK_SUCCESS || n == 0) return false;
     kvg_cm_props *p = kvg_calloc(n, sizeof *p);
     if (!p) return false;
     for (uint32_t i = 0; i < n; i++) p[i].sType = KVG_ST_CM_PROPS;
-    uint32_t best = 0;
-    if (get(ctx->phys, &n, p) == VK_SUCCESS)
+    uint32_t best = 0, m = 0, nn = 0, k = 0;
+    if (get(pd, &n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++) {
             bool dims = (p[i].MSize == 8 || p[i].MSize == 16) && (p[i].NSize == 8 || p[i].NSize == 16) &&
                         (p[i].KSize == 8 || p[i].KSize == 16);
@@ -434,13 +493,17 @@ static bool coopmat_offered(const kvg_vk_ctx *ctx, uint32_t *m, uint32_t *nn, ui
                 p[i].CType == KVG_CM_FLOAT32 && p[i].ResultType == KVG_CM_FLOAT32 &&
                 p[i].scope == KVG_CM_SCOPE_SUBGROUP && size > best) {
                 best = size;
-                *m = p[i].MSize;
-                *nn = p[i].NSize;
-                *k = p[i].KSize;
+                m = p[i].MSize;
+                nn = p[i].NSize;
+                k = p[i].KSize;
             }
         }
     kvg_free(p);
-    return best > 0;
+    if (best == 0 || coopmat_known_broken(pd, subgroup_size, m)) return false;
+    shape[0] = m;
+    shape[1] = nn;
+    shape[2] = k;
+    return true;
 }
 
 static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
@@ -454,19 +517,12 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
      * Subgroup size control is enabled where offered for compute, so that a mat-vec workgroup of
      * the subgroup's size is one subgroup by requirement rather than by the driver's choice. */
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sgf = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
-    VkPhysicalDeviceSubgroupSizeControlPropertiesEXT sgp = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT,
+        .subgroupSizeControl = VK_TRUE,
+        .computeFullSubgroups = VK_TRUE};
     const char *ext = "VK_EXT_subgroup_size_control";
-    bool sg = has_device_ext(ctx->phys, ext);
-    if (sg) {
-        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &sgf};
-        vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
-        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sgp};
-        vkGetPhysicalDeviceProperties2(ctx->phys, &p2);
-        sg = sgf.subgroupSizeControl && sgf.computeFullSubgroups &&
-             (sgp.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && sgp.minSubgroupSize > 0;
-    }
+    uint32_t sg_min = 0, sg_max = 0;
+    bool sg = full_subgroups(ctx->phys, &sg_min, &sg_max);
     /* 4x8-bit packed integer dot products (8-bit activations: matvec_dot_<type>, gemm_dot_<type>):
      * the extension is enabled (the instance asks for Vulkan 1.2 at most), with its feature */
     const char *dot_ext = "VK_KHR_shader_integer_dot_product";
@@ -485,8 +541,14 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     /* cooperative matrices (gemm_cm_<type>), where the build has those variants;
      * KVGEN_VK_COOPMAT=0 leaves them off the device altogether */
     const char *cm_env = getenv("KVGEN_VK_COOPMAT");
-    bool cm = sg && !(cm_env && atoi(cm_env) == 0) && common_api(ctx) >= VK_API_VERSION_1_2 &&
-              kvg_shader_find("gemm_cm_f32") != NULL && coopmat_offered(ctx, &ctx->cm_m, &ctx->cm_n, &ctx->cm_k);
+    uint32_t shape[3];
+    bool cm = sg && !(cm_env && atoi(cm_env) == 0) &&
+              coopmat_offered(ctx->instance, ctx->phys, ctx->info.subgroup_size, shape);
+    if (cm) {
+        ctx->cm_m = shape[0];
+        ctx->cm_n = shape[1];
+        ctx->cm_k = shape[2];
+    }
     VkPhysicalDeviceShaderFloat16Int8Features cmf16 = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, .shaderFloat16 = VK_TRUE};
     VkPhysicalDeviceVulkanMemoryModelFeatures cmmm = {
@@ -524,8 +586,8 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     ctx->int_dot_fast = dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated;
     ctx->coopmat = cm;
     ctx->sg_size_control = sg;
-    ctx->sg_min = sg ? sgp.minSubgroupSize : 0;
-    ctx->sg_max = sg ? sgp.maxSubgroupSize : 0;
+    ctx->sg_min = sg ? sg_min : 0;
+    ctx->sg_max = sg ? sg_max : 0;
     ctx->own_device = true;
     vkGetDeviceQueue(ctx->dev, ctx->queue_family, 0, &ctx->queue);
     return KVGEN_OK;
@@ -670,7 +732,9 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
         ctx->dev = (VkDevice)desc->vk_device;
         ctx->queue = (VkQueue)desc->vk_queue;
         ctx->queue_family = desc->vk_queue_family;
-        describe_device(ctx->phys, 0, &ctx->info);
+        describe_device(ctx->instance, ctx->phys, 0, &ctx->info);
+        /* the host made the device: only what it enabled can run, and it enabled no cooperative matrix for kvgen */
+        ctx->info.coopmat_m = ctx->info.coopmat_n = ctx->info.coopmat_k = 0;
         if (ctx->info.api_version < VK_API_VERSION_1_1) {
             st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the host's device supports only Vulkan 1.0; kvgen needs 1.1");
             goto fail;
@@ -690,7 +754,7 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
         if (st == KVGEN_OK) st = choose_device(pds, n, want, &idx, err);
         if (st == KVGEN_OK) {
             ctx->phys = pds[idx];
-            describe_device(ctx->phys, idx, &ctx->info);
+            describe_device(ctx->instance, ctx->phys, idx, &ctx->info);
             ctx->info.is_default = idx == default_device(pds, n);
         }
         kvg_free(pds);
