@@ -27,6 +27,12 @@
 #                                       everything to $OUT (else build-gpu/results) and one
 #                                       archive of it, gpu-check.tar.gz.
 #
+# KVGEN_GPU_CHECK_LLAMA=/path/to/llama.cpp (a source tree of llama.cpp, fetched by hand; it is not
+# part of kvgen): prepare also builds its llama-bench with the Vulkan backend (static, its
+# shaders compiled by that glslc, with trixie's Vulkan and SPIR-V headers) into
+# build-gpu/llama, and it travels too; run then benchmarks the 1B q4_k_m model beside it
+# (kvgen bench --peer: llama.cpp's Vulkan backend on the same file, same invocation).
+#
 # run keeps to a time budget (KVGEN_GPU_CHECK_BUDGET seconds, default 270): the models are made
 # in the background while the tests run, every step has a timeout, and a step that would end
 # past the budget is skipped and named in the summary. A dry run here works the same on
@@ -37,6 +43,24 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$here"
 build="$here/build-gpu"
 carry="$build/carry"
+
+# llama.cpp's llama-bench with its Vulkan backend, from the source tree $1, built once into
+# build-gpu/llama; prints its path (or why it failed)
+build_llama() {
+  local src=$1 b=$build/llama tx=$build/vk-drivers/trixie
+  [ -f "$src/ggml/src/ggml-vulkan/ggml-vulkan.cpp" ] || { echo "$src is not a llama.cpp source tree"; return 1; }
+  KVGEN_BUILD_DIR=$build bash "$here/scripts/vk_drivers.sh" fetch-trixie >>"$build.log" 2>&1 ||
+    { echo "llama.cpp's Vulkan build needs Debian 13's glslc and headers (no network?)"; return 1; }
+  if [ ! -x "$b/bin/llama-bench" ]; then
+    cmake -S "$src" -B "$b" -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_NATIVE=OFF \
+      -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DVulkan_GLSLC_EXECUTABLE="$tx/glslc" -DVulkan_INCLUDE_DIR="$tx/root/usr/include" \
+      -DCMAKE_PREFIX_PATH="$tx/root/usr" >"$build/llama.log" 2>&1 &&
+      cmake --build "$b" -j"$(nproc 2>/dev/null || echo 2)" --target llama-bench >>"$build/llama.log" 2>&1 ||
+      { tail -20 "$build/llama.log" >&2; echo "llama.cpp's Vulkan build failed (build-gpu/llama.log)"; return 1; }
+  fi
+  echo "$b/bin/llama-bench"
+}
 
 prepare() {
   local jobs t
@@ -56,10 +80,15 @@ prepare() {
   for t in "$here"/core/tests/test_vk_*.c; do targets+=("$(basename "$t" .c)"); done
   cmake --build "$build" -j"$jobs" --target "${targets[@]}" >>"$build.log" 2>&1 ||
     { tail -40 "$build.log"; echo "prepare: build failed"; return 1; }
+  local peer=""
+  if [ -n "${KVGEN_GPU_CHECK_LLAMA:-}" ]; then
+    peer=$(build_llama "$KVGEN_GPU_CHECK_LLAMA") || { echo "prepare: $peer"; return 1; }
+  fi
   rm -rf "$carry"
   mkdir -p "$carry/bin" "$carry/lib" "$carry/layers"
   cp "$build/kvgen" "$build/kvgen-mkmodel" "$carry/bin/"
   cp "$build"/core/test_vk_* "$carry/bin/"
+  [ -z "$peer" ] || cp "$peer" "$carry/bin/llama-bench"
   strip "$carry"/bin/* 2>/dev/null || true
   # the shared libraries beyond the C library's own (pcre2 today), found by ldd
   local lib
@@ -184,6 +213,9 @@ run() {
   # each model as it is ready: the benchmark, then one profiled generation
   local bargs=(--backend vulkan --prompts 512,2048 --depths 0,2048,8192 --sessions 1,2,4,8,16,32 --reps 2 --steps 16)
   [ "$quick" = 1 ] && bargs=(--backend vulkan --quick --sessions 1,4)
+  # llama.cpp's Vulkan backend beside kvgen on one model, where prepare carried its llama-bench
+  local peer_model=1b-q4km
+  [ "$quick" = 1 ] && peer_model=tiny
   local fargs=(--backend vulkan --prompts 512,2048 --depths 0 --sessions 1 --reps 2 --steps 4)
   [ "$quick" = 1 ] && fargs=(--backend vulkan --quick --depths 0 --sessions 1)
   for i in "${!shapes[@]}"; do
@@ -192,7 +224,9 @@ run() {
     if [ ! -e "$res/tmp/$name.ok" ]; then skipped+=("model $name (not made in time: $(tail -1 "$res/mkmodel-$name.log" 2>/dev/null))"); continue; fi
     if [ "$(left)" -lt 40 ]; then skipped+=("bench $name"); continue; fi
     echo "== $name"
-    timeout "$(( $(left) - 20 ))" "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${bargs[@]}" \
+    local peer=()
+    [ "$name" = "$peer_model" ] && [ -x "$carry/bin/llama-bench" ] && peer=(--peer "$carry/bin/llama-bench")
+    timeout "$(( $(left) - 20 ))" "$carry/bin/kvgen" bench "$res/tmp/$name.gguf" "${bargs[@]}" "${peer[@]}" \
       --json "$res/bench-$name.json" 2>&1 | tee "$res/bench-$name.txt" | tail -40
     [ "${PIPESTATUS[0]}" -eq 0 ] || skipped+=("bench $name (ended early: timeout or error)")
     if [ "$(left)" -gt 15 ]; then

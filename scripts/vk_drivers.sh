@@ -16,7 +16,9 @@
 #           build/vk-drivers/trixie (a private apt state with an empty package database, then
 #           dpkg -x; nothing is installed), a second build in build/vk-drivers/trixie/build
 #           compiles the shaders with that glslc (so gemm_cm.comp is built), and ctest runs
-#           its tests through that tree's dynamic linker, its libraries first; needs network
+#           its tests through that tree's dynamic linker, its libraries first; needs network.
+#           The tree also holds trixie's Vulkan and SPIR-V headers (scripts/gpu_check.sh builds
+#           a Vulkan llama-bench with them and that glslc, when asked)
 #           access the first time
 # Arguments: the configurations to run (default: sg8 sg4 sg16 mesa25); fetch-trixie only
 # downloads trixie's tree (its glslc, glslangValidator and spirv-val wrappers are then in
@@ -86,7 +88,8 @@ fetch_trixie() {
   tx_root=$dir/root
   tx_lib=$tx_root/usr/lib/x86_64-linux-gnu
   tx_ld=$tx_lib/ld-linux-x86-64.so.2
-  if [ ! -f "$dir/lvp_icd.json" ] || [ ! -x "$dir/glslc" ]; then
+  if [ ! -f "$dir/lvp_icd.json" ] || [ ! -x "$dir/glslc" ] ||
+     [ ! -f "$dir/root/usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake" ]; then
     [ "$(dpkg --print-architecture 2>/dev/null)" = amd64 ] || { echo "trixie: needs Debian amd64"; return 1; }
     rm -rf "$dir/root" "$dir/apt"
     mkdir -p "$dir/apt/lists/partial" "$dir/apt/cache/archives/partial" "$dir/root"
@@ -100,7 +103,7 @@ fetch_trixie() {
     [ "$(id -u)" = 0 ] && opts+=(-o APT::Sandbox::User=root)
     if ! apt-get "${opts[@]}" update >"$dir/fetch.log" 2>&1 ||
        ! apt-get "${opts[@]}" install --download-only -y mesa-vulkan-drivers/trixie-backports libvulkan1 vulkan-validationlayers \
-            glslc glslang-tools spirv-tools libc6 >>"$dir/fetch.log" 2>&1; then
+            glslc glslang-tools spirv-tools libc6 libvulkan-dev spirv-headers >>"$dir/fetch.log" 2>&1; then
       cat "$dir/fetch.log"; echo "trixie: download failed"; return 1
     fi
     local deb

@@ -288,13 +288,16 @@ static void gpu_splits_model(void) {
 
 /* A GPU's prefill steps on lavapipe: 512 tokens (prefill_chunk; KVGEN_VK_CHUNK=512, the
  * cooperative layouts), so a 600-token prompt is a step of 512 and one of 88, against the
- * reference. Without the variable lavapipe, a CPU device, steps 128 tokens. Same tolerance. */
+ * reference. Without the variable a CPU device (lavapipe) steps 128 tokens, a GPU 512. Same
+ * tolerance. */
 static void gpu_steps_model(void) {
     const char *args = "--mix q4_k_m --seed 38 --embd 256 --heads 4 --kv-heads 2 --ff 512 --layers 2 --vocab-size 1000";
     char *path = tu_make_model("vk_steps.gguf", args);
     kvgen_model *mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     const vk_model *vm = mv ? mv->backend : NULL;
-    CHECKF(vm && vm->chunk == 128, "a CPU device's prefill step is %u tokens, want 128", vm ? vm->chunk : 0);
+    bool cpu = vm && vm->ctx->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    CHECKF(vm && vm->chunk == (cpu ? 128u : 512u), "a %s device's prefill step is %u tokens, want %u",
+           cpu ? "CPU" : "GPU", vm ? vm->chunk : 0, cpu ? 128u : 512u);
     kvgen_model_unload(mv);
     setenv("KVGEN_VK_LANE", "0", 1);
     setenv("KVGEN_VK_ATTN_LANE", "0", 1);
@@ -302,12 +305,13 @@ static void gpu_steps_model(void) {
     mv = path ? load(path, KVGEN_BACKEND_VULKAN, 0) : NULL;
     vm = mv ? mv->backend : NULL;
     CHECKF(vm && vm->chunk == 512, "KVGEN_VK_CHUNK=512: prefill steps of %u tokens", vm ? vm->chunk : 0);
-    /* lavapipe's 32 KiB of shared memory hold the GEMM's 128 x 64 tiles */
+    /* lavapipe's 32 KiB of shared memory hold the GEMM's 128 x 64 tiles (a device with
+     * cooperative matrices takes gemm_cm instead, whose tile follows the matrices' shape) */
     int wide = 0;
     for (int p = 0; vm && p < vm->ctx->n_pipes; p++)
         wide += strncmp(vm->ctx->pipes[p].name, "gemm_", 5) == 0 && vm->ctx->pipes[p].spec[KVG_SPEC_ROWS] == 128 &&
                 vm->ctx->pipes[p].spec[KVG_SPEC_NCOLS] == 64;
-    CHECKF(!vm || vm->ctx->info.max_shared_memory < 25344 || wide > 0, "no GEMM of 128 x 64 tiles");
+    CHECKF(!vm || vm->gemm_coop || vm->ctx->info.max_shared_memory < 25344 || wide > 0, "no GEMM of 128 x 64 tiles");
     kvgen_model_unload(mv);
     compare_file("vk_steps.gguf", path, 0, 600, 8);
     unsetenv("KVGEN_VK_CHUNK");
@@ -395,6 +399,13 @@ static void matrix_model(void) {
     CHECKF(vm && vm->gemm_coop == offered, "KVGEN_VK_COOPMAT=1: gemm_coop %d, device offers %d",
            vm ? vm->gemm_coop : -1, offered);
     int other, matrix = count_gemm(vm, "gemm_cm_", 0, &other);
+    if (vm && offered) { /* four subgroups past the device's workgroup limit: the f16 tiles instead */
+        uint32_t *inv = &vm->ctx->props.limits.maxComputeWorkGroupInvocations, saved = *inv;
+        CHECK(kvg_vk_gemm_cm_fits(vm->ctx));
+        *inv = 4 * vm->ctx->info.subgroup_size - 1;
+        CHECK(!kvg_vk_gemm_cm_fits(vm->ctx));
+        *inv = saved;
+    }
     CHECKF(!vm || (offered ? matrix >= 2 && other == 0 : matrix == 0),
            "KVGEN_VK_COOPMAT=1: %d gemm_cm pipelines, %d others (device offers: %d)", matrix, other, offered);
     kvgen_model_unload(mv);
@@ -543,8 +554,11 @@ static void limits_model(void) {
         CHECKF(ctx && atomic_load(&ctx->split_dispatches) > 0, "limits %d: no dispatch was split", i);
         int gemm = 0, attn = 0, wide = 0;
         for (int p = 0; ctx && p < ctx->n_pipes; p++) {
+            /* a tile's rows: the ROWS constant, or four matrices' rows for gemm_cm (64 at 16) */
+            bool cm = strncmp(ctx->pipes[p].name, "gemm_cm_", 8) == 0;
+            uint32_t rows = ctx->pipes[p].spec[KVG_SPEC_ROWS] * (cm ? 4u : 1u);
             gemm += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0;
-            wide += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0 && ctx->pipes[p].spec[KVG_SPEC_ROWS] != 64;
+            wide += strncmp(ctx->pipes[p].name, "gemm_", 5) == 0 && (cm ? rows > 64 : rows != 64);
             attn += strcmp(ctx->pipes[p].name, "attn") == 0 || strcmp(ctx->pipes[p].name, "attn_sg") == 0;
         }
         if (layouts[i][0]) CHECKF(gemm > 0 && attn > 0, "limits %d: the cooperative layout was not used", i);

@@ -56,7 +56,7 @@ int kvgen_cli_devices(int argc, char **argv) {
         if (d->compute_units) printf("   compute units: %u\n", (unsigned)d->compute_units);
         else printf("   compute units: not reported by the driver\n");
         if (d->coopmat_m)
-            printf("   cooperative matrices: %ux%ux%u (the prefill GEMM runs on them)\n", (unsigned)d->coopmat_m,
+            printf("   cooperative matrices: %ux%ux%u (usable by the prefill GEMM)\n", (unsigned)d->coopmat_m,
                    (unsigned)d->coopmat_n, (unsigned)d->coopmat_k);
         else printf("   cooperative matrices: none kvgen can use\n");
     }

@@ -316,6 +316,10 @@ kvgen_status kvg_vk_walk_sets(walk *w, kvgen_status (*walk_ops)(walk *w));
  * that one subgroupAdd is a whole reduction (matvec.comp checks gl_NumSubgroups, so a driver
  * that splits the workgroup after all still gets the right sums) */
 uint32_t kvg_vk_matvec_wg(const kvg_vk_ctx *ctx, bool lane, bool one_subgroup);
+/* gemm_cm.comp's specialization (workgroup, matrix shape) for the device, and whether it fits
+ * the device's limits (workgroup size, shared memory; lowered by KVGEN_VK_MAX_*) */
+void kvg_vk_gemm_cm_spec(const kvg_vk_ctx *ctx, uint32_t spec[KVG_SPEC_COUNT]);
+bool kvg_vk_gemm_cm_fits(const kvg_vk_ctx *ctx);
 /* An op's pipeline for w->mode: created at load (WALK_PIPELINES), else found (one that was not
  * created is KVGEN_E_INTERNAL, naming the shader), or made there for a lazy walk. */
 kvgen_status kvg_vk_walk_pipeline(walk *w, const char *shader, const uint32_t spec[KVG_SPEC_COUNT], VkPipeline *out);

@@ -345,6 +345,7 @@ static kvgen_status vk_model_init(kvgen_model *m, const kvgen_model_desc *desc, 
      * them) */
     vm->gemm_coop = ctx->coopmat && ctx->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     if (getenv("KVGEN_VK_COOPMAT")) vm->gemm_coop = ctx->coopmat && atoi(getenv("KVGEN_VK_COOPMAT")) != 0;
+    if (vm->gemm_coop && !kvg_vk_gemm_cm_fits(ctx)) vm->gemm_coop = false; /* four subgroups over the limits */
     if (desc->activation_bits == 8) { /* what the user asked for, and what the device gives */
         const char *got;
         if (vm->act8_dot) got = "integer dot products in the integer types' mat-vecs and GEMMs";

@@ -114,6 +114,19 @@ static void gemm_tile(const kvg_vk_ctx *ctx, uint32_t *rows, uint32_t *cols) {
     *cols = wide ? 64 : 32;
 }
 
+void kvg_vk_gemm_cm_spec(const kvg_vk_ctx *ctx, uint32_t spec[KVG_SPEC_COUNT]) {
+    spec[KVG_SPEC_WG] = 4 * ctx->info.subgroup_size; /* four full subgroups */
+    spec[KVG_SPEC_ROWS] = ctx->cm_m;                  /* gemm_cm.comp's CM, CN, CK */
+    spec[KVG_SPEC_NCOLS] = ctx->cm_n;
+    spec[KVG_SPEC_HD] = ctx->cm_k;
+}
+
+bool kvg_vk_gemm_cm_fits(const kvg_vk_ctx *ctx) {
+    uint32_t spec[KVG_SPEC_COUNT] = {0};
+    kvg_vk_gemm_cm_spec(ctx, spec);
+    return ctx->coopmat && kvg_vk_shader_fits(ctx, "gemm_cm_", spec, NULL) == KVGEN_OK;
+}
+
 /* the prefill GEMM a part runs (gemm.comp's variants or gemm_cm.comp), as the load chose
  * (vk_backend.c), and its tile (rows x tokens) */
 static const char *gemm_kind(const vk_model *vm, const vk_part *part) {
@@ -154,11 +167,8 @@ static kvgen_status matmul_pipeline(walk *w, const vk_matrix *m, const vk_part *
     } else {
         const char *kind = gemm_kind(vm, part);
         snprintf(name, sizeof name, "%s_%s", kind, part->wt->suffix);
-        if (strcmp(kind, "gemm_cm") == 0) { /* the matrices' shape (gemm_cm.comp's CM, CN, CK) */
-            spec[KVG_SPEC_WG] = 4 * vm->ctx->info.subgroup_size;
-            spec[KVG_SPEC_ROWS] = vm->ctx->cm_m;
-            spec[KVG_SPEC_NCOLS] = vm->ctx->cm_n;
-            spec[KVG_SPEC_HD] = vm->ctx->cm_k;
+        if (strcmp(kind, "gemm_cm") == 0) {
+            kvg_vk_gemm_cm_spec(vm->ctx, spec);
         } else {
             gemm_dims(vm, kind, &spec[KVG_SPEC_ROWS], &spec[KVG_SPEC_NCOLS]);
         }
