@@ -458,8 +458,8 @@ int main(void) {
                     "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"n_depth\": 32, \"avg_ts\": 40.0},\n"
                     "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"n_depth\": 64, \"avg_ts\": 30.0}\n]\n"
                     "EOF\n;; *) cat <<EOF\n[\n"
-                    "  {\"build_commit\": \"x\", \"n_prompt\": 8, \"n_gen\": 0, \"n_depth\": 0, \"avg_ts\": $p8,"
-                    " \"samples_ts\": [100.0, 101.0]},\n"
+                    "  {\"build_commit\": \"x\", \"backends\": \"Vulkan\", \"gpu_info\": \"Stand-in GPU\","
+                    " \"n_prompt\": 8, \"n_gen\": 0, \"n_depth\": 0, \"avg_ts\": $p8, \"samples_ts\": [100.0, 101.0]},\n"
                     "  {\"build_commit\": \"x\", \"n_prompt\": 32, \"n_gen\": 0, \"avg_ts\": 200.0},\n"
                     "  {\"build_commit\": \"x\", \"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": $d0}\n]\nEOF\n;; esac\n",
                 peer_args, peer_args);
@@ -473,7 +473,8 @@ int main(void) {
     rc = run(args, &out);
     CHECKF(rc == 0, "kvgen %s: exit %d", args, rc);
     CHECKF(strstr(out, "peer llama-bench") && strstr(out, "reference/peer") && strstr(out, "100.5 / 110.5") &&
-               strstr(out, "a run before kvgen's and one after"),
+               strstr(out, "a run before kvgen's and one after") &&
+               strstr(out, "peer's backends: Vulkan, on Stand-in GPU\n"),
            "peer table:\n%s", out);
     free(out);
     char *given = tu_read_file(peer_args, NULL);
@@ -491,6 +492,7 @@ int main(void) {
     if (text) {
         CHECKF(json_read(text, &r), "%s is not well-formed JSON:\n%s", json, text);
         expect_true(&r, "peer.ran");
+        CHECKF(strstr(text, "\"backends\": \"Vulkan\", \"device\": \"Stand-in GPU\""), "peer's device:\n%s", text);
         CHECK(positive(&r, "peer.prompt_8_tok_s") == 105.5); /* (100.5 + 110.5) / 2 */
         CHECK(positive(&r, "peer.prompt_8_runs[0]") == 100.5 && positive(&r, "peer.prompt_8_runs[1]") == 110.5);
         CHECK(positive(&r, "peer.prompt_32_tok_s") == 200.0);

@@ -102,6 +102,8 @@ typedef struct bench_peer {
     double prompt[BENCH_MAX_SIZES];     /* tokens/s in opts.prompts order; 0: not reported */
     double decode[BENCH_MAX_SIZES];     /* tokens/s generating --steps tokens, in opts.depths order */
     double seconds;                     /* wall time of its runs */
+    char backends[64], device[128];     /* what it ran on, as its output says ("Vulkan", the GPU's
+                                           name; the device empty for its CPU backend) */
     int runs;                           /* 2 once bracketed: prompt_run and decode_run hold each run's */
     double prompt_run[2][BENCH_MAX_SIZES], decode_run[2][BENCH_MAX_SIZES];
     /* llama-batched-bench (--peer-batched) */

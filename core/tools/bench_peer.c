@@ -30,6 +30,28 @@ double bench_peer_field(const char *obj, const char *end, const char *key) {
     return -1;
 }
 
+/* A string field ("key": "value") of one JSON object of the peer's output, into out (escapes
+ * kept as written, cut at size); 0 where it is absent */
+static int peer_string(const char *obj, const char *end, const char *key, char *out, size_t size) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    size_t pl = strlen(pat);
+    for (const char *p = obj; p + pl < end; p++) {
+        if (memcmp(p, pat, pl) != 0) continue;
+        p += pl;
+        while (p < end && (*p == ' ' || *p == ':' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p >= end || *p != '"') return 0;
+        size_t n = 0;
+        for (p++; p < end && *p != '"' && n + 1 < size; p++) {
+            if (*p == '\\' && p + 1 < end) p++;
+            out[n++] = *p;
+        }
+        out[n] = 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* Reads llama-bench's `-o json` output: one object per test, with n_prompt, n_gen, n_depth
  * and avg_ts (prompts at depth 0, decodes at each depth). Returns the number of tests understood. */
 static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
@@ -41,6 +63,10 @@ static int peer_parse(const char *text, const bench_opts *o, bench_peer *pr) {
         double n_prompt = bench_peer_field(p, end, "n_prompt"), n_gen = bench_peer_field(p, end, "n_gen");
         double n_depth = bench_peer_field(p, end, "n_depth"), ts = bench_peer_field(p, end, "avg_ts");
         if (n_depth < 0) n_depth = 0; /* older llama-bench: no depths */
+        if (!pr->backends[0]) { /* what it ran on: its backends, and the GPU's name where it used one */
+            peer_string(p, end, "backends", pr->backends, sizeof pr->backends);
+            peer_string(p, end, "gpu_info", pr->device, sizeof pr->device);
+        }
         if (ts > 0 && n_gen == 0 && n_prompt > 0 && n_depth == 0) {
             for (int i = 0; i < o->n_prompts; i++)
                 if ((double)o->prompts[i] == n_prompt) pr->prompt[i] = ts, found++;

@@ -273,6 +273,8 @@ void bench_report_print(const bench_opts *o, const bench_result *res, int n, con
     }
     printf("\npeer llama-bench (%s), same file, this invocation (%.1f s): threads as kvgen's host backends%s\n",
            o->peer, peer->seconds, peer->runs == 2 ? "; the mean of a run before kvgen's and one after" : "");
+    if (peer->backends[0])
+        printf("peer's backends: %s%s%s\n", peer->backends, peer->device[0] ? ", on " : "", peer->device);
     peer_header("llama-bench", res, n, peer->runs);
     const double(*pr)[BENCH_MAX_SIZES] = peer->runs == 2 ? peer->prompt_run : NULL;
     const double(*dr)[BENCH_MAX_SIZES] = peer->runs == 2 ? peer->decode_run : NULL;
@@ -543,6 +545,10 @@ int bench_report_write_json(const bench_opts *o, const bench_result *res, int n,
         } else {
             bench_json_text(f, ", \"seconds\": ");
             bench_json_number(f, peer->seconds);
+            bench_json_text(f, ", \"backends\": ");
+            bench_json_string(f, peer->backends);
+            bench_json_text(f, ", \"device\": ");
+            bench_json_string(f, peer->device);
             for (int k = 0; k < o->n_prompts; k++) {
                 bench_json_text(f, ", \"prompt_%d_tok_s\": ", o->prompts[k]);
                 bench_json_number(f, peer->prompt[k]);

@@ -733,7 +733,8 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
         ctx->queue = (VkQueue)desc->vk_queue;
         ctx->queue_family = desc->vk_queue_family;
         describe_device(ctx->instance, ctx->phys, 0, &ctx->info);
-        /* the host made the device: only what it enabled can run, and it enabled no cooperative matrix for kvgen */
+        /* the host made the device: only what it enabled runs, and kvgen does not use cooperative
+         * matrices there */
         ctx->info.coopmat_m = ctx->info.coopmat_n = ctx->info.coopmat_k = 0;
         if (ctx->info.api_version < VK_API_VERSION_1_1) {
             st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the host's device supports only Vulkan 1.0; kvgen needs 1.1");
