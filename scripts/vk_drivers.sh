@@ -16,10 +16,10 @@
 #           build/vk-drivers/trixie (a private apt state with an empty package database, then
 #           dpkg -x; nothing is installed), a second build in build/vk-drivers/trixie/build
 #           compiles the shaders with that glslc (so gemm_cm.comp is built), and ctest runs
-#           its tests through that tree's dynamic linker, its libraries first; needs network.
-#           The tree also holds trixie's Vulkan and SPIR-V headers (scripts/gpu_check.sh builds
-#           a Vulkan llama-bench with them and that glslc, when asked)
-#           access the first time
+#           its tests through that tree's dynamic linker, its libraries first; needs network
+#           access the first time. The tree also holds trixie's Vulkan and SPIR-V headers
+#           (scripts/gpu_check.sh builds a Vulkan llama-bench with them and that glslc, when
+#           asked)
 # Arguments: the configurations to run (default: sg8 sg4 sg16 mesa25); fetch-trixie only
 # downloads trixie's tree (its glslc, glslangValidator and spirv-val wrappers are then in
 # build/vk-drivers/trixie).
