@@ -167,6 +167,8 @@ static int l_devices(lua_State *L) {
         DI("coopmat_m", F_U32, coopmat_m),
         DI("coopmat_n", F_U32, coopmat_n),
         DI("coopmat_k", F_U32, coopmat_k),
+        DI("int_dot", F_BOOL, int_dot),
+        DI("int_dot_fast", F_BOOL, int_dot_fast),
         DI("default", F_BOOL, is_default),
     };
 #undef DI

@@ -36,6 +36,11 @@ describe("kvgen module", function()
       end
       assert.are.equal(d.coopmat_m == 0, d.coopmat_n == 0)
       assert.are.equal(d.coopmat_m == 0, d.coopmat_k == 0)
+      -- 8-bit integer dot products, and whether the driver calls them fast (only where offered)
+      assert.is_boolean(d.int_dot)
+      assert.is_boolean(d.int_dot_fast)
+      assert.is_true(d.int_dot or not d.int_dot_fast)
+      if d.type == "cpu" then assert.is_false(d.int_dot_fast) end
       if d.default then defaults = defaults + 1 end
     end
     assert.is_true(#devices == 0 or defaults == 1)
@@ -114,9 +119,9 @@ describe("kvgen module", function()
         lo, hi = math.min(lo, e.logit), math.max(hi, e.logit)
       end
       for _, e in ipairs(l8) do worst = math.max(worst, math.abs(e.logit - by_id[e.id])) end
-      -- the paths with Q4_0's 8-bit kernels (its row groups)
-      local has8 = m8.device:find("avx512vnni", 1, true) or m8.device:find("neon", 1, true) or
-          m8.device:find("dotprod", 1, true)
+      -- every path but the portable one has 8-bit kernels for Q4_0 (its row groups): avx2,
+      -- avxvnni, avx512 (avx2's for 32-element blocks), avx512vnni, neon, dotprod
+      local has8 = not m8.device:find("portable", 1, true)
       if has8 then
         assert.is_true(worst > 0)                -- the 8-bit kernels ran
         assert.is_true(worst <= 0.05 * (hi - lo)) -- within a few percent of the logit range

@@ -426,6 +426,9 @@ static void devices(void) {
         CHECKF((x->coopmat_m == 0 && x->coopmat_n == 0 && x->coopmat_k == 0) ||
                    (want_sg == 8 && x->coopmat_m == 8 && x->coopmat_n == 8 && x->coopmat_k == 8),
                "cooperative matrices %ux%ux%u at subgroups of %u", x->coopmat_m, x->coopmat_n, x->coopmat_k, want_sg);
+        /* lavapipe offers 8-bit integer dot products, emulated: not reported fast */
+        CHECKF(x->int_dot == 1 && x->int_dot_fast == 0, "integer dot products %d, fast %d", x->int_dot,
+               x->int_dot_fast);
     }
     /* a short array: count still says how many exist */
     int n3 = -1;
@@ -458,6 +461,10 @@ int main(void) {
                                                  ctx->cm_k == ctx->info.coopmat_k)),
            "cooperative matrices: device %d (%ux%ux%u), reported %ux%ux%u", ctx->coopmat, ctx->cm_m, ctx->cm_n,
            ctx->cm_k, ctx->info.coopmat_m, ctx->info.coopmat_n, ctx->info.coopmat_k);
+    /* and the integer dot products its device enabled, as offered */
+    CHECKF(ctx->int_dot == (ctx->info.int_dot != 0) && ctx->int_dot_fast == (ctx->info.int_dot_fast != 0),
+           "integer dot products: device %d (fast %d), reported %d (fast %d)", ctx->int_dot, ctx->int_dot_fast,
+           ctx->info.int_dot, ctx->info.int_dot_fast);
     kvgen_model_info info;
     kvgen_model_get_info(mr, &info);
     size_t n = (size_t)(N_DECODE + 1) * (size_t)info.n_vocab;

@@ -59,6 +59,10 @@ int kvgen_cli_devices(int argc, char **argv) {
             printf("   cooperative matrices: %ux%ux%u (usable by the prefill GEMM)\n", (unsigned)d->coopmat_m,
                    (unsigned)d->coopmat_n, (unsigned)d->coopmat_k);
         else printf("   cooperative matrices: none kvgen can use\n");
+        printf("   8-bit integer dot products: %s\n",
+               !d->int_dot        ? "no"
+               : d->int_dot_fast ? "yes, reported fast (activation_bits 8 takes them)"
+                                 : "yes, not reported fast (activation_bits 8 keeps f32 activations; KVGEN_VK_DOT=1)");
     }
     free(dev);
     return 0;

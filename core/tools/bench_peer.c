@@ -14,8 +14,8 @@
 #include "bench_internal.h"
 
 /* llama-bench's JSON objects are flat apart from arrays of numbers, so a key search bounded by
- * the object is enough. */
-double bench_peer_field(const char *obj, const char *end, const char *key) {
+ * the object is enough: where the value of key starts, NULL where the object has no such key */
+static const char *peer_value(const char *obj, const char *end, const char *key) {
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\"", key);
     size_t pl = strlen(pat);
@@ -23,33 +23,31 @@ double bench_peer_field(const char *obj, const char *end, const char *key) {
         if (memcmp(p, pat, pl) != 0) continue;
         p += pl;
         while (p < end && (*p == ' ' || *p == ':' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        char *stop;
-        double v = strtod(p, &stop);
-        return stop > p && stop <= end ? v : -1;
+        return p;
     }
-    return -1;
+    return NULL;
 }
 
-/* A string field ("key": "value") of one JSON object of the peer's output, into out (escapes
- * kept as written, cut at size); 0 where it is absent */
+double bench_peer_field(const char *obj, const char *end, const char *key) {
+    const char *p = peer_value(obj, end, key);
+    if (!p) return -1;
+    char *stop;
+    double v = strtod(p, &stop);
+    return stop > p && stop <= end ? v : -1;
+}
+
+/* A string field ("key": "value") of one JSON object of the peer's output, into out (cut at
+ * size; a backslash escape gives the character after the backslash); 0 where it is absent */
 static int peer_string(const char *obj, const char *end, const char *key, char *out, size_t size) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    size_t pl = strlen(pat);
-    for (const char *p = obj; p + pl < end; p++) {
-        if (memcmp(p, pat, pl) != 0) continue;
-        p += pl;
-        while (p < end && (*p == ' ' || *p == ':' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (p >= end || *p != '"') return 0;
-        size_t n = 0;
-        for (p++; p < end && *p != '"' && n + 1 < size; p++) {
-            if (*p == '\\' && p + 1 < end) p++;
-            out[n++] = *p;
-        }
-        out[n] = 0;
-        return 1;
+    const char *p = peer_value(obj, end, key);
+    if (!p || p >= end || *p != '"') return 0;
+    size_t n = 0;
+    for (p++; p < end && *p != '"' && n + 1 < size; p++) {
+        if (*p == '\\' && p + 1 < end) p++;
+        out[n++] = *p;
     }
-    return 0;
+    out[n] = 0;
+    return 1;
 }
 
 /* Reads llama-bench's `-o json` output: one object per test, with n_prompt, n_gen, n_depth

@@ -178,6 +178,8 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
 }
 
 static bool coopmat_offered(VkInstance inst, VkPhysicalDevice pd, uint32_t subgroup_size, uint32_t shape[3]);
+#define INT_DOT_EXT "VK_KHR_shader_integer_dot_product"
+static bool int_dot_offered(VkPhysicalDevice pd, bool *fast);
 
 static void describe_device(VkInstance inst, VkPhysicalDevice pd, int index, kvgen_device_info *info) {
     memset(info, 0, sizeof *info);
@@ -255,6 +257,9 @@ static void describe_device(VkInstance inst, VkPhysicalDevice pd, int index, kvg
     info->coopmat_m = shape[0];
     info->coopmat_n = shape[1];
     info->coopmat_k = shape[2];
+    bool dot_fast;
+    info->int_dot = int_dot_offered(pd, &dot_fast);
+    info->int_dot_fast = dot_fast;
 }
 
 static bool has_compute_queue(VkPhysicalDevice pd, uint32_t *family) {
@@ -506,6 +511,24 @@ static bool coopmat_offered(VkInstance inst, VkPhysicalDevice pd, uint32_t subgr
     return true;
 }
 
+/* Whether the device offers 8-bit integer dot products (VK_KHR_shader_integer_dot_product with
+ * its feature), and in *fast whether it reports the 4x8-bit packed signed form as accelerated */
+static bool int_dot_offered(VkPhysicalDevice pd, bool *fast) {
+    *fast = false;
+    if (!has_device_ext(pd, INT_DOT_EXT)) return false;
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &dotf};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    if (!dotf.shaderIntegerDotProduct) return false;
+    VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &dotp};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    *fast = dotp.integerDotProduct4x8BitPackedSignedAccelerated;
+    return true;
+}
+
 static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     float prio = 1.0f;
     VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
@@ -525,19 +548,11 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     bool sg = full_subgroups(ctx->phys, &sg_min, &sg_max);
     /* 4x8-bit packed integer dot products (8-bit activations: matvec_dot_<type>, gemm_dot_<type>):
      * the extension is enabled (the instance asks for Vulkan 1.2 at most), with its feature */
-    const char *dot_ext = "VK_KHR_shader_integer_dot_product";
+    bool dot_fast = false;
+    bool dot = int_dot_offered(ctx->phys, &dot_fast);
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
-    VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR};
-    bool dot = has_device_ext(ctx->phys, dot_ext);
-    if (dot) {
-        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &dotf};
-        vkGetPhysicalDeviceFeatures2(ctx->phys, &f2);
-        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &dotp};
-        vkGetPhysicalDeviceProperties2(ctx->phys, &p2);
-        dot = dotf.shaderIntegerDotProduct;
-    }
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR,
+        .shaderIntegerDotProduct = VK_TRUE};
     /* cooperative matrices (gemm_cm_<type>), where the build has those variants;
      * KVGEN_VK_COOPMAT=0 leaves them off the device altogether */
     const char *cm_env = getenv("KVGEN_VK_COOPMAT");
@@ -569,7 +584,7 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     if (dot) {
         dotf.pNext = (void *)chain;
         chain = &dotf;
-        exts[n_exts++] = dot_ext;
+        exts[n_exts++] = INT_DOT_EXT;
     }
     if (cm) {
         cmmm.pNext = (void *)chain;
@@ -583,7 +598,7 @@ static kvgen_status create_device(kvg_vk_ctx *ctx, kvgen_error *err) {
     ci.ppEnabledExtensionNames = n_exts ? exts : NULL;
     VKCHECK(vkCreateDevice(ctx->phys, &ci, NULL, &ctx->dev), "vkCreateDevice");
     ctx->int_dot = dot;
-    ctx->int_dot_fast = dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated;
+    ctx->int_dot_fast = dot && dot_fast;
     ctx->coopmat = cm;
     ctx->sg_size_control = sg;
     ctx->sg_min = sg ? sg_min : 0;
@@ -733,9 +748,10 @@ kvgen_status kvg_vk_ctx_create(const kvg_vk_ctx_desc *desc, kvg_vk_ctx **out, kv
         ctx->queue = (VkQueue)desc->vk_queue;
         ctx->queue_family = desc->vk_queue_family;
         describe_device(ctx->instance, ctx->phys, 0, &ctx->info);
-        /* the host made the device: only what it enabled runs, and kvgen does not use cooperative
-         * matrices there */
+        /* the host made the device: only what it enabled runs, and kvgen uses neither cooperative
+         * matrices nor integer dot products there */
         ctx->info.coopmat_m = ctx->info.coopmat_n = ctx->info.coopmat_k = 0;
+        ctx->info.int_dot = ctx->info.int_dot_fast = 0;
         if (ctx->info.api_version < VK_API_VERSION_1_1) {
             st = kvg_fail(err, KVGEN_E_DEVICE, "vulkan: the host's device supports only Vulkan 1.0; kvgen needs 1.1");
             goto fail;
