@@ -420,21 +420,32 @@ static void check_refused(void) {
     expect_refused(TOOLS, 2, KVGEN_TOOL_AUTO, NULL, "{{ messages }}", KVGEN_E_UNSUPPORTED, "no format kvgen knows");
 }
 
-static void check_session(void) {
+/* the small random model these checks chat with (reference backend) and a session of 4,096
+ * positions on it; false, with nothing left open, where either could not be made */
+static bool open_session(kvgen_model **m, kvgen_session **s) {
+    *m = NULL;
+    *s = NULL;
     char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
-    if (!path) return;
+    if (!path) return false;
     kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_model_load(&md, m, &err));
+    kvgen_session_desc sd = {.n_ctx = 4096};
+    if (*m) CHECK_OK(kvgen_session_create(*m, &sd, s, &err));
+    free(path);
+    if (!*s) {
+        kvgen_model_unload(*m);
+        *m = NULL;
+        return false;
+    }
+    return true;
+}
+
+static void check_session(void) {
     kvgen_model *m = NULL;
     kvgen_session *s = NULL;
+    if (!open_session(&m, &s)) return;
     kvgen_error err = {0};
-    CHECK_OK(kvgen_model_load(&md, &m, &err));
-    kvgen_session_desc sd = {.n_ctx = 4096};
-    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    free(path);
-    if (!s) {
-        kvgen_model_unload(m);
-        return;
-    }
     kvgen_chat_template tpl = {.jinja = HERMES_FULL};
     CHECK_OK(kvgen_chat_set_template(s, &tpl, &err));
     CHECK(kvgen_chat_tool_format(s) && strcmp(kvgen_chat_tool_format(s), "hermes") == 0);
@@ -574,20 +585,10 @@ static const char THINK_OPENED_TPL[] = "{% for m in messages %}{{ m.role }}: {% 
  * streams no markup; one cut short by max_tokens or a stop string is no call, and the
  * conversation keeps no broken call. */
 static void check_stream(void) {
-    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
-    if (!path) return;
-    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
     kvgen_model *m = NULL;
     kvgen_session *s = NULL;
+    if (!open_session(&m, &s)) return;
     kvgen_error err = {0};
-    CHECK_OK(kvgen_model_load(&md, &m, &err));
-    kvgen_session_desc sd = {.n_ctx = 4096};
-    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    free(path);
-    if (!s) {
-        kvgen_model_unload(m);
-        return;
-    }
     kvgen_chat_template think = {.jinja = THINK_TPL};
     CHECK_OK(kvgen_chat_set_template(s, &think, &err));
     kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
@@ -713,20 +714,10 @@ static bool job_run(kvgen_job *j, char *text, size_t cap, int *tagged) {
  * under a template without a call format fail the job and, as a cancel before the first token,
  * leave the session as it was (the tools variable too). */
 static void check_jobs(void) {
-    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
-    if (!path) return;
-    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
     kvgen_model *m = NULL;
     kvgen_session *s = NULL;
+    if (!open_session(&m, &s)) return;
     kvgen_error err = {0};
-    CHECK_OK(kvgen_model_load(&md, &m, &err));
-    kvgen_session_desc sd = {.n_ctx = 4096};
-    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    free(path);
-    if (!s) {
-        kvgen_model_unload(m);
-        return;
-    }
     kvgen_chat_template hermes = {.jinja = HERMES_FULL};
     CHECK_OK(kvgen_chat_set_template(s, &hermes, &err));
     kvgen_tools_desc td = {TOOLS, 2, KVGEN_TOOL_NAMED, "open_gate"};
@@ -1016,20 +1007,10 @@ static kvgen_status record_reply(kvgen_session *s, const char *content, const ch
  * of the call; cut inside the call, it is no call and the text before it is what the
  * conversation gets. */
 static void check_stream_auto(void) {
-    char *path = tu_make_model("toolcall.gguf", "--seed 5 --layers 1 --embd 32 --ff 64 --heads 2 --kv-heads 1");
-    if (!path) return;
-    kvgen_model_desc md = {.path = path, .backend = KVGEN_BACKEND_REFERENCE, .n_threads = 1};
     kvgen_model *m = NULL;
     kvgen_session *s = NULL;
+    if (!open_session(&m, &s)) return;
     kvgen_error err = {0};
-    CHECK_OK(kvgen_model_load(&md, &m, &err));
-    kvgen_session_desc sd = {.n_ctx = 4096};
-    if (m) CHECK_OK(kvgen_session_create(m, &sd, &s, &err));
-    free(path);
-    if (!s) {
-        kvgen_model_unload(m);
-        return;
-    }
     kvgen_chat_template plain = {.jinja = THINK_TPL};
     CHECK_OK(kvgen_chat_set_template(s, &plain, &err));
     kvgen_constraint says = {.kind = KVGEN_CONSTRAIN_GRAMMAR,
