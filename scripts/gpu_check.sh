@@ -33,6 +33,12 @@
 # build-gpu/llama, and it travels too; run then benchmarks the 1B q4_k_m model beside it
 # (kvgen bench --peer: llama.cpp's Vulkan backend on the same file, same invocation).
 #
+# KVGEN_GPU_CHECK_TESTS and KVGEN_GPU_CHECK_MODELS (extended regular expressions; default: all)
+# choose the test programs and the model shapes (135m, 1b-q4km, 3b-q4km; tiny under QUICK) that
+# run takes, so that a second run on the same machine can spend its budget on what the first
+# left out (KVGEN_GPU_CHECK_TESTS='^$': no tests, only benchmarks), and a dry run here can reach
+# the benchmarks, which lavapipe's slow tests would otherwise leave no time for.
+#
 # run keeps to a time budget (KVGEN_GPU_CHECK_BUDGET seconds, default 270): the models are made
 # in the background while the tests run, every step has a timeout, and a step that would end
 # past the budget is skipped and named in the summary. A dry run here works the same on
@@ -127,6 +133,7 @@ run() {
   t0=$(date +%s)
   budget=${KVGEN_GPU_CHECK_BUDGET:-270}
   quick=${KVGEN_GPU_CHECK_QUICK:-0}
+  local tests_re=${KVGEN_GPU_CHECK_TESTS-.} models_re=${KVGEN_GPU_CHECK_MODELS-.}
   res=${OUT:-$build/results}
   [ -d "$carry/bin" ] || [ -f "$carry/bin.tar.xz" ] ||
     { echo "run: $carry is missing (scripts/gpu_check.sh prepare makes it)"; return 1; }
@@ -169,7 +176,10 @@ run() {
             "1b-q4km|--layers 16 --embd 2048 --ff 8192 --heads 32 --kv-heads 8 --vocab-size 128256 --mix q4_k_m"
             "3b-q4km|--layers 28 --embd 3072 --ff 8192 --heads 24 --kv-heads 8 --vocab-size 128256 --mix q4_k_m")
   fi
-  local s name args pids=()
+  local s name args pids=() chosen=()
+  for s in "${shapes[@]}"; do [[ ${s%%|*} =~ $models_re ]] && chosen+=("$s"); done
+  [ ${#chosen[@]} -eq ${#shapes[@]} ] || echo "models: ${#chosen[@]} of ${#shapes[@]} (KVGEN_GPU_CHECK_MODELS=$models_re)"
+  shapes=("${chosen[@]}")
   for s in "${shapes[@]}"; do
     name=${s%%|*}; args=${s#*|}
     # shellcheck disable=SC2086
@@ -185,8 +195,10 @@ run() {
   # the cooperative-matrix GEMM where the GPU offers it
   local tst out rc reserve=150
   [ "$quick" = 1 ] && reserve=30
+  local left_out=0
   for tst in "$carry"/bin/test_vk_*; do
     name=$(basename "$tst")
+    [[ $name =~ $tests_re ]] || { left_out=$((left_out + 1)); continue; }
     if [ "$(left)" -lt "$reserve" ]; then skipped+=("$name"); continue; fi
     out="$res/$name.log"
     KVGEN_VK_COOPMAT=0 KVGEN_VALIDATE=1 timeout 120 "$tst" >"$out" 2>&1; rc=$?
@@ -198,7 +210,9 @@ run() {
     fi
   done
 
+  [ "$left_out" -eq 0 ] || echo "tests: $left_out programs left out (KVGEN_GPU_CHECK_TESTS=$tests_re)"
   for name in test_vk_kernels test_vk_model; do
+    [[ $name =~ $tests_re ]] || continue
     if [ "$(left)" -lt "$reserve" ]; then skipped+=("$name (cooperative matrices)"); continue; fi
     out="$res/$name-coopmat.log"
     timeout 120 "$carry/bin/$name" >"$out" 2>&1; rc=$?
