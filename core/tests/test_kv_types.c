@@ -80,18 +80,8 @@ static void test_bytes(const char *path) {
     if (!m[0] || !m[1] || !m[2]) goto done;
     kvgen_pool_info pi[3];
     kvgen_cache_info ci[3];
-    int32_t t[70];
-    tu_fill_tokens(t, 70, 3, tu_vocab(m[0]));
-    for (int i = 0; i < 3; i++) {
-        kvgen_model_pool_info(m[i], &pi[i]);
-        kvgen_session *s = tu_open_session(m[i], NULL);
-        kvgen_error err = {0};
-        CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
-        kvgen_session_cache_info(s, &ci[i]);
-        CHECK(ci[i].bytes_per_token == pi[i].bytes_per_token && ci[i].bytes == 70 * ci[i].bytes_per_token);
-        CHECK(ci[i].bytes_held == ci[i].pages * pi[i].bytes_per_page);
-        kvgen_session_close(s);
-    }
+    for (int i = 0; i < 3; i++)
+        if (!tu_cache_sizes(m[i], 70, &pi[i], &ci[i])) goto done;
     /* 34 and 18 bytes for 32 elements of 2 */
     CHECKF(ci[1].bytes_per_token * 64 == ci[0].bytes_per_token * 34, "q8_0: %zu bytes a token, f16 %zu",
            ci[1].bytes_per_token, ci[0].bytes_per_token);

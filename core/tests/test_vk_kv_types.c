@@ -176,17 +176,8 @@ static void test_bytes(const char *path) {
     if (!m[0] || !m[1]) goto done;
     kvgen_pool_info pi[2];
     kvgen_cache_info ci[2];
-    int32_t t[70];
-    tu_fill_tokens(t, 70, 3, tu_vocab(m[0]));
-    for (int i = 0; i < 2; i++) {
-        kvgen_model_pool_info(m[i], &pi[i]);
-        kvgen_session *s = tu_open_session(m[i], NULL);
-        kvgen_error err = {0};
-        CHECK_OK(kvgen_session_prefill(s, t, 70, NULL, &err));
-        kvgen_session_cache_info(s, &ci[i]);
-        CHECK(ci[i].bytes_per_token == pi[i].bytes_per_token && ci[i].bytes == 70 * ci[i].bytes_per_token);
-        kvgen_session_close(s);
-    }
+    for (int i = 0; i < 2; i++)
+        if (!tu_cache_sizes(m[i], 70, &pi[i], &ci[i])) goto done;
     size_t blk = qi ? 18 : 34;
     CHECKF(ci[1].bytes_per_token * 64 == ci[0].bytes_per_token * blk, "%s: %zu bytes a token, f16 %zu", QTYPES[qi],
            ci[1].bytes_per_token, ci[0].bytes_per_token);

@@ -137,6 +137,31 @@ kvgen_session *tu_open_session(kvgen_model *m, const kvgen_session_desc *desc) {
     return s;
 }
 
+bool tu_cache_sizes(kvgen_model *m, int n, kvgen_pool_info *pi, kvgen_cache_info *ci) {
+    memset(ci, 0, sizeof *ci);
+    kvgen_model_pool_info(m, pi);
+    kvgen_session *s = tu_open_session(m, NULL);
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    CHECK(t != NULL);
+    if (!s || !t) {
+        free(t);
+        kvgen_session_close(s);
+        return false;
+    }
+    tu_fill_tokens(t, (size_t)n, 3, tu_vocab(m));
+    kvgen_error err = {0};
+    CHECK_OK(kvgen_session_prefill(s, t, n, NULL, &err));
+    kvgen_session_cache_info(s, ci);
+    CHECKF(ci->bytes_per_token == pi->bytes_per_token && ci->bytes == (size_t)n * ci->bytes_per_token,
+           "cache: %zu bytes a token (pool %zu), %zu bytes for %d tokens", ci->bytes_per_token, pi->bytes_per_token,
+           ci->bytes, n);
+    CHECKF(ci->bytes_held == ci->pages * pi->bytes_per_page, "cache: %zu bytes held in %zu pages of %zu",
+           ci->bytes_held, ci->pages, pi->bytes_per_page);
+    free(t);
+    kvgen_session_close(s);
+    return true;
+}
+
 int tu_vocab(const kvgen_model *m) {
     kvgen_model_info info;
     kvgen_model_get_info(m, &info);

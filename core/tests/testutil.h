@@ -75,6 +75,11 @@ kvgen_model *tu_load_kv(const char *path, const char *kv_type, kvgen_backend bac
 /* A session of m (desc NULL: n_ctx 512); NULL, with a failed CHECK and kvgen's message, when it
  * cannot be created */
 kvgen_session *tu_open_session(kvgen_model *m, const kvgen_session_desc *desc);
+/* The K/V page tests' sizes: a fresh session of m (n_ctx 512) prefilled with n tokens
+ * (tu_fill_tokens, seed 3), its pool's sizes into *pi and its cache's into *ci, both CHECKed to
+ * agree (bytes a token; the cache n tokens of them, held in whole pages); false where the
+ * session could not be made */
+bool tu_cache_sizes(kvgen_model *m, int n, kvgen_pool_info *pi, kvgen_cache_info *ci);
 /* m's vocabulary size */
 int tu_vocab(const kvgen_model *m);
 /* max |a - b| over n floats as a share of b's range (INFINITY when either is NULL) */
