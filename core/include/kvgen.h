@@ -311,7 +311,7 @@ typedef struct kvgen_device_info {
                                       none (the device offers none kvgen can use, a driver's offer
                                       known to be broken, or a build without that kernel) */
     int int_dot;                   /* 8-bit integer dot products (VK_KHR_shader_integer_dot_product),
-                                      which the decode path with 8-bit activations runs on */
+                                      which the mat-vecs and GEMMs of 8-bit activations run on */
     int int_dot_fast;              /* the driver reports the 4x8-bit packed signed dot product as
                                       accelerated: a model loaded with activation_bits 8 takes that
                                       path then (on a GPU with subgroup arithmetic) */
